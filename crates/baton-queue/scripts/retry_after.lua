@@ -1,0 +1,31 @@
+-- Retry after a delay, if this consumer still owns the entry.
+-- KEYS[1] queue stream, KEYS[2] delayed zset, KEYS[3] delayed payload hash
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] id, ARGV[4] claim timeout (ms), ARGV[5] delay (ms),
+-- ARGV[6] now (ms since epoch)
+-- delay < claim timeout: set the entry's idle time to (claim timeout - delay) with XCLAIM IDLE, so
+-- XAUTOCLAIM takes it when the delay has passed. Otherwise (XCLAIM clamps idle times to the past,
+-- so a later time cannot be set): move it to the delayed set, carrying its delivery count; the
+-- reclaim tick re-offers it when due. Returns 1, or 0 when not owned.
+local stream, group, me, id = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local claim_ms, delay = tonumber(ARGV[4]), tonumber(ARGV[5])
+local p = redis.call('XPENDING', stream, group, id, id, 1)
+if not (p[1] and p[1][2] == me) then return 0 end
+if delay < claim_ms then
+  redis.call('XCLAIM', stream, group, me, 0, id, 'IDLE', claim_ms - delay, 'JUSTID')
+  return 1
+end
+local e = redis.call('XRANGE', stream, id, id)
+if e[1] then
+  local fields, payload, prior = e[1][2], nil, 0
+  for i = 1, #fields, 2 do
+    if fields[i] == 'p' then payload = fields[i + 1]
+    elseif fields[i] == 'dc' then prior = tonumber(fields[i + 1]) or 0 end
+  end
+  if payload then
+    redis.call('ZADD', KEYS[2], tonumber(ARGV[6]) + delay, id)
+    redis.call('HSET', KEYS[3], id, payload, id .. ':dc', prior + p[1][4])
+  end
+end
+redis.call('XACK', stream, group, id)
+redis.call('XDEL', stream, id)
+return 1

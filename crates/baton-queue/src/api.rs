@@ -1,0 +1,203 @@
+//! Public types of the work queue: ids, handler decisions, deliveries, stats, errors.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// The id of a message in a queue: `<ms>-<seq>`, the Redis Stream entry id format
+/// (Redis docs, "Streams: entry IDs"). Ordered by time of offer, then by sequence.
+///
+/// A message redelivered through [`Decision::RetryAfter`] with a delay longer than the claim
+/// timeout is re-offered under a new id (its delivery count is carried over).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MessageId {
+    pub ms: u64,
+    pub seq: u64,
+}
+
+impl MessageId {
+    pub const ZERO: MessageId = MessageId { ms: 0, seq: 0 };
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+impl FromStr for MessageId {
+    type Err = QueueError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || QueueError::InvalidMessageId(s.to_string());
+        let (ms, seq) = s.split_once('-').ok_or_else(bad)?;
+        Ok(MessageId { ms: ms.parse().map_err(|_| bad())?, seq: seq.parse().map_err(|_| bad())? })
+    }
+}
+
+impl Serialize for MessageId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MessageId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What a handler decided about a delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Done: the entry is acknowledged and deleted in one atomic step (XACK + XDEL in a script).
+    /// Refused if this consumer no longer owns the entry.
+    Ack,
+    /// Not done: leave the entry pending, unleased. Another delivery follows once it has been idle
+    /// for `claim_timeout` (counts as a delivery towards `max_deliveries`).
+    Retry,
+    /// Not done: deliver again after about this delay (± one poll interval), whatever the claim
+    /// timeout. Up to `claim_timeout` this sets the entry's idle time (XCLAIM IDLE); above it the
+    /// entry waits in the queue's delayed set and is re-offered under a new id when due.
+    RetryAfter(Duration),
+    /// The handler's task keeps the [`Lease`] and settles it later with [`Lease::ack`],
+    /// [`Lease::retry`] or [`Lease::retry_after`]. The lease keeps renewing (and the
+    /// concurrency slot stays taken) until then. Dropping the lease unsettled is a `Retry`.
+    Deferred,
+    /// Poison: move the entry to the queue's dead-letter stream now, with this reason.
+    DeadLetter(String),
+}
+
+/// One delivery of a message to a handler.
+#[derive(Debug)]
+pub struct Delivery {
+    /// The message id.
+    pub id: MessageId,
+    /// The payload bytes as offered.
+    pub payload: Bytes,
+    /// How many times this message has been delivered, this delivery included (1 on first).
+    pub deliveries: u32,
+    /// The lease on this delivery: a lost-lease signal, and settlement for [`Decision::Deferred`].
+    pub lease: crate::Lease,
+}
+
+/// Queue statistics, all exact counts at the time of the call.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStats {
+    /// Entries in the queue's stream (pending ones included; acked ones are deleted).
+    pub length: u64,
+    /// Entries delivered and not yet acknowledged (the group's pending entries list).
+    pub pending: u64,
+    /// Consumers registered in the group.
+    pub consumers: u64,
+    /// Entries never delivered to the group yet (Redis `XINFO GROUPS` lag).
+    pub lag: u64,
+    /// Entries waiting in the delayed set (from `RetryAfter` longer than the claim timeout).
+    pub delayed: u64,
+    /// Entries in the dead-letter stream.
+    pub dead_letters: u64,
+}
+
+/// An entry of a queue's dead-letter stream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Id of the entry in the dead-letter stream (use it to replay).
+    pub id: MessageId,
+    /// Id the message had in the queue.
+    pub original_id: MessageId,
+    /// The payload bytes.
+    #[serde(with = "payload_serde")]
+    pub payload: Bytes,
+    /// Deliveries made before it was dead-lettered.
+    pub deliveries: u32,
+    /// Why: `max deliveries exceeded`, `malformed entry`, or the handler's reason.
+    pub reason: String,
+    /// When it was dead-lettered, ms since the Unix epoch.
+    pub dead_lettered_at_ms: u64,
+}
+
+mod payload_serde {
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(b: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&String::from_utf8_lossy(b))
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        Ok(Bytes::from(String::deserialize(d)?))
+    }
+}
+
+/// What [`crate::Consumer::drain`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Deliveries whose handler finished (and settled) within the budget.
+    pub completed: usize,
+    /// Ids still in flight when the budget ran out; their leases are left to expire, so another
+    /// consumer takes them after `claim_timeout`.
+    pub in_flight: Vec<MessageId>,
+}
+
+/// Counters of one consumer since it started (also exported as `metrics`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConsumerCounters {
+    pub delivered: u64,
+    pub reclaimed: u64,
+    pub acked: u64,
+    pub retried: u64,
+    pub dead_lettered: u64,
+    pub renewals: u64,
+    pub renewal_failures: u64,
+    pub leases_lost: u64,
+    pub leases_expired: u64,
+}
+
+/// Errors of the work queue.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// A setting is out of range; the message says which and what is allowed.
+    #[error("invalid queue setting: {0}")]
+    InvalidSettings(String),
+    /// A queue name that is empty, too long (> 200 bytes) or holds `{`, `}` or control characters.
+    #[error("invalid queue name {0:?}: use 1 to 200 bytes without braces or control characters")]
+    InvalidQueueName(String),
+    /// Not a `<ms>-<seq>` id.
+    #[error("invalid message id {0:?}: expected <ms>-<seq>, e.g. 1700000000000-0")]
+    InvalidMessageId(String),
+    /// The consumer no longer owns the entry (its lease was lost to another consumer, or the
+    /// entry was already settled), so the ack or retry was refused.
+    #[error("lease lost: message {0} is no longer owned by this consumer")]
+    LeaseLost(MessageId),
+    /// The lease was already settled (ack, retry) through this handle.
+    #[error("lease for message {0} was already settled")]
+    AlreadySettled(MessageId),
+    /// No dead letter with this id.
+    #[error("no dead letter {0} in this queue")]
+    DeadLetterNotFound(MessageId),
+    /// The backend failed to answer (e.g. Redis unreachable); the operation may be retried.
+    #[error("queue backend unavailable: {0}")]
+    Unavailable(String),
+    /// The consumer is closed.
+    #[error("consumer is closed")]
+    Closed,
+    /// Redis failed (connection lost, timeout, script error); usually transient.
+    #[error("redis: {0}")]
+    Redis(#[from] baton_redis::redis::RedisError),
+    /// Could not connect to Redis.
+    #[error(transparent)]
+    Connect(#[from] baton_redis::ConnectError),
+}
+
+/// Validates a queue name: 1..=200 bytes, no `{` `}` (they would change the Cluster hash tag), no
+/// control characters.
+pub fn validate_queue_name(name: &str) -> Result<(), QueueError> {
+    if name.is_empty()
+        || name.len() > 200
+        || name.chars().any(|c| c == '{' || c == '}' || c.is_control())
+    {
+        return Err(QueueError::InvalidQueueName(name.to_string()));
+    }
+    Ok(())
+}

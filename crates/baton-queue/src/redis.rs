@@ -1,0 +1,518 @@
+//! Redis backend: one Redis Stream per queue with one consumer group (Redis docs, "Redis Streams
+//! consumer groups"). Keys of queue `q` under prefix `p` all share the hash tag `{q}`, so every
+//! script runs on one Cluster node and receives all its keys in KEYS:
+//!
+//! | key                      | type   | holds                                                  |
+//! |--------------------------|--------|--------------------------------------------------------|
+//! | `p:q:{q}`                | stream | the entries, field `p` = payload, `dc` = prior deliveries |
+//! | `p:q:{q}:dead`           | stream | dead letters: `id`, `p`, `dc`, `reason`, `at`          |
+//! | `p:q:{q}:delayed`        | zset   | original id → due time (ms) of a long `RetryAfter`     |
+//! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries    |
+//!
+//! Scripts (in `scripts/`): `ack`, `renew`, `reclaim`, `retry_after`, `dead_letter`, `replay`,
+//! `reap`, `stats`. Reads of new entries use `XREADGROUP … BLOCK` on a dedicated connection with no
+//! response timeout, each wait bounded by the poll interval.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use baton_redis::redis::{self, Value};
+use baton_redis::{is_nogroup, LuaScript, RedisClient, RedisConn};
+use bytes::Bytes;
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::backend::{Backend, ConsumerBackend, ConsumerSpec, RawDelivery, Reclaimed, Renewer};
+use crate::{DeadLetter, MessageId, QueueError, QueueStats};
+
+static ACK: LuaScript = LuaScript::new("ack", include_str!("../scripts/ack.lua"));
+static RENEW: LuaScript = LuaScript::new("renew", include_str!("../scripts/renew.lua"));
+static RECLAIM: LuaScript = LuaScript::new("reclaim", include_str!("../scripts/reclaim.lua"));
+static RETRY_AFTER: LuaScript = LuaScript::new("retry_after", include_str!("../scripts/retry_after.lua"));
+static DEAD_LETTER: LuaScript = LuaScript::new("dead_letter", include_str!("../scripts/dead_letter.lua"));
+static REPLAY: LuaScript = LuaScript::new("replay", include_str!("../scripts/replay.lua"));
+static REAP: LuaScript = LuaScript::new("reap", include_str!("../scripts/reap.lua"));
+static STATS: LuaScript = LuaScript::new("stats", include_str!("../scripts/stats.lua"));
+
+/// Delayed entries promoted per reclaim tick at most.
+const PROMOTE_PER_TICK: u32 = 1000;
+
+/// Options of the Redis backend.
+#[derive(Clone, Debug)]
+pub struct RedisQueueOptions {
+    /// Prefix of every key. Default `baton`.
+    pub key_prefix: String,
+    /// Consumer group name. Default `baton`.
+    pub group: String,
+}
+
+impl Default for RedisQueueOptions {
+    fn default() -> Self {
+        Self { key_prefix: "baton".into(), group: "baton".into() }
+    }
+}
+
+#[derive(Clone)]
+struct Keys {
+    stream: String,
+    dead: String,
+    delayed: String,
+    delayed_payloads: String,
+}
+
+impl Keys {
+    fn new(prefix: &str, queue: &str) -> Self {
+        let stream = format!("{prefix}:q:{{{queue}}}");
+        Self {
+            dead: format!("{stream}:dead"),
+            delayed: format!("{stream}:delayed"),
+            delayed_payloads: format!("{stream}:delayed:p"),
+            stream,
+        }
+    }
+}
+
+pub(crate) struct RedisBackend {
+    client: RedisClient,
+    conn: RedisConn,
+    opts: RedisQueueOptions,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn parse_id(s: &str) -> Result<MessageId, QueueError> {
+    s.parse()
+}
+
+fn as_string(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+fn as_u64(v: &Value) -> u64 {
+    match v {
+        Value::Int(i) => (*i).max(0) as u64,
+        other => as_string(other).and_then(|s| s.parse().ok()).unwrap_or(0),
+    }
+}
+
+fn unexpected(what: &str, v: &Value) -> QueueError {
+    QueueError::Redis(redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected reply",
+        format!("{what}: {v:?}"),
+    )))
+}
+
+/// Fields of a stream entry as (name, raw value) pairs.
+fn fields(v: &Value) -> Vec<(String, Value)> {
+    match v {
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|c| Some((as_string(&c[0])?, c.get(1)?.clone())))
+            .collect(),
+        Value::Map(pairs) => pairs.iter().filter_map(|(k, v)| Some((as_string(k)?, v.clone()))).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn bytes_of(v: &Value) -> Option<Bytes> {
+    match v {
+        Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
+        Value::SimpleString(s) => Some(Bytes::from(s.clone())),
+        _ => None,
+    }
+}
+
+async fn ensure_group(conn: &mut RedisConn, keys: &Keys, group: &str) -> Result<(), QueueError> {
+    let r: redis::RedisResult<()> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&keys.stream)
+        .arg(group)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(conn)
+        .await;
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.code() == Some("BUSYGROUP") || e.to_string().contains("BUSYGROUP") => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl RedisBackend {
+    pub(crate) async fn connect(client: RedisClient, opts: RedisQueueOptions) -> Result<Self, QueueError> {
+        if opts.group.is_empty() || opts.key_prefix.contains(['{', '}']) {
+            return Err(QueueError::InvalidSettings(
+                "group must not be empty and key_prefix must not contain braces".into(),
+            ));
+        }
+        let conn = client.shared().await?;
+        Ok(Self { client, conn, opts })
+    }
+
+    fn keys(&self, queue: &str) -> Keys {
+        Keys::new(&self.opts.key_prefix, queue)
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError> {
+        let keys = self.keys(queue);
+        let mut pipe = redis::pipe();
+        for p in payloads {
+            pipe.cmd("XADD").arg(&keys.stream).arg("*").arg("p").arg(p.as_ref());
+        }
+        let ids: Vec<String> = pipe.query_async(&mut self.conn.clone()).await?;
+        ids.iter().map(|s| parse_id(s)).collect()
+    }
+
+    async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError> {
+        let keys = self.keys(&spec.queue);
+        let mut conn = self.conn.clone();
+        ensure_group(&mut conn, &keys, &self.opts.group).await?;
+        // Register the consumer now (XGROUP CREATECONSUMER, Redis 6.2+) so stats count it.
+        let _: i64 = redis::cmd("XGROUP")
+            .arg("CREATECONSUMER")
+            .arg(&keys.stream)
+            .arg(&self.opts.group)
+            .arg(&spec.consumer)
+            .query_async(&mut conn)
+            .await?;
+        let blocking = self.client.dedicated().await?;
+        Ok(Arc::new(RedisConsumer {
+            client: self.client.clone(),
+            keys,
+            group: self.opts.group.clone(),
+            spec,
+            conn,
+            blocking: AsyncMutex::new(blocking),
+            cursor: std::sync::Mutex::new("0-0".to_string()),
+        }))
+    }
+
+    async fn renewer(&self, spec: ConsumerSpec) -> Result<Box<dyn Renewer>, QueueError> {
+        // A connection of its own, created on the caller's (heartbeat thread's) runtime.
+        let conn = self.client.shared().await?;
+        Ok(Box::new(RedisRenewer { keys: self.keys(&spec.queue), group: self.opts.group.clone(), spec, conn }))
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
+        let keys = self.keys(queue);
+        let v: Vec<u64> = STATS
+            .run(&mut self.conn.clone(), &[&keys.stream, &keys.dead, &keys.delayed], &[&self.opts.group])
+            .await?;
+        let [length, pending, consumers, lag, delayed, dead_letters] = v[..] else {
+            return Err(unexpected("stats", &Value::Nil));
+        };
+        Ok(QueueStats { length, pending, consumers, lag, delayed, dead_letters })
+    }
+
+    async fn dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        let keys = self.keys(queue);
+        let v: Value = redis::cmd("XRANGE")
+            .arg(&keys.dead)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(limit.max(1))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let Value::Array(entries) = v else { return Err(unexpected("XRANGE", &v)) };
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let Value::Array(parts) = &e else { return Err(unexpected("XRANGE entry", &e)) };
+            let id = parse_id(&as_string(&parts[0]).unwrap_or_default())?;
+            let mut d = DeadLetter {
+                id,
+                original_id: MessageId::ZERO,
+                payload: Bytes::new(),
+                deliveries: 0,
+                reason: String::new(),
+                dead_lettered_at_ms: 0,
+            };
+            for (k, v) in fields(&parts[1]) {
+                match k.as_str() {
+                    "id" => d.original_id = parse_id(&as_string(&v).unwrap_or_default())?,
+                    "p" => d.payload = bytes_of(&v).unwrap_or_default(),
+                    "dc" => d.deliveries = as_u64(&v) as u32,
+                    "reason" => d.reason = as_string(&v).unwrap_or_default(),
+                    "at" => d.dead_lettered_at_ms = as_u64(&v),
+                    _ => {}
+                }
+            }
+            out.push(d);
+        }
+        Ok(out)
+    }
+
+    async fn replay_dead_letter(&self, queue: &str, id: MessageId) -> Result<MessageId, QueueError> {
+        let keys = self.keys(queue);
+        let r: Option<String> = REPLAY
+            .run(&mut self.conn.clone(), &[&keys.stream, &keys.dead], &[&"one", &id.to_string()])
+            .await?;
+        match r {
+            Some(s) => parse_id(&s),
+            None => Err(QueueError::DeadLetterNotFound(id)),
+        }
+    }
+
+    async fn replay_dead_letters(&self, queue: &str, limit: usize) -> Result<u64, QueueError> {
+        let keys = self.keys(queue);
+        Ok(REPLAY.run(&mut self.conn.clone(), &[&keys.stream, &keys.dead], &[&"all", &limit]).await?)
+    }
+
+    async fn purge_dead_letters(&self, queue: &str) -> Result<u64, QueueError> {
+        let keys = self.keys(queue);
+        let mut conn = self.conn.clone();
+        let (n, _): (u64, i64) =
+            redis::pipe().atomic().cmd("XLEN").arg(&keys.dead).cmd("DEL").arg(&keys.dead).query_async(&mut conn).await?;
+        Ok(n)
+    }
+}
+
+struct RedisConsumer {
+    client: RedisClient,
+    keys: Keys,
+    group: String,
+    spec: ConsumerSpec,
+    conn: RedisConn,
+    /// The dedicated BLOCK connection; one read at a time.
+    blocking: AsyncMutex<RedisConn>,
+    /// XAUTOCLAIM cursor carried between ticks.
+    cursor: std::sync::Mutex<String>,
+}
+
+impl RedisConsumer {
+    async fn recreate_group(&self) -> Result<(), QueueError> {
+        tracing::warn!(queue = %self.spec.queue, "consumer group missing (NOGROUP); recreating it");
+        ensure_group(&mut self.conn.clone(), &self.keys, &self.group).await
+    }
+
+    fn parse_read(&self, v: Value) -> Result<Vec<RawDelivery>, QueueError> {
+        let streams = match v {
+            Value::Nil => return Ok(Vec::new()),
+            Value::Array(s) => s,
+            Value::Map(m) => m.into_iter().map(|(k, v)| Value::Array(vec![k, v])).collect(),
+            other => return Err(unexpected("XREADGROUP", &other)),
+        };
+        let mut out = Vec::new();
+        for s in streams {
+            let Value::Array(kv) = s else { continue };
+            let Some(Value::Array(entries)) = kv.get(1) else { continue };
+            for e in entries {
+                let Value::Array(parts) = e else { continue };
+                let id = parse_id(&as_string(&parts[0]).unwrap_or_default())?;
+                let mut payload = None;
+                let mut prior = 0u32;
+                for (k, v) in fields(parts.get(1).unwrap_or(&Value::Nil)) {
+                    match k.as_str() {
+                        "p" => payload = bytes_of(&v),
+                        "dc" => prior = as_u64(&v) as u32,
+                        _ => {}
+                    }
+                }
+                out.push(RawDelivery { id, payload, deliveries: prior + 1 });
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl ConsumerBackend for RedisConsumer {
+    async fn read_new(&self, count: usize, block: Duration) -> Result<Vec<RawDelivery>, QueueError> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.group)
+            .arg(&self.spec.consumer)
+            .arg("COUNT")
+            .arg(count.max(1))
+            .arg("BLOCK")
+            .arg(block.as_millis().max(1) as u64)
+            .arg("STREAMS")
+            .arg(&self.keys.stream)
+            .arg(">");
+        let mut conn = self.blocking.lock().await;
+        // The connection has no response timeout: bound the wait ourselves.
+        let bound = block + Duration::from_secs(5);
+        let r: redis::RedisResult<Value> = match tokio::time::timeout(bound, cmd.query_async(&mut *conn)).await {
+            Ok(r) => r,
+            Err(_) => {
+                // No reply in time: open a fresh connection so a late reply cannot be misread.
+                if let Ok(fresh) = self.client.dedicated().await {
+                    *conn = fresh;
+                }
+                return Ok(Vec::new());
+            }
+        };
+        drop(conn);
+        match r {
+            Ok(v) => self.parse_read(v),
+            Err(e) if is_nogroup(&e) => {
+                self.recreate_group().await?;
+                Ok(Vec::new())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError> {
+        let cursor = self.cursor.lock().unwrap().clone();
+        let max = self.spec.max_deliveries.unwrap_or(0);
+        let claim_ms = self.spec.claim_timeout.as_millis() as u64;
+        let mut args: Vec<String> = vec![
+            self.group.clone(),
+            self.spec.consumer.clone(),
+            claim_ms.to_string(),
+            cursor,
+            count.to_string(),
+            max.to_string(),
+            now_ms().to_string(),
+            PROMOTE_PER_TICK.to_string(),
+        ];
+        args.extend(exclude.iter().map(|i| i.to_string()));
+        let refs: Vec<&dyn baton_redis::ArgLike> = args.iter().map(|a| a as &dyn baton_redis::ArgLike).collect();
+        let r: redis::RedisResult<Value> = RECLAIM
+            .run(
+                &mut self.conn.clone(),
+                &[&self.keys.stream, &self.keys.dead, &self.keys.delayed, &self.keys.delayed_payloads],
+                &refs,
+            )
+            .await;
+        let v = match r {
+            Ok(v) => v,
+            Err(e) if is_nogroup(&e) => {
+                self.recreate_group().await?;
+                *self.cursor.lock().unwrap() = "0-0".into();
+                return Ok(Reclaimed::default());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let Value::Array(parts) = &v else { return Err(unexpected("reclaim", &v)) };
+        if parts.len() != 5 {
+            return Err(unexpected("reclaim", &v));
+        }
+        if let Some(c) = as_string(&parts[0]) {
+            *self.cursor.lock().unwrap() = c;
+        }
+        let mut out = Reclaimed {
+            dead_lettered: as_u64(&parts[2]),
+            deleted: as_u64(&parts[3]),
+            promoted: as_u64(&parts[4]),
+            ..Default::default()
+        };
+        if let Value::Array(items) = &parts[1] {
+            for it in items {
+                let Value::Array(t) = it else { return Err(unexpected("reclaim entry", it)) };
+                let id = parse_id(&as_string(&t[0]).unwrap_or_default())?;
+                let payload = bytes_of(&t[1]);
+                out.deliveries.push(RawDelivery { id, payload, deliveries: as_u64(&t[2]) as u32 });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, ids: &[MessageId]) -> Result<Vec<bool>, QueueError> {
+        let mut args: Vec<String> = Vec::with_capacity(ids.len() + 2);
+        args.push(self.group.clone());
+        args.push(self.spec.consumer.clone());
+        args.extend(ids.iter().map(|i| i.to_string()));
+        let refs: Vec<&dyn baton_redis::ArgLike> = args.iter().map(|a| a as &dyn baton_redis::ArgLike).collect();
+        let r: redis::RedisResult<Vec<i64>> = ACK.run(&mut self.conn.clone(), &[&self.keys.stream], &refs).await;
+        match r {
+            Ok(v) => Ok(v.into_iter().map(|x| x == 1).collect()),
+            Err(e) if is_nogroup(&e) => Ok(vec![false; ids.len()]),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn retry_after(&self, id: MessageId, delay: Duration) -> Result<bool, QueueError> {
+        let r: redis::RedisResult<i64> = RETRY_AFTER
+            .run(
+                &mut self.conn.clone(),
+                &[&self.keys.stream, &self.keys.delayed, &self.keys.delayed_payloads],
+                &[
+                    &self.group,
+                    &self.spec.consumer,
+                    &id.to_string(),
+                    &(self.spec.claim_timeout.as_millis() as u64),
+                    &(delay.as_millis() as u64),
+                    &now_ms(),
+                ],
+            )
+            .await;
+        match r {
+            Ok(v) => Ok(v == 1),
+            Err(e) if is_nogroup(&e) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn dead_letter(&self, id: MessageId, deliveries: u32, reason: &str) -> Result<bool, QueueError> {
+        let r: redis::RedisResult<i64> = DEAD_LETTER
+            .run(
+                &mut self.conn.clone(),
+                &[&self.keys.stream, &self.keys.dead],
+                &[&self.group, &self.spec.consumer, &id.to_string(), &deliveries, &reason, &now_ms()],
+            )
+            .await;
+        match r {
+            Ok(v) => Ok(v == 1),
+            Err(e) if is_nogroup(&e) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn reap_idle_consumers(&self, idle: Duration) -> Result<u64, QueueError> {
+        let r: redis::RedisResult<u64> = REAP
+            .run(
+                &mut self.conn.clone(),
+                &[&self.keys.stream],
+                &[&self.group, &self.spec.consumer, &(idle.as_millis() as u64)],
+            )
+            .await;
+        match r {
+            Ok(n) => Ok(n),
+            Err(e) if is_nogroup(&e) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+struct RedisRenewer {
+    keys: Keys,
+    group: String,
+    spec: ConsumerSpec,
+    conn: RedisConn,
+}
+
+#[async_trait]
+impl Renewer for RedisRenewer {
+    async fn renew(&mut self, renew: &[MessageId], release: &[MessageId]) -> Result<Vec<MessageId>, QueueError> {
+        let mut sorted = renew.to_vec();
+        sorted.sort();
+        let mut args: Vec<String> = Vec::with_capacity(renew.len() + release.len() + 4);
+        args.push(self.group.clone());
+        args.push(self.spec.consumer.clone());
+        args.push((self.spec.claim_timeout.as_millis() as u64).to_string());
+        args.push(sorted.len().to_string());
+        args.extend(sorted.iter().map(|i| i.to_string()));
+        args.extend(release.iter().map(|i| i.to_string()));
+        let refs: Vec<&dyn baton_redis::ArgLike> = args.iter().map(|a| a as &dyn baton_redis::ArgLike).collect();
+        let r: redis::RedisResult<Vec<String>> = RENEW.run(&mut self.conn, &[&self.keys.stream], &refs).await;
+        match r {
+            Ok(lost) => lost.iter().map(|s| parse_id(s)).collect(),
+            // The group is gone (Redis restarted without persistence): every lease is lost.
+            Err(e) if is_nogroup(&e) => Ok(sorted),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

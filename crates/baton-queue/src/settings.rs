@@ -1,0 +1,203 @@
+//! Consumer settings and their validation.
+
+use std::time::Duration;
+
+use crate::QueueError;
+
+/// Settings of one consumer (one `consume` call). Build with [`ConsumerOptions::new`] and the
+/// `with_*` methods; [`ConsumerOptions::validate`] runs when the consumer starts.
+#[derive(Clone, Debug)]
+pub struct ConsumerOptions {
+    /// Handlers running at once (≥ 1). Default 16.
+    pub concurrency: usize,
+    /// A pending entry idle this long is taken over by another consumer (dead-consumer failover
+    /// window). Default 30 s; at least 100 ms.
+    pub claim_timeout: Duration,
+    /// How often running handlers' leases are renewed. Default `claim_timeout / 3`; must be at
+    /// most `claim_timeout / 2` so one late tick does not lose a lease.
+    pub heartbeat_interval: Option<Duration>,
+    /// A handler running longer loses its lease: renewal stops, the entry is made reclaimable at
+    /// once, the handler's lost-lease signal fires, a warning and the metric
+    /// `baton_queue_leases_expired_total` are emitted. The handler is not killed. Default 15 min.
+    pub max_processing_time: Duration,
+    /// Deliveries after which a message goes to the dead-letter stream instead of its handler.
+    /// `None`: unlimited. Default `Some(10)`.
+    pub max_deliveries: Option<u32>,
+    /// Cadence of reclaiming idle entries and of promoting due delayed ones; also the longest
+    /// BLOCK of one read. Default `min(heartbeat_interval, 1 s)`.
+    pub poll_interval: Option<Duration>,
+    /// Consumers of the group idle this long with no pending entry are removed (checked
+    /// atomically by a script). `None`: never. Default 1 h.
+    pub reap_idle_consumers_after: Option<Duration>,
+    /// Prefix of the consumer name; the name is `<prefix>-<uuid v7>`, unique per incarnation.
+    /// Default `baton`.
+    pub consumer_prefix: String,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        Self {
+            concurrency: 16,
+            claim_timeout: Duration::from_secs(30),
+            heartbeat_interval: None,
+            max_processing_time: Duration::from_secs(15 * 60),
+            max_deliveries: Some(10),
+            poll_interval: None,
+            reap_idle_consumers_after: Some(Duration::from_secs(3600)),
+            consumer_prefix: "baton".to_string(),
+        }
+    }
+}
+
+impl ConsumerOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn with_concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+    pub fn with_claim_timeout(mut self, d: Duration) -> Self {
+        self.claim_timeout = d;
+        self
+    }
+    pub fn with_heartbeat_interval(mut self, d: Duration) -> Self {
+        self.heartbeat_interval = Some(d);
+        self
+    }
+    pub fn with_max_processing_time(mut self, d: Duration) -> Self {
+        self.max_processing_time = d;
+        self
+    }
+    pub fn with_max_deliveries(mut self, n: Option<u32>) -> Self {
+        self.max_deliveries = n;
+        self
+    }
+    pub fn with_poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = Some(d);
+        self
+    }
+    pub fn with_reap_idle_consumers_after(mut self, d: Option<Duration>) -> Self {
+        self.reap_idle_consumers_after = d;
+        self
+    }
+    pub fn with_consumer_prefix(mut self, p: impl Into<String>) -> Self {
+        self.consumer_prefix = p.into();
+        self
+    }
+
+    /// The effective heartbeat interval.
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat_interval.unwrap_or(self.claim_timeout / 3)
+    }
+
+    /// The effective poll interval.
+    pub fn poll(&self) -> Duration {
+        self.poll_interval.unwrap_or_else(|| self.heartbeat().min(Duration::from_secs(1)))
+    }
+
+    /// Checks every rule above; the error names the setting and the allowed range.
+    pub fn validate(&self) -> Result<(), QueueError> {
+        let bad = |m: String| Err(QueueError::InvalidSettings(m));
+        if self.concurrency == 0 {
+            return bad("concurrency must be at least 1".into());
+        }
+        if self.concurrency > 100_000 {
+            return bad(format!("concurrency {} is above the limit of 100000", self.concurrency));
+        }
+        if self.claim_timeout < Duration::from_millis(100) {
+            return bad(format!(
+                "claim_timeout must be at least 100ms (got {:?})",
+                self.claim_timeout
+            ));
+        }
+        let hb = self.heartbeat();
+        if hb.is_zero() {
+            return bad("heartbeat_interval must be above zero".into());
+        }
+        if hb > self.claim_timeout / 2 {
+            return bad(format!(
+                "heartbeat_interval ({hb:?}) must be at most half of claim_timeout ({:?}); the default is a third",
+                self.claim_timeout
+            ));
+        }
+        if self.max_processing_time <= hb {
+            return bad(format!(
+                "max_processing_time ({:?}) must be longer than heartbeat_interval ({hb:?})",
+                self.max_processing_time
+            ));
+        }
+        if self.max_deliveries == Some(0) {
+            return bad("max_deliveries must be at least 1 (or None for unlimited)".into());
+        }
+        let poll = self.poll();
+        if poll < Duration::from_millis(10) {
+            return bad(format!("poll_interval must be at least 10ms (got {poll:?})"));
+        }
+        if poll > self.claim_timeout {
+            return bad(format!(
+                "poll_interval ({poll:?}) must not exceed claim_timeout ({:?})",
+                self.claim_timeout
+            ));
+        }
+        if let Some(r) = self.reap_idle_consumers_after {
+            if r < self.claim_timeout * 2 {
+                return bad(format!(
+                    "reap_idle_consumers_after ({r:?}) must be at least twice claim_timeout ({:?})",
+                    self.claim_timeout
+                ));
+            }
+        }
+        if self.consumer_prefix.is_empty()
+            || self.consumer_prefix.len() > 100
+            || self.consumer_prefix.chars().any(|c| c.is_control() || c.is_whitespace())
+        {
+            return bad(format!(
+                "consumer_prefix {:?} must be 1 to 100 characters without spaces",
+                self.consumer_prefix
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let o = ConsumerOptions::new();
+        o.validate().unwrap();
+        assert_eq!(o.heartbeat(), Duration::from_secs(10));
+        assert_eq!(o.poll(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn rejects_bad_settings_with_clear_messages() {
+        let cases: Vec<(ConsumerOptions, &str)> = vec![
+            (ConsumerOptions::new().with_concurrency(0), "concurrency must be at least 1"),
+            (ConsumerOptions::new().with_claim_timeout(Duration::ZERO), "claim_timeout must be at least 100ms"),
+            (
+                ConsumerOptions::new().with_heartbeat_interval(Duration::from_secs(20)),
+                "must be at most half of claim_timeout",
+            ),
+            (ConsumerOptions::new().with_heartbeat_interval(Duration::ZERO), "above zero"),
+            (
+                ConsumerOptions::new().with_max_processing_time(Duration::from_secs(1)),
+                "max_processing_time",
+            ),
+            (ConsumerOptions::new().with_max_deliveries(Some(0)), "max_deliveries"),
+            (ConsumerOptions::new().with_poll_interval(Duration::from_millis(1)), "poll_interval"),
+            (ConsumerOptions::new().with_consumer_prefix("a b"), "consumer_prefix"),
+            (
+                ConsumerOptions::new().with_reap_idle_consumers_after(Some(Duration::from_secs(1))),
+                "reap_idle_consumers_after",
+            ),
+        ];
+        for (o, needle) in cases {
+            let err = o.validate().unwrap_err().to_string();
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+    }
+}

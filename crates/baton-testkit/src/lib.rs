@@ -1,0 +1,916 @@
+//! Test support for Baton (internal, not published).
+//!
+//! * [`RedisServer`]: a throwaway `redis-server` on 127.0.0.1, on a free port, in a fresh temporary
+//!   directory; it can be killed, restarted on the same port and data directory, paused and resumed.
+//! * [`RedisCluster`]: a throwaway 3-master Redis Cluster (no replicas).
+//! * [`TestBackend`]: the backend a shared conformance suite runs against.
+//! * [`TcpProxy`]: a local TCP proxy that can cut every live connection, to test dropped
+//!   connections for real.
+//!
+//! Every process started here dies with its handle (`Drop`, also when a test panics). As a second
+//! line of defence on Linux, each `redis-server` is started with `PR_SET_PDEATHSIG = SIGKILL` from
+//! a thread that lives as long as the test process, so the servers die with the process even when
+//! it is killed or aborts (handles kept in statics are never dropped).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use baton_redis::RedisConfig;
+
+const INSTALL_HINT: &str =
+    "install the Debian packages `redis-server` and `redis-tools` (apt-get update && apt-get install -y redis-server redis-tools)";
+
+/// Time allowed for a started `redis-server` to answer PING.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed for a new cluster to report `cluster_state:ok` on every node.
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Attempts at starting a server on a fresh port when the chosen one turns out to be taken.
+const PORT_ATTEMPTS: usize = 20;
+/// Ports for servers are drawn from here: below the kernel's ephemeral range (32768–60999 by
+/// default), so an outgoing connection never takes the port of a killed server before its restart,
+/// and so `port + 10000` (the cluster bus port) is a valid port that is not ephemeral either.
+const PORT_RANGE: std::ops::Range<u16> = 12000..22000;
+
+// ------------------------------------------------------------------------------------------------
+// Tools on PATH
+// ------------------------------------------------------------------------------------------------
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| {
+            use std::os::unix::fs::PermissionsExt;
+            fs::metadata(candidate)
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+/// Panics with a clear message when `redis-server` or `redis-cli` is missing from PATH.
+pub fn require_redis() {
+    for tool in ["redis-server", "redis-cli"] {
+        if find_on_path(tool).is_none() {
+            panic!("{tool} not found on PATH: {INSTALL_HINT}");
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Ports and directories
+// ------------------------------------------------------------------------------------------------
+
+/// A free TCP port on 127.0.0.1 (binds port 0, reads the port, releases it).
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("cannot bind a TCP socket on 127.0.0.1")
+}
+
+/// A cheap pseudo-random number (no dependency): time, pid and a counter through splitmix64.
+fn pseudo_random() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut z = nanos
+        ^ (u64::from(std::process::id()) << 32)
+        ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn port_is_free(port: u16) -> bool {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
+/// A port in [`PORT_RANGE`] that is free now, and whose cluster bus port (`port + 10000`) is free
+/// too when `with_bus`.
+fn pick_server_port(with_bus: bool) -> u16 {
+    let span = u64::from(PORT_RANGE.end - PORT_RANGE.start);
+    for _ in 0..1000 {
+        let port = PORT_RANGE.start + (pseudo_random() % span) as u16;
+        if port_is_free(port) && (!with_bus || port_is_free(port + 10000)) {
+            return port;
+        }
+    }
+    panic!("no free port found in {PORT_RANGE:?} on 127.0.0.1");
+}
+
+/// A fresh directory under the system temp dir, removed by [`TempDir::drop`].
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(prefix: &str) -> TempDir {
+        let base = std::env::temp_dir();
+        for _ in 0..100 {
+            let dir = base.join(format!(
+                "{prefix}-{}-{:016x}",
+                std::process::id(),
+                pseudo_random()
+            ));
+            match fs::create_dir(&dir) {
+                Ok(()) => return TempDir(dir),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => panic!(
+                    "cannot create a temporary directory in {}: {e}",
+                    base.display()
+                ),
+            }
+        }
+        panic!(
+            "cannot create a unique temporary directory in {}",
+            base.display()
+        );
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Spawning servers that die with the test process
+// ------------------------------------------------------------------------------------------------
+
+struct SpawnRequest {
+    command: Command,
+    reply: mpsc::Sender<io::Result<Child>>,
+}
+
+/// Spawns `command` from a thread that lives as long as the process, with `PR_SET_PDEATHSIG =
+/// SIGKILL` (Linux). The parent-death signal fires when the *thread* that forked exits, which is
+/// why test threads (which end with their test) must not fork servers themselves.
+fn spawn_supervised(mut command: Command) -> io::Result<Child> {
+    static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
+    let sender = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("baton-testkit-spawner".into())
+            .spawn(move || {
+                for SpawnRequest { mut command, reply } in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("cannot start the baton-testkit spawner thread");
+        tx
+    });
+
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The parent died before prctl took effect: do not outlive it.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+    }
+
+    let (reply_tx, reply_rx) = mpsc::channel();
+    sender
+        .send(SpawnRequest {
+            command,
+            reply: reply_tx,
+        })
+        .expect("baton-testkit spawner thread is gone");
+    reply_rx
+        .recv()
+        .expect("baton-testkit spawner thread is gone")
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: plain kill(2) on a child we own (not yet reaped, so the pid is not reused).
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// A minimal RESP client (readiness checks without a runtime)
+// ------------------------------------------------------------------------------------------------
+
+fn read_reply(r: &mut impl BufRead) -> io::Result<Result<String, String>> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        ));
+    }
+    let line = line.trim_end_matches(['\r', '\n']);
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad RESP line {line:?}"),
+        )
+    };
+    let (kind, rest) = line.split_at(line.len().min(1));
+    match kind {
+        "+" | ":" => Ok(Ok(rest.to_string())),
+        "-" => Ok(Err(rest.to_string())),
+        "$" => {
+            let len: i64 = rest.parse().map_err(|_| bad())?;
+            if len < 0 {
+                return Ok(Ok(String::new()));
+            }
+            let mut buf = vec![0; len as usize + 2];
+            r.read_exact(&mut buf)?;
+            buf.truncate(len as usize);
+            Ok(Ok(String::from_utf8_lossy(&buf).into_owned()))
+        }
+        "*" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            let mut parts = Vec::new();
+            for _ in 0..n.max(0) {
+                match read_reply(r)? {
+                    Ok(s) => parts.push(s),
+                    Err(e) => return Ok(Err(e)),
+                }
+            }
+            Ok(Ok(parts.join("\n")))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// Sends one command to 127.0.0.1:`port` and returns its reply (`Err(message)` for an error reply).
+fn raw_command(port: u16, args: &[&str]) -> io::Result<Result<String, String>> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    (&stream).write_all(req.as_bytes())?;
+    read_reply(&mut BufReader::new(&stream))
+}
+
+// ------------------------------------------------------------------------------------------------
+// RedisServer
+// ------------------------------------------------------------------------------------------------
+
+/// Options of a standalone [`RedisServer`].
+#[derive(Default, Clone, Debug)]
+pub struct ServerOptions {
+    /// Append-only file on, with `appendfsync always`: every acknowledged write survives a kill.
+    pub appendonly: bool,
+}
+
+/// A `redis-server` process on 127.0.0.1, on its own port and temporary directory. Killed (SIGKILL)
+/// and its directory removed on drop.
+pub struct RedisServer {
+    port: u16,
+    /// Arguments after `--port N` (everything but the port).
+    args: Vec<String>,
+    child: Option<Child>,
+    log: PathBuf,
+    dir: TempDir,
+}
+
+enum StartError {
+    /// The port (or the cluster bus port) was taken.
+    PortInUse(String),
+    /// Anything else: the message says what, with the log tail.
+    Other(String),
+}
+
+impl RedisServer {
+    /// A standalone server with no persistence (`--save "" --appendonly no`).
+    pub fn start() -> RedisServer {
+        Self::start_with(ServerOptions::default())
+    }
+
+    /// A standalone server; with `opts.appendonly`, `--appendonly yes --appendfsync always`.
+    pub fn start_with(opts: ServerOptions) -> RedisServer {
+        let mut args: Vec<String> = vec!["--save".into(), String::new()];
+        if opts.appendonly {
+            args.extend(["--appendonly", "yes", "--appendfsync", "always"].map(String::from));
+        } else {
+            args.extend(["--appendonly", "no"].map(String::from));
+        }
+        Self::start_args("baton-redis", args, false)
+    }
+
+    /// Starts a server with `extra` arguments on a fresh port, retrying on another port when the
+    /// chosen one is taken meanwhile.
+    fn start_args(prefix: &str, extra: Vec<String>, cluster_bus: bool) -> RedisServer {
+        require_redis();
+        let dir = TempDir::new(prefix);
+        let log = dir.path().join("redis.log");
+        let mut args = vec![
+            "--bind".to_string(),
+            "127.0.0.1".into(),
+            "--daemonize".into(),
+            "no".into(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+            "--logfile".into(),
+            String::new(),
+            // DEBUG SLEEP, DEBUG SET-ACTIVE-EXPIRE etc. from local connections, for failure tests.
+            "--enable-debug-command".into(),
+            "local".into(),
+        ];
+        args.extend(extra);
+        let mut server = RedisServer {
+            port: 0,
+            args,
+            child: None,
+            log,
+            dir,
+        };
+        let mut last = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            server.port = pick_server_port(cluster_bus);
+            match server.launch() {
+                Ok(()) => return server,
+                Err(StartError::PortInUse(msg)) => last = msg,
+                Err(StartError::Other(msg)) => panic!("{msg}"),
+            }
+        }
+        panic!("redis-server could not get a free port after {PORT_ATTEMPTS} attempts; last failure: {last}");
+    }
+
+    /// Spawns the process on `self.port` and waits until it answers PING (and is the process
+    /// answering: another server could hold the port).
+    fn launch(&mut self) -> Result<(), StartError> {
+        let log_out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| StartError::Other(format!("cannot open {}: {e}", self.log.display())))?;
+        let log_err = log_out
+            .try_clone()
+            .map_err(|e| StartError::Other(format!("cannot open {}: {e}", self.log.display())))?;
+        let log_start = log_out.metadata().map(|m| m.len()).unwrap_or(0);
+
+        let mut command = Command::new("redis-server");
+        command
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(self.args.iter().map(OsStr::new))
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log_out)
+            .stderr(log_err);
+        let mut child = spawn_supervised(command).map_err(|e| {
+            StartError::Other(format!(
+                "cannot start redis-server (is it installed? {INSTALL_HINT}): {e}"
+            ))
+        })?;
+        let pid = child.id();
+
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut last: String;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let tail = self.log_since(log_start);
+                let msg = format!(
+                    "redis-server on port {} exited during startup ({status}); log {}:\n{tail}",
+                    self.port,
+                    self.log.display()
+                );
+                return Err(if tail.contains("in use") {
+                    StartError::PortInUse(msg)
+                } else {
+                    StartError::Other(msg)
+                });
+            }
+            match raw_command(self.port, &["INFO", "server"]) {
+                Ok(Ok(info)) => {
+                    let answering = info
+                        .lines()
+                        .find_map(|l| l.strip_prefix("process_id:"))
+                        .and_then(|p| p.trim().parse::<u32>().ok());
+                    if answering == Some(pid) {
+                        self.child = Some(child);
+                        return Ok(());
+                    }
+                    // Another server holds the port; ours will exit shortly with "Address in use".
+                    last = format!(
+                        "port {} answered by another redis-server (pid {answering:?})",
+                        self.port
+                    );
+                }
+                // LOADING (AOF being replayed) and the like: not ready yet.
+                Ok(Err(e)) => last = e,
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(StartError::Other(format!(
+                    "redis-server on port {} not ready after {READY_TIMEOUT:?} (last: {last}); log {}:\n{}",
+                    self.port,
+                    self.log.display(),
+                    self.log_since(log_start)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The last lines of the log written since byte `start`.
+    fn log_since(&self, start: u64) -> String {
+        let text = fs::read(&self.log).unwrap_or_default();
+        let text = String::from_utf8_lossy(text.get(start as usize..).unwrap_or(&[]));
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `RedisConfig::Standalone(self.url())`.
+    pub fn config(&self) -> RedisConfig {
+        RedisConfig::Standalone(self.url())
+    }
+
+    /// The server's data directory (`--dir`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit. No-op when it is not running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and data directory (AOF data and cluster node
+    /// config survive) and waits until it is ready. Kills it first if it is still running.
+    pub fn restart(&mut self) {
+        self.kill();
+        // The port may be taken by another test in the meantime; give it a few tries.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.launch() {
+                Ok(()) => return,
+                Err(StartError::PortInUse(msg)) if Instant::now() < deadline => {
+                    tracing::warn!(
+                        port = self.port,
+                        "redis-server restart: port in use, retrying: {msg}"
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(StartError::PortInUse(msg) | StartError::Other(msg)) => {
+                    panic!("restart failed: {msg}")
+                }
+            }
+        }
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
+    pub fn pause(&self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), libc::SIGSTOP);
+        }
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), libc::SIGCONT);
+        }
+    }
+
+    /// Runs `redis-cli -h 127.0.0.1 -p PORT -e ARGS…` and returns its stdout, trimmed. Panics when
+    /// redis-cli fails, including on an error reply.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-e"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({INSTALL_HINT}): {e}"));
+        let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !out.status.success() {
+            panic!(
+                "redis-cli -p {} {args:?} failed ({}): {stdout} {}",
+                self.port,
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        stdout
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("port", &self.port)
+            .field("pid", &self.child.as_ref().map(|c| c.id()))
+            .field("dir", &self.dir.path())
+            .finish()
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// RedisCluster
+// ------------------------------------------------------------------------------------------------
+
+/// A 3-master Redis Cluster (no replicas) on 127.0.0.1, every slot assigned. Killed on drop.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers, joins them with `redis-cli --cluster create`, and
+    /// waits (up to 30 s) until every node reports `cluster_state:ok` and 16384 slots ok.
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                let args = [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ]
+                .map(String::from)
+                .to_vec();
+                RedisServer::start_args("baton-redis-cluster", args, true)
+            })
+            .collect();
+
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({INSTALL_HINT}): {e}"));
+        if !out.status.success() {
+            panic!(
+                "redis-cli --cluster create {} failed ({}):\n{}\n{}",
+                addrs.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok(CLUSTER_TIMEOUT);
+        cluster
+    }
+
+    /// Polls `CLUSTER INFO` on every node until all say `cluster_state:ok` and
+    /// `cluster_slots_ok:16384`; panics with the last output after `timeout`.
+    fn wait_ok(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut last = String::new();
+            let mut all_ok = true;
+            for node in &self.nodes {
+                let info = match raw_command(node.port(), &["CLUSTER", "INFO"]) {
+                    Ok(Ok(info)) => info,
+                    Ok(Err(e)) => e,
+                    Err(e) => e.to_string(),
+                };
+                let ok = info.lines().any(|l| l.trim() == "cluster_state:ok")
+                    && info.lines().any(|l| l.trim() == "cluster_slots_ok:16384");
+                all_ok &= ok;
+                if !ok {
+                    last = format!("node 127.0.0.1:{}:\n{info}", node.port());
+                }
+            }
+            if all_ok {
+                return;
+            }
+            if Instant::now() >= deadline {
+                panic!("Redis Cluster not ok after {timeout:?}; last CLUSTER INFO from {last}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// `RedisConfig::Cluster(self.urls())`.
+    pub fn config(&self) -> RedisConfig {
+        RedisConfig::Cluster(self.urls())
+    }
+
+    /// The nodes, e.g. to kill, pause or restart one.
+    pub fn nodes(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+}
+
+impl fmt::Debug for RedisCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisCluster")
+            .field("nodes", &self.nodes)
+            .finish()
+    }
+}
+
+// The nodes are RedisServers: dropping the Vec kills each of them and removes their directories.
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// TestBackend
+// ------------------------------------------------------------------------------------------------
+
+/// A backend under test for shared conformance suites.
+#[derive(Debug)]
+pub enum TestBackend {
+    Memory,
+    Standalone(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl TestBackend {
+    /// The Redis configuration to connect to; `None` for the in-memory backend.
+    pub fn redis_config(&self) -> Option<RedisConfig> {
+        match self {
+            TestBackend::Memory => None,
+            TestBackend::Standalone(server) => Some(server.config()),
+            TestBackend::Cluster(cluster) => Some(cluster.config()),
+        }
+    }
+
+    /// `"memory"`, `"standalone"` or `"cluster"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TestBackend::Memory => "memory",
+            TestBackend::Standalone(_) => "standalone",
+            TestBackend::Cluster(_) => "cluster",
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// TcpProxy
+// ------------------------------------------------------------------------------------------------
+
+/// One proxied connection: duplicates of both sockets (to shut them down from any thread, at once)
+/// and the task copying between them.
+struct ProxiedConn {
+    client: OwnedFd,
+    upstream: OwnedFd,
+    task: tokio::task::AbortHandle,
+}
+
+impl ProxiedConn {
+    fn cut(&self) {
+        // SAFETY: shutdown(2) on descriptors we own (dups, so never reused while held).
+        unsafe {
+            libc::shutdown(self.client.as_raw_fd(), libc::SHUT_RDWR);
+            libc::shutdown(self.upstream.as_raw_fd(), libc::SHUT_RDWR);
+        }
+        self.task.abort();
+    }
+}
+
+#[derive(Default)]
+struct ProxyState {
+    refuse: AtomicBool,
+    conns: Mutex<HashMap<u64, ProxiedConn>>,
+    next_id: AtomicU64,
+    /// Number of `drop_connections` calls so far (changed under the `conns` lock).
+    cuts: AtomicU64,
+}
+
+/// A TCP proxy on 127.0.0.1 forwarding to a target, that can cut every live connection. Stops
+/// (listener and connections) on drop. Must be started inside a Tokio runtime.
+pub struct TcpProxy {
+    addr: SocketAddr,
+    target: SocketAddr,
+    state: Arc<ProxyState>,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Listens on 127.0.0.1 (a free port) and forwards each connection to `target`.
+    pub async fn start(target: SocketAddr) -> TcpProxy {
+        let listener = tokio::net::TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("TcpProxy: cannot bind 127.0.0.1");
+        let addr = listener.local_addr().expect("TcpProxy: no local address");
+        let state = Arc::new(ProxyState::default());
+        let accept_state = state.clone();
+        let accept_task = tokio::spawn(async move {
+            loop {
+                let (client, _) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!("TcpProxy accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                if accept_state.refuse.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let cuts = accept_state.cuts.load(Ordering::SeqCst);
+                tokio::spawn(proxy_connection(accept_state.clone(), client, target, cuts));
+            }
+        });
+        TcpProxy {
+            addr,
+            target,
+            state,
+            accept_task,
+        }
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address connections are forwarded to.
+    pub fn target(&self) -> SocketAddr {
+        self.target
+    }
+
+    /// Closes every live connection (client and upstream sides) now. New connections are still
+    /// accepted.
+    pub fn drop_connections(&self) {
+        let conns: Vec<ProxiedConn> = {
+            let mut map = self.state.conns.lock().unwrap_or_else(|p| p.into_inner());
+            self.state.cuts.fetch_add(1, Ordering::SeqCst);
+            map.drain().map(|(_, c)| c).collect()
+        };
+        for conn in &conns {
+            conn.cut();
+        }
+    }
+
+    /// While `true`, new connections are accepted and closed at once (live ones are untouched).
+    pub fn set_refuse(&self, refuse: bool) {
+        self.state.refuse.store(refuse, Ordering::SeqCst);
+    }
+}
+
+/// Removes a connection from the registry when its task ends (or is aborted).
+struct Registered {
+    state: Arc<ProxyState>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.state
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+async fn proxy_connection(
+    state: Arc<ProxyState>,
+    mut client: tokio::net::TcpStream,
+    target: SocketAddr,
+    cuts_at_accept: u64,
+) {
+    let mut upstream = match tokio::net::TcpStream::connect(target).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!("TcpProxy: cannot connect to {target}: {e}");
+            return; // dropping `client` closes it
+        }
+    };
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    let (Ok(client_fd), Ok(upstream_fd)) = (
+        client.as_fd().try_clone_to_owned(),
+        upstream.as_fd().try_clone_to_owned(),
+    ) else {
+        return;
+    };
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let task = tokio::task::spawn(async move {
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    });
+    let conn = ProxiedConn {
+        client: client_fd,
+        upstream: upstream_fd,
+        task: task.abort_handle(),
+    };
+    {
+        let mut conns = state.conns.lock().unwrap_or_else(|p| p.into_inner());
+        if state.cuts.load(Ordering::SeqCst) != cuts_at_accept {
+            // `drop_connections` ran while this connection was being set up: it was live then.
+            conn.cut();
+        } else {
+            conns.insert(id, conn);
+        }
+    }
+    let _registered = Registered { state, id };
+    let _ = task.await;
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+        self.drop_connections();
+    }
+}
+
+impl fmt::Debug for TcpProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpProxy")
+            .field("addr", &self.addr)
+            .field("target", &self.target)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port taken by another redis-server is detected (by pid, not by PING alone) and reported
+    /// as `PortInUse`, which `start` answers by trying another port.
+    #[test]
+    fn launch_on_a_taken_port_is_port_in_use() {
+        let holder = RedisServer::start();
+        let mut other = RedisServer::start();
+        other.kill();
+        other.port = holder.port();
+        match other.launch() {
+            Err(StartError::PortInUse(msg)) => assert!(msg.contains("in use"), "{msg}"),
+            Err(StartError::Other(msg)) => panic!("expected PortInUse, got: {msg}"),
+            Ok(()) => panic!("started on a taken port"),
+        }
+        assert_eq!(holder.cli(&["PING"]), "PONG");
+    }
+
+    #[test]
+    fn server_ports_leave_room_for_the_bus_port() {
+        for _ in 0..100 {
+            let port = pick_server_port(true);
+            assert!(PORT_RANGE.contains(&port));
+            assert!(u32::from(port) + 10000 < 32768);
+        }
+    }
+}
