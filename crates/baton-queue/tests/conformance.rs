@@ -35,6 +35,7 @@ on_every_backend!(
     deferred_lease_is_kept_until_settled,
     idle_queue_delivers_at_once,
     bad_input_is_refused_with_clear_errors,
+    idle_consumers_without_pending_are_reaped,
 );
 
 async fn fifo_and_exact_counts(b: TestBackend) {
@@ -693,4 +694,55 @@ async fn bad_input_is_refused_with_clear_errors(b: TestBackend) {
     assert_eq!(s.stats(&q).await.unwrap(), baton_queue::QueueStats::default());
     assert!(s.dead_letters(&q, 10).await.unwrap().is_empty());
     assert_eq!(s.offer_batch(&q, vec![]).await.unwrap(), vec![]);
+}
+
+/// Consumers idle with no pending entry are removed; one that still owns an entry is kept.
+async fn idle_consumers_without_pending_are_reaped(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("reap");
+    let hold = |_d: Delivery| async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Decision::Ack
+    };
+    // Z takes m1 and dies holding it (claim timeout 30 s: nobody reclaims it during the test).
+    s.offer(&q, "m1").await.unwrap();
+    let z = s.consume(&q, hold, fast(30_000).with_concurrency(1)).await.unwrap();
+    eventually(Duration::from_secs(3), || {
+        let n = z.in_flight().len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("Z holds m1");
+    z.abort();
+    // X dies with nothing pending.
+    let x = s.consume(&q, hold, fast(30_000)).await.unwrap();
+    x.abort();
+    assert_eq!(s.stats(&q).await.unwrap().consumers, 2);
+    // Y reaps after 200 ms of idleness; it holds m2 in its only slot, so it reclaims nothing.
+    s.offer(&q, "m2").await.unwrap();
+    let y = s
+        .consume(
+            &q,
+            |d: Delivery| async move {
+                std::mem::forget(d.lease);
+                Decision::Deferred
+            },
+            ConsumerOptions::new()
+                .with_claim_timeout(Duration::from_millis(100))
+                .with_concurrency(1)
+                .with_reap_idle_consumers_after(Some(Duration::from_millis(200))),
+        )
+        .await
+        .unwrap();
+    let st = eventually(Duration::from_secs(5), || {
+        let s = s.clone();
+        let q = q.clone();
+        async move { s.stats(&q).await.ok().filter(|st| st.consumers == 2 && st.pending == 2) }
+    })
+    .await
+    .expect("X reaped, Z (pending) and Y kept");
+    assert_eq!((st.consumers, st.pending), (2, 2));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(s.stats(&q).await.unwrap().consumers, 2, "Z, which owns m1, is never reaped");
+    drop(y);
 }
