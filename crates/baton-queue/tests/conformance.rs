@@ -36,6 +36,7 @@ on_every_backend!(
     idle_queue_delivers_at_once,
     bad_input_is_refused_with_clear_errors,
     idle_consumers_without_pending_are_reaped,
+    drain_reports_in_flight_work_and_leaves_it_to_a_peer,
 );
 
 async fn fifo_and_exact_counts(b: TestBackend) {
@@ -745,4 +746,59 @@ async fn idle_consumers_without_pending_are_reaped(b: TestBackend) {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(s.stats(&q).await.unwrap().consumers, 2, "Z, which owns m1, is never reaped");
     drop(y);
+}
+
+/// drain(budget): stops reading, waits for handlers within the budget, reports what is still in
+/// flight; that work is taken by a peer after the claim timeout.
+async fn drain_reports_in_flight_work_and_leaves_it_to_a_peer(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("drain");
+    let a = s
+        .consume(
+            &q,
+            |d: Delivery| async move {
+                let slow = &d.payload[..] == b"slow";
+                tokio::time::sleep(Duration::from_millis(if slow { 20_000 } else { 200 })).await;
+                Decision::Ack
+            },
+            fast(1_000),
+        )
+        .await
+        .unwrap();
+    let ids = s.offer_batch(&q, vec![Bytes::from("slow"), Bytes::from("quick")]).await.unwrap();
+    eventually(Duration::from_secs(3), || {
+        let n = a.in_flight().len();
+        async move { (n == 2).then_some(()) }
+    })
+    .await
+    .expect("both taken");
+    let t0 = Instant::now();
+    let report = a.drain(Duration::from_millis(1_000)).await;
+    assert!(t0.elapsed() >= Duration::from_millis(900) && t0.elapsed() < Duration::from_millis(1_500));
+    assert_eq!(report.completed, 1, "the quick one finished within the budget");
+    assert_eq!(report.in_flight, vec![ids[0]], "the slow one is reported");
+    // Nothing is lost: a peer gets the slow one after the claim timeout.
+    let got = Arc::new(Mutex::new(None::<(baton_queue::MessageId, u32)>));
+    let g2 = got.clone();
+    let _peer = s
+        .consume(
+            &q,
+            move |d: Delivery| {
+                let g = g2.clone();
+                async move {
+                    *g.lock().unwrap() = Some((d.id, d.deliveries));
+                    Decision::Ack
+                }
+            },
+            fast(1_000),
+        )
+        .await
+        .unwrap();
+    let (id, n) = eventually(Duration::from_secs(4), || {
+        let g = got.clone();
+        async move { *g.lock().unwrap() }
+    })
+    .await
+    .expect("peer took it");
+    assert_eq!((id, n), (ids[0], 2));
 }

@@ -380,3 +380,49 @@ async fn partitioned_owner_can_neither_renew_nor_ack() {
     b_lease.ack().await.unwrap();
     assert_eq!(sb.stats(&q).await.unwrap().length, 0);
 }
+
+/// An entry deleted from the stream while pending (e.g. by an operator's XDEL) is cleaned from
+/// the pending list by the next reclaim tick (XAUTOCLAIM, Redis 7: deleted entries are dropped
+/// before the idle check, so this happens well before the 2 s claim timeout) and never delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_pending_entries_are_cleaned() {
+    require_redis();
+    let server = RedisServer::start();
+    let client = RedisClient::new(server.config()).unwrap();
+    let s = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
+    let q = queue_name("deleted");
+    let calls = Arc::new(Mutex::new(0u32));
+    let c2 = calls.clone();
+    let _c = s
+        .consume(
+            &q,
+            move |_d: Delivery| {
+                let calls = c2.clone();
+                async move {
+                    *calls.lock().unwrap() += 1;
+                    Decision::Retry
+                }
+            },
+            ConsumerOptions::new().with_claim_timeout(Duration::from_millis(2_000)).with_reap_idle_consumers_after(None),
+        )
+        .await
+        .unwrap();
+    let id = s.offer(&q, "x").await.unwrap();
+    eventually(Duration::from_secs(3), || {
+        let n = *calls.lock().unwrap();
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("delivered once");
+    let mut conn = client.shared().await.unwrap();
+    let _: i64 = redis::cmd("XDEL").arg(format!("baton:q:{{{q}}}")).arg(id.to_string()).query_async(&mut conn).await.unwrap();
+    assert_eq!(s.stats(&q).await.unwrap().pending, 1, "still in the pending list");
+    eventually(Duration::from_secs(3), || {
+        let s = s.clone();
+        let q = q.clone();
+        async move { s.stats(&q).await.ok().filter(|st| st.pending == 0) }
+    })
+    .await
+    .expect("cleaned by the reclaim tick");
+    assert_eq!(*calls.lock().unwrap(), 1, "never delivered again");
+}
