@@ -356,6 +356,20 @@ fn metrics_snapshotter() -> &'static metrics_util::debugging::Snapshotter {
     })
 }
 
+/// A counter's total for one queue. Snapshots reset the debugging recorder's counters, and tests
+/// run concurrently, so every snapshot is folded into one shared tally.
+fn counter_total(snap: &metrics_util::debugging::Snapshotter, name: &str, queue: &str) -> u64 {
+    static TALLY: OnceLock<Mutex<std::collections::HashMap<(String, String), u64>>> = OnceLock::new();
+    let mut tally = TALLY.get_or_init(Default::default).lock().unwrap();
+    for (k, _, _, v) in snap.snapshot().into_vec() {
+        if let metrics_util::debugging::DebugValue::Counter(n) = v {
+            let q = k.key().labels().find(|l| l.key() == "queue").map(|l| l.value().to_string()).unwrap_or_default();
+            *tally.entry((k.key().name().to_string(), q)).or_default() += n;
+        }
+    }
+    tally.get(&(name.to_string(), queue.to_string())).copied().unwrap_or(0)
+}
+
 #[derive(Clone, Default)]
 struct LogBuf(Arc<Mutex<Vec<u8>>>);
 impl std::io::Write for LogBuf {
@@ -449,12 +463,7 @@ async fn max_processing_time_releases_the_lease(b: TestBackend) {
     let ac = a.counters();
     assert_eq!(ac.acked, 0, "the first handler's late ack is refused");
     // Metric and warning recorded for this queue.
-    let found = snap.snapshot().into_vec().into_iter().any(|(k, _, _, v)| {
-        k.key().name() == "baton_queue_leases_expired_total"
-            && k.key().labels().any(|l| l.key() == "queue" && l.value() == q)
-            && matches!(v, metrics_util::debugging::DebugValue::Counter(1))
-    });
-    assert!(found, "baton_queue_leases_expired_total{{queue={q}}} == 1");
+    assert_eq!(counter_total(snap, "baton_queue_leases_expired_total", &q), 1);
     let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
     assert!(
         text.lines().any(|l| l.contains("WARN") && l.contains("max_processing_time") && l.contains(&q)),
