@@ -1,0 +1,85 @@
+-- create (PROTOCOL.md 5.1, 4.2; run open). Idempotent: same config => 'exists'.
+-- ARGV: 1 inc, 2 ct, 3 ctn, 4 ttl_ms, 5 exp_ms, 6 closed, 7 sil, 8 mr, 9 dttl, 10 ml, 11 mlw,
+--       12 fsrc, 13 foff, 14 fsub, 15 base id, 16 claim producer id, 17 n, then n x (id|'*', data, msgs)
+local now = now_ms()
+local m = load_meta()
+local claim = ARGV[16]
+
+local function do_claim()
+  if claim == '' then return '' end
+  local p = producer_state(claim)
+  local epoch, count, off = 0, 0, ''
+  if p then epoch = p.epoch + 1; count = p.count; off = p.off end
+  redis.call('HSET', KM, 'p:' .. claim, s(epoch) .. ':-1:' .. s(count) .. ':' .. off, 'lw', s(now))
+  m.lw = s(now)
+  return s(epoch)
+end
+
+if m then
+  if m.del then return {'softdel'} end
+  check_silence(m, now)
+  if claim ~= '' and m['end'] then return {'closed', info(m)} end
+  local want_closed = ARGV[6] == '1'
+  local reason = nil
+  if m.ctn ~= ARGV[3] then reason = 'content type differs'
+  elseif (m.ttl or '') ~= ARGV[4] or (m.exp or '') ~= ARGV[5] then reason = 'TTL or expiry differs'
+  elseif (m['end'] ~= nil) ~= want_closed then reason = 'closed state differs'
+  elseif (m.fsrc or '') ~= ARGV[12] or (m.foff or '') ~= ARGV[13] or (m.fsub or '') ~= ARGV[14] then
+    reason = 'fork origin differs'
+  end
+  if reason then return {'conflict', reason} end
+  if claim ~= '' then
+    local e = do_claim()
+    apply_expiry(m)
+    return {'exists', info(m), e}
+  end
+  return {'exists', info(m), ''}
+end
+
+m = {inc = ARGV[1], ct = ARGV[2], ctn = ARGV[3], ca = s(now), lw = s(now), ta = s(now), cnt = '0'}
+local h = {'inc', m.inc, 'ct', m.ct, 'ctn', m.ctn, 'ca', m.ca, 'lw', m.lw, 'ta', m.ta}
+local function opt(f, v) if v ~= '' then m[f] = v; table.insert(h, f); table.insert(h, v) end end
+opt('ttl', ARGV[4]); opt('exp', ARGV[5]); opt('sil', ARGV[7]); opt('mr', ARGV[8]); opt('dttl', ARGV[9])
+opt('ml', ARGV[10]); opt('mlw', ARGV[11]); opt('fsrc', ARGV[12]); opt('foff', ARGV[13]); opt('fsub', ARGV[14])
+local dl = nil
+if m.exp then dl = tonumber(m.exp) end
+if m.mr and (dl == nil or now + tonumber(m.mr) < dl) then dl = now + tonumber(m.mr) end
+if dl then m.dl = s(dl); table.insert(h, 'dl'); table.insert(h, m.dl) end
+
+local base = ARGV[15]
+local tail = '0-0'
+local wrote = false
+local based = (base == '0-0')
+local function ensure_base()
+  if based then return end
+  based = true
+  if tail == base then return end
+  if wrote then
+    redis.call('XSETID', KS, base)
+  else
+    redis.call('XADD', KS, base, 'd', '')
+    redis.call('XDEL', KS, base)
+  end
+  tail = base
+end
+local n = tonumber(ARGV[17])
+local cnt = 0
+for i = 0, n - 1 do
+  local id, data, msgs = ARGV[18 + 3 * i], ARGV[19 + 3 * i], ARGV[20 + 3 * i]
+  if id == '*' then ensure_base() end
+  if msgs ~= '0' then
+    tail = redis.call('XADD', KS, id, 'd', data, 'n', msgs)
+  else
+    tail = redis.call('XADD', KS, id, 'd', data)
+  end
+  wrote = true
+  cnt = cnt + 1
+end
+ensure_base()
+m.tail = tail; m.cnt = s(cnt)
+table.insert(h, 'tail'); table.insert(h, tail); table.insert(h, 'cnt'); table.insert(h, m.cnt)
+redis.call('HSET', KM, unpack(h))
+if ARGV[6] == '1' then do_end(m, now, 'finished', nil) end
+local e = do_claim()
+apply_expiry(m)
+return {'created', info(m), e}

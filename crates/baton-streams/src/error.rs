@@ -1,0 +1,101 @@
+//! Errors of the streams engine. Each variant names the HTTP status the protocol gives it
+//! (PROTOCOL.md section in brackets) so the HTTP layer can map it with [`StreamError::status`].
+
+use crate::types::{EndState, LimitScope};
+use crate::Offset;
+
+/// Everything that can go wrong in a stream operation.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StreamError {
+    /// 404: no stream at this path, or it expired (TTL, `Expires-At`, `max_run`, `done_ttl`), or
+    /// it was deleted (a [`crate::Producer`] whose stream was deleted and re-created at the same
+    /// path also gets this: the new stream is a different stream). [§5.4, §5.6]
+    #[error("stream {path:?} not found")]
+    NotFound { path: String },
+    /// 410: the stream was deleted while forks still reference it (soft-deleted). [§4.2, §5.4]
+    #[error("stream {path:?} is deleted (soft-deleted, forks still reference it)")]
+    Gone { path: String },
+    /// 410: the requested offset is before the earliest retained data (after a trim). [§5.6]
+    #[error("offset {offset} is before the earliest retained offset {earliest}")]
+    OffsetGone { offset: Offset, earliest: Offset },
+    /// 400: the offset is not `-1`, `now`, nor an offset token this server mints. [§8]
+    #[error("malformed offset {input:?}")]
+    MalformedOffset { input: String },
+    /// 400: the offset is well formed but beyond the stream's tail. [§5.6, §4.2 fork offset]
+    #[error("offset {offset} is ahead of the tail {tail}")]
+    OffsetAhead { offset: Offset, tail: Offset },
+    /// 400: a malformed request (bad TTL, both TTL and `Expires-At`, bad sub-offset, empty
+    /// producer id, empty body without close, ...). [§5.1, §5.2, §5.2.1]
+    #[error("invalid request: {reason}")]
+    InvalidRequest { reason: String },
+    /// 400: an `application/json` append whose body is not valid JSON. [§9.1.4]
+    #[error("invalid JSON: {detail}")]
+    InvalidJson { detail: String },
+    /// 400: an `application/json` append whose body is `[]`. [§9.1.3]
+    #[error("empty JSON array in an append")]
+    EmptyArray,
+    /// 409: the stream exists with another configuration, or the path belongs to a soft-deleted
+    /// stream, or the content type of an append does not match. [§5.1, §5.2, §4.2]
+    #[error("conflict: {reason}")]
+    Conflict { reason: String },
+    /// 409: a `Stream-Seq` that is not strictly greater (bytewise) than the last one. [§5.2]
+    #[error("Stream-Seq {received:?} is not greater than the last one {last:?}")]
+    StreamSeqRegression { last: String, received: String },
+    /// 403: the producer's epoch is older than the stream's current epoch for that producer id
+    /// (a zombie after a restart bumped the epoch). [§5.2.1]
+    #[error("producer epoch {epoch} is fenced; current epoch is {current_epoch}")]
+    Fenced { epoch: u64, current_epoch: u64 },
+    /// 400: a new epoch whose first sequence is not 0. [§5.2.1]
+    #[error("a new producer epoch must start at sequence 0 (got {seq})")]
+    EpochMustStartAtZero { seq: u64 },
+    /// 409: a producer sequence that skips ahead. [§5.2.1]
+    #[error("producer sequence gap: expected {expected}, received {received}")]
+    SequenceGap { expected: u64, received: u64 },
+    /// 409 with `Stream-Closed: true`: the stream has ended; nothing more can be written.
+    /// Carries the final offset and the end reason. [§4.1, §5.2]
+    #[error("stream is closed ({}) at offset {}", end.reason, end.final_offset)]
+    Closed { end: EndState },
+    /// 413/409: `max_len` reached (events per stream or per writer). [Baton run semantics]
+    #[error("max_len reached: {limit} events per {scope}")]
+    TooLong { limit: u64, scope: LimitScope },
+    /// 503: the backend failed (Redis unreachable, timeout, script error).
+    #[error("backend error: {0}")]
+    Backend(String),
+}
+
+impl StreamError {
+    /// The HTTP status the protocol gives this error.
+    pub fn status(&self) -> u16 {
+        use StreamError::*;
+        match self {
+            NotFound { .. } => 404,
+            Gone { .. } | OffsetGone { .. } => 410,
+            MalformedOffset { .. } | OffsetAhead { .. } | InvalidRequest { .. } | InvalidJson { .. }
+            | EmptyArray | EpochMustStartAtZero { .. } => 400,
+            Conflict { .. } | StreamSeqRegression { .. } | SequenceGap { .. } | Closed { .. } => 409,
+            Fenced { .. } => 403,
+            TooLong { .. } => 413,
+            Backend(_) => 503,
+        }
+    }
+
+    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
+        StreamError::InvalidRequest { reason: reason.into() }
+    }
+
+    pub(crate) fn conflict(reason: impl Into<String>) -> Self {
+        StreamError::Conflict { reason: reason.into() }
+    }
+}
+
+impl From<baton_redis::redis::RedisError> for StreamError {
+    fn from(e: baton_redis::redis::RedisError) -> Self {
+        StreamError::Backend(e.to_string())
+    }
+}
+
+impl From<baton_redis::ConnectError> for StreamError {
+    fn from(e: baton_redis::ConnectError) -> Self {
+        StreamError::Backend(e.to_string())
+    }
+}

@@ -1,0 +1,287 @@
+//! Redis backend (standalone and Cluster): one script call per operation (see the crate docs
+//! for the key layout and the scripts), plus the shared tail loops in [`tail`].
+
+mod reply;
+mod tail;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use baton_redis::redis::Value;
+use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
+
+use crate::error::StreamError;
+use crate::store::{Backend, CreateSpec, Deleted, Snapshot, StoreSettings, WriteSpec};
+use crate::types::*;
+use crate::{Offset, ReadFrom, Result};
+use reply::*;
+
+macro_rules! script {
+    ($name:literal, $file:literal) => {
+        LuaScript::new($name, concat!(include_str!("../../scripts/common.lua"), include_str!(concat!("../../scripts/", $file))))
+    };
+}
+
+static CREATE: LuaScript = script!("streams.create", "create.lua");
+static WRITE: LuaScript = script!("streams.write", "write.lua");
+static READ: LuaScript = script!("streams.read", "read.lua");
+static DELETE: LuaScript = script!("streams.delete", "delete.lua");
+static REFS: LuaScript = script!("streams.refs", "refs.lua");
+static KEEPALIVE: LuaScript = script!("streams.keepalive", "keepalive.lua");
+static TRIM: LuaScript = script!("streams.trim", "trim.lua");
+
+/// `baton:s:{<path>}` and `baton:s:{<path>}:m`, with `%`, `{`, `}` percent-encoded in the tag.
+pub(crate) fn keys(path: &StreamPath) -> (String, String) {
+    let mut tag = String::with_capacity(path.as_str().len());
+    for c in path.as_str().chars() {
+        match c {
+            '%' => tag.push_str("%25"),
+            '{' => tag.push_str("%7B"),
+            '}' => tag.push_str("%7D"),
+            c => tag.push(c),
+        }
+    }
+    (format!("baton:s:{{{tag}}}"), format!("baton:s:{{{tag}}}:m"))
+}
+
+pub(crate) struct RedisStore {
+    client: RedisClient,
+    conn: RedisConn,
+    settings: Arc<StoreSettings>,
+    hub: tail::TailHub,
+}
+
+fn ms_arg(d: Option<Duration>) -> Vec<u8> {
+    d.map(|d| d.as_millis().to_string().into_bytes()).unwrap_or_default()
+}
+
+fn opt_arg(v: Option<u64>) -> Vec<u8> {
+    v.map(|v| v.to_string().into_bytes()).unwrap_or_default()
+}
+
+impl RedisStore {
+    pub(crate) async fn connect(config: RedisConfig, settings: Arc<StoreSettings>) -> Result<Arc<Self>> {
+        let client = RedisClient::new(config)?;
+        let conn = client.shared().await?;
+        Ok(Arc::new_cyclic(|weak| Self { client, conn, settings, hub: tail::TailHub::new(weak.clone()) }))
+    }
+
+    pub(crate) async fn call(&self, script: &LuaScript, path: &StreamPath, args: Vec<Vec<u8>>) -> Result<Vec<Value>> {
+        let (ks, km) = keys(path);
+        let mut inv = script.script().prepare_invoke();
+        inv.key(ks).key(km);
+        for a in &args {
+            inv.arg(a.as_slice());
+        }
+        let mut conn = self.conn.clone();
+        let v: Value = inv.invoke_async(&mut conn).await?;
+        match v {
+            Value::Array(items) if !items.is_empty() => Ok(items),
+            other => Err(StreamError::Backend(format!("{}: unexpected reply {other:?}", script.name()))),
+        }
+    }
+
+    /// One `read.lua` call.
+    pub(crate) async fn read_raw(
+        &self,
+        path: &StreamPath,
+        from: ReadFrom,
+        max_records: usize,
+        max_bytes: usize,
+        touch: bool,
+        incarnation: Option<&str>,
+    ) -> Result<(ReadChunk, StreamInfo)> {
+        let (mode, id) = match from {
+            ReadFrom::Start => ("start", String::new()),
+            ReadFrom::Now => ("now", String::new()),
+            ReadFrom::At(o) => ("at", o.to_redis_id()),
+        };
+        let args = vec![
+            mode.into(),
+            id.into_bytes(),
+            max_records.to_string().into_bytes(),
+            max_bytes.to_string().into_bytes(),
+            if touch { b"1".to_vec() } else { vec![] },
+            incarnation.unwrap_or("").as_bytes().to_vec(),
+        ];
+        let r = self.call(&READ, path, args).await?;
+        let requested = match from {
+            ReadFrom::At(o) => o,
+            _ => Offset::ZERO,
+        };
+        check(path, &r, requested, 0)?;
+        let info = parse_info(path, &r[1])?;
+        let records = parse_records(&r[2])?;
+        let next = parse_id(&r[3])?;
+        let up_to_date = next == info.tail;
+        let chunk = ReadChunk {
+            records,
+            next_offset: next,
+            up_to_date,
+            end: info.end.filter(|_| up_to_date),
+            content_type: info.content_type.clone(),
+            incarnation: info.incarnation.clone(),
+        };
+        Ok((chunk, info))
+    }
+}
+
+#[async_trait]
+impl Backend for RedisStore {
+    async fn create(&self, path: &StreamPath, spec: CreateSpec) -> Result<(Created, Option<u64>)> {
+        let (ttl, exp) = match spec.expiry {
+            Expiry::None => (None, None),
+            Expiry::TtlSecs(s) => (Some(s * 1000), None),
+            Expiry::At(t) => (None, Some(t)),
+        };
+        let fork = spec.fork.as_ref();
+        let mut args: Vec<Vec<u8>> = vec![
+            spec.incarnation.clone().into_bytes(),
+            spec.content_type.clone().into_bytes(),
+            normalize_content_type(&spec.content_type).into_bytes(),
+            opt_arg(ttl),
+            opt_arg(exp),
+            if spec.closed { b"1".to_vec() } else { vec![] },
+            ms_arg(spec.limits.silence_timeout),
+            ms_arg(spec.limits.max_run),
+            ms_arg(spec.limits.done_ttl),
+            opt_arg(spec.limits.max_len),
+            opt_arg(spec.limits.max_len_per_writer),
+            fork.map(|f| f.source.as_str().as_bytes().to_vec()).unwrap_or_default(),
+            fork.and_then(|f| f.offset).map(|o| o.to_redis_id().into_bytes()).unwrap_or_default(),
+            fork.map(|f| f.sub_offset.to_string().into_bytes()).unwrap_or_default(),
+            spec.base.to_redis_id().into_bytes(),
+            spec.claim.clone().unwrap_or_default().into_bytes(),
+            spec.records.len().to_string().into_bytes(),
+        ];
+        for (id, data, n) in &spec.records {
+            args.push(id.map(|o| o.to_redis_id()).unwrap_or_else(|| "*".into()).into_bytes());
+            args.push(data.to_vec());
+            args.push(n.to_string().into_bytes());
+        }
+        let r = self.call(&CREATE, path, args).await?;
+        check(path, &r, Offset::ZERO, 0)?;
+        let info = parse_info(path, &r[1])?;
+        let epoch = r.get(2).map(text).filter(|s| !s.is_empty()).and_then(|s| s.parse().ok());
+        Ok((Created { created: text(&r[0]) == "created", info }, epoch))
+    }
+
+    async fn write(&self, path: &StreamPath, spec: WriteSpec) -> Result<Appended> {
+        let p = spec.producer.as_ref();
+        let mut args: Vec<Vec<u8>> = vec![
+            spec.incarnation.clone().unwrap_or_default().into_bytes(),
+            spec.ctn.clone().unwrap_or_default().into_bytes(),
+            spec.stream_seq.clone().unwrap_or_default().into_bytes(),
+            p.map(|p| p.id.clone()).unwrap_or_default().into_bytes(),
+            p.map(|p| p.epoch.to_string()).unwrap_or_default().into_bytes(),
+            p.map(|p| p.seq.to_string()).unwrap_or_default().into_bytes(),
+            spec.close.map(|r| r.as_str()).unwrap_or("").as_bytes().to_vec(),
+            spec.records.len().to_string().into_bytes(),
+        ];
+        for (data, n) in &spec.records {
+            args.push(data.to_vec());
+            args.push(n.to_string().into_bytes());
+        }
+        let r = self.call(&WRITE, path, args).await?;
+        check(path, &r, Offset::ZERO, p.map_or(0, |p| p.epoch)).map_err(|e| match e {
+            StreamError::StreamSeqRegression { last, .. } => {
+                StreamError::StreamSeqRegression { last, received: spec.stream_seq.clone().unwrap_or_default() }
+            }
+            e => e,
+        })?;
+        // Slim reply: status, epoch, seq, producer offset, ended (ok) / tail (dup), ...
+        let tail = parse_id(&r[if text(&r[0]) == "dup" { 4 } else { 3 }])?;
+        let end = EndReason::parse(&text(&r[5])).map(|reason| EndState {
+            reason,
+            final_offset: Offset::from_redis_id(&text(&r[6])).unwrap_or(tail),
+        });
+        match text(&r[0]).as_str() {
+            "dup" => Ok(Appended {
+                tail,
+                duplicate: true,
+                producer: Some((num(&r[1])?, num(&r[2])?)),
+                producer_offset: parse_id(&r[3]).ok(),
+                end,
+                ended_now: false,
+            }),
+            _ => Ok(Appended {
+                tail,
+                duplicate: false,
+                producer: p.map(|p| (p.epoch, p.seq)),
+                producer_offset: p.map(|_| tail),
+                end,
+                ended_now: num(&r[4])? == 1,
+            }),
+        }
+    }
+
+    async fn read(
+        &self,
+        path: &StreamPath,
+        from: ReadFrom,
+        max_records: usize,
+        max_bytes: usize,
+        touch: bool,
+        incarnation: Option<&str>,
+    ) -> Result<(ReadChunk, StreamInfo)> {
+        self.read_raw(path, from, max_records, max_bytes, touch, incarnation).await
+    }
+
+    async fn snapshot(&self, path: &StreamPath, offset: Option<Offset>) -> Result<Snapshot> {
+        let id = offset.map(|o| o.to_redis_id()).unwrap_or_default();
+        let args = vec![b"snap".to_vec(), id.into_bytes(), b"0".to_vec(), b"0".to_vec(), vec![], vec![]];
+        let r = self.call(&READ, path, args).await?;
+        check(path, &r, offset.unwrap_or_default(), 0)?;
+        let info = parse_info(path, &r[1])?;
+        let inherited = parse_records(&r[2])?;
+        let next = parse_records(&r[3])?.into_iter().next();
+        Ok(Snapshot { info, inherited, next, offset: parse_id(&r[4])? })
+    }
+
+    async fn delete(&self, path: &StreamPath) -> Result<Deleted> {
+        let r = self.call(&DELETE, path, vec![]).await?;
+        check(path, &r, Offset::ZERO, 0)?;
+        Ok(match text(&r[0]).as_str() {
+            "soft" => Deleted::Soft,
+            _ => Deleted::Hard { fork_source: source_path(&r[1]) },
+        })
+    }
+
+    async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>> {
+        let r = self.call(&REFS, path, vec![if add { b"+".to_vec() } else { b"-".to_vec() }]).await?;
+        Ok(if text(&r[0]) == "collected" { source_path(&r[1]) } else { None })
+    }
+
+    async fn keepalive(&self, path: &StreamPath, incarnation: Option<&str>, producer: Option<(&str, u64)>) -> Result<StreamInfo> {
+        let args = vec![
+            incarnation.unwrap_or("").as_bytes().to_vec(),
+            producer.map(|p| p.0).unwrap_or("").as_bytes().to_vec(),
+            producer.map(|p| p.1.to_string()).unwrap_or_default().into_bytes(),
+        ];
+        let r = self.call(&KEEPALIVE, path, args).await?;
+        check(path, &r, Offset::ZERO, producer.map_or(0, |p| p.1))?;
+        parse_info(path, &r[1])
+    }
+
+    async fn trim(&self, path: &StreamPath, through: Offset) -> Result<Offset> {
+        let after = Offset::new(through.ms, through.seq + 1);
+        let r = self.call(&TRIM, path, vec![through.to_redis_id().into_bytes(), after.to_redis_id().into_bytes()]).await?;
+        check(path, &r, through, 0)?;
+        parse_id(&r[1])
+    }
+
+    async fn wait(&self, path: &StreamPath, after: Offset, incarnation: &str, max_bytes: usize, timeout: Duration) -> Result<ReadChunk> {
+        self.hub.wait(path, after, incarnation, max_bytes, timeout).await
+    }
+}
+
+impl RedisStore {
+    pub(crate) fn client(&self) -> &RedisClient {
+        &self.client
+    }
+
+    pub(crate) fn settings(&self) -> &StoreSettings {
+        &self.settings
+    }
+}

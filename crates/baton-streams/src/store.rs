@@ -1,0 +1,420 @@
+//! [`StreamStore`]: the public entry point, one type over every backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use baton_redis::RedisConfig;
+use bytes::Bytes;
+
+use crate::error::StreamError;
+use crate::types::*;
+use crate::{Offset, ReadFrom, Result};
+
+/// Store-wide settings (DESIGN.md §3 "Settings (per server, overridable per stream)").
+#[derive(Clone, Debug)]
+pub struct StoreSettings {
+    /// Run limits applied when [`CreateOptions::limits`] is `None`.
+    pub default_limits: RunLimits,
+    /// Largest read chunk in bytes (at least one record is always returned). Default 1 MiB.
+    pub max_read_bytes: usize,
+    /// Records kept in memory per tailed stream for live readers (Redis). Default 4,096.
+    pub live_window: usize,
+    /// Longest `XREAD BLOCK` slice (Redis); deletion, expiry and silence are noticed at least this
+    /// often by a tail loop. Default 500 ms.
+    pub live_slice: Duration,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            default_limits: RunLimits::default(),
+            max_read_bytes: 1 << 20,
+            live_window: 4096,
+            live_slice: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Fully resolved creation request handed to a backend.
+#[derive(Clone, Debug)]
+pub(crate) struct CreateSpec {
+    pub incarnation: String,
+    pub content_type: String,
+    pub expiry: Expiry,
+    pub limits: RunLimits,
+    pub closed: bool,
+    /// (explicit offset for copied fork records, bytes, JSON messages)
+    pub records: Vec<(Option<Offset>, Bytes, u32)>,
+    /// Fork base: the fork's tail before its own records.
+    pub base: Offset,
+    pub fork: Option<ForkFrom>,
+    /// Run open: claim a new epoch for this producer id.
+    pub claim: Option<String>,
+}
+
+/// Append/close request handed to a backend.
+#[derive(Clone, Debug)]
+pub(crate) struct WriteSpec {
+    pub incarnation: Option<String>,
+    /// Normalized content type of the body; `None` = binary body.
+    pub ctn: Option<String>,
+    pub stream_seq: Option<String>,
+    pub producer: Option<ProducerStamp>,
+    pub close: Option<EndReason>,
+    pub records: Vec<(Bytes, u32)>,
+}
+
+/// Source state for a fork.
+#[derive(Clone, Debug)]
+pub(crate) struct Snapshot {
+    pub info: StreamInfo,
+    pub inherited: Vec<Record>,
+    pub next: Option<Record>,
+    pub offset: Offset,
+}
+
+pub(crate) enum Deleted {
+    Hard { fork_source: Option<StreamPath> },
+    Soft,
+}
+
+#[async_trait]
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// Returns the outcome and the claimed epoch (when `spec.claim`).
+    async fn create(&self, path: &StreamPath, spec: CreateSpec) -> Result<(Created, Option<u64>)>;
+    async fn write(&self, path: &StreamPath, spec: WriteSpec) -> Result<Appended>;
+    /// `touch` restarts a sliding TTL; `max_records == 0` reads metadata only.
+    async fn read(
+        &self,
+        path: &StreamPath,
+        from: ReadFrom,
+        max_records: usize,
+        max_bytes: usize,
+        touch: bool,
+        incarnation: Option<&str>,
+    ) -> Result<(ReadChunk, StreamInfo)>;
+    async fn snapshot(&self, path: &StreamPath, offset: Option<Offset>) -> Result<Snapshot>;
+    async fn delete(&self, path: &StreamPath) -> Result<Deleted>;
+    /// `+1`/`-1` on the fork reference count; `Some(source)` when a `-1` collected a soft-deleted
+    /// fork that itself has a source (cascade).
+    async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>>;
+    async fn keepalive(&self, path: &StreamPath, incarnation: Option<&str>, producer: Option<(&str, u64)>) -> Result<StreamInfo>;
+    async fn trim(&self, path: &StreamPath, through: Offset) -> Result<Offset>;
+    /// Waits up to `timeout` for records after `after` (or the end, or deletion).
+    async fn wait(
+        &self,
+        path: &StreamPath,
+        after: Offset,
+        incarnation: &str,
+        max_bytes: usize,
+        timeout: Duration,
+    ) -> Result<ReadChunk>;
+}
+
+/// A durable stream store: the in-memory backend or Redis (standalone or Cluster). Cheap to
+/// clone; share one per process (live readers of a stream share one tail loop per store).
+#[derive(Clone)]
+pub struct StreamStore {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) settings: Arc<StoreSettings>,
+}
+
+const MAX_SAFE_INT: u64 = (1 << 53) - 1;
+
+impl StreamStore {
+    /// The in-memory backend (embedded default; same semantics as Redis, data lost on exit).
+    /// Must be called inside a Tokio runtime (it starts a sweeper task for expiry and silence).
+    pub fn memory(settings: StoreSettings) -> Self {
+        let settings = Arc::new(settings);
+        Self { backend: crate::memory::MemoryStore::new(settings.clone()), settings }
+    }
+
+    /// The Redis backend (standalone or Cluster). Connects once (shared connection); tail loops
+    /// open one dedicated connection per live-read stream. Errors: [`StreamError::Backend`].
+    pub async fn redis(config: RedisConfig, settings: StoreSettings) -> Result<Self> {
+        let settings = Arc::new(settings);
+        let backend = crate::redis::RedisStore::connect(config, settings.clone()).await?;
+        Ok(Self { backend, settings })
+    }
+
+    /// Settings of this store.
+    pub fn settings(&self) -> &StoreSettings {
+        &self.settings
+    }
+
+    /// Creates a stream, or confirms an identical one (PROTOCOL.md §5.1): `created == false` when
+    /// a stream with the same content type (normalized), expiry, closed state and fork origin
+    /// exists. Forks (§4.2): data up to the fork offset (plus `sub_offset`) is copied; the fork
+    /// gets the source's content type and expiry unless given.
+    ///
+    /// Errors: [`StreamError::Conflict`] (different config; soft-deleted path; fork content type
+    /// differs; soft-deleted source), [`StreamError::NotFound`] (fork source), `InvalidRequest`
+    /// (expiry in the past, sub-offset overshoot), `OffsetAhead` (fork offset past the source's
+    /// tail), `OffsetGone`, `InvalidJson`.
+    pub async fn create(&self, path: &StreamPath, opts: CreateOptions) -> Result<Created> {
+        Ok(self.create_inner(path, opts, None).await?.0)
+    }
+
+    pub(crate) async fn create_inner(
+        &self,
+        path: &StreamPath,
+        opts: CreateOptions,
+        claim: Option<String>,
+    ) -> Result<(Created, Option<u64>)> {
+        if let Expiry::At(t) = opts.expiry {
+            if t <= now_ms() {
+                return Err(StreamError::invalid("Stream-Expires-At is in the past"));
+            }
+        }
+        let limits = opts.limits.unwrap_or(self.settings.default_limits);
+        let incarnation = uuid::Uuid::now_v7().simple().to_string();
+        let Some(fork) = opts.fork.clone() else {
+            let ct = opts.content_type.clone().unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_string());
+            let mut records = Vec::new();
+            if let Some(body) = &opts.initial {
+                if let Some((data, n)) = prepare_body(&ct, body, true)? {
+                    records.push((None, data, n));
+                }
+            }
+            let spec = CreateSpec {
+                incarnation,
+                content_type: ct,
+                expiry: opts.expiry,
+                limits,
+                closed: opts.closed,
+                records,
+                base: Offset::ZERO,
+                fork: None,
+                claim,
+            };
+            return self.backend.create(path, spec).await;
+        };
+        // Fork: snapshot the source, create the fork with copied records, reference the source.
+        let snap = match self.backend.snapshot(&fork.source, fork.offset).await {
+            Err(StreamError::Gone { .. }) => {
+                return Err(StreamError::conflict("the fork source is deleted (soft-deleted)"))
+            }
+            other => other?,
+        };
+        let ct = match &opts.content_type {
+            Some(ct) if normalize_content_type(ct) != normalize_content_type(&snap.info.content_type) => {
+                return Err(StreamError::conflict("fork content type differs from the source's"))
+            }
+            Some(ct) => ct.clone(),
+            None => snap.info.content_type.clone(),
+        };
+        let mut records: Vec<(Option<Offset>, Bytes, u32)> =
+            snap.inherited.iter().map(|r| (Some(r.offset), r.data.clone(), r.messages)).collect();
+        if fork.sub_offset > 0 {
+            let next = snap.next.as_ref().ok_or_else(|| {
+                StreamError::invalid("Stream-Fork-Sub-Offset names a position past the next data boundary")
+            })?;
+            let (data, n) = if is_json(&ct) {
+                let d = json_prefix(&next.data, fork.sub_offset).ok_or_else(|| {
+                    StreamError::invalid("Stream-Fork-Sub-Offset overshoots the next append's message count")
+                })?;
+                (d, fork.sub_offset as u32)
+            } else {
+                if fork.sub_offset as usize > next.data.len() {
+                    return Err(StreamError::invalid("Stream-Fork-Sub-Offset overshoots the next append's length"));
+                }
+                (next.data.slice(..fork.sub_offset as usize), 0)
+            };
+            records.push((None, data, n));
+        }
+        if let Some(body) = &opts.initial {
+            if let Some((data, n)) = prepare_body(&ct, body, true)? {
+                records.push((None, data, n));
+            }
+        }
+        // §4.2 expiry table: no expiry requested ⇒ inherit the source's TTL or Expires-At.
+        let expiry = match opts.expiry {
+            Expiry::None => snap.info.expiry,
+            e => e,
+        };
+        let spec = CreateSpec {
+            incarnation,
+            content_type: ct,
+            expiry,
+            limits,
+            closed: opts.closed,
+            records,
+            base: snap.offset,
+            fork: Some(ForkFrom { source: fork.source.clone(), offset: Some(snap.offset), sub_offset: fork.sub_offset }),
+            claim,
+        };
+        let out = self.backend.create(path, spec).await?;
+        if out.0.created {
+            // Best effort: a source deleted meanwhile needs no reference (data was copied).
+            let _ = self.backend.refs(&fork.source, true).await;
+        }
+        Ok(out)
+    }
+
+    /// Appends (and/or closes) (PROTOCOL.md §5.2, §5.2.1, §5.3). Validation order follows §5.2
+    /// "Error Precedence": not found / soft-deleted, stale producer epoch, producer duplicate (→
+    /// `Appended { duplicate: true }`, nothing written), closed, content type, producer epoch and
+    /// sequence, `Stream-Seq`, `max_len`. A close-only request (empty body, `close` set, no producer)
+    /// on an already-closed stream succeeds with the existing end (§5.3 idempotent).
+    ///
+    /// Errors: `NotFound`, `Gone`, `Fenced`, `Closed` (final offset and reason), `Conflict`
+    /// (content type), `EpochMustStartAtZero`, `SequenceGap`, `StreamSeqRegression`, `TooLong`,
+    /// `InvalidRequest` (empty body without close, bad producer stamp), `InvalidJson`, `EmptyArray`.
+    pub async fn append(&self, path: &StreamPath, req: AppendRequest) -> Result<Appended> {
+        if let Some(p) = &req.producer {
+            if p.id.is_empty() {
+                return Err(StreamError::invalid("Producer-Id must not be empty"));
+            }
+            if p.epoch > MAX_SAFE_INT || p.seq > MAX_SAFE_INT {
+                return Err(StreamError::invalid("Producer-Epoch and Producer-Seq must be ≤ 2^53-1"));
+            }
+        }
+        if req.data.is_empty() && req.close.is_none() {
+            return Err(StreamError::invalid("an append needs a non-empty body (or a close)"));
+        }
+        let (ctn, records) = match &req.content_type {
+            Some(ct) => {
+                let recs = prepare_body(ct, &req.data, false)?;
+                (Some(normalize_content_type(ct)), recs.into_iter().collect::<Vec<_>>())
+            }
+            None => (None, if req.data.is_empty() { vec![] } else { vec![(req.data.clone(), 0)] }),
+        };
+        let close_only = records.is_empty();
+        let spec = WriteSpec {
+            incarnation: req.incarnation.clone(),
+            ctn,
+            stream_seq: req.stream_seq.clone(),
+            producer: req.producer.clone(),
+            close: req.close,
+            records,
+        };
+        match self.backend.write(path, spec).await {
+            Err(StreamError::Closed { end }) if close_only && req.producer.is_none() && req.close.is_some() => {
+                Ok(Appended { tail: end.final_offset, duplicate: false, producer: None, producer_offset: None, end: Some(end), ended_now: false })
+            }
+            other => other,
+        }
+    }
+
+    /// Ends a stream with `reason` (close-only, §5.3; run `finish`/`cancel`). Idempotent: on an
+    /// ended stream returns the existing end with `ended_now == false`. Every caller racing here is
+    /// told the same end. Errors: `NotFound`, `Gone`.
+    pub async fn close(&self, path: &StreamPath, reason: EndReason) -> Result<Appended> {
+        self.append(path, AppendRequest { close: Some(reason), ..Default::default() }).await
+    }
+
+    /// Deletes a stream (§5.4). With live forks it is soft-deleted (410 afterwards, path blocked).
+    /// Deleting a fork releases its source (cascading garbage collection of soft-deleted sources).
+    /// Errors: `NotFound`, `Gone` (already soft-deleted).
+    pub async fn delete(&self, path: &StreamPath) -> Result<()> {
+        if let Deleted::Hard { fork_source: Some(mut src) } = self.backend.delete(path).await? {
+            while let Some(next) = self.backend.refs(&src, false).await? {
+                src = next;
+            }
+        }
+        Ok(())
+    }
+
+    /// Metadata (§5.5). Does not restart a sliding TTL. Ends a silent run as `producer_lost`.
+    /// Errors: `NotFound`, `Gone`.
+    pub async fn head(&self, path: &StreamPath) -> Result<StreamInfo> {
+        Ok(self.backend.read(path, ReadFrom::Now, 0, 0, false, None).await?.1)
+    }
+
+    /// Catch-up read (§5.6) of at most [`StoreSettings::max_read_bytes`] (at least one record).
+    /// Restarts a sliding TTL. `ReadFrom::Now` returns no data and the tail.
+    ///
+    /// Errors: `NotFound`, `Gone`, `OffsetAhead` (offset past the tail), `OffsetGone` (before the
+    /// earliest retained offset).
+    pub async fn read(&self, path: &StreamPath, from: ReadFrom) -> Result<ReadChunk> {
+        let max = self.settings.max_read_bytes;
+        Ok(self.backend.read(path, from, 10_000, max, true, None).await?.0)
+    }
+
+    /// Long-poll read (§5.7): returns at once when data exists after `from` or the stream is at its
+    /// end (EOF); otherwise waits up to `timeout` for new data, the end, or deletion. An empty,
+    /// up-to-date chunk means the timeout passed. Errors: as [`StreamStore::read`]; `NotFound` when
+    /// the stream is deleted or expires while waiting.
+    pub async fn read_live(&self, path: &StreamPath, from: ReadFrom, timeout: Duration) -> Result<ReadChunk> {
+        let first = self.read(path, from).await?;
+        if !first.records.is_empty() || first.end.is_some() || timeout.is_zero() {
+            return Ok(first);
+        }
+        self.backend
+            .wait(path, first.next_offset, &first.incarnation, self.settings.max_read_bytes, timeout)
+            .await
+    }
+
+    /// A live subscription (SSE, §5.8): yields chunks from `from` onward, then waits for more.
+    /// Validation errors surface on the first [`Subscription::next`].
+    pub fn subscribe(&self, path: &StreamPath, from: ReadFrom) -> Subscription {
+        Subscription { store: self.clone(), path: path.clone(), from, state: None, done: false }
+    }
+
+    /// Drops data up to and including `through` (§4 retention); reads from earlier offsets then
+    /// fail with `OffsetGone`. Returns the earliest readable offset. Errors: `NotFound`, `Gone`,
+    /// `OffsetAhead`.
+    pub async fn trim(&self, path: &StreamPath, through: Offset) -> Result<Offset> {
+        self.backend.trim(path, through).await
+    }
+
+    /// Refreshes the silence clock without writing anything readers see (run semantics).
+    /// Errors: `NotFound`, `Gone`, `Closed`.
+    pub async fn keepalive(&self, path: &StreamPath) -> Result<StreamInfo> {
+        self.backend.keepalive(path, None, None).await
+    }
+}
+
+/// A live read position (SSE). Not `Clone`; one per reader.
+pub struct Subscription {
+    store: StreamStore,
+    path: StreamPath,
+    from: ReadFrom,
+    state: Option<(Offset, String)>,
+    done: bool,
+}
+
+impl Subscription {
+    /// The next chunk: data, or an empty up-to-date chunk after `timeout` with nothing new, or the
+    /// EOF chunk (`end` set) once; `Ok(None)` after EOF was delivered. Errors: as
+    /// [`StreamStore::read`]; `NotFound` when the stream is deleted, re-created or expires.
+    pub async fn next(&mut self, timeout: Duration) -> Result<Option<ReadChunk>> {
+        if self.done {
+            return Ok(None);
+        }
+        let chunk = match &self.state {
+            None => {
+                let c = self.store.read(&self.path, self.from).await?;
+                if c.records.is_empty() && c.end.is_none() {
+                    // Nothing yet: wait on the shared tail.
+                    self.state = Some((c.next_offset, c.incarnation.clone()));
+                    return self.wait(timeout).await.map(Some);
+                }
+                c
+            }
+            Some(_) => return self.wait(timeout).await.map(Some),
+        };
+        self.advance(&chunk);
+        Ok(Some(chunk))
+    }
+
+    async fn wait(&mut self, timeout: Duration) -> Result<ReadChunk> {
+        let (at, inc) = self.state.clone().expect("position known");
+        let c = self.store.backend.wait(&self.path, at, &inc, self.store.settings.max_read_bytes, timeout).await?;
+        self.advance(&c);
+        Ok(c)
+    }
+
+    fn advance(&mut self, c: &ReadChunk) {
+        self.state = Some((c.next_offset, c.incarnation.clone()));
+        if c.end.is_some() {
+            self.done = true;
+        }
+    }
+
+    /// The offset the next chunk starts after (known after the first chunk).
+    pub fn position(&self) -> Option<Offset> {
+        self.state.as_ref().map(|s| s.0)
+    }
+}

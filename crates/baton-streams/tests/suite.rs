@@ -1,0 +1,120 @@
+//! The shared conformance suite of the streams engine: every case runs on the in-memory backend,
+//! Redis standalone and a 3-master Redis Cluster (each test starts its own servers).
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use baton_streams::*;
+use baton_testkit::{RedisCluster, RedisServer, TestBackend};
+
+#[path = "suite/live.rs"]
+mod live;
+#[path = "suite/protocol.rs"]
+mod protocol;
+#[path = "suite/runs.rs"]
+mod runs;
+
+/// A fresh store on `backend`, with small limits suitable for tests.
+pub async fn store(backend: &TestBackend, settings: StoreSettings) -> StreamStore {
+    match backend.redis_config() {
+        None => StreamStore::memory(settings),
+        Some(cfg) => StreamStore::redis(cfg, settings).await.expect("connect"),
+    }
+}
+
+/// Default test settings: no run limits unless a test sets them.
+pub fn settings() -> StoreSettings {
+    StoreSettings { default_limits: RunLimits::unlimited(), ..StoreSettings::default() }
+}
+
+static N: AtomicU64 = AtomicU64::new(0);
+
+/// A unique path in scope `t`.
+pub fn path(name: &str) -> StreamPath {
+    StreamPath::new(format!("t/{name}-{}", N.fetch_add(1, Ordering::Relaxed))).unwrap()
+}
+
+pub fn text(c: &ReadChunk) -> String {
+    String::from_utf8(c.body().to_vec()).unwrap()
+}
+
+/// Node ports of a Redis backend.
+pub fn ports(backend: &TestBackend) -> Vec<u16> {
+    let urls = match backend.redis_config() {
+        Some(baton_redis::RedisConfig::Standalone(u)) => vec![u],
+        Some(baton_redis::RedisConfig::Cluster(us)) => us,
+        None => vec![],
+    };
+    urls.iter().map(|u| u.rsplit(':').next().unwrap().trim_end_matches('/').parse().unwrap()).collect()
+}
+
+/// Client connections on a node, the `redis-cli` asking excluded.
+pub fn client_count(port: u16) -> usize {
+    let out = Command::new("redis-cli").args(["-p", &port.to_string(), "CLIENT", "LIST"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.lines().filter(|l| l.contains("id=") && !l.contains("cmd=client|list")).count()
+}
+
+/// Raw commands for layout assertions (Redis backends only).
+pub async fn raw(backend: &TestBackend) -> Option<baton_redis::RedisConn> {
+    let cfg = backend.redis_config()?;
+    Some(baton_redis::RedisClient::new(cfg).unwrap().shared().await.unwrap())
+}
+
+pub const SEC: Duration = Duration::from_secs(1);
+
+/// Instantiates each case once per backend.
+macro_rules! suite {
+    ($($module:ident :: $case:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let b = baton_testkit::TestBackend::Memory;
+                crate::$module::$case(&b).await
+            })*
+        }
+        mod standalone {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                baton_testkit::require_redis();
+                let b = baton_testkit::TestBackend::Standalone(crate::RedisServer::start());
+                crate::$module::$case(&b).await
+            })*
+        }
+        mod cluster {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                baton_testkit::require_redis();
+                let b = baton_testkit::TestBackend::Cluster(crate::RedisCluster::start());
+                crate::$module::$case(&b).await
+            })*
+        }
+    };
+}
+
+suite!(
+    protocol::create_is_idempotent,
+    protocol::append_and_read_bytes,
+    protocol::json_mode,
+    protocol::stream_seq_is_bytewise_increasing,
+    protocol::idempotent_producers,
+    protocol::close_semantics,
+    protocol::reader_outcomes,
+    protocol::chunked_reads,
+    protocol::ttl_and_expiry,
+    protocol::forks,
+    protocol::fork_sub_offsets,
+    protocol::soft_delete_and_gc,
+    protocol::max_len,
+    runs::finish_cancel_producer_lost_race,
+    runs::lost_reply_and_retried_open,
+    runs::zombie_cancel_and_recreate_fencing,
+    runs::keepalive_and_silence,
+    runs::done_ttl_only_shortens,
+    runs::spawn_outcomes,
+    live::long_poll_wakes_and_times_out,
+    live::waiting_reader_released_on_delete_and_expiry,
+    live::fan_out_thousand_readers,
+    live::subscription_to_eof,
+);
