@@ -22,7 +22,7 @@ fn fast(ct_ms: u64) -> ConsumerOptions {
         .with_reap_idle_consumers_after(None)
 }
 
-on_every_backend!(
+baton_testkit::on_every_backend!(
     fifo_and_exact_counts,
     long_handler_runs_once_with_one_owner,
     lease_renews_while_handlers_block_every_worker_thread,
