@@ -198,6 +198,20 @@ async fn sigkilled_consumer_fails_over_to_other_process(cfg: RedisConfig) {
     assert_eq!(owners[0].2, 2, "second delivery");
 }
 
+/// Offers "after" once the producer's connection has reconnected (retrying for up to 10 s).
+async fn offer_after_restart(s: &MessageStream, q: &str) {
+    let t0 = Instant::now();
+    loop {
+        match s.offer(q, "after").await {
+            Ok(_) => return,
+            Err(e) => {
+                assert!(t0.elapsed() < Duration::from_secs(10), "offer never recovered: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
 /// Redis restarted with no persistence: the group is recreated and new work flows, with no
 /// restart of the consumer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,17 +248,7 @@ async fn redis_restart_without_persistence_recreates_the_group() {
     server.kill();
     tokio::time::sleep(Duration::from_millis(500)).await;
     server.restart();
-    // The offer's own connection reconnects; retry until it does.
-    let t0 = Instant::now();
-    loop {
-        match s.offer(&q, "after").await {
-            Ok(_) => break,
-            Err(e) => {
-                assert!(t0.elapsed() < Duration::from_secs(10), "offer never recovered: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    offer_after_restart(&s, &q).await;
     eventually(Duration::from_secs(10), || {
         let v = seen.lock().unwrap().clone();
         async move { (v == ["before", "after"]).then_some(()) }
@@ -289,16 +293,7 @@ async fn redis_restart_with_aof_keeps_pending_work() {
     tokio::time::timeout(Duration::from_secs(5), started_rx.recv()).await.unwrap();
     server.kill();
     server.restart();
-    let t0 = Instant::now();
-    loop {
-        match s.offer(&q, "after").await {
-            Ok(_) => break,
-            Err(e) => {
-                assert!(t0.elapsed() < Duration::from_secs(10), "offer never recovered: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    offer_after_restart(&s, &q).await;
     eventually(Duration::from_secs(10), || {
         let n = runs.lock().unwrap().len();
         async move { (n == 2).then_some(()) }
