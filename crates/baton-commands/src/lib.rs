@@ -1,0 +1,189 @@
+//! # baton-commands — the command service (DESIGN.md §2)
+//!
+//! Every command has one persisted state; `execute` runs once per live attempt; `check_status`
+//! polls long work; a command can be handed off to another queue.
+//!
+//! * [`CommandStore`] — the state store shared by every queue of a process, on Redis (standalone
+//!   or Cluster) or in memory ([`CommandStore::memory`], same semantics). It submits, reads,
+//!   cancels, waits for, lists and counts commands.
+//! * [`CommandService`] — one per queue, each with its own [`QueueSettings`] (claim timeout,
+//!   concurrency, `check_status_interval`, [`RetryPolicy`]); handlers are registered by type.
+//! * [`CommandHandler`] — `execute(command)` and `check_status(command, state)`, returning a
+//!   [`CommandResult`]: `succeeded`, `failed`, `cancelled`, `running` (optionally with the delay
+//!   before the next check) or `handed_off(queue)`.
+//!
+//! ## Rules (issue 3, DESIGN.md §2)
+//!
+//! * **Dispatch from the persisted status**: `SUBMITTED` → `execute`; `RUNNING` → `check_status`;
+//!   terminal or missing → ack. `RUNNING` (with `started_at`) is written when a handler says the
+//!   work continues, *before* the message is re-polled, so a redelivery never runs `execute`
+//!   after it returned. The next `check_status` is scheduled with the queue's `RetryAfter`, after
+//!   the result's delay or `check_status_interval`, independent of the claim timeout.
+//! * **Compare-and-set**: every write is a CAS on the state's `version` (a Lua script on Redis),
+//!   so the first terminal write wins; a cancel and a completion never mix.
+//! * **Handler errors** (`Err`, panic) are not terminal: recorded in `errors_count` and `error`,
+//!   retried after an exponential backoff up to `max_attempts`, then `FAILED` with the last error.
+//! * **Message fencing**: each state names the one queue message that drives it (an internal
+//!   token carried in the message). A message whose token is not the state's — a duplicate left
+//!   by a crash during a hand-off — is acked without running anything.
+//!
+//! ## Redis key layout and hash slots
+//!
+//! With key prefix `p` (default `baton`, the same as the work queue's), a command `id` submitted
+//! to queue `q` (its *home* queue) lives in the hash slot of `{q}`, the slot of the queue's stream:
+//!
+//! | key                        | type   | holds                                                          |
+//! |----------------------------|--------|----------------------------------------------------------------|
+//! | `p:q:{q}`                  | stream | the queue's messages (baton-queue), field `p` = message JSON   |
+//! | `p:cmd:{q}:<id>`           | hash   | `v` version, `s` status, `c` created ms, `d` state JSON, `b` SHA-1 of the submitted body |
+//! | `p:cmd:{q}:all`            | zset   | id → created ms, every live command of `q`                     |
+//! | `p:cmd:{q}:s:<STATUS>`     | zset   | id → created ms, per status                                    |
+//! | `p:cmd:{q}:exp`            | zset   | id → expiry ms of its state (index pruning)                    |
+//! | `p:cmdid:{<id>}`           | string | the home queue of `id` (lookup by id alone)                    |
+//! | channel `p:cmd:{q}:events` | pubsub | `<id> <STATUS> <version>` per write                            |
+//!
+//! **Why the queue's slot.** Submit is then ONE script (state + indexes + `XADD` to the queue's
+//! stream), and every transition updates the state, its status index and (through the index
+//! sizes) the counts atomically. A command must also be findable by id alone (`cancel`, `wait`,
+//! `get`), so a small lookup key `p:cmdid:{<id>}` (its own slot) maps id → home queue. On
+//! standalone Redis it is written by the submit script itself. On Cluster it is written first
+//! (`SET NX`), then the submit script runs: a crash between the two leaves a lookup key with no
+//! state, which reads as "not found" and is overwritten by the retried submit — no command is
+//! ever stored without its message. The lookup key's TTL always exceeds the state's (`_lookup_exp`
+//! in the state records it; it is extended before any write that would outlive it).
+//!
+//! **Hand-off across slots.** A handed-off command keeps its home (state, index, counts); its
+//! messages move to the target queue's stream. On standalone Redis, and on Cluster when both
+//! queues' tags hash to one slot, the `RUNNING` write and the `XADD` to the target are one script.
+//! Otherwise the order is: CAS the state (`RUNNING`, new token, `handed_off_to`), then enqueue on
+//! the target, then ack the source. A crash before the ack redelivers the source message; its
+//! token is the state's `_prev_token`, so dispatch re-enqueues on the target under a fresh token
+//! (fencing off a possible earlier copy) and acks — `execute` is never called again.
+//!
+//! **Notifications.** Each write `PUBLISH`es on its home queue's channel (in Cluster a plain
+//! PUBLISH is broadcast to every node, so one subscription on any node sees all). A process
+//! subscribes to the channels of the queues it waits on or runs handlers for; [`CommandStore::wait`]
+//! wakes on local writes and on those events, with a bounded fallback re-read every second.
+//!
+//! **Expiry.** Non-terminal states expire `state_ttl` (default 7 days) after their last write,
+//! terminal ones `retention` (default 24 h) after completion; the TTL is refreshed on every write.
+//! Index entries of expired states are pruned (bounded batches) before listing and counting.
+
+mod model;
+mod service;
+mod store;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+pub use model::{
+    Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp,
+};
+pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
+pub use store::{CommandStore, RedisStoreOptions, StoreSettings};
+
+/// The error a handler returns for a *transient* problem (retried with backoff); a real failure
+/// is `Ok(CommandResult::failed(..))`.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Runs commands of one or more types on a queue (DESIGN.md §2).
+#[async_trait]
+pub trait CommandHandler: Send + Sync + 'static {
+    /// Starts (or does) the work of a `SUBMITTED` command. Called once per live attempt: after it
+    /// returned, only `check_status` is called for the command.
+    async fn execute(&self, command: Command) -> Result<CommandResult, HandlerError>;
+
+    /// Polls a `RUNNING` command. Default: still running (next check after the queue's
+    /// `check_status_interval`).
+    async fn check_status(&self, command: Command, state: CommandState) -> Result<CommandResult, HandlerError> {
+        let _ = (command, state);
+        Ok(CommandResult::running())
+    }
+
+    /// Checks params at submit time, before anything is stored; an `Err` rejects the submit with
+    /// [`CommandError::InvalidParams`]. Default: any params. See [`validate_params`].
+    fn validate(&self, params: &Value) -> Result<(), String> {
+        let _ = params;
+        Ok(())
+    }
+}
+
+/// A `validate` body for handlers taking typed params: `Ok` when `params` decodes as `P`.
+pub fn validate_params<P: serde::de::DeserializeOwned>(params: &Value) -> Result<(), String> {
+    P::deserialize(params).map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Errors of the command service.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// An id that is empty, longer than 200 bytes, or holds `{`, `}`, whitespace or control
+    /// characters.
+    #[error("invalid command id {0:?}: use 1 to 200 bytes without braces, whitespace or control characters")]
+    InvalidId(String),
+    /// A command type that is empty, longer than 200 bytes or holds control characters.
+    #[error("invalid command type {0:?}: use 1 to 200 bytes without control characters")]
+    InvalidType(String),
+    /// Params (or a result) that are not valid JSON or were refused by the handler's `validate`.
+    #[error("invalid params: {0}")]
+    InvalidParams(String),
+    /// A status name that is not one of SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (or the
+    /// aliases PENDING, PROCESSING).
+    #[error("invalid status {0:?}")]
+    InvalidStatus(String),
+    /// A listing cursor not returned by a previous page.
+    #[error("invalid cursor {0:?}")]
+    InvalidCursor(String),
+    /// A setting out of range; the message names it.
+    #[error("invalid setting: {0}")]
+    InvalidSettings(String),
+    /// The id exists with a different body (type or params) or on another queue.
+    #[error("command {id} already exists with a different {what}")]
+    Conflict { id: String, what: &'static str },
+    /// No command with this id (never submitted, or expired).
+    #[error("no command {0}")]
+    NotFound(String),
+    /// The command is already terminal, so the cancel was refused; its state is attached.
+    #[error("command {} is already {}", .0.id, .0.status)]
+    AlreadyTerminal(Box<CommandState>),
+    /// A stored state that does not decode (corrupt or foreign data).
+    #[error("corrupt state for command {id}: {reason}")]
+    Corrupt { id: String, reason: String },
+    /// The work queue failed (see [`baton_queue::QueueError`]).
+    #[error(transparent)]
+    Queue(#[from] baton_queue::QueueError),
+    /// Redis failed (connection lost, timeout, script error); usually transient.
+    #[error("redis: {0}")]
+    Redis(#[from] baton_redis::redis::RedisError),
+    /// Could not connect to Redis.
+    #[error(transparent)]
+    Connect(#[from] baton_redis::ConnectError),
+}
+
+/// Validates a command id (rules on [`CommandError::InvalidId`]).
+pub fn validate_id(id: &str) -> Result<(), CommandError> {
+    if id.is_empty() || id.len() > 200 || id.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+    {
+        return Err(CommandError::InvalidId(id.to_string()));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_type(t: &str) -> Result<(), CommandError> {
+    if t.is_empty() || t.len() > 200 || t.chars().any(|c| c.is_control()) {
+        return Err(CommandError::InvalidType(t.to_string()));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_queue(q: &str) -> Result<(), CommandError> {
+    baton_queue::validate_queue_name(q).map_err(CommandError::Queue)
+}
+
+/// Exponential backoff delay before retry number `errors` (1-based).
+pub(crate) fn backoff(policy: &RetryPolicy, errors: u32) -> Duration {
+    let exp = policy.backoff_factor.powi(errors.saturating_sub(1).min(60) as i32);
+    let ms = (policy.initial_backoff.as_secs_f64() * 1000.0 * exp).min(policy.max_backoff.as_secs_f64() * 1000.0);
+    Duration::from_millis(ms.max(0.0) as u64)
+}

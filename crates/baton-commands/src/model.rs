@@ -1,0 +1,494 @@
+//! The command model: commands, results, persisted statuses and states, timestamps.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::CommandError;
+
+/// A command: what to do (`type`), with which parameters (`params`, any JSON value), under a
+/// client-supplied or generated id (DESIGN.md §2).
+///
+/// Handlers receive the command with a cancellation signal attached: [`Command::is_cancelled`] /
+/// [`Command::cancelled`] fire when the command is cancelled ([`crate::CommandStore::cancel`],
+/// from this process or, on Redis, from any process) while the handler runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Command {
+    /// 1 to 200 bytes, no `{`, `}`, whitespace or control characters. [`Command::new`] generates
+    /// a UUIDv7.
+    pub id: String,
+    /// The command type a handler is registered for: 1 to 200 bytes, no control characters.
+    #[serde(rename = "type")]
+    pub command_type: String,
+    /// Parameters, any JSON value (`null` when absent).
+    #[serde(default)]
+    pub params: Value,
+    #[serde(skip)]
+    pub(crate) cancel: CancellationToken,
+}
+
+impl Command {
+    /// A command with a generated UUIDv7 id.
+    pub fn new(command_type: impl Into<String>, params: Value) -> Self {
+        Self::with_id(uuid::Uuid::now_v7().to_string(), command_type, params)
+    }
+
+    /// A command with a client-supplied id.
+    pub fn with_id(id: impl Into<String>, command_type: impl Into<String>, params: Value) -> Self {
+        Self { id: id.into(), command_type: command_type.into(), params, cancel: CancellationToken::new() }
+    }
+
+    /// A command whose params are `params` serialized to JSON (generated id).
+    ///
+    /// Errors: [`CommandError::InvalidParams`] when `params` does not serialize.
+    pub fn typed<P: Serialize>(command_type: impl Into<String>, params: &P) -> Result<Self, CommandError> {
+        let v = serde_json::to_value(params).map_err(|e| CommandError::InvalidParams(e.to_string()))?;
+        Ok(Self::new(command_type, v))
+    }
+
+    /// The params decoded as `P`. Errors: [`CommandError::InvalidParams`] naming the decode error.
+    pub fn params_as<P: DeserializeOwned>(&self) -> Result<P, CommandError> {
+        serde_json::from_value(self.params.clone()).map_err(|e| CommandError::InvalidParams(e.to_string()))
+    }
+
+    /// True once the command was cancelled while its handler runs.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Resolves when the command is cancelled (cooperative: the handler decides to stop).
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await
+    }
+
+    /// The cancellation token itself, to hand to code that takes one.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}
+
+/// The persisted status of a command (DESIGN.md §2). Serialized in upper case (`SUBMITTED`, …);
+/// `PENDING` (= `Submitted`) and `PROCESSING` (= `Running`) are accepted as aliases when reading.
+/// The hand-off marker is a [`CommandResult`] only and never a status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CommandStatus {
+    /// Stored and enqueued; `execute` has not returned yet.
+    Submitted,
+    /// `execute` returned and the work continues; progress is polled through `check_status`.
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl CommandStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [CommandStatus; 5] = [
+        CommandStatus::Submitted,
+        CommandStatus::Running,
+        CommandStatus::Succeeded,
+        CommandStatus::Failed,
+        CommandStatus::Cancelled,
+    ];
+
+    /// `SUCCEEDED`, `FAILED` and `CANCELLED` are terminal: no transition leaves them.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, CommandStatus::Succeeded | CommandStatus::Failed | CommandStatus::Cancelled)
+    }
+
+    /// The serialized name, e.g. `"RUNNING"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommandStatus::Submitted => "SUBMITTED",
+            CommandStatus::Running => "RUNNING",
+            CommandStatus::Succeeded => "SUCCEEDED",
+            CommandStatus::Failed => "FAILED",
+            CommandStatus::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// Position in [`CommandStatus::ALL`].
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for CommandStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CommandStatus {
+    type Err = CommandError;
+    /// Case-insensitive; accepts the aliases `PENDING` and `PROCESSING`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s.to_ascii_uppercase().as_str() {
+            "SUBMITTED" | "PENDING" => CommandStatus::Submitted,
+            "RUNNING" | "PROCESSING" => CommandStatus::Running,
+            "SUCCEEDED" => CommandStatus::Succeeded,
+            "FAILED" => CommandStatus::Failed,
+            "CANCELLED" => CommandStatus::Cancelled,
+            _ => return Err(CommandError::InvalidStatus(s.to_string())),
+        })
+    }
+}
+
+impl Serialize for CommandStatus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for CommandStatus {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What a handler call ended with (DESIGN.md §2). A handler *error* (`Err`, or a panic) is not a
+/// result: it is recorded and retried with backoff (see [`crate::RetryPolicy`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum CommandResult {
+    /// Done; the JSON result is persisted. Terminal.
+    Succeeded(Value),
+    /// A real failure; the message is persisted as `error`. Terminal.
+    Failed(String),
+    /// The handler gave up because the command was cancelled. Terminal.
+    Cancelled,
+    /// The work continues: the command is (or stays) `RUNNING` and `check_status` is called after
+    /// `next_check`, or the queue's `check_status_interval` when `None`.
+    Running { next_check: Option<Duration> },
+    /// The command continues on `queue` (marker `HANDED_OFF`, never persisted): it becomes
+    /// `RUNNING`, a message for it is enqueued on `queue`, whose consumer calls `check_status`.
+    HandedOff { queue: String },
+}
+
+impl CommandResult {
+    /// [`CommandResult::Succeeded`].
+    pub fn succeeded(result: Value) -> Self {
+        CommandResult::Succeeded(result)
+    }
+    /// [`CommandResult::Succeeded`] with `result` serialized to JSON; a result that does not
+    /// serialize becomes [`CommandResult::Failed`] naming the error.
+    pub fn succeeded_as<T: Serialize>(result: &T) -> Self {
+        match serde_json::to_value(result) {
+            Ok(v) => CommandResult::Succeeded(v),
+            Err(e) => CommandResult::Failed(format!("result not serializable: {e}")),
+        }
+    }
+    /// [`CommandResult::Failed`].
+    pub fn failed(error: impl Into<String>) -> Self {
+        CommandResult::Failed(error.into())
+    }
+    /// [`CommandResult::Cancelled`].
+    pub fn cancelled() -> Self {
+        CommandResult::Cancelled
+    }
+    /// [`CommandResult::Running`] with the queue's `check_status_interval`.
+    pub fn running() -> Self {
+        CommandResult::Running { next_check: None }
+    }
+    /// [`CommandResult::Running`], next `check_status` after `delay`.
+    pub fn running_after(delay: Duration) -> Self {
+        CommandResult::Running { next_check: Some(delay) }
+    }
+    /// [`CommandResult::HandedOff`] to `queue`.
+    pub fn handed_off(queue: impl Into<String>) -> Self {
+        CommandResult::HandedOff { queue: queue.into() }
+    }
+    /// The result's marker: a terminal status name, `RUNNING`, or `HANDED_OFF`.
+    pub fn marker(&self) -> &'static str {
+        match self {
+            CommandResult::Succeeded(_) => "SUCCEEDED",
+            CommandResult::Failed(_) => "FAILED",
+            CommandResult::Cancelled => "CANCELLED",
+            CommandResult::Running { .. } => "RUNNING",
+            CommandResult::HandedOff { .. } => "HANDED_OFF",
+        }
+    }
+    /// True for `Succeeded`, `Failed` and `Cancelled`.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, CommandResult::Succeeded(_) | CommandResult::Failed(_) | CommandResult::Cancelled)
+    }
+}
+
+/// A point in time, serialized as RFC 3339 UTC with milliseconds (`2025-01-31T12:00:00.123Z`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub SystemTime);
+
+impl Timestamp {
+    /// Now, truncated to milliseconds.
+    pub fn now() -> Self {
+        Timestamp::from_millis(Timestamp(SystemTime::now()).millis())
+    }
+    /// From milliseconds since the Unix epoch.
+    pub fn from_millis(ms: u64) -> Self {
+        Timestamp(SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
+    }
+    /// Milliseconds since the Unix epoch.
+    pub fn millis(self) -> u64 {
+        self.0.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_rfc3339_millis(self.0))
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_rfc3339_weak(&s).map(Timestamp).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The persisted state of one command: one JSON document (DESIGN.md §2), e.g.
+///
+/// ```json
+/// {"id":"…","queue":"lifecycle","type":"launch","params":{…},"status":"RUNNING","result":null,
+///  "error":null,"attempts":1,"errors_count":0,"created_at":"2025-01-31T12:00:00.123Z",
+///  "started_at":"…","modified_at":"…","completed_at":null,"version":2,"handed_off_to":"monitor"}
+/// ```
+///
+/// Every write is a compare-and-set on `version` (+1 per write), so of two racing terminal
+/// writes (a cancel and a completion) exactly the first is kept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommandState {
+    pub id: String,
+    /// The queue the command was submitted to. It stays its home after a hand-off: the state's
+    /// storage, the status index and the counts are those of this queue.
+    pub queue: String,
+    #[serde(rename = "type")]
+    pub command_type: String,
+    pub params: Value,
+    pub status: CommandStatus,
+    /// The handler's result once `SUCCEEDED`.
+    pub result: Option<Value>,
+    /// The failure (`FAILED`), or the last handler error while retrying.
+    pub error: Option<String>,
+    /// `execute` calls that returned or errored (a call lost with its process is not counted).
+    pub attempts: u32,
+    /// Consecutive handler errors (`Err` or panic, from `execute` or `check_status`); cleared by
+    /// the next call that returns a result. Reaching `max_attempts` ends the command `FAILED`.
+    pub errors_count: u32,
+    pub created_at: Timestamp,
+    /// When `RUNNING` was first written.
+    pub started_at: Option<Timestamp>,
+    pub modified_at: Timestamp,
+    /// When a terminal status was written.
+    pub completed_at: Option<Timestamp>,
+    /// 1 on submit, +1 per write.
+    pub version: u64,
+    /// The queue the command was last handed off to (where `check_status` runs now), if any.
+    #[serde(default)]
+    pub handed_off_to: Option<String>,
+    /// Token of the one message that drives the command now (internal fencing, see `service`).
+    #[serde(rename = "_token", default)]
+    pub(crate) token: String,
+    /// Token of the message a hand-off came from (lets a replayed source message finish it).
+    #[serde(rename = "_prev_token", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) prev_token: Option<String>,
+    /// Redis: expiry (ms) of the id → queue lookup key, so it always outlives the state.
+    #[serde(rename = "_lookup_exp", default, skip_serializing_if = "is_zero")]
+    pub(crate) lookup_expires_ms: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl CommandState {
+    /// The result decoded as `R`. Errors: [`CommandError::InvalidParams`] when there is no result
+    /// or it does not decode.
+    pub fn result_as<R: DeserializeOwned>(&self) -> Result<R, CommandError> {
+        let v = self.result.clone().ok_or_else(|| CommandError::InvalidParams("no result".into()))?;
+        serde_json::from_value(v).map_err(|e| CommandError::InvalidParams(e.to_string()))
+    }
+
+    /// The queue whose consumer drives the command now: the hand-off target, else `queue`.
+    pub fn current_queue(&self) -> &str {
+        self.handed_off_to.as_deref().unwrap_or(&self.queue)
+    }
+
+    /// The command this state was created from.
+    pub fn command(&self) -> Command {
+        Command::with_id(self.id.clone(), self.command_type.clone(), self.params.clone())
+    }
+}
+
+/// Exact counts of a queue's commands by status (expired states excluded).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusCounts {
+    pub submitted: u64,
+    pub running: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+}
+
+impl StatusCounts {
+    pub(crate) fn from_slice(v: &[u64]) -> Self {
+        StatusCounts { submitted: v[0], running: v[1], succeeded: v[2], failed: v[3], cancelled: v[4] }
+    }
+    /// The count of one status.
+    pub fn get(&self, s: CommandStatus) -> u64 {
+        [self.submitted, self.running, self.succeeded, self.failed, self.cancelled][s.index()]
+    }
+    /// Sum over all statuses.
+    pub fn total(&self) -> u64 {
+        self.submitted + self.running + self.succeeded + self.failed + self.cancelled
+    }
+}
+
+/// A listing request: newest first (by `created_at`, then id descending).
+#[derive(Clone, Debug, Default)]
+pub struct ListQuery {
+    /// Only this status; `None`: every status.
+    pub status: Option<CommandStatus>,
+    /// Page size, 1 to 1000 (0 means 100).
+    pub limit: usize,
+    /// `next_cursor` of the previous page; `None` for the first.
+    pub cursor: Option<String>,
+}
+
+/// One page of a listing.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CommandPage {
+    pub items: Vec<CommandState>,
+    /// Pass it in [`ListQuery::cursor`] for the next page; `None` when this page is the last.
+    pub next_cursor: Option<String>,
+}
+
+/// A listing position: (created ms, id), exclusive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    pub created_ms: u64,
+    pub id: String,
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        format!("{}:{}", self.created_ms, self.id)
+    }
+    pub fn decode(s: &str) -> Result<Self, CommandError> {
+        let bad = || CommandError::InvalidCursor(s.to_string());
+        let (ms, id) = s.split_once(':').ok_or_else(bad)?;
+        if id.is_empty() {
+            return Err(bad());
+        }
+        Ok(Cursor { created_ms: ms.parse().map_err(|_| bad())?, id: id.to_string() })
+    }
+}
+
+/// The message a command queue carries: which command (and where its state lives), and the
+/// fencing token of this message.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct CommandMsg {
+    pub id: String,
+    pub home: String,
+    pub token: String,
+}
+
+impl CommandMsg {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("serializable")
+    }
+}
+
+pub(crate) fn new_token() -> String {
+    uuid::Uuid::now_v7().simple().to_string()
+}
+
+/// The canonical body of a submit (type and params, object keys sorted) for idempotency checks.
+pub(crate) fn canonical_body(command_type: &str, params: &Value) -> String {
+    fn write(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::to_string(k).expect("string"));
+                    out.push(':');
+                    write(&m[*k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = serde_json::to_string(command_type).expect("string");
+    out.push('\n');
+    write(params, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn status_names_and_aliases() {
+        assert_eq!(serde_json::to_string(&CommandStatus::Running).unwrap(), "\"RUNNING\"");
+        let s: CommandStatus = serde_json::from_str("\"PENDING\"").unwrap();
+        assert_eq!(s, CommandStatus::Submitted);
+        let s: CommandStatus = serde_json::from_str("\"PROCESSING\"").unwrap();
+        assert_eq!(s, CommandStatus::Running);
+        assert!(serde_json::from_str::<CommandStatus>("\"HANDED_OFF\"").is_err());
+        assert_eq!(CommandResult::handed_off("m").marker(), "HANDED_OFF");
+        assert!(!CommandResult::handed_off("m").is_terminal());
+    }
+
+    #[test]
+    fn canonical_body_ignores_key_order() {
+        let a = canonical_body("t", &json!({"b": 1, "a": {"y": [1, 2], "x": null}}));
+        let b = canonical_body("t", &json!({"a": {"x": null, "y": [1, 2]}, "b": 1}));
+        assert_eq!(a, b);
+        assert_ne!(a, canonical_body("u", &json!({"b": 1, "a": {"y": [1, 2], "x": null}})));
+        assert_ne!(a, canonical_body("t", &json!({"b": 2, "a": {"y": [1, 2], "x": null}})));
+    }
+
+    #[test]
+    fn timestamps_round_trip_rfc3339() {
+        let t = Timestamp::from_millis(1_700_000_000_123);
+        let s = serde_json::to_string(&t).unwrap();
+        assert_eq!(s, "\"2023-11-14T22:13:20.123Z\"");
+        assert_eq!(serde_json::from_str::<Timestamp>(&s).unwrap(), t);
+    }
+
+    #[test]
+    fn cursor_round_trip() {
+        let c = Cursor { created_ms: 12, id: "a:b".into() };
+        assert_eq!(Cursor::decode(&c.encode()).unwrap(), c);
+        assert!(Cursor::decode("x").is_err());
+    }
+}

@@ -1,0 +1,536 @@
+//! Dispatch: one [`CommandService`] per queue consumes its work queue and drives each command
+//! from its persisted state (crate docs, "Rules").
+//!
+//! For one delivery of message `(id, home, token)`:
+//! 1. load the state; missing or terminal → ack;
+//! 2. the message's token is not the state's → it is not the live message: if it is the source
+//!    message of the state's last hand-off (`_prev_token`) the hand-off is finished (enqueue on the
+//!    target under a fresh token, then ack); otherwise it is a stale duplicate → ack;
+//! 3. `SUBMITTED` → `execute`, `RUNNING` → `check_status` (with the command's cancellation signal);
+//! 4. the outcome is written by compare-and-set; on a conflict the state is re-read and the
+//!    outcome dropped if the command moved on (terminal, other status, other token).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_queue::{ConsumerOptions, Decision, Delivery, DrainReport};
+use futures::FutureExt;
+
+use crate::model::{new_token, CommandMsg};
+use crate::{
+    backoff, validate_queue, Command, CommandError, CommandHandler, CommandResult, CommandState, CommandStatus,
+    CommandStore, HandlerError, Timestamp,
+};
+
+/// Retries of handler errors (`Err` or panic) with exponential backoff.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    /// Consecutive handler errors after which the command ends `FAILED` with the last error.
+    /// Default 5; at least 1 (1: the first error fails the command).
+    pub max_attempts: u32,
+    /// Delay before the first retry. Default 1 s; above zero.
+    pub initial_backoff: Duration,
+    /// Growth per further error. Default 2.0; at least 1.0.
+    pub backoff_factor: f64,
+    /// Longest delay. Default 5 min; at least `initial_backoff`.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            initial_backoff: Duration::from_secs(1),
+            backoff_factor: 2.0,
+            max_backoff: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Settings of one command queue.
+#[derive(Clone, Debug)]
+pub struct QueueSettings {
+    /// Commands handled at once. Default 16.
+    pub concurrency: usize,
+    /// A message whose consumer died is taken over after this long (the work queue's claim
+    /// timeout; a live handler is never reclaimed, DESIGN.md §1). Default 30 s; at least 100 ms.
+    pub claim_timeout: Duration,
+    /// Delay before the next `check_status` when the result names none. Default 10 s; at least
+    /// 10 ms. Independent of `claim_timeout`.
+    pub check_status_interval: Duration,
+    /// Handler error retries.
+    pub retry: RetryPolicy,
+    /// The work queue's poll interval (reclaim cadence). Default: the queue's default.
+    pub poll_interval: Option<Duration>,
+    /// A handler running longer loses its lease (DESIGN.md §1). Default 15 min.
+    pub max_processing_time: Duration,
+    /// Prefix of the queue consumer's name. Default `baton-cmd`.
+    pub consumer_prefix: String,
+    #[doc(hidden)]
+    pub fail_points: FailPoints,
+}
+
+/// Test hooks that simulate a crash at a point of a hand-off: the delivery is left unacked
+/// (redelivered after `claim_timeout`) and nothing after that point runs.
+#[doc(hidden)]
+#[derive(Clone, Debug, Default)]
+pub struct FailPoints {
+    /// After the hand-off's state write (and its enqueue, when atomic).
+    pub crash_after_handoff_state: bool,
+    /// After the hand-off's enqueue on the target, before the source ack.
+    pub crash_after_handoff_enqueue: bool,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self {
+            concurrency: 16,
+            claim_timeout: Duration::from_secs(30),
+            check_status_interval: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+            poll_interval: None,
+            max_processing_time: Duration::from_secs(15 * 60),
+            consumer_prefix: "baton-cmd".into(),
+            fail_points: FailPoints::default(),
+        }
+    }
+}
+
+impl QueueSettings {
+    fn validate(&self) -> Result<ConsumerOptions, CommandError> {
+        let bad = |m: String| Err(CommandError::InvalidSettings(m));
+        let r = &self.retry;
+        if r.max_attempts == 0 {
+            return bad("retry.max_attempts must be at least 1".into());
+        }
+        if r.initial_backoff.is_zero() || r.max_backoff < r.initial_backoff {
+            return bad("retry.initial_backoff must be above zero and at most retry.max_backoff".into());
+        }
+        if !(r.backoff_factor >= 1.0 && r.backoff_factor.is_finite()) {
+            return bad(format!("retry.backoff_factor must be at least 1.0 (got {})", r.backoff_factor));
+        }
+        if self.check_status_interval < Duration::from_millis(10) {
+            return bad(format!("check_status_interval must be at least 10ms (got {:?})", self.check_status_interval));
+        }
+        let mut o = ConsumerOptions::new()
+            .with_concurrency(self.concurrency)
+            .with_claim_timeout(self.claim_timeout)
+            .with_max_processing_time(self.max_processing_time)
+            // The command service counts attempts itself (`max_attempts`); check_status re-polls
+            // are deliveries too, so the queue must not dead-letter by delivery count.
+            .with_max_deliveries(None)
+            .with_consumer_prefix(self.consumer_prefix.clone());
+        if let Some(p) = self.poll_interval {
+            o = o.with_poll_interval(p);
+        }
+        o.validate()?;
+        Ok(o)
+    }
+}
+
+type Handlers = HashMap<String, Arc<dyn CommandHandler>>;
+
+struct Ctx {
+    store: CommandStore,
+    queue: String,
+    settings: QueueSettings,
+    handlers: Arc<Handlers>,
+}
+
+/// Builds a [`CommandService`]: `CommandService::builder(store, "queue").handler("type", h)...start()`.
+pub struct CommandServiceBuilder {
+    store: CommandStore,
+    queue: String,
+    settings: QueueSettings,
+    handlers: Handlers,
+}
+
+impl CommandServiceBuilder {
+    /// The queue's settings (default [`QueueSettings::default`]).
+    pub fn settings(mut self, settings: QueueSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Registers `handler` for commands of `command_type` (replacing an earlier one).
+    pub fn handler(mut self, command_type: impl Into<String>, handler: impl CommandHandler) -> Self {
+        self.handlers.insert(command_type.into(), Arc::new(handler));
+        self
+    }
+
+    /// Registers a shared handler for `command_type`.
+    pub fn handler_arc(mut self, command_type: impl Into<String>, handler: Arc<dyn CommandHandler>) -> Self {
+        self.handlers.insert(command_type.into(), handler);
+        self
+    }
+
+    /// Validates the settings, registers the queue in the store and starts consuming.
+    ///
+    /// Several services (instances) may serve one queue, in one process or many.
+    ///
+    /// Errors: [`CommandError::InvalidSettings`] / [`CommandError::Queue`] naming the bad setting.
+    pub async fn start(self) -> Result<CommandService, CommandError> {
+        validate_queue(&self.queue)?;
+        for t in self.handlers.keys() {
+            crate::validate_type(t)?;
+        }
+        let options = self.settings.validate()?;
+        let handlers = Arc::new(self.handlers);
+        let registration = self.store.register_service(&self.queue, handlers.clone());
+        let ctx = Arc::new(Ctx {
+            store: self.store.clone(),
+            queue: self.queue.clone(),
+            settings: self.settings,
+            handlers,
+        });
+        let c2 = ctx.clone();
+        let consumer = self
+            .store
+            .messages()
+            .consume(&self.queue, move |d: Delivery| dispatch(c2.clone(), d), options)
+            .await;
+        let consumer = match consumer {
+            Ok(c) => c,
+            Err(e) => {
+                self.store.unregister_service(&self.queue, registration);
+                return Err(e.into());
+            }
+        };
+        Ok(CommandService { ctx, registration, consumer: std::sync::Mutex::new(Some(consumer)) })
+    }
+}
+
+/// The command service of one queue: consumes the queue and runs its handlers (crate docs).
+/// Stop it with [`CommandService::drain`], [`CommandService::close`] or [`CommandService::abort`].
+pub struct CommandService {
+    ctx: Arc<Ctx>,
+    registration: u64,
+    consumer: std::sync::Mutex<Option<baton_queue::Consumer>>,
+}
+
+impl CommandService {
+    /// A builder for a service of `queue` on `store`.
+    pub fn builder(store: CommandStore, queue: impl Into<String>) -> CommandServiceBuilder {
+        CommandServiceBuilder {
+            store,
+            queue: queue.into(),
+            settings: QueueSettings::default(),
+            handlers: HashMap::new(),
+        }
+    }
+
+    /// The queue served.
+    pub fn queue(&self) -> &str {
+        &self.ctx.queue
+    }
+
+    /// The shared store.
+    pub fn store(&self) -> &CommandStore {
+        &self.ctx.store
+    }
+
+    /// Submits `command` to this service's queue (see [`CommandStore::submit`]).
+    pub async fn submit(&self, command: Command) -> Result<CommandState, CommandError> {
+        self.ctx.store.submit(&self.ctx.queue, command).await
+    }
+
+    /// Stops taking work, lets running handlers finish within `budget` (see the work queue's
+    /// `drain`). Unfinished commands are taken over by another instance after `claim_timeout`.
+    pub async fn drain(&self, budget: Duration) -> DrainReport {
+        let c = self.consumer.lock().unwrap().take();
+        self.ctx.store.unregister_service(&self.ctx.queue, self.registration);
+        match c {
+            Some(c) => c.drain(budget).await,
+            None => DrainReport::default(),
+        }
+    }
+
+    /// [`CommandService::drain`] with no budget.
+    pub async fn close(&self) -> DrainReport {
+        self.drain(Duration::ZERO).await
+    }
+
+    /// Stops at once as if the process died: running handlers are aborted, their commands are
+    /// taken over elsewhere after `claim_timeout`.
+    pub fn abort(&self) {
+        if let Some(c) = self.consumer.lock().unwrap().take() {
+            c.abort();
+        }
+        self.ctx.store.unregister_service(&self.ctx.queue, self.registration);
+    }
+}
+
+impl Drop for CommandService {
+    fn drop(&mut self) {
+        if self.consumer.lock().unwrap().is_some() {
+            self.ctx.store.unregister_service(&self.ctx.queue, self.registration);
+        }
+    }
+}
+
+/// Delay before redelivery when the store could not be reached.
+const STORE_RETRY: Duration = Duration::from_secs(1);
+
+async fn dispatch(ctx: Arc<Ctx>, d: Delivery) -> Decision {
+    let msg: CommandMsg = match serde_json::from_slice(&d.payload) {
+        Ok(m) => m,
+        Err(e) => return Decision::DeadLetter(format!("not a command message: {e}")),
+    };
+    match run(&ctx, &msg).await {
+        Ok(decision) => decision,
+        Err(e) => {
+            tracing::warn!(queue = %ctx.queue, command = %msg.id, error = %e, "command store unavailable; retrying the delivery");
+            Decision::RetryAfter(STORE_RETRY)
+        }
+    }
+}
+
+enum Outcome {
+    Result(CommandResult),
+    Error(String),
+}
+
+async fn run(ctx: &Ctx, msg: &CommandMsg) -> Result<Decision, CommandError> {
+    let backend = &ctx.store.inner.backend;
+    let Some(st) = backend.load(&msg.home, &msg.id).await? else { return Ok(Decision::Ack) };
+    if st.status.is_terminal() {
+        return Ok(Decision::Ack);
+    }
+    if st.token != msg.token {
+        if st.prev_token.as_deref() == Some(msg.token.as_str()) && st.current_queue() != ctx.queue {
+            return finish_handoff(ctx, st).await;
+        }
+        tracing::debug!(queue = %ctx.queue, command = %msg.id, "stale message for the command; acked");
+        return Ok(Decision::Ack);
+    }
+    if st.current_queue() != ctx.queue {
+        return Ok(Decision::Ack);
+    }
+    let is_execute = st.status == CommandStatus::Submitted;
+    let Some(handler) = ctx.handlers.get(&st.command_type).cloned() else {
+        let err = format!("no handler for command type {:?} on queue {:?}", st.command_type, ctx.queue);
+        return apply(ctx, st, msg, false, Outcome::Result(CommandResult::Failed(err))).await;
+    };
+    // Remote cancels reach this process through the home queue's notifications.
+    backend.watch_home(&msg.home).await?;
+    let command: Command = st.command();
+    let _running = ctx.store.inner.hub.running(&st.id, command.cancel.clone());
+    let call = async {
+        if is_execute {
+            handler.execute(command).await
+        } else {
+            handler.check_status(command, st.clone()).await
+        }
+    };
+    let outcome = match std::panic::AssertUnwindSafe(call).catch_unwind().await {
+        Ok(Ok(r)) => Outcome::Result(r),
+        Ok(Err(e)) => Outcome::Error(error_text(&e)),
+        Err(p) => Outcome::Error(format!("handler panicked: {}", panic_text(&*p))),
+    };
+    drop(_running);
+    apply(ctx, st, msg, is_execute, outcome).await
+}
+
+fn error_text(e: &HandlerError) -> String {
+    let s = e.to_string();
+    if s.is_empty() {
+        "handler error".into()
+    } else {
+        s
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".into()
+    }
+}
+
+/// What to do with an outcome, given the current state.
+struct Plan {
+    /// The state to write; `None`: nothing to write.
+    next: Option<CommandState>,
+    decision: Decision,
+    /// A hand-off: (target queue, message).
+    handoff: Option<(String, CommandMsg)>,
+}
+
+fn plan(ctx: &Ctx, cur: &CommandState, msg: &CommandMsg, is_execute: bool, outcome: &Outcome) -> Plan {
+    let now = Timestamp::now();
+    let mut next = cur.clone();
+    next.version += 1;
+    next.modified_at = now;
+    if is_execute {
+        next.attempts += 1;
+    }
+    let terminal = |mut n: CommandState, status: CommandStatus| {
+        n.status = status;
+        n.completed_at = Some(now);
+        n.errors_count = 0;
+        Plan { next: Some(n), decision: Decision::Ack, handoff: None }
+    };
+    match outcome {
+        Outcome::Result(CommandResult::Succeeded(v)) => {
+            next.result = Some(v.clone());
+            next.error = None;
+            terminal(next, CommandStatus::Succeeded)
+        }
+        Outcome::Result(CommandResult::Failed(e)) => {
+            next.error = Some(e.clone());
+            terminal(next, CommandStatus::Failed)
+        }
+        Outcome::Result(CommandResult::Cancelled) => terminal(next, CommandStatus::Cancelled),
+        Outcome::Result(CommandResult::Running { next_check }) => {
+            let delay = next_check.unwrap_or(ctx.settings.check_status_interval);
+            let refresh_due = now.millis().saturating_sub(cur.modified_at.millis())
+                > (ctx.store.inner.settings.state_ttl / 2).as_millis() as u64;
+            if cur.status == CommandStatus::Running && cur.errors_count == 0 && !refresh_due {
+                return Plan { next: None, decision: Decision::RetryAfter(delay), handoff: None };
+            }
+            next.status = CommandStatus::Running;
+            next.started_at = next.started_at.or(Some(now));
+            next.errors_count = 0;
+            next.error = None;
+            Plan { next: Some(next), decision: Decision::RetryAfter(delay), handoff: None }
+        }
+        Outcome::Result(CommandResult::HandedOff { queue: target }) => {
+            let refuse = if target == &ctx.queue {
+                Some(format!("cannot hand off command to its own queue {target:?}"))
+            } else if validate_queue(target).is_err() || !ctx.store.knows_queue(target) {
+                Some(format!("hand-off to unknown queue {target:?}: no command service or declared queue of that name"))
+            } else {
+                None
+            };
+            if let Some(err) = refuse {
+                next.error = Some(err);
+                return terminal(next, CommandStatus::Failed);
+            }
+            let token = new_token();
+            next.status = CommandStatus::Running;
+            next.started_at = next.started_at.or(Some(now));
+            next.errors_count = 0;
+            next.error = None;
+            next.handed_off_to = Some(target.clone());
+            next.prev_token = Some(msg.token.clone());
+            next.token = token.clone();
+            let m = CommandMsg { id: cur.id.clone(), home: cur.queue.clone(), token };
+            Plan { next: Some(next), decision: Decision::Ack, handoff: Some((target.clone(), m)) }
+        }
+        Outcome::Error(e) => {
+            let errors = cur.errors_count + 1;
+            next.errors_count = errors;
+            next.error = Some(e.clone());
+            if errors >= ctx.settings.retry.max_attempts {
+                let mut n = terminal(next, CommandStatus::Failed);
+                if let Some(s) = n.next.as_mut() {
+                    s.errors_count = errors;
+                }
+                return n;
+            }
+            Plan { next: Some(next), decision: Decision::RetryAfter(backoff(&ctx.settings.retry, errors)), handoff: None }
+        }
+    }
+}
+
+/// Writes the outcome by CAS, re-reading on conflicts.
+async fn apply(
+    ctx: &Ctx,
+    mut cur: CommandState,
+    msg: &CommandMsg,
+    is_execute: bool,
+    outcome: Outcome,
+) -> Result<Decision, CommandError> {
+    loop {
+        let p = plan(ctx, &cur, msg, is_execute, &outcome);
+        let Some(next) = p.next else { return Ok(p.decision) };
+        let atomic = p.handoff.as_ref().is_some_and(|(t, _)| ctx.store.inner.backend.atomic_enqueue(&cur.queue, t));
+        let enqueue = if atomic { p.handoff.as_ref().map(|(t, m)| (t.as_str(), m)) } else { None };
+        match write_retrying(ctx, cur.status, next, enqueue).await? {
+            Ok(_) => {
+                if let Some((target, m)) = &p.handoff {
+                    return handoff_tail(ctx, target, m, atomic).await;
+                }
+                return Ok(p.decision);
+            }
+            Err(None) => return Ok(Decision::Ack),
+            Err(Some(latest)) => {
+                if latest.status.is_terminal() || latest.token != msg.token || latest.status != cur.status {
+                    tracing::debug!(queue = %ctx.queue, command = %latest.id, status = %latest.status, "outcome refused: the command moved on");
+                    return Ok(Decision::Ack);
+                }
+                cur = latest;
+            }
+        }
+    }
+}
+
+/// After a hand-off's state write: enqueue on the target (unless done atomically), then ack.
+async fn handoff_tail(ctx: &Ctx, target: &str, m: &CommandMsg, atomic: bool) -> Result<Decision, CommandError> {
+    let fp = &ctx.settings.fail_points;
+    if fp.crash_after_handoff_state {
+        return Ok(Decision::Retry);
+    }
+    if !atomic {
+        ctx.store.inner.backend.enqueue(target, m).await?;
+    }
+    if fp.crash_after_handoff_enqueue {
+        return Ok(Decision::Retry);
+    }
+    tracing::debug!(queue = %ctx.queue, command = %m.id, target, atomic, "command handed off");
+    Ok(Decision::Ack)
+}
+
+/// A replayed source message of a hand-off whose ack did not happen (crash): the enqueue on the
+/// target may or may not have happened, so enqueue again under a fresh token (an earlier copy is
+/// then stale and acked unrun), then ack the source. `execute` is not called.
+async fn finish_handoff(ctx: &Ctx, st: CommandState) -> Result<Decision, CommandError> {
+    let target = st.current_queue().to_string();
+    let mut next = st.clone();
+    next.version += 1;
+    next.modified_at = Timestamp::now();
+    next.token = new_token();
+    let m = CommandMsg { id: st.id.clone(), home: st.queue.clone(), token: next.token.clone() };
+    let atomic = ctx.store.inner.backend.atomic_enqueue(&st.queue, &target);
+    let enqueue = if atomic { Some((target.as_str(), &m)) } else { None };
+    match write_retrying(ctx, st.status, next, enqueue).await? {
+        Ok(_) => {
+            if !atomic {
+                ctx.store.inner.backend.enqueue(&target, &m).await?;
+            }
+            tracing::info!(queue = %ctx.queue, command = %st.id, target = %target, "interrupted hand-off finished");
+            Ok(Decision::Ack)
+        }
+        Err(None) => Ok(Decision::Ack),
+        Err(Some(latest)) if latest.status.is_terminal() => Ok(Decision::Ack),
+        Err(Some(_)) => Ok(Decision::RetryAfter(Duration::from_millis(100))),
+    }
+}
+
+/// One CAS write, retried a few times on store errors (so a returned `execute` is recorded even
+/// through a short Redis hiccup).
+async fn write_retrying(
+    ctx: &Ctx,
+    old: CommandStatus,
+    next: CommandState,
+    enqueue: Option<(&str, &CommandMsg)>,
+) -> Result<Result<CommandState, Option<CommandState>>, CommandError> {
+    let mut delay = Duration::from_millis(100);
+    let mut tries = 0;
+    loop {
+        match ctx.store.write(old, next.clone(), enqueue).await {
+            Ok(r) => return Ok(r),
+            Err(e) if tries < 5 => {
+                tracing::warn!(queue = %ctx.queue, command = %next.id, error = %e, "state write failed; retrying");
+                tries += 1;
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! In-memory state store: the same semantics as the Redis store (versioned CAS, first terminal
+//! write wins, TTL from the last write, retention after terminal, per-queue status indexes),
+//! held in process memory. Submit holds the store lock while it enqueues, so no reader ever sees
+//! a command without its message.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use async_trait::async_trait;
+
+use super::{status_slot, Cas, StateBackend, StoreSettings, SubmitOutcome};
+use crate::model::{CommandMsg, Cursor};
+use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
+
+struct Entry {
+    state: CommandState,
+    body: String,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct QueueIndex {
+    /// [0] every status, [1..=5] per status: (created ms, id).
+    by_status: [BTreeSet<(u64, String)>; 6],
+}
+
+#[derive(Default)]
+struct Inner {
+    /// id → entry (ids are unique across queues).
+    states: HashMap<String, Entry>,
+    queues: HashMap<String, QueueIndex>,
+}
+
+impl Inner {
+    fn live(&mut self, id: &str) -> Option<&mut Entry> {
+        let now = Instant::now();
+        if self.states.get(id).is_some_and(|e| e.expires <= now) {
+            self.remove(id);
+        }
+        self.states.get_mut(id)
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(e) = self.states.remove(id) {
+            if let Some(q) = self.queues.get_mut(&e.state.queue) {
+                let k = (e.state.created_at.millis(), id.to_string());
+                q.by_status[0].remove(&k);
+                q.by_status[status_slot(Some(e.state.status))].remove(&k);
+            }
+        }
+    }
+
+    fn prune(&mut self) {
+        let now = Instant::now();
+        let dead: Vec<String> = self.states.iter().filter(|(_, e)| e.expires <= now).map(|(k, _)| k.clone()).collect();
+        for id in dead {
+            self.remove(&id);
+        }
+    }
+}
+
+/// Offers on the memory queue without yielding: its `offer` never waits (it takes the queue's
+/// lock and returns), so it completes in one poll, under our lock: state and message together.
+fn offer_now(stream: &baton_queue::MessageStream, queue: &str, msg: &CommandMsg) -> Result<(), CommandError> {
+    use futures::FutureExt;
+    match stream.offer(queue, msg.to_bytes()).now_or_never() {
+        Some(r) => r.map(|_| ()).map_err(CommandError::from),
+        None => Err(CommandError::InvalidSettings("memory queue offer did not complete at once".into())),
+    }
+}
+
+pub(crate) struct MemoryStore {
+    inner: Mutex<Inner>,
+    stream: baton_queue::MessageStream,
+    settings: StoreSettings,
+}
+
+impl MemoryStore {
+    pub fn new(stream: baton_queue::MessageStream, _hub: std::sync::Arc<super::Hub>, settings: StoreSettings) -> Self {
+        Self { inner: Mutex::new(Inner::default()), stream, settings }
+    }
+}
+
+#[async_trait]
+impl StateBackend for MemoryStore {
+    async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError> {
+        {
+            let mut g = self.inner.lock().unwrap();
+            if let Some(e) = g.live(&state.id) {
+                return Ok(if e.state.queue != state.queue {
+                    SubmitOutcome::OtherQueue
+                } else if e.body == body {
+                    SubmitOutcome::Existing(e.state.clone())
+                } else {
+                    SubmitOutcome::Conflict
+                });
+            }
+            let k = (state.created_at.millis(), state.id.clone());
+            let q = g.queues.entry(state.queue.clone()).or_default();
+            q.by_status[0].insert(k.clone());
+            q.by_status[status_slot(Some(state.status))].insert(k);
+            g.states.insert(
+                state.id.clone(),
+                Entry {
+                    state: state.clone(),
+                    body: body.to_string(),
+                    expires: Instant::now() + self.settings.ttl_for(state.status),
+                },
+            );
+            offer_now(&self.stream, &state.queue, msg)?;
+        }
+        Ok(SubmitOutcome::Created(state.clone()))
+    }
+
+    async fn load(&self, _home: &str, id: &str) -> Result<Option<CommandState>, CommandError> {
+        Ok(self.inner.lock().unwrap().live(id).map(|e| e.state.clone()))
+    }
+
+    async fn home_of(&self, id: &str) -> Result<Option<String>, CommandError> {
+        Ok(self.inner.lock().unwrap().live(id).map(|e| e.state.queue.clone()))
+    }
+
+    async fn transition(
+        &self,
+        old: CommandStatus,
+        new: &CommandState,
+        enqueue: Option<(&str, &CommandMsg)>,
+    ) -> Result<Cas, CommandError> {
+        {
+            let mut g = self.inner.lock().unwrap();
+            let Some(e) = g.live(&new.id) else { return Ok(Cas::Conflict(None)) };
+            if e.state.version + 1 != new.version || e.state.status.is_terminal() || e.state.status != old {
+                return Ok(Cas::Conflict(Some(e.state.clone())));
+            }
+            e.state = new.clone();
+            e.expires = Instant::now() + self.settings.ttl_for(new.status);
+            if old != new.status {
+                let k = (new.created_at.millis(), new.id.clone());
+                let q = g.queues.entry(new.queue.clone()).or_default();
+                q.by_status[status_slot(Some(old))].remove(&k);
+                q.by_status[status_slot(Some(new.status))].insert(k);
+            }
+            if let Some((queue, msg)) = enqueue {
+                offer_now(&self.stream, queue, msg)?;
+            }
+        }
+        Ok(Cas::Done(new.clone()))
+    }
+
+    fn atomic_enqueue(&self, _home: &str, _target: &str) -> bool {
+        true
+    }
+
+    async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError> {
+        self.stream.offer(queue, msg.to_bytes()).await?;
+        Ok(())
+    }
+
+    async fn list(
+        &self,
+        queue: &str,
+        status: Option<CommandStatus>,
+        limit: usize,
+        cursor: Option<Cursor>,
+    ) -> Result<(Vec<CommandState>, Option<Cursor>), CommandError> {
+        let mut g = self.inner.lock().unwrap();
+        g.prune();
+        let Some(q) = g.queues.get(queue) else { return Ok((Vec::new(), None)) };
+        let set = &q.by_status[status_slot(status)];
+        let keys: Vec<(u64, String)> = match &cursor {
+            Some(c) => set.range(..(c.created_ms, c.id.clone())).rev().take(limit + 1).cloned().collect(),
+            None => set.iter().rev().take(limit + 1).cloned().collect(),
+        };
+        let more = keys.len() > limit;
+        let keys = &keys[..keys.len().min(limit)];
+        let items = keys.iter().filter_map(|(_, id)| g.states.get(id).map(|e| e.state.clone())).collect();
+        let next = if more { keys.last().map(|(ms, id)| Cursor { created_ms: *ms, id: id.clone() }) } else { None };
+        Ok((items, next))
+    }
+
+    async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError> {
+        let mut g = self.inner.lock().unwrap();
+        g.prune();
+        let Some(q) = g.queues.get(queue) else { return Ok(StatusCounts::default()) };
+        let v: Vec<u64> = (1..=5).map(|i| q.by_status[i].len() as u64).collect();
+        Ok(StatusCounts::from_slice(&v))
+    }
+
+    async fn watch_home(&self, _home: &str) -> Result<(), CommandError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,505 @@
+//! The state store: one versioned JSON state per command, written only by compare-and-set, with
+//! per-queue status indexes, counts, and change notifications. Two backends side by side:
+//! `memory.rs` and `redis.rs` (key layout in the crate docs).
+
+mod memory;
+mod redis;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{canonical_body, new_token, CommandMsg, Cursor};
+use crate::{
+    validate_id, validate_queue, validate_type, Command, CommandError, CommandHandler, CommandPage, CommandState,
+    CommandStatus, ListQuery, StatusCounts, Timestamp,
+};
+
+pub use self::redis::RedisStoreOptions;
+
+/// Lifetimes of stored states.
+#[derive(Clone, Debug)]
+pub struct StoreSettings {
+    /// A non-terminal state expires this long after its last write. Default 7 days; at least 1 s.
+    pub state_ttl: Duration,
+    /// A terminal state is kept this long after completion. Default 24 h; at least 1 s.
+    pub retention: Duration,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self { state_ttl: Duration::from_secs(7 * 24 * 3600), retention: Duration::from_secs(24 * 3600) }
+    }
+}
+
+impl StoreSettings {
+    fn validate(&self) -> Result<(), CommandError> {
+        if self.state_ttl < Duration::from_secs(1) || self.retention < Duration::from_secs(1) {
+            return Err(CommandError::InvalidSettings("state_ttl and retention must be at least 1s".into()));
+        }
+        Ok(())
+    }
+    /// The TTL a state gets when written with `status`.
+    pub(crate) fn ttl_for(&self, status: CommandStatus) -> Duration {
+        if status.is_terminal() {
+            self.retention
+        } else {
+            self.state_ttl
+        }
+    }
+}
+
+/// What a submit found.
+pub(crate) enum SubmitOutcome {
+    /// Stored as given (with backend bookkeeping filled in).
+    Created(CommandState),
+    /// Same id and body: the stored state.
+    Existing(CommandState),
+    /// Same id, other body.
+    Conflict,
+    /// Same id on another queue.
+    OtherQueue,
+}
+
+/// What a compare-and-set found.
+pub(crate) enum Cas {
+    /// Written; the state as stored.
+    Done(CommandState),
+    /// The version moved on (the current state attached) or the state is gone (`None`).
+    Conflict(Option<CommandState>),
+}
+
+/// A state backend. Writes are compare-and-set on `version`; a backend publishes each successful
+/// write to the hub (locally) and, on Redis, to the home queue's channel.
+#[async_trait]
+pub(crate) trait StateBackend: Send + Sync + 'static {
+    /// Stores `state` (version 1) and enqueues `msg` on its queue, atomically (see crate docs).
+    async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError>;
+    /// The state of `id` in `home`'s storage.
+    async fn load(&self, home: &str, id: &str) -> Result<Option<CommandState>, CommandError>;
+    /// The home queue of `id`, if known.
+    async fn home_of(&self, id: &str) -> Result<Option<String>, CommandError>;
+    /// CAS: replaces the state at version `new.version - 1` (whose status was `old`) by `new`.
+    /// With `enqueue`, also enqueues the message on that queue in the same atomic step; only
+    /// allowed when [`StateBackend::atomic_enqueue`] says so.
+    async fn transition(
+        &self,
+        old: CommandStatus,
+        new: &CommandState,
+        enqueue: Option<(&str, &CommandMsg)>,
+    ) -> Result<Cas, CommandError>;
+    /// True when a transition of a state homed in `home` can enqueue on `target` atomically.
+    fn atomic_enqueue(&self, home: &str, target: &str) -> bool;
+    /// Enqueues a message on `queue` (non-atomic path).
+    async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError>;
+    /// Ids of `queue`'s commands, newest first, after `cursor`, at most `limit`, and the cursor
+    /// of the last returned item when more may follow.
+    async fn list(
+        &self,
+        queue: &str,
+        status: Option<CommandStatus>,
+        limit: usize,
+        cursor: Option<Cursor>,
+    ) -> Result<(Vec<CommandState>, Option<Cursor>), CommandError>;
+    async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError>;
+    /// Makes sure remote writes to `home`'s commands reach the hub (Redis pub/sub).
+    async fn watch_home(&self, home: &str) -> Result<(), CommandError>;
+}
+
+/// In-process fan-out of state changes: waiters by id, and cancellation tokens of running handlers.
+#[derive(Default)]
+pub(crate) struct Hub {
+    waiters: Mutex<HashMap<String, watch::Sender<Option<CommandState>>>>,
+    running: Mutex<HashMap<String, CancellationToken>>,
+}
+
+impl Hub {
+    /// A write made by this process.
+    pub fn local(&self, state: &CommandState) {
+        if state.status == CommandStatus::Cancelled {
+            self.cancel_running(&state.id);
+        }
+        if let Some(tx) = self.waiters.lock().unwrap().get(&state.id) {
+            tx.send_replace(Some(state.clone()));
+        }
+    }
+
+    /// A write announced by Redis (possibly by another process).
+    pub fn remote(&self, id: &str, status: CommandStatus) {
+        if status == CommandStatus::Cancelled {
+            self.cancel_running(id);
+        }
+        if let Some(tx) = self.waiters.lock().unwrap().get(id) {
+            // No state attached: the waiter re-reads.
+            tx.send_replace(None);
+        }
+    }
+
+    fn cancel_running(&self, id: &str) {
+        if let Some(t) = self.running.lock().unwrap().get(id) {
+            t.cancel();
+        }
+    }
+
+    fn subscribe(&self, id: &str) -> watch::Receiver<Option<CommandState>> {
+        self.waiters.lock().unwrap().entry(id.to_string()).or_insert_with(|| watch::channel(None).0).subscribe()
+    }
+
+    fn unsubscribe(&self, id: &str) {
+        let mut w = self.waiters.lock().unwrap();
+        if w.get(id).is_some_and(|tx| tx.receiver_count() == 0) {
+            w.remove(id);
+        }
+    }
+
+    /// Registers a running handler's cancellation token (removed by the guard's drop).
+    pub fn running(self: &Arc<Self>, id: &str, token: CancellationToken) -> RunningGuard {
+        self.running.lock().unwrap().insert(id.to_string(), token);
+        RunningGuard { hub: self.clone(), id: id.to_string() }
+    }
+}
+
+pub(crate) struct RunningGuard {
+    hub: Arc<Hub>,
+    id: String,
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.hub.running.lock().unwrap().remove(&self.id);
+    }
+}
+
+type Handlers = HashMap<String, Arc<dyn CommandHandler>>;
+
+pub(crate) struct StoreInner {
+    pub backend: Arc<dyn StateBackend>,
+    pub stream: baton_queue::MessageStream,
+    pub hub: Arc<Hub>,
+    pub settings: StoreSettings,
+    /// Queues known to this store (declared, or with services: (service id, handlers)).
+    queues: Mutex<HashMap<String, Vec<(u64, Arc<Handlers>)>>>,
+    next_service: std::sync::atomic::AtomicU64,
+    /// id → home queue of commands submitted through this store (saves the lookup round trip;
+    /// bounded: cleared past [`HOME_CACHE_MAX`] entries; a miss or a stale entry falls back to
+    /// the backend's lookup).
+    homes: Mutex<HashMap<String, String>>,
+}
+
+const HOME_CACHE_MAX: usize = 100_000;
+
+/// The command state store shared by every [`crate::CommandService`] of a process (one per
+/// backend). Cheap to clone. Submits, reads, cancels, waits for, lists and counts commands.
+#[derive(Clone)]
+pub struct CommandStore {
+    pub(crate) inner: Arc<StoreInner>,
+}
+
+/// Fallback re-read period of [`CommandStore::wait`] (in case a notification was lost): 1 s.
+const WAIT_FALLBACK: Duration = Duration::from_secs(1);
+
+impl CommandStore {
+    /// The in-memory backend (states and queues live in this process) with default settings.
+    pub fn memory() -> Self {
+        Self::memory_with(StoreSettings::default()).expect("default settings are valid")
+    }
+
+    /// The in-memory backend with `settings`. Errors: [`CommandError::InvalidSettings`].
+    pub fn memory_with(settings: StoreSettings) -> Result<Self, CommandError> {
+        settings.validate()?;
+        let hub = Arc::new(Hub::default());
+        let stream = baton_queue::MessageStream::memory();
+        let backend = Arc::new(memory::MemoryStore::new(stream.clone(), hub.clone(), settings.clone()));
+        Ok(Self::assemble(backend, stream, hub, settings))
+    }
+
+    /// The Redis backend (standalone or Cluster, as `client` says). Connects now; queues use
+    /// `options.key_prefix` and `options.group` (the work queue's defaults: `baton`, `baton`).
+    ///
+    /// Errors: [`CommandError::Connect`], [`CommandError::InvalidSettings`].
+    pub async fn redis(client: baton_redis::RedisClient, options: RedisStoreOptions) -> Result<Self, CommandError> {
+        options.settings.validate()?;
+        let hub = Arc::new(Hub::default());
+        let stream = baton_queue::MessageStream::redis(
+            client.clone(),
+            baton_queue::RedisQueueOptions { key_prefix: options.key_prefix.clone(), group: options.group.clone() },
+        )
+        .await?;
+        let settings = options.settings.clone();
+        let backend = Arc::new(redis::RedisStore::connect(client, options, stream.clone(), hub.clone()).await?);
+        Ok(Self::assemble(backend, stream, hub, settings))
+    }
+
+    fn assemble(
+        backend: Arc<dyn StateBackend>,
+        stream: baton_queue::MessageStream,
+        hub: Arc<Hub>,
+        settings: StoreSettings,
+    ) -> Self {
+        Self {
+            inner: Arc::new(StoreInner {
+                backend,
+                stream,
+                hub,
+                settings,
+                queues: Mutex::new(HashMap::new()),
+                next_service: std::sync::atomic::AtomicU64::new(1),
+                homes: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The work queues under this store (for queue stats, dead letters).
+    pub fn messages(&self) -> &baton_queue::MessageStream {
+        &self.inner.stream
+    }
+
+    /// Declares a queue consumed by another process, so hand-offs to it are accepted here.
+    pub fn declare_queue(&self, queue: &str) -> Result<(), CommandError> {
+        validate_queue(queue)?;
+        self.inner.queues.lock().unwrap().entry(queue.to_string()).or_default();
+        Ok(())
+    }
+
+    /// True when `queue` has (or had) a service in this store, or was declared.
+    pub fn knows_queue(&self, queue: &str) -> bool {
+        self.inner.queues.lock().unwrap().contains_key(queue)
+    }
+
+    /// Registers a service's handlers for `queue`; returns the registration id. Several
+    /// services (instances) may serve one queue; the queue stays known after they stop.
+    pub(crate) fn register_service(&self, queue: &str, handlers: Arc<Handlers>) -> u64 {
+        let id = self.inner.next_service.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.queues.lock().unwrap().entry(queue.to_string()).or_default().push((id, handlers));
+        id
+    }
+
+    pub(crate) fn unregister_service(&self, queue: &str, id: u64) {
+        if let Some(v) = self.inner.queues.lock().unwrap().get_mut(queue) {
+            v.retain(|(i, _)| *i != id);
+        }
+    }
+
+    fn handler_for(&self, queue: &str, command_type: &str) -> Option<Arc<dyn CommandHandler>> {
+        let q = self.inner.queues.lock().unwrap();
+        q.get(queue)?.iter().find_map(|(_, h)| h.get(command_type).cloned())
+    }
+
+    /// Submits `command` to `queue`: stores its state (`SUBMITTED`, version 1) and enqueues it,
+    /// atomically (see the crate docs). Idempotent on id: the same id with the same type and
+    /// params returns the stored state (whatever its status now).
+    ///
+    /// Params are checked first by the `validate` of the handler registered for the type on
+    /// `queue` in this process, if any; nothing is stored when they are refused.
+    ///
+    /// Errors: [`CommandError::InvalidId`], [`CommandError::InvalidType`],
+    /// [`CommandError::InvalidParams`], [`CommandError::Queue`] (bad queue name),
+    /// [`CommandError::Conflict`] (same id, other type/params or other queue), backend errors.
+    pub async fn submit(&self, queue: &str, command: Command) -> Result<CommandState, CommandError> {
+        validate_queue(queue)?;
+        validate_id(&command.id)?;
+        validate_type(&command.command_type)?;
+        if let Some(h) = self.handler_for(queue, &command.command_type) {
+            h.validate(&command.params).map_err(CommandError::InvalidParams)?;
+        }
+        let now = Timestamp::now();
+        let token = new_token();
+        let state = CommandState {
+            id: command.id.clone(),
+            queue: queue.to_string(),
+            command_type: command.command_type.clone(),
+            params: command.params.clone(),
+            status: CommandStatus::Submitted,
+            result: None,
+            error: None,
+            attempts: 0,
+            errors_count: 0,
+            created_at: now,
+            started_at: None,
+            modified_at: now,
+            completed_at: None,
+            version: 1,
+            handed_off_to: None,
+            token: token.clone(),
+            prev_token: None,
+            lookup_expires_ms: 0,
+        };
+        let body = canonical_body(&command.command_type, &command.params);
+        let msg = CommandMsg { id: command.id.clone(), home: queue.to_string(), token };
+        let remember = |s: &CommandState| {
+            let mut h = self.inner.homes.lock().unwrap();
+            if h.len() >= HOME_CACHE_MAX {
+                h.clear();
+            }
+            h.insert(s.id.clone(), s.queue.clone());
+        };
+        match self.inner.backend.submit(&state, &body, &msg).await? {
+            SubmitOutcome::Created(s) | SubmitOutcome::Existing(s) => {
+                remember(&s);
+                Ok(s)
+            }
+            SubmitOutcome::Conflict => Err(CommandError::Conflict { id: command.id, what: "type or params" }),
+            SubmitOutcome::OtherQueue => Err(CommandError::Conflict { id: command.id, what: "queue" }),
+        }
+    }
+
+    /// Submits a command whose params are raw JSON bytes (e.g. an HTTP body). Malformed JSON is
+    /// refused with [`CommandError::InvalidParams`] before anything is stored.
+    pub async fn submit_json(
+        &self,
+        queue: &str,
+        id: Option<String>,
+        command_type: &str,
+        params: &[u8],
+    ) -> Result<CommandState, CommandError> {
+        let params: Value = if params.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(params).map_err(|e| CommandError::InvalidParams(e.to_string()))?
+        };
+        let command = match id {
+            Some(id) => Command::with_id(id, command_type, params),
+            None => Command::new(command_type, params),
+        };
+        self.submit(queue, command).await
+    }
+
+    /// Finds `id`: its home queue and current state.
+    async fn locate(&self, id: &str) -> Result<Option<(String, CommandState)>, CommandError> {
+        let cached = self.inner.homes.lock().unwrap().get(id).cloned();
+        if let Some(home) = cached {
+            if let Some(st) = self.inner.backend.load(&home, id).await? {
+                return Ok(Some((home, st)));
+            }
+            self.inner.homes.lock().unwrap().remove(id);
+        }
+        let Some(home) = self.inner.backend.home_of(id).await? else { return Ok(None) };
+        Ok(self.inner.backend.load(&home, id).await?.map(|st| (home, st)))
+    }
+
+    /// The state of `id`, or `None` (never submitted, or expired).
+    pub async fn get(&self, id: &str) -> Result<Option<CommandState>, CommandError> {
+        validate_id(id)?;
+        Ok(self.locate(id).await?.map(|(_, st)| st))
+    }
+
+    /// Cancels `id`: a compare-and-set to `CANCELLED` (with `completed_at`) unless it is terminal.
+    /// A handler running it in this process (or, on Redis, in any process subscribed to its
+    /// queue) is signalled through [`Command::cancelled`]; its later result is refused.
+    ///
+    /// Errors: [`CommandError::NotFound`], [`CommandError::AlreadyTerminal`] (the state attached:
+    /// the refusal leaves it unchanged).
+    pub async fn cancel(&self, id: &str) -> Result<CommandState, CommandError> {
+        validate_id(id)?;
+        let mut current = self.locate(id).await?.map(|(_, st)| st);
+        loop {
+            let Some(st) = current else { return Err(CommandError::NotFound(id.to_string())) };
+            if st.status.is_terminal() {
+                return Err(CommandError::AlreadyTerminal(Box::new(st)));
+            }
+            let now = Timestamp::now();
+            let mut next = st.clone();
+            next.status = CommandStatus::Cancelled;
+            next.completed_at = Some(now);
+            next.modified_at = now;
+            next.version += 1;
+            match self.write(st.status, next, None).await? {
+                Ok(done) => return Ok(done),
+                Err(latest) => current = latest,
+            }
+        }
+    }
+
+    /// Waits until `id` is terminal or `timeout` passes, and returns its state then (check
+    /// `status.is_terminal()`). Wakes on this process's writes and on Redis notifications; no
+    /// polling except a fallback re-read every second. Errors: [`CommandError::NotFound`].
+    pub async fn wait(&self, id: &str, timeout: Duration) -> Result<CommandState, CommandError> {
+        validate_id(id)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let not_found = || CommandError::NotFound(id.to_string());
+        let (home, first) = self.locate(id).await?.ok_or_else(not_found)?;
+        if first.status.is_terminal() {
+            return Ok(first);
+        }
+        self.inner.backend.watch_home(&home).await?;
+        let hub = &self.inner.hub;
+        let mut rx = hub.subscribe(id);
+        struct Unsub<'a>(&'a Hub, &'a str);
+        impl Drop for Unsub<'_> {
+            fn drop(&mut self) {
+                self.0.unsubscribe(self.1);
+            }
+        }
+        let _unsub = Unsub(hub, id);
+        // Read after subscribing, so no write between the read and the wait is missed.
+        let mut state = self.inner.backend.load(&home, id).await?.ok_or_else(not_found)?;
+        loop {
+            if state.status.is_terminal() || tokio::time::Instant::now() >= deadline {
+                return Ok(state);
+            }
+            let fallback = (tokio::time::Instant::now() + WAIT_FALLBACK).min(deadline);
+            let pushed = tokio::select! {
+                r = rx.changed() => match r { Ok(()) => rx.borrow_and_update().clone(), Err(_) => None },
+                _ = tokio::time::sleep_until(fallback) => None,
+            };
+            state = match pushed {
+                Some(s) if s.version >= state.version => s,
+                _ => match self.inner.backend.load(&home, id).await? {
+                    Some(s) => s,
+                    None => return Err(CommandError::NotFound(id.to_string())),
+                },
+            };
+        }
+    }
+
+    /// Lists `queue`'s commands (by home queue) newest first, one page at a time.
+    ///
+    /// Errors: [`CommandError::InvalidCursor`], [`CommandError::Queue`] (bad queue name).
+    pub async fn list(&self, queue: &str, query: ListQuery) -> Result<CommandPage, CommandError> {
+        validate_queue(queue)?;
+        let limit = match query.limit {
+            0 => 100,
+            n => n.min(1000),
+        };
+        let cursor = query.cursor.as_deref().map(Cursor::decode).transpose()?;
+        let (items, next) = self.inner.backend.list(queue, query.status, limit, cursor).await?;
+        Ok(CommandPage { items, next_cursor: next.map(|c| c.encode()) })
+    }
+
+    /// Exact counts of `queue`'s commands (by home queue) per status.
+    pub async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError> {
+        validate_queue(queue)?;
+        self.inner.backend.counts(queue).await
+    }
+
+    /// One CAS write; on success the hub hears of it. `Err(latest)` on a conflict.
+    pub(crate) async fn write(
+        &self,
+        old: CommandStatus,
+        new: CommandState,
+        enqueue: Option<(&str, &CommandMsg)>,
+    ) -> Result<Result<CommandState, Option<CommandState>>, CommandError> {
+        match self.inner.backend.transition(old, &new, enqueue).await? {
+            Cas::Done(stored) => {
+                self.inner.hub.local(&stored);
+                Ok(Ok(stored))
+            }
+            Cas::Conflict(latest) => Ok(Err(latest)),
+        }
+    }
+}
+
+/// Index keys/ordering shared by the backends: the index a status lives in.
+pub(crate) fn status_slot(s: Option<CommandStatus>) -> usize {
+    s.map(|s| s.index() + 1).unwrap_or(0)
+}
+
+#[allow(dead_code)]
+pub(crate) fn all_queues(store: &CommandStore) -> BTreeSet<String> {
+    store.inner.queues.lock().unwrap().keys().cloned().collect()
+}

@@ -1,0 +1,516 @@
+//! Redis state store (standalone or Cluster). Key layout and slot choice: see the crate docs.
+//! Scripts (in `scripts/`, each prefixed with `lib.lua`): `submit`, `transition`, `list`, `counts`.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use baton_redis::redis::{self, Value};
+use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{status_slot, Cas, Hub, StateBackend, StoreSettings, SubmitOutcome};
+use crate::model::{CommandMsg, Cursor};
+use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
+
+static SUBMIT: LuaScript =
+    LuaScript::new("submit", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/submit.lua")));
+static TRANSITION: LuaScript = LuaScript::new(
+    "transition",
+    concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/transition.lua")),
+);
+static LIST: LuaScript =
+    LuaScript::new("list", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/list.lua")));
+static COUNTS: LuaScript =
+    LuaScript::new("counts", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/counts.lua")));
+
+/// The id → queue lookup key outlives the state by this much.
+const LOOKUP_MARGIN: Duration = Duration::from_secs(3600);
+
+/// Options of the Redis command store.
+#[derive(Clone, Debug)]
+pub struct RedisStoreOptions {
+    /// Prefix of every key; also the work queue's prefix. Default `baton`. No braces.
+    pub key_prefix: String,
+    /// Consumer group of the command queues. Default `baton`.
+    pub group: String,
+    /// State lifetimes.
+    pub settings: StoreSettings,
+}
+
+impl Default for RedisStoreOptions {
+    fn default() -> Self {
+        Self { key_prefix: "baton".into(), group: "baton".into(), settings: StoreSettings::default() }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// CRC16/XMODEM as used by Redis Cluster for key slots (Cluster spec, "Keys distribution model").
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc
+}
+
+/// The Cluster slot of a hash tag.
+fn slot_of_tag(tag: &str) -> u16 {
+    crc16(tag.as_bytes()) % 16384
+}
+
+/// Keys of one home queue.
+struct QKeys {
+    /// exp, all, 5 status zsets.
+    index: [String; 7],
+    stream: String,
+    channel: String,
+    state_prefix: String,
+}
+
+impl QKeys {
+    fn new(prefix: &str, queue: &str) -> Self {
+        let base = format!("{prefix}:cmd:{{{queue}}}");
+        let index = [
+            format!("{base}:exp"),
+            format!("{base}:all"),
+            format!("{base}:s:SUBMITTED"),
+            format!("{base}:s:RUNNING"),
+            format!("{base}:s:SUCCEEDED"),
+            format!("{base}:s:FAILED"),
+            format!("{base}:s:CANCELLED"),
+        ];
+        Self {
+            index,
+            stream: format!("{prefix}:q:{{{queue}}}"),
+            channel: format!("{base}:events"),
+            state_prefix: format!("{base}:"),
+        }
+    }
+    fn state(&self, id: &str) -> String {
+        format!("{}{id}", self.state_prefix)
+    }
+}
+
+pub(crate) struct RedisStore {
+    conn: RedisConn,
+    cluster: bool,
+    prefix: String,
+    settings: StoreSettings,
+    stream: baton_queue::MessageStream,
+    pubsub: PubSubHandle,
+}
+
+fn parse_state(id: &str, raw: &[u8]) -> Result<CommandState, CommandError> {
+    serde_json::from_slice(raw).map_err(|e| CommandError::Corrupt { id: id.to_string(), reason: e.to_string() })
+}
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn string(v: &Value) -> Option<String> {
+    match v {
+        Value::Int(i) => Some(i.to_string()),
+        other => bytes(other).map(|b| String::from_utf8_lossy(b).into_owned()),
+    }
+}
+
+fn unexpected(what: &str, v: &Value) -> CommandError {
+    CommandError::Redis(redis::RedisError::from((redis::ErrorKind::Parse, "unexpected reply", format!("{what}: {v:?}"))))
+}
+
+impl RedisStore {
+    pub async fn connect(
+        client: RedisClient,
+        options: RedisStoreOptions,
+        stream: baton_queue::MessageStream,
+        hub: Arc<Hub>,
+    ) -> Result<Self, CommandError> {
+        if options.key_prefix.is_empty() || options.key_prefix.contains(['{', '}']) {
+            return Err(CommandError::InvalidSettings("key_prefix must be non-empty and hold no braces".into()));
+        }
+        let conn = client.shared().await?;
+        let pubsub = PubSubHandle::start(client.config().clone(), hub, options.key_prefix.clone());
+        Ok(Self {
+            conn,
+            cluster: client.is_cluster(),
+            prefix: options.key_prefix,
+            settings: options.settings,
+            stream,
+            pubsub,
+        })
+    }
+
+    fn keys(&self, queue: &str) -> QKeys {
+        QKeys::new(&self.prefix, queue)
+    }
+
+    fn lookup_key(&self, id: &str) -> String {
+        format!("{}:cmdid:{{{id}}}", self.prefix)
+    }
+}
+
+#[async_trait]
+impl StateBackend for RedisStore {
+    async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError> {
+        let k = self.keys(&state.queue);
+        let lookup = self.lookup_key(&state.id);
+        let ttl = self.settings.ttl_for(state.status);
+        let lookup_ttl = ttl + LOOKUP_MARGIN;
+        let mut st = state.clone();
+        st.lookup_expires_ms = now_ms() + lookup_ttl.as_millis() as u64;
+        let mut conn = self.conn.clone();
+        if self.cluster {
+            // Lookup key first (its own slot); a crash before the script leaves it without a
+            // state, which reads as "not found" and is rewritten by the retried submit.
+            let prior: Option<String> = redis::cmd("SET")
+                .arg(&lookup)
+                .arg(&state.queue)
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(lookup_ttl.as_millis() as u64)
+                .query_async(&mut conn)
+                .await?;
+            match prior {
+                Some(home) if home != state.queue => {
+                    if self.load(&home, &state.id).await?.is_some() {
+                        return Ok(SubmitOutcome::OtherQueue);
+                    }
+                    // A stale lookup (its state expired, or a crashed submit): take it over.
+                    let _: () = redis::cmd("SET")
+                        .arg(&lookup)
+                        .arg(&state.queue)
+                        .arg("PX")
+                        .arg(lookup_ttl.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await?;
+                }
+                Some(_) => {
+                    let _: () = redis::cmd("PEXPIRE").arg(&lookup).arg(lookup_ttl.as_millis() as u64).arg("GT").query_async(&mut conn).await?;
+                }
+                None => {}
+            }
+        }
+        let doc = serde_json::to_string(&st).expect("serializable");
+        let mut keys: Vec<&str> = k.index.iter().map(|s| s.as_str()).collect();
+        let state_key = k.state(&state.id);
+        keys.push(&state_key);
+        keys.push(&k.stream);
+        if !self.cluster {
+            keys.push(&lookup);
+        }
+        let msg = msg.to_bytes();
+        let args: [&dyn baton_redis::ArgLike; 8] = [
+            &doc,
+            &body,
+            &state.created_at.millis(),
+            &(ttl.as_millis() as u64),
+            &msg,
+            &state.id,
+            &state.queue,
+            &(lookup_ttl.as_millis() as u64),
+        ];
+        for _ in 0..2 {
+            let v: Value = SUBMIT.run(&mut conn, &keys, &args).await?;
+            let Value::Array(parts) = &v else { return Err(unexpected("submit", &v)) };
+            return match parts.first().and_then(string).as_deref() {
+                Some("created") => Ok(SubmitOutcome::Created(st)),
+                Some("existing") => {
+                    let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("submit", &v))?;
+                    Ok(SubmitOutcome::Existing(parse_state(&state.id, raw)?))
+                }
+                Some("conflict") => Ok(SubmitOutcome::Conflict),
+                Some("other_queue") => {
+                    // Standalone: the lookup names another queue; a real conflict only if the
+                    // command still exists there (else the lookup outlived an expired state).
+                    let home = parts.get(1).and_then(string).unwrap_or_default();
+                    if self.load(&home, &state.id).await?.is_some() {
+                        return Ok(SubmitOutcome::OtherQueue);
+                    }
+                    let _: i64 = redis::cmd("DEL").arg(&lookup).query_async(&mut conn).await?;
+                    continue;
+                }
+                _ => Err(unexpected("submit", &v)),
+            };
+        }
+        Ok(SubmitOutcome::OtherQueue)
+    }
+
+    async fn load(&self, home: &str, id: &str) -> Result<Option<CommandState>, CommandError> {
+        let raw: Option<Vec<u8>> =
+            redis::cmd("HGET").arg(self.keys(home).state(id)).arg("d").query_async(&mut self.conn.clone()).await?;
+        raw.map(|r| parse_state(id, &r)).transpose()
+    }
+
+    async fn home_of(&self, id: &str) -> Result<Option<String>, CommandError> {
+        Ok(redis::cmd("GET").arg(self.lookup_key(id)).query_async(&mut self.conn.clone()).await?)
+    }
+
+    async fn transition(
+        &self,
+        old: CommandStatus,
+        new: &CommandState,
+        enqueue: Option<(&str, &CommandMsg)>,
+    ) -> Result<Cas, CommandError> {
+        let k = self.keys(&new.queue);
+        let ttl = self.settings.ttl_for(new.status);
+        let mut conn = self.conn.clone();
+        let mut st = new.clone();
+        let now = now_ms();
+        if st.lookup_expires_ms < now + (ttl + Duration::from_secs(600)).as_millis() as u64 {
+            // The write would let the state outlive its lookup key: extend the key first.
+            let lookup_ttl = ttl + LOOKUP_MARGIN;
+            let _: i64 = redis::cmd("PEXPIRE")
+                .arg(self.lookup_key(&new.id))
+                .arg(lookup_ttl.as_millis() as u64)
+                .query_async(&mut conn)
+                .await?;
+            st.lookup_expires_ms = now + lookup_ttl.as_millis() as u64;
+        }
+        let doc = serde_json::to_string(&st).expect("serializable");
+        let mut keys: Vec<&str> = k.index.iter().map(|s| s.as_str()).collect();
+        let state_key = k.state(&new.id);
+        keys.push(&state_key);
+        let target_stream;
+        let msg_bytes;
+        let mut msg_arg: Vec<u8> = Vec::new();
+        if let Some((queue, msg)) = enqueue {
+            target_stream = QKeys::new(&self.prefix, queue).stream;
+            keys.push(&target_stream);
+            msg_bytes = msg.to_bytes();
+            msg_arg = msg_bytes;
+        }
+        let expected = (new.version - 1).to_string();
+        let args: [&dyn baton_redis::ArgLike; 8] = [
+            &expected,
+            &old.as_str(),
+            &new.status.as_str(),
+            &doc,
+            &(ttl.as_millis() as u64),
+            &k.channel,
+            &new.id,
+            &msg_arg,
+        ];
+        let v: Value = TRANSITION.run(&mut conn, &keys, &args).await?;
+        let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
+        match parts.first().and_then(string).as_deref() {
+            Some("ok") => Ok(Cas::Done(st)),
+            Some("missing") => Ok(Cas::Conflict(None)),
+            Some("conflict") => {
+                let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("transition", &v))?;
+                Ok(Cas::Conflict(Some(parse_state(&new.id, raw)?)))
+            }
+            _ => Err(unexpected("transition", &v)),
+        }
+    }
+
+    fn atomic_enqueue(&self, home: &str, target: &str) -> bool {
+        !self.cluster || slot_of_tag(home) == slot_of_tag(target)
+    }
+
+    async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError> {
+        self.stream.offer(queue, msg.to_bytes()).await?;
+        Ok(())
+    }
+
+    async fn list(
+        &self,
+        queue: &str,
+        status: Option<CommandStatus>,
+        limit: usize,
+        cursor: Option<Cursor>,
+    ) -> Result<(Vec<CommandState>, Option<Cursor>), CommandError> {
+        let k = self.keys(queue);
+        let keys: Vec<&str> = k.index.iter().map(|s| s.as_str()).collect();
+        let (cs, cid) = match &cursor {
+            Some(c) => (c.created_ms.to_string(), c.id.clone()),
+            None => (String::new(), String::new()),
+        };
+        let which = status_slot(status) + 2;
+        let args: [&dyn baton_redis::ArgLike; 4] = [&which, &(limit + 1), &cs, &cid];
+        let flat: Vec<String> = LIST.run(&mut self.conn.clone(), &keys, &args).await?;
+        let mut ids: Vec<(u64, String)> =
+            flat.chunks(2).filter_map(|c| Some((c.get(1)?.parse::<f64>().ok()? as u64, c[0].clone()))).collect();
+        let more = ids.len() > limit;
+        ids.truncate(limit);
+        let next = if more { ids.last().map(|(ms, id)| Cursor { created_ms: *ms, id: id.clone() }) } else { None };
+        if ids.is_empty() {
+            return Ok((Vec::new(), next));
+        }
+        let mut pipe = redis::pipe();
+        for (_, id) in &ids {
+            pipe.cmd("HGET").arg(k.state(id)).arg("d");
+        }
+        let docs: Vec<Option<Vec<u8>>> = pipe.query_async(&mut self.conn.clone()).await?;
+        let mut items = Vec::with_capacity(docs.len());
+        for ((_, id), d) in ids.iter().zip(docs) {
+            if let Some(d) = d {
+                items.push(parse_state(id, &d)?);
+            }
+        }
+        Ok((items, next))
+    }
+
+    async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError> {
+        let k = self.keys(queue);
+        let keys: Vec<&str> = k.index.iter().map(|s| s.as_str()).collect();
+        let v: Vec<u64> = COUNTS.run(&mut self.conn.clone(), &keys, &[]).await?;
+        if v.len() != 5 {
+            return Err(CommandError::Corrupt { id: queue.to_string(), reason: format!("counts reply {v:?}") });
+        }
+        Ok(StatusCounts::from_slice(&v))
+    }
+
+    async fn watch_home(&self, home: &str) -> Result<(), CommandError> {
+        self.pubsub.ensure(&self.keys(home).channel).await;
+        Ok(())
+    }
+}
+
+/// Front of the pub/sub task: subscribes channels (once each) and waits for the confirmation.
+struct PubSubHandle {
+    tx: mpsc::UnboundedSender<(String, oneshot::Sender<()>)>,
+    subscribed: Mutex<HashSet<String>>,
+}
+
+/// How long [`PubSubHandle::ensure`] waits for a subscription (waiters fall back to re-reads).
+const SUBSCRIBE_WAIT: Duration = Duration::from_secs(2);
+
+impl PubSubHandle {
+    fn start(config: RedisConfig, hub: Arc<Hub>, prefix: String) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(pubsub_task(config, hub, prefix, rx));
+        Self { tx, subscribed: Mutex::new(HashSet::new()) }
+    }
+
+    async fn ensure(&self, channel: &str) {
+        if self.subscribed.lock().unwrap().contains(channel) {
+            return;
+        }
+        let (ack, done) = oneshot::channel();
+        if self.tx.send((channel.to_string(), ack)).is_err() {
+            return;
+        }
+        if let Ok(Ok(())) = tokio::time::timeout(SUBSCRIBE_WAIT, done).await {
+            self.subscribed.lock().unwrap().insert(channel.to_string());
+        }
+    }
+}
+
+/// Keeps one pub/sub connection (standalone: the server; Cluster: any node, since a plain
+/// PUBLISH reaches every node), resubscribes after reconnecting, and forwards events to the hub.
+/// Ends when the store is dropped.
+async fn pubsub_task(
+    config: RedisConfig,
+    hub: Arc<Hub>,
+    prefix: String,
+    mut rx: mpsc::UnboundedReceiver<(String, oneshot::Sender<()>)>,
+) {
+    let urls = match config {
+        RedisConfig::Standalone(u) => vec![u],
+        RedisConfig::Cluster(us) => us,
+    };
+    let mut channels: HashSet<String> = HashSet::new();
+    let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
+    let mut attempt = 0usize;
+    let suffix = ":events";
+    let _ = prefix;
+    loop {
+        let url = &urls[attempt % urls.len()];
+        attempt += 1;
+        let ps = match redis::Client::open(url.as_str()) {
+            Ok(c) => match tokio::time::timeout(Duration::from_secs(2), c.get_async_pubsub()).await {
+                Ok(Ok(ps)) => Some(ps),
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        let Some(ps) = ps else {
+            // Keep accepting requests while disconnected; retry soon.
+            let sleep = tokio::time::sleep(Duration::from_millis(200));
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    _ = &mut sleep => break,
+                    r = rx.recv() => match r {
+                        Some((ch, ack)) => { channels.insert(ch); waiting.push(ack); }
+                        None => return,
+                    },
+                }
+            }
+            continue;
+        };
+        let (mut sink, mut stream) = ps.split();
+        let mut ok = true;
+        for ch in &channels {
+            if sink.subscribe(ch).await.is_err() {
+                ok = false;
+                break;
+            }
+        }
+        if !ok {
+            continue;
+        }
+        for ack in waiting.drain(..) {
+            let _ = ack.send(());
+        }
+        loop {
+            tokio::select! {
+                m = stream.next() => match m {
+                    Some(msg) => {
+                        if !msg.get_channel_name().ends_with(suffix) { continue; }
+                        let payload = String::from_utf8_lossy(msg.get_payload_bytes()).into_owned();
+                        let mut it = payload.split(' ');
+                        if let (Some(id), Some(status)) = (it.next(), it.next()) {
+                            if let Ok(s) = status.parse::<CommandStatus>() {
+                                hub.remote(id, s);
+                            }
+                        }
+                    }
+                    None => break,
+                },
+                r = rx.recv() => match r {
+                    Some((ch, ack)) => {
+                        if sink.subscribe(&ch).await.is_ok() {
+                            channels.insert(ch);
+                            let _ = ack.send(());
+                        } else {
+                            channels.insert(ch);
+                            waiting.push(ack);
+                            break;
+                        }
+                    }
+                    None => return,
+                },
+            }
+        }
+        tracing::warn!(url = %url, "command events subscription lost; reconnecting");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc16_matches_redis_cluster_spec() {
+        // The Cluster spec's reference value: CRC16("123456789") = 0x31C3.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        // CLUSTER KEYSLOT foo = 12182.
+        assert_eq!(slot_of_tag("foo"), 12182);
+    }
+}

@@ -1,0 +1,152 @@
+//! Helpers shared by the command-service test files.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use baton_commands::{
+    Command, CommandHandler, CommandResult, CommandState, CommandStore, HandlerError, QueueSettings, RedisStoreOptions,
+    StoreSettings,
+};
+use baton_redis::RedisClient;
+use baton_testkit::TestBackend;
+
+pub async fn store_for(b: &TestBackend) -> CommandStore {
+    store_with(b, StoreSettings::default()).await
+}
+
+pub async fn store_with(b: &TestBackend, settings: StoreSettings) -> CommandStore {
+    match b.redis_config() {
+        None => CommandStore::memory_with(settings).unwrap(),
+        Some(cfg) => CommandStore::redis(
+            RedisClient::new(cfg).unwrap(),
+            RedisStoreOptions { settings, ..Default::default() },
+        )
+        .await
+        .unwrap(),
+    }
+}
+
+/// A second store on the same backend (Redis: its own connections and subscription, as another
+/// process would have); memory: the same store (memory state lives in one store only).
+pub async fn other_store(b: &TestBackend, first: &CommandStore) -> CommandStore {
+    match b {
+        TestBackend::Memory => first.clone(),
+        _ => store_for(b).await,
+    }
+}
+
+pub fn queue_name(tag: &str) -> String {
+    format!("{tag}-{}", uuid::Uuid::now_v7())
+}
+
+/// Fast test settings: short claim timeout, check interval and backoff.
+pub fn fast() -> QueueSettings {
+    let mut s = QueueSettings::default();
+    s.claim_timeout = Duration::from_secs(2);
+    s.check_status_interval = Duration::from_millis(100);
+    s.retry.initial_backoff = Duration::from_millis(20);
+    s.retry.max_backoff = Duration::from_millis(100);
+    s.retry.max_attempts = 3;
+    s
+}
+
+type ExecFn = dyn Fn(Command) -> Pin<Box<dyn Future<Output = Result<CommandResult, HandlerError>> + Send>> + Send + Sync;
+type CheckFn = dyn Fn(Command, CommandState) -> Pin<Box<dyn Future<Output = Result<CommandResult, HandlerError>> + Send>>
+    + Send
+    + Sync;
+
+/// A handler made of closures.
+pub struct FnHandler {
+    exec: Arc<ExecFn>,
+    check: Option<Arc<CheckFn>>,
+    validate: Option<fn(&serde_json::Value) -> Result<(), String>>,
+}
+
+pub fn on_execute<F, Fut>(f: F) -> FnHandler
+where
+    F: Fn(Command) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<CommandResult, HandlerError>> + Send + 'static,
+{
+    FnHandler { exec: Arc::new(move |c| Box::pin(f(c))), check: None, validate: None }
+}
+
+impl FnHandler {
+    pub fn on_check<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Command, CommandState) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<CommandResult, HandlerError>> + Send + 'static,
+    {
+        self.check = Some(Arc::new(move |c, s| Box::pin(f(c, s))));
+        self
+    }
+    pub fn validating(mut self, v: fn(&serde_json::Value) -> Result<(), String>) -> Self {
+        self.validate = Some(v);
+        self
+    }
+}
+
+#[async_trait]
+impl CommandHandler for FnHandler {
+    async fn execute(&self, command: Command) -> Result<CommandResult, HandlerError> {
+        (self.exec)(command).await
+    }
+    async fn check_status(&self, command: Command, state: CommandState) -> Result<CommandResult, HandlerError> {
+        match &self.check {
+            Some(f) => f(command, state).await,
+            None => Ok(CommandResult::running()),
+        }
+    }
+    fn validate(&self, params: &serde_json::Value) -> Result<(), String> {
+        match self.validate {
+            Some(v) => v(params),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Polls `f` every 20 ms until it returns Some or `timeout` passes.
+pub async fn eventually<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Instantiates each listed `async fn name(backend: TestBackend)` on memory, Redis standalone and
+/// a 3-master Redis Cluster.
+#[macro_export]
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use baton_testkit::{require_redis, RedisCluster, RedisServer, TestBackend};
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$name(TestBackend::Memory).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn standalone() {
+                require_redis();
+                super::$name(TestBackend::Standalone(RedisServer::start())).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cluster() {
+                require_redis();
+                super::$name(TestBackend::Cluster(RedisCluster::start())).await
+            }
+        }
+    )*};
+}
