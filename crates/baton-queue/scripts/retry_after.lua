@@ -5,13 +5,15 @@
 -- delay < claim timeout: set the entry's idle time to (claim timeout - delay) with XCLAIM IDLE, so
 -- XAUTOCLAIM takes it when the delay has passed. Otherwise (XCLAIM clamps idle times to the past,
 -- so a later time cannot be set): move it to the delayed set, carrying its delivery count; the
--- reclaim tick re-offers it when due. Returns 1, or 0 when not owned.
+-- reclaim tick re-offers it when due. A redelivery asked for this way is a scheduled re-poll, not
+-- a failure: the delivery count is set back by one (XCLAIM RETRYCOUNT), so it never counts toward
+-- max deliveries. Returns 1, or 0 when not owned.
 local stream, group, me, id = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local claim_ms, delay = tonumber(ARGV[4]), tonumber(ARGV[5])
 local p = redis.call('XPENDING', stream, group, id, id, 1)
 if not (p[1] and p[1][2] == me) then return 0 end
 if delay < claim_ms then
-  redis.call('XCLAIM', stream, group, me, 0, id, 'IDLE', claim_ms - delay, 'JUSTID')
+  redis.call('XCLAIM', stream, group, me, 0, id, 'IDLE', claim_ms - delay, 'RETRYCOUNT', p[1][4] - 1, 'JUSTID')
   return 1
 end
 local e = redis.call('XRANGE', stream, id, id)
@@ -23,7 +25,7 @@ if e[1] then
   end
   if payload then
     redis.call('ZADD', KEYS[2], tonumber(ARGV[6]) + delay, id)
-    redis.call('HSET', KEYS[3], id, payload, id .. ':dc', prior + p[1][4])
+    redis.call('HSET', KEYS[3], id, payload, id .. ':dc', prior + p[1][4] - 1)
   end
 end
 redis.call('XACK', stream, group, id)

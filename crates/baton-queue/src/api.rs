@@ -59,9 +59,11 @@ pub enum Decision {
     /// Not done: leave the entry pending, unleased. Another delivery follows once it has been idle
     /// for `claim_timeout` (counts as a delivery towards `max_deliveries`).
     Retry,
-    /// Not done: deliver again after about this delay (± one poll interval), whatever the claim
-    /// timeout. Up to `claim_timeout` this sets the entry's idle time (XCLAIM IDLE); above it the
-    /// entry waits in the queue's delayed set and is re-offered under a new id when due.
+    /// Not done yet, by plan: deliver again after about this delay (± one poll interval),
+    /// whatever the claim timeout. A scheduled re-poll, not a failure: it does not count toward
+    /// `max_deliveries` (the next [`Delivery::deliveries`] is the same number). Up to
+    /// `claim_timeout` this sets the entry's idle time (XCLAIM IDLE); above it the entry waits in
+    /// the queue's delayed set and is re-offered under a new id when due.
     RetryAfter(Duration),
     /// The handler's task keeps the [`Lease`] and settles it later with [`Lease::ack`],
     /// [`Lease::retry`] or [`Lease::retry_after`]. The lease keeps renewing (and the
@@ -78,7 +80,9 @@ pub struct Delivery {
     pub id: MessageId,
     /// The payload bytes as offered.
     pub payload: Bytes,
-    /// How many times this message has been delivered, this delivery included (1 on first).
+    /// How many times this message has been delivered, this delivery included (1 on first),
+    /// not counting redeliveries the handler asked for with [`Decision::RetryAfter`]. Compared
+    /// with `max_deliveries`.
     pub deliveries: u32,
     /// The lease on this delivery: a lost-lease signal, and settlement for [`Decision::Deferred`].
     pub lease: crate::Lease,

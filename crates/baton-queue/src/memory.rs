@@ -320,10 +320,12 @@ impl ConsumerBackend for MemConsumer {
             let idle = self.spec.claim_timeout - delay;
             let p = st.pending.get_mut(&id).expect("owned");
             p.delivered_at = now.checked_sub(idle).unwrap_or(now);
+            // A scheduled re-poll, not a failure: does not count toward max_deliveries.
+            p.deliveries = p.deliveries.saturating_sub(1);
         } else {
             let deliveries = st.pending.get(&id).expect("owned").deliveries;
             if let Some(e) = st.remove(&id) {
-                let prior = e.prior + deliveries;
+                let prior = e.prior + deliveries.saturating_sub(1);
                 st.delayed.insert((now + delay, id), Entry { payload: e.payload, prior });
             }
         }

@@ -311,8 +311,12 @@ async fn retry_after_below_and_above_claim_timeout(b: TestBackend) {
                 move |d: Delivery| {
                     let t = t2.clone();
                     async move {
-                        t.lock().unwrap().push((Instant::now(), d.deliveries));
-                        if d.deliveries == 1 {
+                        let first = {
+                            let mut t = t.lock().unwrap();
+                            t.push((Instant::now(), d.deliveries));
+                            t.len() == 1
+                        };
+                        if first {
                             Decision::RetryAfter(Duration::from_millis(delay_ms))
                         } else {
                             Decision::Ack
@@ -335,7 +339,7 @@ async fn retry_after_below_and_above_claim_timeout(b: TestBackend) {
         let d = Duration::from_millis(delay_ms);
         assert!(gap >= d - Duration::from_millis(50), "delay {d:?}: redelivered after only {gap:?}");
         assert!(gap <= d + Duration::from_millis(333 + 300), "delay {d:?}: redelivered after {gap:?}");
-        assert_eq!(t[1].1, 2, "the delivery count carries over");
+        assert_eq!(t[1].1, 1, "a RetryAfter redelivery does not count as a delivery");
         eventually(Duration::from_secs(3), || {
             let s = s.clone();
             let q = q.clone();
@@ -344,6 +348,38 @@ async fn retry_after_below_and_above_claim_timeout(b: TestBackend) {
         .await
         .expect("acked");
     }
+    // Re-polls never dead-letter: five RetryAfter rounds with max_deliveries = 1, then Ack.
+    let q = queue_name("repoll");
+    let rounds = Arc::new(AtomicU32::new(0));
+    let r2 = rounds.clone();
+    let _c = s
+        .consume(
+            &q,
+            move |d: Delivery| {
+                let r = r2.clone();
+                async move {
+                    assert_eq!(d.deliveries, 1);
+                    if r.fetch_add(1, Ordering::SeqCst) < 5 {
+                        Decision::RetryAfter(Duration::from_millis(50))
+                    } else {
+                        Decision::Ack
+                    }
+                }
+            },
+            fast(1_000).with_max_deliveries(Some(1)),
+        )
+        .await
+        .unwrap();
+    s.offer(&q, "poll me").await.unwrap();
+    let st = eventually(Duration::from_secs(6), || {
+        let s = s.clone();
+        let q = q.clone();
+        async move { s.stats(&q).await.ok().filter(|st| st.length == 0) }
+    })
+    .await
+    .expect("acked after the re-polls");
+    assert_eq!(st.dead_letters, 0);
+    assert_eq!(rounds.load(Ordering::SeqCst), 6);
 }
 
 fn metrics_snapshotter() -> &'static metrics_util::debugging::Snapshotter {
