@@ -117,8 +117,8 @@ impl QueueSettings {
             .with_concurrency(self.concurrency)
             .with_claim_timeout(self.claim_timeout)
             .with_max_processing_time(self.max_processing_time)
-            // The command service counts attempts itself (`max_attempts`); check_status re-polls
-            // are deliveries too, so the queue must not dead-letter by delivery count.
+            // The command service counts attempts itself (`max_attempts`) and must end a command
+            // in a persisted state, never leave it in the queue's dead letters.
             .with_max_deliveries(None)
             .with_consumer_prefix(self.consumer_prefix.clone());
         if let Some(p) = self.poll_interval {
