@@ -78,7 +78,7 @@ impl QState {
         self.entries.remove(id)
     }
 
-    fn to_dead(&mut self, id: MessageId, payload: Bytes, deliveries: u32, reason: &str) {
+    fn bury(&mut self, id: MessageId, payload: Bytes, deliveries: u32, reason: &str) {
         let dead_id = next_id(&mut self.last_dead_id);
         self.dead.insert(
             dead_id,
@@ -248,17 +248,15 @@ impl ConsumerBackend for MemConsumer {
             promoted_any = out.promoted > 0;
             // Take over idle pending entries, paging with a cursor like XAUTOCLAIM.
             let mut cursor = *self.cursor.lock().unwrap();
-            let mut scanned = 0;
             let limit_scan = count.saturating_mul(10).max(100);
             let mut next_cursor = MessageId::ZERO;
             let candidates: Vec<MessageId> =
                 st.pending.range(cursor..).map(|(id, _)| *id).take(limit_scan + 1).collect();
-            for id in candidates {
+            for (scanned, id) in candidates.into_iter().enumerate() {
                 if out.deliveries.len() >= count || scanned >= limit_scan {
                     next_cursor = id;
                     break;
                 }
-                scanned += 1;
                 let p = st.pending.get(&id).expect("listed");
                 if now.duration_since(p.delivered_at) < self.spec.claim_timeout || exclude.contains(&id) {
                     continue;
@@ -272,7 +270,7 @@ impl ConsumerBackend for MemConsumer {
                 let total = deliveries_in_pel + entry.prior;
                 if self.spec.max_deliveries.is_some_and(|m| total > m) {
                     let e = st.remove(&id).expect("present");
-                    st.to_dead(id, e.payload, total - 1, "max deliveries exceeded");
+                    st.bury(id, e.payload, total - 1, "max deliveries exceeded");
                     out.dead_lettered += 1;
                     continue;
                 }
@@ -338,7 +336,7 @@ impl ConsumerBackend for MemConsumer {
             return Ok(false);
         }
         let e = st.remove(&id).expect("owned entries exist");
-        st.to_dead(id, e.payload, deliveries, reason);
+        st.bury(id, e.payload, deliveries, reason);
         Ok(true)
     }
 

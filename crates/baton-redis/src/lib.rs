@@ -78,7 +78,7 @@ impl std::fmt::Display for RedisConfig {
 #[derive(Clone)]
 enum ClientKind {
     Standalone(redis::Client),
-    Cluster { client: ClusterClient, blocking: ClusterClient },
+    Cluster { client: Box<ClusterClient>, blocking: Box<ClusterClient> },
 }
 
 /// A handle on a Redis deployment (standalone or Cluster). Cheap to clone.
@@ -118,8 +118,8 @@ impl RedisClient {
                     })
                 };
                 ClientKind::Cluster {
-                    client: build(Some(DEFAULT_RESPONSE_TIMEOUT))?,
-                    blocking: build(None)?,
+                    client: Box::new(build(Some(DEFAULT_RESPONSE_TIMEOUT))?),
+                    blocking: Box::new(build(None)?),
                 }
             }
         };
