@@ -69,6 +69,7 @@
 //! terminal ones `retention` (default 24 h) after completion; the TTL is refreshed on every write.
 //! Index entries of expired states are pruned (bounded batches) before listing and counting.
 
+pub mod builtin;
 mod model;
 mod service;
 mod store;
