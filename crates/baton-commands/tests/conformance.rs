@@ -15,7 +15,7 @@ use baton_testkit::TestBackend;
 use common::*;
 use serde_json::json;
 
-on_every_backend!(
+baton_testkit::on_every_backend!(
     fast_command_succeeds_and_cancel_after_completion_is_refused,
     failing_command_fails_with_its_error,
     cancel_right_after_submit_cancels_and_signals_the_handler,

@@ -12,7 +12,7 @@ use baton_testkit::TestBackend;
 use common::*;
 use serde_json::json;
 
-on_every_backend!(
+baton_testkit::on_every_backend!(
     handoff_runs_execute_once_and_completes_on_the_target,
     handoff_between_queues_of_one_slot,
     crash_between_enqueue_and_ack_does_not_execute_again,

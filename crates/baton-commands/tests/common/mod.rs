@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use baton_commands::{
@@ -108,45 +108,5 @@ impl CommandHandler for FnHandler {
     }
 }
 
-/// Polls `f` every 20 ms until it returns Some or `timeout` passes.
-pub async fn eventually<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Instantiates each listed `async fn name(backend: TestBackend)` on memory, Redis standalone and
-/// a 3-master Redis Cluster.
-#[macro_export]
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use baton_testkit::{require_redis, RedisCluster, RedisServer, TestBackend};
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() {
-                super::$name(TestBackend::Memory).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn standalone() {
-                require_redis();
-                super::$name(TestBackend::Standalone(RedisServer::start())).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn cluster() {
-                require_redis();
-                super::$name(TestBackend::Cluster(RedisCluster::start())).await
-            }
-        }
-    )*};
-}
+#[allow(unused_imports)]
+pub use baton_testkit::eventually;
