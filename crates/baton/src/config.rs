@@ -1,0 +1,355 @@
+//! Command line, environment (`BATON_*`) and TOML configuration of `baton serve`.
+//!
+//! Precedence, highest first: command-line flag, `BATON_*` environment variable, the TOML file
+//! given with `--config` (or `BATON_CONFIG`), built-in default. Durations are human-readable
+//! (`30s`, `15m`, `1h 30m`; `none` or `off` disables an optional limit); sizes accept `KiB`/`MiB`
+//! suffixes (`8MiB`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use baton_redis::RedisConfig;
+use baton_streams::RunLimits;
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+
+/// Baton: durable work queues and durable streams on Redis.
+#[derive(Parser, Debug)]
+#[command(name = "baton", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve the Durable Streams protocol over HTTP (in memory, or on Redis / Redis Cluster).
+    Serve(ServeArgs),
+}
+
+/// Flags of `baton serve`. Every flag has a `BATON_*` environment variable and a key of the same
+/// name (with `_` instead of `-`) in the TOML file.
+#[derive(Args, Debug, Default, Clone)]
+pub struct ServeArgs {
+    /// TOML configuration file (keys as the flags, e.g. `listen = "0.0.0.0:7700"`).
+    #[arg(long, env = "BATON_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:7700].
+    #[arg(long, env = "BATON_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Redis standalone URL, e.g. redis://127.0.0.1:6379. Without it (and without
+    /// --redis-cluster) streams live in memory.
+    #[arg(long, env = "BATON_REDIS", conflicts_with = "redis_cluster")]
+    pub redis: Option<String>,
+    /// Redis Cluster seed node URLs, comma separated.
+    #[arg(long, env = "BATON_REDIS_CLUSTER", value_delimiter = ',')]
+    pub redis_cluster: Option<Vec<String>>,
+    /// How long a long-poll read waits for data before answering 204 [default: 30s].
+    #[arg(long, env = "BATON_LONG_POLL_TIMEOUT", value_parser = parse_duration)]
+    pub long_poll_timeout: Option<Duration>,
+    /// An SSE connection is closed after about this long so clients reconnect [default: 60s].
+    #[arg(long, env = "BATON_SSE_CYCLE", value_parser = parse_duration)]
+    pub sse_cycle: Option<Duration>,
+    /// Idle SSE connections get a comment heartbeat this often [default: 15s].
+    #[arg(long, env = "BATON_SSE_HEARTBEAT", value_parser = parse_duration)]
+    pub sse_heartbeat: Option<Duration>,
+    /// Largest request body; larger appends get 413 [default: 8MiB].
+    #[arg(long, env = "BATON_MAX_BODY", value_parser = parse_size)]
+    pub max_body: Option<usize>,
+    /// Largest total size of request headers; larger requests get 431 [default: 16KiB].
+    #[arg(long, env = "BATON_MAX_HEADER_BYTES", value_parser = parse_size)]
+    pub max_header_bytes: Option<usize>,
+    /// Concurrent live readers (long-poll and SSE); more get 503 with Retry-After [default: 20000].
+    #[arg(long, env = "BATON_MAX_LIVE_READERS")]
+    pub max_live_readers: Option<usize>,
+    /// Allowed CORS origins, comma separated, or `*` [default: *].
+    #[arg(long, env = "BATON_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Option<Vec<String>>,
+    /// `Cache-Control` of catch-up and long-poll reads: `private` or `public` [default: private].
+    #[arg(long, env = "BATON_CACHE", value_parser = ["private", "public"])]
+    pub cache: Option<String>,
+    /// Default silence timeout of new streams (ended as `producer_lost` after this long without
+    /// an append or keepalive); `none` disables [default: none].
+    #[arg(long, env = "BATON_SILENCE_TIMEOUT", value_parser = parse_opt_duration)]
+    pub silence_timeout: Option<OptDuration>,
+    /// Default hard lifetime of new streams; `none` disables [default: none].
+    #[arg(long, env = "BATON_MAX_RUN", value_parser = parse_opt_duration)]
+    pub max_run: Option<OptDuration>,
+    /// Default replay window of new streams after they end; `none` keeps them [default: none].
+    #[arg(long, env = "BATON_DONE_TTL", value_parser = parse_opt_duration)]
+    pub done_ttl: Option<OptDuration>,
+    /// Default maximum number of appends per stream; `0` disables [default: 0].
+    #[arg(long, env = "BATON_MAX_LEN")]
+    pub max_len: Option<u64>,
+    /// Grace period for in-flight requests at shutdown [default: 10s].
+    #[arg(long, env = "BATON_SHUTDOWN_GRACE", value_parser = parse_duration)]
+    pub shutdown_grace: Option<Duration>,
+}
+
+/// An optional duration: `None` means "disabled" (`none`/`off` on input).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptDuration(pub Option<Duration>);
+
+/// The same keys in a TOML file.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    redis: Option<String>,
+    redis_cluster: Option<StringOrList>,
+    long_poll_timeout: Option<String>,
+    sse_cycle: Option<String>,
+    sse_heartbeat: Option<String>,
+    max_body: Option<SizeValue>,
+    max_header_bytes: Option<SizeValue>,
+    max_live_readers: Option<usize>,
+    cors_origins: Option<StringOrList>,
+    cache: Option<String>,
+    silence_timeout: Option<String>,
+    max_run: Option<String>,
+    done_ttl: Option<String>,
+    max_len: Option<u64>,
+    shutdown_grace: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum StringOrList {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StringOrList {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            StringOrList::One(s) => s.split(',').map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect(),
+            StringOrList::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    fn resolve(self) -> Result<usize, String> {
+        match self {
+            SizeValue::Bytes(n) => Ok(n as usize),
+            SizeValue::Text(s) => parse_size(&s),
+        }
+    }
+}
+
+/// Where streams are kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Memory,
+    Redis(RedisConfig),
+}
+
+/// Whether catch-up reads may be cached by shared caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheMode {
+    Private,
+    Public,
+}
+
+/// Fully resolved settings of `baton serve`.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub backend: Backend,
+    pub long_poll_timeout: Duration,
+    pub sse_cycle: Duration,
+    pub sse_heartbeat: Duration,
+    pub max_body: usize,
+    pub max_header_bytes: usize,
+    pub max_live_readers: usize,
+    /// `None` = any origin (`*`).
+    pub cors_origins: Option<Vec<String>>,
+    pub cache: CacheMode,
+    /// Run limits of streams created without `Baton-*` limit headers.
+    pub default_limits: RunLimits,
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
+            backend: Backend::Memory,
+            long_poll_timeout: Duration::from_secs(30),
+            sse_cycle: Duration::from_secs(60),
+            sse_heartbeat: Duration::from_secs(15),
+            max_body: 8 << 20,
+            max_header_bytes: 16 << 10,
+            max_live_readers: 20_000,
+            cors_origins: None,
+            cache: CacheMode::Private,
+            default_limits: RunLimits::unlimited(),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServeArgs {
+    /// Merges flags/environment with the TOML file (if any) and the defaults.
+    pub fn resolve(self) -> Result<ServeConfig, String> {
+        let file: FileConfig = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+                toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let d = ServeConfig::default();
+        let dur = |flag: Option<Duration>, file: Option<String>, key: &str, def: Duration| -> Result<Duration, String> {
+            match (flag, file) {
+                (Some(v), _) => Ok(v),
+                (None, Some(s)) => parse_duration(&s).map_err(|e| format!("config key {key}: {e}")),
+                (None, None) => Ok(def),
+            }
+        };
+        let opt_dur = |flag: Option<OptDuration>, file: Option<String>, key: &str| -> Result<Option<Duration>, String> {
+            match (flag, file) {
+                (Some(v), _) => Ok(v.0),
+                (None, Some(s)) => parse_opt_duration(&s).map(|o| o.0).map_err(|e| format!("config key {key}: {e}")),
+                (None, None) => Ok(None),
+            }
+        };
+        let listen = match (self.listen, file.listen) {
+            (Some(a), _) => a,
+            (None, Some(s)) => s.parse().map_err(|e| format!("config key listen: {s:?}: {e}"))?,
+            (None, None) => d.listen,
+        };
+        let redis = self.redis.or(file.redis);
+        let cluster = self.redis_cluster.or(file.redis_cluster.map(StringOrList::into_vec));
+        let backend = match (redis, cluster) {
+            (Some(_), Some(_)) => return Err("give either --redis or --redis-cluster, not both".into()),
+            (Some(url), None) => Backend::Redis(RedisConfig::Standalone(url)),
+            (None, Some(urls)) => {
+                let urls: Vec<String> = urls.into_iter().map(|u| u.trim().to_string()).filter(|u| !u.is_empty()).collect();
+                if urls.is_empty() {
+                    return Err("--redis-cluster needs at least one node URL".into());
+                }
+                Backend::Redis(RedisConfig::Cluster(urls))
+            }
+            (None, None) => Backend::Memory,
+        };
+        let size = |flag: Option<usize>, file: Option<SizeValue>, key: &str, def: usize| -> Result<usize, String> {
+            match (flag, file) {
+                (Some(v), _) => Ok(v),
+                (None, Some(v)) => v.resolve().map_err(|e| format!("config key {key}: {e}")),
+                (None, None) => Ok(def),
+            }
+        };
+        let cors = self.cors_origins.or(file.cors_origins.map(StringOrList::into_vec));
+        let cors_origins = match cors {
+            None => None,
+            Some(v) if v.iter().any(|o| o.trim() == "*") => None,
+            Some(v) => Some(v.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()),
+        };
+        let cache = match self.cache.or(file.cache).as_deref() {
+            None | Some("private") => CacheMode::Private,
+            Some("public") => CacheMode::Public,
+            Some(other) => return Err(format!("cache must be `private` or `public`, not {other:?}")),
+        };
+        let max_len = self.max_len.or(file.max_len).filter(|n| *n > 0);
+        let cfg = ServeConfig {
+            listen,
+            backend,
+            long_poll_timeout: dur(self.long_poll_timeout, file.long_poll_timeout, "long_poll_timeout", d.long_poll_timeout)?,
+            sse_cycle: dur(self.sse_cycle, file.sse_cycle, "sse_cycle", d.sse_cycle)?,
+            sse_heartbeat: dur(self.sse_heartbeat, file.sse_heartbeat, "sse_heartbeat", d.sse_heartbeat)?,
+            max_body: size(self.max_body, file.max_body, "max_body", d.max_body)?,
+            max_header_bytes: size(self.max_header_bytes, file.max_header_bytes, "max_header_bytes", d.max_header_bytes)?,
+            max_live_readers: self.max_live_readers.or(file.max_live_readers).unwrap_or(d.max_live_readers),
+            cors_origins,
+            cache,
+            default_limits: RunLimits {
+                silence_timeout: opt_dur(self.silence_timeout, file.silence_timeout, "silence_timeout")?,
+                max_run: opt_dur(self.max_run, file.max_run, "max_run")?,
+                done_ttl: opt_dur(self.done_ttl, file.done_ttl, "done_ttl")?,
+                max_len,
+                max_len_per_writer: None,
+            },
+            shutdown_grace: dur(self.shutdown_grace, file.shutdown_grace, "shutdown_grace", d.shutdown_grace)?,
+        };
+        if cfg.sse_heartbeat.is_zero() || cfg.sse_cycle.is_zero() {
+            return Err("sse_heartbeat and sse_cycle must be greater than zero".into());
+        }
+        Ok(cfg)
+    }
+}
+
+/// `30s`, `15m`, `1h 30m`, `250ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration like `30s` or `15m`: {e}"))
+}
+
+/// A duration, or `none`/`off` to disable.
+pub fn parse_opt_duration(s: &str) -> Result<OptDuration, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "none" | "off" | "never" => Ok(OptDuration(None)),
+        _ => parse_duration(s).map(|d| OptDuration(Some(d))),
+    }
+}
+
+/// `1048576`, `512KiB`, `8MiB`, `8MB`, `1k`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num.parse().map_err(|_| format!("{s:?} is not a size like `8MiB` or `65536`"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?} in {s:?} (use KiB, MiB or GiB)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size("8MiB").unwrap(), 8 << 20);
+        assert_eq!(parse_size("512 KiB").unwrap(), 512 << 10);
+        assert_eq!(parse_size("100").unwrap(), 100);
+        assert!(parse_size("8 parsecs").is_err());
+        assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_opt_duration("none").unwrap(), OptDuration(None));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn precedence_flag_over_file_over_default() {
+        let dir = std::env::temp_dir().join(format!("baton-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("baton.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:9000\"\nlong_poll_timeout = \"5s\"\nmax_body = \"1MiB\"\nredis_cluster = \"redis://a:1,redis://b:2\"\n").unwrap();
+        let args = ServeArgs { config: Some(path.clone()), long_poll_timeout: Some(Duration::from_secs(2)), ..Default::default() };
+        let cfg = args.resolve().unwrap();
+        assert_eq!(cfg.listen.port(), 9000);
+        assert_eq!(cfg.long_poll_timeout, Duration::from_secs(2));
+        assert_eq!(cfg.max_body, 1 << 20);
+        assert_eq!(cfg.sse_cycle, Duration::from_secs(60));
+        assert_eq!(
+            cfg.backend,
+            Backend::Redis(RedisConfig::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()]))
+        );
+        std::fs::write(&path, "bogus_key = 1\n").unwrap();
+        let err = ServeArgs { config: Some(path), ..Default::default() }.resolve().unwrap_err();
+        assert!(err.contains("bogus_key"), "{err}");
+    }
+}

@@ -1,0 +1,180 @@
+//! The HTTP face of Baton: the Durable Streams protocol under `/v1/stream/{path}`, plus
+//! `/healthz`, `/readyz`, `/metrics` and a small index at `/`. Handlers only translate between
+//! HTTP and the engine ([`baton_streams::StreamStore`]).
+
+// Errors are on cold paths; boxing them buys nothing measurable.
+#![allow(clippy::result_large_err)]
+
+pub mod errors;
+pub mod headers;
+mod sse;
+mod streams;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use baton_streams::{StreamError, StreamPath, StreamStore};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
+
+use crate::config::{Backend, ServeConfig};
+use errors::ApiError;
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: StreamStore,
+    pub cfg: Arc<ServeConfig>,
+    /// One permit per live reader (long-poll or SSE).
+    pub live: Arc<Semaphore>,
+    /// Cancelled when the server shuts down: live reads end cleanly.
+    pub shutdown: CancellationToken,
+}
+
+impl AppState {
+    /// A live-reader slot, or 503 with `Retry-After` when all are taken.
+    pub fn live_permit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        self.live.clone().try_acquire_owned().map_err(|_| {
+            metrics::counter!("baton_live_readers_refused_total").increment(1);
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_live_readers",
+                format!(
+                    "this server already has {} live readers (long-poll and SSE); retry later or read without live=",
+                    self.cfg.max_live_readers
+                ),
+            )
+            .with_header(header::RETRY_AFTER, 2)
+        })
+    }
+}
+
+/// The process-wide Prometheus recorder (installed once; later servers in the same process share it).
+fn prometheus() -> Option<&'static PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().ok()).as_ref()
+}
+
+/// Builds the router.
+pub fn router(state: AppState) -> Router {
+    let _ = prometheus();
+    let cors = cors_layer(&state.cfg);
+    Router::new()
+        .route("/v1/stream/{*path}", any(streams::handle))
+        .route("/v1/stream", any(no_path))
+        .route("/v1/stream/", any(no_path))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .route("/", get(index))
+        .fallback(not_found)
+        .layer(cors)
+        .layer(middleware::from_fn_with_state(state.clone(), common))
+        .with_state(state)
+}
+
+fn cors_layer(cfg: &ServeConfig) -> CorsLayer {
+    let origin = match &cfg.cors_origins {
+        None => AllowOrigin::any(),
+        Some(list) => AllowOrigin::list(list.iter().filter_map(|o| HeaderValue::from_str(o).ok())),
+    };
+    let mut expose: Vec<HeaderName> = headers::ALL.iter().map(|h| HeaderName::from_static(h)).collect();
+    expose.extend([header::ETAG, header::LOCATION, header::RETRY_AFTER]);
+    CorsLayer::new()
+        .allow_origin(origin)
+        .allow_methods([Method::GET, Method::HEAD, Method::PUT, Method::POST, Method::DELETE, Method::OPTIONS])
+        .allow_headers(AllowHeaders::mirror_request())
+        .expose_headers(expose)
+        .max_age(Duration::from_secs(86_400))
+}
+
+/// Browser security headers on every response (PROTOCOL.md §12.7), the request header size
+/// limit (431), and request metrics.
+async fn common(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let header_bytes: usize = req.headers().iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    let method = req.method().clone();
+    let mut res = if header_bytes > state.cfg.max_header_bytes {
+        ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!(
+                "request headers take {header_bytes} bytes; this server accepts at most {}",
+                state.cfg.max_header_bytes
+            ),
+        )
+        .into_response()
+    } else {
+        next.run(req).await
+    };
+    let h = res.headers_mut();
+    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    h.insert("cross-origin-resource-policy", HeaderValue::from_static("cross-origin"));
+    metrics::counter!("baton_http_requests_total", "method" => method.to_string(), "status" => res.status().as_u16().to_string())
+        .increment(1);
+    res
+}
+
+async fn no_path() -> Response {
+    ApiError::bad_request("a stream URL needs a path after /v1/stream/, e.g. /v1/stream/acme/run-1").into_response()
+}
+
+async fn not_found() -> Response {
+    ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such endpoint; streams live under /v1/stream/{path}")
+        .into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// 200 when the backend answers, 503 otherwise.
+async fn readyz(State(state): State<AppState>) -> Response {
+    let probe = StreamPath::new("__baton/readyz").expect("valid probe path");
+    let fut = state.store.head(&probe);
+    match tokio::time::timeout(Duration::from_secs(3), fut).await {
+        Ok(Ok(_)) | Ok(Err(StreamError::NotFound { .. })) | Ok(Err(StreamError::Gone { .. })) => {
+            "ready\n".into_response()
+        }
+        Ok(Err(e)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("backend not reachable: {e}\n")).into_response()
+        }
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "backend did not answer within 3s\n").into_response(),
+    }
+}
+
+async fn metrics_text(State(state): State<AppState>) -> Response {
+    metrics::gauge!("baton_live_readers").set((state.cfg.max_live_readers - state.live.available_permits()) as f64);
+    match prometheus() {
+        Some(h) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render()).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "metrics recorder not installed\n").into_response(),
+    }
+}
+
+async fn index(State(state): State<AppState>) -> Response {
+    let backend = describe_backend(&state.cfg.backend);
+    let body = serde_json::json!({
+        "service": "baton",
+        "version": env!("CARGO_PKG_VERSION"),
+        "backend": backend,
+        "streams": "/v1/stream/{path}",
+        "protocol": "Durable Streams (PROTOCOL.md); extensions in docs/http-api.md",
+        "endpoints": ["/healthz", "/readyz", "/metrics"],
+    });
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// One line describing the backend, for logs and `/`.
+pub fn describe_backend(b: &Backend) -> String {
+    match b {
+        Backend::Memory => "in-memory (nothing survives a restart)".to_string(),
+        Backend::Redis(c) => c.to_string(),
+    }
+}

@@ -1,0 +1,171 @@
+//! `GET /v1/stream/{path}?offset=…&live=sse` (PROTOCOL.md §5.8).
+//!
+//! Each batch of data is one `event: data` (JSON streams: one JSON array; `text/*` and JSON as
+//! UTF-8 lines; every other content type base64, with `stream-sse-data-encoding: base64`)
+//! followed by one `event: control` carrying `streamNextOffset`, `streamCursor` (while open),
+//! `upToDate` and `streamClosed`. Every event also has an `id:` equal to its offset, so a browser
+//! `EventSource` that reconnects sends `Last-Event-ID` and resumes exactly after the last event it
+//! saw. Idle connections get a `:` comment heartbeat; connections are closed after about
+//! `--sse-cycle` (clients reconnect from the last offset), at EOF, and at server shutdown.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
+use base64::Engine as _;
+use baton_streams::{is_json, normalize_content_type, ReadChunk, ReadFrom, StreamPath};
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::sync::mpsc;
+
+use super::errors::ApiError;
+use super::headers::{self as h, ReadQuery};
+use super::AppState;
+
+/// `text/*` and `application/json` travel as text; everything else as base64.
+fn is_text(content_type: &str) -> bool {
+    let ct = normalize_content_type(content_type);
+    ct.starts_with("text/") || is_json(&ct)
+}
+
+pub async fn serve(st: AppState, path: StreamPath, q: ReadQuery, last_event_id: Option<&str>) -> Result<Response, ApiError> {
+    let permit = st.live_permit()?;
+    // A reconnecting `EventSource` names the last offset it saw; it wins over the URL's offset.
+    let resumed = last_event_id.map(str::trim).filter(|s| !s.is_empty());
+    let from = match resumed {
+        Some(id) => ReadFrom::parse(id).map_err(|_| {
+            ApiError::bad_request(format!("Last-Event-ID {id:?} is not an offset returned by this server"))
+        })?,
+        None => q.from,
+    };
+    // Validate (404, 400, 410) and take the first chunk before committing to a 200.
+    let first = st.store.read(&path, from).await?;
+    if resumed.is_some() && first.end.is_some() && first.records.is_empty() {
+        // The reconnecting EventSource already saw the end: 204 tells it to stop reconnecting.
+        let mut res = Response::new(Body::empty());
+        *res.status_mut() = axum::http::StatusCode::NO_CONTENT;
+        return Ok(res);
+    }
+    let text = is_text(&first.content_type);
+    let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+    let cursor = q.cursor;
+    tokio::spawn(async move {
+        let _permit = permit;
+        metrics::gauge!("baton_sse_connections").increment(1.0);
+        run(st, path, first, text, cursor, tx).await;
+        metrics::gauge!("baton_sse_connections").decrement(1.0);
+    });
+    let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)));
+    let mut res = Response::new(Body::from_stream(stream));
+    let out = res.headers_mut();
+    out.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    out.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    if !text {
+        out.insert(h::stream_sse_data_encoding(), HeaderValue::from_static("base64"));
+    }
+    Ok(res)
+}
+
+/// Writes events until EOF, the cycle ends, the client leaves, an error, or shutdown.
+async fn run(st: AppState, path: StreamPath, first: ReadChunk, text: bool, cursor: Option<u64>, tx: mpsc::Sender<Bytes>) {
+    let deadline = tokio::time::Instant::now() + st.cfg.sse_cycle;
+    let heartbeat = st.cfg.sse_heartbeat;
+    // Catch-up: keep reading while the store says there is more.
+    let mut chunk = first;
+    loop {
+        let (frame, done) = events(&chunk, text, cursor);
+        if tx.send(frame).await.is_err() || done {
+            return;
+        }
+        if chunk.up_to_date || chunk.records.is_empty() {
+            break;
+        }
+        chunk = match st.store.read(&path, ReadFrom::At(chunk.next_offset)).await {
+            Ok(c) => c,
+            Err(e) => return send_error(&tx, &e.to_string()).await,
+        };
+    }
+    // Live: wait on the shared tail from where catch-up stopped.
+    let mut sub = st.store.subscribe(&path, ReadFrom::At(chunk.next_offset));
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return; // cycle the connection; the client resumes from the last control event
+        }
+        let wait = heartbeat.min(deadline - now);
+        let next = tokio::select! {
+            r = sub.next(wait) => r,
+            _ = tx.closed() => return,
+            _ = st.shutdown.cancelled() => return,
+        };
+        match next {
+            Ok(Some(c)) if !c.records.is_empty() || c.end.is_some() => {
+                let (frame, done) = events(&c, text, cursor);
+                if tx.send(frame).await.is_err() || done {
+                    return;
+                }
+            }
+            Ok(Some(_)) => {
+                // Nothing new within `wait`: a heartbeat comment keeps proxies from timing out.
+                if tx.send(Bytes::from_static(b":\n\n")).await.is_err() {
+                    return;
+                }
+            }
+            Ok(None) => return,
+            Err(e) => return send_error(&tx, &e.to_string()).await,
+        }
+    }
+}
+
+/// A stream that disappears mid-connection: one `event: error` then the connection closes.
+async fn send_error(tx: &mpsc::Sender<Bytes>, message: &str) {
+    let payload = serde_json::json!({ "error": message }).to_string();
+    let _ = tx.send(Bytes::from(format!("event: error\ndata:{payload}\n\n"))).await;
+}
+
+/// The `data` event (when there are records) and its `control` event; `true` when the stream
+/// is closed and the connection must end.
+pub fn events(chunk: &ReadChunk, text: bool, cursor: Option<u64>) -> (Bytes, bool) {
+    let mut out = BytesMut::new();
+    let id = chunk.next_offset.to_string();
+    if !chunk.records.is_empty() {
+        out.put_slice(b"event: data\n");
+        let body = chunk.body();
+        if text {
+            let s = String::from_utf8_lossy(&body);
+            for line in s.split("\r\n").flat_map(|l| l.split(['\r', '\n'])) {
+                out.put_slice(b"data:");
+                out.put_slice(line.as_bytes());
+                out.put_u8(b'\n');
+            }
+        } else {
+            out.put_slice(b"data:");
+            out.put_slice(base64::engine::general_purpose::STANDARD.encode(&body).as_bytes());
+            out.put_u8(b'\n');
+        }
+        out.put_u8(b'\n');
+    }
+    let mut control = serde_json::Map::new();
+    control.insert("streamNextOffset".into(), id.clone().into());
+    let closed = chunk.end.is_some();
+    if closed {
+        control.insert("streamClosed".into(), true.into());
+        control.insert("upToDate".into(), true.into());
+        if let Some(end) = chunk.end {
+            control.insert("batonEndReason".into(), end.reason.as_str().into());
+        }
+    } else {
+        control.insert("streamCursor".into(), h::next_cursor(cursor).to_string().into());
+        if chunk.up_to_date {
+            control.insert("upToDate".into(), true.into());
+        }
+    }
+    out.put_slice(b"event: control\ndata:");
+    out.put_slice(serde_json::Value::Object(control).to_string().as_bytes());
+    out.put_slice(b"\nid:");
+    out.put_slice(id.as_bytes());
+    out.put_slice(b"\n\n");
+    metrics::counter!("baton_sse_events_total").increment(1);
+    (out.freeze(), closed)
+}

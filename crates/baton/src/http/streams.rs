@@ -1,0 +1,319 @@
+//! `/v1/stream/{path}`: PUT create (and fork), POST append / close / keepalive, DELETE, HEAD,
+//! GET catch-up and long-poll (SSE is in [`super::sse`]).
+
+use axum::body::{Body, HttpBody};
+use axum::extract::{Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use baton_streams::{
+    AppendRequest, CreateOptions, Expiry, ForkFrom, ReadChunk, ReadFrom, StreamInfo, StreamPath,
+};
+use bytes::{Bytes, BytesMut};
+
+use super::errors::ApiError;
+use super::headers::{self as h, Live, ReadQuery};
+use super::AppState;
+use crate::config::CacheMode;
+
+pub async fn handle(State(st): State<AppState>, req: Request) -> Response {
+    match dispatch(st, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn dispatch(st: AppState, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let raw = parts.uri.path().strip_prefix(h::STREAM_PREFIX).unwrap_or("");
+    let path = h::stream_path(raw)?;
+    match parts.method {
+        Method::PUT => create(&st, &parts, path, body).await,
+        Method::POST => append(&st, &parts, path, body).await,
+        Method::DELETE => {
+            st.store.delete(&path).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Method::HEAD => head(&st, path).await,
+        Method::GET => {
+            let q = h::read_query(parts.uri.query())?;
+            match q.live {
+                Live::No => catch_up(&st, &parts, path, q).await,
+                Live::LongPoll => long_poll(&st, path, q).await,
+                Live::Sse => {
+                    let last = h::text(&parts.headers, &header::HeaderName::from_static("last-event-id"))?;
+                    super::sse::serve(st.clone(), path, q, last).await
+                }
+            }
+        }
+        _ => Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{} is not a stream operation; use PUT, POST, GET, HEAD or DELETE", parts.method),
+        )
+        .with_header(header::ALLOW, "GET, HEAD, PUT, POST, DELETE, OPTIONS")),
+    }
+}
+
+/// Bodies up to this size past the limit are read and discarded before a 413, so that a client
+/// still sending gets the status instead of a broken pipe.
+const DRAIN_CAP: usize = 64 << 20;
+
+/// Reads the whole body, refusing more than `--max-body` bytes with 413.
+async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = st.cfg.max_body;
+    let too_large = |n: String, close: bool| {
+        let e = ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("request body is {n} bytes; this server accepts at most {limit} bytes per request (split the append)"),
+        );
+        if close { e.with_header(header::CONNECTION, "close") } else { e }
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    if let Some(len) = declared {
+        if len > limit + DRAIN_CAP {
+            return Err(too_large(len.to_string(), true));
+        }
+    }
+    let mut body = body;
+    let mut buf = BytesMut::new();
+    let mut seen = 0usize;
+    while let Some(frame) = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await {
+        let frame = frame.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            seen += data.len();
+            if seen > limit + DRAIN_CAP {
+                return Err(too_large(format!("more than {seen}"), true));
+            }
+            if seen <= limit {
+                buf.extend_from_slice(&data);
+            }
+        }
+    }
+    if seen > limit {
+        return Err(too_large(seen.to_string(), false));
+    }
+    Ok(buf.freeze())
+}
+
+fn set(headers: &mut HeaderMap, name: header::HeaderName, value: impl ToString) {
+    if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
+        headers.insert(name, v);
+    }
+}
+
+/// `Stream-Closed` and the Baton end reason, when the chunk or stream is at its end.
+fn set_end(headers: &mut HeaderMap, end: Option<baton_streams::EndState>) {
+    if let Some(end) = end {
+        set(headers, h::stream_closed(), "true");
+        set(headers, h::baton_end_reason(), end.reason);
+    }
+}
+
+fn content_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    Ok(h::text(headers, &header::CONTENT_TYPE)?.filter(|s| !s.is_empty()).map(str::to_string))
+}
+
+async fn create(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> Result<Response, ApiError> {
+    let hm = &parts.headers;
+    let expiry = h::expiry(hm)?;
+    let closed = h::closed_flag(hm);
+    let fork_offset = h::text(hm, &h::stream_fork_offset())?;
+    let sub_offset = h::text(hm, &h::stream_fork_sub_offset())?;
+    let fork = match h::text(hm, &h::stream_forked_from())? {
+        Some(src) => Some(ForkFrom {
+            source: h::fork_source(src)?,
+            offset: fork_offset.map(h::fork_offset).transpose()?,
+            sub_offset: match sub_offset {
+                None => 0,
+                Some(s) => h::strict_uint(s).ok_or_else(|| {
+                    ApiError::bad_request(format!("Stream-Fork-Sub-Offset must be a non-negative integer, not {s:?}"))
+                })?,
+            },
+        }),
+        None if fork_offset.is_some() || sub_offset.is_some() => {
+            return Err(ApiError::bad_request(
+                "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
+            ))
+        }
+        None => None,
+    };
+    let limits = h::limits(hm, st.cfg.default_limits)?;
+    let ct = content_type(hm)?;
+    let data = read_body(st, hm, body).await?;
+    let opts = CreateOptions {
+        content_type: ct,
+        expiry,
+        closed,
+        initial: (!data.is_empty()).then_some(data),
+        limits,
+        fork,
+    };
+    let created = st.store.create(&path, opts).await?;
+    let info = &created.info;
+    let mut res = if created.created { StatusCode::CREATED } else { StatusCode::OK }.into_response();
+    let out = res.headers_mut();
+    set(out, header::CONTENT_TYPE, &info.content_type);
+    set(out, h::stream_next_offset(), info.tail);
+    set_end(out, info.end);
+    if created.created {
+        let host = hm.get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string)
+            .unwrap_or_else(|| st.cfg.listen.to_string());
+        set(out, header::LOCATION, format!("http://{host}{}", parts.uri.path()));
+        metrics::counter!("baton_streams_created_total").increment(1);
+    }
+    Ok(res)
+}
+
+async fn append(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> Result<Response, ApiError> {
+    let hm = &parts.headers;
+    let closed = h::closed_flag(hm);
+    let producer = h::producer(hm)?;
+    let stream_seq = h::text(hm, &h::stream_seq())?.map(str::to_string);
+    let keepalive = hm
+        .get(h::baton_keepalive())
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    let data = read_body(st, hm, body).await?;
+    if keepalive && data.is_empty() && !closed {
+        let info = st.store.keepalive(&path).await?;
+        let mut res = StatusCode::NO_CONTENT.into_response();
+        set(res.headers_mut(), h::stream_next_offset(), info.tail);
+        return Ok(res);
+    }
+    if data.is_empty() && !closed {
+        return Err(ApiError::bad_request(
+            "an append needs a non-empty body; to close the stream send an empty body with Stream-Closed: true",
+        ));
+    }
+    let ct = if data.is_empty() {
+        None
+    } else {
+        Some(content_type(hm)?.ok_or_else(|| {
+            ApiError::bad_request("an append needs a Content-Type header matching the stream's content type")
+        })?)
+    };
+    let close = if closed { Some(h::end_reason(hm)?) } else { None };
+    let has_data = !data.is_empty();
+    let req = AppendRequest { data, content_type: ct, stream_seq, producer: producer.clone(), close, incarnation: None };
+    let a = st.store.append(&path, req).await?;
+    let status = if producer.is_some() && has_data && !a.duplicate { StatusCode::OK } else { StatusCode::NO_CONTENT };
+    let mut res = status.into_response();
+    let out = res.headers_mut();
+    set(out, h::stream_next_offset(), a.tail);
+    if let Some((epoch, seq)) = a.producer {
+        set(out, h::producer_epoch(), epoch);
+        set(out, h::producer_seq(), seq);
+    }
+    set_end(out, a.end);
+    if has_data && !a.duplicate {
+        metrics::counter!("baton_stream_appends_total").increment(1);
+    }
+    Ok(res)
+}
+
+fn info_headers(out: &mut HeaderMap, info: &StreamInfo) {
+    set(out, header::CONTENT_TYPE, &info.content_type);
+    set(out, h::stream_next_offset(), info.tail);
+    match info.expiry {
+        Expiry::TtlSecs(s) => set(out, h::stream_ttl(), s),
+        Expiry::At(ms) => set(out, h::stream_expires_at(), h::rfc3339(ms)),
+        Expiry::None => {}
+    }
+    set_end(out, info.end);
+    let d = |d: Option<std::time::Duration>| d.map_or("none".to_string(), |d| humantime::format_duration(d).to_string());
+    set(out, h::baton_silence_timeout(), d(info.limits.silence_timeout));
+    set(out, h::baton_max_run(), d(info.limits.max_run));
+    set(out, h::baton_done_ttl(), d(info.limits.done_ttl));
+    set(out, h::baton_max_len(), info.limits.max_len.unwrap_or(0));
+}
+
+async fn head(st: &AppState, path: StreamPath) -> Result<Response, ApiError> {
+    let info = st.store.head(&path).await?;
+    let mut res = StatusCode::OK.into_response();
+    let out = res.headers_mut();
+    info_headers(out, &info);
+    set(out, header::CACHE_CONTROL, "no-store");
+    Ok(res)
+}
+
+/// ETag of a read: `"{incarnation}:{start}:{end}"`, with `:c` once the stream is closed.
+fn etag(chunk: &ReadChunk, start: &str) -> String {
+    let closed = if chunk.end.is_some() { ":c" } else { "" };
+    format!("\"{}:{}:{}{}\"", chunk.incarnation, start, chunk.next_offset, closed)
+}
+
+fn cache_control(st: &AppState, chunk: &ReadChunk, from: ReadFrom) -> &'static str {
+    if matches!(from, ReadFrom::Now) || chunk.records.is_empty() {
+        return "no-store";
+    }
+    match st.cfg.cache {
+        CacheMode::Private => "private, max-age=60, stale-while-revalidate=300",
+        CacheMode::Public => "public, max-age=60, stale-while-revalidate=300",
+    }
+}
+
+/// Headers shared by catch-up and long-poll responses.
+fn read_headers(st: &AppState, out: &mut HeaderMap, chunk: &ReadChunk, q: &ReadQuery) {
+    set(out, header::CONTENT_TYPE, &chunk.content_type);
+    set(out, h::stream_next_offset(), chunk.next_offset);
+    if chunk.up_to_date || chunk.end.is_some() {
+        set(out, h::stream_up_to_date(), "true");
+    }
+    set_end(out, chunk.end);
+    set(out, header::CACHE_CONTROL, cache_control(st, chunk, q.from));
+    if !matches!(q.from, ReadFrom::Now) {
+        set(out, header::ETAG, etag(chunk, &q.offset_text));
+    }
+}
+
+async fn catch_up(st: &AppState, parts: &Parts, path: StreamPath, q: ReadQuery) -> Result<Response, ApiError> {
+    let chunk = st.store.read(&path, q.from).await?;
+    if !matches!(q.from, ReadFrom::Now) {
+        let tag = etag(&chunk, &q.offset_text);
+        let matches = parts
+            .headers
+            .get_all(header::IF_NONE_MATCH)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim() == tag || t.trim() == "*");
+        if matches {
+            let mut res = StatusCode::NOT_MODIFIED.into_response();
+            let out = res.headers_mut();
+            set(out, header::ETAG, tag);
+            set(out, header::CACHE_CONTROL, cache_control(st, &chunk, q.from));
+            set(out, h::stream_next_offset(), chunk.next_offset);
+            return Ok(res);
+        }
+    }
+    let mut res = Response::new(Body::from(chunk.body()));
+    read_headers(st, res.headers_mut(), &chunk, &q);
+    Ok(res)
+}
+
+async fn long_poll(st: &AppState, path: StreamPath, q: ReadQuery) -> Result<Response, ApiError> {
+    let _permit = st.live_permit()?;
+    let timeout = st.cfg.long_poll_timeout;
+    let chunk = tokio::select! {
+        r = st.store.read_live(&path, q.from, timeout) => r?,
+        _ = st.shutdown.cancelled() => st.store.read(&path, q.from).await?,
+    };
+    let cursor = h::next_cursor(q.cursor);
+    let mut res = if chunk.records.is_empty() {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        Response::new(Body::from(chunk.body()))
+    };
+    let out = res.headers_mut();
+    read_headers(st, out, &chunk, &q);
+    if chunk.records.is_empty() {
+        out.remove(header::ETAG);
+        out.remove(header::CONTENT_TYPE);
+    }
+    if chunk.end.is_none() {
+        set(out, h::stream_cursor(), cursor);
+    }
+    Ok(res)
+}

@@ -1,0 +1,80 @@
+//! The `baton` binary: configuration from environment and TOML, the start-up announcement, and a
+//! clean exit on SIGTERM while a live reader is connected.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn serve_announces_backend_and_exits_cleanly_on_sigterm() {
+    let port = baton_testkit::free_port();
+    let dir = std::env::temp_dir().join(format!("baton-binary-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("baton.toml");
+    // The file sets the port and a long-poll timeout; the environment overrides the timeout.
+    std::fs::write(&cfg, format!("listen = \"127.0.0.1:{port}\"\nlong_poll_timeout = \"20s\"\n")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .env("BATON_LONG_POLL_TIMEOUT", "300ms")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.contains(&format!("http://127.0.0.1:{port}")), "{first}");
+    assert!(first.contains("IN-MEMORY"), "{first}");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{port}");
+        assert_eq!(c.get(format!("{base}/healthz")).send().await.unwrap().status(), 200);
+        let url = format!("{base}/v1/stream/acme/bin");
+        assert_eq!(c.put(&url).send().await.unwrap().status(), 201);
+        // The environment's 300 ms long-poll timeout wins over the file's 20 s.
+        let t0 = Instant::now();
+        let r = c.get(format!("{url}?offset=now&live=long-poll")).send().await.unwrap();
+        assert_eq!(r.status(), 204);
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        // An SSE reader is connected when SIGTERM arrives: the process still exits promptly.
+        let sse = c.get(format!("{url}?offset=-1&live=sse")).send().await.unwrap();
+        assert_eq!(sse.status(), 200);
+        let t0 = Instant::now();
+        let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        assert!(killed.success());
+        let _ = sse.bytes().await; // the server ends the stream
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "baton serve did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit status {status}");
+    let rest: Vec<String> = out.lines().map_while(Result::ok).collect();
+    assert!(rest.iter().any(|l| l.contains("shutting down")), "{rest:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_configuration_is_refused_with_a_message() {
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["serve", "--long-poll-timeout", "soon"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a duration"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["serve", "--redis", "redis://127.0.0.1:1", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot use Redis redis://127.0.0.1:1"), "{err}");
+}

@@ -1,0 +1,115 @@
+//! Shared helpers of the `baton serve` integration tests: an in-process server on a free port
+//! over a given backend, and a small HTTP client.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use baton::config::{Backend, ServeConfig};
+use baton::server::Server;
+use baton_testkit::TestBackend;
+
+/// A running server and the backend it uses (kept alive as long as the server).
+pub struct TestServer {
+    pub server: Option<Server>,
+    pub base: String,
+    pub backend: TestBackend,
+}
+
+impl TestServer {
+    /// `{base}/v1/stream/{path}`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}/v1/stream/{}", self.base, path)
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown().await;
+        }
+    }
+}
+
+/// Test settings: short long-poll and SSE timings so tests are quick.
+pub fn test_config() -> ServeConfig {
+    ServeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        long_poll_timeout: Duration::from_millis(700),
+        sse_heartbeat: Duration::from_millis(300),
+        sse_cycle: Duration::from_secs(30),
+        shutdown_grace: Duration::from_secs(5),
+        ..ServeConfig::default()
+    }
+}
+
+pub async fn start(backend: TestBackend, tweak: impl FnOnce(&mut ServeConfig)) -> TestServer {
+    let mut cfg = test_config();
+    cfg.backend = match backend.redis_config() {
+        None => Backend::Memory,
+        Some(rc) => Backend::Redis(rc),
+    };
+    tweak(&mut cfg);
+    let server = Server::start(cfg).await.expect("server starts");
+    let base = server.base_url();
+    TestServer { server: Some(server), base, backend }
+}
+
+/// The three backends, by name: `memory`, `standalone`, `cluster`.
+pub fn backend(name: &str) -> TestBackend {
+    match name {
+        "memory" => TestBackend::Memory,
+        "standalone" => TestBackend::Standalone(baton_testkit::RedisServer::start()),
+        "cluster" => TestBackend::Cluster(baton_testkit::RedisCluster::start()),
+        other => panic!("unknown backend {other}"),
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap()
+}
+
+pub fn header<'a>(res: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    res.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Reads an SSE response until `pred` holds on the text so far (or the body ends / times out).
+pub async fn read_sse_until(res: reqwest::Response, within: Duration, pred: impl Fn(&str) -> bool) -> (String, bool) {
+    use futures::StreamExt;
+    let mut body = res.bytes_stream();
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(Some(Ok(chunk))) => {
+                text.push_str(&String::from_utf8_lossy(&chunk));
+                if pred(&text) {
+                    return (text, false);
+                }
+            }
+            Ok(Some(Err(_))) | Ok(None) => return (text, true),
+            Err(_) => return (text, false),
+        }
+    }
+}
+
+/// Parsed SSE events: (event type, data joined with `\n`, id).
+pub fn sse_events(text: &str) -> Vec<(String, String, Option<String>)> {
+    let mut out = Vec::new();
+    for block in text.split("\n\n") {
+        let mut ev = String::new();
+        let mut data: Vec<&str> = Vec::new();
+        let mut id = None;
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                ev = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push(v);
+            } else if let Some(v) = line.strip_prefix("id:") {
+                id = Some(v.to_string());
+            }
+        }
+        if !ev.is_empty() {
+            out.push((ev, data.join("\n"), id));
+        }
+    }
+    out
+}
