@@ -137,6 +137,8 @@ impl Shared {
             }
             if s.started.elapsed() > self.max_processing_time {
                 s.stopped = true;
+                // Count before signalling, so whoever observes the signal sees the count.
+                self.counters.leases_expired.fetch_add(1, Ordering::Relaxed);
                 s.lost.cancel();
                 release.push(*id);
             } else {
@@ -145,7 +147,6 @@ impl Shared {
         }
         drop(slots);
         for id in &release {
-            self.counters.leases_expired.fetch_add(1, Ordering::Relaxed);
             metrics::counter!("baton_queue_leases_expired_total", "queue" => self.queue.clone()).increment(1);
             tracing::warn!(
                 queue = %self.queue,
@@ -164,8 +165,9 @@ impl Shared {
             if let Some(s) = slots.get_mut(id) {
                 if !s.stopped {
                     s.stopped = true;
-                    s.lost.cancel();
+                    // Count before signalling, so whoever observes the signal sees the count.
                     self.counters.leases_lost.fetch_add(1, Ordering::Relaxed);
+                    s.lost.cancel();
                     metrics::counter!("baton_queue_leases_lost_total", "queue" => self.queue.clone()).increment(1);
                     tracing::warn!(queue = %self.queue, message_id = %id, "lease lost: another consumer owns the message now");
                 }
