@@ -116,7 +116,15 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
 pub(crate) struct Hub {
     waiters: Mutex<HashMap<String, watch::Sender<Option<CommandState>>>>,
     running: Mutex<HashMap<String, CancellationToken>>,
+    /// Ids cancelled lately, so a handler that registers *after* the cancel (its dispatch read
+    /// the state just before the cancel was written) is signalled at once.
+    recent_cancels: Mutex<HashMap<String, std::time::Instant>>,
 }
+
+/// How long a cancel is remembered for handlers that register late.
+const RECENT_CANCEL_TTL: Duration = Duration::from_secs(600);
+/// Remembered cancels above which old ones are pruned.
+const RECENT_CANCEL_PRUNE_AT: usize = 10_000;
 
 impl Hub {
     /// A write made by this process.
@@ -141,6 +149,15 @@ impl Hub {
     }
 
     fn cancel_running(&self, id: &str) {
+        {
+            // Remember first, then look for a running handler; `running` does the reverse, so
+            // one of the two always sees the other.
+            let mut recent = self.recent_cancels.lock().unwrap();
+            if recent.len() >= RECENT_CANCEL_PRUNE_AT {
+                recent.retain(|_, at| at.elapsed() < RECENT_CANCEL_TTL);
+            }
+            recent.insert(id.to_string(), std::time::Instant::now());
+        }
         if let Some(t) = self.running.lock().unwrap().get(id) {
             t.cancel();
         }
@@ -159,7 +176,10 @@ impl Hub {
 
     /// Registers a running handler's cancellation token (removed by the guard's drop).
     pub fn running(self: &Arc<Self>, id: &str, token: CancellationToken) -> RunningGuard {
-        self.running.lock().unwrap().insert(id.to_string(), token);
+        self.running.lock().unwrap().insert(id.to_string(), token.clone());
+        if self.recent_cancels.lock().unwrap().get(id).is_some_and(|at| at.elapsed() < RECENT_CANCEL_TTL) {
+            token.cancel();
+        }
         RunningGuard { hub: self.clone(), id: id.to_string() }
     }
 }
@@ -301,6 +321,13 @@ impl CommandStore {
     /// [`CommandError::InvalidParams`], [`CommandError::Queue`] (bad queue name),
     /// [`CommandError::Conflict`] (same id, other type/params or other queue), backend errors.
     pub async fn submit(&self, queue: &str, command: Command) -> Result<CommandState, CommandError> {
+        self.submit_created(queue, command).await.map(|(state, _)| state)
+    }
+
+    /// [`CommandStore::submit`], also telling whether this call stored the command (`true`) or
+    /// found it already stored with the same body (`false`), e.g. to answer 202 or 200 over HTTP.
+    /// Errors: those of [`CommandStore::submit`].
+    pub async fn submit_created(&self, queue: &str, command: Command) -> Result<(CommandState, bool), CommandError> {
         validate_queue(queue)?;
         validate_id(&command.id)?;
         validate_type(&command.command_type)?;
@@ -339,9 +366,13 @@ impl CommandStore {
             h.insert(s.id.clone(), s.queue.clone());
         };
         match self.inner.backend.submit(&state, &body, &msg).await? {
-            SubmitOutcome::Created(s) | SubmitOutcome::Existing(s) => {
+            SubmitOutcome::Created(s) => {
                 remember(&s);
-                Ok(s)
+                Ok((s, true))
+            }
+            SubmitOutcome::Existing(s) => {
+                remember(&s);
+                Ok((s, false))
             }
             SubmitOutcome::Conflict => Err(CommandError::Conflict { id: command.id, what: "type or params" }),
             SubmitOutcome::OtherQueue => Err(CommandError::Conflict { id: command.id, what: "queue" }),
@@ -502,4 +533,27 @@ pub(crate) fn status_slot(s: Option<CommandStatus>) -> usize {
 #[allow(dead_code)]
 pub(crate) fn all_queues(store: &CommandStore) -> BTreeSet<String> {
     store.inner.queues.lock().unwrap().keys().cloned().collect()
+}
+
+#[cfg(test)]
+mod hub_tests {
+    use super::*;
+
+    /// Dispatch read the state just before a cancel was written, so its handler registers after
+    /// the cancel: it must still be signalled (a lost signal let the handler run to the end).
+    #[test]
+    fn a_handler_registering_after_its_cancel_is_signalled() {
+        let hub = Arc::new(Hub::default());
+        hub.remote("cmd-1", CommandStatus::Cancelled);
+        let token = CancellationToken::new();
+        let _guard = hub.running("cmd-1", token.clone());
+        assert!(token.is_cancelled());
+        // Another command is not affected.
+        let other = CancellationToken::new();
+        let _g2 = hub.running("cmd-2", other.clone());
+        assert!(!other.is_cancelled());
+        // The usual order still works.
+        hub.remote("cmd-2", CommandStatus::Cancelled);
+        assert!(other.is_cancelled());
+    }
 }
