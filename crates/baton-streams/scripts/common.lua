@@ -86,7 +86,7 @@ local function info(m)
   local d = deadline(m)
   return {m.inc, m.ct, m.tail, m['end'] or '', m.fin or '', m.ttl or '', m.exp or '', m.first or '0-0',
     m.cnt or '0', m.ca or '0', m.lw or '0', m.sil or '', m.mr or '', m.dttl or '', m.ml or '',
-    m.mlw or '', d and s(d) or '', m.fsrc or '', m.foff or '', m.fsub or ''}
+    m.mlw or '', d and s(d) or '', m.fsrc or '', m.foff or '', m.fsub or '', m.ea or ''}
 end
 
 -- Producer state "epoch:last:count:offset" (last = -1 after a claim, before any write).

@@ -1,75 +1,203 @@
--- append / append-and-close / close (PROTOCOL.md 5.2, 5.2.1, 5.3; run finish/cancel/producer_lost).
--- ARGV: 1 expected inc ('' any), 2 ctn ('' = binary body, refused by JSON streams), 3 stream seq, 4 producer id, 5 epoch, 6 seq,
---       7 close reason (''), 8 n, then n x (data, msgs)
-local m = load_meta()
-if not m then return {'nf'} end
-if m.del then return {'gone'} end
-if ARGV[1] ~= '' and ARGV[1] ~= m.inc then return {'nf'} end
-local now = now_ms()
-check_silence(m, now)
-
-local pid = ARGV[4]
-local n = tonumber(ARGV[8])
-local epoch, seq, p = 0, 0, nil
-if pid ~= '' then
-  epoch = tonumber(ARGV[5]); seq = tonumber(ARGV[6])
-  p = producer_state(pid)
-  if p then
-    if epoch < p.epoch then return {'fenced', s(p.epoch)} end
-    if epoch == p.epoch and seq <= p.last then return {'dup', s(p.epoch), s(p.last), p.off, m.tail, m['end'] or '', m.fin or ''} end
-  end
-end
-local tuple = nil
-if pid ~= '' then tuple = pid .. '\0' .. s(epoch) .. '\0' .. s(seq) end
-if m['end'] then
-  if tuple and m.cb == tuple then return {'dup', s(epoch), s(seq), m.fin, m.tail, m['end'] or '', m.fin or ''} end
-  return {'closed', info(m)}
-end
-if n > 0 and ((ARGV[2] ~= '' and ARGV[2] ~= m.ctn) or (ARGV[2] == '' and m.ctn == 'application/json')) then
-  return {'ct', m.ct}
-end
-local count = 0
-if pid ~= '' then
-  if p then
-    count = p.count
-    if epoch > p.epoch then
-      if seq ~= 0 then return {'epoch0', s(seq)} end
-    elseif seq ~= p.last + 1 then
-      return {'gap', s(p.last + 1), s(seq)}
+-- append / append-and-close / close, batched (group commit; PROTOCOL.md 5.2, 5.2.1, 5.3; run
+-- finish/cancel/producer_lost). R requests are applied one after the other, exactly as R separate
+-- calls would be (each sees the effects of the ones before it); the metadata is read once and
+-- written once per call, so the per-request cost is a few comparisons plus one XADD per record.
+-- ARGV: 1 R, then per request: inc (expected, '' any), ctn ('' = binary body, refused by JSON
+--       streams), stream seq, producer id, epoch, seq, close reason (''), n, then n x (data, msgs).
+-- Reply: R arrays, in request order: {status, ...} (see the returns of one() below); an accepted
+-- request that did not end the stream gets the short {'ok', tail}.
+local R = tonumber(ARGV[1])
+-- One HMGET for the hot fields plus the state of every producer of the batch; the rest of the
+-- metadata is loaded only on the rare paths that need it (full()). Missing fields are false.
+local PS = {}      -- producer id -> state table, or false (none); written back when dirty
+local extra = {}
+do
+  local b = 2
+  for i = 1, R do
+    local pid = ARGV[b + 3]
+    if pid ~= '' and PS[pid] == nil then
+      PS[pid] = false
+      extra[#extra + 1] = 'p:' .. pid
     end
-  elseif seq ~= 0 then
-    return {'gap', '0', s(seq)}
+    b = b + 8 + 2 * tonumber(ARGV[b + 7])
   end
 end
-local sseq = ARGV[3]
-if sseq ~= '' and m.sq and bytes_le(sseq, m.sq) then return {'sseq', m.sq} end
-local cnt = tonumber(m.cnt or '0')
-if n > 0 then
-  if m.ml and cnt + n > tonumber(m.ml) then return {'toolong', 'stream', m.ml} end
-  if pid ~= '' and m.mlw and count + n > tonumber(m.mlw) then return {'toolong', 'writer', m.mlw} end
+local v = redis.call('HMGET', KM, 'inc', 'ctn', 'tail', 'cnt', 'lw', 'sil', 'ml', 'mlw', 'ttl', 'ta', 'dl', 'sq',
+  'end', 'del', unpack(extra))
+local out = {}
+if not v[1] or v[14] then
+  local st = 'nf'
+  if v[1] then st = 'gone' end
+  for i = 1, R do out[i] = {st} end
+  return out
+end
+local m = {inc = v[1], ctn = v[2], tail = v[3], cnt = v[4], lw = v[5], sil = v[6], ml = v[7], mlw = v[8],
+  ttl = v[9], ta = v[10], dl = v[11], sq = v[12], ['end'] = v[13]}
+for i = 1, #extra do
+  local raw = v[14 + i]
+  if raw then
+    local e, l, c, o = string.match(raw, '^(%d+):(-?%d+):(%d+):(.*)$')
+    PS[string.sub(extra[i], 3)] = {epoch = tonumber(e), last = tonumber(l), count = tonumber(c), off = o}
+  end
+end
+local is_full = false
+local function full()
+  if is_full then return end
+  is_full = true
+  local f = load_meta()
+  local hot = {inc = 1, ctn = 1, tail = 1, cnt = 1, lw = 1, sil = 1, ml = 1, mlw = 1, ttl = 1, ta = 1, dl = 1, sq = 1}
+  hot['end'] = 1
+  for _, k in ipairs(FIELDS) do if not hot[k] then m[k] = f[k] end end
+end
+-- The clock. An accepted append takes it from its first entry's id (XADD '*' uses the server
+-- time, or the last id's if later), which saves a TIME call on the hot path; every other outcome
+-- (an error, a close without data) reads TIME first. Either way the silence check runs before
+-- anything is decided, as in every script.
+local now, now_s = nil, nil
+local function silence()
+  if not m['end'] and m.sil and now - num(m.lw) > num(m.sil) then
+    full()
+    check_silence(m, now)
+    return true
+  end
+  return false
+end
+local function need_now()
+  if now then return end
+  now = now_ms(); now_s = s(now)
+  silence()
+end
+if m['end'] then full() end
+local fresh = (m.cnt or '0') == '0' -- the stream key may not exist yet (needs its expiry)
+local cnt_n = tonumber(m.cnt or '0') -- data entries, kept as a number until written back
+local dirty = {}   -- producer ids to write back
+local wrote = false
+local ended_here = false
+
+-- Checks of one request, in the protocol's precedence; returns an error reply, or nil and the
+-- producer's count before this request.
+local function validate(b, n)
+  local ctn, sseq, pid = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local epoch, seq, p = 0, 0, nil
+  if pid ~= '' then
+    epoch = tonumber(ARGV[b + 4]); seq = tonumber(ARGV[b + 5])
+    p = PS[pid]
+    if p then
+      if epoch < p.epoch then return {'fenced', s(p.epoch)} end
+      if epoch == p.epoch and seq <= p.last then
+        return {'dup', s(p.epoch), s(p.last), p.off, m.tail, m['end'] or '', m.fin or ''}
+      end
+    end
+  end
+  if m['end'] then
+    full()
+    if pid ~= '' and m.cb == pid .. '\0' .. s(epoch) .. '\0' .. s(seq) then
+      return {'dup', s(epoch), s(seq), m.fin, m.tail, m['end'] or '', m.fin or ''}
+    end
+    m.cnt = s(cnt_n)
+    return {'closed', info(m)}
+  end
+  if n > 0 and ((ctn ~= '' and ctn ~= m.ctn) or (ctn == '' and m.ctn == 'application/json')) then
+    full()
+    return {'ct', m.ct}
+  end
+  local count = 0
+  if pid ~= '' then
+    if p then
+      count = p.count
+      if epoch > p.epoch then
+        if seq ~= 0 then return {'epoch0', s(seq)} end
+      elseif seq ~= p.last + 1 then
+        return {'gap', s(p.last + 1), s(seq)}
+      end
+    elseif seq ~= 0 then
+      return {'gap', '0', s(seq)}
+    end
+  end
+  if sseq ~= '' and m.sq and bytes_le(sseq, m.sq) then return {'sseq', m.sq} end
+  if n > 0 then
+    if m.ml and cnt_n + n > tonumber(m.ml) then return {'toolong', 'stream', m.ml} end
+    if pid ~= '' and m.mlw and count + n > tonumber(m.mlw) then return {'toolong', 'writer', m.mlw} end
+  end
+  return nil, count
 end
 
-local h = {'lw', s(now), 'ta', s(now)}
-m.lw = s(now); m.ta = s(now)
-for i = 0, n - 1 do
-  local data, msgs = ARGV[9 + 2 * i], ARGV[10 + 2 * i]
-  if msgs ~= '0' then
-    m.tail = redis.call('XADD', KS, '*', 'd', data, 'n', msgs)
-  else
-    m.tail = redis.call('XADD', KS, '*', 'd', data)
+local function xadd(data, msgs)
+  if msgs ~= '0' then return redis.call('XADD', KS, '*', 'd', data, 'n', msgs) end
+  return redis.call('XADD', KS, '*', 'd', data)
+end
+
+local function one(b)
+  local inc, sseq, pid, close = ARGV[b], ARGV[b + 2], ARGV[b + 3], ARGV[b + 6]
+  local n = tonumber(ARGV[b + 7])
+  if inc ~= '' and inc ~= m.inc then return {'nf'} end
+  local err, count = validate(b, n)
+  if (err or n == 0) and not now then
+    need_now()
+    err, count = validate(b, n)
   end
+  if err then return err end
+  local first = 0
+  if not now then
+    -- Accepted so far, clock unknown: the first entry's id gives it.
+    local id = xadd(ARGV[b + 8], ARGV[b + 9])
+    now = tonumber(string.match(id, '^(%d+)')); now_s = s(now)
+    if silence() then
+      redis.call('XDEL', KS, id) -- never visible: the stream ended before this append
+      return (validate(b, n))
+    end
+    m.tail = id
+    first = 1
+  end
+  wrote = true
+  m.lw = now_s; m.ta = now_s
+  for i = first, n - 1 do
+    m.tail = xadd(ARGV[b + 8 + 2 * i], ARGV[b + 9 + 2 * i])
+  end
+  cnt_n = cnt_n + n
+  if sseq ~= '' then m.sq = sseq end
+  if pid ~= '' then
+    local epoch, seq = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+    local p = PS[pid]
+    if p then
+      p.epoch = epoch; p.last = seq; p.count = count + n; p.off = m.tail
+    else
+      PS[pid] = {epoch = epoch, last = seq, count = count + n, off = m.tail}
+    end
+    dirty[pid] = true
+  end
+  local ended = 0
+  if close ~= '' then
+    local tuple = nil
+    if pid ~= '' then tuple = pid .. '\0' .. s(tonumber(ARGV[b + 4])) .. '\0' .. s(tonumber(ARGV[b + 5])) end
+    full()
+    m.cnt = s(cnt_n)
+    do_end(m, now, close, tuple)
+    ended = 1
+    ended_here = true
+  end
+  if ended == 0 then return {'ok', m.tail} end
+  return {'ok', ARGV[b + 4], ARGV[b + 5], m.tail, ended, m['end'] or '', m.fin or ''}
 end
-if n > 0 then
-  m.cnt = s(cnt + n)
-  table.insert(h, 'tail'); table.insert(h, m.tail); table.insert(h, 'cnt'); table.insert(h, m.cnt)
+
+local b = 2
+for i = 1, R do
+  local n = tonumber(ARGV[b + 7])
+  out[i] = one(b)
+  b = b + 8 + 2 * n
 end
-if sseq ~= '' then m.sq = sseq; table.insert(h, 'sq'); table.insert(h, sseq) end
-if pid ~= '' then
-  table.insert(h, 'p:' .. pid)
-  table.insert(h, s(epoch) .. ':' .. s(seq) .. ':' .. s(count + n) .. ':' .. m.tail)
+if wrote then
+  m.cnt = s(cnt_n)
+  local h = {'lw', m.lw, 'tail', m.tail, 'cnt', m.cnt}
+  if m.ttl then table.insert(h, 'ta'); table.insert(h, m.ta) end
+  if m.sq then table.insert(h, 'sq'); table.insert(h, m.sq) end
+  for pid, _ in pairs(dirty) do
+    local p = PS[pid]
+    table.insert(h, 'p:' .. pid)
+    table.insert(h, s(p.epoch) .. ':' .. s(p.last) .. ':' .. s(p.count) .. ':' .. p.off)
+  end
+  redis.call('HSET', KM, unpack(h))
 end
-redis.call('HSET', KM, unpack(h))
-local ended = 0
-if ARGV[7] ~= '' then do_end(m, now, ARGV[7], tuple); ended = 1 end
-apply_expiry(m)
-return {'ok', s(epoch), s(seq), m.tail, ended, m['end'] or '', m.fin or ''}
+-- The expiry only moves with a sliding TTL or an end; a first write creates the stream key.
+if ended_here or (wrote and (m.ttl or fresh)) then apply_expiry(m) end
+return out

@@ -31,6 +31,9 @@
 //!   access (sliding TTL), `ca` created, `end`/`fin`/`ea`/`cb` end reason, final id, end time,
 //!   closing producer tuple, `sq` last `Stream-Seq`, `p:<producer id>` = `epoch:last seq:count:last
 //!   offset`, `refs` fork count, `del` soft-deleted, `fsrc`/`foff`/`fsub` fork origin.
+//! * Shared by all streams: 16 sorted sets `baton:s:deadlines:{0}` … `baton:s:deadlines:{15}`
+//!   (each its own hash tag, so spread over the Cluster; never one global tag) for the silence
+//!   sweeper, below.
 //!
 //! Both keys carry the same `PEXPIREAT`: min(hard deadline, last access + TTL, end + `done_ttl`),
 //! so ending only ever shortens a lifetime, and an expired stream is simply absent (404).
@@ -38,18 +41,77 @@
 //! Every operation is one script call (one round trip), working on Redis 7.0 (`XADD`, `XRANGE`
 //! with exclusive bounds, `XSETID`, `XTRIM MINID`, `TIME`), in `scripts/`:
 //! `common.lua` (prelude of each), `create.lua` (create / idempotent re-create / run open with epoch
-//! claim), `write.lua` (append, append-and-close, close, finish, cancel), `read.lua` (read, head,
+//! claim), `write.lua` (a batch of appends, append-and-closes, closes, finishes, cancels: group
+//! commit, below), `read.lua` (read, head,
 //! fork snapshot; ends silent runs as `producer_lost`), `keepalive.lua`, `delete.lua`,
-//! `refs.lua` (fork reference counts), `trim.lua`. A fork is the only multi-step operation
+//! `refs.lua` (fork reference counts), `trim.lua`, `write_fast.lua` (prepended to `write.lua`).
+//! A fork is the only multi-step operation
 //! (source snapshot, fork create, source reference: three calls on two hash slots; data is copied
-//! on fork so fork reads stay one call).
+//! on fork so fork reads stay one call). `sweep.lua` claims due members of one deadline shard.
+//!
+//! # Writes: group commit
+//! Per stream, at most one `write.lua` call is in flight from a process. Writes submitted while it
+//! is in flight are queued (in submission order: a write is queued synchronously when its future is
+//! first polled) and all go in the next call (up to 1,024 requests / 4 MiB). The script applies
+//! them one after the other exactly as separate calls would — each keeps its own producer
+//! (id, epoch, seq) checks, `Stream-Seq`, `max_len`, end handling, offset and reply — but reads the
+//! metadata hash once and writes it once, so a request costs a few Lua comparisons plus one `XADD`
+//! per record. A lone write is still one round trip (sent from the caller's own task). The common
+//! single plain append (records, no close, no `Stream-Seq`, producer in sequence, no sliding TTL)
+//! takes a fast path (`write_fast.lua`, run before the prelude): `HMGET` of the hot fields,
+//! `XADD`, `HSET` of `lw`/`tail`/`cnt`(/producer) and nothing else; its clock is the new entry's
+//! id (an entry written to a stream found silent by that clock is deleted again, never visible,
+//! and the full script ends the stream). Anything else falls through to the full script, unchanged.
+//! A backend
+//! error fails every request of its batch (each may or may not have been applied: retry with the
+//! same producer sequence). Because nothing waits on the client library's bounded command channel
+//! per request, many writes in flight are never reordered on the client (before group commit, ~64+
+//! concurrent requests driven from one task could overtake each other in redis-rs's 50-slot
+//! command channel under Tokio's cooperative budget, which the engine answered with
+//! `SequenceGap`).
+//!
+//! # Silence sweeper
+//! `silence_timeout` is enforced by every script that touches a stream (reads, writes, tail loops)
+//! and, for streams nobody touches, by a sweeper task in every process
+//! ([`StoreSettings::sweep_interval`], default 1 s). A stream created with a silence timeout is
+//! registered in deadline shard `hash(path) % 16` (member `<incarnation> <path>`, score = the
+//! earliest time it may turn silent) by a `ZADD` sent concurrently with the create script (another
+//! slot in Cluster, so it cannot be in the script; creates stay one round-trip time). Appends and
+//! keepalives never touch the shards: a score is only a lower bound. Each tick, a sweeper claims
+//! the due members of each shard (`sweep.lua`: due members are re-scored `now + 10 s`, a lease, so
+//! concurrent sweepers in other processes skip them) and runs the stream's own `read.lua` metadata
+//! read on each: it ends a silent stream as `producer_lost` with the same `check_silence`/`do_end`
+//! code as every other script, so races with finish/cancel still leave exactly one end. A live
+//! stream is re-scored at `last write + silence_timeout`; an ended, deleted, expired or re-created
+//! one is removed. A silent stream is ended within `silence_timeout` + `sweep_interval` (+ the
+//! time to check the due members).
+//!
+//! Cost: per tick, 16 `sweep.lua` calls per process (one per shard; nothing due ⇒ an empty
+//! `ZRANGE`); per live stream, one `read.lua` + one `ZADD` about once per `silence_timeout` (plus
+//! one more check after it ends); memory, one sorted-set member per registered stream. No `SCAN`:
+//! the cost does not grow with the rest of the keyspace. Chosen over a `SCAN MATCH baton:s:*:m`
+//! cursor spread over ticks because a SCAN cycle grows with the whole keyspace (work queues
+//! included), so no detection bound could be promised. Not done: updating the score on appends
+//! (it would need a second command per append in Cluster).
 //!
 //! # Live reads and fan-out
 //! Within one process, all live readers of one stream share one tail loop (a task with one
 //! dedicated connection doing `XREAD BLOCK` in slices ≤ 500 ms, then one `read.lua` call per batch
-//! that also notices deletion, re-creation, expiry and silence). Readers are served from the tail
-//! loop's in-memory window; the number of Redis connections grows with the number of distinct
-//! streams being tailed, never with readers.
+//! on the shared connection that also notices deletion, re-creation, expiry and silence). Readers
+//! are served from the tail loop's in-memory window (a binary search per wake-up). The number of
+//! Redis connections grows with the number of distinct streams being tailed, never with readers.
+//! In Cluster the tail loop's connection is a plain connection to the one master that owns the
+//! stream key's slot (resolved with `CLUSTER SLOTS`, re-resolved after any error such as `MOVED`),
+//! not a cluster connection, so 1,000 readers of one stream use 4 connections on a 3-master
+//! Cluster (the shared cluster connection's 3 + 1), 2 on standalone.
+//!
+//! On standalone, the tail loops of all tailed streams share one blocking connection (`blocker.rs`):
+//! one `XREAD BLOCK … STREAMS k1 … kn id1 … idn` over every stream whose tail loop is waiting; a
+//! stream that gets an entry wakes its tail loop, which reads and re-arms; a watch armed while the
+//! `XREAD` is blocked interrupts it (`CLIENT UNBLOCK`, from the shared connection) to be included at
+//! once. So a store uses 2 connections on standalone however many streams are live. In Cluster a
+//! multi-key `XREAD` must stay within one hash slot, and every stream has its own slot, so there each
+//! tailed stream keeps its own connection (to the one node owning its slot).
 
 mod error;
 mod memory;

@@ -130,6 +130,7 @@ impl State {
             },
             deadline: self.deadline(),
             end: self.end.as_ref().map(|e| e.0),
+            ended_at: self.end.as_ref().map(|e| e.1),
             earliest: self.first,
             len: self.cnt,
             created_at: self.ca,
@@ -187,10 +188,11 @@ fn not_found(path: &StreamPath) -> StreamError {
 }
 
 impl MemoryStore {
-    pub(crate) fn new(_settings: Arc<StoreSettings>) -> Arc<Self> {
+    pub(crate) fn new(settings: Arc<StoreSettings>) -> Arc<Self> {
         let store = Arc::new(Self { streams: Mutex::new(HashMap::new()) });
         let weak = Arc::downgrade(&store);
-        tokio::spawn(sweeper(weak));
+        let every = settings.sweep_interval.clamp(Duration::from_millis(10), Duration::from_millis(200));
+        tokio::spawn(sweeper(weak, every));
         store
     }
 
@@ -251,8 +253,8 @@ impl MemoryStore {
     }
 }
 
-async fn sweeper(store: Weak<MemoryStore>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(200));
+async fn sweeper(store: Weak<MemoryStore>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
         let Some(store) = store.upgrade() else { return };

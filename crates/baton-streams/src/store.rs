@@ -23,6 +23,10 @@ pub struct StoreSettings {
     /// Longest `XREAD BLOCK` slice (Redis); deletion, expiry and silence are noticed at least this
     /// often by a tail loop. Default 500 ms.
     pub live_slice: Duration,
+    /// How often the silence sweeper looks for silent streams (ended as `producer_lost` even when
+    /// nobody reads them, within `silence_timeout` + this). Default 1 s. The in-memory backend
+    /// sweeps at least every 200 ms.
+    pub sweep_interval: Duration,
 }
 
 impl Default for StoreSettings {
@@ -32,6 +36,7 @@ impl Default for StoreSettings {
             max_read_bytes: 1 << 20,
             live_window: 4096,
             live_slice: Duration::from_millis(500),
+            sweep_interval: Duration::from_secs(1),
         }
     }
 }

@@ -321,6 +321,8 @@ pub struct StreamInfo {
     pub deadline: Option<EpochMs>,
     /// The end, when closed.
     pub end: Option<EndState>,
+    /// When the stream ended (ms since the Unix epoch, server clock), when closed.
+    pub ended_at: Option<EpochMs>,
     /// Earliest offset still readable (after a trim); `Offset::ZERO` otherwise.
     pub earliest: Offset,
     /// Data entries (events) stored.

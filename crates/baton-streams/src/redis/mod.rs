@@ -1,10 +1,13 @@
 //! Redis backend (standalone and Cluster): one script call per operation (see the crate docs
 //! for the key layout and the scripts), plus the shared tail loops in [`tail`].
 
+mod blocker;
 mod reply;
+mod sweep;
 mod tail;
+mod writer;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,7 +27,14 @@ macro_rules! script {
 }
 
 static CREATE: LuaScript = script!("streams.create", "create.lua");
-static WRITE: LuaScript = script!("streams.write", "write.lua");
+static WRITE: LuaScript = LuaScript::new(
+    "streams.write",
+    concat!(
+        include_str!("../../scripts/write_fast.lua"),
+        include_str!("../../scripts/common.lua"),
+        include_str!("../../scripts/write.lua")
+    ),
+);
 static READ: LuaScript = script!("streams.read", "read.lua");
 static DELETE: LuaScript = script!("streams.delete", "delete.lua");
 static REFS: LuaScript = script!("streams.refs", "refs.lua");
@@ -50,6 +60,9 @@ pub(crate) struct RedisStore {
     conn: RedisConn,
     settings: Arc<StoreSettings>,
     hub: tail::TailHub,
+    writer: writer::Writer,
+    blocker: blocker::Blocker,
+    me: Weak<RedisStore>,
 }
 
 fn ms_arg(d: Option<Duration>) -> Vec<u8> {
@@ -64,7 +77,31 @@ impl RedisStore {
     pub(crate) async fn connect(config: RedisConfig, settings: Arc<StoreSettings>) -> Result<Arc<Self>> {
         let client = RedisClient::new(config)?;
         let conn = client.shared().await?;
-        Ok(Arc::new_cyclic(|weak| Self { client, conn, settings, hub: tail::TailHub::new(weak.clone()) }))
+        let every = settings.sweep_interval;
+        let store = Arc::new_cyclic(|weak| Self {
+            client,
+            conn,
+            settings,
+            hub: tail::TailHub::new(weak.clone()),
+            writer: writer::Writer::default(),
+            blocker: blocker::Blocker::default(),
+            me: weak.clone(),
+        });
+        tokio::spawn(sweep::sweeper(Arc::downgrade(&store), every));
+        Ok(store)
+    }
+
+    /// Runs a prepared `EVALSHA` of `script` (loading the script on `NOSCRIPT`, e.g. after a
+    /// restart) on the shared connection.
+    pub(crate) async fn eval(&self, script: &LuaScript, cmd: &baton_redis::redis::Cmd) -> Result<Value> {
+        let mut conn = self.conn.clone();
+        match cmd.query_async::<Value>(&mut conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                script.script().load_async(&mut conn).await?;
+                Ok(cmd.query_async::<Value>(&mut conn).await?)
+            }
+            other => Ok(other?),
+        }
     }
 
     pub(crate) async fn call(&self, script: &LuaScript, path: &StreamPath, args: Vec<Vec<u8>>) -> Result<Vec<Value>> {
@@ -160,60 +197,41 @@ impl Backend for RedisStore {
             args.push(data.to_vec());
             args.push(n.to_string().into_bytes());
         }
-        let r = self.call(&CREATE, path, args).await?;
+        // Silence sweeper: register the new incarnation in its deadline shard, concurrently with
+        // the create (another slot in Cluster, so not in the script); a score is a lower bound.
+        let silence = spec.limits.silence_timeout.filter(|_| !spec.closed).map(|d| d.as_millis() as u64);
+        let early = silence.map(|sil| now_ms() + sil - (sil / 4).min(1000));
+        let (r, registered) = match early {
+            Some(at) => {
+                let (r, g) = tokio::join!(self.call(&CREATE, path, args), self.register_deadline(path, &spec.incarnation, Some(at), None));
+                (r?, Some(g))
+            }
+            None => (self.call(&CREATE, path, args).await?, None),
+        };
         check(path, &r, Offset::ZERO, 0)?;
         let info = parse_info(path, &r[1])?;
         let epoch = r.get(2).map(text).filter(|s| !s.is_empty()).and_then(|s| s.parse().ok());
-        Ok((Created { created: text(&r[0]) == "created", info }, epoch))
+        let created = is(&r[0], "created");
+        if let Some(registered) = registered {
+            if !created || registered.is_err() {
+                // An existing stream (registered when it was created; re-registered here in case
+                // that failed), or a failed registration: register the actual incarnation now.
+                match (info.end, info.limits.silence_timeout) {
+                    (None, Some(sil)) => {
+                        let at = info.last_write_at + sil.as_millis() as u64 + 1;
+                        self.register_deadline(path, &info.incarnation, Some(at), Some(&spec.incarnation)).await?
+                    }
+                    // Nothing to watch: only drop the member registered for this call.
+                    _ => self.register_deadline(path, &info.incarnation, None, Some(&spec.incarnation)).await?,
+                }
+            }
+        }
+        Ok((Created { created, info }, epoch))
     }
 
     async fn write(&self, path: &StreamPath, spec: WriteSpec) -> Result<Appended> {
-        let p = spec.producer.as_ref();
-        let mut args: Vec<Vec<u8>> = vec![
-            spec.incarnation.clone().unwrap_or_default().into_bytes(),
-            spec.ctn.clone().unwrap_or_default().into_bytes(),
-            spec.stream_seq.clone().unwrap_or_default().into_bytes(),
-            p.map(|p| p.id.clone()).unwrap_or_default().into_bytes(),
-            p.map(|p| p.epoch.to_string()).unwrap_or_default().into_bytes(),
-            p.map(|p| p.seq.to_string()).unwrap_or_default().into_bytes(),
-            spec.close.map(|r| r.as_str()).unwrap_or("").as_bytes().to_vec(),
-            spec.records.len().to_string().into_bytes(),
-        ];
-        for (data, n) in &spec.records {
-            args.push(data.to_vec());
-            args.push(n.to_string().into_bytes());
-        }
-        let r = self.call(&WRITE, path, args).await?;
-        check(path, &r, Offset::ZERO, p.map_or(0, |p| p.epoch)).map_err(|e| match e {
-            StreamError::StreamSeqRegression { last, .. } => {
-                StreamError::StreamSeqRegression { last, received: spec.stream_seq.clone().unwrap_or_default() }
-            }
-            e => e,
-        })?;
-        // Slim reply: status, epoch, seq, producer offset, ended (ok) / tail (dup), ...
-        let tail = parse_id(&r[if text(&r[0]) == "dup" { 4 } else { 3 }])?;
-        let end = EndReason::parse(&text(&r[5])).map(|reason| EndState {
-            reason,
-            final_offset: Offset::from_redis_id(&text(&r[6])).unwrap_or(tail),
-        });
-        match text(&r[0]).as_str() {
-            "dup" => Ok(Appended {
-                tail,
-                duplicate: true,
-                producer: Some((num(&r[1])?, num(&r[2])?)),
-                producer_offset: parse_id(&r[3]).ok(),
-                end,
-                ended_now: false,
-            }),
-            _ => Ok(Appended {
-                tail,
-                duplicate: false,
-                producer: p.map(|p| (p.epoch, p.seq)),
-                producer_offset: p.map(|_| tail),
-                end,
-                ended_now: num(&r[4])? == 1,
-            }),
-        }
+        let me = self.me.upgrade().ok_or_else(|| StreamError::Backend("store dropped".into()))?;
+        me.submit_write(path, spec).await
     }
 
     async fn read(

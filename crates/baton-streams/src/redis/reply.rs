@@ -19,6 +19,15 @@ pub(super) fn text(v: &Value) -> String {
     }
 }
 
+/// True when `v` is the status `s` (no allocation).
+pub(super) fn is(v: &Value, s: &str) -> bool {
+    match v {
+        Value::BulkString(b) => b == s.as_bytes(),
+        Value::SimpleString(x) => x == s,
+        _ => false,
+    }
+}
+
 fn bytes(v: &Value) -> Bytes {
     match v {
         Value::BulkString(b) => Bytes::copy_from_slice(b),
@@ -35,6 +44,11 @@ fn opt_num(v: &Value) -> Option<u64> {
 }
 
 pub(super) fn parse_id(v: &Value) -> Result<Offset> {
+    if let Value::BulkString(b) = v {
+        if let Some(o) = std::str::from_utf8(b).ok().and_then(Offset::from_redis_id) {
+            return Ok(o);
+        }
+    }
     let t = text(v);
     Offset::from_redis_id(&t).ok_or_else(|| StreamError::Backend(format!("bad entry id {t:?}")))
 }
@@ -85,6 +99,7 @@ pub(super) fn parse_info(path: &StreamPath, v: &Value) -> Result<StreamInfo> {
         expiry,
         deadline: opt_num(&f[16]),
         end,
+        ended_at: f.get(20).and_then(opt_num),
         earliest: parse_id(&f[7])?,
         len: opt_num(&f[8]).unwrap_or(0),
         created_at: opt_num(&f[9]).unwrap_or(0),

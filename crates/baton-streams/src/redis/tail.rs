@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use baton_redis::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use baton_redis::redis::{self, Value};
+use baton_redis::{RedisConfig, RedisConn, CONNECTION_TIMEOUT};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -148,7 +150,10 @@ impl TailHub {
                     } else {
                         let mut records = Vec::new();
                         let mut bytes = 0;
-                        for r in st.window.iter().filter(|r| r.offset > after) {
+                        // The window is in offset order: start after `after` (binary search, so a
+                        // wake-up costs each waiter O(log window + new records)).
+                        let start = st.window.partition_point(|r| r.offset <= after);
+                        for r in st.window.range(start..) {
                             if !records.is_empty() && bytes + r.data.len() > max_bytes {
                                 break;
                             }
@@ -219,10 +224,16 @@ async fn run(store: Weak<RedisStore>, t: Arc<Tail>) {
 
 async fn tail_loop(store: &Weak<RedisStore>, t: &Arc<Tail>) -> Result<()> {
     let (ks, _) = keys(&t.path);
-    let (mut conn, slice) = {
+    let slice = {
         let s = store.upgrade().ok_or_else(|| StreamError::Backend("store dropped".into()))?;
-        (s.client().dedicated().await?, s.settings().live_slice)
+        s.settings().live_slice
     };
+    // The blocking connection: opened on first use, replaced after an error or a stuck wait (in
+    // Cluster that also re-resolves the node owning the key's slot, e.g. after MOVED).
+    let mut conn: Option<RedisConn> = None;
+    // Standalone: this loop's watch in the store's blocker (removed when the loop ends).
+    let wake = Arc::new(Notify::new());
+    let _unwatch = Unwatch { store: store.clone(), key: ks.clone(), wake: wake.clone() };
     let mut idle_since: Option<Instant> = None;
     let mut at: Option<Offset> = None;
     loop {
@@ -292,24 +303,154 @@ async fn tail_loop(store: &Weak<RedisStore>, t: &Arc<Tail>) -> Result<()> {
                 }
             }
         }
+        if !s.client().is_cluster() {
+            // Standalone: the store's one blocking connection watches every tailed stream.
+            s.blocker.wait(&s, &ks, chunk.next_offset.to_redis_id(), &wake, slice).await;
+            continue;
+        }
         drop(s);
         let block_ms = slice.as_millis().max(1) as u64;
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("BLOCK").arg(block_ms).arg("COUNT").arg(1).arg("STREAMS").arg(&ks).arg(chunk.next_offset.to_redis_id());
+        if conn.is_none() {
+            let opened = match store.upgrade() {
+                Some(s) => blocking_conn(&s, &ks).await,
+                None => return Ok(()),
+            };
+            match opened {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    tracing::debug!(path = %t.path, error = %e, "tail connection failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        }
+        let c = conn.as_mut().expect("connection opened above");
         let r: Result<redis::RedisResult<Value>, _> =
-            tokio::time::timeout(slice + Duration::from_secs(3), cmd.query_async(&mut conn)).await;
+            tokio::time::timeout(slice + Duration::from_secs(3), cmd.query_async(c)).await;
         match r {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 tracing::debug!(path = %t.path, error = %e, "tail XREAD failed; retrying");
+                conn = None;
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Err(_) => {
-                // Stuck connection: replace it.
-                if let Some(s) = store.upgrade() {
-                    conn = s.client().dedicated().await?;
-                }
+            Err(_) => conn = None, // stuck connection: replace it
+        }
+    }
+}
+
+struct Unwatch {
+    store: Weak<RedisStore>,
+    key: String,
+    wake: Arc<Notify>,
+}
+
+impl Drop for Unwatch {
+    fn drop(&mut self) {
+        if let Some(s) = self.store.upgrade() {
+            s.blocker.forget(&self.key, &self.wake);
+        }
+    }
+}
+
+/// The connection a tail loop blocks on. Standalone: a dedicated connection. Cluster: one plain
+/// connection to the master that owns the stream key's slot (resolved with `CLUSTER SLOTS`), not
+/// a cluster connection (which would open a socket to every master): the tail loop's only other
+/// traffic goes over the store's shared connection.
+async fn blocking_conn(s: &RedisStore, key: &str) -> Result<RedisConn> {
+    let urls = match s.client().config() {
+        RedisConfig::Standalone(_) => return Ok(s.client().dedicated().await?),
+        RedisConfig::Cluster(urls) => urls.clone(),
+    };
+    let slot = key_slot(key.as_bytes());
+    let mut shared = s.conn.clone();
+    let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut shared).await?;
+    let (host, port) = slot_owner(&slots, slot).ok_or_else(|| StreamError::Backend(format!("no node owns slot {slot}")))?;
+    let url = node_url(&urls[0], &host, port);
+    let client = redis::Client::open(url.as_str()).map_err(|e| StreamError::Backend(e.to_string()))?;
+    let cfg = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECTION_TIMEOUT))
+        .set_response_timeout(None)
+        .set_number_of_retries(1);
+    Ok(RedisConn::Standalone(ConnectionManager::new_with_config(client, cfg).await?))
+}
+
+/// Redis Cluster key slot: CRC16 (XMODEM) of the hash tag (or the whole key) mod 16384.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    let mut k = key;
+    if let Some(open) = key.iter().position(|&b| b == b'{') {
+        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+            if len > 0 {
+                k = &key[open + 1..open + 1 + len];
             }
         }
+    }
+    let mut crc: u16 = 0;
+    for &b in k {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16384
+}
+
+/// Host and port of the master serving `slot` in a `CLUSTER SLOTS` reply.
+fn slot_owner(v: &Value, slot: u16) -> Option<(String, u16)> {
+    let Value::Array(ranges) = v else { return None };
+    for r in ranges {
+        let Value::Array(f) = r else { continue };
+        let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(master))) = (f.first(), f.get(1), f.get(2)) else {
+            continue;
+        };
+        if (*lo..=*hi).contains(&(slot as i64)) {
+            let host = match master.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                _ => String::new(),
+            };
+            let Some(Value::Int(port)) = master.get(1) else { return None };
+            return Some((host, *port as u16));
+        }
+    }
+    None
+}
+
+/// `seed` (`redis://[user:pass@]host:port[/db]`) with its host and port replaced (credentials
+/// kept). An empty `host` (a node that does not know its address) keeps the seed's host.
+fn node_url(seed: &str, host: &str, port: u16) -> String {
+    let (scheme, rest) = seed.split_once("://").unwrap_or(("redis", seed));
+    let authority = rest.split('/').next().unwrap_or("");
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let seed_host = match hostport.rsplit_once(':') {
+        Some((h, _)) => h,
+        None => hostport,
+    };
+    let host = if host.is_empty() || host == "?" { seed_host } else { host };
+    let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
+    match userinfo {
+        Some(u) => format!("{scheme}://{u}@{host}:{port}"),
+        None => format!("{scheme}://{host}:{port}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_and_urls() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(key_slot(b"123456789"), 0x31C3); // CRC16/XMODEM check value
+        assert_eq!(key_slot(b"somekey"), 11058);
+        assert_eq!(key_slot(b"foo{hash_tag}"), 2515);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(node_url("redis://127.0.0.1:7000", "127.0.0.1", 7001), "redis://127.0.0.1:7001");
+        assert_eq!(node_url("redis://u:p@h:1/0", "", 7002), "redis://u:p@h:7002");
     }
 }

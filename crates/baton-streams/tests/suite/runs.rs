@@ -208,3 +208,102 @@ pub async fn spawn_outcomes(b: &TestBackend) {
     assert_eq!(ended, Ended { end: by_other.end, ended_now: false });
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+/// The server sweeper: a silent run nobody reads is ended as `producer_lost` within
+/// `silence_timeout` + the sweep interval (+1 s); a run kept alive is not.
+pub async fn sweeper_ends_unread_silent_runs(b: &TestBackend) {
+    let sweep = Duration::from_millis(300);
+    let s = store(b, StoreSettings { sweep_interval: sweep, ..settings() }).await;
+    let (silent, kept) = (path("swept"), path("kept"));
+    let sil = 500u64;
+    let a = s.open(&silent, open_opts("A", Some(sil))).await.unwrap();
+    let tail = a.append("x").await.unwrap();
+    let k = s.open(&kept, open_opts("B", Some(sil))).await.unwrap();
+    // 5x the silence timeout; nobody reads `silent` meanwhile.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(5 * sil) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        k.keepalive().await.unwrap();
+    }
+    let info = s.head(&silent).await.unwrap();
+    assert_eq!(info.end, Some(EndState { reason: EndReason::ProducerLost, final_offset: tail }));
+    // Ended by the sweeper (this head came 2.5 s after the last write, past the bound).
+    let after = info.ended_at.unwrap() - info.last_write_at;
+    assert!(after > sil && after <= sil + sweep.as_millis() as u64 + 1000, "ended {after} ms after the last write");
+    let kept_info = s.head(&kept).await.unwrap();
+    assert_eq!((kept_info.end, kept_info.ended_at), (None, None));
+    assert_eq!(a.append("late").await, Err(StreamError::Closed { end: info.end.unwrap() }));
+    if let Some(mut c) = raw(b).await {
+        // The deadline shards hold the kept run only (the ended one was removed when swept).
+        let mut members = Vec::new();
+        for n in 0..16 {
+            let m: Vec<String> = redis::cmd("ZRANGE").arg(format!("baton:s:deadlines:{{{n}}}")).arg(0).arg(-1).query_async(&mut c).await.unwrap();
+            members.extend(m);
+        }
+        assert_eq!(members, vec![format!("{} {}", kept_info.incarnation, kept.as_str())]);
+    }
+}
+
+/// An append that arrives after the silence timeout (nobody noticed yet) is refused with the
+/// `producer_lost` end; nothing of it is ever visible.
+pub async fn append_after_silence_is_refused(b: &TestBackend) {
+    // No sweeper in the way: only the append itself can notice the silence.
+    let s = store(b, StoreSettings { sweep_interval: Duration::from_secs(3600), ..settings() }).await;
+    let p = path("late");
+    let producer = s.open(&p, open_opts("L", Some(300))).await.unwrap();
+    let tail = producer.append("a").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let end = EndState { reason: EndReason::ProducerLost, final_offset: tail };
+    assert_eq!(producer.append("late").await, Err(StreamError::Closed { end }));
+    let info = s.head(&p).await.unwrap();
+    assert_eq!((info.end, info.tail, info.len), (Some(end), tail, 1));
+    assert_eq!(text(&s.read(&p, ReadFrom::Start).await.unwrap()), "a");
+    if let Some(mut c) = raw(b).await {
+        // One data entry and the one end entry.
+        let n: u64 = redis::cmd("XLEN").arg(format!("baton:s:{{{}}}", p.as_str())).query_async(&mut c).await.unwrap();
+        assert_eq!(n, 2);
+    }
+}
+
+/// Many appends in flight from one task (group commit on Redis): applied in submission order,
+/// each caller gets its own offset, no sequence gap; a close in the middle ends the stream for
+/// the requests queued after it, which all learn the same end.
+pub async fn pipelined_appends_in_order(b: &TestBackend) {
+    use futures::StreamExt;
+    let s = store(b, settings()).await;
+    let p = path("pipelined");
+    s.create(&p, CreateOptions { content_type: Some("text/plain".into()), ..Default::default() }).await.unwrap();
+    const N: u64 = 2000;
+    const CLOSE_AT: u64 = 1500;
+    let results: Vec<Result<Appended, StreamError>> = futures::stream::iter(0..N)
+        .map(|seq| {
+            let (s, p) = (s.clone(), p.clone());
+            async move {
+                let req = AppendRequest {
+                    data: Bytes::from(format!("{seq},")),
+                    content_type: Some("text/plain".into()),
+                    producer: Some(ProducerStamp { id: "pipe".into(), epoch: 0, seq }),
+                    close: (seq == CLOSE_AT).then_some(EndReason::Finished),
+                    ..Default::default()
+                };
+                s.append(&p, req).await
+            }
+        })
+        .buffered(512)
+        .collect()
+        .await;
+    let mut last = Offset::ZERO;
+    for (seq, r) in results.iter().enumerate().take(CLOSE_AT as usize + 1) {
+        let a = r.as_ref().unwrap_or_else(|e| panic!("seq {seq}: {e}"));
+        assert_eq!((a.duplicate, a.producer, a.ended_now), (false, Some((0, seq as u64)), seq as u64 == CLOSE_AT));
+        assert!(a.tail > last, "seq {seq}");
+        last = a.tail;
+    }
+    let end = EndState { reason: EndReason::Finished, final_offset: last };
+    for r in &results[CLOSE_AT as usize + 1..] {
+        assert_eq!(r, &Err(StreamError::Closed { end }));
+    }
+    let body = text(&s.read(&p, ReadFrom::Start).await.unwrap());
+    assert_eq!(body, (0..=CLOSE_AT).map(|i| format!("{i},")).collect::<String>());
+    assert_eq!(s.head(&p).await.unwrap().len, CLOSE_AT + 1);
+}

@@ -1,0 +1,234 @@
+//! Group commit of writes: per stream, at most one `write.lua` call is in flight from this
+//! process; writes submitted meanwhile are queued and go together in the next call, where the
+//! script applies them one after the other exactly as separate calls would (each request keeps
+//! its own producer checks, offsets and reply). Submission order is queue order: a request is
+//! queued synchronously when its future is first polled, so requests issued in order by one task
+//! are applied in that order (no client-side reordering, whatever the number in flight).
+//!
+//! The first writer of an idle stream sends its call from its own task (no hop); if its caller
+//! goes away mid-call, the call is finished in a spawned task so the other queued writers still
+//! get their replies. Follow-up batches are sent from a spawned task, never by a caller that
+//! already has its reply.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use baton_redis::redis::{self, Value};
+use tokio::sync::oneshot;
+
+use super::reply::*;
+use super::{keys, RedisStore, WRITE};
+use crate::error::StreamError;
+use crate::store::WriteSpec;
+use crate::types::*;
+use crate::{Offset, Result};
+
+/// Requests per `write.lua` call at most.
+const MAX_REQUESTS: usize = 1024;
+/// Body bytes per `write.lua` call at most (a bigger single request still goes alone).
+const MAX_BYTES: usize = 4 << 20;
+
+struct Pending {
+    spec: WriteSpec,
+    tx: oneshot::Sender<Result<Appended>>,
+}
+
+/// Queues of writes waiting for the in-flight call of their stream (a key is present while a
+/// call for that stream is in flight).
+#[derive(Default)]
+pub(crate) struct Writer {
+    queues: Mutex<HashMap<StreamPath, Vec<Pending>>>,
+}
+
+/// Runs a future to completion even if the caller drops it (it is then spawned).
+struct Detached(Option<BoxedFlush>);
+
+impl Future for Detached {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(f) = self.0.as_mut() else { return Poll::Ready(()) };
+        match f.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.0 = None;
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            tokio::spawn(f);
+        }
+    }
+}
+
+fn body_len(spec: &WriteSpec) -> usize {
+    spec.records.iter().map(|r| r.0.len()).sum()
+}
+
+impl RedisStore {
+    pub(crate) async fn submit_write(self: Arc<Self>, path: &StreamPath, spec: WriteSpec) -> Result<Appended> {
+        let (tx, rx) = oneshot::channel();
+        let lead = {
+            let mut queues = self.writer.queues.lock().unwrap();
+            match queues.get_mut(path) {
+                Some(q) => {
+                    q.push(Pending { spec, tx });
+                    None
+                }
+                None => {
+                    queues.insert(path.clone(), Vec::new());
+                    Some(Pending { spec, tx })
+                }
+            }
+        };
+        if let Some(first) = lead {
+            Detached(Some(flush(self.clone(), path.clone(), vec![first], false))).await;
+        }
+        rx.await.unwrap_or_else(|_| Err(StreamError::Backend("write abandoned".into())))
+    }
+
+    /// The next batch of `path`, or `None` (and the stream is idle again) when nothing is queued.
+    fn next_batch(&self, path: &StreamPath) -> Option<Vec<Pending>> {
+        let mut queues = self.writer.queues.lock().unwrap();
+        let q = queues.get_mut(path)?;
+        if q.is_empty() {
+            queues.remove(path);
+            return None;
+        }
+        let mut take = 0;
+        let mut bytes = 0;
+        for p in q.iter() {
+            let len = body_len(&p.spec);
+            if take > 0 && (take >= MAX_REQUESTS || bytes + len > MAX_BYTES) {
+                break;
+            }
+            take += 1;
+            bytes += len;
+        }
+        Some(if take == q.len() { std::mem::take(q) } else { q.drain(..take).collect() })
+    }
+
+    /// One `write.lua` call for `batch`; every request gets its own reply.
+    async fn send_batch(&self, path: &StreamPath, batch: Vec<Pending>) {
+        let (ks, km) = keys(path);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(WRITE.script().get_hash()).arg(2).arg(ks).arg(km).arg(batch.len());
+        for p in &batch {
+            let s = &p.spec;
+            let pr = s.producer.as_ref();
+            cmd.arg(s.incarnation.as_deref().unwrap_or(""))
+                .arg(s.ctn.as_deref().unwrap_or(""))
+                .arg(s.stream_seq.as_deref().unwrap_or(""))
+                .arg(pr.map_or("", |p| p.id.as_str()));
+            match pr {
+                Some(p) => cmd.arg(p.epoch).arg(p.seq),
+                None => cmd.arg("").arg(""),
+            };
+            cmd.arg(s.close.map_or("", |r| r.as_str())).arg(s.records.len());
+            for (data, n) in &s.records {
+                cmd.arg(data.as_ref()).arg(*n);
+            }
+        }
+        match self.eval(&WRITE, &cmd).await {
+            Ok(Value::Array(replies)) if replies.len() == batch.len() => {
+                for (p, r) in batch.into_iter().zip(replies) {
+                    let out = match r {
+                        Value::Array(items) if !items.is_empty() => parse_write(path, &p.spec, &items),
+                        other => Err(StreamError::Backend(format!("streams.write: unexpected reply {other:?}"))),
+                    };
+                    let _ = p.tx.send(out);
+                }
+            }
+            Ok(other) => {
+                let e = StreamError::Backend(format!("streams.write: unexpected reply {other:?}"));
+                for p in batch {
+                    let _ = p.tx.send(Err(e.clone()));
+                }
+            }
+            Err(e) => {
+                for p in batch {
+                    let _ = p.tx.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Sends `batch`, then the batches queued meanwhile. A caller-driven flush (`looping == false`)
+/// sends one batch and hands the rest to a spawned task.
+fn flush(store: Arc<RedisStore>, path: StreamPath, mut batch: Vec<Pending>, looping: bool) -> BoxedFlush {
+    Box::pin(async move {
+        loop {
+            store.send_batch(&path, batch).await;
+            match store.next_batch(&path) {
+                None => return,
+                Some(next) if looping => batch = next,
+                Some(next) => {
+                    tokio::spawn(flush(store, path, next, true));
+                    return;
+                }
+            }
+        }
+    })
+}
+
+type BoxedFlush = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// One request's reply: status, then (ok) tail, or (ok, ended by it) epoch, seq, tail, 1, end
+/// reason, final id, or (dup) epoch, last seq, producer offset, tail, end reason, final id; else an
+/// error status.
+fn parse_write(path: &StreamPath, spec: &WriteSpec, r: &[Value]) -> Result<Appended> {
+    let p = spec.producer.as_ref();
+    let dup = is(&r[0], "dup");
+    if !dup && !is(&r[0], "ok") {
+        check(path, r, Offset::ZERO, p.map_or(0, |p| p.epoch)).map_err(|e| match e {
+        StreamError::StreamSeqRegression { last, .. } => {
+            StreamError::StreamSeqRegression { last, received: spec.stream_seq.clone().unwrap_or_default() }
+        }
+        e => e,
+    })?;
+    }
+    if !dup && r.len() == 2 {
+        // Short form: accepted, did not end the stream.
+        let tail = parse_id(&r[1])?;
+        return Ok(Appended {
+            tail,
+            duplicate: false,
+            producer: p.map(|p| (p.epoch, p.seq)),
+            producer_offset: p.map(|_| tail),
+            end: None,
+            ended_now: false,
+        });
+    }
+    let tail = parse_id(&r[if dup { 4 } else { 3 }])?;
+    let end = EndReason::parse(&text(&r[5])).map(|reason| EndState {
+        reason,
+        final_offset: Offset::from_redis_id(&text(&r[6])).unwrap_or(tail),
+    });
+    if dup {
+        Ok(Appended {
+            tail,
+            duplicate: true,
+            producer: Some((num(&r[1])?, num(&r[2])?)),
+            producer_offset: parse_id(&r[3]).ok(),
+            end,
+            ended_now: false,
+        })
+    } else {
+        Ok(Appended {
+            tail,
+            duplicate: false,
+            producer: p.map(|p| (p.epoch, p.seq)),
+            producer_offset: p.map(|_| tail),
+            end,
+            ended_now: num(&r[4])? == 1,
+        })
+    }
+}
