@@ -5,6 +5,7 @@
 //! (`30s`, `15m`, `1h 30m`; `none` or `off` disables an optional limit); sizes accept `KiB`/`MiB`
 //! suffixes (`8MiB`).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,10 +15,16 @@ use baton_streams::RunLimits;
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
+use crate::auth::{TokenConfig, TokenFile};
+use crate::workers::{QueueConfig, QueueFile};
+
 /// Baton: durable work queues and durable streams on Redis.
 #[derive(Parser, Debug)]
 #[command(name = "baton", version, about)]
 pub struct Cli {
+    /// Log format on stderr: `text` or `json` (one JSON object per line) [default: text].
+    #[arg(long, global = true, env = "BATON_LOG_FORMAT", value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -26,6 +33,11 @@ pub struct Cli {
 pub enum Command {
     /// Serve the Durable Streams protocol over HTTP (in memory, or on Redis / Redis Cluster).
     Serve(ServeArgs),
+    /// Run the workers of the configured command queues only (no command API), on Redis or
+    /// Redis Cluster, so several processes share the work.
+    Worker(WorkerArgs),
+    #[command(flatten)]
+    Client(crate::cli::ClientCommand),
 }
 
 /// Flags of `baton serve`. Every flag has a `BATON_*` environment variable and a key of the same
@@ -85,6 +97,40 @@ pub struct ServeArgs {
     /// Grace period for in-flight requests at shutdown [default: 10s].
     #[arg(long, env = "BATON_SHUTDOWN_GRACE", value_parser = parse_duration)]
     pub shutdown_grace: Option<Duration>,
+    /// Largest body of a command submit; larger ones get 413 [default: 1MiB].
+    #[arg(long, env = "BATON_MAX_COMMAND_BODY", value_parser = parse_size)]
+    pub max_command_body: Option<usize>,
+    /// Serve the command API without running the queues' workers here (they run in
+    /// `baton worker` processes).
+    #[arg(long, env = "BATON_NO_WORKERS")]
+    pub no_workers: bool,
+    /// A bearer token with every operation on every stream and queue (environment only; more
+    /// tokens with scopes in the TOML file's [[tokens]]).
+    #[arg(long = "admin-token", env = "BATON_ADMIN_TOKEN", hide = true, hide_env_values = true)]
+    pub admin_token: Option<String>,
+}
+
+/// Flags of `baton worker`.
+#[derive(Args, Debug, Default, Clone)]
+pub struct WorkerArgs {
+    /// TOML configuration file: its [queues.*] tables (and redis / redis_cluster) are used.
+    #[arg(long, env = "BATON_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Redis standalone URL.
+    #[arg(long, env = "BATON_REDIS", conflicts_with = "redis_cluster")]
+    pub redis: Option<String>,
+    /// Redis Cluster seed node URLs, comma separated.
+    #[arg(long, env = "BATON_REDIS_CLUSTER", value_delimiter = ',')]
+    pub redis_cluster: Option<Vec<String>>,
+    /// Only these configured queues, comma separated [default: all].
+    #[arg(long, value_delimiter = ',')]
+    pub queues: Option<Vec<String>>,
+    /// Serve /healthz, /readyz and /metrics on this address (none by default).
+    #[arg(long, env = "BATON_WORKER_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// How long running handlers get to finish at shutdown [default: 10s].
+    #[arg(long, env = "BATON_SHUTDOWN_GRACE", value_parser = parse_duration)]
+    pub shutdown_grace: Option<Duration>,
 }
 
 /// An optional duration: `None` means "disabled" (`none`/`off` on input).
@@ -111,6 +157,10 @@ struct FileConfig {
     done_ttl: Option<String>,
     max_len: Option<u64>,
     shutdown_grace: Option<String>,
+    max_command_body: Option<SizeValue>,
+    no_workers: Option<bool>,
+    queues: Option<BTreeMap<String, QueueFile>>,
+    tokens: Option<Vec<TokenFile>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -176,6 +226,17 @@ pub struct ServeConfig {
     /// Run limits of streams created without `Baton-*` limit headers.
     pub default_limits: RunLimits,
     pub shutdown_grace: Duration,
+    /// Command queues (API and workers). Empty here by default; [`ServeArgs::resolve`] puts the
+    /// `default` queue ([`crate::workers::default_queues`]) when the configuration names none.
+    pub queues: Vec<QueueConfig>,
+    /// True when `queues` are the built-in default (none were configured).
+    pub queues_defaulted: bool,
+    /// Run the queues' workers in this process.
+    pub run_workers: bool,
+    /// Largest command submit body, bytes.
+    pub max_command_body: usize,
+    /// Bearer tokens; empty = open server.
+    pub tokens: Vec<TokenConfig>,
 }
 
 impl Default for ServeConfig {
@@ -193,6 +254,11 @@ impl Default for ServeConfig {
             cache: CacheMode::Private,
             default_limits: RunLimits::unlimited(),
             shutdown_grace: Duration::from_secs(10),
+            queues: Vec::new(),
+            queues_defaulted: false,
+            run_workers: true,
+            max_command_body: 1 << 20,
+            tokens: Vec::new(),
         }
     }
 }
@@ -280,6 +346,14 @@ impl ServeArgs {
                 max_len_per_writer: None,
             },
             shutdown_grace: dur(self.shutdown_grace, file.shutdown_grace, "shutdown_grace", d.shutdown_grace)?,
+            max_command_body: size(self.max_command_body, file.max_command_body, "max_command_body", d.max_command_body)?,
+            run_workers: !(self.no_workers || file.no_workers.unwrap_or(false)),
+            queues_defaulted: file.queues.as_ref().is_none_or(|q| q.is_empty()),
+            queues: match file.queues {
+                Some(q) if !q.is_empty() => crate::workers::resolve_queues(q)?,
+                _ => crate::workers::default_queues(),
+            },
+            tokens: crate::auth::resolve_tokens(file.tokens.unwrap_or_default(), self.admin_token)?,
         };
         if cfg.sse_heartbeat.is_zero() || cfg.sse_cycle.is_zero() {
             return Err("sse_heartbeat and sse_cycle must be greater than zero".into());

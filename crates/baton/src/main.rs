@@ -6,17 +6,25 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = || tracing_subscriber::EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| "info".into());
+    if cli.log_format.as_deref() == Some("json") {
+        tracing_subscriber::fmt().json().with_env_filter(filter()).with_writer(std::io::stderr).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).init();
+    }
     match cli.command {
         Command::Serve(args) => match baton::cli::serve(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("baton serve: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Client(cmd) => baton::cli::run(cmd).await,
+        Command::Worker(args) => match baton::workers::run_worker(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("baton worker: {e}");
                 ExitCode::FAILURE
             }
         },

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Backend, ServeConfig};
 use crate::http::{self, AppState};
+use crate::workers::{self, Workers};
 
 /// A running server.
 pub struct Server {
@@ -17,6 +18,8 @@ pub struct Server {
     shutdown: CancellationToken,
     join: JoinHandle<std::io::Result<()>>,
     cfg: Arc<ServeConfig>,
+    workers: Option<Workers>,
+    commands: baton_commands::CommandStore,
 }
 
 impl Server {
@@ -30,6 +33,10 @@ impl Server {
                 .await
                 .map_err(|e| format!("cannot use {rc}: {e}"))?,
         };
+        let command_store = workers::command_store(&cfg.backend).await?;
+        let commands =
+            http::commands::CommandsApi::new(command_store.clone(), &cfg.queues, cfg.max_command_body, cfg.run_workers)?;
+        let auth = Arc::new(crate::auth::Auth::new(cfg.tokens.clone()));
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
@@ -41,13 +48,35 @@ impl Server {
             cfg: cfg.clone(),
             live: Arc::new(Semaphore::new(cfg.max_live_readers)),
             shutdown: shutdown.clone(),
+            commands,
+            auth: auth.clone(),
         };
+        let queues = workers::describe_queues(&cfg.queues);
+        let default_note = if cfg.queues_defaulted { " (built-in default: no [queues] configured)" } else { "" };
+        let workers = if cfg.run_workers && !cfg.queues.is_empty() {
+            tracing::info!("command queues{default_note}: {queues}; workers run in this process");
+            Some(Workers::start(&command_store, &cfg.queues).await?)
+        } else {
+            tracing::info!("command queues{default_note}: {queues}; no workers in this process (--no-workers)");
+            None
+        };
+        if auth.enabled() {
+            let names: Vec<&str> = cfg.tokens.iter().map(|t| t.name.as_str()).collect();
+            tracing::info!("bearer tokens required ({} configured: {})", names.len(), names.join(", "));
+        } else {
+            tracing::warn!("no tokens configured: every API request is allowed (add [[tokens]] to the config to require bearer tokens)");
+        }
         let app = http::router(state);
         let token = shutdown.clone();
         let join = tokio::spawn(async move {
             axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await
         });
-        Ok(Server { addr, shutdown, join, cfg })
+        Ok(Server { addr, shutdown, join, cfg, workers, commands: command_store })
+    }
+
+    /// The command store behind the command API (to submit or inspect from the same process).
+    pub fn command_store(&self) -> &baton_commands::CommandStore {
+        &self.commands
     }
 
     /// The bound address (useful with port 0).
@@ -60,15 +89,27 @@ impl Server {
         format!("http://{}", self.addr)
     }
 
-    /// Ends live reads, stops accepting connections and waits (up to the shutdown grace) for
-    /// in-flight requests.
+    /// Ends live reads (and `?wait=` holds), stops accepting connections and waits up to the
+    /// shutdown grace for in-flight requests, while this process's workers drain within the same
+    /// grace (unfinished commands are taken over elsewhere after `claim_timeout`).
     pub async fn shutdown(self) {
         self.shutdown.cancel();
-        match tokio::time::timeout(self.cfg.shutdown_grace, self.join).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server stopped with an error"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "server task failed"),
-            Err(_) => tracing::warn!(grace = ?self.cfg.shutdown_grace, "requests still running after the grace period; stopping anyway"),
-        }
+        // Workers drain (running handlers get the grace too) while in-flight requests finish.
+        let grace = self.cfg.shutdown_grace;
+        let workers = self.workers;
+        let drain = async move {
+            if let Some(w) = workers {
+                w.drain(grace).await;
+            }
+        };
+        let http = async move {
+            match tokio::time::timeout(grace, self.join).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server stopped with an error"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "server task failed"),
+                Err(_) => tracing::warn!(grace = ?grace, "requests still running after the grace period; stopping anyway"),
+            }
+        };
+        tokio::join!(drain, http);
     }
 }

@@ -5,8 +5,11 @@
 // Errors are on cold paths; boxing them buys nothing measurable.
 #![allow(clippy::result_large_err)]
 
+pub mod commands;
+mod dashboard;
 pub mod errors;
 pub mod headers;
+pub mod queues;
 mod sse;
 mod streams;
 
@@ -17,7 +20,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::{any, get, MethodRouter};
 use axum::Router;
 use baton_streams::{StreamError, StreamPath, StreamStore};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -37,6 +40,10 @@ pub struct AppState {
     pub live: Arc<Semaphore>,
     /// Cancelled when the server shuts down: live reads end cleanly.
     pub shutdown: CancellationToken,
+    /// The command API (store and configured queues).
+    pub commands: commands::CommandsApi,
+    /// Bearer tokens (none: open server).
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 impl AppState {
@@ -58,23 +65,62 @@ impl AppState {
 }
 
 /// The process-wide Prometheus recorder (installed once; later servers in the same process share it).
-fn prometheus() -> Option<&'static PrometheusHandle> {
+/// Histograms are exported with these buckets (seconds).
+pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
+    const BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
-    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().ok()).as_ref()
+    HANDLE
+        .get_or_init(|| PrometheusBuilder::new().set_buckets(BUCKETS).and_then(|b| b.install_recorder()).ok())
+        .as_ref()
+}
+
+/// A route of the API: its path template (axum syntax) and the methods it serves. The router
+/// is built from [`route_table`]; `/openapi.json` must describe exactly these (tests/openapi.rs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteDef {
+    pub path: &'static str,
+    pub methods: &'static [&'static str],
+}
+
+impl RouteDef {
+    pub const fn new(path: &'static str, methods: &'static [&'static str]) -> Self {
+        Self { path, methods }
+    }
+}
+
+fn routes() -> Vec<(RouteDef, MethodRouter<AppState>)> {
+    const STREAM: &[&str] = &["GET", "HEAD", "PUT", "POST", "DELETE"];
+    let mut v = vec![
+        (RouteDef::new("/v1/stream/{*path}", STREAM), any(streams::handle)),
+        (RouteDef::new("/v1/stream", STREAM), any(no_path)),
+        (RouteDef::new("/v1/stream/", STREAM), any(no_path)),
+        (RouteDef::new("/healthz", &["GET"]), get(healthz)),
+        (RouteDef::new("/readyz", &["GET"]), get(readyz)),
+        (RouteDef::new("/metrics", &["GET"]), get(metrics_text)),
+        (RouteDef::new("/openapi.json", &["GET"]), get(crate::openapi::serve)),
+        (RouteDef::new("/", &["GET"]), get(dashboard::index_or_page)),
+    ];
+    v.extend(commands::routes());
+    v.extend(queues::routes());
+    v.extend(dashboard::routes());
+    v
+}
+
+/// Every route the router serves (see [`RouteDef`]).
+pub fn route_table() -> Vec<RouteDef> {
+    routes().into_iter().map(|(d, _)| d).collect()
 }
 
 /// Builds the router.
 pub fn router(state: AppState) -> Router {
     let _ = prometheus();
     let cors = cors_layer(&state.cfg);
-    Router::new()
-        .route("/v1/stream/{*path}", any(streams::handle))
-        .route("/v1/stream", any(no_path))
-        .route("/v1/stream/", any(no_path))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .route("/", get(index))
+    let mut r = Router::new();
+    for (def, method_router) in routes() {
+        r = r.route(def.path, method_router);
+    }
+    r.route_layer(middleware::from_fn_with_state(state.clone(), crate::auth::layer))
+        .route_layer(middleware::from_fn(queues::track))
         .fallback(not_found)
         .layer(cors)
         .layer(middleware::from_fn_with_state(state.clone(), common))
@@ -127,7 +173,11 @@ async fn no_path() -> Response {
 }
 
 async fn not_found() -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such endpoint; streams live under /v1/stream/{path}")
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_route",
+        "no such endpoint; streams live under /v1/stream/{path}, commands under /v1/queues and /v1/commands (see /openapi.json)",
+    )
         .into_response()
 }
 
@@ -141,7 +191,11 @@ async fn readyz(State(state): State<AppState>) -> Response {
     let fut = state.store.head(&probe);
     match tokio::time::timeout(Duration::from_secs(3), fut).await {
         Ok(Ok(_)) | Ok(Err(StreamError::NotFound { .. })) | Ok(Err(StreamError::Gone { .. })) => {
-            "ready\n".into_response()
+            match tokio::time::timeout(Duration::from_secs(3), state.commands.probe()).await {
+                Ok(Ok(())) => "ready\n".into_response(),
+                Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("command store not reachable: {e}\n")).into_response(),
+                Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "command store did not answer within 3s\n").into_response(),
+            }
         }
         Ok(Err(e)) => {
             (StatusCode::SERVICE_UNAVAILABLE, format!("backend not reachable: {e}\n")).into_response()
@@ -151,6 +205,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics_text(State(state): State<AppState>) -> Response {
+    queues::sample_metrics(&state.commands).await;
     metrics::gauge!("baton_live_readers").set((state.cfg.max_live_readers - state.live.available_permits()) as f64);
     match prometheus() {
         Some(h) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render()).into_response(),
@@ -166,7 +221,10 @@ async fn index(State(state): State<AppState>) -> Response {
         "backend": backend,
         "streams": "/v1/stream/{path}",
         "protocol": "Durable Streams (PROTOCOL.md); extensions in docs/http-api.md",
-        "endpoints": ["/healthz", "/readyz", "/metrics"],
+        "commands": ["/v1/queues", "/v1/queues/{queue}/commands", "/v1/commands/{id}"],
+        "queues": state.commands.queue_names(),
+        "auth": if state.auth.enabled() { "bearer" } else { "none" },
+        "endpoints": ["/healthz", "/readyz", "/metrics", "/openapi.json"],
     });
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }

@@ -1,0 +1,256 @@
+//! `baton commands submit|status|wait|cancel|list`: the command API from the command line.
+
+use std::time::{Duration, Instant};
+
+use clap::Subcommand;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use super::client::{encode_query, encode_segment, CliError, Client};
+use super::output::{cell, clip, print_json, Table};
+use super::{duration_arg, exit};
+
+/// The server's longest `?wait=` (5 minutes); longer waits are made of several requests.
+const WAIT_STEP: Duration = Duration::from_secs(300);
+
+#[derive(Subcommand, Debug)]
+pub enum CommandsOp {
+    /// Submit a command to a queue (idempotent on --id).
+    Submit {
+        /// Queue name, e.g. default.
+        queue: String,
+        /// Command type (a handler of the queue), e.g. echo.
+        #[arg(name = "type")]
+        command_type: String,
+        /// Params as JSON, e.g. '{"ms": 500}' [default: null].
+        params: Option<String>,
+        /// Command id [default: a new UUIDv7 chosen by the server].
+        #[arg(long)]
+        id: Option<String>,
+        /// Then wait up to this long for the command to end (exit code as `commands wait`).
+        #[arg(long, value_parser = duration_arg)]
+        wait: Option<Duration>,
+    },
+    /// Show a command's state.
+    Status { id: String },
+    /// Wait until a command ends; exit 0 when SUCCEEDED, 1 when FAILED or CANCELLED, 6 on timeout.
+    Wait {
+        id: String,
+        /// Give up after this long [default: wait until it ends].
+        #[arg(long, value_parser = duration_arg)]
+        timeout: Option<Duration>,
+    },
+    /// Cancel a command (refused with exit code 4 when it has already ended).
+    Cancel { id: String },
+    /// List a queue's commands, newest first.
+    List {
+        queue: String,
+        /// Only this status: submitted, running, succeeded, failed or cancelled.
+        #[arg(long, value_parser = parse_status)]
+        status: Option<String>,
+        /// At most this many (1 to 1000).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+        /// The next_cursor printed by the previous page.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+}
+
+fn parse_status(s: &str) -> Result<String, String> {
+    let up = s.trim().to_ascii_uppercase();
+    match up.as_str() {
+        "SUBMITTED" | "RUNNING" | "SUCCEEDED" | "FAILED" | "CANCELLED" => Ok(up),
+        "PENDING" => Ok("SUBMITTED".into()),
+        "PROCESSING" => Ok("RUNNING".into()),
+        _ => Err(format!("{s:?} is not a status; use submitted, running, succeeded, failed or cancelled")),
+    }
+}
+
+pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
+    match op {
+        CommandsOp::Submit { queue, command_type, params, id, wait } => {
+            let params: Value = match params.as_deref() {
+                None => Value::Null,
+                Some(p) => serde_json::from_str(p).map_err(|e| {
+                    CliError::usage(format!("params {p:?} are not JSON ({e}); quote them, e.g. '{{\"ms\": 500}}'"))
+                })?,
+            };
+            let mut body = json!({ "type": command_type, "params": params });
+            if let Some(id) = id {
+                body["id"] = Value::from(id);
+            }
+            let url = format!("/v1/queues/{}/commands", encode_segment(&queue));
+            let res = cl.send_ok(cl.request(Method::POST, &url).header("content-type", "application/json").body(body.to_string())).await?;
+            let created = res.status() == reqwest::StatusCode::ACCEPTED;
+            let state = super::client::read_json(res).await?;
+            match wait {
+                None => {
+                    if cl.json {
+                        print_json(&state);
+                    } else {
+                        let id = cell(state.get("id"));
+                        let status = cell(state.get("status"));
+                        if created {
+                            println!("submitted {id} to {queue} ({status})");
+                        } else {
+                            println!("{id} was already submitted to {queue} ({status})");
+                        }
+                    }
+                    Ok(exit::OK)
+                }
+                Some(d) => {
+                    let id = cell(state.get("id"));
+                    if !cl.json {
+                        eprintln!("submitted {id} to {queue}; waiting up to {}", humantime::format_duration(d));
+                    }
+                    wait_for(cl, &id, Some(d)).await
+                }
+            }
+        }
+        CommandsOp::Status { id } => {
+            let state = cl.json_ok(cl.request(Method::GET, &command_path(&id))).await?;
+            if cl.json {
+                print_json(&state);
+            } else {
+                print_state(&state);
+            }
+            Ok(exit::OK)
+        }
+        CommandsOp::Wait { id, timeout } => wait_for(cl, &id, timeout).await,
+        CommandsOp::Cancel { id } => {
+            let res = cl.send(cl.request(Method::POST, &format!("{}/cancel", command_path(&id)))).await?;
+            if res.status() == reqwest::StatusCode::CONFLICT {
+                let v = super::client::read_json(res).await.unwrap_or(Value::Null);
+                let status = v.get("state").map(|s| cell(s.get("status"))).unwrap_or_else(|| "ended".into());
+                return Err(CliError {
+                    code: exit::REFUSED,
+                    message: format!("{id} has already ended ({status}); it cannot be cancelled"),
+                });
+            }
+            if !res.status().is_success() {
+                return Err(super::client::error_from(res).await);
+            }
+            let state = super::client::read_json(res).await?;
+            if cl.json {
+                print_json(&state);
+            } else {
+                println!("cancelled {id}");
+            }
+            Ok(exit::OK)
+        }
+        CommandsOp::List { queue, status, limit, cursor } => {
+            let mut url = format!("/v1/queues/{}/commands?limit={limit}", encode_segment(&queue));
+            if let Some(s) = &status {
+                url.push_str(&format!("&status={s}"));
+            }
+            if let Some(c) = &cursor {
+                url.push_str(&format!("&cursor={}", encode_query(c)));
+            }
+            let page = cl.json_ok(cl.request(Method::GET, &url)).await?;
+            if cl.json {
+                print_json(&page);
+                return Ok(exit::OK);
+            }
+            let items = page.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+            if items.is_empty() {
+                let which = status.map(|s| format!(" {s}")).unwrap_or_default();
+                println!("no{which} commands in {queue}");
+            } else {
+                let mut t = Table::new(&["ID", "TYPE", "STATUS", "ATTEMPTS", "CREATED", "RESULT/ERROR"]).right(&[3]);
+                for s in &items {
+                    let outcome = match (s.get("error"), s.get("result")) {
+                        (Some(Value::String(e)), _) => e.clone(),
+                        (_, Some(r)) if !r.is_null() => r.to_string(),
+                        _ => String::new(),
+                    };
+                    t.row(vec![
+                        cell(s.get("id")),
+                        cell(s.get("type")),
+                        cell(s.get("status")),
+                        cell(s.get("attempts")),
+                        cell(s.get("created_at")),
+                        clip(&outcome, 48),
+                    ]);
+                }
+                t.print();
+            }
+            if let Some(next) = page.get("next_cursor").and_then(Value::as_str) {
+                println!("more: --cursor {next}");
+            }
+            Ok(exit::OK)
+        }
+    }
+}
+
+fn command_path(id: &str) -> String {
+    format!("/v1/commands/{}", encode_segment(id))
+}
+
+/// The fields of a state, one per line.
+fn print_state(s: &Value) {
+    let mut t = Table::new(&["", ""]);
+    for k in [
+        "id", "queue", "type", "status", "params", "result", "error", "attempts", "errors_count", "created_at",
+        "started_at", "modified_at", "completed_at", "handed_off_to",
+    ] {
+        if let Some(v) = s.get(k) {
+            if k == "handed_off_to" && v.is_null() {
+                continue;
+            }
+            t.row(vec![format!("{k}:"), cell(Some(v))]);
+        }
+    }
+    // The header row is blank: print only the rows.
+    let text = t.render();
+    for line in text.lines().skip(1) {
+        println!("{line}");
+    }
+}
+
+/// Waits (in steps of at most [`WAIT_STEP`]) until the command ends or `timeout` passes.
+async fn wait_for(cl: &Client, id: &str, timeout: Option<Duration>) -> Result<u8, CliError> {
+    let start = Instant::now();
+    let wait = async {
+        loop {
+            let step = match timeout {
+                Some(t) => t.saturating_sub(start.elapsed()).min(WAIT_STEP),
+                None => WAIT_STEP,
+            };
+            let ms = step.as_millis().max(1);
+            let state = cl.json_ok(cl.request(Method::GET, &format!("{}?wait={ms}ms", command_path(id)))).await?;
+            let status = cell(state.get("status"));
+            let terminal = matches!(status.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED");
+            let timed_out = timeout.is_some_and(|t| start.elapsed() >= t);
+            if terminal || timed_out {
+                return Ok::<_, CliError>((state, status, terminal));
+            }
+        }
+    };
+    let (state, status, terminal) = tokio::select! {
+        r = wait => r?,
+        _ = tokio::signal::ctrl_c() => return Err(CliError { code: exit::TIMEOUT, message: format!("interrupted while waiting for {id}") }),
+    };
+    if cl.json {
+        print_json(&state);
+    } else if terminal {
+        let detail = match status.as_str() {
+            "SUCCEEDED" => state.get("result").filter(|r| !r.is_null()).map(|r| format!(": {r}")).unwrap_or_default(),
+            "FAILED" => state.get("error").and_then(Value::as_str).map(|e| format!(": {e}")).unwrap_or_default(),
+            _ => String::new(),
+        };
+        println!("{id} {status}{detail}");
+    } else {
+        println!("{id} is still {status}");
+    }
+    Ok(match status.as_str() {
+        "SUCCEEDED" => exit::OK,
+        "FAILED" | "CANCELLED" => exit::UNSUCCESSFUL,
+        _ => {
+            if !cl.json {
+                eprintln!("baton: gave up waiting for {id} after {}", humantime::format_duration(timeout.unwrap_or_default()));
+            }
+            exit::TIMEOUT
+        }
+    })
+}

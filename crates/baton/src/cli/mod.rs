@@ -1,0 +1,159 @@
+//! Subcommand entry points: `baton serve`, and the client subcommands (`baton streams`,
+//! `baton commands`, `baton queues`) that talk to a running server over HTTP, plus
+//! `baton bench`, which runs workloads in-process against a backend.
+//!
+//! Exit codes of the client subcommands (docs/cli.md):
+//!
+//! | Code | Meaning |
+//! |---|---|
+//! | 0 | success |
+//! | 1 | the command waited for ended `FAILED` or `CANCELLED` (`commands wait`, `submit --wait`) |
+//! | 2 | usage error: bad arguments, or input the server refused as malformed (400, 413, 415, 422, 431) |
+//! | 3 | not found: unknown stream, command, queue or dead letter (404, 410) |
+//! | 4 | conflict or refused: 409 (e.g. cancelling a finished command), 401, 403 |
+//! | 5 | server or network error: connection refused, timeout, 5xx, an unreadable reply |
+//! | 6 | `commands wait` / `submit --wait`: the timeout passed before the command ended |
+
+mod bench;
+mod client;
+mod commands;
+mod output;
+mod queues;
+mod streams;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use crate::config::{Backend, ServeArgs};
+use crate::http::describe_backend;
+use crate::server::Server;
+
+pub use client::CliError;
+
+/// `baton serve`: runs until ctrl-c or SIGTERM, then shuts down gracefully.
+pub async fn serve(args: ServeArgs) -> Result<(), String> {
+    let cfg = args.resolve()?;
+    let backend = cfg.backend.clone();
+    let server = Server::start(cfg).await?;
+    let base = server.base_url();
+    match backend {
+        Backend::Memory => println!(
+            "baton serve: listening on {base} with the IN-MEMORY backend (no --redis or --redis-cluster given; data is lost on exit)"
+        ),
+        other => println!("baton serve: listening on {base} with {}", describe_backend(&other)),
+    }
+    println!("baton serve: streams at {base}/v1/stream/{{path}}; health at {base}/healthz, {base}/readyz; metrics at {base}/metrics");
+    wait_for_signal().await;
+    println!("baton serve: shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+pub(crate) async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Exit codes (module docs and docs/cli.md).
+pub mod exit {
+    pub const OK: u8 = 0;
+    pub const UNSUCCESSFUL: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const NOT_FOUND: u8 = 3;
+    pub const REFUSED: u8 = 4;
+    pub const SERVER: u8 = 5;
+    pub const TIMEOUT: u8 = 6;
+}
+
+/// The client and bench subcommands (flattened into the top-level `baton` command).
+#[derive(Subcommand, Debug)]
+pub enum ClientCommand {
+    /// Durable streams on a server: create, append, read, tail, close, delete.
+    Streams(StreamsCmd),
+    /// Commands on a server: submit, status, wait, cancel, list.
+    Commands(CommandsCmd),
+    /// Queues on a server: list, pending, dead (letters), replay.
+    Queues(QueuesCmd),
+    /// Run a workload in-process (memory, Redis or Redis Cluster) and print throughput and latency.
+    Bench(bench::BenchArgs),
+}
+
+/// How to reach the server; shared by the client subcommands.
+#[derive(Args, Debug, Clone)]
+pub struct Conn {
+    /// Base URL of `baton serve`.
+    #[arg(long, global = true, env = "BATON_SERVER", default_value = "http://127.0.0.1:7700")]
+    pub server: String,
+    /// Bearer token (when the server has tokens configured).
+    #[arg(long, global = true, env = "BATON_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print JSON (one document, or one per line for `tail`) instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StreamsCmd {
+    #[command(flatten)]
+    pub conn: Conn,
+    #[command(subcommand)]
+    pub op: streams::StreamsOp,
+}
+
+#[derive(Args, Debug)]
+pub struct CommandsCmd {
+    #[command(flatten)]
+    pub conn: Conn,
+    #[command(subcommand)]
+    pub op: commands::CommandsOp,
+}
+
+#[derive(Args, Debug)]
+pub struct QueuesCmd {
+    #[command(flatten)]
+    pub conn: Conn,
+    #[command(subcommand)]
+    pub op: queues::QueuesOp,
+}
+
+/// Runs a client or bench subcommand; errors are printed to stderr and become the exit code.
+pub async fn run(cmd: ClientCommand) -> ExitCode {
+    let result = match cmd {
+        ClientCommand::Streams(c) => match client::Client::new(&c.conn) {
+            Ok(cl) => streams::run(&cl, c.op).await,
+            Err(e) => Err(e),
+        },
+        ClientCommand::Commands(c) => match client::Client::new(&c.conn) {
+            Ok(cl) => commands::run(&cl, c.op).await,
+            Err(e) => Err(e),
+        },
+        ClientCommand::Queues(c) => match client::Client::new(&c.conn) {
+            Ok(cl) => queues::run(&cl, c.op).await,
+            Err(e) => Err(e),
+        },
+        ClientCommand::Bench(args) => bench::run(args).await,
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("baton: {}", e.message);
+            ExitCode::from(e.code)
+        }
+    }
+}
+
+/// A `clap` value parser for human durations (`30s`, `5m`, `250ms`).
+pub(crate) fn duration_arg(s: &str) -> Result<Duration, String> {
+    crate::config::parse_duration(s)
+}

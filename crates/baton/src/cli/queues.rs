@@ -1,0 +1,167 @@
+//! `baton queues list|pending|dead|replay`: queue inspection from the command line.
+
+use clap::Subcommand;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use super::client::{encode_segment, CliError, Client};
+use super::output::{cell, clip, print_json, Table};
+use super::exit;
+
+#[derive(Subcommand, Debug)]
+pub enum QueuesOp {
+    /// Every queue with its length, pending entries, consumers, lag, commands per status and dead letters.
+    List,
+    /// A queue's work in progress: its counters and the commands not yet ended (SUBMITTED, RUNNING).
+    Pending {
+        queue: String,
+        /// At most this many commands per status (1 to 1000).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+    },
+    /// A queue's dead letters, oldest first.
+    Dead {
+        queue: String,
+        /// At most this many (1 to 1000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+    },
+    /// Put dead letters back on their queue: one by id, or all of them with --all.
+    Replay {
+        queue: String,
+        /// Dead-letter id (as printed by `baton queues dead`).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<String>,
+        /// Replay every dead letter (oldest first).
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
+    match op {
+        QueuesOp::List => {
+            let v = cl.json_ok(cl.request(Method::GET, "/v1/queues")).await?;
+            if cl.json {
+                print_json(&v);
+                return Ok(exit::OK);
+            }
+            let queues = v.get("queues").and_then(Value::as_array).cloned().unwrap_or_default();
+            if queues.is_empty() {
+                println!("no queues on {}", cl.base());
+                return Ok(exit::OK);
+            }
+            let mut t = Table::new(&[
+                "QUEUE", "LENGTH", "PENDING", "CONSUMERS", "LAG", "SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED",
+                "CANCELLED", "DEAD",
+            ])
+            .right(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+            for q in &queues {
+                let c = q.get("commands");
+                let n = |k: &str| cell(c.and_then(|c| c.get(k)));
+                t.row(vec![
+                    cell(q.get("name")),
+                    cell(q.get("length")),
+                    cell(q.get("pending")),
+                    cell(q.get("consumers")),
+                    cell(q.get("lag")),
+                    n("submitted"),
+                    n("running"),
+                    n("succeeded"),
+                    n("failed"),
+                    n("cancelled"),
+                    cell(q.get("dead_letters")),
+                ]);
+            }
+            t.print();
+            Ok(exit::OK)
+        }
+        QueuesOp::Pending { queue, limit } => {
+            let q = encode_segment(&queue);
+            let stats = cl.json_ok(cl.request(Method::GET, &format!("/v1/queues/{q}"))).await?;
+            let mut commands = Vec::new();
+            for status in ["RUNNING", "SUBMITTED"] {
+                let page = cl
+                    .json_ok(cl.request(Method::GET, &format!("/v1/queues/{q}/commands?status={status}&limit={limit}")))
+                    .await?;
+                commands.extend(page.get("items").and_then(Value::as_array).cloned().unwrap_or_default());
+            }
+            if cl.json {
+                print_json(&json!({ "queue": stats, "commands": commands }));
+                return Ok(exit::OK);
+            }
+            let counts = stats.get("commands");
+            let n = |k: &str| cell(counts.and_then(|c| c.get(k)));
+            println!(
+                "{queue}: {} in the queue, {} pending (delivered, not acknowledged), {} consumers, lag {}; {} submitted, {} running",
+                cell(stats.get("length")),
+                cell(stats.get("pending")),
+                cell(stats.get("consumers")),
+                cell(stats.get("lag")),
+                n("submitted"),
+                n("running"),
+            );
+            if commands.is_empty() {
+                println!("no commands waiting or running");
+            } else {
+                let mut t = Table::new(&["ID", "TYPE", "STATUS", "ATTEMPTS", "CREATED", "STARTED"]).right(&[3]);
+                for s in &commands {
+                    t.row(vec![
+                        cell(s.get("id")),
+                        cell(s.get("type")),
+                        cell(s.get("status")),
+                        cell(s.get("attempts")),
+                        cell(s.get("created_at")),
+                        cell(s.get("started_at")),
+                    ]);
+                }
+                t.print();
+            }
+            Ok(exit::OK)
+        }
+        QueuesOp::Dead { queue, limit } => {
+            let url = format!("/v1/queues/{}/dead-letters?limit={limit}", encode_segment(&queue));
+            let v = cl.json_ok(cl.request(Method::GET, &url)).await?;
+            if cl.json {
+                print_json(&v);
+                return Ok(exit::OK);
+            }
+            let items = v.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+            if items.is_empty() {
+                println!("no dead letters in {queue}");
+                return Ok(exit::OK);
+            }
+            let mut t = Table::new(&["ID", "COMMAND", "DELIVERIES", "DEAD-LETTERED AT", "REASON", "PAYLOAD"]).right(&[2]);
+            for d in &items {
+                t.row(vec![
+                    cell(d.get("id")),
+                    cell(d.get("command_id")),
+                    cell(d.get("deliveries")),
+                    cell(d.get("dead_lettered_at")),
+                    clip(&cell(d.get("reason")), 40),
+                    clip(&cell(d.get("payload")), 40),
+                ]);
+            }
+            t.print();
+            Ok(exit::OK)
+        }
+        QueuesOp::Replay { queue, id, all } => {
+            let q = encode_segment(&queue);
+            let v = if all {
+                cl.json_ok(cl.request(Method::POST, &format!("/v1/queues/{q}/dead-letters/replay"))).await?
+            } else {
+                let id = id.expect("clap requires id without --all");
+                let url = format!("/v1/queues/{q}/dead-letters/{}/replay", encode_segment(&id));
+                cl.json_ok(cl.request(Method::POST, &url)).await?
+            };
+            if cl.json {
+                print_json(&v);
+            } else if all {
+                println!("replayed {} dead letters onto {queue}", cell(v.get("replayed")));
+            } else {
+                println!("replayed {} onto {queue} as {}", cell(v.get("replayed")), cell(v.get("id")));
+            }
+            Ok(exit::OK)
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! `baton streams create|append|read|tail|close|delete`: the Durable Streams protocol from the
+//! command line.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use base64::Engine as _;
+use clap::Subcommand;
+use futures::StreamExt;
+use reqwest::{Method, Response, StatusCode};
+use serde_json::{json, Value};
+
+use super::client::{encode_query, error_from, stream_url_path, CliError, Client};
+use super::output::print_json;
+use super::{duration_arg, exit};
+
+#[derive(Subcommand, Debug)]
+pub enum StreamsOp {
+    /// Create a stream (idempotent: an identical existing stream is fine).
+    Create {
+        /// Stream path, e.g. acme/run-1 (the first segment is its scope).
+        path: String,
+        /// Content type of the stream's data.
+        #[arg(long, default_value = "text/plain")]
+        content_type: String,
+        /// End the stream as producer_lost after this long without an append or keepalive.
+        #[arg(long, value_parser = duration_arg)]
+        silence_timeout: Option<Duration>,
+        /// Hard lifetime: the stream disappears this long after creation.
+        #[arg(long, value_parser = duration_arg)]
+        max_run: Option<Duration>,
+        /// Replay window: the stream disappears this long after it ends.
+        #[arg(long, value_parser = duration_arg)]
+        done_ttl: Option<Duration>,
+        /// At most this many appends.
+        #[arg(long)]
+        max_len: Option<u64>,
+    },
+    /// Append data (the argument, or stdin when it is absent or `-`).
+    Append {
+        path: String,
+        /// The data; reads stdin when absent or `-`.
+        data: Option<String>,
+        /// Content type of the data [default: the stream's].
+        #[arg(long)]
+        content_type: Option<String>,
+        /// Close the stream with this append.
+        #[arg(long)]
+        close: bool,
+    },
+    /// Read what the stream holds from an offset, up to its current end, and exit.
+    Read {
+        path: String,
+        /// `-1` (the beginning), `now`, or an offset printed by an earlier read.
+        #[arg(long, default_value = "-1", allow_hyphen_values = true)]
+        offset: String,
+    },
+    /// Follow the stream live (server-sent events) until it ends or ctrl-c.
+    Tail {
+        path: String,
+        /// `-1` (the beginning), `now` (only new data), or an offset.
+        #[arg(long, default_value = "-1", allow_hyphen_values = true)]
+        offset: String,
+    },
+    /// End the stream (exactly one end is kept; later writers are told it).
+    Close {
+        path: String,
+        /// Why it ends.
+        #[arg(long, default_value = "finished", value_parser = ["finished", "cancelled"])]
+        reason: String,
+    },
+    /// Delete the stream.
+    Delete { path: String },
+}
+
+pub async fn run(cl: &Client, op: StreamsOp) -> Result<u8, CliError> {
+    match op {
+        StreamsOp::Create { path, content_type, silence_timeout, max_run, done_ttl, max_len } => {
+            let url = stream_url_path(&path)?;
+            let mut rb = cl.request(Method::PUT, &url).header("content-type", &content_type);
+            let fmt = |d: Duration| humantime::format_duration(d).to_string().replace(' ', "");
+            if let Some(d) = silence_timeout {
+                rb = rb.header("baton-silence-timeout", fmt(d));
+            }
+            if let Some(d) = max_run {
+                rb = rb.header("baton-max-run", fmt(d));
+            }
+            if let Some(d) = done_ttl {
+                rb = rb.header("baton-done-ttl", fmt(d));
+            }
+            if let Some(n) = max_len {
+                rb = rb.header("baton-max-len", n.to_string());
+            }
+            let res = cl.send_ok(rb).await?;
+            let created = res.status() == StatusCode::CREATED;
+            let next = header(&res, "stream-next-offset");
+            if cl.json {
+                print_json(&json!({ "path": path, "created": created, "content_type": content_type, "next_offset": next }));
+            } else if created {
+                println!("created {path} ({content_type})");
+            } else {
+                println!("{path} already exists with the same settings");
+            }
+            Ok(exit::OK)
+        }
+        StreamsOp::Append { path, data, content_type, close } => {
+            let url = stream_url_path(&path)?;
+            let body: Vec<u8> = match data.as_deref() {
+                None | Some("-") => {
+                    let mut buf = Vec::new();
+                    std::io::stdin()
+                        .read_to_end(&mut buf)
+                        .map_err(|e| CliError::usage(format!("cannot read stdin: {e}")))?;
+                    buf
+                }
+                Some(s) => s.as_bytes().to_vec(),
+            };
+            if body.is_empty() && !close {
+                return Err(CliError::usage("nothing to append: give the data as an argument or on stdin"));
+            }
+            let ct = match content_type {
+                Some(ct) => ct,
+                None => {
+                    let head = cl.send_ok(cl.request(Method::HEAD, &url)).await.map_err(|e| with_path(e, &path))?;
+                    header(&head, "content-type").unwrap_or_else(|| "application/octet-stream".into())
+                }
+            };
+            let len = body.len();
+            let mut rb = cl.request(Method::POST, &url);
+            if len > 0 {
+                rb = rb.header("content-type", &ct).body(body);
+            }
+            if close {
+                rb = rb.header("stream-closed", "true");
+            }
+            let res = cl.send_ok(rb).await.map_err(|e| with_path(e, &path))?;
+            let next = header(&res, "stream-next-offset");
+            if cl.json {
+                print_json(&json!({ "path": path, "bytes": len, "next_offset": next, "closed": close }));
+            } else {
+                let closed = if close { " and closed it" } else { "" };
+                println!("appended {len} bytes to {path}{closed}; next offset {}", next.as_deref().unwrap_or("?"));
+            }
+            Ok(exit::OK)
+        }
+        StreamsOp::Read { path, offset } => read(cl, &path, &offset).await,
+        StreamsOp::Tail { path, offset } => {
+            tokio::select! {
+                r = tail(cl, &path, &offset) => r,
+                _ = tokio::signal::ctrl_c() => Ok(exit::OK),
+            }
+        }
+        StreamsOp::Close { path, reason } => {
+            let url = stream_url_path(&path)?;
+            let rb = cl.request(Method::POST, &url).header("stream-closed", "true").header("baton-end-reason", &reason);
+            let res = cl.send(rb).await?;
+            // A stream that already ended answers 409 with the end it has.
+            if res.status() == StatusCode::CONFLICT && header(&res, "stream-closed").as_deref() == Some("true") {
+                let had = header(&res, "baton-end-reason").unwrap_or_else(|| "finished".into());
+                return Err(CliError {
+                    code: exit::REFUSED,
+                    message: format!("{path} had already ended ({had}); nothing changed"),
+                });
+            }
+            if !res.status().is_success() {
+                return Err(with_path(error_from(res).await, &path));
+            }
+            let next = header(&res, "stream-next-offset");
+            if cl.json {
+                print_json(&json!({ "path": path, "closed": true, "end_reason": reason, "next_offset": next }));
+            } else {
+                println!("closed {path} ({reason}); final offset {}", next.as_deref().unwrap_or("?"));
+            }
+            Ok(exit::OK)
+        }
+        StreamsOp::Delete { path } => {
+            let url = stream_url_path(&path)?;
+            cl.send_ok(cl.request(Method::DELETE, &url)).await.map_err(|e| with_path(e, &path))?;
+            if cl.json {
+                print_json(&json!({ "path": path, "deleted": true }));
+            } else {
+                println!("deleted {path}");
+            }
+            Ok(exit::OK)
+        }
+    }
+}
+
+fn with_path(mut e: CliError, path: &str) -> CliError {
+    if e.code == exit::NOT_FOUND && !e.message.contains(path) {
+        e.message = format!("{path}: {}", e.message);
+    }
+    e
+}
+
+fn header(res: &Response, name: &str) -> Option<String> {
+    res.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+fn is_json_type(ct: &str) -> bool {
+    let base = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    base == "application/json" || base.ends_with("+json")
+}
+
+fn is_text_type(ct: &str) -> bool {
+    let base = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    base.starts_with("text/") || is_json_type(&base)
+}
+
+/// Catch-up read to the current end.
+async fn read(cl: &Client, path: &str, offset: &str) -> Result<u8, CliError> {
+    let url = stream_url_path(path)?;
+    let start = offset.to_string();
+    let mut offset = offset.to_string();
+    let mut data: Vec<u8> = Vec::new();
+    let mut messages: Vec<Value> = Vec::new();
+    let mut content_type: String;
+    let mut stdout = std::io::stdout().lock();
+    let (closed, end_reason) = loop {
+        let res = cl
+            .send_ok(cl.request(Method::GET, &format!("{url}?offset={}", encode_query(&offset))))
+            .await
+            .map_err(|e| with_path(e, path))?;
+        content_type = header(&res, "content-type").unwrap_or_default();
+        let next = header(&res, "stream-next-offset");
+        let up_to_date = header(&res, "stream-up-to-date").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let closed = header(&res, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let reason = header(&res, "baton-end-reason");
+        let body = res.bytes().await.map_err(|e| CliError::server(format!("reading {path} failed: {e}")))?;
+        if is_json_type(&content_type) && !body.is_empty() {
+            let v: Value = serde_json::from_slice(&body)
+                .map_err(|e| CliError::server(format!("the server sent a JSON stream chunk that does not parse: {e}")))?;
+            let items = match v {
+                Value::Array(a) => a,
+                other => vec![other],
+            };
+            if !cl.json {
+                for m in &items {
+                    let _ = writeln!(stdout, "{m}");
+                }
+            }
+            messages.extend(items);
+        } else if cl.json {
+            data.extend_from_slice(&body);
+        } else {
+            let _ = stdout.write_all(&body);
+        }
+        let progressed = next.as_deref().is_some_and(|n| n != offset);
+        if let Some(n) = next {
+            offset = n;
+        }
+        if up_to_date || closed || !progressed {
+            break (closed, reason);
+        }
+    };
+    let _ = stdout.flush();
+    if cl.json {
+        let mut out = json!({
+            "path": path,
+            "content_type": content_type,
+            "offset": start,
+            "next_offset": offset,
+            "closed": closed,
+            "end_reason": if closed { end_reason.map(Value::from).unwrap_or(Value::Null) } else { Value::Null },
+        });
+        if is_json_type(&content_type) {
+            out["messages"] = Value::Array(messages);
+        } else if is_text_type(&content_type) {
+            out["data"] = Value::from(String::from_utf8_lossy(&data).into_owned());
+        } else {
+            out["data_base64"] = Value::from(base64::engine::general_purpose::STANDARD.encode(&data));
+        }
+        print_json(&out);
+    } else if closed {
+        eprintln!("baton: {path} has ended ({}) at offset {offset}", end_reason.as_deref().unwrap_or("finished"));
+    }
+    Ok(exit::OK)
+}
+
+/// One server-sent event.
+#[derive(Default, Debug)]
+struct Event {
+    event: String,
+    data: String,
+}
+
+/// Splits complete events off the front of `buf` (events end with a blank line).
+fn take_events(buf: &mut String) -> Vec<Event> {
+    let mut out = Vec::new();
+    loop {
+        let normalized_end = buf.find("\n\n");
+        let Some(end) = normalized_end else { break };
+        let block: String = buf.drain(..end + 2).collect();
+        let mut ev = Event::default();
+        let mut data_lines: Vec<&str> = Vec::new();
+        for line in block.split('\n') {
+            if line.is_empty() || line.starts_with(':') {
+                continue;
+            }
+            let (field, value) = match line.split_once(':') {
+                Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+                None => (line, ""),
+            };
+            match field {
+                "event" => ev.event = value.to_string(),
+                "data" => data_lines.push(value),
+                _ => {}
+            }
+        }
+        if data_lines.is_empty() && ev.event.is_empty() {
+            continue;
+        }
+        ev.data = data_lines.join("\n");
+        if ev.event.is_empty() {
+            ev.event = "message".into();
+        }
+        out.push(ev);
+    }
+    out
+}
+
+/// Follows the stream over SSE, reconnecting from the last offset when the server cycles the
+/// connection, until the stream ends.
+async fn tail(cl: &Client, path: &str, offset: &str) -> Result<u8, CliError> {
+    let url = stream_url_path(path)?;
+    let mut offset = offset.to_string();
+    let mut failures = 0u32;
+    loop {
+        let rb = cl
+            .request(Method::GET, &format!("{url}?offset={}&live=sse", encode_query(&offset)))
+            .header("accept", "text/event-stream");
+        let res = match cl.send(rb).await {
+            Ok(r) => r,
+            Err(e) if failures < 5 && offset != "-1" && offset != "now" => {
+                // The server went away mid-follow: retry a few times from the last offset.
+                failures += 1;
+                tracing::debug!(error = %e.message, "reconnecting");
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(failures))).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if res.status() == StatusCode::NO_CONTENT {
+            return Ok(exit::OK);
+        }
+        if !res.status().is_success() {
+            return Err(with_path(error_from(res).await, path));
+        }
+        failures = 0;
+        let base64_data = header(&res, "stream-sse-data-encoding").is_some_and(|v| v.eq_ignore_ascii_case("base64"));
+        let content_type = match cl.send(cl.request(Method::HEAD, &url)).await {
+            Ok(h) => header(&h, "content-type").unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let json_stream = is_json_type(&content_type);
+        let mut body = res.bytes_stream();
+        let mut buf = String::new();
+        let mut raw: Vec<u8> = Vec::new();
+        let mut pending: Option<String> = None;
+        while let Some(chunk) = body.next().await {
+            let Ok(chunk) = chunk else { break };
+            raw.extend_from_slice(&chunk);
+            // Keep incomplete UTF-8 sequences for the next chunk.
+            let valid = match std::str::from_utf8(&raw) {
+                Ok(s) => s.len(),
+                Err(e) => e.valid_up_to(),
+            };
+            buf.push_str(&std::str::from_utf8(&raw[..valid]).expect("checked").replace("\r\n", "\n"));
+            raw.drain(..valid);
+            for ev in take_events(&mut buf) {
+                match ev.event.as_str() {
+                    // A data event is followed by its control event, which says the offset after it.
+                    "data" => pending = Some(ev.data),
+                    "control" => {
+                        let c: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+                        if let Some(n) = c.get("streamNextOffset").and_then(Value::as_str) {
+                            offset = n.to_string();
+                        }
+                        if let Some(data) = pending.take() {
+                            emit_data(cl.json, &data, base64_data, json_stream, &offset)?;
+                        }
+                        if c.get("streamClosed").and_then(Value::as_bool) == Some(true) {
+                            let reason = c.get("batonEndReason").and_then(Value::as_str).unwrap_or("finished");
+                            if cl.json {
+                                println!("{}", json!({ "closed": true, "end_reason": reason, "next_offset": offset }));
+                            } else {
+                                eprintln!("baton: {path} has ended ({reason}) at offset {offset}");
+                            }
+                            return Ok(exit::OK);
+                        }
+                    }
+                    "error" => {
+                        let c: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+                        let m = c.get("error").and_then(Value::as_str).unwrap_or(&ev.data).to_string();
+                        return Err(CliError::not_found(format!("{path}: {m}")));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // The server closed the connection (its SSE cycle, or shutdown): resume from `offset`.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn emit_data(json_out: bool, data: &str, base64_data: bool, json_stream: bool, offset: &str) -> Result<(), CliError> {
+    let mut stdout = std::io::stdout().lock();
+    if base64_data {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|e| CliError::server(format!("the server sent bad base64 in an SSE data event: {e}")))?;
+        if json_out {
+            let _ = writeln!(stdout, "{}", json!({ "next_offset": offset, "data_base64": data.trim() }));
+        } else {
+            let _ = stdout.write_all(&bytes);
+        }
+    } else if json_stream {
+        let v: Value = serde_json::from_str(data)
+            .map_err(|e| CliError::server(format!("the server sent a JSON stream event that does not parse: {e}")))?;
+        let items = match v {
+            Value::Array(a) => a,
+            other => vec![other],
+        };
+        for m in items {
+            if json_out {
+                let _ = writeln!(stdout, "{}", json!({ "next_offset": offset, "message": m }));
+            } else {
+                let _ = writeln!(stdout, "{m}");
+            }
+        }
+    } else if json_out {
+        let _ = writeln!(stdout, "{}", json!({ "next_offset": offset, "data": data }));
+    } else {
+        let _ = stdout.write_all(data.as_bytes());
+    }
+    let _ = stdout.flush();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_parse() {
+        let mut buf = String::from("event: data\ndata:a\ndata:\n\n:\n\nevent: control\ndata:{\"x\":1}\nid:5\n\nevent: da");
+        let evs = take_events(&mut buf);
+        assert_eq!(evs.len(), 2);
+        assert_eq!((evs[0].event.as_str(), evs[0].data.as_str()), ("data", "a\n"));
+        assert_eq!((evs[1].event.as_str(), evs[1].data.as_str()), ("control", "{\"x\":1}"));
+        assert_eq!(buf, "event: da");
+    }
+}

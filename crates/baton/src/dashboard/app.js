@@ -1,0 +1,407 @@
+// Baton dashboard: one EventSource on /v1/dashboard/events (a JSON snapshot every second) drives
+// the queues, commands and dead-letter views; actions use the JSON API; the streams view follows
+// /v1/stream/{path}?offset=-1&live=sse. A bearer token, when the server needs one, is kept in
+// sessionStorage, sent as `Authorization` with fetch and as `access_token` with EventSource.
+"use strict";
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+  const STATUSES = ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"];
+
+  const state = {
+    token: sessionStorage.getItem("baton.token") || "",
+    snapshot: null,
+    es: null,
+    selected: null, // command id
+    detail: null, // its state
+    streamEs: null,
+    stream: null, // {path, url, contentType, offset}
+  };
+
+  // ---- helpers ------------------------------------------------------------------------------
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined) continue;
+      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return el;
+  }
+  const num = (n) => (n === undefined || n === null ? "–" : Number(n).toLocaleString());
+  const badge = (s) => h("span", { class: `badge ${s}` }, s);
+  function ago(iso) {
+    if (!iso) return "–";
+    const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+    if (s < 1) return "just now";
+    if (s < 60) return `${Math.floor(s)}s ago`;
+    if (s < 3600) return `${Math.floor(s / 60)}m ago`;
+    if (s < 86400) return `${Math.floor(s / 3600)}h ago`;
+    return new Date(iso).toLocaleString();
+  }
+  const timeCell = (iso) => h("td", { title: iso || "" }, h("time", { datetime: iso || "" }, ago(iso)));
+  const enc = (s) => encodeURIComponent(s);
+  const streamUrl = (path) => "/v1/stream/" + path.split("/").filter(Boolean).map(enc).join("/");
+  function withToken(url) {
+    if (!state.token) return url;
+    return url + (url.includes("?") ? "&" : "?") + "access_token=" + enc(state.token);
+  }
+  async function api(method, url, body, headers) {
+    const hdrs = Object.assign({}, headers || {});
+    if (state.token) hdrs["Authorization"] = "Bearer " + state.token;
+    let res;
+    try {
+      res = await fetch(url, { method, headers: hdrs, body });
+    } catch (e) {
+      return { ok: false, status: 0, body: null, message: "the server cannot be reached" };
+    }
+    let data = null;
+    const text = await res.text();
+    try { data = text ? JSON.parse(text) : null; } catch { data = text; }
+    let message = "";
+    if (!res.ok) {
+      if (data && typeof data.error === "string") message = data.message || data.error;
+      else if (data && data.error && data.error.message) message = data.error.message;
+      else message = `HTTP ${res.status}`;
+    }
+    return { ok: res.ok, status: res.status, body: data, message, res };
+  }
+  let toastTimer = null;
+  function toast(msg, isError) {
+    const t = $("toast");
+    t.textContent = msg;
+    t.className = "toast" + (isError ? " error" : "");
+    t.hidden = false;
+    clearTimeout(toastTimer);
+    toastTimer = setTimeout(() => (t.hidden = true), isError ? 7000 : 3500);
+  }
+  function setConn(kind, text) {
+    $("conn").className = "conn " + kind;
+    $("conn-text").textContent = text;
+  }
+  function authBanner(msg) {
+    const b = $("auth-banner");
+    b.textContent = msg || "";
+    b.hidden = !msg;
+  }
+
+  // ---- tabs ---------------------------------------------------------------------------------
+  const tabs = [...document.querySelectorAll('[role="tab"]')];
+  function selectTab(tab, focus) {
+    for (const t of tabs) {
+      const on = t === tab;
+      t.setAttribute("aria-selected", on ? "true" : "false");
+      t.tabIndex = on ? 0 : -1;
+      $(t.getAttribute("aria-controls")).hidden = !on;
+    }
+    if (focus) tab.focus();
+    history.replaceState(null, "", "#" + tab.id.slice(4));
+  }
+  tabs.forEach((t, i) => {
+    t.addEventListener("click", () => selectTab(t));
+    t.addEventListener("keydown", (e) => {
+      let j = null;
+      if (e.key === "ArrowRight") j = (i + 1) % tabs.length;
+      if (e.key === "ArrowLeft") j = (i - 1 + tabs.length) % tabs.length;
+      if (e.key === "Home") j = 0;
+      if (e.key === "End") j = tabs.length - 1;
+      if (j !== null) { e.preventDefault(); selectTab(tabs[j], true); }
+    });
+  });
+  const initial = tabs.find((t) => "#" + t.id.slice(4) === location.hash);
+  if (initial) selectTab(initial);
+
+  // ---- live snapshot ------------------------------------------------------------------------
+  async function connect() {
+    if (state.es) { state.es.close(); state.es = null; }
+    // A plain request first: EventSource cannot tell a 401 from a network error.
+    const probe = await api("GET", "/v1/queues");
+    if (probe.status === 401 || probe.status === 403) {
+      setConn("down", "token needed");
+      authBanner(state.token
+        ? `This token was refused: ${probe.message}`
+        : "This server requires a bearer token: enter it above (it is kept in this tab only).");
+      $("token").focus();
+      return;
+    }
+    authBanner("");
+    const q = new URLSearchParams();
+    const fq = $("filter-queue").value, fs = $("filter-status").value;
+    if (fq) q.set("queue", fq);
+    if (fs) q.set("status", fs);
+    q.set("limit", "100");
+    const es = new EventSource(withToken("/v1/dashboard/events?" + q.toString()));
+    state.es = es;
+    setConn("", "connecting…");
+    es.addEventListener("open", () => setConn("live", "live"));
+    es.addEventListener("snapshot", (e) => {
+      setConn("live", "live");
+      try { render(JSON.parse(e.data)); } catch (err) { console.error(err); }
+    });
+    es.addEventListener("error", () => {
+      if (state.es !== es) return;
+      setConn("down", es.readyState === EventSource.CLOSED ? "disconnected" : "reconnecting…");
+      if (es.readyState === EventSource.CLOSED) setTimeout(() => state.es === es && connect(), 2000);
+    });
+  }
+
+  function render(s) {
+    state.snapshot = s;
+    const srv = s.server || {};
+    $("server-info").textContent = `v${srv.version || "?"} · ${srv.backend || ""}${srv.auth === "bearer" ? " · tokens required" : ""}`;
+    renderQueues(s);
+    renderCommands(s);
+    renderDead(s);
+    if (state.selected) refreshDetail(s);
+    if (s.errors && s.errors.length) console.warn("dashboard:", s.errors);
+  }
+
+  function renderQueues(s) {
+    const totals = { SUBMITTED: 0, RUNNING: 0, SUCCEEDED: 0, FAILED: 0, CANCELLED: 0, DEAD: 0 };
+    const body = h("tbody");
+    for (const q of s.queues) {
+      const c = q.commands || {};
+      for (const st of STATUSES) totals[st] += c[st.toLowerCase()] || 0;
+      totals.DEAD += q.dead_letters || 0;
+      const n = (v) => h("td", { class: "num" }, v ? num(v) : h("span", { class: "zero" }, "0"));
+      if (q.error) {
+        body.append(h("tr", {}, h("th", { scope: "row" }, q.name), h("td", { colspan: 12, class: "wrap" }, "error: " + q.error)));
+        continue;
+      }
+      body.append(h("tr", { "data-queue": q.name },
+        h("th", { scope: "row" }, q.name),
+        n(q.length), n(q.pending), n(q.consumers), n(q.lag), n(q.delayed),
+        n(c.submitted), n(c.running), n(c.succeeded), n(c.failed), n(c.cancelled), n(q.dead_letters),
+        h("td", { class: "muted" }, (q.handlers || []).join(", ") + (q.workers ? "" : " (no workers here)")),
+      ));
+    }
+    $("queues-table").querySelector("tbody").replaceWith(body);
+    $("queues-empty").hidden = s.queues.length > 0;
+    const labels = { SUBMITTED: "Submitted", RUNNING: "Running", SUCCEEDED: "Succeeded", FAILED: "Failed", CANCELLED: "Cancelled", DEAD: "Dead letters" };
+    $("totals").replaceChildren(...Object.entries(totals).map(([k, v]) =>
+      h("div", { class: `card ${k}` }, h("div", { class: "label" }, labels[k]), h("div", { class: "value" }, num(v)))));
+    $("count-queues").textContent = s.queues.length || "";
+    // Keep the queue filter's options in step with the queues.
+    const sel = $("filter-queue");
+    const have = [...sel.options].map((o) => o.value).filter(Boolean).join("\n");
+    const want = s.queues.map((q) => q.name).join("\n");
+    if (have !== want) {
+      const cur = sel.value;
+      sel.replaceChildren(h("option", { value: "" }, "all"), ...s.queues.map((q) => h("option", { value: q.name }, q.name)));
+      sel.value = cur;
+    }
+  }
+
+  function renderCommands(s) {
+    const body = h("tbody");
+    for (const c of s.commands) {
+      const tr = h("tr", {
+        "data-id": c.id, "data-status": c.status, tabindex: 0,
+        "aria-selected": c.id === state.selected ? "true" : "false",
+        onclick: () => select(c.id),
+        onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); select(c.id); } },
+      },
+      h("td", { class: "mono" }, c.id), h("td", {}, c.queue), h("td", {}, c.type), h("td", {}, badge(c.status)),
+      h("td", { class: "num" }, num(c.attempts)), timeCell(c.created_at), timeCell(c.modified_at));
+      body.append(tr);
+    }
+    const old = $("commands-table").querySelector("tbody");
+    const focusedId = document.activeElement && document.activeElement.closest && document.activeElement.closest("#commands-table tr")?.dataset.id;
+    old.replaceWith(body);
+    if (focusedId) body.querySelector(`tr[data-id="${CSS.escape(focusedId)}"]`)?.focus();
+    $("commands-empty").hidden = s.commands.length > 0;
+    const active = s.queues.reduce((a, q) => a + ((q.commands || {}).running || 0) + ((q.commands || {}).submitted || 0), 0);
+    $("count-commands").textContent = active ? String(active) : "";
+  }
+
+  function renderDead(s) {
+    const body = h("tbody");
+    for (const d of s.dead_letters) {
+      body.append(h("tr", { "data-id": d.id, "data-queue": d.queue },
+        h("td", {}, d.queue), h("td", { class: "mono" }, d.id), h("td", { class: "mono" }, d.command_id || "–"),
+        h("td", { class: "num" }, num(d.deliveries)), h("td", { class: "wrap" }, d.reason),
+        timeCell(d.dead_lettered_at), h("td", { class: "mono wrap" }, d.payload.length > 120 ? d.payload.slice(0, 119) + "…" : d.payload),
+        h("td", {}, h("button", { type: "button", class: "small", "aria-label": `Replay dead letter ${d.id} of ${d.queue}`, onclick: (e) => replay(d, e.target) }, "Replay"))));
+    }
+    $("dead-table").querySelector("tbody").replaceWith(body);
+    $("dead-empty").hidden = s.dead_letters.length > 0;
+    const c = $("count-dead");
+    c.textContent = s.dead_letters.length ? String(s.dead_letters.length) : "";
+    c.classList.toggle("alert", s.dead_letters.length > 0);
+  }
+
+  // ---- command detail -----------------------------------------------------------------------
+  async function select(id) {
+    state.selected = id;
+    for (const tr of document.querySelectorAll("#commands-table tbody tr")) tr.setAttribute("aria-selected", tr.dataset.id === id ? "true" : "false");
+    $("detail").hidden = false;
+    const r = await api("GET", "/v1/commands/" + enc(id));
+    if (state.selected !== id) return;
+    if (!r.ok) { toast(`Cannot load ${id}: ${r.message}`, true); return; }
+    showDetail(r.body);
+  }
+  function showDetail(c) {
+    state.detail = c;
+    $("detail-title").textContent = "Command " + c.id;
+    const facts = [["Status", badge(c.status)], ["Queue", c.queue], ["Type", c.type], ["Attempts", String(c.attempts)],
+      ["Created", c.created_at], ["Completed", c.completed_at || "–"]];
+    if (c.error) facts.push(["Error", c.error]);
+    $("detail-facts").replaceChildren(...facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+    $("detail-json").textContent = JSON.stringify(c, null, 2);
+    const btn = $("cancel-btn");
+    btn.disabled = TERMINAL.has(c.status);
+    btn.title = btn.disabled ? `Already ${c.status.toLowerCase()}` : "";
+  }
+  function refreshDetail(s) {
+    const inList = s.commands.find((c) => c.id === state.selected);
+    if (inList) { if (!state.detail || inList.version !== state.detail.version) showDetail(inList); return; }
+    if (state.detail && !TERMINAL.has(state.detail.status)) {
+      const id = state.selected;
+      api("GET", "/v1/commands/" + enc(id)).then((r) => { if (r.ok && state.selected === id) showDetail(r.body); });
+    }
+  }
+  $("detail-close").addEventListener("click", () => {
+    const id = state.selected;
+    state.selected = null; state.detail = null; $("detail").hidden = true;
+    document.querySelector(`#commands-table tr[data-id="${CSS.escape(id || "")}"]`)?.focus();
+  });
+  $("cancel-btn").addEventListener("click", async () => {
+    const id = state.selected;
+    if (!id) return;
+    $("cancel-btn").disabled = true;
+    const r = await api("POST", `/v1/commands/${enc(id)}/cancel`);
+    if (r.ok) { showDetail(r.body); toast(`Cancelled ${id}`); }
+    else {
+      if (r.body && r.body.state) showDetail(r.body.state);
+      else $("cancel-btn").disabled = false;
+      toast(`Cannot cancel ${id}: ${r.message}`, true);
+    }
+  });
+
+  // ---- dead letters -------------------------------------------------------------------------
+  async function replay(d, btn) {
+    btn.disabled = true;
+    const r = await api("POST", `/v1/queues/${enc(d.queue)}/dead-letters/${enc(d.id)}/replay`);
+    if (r.ok) toast(`Replayed ${d.id} onto ${d.queue} as ${r.body.id}`);
+    else { btn.disabled = false; toast(`Cannot replay ${d.id}: ${r.message}`, true); }
+  }
+
+  // ---- filters and token --------------------------------------------------------------------
+  $("filter-form").addEventListener("change", () => connect());
+  $("filter-form").addEventListener("submit", (e) => e.preventDefault());
+  $("token").value = state.token ? "••••••••" : "";
+  $("token").addEventListener("focus", (e) => { if (e.target.value === "••••••••") e.target.value = ""; });
+  $("token-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const v = $("token").value.trim();
+    if (v && v !== "••••••••") { state.token = v; sessionStorage.setItem("baton.token", v); }
+    $("token").value = state.token ? "••••••••" : "";
+    connect();
+    if (state.stream) openStream(state.stream.path);
+  });
+  $("token-clear").addEventListener("click", () => {
+    state.token = ""; sessionStorage.removeItem("baton.token"); $("token").value = ""; connect();
+  });
+
+  // ---- streams ------------------------------------------------------------------------------
+  function streamStatus(text, kind) {
+    const el = $("stream-status");
+    el.textContent = text;
+    el.className = "stream-status" + (kind ? " " + kind : "");
+  }
+  function stopStream(msg) {
+    if (state.streamEs) { state.streamEs.close(); state.streamEs = null; }
+    $("stream-stop").disabled = true;
+    if (msg) streamStatus(msg, "closed");
+  }
+  async function openStream(path) {
+    stopStream();
+    path = path.trim().replace(/^\/+/, "").replace(/^v1\/stream\//, "");
+    if (!path) return;
+    const url = streamUrl(path);
+    $("stream-log").textContent = "";
+    $("append-form").hidden = true;
+    streamStatus(`Opening ${path}…`);
+    const head = await api("HEAD", url);
+    if (!head.ok) {
+      streamStatus(head.status === 404 ? `No stream at ${path}.` : `Cannot open ${path}: HTTP ${head.status || "network error"}`, "error");
+      state.stream = null;
+      return;
+    }
+    const contentType = head.res.headers.get("content-type") || "application/octet-stream";
+    const isJson = /^application\/([\w.+-]*\+)?json/i.test(contentType);
+    state.stream = { path, url, contentType, offset: "-1", lines: 0 };
+    history.replaceState(null, "", "#streams:" + path);
+    const es = new EventSource(withToken(url + "?offset=-1&live=sse"));
+    state.streamEs = es;
+    $("stream-stop").disabled = false;
+    $("append-form").hidden = false;
+    const log = $("stream-log");
+    const base64 = !isJson && !/^text\//i.test(contentType);
+    es.addEventListener("open", () => streamStatus(`Following ${path} (${contentType}) live`, "live"));
+    es.addEventListener("data", (e) => {
+      const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+      let text = e.data;
+      if (isJson) {
+        try { text = JSON.parse(e.data).map((m) => JSON.stringify(m)).join("\n") + "\n"; } catch { /* show as is */ }
+      } else if (base64) {
+        text = `[${atob(e.data.trim()).length} bytes]\n`;
+      }
+      log.append(document.createTextNode(text));
+      if (atBottom) log.scrollTop = log.scrollHeight;
+    });
+    es.addEventListener("control", (e) => {
+      const c = JSON.parse(e.data);
+      state.stream.offset = c.streamNextOffset;
+      if (c.streamClosed) {
+        es.close();
+        if (state.streamEs === es) state.streamEs = null;
+        $("stream-stop").disabled = true;
+        $("append-form").hidden = true;
+        streamStatus(`${path} has ended (${c.batonEndReason || "closed"}) at offset ${c.streamNextOffset}`, "closed");
+      } else if (c.upToDate) {
+        streamStatus(`Following ${path} (${contentType}) live · up to date at ${c.streamNextOffset}`, "live");
+      }
+    });
+    es.addEventListener("error", () => {
+      if (state.streamEs !== es) return;
+      if (es.readyState === EventSource.CLOSED) { streamStatus(`${path}: the connection was refused`, "error"); stopStream(); }
+      else streamStatus(`Reconnecting to ${path}…`);
+    });
+  }
+  $("stream-form").addEventListener("submit", (e) => { e.preventDefault(); openStream($("stream-path").value); });
+  $("stream-stop").addEventListener("click", () => stopStream(`Stopped following ${state.stream ? state.stream.path : ""}.`));
+  $("append-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    if (!state.stream) return;
+    const input = $("append-text");
+    const isJson = /json/i.test(state.stream.contentType);
+    let body = input.value;
+    if (isJson) { try { JSON.parse(body); } catch { toast("This stream is JSON: enter a JSON value", true); return; } }
+    else body += "\n";
+    const r = await api("POST", state.stream.url, body, { "Content-Type": state.stream.contentType });
+    if (r.ok) input.value = "";
+    else toast(`Append refused: ${r.message}`, true);
+  });
+  if (location.hash.startsWith("#streams:")) {
+    const p = decodeURIComponent(location.hash.slice("#streams:".length));
+    selectTab($("tab-streams"));
+    $("stream-path").value = p;
+    openStream(p);
+  }
+
+  // Relative times tick even between snapshots.
+  setInterval(() => {
+    for (const t of document.querySelectorAll("time[datetime]")) {
+      const iso = t.getAttribute("datetime");
+      if (iso) t.textContent = ago(iso);
+    }
+  }, 1000);
+
+  connect();
+})();

@@ -1,0 +1,349 @@
+//! The client subcommands (`baton streams|commands|queues`) and `baton bench`, run as the real
+//! binary against a `baton serve` started by each test (in memory, on a free port): exact text
+//! and JSON output, and exit codes (docs/cli.md), errors included.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_baton");
+
+/// A `baton serve` child process, killed on drop.
+struct Serve {
+    child: Child,
+    base: String,
+}
+
+impl Serve {
+    fn start() -> Serve {
+        let port = baton_testkit::free_port();
+        let child = Command::new(BIN)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .env_remove("BATON_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("baton serve starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "baton serve did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        Serve { child, base: format!("http://127.0.0.1:{port}") }
+    }
+
+    /// Runs `baton <args>` against this server.
+    fn run(&self, args: &[&str]) -> Out {
+        self.run_stdin(args, None)
+    }
+
+    fn run_stdin(&self, args: &[&str], stdin: Option<&str>) -> Out {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).env("BATON_SERVER", &self.base).env_remove("BATON_TOKEN").env("BATON_LOG", "warn");
+        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("baton runs");
+        if let Some(s) = stdin {
+            child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+        }
+        Out::from(child.wait_with_output().unwrap())
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl From<Output> for Out {
+    fn from(o: Output) -> Self {
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl Out {
+    fn ok(self) -> Self {
+        assert_eq!(self.code, 0, "{self:?}");
+        self
+    }
+    fn code(self, code: i32) -> Self {
+        assert_eq!(self.code, code, "{self:?}");
+        self
+    }
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+}
+
+fn without(mut v: Value, keys: &[&str]) -> Value {
+    if let Value::Object(m) = &mut v {
+        for k in keys {
+            m.remove(*k);
+        }
+    }
+    v
+}
+
+#[test]
+fn commands_submit_status_wait_cancel_list() {
+    let s = Serve::start();
+    let out = s.run(&["commands", "submit", "default", "echo", r#"{"n":1}"#, "--id", "c1"]).ok();
+    assert_eq!(out.stdout, "submitted c1 to default (SUBMITTED)\n");
+    // Same id and body: the existing command; another body: a conflict (exit 4).
+    let out = s.run(&["commands", "submit", "default", "echo", r#"{"n":1}"#, "--id", "c1"]).ok();
+    assert!(out.stdout.starts_with("c1 was already submitted to default ("), "{out:?}");
+    let out = s.run(&["commands", "submit", "default", "echo", r#"{"n":2}"#, "--id", "c1"]).code(4);
+    assert!(out.stderr.contains("409 Conflict (conflict)"), "{out:?}");
+
+    let out = s.run(&["commands", "wait", "c1", "--timeout", "10s"]).ok();
+    assert_eq!(out.stdout, "c1 SUCCEEDED: {\"n\":1}\n");
+    let out = s.run(&["commands", "status", "c1", "--json"]).ok();
+    let st = out.json();
+    assert_eq!(
+        without(st.clone(), &["created_at", "started_at", "modified_at", "completed_at", "version"]),
+        json!({"id": "c1", "queue": "default", "type": "echo", "params": {"n": 1}, "status": "SUCCEEDED",
+               "result": {"n": 1}, "error": null, "attempts": 1, "errors_count": 0, "handed_off_to": null})
+    );
+    let out = s.run(&["commands", "status", "c1"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(&lines[..5], ["id:            c1", "queue:         default", "type:          echo", "status:        SUCCEEDED", "params:        {\"n\":1}"]);
+
+    // Unknown id: not found (3). Bad duration: usage error (2), from the argument parser.
+    let out = s.run(&["commands", "status", "nope"]).code(3);
+    assert_eq!(out.stderr, "baton: no command nope (never submitted, or expired) [404 Not Found (not_found)]\n");
+    s.run(&["commands", "wait", "nope"]).code(3);
+    let out = s.run(&["commands", "wait", "c1", "--timeout", "soon"]).code(2);
+    assert!(out.stderr.contains("invalid value 'soon' for '--timeout <TIMEOUT>'"), "{out:?}");
+    assert!(out.stderr.contains("is not a duration like `30s`"), "{out:?}");
+    let out = s.run(&["commands", "submit", "default", "echo", "{oops"]).code(2);
+    assert!(out.stderr.starts_with("baton: params \"{oops\" are not JSON"), "{out:?}");
+    let out = s.run(&["commands", "submit", "nosuchqueue", "echo"]).code(3);
+    assert!(out.stderr.contains("no queue \"nosuchqueue\""), "{out:?}");
+    let out = s.run(&["commands", "submit", "default", "teleport"]).code(2);
+    assert!(out.stderr.contains("has no handler for type \"teleport\""), "{out:?}");
+    s.run(&["commands", "list", "default", "--status", "sleepy"]).code(2);
+
+    // A failing command: `submit --wait` exits 1.
+    let out = s.run(&["commands", "submit", "default", "fail", r#"{"error":"disk full"}"#, "--id", "f1", "--wait", "10s"]).code(1);
+    assert_eq!(out.stdout, "f1 FAILED: disk full\n");
+    // A long command: the wait times out (6), then cancel (0), cancel again is refused (4).
+    s.run(&["commands", "submit", "default", "sleep", r#"{"ms":600000}"#, "--id", "s1"]).ok();
+    let t = Instant::now();
+    let out = s.run(&["commands", "wait", "s1", "--timeout", "300ms"]).code(6);
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(out.stdout.starts_with("s1 is still "), "{out:?}");
+    let out = s.run(&["commands", "cancel", "s1"]).ok();
+    assert_eq!(out.stdout, "cancelled s1\n");
+    let out = s.run(&["commands", "cancel", "s1"]).code(4);
+    assert_eq!(out.stderr, "baton: s1 has already ended (CANCELLED); it cannot be cancelled\n");
+    let out = s.run(&["commands", "wait", "s1", "--json"]).code(1);
+    assert_eq!(out.json()["status"], "CANCELLED");
+    s.run(&["commands", "cancel", "nope"]).code(3);
+
+    // Listing: newest first, filters, JSON pages.
+    let out = s.run(&["commands", "list", "default"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{out:?}");
+    assert!(lines[0].starts_with("ID  TYPE   STATUS     ATTEMPTS  CREATED"), "{out:?}");
+    assert!(lines[1].starts_with("s1  sleep  CANCELLED "), "{out:?}");
+    assert!(lines[2].starts_with("f1  fail   FAILED     "), "{out:?}");
+    assert!(lines[2].ends_with("disk full"), "{out:?}");
+    assert!(lines[3].starts_with("c1  echo   SUCCEEDED  "), "{out:?}");
+    assert!(lines[3].ends_with("{\"n\":1}"), "{out:?}");
+    let out = s.run(&["commands", "list", "default", "--status", "succeeded", "--json"]).ok();
+    let page = out.json();
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+    assert_eq!(page["items"][0]["id"], "c1");
+    assert_eq!(page["next_cursor"], Value::Null);
+    let out = s.run(&["commands", "list", "default", "--limit", "1"]).ok();
+    assert!(out.stdout.lines().last().unwrap().starts_with("more: --cursor "), "{out:?}");
+    let out = s.run(&["commands", "list", "default", "--status", "running"]).ok();
+    assert_eq!(out.stdout, "no RUNNING commands in default\n");
+}
+
+#[test]
+fn streams_create_append_read_tail_close_delete() {
+    let s = Serve::start();
+    let out = s.run(&["streams", "create", "acme/run-1"]).ok();
+    assert_eq!(out.stdout, "created acme/run-1 (text/plain)\n");
+    let out = s.run(&["streams", "create", "acme/run-1"]).ok();
+    assert_eq!(out.stdout, "acme/run-1 already exists with the same settings\n");
+    let out = s.run(&["streams", "append", "acme/run-1", "hello\n"]).ok();
+    assert!(out.stdout.starts_with("appended 6 bytes to acme/run-1; next offset "), "{out:?}");
+    let out = s.run_stdin(&["streams", "append", "acme/run-1", "--json"], Some("from stdin\n")).ok();
+    let v = out.json();
+    assert_eq!((v["bytes"].clone(), v["closed"].clone()), (json!(11), json!(false)));
+    let after_two = v["next_offset"].as_str().unwrap().to_string();
+
+    let out = s.run(&["streams", "read", "acme/run-1"]).ok();
+    assert_eq!(out.stdout, "hello\nfrom stdin\n");
+    let out = s.run(&["streams", "read", "acme/run-1", "--json"]).ok();
+    assert_eq!(
+        out.json(),
+        json!({"path": "acme/run-1", "content_type": "text/plain", "offset": "-1", "next_offset": after_two,
+               "closed": false, "end_reason": null, "data": "hello\nfrom stdin\n"})
+    );
+    let out = s.run(&["streams", "read", "acme/run-1", "--offset", &after_two]).ok();
+    assert_eq!(out.stdout, "");
+
+    // tail follows live until the stream ends.
+    let mut tail = Command::new(BIN)
+        .args(["streams", "tail", "acme/run-1", "--json"])
+        .env("BATON_SERVER", &s.base)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(tail.stdout.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first, json!({"next_offset": after_two, "data": "hello\nfrom stdin\n"}));
+    s.run(&["streams", "append", "acme/run-1", "live line\n"]).ok();
+    let live: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(live["data"], "live line\n");
+    let out = s.run(&["streams", "close", "acme/run-1", "--reason", "cancelled"]).ok();
+    assert!(out.stdout.starts_with("closed acme/run-1 (cancelled); final offset "), "{out:?}");
+    let end: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!((end["closed"].clone(), end["end_reason"].clone()), (json!(true), json!("cancelled")));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = tail.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "tail did not exit at the end of the stream");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+
+    // Text tail of an ended stream prints everything and says how it ended.
+    let out = s.run(&["streams", "tail", "acme/run-1"]).ok();
+    assert_eq!(out.stdout, "hello\nfrom stdin\nlive line\n");
+    assert!(out.stderr.starts_with("baton: acme/run-1 has ended (cancelled) at offset "), "{out:?}");
+    // Appending to an ended stream is refused (4).
+    let out = s.run(&["streams", "append", "acme/run-1", "late\n"]).code(4);
+    assert!(out.stderr.contains("409 Conflict"), "{out:?}");
+
+    // JSON streams: one message per line.
+    s.run(&["streams", "create", "acme/j", "--content-type", "application/json"]).ok();
+    s.run(&["streams", "append", "acme/j", r#"{"a":1}"#]).ok();
+    s.run(&["streams", "append", "acme/j", r#"[{"b":2},3]"#]).ok();
+    let out = s.run(&["streams", "read", "acme/j"]).ok();
+    assert_eq!(out.stdout, "{\"a\":1}\n{\"b\":2}\n3\n");
+    let out = s.run(&["streams", "append", "acme/j", "{not json"]).code(2);
+    assert!(out.stderr.contains("400 Bad Request"), "{out:?}");
+
+    let out = s.run(&["streams", "delete", "acme/j"]).ok();
+    assert_eq!(out.stdout, "deleted acme/j\n");
+    let out = s.run(&["streams", "read", "acme/j"]).code(3);
+    assert!(out.stderr.contains("404 Not Found (not_found)"), "{out:?}");
+    s.run(&["streams", "tail", "acme/missing"]).code(3);
+    s.run(&["streams", "delete", "acme/missing"]).code(3);
+    s.run(&["streams", "read", "acme/run-1", "--offset", "garbage"]).code(2);
+    let out = s.run(&["streams", "read", "a//b"]).code(2);
+    assert!(out.stderr.contains("is not a stream path"), "{out:?}");
+    s.run(&["streams", "create", "acme/x", "--silence-timeout", "forever"]).code(2);
+}
+
+#[test]
+fn queues_list_pending_dead_replay_and_errors() {
+    let s = Serve::start();
+    s.run(&["commands", "submit", "default", "echo", "--id", "e1", "--wait", "10s"]).ok();
+    s.run(&["commands", "submit", "default", "sleep", r#"{"ms":600000}"#, "--id", "long"]).ok();
+    let out = s.run(&["queues", "list"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines[0], "QUEUE    LENGTH  PENDING  CONSUMERS  LAG  SUBMITTED  RUNNING  SUCCEEDED  FAILED  CANCELLED  DEAD");
+    assert!(lines[1].starts_with("default "), "{out:?}");
+    let cols: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(cols[5..], ["1", "0", "1", "0", "0", "0"], "{out:?}");
+    let out = s.run(&["queues", "list", "--json"]).ok();
+    let q = &out.json()["queues"][0];
+    assert_eq!(q["name"], "default");
+    assert_eq!(q["commands"], json!({"submitted": 1, "running": 0, "succeeded": 1, "failed": 0, "cancelled": 0, "total": 2}));
+
+    let out = s.run(&["queues", "pending", "default"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines[0].starts_with("default: "), "{out:?}");
+    assert!(lines[0].ends_with("1 submitted, 0 running"), "{out:?}");
+    assert!(lines[1].starts_with("ID    TYPE   STATUS     ATTEMPTS  CREATED"), "{out:?}");
+    assert!(lines[2].starts_with("long  sleep  SUBMITTED "), "{out:?}");
+    let out = s.run(&["queues", "pending", "default", "--json"]).ok();
+    assert_eq!(out.json()["commands"][0]["id"], "long");
+
+    let out = s.run(&["queues", "dead", "default"]).ok();
+    assert_eq!(out.stdout, "no dead letters in default\n");
+    let out = s.run(&["queues", "dead", "default", "--json"]).ok();
+    assert_eq!(out.json(), json!({"items": []}));
+    let out = s.run(&["queues", "replay", "default", "1700000000000-0"]).code(3);
+    assert!(out.stderr.contains("no dead letter 1700000000000-0"), "{out:?}");
+    s.run(&["queues", "replay", "default", "not-an-id"]).code(2);
+    let out = s.run(&["queues", "replay", "default", "--all"]).ok();
+    assert_eq!(out.stdout, "replayed 0 dead letters onto default\n");
+    s.run(&["queues", "replay", "default"]).code(2);
+    s.run(&["queues", "pending", "nosuchqueue"]).code(3);
+    s.run(&["queues", "dead", "nosuchqueue"]).code(3);
+
+    // No server there: a network error (5). A bad --server: usage (2).
+    let port = baton_testkit::free_port();
+    let out = Out::from(
+        Command::new(BIN).args(["queues", "list", "--server", &format!("http://127.0.0.1:{port}")]).output().unwrap(),
+    )
+    .code(5);
+    assert!(out.stderr.contains("cannot connect to http://127.0.0.1:"), "{out:?}");
+    Out::from(Command::new(BIN).args(["queues", "list", "--server", "ftp://x"]).output().unwrap()).code(2);
+    Out::from(Command::new(BIN).args(["queues", "frobnicate"]).output().unwrap()).code(2);
+}
+
+#[test]
+fn bench_runs_each_workload_in_memory() {
+    for (workload, extra) in [
+        ("queue", vec!["--count", "300", "--concurrency", "1,16"]),
+        ("commands", vec!["--count", "100", "--concurrency", "8"]),
+        ("streams", vec!["--count", "200", "--concurrency", "4"]),
+    ] {
+        let mut args = vec!["bench", workload, "--quiet", "--json"];
+        args.extend(extra);
+        let out = Out::from(Command::new(BIN).args(&args).env("BATON_LOG", "warn").output().unwrap()).ok();
+        let v = out.json();
+        assert_eq!(v["workload"], workload);
+        assert_eq!(v["backend"], "in-memory");
+        let rows = v["results"].as_array().unwrap();
+        let expected = match workload {
+            "queue" => 2,
+            _ => 1 + usize::from(workload == "streams"),
+        };
+        assert_eq!(rows.len(), expected, "{v}");
+        for r in rows {
+            assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["p50_ms"].as_f64().unwrap() <= r["p99_ms"].as_f64().unwrap(), "{r}");
+        }
+    }
+    // The text table.
+    let out = Out::from(
+        Command::new(BIN)
+            .args(["bench", "queue", "--count", "100", "--concurrency", "4", "--quiet"])
+            .env("BATON_LOG", "warn")
+            .output()
+            .unwrap(),
+    )
+    .ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines[0].starts_with("backend: in-memory; "), "{out:?}");
+    assert!(lines[1].starts_with("WORKLOAD  CONCURRENCY  OPS  SECONDS  OPS/S  "), "{out:?}");
+    assert!(lines[2].starts_with("queue "), "{out:?}");
+    Out::from(Command::new(BIN).args(["bench", "queue", "--concurrency", "0"]).output().unwrap()).code(2);
+}

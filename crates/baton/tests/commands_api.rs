@@ -1,0 +1,434 @@
+//! The command HTTP API of `baton serve`: submit, state, wait, cancel, listing, queue stats, dead
+//! letters and metrics, on every backend; bad input on the in-memory one.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use baton::workers::{default_queues, QueueConfig};
+use baton_testkit::{eventually, on_every_backend, TestBackend};
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+/// A server whose queues are `default` (sleep, echo, fail) plus `extra` (echo).
+async fn serve(backend: TestBackend, tweak: impl FnOnce(&mut baton::config::ServeConfig)) -> TestServer {
+    start(backend, |c| {
+        c.queues = default_queues();
+        let mut extra = QueueConfig::with_builtins("extra", &["echo"]);
+        extra.settings.poll_interval = Some(Duration::from_millis(50));
+        c.queues.push(extra);
+        for q in &mut c.queues {
+            q.settings.claim_timeout = Duration::from_secs(2);
+        }
+        tweak(c)
+    })
+    .await
+}
+
+async fn call(method: reqwest::Method, url: String, body: Option<Value>) -> (StatusCode, Value) {
+    let mut rb = client().request(method, url);
+    if let Some(b) = body {
+        rb = rb.header("content-type", "application/json").body(b.to_string());
+    }
+    let res = rb.send().await.expect("request");
+    let status = res.status();
+    let text = res.text().await.unwrap();
+    let v = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+    (status, v)
+}
+
+async fn post(srv: &TestServer, path: &str, body: Value) -> (StatusCode, Value) {
+    call(reqwest::Method::POST, format!("{}{path}", srv.base), Some(body)).await
+}
+
+async fn get(srv: &TestServer, path: &str) -> (StatusCode, Value) {
+    call(reqwest::Method::GET, format!("{}{path}", srv.base), None).await
+}
+
+/// Submit, idempotent resubmit, conflict, state, bounded wait, early wait, cancel, terminal
+/// refusals, echo and fail results, unknown ids.
+async fn submit_state_wait_cancel(backend: TestBackend) {
+    let srv = serve(backend, |_| {}).await;
+    let body = json!({"id": "nap-1", "type": "sleep", "params": {"ms": 60000}});
+    let res = client().post(format!("{}/v1/queues/default/commands", srv.base)).body(body.to_string()).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    assert_eq!(header(&res, "location"), Some("/v1/commands/nap-1"));
+    let first: Value = res.text().await.map(|t| serde_json::from_str::<Value>(&t).unwrap()).unwrap();
+    assert_eq!(first["id"], "nap-1");
+    assert_eq!(first["queue"], "default");
+    assert_eq!(first["type"], "sleep");
+    assert_eq!(first["status"], "SUBMITTED");
+    assert_eq!(first["version"], 1);
+    assert!(first.get("_token").is_none(), "internal fields are hidden: {first}");
+    assert!(first["created_at"].as_str().unwrap().ends_with('Z'));
+
+    // Same id, same body (keys in another order): 200 and the same command.
+    let (s, again) = post(&srv, "/v1/queues/default/commands", json!({"params": {"ms": 60000}, "type": "sleep", "id": "nap-1"})).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(again["created_at"], first["created_at"]);
+    // Same id, other body: 409.
+    let (s, e) = post(&srv, "/v1/queues/default/commands", json!({"id": "nap-1", "type": "sleep", "params": {"ms": 5}})).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!(e["error"], "conflict");
+    assert_eq!(e["message"], "command nap-1 already exists with a different type or params; resubmit the same body, or use a new id");
+    // Same id on another queue: 409 too.
+    let (s, e) = post(&srv, "/v1/queues/extra/commands", json!({"id": "nap-1", "type": "echo"})).await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
+
+    // A bounded wait on a long sleep returns the non-terminal state after about the wait.
+    let t = Instant::now();
+    let (s, st) = get(&srv, "/v1/commands/nap-1?wait=400ms").await;
+    let waited = t.elapsed();
+    assert_eq!(s, StatusCode::OK);
+    assert!(waited >= Duration::from_millis(380) && waited < Duration::from_secs(5), "{waited:?}");
+    assert!(matches!(st["status"].as_str(), Some("SUBMITTED") | Some("RUNNING")), "{st}");
+
+    // Cancel: 200 CANCELLED; again: 409 with the state.
+    let (s, st) = post(&srv, "/v1/commands/nap-1/cancel", json!(null)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(st["status"], "CANCELLED");
+    assert!(st["completed_at"].is_string());
+    let (s, e) = post(&srv, "/v1/commands/nap-1/cancel", json!(null)).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!(e["error"], "already_terminal");
+    assert_eq!(e["message"], "command nap-1 is already CANCELLED");
+    assert_eq!(e["state"]["status"], "CANCELLED");
+
+    // A wait ends as soon as the command is terminal.
+    let (s, _) = post(&srv, "/v1/queues/default/commands", json!({"id": "nap-2", "type": "sleep", "params": {"ms": 300}})).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let t = Instant::now();
+    let (s, st) = get(&srv, "/v1/commands/nap-2?wait=20s").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(st["status"], "SUCCEEDED", "{st}");
+    assert_eq!(st["result"], json!({"slept_ms": 300}));
+    assert_eq!(st["attempts"], 1);
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+
+    // echo and fail; a generated id.
+    let (s, st) = post(&srv, "/v1/queues/extra/commands", json!({"type": "echo", "params": {"a": [1, 2]}})).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let id = st["id"].as_str().unwrap().to_string();
+    assert_eq!(id.len(), 36, "a UUID: {id}");
+    let (_, st) = get(&srv, &format!("/v1/commands/{id}?wait=20s")).await;
+    assert_eq!((st["status"].as_str(), &st["result"]), (Some("SUCCEEDED"), &json!({"a": [1, 2]})));
+    let (_, st) = post(&srv, "/v1/queues/default/commands", json!({"id": "f-1", "type": "fail", "params": {"error": "disk full"}})).await;
+    assert_eq!(st["id"], "f-1");
+    let (_, st) = get(&srv, "/v1/commands/f-1?wait=20s").await;
+    assert_eq!((st["status"].as_str(), st["error"].as_str()), (Some("FAILED"), Some("disk full")));
+    // Cancelling a finished command: 409.
+    let (s, e) = post(&srv, "/v1/commands/f-1/cancel", json!(null)).await;
+    assert_eq!((s, e["state"]["status"].as_str()), (StatusCode::CONFLICT, Some("FAILED")));
+
+    // Unknown ids: 404 on read, wait and cancel.
+    for (method, path) in [("GET", "/v1/commands/nope"), ("GET", "/v1/commands/nope?wait=1s"), ("POST", "/v1/commands/nope/cancel")] {
+        let (s, e) = call(method.parse().unwrap(), format!("{}{path}", srv.base), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{method} {path}");
+        assert_eq!(e, json!({"error": "not_found", "message": "no command nope (never submitted, or expired)"}));
+    }
+    srv.stop().await;
+}
+
+/// Listing newest first with cursors and a status filter; queue stats with exact counts.
+async fn listing_and_queue_stats(backend: TestBackend) {
+    let srv = serve(backend, |c| c.run_workers = false).await;
+    for i in 0..5 {
+        let (s, _) = post(&srv, "/v1/queues/extra/commands", json!({"id": format!("l-{i}"), "type": "echo", "params": i})).await;
+        assert_eq!(s, StatusCode::ACCEPTED);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let (s, _) = post(&srv, "/v1/commands/l-1/cancel", json!(null)).await;
+    assert_eq!(s, StatusCode::OK);
+
+    let mut ids = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let q = match &cursor {
+            Some(c) => format!("?limit=2&cursor={}", urlencode(c)),
+            None => "?limit=2".to_string(),
+        };
+        let (s, page) = get(&srv, &format!("/v1/queues/extra/commands{q}")).await;
+        assert_eq!(s, StatusCode::OK, "{page}");
+        pages += 1;
+        for it in page["items"].as_array().unwrap() {
+            ids.push(it["id"].as_str().unwrap().to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+        assert!(pages < 10);
+    }
+    assert_eq!(ids, ["l-4", "l-3", "l-2", "l-1", "l-0"]);
+    assert_eq!(pages, 3);
+    let (_, page) = get(&srv, "/v1/queues/extra/commands?status=cancelled").await;
+    let only: Vec<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(only, ["l-1"]);
+    assert_eq!(page["next_cursor"], Value::Null);
+    let (_, page) = get(&srv, "/v1/queues/extra/commands?status=PENDING").await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 4);
+
+    let (s, all) = get(&srv, "/v1/queues").await;
+    assert_eq!(s, StatusCode::OK);
+    let names: Vec<&str> = all["queues"].as_array().unwrap().iter().map(|q| q["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["default", "extra"]);
+    let (s, q) = get(&srv, "/v1/queues/extra").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        q["commands"],
+        json!({"submitted": 4, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 1, "total": 5})
+    );
+    // No workers here: nothing consumed; all five messages wait in the stream, none delivered.
+    assert_eq!((q["length"].as_u64(), q["lag"].as_u64(), q["pending"].as_u64()), (Some(5), Some(5), Some(0)));
+    assert_eq!((q["consumers"].as_u64(), q["dead_letters"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(q["handlers"], json!(["echo"]));
+    assert_eq!(q["workers"], json!(false));
+    srv.stop().await;
+}
+
+/// Dead letters: an undecodable message is dead-lettered by the worker; list, replay one (it is
+/// dead-lettered again under a new id), replay all, purge, unknown ids.
+async fn dead_letters(backend: TestBackend) {
+    let srv = serve(backend, |_| {}).await;
+    let store = srv.server.as_ref().unwrap().command_store().clone();
+    for p in ["garbage-1", "garbage-2"] {
+        store.messages().offer("extra", p.as_bytes().to_vec()).await.unwrap();
+    }
+    let dl = |n: usize| {
+        let srv = &srv;
+        async move {
+            eventually(Duration::from_secs(15), || async {
+                let (_, v) = get(srv, "/v1/queues/extra/dead-letters").await;
+                let items = v["items"].as_array().cloned().unwrap_or_default();
+                (items.len() == n).then_some(items)
+            })
+            .await
+            .unwrap_or_else(|| panic!("{n} dead letters expected"))
+        }
+    };
+    let items = dl(2).await;
+    let by_payload = |items: &[Value], p: &str| items.iter().find(|i| i["payload"] == p).cloned().expect(p);
+    let g1 = by_payload(&items, "garbage-1");
+    by_payload(&items, "garbage-2");
+    assert_eq!(g1["command_id"], Value::Null);
+    assert!(g1["reason"].as_str().unwrap().starts_with("not a command message"), "{g1}");
+    assert!(g1["dead_lettered_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(g1["deliveries"], 1);
+    let (_, q) = get(&srv, "/v1/queues/extra").await;
+    assert_eq!(q["dead_letters"], 2);
+
+    let first = g1["id"].as_str().unwrap().to_string();
+    let (s, r) = post(&srv, &format!("/v1/queues/extra/dead-letters/{first}/replay"), json!(null)).await;
+    assert_eq!(s, StatusCode::OK, "{r}");
+    assert_eq!(r["replayed"], first.as_str());
+    // Consumed again and dead-lettered again: still two, the replayed one under a new id.
+    let items = eventually(Duration::from_secs(15), || async {
+        let (_, v) = get(&srv, "/v1/queues/extra/dead-letters").await;
+        let items = v["items"].as_array().cloned().unwrap_or_default();
+        (items.len() == 2 && items.iter().all(|i| i["id"] != first.as_str())).then_some(items)
+    })
+    .await
+    .expect("replayed letter dead-lettered again");
+    assert_eq!(by_payload(&items, "garbage-1")["original_id"], r["id"]);
+
+    let (s, e) = post(&srv, &format!("/v1/queues/extra/dead-letters/{first}/replay"), json!(null)).await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    let (s, r) = post(&srv, "/v1/queues/extra/dead-letters/replay?limit=10", json!(null)).await;
+    assert_eq!((s, &r), (StatusCode::OK, &json!({"replayed": 2})));
+    dl(2).await;
+    let (s, r) = call(reqwest::Method::DELETE, format!("{}/v1/queues/extra/dead-letters", srv.base), None).await;
+    assert_eq!((s, &r), (StatusCode::OK, &json!({"purged": 2})));
+    let (_, v) = get(&srv, "/v1/queues/extra/dead-letters").await;
+    assert_eq!(v, json!({"items": []}));
+    srv.stop().await;
+}
+
+on_every_backend!(submit_state_wait_cancel, dead_letters);
+
+mod listing {
+    use super::*;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn memory() {
+        listing_and_queue_stats(TestBackend::Memory).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn standalone() {
+        baton_testkit::require_redis();
+        listing_and_queue_stats(TestBackend::Standalone(baton_testkit::RedisServer::start())).await
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+/// Every command and queue route with bad input: the status, the error code and the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_4xx_with_what_to_fix() {
+    let srv = serve(TestBackend::Memory, |c| c.max_command_body = 1024).await;
+    let (s, _) = post(&srv, "/v1/queues/default/commands", json!({"id": "known", "type": "echo"})).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let raw = |method: &str, path: &str, body: &str| {
+        let rb = client().request(method.parse().unwrap(), format!("{}{path}", srv.base)).body(body.to_string());
+        async move {
+            let res = rb.send().await.unwrap();
+            let s = res.status();
+            let v: Value = serde_json::from_str(&res.text().await.unwrap()).expect("JSON error body");
+            (s, v)
+        }
+    };
+    let big = format!("{{\"type\":\"echo\",\"params\":\"{}\"}}", "x".repeat(2000));
+    let cases: Vec<(&str, &str, String, u16, &str, &str)> = vec![
+        ("POST", "/v1/queues/default/commands", "{\"type\": ".into(), 400, "invalid_json", "request body is not valid JSON (EOF while parsing a value at line 1 column 9); send {\"type\": \"echo\", \"params\": {…}} (optional \"id\": a string)"),
+        ("POST", "/v1/queues/default/commands", "".into(), 400, "invalid_json", "request body is not valid JSON"),
+        ("POST", "/v1/queues/default/commands", "[]".into(), 400, "invalid_body", "got an array"),
+        ("POST", "/v1/queues/default/commands", "{\"type\": 5}".into(), 400, "invalid_body", "\"type\" must be a string naming a handler; got a number"),
+        ("POST", "/v1/queues/default/commands", "{\"type\": \"echo\", \"id\": true}".into(), 400, "invalid_body", "\"id\" must be a string"),
+        ("POST", "/v1/queues/default/commands", "{\"type\": \"echo\", \"extra\": 1}".into(), 400, "invalid_body", "unknown field \"extra\""),
+        ("POST", "/v1/queues/default/commands", "{\"type\": \"echo\", \"id\": \"a b\"}".into(), 400, "invalid_id", "invalid command id \"a b\": use 1 to 200 bytes without braces, whitespace or control characters"),
+        ("POST", "/v1/queues/default/commands", "{\"type\": \"echo\", \"id\": \"\"}".into(), 400, "invalid_id", "invalid command id \"\""),
+        ("POST", "/v1/queues/default/commands", "{\"type\": \"nap\"}".into(), 400, "unknown_type", "queue \"default\" has no handler for type \"nap\"; use one of echo, fail, sleep"),
+        ("POST", "/v1/queues/default/commands", "{\"type\": \"sleep\", \"params\": {\"ms\": \"5\"}}".into(), 400, "invalid_params", "invalid params: \"ms\" must be an integer from 0 to 86400000 (milliseconds); got \"5\""),
+        ("POST", "/v1/queues/default/commands", "{\"type\": \"fail\", \"params\": 3}".into(), 400, "invalid_params", "invalid params:"),
+        ("POST", "/v1/queues/default/commands", big, 413, "body_too_large", "commands take at most 1024 bytes (max_command_body)"),
+        ("POST", "/v1/queues/default/commands?x=1", "{\"type\": \"echo\"}".into(), 400, "invalid_query", "unknown query parameter \"x\"; this endpoint takes no query parameters"),
+        ("POST", "/v1/queues/nope/commands", "{\"type\": \"echo\"}".into(), 404, "unknown_queue", "no queue \"nope\" on this server; configured queues: default, extra"),
+        ("GET", "/v1/queues/nope/commands", "".into(), 404, "unknown_queue", "no queue \"nope\""),
+        ("GET", "/v1/queues/nope", "".into(), 404, "unknown_queue", "no queue \"nope\""),
+        ("GET", "/v1/queues/nope/dead-letters", "".into(), 404, "unknown_queue", "no queue \"nope\""),
+        ("DELETE", "/v1/queues/nope/dead-letters", "".into(), 404, "unknown_queue", "no queue \"nope\""),
+        ("POST", "/v1/queues/nope/dead-letters/replay", "".into(), 404, "unknown_queue", "no queue \"nope\""),
+        ("POST", "/v1/queues/nope/dead-letters/1-0/replay", "".into(), 404, "unknown_queue", "no queue \"nope\""),
+        ("GET", "/v1/queues/default/commands?status=DONE", "".into(), 400, "invalid_status", "status \"DONE\" is not one of SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (any case)"),
+        ("GET", "/v1/queues/default/commands?limit=abc", "".into(), 400, "invalid_limit", "limit must be an integer from 1 to 1000; got \"abc\""),
+        ("GET", "/v1/queues/default/commands?limit=1001", "".into(), 400, "invalid_limit", "limit must be an integer from 1 to 1000"),
+        ("GET", "/v1/queues/default/commands?cursor=zzz", "".into(), 400, "invalid_cursor", "invalid cursor \"zzz\": pass a next_cursor returned by this endpoint, or omit cursor to start from the newest"),
+        ("GET", "/v1/queues/default/commands?limit=1&limit=2", "".into(), 400, "invalid_query", "give the query parameter limit once"),
+        ("GET", "/v1/commands/known?wait=soon", "".into(), 400, "invalid_wait", "wait must be a duration like 30s, 500ms or 2m, at most 5m; \"soon\""),
+        ("GET", "/v1/commands/known?wait=10m", "".into(), 400, "invalid_wait", "at most 5m; got \"10m\""),
+        ("GET", "/v1/commands/known?wait=-1s", "".into(), 400, "invalid_wait", "wait must be a duration"),
+        ("GET", "/v1/commands/known?wiat=1s", "".into(), 400, "invalid_query", "unknown query parameter \"wiat\"; this endpoint takes wait"),
+        ("GET", "/v1/commands/a%20b", "".into(), 400, "invalid_id", "invalid command id \"a b\""),
+        ("GET", "/v1/commands/%FF", "".into(), 400, "invalid_path", "percent-encode UTF-8"),
+        ("POST", "/v1/commands/a%7Bb/cancel", "".into(), 400, "invalid_id", "invalid command id \"a{b\""),
+        ("GET", "/v1/commands/unknown", "".into(), 404, "not_found", "no command unknown (never submitted, or expired)"),
+        ("POST", "/v1/commands/unknown/cancel", "".into(), 404, "not_found", "no command unknown"),
+        ("GET", "/v1/queues/default/dead-letters?limit=0", "".into(), 400, "invalid_limit", "limit must be an integer from 1 to 1000; got \"0\""),
+        ("POST", "/v1/queues/default/dead-letters/replay?limit=-3", "".into(), 400, "invalid_limit", "limit must be an integer from 1 to 100000"),
+        ("POST", "/v1/queues/default/dead-letters/xyz/replay", "".into(), 400, "invalid_id", "\"xyz\" is not a dead-letter id; use an id from GET …/dead-letters (like 1700000000000-0)"),
+        ("POST", "/v1/queues/default/dead-letters/5-5/replay", "".into(), 404, "not_found", "no dead letter 5-5 in this queue"),
+        ("GET", "/v1/queues?verbose=1", "".into(), 400, "invalid_query", "unknown query parameter \"verbose\""),
+        ("PUT", "/v1/commands/known", "{}".into(), 405, "method_not_allowed", "PUT is not served here; use GET or HEAD"),
+        ("GET", "/v1/commands/known/cancel", "".into(), 405, "method_not_allowed", "GET is not served here; use POST"),
+        ("DELETE", "/v1/queues/default/commands", "".into(), 405, "method_not_allowed", "use GET or POST or HEAD"),
+        ("POST", "/v1/queues", "".into(), 405, "method_not_allowed", "use GET or HEAD"),
+    ];
+    for (method, path, body, status, code, message) in cases {
+        let (s, v) = raw(method, path, &body).await;
+        assert_eq!(s.as_u16(), status, "{method} {path} {body:.60}: {v}");
+        assert_eq!(v["error"], code, "{method} {path}: {v}");
+        let m = v["message"].as_str().unwrap();
+        assert!(m.starts_with(message) || m.contains(message), "{method} {path}: {m:?} lacks {message:?}");
+    }
+    // Nothing was stored by the refused submits.
+    let (_, q) = get(&srv, "/v1/queues/default").await;
+    assert_eq!(q["commands"]["total"], 1);
+    // A body far over the limit is refused by its declared length alone.
+    let res = client()
+        .post(format!("{}/v1/queues/default/commands", srv.base))
+        .body(vec![b' '; 10 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    srv.stop().await;
+}
+
+/// `/metrics`: sampled queue gauges, commands by status, handler histograms and outcomes, HTTP
+/// durations by route template; no command id appears in any label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_cover_queues_commands_and_routes() {
+    let srv = start(TestBackend::Memory, |c| {
+        let mut q = QueueConfig::with_builtins("metered", &["echo", "fail"]);
+        q.settings.poll_interval = Some(Duration::from_millis(50));
+        c.queues = vec![q];
+    })
+    .await;
+    for i in 0..3 {
+        post(&srv, "/v1/queues/metered/commands", json!({"id": format!("secret-id-{i}"), "type": "echo"})).await;
+    }
+    post(&srv, "/v1/queues/metered/commands", json!({"id": "secret-id-f", "type": "fail", "params": {"error": "x"}})).await;
+    for id in ["secret-id-0", "secret-id-1", "secret-id-2", "secret-id-f"] {
+        let (_, st) = get(&srv, &format!("/v1/commands/{id}?wait=10s")).await;
+        assert!(st["completed_at"].is_string(), "{st}");
+    }
+    let text = client().get(format!("{}/metrics", srv.base)).send().await.unwrap().text().await.unwrap();
+    let has = |line: &str| text.lines().any(|l| l == line);
+    for line in [
+        "baton_commands{queue=\"metered\",status=\"succeeded\"} 3",
+        "baton_commands{queue=\"metered\",status=\"failed\"} 1",
+        "baton_commands{queue=\"metered\",status=\"submitted\"} 0",
+        "baton_queue_length{queue=\"metered\"} 0",
+        "baton_queue_pending{queue=\"metered\"} 0",
+        "baton_queue_lag{queue=\"metered\"} 0",
+        "baton_queue_consumers{queue=\"metered\"} 1",
+        "baton_queue_dead_letter_entries{queue=\"metered\"} 0",
+        "baton_command_outcomes_total{queue=\"metered\",type=\"echo\",outcome=\"succeeded\"} 3",
+        "baton_command_outcomes_total{queue=\"metered\",type=\"fail\",outcome=\"failed\"} 1",
+        "baton_command_handler_seconds_count{queue=\"metered\",type=\"echo\",call=\"execute\"} 3",
+        "baton_commands_submitted_total{queue=\"metered\"} 4",
+    ] {
+        assert!(has(line), "missing {line:?} in\n{text}");
+    }
+    assert!(text.contains("baton_http_request_duration_seconds_bucket{route=\"/v1/commands/{id}\",method=\"GET\",status=\"200\""), "{text}");
+    assert!(text.contains("baton_http_request_duration_seconds_count{route=\"/v1/queues/{queue}/commands\",method=\"POST\",status=\"202\"}"));
+    assert!(text.contains("# TYPE baton_command_handler_seconds histogram"));
+    assert!(!text.contains("secret-id"), "a command id leaked into a label");
+    srv.stop().await;
+}
+
+/// `/readyz` follows the backend: 503 while Redis is down, 200 again after it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_redis() {
+    baton_testkit::require_redis();
+    let mut srv = serve(TestBackend::Standalone(baton_testkit::RedisServer::start()), |_| {}).await;
+    let ready = |base: String| async move { client().get(format!("{base}/readyz")).send().await.unwrap().status() };
+    assert_eq!(ready(srv.base.clone()).await, StatusCode::OK);
+    let TestBackend::Standalone(redis) = &mut srv.backend else { unreachable!() };
+    redis.kill();
+    let down = eventually(Duration::from_secs(10), || async {
+        (ready(srv.base.clone()).await == StatusCode::SERVICE_UNAVAILABLE).then_some(())
+    })
+    .await;
+    assert!(down.is_some(), "readyz stayed 200 with Redis down");
+    let TestBackend::Standalone(redis) = &mut srv.backend else { unreachable!() };
+    redis.restart();
+    let up = eventually(Duration::from_secs(15), || async { (ready(srv.base.clone()).await == StatusCode::OK).then_some(()) }).await;
+    assert!(up.is_some(), "readyz did not recover");
+    srv.stop().await;
+}
+
+/// A `?wait=` holds a live-reader slot: with none free it is 503 with `Retry-After`, while a
+/// plain read still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_count_as_live_readers() {
+    let srv = serve(TestBackend::Memory, |c| c.max_live_readers = 0).await;
+    let (s, _) = post(&srv, "/v1/queues/default/commands", json!({"id": "w-1", "type": "sleep", "params": {"ms": 60000}})).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let res = client().get(format!("{}/v1/commands/w-1?wait=1s", srv.base)).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&res, "retry-after"), Some("2"));
+    let v: Value = serde_json::from_str(&res.text().await.unwrap()).unwrap();
+    assert_eq!(v["error"], "too_many_live_readers");
+    let (s, st) = get(&srv, "/v1/commands/w-1").await;
+    assert_eq!((s, st["id"].as_str()), (StatusCode::OK, Some("w-1")));
+    // A terminal command needs no slot: the wait returns at once.
+    post(&srv, "/v1/commands/w-1/cancel", json!(null)).await;
+    let (s, st) = get(&srv, "/v1/commands/w-1?wait=1s").await;
+    assert_eq!((s, st["status"].as_str()), (StatusCode::OK, Some("CANCELLED")));
+    srv.stop().await;
+}

@@ -1,0 +1,188 @@
+//! Queues and handlers from a TOML file; `baton serve --no-workers` plus `baton worker`
+//! processes sharing one Redis: the work is done by the workers, a killed worker's command is
+//! taken over by another, JSON logs, worker health and metrics.
+
+mod common;
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use baton::config::ServeArgs;
+use baton::server::Server;
+use baton_testkit::{eventually, free_port, RedisServer};
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+const CONFIG: &str = r#"
+[queues.jobs]
+claim_timeout = "1s"
+poll_interval = "100ms"
+[queues.jobs.handlers]
+nap = "sleep"
+say = { kind = "echo" }
+"#;
+
+struct Worker {
+    child: Child,
+    port: u16,
+}
+
+impl Worker {
+    fn spawn(config: &std::path::Path, redis: &str) -> Worker {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["--log-format", "json", "worker", "--redis", redis, "--shutdown-grace", "1s"])
+            .arg("--config")
+            .arg(config)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env_remove("BATON_REDIS_CLUSTER")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("baton worker starts");
+        Worker { child, port }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    async fn ready(&self) {
+        let ok = eventually(Duration::from_secs(20), || async {
+            let r = client().get(self.url("/readyz")).send().await.ok()?;
+            (r.status() == StatusCode::OK).then_some(())
+        })
+        .await;
+        assert!(ok.is_some(), "worker did not become ready");
+    }
+
+    /// SIGTERM, then the exit status and everything it logged.
+    fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let status = self.child.wait().unwrap();
+        let mut err = String::new();
+        self.child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        (status, err)
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn wait_state(base: &str, id: &str) -> Value {
+    let res = client().get(format!("{base}/v1/commands/{id}?wait=20s")).send().await.unwrap();
+    serde_json::from_str(&res.text().await.unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_server_and_worker_processes_share_redis() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("baton-workers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("baton.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+
+    let mut cfg = ServeArgs {
+        config: Some(config.clone()),
+        redis: Some(redis.url()),
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        no_workers: true,
+        ..Default::default()
+    }
+    .resolve()
+    .unwrap();
+    cfg.shutdown_grace = Duration::from_secs(2);
+    assert!(!cfg.queues_defaulted);
+    let server = Server::start(cfg).await.unwrap();
+    let base = server.base_url();
+
+    // The API knows the configured queue and its handler types, but runs no workers.
+    let v: Value = serde_json::from_str(&client().get(format!("{base}/v1/queues/jobs")).send().await.unwrap().text().await.unwrap()).unwrap();
+    assert_eq!(v["handlers"], json!(["nap", "say"]));
+    assert_eq!(v["workers"], json!(false));
+    assert_eq!(client().get(format!("{base}/v1/queues/default")).send().await.unwrap().status(), StatusCode::NOT_FOUND);
+
+    // Nothing runs without workers.
+    let submit = |body: Value| {
+        let base = base.clone();
+        async move {
+            let r = client().post(format!("{base}/v1/queues/jobs/commands")).body(body.to_string()).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::ACCEPTED);
+        }
+    };
+    submit(json!({"id": "say-1", "type": "say", "params": "hi"})).await;
+    let st: Value = serde_json::from_str(
+        &client().get(format!("{base}/v1/commands/say-1?wait=300ms")).send().await.unwrap().text().await.unwrap(),
+    )
+    .unwrap();
+    assert_eq!(st["status"], "SUBMITTED");
+
+    // One worker: it does the queued work.
+    let a = Worker::spawn(&config, &redis.url());
+    a.ready().await;
+    let st = wait_state(&base, "say-1").await;
+    assert_eq!((st["status"].as_str(), &st["result"]), (Some("SUCCEEDED"), &json!("hi")));
+
+    // A long sleep is taken by worker A; a second worker starts; A dies; B finishes it.
+    submit(json!({"id": "nap-1", "type": "nap", "params": {"ms": 4000}})).await;
+    let taken = eventually(Duration::from_secs(10), || async {
+        let v: Value = serde_json::from_str(&client().get(format!("{base}/v1/queues/jobs")).send().await.ok()?.text().await.ok()?).ok()?;
+        (v["pending"] == 1).then_some(())
+    })
+    .await;
+    assert!(taken.is_some(), "worker A never took the command");
+    let b = Worker::spawn(&config, &redis.url());
+    b.ready().await;
+    drop(a); // SIGKILL: its lease stops renewing
+    let st = wait_state(&base, "nap-1").await;
+    assert_eq!(st["status"], "SUCCEEDED", "{st}");
+    assert_eq!(st["result"], json!({"slept_ms": 4000}));
+
+    // The worker's own metrics and health.
+    let metrics = client().get(b.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("baton_queue_length{queue=\"jobs\"} 0"), "{metrics}");
+    assert!(metrics.contains("baton_command_outcomes_total{queue=\"jobs\",type=\"nap\",outcome=\"succeeded\"} 1"), "{metrics}");
+    assert_eq!(client().get(b.url("/healthz")).send().await.unwrap().status(), StatusCode::OK);
+
+    // Graceful stop; every log line is one JSON object.
+    let (status, logs) = b.terminate();
+    assert!(status.success(), "{status:?}\n{logs}");
+    let lines: Vec<&str> = logs.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["level"].is_string() && v["fields"].is_object(), "{l}");
+    }
+    assert!(logs.contains("consumer started"), "{logs}");
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn worker_refuses_the_memory_backend_and_unknown_queues() {
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("worker")
+        .env_remove("BATON_REDIS")
+        .env_remove("BATON_REDIS_CLUSTER")
+        .env_remove("BATON_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("baton worker: baton worker needs --redis or --redis-cluster"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["worker", "--redis", "redis://127.0.0.1:1", "--queues", "nope"])
+        .env_remove("BATON_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--queues names \"nope\", which is not configured; configured: default"), "{err}");
+}

@@ -1,0 +1,277 @@
+// Drives the Baton dashboard in headless Chromium (Debian's `chromium`, through playwright-core):
+// starts `baton serve` on a free port (in memory, and on a Redis standalone server started here),
+// submits commands and checks the page shows them live, filters by status, cancels a running
+// command from its detail panel, replays a dead letter (Redis: a malformed queue entry is
+// injected with redis-cli), follows a stream live, and uses the page with a bearer token. Writes
+// screenshots to target/dashboard-screenshots/.
+//
+//   BATON_BIN=target/debug/baton node dashboard-tests/dashboard.test.mjs [memory] [redis] [auth]
+//
+// Environment: BATON_BIN (required), CHROMIUM (default /usr/bin/chromium), SCREENSHOTS (default
+// <repo>/target/dashboard-screenshots).
+import { spawn, execFileSync } from "node:child_process"
+import { mkdtempSync, mkdirSync, rmSync, readFileSync } from "node:fs"
+import { createServer } from "node:net"
+import { tmpdir } from "node:os"
+import { dirname, join, resolve } from "node:path"
+import { fileURLToPath } from "node:url"
+import { chromium } from "playwright-core"
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..")
+const BATON = process.env.BATON_BIN
+if (!BATON) throw new Error("set BATON_BIN to a built `baton` binary")
+const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium"
+const SHOTS = process.env.SCREENSHOTS ?? join(ROOT, "target", "dashboard-screenshots")
+mkdirSync(SHOTS, { recursive: true })
+const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth"]
+const TOKEN = "dashboard-test-token-0123456789abcdef"
+
+const children = []
+const work = mkdtempSync(join(tmpdir(), "baton-dashboard-"))
+function cleanup() {
+  for (const c of children) try { c.kill("SIGTERM") } catch {}
+}
+process.on("exit", () => { cleanup(); try { rmSync(work, { recursive: true, force: true }) } catch {} })
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+async function freePort() {
+  return new Promise((res, rej) => {
+    const s = createServer()
+    s.listen(0, "127.0.0.1", () => { const p = s.address().port; s.close(() => res(p)) })
+    s.on("error", rej)
+  })
+}
+async function until(what, fn, ms = 10000) {
+  const end = Date.now() + ms
+  let last
+  while (Date.now() < end) {
+    try { last = await fn(); if (last) return last } catch (e) { last = e }
+    await sleep(100)
+  }
+  throw new Error(`timed out waiting for ${what} (last: ${last instanceof Error ? last.message : JSON.stringify(last)})`)
+}
+function check(cond, msg) { if (!cond) throw new Error("check failed: " + msg) }
+
+async function startRedis() {
+  const port = await freePort()
+  const dir = join(work, `redis-${port}`)
+  mkdirSync(dir)
+  const p = spawn("redis-server", ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir],
+    { stdio: "ignore" })
+  children.push(p)
+  await until("redis-server", () => { try { execFileSync("redis-cli", ["-p", String(port), "ping"], { stdio: "pipe" }); return true } catch { return false } })
+  return port
+}
+
+async function startBaton(args, env = {}) {
+  const port = await freePort()
+  const log = join(work, `baton-${port}.log`)
+  const { openSync } = await import("node:fs")
+  const fd = openSync(log, "w")
+  const p = spawn(BATON, ["serve", "--listen", `127.0.0.1:${port}`, "--sse-cycle", "5s", ...args],
+    { stdio: ["ignore", fd, fd], env: { ...process.env, BATON_LOG: "info,baton=debug", ...env } })
+  children.push(p)
+  const base = `http://127.0.0.1:${port}`
+  await until("baton serve", async () => (await fetch(base + "/healthz")).ok)
+  return { base, log, proc: p }
+}
+
+function client(base, token) {
+  const auth = token ? { authorization: `Bearer ${token}` } : {}
+  return {
+    async submit(body) {
+      const r = await fetch(`${base}/v1/queues/default/commands`, { method: "POST", headers: { "content-type": "application/json", ...auth }, body: JSON.stringify(body) })
+      const text = await r.text()
+      check(r.status === 202, `submit ${JSON.stringify(body)}: ${r.status} ${text}`)
+      return JSON.parse(text)
+    },
+    async get(id) {
+      const r = await fetch(`${base}/v1/commands/${encodeURIComponent(id)}`, { headers: auth })
+      return r.json()
+    },
+    async stream(method, path, body, headers = {}) {
+      const r = await fetch(`${base}/v1/stream/${path}`, { method, body, headers: { ...auth, ...headers } })
+      if (!r.ok) throw new Error(`${method} ${path}: ${r.status} ${await r.text()}`)
+      return r
+    },
+  }
+}
+
+async function browser() {
+  const profile = mkdtempSync(join(work, "chromium-"))
+  return chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    viewport: { width: 1400, height: 900 },
+    colorScheme: "light",
+  })
+}
+
+const tab = (page, name) => page.getByRole("tab", { name: new RegExp("^" + name) }).click()
+const rowsOf = (page, table) => page.locator(`#${table} tbody tr`)
+
+async function mainFlow(mode) {
+  const redisPort = mode === "redis" ? await startRedis() : null
+  const { base } = await startBaton(redisPort ? ["--redis", `redis://127.0.0.1:${redisPort}`] : [])
+  const api = client(base)
+  const prefix = `${mode}-`
+  for (let i = 0; i < 3; i++) await api.submit({ id: `${prefix}echo-${i}`, type: "echo", params: { n: i } })
+  await api.submit({ id: `${prefix}fail`, type: "fail", params: { error: "disk full" } })
+  await api.submit({ id: `${prefix}sleepy`, type: "sleep", params: { ms: 600000 } })
+  // `sleep` runs inside `execute`, so it stays SUBMITTED (not RUNNING) while it sleeps.
+  await until("commands to settle", async () => (await api.get(`${prefix}fail`)).status === "FAILED" && (await api.get(`${prefix}echo-2`)).status === "SUCCEEDED")
+
+  const ctx = await browser()
+  const page = ctx.pages()[0] ?? await ctx.newPage()
+  const consoleErrors = []
+  page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()) })
+  page.on("pageerror", (e) => consoleErrors.push(String(e)))
+  try {
+    // The JSON index is still there for programs; browsers get the page.
+    const idx = await fetch(base + "/")
+    check(idx.headers.get("content-type").startsWith("application/json"), "GET / without Accept: text/html is JSON")
+    await page.goto(base + "/")
+    await page.locator("#conn.live").waitFor({ timeout: 10000 })
+    // Queues view: counts per status, live.
+    const row = page.locator('#queues-table tr[data-queue="default"]')
+    await row.waitFor()
+    const cells = async () => (await row.locator("td").allTextContents()).map((s) => s.trim())
+    await until("queue counts", async () => { const c = await cells(); return c[5] === "1" && c[7] === "3" && c[8] === "1" })
+    await page.locator(".card.SUCCEEDED .value", { hasText: "3" }).waitFor()
+    await page.screenshot({ path: join(SHOTS, `${mode}-1-queues.png`), fullPage: true })
+
+    // Commands view: a command submitted now appears without a reload.
+    await tab(page, "Commands")
+    await until("5 commands listed", async () => (await rowsOf(page, "commands-table").count()) === 5)
+    await api.submit({ id: `${prefix}late`, type: "echo", params: { late: true } })
+    await page.locator(`#commands-table tr[data-id="${prefix}late"][data-status="SUCCEEDED"]`).waitFor({ timeout: 5000 })
+    // Filter by status.
+    await page.selectOption("#filter-status", "SUCCEEDED")
+    await until("only SUCCEEDED rows", async () => {
+      const st = await page.locator("#commands-table tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.status))
+      return st.length === 4 && st.every((s) => s === "SUCCEEDED")
+    })
+    await page.selectOption("#filter-status", "SUBMITTED")
+    await until("only the SUBMITTED row", async () => {
+      const ids = await page.locator("#commands-table tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.id))
+      return ids.length === 1 && ids[0] === `${prefix}sleepy`
+    })
+    // Detail and cancel.
+    await page.locator(`#commands-table tr[data-id="${prefix}sleepy"]`).click()
+    await page.locator("#detail-json", { hasText: '"status": "SUBMITTED"' }).waitFor()
+    check(await page.locator("#cancel-btn").isEnabled(), "cancel is enabled for a command not yet ended")
+    await page.screenshot({ path: join(SHOTS, `${mode}-2-commands-running.png`), fullPage: true })
+    await page.locator("#cancel-btn").click()
+    await page.locator("#detail-json", { hasText: '"status": "CANCELLED"' }).waitFor()
+    check((await api.get(`${prefix}sleepy`)).status === "CANCELLED", "the server says CANCELLED")
+    check(await page.locator("#cancel-btn").isDisabled(), "cancel is disabled once terminal")
+    await page.selectOption("#filter-status", "")
+    await page.locator(`#commands-table tr[data-id="${prefix}sleepy"][data-status="CANCELLED"]`).waitFor()
+    await page.locator(`#commands-table tr[data-id="${prefix}fail"]`).click()
+    await page.locator("#detail-facts", { hasText: "disk full" }).waitFor()
+    await page.screenshot({ path: join(SHOTS, `${mode}-3-commands-detail.png`), fullPage: true })
+
+    // Dead letters (a command queue dead-letters only malformed entries: inject one on Redis).
+    if (redisPort) {
+      execFileSync("redis-cli", ["-p", String(redisPort), "XADD", "baton:q:{default}", "*", "p", "this is not a command"])
+      await tab(page, "Dead letters")
+      const dl = page.locator("#dead-table tbody tr")
+      await until("a dead letter", async () => (await dl.count()) === 1, 15000)
+      const firstId = await dl.first().getAttribute("data-id")
+      await page.locator("#count-dead.alert", { hasText: "1" }).waitFor()
+      await page.screenshot({ path: join(SHOTS, `${mode}-4-dead-letters.png`), fullPage: true })
+      await dl.first().getByRole("button", { name: /Replay/ }).click()
+      await page.locator("#toast", { hasText: `Replayed ${firstId}` }).waitFor()
+      // Replayed, it is delivered again and (still malformed) dead-lettered again under a new id.
+      await until("the replayed letter to come back with a new id", async () => {
+        const ids = await dl.evaluateAll((rs) => rs.map((r) => r.dataset.id))
+        return ids.length === 1 && ids[0] !== firstId
+      }, 15000)
+    } else {
+      await tab(page, "Dead letters")
+      await page.locator("#dead-empty").waitFor()
+    }
+
+    // Streams: open one and watch it live.
+    const path = `${mode}/run-1`
+    await api.stream("PUT", path, undefined, { "content-type": "text/plain" })
+    await api.stream("POST", path, "line one\n", { "content-type": "text/plain" })
+    await tab(page, "Streams")
+    await page.fill("#stream-path", path)
+    await page.getByRole("button", { name: "Open" }).click()
+    await page.locator("#stream-log", { hasText: "line one" }).waitFor()
+    await api.stream("POST", path, "line two\n", { "content-type": "text/plain" })
+    await page.locator("#stream-log", { hasText: "line two" }).waitFor({ timeout: 5000 })
+    await page.fill("#append-text", "typed in the page")
+    await page.getByRole("button", { name: "Append", exact: true }).click()
+    await page.locator("#stream-log", { hasText: "typed in the page" }).waitFor({ timeout: 5000 })
+    const body = await (await api.stream("GET", `${path}?offset=-1`)).text()
+    check(body === "line one\nline two\ntyped in the page\n", `stream content: ${JSON.stringify(body)}`)
+    await page.screenshot({ path: join(SHOTS, `${mode}-5-stream-live.png`), fullPage: true })
+    await api.stream("POST", path, undefined, { "stream-closed": "true" })
+    await page.locator("#stream-status", { hasText: "has ended (finished)" }).waitFor({ timeout: 5000 })
+    await page.screenshot({ path: join(SHOTS, `${mode}-6-stream-ended.png`), fullPage: true })
+    // A path that does not exist says so.
+    await page.fill("#stream-path", `${mode}/nope`)
+    await page.getByRole("button", { name: "Open" }).click()
+    await page.locator("#stream-status", { hasText: "No stream at" }).waitFor()
+
+    const unexpected = consoleErrors.filter((e) => !/404|Failed to load resource/.test(e))
+    check(unexpected.length === 0, `console errors: ${unexpected.join(" | ")}`)
+  } catch (e) {
+    await page.screenshot({ path: join(SHOTS, `${mode}-FAILED.png`), fullPage: true }).catch(() => {})
+    throw e
+  } finally {
+    await ctx.close()
+  }
+}
+
+async function authFlow() {
+  const { base, log } = await startBaton([], { BATON_ADMIN_TOKEN: TOKEN })
+  const api = client(base, TOKEN)
+  const r = await fetch(`${base}/v1/queues`)
+  check(r.status === 401, `without a token /v1/queues is 401 (got ${r.status})`)
+  await api.submit({ id: "auth-echo", type: "echo", params: { hello: "token" } })
+  await api.stream("PUT", "auth/s1", undefined, { "content-type": "text/plain" })
+  await api.stream("POST", "auth/s1", "secret line\n", { "content-type": "text/plain" })
+  const ctx = await browser()
+  const page = ctx.pages()[0] ?? await ctx.newPage()
+  try {
+    await page.goto(base + "/")
+    await page.locator("#auth-banner", { hasText: "requires a bearer token" }).waitFor()
+    await page.screenshot({ path: join(SHOTS, "auth-1-token-needed.png"), fullPage: true })
+    await page.fill("#token", TOKEN)
+    await page.getByRole("button", { name: "Use" }).click()
+    await page.locator("#conn.live").waitFor()
+    await tab(page, "Commands")
+    await page.locator('#commands-table tr[data-id="auth-echo"]').waitFor()
+    await tab(page, "Streams")
+    await page.fill("#stream-path", "auth/s1")
+    await page.getByRole("button", { name: "Open" }).click()
+    await page.locator("#stream-log", { hasText: "secret line" }).waitFor()
+    await page.screenshot({ path: join(SHOTS, "auth-2-with-token.png"), fullPage: true })
+    await sleep(300)
+    const text = readFileSync(log, "utf8")
+    check(!text.includes(TOKEN), "the token never appears in the server's log")
+  } finally {
+    await ctx.close()
+  }
+}
+
+let failed = 0
+for (const mode of MODES) {
+  const t0 = Date.now()
+  try {
+    if (mode === "auth") await authFlow()
+    else await mainFlow(mode)
+    console.log(`dashboard (${mode}): ok in ${((Date.now() - t0) / 1000).toFixed(1)}s`)
+  } catch (e) {
+    failed++
+    console.error(`dashboard (${mode}): FAILED: ${e.stack || e}`)
+  }
+}
+console.log(`screenshots in ${SHOTS}`)
+cleanup()
+process.exit(failed ? 1 : 0)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs the dashboard test (dashboard.test.mjs) in headless Chromium against `baton serve`: in
+# memory, on a Redis standalone server (started by the test on a free port; needs redis-server and
+# redis-cli), and with a bearer token. Screenshots go to target/dashboard-screenshots/.
+#
+#   dashboard-tests/run.sh                 # memory, redis, auth
+#   dashboard-tests/run.sh memory          # some of them
+#
+# Environment: BATON_BIN (a built `baton`; default: `cargo build -p baton --locked` and use
+# ${CARGO_TARGET_DIR:-target}/debug/baton), CHROMIUM (default: /usr/bin/chromium, installed with
+# apt-get when missing).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+log() { printf '\n==> %s\n' "$*"; }
+
+if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
+  log "installing chromium (Debian package)"
+  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq </dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends chromium </dev/null >/dev/null
+fi
+export CHROMIUM="${CHROMIUM:-$(command -v chromium)}"
+
+if [ ! -d "$HERE/node_modules/playwright-core" ]; then
+  log "npm ci (dashboard-tests/)"
+  (cd "$HERE" && npm ci --no-audit --no-fund)
+fi
+
+if [ -z "${BATON_BIN:-}" ]; then
+  log "cargo build -p baton --locked"
+  (cd "$ROOT" && cargo build -p baton --locked)
+  BATON_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/baton"
+fi
+[ -x "$BATON_BIN" ] || { echo "baton binary not found at $BATON_BIN" >&2; exit 1; }
+export BATON_BIN
+
+log "dashboard in headless Chromium ($("$CHROMIUM" --version 2>/dev/null | head -1))"
+node "$HERE/dashboard.test.mjs" "$@"
