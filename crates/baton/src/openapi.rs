@@ -55,19 +55,14 @@ fn err_resp(d: &str) -> Value {
 }
 
 fn stream_err(d: &str) -> Value {
-    json_resp(d, r("StreamError"))
+    err_resp(d)
 }
 
 /// Responses every protected route may give (auth, and the error formats of the outer layers).
-fn protected(mut responses: Map<String, Value>, stream: bool) -> Value {
+fn protected(mut responses: Map<String, Value>) -> Value {
     responses.insert("401".into(), err_resp("No valid bearer token (tokens are configured). `WWW-Authenticate: Bearer`."));
     responses.insert("403".into(), err_resp("The token's operations or scopes do not cover this request."));
-    let default = if stream {
-        json_resp("Another error (stream error format).", json!({ "anyOf": [r("StreamError"), r("Error")] }))
-    } else {
-        json_resp("Another error.", json!({ "anyOf": [r("Error"), r("StreamError")] }))
-    };
-    responses.insert("default".into(), default);
+    responses.insert("default".into(), err_resp("Another error."));
     Value::Object(responses)
 }
 
@@ -113,14 +108,14 @@ fn stream_ops() -> Value {
             ("400", e("Bad path, header or body.")), ("404", e("Fork source not found.")),
             ("409", e("A different stream exists at this path.")), ("410", e("Fork source gone.")),
             ("413", e("Body too large.")),
-        ]), true)), body.clone()),
+        ]))), body.clone()),
         "post": with_body(op("Append, close (Stream-Closed: true) or keepalive", "streams", p(), protected(map(vec![
             ("200", json!({ "description": "Appended (idempotent producer, new)." })),
             ("204", json!({ "description": "Appended, duplicate, closed or keepalive." })),
             ("400", e("Bad header or body.")), ("403", err_resp("Token scope.")), ("404", e("No such stream.")),
             ("409", e("Closed, conflict, or producer fenced.")), ("410", e("Stream gone.")),
             ("413", e("Body too large or max length reached.")),
-        ]), true)), body),
+        ]))), body),
         "get": op("Read: catch-up, long-poll or SSE", "streams", get_params, protected(map(vec![
             ("200", json!({ "description": "Data in the stream's content type, or an SSE stream." })),
             ("204", json!({ "description": "Long-poll timed out, or SSE resumed at the end." })),
@@ -128,27 +123,27 @@ fn stream_ops() -> Value {
             ("400", e("Malformed offset or query.")), ("404", e("No such stream.")),
             ("410", e("Offset before retained history, or stream gone.")),
             ("503", e("Too many live readers (Retry-After) or backend unavailable.")),
-        ]), true)),
+        ]))),
         "head": op("Stream metadata", "streams", p(), protected(map(vec![
             ("200", json!({ "description": "Metadata in headers." })),
             ("400", json!({ "description": "Bad path." })), ("404", json!({ "description": "No such stream." })),
-        ]), true)),
+        ]))),
         "delete": op("Delete a stream", "streams", p(), protected(map(vec![
             ("204", json!({ "description": "Deleted." })),
             ("400", e("Bad path.")), ("404", e("No such stream.")), ("410", e("Gone.")),
-        ]), true)),
+        ]))),
     })
 }
 
 fn no_path_ops() -> Value {
-    let resp = || protected(map(vec![("400", stream_err("A stream URL needs a path after /v1/stream/."))]), true);
+    let resp = || protected(map(vec![("400", stream_err("A stream URL needs a path after /v1/stream/."))]));
     let mut m = Map::new();
     for method in ["get", "put", "post", "delete"] {
         m.insert(method.into(), op("Always 400: no stream path", "streams", json!([]), resp()));
     }
     m.insert(
         "head".into(),
-        op("Always 400: no stream path", "streams", json!([]), protected(map(vec![("400", json!({ "description": "No path." }))]), true)),
+        op("Always 400: no stream path", "streams", json!([]), protected(map(vec![("400", json!({ "description": "No path." }))]))),
     );
     Value::Object(m)
 }
@@ -183,7 +178,7 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
             ("409", err_resp("The id exists with another body.")),
             ("413", err_resp("Body over max_command_body.")),
             ("503", err_resp("Backend unavailable (Retry-After).")),
-        ]), false)), submit_body),
+        ]))), submit_body),
         "get": op("List a queue's commands, newest first", "commands", json!([
             queue(),
             query("status", "Only this status (any case; PENDING and PROCESSING are aliases).",
@@ -193,7 +188,7 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
         ]), protected(map(vec![
             ("200", json_resp("One page.", r("CommandPage"))),
             ("400", err_resp("Bad status, cursor or limit.")), ("404", err_resp("Unknown queue.")),
-        ]), false)),
+        ]))),
     }));
     m.insert("/v1/commands/{id}".into(), json!({
         "get": op("A command's state", "commands", json!([
@@ -203,14 +198,14 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
         ]), protected(map(vec![
             ("200", state()), ("400", err_resp("Bad id or wait.")), ("404", err_resp("Unknown command.")),
             ("503", err_resp("A wait holds a live-reader slot; all are taken (Retry-After).")),
-        ]), false)),
+        ]))),
     }));
     m.insert("/v1/commands/{id}/cancel".into(), json!({
         "post": op("Cancel a command", "commands", json!([id()]), protected(map(vec![
             ("200", json_resp("Cancelled: the state.", r("CommandState"))),
             ("400", err_resp("Bad id.")), ("404", err_resp("Unknown command.")),
             ("409", err_resp("Already terminal; `state` holds it.")),
-        ]), false)),
+        ]))),
     }));
     m.insert("/v1/queues".into(), json!({
         "get": op("Queues and their statistics", "queues", json!([]), protected(map(vec![
@@ -221,12 +216,12 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
                 "SubmitCommand": link("post", "/v1/queues/{queue}/commands", json!({ "queue": "$response.body#/queues/0/name" })),
                 "ListDeadLetters": link("get", "/v1/queues/{queue}/dead-letters", json!({ "queue": "$response.body#/queues/0/name" })),
             }))),
-        ]), false)),
+        ]))),
     }));
     m.insert("/v1/queues/{queue}".into(), json!({
         "get": op("One queue's statistics", "queues", json!([queue()]), protected(map(vec![
             ("200", json_resp("The queue.", r("Queue"))), ("404", err_resp("Unknown queue.")),
-        ]), false)),
+        ]))),
     }));
     m.insert("/v1/queues/{queue}/dead-letters".into(), json!({
         "get": op("Dead letters, oldest first", "queues", json!([
@@ -238,12 +233,12 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
                     json!({ "queue": "$request.path.queue", "id": "$response.body#/items/0/id" })),
             }))),
             ("400", err_resp("Bad limit.")), ("404", err_resp("Unknown queue.")),
-        ]), false)),
+        ]))),
         "delete": op("Purge every dead letter (admin)", "queues", json!([queue()]), protected(map(vec![
             ("200", json_resp("How many were deleted.", json!({ "type": "object", "required": ["purged"],
                 "properties": { "purged": { "type": "integer", "minimum": 0 } } }))),
             ("404", err_resp("Unknown queue.")),
-        ]), false)),
+        ]))),
     }));
     m.insert("/v1/queues/{queue}/dead-letters/replay".into(), json!({
         "post": op("Replay dead letters, oldest first (admin)", "queues", json!([
@@ -252,7 +247,7 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
             ("200", json_resp("How many were put back.", json!({ "type": "object", "required": ["replayed"],
                 "properties": { "replayed": { "type": "integer", "minimum": 0 } } }))),
             ("400", err_resp("Bad limit.")), ("404", err_resp("Unknown queue.")),
-        ]), false)),
+        ]))),
     }));
     m.insert("/v1/queues/{queue}/dead-letters/{id}/replay".into(), json!({
         "post": op("Replay one dead letter (admin)", "queues", json!([queue(), path_param("id", "Dead-letter id (`<ms>-<seq>`).")]),
@@ -260,7 +255,7 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
                 ("200", json_resp("Put back at the queue's tail.", json!({ "type": "object", "required": ["replayed", "id"],
                     "properties": { "replayed": { "type": "string" }, "id": { "type": "string" } } }))),
                 ("400", err_resp("Bad id.")), ("404", err_resp("Unknown queue or dead letter.")),
-            ]), false)),
+            ]))),
     }));
     m
 }
@@ -278,9 +273,6 @@ fn schemas() -> Value {
             "error": { "type": "string", "description": "A stable code, e.g. `invalid_json`, `unknown_queue`." },
             "message": { "type": "string", "description": "What went wrong and what to fix." },
             "state": r("CommandState") } },
-        "StreamError": { "type": "object", "required": ["error"], "properties": {
-            "error": { "type": "object", "required": ["code", "message"], "properties": {
-                "code": { "type": "string" }, "message": { "type": "string" } } } } },
         "SubmitRequest": { "type": "object", "required": ["type"], "additionalProperties": false, "properties": {
             "id": { "type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^{}\\s]+$",
                     "description": "Client-chosen id (idempotency key); a UUIDv7 when absent." },
@@ -359,7 +351,7 @@ pub fn spec(queues: &[String]) -> Value {
                                             "data": { "type": "string", "contentMediaType": "application/json" } } } } } })),
         ("400", err_resp("Bad queue, status or limit.")), ("404", err_resp("Unknown queue.")),
         ("503", err_resp("Too many live readers.")),
-    ]), false)) }));
+    ]))) }));
     for (path, item) in paths.iter_mut() {
         for (method, op) in item.as_object_mut().expect("path item").iter_mut() {
             op["operationId"] = Value::from(operation_id(method, path));

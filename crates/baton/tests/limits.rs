@@ -22,7 +22,7 @@ async fn raw_request(addr: std::net::SocketAddr, request_line: &str) -> String {
 
 async fn error_code(r: reqwest::Response) -> String {
     let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
-    v["error"]["code"].as_str().unwrap().to_string()
+    v["error"].as_str().unwrap().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

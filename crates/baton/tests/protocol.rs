@@ -32,7 +32,7 @@ async fn scenario(backend_name: &str) {
     let r = c.put(&url).header("content-type", "application/json").send().await.unwrap();
     assert_eq!(r.status(), StatusCode::CONFLICT);
     let err: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
-    assert_eq!(err["error"]["code"], "conflict");
+    assert_eq!(err["error"], "conflict");
 
     // --- append: 204 with a strictly greater offset; bad appends say what to fix.
     let r = c.post(&url).header("content-type", "text/plain").body("cd").send().await.unwrap();

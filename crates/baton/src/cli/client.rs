@@ -129,18 +129,14 @@ pub async fn read_json(res: Response) -> Result<Value, CliError> {
     })
 }
 
-/// The error of a non-2xx answer. The message is the server's (`{"error": code, "message"}` of
-/// the command API, or `{"error": {"code", "message"}}` of the stream API), else the body text.
+/// The error of a non-2xx answer. The message is the server's (`{"error": code, "message"}`),
+/// else the body text.
 pub async fn error_from(res: Response) -> CliError {
     let status = res.status();
     let body = res.text().await.unwrap_or_default();
     let (code, message) = match serde_json::from_str::<Value>(&body) {
         Ok(v) => match (v.get("error"), v.get("message")) {
             (Some(Value::String(c)), Some(Value::String(m))) => (Some(c.clone()), m.clone()),
-            (Some(Value::Object(o)), _) => (
-                o.get("code").and_then(Value::as_str).map(str::to_string),
-                o.get("message").and_then(Value::as_str).unwrap_or("").to_string(),
-            ),
             _ => (None, body.trim().to_string()),
         },
         Err(_) => (None, body.trim().to_string()),

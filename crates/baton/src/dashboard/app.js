@@ -66,7 +66,6 @@
     let message = "";
     if (!res.ok) {
       if (data && typeof data.error === "string") message = data.message || data.error;
-      else if (data && data.error && data.error.message) message = data.error.message;
       else message = `HTTP ${res.status}`;
     }
     return { ok: res.ok, status: res.status, body: data, message, res };

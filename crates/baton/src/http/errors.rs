@@ -1,5 +1,5 @@
 //! Error responses: a status, protocol headers where the protocol asks for them, and a JSON body
-//! `{"error": {"code": "...", "message": "..."}}` whose message says what to fix.
+//! `{"error": "<code>", "message": "<what to fix>"}` (the same shape as every other Baton route).
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -91,7 +91,7 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = %self.status, code = self.code, message = %self.message, "request refused");
         }
-        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } }).to_string();
+        let body = serde_json::json!({ "error": self.code, "message": self.message }).to_string();
         let mut res = (self.status, body).into_response();
         res.headers_mut().insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         res.headers_mut().extend(self.headers);
