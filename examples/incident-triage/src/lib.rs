@@ -1,0 +1,27 @@
+//! # incident-triage — a Baton example
+//!
+//! An on-call engineer starts a *triage run* on a log (a file under the allowed log directories,
+//! or uploaded text); the run analyses the log for real — error signatures with numbers, ids,
+//! hex, UUIDs and timestamps masked; counts; first occurrence; bursts — and streams its findings
+//! to every browser following it. The three Baton capabilities meet here:
+//!
+//! * the **command service**: a `triage` command on queue `lifecycle` (claim timeout 60 s) whose
+//!   `execute` opens the run and hands off to queue `monitor`, whose `check_status` (every 1 s)
+//!   completes the command when the run's stream ends ([`triage`]);
+//! * **durable streams**: the run is the stream `triage/<engineer>/<run>`, written by a spawned
+//!   producer ([`producer`]), read by browsers over SSE with resumable event ids ([`web`]);
+//!   `silence_timeout` ends it as `producer_lost` if the producing process dies;
+//! * **one current run per engineer**: a pointer claimed with `SET NX`, released by
+//!   compare-and-delete, taken over once its run ended ([`pointer`]).
+//!
+//! Run it: `cargo run -p incident-triage -- --listen 127.0.0.1:7710` (memory) or add
+//! `--redis redis://127.0.0.1:6379` (several processes may share one Redis).
+
+pub mod analysis;
+pub mod pointer;
+pub mod producer;
+pub mod triage;
+pub mod web;
+
+pub use producer::{LogSource, PaceSettings};
+pub use triage::{RunInfo, Triage, TriageConfig, TriageError, MAX_UPLOAD_BYTES};
