@@ -194,6 +194,8 @@ async fn sse_heartbeats_then_cycles_the_connection() {
     let (text, ended) = read_sse_until(r, Duration::from_secs(5), |_| false).await;
     let took = t0.elapsed();
     assert!(ended, "connection not cycled: {text}");
+    // Browsers are asked to reconnect after 500 ms, not their default of about 3 s.
+    assert!(text.starts_with("retry: 500\n\n"), "{text:?}");
     assert!(took >= Duration::from_millis(900) && took < Duration::from_millis(2500), "cycled after {took:?}");
     let heartbeats = text.matches("\n:\n\n").count() + usize::from(text.starts_with(":\n\n"));
     assert!((3..=5).contains(&heartbeats), "{heartbeats} heartbeats in {text:?}");

@@ -5,7 +5,8 @@
 //! followed by one `event: control` carrying `streamNextOffset`, `streamCursor` (while open),
 //! `upToDate` and `streamClosed`. Every event also has an `id:` equal to its offset, so a browser
 //! `EventSource` that reconnects sends `Last-Event-ID` and resumes exactly after the last event it
-//! saw. Idle connections get a `:` comment heartbeat; connections are closed after about
+//! saw. Each response starts with `retry: 500` so browsers reconnect quickly when a connection
+//! is cycled. Idle connections get a `:` comment heartbeat; connections are closed after about
 //! `--sse-cycle` (clients reconnect from the last offset), at EOF, and at server shutdown.
 
 use std::convert::Infallible;
@@ -67,10 +68,19 @@ pub async fn serve(st: AppState, path: StreamPath, q: ReadQuery, last_event_id: 
     Ok(res)
 }
 
+/// The reconnection delay asked of `EventSource` clients: 500 ms (HTML Living Standard,
+/// "Server-sent events", the `retry` field). A block with no `data` dispatches no event.
+const SSE_RETRY: &[u8] = b"retry: 500\n\n";
+
 /// Writes events until EOF, the cycle ends, the client leaves, an error, or shutdown.
 async fn run(st: AppState, path: StreamPath, first: ReadChunk, text: bool, cursor: Option<u64>, tx: mpsc::Sender<Bytes>) {
     let deadline = tokio::time::Instant::now() + st.cfg.sse_cycle;
     let heartbeat = st.cfg.sse_heartbeat;
+    // Browsers wait about 3 s before reconnecting an EventSource unless told otherwise; connections
+    // are cycled every `--sse-cycle`, so ask for a quick reconnect (SSE `retry:` field, ms).
+    if tx.send(Bytes::from_static(SSE_RETRY)).await.is_err() {
+        return;
+    }
     // Catch-up: keep reading while the store says there is more.
     let mut chunk = first;
     loop {
