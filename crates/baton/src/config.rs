@@ -31,7 +31,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Serve the Durable Streams protocol over HTTP (in memory, or on Redis / Redis Cluster).
+    /// Serve the HTTP API (commands, queues, Durable Streams protocol), the dashboard and the
+    /// command workers (in memory, or on Redis / Redis Cluster).
     Serve(ServeArgs),
     /// Run the workers of the configured command queues only (no command API), on Redis or
     /// Redis Cluster, so several processes share the work.

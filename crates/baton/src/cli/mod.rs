@@ -44,7 +44,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         ),
         other => println!("baton serve: listening on {base} with {}", describe_backend(&other)),
     }
-    println!("baton serve: streams at {base}/v1/stream/{{path}}; health at {base}/healthz, {base}/readyz; metrics at {base}/metrics");
+    println!("baton serve: dashboard at {base}/");
+    println!("baton serve: commands at {base}/v1/queues/{{queue}}/commands and {base}/v1/commands/{{id}}; streams at {base}/v1/stream/{{path}}; API description at {base}/openapi.json");
+    println!("baton serve: health at {base}/healthz, {base}/readyz; metrics at {base}/metrics");
     wait_for_signal().await;
     println!("baton serve: shutting down");
     server.shutdown().await;
