@@ -3,6 +3,11 @@
 //! flight = handler concurrency), on memory and on a redis-server started for the run.
 //!
 //! `cargo bench -p baton-commands` (add `-- --quick` for a short run).
+//!
+//! Environment: `BATON_BENCH_ONLY=memory|redis` runs one backend; `BATON_BENCH_C=64,256` sets the
+//! concurrencies. For Redis runs it also prints, per command, the Redis calls by command name
+//! (`INFO commandstats` deltas) and the CPU time Redis and this process used (`INFO cpu`,
+//! `getrusage`), to show where the time goes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -82,22 +87,88 @@ async fn run(store: CommandStore, backend: &'static str, concurrency: usize, tot
     }
 }
 
+/// CPU seconds (user + system) used by this process so far (Linux `/proc/self/stat`, 100 Hz ticks).
+fn own_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (t(11) + t(12)) / 100.0
+}
+
+/// Redis `INFO cpu` (user, sys) seconds, and `INFO commandstats` (calls, µs) per command name.
+fn redis_snapshot(server: &RedisServer) -> ((f64, f64), Vec<(String, (u64, u64))>) {
+    let cpu = server.cli(&["INFO", "cpu"]);
+    let field = |name: &str| {
+        cpu.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let secs = (field("used_cpu_user:"), field("used_cpu_sys:"));
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let calls = stats
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |f: &str| rest.split(',').find_map(|kv| kv.strip_prefix(f))?.parse::<u64>().ok();
+            Some((name.to_string(), (field("calls=")?, field("usec=")?)))
+        })
+        .collect();
+    (secs, calls)
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    let only = std::env::var("BATON_BENCH_ONLY").unwrap_or_default();
+    let levels: Vec<usize> = std::env::var("BATON_BENCH_C")
+        .ok()
+        .map(|s| s.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![64, 256]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (mem_n, redis_n) = if quick { (20_000, 5_000) } else { (200_000, 60_000) };
     let mut rows = Vec::new();
+    let mut notes = Vec::new();
     rt.block_on(async {
-        for c in [64, 256] {
-            rows.push(run(CommandStore::memory(), "memory", c, mem_n).await);
+        if only.is_empty() || only == "memory" {
+            for &c in &levels {
+                rows.push(run(CommandStore::memory(), "memory", c, mem_n).await);
+            }
         }
-        let server = RedisServer::start();
-        for c in [64, 256] {
-            let client = RedisClient::new(server.config()).unwrap();
-            let store = CommandStore::redis(client, RedisStoreOptions::default()).await.unwrap();
-            rows.push(run(store, "redis", c, redis_n).await);
+        if only.is_empty() || only == "redis" {
+            let server = RedisServer::start();
+            for &c in &levels {
+                let client = RedisClient::new(server.config()).unwrap();
+                let store = CommandStore::redis(client, RedisStoreOptions::default()).await.unwrap();
+                let (cpu0, calls0) = redis_snapshot(&server);
+                let own0 = own_cpu();
+                let t0 = Instant::now();
+                let row = run(store, "redis", c, redis_n).await;
+                let wall = t0.elapsed().as_secs_f64();
+                let (cpu1, calls1) = redis_snapshot(&server);
+                let own = own_cpu() - own0;
+                // Warm-up phase included: 1.1 × commands.
+                let n = redis_n as f64 * 1.1;
+                let per: Vec<String> = calls1
+                    .iter()
+                    .filter_map(|(name, c1)| {
+                        let (c0, u0) = calls0.iter().find(|(n0, _)| n0 == name).map(|(_, c)| *c).unwrap_or((0, 0));
+                        let d = c1.0.saturating_sub(c0) as f64 / n;
+                        let us = c1.1.saturating_sub(u0) as f64 / n;
+                        (d >= 0.01).then(|| format!("{name} {d:.2} ({us:.1} µs)"))
+                    })
+                    .collect();
+                notes.push(format!(
+                    "redis c={c}: Redis CPU {:.0}% of one core ({:.0}% user, {:.0}% system), client CPU {:.0}%; Redis calls (µs in Redis) per command: {}",
+                    (cpu1.0 + cpu1.1 - cpu0.0 - cpu0.1) / wall * 100.0,
+                    (cpu1.0 - cpu0.0) / wall * 100.0,
+                    (cpu1.1 - cpu0.1) / wall * 100.0,
+                    own / wall * 100.0,
+                    per.join(", ")
+                ));
+                rows.push(row);
+            }
+            drop(server);
         }
-        drop(server);
     });
     println!();
     println!("submit → no-op execute → SUCCEEDED (client waits for the terminal state)");
@@ -113,5 +184,8 @@ fn main() {
             r.p50.as_secs_f64() * 1000.0,
             r.p99.as_secs_f64() * 1000.0
         );
+    }
+    for n in notes {
+        println!("{n}");
     }
 }

@@ -1,7 +1,9 @@
 -- Shared prelude of the command scripts (prepended to each one).
 -- Index keys, always KEYS[1..7] and all in the home queue's hash slot:
---   KEYS[1] expiry zset (id -> state expiry ms), KEYS[2] all-statuses index,
---   KEYS[3..7] per-status indexes SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (id -> created ms).
+--   KEYS[1] expiry zset `p:cmd:{q}:exp` (id -> a LOWER BOUND of its state's expiry, ms),
+--   KEYS[2] all-statuses index, KEYS[3..7] per-status indexes SUBMITTED, RUNNING, SUCCEEDED,
+--   FAILED, CANCELLED (id -> created ms).
+-- A state key is `p:cmd:{q}:<id>`: KEYS[1] without its `exp` suffix, then the id.
 local STATUS_KEY = { SUBMITTED = 3, RUNNING = 4, SUCCEEDED = 5, FAILED = 6, CANCELLED = 7 }
 local TERMINAL = { SUCCEEDED = true, FAILED = true, CANCELLED = true }
 
@@ -10,16 +12,32 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Removes index entries of states that have expired (expiry strictly before now), at most `max`.
--- The expiry zset's score is set by the same script call that sets the state key's PEXPIRE, from
--- the same clock, so a score in the past means the key is gone.
+-- Removes index entries of states that have expired, visiting at most `max` candidates.
+-- Every write keeps the expiry score at or below the state's real expiry (`ZADD LT` with its
+-- own expiry; submit uses an earlier bound), so a state whose score is still in the future is
+-- certainly live. A candidate (score in the past) is checked: gone -> removed from every index;
+-- still there -> re-scored to its real expiry (PEXPIRETIME, Redis 7.0), a valid bound again.
 local function prune(now, max)
+  local prefix = string.sub(KEYS[1], 1, #KEYS[1] - 3)
   local n = 0
   while n < max do
     local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'LIMIT', 0, 100)
     if #ids == 0 then break end
-    for k = 2, 7 do redis.call('ZREM', KEYS[k], unpack(ids)) end
-    redis.call('ZREM', KEYS[1], unpack(ids))
+    local gone = {}
+    for i = 1, #ids do
+      local at = redis.call('PEXPIRETIME', prefix .. ids[i])
+      if at == -2 then
+        gone[#gone + 1] = ids[i]
+      else
+        -- -1 (no expiry) cannot happen for a state; look again in a day.
+        if at < now then at = now + 86400000 end
+        redis.call('ZADD', KEYS[1], 'XX', at, ids[i])
+      end
+    end
+    if #gone > 0 then
+      for k = 2, 7 do redis.call('ZREM', KEYS[k], unpack(gone)) end
+      redis.call('ZREM', KEYS[1], unpack(gone))
+    end
     n = n + #ids
   end
 end

@@ -38,9 +38,9 @@
 //! | `p:cmd:{q}:<id>`           | hash   | `v` version, `s` status, `c` created ms, `d` state JSON, `b` SHA-1 of the submitted body |
 //! | `p:cmd:{q}:all`            | zset   | id → created ms, every live command of `q`                     |
 //! | `p:cmd:{q}:s:<STATUS>`     | zset   | id → created ms, per status                                    |
-//! | `p:cmd:{q}:exp`            | zset   | id → expiry ms of its state (index pruning)                    |
+//! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning)   |
 //! | `p:cmdid:{<id>}`           | string | the home queue of `id` (lookup by id alone)                    |
-//! | channel `p:cmd:{q}:events` | pubsub | `<id> <STATUS> <version>` per write                            |
+//! | channel `p:cmd:{q}:events` | pubsub | `<id> <STATUS> <version> <origin>` per terminal write          |
 //!
 //! **Why the queue's slot.** Submit is then ONE script (state + indexes + `XADD` to the queue's
 //! stream), and every transition updates the state, its status index and (through the index
@@ -60,14 +60,26 @@
 //! token is the state's `_prev_token`, so dispatch re-enqueues on the target under a fresh token
 //! (fencing off a possible earlier copy) and acks — `execute` is never called again.
 //!
-//! **Notifications.** Each write `PUBLISH`es on its home queue's channel (in Cluster a plain
-//! PUBLISH is broadcast to every node, so one subscription on any node sees all). A process
-//! subscribes to the channels of the queues it waits on or runs handlers for; [`CommandStore::wait`]
-//! wakes on local writes and on those events, with a bounded fallback re-read every second.
+//! **Acks.** A write that ends a delivery (a terminal state, or a hand-off whose enqueue is in the
+//! same script) also acks the delivery in that script when the state's slot is the consumed
+//! queue's (always on standalone): ownership-checked exactly like the work queue's own ack (an
+//! entry another consumer took is not acked), then `Lease::mark_acked`. One round trip instead of
+//! two, and a waiter that sees the terminal state never finds its message still pending.
+//!
+//! **Notifications.** Each *terminal* write `PUBLISH`es on its home queue's channel (in Cluster a
+//! plain PUBLISH is broadcast to every node, so one subscription on any node sees all); waiters
+//! only return on a terminal state and a cancel is one, so other writes are not announced. The
+//! `origin` names the writing store: a store ignores its own announcements for waiters (it told
+//! them already, with the state) but still signals a cancel. A process subscribes to the channels
+//! of the queues it waits on or runs handlers for; [`CommandStore::wait`] subscribes, reads once,
+//! then wakes on local writes and on those events, with a bounded fallback re-read every second.
 //!
 //! **Expiry.** Non-terminal states expire `state_ttl` (default 7 days) after their last write,
 //! terminal ones `retention` (default 24 h) after completion; the TTL is refreshed on every write.
-//! Index entries of expired states are pruned (bounded batches) before listing and counting.
+//! Index entries of expired states are pruned (bounded batches) before listing and counting. The
+//! `exp` score is kept at or below the state's real expiry (submit: now + the shorter of the two
+//! lifetimes; every write: `ZADD LT` with its own expiry), so most writes leave it alone; pruning
+//! checks each entry whose score has passed and re-scores live ones to their `PEXPIRETIME`.
 
 pub mod builtin;
 mod model;

@@ -410,8 +410,20 @@ impl CommandMsg {
     }
 }
 
+/// A fresh message token: unique per process (a random 64-bit prefix drawn once, from a UUIDv4-
+/// grade source) and per call (a counter), without a system call per token.
 pub(crate) fn new_token() -> String {
-    uuid::Uuid::now_v7().simple().to_string()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(|| {
+        let u = uuid::Uuid::now_v7();
+        let b = u.as_bytes();
+        // The random tail of a UUIDv7 (bytes 8..16, 62 random bits).
+        u64::from_be_bytes(b[8..16].try_into().expect("8 bytes"))
+    });
+    format!("{prefix:016x}{:016x}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The canonical body of a submit (type and params, object keys sorted) for idempotency checks.
@@ -483,6 +495,14 @@ mod tests {
         let s = serde_json::to_string(&t).unwrap();
         assert_eq!(s, "\"2023-11-14T22:13:20.123Z\"");
         assert_eq!(serde_json::from_str::<Timestamp>(&s).unwrap(), t);
+    }
+
+    #[test]
+    fn tokens_are_unique_and_fixed_width() {
+        let a: Vec<String> = (0..1000).map(|_| new_token()).collect();
+        let set: std::collections::HashSet<&String> = a.iter().collect();
+        assert_eq!(set.len(), a.len());
+        assert!(a.iter().all(|t| t.len() == 32 && t.chars().all(|c| c.is_ascii_hexdigit())));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_queue::{ConsumerOptions, Decision, Delivery, DrainReport};
+use baton_queue::{ConsumerOptions, Decision, Delivery, DrainReport, Lease};
 use futures::FutureExt;
 
 use crate::model::{new_token, CommandMsg};
@@ -277,7 +277,7 @@ async fn dispatch(ctx: Arc<Ctx>, d: Delivery) -> Decision {
         Ok(m) => m,
         Err(e) => return Decision::DeadLetter(format!("not a command message: {e}")),
     };
-    match run(&ctx, &msg).await {
+    match run(&ctx, &msg, &d.lease).await {
         Ok(decision) => decision,
         Err(e) => {
             tracing::warn!(queue = %ctx.queue, command = %msg.id, error = %e, "command store unavailable; retrying the delivery");
@@ -291,7 +291,7 @@ enum Outcome {
     Error(String),
 }
 
-async fn run(ctx: &Ctx, msg: &CommandMsg) -> Result<Decision, CommandError> {
+async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, CommandError> {
     let backend = &ctx.store.inner.backend;
     let Some(st) = backend.load(&msg.home, &msg.id).await? else { return Ok(Decision::Ack) };
     if st.status.is_terminal() {
@@ -310,7 +310,7 @@ async fn run(ctx: &Ctx, msg: &CommandMsg) -> Result<Decision, CommandError> {
     let is_execute = st.status == CommandStatus::Submitted;
     let Some(handler) = ctx.handlers.get(&st.command_type).cloned() else {
         let err = format!("no handler for command type {:?} on queue {:?}", st.command_type, ctx.queue);
-        return apply(ctx, st, msg, false, Outcome::Result(CommandResult::Failed(err))).await;
+        return apply(ctx, st, msg, lease, false, Outcome::Result(CommandResult::Failed(err))).await;
     };
     // Remote cancels reach this process through the home queue's notifications.
     backend.watch_home(&msg.home).await?;
@@ -329,7 +329,7 @@ async fn run(ctx: &Ctx, msg: &CommandMsg) -> Result<Decision, CommandError> {
         Err(p) => Outcome::Error(format!("handler panicked: {}", panic_text(&*p))),
     };
     drop(_running);
-    apply(ctx, st, msg, is_execute, outcome).await
+    apply(ctx, st, msg, lease, is_execute, outcome).await
 }
 
 fn error_text(e: &HandlerError) -> String {
@@ -438,19 +438,42 @@ fn plan(ctx: &Ctx, cur: &CommandState, msg: &CommandMsg, is_execute: bool, outco
 }
 
 /// Writes the outcome by CAS, re-reading on conflicts.
+///
+/// When the outcome acks the delivery (a terminal state, or an atomic hand-off) and the backend
+/// can, the ack is done by the same atomic write (ownership-checked, see baton-queue's
+/// `Lease::mark_acked`): one round trip instead of two, and no window in which the state is
+/// terminal while its message still waits for an ack.
 async fn apply(
     ctx: &Ctx,
     mut cur: CommandState,
     msg: &CommandMsg,
+    lease: &Lease,
     is_execute: bool,
     outcome: Outcome,
 ) -> Result<Decision, CommandError> {
+    let backend = &ctx.store.inner.backend;
+    let fp = &ctx.settings.fail_points;
+    let no_crash_test = !fp.crash_after_handoff_state && !fp.crash_after_handoff_enqueue;
     loop {
         let p = plan(ctx, &cur, msg, is_execute, &outcome);
         let Some(next) = p.next else { return Ok(p.decision) };
-        let atomic = p.handoff.as_ref().is_some_and(|(t, _)| ctx.store.inner.backend.atomic_enqueue(&cur.queue, t));
+        let atomic = p.handoff.as_ref().is_some_and(|(t, _)| backend.atomic_enqueue(&cur.queue, t));
         let enqueue = if atomic { p.handoff.as_ref().map(|(t, m)| (t.as_str(), m)) } else { None };
-        match write_retrying(ctx, cur.status, next, enqueue).await? {
+        let fold = p.decision == Decision::Ack
+            && (p.handoff.is_none() || atomic)
+            && no_crash_test
+            && backend.can_fold_ack(&cur.queue, &ctx.queue);
+        let (written, acked) = write_retrying(ctx, cur.status, next, enqueue, fold.then_some(lease)).await?;
+        if acked {
+            if let Some((target, m)) = &p.handoff {
+                tracing::debug!(queue = %ctx.queue, command = %m.id, target, atomic, "command handed off");
+            }
+            return Ok(match lease.mark_acked() {
+                Ok(()) => Decision::Deferred,
+                Err(_) => Decision::Ack,
+            });
+        }
+        match written {
             Ok(_) => {
                 if let Some((target, m)) = &p.handoff {
                     return handoff_tail(ctx, target, m, atomic).await;
@@ -497,7 +520,7 @@ async fn finish_handoff(ctx: &Ctx, st: CommandState) -> Result<Decision, Command
     let m = CommandMsg { id: st.id.clone(), home: st.queue.clone(), token: next.token.clone() };
     let atomic = ctx.store.inner.backend.atomic_enqueue(&st.queue, &target);
     let enqueue = if atomic { Some((target.as_str(), &m)) } else { None };
-    match write_retrying(ctx, st.status, next, enqueue).await? {
+    match write_retrying(ctx, st.status, next, enqueue, None).await?.0 {
         Ok(_) => {
             if !atomic {
                 ctx.store.inner.backend.enqueue(&target, &m).await?;
@@ -513,16 +536,18 @@ async fn finish_handoff(ctx: &Ctx, st: CommandState) -> Result<Decision, Command
 
 /// One CAS write, retried a few times on store errors (so a returned `execute` is recorded even
 /// through a short Redis hiccup).
+#[allow(clippy::type_complexity)]
 async fn write_retrying(
     ctx: &Ctx,
     old: CommandStatus,
     next: CommandState,
     enqueue: Option<(&str, &CommandMsg)>,
-) -> Result<Result<CommandState, Option<CommandState>>, CommandError> {
+    ack: Option<&Lease>,
+) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
     let mut delay = Duration::from_millis(100);
     let mut tries = 0;
     loop {
-        match ctx.store.write(old, next.clone(), enqueue).await {
+        match ctx.store.write_acking(old, next.clone(), enqueue, ack).await {
             Ok(r) => return Ok(r),
             Err(e) if tries < 5 => {
                 tracing::warn!(queue = %ctx.queue, command = %next.id, error = %e, "state write failed; retrying");

@@ -74,6 +74,16 @@ pub(crate) trait ConsumerBackend: Send + Sync {
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError>;
     /// Acks and deletes each id this consumer still owns; `true` per id acked, `false` refused.
     async fn ack(&self, ids: &[MessageId]) -> Result<Vec<bool>, QueueError>;
+    /// The same as [`ConsumerBackend::ack`] for one id, done at once without waiting, when the
+    /// backend can (memory: one lock); `None` sends the ack through the batcher.
+    fn ack_now(&self, id: MessageId) -> Option<bool> {
+        let _ = id;
+        None
+    }
+    /// Redis only: where this consumer's entries live, for acks done in a caller's script.
+    fn redis_target(&self) -> Option<crate::RedisAckTarget> {
+        None
+    }
     /// Schedules redelivery after `delay`; `false` if no longer owned.
     async fn retry_after(&self, id: MessageId, delay: Duration) -> Result<bool, QueueError>;
     /// Moves an owned entry to dead letters; `false` if no longer owned.

@@ -176,6 +176,17 @@ impl Shared {
     }
 }
 
+/// Where a Redis delivery lives: see [`Lease::redis_target`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisAckTarget {
+    /// The queue's stream key, e.g. `baton:q:{orders}`.
+    pub stream: String,
+    /// The consumer group.
+    pub group: String,
+    /// This consumer's name in the group (the owner an ack must check).
+    pub consumer: String,
+}
+
 /// The lease on one delivery. Clone it freely; settle it once.
 ///
 /// While unsettled, the consumer's heartbeat renews it every `heartbeat_interval`. It is *lost*
@@ -267,6 +278,37 @@ impl Lease {
         self.settle(Decision::DeadLetter(reason.into())).await
     }
 
+    /// Redis only (`None` in memory): the stream key, group and consumer name that hold this
+    /// delivery, for a caller that acks it inside its own Lua script, atomically with its own
+    /// writes (e.g. the command service's terminal state write). Such a script must ack exactly
+    /// like the queue's `ack` script: only when `XPENDING <stream> <group> <id> <id> 1` names
+    /// `consumer` as the owner, then `XACK <stream> <group> <id>` and `XDEL <stream> <id>`; and
+    /// then tell the lease with [`Lease::mark_acked`]. The script's keys must share the stream's
+    /// hash slot on Cluster (the stream key holds the queue's `{queue}` tag).
+    pub fn redis_target(&self) -> Option<RedisAckTarget> {
+        self.inner.shared.backend.redis_target()
+    }
+
+    /// Settles the lease as acked *without* a backend call: the caller acked the entry itself,
+    /// atomically and ownership-checked (see [`Lease::redis_target`]). Counts as an ack and frees
+    /// the concurrency slot; the handler then returns [`Decision::Deferred`] (or anything: the
+    /// lease is settled, a later decision is ignored). Calling it when the entry was *not* acked
+    /// leaves the entry pending: it is redelivered after `claim_timeout`.
+    ///
+    /// Errors: [`QueueError::AlreadySettled`].
+    pub fn mark_acked(&self) -> Result<(), QueueError> {
+        let inner = &self.inner;
+        if inner.settled.swap(true, Ordering::AcqRel) {
+            return Err(QueueError::AlreadySettled(inner.id));
+        }
+        let shared = &inner.shared;
+        shared.counters.acked.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("baton_queue_outcomes_total", "queue" => shared.queue.clone(), "decision" => "ack", "result" => "ok")
+            .increment(1);
+        self.release();
+        Ok(())
+    }
+
     /// Applies a decision. `Deferred` is a no-op (the lease stays held).
     pub(crate) async fn settle(&self, decision: Decision) -> Result<(), QueueError> {
         if matches!(decision, Decision::Deferred) {
@@ -281,15 +323,24 @@ impl Lease {
         let q = shared.queue.clone();
         let outcome = match decision {
             Decision::Ack => {
-                let (tx, rx) = oneshot::channel();
-                let r = if shared.ack_tx.send((id, tx)).is_err() {
-                    Err(QueueError::Closed)
+                let r = if let Some(owned) = shared.backend.ack_now(id) {
+                    // Memory: acked at once under the queue's lock, no batcher round trip.
+                    if owned {
+                        Ok(())
+                    } else {
+                        Err(QueueError::LeaseLost(id))
+                    }
                 } else {
-                    match rx.await {
-                        Ok(Ok(true)) => Ok(()),
-                        Ok(Ok(false)) => Err(QueueError::LeaseLost(id)),
-                        Ok(Err(e)) => Err(QueueError::Unavailable(e)),
-                        Err(_) => Err(QueueError::Closed),
+                    let (tx, rx) = oneshot::channel();
+                    if shared.ack_tx.send((id, tx)).is_err() {
+                        Err(QueueError::Closed)
+                    } else {
+                        match rx.await {
+                            Ok(Ok(true)) => Ok(()),
+                            Ok(Ok(false)) => Err(QueueError::LeaseLost(id)),
+                            Ok(Err(e)) => Err(QueueError::Unavailable(e)),
+                            Err(_) => Err(QueueError::Closed),
+                        }
                     }
                 };
                 if r.is_ok() {

@@ -43,7 +43,7 @@ use serde::Serialize;
 
 pub use api::*;
 pub use consumer::{Consumer, Handler};
-pub use lease::Lease;
+pub use lease::{Lease, RedisAckTarget};
 pub use redis::RedisQueueOptions;
 pub use settings::ConsumerOptions;
 

@@ -293,6 +293,15 @@ impl ConsumerBackend for MemConsumer {
         Ok(out)
     }
 
+    fn ack_now(&self, id: MessageId) -> Option<bool> {
+        let mut st = self.q.state.lock().unwrap();
+        let owned = st.owned_by(&id, &self.spec.consumer);
+        if owned {
+            st.remove(&id);
+        }
+        Some(owned)
+    }
+
     async fn ack(&self, ids: &[MessageId]) -> Result<Vec<bool>, QueueError> {
         let mut st = self.q.state.lock().unwrap();
         Ok(ids

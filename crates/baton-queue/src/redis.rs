@@ -434,6 +434,14 @@ impl ConsumerBackend for RedisConsumer {
         }
     }
 
+    fn redis_target(&self) -> Option<crate::RedisAckTarget> {
+        Some(crate::RedisAckTarget {
+            stream: self.keys.stream.clone(),
+            group: self.group.clone(),
+            consumer: self.spec.consumer.clone(),
+        })
+    }
+
     async fn retry_after(&self, id: MessageId, delay: Duration) -> Result<bool, QueueError> {
         let r: redis::RedisResult<i64> = RETRY_AFTER
             .run(

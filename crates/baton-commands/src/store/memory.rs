@@ -14,7 +14,8 @@ use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
 struct Entry {
-    state: CommandState,
+    /// Boxed: the map's slots stay small, so growing it moves pointers, not states.
+    state: Box<CommandState>,
     body: String,
     expires: Instant,
 }
@@ -91,7 +92,7 @@ impl StateBackend for MemoryStore {
                 return Ok(if e.state.queue != state.queue {
                     SubmitOutcome::OtherQueue
                 } else if e.body == body {
-                    SubmitOutcome::Existing(e.state.clone())
+                    SubmitOutcome::Existing((*e.state).clone())
                 } else {
                     SubmitOutcome::Conflict
                 });
@@ -103,7 +104,7 @@ impl StateBackend for MemoryStore {
             g.states.insert(
                 state.id.clone(),
                 Entry {
-                    state: state.clone(),
+                    state: Box::new(state.clone()),
                     body: body.to_string(),
                     expires: Instant::now() + self.settings.ttl_for(state.status),
                 },
@@ -114,7 +115,7 @@ impl StateBackend for MemoryStore {
     }
 
     async fn load(&self, _home: &str, id: &str) -> Result<Option<CommandState>, CommandError> {
-        Ok(self.inner.lock().unwrap().live(id).map(|e| e.state.clone()))
+        Ok(self.inner.lock().unwrap().live(id).map(|e| (*e.state).clone()))
     }
 
     async fn home_of(&self, id: &str) -> Result<Option<String>, CommandError> {
@@ -124,32 +125,38 @@ impl StateBackend for MemoryStore {
     async fn transition(
         &self,
         old: CommandStatus,
-        new: &CommandState,
+        new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-    ) -> Result<Cas, CommandError> {
+        _ack: Option<&baton_queue::Lease>,
+    ) -> Result<(Cas, bool), CommandError> {
         {
             let mut g = self.inner.lock().unwrap();
-            let Some(e) = g.live(&new.id) else { return Ok(Cas::Conflict(None)) };
+            let Some(e) = g.live(&new.id) else { return Ok((Cas::Conflict(None), false)) };
             if e.state.version + 1 != new.version || e.state.status.is_terminal() || e.state.status != old {
-                return Ok(Cas::Conflict(Some(e.state.clone())));
+                return Ok((Cas::Conflict(Some((*e.state).clone())), false));
             }
-            e.state = new.clone();
+            *e.state = new.clone();
             e.expires = Instant::now() + self.settings.ttl_for(new.status);
             if old != new.status {
                 let k = (new.created_at.millis(), new.id.clone());
-                let q = g.queues.entry(new.queue.clone()).or_default();
-                q.by_status[status_slot(Some(old))].remove(&k);
-                q.by_status[status_slot(Some(new.status))].insert(k);
+                if let Some(q) = g.queues.get_mut(&new.queue) {
+                    q.by_status[status_slot(Some(old))].remove(&k);
+                    q.by_status[status_slot(Some(new.status))].insert(k);
+                }
             }
             if let Some((queue, msg)) = enqueue {
                 offer_now(&self.stream, queue, msg)?;
             }
         }
-        Ok(Cas::Done(new.clone()))
+        Ok((Cas::Done(new), false))
     }
 
     fn atomic_enqueue(&self, _home: &str, _target: &str) -> bool {
         true
+    }
+
+    fn can_fold_ack(&self, _home: &str, _queue: &str) -> bool {
+        false
     }
 
     async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError> {
@@ -174,7 +181,7 @@ impl StateBackend for MemoryStore {
         };
         let more = keys.len() > limit;
         let keys = &keys[..keys.len().min(limit)];
-        let items = keys.iter().filter_map(|(_, id)| g.states.get(id).map(|e| e.state.clone())).collect();
+        let items = keys.iter().filter_map(|(_, id)| g.states.get(id).map(|e| (*e.state).clone())).collect();
         let next = if more { keys.last().map(|(ms, id)| Cursor { created_ms: *ms, id: id.clone() }) } else { None };
         Ok((items, next))
     }

@@ -82,19 +82,31 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError>;
     /// The state of `id` in `home`'s storage.
     async fn load(&self, home: &str, id: &str) -> Result<Option<CommandState>, CommandError>;
+    /// Version and status of `id`'s state, its document decoded only when asked for (waiters
+    /// look at many non-terminal states and return only one). Default: [`StateBackend::load`].
+    async fn peek(&self, home: &str, id: &str) -> Result<Option<Peeked>, CommandError> {
+        Ok(self.load(home, id).await?.map(Peeked::from))
+    }
     /// The home queue of `id`, if known.
     async fn home_of(&self, id: &str) -> Result<Option<String>, CommandError>;
     /// CAS: replaces the state at version `new.version - 1` (whose status was `old`) by `new`.
     /// With `enqueue`, also enqueues the message on that queue in the same atomic step; only
-    /// allowed when [`StateBackend::atomic_enqueue`] says so.
+    /// allowed when [`StateBackend::atomic_enqueue`] says so. With `ack` (only when
+    /// [`StateBackend::can_fold_ack`] says so), a successful write also acks that delivery in the
+    /// same atomic step if its consumer still owns it; the `bool` tells whether it did (the
+    /// caller then settles the lease with `mark_acked`).
     async fn transition(
         &self,
         old: CommandStatus,
-        new: &CommandState,
+        new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-    ) -> Result<Cas, CommandError>;
+        ack: Option<&baton_queue::Lease>,
+    ) -> Result<(Cas, bool), CommandError>;
     /// True when a transition of a state homed in `home` can enqueue on `target` atomically.
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool;
+    /// True when a transition of a state homed in `home` can ack a delivery of `queue` in the
+    /// same atomic step (Redis: same slot; memory acks are immediate anyway: never).
+    fn can_fold_ack(&self, home: &str, queue: &str) -> bool;
     /// Enqueues a message on `queue` (non-atomic path).
     async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError>;
     /// Ids of `queue`'s commands, newest first, after `cursor`, at most `limit`, and the cursor
@@ -109,6 +121,40 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError>;
     /// Makes sure remote writes to `home`'s commands reach the hub (Redis pub/sub).
     async fn watch_home(&self, home: &str) -> Result<(), CommandError>;
+}
+
+/// A state seen by [`StateBackend::peek`].
+pub(crate) struct Peeked {
+    pub version: u64,
+    pub status: CommandStatus,
+    raw: PeekedDoc,
+}
+
+enum PeekedDoc {
+    State(Box<CommandState>),
+    /// The stored JSON document, decoded by [`Peeked::into_state`].
+    Json(String, Vec<u8>),
+}
+
+impl Peeked {
+    pub fn json(id: &str, version: u64, status: CommandStatus, doc: Vec<u8>) -> Self {
+        Peeked { version, status, raw: PeekedDoc::Json(id.to_string(), doc) }
+    }
+
+    pub fn into_state(self) -> Result<CommandState, CommandError> {
+        match self.raw {
+            PeekedDoc::State(s) => Ok(*s),
+            PeekedDoc::Json(id, doc) => {
+                serde_json::from_slice(&doc).map_err(|e| CommandError::Corrupt { id, reason: e.to_string() })
+            }
+        }
+    }
+}
+
+impl From<CommandState> for Peeked {
+    fn from(s: CommandState) -> Self {
+        Peeked { version: s.version, status: s.status, raw: PeekedDoc::State(Box::new(s)) }
+    }
 }
 
 /// In-process fan-out of state changes: waiters by id, and cancellation tokens of running handlers.
@@ -137,10 +183,16 @@ impl Hub {
         }
     }
 
-    /// A write announced by Redis (possibly by another process).
-    pub fn remote(&self, id: &str, status: CommandStatus) {
+    /// A write announced by Redis (only terminal ones are). `own`: written by this store, so
+    /// [`Hub::local`] has already told (or is about to tell) the waiters, with the state; they
+    /// are not woken a second time to re-read it. A cancel still signals (idempotent), in case
+    /// the writer's reply was lost.
+    pub fn remote(&self, id: &str, status: CommandStatus, own: bool) {
         if status == CommandStatus::Cancelled {
             self.cancel_running(id);
+        }
+        if own {
+            return;
         }
         if let Some(tx) = self.waiters.lock().unwrap().get(id) {
             // No state attached: the waiter re-reads.
@@ -453,39 +505,56 @@ impl CommandStore {
         validate_id(id)?;
         let deadline = tokio::time::Instant::now() + timeout;
         let not_found = || CommandError::NotFound(id.to_string());
-        let (home, first) = self.locate(id).await?.ok_or_else(not_found)?;
-        if first.status.is_terminal() {
-            return Ok(first);
-        }
-        self.inner.backend.watch_home(&home).await?;
         let hub = &self.inner.hub;
-        let mut rx = hub.subscribe(id);
         struct Unsub<'a>(&'a Hub, &'a str);
         impl Drop for Unsub<'_> {
             fn drop(&mut self) {
                 self.0.unsubscribe(self.1);
             }
         }
+        // Subscribe first, then read: no write between the read and the wait is missed, and one
+        // read suffices when the home queue is known (submitted through this store).
+        let cached = self.inner.homes.lock().unwrap().get(id).cloned();
+        let mut rx = hub.subscribe(id);
         let _unsub = Unsub(hub, id);
-        // Read after subscribing, so no write between the read and the wait is missed.
-        let mut state = self.inner.backend.load(&home, id).await?.ok_or_else(not_found)?;
+        let (home, mut seen) = match cached {
+            Some(home) => {
+                self.inner.backend.watch_home(&home).await?;
+                match self.inner.backend.peek(&home, id).await? {
+                    Some(p) => (home, p),
+                    None => {
+                        self.inner.homes.lock().unwrap().remove(id);
+                        self.wait_locate(id).await?.ok_or_else(not_found)?
+                    }
+                }
+            }
+            None => self.wait_locate(id).await?.ok_or_else(not_found)?,
+        };
         loop {
-            if state.status.is_terminal() || tokio::time::Instant::now() >= deadline {
-                return Ok(state);
+            if seen.status.is_terminal() || tokio::time::Instant::now() >= deadline {
+                return seen.into_state();
             }
             let fallback = (tokio::time::Instant::now() + WAIT_FALLBACK).min(deadline);
             let pushed = tokio::select! {
                 r = rx.changed() => match r { Ok(()) => rx.borrow_and_update().clone(), Err(_) => None },
                 _ = tokio::time::sleep_until(fallback) => None,
             };
-            state = match pushed {
-                Some(s) if s.version >= state.version => s,
-                _ => match self.inner.backend.load(&home, id).await? {
-                    Some(s) => s,
+            seen = match pushed {
+                Some(s) if s.version >= seen.version => Peeked::from(s),
+                _ => match self.inner.backend.peek(&home, id).await? {
+                    Some(p) => p,
                     None => return Err(CommandError::NotFound(id.to_string())),
                 },
             };
         }
+    }
+
+    /// For [`CommandStore::wait`], already subscribed: the home by lookup, its notifications
+    /// watched, then the state read.
+    async fn wait_locate(&self, id: &str) -> Result<Option<(String, Peeked)>, CommandError> {
+        let Some(home) = self.inner.backend.home_of(id).await? else { return Ok(None) };
+        self.inner.backend.watch_home(&home).await?;
+        Ok(self.inner.backend.peek(&home, id).await?.map(|p| (home, p)))
     }
 
     /// Lists `queue`'s commands (by home queue) newest first, one page at a time.
@@ -515,12 +584,24 @@ impl CommandStore {
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
     ) -> Result<Result<CommandState, Option<CommandState>>, CommandError> {
-        match self.inner.backend.transition(old, &new, enqueue).await? {
-            Cas::Done(stored) => {
+        Ok(self.write_acking(old, new, enqueue, None).await?.0)
+    }
+
+    /// [`CommandStore::write`], also acking `ack`'s delivery in the same atomic step when the
+    /// backend can (see [`StateBackend::transition`]); the `bool` tells whether it did.
+    pub(crate) async fn write_acking(
+        &self,
+        old: CommandStatus,
+        new: CommandState,
+        enqueue: Option<(&str, &CommandMsg)>,
+        ack: Option<&baton_queue::Lease>,
+    ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
+        match self.inner.backend.transition(old, new, enqueue, ack).await? {
+            (Cas::Done(stored), acked) => {
                 self.inner.hub.local(&stored);
-                Ok(Ok(stored))
+                Ok((Ok(stored), acked))
             }
-            Cas::Conflict(latest) => Ok(Err(latest)),
+            (Cas::Conflict(latest), _) => Ok((Err(latest), false)),
         }
     }
 }
@@ -544,7 +625,7 @@ mod hub_tests {
     #[test]
     fn a_handler_registering_after_its_cancel_is_signalled() {
         let hub = Arc::new(Hub::default());
-        hub.remote("cmd-1", CommandStatus::Cancelled);
+        hub.remote("cmd-1", CommandStatus::Cancelled, false);
         let token = CancellationToken::new();
         let _guard = hub.running("cmd-1", token.clone());
         assert!(token.is_cancelled());
@@ -552,8 +633,21 @@ mod hub_tests {
         let other = CancellationToken::new();
         let _g2 = hub.running("cmd-2", other.clone());
         assert!(!other.is_cancelled());
-        // The usual order still works.
-        hub.remote("cmd-2", CommandStatus::Cancelled);
+        // The usual order still works, also for this store's own (echoed) cancel.
+        hub.remote("cmd-2", CommandStatus::Cancelled, true);
         assert!(other.is_cancelled());
+    }
+
+    /// A waiter is woken to re-read by another process's terminal write, not by the echo of this
+    /// store's own write (which `local` already delivered with the state).
+    #[test]
+    fn own_announcements_do_not_wake_waiters() {
+        let hub = Hub::default();
+        let mut rx = hub.subscribe("cmd-3");
+        hub.remote("cmd-3", CommandStatus::Succeeded, true);
+        assert!(!rx.has_changed().unwrap(), "own echo ignored");
+        hub.remote("cmd-3", CommandStatus::Succeeded, false);
+        assert!(rx.has_changed().unwrap(), "another process's write wakes the waiter");
+        assert!(rx.borrow_and_update().is_none(), "with no state: the waiter re-reads");
     }
 }

@@ -1,7 +1,7 @@
 //! Redis state store (standalone or Cluster). Key layout and slot choice: see the crate docs.
 //! Scripts (in `scripts/`, each prefixed with `lib.lua`): `submit`, `transition`, `list`, `counts`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -11,7 +11,7 @@ use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{status_slot, Cas, Hub, StateBackend, StoreSettings, SubmitOutcome};
+use super::{status_slot, Cas, Hub, Peeked, StateBackend, StoreSettings, SubmitOutcome};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
@@ -25,6 +25,31 @@ static LIST: LuaScript =
     LuaScript::new("list", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/list.lua")));
 static COUNTS: LuaScript =
     LuaScript::new("counts", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/counts.lua")));
+
+/// Runs `script` with EVALSHA built straight into one command buffer (`keys`, then what `args`
+/// pushes), loading the script on NOSCRIPT: what `LuaScript::run` does, without its per-call
+/// copies of every key and argument (the hot path runs two scripts per command).
+async fn evalsha(
+    script: &LuaScript,
+    conn: &mut RedisConn,
+    keys: &[&str],
+    args: impl FnOnce(&mut redis::Cmd),
+) -> redis::RedisResult<Value> {
+    let s = script.script();
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(s.get_hash()).arg(keys.len());
+    for k in keys {
+        cmd.arg(*k);
+    }
+    args(&mut cmd);
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            s.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        r => r,
+    }
+}
 
 /// The id → queue lookup key outlives the state by this much.
 const LOOKUP_MARGIN: Duration = Duration::from_secs(3600);
@@ -107,7 +132,14 @@ pub(crate) struct RedisStore {
     settings: StoreSettings,
     stream: baton_queue::MessageStream,
     pubsub: PubSubHandle,
+    /// Key names per home queue, built once (bounded: cleared past [`QKEYS_MAX`] queues).
+    qkeys: Mutex<HashMap<String, Arc<QKeys>>>,
+    /// Tag of this store in its notifications, so it can tell its own writes (already
+    /// delivered locally) from other processes' ones.
+    origin: Arc<str>,
 }
+
+const QKEYS_MAX: usize = 10_000;
 
 fn parse_state(id: &str, raw: &[u8]) -> Result<CommandState, CommandError> {
     serde_json::from_slice(raw).map_err(|e| CommandError::Corrupt { id: id.to_string(), reason: e.to_string() })
@@ -143,7 +175,8 @@ impl RedisStore {
             return Err(CommandError::InvalidSettings("key_prefix must be non-empty and hold no braces".into()));
         }
         let conn = client.shared().await?;
-        let pubsub = PubSubHandle::start(client.config().clone(), hub, options.key_prefix.clone());
+        let origin: Arc<str> = uuid::Uuid::now_v7().simple().to_string().into();
+        let pubsub = PubSubHandle::start(client.config().clone(), hub, origin.clone());
         Ok(Self {
             conn,
             cluster: client.is_cluster(),
@@ -151,11 +184,28 @@ impl RedisStore {
             settings: options.settings,
             stream,
             pubsub,
+            qkeys: Mutex::new(HashMap::new()),
+            origin,
         })
     }
 
-    fn keys(&self, queue: &str) -> QKeys {
-        QKeys::new(&self.prefix, queue)
+    fn keys(&self, queue: &str) -> Arc<QKeys> {
+        if let Some(k) = self.qkeys.lock().unwrap().get(queue) {
+            return k.clone();
+        }
+        let k = Arc::new(QKeys::new(&self.prefix, queue));
+        let mut m = self.qkeys.lock().unwrap();
+        if m.len() >= QKEYS_MAX {
+            m.clear();
+        }
+        m.insert(queue.to_string(), k.clone());
+        k
+    }
+
+    /// The shortest lifetime a state written by this store can have: its expiry-index score at
+    /// submit (a lower bound of every later expiry, see `scripts/lib.lua`).
+    fn min_lifetime_ms(&self) -> u64 {
+        self.settings.state_ttl.min(self.settings.retention).as_millis() as u64
     }
 
     fn lookup_key(&self, id: &str) -> String {
@@ -214,18 +264,19 @@ impl StateBackend for RedisStore {
             keys.push(&lookup);
         }
         let msg = msg.to_bytes();
-        let args: [&dyn baton_redis::ArgLike; 8] = [
-            &doc,
-            &body,
-            &state.created_at.millis(),
-            &(ttl.as_millis() as u64),
-            &msg,
-            &state.id,
-            &state.queue,
-            &(lookup_ttl.as_millis() as u64),
-        ];
+        let push = |c: &mut redis::Cmd| {
+            c.arg(&doc)
+                .arg(body)
+                .arg(state.created_at.millis())
+                .arg(ttl.as_millis() as u64)
+                .arg(&msg)
+                .arg(&state.id)
+                .arg(&state.queue)
+                .arg(lookup_ttl.as_millis() as u64)
+                .arg(self.min_lifetime_ms());
+        };
         for _ in 0..2 {
-            let v: Value = SUBMIT.run(&mut conn, &keys, &args).await?;
+            let v: Value = evalsha(&SUBMIT, &mut conn, &keys, push).await?;
             let Value::Array(parts) = &v else { return Err(unexpected("submit", &v)) };
             return match parts.first().and_then(string).as_deref() {
                 Some("created") => Ok(SubmitOutcome::Created(st)),
@@ -256,6 +307,20 @@ impl StateBackend for RedisStore {
         raw.map(|r| parse_state(id, &r)).transpose()
     }
 
+    async fn peek(&self, home: &str, id: &str) -> Result<Option<Peeked>, CommandError> {
+        let (v, s, d): (Option<u64>, Option<String>, Option<Vec<u8>>) = redis::cmd("HMGET")
+            .arg(self.keys(home).state(id))
+            .arg("v")
+            .arg("s")
+            .arg("d")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        match (v, s, d) {
+            (Some(v), Some(s), Some(d)) => Ok(Some(Peeked::json(id, v, s.parse()?, d))),
+            _ => Ok(None),
+        }
+    }
+
     async fn home_of(&self, id: &str) -> Result<Option<String>, CommandError> {
         Ok(redis::cmd("GET").arg(self.lookup_key(id)).query_async(&mut self.conn.clone()).await?)
     }
@@ -263,59 +328,77 @@ impl StateBackend for RedisStore {
     async fn transition(
         &self,
         old: CommandStatus,
-        new: &CommandState,
+        new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-    ) -> Result<Cas, CommandError> {
+        ack: Option<&baton_queue::Lease>,
+    ) -> Result<(Cas, bool), CommandError> {
         let k = self.keys(&new.queue);
         let ttl = self.settings.ttl_for(new.status);
         let mut conn = self.conn.clone();
-        let mut st = new.clone();
+        let mut st = new;
         let now = now_ms();
         if st.lookup_expires_ms < now + (ttl + Duration::from_secs(600)).as_millis() as u64 {
             // The write would let the state outlive its lookup key: extend the key first.
             let lookup_ttl = ttl + LOOKUP_MARGIN;
             let _: i64 = redis::cmd("PEXPIRE")
-                .arg(self.lookup_key(&new.id))
+                .arg(self.lookup_key(&st.id))
                 .arg(lookup_ttl.as_millis() as u64)
                 .query_async(&mut conn)
                 .await?;
             st.lookup_expires_ms = now + lookup_ttl.as_millis() as u64;
         }
-        let doc = serde_json::to_string(&st).expect("serializable");
-        let mut keys: Vec<&str> = k.index.iter().map(|s| s.as_str()).collect();
-        let state_key = k.state(&new.id);
+        let doc = serde_json::to_vec(&st).expect("serializable");
+        let mut keys: Vec<&str> = Vec::with_capacity(10);
+        keys.extend(k.index.iter().map(|s| s.as_str()));
+        let state_key = k.state(&st.id);
         keys.push(&state_key);
         let target_stream;
-        let msg_bytes;
         let mut msg_arg: Vec<u8> = Vec::new();
         if let Some((queue, msg)) = enqueue {
-            target_stream = QKeys::new(&self.prefix, queue).stream;
-            keys.push(&target_stream);
-            msg_bytes = msg.to_bytes();
-            msg_arg = msg_bytes;
+            target_stream = self.keys(queue);
+            keys.push(&target_stream.stream);
+            msg_arg = msg.to_bytes();
         }
-        let expected = (new.version - 1).to_string();
-        let args: [&dyn baton_redis::ArgLike; 8] = [
-            &expected,
-            &old.as_str(),
-            &new.status.as_str(),
-            &doc,
-            &(ttl.as_millis() as u64),
-            &k.channel,
-            &new.id,
-            &msg_arg,
-        ];
-        let v: Value = TRANSITION.run(&mut conn, &keys, &args).await?;
+        let target = ack.and_then(|l| l.redis_target().map(|t| (l.id().to_string(), t)));
+        let (ack_id, ack_group, ack_consumer) = match &target {
+            Some((id, t)) => {
+                keys.push(&t.stream);
+                (id.as_str(), t.group.as_str(), t.consumer.as_str())
+            }
+            None => ("", "", ""),
+        };
+        let v: Value = evalsha(&TRANSITION, &mut conn, &keys, |c| {
+            c.arg(st.version - 1)
+                .arg(old.as_str())
+                .arg(st.status.as_str())
+                .arg(&doc)
+                .arg(ttl.as_millis() as u64)
+                .arg(&k.channel)
+                .arg(&st.id)
+                .arg(&msg_arg)
+                .arg(ack_id)
+                .arg(ack_group)
+                .arg(ack_consumer)
+                .arg(&*self.origin);
+        })
+        .await?;
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
         match parts.first().and_then(string).as_deref() {
-            Some("ok") => Ok(Cas::Done(st)),
-            Some("missing") => Ok(Cas::Conflict(None)),
+            Some("ok") => {
+                let acked = matches!(parts.get(1), Some(Value::Int(1)));
+                Ok((Cas::Done(st), acked))
+            }
+            Some("missing") => Ok((Cas::Conflict(None), false)),
             Some("conflict") => {
                 let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("transition", &v))?;
-                Ok(Cas::Conflict(Some(parse_state(&new.id, raw)?)))
+                Ok((Cas::Conflict(Some(parse_state(&st.id, raw)?)), false))
             }
             _ => Err(unexpected("transition", &v)),
         }
+    }
+
+    fn can_fold_ack(&self, home: &str, queue: &str) -> bool {
+        self.atomic_enqueue(home, queue)
     }
 
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool {
@@ -391,9 +474,9 @@ struct PubSubHandle {
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(2);
 
 impl PubSubHandle {
-    fn start(config: RedisConfig, hub: Arc<Hub>, prefix: String) -> Self {
+    fn start(config: RedisConfig, hub: Arc<Hub>, origin: Arc<str>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(pubsub_task(config, hub, prefix, rx));
+        tokio::spawn(pubsub_task(config, hub, origin, rx));
         Self { tx, subscribed: Mutex::new(HashSet::new()) }
     }
 
@@ -417,7 +500,7 @@ impl PubSubHandle {
 async fn pubsub_task(
     config: RedisConfig,
     hub: Arc<Hub>,
-    prefix: String,
+    origin: Arc<str>,
     mut rx: mpsc::UnboundedReceiver<(String, oneshot::Sender<()>)>,
 ) {
     let urls = match config {
@@ -428,7 +511,6 @@ async fn pubsub_task(
     let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
     let mut attempt = 0usize;
     let suffix = ":events";
-    let _ = prefix;
     loop {
         let url = &urls[attempt % urls.len()];
         attempt += 1;
@@ -473,11 +555,13 @@ async fn pubsub_task(
                 m = stream.next() => match m {
                     Some(msg) => {
                         if !msg.get_channel_name().ends_with(suffix) { continue; }
-                        let payload = String::from_utf8_lossy(msg.get_payload_bytes()).into_owned();
+                        // `<id> <STATUS> <version> <origin>` (see scripts/transition.lua).
+                        let payload = String::from_utf8_lossy(msg.get_payload_bytes());
                         let mut it = payload.split(' ');
                         if let (Some(id), Some(status)) = (it.next(), it.next()) {
+                            let own = it.nth(1) == Some(&*origin);
                             if let Ok(s) = status.parse::<CommandStatus>() {
-                                hub.remote(id, s);
+                                hub.remote(id, s, own);
                             }
                         }
                     }

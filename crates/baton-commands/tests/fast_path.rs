@@ -1,0 +1,94 @@
+//! The hot path's shortcuts keep their guarantees (every backend):
+//! * a terminal write acks its queue message in the same atomic step (Redis): once a waiter sees
+//!   the terminal state, nothing is pending any more;
+//! * only terminal writes are announced on the queue's channel, tagged with their origin, and a
+//!   command going SUBMITTED → RUNNING → SUCCEEDED is announced exactly once.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_commands::{Command, CommandResult, CommandService, CommandStatus};
+use baton_redis::redis;
+use baton_redis::RedisConfig;
+use baton_testkit::TestBackend;
+use common::*;
+use futures::StreamExt;
+use serde_json::json;
+
+baton_testkit::on_every_backend!(terminal_write_acks_atomically, only_terminal_writes_are_announced);
+
+async fn terminal_write_acks_atomically(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("fastack");
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler("noop", on_execute(|_c| async { Ok(CommandResult::succeeded(json!(null))) }))
+        .start()
+        .await
+        .unwrap();
+    for _ in 0..30 {
+        let id = svc.submit(Command::new("noop", json!({}))).await.unwrap().id;
+        let st = store.wait(&id, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(st.status, CommandStatus::Succeeded);
+        let stats = store.messages().stats(&q).await.unwrap();
+        if b.redis_config().is_some() {
+            // The same script wrote SUCCEEDED and acked: no window with the message pending.
+            assert_eq!((stats.length, stats.pending), (0, 0), "{stats:?}");
+        } else {
+            // Memory acks right after the write, without a round trip.
+            let s2 = store.clone();
+            let q2 = q.clone();
+            eventually(Duration::from_secs(2), || {
+                let (s2, q2) = (s2.clone(), q2.clone());
+                async move { s2.messages().stats(&q2).await.ok().filter(|s| s.length == 0 && s.pending == 0) }
+            })
+            .await
+            .expect("acked");
+        }
+    }
+    svc.close().await;
+}
+
+async fn only_terminal_writes_are_announced(b: TestBackend) {
+    let url = match b.redis_config() {
+        None => return, // memory has no channel
+        Some(RedisConfig::Standalone(u)) => u,
+        Some(RedisConfig::Cluster(us)) => us[0].clone(),
+    };
+    let store = store_for(&b).await;
+    let q = queue_name("announce");
+    let mut ps = redis::Client::open(url.as_str()).unwrap().get_async_pubsub().await.unwrap();
+    ps.subscribe(format!("baton:cmd:{{{q}}}:events")).await.unwrap();
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let g2 = got.clone();
+    let reader = tokio::spawn(async move {
+        let mut s = ps.on_message();
+        while let Some(m) = s.next().await {
+            g2.lock().unwrap().push(String::from_utf8_lossy(m.get_payload_bytes()).into_owned());
+        }
+    });
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "slow",
+            on_execute(|_c| async { Ok(CommandResult::running_after(Duration::from_millis(50))) })
+                .on_check(|_c, _s| async { Ok(CommandResult::succeeded(json!("done"))) }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let id = svc.submit(Command::new("slow", json!({}))).await.unwrap().id;
+    let st = store.wait(&id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((st.status, st.version), (CommandStatus::Succeeded, 3), "SUBMITTED → RUNNING → SUCCEEDED");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let msgs = got.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 1, "one announcement, for the terminal write only: {msgs:?}");
+    let parts: Vec<&str> = msgs[0].split(' ').collect();
+    assert_eq!(parts.len(), 4, "<id> <STATUS> <version> <origin>: {msgs:?}");
+    assert_eq!((parts[0], parts[1], parts[2]), (id.as_str(), "SUCCEEDED", "3"));
+    assert!(!parts[3].is_empty());
+    reader.abort();
+    svc.close().await;
+}
