@@ -94,7 +94,7 @@ start_redis() { # port, extra args...
   wait_port "$port" "redis-server"
 }
 
-start_cluster() { # prints the comma-separated node URLs
+start_cluster() { # sets CLUSTER_URLS to the comma-separated node URLs (no subshell: PIDS must keep the nodes)
   local ports=() urls=() addrs=()
   for _ in 1 2 3; do
     local p; p=$(free_port)
@@ -108,7 +108,7 @@ start_cluster() { # prints the comma-separated node URLs
     for p in "${ports[@]}"; do
       if redis-cli -p "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; then ok=$((ok + 1)); fi
     done
-    if [ "$ok" -eq 3 ]; then (IFS=,; echo "${urls[*]}"); return 0; fi
+    if [ "$ok" -eq 3 ]; then CLUSTER_URLS=$(IFS=,; echo "${urls[*]}"); return 0; fi
     sleep 0.05
   done
   echo "Redis Cluster did not become ok" >&2
@@ -122,7 +122,7 @@ for backend in "${BACKENDS[@]}"; do
   case "$backend" in
     memory) ;;
     standalone) port=$(free_port); start_redis "$port"; args=(--redis "redis://127.0.0.1:$port") ;;
-    cluster) urls=$(start_cluster); args=(--redis-cluster "$urls") ;;
+    cluster) start_cluster; args=(--redis-cluster "$CLUSTER_URLS") ;;
     *) echo "unknown backend $backend (use memory, standalone, cluster)" >&2; exit 2 ;;
   esac
   http_port=$(free_port)

@@ -158,8 +158,22 @@ async fn scenario(backend_name: &str) {
     let events = sse_events(&text);
     assert_eq!(events[0].1, "g\nh", "{text}");
     assert!(!text.contains("abcdef"));
-    let r = c.get(format!("{url}?offset=-1&live=sse")).header("last-event-id", &after_gh).send().await.unwrap();
+    // The final control event's id marks the end; a browser that saw it is stopped with 204.
+    let last_id = text.lines().filter_map(|l| l.strip_prefix("id:")).last().unwrap().trim().to_string();
+    assert_eq!(last_id, format!("{after_gh}.end"));
+    let r = c.get(format!("{url}?offset=-1&live=sse")).header("last-event-id", &last_id).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // One that reconnects at the final offset without having seen the end (its connection was
+    // cycled between the last data and the close) still gets the final control event.
+    let r = c.get(format!("{url}?offset=-1&live=sse")).header("last-event-id", &after_gh).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let (text, ended) = read_sse_until(r, Duration::from_secs(5), |_| false).await;
+    assert!(ended, "{text}");
+    let events = sse_events(&text);
+    assert_eq!(events.len(), 1, "{text}");
+    let control: serde_json::Value = serde_json::from_str(&events[0].1).unwrap();
+    assert_eq!(control["streamClosed"], true);
+    assert_eq!(control["streamNextOffset"], after_gh.as_str());
 
     // --- idempotent producers.
     let purl = srv.url(&format!("acme/{run}/producer"));

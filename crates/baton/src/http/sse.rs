@@ -3,9 +3,10 @@
 //! Each batch of data is one `event: data` (JSON streams: one JSON array; `text/*` and JSON as
 //! UTF-8 lines; every other content type base64, with `stream-sse-data-encoding: base64`)
 //! followed by one `event: control` carrying `streamNextOffset`, `streamCursor` (while open),
-//! `upToDate` and `streamClosed`. Every event also has an `id:` equal to its offset, so a browser
-//! `EventSource` that reconnects sends `Last-Event-ID` and resumes exactly after the last event it
-//! saw. Each response starts with `retry: 500` so browsers reconnect quickly when a connection
+//! `upToDate` and `streamClosed`. Every event also has an `id:` equal to its offset (the final
+//! control event's is `<offset>.end`), so a browser `EventSource` that reconnects sends
+//! `Last-Event-ID` and resumes exactly after the last event it saw, and one that saw the end is
+//! answered 204, which stops it. Each response starts with `retry: 500` so browsers reconnect quickly when a connection
 //! is cycled. Idle connections get a `:` comment heartbeat; connections are closed after about
 //! `--sse-cycle` (clients reconnect from the last offset), at EOF, and at server shutdown.
 
@@ -33,20 +34,24 @@ pub async fn serve(st: AppState, path: StreamPath, q: ReadQuery, last_event_id: 
     let permit = st.live_permit()?;
     // A reconnecting `EventSource` names the last offset it saw; it wins over the URL's offset.
     let resumed = last_event_id.map(str::trim).filter(|s| !s.is_empty());
-    let from = match resumed {
+    let from = match resumed.map(|id| id.trim_end_matches(END_ID_SUFFIX)) {
         Some(id) => ReadFrom::parse(id).map_err(|_| {
             ApiError::bad_request(format!("Last-Event-ID {id:?} is not an offset returned by this server"))
         })?,
         None => q.from,
     };
-    // Validate (404, 400, 410) and take the first chunk before committing to a 200.
-    let first = st.store.read(&path, from).await?;
-    if resumed.is_some() && first.end.is_some() && first.records.is_empty() {
-        // The reconnecting EventSource already saw the end: 204 tells it to stop reconnecting.
+    if resumed.is_some_and(|id| id.ends_with(END_ID_SUFFIX)) {
+        // The reconnecting EventSource already saw the final control event: 204 tells it to stop
+        // reconnecting (HTML Living Standard, "Server-sent events": a 204 fails the connection).
+        st.store.head(&path).await?;
         let mut res = Response::new(Body::empty());
         *res.status_mut() = axum::http::StatusCode::NO_CONTENT;
         return Ok(res);
     }
+    // Validate (404, 400, 410) and take the first chunk before committing to a 200. A client
+    // that reconnects at the final offset without having seen the end gets the final control
+    // event now.
+    let first = st.store.read(&path, from).await?;
     let text = is_text(&first.content_type);
     let (tx, mut rx) = mpsc::channel::<Bytes>(16);
     let cursor = q.cursor;
@@ -67,6 +72,11 @@ pub async fn serve(st: AppState, path: StreamPath, q: ReadQuery, last_event_id: 
     }
     Ok(res)
 }
+
+/// Appended to the event id of the final control event (`<offset>.end`), so that a browser
+/// reconnecting after it (`Last-Event-ID: <offset>.end`) is told with 204 to stop, while one that
+/// reconnects at the final offset without having seen the end still gets the final event.
+const END_ID_SUFFIX: &str = ".end";
 
 /// The reconnection delay asked of `EventSource` clients: 500 ms (HTML Living Standard,
 /// "Server-sent events", the `retry` field). A block with no `data` dispatches no event.
@@ -175,6 +185,9 @@ pub fn events(chunk: &ReadChunk, text: bool, cursor: Option<u64>) -> (Bytes, boo
     out.put_slice(serde_json::Value::Object(control).to_string().as_bytes());
     out.put_slice(b"\nid:");
     out.put_slice(id.as_bytes());
+    if closed {
+        out.put_slice(END_ID_SUFFIX.as_bytes());
+    }
     out.put_slice(b"\n\n");
     metrics::counter!("baton_sse_events_total").increment(1);
     (out.freeze(), closed)
