@@ -14,10 +14,6 @@ use baton_redis::{redis, RedisClient, RedisConfig, RedisConn};
 use baton_testkit::{require_redis, RedisCluster, RedisServer, ServerOptions, TcpProxy};
 use common::*;
 
-fn queue_name(tag: &str) -> String {
-    format!("{tag}-{}", uuid::Uuid::now_v7())
-}
-
 fn events_key(queue: &str) -> String {
     format!("events:{{{queue}}}")
 }

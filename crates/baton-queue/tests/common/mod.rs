@@ -1,7 +1,9 @@
 //! Helpers shared by the queue test files.
 #![allow(dead_code)]
 
-use baton_queue::{MessageStream, RedisQueueOptions};
+use std::time::Duration;
+
+use baton_queue::{ConsumerOptions, MessageStream, RedisQueueOptions};
 use baton_redis::redis;
 use baton_redis::{RedisClient, RedisConn};
 use baton_testkit::TestBackend;
@@ -34,3 +36,13 @@ pub async fn pending_owners(conn: &mut RedisConn, queue: &str) -> Vec<(String, S
 }
 
 pub use baton_testkit::eventually;
+
+pub fn queue_name(tag: &str) -> String {
+    format!("{tag}-{}", uuid::Uuid::now_v7())
+}
+
+pub fn fast(ct_ms: u64) -> ConsumerOptions {
+    ConsumerOptions::new()
+        .with_claim_timeout(Duration::from_millis(ct_ms))
+        .with_reap_idle_consumers_after(None)
+}

@@ -1,0 +1,218 @@
+//! Work-queue conformance suite, part 2 (lifecycle): deferred leases, idle queues, bad input,
+//! consumer reaping and drain — on memory, Redis standalone and a 3-master Redis Cluster.
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton_queue::{ConsumerOptions, Decision, Delivery, QueueError};
+use baton_testkit::TestBackend;
+use bytes::Bytes;
+use common::*;
+
+baton_testkit::on_every_backend!(
+    deferred_lease_is_kept_until_settled,
+    idle_queue_delivers_at_once,
+    bad_input_is_refused_with_clear_errors,
+    idle_consumers_without_pending_are_reaped,
+    drain_reports_in_flight_work_and_leaves_it_to_a_peer,
+);
+
+async fn deferred_lease_is_kept_until_settled(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("deferred");
+    let calls = Arc::new(AtomicU32::new(0));
+    let c2 = calls.clone();
+    let c = s
+        .consume(
+            &q,
+            move |d: Delivery| {
+                let calls = c2.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    let lease = d.lease.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(2_500)).await;
+                        lease.ack().await.unwrap();
+                    });
+                    Decision::Deferred
+                }
+            },
+            fast(1_000).with_concurrency(1),
+        )
+        .await
+        .unwrap();
+    s.offer(&q, "d").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(c.in_flight().len(), 1, "the deferred lease holds the slot");
+    eventually(Duration::from_secs(4), || {
+        let s = s.clone();
+        let q = q.clone();
+        async move { s.stats(&q).await.ok().filter(|st| st.length == 0) }
+    })
+    .await
+    .expect("acked later");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never redelivered while deferred");
+    assert!(c.in_flight().is_empty());
+}
+
+async fn idle_queue_delivers_at_once(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("idle");
+    let got = Arc::new(Mutex::new(None::<Instant>));
+    let g2 = got.clone();
+    let _c = s
+        .consume(
+            &q,
+            move |_d: Delivery| {
+                let g = g2.clone();
+                async move {
+                    *g.lock().unwrap() = Some(Instant::now());
+                    Decision::Ack
+                }
+            },
+            // Blocking reads of up to 1 s, idle for longer than the 5 s response timeout.
+            fast(3_000),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let sent = Instant::now();
+    s.offer(&q, "wake").await.unwrap();
+    let at = eventually(Duration::from_secs(3), || {
+        let g = got.clone();
+        async move { *g.lock().unwrap() }
+    })
+    .await
+    .expect("delivered");
+    assert!(at - sent < Duration::from_millis(500), "delivered {:?} after the offer", at - sent);
+}
+
+async fn bad_input_is_refused_with_clear_errors(b: TestBackend) {
+    let s = stream_for(&b).await;
+    for bad in ["", "a{b}", "tab\there"] {
+        match s.offer(bad, "x").await {
+            Err(QueueError::InvalidQueueName(n)) => assert_eq!(n, bad),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    let err = s
+        .consume("ok", |_d: Delivery| async { Decision::Ack }, ConsumerOptions::new().with_concurrency(0))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(err.to_string(), "invalid queue setting: concurrency must be at least 1");
+    assert!(matches!("12-x".parse::<baton_queue::MessageId>(), Err(QueueError::InvalidMessageId(_))));
+    let q = queue_name("empty");
+    assert_eq!(s.stats(&q).await.unwrap(), baton_queue::QueueStats::default());
+    assert!(s.dead_letters(&q, 10).await.unwrap().is_empty());
+    assert_eq!(s.offer_batch(&q, vec![]).await.unwrap(), vec![]);
+}
+
+/// Consumers idle with no pending entry are removed; one that still owns an entry is kept.
+async fn idle_consumers_without_pending_are_reaped(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("reap");
+    let hold = |_d: Delivery| async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Decision::Ack
+    };
+    // Z takes m1 and dies holding it (claim timeout 30 s: nobody reclaims it during the test).
+    s.offer(&q, "m1").await.unwrap();
+    let z = s.consume(&q, hold, fast(30_000).with_concurrency(1)).await.unwrap();
+    eventually(Duration::from_secs(3), || {
+        let n = z.in_flight().len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("Z holds m1");
+    z.abort();
+    // X dies with nothing pending.
+    let x = s.consume(&q, hold, fast(30_000)).await.unwrap();
+    x.abort();
+    assert_eq!(s.stats(&q).await.unwrap().consumers, 2);
+    // Y reaps after 200 ms of idleness; it holds m2 in its only slot, so it reclaims nothing.
+    s.offer(&q, "m2").await.unwrap();
+    let y = s
+        .consume(
+            &q,
+            |d: Delivery| async move {
+                std::mem::forget(d.lease);
+                Decision::Deferred
+            },
+            ConsumerOptions::new()
+                .with_claim_timeout(Duration::from_millis(100))
+                .with_concurrency(1)
+                .with_reap_idle_consumers_after(Some(Duration::from_millis(200))),
+        )
+        .await
+        .unwrap();
+    let st = eventually(Duration::from_secs(5), || {
+        let s = s.clone();
+        let q = q.clone();
+        async move { s.stats(&q).await.ok().filter(|st| st.consumers == 2 && st.pending == 2) }
+    })
+    .await
+    .expect("X reaped, Z (pending) and Y kept");
+    assert_eq!((st.consumers, st.pending), (2, 2));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(s.stats(&q).await.unwrap().consumers, 2, "Z, which owns m1, is never reaped");
+    drop(y);
+}
+
+/// drain(budget): stops reading, waits for handlers within the budget, reports what is still in
+/// flight; that work is taken by a peer after the claim timeout.
+async fn drain_reports_in_flight_work_and_leaves_it_to_a_peer(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("drain");
+    let a = s
+        .consume(
+            &q,
+            |d: Delivery| async move {
+                let slow = &d.payload[..] == b"slow";
+                tokio::time::sleep(Duration::from_millis(if slow { 20_000 } else { 200 })).await;
+                Decision::Ack
+            },
+            fast(1_000),
+        )
+        .await
+        .unwrap();
+    let ids = s.offer_batch(&q, vec![Bytes::from("slow"), Bytes::from("quick")]).await.unwrap();
+    eventually(Duration::from_secs(3), || {
+        let n = a.in_flight().len();
+        async move { (n == 2).then_some(()) }
+    })
+    .await
+    .expect("both taken");
+    let t0 = Instant::now();
+    let report = a.drain(Duration::from_millis(1_000)).await;
+    assert!(t0.elapsed() >= Duration::from_millis(900) && t0.elapsed() < Duration::from_millis(1_500));
+    assert_eq!(report.completed, 1, "the quick one finished within the budget");
+    assert_eq!(report.in_flight, vec![ids[0]], "the slow one is reported");
+    // Nothing is lost: a peer gets the slow one after the claim timeout.
+    let got = Arc::new(Mutex::new(None::<(baton_queue::MessageId, u32)>));
+    let g2 = got.clone();
+    let _peer = s
+        .consume(
+            &q,
+            move |d: Delivery| {
+                let g = g2.clone();
+                async move {
+                    *g.lock().unwrap() = Some((d.id, d.deliveries));
+                    Decision::Ack
+                }
+            },
+            fast(1_000),
+        )
+        .await
+        .unwrap();
+    let (id, n) = eventually(Duration::from_secs(4), || {
+        let g = got.clone();
+        async move { *g.lock().unwrap() }
+    })
+    .await
+    .expect("peer took it");
+    assert_eq!((id, n), (ids[0], 2));
+}
