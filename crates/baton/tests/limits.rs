@@ -145,6 +145,12 @@ async fn cors_and_security_headers() {
     assert!(exposed.contains("stream-next-offset") && exposed.contains("etag"), "{exposed}");
     let r = c.get(&url).header("origin", "https://evil.example").send().await.unwrap();
     assert_eq!(header(&r, "access-control-allow-origin"), None);
+    // `/` answers HTML (the dashboard) or JSON by Accept, so both say `Vary: accept`.
+    let base = url.split("/v1/").next().unwrap().to_string();
+    let r = c.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(header(&r, "vary"), Some("accept"));
+    let r = c.get(format!("{base}/")).header("accept", "text/html").send().await.unwrap();
+    assert_eq!(header(&r, "vary"), Some("accept"));
     let r = c.get(srv.url("acme/missing")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     assert_eq!(header(&r, "x-content-type-options"), Some("nosniff"));

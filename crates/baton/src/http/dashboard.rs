@@ -63,7 +63,10 @@ pub async fn index_or_page(state: State<AppState>, headers: HeaderMap) -> Respon
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.split(',').any(|t| t.trim().starts_with("text/html")));
     if !wants_html {
-        return super::index(state).await;
+        // The same URL answers HTML or JSON by Accept: caches must key on it (RFC 9110 §12.5.5).
+        let mut res = super::index(state).await;
+        res.headers_mut().insert(header::VARY, HeaderValue::from_static("accept"));
+        return res;
     }
     let mut res = page().into_response();
     let h = res.headers_mut();
