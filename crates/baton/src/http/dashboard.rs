@@ -212,29 +212,16 @@ async fn snapshot(st: &AppState, who: &Principal, f: &Filter) -> Value {
     })
 }
 
-/// A queue's stats and counts (the shape of `GET /v1/queues/{queue}`).
+/// A queue's stats and counts: the body of `GET /v1/queues/{queue}`, or `{name, handlers,
+/// error}` when the backend could not answer (the dashboard shows the error in the row).
 async fn queue_json(api: &CommandsApi, name: &str) -> Value {
-    let handlers: Vec<String> = api.queue(name).map(|e| e.handlers.keys().cloned().collect()).unwrap_or_default();
-    let stats = api.store().messages().stats(name).await;
-    let counts = api.store().counts(name).await;
-    match (stats, counts) {
-        (Ok(s), Ok(c)) => json!({
-            "name": name,
-            "length": s.length,
-            "pending": s.pending,
-            "consumers": s.consumers,
-            "lag": s.lag,
-            "delayed": s.delayed,
-            "dead_letters": s.dead_letters,
-            "commands": {
-                "submitted": c.submitted, "running": c.running, "succeeded": c.succeeded,
-                "failed": c.failed, "cancelled": c.cancelled, "total": c.total(),
-            },
-            "handlers": handlers,
-            "workers": api.workers_here(),
-        }),
-        (Err(e), _) => json!({ "name": name, "handlers": handlers, "error": e.to_string() }),
-        (_, Err(e)) => json!({ "name": name, "handlers": handlers, "error": e.to_string() }),
+    match super::queues::queue_json(api, name).await {
+        Ok(v) => v,
+        Err(e) => {
+            let handlers: Vec<String> =
+                api.queue(name).map(|q| q.handlers.keys().cloned().collect()).unwrap_or_default();
+            json!({ "name": name, "handlers": handlers, "error": e.message })
+        }
     }
 }
 

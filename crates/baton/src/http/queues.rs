@@ -57,8 +57,8 @@ fn queue_error(e: QueueError) -> JsonError {
     }
 }
 
-/// Stats of one configured queue as JSON (module docs).
-async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, JsonError> {
+/// Stats of one configured queue as JSON (module docs); also the dashboard's queue rows.
+pub(super) async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, JsonError> {
     let entry = api.queue(name)?;
     let stats = api.store().messages().stats(name).await.map_err(queue_error)?;
     let c = api.store().counts(name).await?;
