@@ -9,6 +9,10 @@
 //! (`INFO commandstats` deltas) and the CPU time Redis and this process used (`INFO cpu`,
 //! `getrusage`), to show where the time goes.
 
+/// The same allocator as the `baton` binary.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

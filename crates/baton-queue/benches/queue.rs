@@ -7,6 +7,10 @@
 //!
 //! Environment: `BATON_BENCH_N` scales the message counts (default 1.0).
 
+/// The same allocator as the `baton` binary.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -2,6 +2,10 @@
 //!
 //! `CARGO_TARGET_DIR=target/streams cargo bench -p baton-streams --bench streams`
 
+/// The same allocator as the `baton` binary.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
