@@ -1,10 +1,12 @@
 -- Shared prelude of the command scripts (prepended to each one).
--- Index keys, always KEYS[1..7] and all in the home queue's hash slot:
+-- Index keys, always KEYS[1..6] and all in the home queue's hash slot:
 --   KEYS[1] expiry zset `p:cmd:{q}:exp` (id -> a LOWER BOUND of its state's expiry, ms),
---   KEYS[2] all-statuses index, KEYS[3..7] per-status indexes SUBMITTED, RUNNING, SUCCEEDED,
---   FAILED, CANCELLED (id -> created ms).
--- A state key is `p:cmd:{q}:<id>`: KEYS[1] without its `exp` suffix, then the id.
-local STATUS_KEY = { SUBMITTED = 3, RUNNING = 4, SUCCEEDED = 5, FAILED = 6, CANCELLED = 7 }
+--   KEYS[2..6] per-status indexes SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED
+--   (id -> created ms). Listing every status merges the five.
+-- A state key `p:cmd:{q}:<id>` (KEYS[1] without its `exp` suffix, then the id) is a string:
+--   `<version> <STATUS> <created ms> <sha1 of the canonical submit body> <state JSON>`,
+-- so a compare-and-set reads it with one GET and writes it, with its TTL, with one SET.
+local STATUS_KEY = { SUBMITTED = 2, RUNNING = 3, SUCCEEDED = 4, FAILED = 5, CANCELLED = 6 }
 local TERMINAL = { SUCCEEDED = true, FAILED = true, CANCELLED = true }
 
 local function now_ms()
@@ -12,11 +14,18 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The header of a stored state: version, status, created ms, body sha1 (strings), and the
+-- position where its JSON starts.
+local function header(raw)
+  return string.match(raw, '^(%d+) (%u+) (%d+) (%x+) ()')
+end
+
 -- Removes index entries of states that have expired, visiting at most `max` candidates.
--- Every write keeps the expiry score at or below the state's real expiry (`ZADD LT` with its
--- own expiry; submit uses an earlier bound), so a state whose score is still in the future is
--- certainly live. A candidate (score in the past) is checked: gone -> removed from every index;
--- still there -> re-scored to its real expiry (PEXPIRETIME, Redis 7.0), a valid bound again.
+-- Every write keeps the expiry score at or below the state's real expiry (submit scores
+-- now + the store's shortest lifetime; a write with a shorter TTL lowers it with `ZADD LT`), so
+-- a state whose score is still in the future is certainly live. A candidate (score in the past)
+-- is checked: gone -> removed from every index; still there -> re-scored to its real expiry
+-- (PEXPIRETIME, Redis 7.0), a valid bound again.
 local function prune(now, max)
   local prefix = string.sub(KEYS[1], 1, #KEYS[1] - 3)
   local n = 0
@@ -35,8 +44,7 @@ local function prune(now, max)
       end
     end
     if #gone > 0 then
-      for k = 2, 7 do redis.call('ZREM', KEYS[k], unpack(gone)) end
-      redis.call('ZREM', KEYS[1], unpack(gone))
+      for k = 1, 6 do redis.call('ZREM', KEYS[k], unpack(gone)) end
     end
     n = n + #ids
   end

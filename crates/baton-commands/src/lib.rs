@@ -35,10 +35,9 @@
 //! | key                        | type   | holds                                                          |
 //! |----------------------------|--------|----------------------------------------------------------------|
 //! | `p:q:{q}`                  | stream | the queue's messages (baton-queue), field `p` = message JSON   |
-//! | `p:cmd:{q}:<id>`           | hash   | `v` version, `s` status, `c` created ms, `d` state JSON, `b` SHA-1 of the submitted body |
-//! | `p:cmd:{q}:all`            | zset   | id → created ms, every live command of `q`                     |
-//! | `p:cmd:{q}:s:<STATUS>`     | zset   | id → created ms, per status                                    |
-//! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning)   |
+//! | `p:cmd:{q}:<id>`           | string | `<version> <STATUS> <created ms> <SHA-1 of the submitted body> <state JSON>` |
+//! | `p:cmd:{q}:s:<STATUS>`     | zset   | id → created ms, per status (listing every status merges the five) |
+//! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning: every 64th submit, and every list and count) |
 //! | `p:cmdid:{<id>}`           | string | the home queue of `id` (lookup by id alone)                    |
 //! | channel `p:cmd:{q}:events` | pubsub | `<id> <STATUS> <version> <origin>` per terminal write          |
 //!
@@ -62,8 +61,10 @@
 //!
 //! **Acks.** A write that ends a delivery (a terminal state, or a hand-off whose enqueue is in the
 //! same script) also acks the delivery in that script when the state's slot is the consumed
-//! queue's (always on standalone): ownership-checked exactly like the work queue's own ack (an
-//! entry another consumer took is not acked), then `Lease::mark_acked`. One round trip instead of
+//! queue's (always on standalone), then `Lease::mark_acked`. Unlike the work queue's own ack it
+//! does not check the entry's owner: the version compare-and-set already made this write the
+//! command's next step, and dispatch is state-driven, so a copy of the message that another
+//! consumer holds has nothing left to do. One round trip instead of
 //! two, and a waiter that sees the terminal state never finds its message still pending.
 //!
 //! **Notifications.** Each *terminal* write `PUBLISH`es on its home queue's channel (in Cluster a

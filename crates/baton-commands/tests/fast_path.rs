@@ -2,7 +2,9 @@
 //! * a terminal write acks its queue message in the same atomic step (Redis): once a waiter sees
 //!   the terminal state, nothing is pending any more;
 //! * only terminal writes are announced on the queue's channel, tagged with their origin, and a
-//!   command going SUBMITTED → RUNNING → SUCCEEDED is announced exactly once.
+//!   command going SUBMITTED → RUNNING → SUCCEEDED is announced exactly once;
+//! * submits prune the indexes of expired states every few calls (Redis), so the indexes stay
+//!   bounded even when nobody lists or counts.
 
 mod common;
 
@@ -17,7 +19,38 @@ use common::*;
 use futures::StreamExt;
 use serde_json::json;
 
-baton_testkit::on_every_backend!(terminal_write_acks_atomically, only_terminal_writes_are_announced);
+baton_testkit::on_every_backend!(
+    terminal_write_acks_atomically,
+    only_terminal_writes_are_announced,
+    submits_prune_expired_index_entries
+);
+
+async fn submits_prune_expired_index_entries(b: TestBackend) {
+    let Some(config) = b.redis_config() else { return }; // memory has no index keys
+    let settings = baton_commands::StoreSettings { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
+    let store = store_with(&b, settings).await;
+    let q = queue_name("prune");
+    for i in 0..5 {
+        store.submit(&q, Command::with_id(format!("old-{i}"), "t", json!(i))).await.unwrap();
+        store.cancel(&format!("old-{i}")).await.unwrap();
+    }
+    let conn = baton_redis::RedisClient::new(config).unwrap().shared().await.unwrap();
+    let zcard = |key: String| {
+        let mut conn = conn.clone();
+        async move { redis::cmd("ZCARD").arg(key).query_async::<u64>(&mut conn).await.unwrap() }
+    };
+    let cancelled = format!("baton:cmd:{{{q}}}:s:CANCELLED");
+    let exp = format!("baton:cmd:{{{q}}}:exp");
+    assert_eq!((zcard(cancelled.clone()).await, zcard(exp.clone()).await), (5, 5));
+    tokio::time::sleep(Duration::from_millis(1300)).await; // retention passes; the states expire
+    // One store prunes on every 64th submit (its first included): 64 submits prune once.
+    for i in 0..64 {
+        store.submit(&q, Command::with_id(format!("new-{i}"), "t", json!(i))).await.unwrap();
+    }
+    assert_eq!(zcard(cancelled).await, 0);
+    assert_eq!(zcard(exp).await, 64);
+    assert_eq!(zcard(format!("baton:cmd:{{{q}}}:s:SUBMITTED")).await, 64);
+}
 
 async fn terminal_write_acks_atomically(b: TestBackend) {
     let store = store_for(&b).await;

@@ -92,10 +92,13 @@ fn slot_of_tag(tag: &str) -> u16 {
     crc16(tag.as_bytes()) % 16384
 }
 
+/// Submits between two that also prune expired index entries (`scripts/submit.lua`).
+const PRUNE_EVERY: u64 = 64;
+
 /// Keys of one home queue.
 struct QKeys {
-    /// exp, all, 5 status zsets.
-    index: [String; 7],
+    /// exp, then the 5 status zsets (see `scripts/lib.lua`).
+    index: [String; 6],
     stream: String,
     channel: String,
     state_prefix: String,
@@ -106,7 +109,6 @@ impl QKeys {
         let base = format!("{prefix}:cmd:{{{queue}}}");
         let index = [
             format!("{base}:exp"),
-            format!("{base}:all"),
             format!("{base}:s:SUBMITTED"),
             format!("{base}:s:RUNNING"),
             format!("{base}:s:SUCCEEDED"),
@@ -137,12 +139,34 @@ pub(crate) struct RedisStore {
     /// Tag of this store in its notifications, so it can tell its own writes (already
     /// delivered locally) from other processes' ones.
     origin: Arc<str>,
+    /// Submits so far; every [`PRUNE_EVERY`]th one prunes its queue's indexes.
+    submits: std::sync::atomic::AtomicU64,
 }
 
 const QKEYS_MAX: usize = 10_000;
 
 fn parse_state(id: &str, raw: &[u8]) -> Result<CommandState, CommandError> {
     serde_json::from_slice(raw).map_err(|e| CommandError::Corrupt { id: id.to_string(), reason: e.to_string() })
+}
+
+/// A stored state string split: `<version> <STATUS> <created ms> <body sha1> <JSON>` (written by
+/// `scripts/submit.lua` and `scripts/transition.lua`) → version, status, JSON.
+fn split_stored<'a>(id: &str, raw: &'a [u8]) -> Result<(u64, CommandStatus, &'a [u8]), CommandError> {
+    let corrupt = |why: &str| CommandError::Corrupt { id: id.to_string(), reason: format!("stored state: {why}") };
+    let mut parts = raw.splitn(5, |b| *b == b' ');
+    let (Some(v), Some(s), Some(_created), Some(_sha), Some(json)) =
+        (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(corrupt("no header"));
+    };
+    let version = std::str::from_utf8(v).ok().and_then(|v| v.parse().ok()).ok_or_else(|| corrupt("bad version"))?;
+    let status = std::str::from_utf8(s).map_err(|_| corrupt("bad status"))?.parse()?;
+    Ok((version, status, json))
+}
+
+/// The state in a stored state string.
+fn parse_stored(id: &str, raw: &[u8]) -> Result<CommandState, CommandError> {
+    parse_state(id, split_stored(id, raw)?.2)
 }
 
 fn bytes(v: &Value) -> Option<&[u8]> {
@@ -186,6 +210,7 @@ impl RedisStore {
             pubsub,
             qkeys: Mutex::new(HashMap::new()),
             origin,
+            submits: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -264,6 +289,7 @@ impl StateBackend for RedisStore {
             keys.push(&lookup);
         }
         let msg = msg.to_bytes();
+        let prune = self.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % PRUNE_EVERY == 0;
         let push = |c: &mut redis::Cmd| {
             c.arg(&doc)
                 .arg(body)
@@ -273,7 +299,8 @@ impl StateBackend for RedisStore {
                 .arg(&state.id)
                 .arg(&state.queue)
                 .arg(lookup_ttl.as_millis() as u64)
-                .arg(self.min_lifetime_ms());
+                .arg(self.min_lifetime_ms())
+                .arg(if prune { "1" } else { "0" });
         };
         for _ in 0..2 {
             let v: Value = evalsha(&SUBMIT, &mut conn, &keys, push).await?;
@@ -303,22 +330,16 @@ impl StateBackend for RedisStore {
 
     async fn load(&self, home: &str, id: &str) -> Result<Option<CommandState>, CommandError> {
         let raw: Option<Vec<u8>> =
-            redis::cmd("HGET").arg(self.keys(home).state(id)).arg("d").query_async(&mut self.conn.clone()).await?;
-        raw.map(|r| parse_state(id, &r)).transpose()
+            redis::cmd("GET").arg(self.keys(home).state(id)).query_async(&mut self.conn.clone()).await?;
+        raw.map(|r| parse_stored(id, &r)).transpose()
     }
 
     async fn peek(&self, home: &str, id: &str) -> Result<Option<Peeked>, CommandError> {
-        let (v, s, d): (Option<u64>, Option<String>, Option<Vec<u8>>) = redis::cmd("HMGET")
-            .arg(self.keys(home).state(id))
-            .arg("v")
-            .arg("s")
-            .arg("d")
-            .query_async(&mut self.conn.clone())
-            .await?;
-        match (v, s, d) {
-            (Some(v), Some(s), Some(d)) => Ok(Some(Peeked::json(id, v, s.parse()?, d))),
-            _ => Ok(None),
-        }
+        let raw: Option<Vec<u8>> =
+            redis::cmd("GET").arg(self.keys(home).state(id)).query_async(&mut self.conn.clone()).await?;
+        let Some(raw) = raw else { return Ok(None) };
+        let (version, status, json) = split_stored(id, &raw)?;
+        Ok(Some(Peeked::json(id, version, status, json.to_vec())))
     }
 
     async fn home_of(&self, id: &str) -> Result<Option<String>, CommandError> {
@@ -360,13 +381,15 @@ impl StateBackend for RedisStore {
             msg_arg = msg.to_bytes();
         }
         let target = ack.and_then(|l| l.redis_target().map(|t| (l.id().to_string(), t)));
-        let (ack_id, ack_group, ack_consumer) = match &target {
+        let (ack_id, ack_group) = match &target {
             Some((id, t)) => {
                 keys.push(&t.stream);
-                (id.as_str(), t.group.as_str(), t.consumer.as_str())
+                (id.as_str(), t.group.as_str())
             }
-            None => ("", "", ""),
+            None => ("", ""),
         };
+        // The expiry score assumed this store's shortest lifetime (see `scripts/lib.lua`).
+        let lower_expiry = if (ttl.as_millis() as u64) < self.min_lifetime_ms() { "1" } else { "0" };
         let v: Value = evalsha(&TRANSITION, &mut conn, &keys, |c| {
             c.arg(st.version - 1)
                 .arg(old.as_str())
@@ -378,7 +401,7 @@ impl StateBackend for RedisStore {
                 .arg(&msg_arg)
                 .arg(ack_id)
                 .arg(ack_group)
-                .arg(ack_consumer)
+                .arg(lower_expiry)
                 .arg(&*self.origin);
         })
         .await?;
@@ -423,7 +446,8 @@ impl StateBackend for RedisStore {
             Some(c) => (c.created_ms.to_string(), c.id.clone()),
             None => (String::new(), String::new()),
         };
-        let which = status_slot(status) + 2;
+        // KEYS position of the status index (2..6), or 0: every status, merged by the script.
+        let which = if status.is_some() { status_slot(status) + 1 } else { 0 };
         let args: [&dyn baton_redis::ArgLike; 4] = [&which, &(limit + 1), &cs, &cid];
         let flat: Vec<String> = LIST.run(&mut self.conn.clone(), &keys, &args).await?;
         let mut ids: Vec<(u64, String)> =
@@ -436,13 +460,13 @@ impl StateBackend for RedisStore {
         }
         let mut pipe = redis::pipe();
         for (_, id) in &ids {
-            pipe.cmd("HGET").arg(k.state(id)).arg("d");
+            pipe.cmd("GET").arg(k.state(id));
         }
         let docs: Vec<Option<Vec<u8>>> = pipe.query_async(&mut self.conn.clone()).await?;
         let mut items = Vec::with_capacity(docs.len());
         for ((_, id), d) in ids.iter().zip(docs) {
             if let Some(d) = d {
-                items.push(parse_state(id, &d)?);
+                items.push(parse_stored(id, &d)?);
             }
         }
         Ok((items, next))
