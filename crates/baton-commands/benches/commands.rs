@@ -4,6 +4,9 @@
 //!
 //! `cargo bench -p baton-commands` (add `-- --quick` for a short run).
 //!
+//! Each client task calls `CommandStore::submit_and_wait`; with `BATON_BENCH_SPLIT=1` it calls
+//! `submit` then `wait` instead (one Redis read more per command).
+//!
 //! Environment: `BATON_BENCH_ONLY=memory|redis` runs one backend; `BATON_BENCH_C=64,256` sets the
 //! concurrencies. For Redis runs it also prints, per command, the Redis calls by command name
 //! (`INFO commandstats` deltas) and the CPU time Redis and this process used (`INFO cpu`,
@@ -48,6 +51,7 @@ async fn run(store: CommandStore, backend: &'static str, concurrency: usize, tot
     let mut settings = QueueSettings::default();
     settings.concurrency = concurrency;
     let svc = CommandService::builder(store.clone(), &queue).settings(settings).handler("noop", Noop).start().await.unwrap();
+    let split = std::env::var("BATON_BENCH_SPLIT").is_ok_and(|v| v == "1");
     let run_phase = |n: usize| {
         let store = store.clone();
         let queue = queue.clone();
@@ -61,8 +65,13 @@ async fn run(store: CommandStore, backend: &'static str, concurrency: usize, tot
                     let mut lat = Vec::new();
                     while next.fetch_add(1, Ordering::Relaxed) < n {
                         let t0 = Instant::now();
-                        let st = store.submit(&queue, Command::new("noop", serde_json::Value::Null)).await.unwrap();
-                        let done = store.wait(&st.id, Duration::from_secs(60)).await.unwrap();
+                        let cmd = Command::new("noop", serde_json::Value::Null);
+                        let done = if split {
+                            let st = store.submit(&queue, cmd).await.unwrap();
+                            store.wait(&st.id, Duration::from_secs(60)).await.unwrap()
+                        } else {
+                            store.submit_and_wait(&queue, cmd, Duration::from_secs(60)).await.unwrap()
+                        };
                         assert!(done.status.is_terminal(), "not done: {done:?}");
                         lat.push(t0.elapsed());
                     }

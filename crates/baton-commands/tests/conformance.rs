@@ -32,6 +32,7 @@ baton_testkit::on_every_backend!(
     cancel_from_another_store_signals_the_running_handler,
     cancel_racing_completion_keeps_exactly_the_winner,
     wait_returns_the_running_state_at_timeout,
+    submit_and_wait_wakes_on_a_write_from_another_store,
 );
 
 async fn fast_command_succeeds_and_cancel_after_completion_is_refused(b: TestBackend) {
@@ -658,4 +659,43 @@ async fn wait_returns_the_running_state_at_timeout(b: TestBackend) {
     let st = store.wait(&id, Duration::from_millis(300)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Running);
     svc.abort();
+}
+
+/// `submit_and_wait` subscribes before it submits, so a completion written by another store is
+/// seen through its notification, not by the once-a-second fallback re-read.
+async fn submit_and_wait_wakes_on_a_write_from_another_store(b: TestBackend) {
+    let store = store_for(&b).await;
+    let worker = other_store(&b, &store).await;
+    let q = queue_name("submit-wait");
+    let svc = CommandService::builder(worker.clone(), &q)
+        .settings(fast())
+        .handler("double", on_execute(|c: Command| async move { Ok(CommandResult::succeeded(json!(c.params.as_i64().unwrap() * 2))) }))
+        .start()
+        .await
+        .unwrap();
+    let mut fastest = Duration::MAX;
+    for i in 0..3 {
+        let t0 = std::time::Instant::now();
+        let st = store
+            .submit_and_wait(&q, Command::with_id(format!("sw-{i}"), "double", json!(i)), Duration::from_secs(20))
+            .await
+            .unwrap();
+        fastest = fastest.min(t0.elapsed());
+        assert_eq!((st.status, st.result, st.version), (CommandStatus::Succeeded, Some(json!(i * 2)), 2));
+    }
+    // The fallback re-read comes after 1 s; a notification much sooner.
+    assert!(fastest < Duration::from_millis(900), "fastest submit_and_wait took {fastest:?}");
+    // An idempotent resubmit of a finished command returns its stored state at once.
+    let again = store.submit_and_wait(&q, Command::with_id("sw-1", "double", json!(1)), Duration::from_secs(20)).await.unwrap();
+    assert_eq!((again.status, again.result, again.version), (CommandStatus::Succeeded, Some(json!(2)), 2));
+    // A different body under the same id is still a conflict.
+    assert!(matches!(
+        store.submit_and_wait(&q, Command::with_id("sw-1", "double", json!(5)), Duration::from_secs(1)).await,
+        Err(CommandError::Conflict { .. })
+    ));
+    // Nobody runs queue `idle`: the submitted state comes back at the timeout.
+    let idle = queue_name("submit-wait-idle");
+    let st = store.submit_and_wait(&idle, Command::new("double", json!(1)), Duration::from_millis(200)).await.unwrap();
+    assert_eq!((st.status, st.version), (CommandStatus::Submitted, 1));
+    svc.close().await;
 }
