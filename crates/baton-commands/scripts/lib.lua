@@ -1,12 +1,15 @@
 -- Shared prelude of the command scripts (prepended to each one).
--- Index keys, always KEYS[1..6] and all in the home queue's hash slot:
---   KEYS[1] expiry zset `p:cmd:{q}:exp` (id -> a LOWER BOUND of its state's expiry, ms),
---   KEYS[2..6] per-status indexes SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED
---   (id -> created ms). Listing every status merges the five.
+-- Index keys, all in the home queue's hash slot (list, counts and prune get all six as
+-- KEYS[1..6]; submit and transition only the ones they touch, to keep each call small):
+--   the expiry zset `p:cmd:{q}:exp` (id -> a LOWER BOUND of its state's expiry, ms), then the
+--   per-status indexes SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (id -> created ms).
+--   Listing every status merges the five.
 -- A state key `p:cmd:{q}:<id>` (KEYS[1] without its `exp` suffix, then the id) is a string:
 --   `<version> <STATUS> <created ms> <sha1 of the canonical submit body> <state JSON>`,
--- so a compare-and-set reads it with one GET and writes it, with its TTL, with one SET.
-local STATUS_KEY = { SUBMITTED = 2, RUNNING = 3, SUCCEEDED = 4, FAILED = 5, CANCELLED = 6 }
+-- built by the client, so a compare-and-set reads the header alone (GETRANGE) and writes the
+-- value, with its TTL, with one SET. (Redis's Lua hashes every byte of every string it makes,
+-- so the scripts avoid handling the JSON more than once.)
+local HEAD_MAX = 99 -- last header byte GETRANGE reads: 20 + 9 + 14 + 40 digits, 4 spaces
 local TERMINAL = { SUCCEEDED = true, FAILED = true, CANCELLED = true }
 
 local function now_ms()

@@ -306,6 +306,21 @@ pub struct CommandState {
     /// Redis: expiry (ms) of the id → queue lookup key, so it always outlives the state.
     #[serde(rename = "_lookup_exp", default, skip_serializing_if = "is_zero")]
     pub(crate) lookup_expires_ms: u64,
+    /// Redis: SHA-1 (hex) of the canonical submitted body, kept in the stored header (not in
+    /// the JSON) for idempotent resubmits; carried here so a write can rebuild the header.
+    #[serde(skip)]
+    pub(crate) body_sha: BodySha,
+}
+
+/// Storage bookkeeping that is not part of a state's value: any two compare equal (a state read
+/// back from Redis equals the one that was written, whether or not the reader saw the header).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BodySha(pub String);
+
+impl PartialEq for BodySha {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 fn is_zero(v: &u64) -> bool {

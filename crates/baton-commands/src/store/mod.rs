@@ -416,6 +416,7 @@ impl CommandStore {
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,
+            body_sha: Default::default(),
         };
         let body = canonical_body(&command.command_type, &command.params);
         let msg = CommandMsg { id: command.id.clone(), home: queue.to_string(), token };

@@ -1,5 +1,6 @@
 //! Redis state store (standalone or Cluster). Key layout and slot choice: see the crate docs.
-//! Scripts (in `scripts/`, each prefixed with `lib.lua`): `submit`, `transition`, `list`, `counts`.
+//! Scripts (in `scripts/`, each prefixed with `lib.lua`): `submit`, `transition`, `list`, `counts`,
+//! `prune`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,8 @@ static TRANSITION: LuaScript = LuaScript::new(
 );
 static LIST: LuaScript =
     LuaScript::new("list", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/list.lua")));
+static PRUNE: LuaScript =
+    LuaScript::new("prune", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/prune.lua")));
 static COUNTS: LuaScript =
     LuaScript::new("counts", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/counts.lua")));
 
@@ -94,6 +97,9 @@ fn slot_of_tag(tag: &str) -> u16 {
 
 /// Submits between two that also prune expired index entries (`scripts/submit.lua`).
 const PRUNE_EVERY: u64 = 64;
+/// Most index candidates one such prune visits (more than [`PRUNE_EVERY`], so pruning keeps up
+/// with states expiring as fast as they are submitted).
+const PRUNE_MAX: u64 = 300;
 
 /// Keys of one home queue.
 struct QKeys {
@@ -124,6 +130,13 @@ impl QKeys {
     }
     fn state(&self, id: &str) -> String {
         format!("{}{id}", self.state_prefix)
+    }
+    fn exp(&self) -> &str {
+        &self.index[0]
+    }
+    /// The index of `status`.
+    fn status_index(&self, status: CommandStatus) -> &str {
+        &self.index[status.index() + 1]
     }
 }
 
@@ -164,9 +177,27 @@ fn split_stored<'a>(id: &str, raw: &'a [u8]) -> Result<(u64, CommandStatus, &'a 
     Ok((version, status, json))
 }
 
-/// The state in a stored state string.
+/// The state in a stored state string, with its body hash from the header.
 fn parse_stored(id: &str, raw: &[u8]) -> Result<CommandState, CommandError> {
-    parse_state(id, split_stored(id, raw)?.2)
+    let mut st = parse_state(id, split_stored(id, raw)?.2)?;
+    st.body_sha.0 = body_sha_of(raw).to_string();
+    Ok(st)
+}
+
+/// The body hash field of a stored state's header (empty if malformed).
+fn body_sha_of(raw: &[u8]) -> &str {
+    let sha = raw.split(|b| *b == b' ').nth(3).unwrap_or_default();
+    std::str::from_utf8(sha).unwrap_or_default()
+}
+
+/// A stored state string (see `scripts/lib.lua`): header, then `json`.
+fn stored(st: &CommandState, json: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(json.len() + 96);
+    out.extend_from_slice(
+        format!("{} {} {} {} ", st.version, st.status.as_str(), st.created_at.millis(), st.body_sha.0).as_bytes(),
+    );
+    out.extend_from_slice(json);
+    out
 }
 
 fn bytes(v: &Value) -> Option<&[u8]> {
@@ -247,6 +278,7 @@ impl StateBackend for RedisStore {
         let lookup_ttl = ttl + LOOKUP_MARGIN;
         let mut st = state.clone();
         st.lookup_expires_ms = now_ms() + lookup_ttl.as_millis() as u64;
+        st.body_sha.0 = sha1_smol::Sha1::from(body).digest().to_string();
         let mut conn = self.conn.clone();
         if self.cluster {
             // Lookup key first (its own slot); a crash before the script leaves it without a
@@ -280,27 +312,33 @@ impl StateBackend for RedisStore {
                 None => {}
             }
         }
-        let doc = serde_json::to_string(&st).expect("serializable");
-        let mut keys: Vec<&str> = k.index.iter().map(|s| s.as_str()).collect();
+        let value = stored(&st, &serde_json::to_vec(&st).expect("serializable"));
         let state_key = k.state(&state.id);
-        keys.push(&state_key);
-        keys.push(&k.stream);
+        let mut keys: Vec<&str> = vec![k.exp(), k.status_index(CommandStatus::Submitted), &state_key, &k.stream];
         if !self.cluster {
             keys.push(&lookup);
         }
         let msg = msg.to_bytes();
-        let prune = self.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % PRUNE_EVERY == 0;
+        if self.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % PRUNE_EVERY == 0 {
+            // In the background: this submit does not wait for it.
+            let (mut conn, k) = (conn.clone(), k.clone());
+            tokio::spawn(async move {
+                let keys: Vec<&str> = k.index.iter().map(|s| s.as_str()).collect();
+                if let Err(e) = PRUNE.run::<i64>(&mut conn, &keys, &[&PRUNE_MAX]).await {
+                    tracing::debug!(error = %e, "pruning the command indexes failed; the next prune retries");
+                }
+            });
+        }
         let push = |c: &mut redis::Cmd| {
-            c.arg(&doc)
-                .arg(body)
+            c.arg(&value)
+                .arg(&st.body_sha.0)
                 .arg(state.created_at.millis())
                 .arg(ttl.as_millis() as u64)
                 .arg(&msg)
                 .arg(&state.id)
                 .arg(&state.queue)
                 .arg(lookup_ttl.as_millis() as u64)
-                .arg(self.min_lifetime_ms())
-                .arg(if prune { "1" } else { "0" });
+                .arg(self.min_lifetime_ms());
         };
         for _ in 0..2 {
             let v: Value = evalsha(&SUBMIT, &mut conn, &keys, push).await?;
@@ -309,7 +347,7 @@ impl StateBackend for RedisStore {
                 Some("created") => Ok(SubmitOutcome::Created(st)),
                 Some("existing") => {
                     let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("submit", &v))?;
-                    Ok(SubmitOutcome::Existing(parse_state(&state.id, raw)?))
+                    Ok(SubmitOutcome::Existing(parse_stored(&state.id, raw)?))
                 }
                 Some("conflict") => Ok(SubmitOutcome::Conflict),
                 Some("other_queue") => {
@@ -368,11 +406,14 @@ impl StateBackend for RedisStore {
                 .await?;
             st.lookup_expires_ms = now + lookup_ttl.as_millis() as u64;
         }
-        let doc = serde_json::to_vec(&st).expect("serializable");
-        let mut keys: Vec<&str> = Vec::with_capacity(10);
-        keys.extend(k.index.iter().map(|s| s.as_str()));
+        if st.body_sha.0.is_empty() {
+            // Not read from Redis here (never the case in the service): take the stored hash.
+            let head: Vec<u8> = redis::cmd("GETRANGE").arg(k.state(&st.id)).arg(0).arg(99).query_async(&mut conn).await?;
+            st.body_sha.0 = body_sha_of(&head).to_string();
+        }
+        let value = stored(&st, &serde_json::to_vec(&st).expect("serializable"));
         let state_key = k.state(&st.id);
-        keys.push(&state_key);
+        let mut keys: Vec<&str> = vec![k.exp(), k.status_index(old), k.status_index(st.status), &state_key];
         let target_stream;
         let mut msg_arg: Vec<u8> = Vec::new();
         if let Some((queue, msg)) = enqueue {
@@ -390,11 +431,16 @@ impl StateBackend for RedisStore {
         };
         // The expiry score assumed this store's shortest lifetime (see `scripts/lib.lua`).
         let lower_expiry = if (ttl.as_millis() as u64) < self.min_lifetime_ms() { "1" } else { "0" };
+        // Only terminal writes are announced: waiters wait for one, and a cancel is one.
+        // `<id> <STATUS> <version> <origin>`, read by `pubsub_task`.
+        let announce = if st.status.is_terminal() {
+            format!("{} {} {} {}", st.id, st.status.as_str(), st.version, self.origin)
+        } else {
+            String::new()
+        };
         let v: Value = evalsha(&TRANSITION, &mut conn, &keys, |c| {
-            c.arg(st.version - 1)
-                .arg(old.as_str())
-                .arg(st.status.as_str())
-                .arg(&doc)
+            c.arg(format!("{} {} ", st.version - 1, old.as_str()))
+                .arg(&value)
                 .arg(ttl.as_millis() as u64)
                 .arg(&k.channel)
                 .arg(&st.id)
@@ -402,7 +448,7 @@ impl StateBackend for RedisStore {
                 .arg(ack_id)
                 .arg(ack_group)
                 .arg(lower_expiry)
-                .arg(&*self.origin);
+                .arg(&announce);
         })
         .await?;
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
@@ -414,7 +460,7 @@ impl StateBackend for RedisStore {
             Some("missing") => Ok((Cas::Conflict(None), false)),
             Some("conflict") => {
                 let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("transition", &v))?;
-                Ok((Cas::Conflict(Some(parse_state(&st.id, raw)?)), false))
+                Ok((Cas::Conflict(Some(parse_stored(&st.id, raw)?)), false))
             }
             _ => Err(unexpected("transition", &v)),
         }
@@ -579,7 +625,7 @@ async fn pubsub_task(
                 m = stream.next() => match m {
                     Some(msg) => {
                         if !msg.get_channel_name().ends_with(suffix) { continue; }
-                        // `<id> <STATUS> <version> <origin>` (see scripts/transition.lua).
+                        // `<id> <STATUS> <version> <origin>` (see `transition`).
                         let payload = String::from_utf8_lossy(msg.get_payload_bytes());
                         let mut it = payload.split(' ');
                         if let (Some(id), Some(status)) = (it.next(), it.next()) {
