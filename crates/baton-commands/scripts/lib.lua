@@ -4,7 +4,8 @@
 --   the expiry zset `p:cmd:{q}:exp` (id -> a LOWER BOUND of its state's expiry, ms), then the
 --   per-status indexes SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (id -> created ms).
 --   Listing every status merges the five.
--- A state key `p:cmd:{q}:<id>` (KEYS[1] without its `exp` suffix, then the id) is a string:
+-- A state key `p:cmd:{q}:id:<id>` (KEYS[1] without its `exp` suffix, `id:`, then the id; the
+-- `id:` keeps an id such as `exp` or `s:RUNNING` off the index keys) is a string:
 --   `<version> <STATUS> <created ms> <sha1 of the canonical submit body> <state JSON>`,
 -- built by the client, so a compare-and-set reads the header alone (GETRANGE) and writes the
 -- value, with its TTL, with one SET. (Redis's Lua hashes every byte of every string it makes,
@@ -25,12 +26,13 @@ end
 
 -- Removes index entries of states that have expired, visiting at most `max` candidates.
 -- Every write keeps the expiry score at or below the state's real expiry (submit scores
--- now + the store's shortest lifetime; a write with a shorter TTL lowers it with `ZADD LT`), so
+-- now + the store's shortest lifetime; every later write lowers it to its own expiry with
+-- `ZADD LT`), so
 -- a state whose score is still in the future is certainly live. A candidate (score in the past)
 -- is checked: gone -> removed from every index; still there -> re-scored to its real expiry
 -- (PEXPIRETIME, Redis 7.0), a valid bound again.
 local function prune(now, max)
-  local prefix = string.sub(KEYS[1], 1, #KEYS[1] - 3)
+  local prefix = string.sub(KEYS[1], 1, #KEYS[1] - 3) .. 'id:'
   local n = 0
   while n < max do
     local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'LIMIT', 0, 100)

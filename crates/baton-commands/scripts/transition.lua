@@ -4,9 +4,8 @@
 -- hand-off, same slot), KEYS[#KEYS] the stream of the delivery to ack (only with ARGV[7]).
 -- ARGV[1] expected header start `<version> <OLD STATUS> `, ARGV[2] new stored state (header
 -- and JSON, see lib.lua), ARGV[3] TTL ms, ARGV[4] pub/sub channel, ARGV[5] id, ARGV[6] message
--- JSON for KEYS[5] or '', ARGV[7] entry id to ack or '', ARGV[8] its group, ARGV[9] '1' when
--- ARGV[3] may be shorter than the lifetime the expiry score assumed (the score is lowered),
--- ARGV[10] the announcement to publish ('' for none: only terminal writes are announced).
+-- JSON for KEYS[5] or '', ARGV[7] entry id to ack or '', ARGV[8] its group, ARGV[9] the
+-- announcement to publish ('' for none: only terminal writes are announced).
 -- The ack needs no owner check: the version compare-and-set already decided that this write is
 -- the command's next step, and dispatch reads the state, so a delivery of this message held by
 -- another consumer has nothing left to do.
@@ -23,8 +22,10 @@ if KEYS[2] ~= KEYS[3] then
   redis.call('ZREM', KEYS[2], id)
   redis.call('ZADD', KEYS[3], c, id)
 end
--- Keep the expiry score a lower bound (see lib.lua): only ever lowered.
-if ARGV[9] == '1' then redis.call('ZADD', KEYS[1], 'LT', now_ms() + tonumber(ARGV[3]), id) end
+-- Keep the expiry score a lower bound (see lib.lua): only ever lowered. On every write: the
+-- score may be above this write's expiry even when its TTL is the store's shortest (a prune
+-- re-scored a live entry to its then expiry, or another store with longer lifetimes submitted).
+redis.call('ZADD', KEYS[1], 'LT', now_ms() + tonumber(ARGV[3]), id)
 if ARGV[6] ~= '' then redis.call('XADD', KEYS[5], '*', 'p', ARGV[6]) end
 local acked = 0
 if ARGV[7] ~= '' then
@@ -32,5 +33,5 @@ if ARGV[7] ~= '' then
   acked = redis.call('XACK', stream, ARGV[8], mid)
   if acked == 1 then redis.call('XDEL', stream, mid) end
 end
-if ARGV[10] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[10]) end
+if ARGV[9] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[9]) end
 return { 'ok', acked }

@@ -35,9 +35,9 @@
 //! | key                        | type   | holds                                                          |
 //! |----------------------------|--------|----------------------------------------------------------------|
 //! | `p:q:{q}`                  | stream | the queue's messages (baton-queue), field `p` = message JSON   |
-//! | `p:cmd:{q}:<id>`           | string | `<version> <STATUS> <created ms> <SHA-1 of the submitted body> <state JSON>` |
+//! | `p:cmd:{q}:id:<id>`        | string | `<version> <STATUS> <created ms> <SHA-1 of the submitted body> <state JSON>` (`id:`: no id can name an index key) |
 //! | `p:cmd:{q}:s:<STATUS>`     | zset   | id → created ms, per status (listing every status merges the five) |
-//! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning: every 64th submit, and every list and count) |
+//! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning: every 64th submit to `q` by a store, and every list and count) |
 //! | `p:cmdid:{<id>}`           | string | the home queue of `id` (lookup by id alone)                    |
 //! | channel `p:cmd:{q}:events` | pubsub | `<id> <STATUS> <version> <origin>` per terminal write          |
 //!

@@ -95,7 +95,7 @@ fn slot_of_tag(tag: &str) -> u16 {
     crc16(tag.as_bytes()) % 16384
 }
 
-/// Submits between two that also prune expired index entries (`scripts/submit.lua`).
+/// Submits to one queue between two that also prune its expired index entries (`scripts/prune.lua`).
 const PRUNE_EVERY: u64 = 64;
 /// Most index candidates one such prune visits (more than [`PRUNE_EVERY`], so pruning keeps up
 /// with states expiring as fast as they are submitted).
@@ -108,6 +108,9 @@ struct QKeys {
     stream: String,
     channel: String,
     state_prefix: String,
+    /// Submits to this queue so far; every [`PRUNE_EVERY`]th one prunes its indexes (per queue:
+    /// a store-wide count could always land on the same queue and never prune the others).
+    submits: std::sync::atomic::AtomicU64,
 }
 
 impl QKeys {
@@ -125,7 +128,10 @@ impl QKeys {
             index,
             stream: format!("{prefix}:q:{{{queue}}}"),
             channel: format!("{base}:events"),
-            state_prefix: format!("{base}:"),
+            // `:id:` keeps every state key apart from the index keys (`:exp`, `:s:<STATUS>`),
+            // whatever the id (ids may hold ':').
+            state_prefix: format!("{base}:id:"),
+            submits: std::sync::atomic::AtomicU64::new(0),
         }
     }
     fn state(&self, id: &str) -> String {
@@ -152,8 +158,6 @@ pub(crate) struct RedisStore {
     /// Tag of this store in its notifications, so it can tell its own writes (already
     /// delivered locally) from other processes' ones.
     origin: Arc<str>,
-    /// Submits so far; every [`PRUNE_EVERY`]th one prunes its queue's indexes.
-    submits: std::sync::atomic::AtomicU64,
 }
 
 const QKEYS_MAX: usize = 10_000;
@@ -241,7 +245,6 @@ impl RedisStore {
             pubsub,
             qkeys: Mutex::new(HashMap::new()),
             origin,
-            submits: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -319,7 +322,7 @@ impl StateBackend for RedisStore {
             keys.push(&lookup);
         }
         let msg = msg.to_bytes();
-        if self.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % PRUNE_EVERY == 0 {
+        if k.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed).is_multiple_of(PRUNE_EVERY) {
             // In the background: this submit does not wait for it.
             let (mut conn, k) = (conn.clone(), k.clone());
             tokio::spawn(async move {
@@ -429,8 +432,6 @@ impl StateBackend for RedisStore {
             }
             None => ("", ""),
         };
-        // The expiry score assumed this store's shortest lifetime (see `scripts/lib.lua`).
-        let lower_expiry = if (ttl.as_millis() as u64) < self.min_lifetime_ms() { "1" } else { "0" };
         // Only terminal writes are announced: waiters wait for one, and a cancel is one.
         // `<id> <STATUS> <version> <origin>`, read by `pubsub_task`.
         let announce = if st.status.is_terminal() {
@@ -447,7 +448,6 @@ impl StateBackend for RedisStore {
                 .arg(&msg_arg)
                 .arg(ack_id)
                 .arg(ack_group)
-                .arg(lower_expiry)
                 .arg(&announce);
         })
         .await?;
