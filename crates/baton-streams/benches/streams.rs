@@ -1,6 +1,7 @@
 //! Streams engine benchmark (not a test): starts its own redis-server and prints a table.
 //!
 //! `CARGO_TARGET_DIR=target/streams cargo bench -p baton-streams --bench streams`
+//! (`BATON_BENCH_LATENCY_ONLY=1` stops after the latency rows, e.g. to profile them).
 
 /// The same allocator as the `baton` binary.
 #[global_allocator]
@@ -71,27 +72,53 @@ async fn main() {
     let run = StreamPath::new("bench/run").unwrap();
     let producer = store.open(&run, OpenOptions { limits: Some(RunLimits::default()), ..Default::default() }).await.unwrap();
     let (mut raw_lat, mut append_lat, mut producer_lat) = (Vec::with_capacity(N), Vec::with_capacity(N), Vec::with_capacity(N));
-    // The append's script called directly (same arguments as the engine sends): the difference to
-    // "append" is the engine's client-side cost.
+    // The append's script called directly (same arguments as the engine sends for a lone append:
+    // the fast path's compact layout), plain and stamped on a run of its own: the differences to
+    // "append" and "Producer::append" are the engine's client-side cost. A script doing nothing
+    // but the XADD shows the floor of any script.
     let write_script = redis::Script::new(concat!(
         include_str!("../scripts/write_fast.lua"),
         include_str!("../scripts/common.lua"),
         include_str!("../scripts/write.lua")
     ));
-    let mut script_lat = Vec::with_capacity(N);
+    let floor_script = redis::Script::new("return redis.call('XADD', KEYS[1], '*', 'd', ARGV[1])");
+    let (mut script_lat, mut floor_lat) = (Vec::with_capacity(N), Vec::with_capacity(N));
+    let mut pscript_lat = Vec::with_capacity(N);
+    let srun = StreamPath::new("bench/script-run").unwrap();
+    let sprod = store.open(&srun, OpenOptions { limits: Some(RunLimits::default()), ..Default::default() }).await.unwrap();
+    sprod.append(payload.clone()).await.unwrap(); // seq 0; the script goes on from seq 1
+    let sinc = store.head(&srun).await.unwrap().incarnation;
     for i in 0..N + 200 {
         let mut c = raw.clone();
         let t = Instant::now();
         let _: Value = write_script
             .key("baton:s:{bench/append}")
             .key("baton:s:{bench/append}:m")
-            .arg(1).arg("").arg("application/octet-stream").arg("").arg("").arg("").arg("").arg("").arg(1)
-            .arg(payload.as_ref()).arg(0)
+            .arg("a").arg("").arg("application/octet-stream").arg(payload.as_ref())
             .invoke_async(&mut c)
             .await
             .unwrap();
         if i >= 200 {
             script_lat.push(t.elapsed());
+        }
+        let mut c = raw.clone();
+        let t = Instant::now();
+        let _: Value = write_script
+            .key("baton:s:{bench/script-run}")
+            .key("baton:s:{bench/script-run}:m")
+            .arg("p").arg(sinc.as_str()).arg("application/octet-stream").arg(payload.as_ref()).arg("")
+            .arg(sprod.id()).arg(sprod.epoch()).arg(i + 1)
+            .invoke_async(&mut c)
+            .await
+            .unwrap();
+        if i >= 200 {
+            pscript_lat.push(t.elapsed());
+        }
+        let mut c = raw.clone();
+        let t = Instant::now();
+        let _: Value = floor_script.key("bench:floor").arg(payload.as_ref()).invoke_async(&mut c).await.unwrap();
+        if i >= 200 {
+            floor_lat.push(t.elapsed());
         }
         let mut c = raw.clone();
         let t = Instant::now();
@@ -111,6 +138,8 @@ async fn main() {
     }
     raw_lat.sort();
     script_lat.sort();
+    floor_lat.sort();
+    pscript_lat.sort();
     append_lat.sort();
     producer_lat.sort();
     let mem_path = StreamPath::new("bench/mem").unwrap();
@@ -124,7 +153,7 @@ async fn main() {
     .await;
     let evalsha = server.cli(&["INFO", "commandstats"]).lines().find(|l| l.starts_with("cmdstat_evalsha")).unwrap_or("").to_string();
     let raw50 = pct(&raw_lat, 0.5);
-    for (name, l) in [("raw XADD (redis)", &raw_lat), ("write script via EVALSHA (redis)", &script_lat), ("append, no producer (redis)", &append_lat), ("Producer::append, run limits (redis)", &producer_lat), ("append (memory)", &mem_lat)] {
+    for (name, l) in [("raw XADD (redis)", &raw_lat), ("EVALSHA of a script doing only XADD", &floor_lat), ("write script via EVALSHA (redis)", &script_lat), ("same, stamped (run limits)", &pscript_lat), ("append, no producer (redis)", &append_lat), ("Producer::append, run limits (redis)", &producer_lat), ("append (memory)", &mem_lat)] {
         rows.push((
             format!("latency {name}"),
             format!("p50 {} p99 {} ({:.2}x raw p50)", us(pct(l, 0.5)), us(pct(l, 0.99)), pct(l, 0.5).as_secs_f64() / raw50.as_secs_f64()),
@@ -132,6 +161,11 @@ async fn main() {
     }
 
     rows.push(("  server time per EVALSHA (all scripts)".into(), evalsha.split(',').find(|f| f.starts_with("usec_per_call")).unwrap_or("").to_string()));
+    // `BATON_BENCH_LATENCY_ONLY=1`: stop after the latency rows (for profiling them).
+    if std::env::var_os("BATON_BENCH_LATENCY_ONLY").is_some() {
+        print_rows(&redis_version, rows);
+        return;
+    }
 
     // 2. Pipelined producer on one stream: WINDOW appends in flight, producer stamps in order
     // (appends are group-committed: what is queued while a call is in flight goes in the next).
@@ -256,6 +290,10 @@ async fn main() {
         h.await.unwrap();
     }
 
+    print_rows(&redis_version, rows);
+}
+
+fn print_rows(redis_version: &str, rows: Vec<(String, String)>) {
     println!("\nbaton-streams benchmark — {redis_version}, loopback, {} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
     println!("{:-<100}", "");
     for (k, v) in rows {

@@ -36,15 +36,23 @@ if m then
   return {'exists', info(m), ''}
 end
 
+-- A new stream. The fields the append fast path reads (write_fast.lua) come first in the hash: a
+-- small hash is a listpack, searched from its start.
 m = {inc = ARGV[1], ct = ARGV[2], ctn = ARGV[3], ca = s(now), lw = s(now), ta = s(now), cnt = '0'}
-local h = {'inc', m.inc, 'ct', m.ct, 'ctn', m.ctn, 'ca', m.ca, 'lw', m.lw, 'ta', m.ta}
-local function opt(f, v) if v ~= '' then m[f] = v; table.insert(h, f); table.insert(h, v) end end
-opt('ttl', ARGV[4]); opt('exp', ARGV[5]); opt('sil', ARGV[7]); opt('mr', ARGV[8]); opt('dttl', ARGV[9])
-opt('ml', ARGV[10]); opt('mlw', ARGV[11]); opt('fsrc', ARGV[12]); opt('foff', ARGV[13]); opt('fsub', ARGV[14])
+local rest = {'ct', m.ct, 'ca', m.ca, 'ta', m.ta}
+local function opt(f, v, hot)
+  if v ~= '' then
+    m[f] = v
+    if not hot then table.insert(rest, f); table.insert(rest, v) end
+  end
+end
+opt('ttl', ARGV[4]); opt('exp', ARGV[5]); opt('sil', ARGV[7], true); opt('mr', ARGV[8]); opt('dttl', ARGV[9])
+opt('ml', ARGV[10], true); opt('mlw', ARGV[11], true); opt('fsrc', ARGV[12]); opt('foff', ARGV[13])
+opt('fsub', ARGV[14])
 local dl = nil
 if m.exp then dl = tonumber(m.exp) end
 if m.mr and (dl == nil or now + tonumber(m.mr) < dl) then dl = now + tonumber(m.mr) end
-if dl then m.dl = s(dl); table.insert(h, 'dl'); table.insert(h, m.dl) end
+if dl then m.dl = s(dl); table.insert(rest, 'dl'); table.insert(rest, m.dl) end
 
 local base = ARGV[15]
 local tail = '0-0'
@@ -77,9 +85,18 @@ for i = 0, n - 1 do
 end
 ensure_base()
 m.tail = tail; m.cnt = s(cnt)
-table.insert(h, 'tail'); table.insert(h, tail); table.insert(h, 'cnt'); table.insert(h, m.cnt)
+local h = {'inc', m.inc, 'ctn', m.ctn, 'cnt', m.cnt, 'lw', m.lw, 'tail', tail}
+for _, f in ipairs({'sil', 'ml', 'mlw'}) do
+  if m[f] then table.insert(h, f); table.insert(h, m[f]) end
+end
+-- A run open claims epoch 0 (a new stream has no producer state yet), as do_claim() would.
+local e = ''
+if claim ~= '' then
+  e = '0'
+  table.insert(h, 'p:' .. claim); table.insert(h, '0:-1:0:')
+end
+for _, x in ipairs(rest) do table.insert(h, x) end
 redis.call('HSET', KM, unpack(h))
 if ARGV[6] == '1' then do_end(m, now, 'finished', nil) end
-local e = do_claim()
 apply_expiry(m)
 return {'created', info(m), e}

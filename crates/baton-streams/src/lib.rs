@@ -57,11 +57,16 @@
 //! (id, epoch, seq) checks, `Stream-Seq`, `max_len`, end handling, offset and reply — but reads the
 //! metadata hash once and writes it once, so a request costs a few Lua comparisons plus one `XADD`
 //! per record. A lone write is still one round trip (sent from the caller's own task). The common
-//! single plain append (records, no close, no `Stream-Seq`, producer in sequence, no sliding TTL)
-//! takes a fast path (`write_fast.lua`, run before the prelude): `HMGET` of the hot fields,
-//! `XADD`, `HSET` of `lw`/`tail`/`cnt`(/producer) and nothing else; its clock is the new entry's
-//! id (an entry written to a stream found silent by that clock is deleted again, never visible,
-//! and the full script ends the stream). Anything else falls through to the full script, unchanged.
+//! single plain append (one record, no close, no `Stream-Seq`, producer in sequence, no sliding
+//! TTL) is sent in a compact argument layout (4 to 8 arguments instead of 11 or more: Redis copies
+//! every argument into Lua before the script runs) and takes a fast path (`write_fast.lua`, run
+//! before the prelude): `HMGET` of the hot fields, `XADD NOMKSTREAM`, `HSET` of
+//! `lw`/`tail`/`cnt`(/producer), no `string.format('%.0f')` / `tonumber` on the way, and a bare
+//! entry id as the reply (a nested array costs Redis several microseconds to convert); its clock
+//! is the new entry's id (an entry written to a stream found silent by that clock is deleted again,
+//! never visible, and the full script ends the stream). Anything else falls through to the full
+//! script, unchanged. New streams store the fields the fast path reads first in the hash (a small
+//! hash is a listpack, searched from its start).
 //! A backend
 //! error fails every request of its batch (each may or may not have been applied: retry with the
 //! same producer sequence). Because nothing waits on the client library's bounded command channel

@@ -345,7 +345,7 @@ pub fn normalize_content_type(ct: &str) -> String {
 
 /// True for `application/json` streams (JSON mode, §9.1).
 pub fn is_json(ct: &str) -> bool {
-    normalize_content_type(ct) == "application/json"
+    ct.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/json")
 }
 
 /// Default content type (§5.1).

@@ -43,16 +43,21 @@ static TRIM: LuaScript = script!("streams.trim", "trim.lua");
 
 /// `baton:s:{<path>}` and `baton:s:{<path>}:m`, with `%`, `{`, `}` percent-encoded in the tag.
 pub(crate) fn keys(path: &StreamPath) -> (String, String) {
-    let mut tag = String::with_capacity(path.as_str().len());
+    let mut ks = String::with_capacity(path.as_str().len() + 12);
+    ks.push_str("baton:s:{");
     for c in path.as_str().chars() {
         match c {
-            '%' => tag.push_str("%25"),
-            '{' => tag.push_str("%7B"),
-            '}' => tag.push_str("%7D"),
-            c => tag.push(c),
+            '%' => ks.push_str("%25"),
+            '{' => ks.push_str("%7B"),
+            '}' => ks.push_str("%7D"),
+            c => ks.push(c),
         }
     }
-    (format!("baton:s:{{{tag}}}"), format!("baton:s:{{{tag}}}:m"))
+    ks.push('}');
+    let mut km = String::with_capacity(ks.len() + 2);
+    km.push_str(&ks);
+    km.push_str(":m");
+    (ks, km)
 }
 
 pub(crate) struct RedisStore {

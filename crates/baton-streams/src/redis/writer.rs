@@ -118,25 +118,21 @@ impl RedisStore {
     /// One `write.lua` call for `batch`; every request gets its own reply.
     async fn send_batch(&self, path: &StreamPath, batch: Vec<Pending>) {
         let (ks, km) = keys(path);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(WRITE.script().get_hash()).arg(2).arg(ks).arg(km).arg(batch.len());
-        for p in &batch {
-            let s = &p.spec;
-            let pr = s.producer.as_ref();
-            cmd.arg(s.incarnation.as_deref().unwrap_or(""))
-                .arg(s.ctn.as_deref().unwrap_or(""))
-                .arg(s.stream_seq.as_deref().unwrap_or(""))
-                .arg(pr.map_or("", |p| p.id.as_str()));
-            match pr {
-                Some(p) => cmd.arg(p.epoch).arg(p.seq),
-                None => cmd.arg("").arg(""),
-            };
-            cmd.arg(s.close.map_or("", |r| r.as_str())).arg(s.records.len());
-            for (data, n) in &s.records {
-                cmd.arg(data.as_ref()).arg(*n);
-            }
+        // Sized up front: no regrowth while the arguments are written.
+        let args = 5 + batch.len() * 10;
+        let bytes = 64 + 2 * ks.len() + batch.iter().map(|p| body_len(&p.spec) + 64).sum::<usize>();
+        let mut cmd = redis::Cmd::with_capacity(args, bytes);
+        cmd.arg("EVALSHA").arg(WRITE.script().get_hash()).arg(2).arg(ks).arg(km);
+        match batch.as_slice() {
+            [p] if is_fast(&p.spec) => fast_args(&mut cmd, &p.spec),
+            _ => general_args(&mut cmd, &batch),
         }
         match self.eval(&WRITE, &cmd).await {
+            // The fast path's reply: the new entry id of a lone accepted request.
+            Ok(id @ Value::BulkString(_)) if batch.len() == 1 => {
+                let p = batch.into_iter().next().expect("one request");
+                let _ = p.tx.send(parse_id(&id).map(|tail| accepted(&p.spec, tail)));
+            }
             Ok(Value::Array(replies)) if replies.len() == batch.len() => {
                 for (p, r) in batch.into_iter().zip(replies) {
                     let out = match r {
@@ -158,6 +154,71 @@ impl RedisStore {
                 }
             }
         }
+    }
+}
+
+/// A lone request the script's fast path may take: one record, no close, no Stream-Seq.
+fn is_fast(spec: &WriteSpec) -> bool {
+    spec.close.is_none() && spec.stream_seq.is_none() && spec.records.len() == 1
+}
+
+/// The compact layout of `write_fast.lua`: mode (`a` plain, `p` producer), incarnation, content
+/// type, data, JSON message count (left out for a binary record without a producer), then
+/// producer id, epoch, seq.
+fn fast_args(cmd: &mut redis::Cmd, s: &WriteSpec) {
+    let (data, n) = &s.records[0];
+    cmd.arg(if s.producer.is_some() { "p" } else { "a" })
+        .arg(s.incarnation.as_deref().unwrap_or(""))
+        .arg(s.ctn.as_deref().unwrap_or(""))
+        .arg(data.as_ref());
+    match &s.producer {
+        Some(p) => {
+            if *n == 0 {
+                cmd.arg("");
+            } else {
+                cmd.arg(*n);
+            }
+            cmd.arg(p.id.as_str()).arg(p.epoch).arg(p.seq);
+        }
+        None if *n != 0 => {
+            cmd.arg(*n);
+        }
+        None => {}
+    }
+}
+
+/// The general layout of `write.lua`: R, then per request inc, ctn, stream seq, producer id,
+/// epoch, seq, close reason, n, then n x (data, messages).
+fn general_args(cmd: &mut redis::Cmd, batch: &[Pending]) {
+    cmd.arg(batch.len());
+    for p in batch {
+        let s = &p.spec;
+        let pr = s.producer.as_ref();
+        cmd.arg(s.incarnation.as_deref().unwrap_or(""))
+            .arg(s.ctn.as_deref().unwrap_or(""))
+            .arg(s.stream_seq.as_deref().unwrap_or(""))
+            .arg(pr.map_or("", |p| p.id.as_str()));
+        match pr {
+            Some(p) => cmd.arg(p.epoch).arg(p.seq),
+            None => cmd.arg("").arg(""),
+        };
+        cmd.arg(s.close.map_or("", |r| r.as_str())).arg(s.records.len());
+        for (data, n) in &s.records {
+            cmd.arg(data.as_ref()).arg(*n);
+        }
+    }
+}
+
+/// An accepted request that did not end the stream, whose last entry is `tail`.
+fn accepted(spec: &WriteSpec, tail: Offset) -> Appended {
+    let p = spec.producer.as_ref();
+    Appended {
+        tail,
+        duplicate: false,
+        producer: p.map(|p| (p.epoch, p.seq)),
+        producer_offset: p.map(|_| tail),
+        end: None,
+        ended_now: false,
     }
 }
 
@@ -197,15 +258,7 @@ fn parse_write(path: &StreamPath, spec: &WriteSpec, r: &[Value]) -> Result<Appen
     }
     if !dup && r.len() == 2 {
         // Short form: accepted, did not end the stream.
-        let tail = parse_id(&r[1])?;
-        return Ok(Appended {
-            tail,
-            duplicate: false,
-            producer: p.map(|p| (p.epoch, p.seq)),
-            producer_offset: p.map(|_| tail),
-            end: None,
-            ended_now: false,
-        });
+        return Ok(accepted(spec, parse_id(&r[1])?));
     }
     let tail = parse_id(&r[if dup { 4 } else { 3 }])?;
     let end = EndReason::parse(&text(&r[5])).map(|reason| EndState {

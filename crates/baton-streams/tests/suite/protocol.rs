@@ -1,5 +1,6 @@
 //! Protocol model cases (PROTOCOL.md §4, §5, §8, §9).
 
+use baton_redis::redis;
 use bytes::Bytes;
 
 use super::*;
@@ -392,4 +393,69 @@ pub async fn max_len(b: &TestBackend) {
     let info = s.head(&p).await.unwrap();
     assert_eq!(info.len, 3);
     assert_eq!(text(&s.read(&p, ReadFrom::Start).await.unwrap()), "abc");
+}
+
+/// Appends that the Redis script's fast path (`write_fast.lua`) must hand to the full script,
+/// and the state a fast-path append leaves behind (the same as the full script's).
+pub async fn fast_path_refusals_and_state(b: &TestBackend) {
+    let s = store(b, settings()).await;
+    let ct = "text/plain";
+    let src = path("fp-src");
+    s.create(&src, CreateOptions { initial: Some("A".into()), ..opts(ct) }).await.unwrap();
+    // A soft-deleted stream (a fork still references it) has data but no stream key: nothing is
+    // appended, and its stream key is not re-created.
+    let soft = path("fp-soft");
+    let fork = CreateOptions { fork: Some(ForkFrom { source: src.clone(), offset: None, sub_offset: 0 }), initial: Some("B".into()), ..Default::default() };
+    s.create(&soft, fork.clone()).await.unwrap();
+    s.append(&soft, stamped(ct, "C", "P", 3, 0)).await.unwrap();
+    let child = path("fp-child");
+    s.create(&child, CreateOptions { fork: Some(ForkFrom { source: soft.clone(), ..fork.fork.clone().unwrap() }), ..Default::default() }).await.unwrap();
+    s.delete(&soft).await.unwrap();
+    let gone = StreamError::Gone { path: soft.to_string() };
+    assert_eq!(s.append(&soft, body(ct, "x")).await, Err(gone.clone()));
+    assert_eq!(s.append(&soft, stamped(ct, "x", "P", 3, 1)).await, Err(gone.clone()));
+    if let Some(mut c) = raw(b).await {
+        let n: u64 = redis::cmd("EXISTS").arg(format!("baton:s:{{{}}}", soft.as_str())).query_async(&mut c).await.unwrap();
+        assert_eq!(n, 0, "a refused append re-created the stream key");
+    }
+    assert_eq!(text(&s.read(&child, ReadFrom::Start).await.unwrap()), "ABC");
+
+    // Producer checks on a stream with data: every outcome, then the stored state.
+    let p = path("fp-producer");
+    s.create(&p, CreateOptions { initial: Some("0".into()), ..opts(ct) }).await.unwrap();
+    let a = s.append(&p, stamped(ct, "a", "W", 10, 0)).await.unwrap();
+    let b1 = s.append(&p, stamped(ct, "b", "W", 10, 1)).await.unwrap();
+    assert_eq!((b1.duplicate, b1.producer, b1.producer_offset), (false, Some((10, 1)), Some(b1.tail)));
+    assert!(a.tail < b1.tail);
+    let dup = s.append(&p, stamped(ct, "b", "W", 10, 1)).await.unwrap();
+    assert_eq!((dup.duplicate, dup.producer_offset, dup.tail), (true, Some(b1.tail), b1.tail));
+    assert!(matches!(s.append(&p, stamped(ct, "c", "W", 10, 3)).await, Err(StreamError::SequenceGap { expected: 2, received: 3 })));
+    assert!(matches!(s.append(&p, stamped(ct, "c", "W", 9, 2)).await, Err(StreamError::Fenced { .. })));
+    assert!(matches!(s.append(&p, stamped(ct, "c", "W", 11, 1)).await, Err(StreamError::EpochMustStartAtZero { .. })));
+    assert!(matches!(s.append(&p, stamped(ct, "c", "V", 0, 1)).await, Err(StreamError::SequenceGap { expected: 0, received: 1 })));
+    let c1 = s.append(&p, stamped(ct, "c", "W", 11, 0)).await.unwrap();
+    let d1 = s.append(&p, body(ct, "d")).await.unwrap();
+    assert!(matches!(s.append(&p, body("application/json", "1")).await, Err(StreamError::Conflict { .. })));
+    let info = s.head(&p).await.unwrap();
+    assert_eq!((info.len, info.tail), (5, d1.tail));
+    assert_eq!(text(&s.read(&p, ReadFrom::Start).await.unwrap()), "0abcd");
+    if let Some(mut c) = raw(b).await {
+        let m = format!("baton:s:{{{}}}:m", p.as_str());
+        let state: String = redis::cmd("HGET").arg(&m).arg("p:W").query_async(&mut c).await.unwrap();
+        assert_eq!(state, format!("11:0:3:{}", c1.tail.to_redis_id()));
+        let (cnt, tail, lw): (String, String, String) =
+            redis::cmd("HMGET").arg(&m).arg("cnt").arg("tail").arg("lw").query_async(&mut c).await.unwrap();
+        assert_eq!((cnt.as_str(), tail), ("5", d1.tail.to_redis_id()));
+        assert_eq!(lw, d1.tail.ms.to_string());
+    }
+    // An ended stream refuses a stamped append in sequence.
+    s.close(&p, EndReason::Finished).await.unwrap();
+    assert!(matches!(s.append(&p, stamped(ct, "e", "W", 11, 1)).await, Err(StreamError::Closed { .. })));
+    // JSON messages counted through the fast path.
+    let j = path("fp-json");
+    s.create(&j, CreateOptions { initial: Some("[1]".into()), ..opts("application/json") }).await.unwrap();
+    s.append(&j, body("application/json", "[2,3]")).await.unwrap();
+    s.append(&j, stamped("application/json", "[4,5,6]", "J", 0, 0)).await.unwrap();
+    s.append(&j, stamped("application/json", "7", "J", 0, 1)).await.unwrap();
+    assert_eq!(text(&s.read(&j, ReadFrom::Start).await.unwrap()), "[1,2,3,4,5,6,7]");
 }
