@@ -94,7 +94,7 @@ async fn main() {
         let _: Value = write_script
             .key("baton:s:{bench/append}")
             .key("baton:s:{bench/append}:m")
-            .arg("a").arg("").arg("application/octet-stream").arg(payload.as_ref())
+            .arg("").arg("application/octet-stream").arg(payload.as_ref())
             .invoke_async(&mut c)
             .await
             .unwrap();
@@ -106,8 +106,8 @@ async fn main() {
         let _: Value = write_script
             .key("baton:s:{bench/script-run}")
             .key("baton:s:{bench/script-run}:m")
-            .arg("p").arg(sinc.as_str()).arg("application/octet-stream").arg(payload.as_ref()).arg("")
-            .arg(sprod.id()).arg(sprod.epoch()).arg(i + 1)
+            .arg(sinc.as_str()).arg("application/octet-stream").arg(payload.as_ref()).arg("")
+            .arg(format!("p:{}", sprod.id())).arg(format!("{}:{}:", sprod.epoch(), i)).arg(format!("{}:{}::", sprod.epoch(), i + 1))
             .invoke_async(&mut c)
             .await
             .unwrap();

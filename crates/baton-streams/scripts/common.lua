@@ -89,10 +89,12 @@ local function info(m)
     m.mlw or '', d and s(d) or '', m.fsrc or '', m.foff or '', m.fsub or '', m.ea or ''}
 end
 
--- Producer state "epoch:last:count:offset" (last = -1 after a claim, before any write).
+-- Producer state "epoch:last:count:offset" (last = -1 after a claim, before any write). The
+-- count (records written) is only kept when the stream has a per-writer max length (mlw, fixed
+-- at creation); otherwise it may be empty (write_fast.lua leaves it out), read as 0.
 local function producer_state(pid)
   local raw = redis.call('HGET', KM, 'p:' .. pid)
   if not raw then return nil end
-  local e, l, c, o = string.match(raw, '^(%d+):(-?%d+):(%d+):(.*)$')
-  return {epoch = tonumber(e), last = tonumber(l), count = tonumber(c), off = o}
+  local e, l, c, o = string.match(raw, '^(%d+):(-?%d+):(%d*):(.*)$')
+  return {epoch = tonumber(e), last = tonumber(l), count = tonumber(c) or 0, off = o}
 end

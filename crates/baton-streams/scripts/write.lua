@@ -36,8 +36,9 @@ local m = {inc = v[1], ctn = v[2], tail = v[3], cnt = v[4], lw = v[5], sil = v[6
 for i = 1, #extra do
   local raw = v[14 + i]
   if raw then
-    local e, l, c, o = string.match(raw, '^(%d+):(-?%d+):(%d+):(.*)$')
-    PS[string.sub(extra[i], 3)] = {epoch = tonumber(e), last = tonumber(l), count = tonumber(c), off = o}
+    -- The count may be empty (no mlw: see producer_state).
+    local e, l, c, o = string.match(raw, '^(%d+):(-?%d+):(%d*):(.*)$')
+    PS[string.sub(extra[i], 3)] = {epoch = tonumber(e), last = tonumber(l), count = tonumber(c) or 0, off = o}
   end
 end
 local is_full = false
@@ -194,7 +195,7 @@ if wrote then
   for pid, _ in pairs(dirty) do
     local p = PS[pid]
     table.insert(h, 'p:' .. pid)
-    table.insert(h, s(p.epoch) .. ':' .. s(p.last) .. ':' .. s(p.count) .. ':' .. p.off)
+    table.insert(h, s(p.epoch) .. ':' .. s(p.last) .. ':' .. (m.mlw and s(p.count) or '') .. ':' .. p.off)
   end
   redis.call('HSET', KM, unpack(h))
 end

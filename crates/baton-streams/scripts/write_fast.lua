@@ -2,9 +2,13 @@
 -- The engine sends a lone request with one record, no close and no Stream-Seq in a compact
 -- layout (Redis copies every argument into a Lua table before the script runs, so fewer
 -- arguments cost less):
---   ARGV: 1 'a' (no producer) or 'p' (producer), 2 inc (expected, '' any), 3 ctn ('' = binary
---         body), 4 data, 5 JSON message count ('' or '0': none), then for 'p': 6 producer id,
---         7 epoch, 8 seq.
+--   ARGV: 1 inc (expected, '' any), 2 ctn ('' = binary body), 3 data, 4 JSON message count
+--         ('' or '0': none; may be left out without a producer), then with a producer: 5 'p:' ..
+--         producer id (its state's field), 6 the state prefix this request continues,
+--         "<epoch>:<seq - 1>:" (so "<epoch>:-1:" for seq 0), 7 the new state without its offset
+--         and count, "<epoch>:<seq>::" (canonical decimals, built by the engine from checked
+--         integers ≤ 2^53-1).
+-- The general layout has at least 9 arguments, so 3 to 7 mean this one (no mode argument).
 -- It handles the common case: a live stream with no sliding TTL that already has data, passing
 -- every check of write.lua (exists, not deleted, incarnation, not ended, content type, producer
 -- in sequence, max_len, max_len per writer) and not silent. The reply is then the new entry id
@@ -12,45 +16,63 @@
 -- below, with nothing changed and ARGV rewritten to the general layout (R = 1). The clock comes
 -- from the entry's id; if that shows the stream fell silent, the entry is deleted again (never
 -- visible) and the full script ends the stream. Numbers are compared as numbers (strings coerced
--- by arithmetic: cheaper than tonumber) except the producer epoch, compared as the decimal string
--- both sides write (a mismatch only means the full script decides). 'del' is not read: a
--- soft-deleted stream has no stream key, and XADD NOMKSTREAM then adds nothing and the full script
--- answers.
+-- by arithmetic: cheaper than tonumber) except the producer state, whose "epoch:last:" prefix is
+-- compared as the decimal string every script writes (a mismatch only means the full script
+-- decides; the producer is in sequence exactly when the stored prefix is the one sent, or there
+-- is no state and seq is 0). The producer's record count is only kept when the stream has a
+-- per-writer max length (mlw, fixed at creation); without it the state is "epoch:last::offset".
+-- So a state with an empty count needs no mlw check (the absent field would cost a scan of the
+-- whole hash); a state with a count (mlw, or written by a claim) or none reads mlw first.
+-- 'del' is not read: a soft-deleted stream has no stream key, and XADD NOMKSTREAM then adds
+-- nothing and the full script answers.
 local ARGV = ARGV
-local mode = ARGV[1]
-if mode == 'a' or mode == 'p' then
+local nargs = #ARGV
+if nargs < 9 then
+  local stamped = nargs == 7
   local v
-  if mode == 'a' then
+  if not stamped then
     v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end')
   else
-    v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end', 'mlw', 'p:' .. ARGV[6])
+    v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end', ARGV[5])
   end
-  local inc, ctn = ARGV[2], ARGV[3]
+  local inc, ctn = ARGV[1], ARGV[2]
   local cnt = v[1] and not v[8] and not v[7] and (inc == '' or inc == v[1])
     and ((ctn ~= '' and ctn == v[2]) or (ctn == '' and v[2] ~= 'application/json'))
     and (v[3] or '0') + 0
   if cnt and cnt > 0 and not (v[6] and cnt + 1 > v[6] + 0) then
     local ok, state = true, nil
-    if mode == 'p' then
-      -- Producer state "epoch:last:count:offset": same epoch, seq = last + 1, or a first write.
-      local raw, count = v[10], 0
+    if stamped then
+      local raw, pre = v[9], ARGV[6]
+      local n = #pre
       if raw then
-        local e, l, c = string.match(raw, '^(%d+):(-?%d+):(%d+):')
-        ok = e == ARGV[7] and ARGV[8] + 0 == l + 1
-        count = c + 0
+        ok = string.find(raw, pre, 1, true) == 1
       else
-        ok = ARGV[8] + 0 == 0
+        ok = string.find(pre, '-', 1, true) ~= nil -- seq 0: a first write
       end
-      ok = ok and not (v[9] and count + 1 > v[9] + 0)
-      if ok then state = ARGV[7] .. ':' .. ARGV[8] .. ':' .. string.format('%d', count + 1) .. ':' end
+      if ok then
+        if raw and string.byte(raw, n + 1) == 58 then -- ':': no count kept, so no mlw
+          state = ARGV[7]
+        else
+          local mlw = redis.call('HGET', KEYS[2], 'mlw')
+          if mlw then
+            local c = raw and string.match(raw, '^%d+', n + 1)
+            local count = 1
+            if c then count = c + 1 end
+            ok = not (count > mlw + 0)
+            state = string.sub(ARGV[7], 1, -2) .. string.format('%d', count) .. ':'
+          else
+            state = ARGV[7]
+          end
+        end
+      end
     end
     local id = false
     if ok then
-      local msgs = ARGV[5]
+      local msgs = ARGV[4]
       if msgs and msgs ~= '' and msgs ~= '0' then
-        id = redis.call('XADD', KEYS[1], 'NOMKSTREAM', '*', 'd', ARGV[4], 'n', msgs)
+        id = redis.call('XADD', KEYS[1], 'NOMKSTREAM', '*', 'd', ARGV[3], 'n', msgs)
       else
-        id = redis.call('XADD', KEYS[1], 'NOMKSTREAM', '*', 'd', ARGV[4])
+        id = redis.call('XADD', KEYS[1], 'NOMKSTREAM', '*', 'd', ARGV[3])
       end
     end
     if id then
@@ -60,7 +82,7 @@ if mode == 'a' or mode == 'p' then
       else
         if state then
           redis.call('HSET', KEYS[2], 'lw', now, 'tail', id, 'cnt', string.format('%d', cnt + 1),
-            'p:' .. ARGV[6], state .. id)
+            ARGV[5], state .. id)
         else
           redis.call('HSET', KEYS[2], 'lw', now, 'tail', id, 'cnt', string.format('%d', cnt + 1))
         end
@@ -68,7 +90,12 @@ if mode == 'a' or mode == 'p' then
       end
     end
   end
-  local msgs = ARGV[5]
+  local msgs = ARGV[4]
   if msgs == nil or msgs == '' then msgs = '0' end
-  ARGV = {'1', ARGV[2], ARGV[3], '', ARGV[6] or '', ARGV[7] or '', ARGV[8] or '', '', '1', ARGV[4], msgs}
+  local pid, epoch, seq = '', '', ''
+  if stamped then
+    pid = string.sub(ARGV[5], 3)
+    epoch, seq = string.match(ARGV[7], '^(%d+):(%d+):')
+  end
+  ARGV = {'1', ARGV[1], ARGV[2], '', pid, epoch, seq, '', '1', ARGV[3], msgs}
 end

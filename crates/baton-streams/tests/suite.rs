@@ -108,6 +108,7 @@ suite!(
     protocol::soft_delete_and_gc,
     protocol::max_len,
     protocol::fast_path_refusals_and_state,
+    protocol::fast_path_producer_states,
     runs::finish_cancel_producer_lost_race,
     runs::lost_reply_and_retried_open,
     runs::zombie_cancel_and_recreate_fencing,

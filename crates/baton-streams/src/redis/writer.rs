@@ -157,18 +157,25 @@ impl RedisStore {
     }
 }
 
-/// A lone request the script's fast path may take: one record, no close, no Stream-Seq.
+/// A lone request the script's fast path may take: one record, no close, no Stream-Seq (and a
+/// producer stamp within the checked range, whose decimals are those the scripts write).
 fn is_fast(spec: &WriteSpec) -> bool {
-    spec.close.is_none() && spec.stream_seq.is_none() && spec.records.len() == 1
+    const MAX_SAFE_INT: u64 = (1 << 53) - 1;
+    spec.close.is_none()
+        && spec.stream_seq.is_none()
+        && spec.records.len() == 1
+        && spec.producer.as_ref().is_none_or(|p| p.epoch <= MAX_SAFE_INT && p.seq <= MAX_SAFE_INT)
 }
 
-/// The compact layout of `write_fast.lua`: mode (`a` plain, `p` producer), incarnation, content
-/// type, data, JSON message count (left out for a binary record without a producer), then
-/// producer id, epoch, seq.
+/// The compact layout of `write_fast.lua` (3 to 7 arguments, which is how the script tells it
+/// from the general one): incarnation, content type, data, JSON message count (left out for a
+/// binary record without a producer), then `p:` + producer id (the field of its state), the state prefix this request continues
+/// (`"<epoch>:<seq - 1>:"`, so `"<epoch>:-1:"` for seq 0) and the new state without count and
+/// offset (`"<epoch>:<seq>::"`), in the canonical decimals every script writes (`is_fast`
+/// keeps epoch and seq ≤ 2^53-1).
 fn fast_args(cmd: &mut redis::Cmd, s: &WriteSpec) {
     let (data, n) = &s.records[0];
-    cmd.arg(if s.producer.is_some() { "p" } else { "a" })
-        .arg(s.incarnation.as_deref().unwrap_or(""))
+    cmd.arg(s.incarnation.as_deref().unwrap_or(""))
         .arg(s.ctn.as_deref().unwrap_or(""))
         .arg(data.as_ref());
     match &s.producer {
@@ -178,7 +185,11 @@ fn fast_args(cmd: &mut redis::Cmd, s: &WriteSpec) {
             } else {
                 cmd.arg(*n);
             }
-            cmd.arg(p.id.as_str()).arg(p.epoch).arg(p.seq);
+            let expected = match p.seq.checked_sub(1) {
+                Some(last) => format!("{}:{}:", p.epoch, last),
+                None => format!("{}:-1:", p.epoch),
+            };
+            cmd.arg(format!("p:{}", p.id)).arg(expected).arg(format!("{}:{}::", p.epoch, p.seq));
         }
         None if *n != 0 => {
             cmd.arg(*n);

@@ -442,7 +442,8 @@ pub async fn fast_path_refusals_and_state(b: &TestBackend) {
     if let Some(mut c) = raw(b).await {
         let m = format!("baton:s:{{{}}}:m", p.as_str());
         let state: String = redis::cmd("HGET").arg(&m).arg("p:W").query_async(&mut c).await.unwrap();
-        assert_eq!(state, format!("11:0:3:{}", c1.tail.to_redis_id()));
+        // No per-writer max length: the state keeps no count.
+        assert_eq!(state, format!("11:0::{}", c1.tail.to_redis_id()));
         let (cnt, tail, lw): (String, String, String) =
             redis::cmd("HMGET").arg(&m).arg("cnt").arg("tail").arg("lw").query_async(&mut c).await.unwrap();
         assert_eq!((cnt.as_str(), tail), ("5", d1.tail.to_redis_id()));
@@ -458,4 +459,72 @@ pub async fn fast_path_refusals_and_state(b: &TestBackend) {
     s.append(&j, stamped("application/json", "[4,5,6]", "J", 0, 0)).await.unwrap();
     s.append(&j, stamped("application/json", "7", "J", 0, 1)).await.unwrap();
     assert_eq!(text(&s.read(&j, ReadFrom::Start).await.unwrap()), "[1,2,3,4,5,6,7]");
+}
+
+/// The producer states the fast path reads and writes: the count kept (and enforced) only with a
+/// per-writer max length, whether the state was left by a claim, the full script or the fast
+/// path; the largest epoch and seq (2^53-1) in sequence, duplicate and gap; a first write (no
+/// state) at seq 0 only.
+pub async fn fast_path_producer_states(b: &TestBackend) {
+    let s = store(b, settings()).await;
+    let ct = "text/plain";
+    let state = |p: &StreamPath, id: &str| {
+        let (m, f) = (format!("baton:s:{{{}}}:m", p.as_str()), format!("p:{id}"));
+        async move {
+            let mut c = raw(b).await?;
+            let v: Option<String> = redis::cmd("HGET").arg(m).arg(f).query_async(&mut c).await.unwrap();
+            v
+        }
+    };
+    // With a per-writer max length of 3: first write without state, then the fast path.
+    let p = path("fps-mlw");
+    let limits = RunLimits { max_len_per_writer: Some(3), ..RunLimits::unlimited() };
+    s.create(&p, CreateOptions { limits: Some(limits), initial: Some("0".into()), ..opts(ct) }).await.unwrap();
+    assert!(matches!(s.append(&p, stamped(ct, "x", "W", 0, 1)).await, Err(StreamError::SequenceGap { expected: 0, received: 1 })));
+    s.append(&p, stamped(ct, "a", "W", 0, 0)).await.unwrap();
+    s.append(&p, stamped(ct, "b", "W", 0, 1)).await.unwrap();
+    let c = s.append(&p, stamped(ct, "c", "W", 0, 2)).await.unwrap();
+    if b.redis_config().is_some() {
+        assert_eq!(state(&p, "W").await.unwrap(), format!("0:2:3:{}", c.tail.to_redis_id()));
+    }
+    assert_eq!(s.append(&p, stamped(ct, "d", "W", 0, 3)).await, Err(StreamError::TooLong { limit: 3, scope: LimitScope::Writer }));
+    // A new epoch keeps the count.
+    assert_eq!(s.append(&p, stamped(ct, "d", "W", 1, 0)).await, Err(StreamError::TooLong { limit: 3, scope: LimitScope::Writer }));
+    let dup = s.append(&p, stamped(ct, "c", "W", 0, 2)).await.unwrap();
+    assert_eq!((dup.duplicate, dup.producer_offset), (true, Some(c.tail)));
+    // Another writer has its own count.
+    s.append(&p, stamped(ct, "e", "V", 7, 0)).await.unwrap();
+    s.append(&p, stamped(ct, "f", "V", 7, 1)).await.unwrap();
+    assert_eq!(text(&s.read(&p, ReadFrom::Start).await.unwrap()), "0abcef");
+
+    // A run: the open claims the producer (state with a count, no mlw), then the fast path.
+    let r = path("fps-run");
+    let prod = s.open(&r, OpenOptions { limits: Some(RunLimits::default()), ..Default::default() }).await.unwrap();
+    let first = prod.append(Bytes::from_static(b"1")).await.unwrap();
+    let second = prod.append(Bytes::from_static(b"2")).await.unwrap();
+    assert!(first < second);
+    if b.redis_config().is_some() {
+        assert_eq!(state(&r, prod.id()).await.unwrap(), format!("{}:1::{}", prod.epoch(), second.to_redis_id()));
+    }
+
+    // The largest stamp, through the fast path; then one above it is refused.
+    let q = path("fps-max");
+    const MAX: u64 = (1 << 53) - 1;
+    s.create(&q, CreateOptions { initial: Some("0".into()), ..opts(ct) }).await.unwrap();
+    s.append(&q, stamped(ct, "a", "Z", MAX, 0)).await.unwrap();
+    s.append(&q, stamped(ct, "b", "Z", MAX, 1)).await.unwrap();
+    s.append(&q, stamped(ct, "c", "Z", MAX, 2)).await.unwrap();
+    let dup = s.append(&q, stamped(ct, "b", "Z", MAX, 1)).await.unwrap();
+    assert!(dup.duplicate);
+    assert!(matches!(s.append(&q, stamped(ct, "d", "Z", MAX, 4)).await, Err(StreamError::SequenceGap { expected: 3, received: 4 })));
+    assert!(matches!(s.append(&q, stamped(ct, "d", "Z", MAX - 1, 3)).await, Err(StreamError::Fenced { .. })));
+    assert!(matches!(s.append(&q, stamped(ct, "d", "Z", MAX + 1, 0)).await, Err(StreamError::InvalidRequest { .. })));
+    assert!(matches!(s.append(&q, stamped(ct, "d", "Y", 0, MAX + 1)).await, Err(StreamError::InvalidRequest { .. })));
+    s.append(&q, stamped(ct, "d", "Y", 5, 0)).await.unwrap();
+    s.append(&q, stamped(ct, "e", "Y", 5, 1)).await.unwrap();
+    assert!(matches!(s.append(&q, stamped(ct, "f", "Y", 6, 1)).await, Err(StreamError::EpochMustStartAtZero { .. })));
+    assert_eq!(text(&s.read(&q, ReadFrom::Start).await.unwrap()), "0abcde");
+    if b.redis_config().is_some() {
+        assert!(state(&q, "Z").await.unwrap().starts_with("9007199254740991:2::"));
+    }
 }
