@@ -2,24 +2,38 @@
 //! all, so the comparison is fair). Not a timed test: it prints a Markdown table.
 //!
 //! ```sh
-//! cargo bench -p baton --bench http -- append NAME=URL [NAME=URL ...]
-//!     # per server: append throughput (1,000 appends of 100 bytes, 50 in flight; median of 5 runs,
-//!     # after a warm-up) and append → long-poll round trip (p50 / p99 of 300 sequential rounds)
+//! BENCH_REDIS_PORT=P cargo bench -p baton --bench http -- append NAME=URL[@PID...] [...]
+//!     # per server: append throughput (1,000 appends of 100 bytes, 50 in flight, median of 5
+//!     # runs; and 20,000 appends (BENCH_LONG), median of 3), runs interleaved across servers
+//!     # after a warm-up; CPU per append of the server (its PIDs), of Redis (BENCH_REDIS_PORT) and
+//!     # of this generator, Redis commands per append; append → long-poll round trip (p50 / p99
+//!     # of 300 sequential rounds). The client is `http/client.rs` (hyper's HTTP/1.1 client
+//!     # connection, keep-alive, one connection per request in flight) on one thread.
 //! cargo bench -p baton --bench http -- fanout URL READERS [REDIS_PORT ...]
 //!     # READERS concurrent SSE readers of one stream; delivery latency of appends to all of them,
 //!     # and the Redis client count (INFO clients on each REDIS_PORT) before and while they read
 //! ```
 
+#[path = "http/client.rs"]
+mod client;
+#[path = "http/cpu.rs"]
+mod cpu;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use client::{Conn, Req};
 use futures::StreamExt;
 
+/// The issue's shape: 1,000 appends of 100 bytes, 50 in flight.
 const MESSAGES: usize = 1000;
 const PAYLOAD: usize = 100;
 const CONCURRENCY: usize = 50;
 const RUNS: usize = 5;
+/// The longer run (steadier numbers, and long enough to measure CPU per append).
+const LONG_MESSAGES: usize = 20_000;
+const LONG_RUNS: usize = 3;
 const ROUNDS: usize = 300;
 
 fn client(max_idle: usize) -> reqwest::Client {
@@ -43,99 +57,247 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
-async fn create(c: &reqwest::Client, url: &str) {
-    let r = c.put(url).header("content-type", "application/octet-stream").send().await.unwrap();
-    assert!(r.status().is_success(), "create {url}: {}", r.status());
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
 }
 
-/// One run: `MESSAGES` appends, `CONCURRENCY` in flight. Returns appends per second.
-async fn append_run(c: &reqwest::Client, url: &str) -> f64 {
-    let next = Arc::new(AtomicUsize::new(0));
-    let body = bytes::Bytes::from(vec![b'x'; PAYLOAD]);
-    let t0 = Instant::now();
-    let tasks: Vec<_> = (0..CONCURRENCY)
-        .map(|_| {
-            let (c, url, next, body) = (c.clone(), url.to_string(), next.clone(), body.clone());
-            tokio::spawn(async move {
-                while next.fetch_add(1, Ordering::Relaxed) < MESSAGES {
-                    let r = c
-                        .post(&url)
-                        .header("content-type", "application/octet-stream")
-                        .body(body.clone())
-                        .send()
-                        .await
-                        .unwrap();
-                    assert!(r.status().is_success(), "append: {}", r.status());
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
+/// A server under test: its name, `host:port`, URL prefix and the processes whose CPU is its own.
+struct Target {
+    name: String,
+    host: String,
+    prefix: String,
+    pids: Vec<u32>,
+    conns: Vec<Conn>,
+    issue: Vec<f64>,
+    long: Vec<f64>,
+    /// CPU over the long runs (ns): server, Redis, generator; and the appends they served.
+    cpu: [u64; 3],
+    long_appends: usize,
+    long_wall: Duration,
+    redis_calls: Vec<(String, u64)>,
+}
+
+impl Target {
+    fn parse(arg: &str) -> Target {
+        let (name, rest) = arg.split_once('=').expect("targets are NAME=URL[@PID...]");
+        let mut parts = rest.split('@');
+        let (host, prefix) = client::split_url(parts.next().unwrap().trim_end_matches('/'));
+        let pids = parts.map(|p| p.parse().expect("@PID is a process id")).collect();
+        let conns = (0..CONCURRENCY).map(|_| Conn::new(&host)).collect();
+        Target {
+            name: name.to_string(),
+            host,
+            prefix,
+            pids,
+            conns,
+            issue: vec![],
+            long: vec![],
+            cpu: [0; 3],
+            long_appends: 0,
+            long_wall: Duration::ZERO,
+            redis_calls: vec![],
+        }
     }
-    MESSAGES as f64 / t0.elapsed().as_secs_f64()
-}
 
-/// Append → long-poll round trips: a reader parked at the tail, then one append; the time from
-/// sending the append to the reader's response.
-async fn roundtrip(c: &reqwest::Client, url: &str) -> Vec<Duration> {
-    let r = c.head(url).send().await.unwrap();
-    let mut offset = r.headers()["stream-next-offset"].to_str().unwrap().to_string();
-    let mut out = Vec::with_capacity(ROUNDS);
-    for i in 0..ROUNDS + 20 {
-        let reader = {
-            let (c, u) = (c.clone(), format!("{url}?offset={offset}&live=long-poll"));
-            tokio::spawn(async move {
-                let r = c.get(u).send().await.unwrap();
-                let at = Instant::now();
-                let next = r.headers()["stream-next-offset"].to_str().unwrap().to_string();
-                let status = r.status();
-                let _ = r.bytes().await;
-                (status, next, at)
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(15)).await; // let the long-poll park
+    fn stream(&self, name: &str) -> String {
+        format!("{}/v1/stream/bench/{name}", self.prefix)
+    }
+
+    fn req(&self, method: &str, path: &str, ct: bool, body: &[u8]) -> Req {
+        let headers: &[(&str, &str)] = if ct { &[("content-type", "application/octet-stream")] } else { &[] };
+        Req::new(method, &self.host, path, headers, body)
+    }
+
+    async fn create(&mut self, path: &str) {
+        let req = self.req("PUT", path, true, b"");
+        let status = self.conns[0].send(&req).await.unwrap();
+        assert!((200..300).contains(&status), "create {path}: {status}");
+    }
+
+    /// `n` appends of `PAYLOAD` bytes to a new stream, `CONCURRENCY` in flight (one connection
+    /// each). Returns appends per second and the wall time.
+    async fn append_run(&mut self, stream: &str, n: usize) -> (f64, Duration) {
+        let path = self.stream(stream);
+        self.create(&path).await;
+        let req = self.req("POST", &path, true, &[b'x'; PAYLOAD]);
+        let next = Arc::new(AtomicUsize::new(0));
         let t0 = Instant::now();
-        let w = c.post(url).header("content-type", "application/octet-stream").body(vec![b'r'; PAYLOAD]).send().await.unwrap();
-        assert!(w.status().is_success());
-        let (status, next, at) = reader.await.unwrap();
-        assert_eq!(status, 200, "the long-poll should have been woken by the append");
-        offset = next;
-        if i >= 20 {
-            out.push(at.duration_since(t0));
+        let tasks: Vec<_> = std::mem::take(&mut self.conns)
+            .into_iter()
+            .map(|mut c| {
+                let (req, next) = (req.clone(), next.clone());
+                tokio::spawn(async move {
+                    while next.fetch_add(1, Ordering::Relaxed) < n {
+                        let status = c.send(&req).await.unwrap();
+                        assert!((200..300).contains(&status), "append: {status}");
+                    }
+                    c
+                })
+            })
+            .collect();
+        for t in tasks {
+            self.conns.push(t.await.unwrap());
         }
+        let wall = t0.elapsed();
+        (n as f64 / wall.as_secs_f64(), wall)
     }
-    out.sort();
-    out
+
+    /// Append → long-poll round trips: a reader parked at the tail (its own connection), then
+    /// one append; the time from sending the append to the reader's complete response.
+    async fn roundtrip(&mut self, stamp: u128) -> Vec<Duration> {
+        let path = self.stream(&format!("rt-{stamp}"));
+        self.create(&path).await;
+        let writer = &mut self.conns[0];
+        writer.send(&Req::new("HEAD", &self.host, &path, &[], b"")).await.unwrap();
+        let mut offset = writer.header("stream-next-offset").expect("Stream-Next-Offset").to_string();
+        let append = self.req("POST", &path, true, &[b'r'; PAYLOAD]);
+        let mut reader_conn = Some(Conn::new(&self.host));
+        let mut out = Vec::with_capacity(ROUNDS);
+        for i in 0..ROUNDS + 20 {
+            let get = Req::new("GET", &self.host, &format!("{path}?offset={offset}&live=long-poll"), &[], b"");
+            let mut rc = reader_conn.take().unwrap();
+            let reader = tokio::spawn(async move {
+                let status = rc.send(&get).await.unwrap();
+                let at = Instant::now();
+                let next = rc.header("stream-next-offset").expect("Stream-Next-Offset").to_string();
+                assert_eq!(rc.body(), &[b'r'; PAYLOAD], "the long-poll returns the append");
+                (rc, status, next, at)
+            });
+            tokio::time::sleep(Duration::from_millis(15)).await; // let the long-poll park
+            let t0 = Instant::now();
+            let status = self.conns[0].send(&append).await.unwrap();
+            assert!((200..300).contains(&status));
+            let (rc, status, next, at) = reader.await.unwrap();
+            assert_eq!(status, 200, "the long-poll should have been woken by the append");
+            reader_conn = Some(rc);
+            offset = next;
+            if i >= 20 {
+                out.push(at.duration_since(t0));
+            }
+        }
+        out.sort();
+        out
+    }
 }
 
-async fn append_bench(targets: Vec<(String, String)>) {
-    println!("| server | append throughput (1,000 × 100 B, 50 in flight; median of {RUNS}) | append → long-poll p50 | p99 |");
-    println!("| --- | --- | --- | --- |");
-    for (name, base) in targets {
-        let c = client(CONCURRENCY * 2);
-        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
-        let mut rates = Vec::new();
-        // Warm-up run, not counted.
-        let warm = format!("{base}/v1/stream/bench/warm-{stamp}");
-        create(&c, &warm).await;
-        append_run(&c, &warm).await;
-        for run in 0..RUNS {
-            let url = format!("{base}/v1/stream/bench/append-{stamp}-{run}");
-            create(&c, &url).await;
-            rates.push(append_run(&c, &url).await);
+fn redis_commandstats(port: u16) -> Vec<(String, u64)> {
+    let out = std::process::Command::new("redis-cli").args(["-p", &port.to_string(), "info", "commandstats"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (cmd, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((cmd.to_string(), calls))
+        })
+        .collect()
+}
+
+fn delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)> {
+    after
+        .iter()
+        .map(|(c, n)| (c.clone(), n - before.iter().find(|(b, _)| b == c).map_or(0, |(_, m)| *m)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+fn redis_pid(port: u16) -> Option<u32> {
+    let out = std::process::Command::new("redis-cli").args(["-p", &port.to_string(), "info", "server"]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| l.trim().strip_prefix("process_id:")?.parse().ok())
+}
+
+/// Environment: `BENCH_REDIS_PORT` (the Redis of the Redis-backed targets: its CPU and
+/// `INFO commandstats` per append are reported), `BENCH_LONG` (appends per long run), `BENCH_RT=0`
+/// (no round trips).
+async fn append_bench(mut targets: Vec<Target>) {
+    let redis_port: Option<u16> = std::env::var("BENCH_REDIS_PORT").ok().map(|p| p.parse().expect("BENCH_REDIS_PORT"));
+    let long_n: usize = std::env::var("BENCH_LONG").map_or(LONG_MESSAGES, |v| v.parse().expect("BENCH_LONG"));
+    let rpid = redis_port.and_then(redis_pid);
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    // Warm-up (the reference's JIT), not counted.
+    for t in &mut targets {
+        t.append_run(&format!("warm-{stamp}"), 5 * MESSAGES).await;
+    }
+    // Runs interleaved across servers, so that every server sees the same machine load.
+    for run in 0..RUNS {
+        for t in &mut targets {
+            let (rate, _) = t.append_run(&format!("append-{stamp}-{run}"), MESSAGES).await;
+            t.issue.push(rate);
         }
-        rates.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let url = format!("{base}/v1/stream/bench/rt-{stamp}");
-        create(&c, &url).await;
-        let rt = roundtrip(&c, &url).await;
+    }
+    for run in 0..LONG_RUNS {
+        for t in &mut targets {
+            let stats = redis_port.map(redis_commandstats);
+            let before = [cpu::of(&t.pids), rpid.map_or(0, |p| cpu::of(&[p])), cpu::own()];
+            let (rate, wall) = t.append_run(&format!("long-{stamp}-{run}"), long_n).await;
+            let after = [cpu::of(&t.pids), rpid.map_or(0, |p| cpu::of(&[p])), cpu::own()];
+            for i in 0..3 {
+                t.cpu[i] += after[i] - before[i];
+            }
+            t.long.push(rate);
+            t.long_appends += long_n;
+            t.long_wall += wall;
+            if let (Some(port), Some(b)) = (redis_port, stats) {
+                for (c, n) in delta(&b, &redis_commandstats(port)) {
+                    match t.redis_calls.iter_mut().find(|(k, _)| *k == c) {
+                        Some((_, m)) => *m += n,
+                        None => t.redis_calls.push((c, n)),
+                    }
+                }
+            }
+        }
+    }
+    let mut rts = Vec::new();
+    for t in &mut targets {
+        rts.push(if std::env::var("BENCH_RT").is_ok_and(|v| v == "0") { vec![] } else { t.roundtrip(stamp).await });
+    }
+    println!(
+        "| server | 1,000 × 100 B, 50 in flight (median of {RUNS}; runs) | {long_n} × 100 B (median of {LONG_RUNS}) | append → long-poll p50 | p99 |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for (t, rt) in targets.iter_mut().zip(&rts) {
+        let runs = t.issue.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ");
         println!(
-            "| {name} | {:.0} appends/s (runs: {}) | {} | {} |",
-            rates[RUNS / 2],
-            rates.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", "),
-            ms(pct(&rt, 0.5)),
-            ms(pct(&rt, 0.99))
+            "| {} | {:.0} appends/s ({runs}) | {:.0} appends/s | {} | {} |",
+            t.name,
+            median(&mut t.issue.clone()),
+            median(&mut t.long.clone()),
+            ms(pct(rt, 0.5)),
+            ms(pct(rt, 0.99))
         );
+    }
+    println!();
+    println!("CPU per append over the long runs (µs; share of one core while running):");
+    println!();
+    println!("| server | server processes | Redis | load generator |");
+    println!("| --- | --- | --- | --- |");
+    for t in &targets {
+        let per = |ns: u64| ns as f64 / 1000.0 / t.long_appends as f64;
+        let share = |ns: u64| 100.0 * ns as f64 / t.long_wall.as_nanos() as f64;
+        let cell = |ns: u64, known: bool| {
+            if known { format!("{:.1} µs ({:.0}%)", per(ns), share(ns)) } else { "–".to_string() }
+        };
+        println!(
+            "| {} | {} | {} | {} |",
+            t.name,
+            cell(t.cpu[0], !t.pids.is_empty()),
+            cell(t.cpu[1], rpid.is_some()),
+            cell(t.cpu[2], true)
+        );
+    }
+    if redis_port.is_some() {
+        println!();
+        println!("Redis commands per append over the long runs (INFO commandstats; all clients of that Redis):");
+        println!();
+        for t in &targets {
+            let calls = t
+                .redis_calls
+                .iter()
+                .map(|(c, n)| format!("{c} {:.3}", *n as f64 / t.long_appends as f64))
+                .collect::<Vec<_>>()
+                .join(", ");
+            println!("- {}: {}", t.name, if calls.is_empty() { "none".to_string() } else { calls });
+        }
     }
 }
 
@@ -237,26 +399,22 @@ async fn fanout(base: String, readers: usize, redis_ports: Vec<u16>) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     match args.first().map(String::as_str) {
         Some("append") => {
-            let targets = args[1..]
-                .iter()
-                .map(|a| {
-                    let (n, u) = a.split_once('=').expect("targets are NAME=URL");
-                    (n.to_string(), u.trim_end_matches('/').to_string())
-                })
-                .collect();
+            let targets = args[1..].iter().map(|a| Target::parse(a)).collect();
+            // One thread: the generator takes at most one core of the machine it measures on.
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(append_bench(targets));
         }
         Some("fanout") => {
             let base = args.get(1).expect("fanout URL READERS [REDIS_PORT ...]").trim_end_matches('/').to_string();
             let readers = args.get(2).map_or(10_000, |r| r.parse().unwrap());
             let ports = args[3.min(args.len())..].iter().map(|p| p.parse().unwrap()).collect();
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
             rt.block_on(fanout(base, readers, ports));
         }
         _ => eprintln!(
-            "usage: cargo bench -p baton --bench http -- append NAME=URL [NAME=URL ...]\n       cargo bench -p baton --bench http -- fanout URL READERS [REDIS_PORT ...]"
+            "usage: cargo bench -p baton --bench http -- append NAME=URL[@PID...] [...]\n       cargo bench -p baton --bench http -- fanout URL READERS [REDIS_PORT ...]"
         ),
     }
 }

@@ -43,14 +43,14 @@ impl Server {
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let cfg = Arc::new(cfg);
         let shutdown = CancellationToken::new();
-        let state = AppState {
+        let state = AppState::new(http::Shared {
             store,
             cfg: cfg.clone(),
             live: Arc::new(Semaphore::new(cfg.max_live_readers)),
             shutdown: shutdown.clone(),
             commands,
             auth: auth.clone(),
-        };
+        });
         let queues = workers::describe_queues(&cfg.queues);
         let default_note = if cfg.queues_defaulted { " (built-in default: no [queues] configured)" } else { "" };
         let workers = if cfg.run_workers && !cfg.queues.is_empty() {

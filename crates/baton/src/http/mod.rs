@@ -7,6 +7,7 @@
 
 pub mod commands;
 mod dashboard;
+mod edge;
 pub mod errors;
 pub mod headers;
 pub mod queues;
@@ -16,9 +17,9 @@ mod streams;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, MethodRouter};
 use axum::Router;
@@ -31,9 +32,26 @@ use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 use crate::config::{Backend, ServeConfig};
 use errors::ApiError;
 
-/// Shared state of every handler.
+/// Shared state of every handler: one `Arc`, so the per-request clones (each middleware layer
+/// and extractor takes one) are a single reference-count increment.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> Self {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] holds.
+pub struct Shared {
     pub store: StreamStore,
     pub cfg: Arc<ServeConfig>,
     /// One permit per live reader (long-poll or SSE).
@@ -115,6 +133,7 @@ pub fn route_table() -> Vec<RouteDef> {
 pub fn router(state: AppState) -> Router {
     let _ = prometheus();
     let cors = cors_layer(&state.cfg);
+    let edge = edge::Edge::new(&state.cfg);
     let mut r = Router::new();
     for (def, method_router) in routes() {
         r = r.route(def.path, method_router);
@@ -123,7 +142,7 @@ pub fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn(queues::track))
         .fallback(not_found)
         .layer(cors)
-        .layer(middleware::from_fn_with_state(state.clone(), common))
+        .layer(middleware::from_fn_with_state(edge, edge::layer))
         .with_state(state)
 }
 
@@ -140,32 +159,6 @@ fn cors_layer(cfg: &ServeConfig) -> CorsLayer {
         .allow_headers(AllowHeaders::mirror_request())
         .expose_headers(expose)
         .max_age(Duration::from_secs(86_400))
-}
-
-/// Browser security headers on every response (PROTOCOL.md §12.7), the request header size
-/// limit (431), and request metrics.
-async fn common(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let header_bytes: usize = req.headers().iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
-    let method = req.method().clone();
-    let mut res = if header_bytes > state.cfg.max_header_bytes {
-        ApiError::new(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "headers_too_large",
-            format!(
-                "request headers take {header_bytes} bytes; this server accepts at most {}",
-                state.cfg.max_header_bytes
-            ),
-        )
-        .into_response()
-    } else {
-        next.run(req).await
-    };
-    let h = res.headers_mut();
-    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
-    h.insert("cross-origin-resource-policy", HeaderValue::from_static("cross-origin"));
-    metrics::counter!("baton_http_requests_total", "method" => method.to_string(), "status" => res.status().as_u16().to_string())
-        .increment(1);
-    res
 }
 
 async fn no_path() -> Response {

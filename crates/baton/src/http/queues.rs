@@ -213,23 +213,31 @@ pub async fn sample_metrics(api: &CommandsApi) {
 
 /// Route layer: `baton_http_request_duration_seconds{route,method,status}` (histogram; `route`
 /// is the matched template such as `/v1/commands/{id}`, never the raw path; the time is until
-/// the response head, so a live read counts its wait, not its streaming).
+/// the response head, so a live read counts its wait, not its streaming). Labels are static
+/// strings: no allocation per request.
 pub async fn track(req: Request, next: Next) -> Response {
-    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_else(|| "other".into());
-    let method = req.method().as_str().to_string();
+    let route = route_label(req.extensions().get::<MatchedPath>());
+    let method = super::edge::method_label(req.method());
     let t = Instant::now();
     let res = next.run(req).await;
-    let status = res.status();
+    let status = super::edge::status_label(res.status());
     metrics::histogram!(
         "baton_http_request_duration_seconds",
-        "route" => route, "method" => method, "status" => status_label(status)
+        "route" => route, "method" => method, "status" => status
     )
     .record(t.elapsed().as_secs_f64());
     res
 }
 
-fn status_label(s: StatusCode) -> String {
-    s.as_u16().to_string()
+/// The route template as a static string (from the route table).
+fn route_label(m: Option<&MatchedPath>) -> metrics::SharedString {
+    static ROUTES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let Some(m) = m else { return "other".into() };
+    let routes = ROUTES.get_or_init(|| super::route_table().into_iter().map(|d| d.path).collect());
+    match routes.iter().find(|r| **r == m.as_str()) {
+        Some(r) => (*r).into(),
+        None => m.as_str().to_string().into(),
+    }
 }
 
 /// The HTTP face of `baton worker --listen`: `/healthz`, `/readyz` (the backend answers within

@@ -94,19 +94,31 @@ async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Byt
     if seen > limit {
         return Err(too_large(seen.to_string(), false));
     }
+    // Copied, never kept as received: a frame is a slice of the connection's read buffer, and
+    // keeping it (the memory backend stores appends) would pin that whole buffer.
     Ok(buf.freeze())
 }
 
-fn set(headers: &mut HeaderMap, name: header::HeaderName, value: impl ToString) {
-    if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
+/// Sets a header from any displayable value: the text is formatted once and becomes the
+/// header value without another copy. Values that are not valid header text are skipped.
+fn set(headers: &mut HeaderMap, name: header::HeaderName, value: impl std::fmt::Display) {
+    use std::fmt::Write;
+    let mut text = String::with_capacity(40);
+    let _ = write!(text, "{value}");
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
         headers.insert(name, v);
     }
+}
+
+/// Sets a header to a constant.
+fn set_static(headers: &mut HeaderMap, name: header::HeaderName, value: &'static str) {
+    headers.insert(name, HeaderValue::from_static(value));
 }
 
 /// `Stream-Closed` and the Baton end reason, when the chunk or stream is at its end.
 fn set_end(headers: &mut HeaderMap, end: Option<baton_streams::EndState>) {
     if let Some(end) = end {
-        set(headers, h::stream_closed(), "true");
+        set_static(headers, h::stream_closed(), "true");
         set(headers, h::baton_end_reason(), end.reason);
     }
 }
@@ -234,7 +246,7 @@ async fn head(st: &AppState, path: StreamPath) -> Result<Response, ApiError> {
     let mut res = StatusCode::OK.into_response();
     let out = res.headers_mut();
     info_headers(out, &info);
-    set(out, header::CACHE_CONTROL, "no-store");
+    set_static(out, header::CACHE_CONTROL, "no-store");
     Ok(res)
 }
 
@@ -259,10 +271,10 @@ fn read_headers(st: &AppState, out: &mut HeaderMap, chunk: &ReadChunk, q: &ReadQ
     set(out, header::CONTENT_TYPE, &chunk.content_type);
     set(out, h::stream_next_offset(), chunk.next_offset);
     if chunk.up_to_date || chunk.end.is_some() {
-        set(out, h::stream_up_to_date(), "true");
+        set_static(out, h::stream_up_to_date(), "true");
     }
     set_end(out, chunk.end);
-    set(out, header::CACHE_CONTROL, cache_control(st, chunk, q.from));
+    set_static(out, header::CACHE_CONTROL, cache_control(st, chunk, q.from));
     if !matches!(q.from, ReadFrom::Now) {
         set(out, header::ETAG, etag(chunk, &q.offset_text));
     }
@@ -283,7 +295,7 @@ async fn catch_up(st: &AppState, parts: &Parts, path: StreamPath, q: ReadQuery) 
             let mut res = StatusCode::NOT_MODIFIED.into_response();
             let out = res.headers_mut();
             set(out, header::ETAG, tag);
-            set(out, header::CACHE_CONTROL, cache_control(st, &chunk, q.from));
+            set_static(out, header::CACHE_CONTROL, cache_control(st, &chunk, q.from));
             set(out, h::stream_next_offset(), chunk.next_offset);
             return Ok(res);
         }
