@@ -4,7 +4,9 @@
 //! * only terminal writes are announced on the queue's channel, tagged with their origin, and a
 //!   command going SUBMITTED → RUNNING → SUCCEEDED is announced exactly once;
 //! * submits prune the indexes of expired states every few calls (Redis), so the indexes stay
-//!   bounded even when nobody lists or counts.
+//!   bounded even when nobody lists or counts;
+//! * state reads started together are one `MGET` per home queue (Redis), each caller still
+//!   getting its own command's state.
 
 mod common;
 
@@ -22,8 +24,54 @@ use serde_json::json;
 baton_testkit::on_every_backend!(
     terminal_write_acks_atomically,
     only_terminal_writes_are_announced,
-    submits_prune_expired_index_entries
+    submits_prune_expired_index_entries,
+    concurrent_reads_are_batched_per_queue
 );
+
+async fn concurrent_reads_are_batched_per_queue(b: TestBackend) {
+    let store = store_for(&b).await;
+    let (qa, qb) = (queue_name("batch-a"), queue_name("batch-b"));
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let q = if i % 2 == 0 { &qa } else { &qb };
+        ids.push((store.submit(q, Command::with_id(format!("rb-{i}"), "t", json!(i))).await.unwrap().id, i));
+    }
+    let stats = |conn: baton_redis::RedisConn| async move {
+        let mut conn = conn;
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap();
+        let calls = |name: &str| -> u64 {
+            info.lines()
+                .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
+                .and_then(|l| l.split("calls=").nth(1))
+                .and_then(|v| v.split(',').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (calls("get"), calls("mget"))
+    };
+    let standalone = match b.redis_config() {
+        Some(RedisConfig::Standalone(url)) => {
+            let conn = baton_redis::RedisClient::new(RedisConfig::Standalone(url)).unwrap().shared().await.unwrap();
+            let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut conn.clone()).await.unwrap();
+            Some(conn)
+        }
+        _ => None,
+    };
+    // 40 reads started in one turn (the ids are cached: no lookup reads).
+    let reads = ids.iter().map(|(id, _)| store.get(id));
+    let states = futures::future::join_all(reads).await;
+    for ((id, i), st) in ids.iter().zip(states) {
+        let st = st.unwrap().expect("stored");
+        assert_eq!((&st.id, &st.params), (id, &json!(i)));
+    }
+    if let Some(conn) = standalone {
+        let (gets, mgets) = stats(conn).await;
+        // One MGET per queue when all 40 land in one batch; never a GET per read.
+        assert_eq!(gets, 0, "state reads went one by one");
+        assert!((2..=8).contains(&mgets), "{mgets} MGETs for 40 reads of 2 queues");
+    }
+    assert_eq!(store.get("rb-missing").await.unwrap(), None);
+}
 
 async fn submits_prune_expired_index_entries(b: TestBackend) {
     let Some(config) = b.redis_config() else { return }; // memory has no index keys

@@ -3,6 +3,7 @@
 //! `memory.rs` and `redis.rs` (key layout in the crate docs).
 
 mod memory;
+mod batch;
 mod redis;
 
 use std::collections::{BTreeSet, HashMap};

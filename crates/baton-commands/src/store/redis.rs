@@ -158,6 +158,8 @@ pub(crate) struct RedisStore {
     /// Tag of this store in its notifications, so it can tell its own writes (already
     /// delivered locally) from other processes' ones.
     origin: Arc<str>,
+    /// State reads (`load`, `peek`), coalesced into one `MGET` per home queue per turn.
+    reads: super::batch::ReadBatcher,
 }
 
 const QKEYS_MAX: usize = 10_000;
@@ -234,6 +236,7 @@ impl RedisStore {
             return Err(CommandError::InvalidSettings("key_prefix must be non-empty and hold no braces".into()));
         }
         let conn = client.shared().await?;
+        let reads = super::batch::ReadBatcher::new(conn.clone());
         let origin: Arc<str> = uuid::Uuid::now_v7().simple().to_string().into();
         let pubsub = PubSubHandle::start(client.config().clone(), hub, origin.clone());
         Ok(Self {
@@ -245,6 +248,7 @@ impl RedisStore {
             pubsub,
             qkeys: Mutex::new(HashMap::new()),
             origin,
+            reads,
         })
     }
 
@@ -370,14 +374,12 @@ impl StateBackend for RedisStore {
     }
 
     async fn load(&self, home: &str, id: &str) -> Result<Option<CommandState>, CommandError> {
-        let raw: Option<Vec<u8>> =
-            redis::cmd("GET").arg(self.keys(home).state(id)).query_async(&mut self.conn.clone()).await?;
+        let raw = self.reads.get(home, self.keys(home).state(id)).await?;
         raw.map(|r| parse_stored(id, &r)).transpose()
     }
 
     async fn peek(&self, home: &str, id: &str) -> Result<Option<Peeked>, CommandError> {
-        let raw: Option<Vec<u8>> =
-            redis::cmd("GET").arg(self.keys(home).state(id)).query_async(&mut self.conn.clone()).await?;
+        let raw = self.reads.get(home, self.keys(home).state(id)).await?;
         let Some(raw) = raw else { return Ok(None) };
         let (version, status, json) = split_stored(id, &raw)?;
         Ok(Some(Peeked::json(id, version, status, json.to_vec())))
