@@ -12,7 +12,10 @@
 //! (`INFO commandstats` deltas) and the CPU time Redis and this process used (`INFO cpu`,
 //! `getrusage`), to show where the time goes.
 
-/// The same allocator as the `baton` binary.
+/// mimalloc, for applications that embed the library with it: glibc malloc was about 30% of
+/// this bench's CPU (memory backend: 89-100k commands/s with glibc, 120-158k with mimalloc). The
+/// `baton` binary keeps glibc: mimalloc's tails hurt stream fan-out (1,000 readers: p99 4-55 ms
+/// against 2-5 ms).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -7,7 +7,7 @@
 //!
 //! Environment: `BATON_BENCH_N` scales the message counts (default 1.0).
 
-/// The same allocator as the `baton` binary.
+/// mimalloc, as in the command bench (see there for why the `baton` binary keeps glibc).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

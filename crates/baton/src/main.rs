@@ -3,11 +3,6 @@ use std::process::ExitCode;
 use baton::config::{Cli, Command};
 use clap::Parser;
 
-/// mimalloc instead of glibc malloc: the server allocates per request and per Redis reply, and
-/// glibc's allocator was about 30% of client CPU in the command benchmark.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
