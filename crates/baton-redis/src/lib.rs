@@ -284,3 +284,39 @@ pub fn is_transient(err: &redis::RedisError) -> bool {
         || err.is_connection_refusal()
         || matches!(err.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN"))
 }
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (or of the whole key when it
+/// has no non-empty `{…}`) mod 16384 (Cluster specification, "Keys distribution model").
+pub fn key_slot(key: &[u8]) -> u16 {
+    let mut k = key;
+    if let Some(open) = key.iter().position(|&b| b == b'{') {
+        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+            if len > 0 {
+                k = &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    let mut crc: u16 = 0;
+    for &b in k {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16384
+}
+
+#[cfg(test)]
+mod key_slot_tests {
+    use super::key_slot;
+
+    #[test]
+    fn matches_the_cluster_specification() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(key_slot(b"123456789"), 0x31C3); // CRC16/XMODEM check value
+        assert_eq!(key_slot(b"somekey"), 11058);
+        assert_eq!(key_slot(b"foo{hash_tag}"), 2515);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo"), 12182);
+    }
+}

@@ -78,23 +78,6 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// CRC16/XMODEM as used by Redis Cluster for key slots (Cluster spec, "Keys distribution model").
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= (b as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc
-}
-
-/// The Cluster slot of a hash tag.
-fn slot_of_tag(tag: &str) -> u16 {
-    crc16(tag.as_bytes()) % 16384
-}
-
 /// Submits to one queue between two that also prune its expired index entries (`scripts/prune.lua`).
 const PRUNE_EVERY: u64 = 64;
 /// Most index candidates one such prune visits (more than [`PRUNE_EVERY`], so pruning keeps up
@@ -473,7 +456,8 @@ impl StateBackend for RedisStore {
     }
 
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool {
-        !self.cluster || slot_of_tag(home) == slot_of_tag(target)
+        // The queues' stream keys (`p:q:{q}`): their slots are their tags'.
+        !self.cluster || baton_redis::key_slot(self.keys(home).stream.as_bytes()) == baton_redis::key_slot(self.keys(target).stream.as_bytes())
     }
 
     async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError> {
@@ -655,18 +639,5 @@ async fn pubsub_task(
             }
         }
         tracing::warn!(url = %url, "command events subscription lost; reconnecting");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn crc16_matches_redis_cluster_spec() {
-        // The Cluster spec's reference value: CRC16("123456789") = 0x31C3.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        // CLUSTER KEYSLOT foo = 12182.
-        assert_eq!(slot_of_tag("foo"), 12182);
     }
 }

@@ -364,7 +364,7 @@ async fn blocking_conn(s: &RedisStore, key: &str) -> Result<RedisConn> {
         RedisConfig::Standalone(_) => return Ok(s.client().dedicated().await?),
         RedisConfig::Cluster(urls) => urls.clone(),
     };
-    let slot = key_slot(key.as_bytes());
+    let slot = baton_redis::key_slot(key.as_bytes());
     let mut shared = s.conn.clone();
     let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut shared).await?;
     let (host, port) = slot_owner(&slots, slot).ok_or_else(|| StreamError::Backend(format!("no node owns slot {slot}")))?;
@@ -375,26 +375,6 @@ async fn blocking_conn(s: &RedisStore, key: &str) -> Result<RedisConn> {
         .set_response_timeout(None)
         .set_number_of_retries(1);
     Ok(RedisConn::Standalone(ConnectionManager::new_with_config(client, cfg).await?))
-}
-
-/// Redis Cluster key slot: CRC16 (XMODEM) of the hash tag (or the whole key) mod 16384.
-pub(crate) fn key_slot(key: &[u8]) -> u16 {
-    let mut k = key;
-    if let Some(open) = key.iter().position(|&b| b == b'{') {
-        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
-            if len > 0 {
-                k = &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    let mut crc: u16 = 0;
-    for &b in k {
-        crc ^= (b as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc % 16384
 }
 
 /// Host and port of the master serving `slot` in a `CLUSTER SLOTS` reply.
@@ -444,12 +424,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_and_urls() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(key_slot(b"123456789"), 0x31C3); // CRC16/XMODEM check value
-        assert_eq!(key_slot(b"somekey"), 11058);
-        assert_eq!(key_slot(b"foo{hash_tag}"), 2515);
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+    fn node_urls() {
         assert_eq!(node_url("redis://127.0.0.1:7000", "127.0.0.1", 7001), "redis://127.0.0.1:7001");
         assert_eq!(node_url("redis://u:p@h:1/0", "", 7002), "redis://u:p@h:7002");
     }
