@@ -6,7 +6,10 @@
 //! * submits prune the indexes of expired states every few calls (Redis), so the indexes stay
 //!   bounded even when nobody lists or counts;
 //! * state reads started together are one `MGET` per home queue (Redis), each caller still
-//!   getting its own command's state.
+//!   getting its own command's state;
+//! * transitions started together are group-committed per home queue (Redis: few script calls),
+//!   each decided exactly as alone: of two racing cancels one wins, the other is refused; indexes,
+//!   acks and announcements (one message per batch, read by another process) stay exact.
 
 mod common;
 
@@ -25,7 +28,8 @@ baton_testkit::on_every_backend!(
     terminal_write_acks_atomically,
     only_terminal_writes_are_announced,
     submits_prune_expired_index_entries,
-    concurrent_reads_are_batched_per_queue
+    concurrent_reads_are_batched_per_queue,
+    concurrent_transitions_are_group_committed
 );
 
 async fn concurrent_reads_are_batched_per_queue(b: TestBackend) {
@@ -71,6 +75,89 @@ async fn concurrent_reads_are_batched_per_queue(b: TestBackend) {
         assert!((2..=8).contains(&mgets), "{mgets} MGETs for 40 reads of 2 queues");
     }
     assert_eq!(store.get("rb-missing").await.unwrap(), None);
+}
+
+async fn concurrent_transitions_are_group_committed(b: TestBackend) {
+    let store = store_for(&b).await;
+    let other = other_store(&b, &store).await;
+    let (qa, qb) = (queue_name("commit-a"), queue_name("commit-b"));
+    let n = 60;
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let q = if i % 2 == 0 { &qa } else { &qb };
+        ids.push(store.submit(q, Command::with_id(format!("gc-{i}-{}", queue_name("x")), "t", json!(i))).await.unwrap().id);
+    }
+    // Another process waits for every command (it learns of them from the batch announcements).
+    let waits: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let (other, id) = (other.clone(), id.clone());
+            async move { other.wait(&id, Duration::from_secs(10)).await }
+        })
+        .collect();
+    let waits = tokio::spawn(futures::future::join_all(waits));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let evalsha = |conn: Option<baton_redis::RedisConn>| async move {
+        let mut conn = conn?;
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap();
+        info.lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+    };
+    let standalone = match b.redis_config() {
+        Some(RedisConfig::Standalone(url)) => {
+            let conn = baton_redis::RedisClient::new(RedisConfig::Standalone(url)).unwrap().shared().await.unwrap();
+            Some(conn)
+        }
+        _ => None,
+    };
+    let before = evalsha(standalone.clone()).await;
+    // Two cancels per command, all started together.
+    let cancels = ids.iter().flat_map(|id| [store.cancel(id), store.cancel(id)]);
+    let results = futures::future::join_all(cancels).await;
+    let after = evalsha(standalone).await;
+    for (pair, id) in results.chunks(2).zip(&ids) {
+        let won: Vec<_> = pair.iter().filter(|r| r.is_ok()).collect();
+        assert_eq!(won.len(), 1, "{id}: exactly one cancel wins: {pair:?}");
+        let st = won[0].as_ref().unwrap();
+        assert_eq!((st.status, st.version), (CommandStatus::Cancelled, 2), "{id}");
+        let lost = pair.iter().find(|r| r.is_err()).unwrap();
+        assert!(
+            matches!(lost, Err(baton_commands::CommandError::AlreadyTerminal(s)) if s.status == CommandStatus::Cancelled),
+            "{id}: the other cancel is refused with the winner's state: {lost:?}"
+        );
+    }
+    if let (Some(before), Some(after)) = (before, after) {
+        // 60 winning writes (and 60 refused ones, which may re-read and retry) in a few calls.
+        assert!(after - before <= 60, "{} script calls for 120 cancels of 60 commands", after - before);
+    }
+    for st in waits.await.unwrap() {
+        assert_eq!(st.unwrap().status, CommandStatus::Cancelled);
+    }
+    for q in [&qa, &qb] {
+        let c = store.counts(q).await.unwrap();
+        assert_eq!((c.submitted, c.running, c.cancelled), (0, 0, n as u64 / 2), "{q}: {c:?}");
+    }
+    // Group-committed terminal writes ack their deliveries: 40 no-op commands, 16 at a time.
+    let q = queue_name("commit-ack");
+    let mut settings = fast();
+    settings.concurrency = 16;
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(settings)
+        .handler("noop", on_execute(|_c| async { Ok(CommandResult::succeeded(json!(null))) }))
+        .start()
+        .await
+        .unwrap();
+    let subs = (0..40).map(|_| store.submit_and_wait(&q, Command::new("noop", json!({})), Duration::from_secs(10)));
+    for st in futures::future::join_all(subs).await {
+        assert_eq!(st.unwrap().status, CommandStatus::Succeeded);
+    }
+    if b.redis_config().is_some() {
+        let stats = store.messages().stats(&q).await.unwrap();
+        assert_eq!((stats.length, stats.pending), (0, 0), "{stats:?}");
+    }
+    assert_eq!(store.counts(&q).await.unwrap().succeeded, 40);
+    svc.close().await;
 }
 
 async fn submits_prune_expired_index_entries(b: TestBackend) {

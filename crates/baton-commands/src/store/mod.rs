@@ -4,6 +4,7 @@
 
 mod memory;
 mod batch;
+mod commit;
 mod redis;
 
 use std::collections::{BTreeSet, HashMap};

@@ -1,6 +1,7 @@
 //! Redis state store (standalone or Cluster). Key layout and slot choice: see the crate docs.
-//! Scripts (in `scripts/`, each prefixed with `lib.lua`): `submit`, `transition`, `list`, `counts`,
-//! `prune`.
+//! Scripts (in `scripts/`, each prefixed with `lib.lua`): `submit`, `transitions` (group-committed
+//! transitions, see `commit.rs`), `transition` (hand-offs and acks on another queue's stream),
+//! `list`, `counts`, `prune`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -12,6 +13,7 @@ use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
+use super::commit::{BatchKeys, Transition, TransitionBatcher};
 use super::{status_slot, Cas, Hub, Peeked, StateBackend, StoreSettings, SubmitOutcome};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
@@ -90,6 +92,8 @@ struct QKeys {
     index: [String; 6],
     stream: String,
     channel: String,
+    /// The keys of this queue's batched transitions (see `commit.rs`).
+    batch: BatchKeys,
     state_prefix: String,
     /// Submits to this queue so far; every [`PRUNE_EVERY`]th one prunes its indexes (per queue:
     /// a store-wide count could always land on the same queue and never prune the others).
@@ -97,7 +101,7 @@ struct QKeys {
 }
 
 impl QKeys {
-    fn new(prefix: &str, queue: &str) -> Self {
+    fn new(prefix: &str, group: &str, queue: &str) -> Self {
         let base = format!("{prefix}:cmd:{{{queue}}}");
         let index = [
             format!("{base}:exp"),
@@ -107,10 +111,14 @@ impl QKeys {
             format!("{base}:s:FAILED"),
             format!("{base}:s:CANCELLED"),
         ];
+        let stream = format!("{prefix}:q:{{{queue}}}");
+        let channel = format!("{base}:events");
+        let batch = BatchKeys { index: index.clone(), stream: stream.clone(), channel: channel.clone(), group: group.to_string() };
         Self {
             index,
-            stream: format!("{prefix}:q:{{{queue}}}"),
-            channel: format!("{base}:events"),
+            stream,
+            channel,
+            batch,
             // `:id:` keeps every state key apart from the index keys (`:exp`, `:s:<STATUS>`),
             // whatever the id (ids may hold ':').
             state_prefix: format!("{base}:id:"),
@@ -143,6 +151,10 @@ pub(crate) struct RedisStore {
     origin: Arc<str>,
     /// State reads (`load`, `peek`), coalesced into one `MGET` per home queue per turn.
     reads: super::batch::ReadBatcher,
+    /// Consumer group of the command queues.
+    group: String,
+    /// Transitions, group-committed per home queue.
+    commits: TransitionBatcher,
 }
 
 const QKEYS_MAX: usize = 10_000;
@@ -220,6 +232,7 @@ impl RedisStore {
         }
         let conn = client.shared().await?;
         let reads = super::batch::ReadBatcher::new(conn.clone());
+        let commits = TransitionBatcher::new(conn.clone());
         let origin: Arc<str> = uuid::Uuid::now_v7().simple().to_string().into();
         let pubsub = PubSubHandle::start(client.config().clone(), hub, origin.clone());
         Ok(Self {
@@ -232,6 +245,8 @@ impl RedisStore {
             qkeys: Mutex::new(HashMap::new()),
             origin,
             reads,
+            group: options.group,
+            commits,
         })
     }
 
@@ -239,7 +254,7 @@ impl RedisStore {
         if let Some(k) = self.qkeys.lock().unwrap().get(queue) {
             return k.clone();
         }
-        let k = Arc::new(QKeys::new(&self.prefix, queue));
+        let k = Arc::new(QKeys::new(&self.prefix, &self.group, queue));
         let mut m = self.qkeys.lock().unwrap();
         if m.len() >= QKEYS_MAX {
             m.clear();
@@ -401,22 +416,7 @@ impl StateBackend for RedisStore {
         }
         let value = stored(&st, &serde_json::to_vec(&st).expect("serializable"));
         let state_key = k.state(&st.id);
-        let mut keys: Vec<&str> = vec![k.exp(), k.status_index(old), k.status_index(st.status), &state_key];
-        let target_stream;
-        let mut msg_arg: Vec<u8> = Vec::new();
-        if let Some((queue, msg)) = enqueue {
-            target_stream = self.keys(queue);
-            keys.push(&target_stream.stream);
-            msg_arg = msg.to_bytes();
-        }
         let target = ack.and_then(|l| l.redis_target().map(|t| (l.id().to_string(), t)));
-        let (ack_id, ack_group) = match &target {
-            Some((id, t)) => {
-                keys.push(&t.stream);
-                (id.as_str(), t.group.as_str())
-            }
-            None => ("", ""),
-        };
         // Only terminal writes are announced: waiters wait for one, and a cancel is one.
         // `<id> <STATUS> <version> <origin>`, read by `pubsub_task`.
         let announce = if st.status.is_terminal() {
@@ -424,18 +424,51 @@ impl StateBackend for RedisStore {
         } else {
             String::new()
         };
-        let v: Value = evalsha(&TRANSITION, &mut conn, &keys, |c| {
-            c.arg(format!("{} {} ", st.version - 1, old.as_str()))
-                .arg(&value)
-                .arg(ttl.as_millis() as u64)
-                .arg(&k.channel)
-                .arg(&st.id)
-                .arg(&msg_arg)
-                .arg(ack_id)
-                .arg(ack_group)
-                .arg(&announce);
-        })
-        .await?;
+        let expected = format!("{} {} ", st.version - 1, old.as_str());
+        // No hand-off enqueue and no ack on another queue's stream: group-committed.
+        let batched = enqueue.is_none() && target.as_ref().is_none_or(|(_, t)| t.stream == k.stream && t.group == self.group);
+        let v: Value = if batched {
+            let t = Transition {
+                state_key,
+                expected,
+                value,
+                ttl_ms: ttl.as_millis() as u64,
+                id: st.id.clone(),
+                old_index: old.index() + 2,
+                new_index: st.status.index() + 2,
+                ack_id: target.map(|(id, _)| id).unwrap_or_default(),
+                announce,
+            };
+            self.commits.run(&st.queue, &k.batch, t).await?
+        } else {
+            let mut keys: Vec<&str> = vec![k.exp(), k.status_index(old), k.status_index(st.status), &state_key];
+            let target_stream;
+            let mut msg_arg: Vec<u8> = Vec::new();
+            if let Some((queue, msg)) = enqueue {
+                target_stream = self.keys(queue);
+                keys.push(&target_stream.stream);
+                msg_arg = msg.to_bytes();
+            }
+            let (ack_id, ack_group) = match &target {
+                Some((id, t)) => {
+                    keys.push(&t.stream);
+                    (id.as_str(), t.group.as_str())
+                }
+                None => ("", ""),
+            };
+            evalsha(&TRANSITION, &mut conn, &keys, |c| {
+                c.arg(&expected)
+                    .arg(&value)
+                    .arg(ttl.as_millis() as u64)
+                    .arg(&k.channel)
+                    .arg(&st.id)
+                    .arg(&msg_arg)
+                    .arg(ack_id)
+                    .arg(ack_group)
+                    .arg(&announce);
+            })
+            .await?
+        };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
         match parts.first().and_then(string).as_deref() {
             Some("ok") => {
@@ -611,13 +644,16 @@ async fn pubsub_task(
                 m = stream.next() => match m {
                     Some(msg) => {
                         if !msg.get_channel_name().ends_with(suffix) { continue; }
-                        // `<id> <STATUS> <version> <origin>` (see `transition`).
+                        // Lines of `<id> <STATUS> <version> <origin>` (see `transition`; a
+                        // batch of transitions publishes one message).
                         let payload = String::from_utf8_lossy(msg.get_payload_bytes());
-                        let mut it = payload.split(' ');
-                        if let (Some(id), Some(status)) = (it.next(), it.next()) {
-                            let own = it.nth(1) == Some(&*origin);
-                            if let Ok(s) = status.parse::<CommandStatus>() {
-                                hub.remote(id, s, own);
+                        for line in payload.split('\n') {
+                            let mut it = line.split(' ');
+                            if let (Some(id), Some(status)) = (it.next(), it.next()) {
+                                let own = it.nth(1) == Some(&*origin);
+                                if let Ok(s) = status.parse::<CommandStatus>() {
+                                    hub.remote(id, s, own);
+                                }
                             }
                         }
                     }

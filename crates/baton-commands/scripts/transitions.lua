@@ -1,0 +1,82 @@
+-- Transitions of one home queue, batched (group commit): N compare-and-sets on their versions,
+-- each decided exactly as transition.lua would decide it alone (the first terminal write wins),
+-- with the index, expiry, ack and announcement writes of the batch merged into one call each.
+-- Used for every transition without a hand-off enqueue whose delivery to ack (if any) is on the
+-- home queue's own stream; the others go through transition.lua.
+-- KEYS[1] expiry zset, KEYS[2..6] the status indexes (see lib.lua), KEYS[7] the home queue's
+-- stream (the deliveries to ack), KEYS[7 + i] the state key of transition i.
+-- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 8 per transition: expected
+-- header start `<version> <OLD STATUS> `, new stored state (header and JSON), TTL ms, id, index
+-- of the old status (2..6 in KEYS), index of the new status, entry id to ack or '', the
+-- announcement to publish or '' (only terminal writes are announced).
+-- Returns N replies in order: {'ok', acked 0/1}, {'missing'} or {'conflict', current state}.
+-- Acks: one XACK (no owner check, as in transition.lua) and one XDEL for the batch; `acked` is 1
+-- for every acked transition when XACK acknowledged them all, else 0 for all (the callers then
+-- ack their deliveries themselves: acking twice is harmless).
+local n = tonumber(ARGV[1])
+local out = {}
+local rem, add = {}, {}       -- index KEYS position -> members (ZREM) / score, member (ZADD)
+local exp = {}                -- TTL ms, id pairs
+local acks, acked_at = {}, {} -- entry ids; positions of their replies
+local ann = {}
+local b = 4
+for i = 1, n do
+  local key = KEYS[7 + i]
+  local head = redis.call('GETRANGE', key, 0, HEAD_MAX)
+  if head == '' then
+    out[i] = { 'missing' }
+  else
+    local _, s, c = string.match(head, '^(%d+) (%u+) (%d+) ')
+    if string.sub(head, 1, #ARGV[b]) ~= ARGV[b] or TERMINAL[s] then
+      out[i] = { 'conflict', redis.call('GET', key) }
+    else
+      local id = ARGV[b + 3]
+      redis.call('SET', key, ARGV[b + 1], 'PX', ARGV[b + 2])
+      local o, w = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+      if o ~= w then
+        local r = rem[o] or {}
+        r[#r + 1] = id
+        rem[o] = r
+        local a = add[w] or {}
+        a[#a + 1] = c
+        a[#a + 1] = id
+        add[w] = a
+      end
+      exp[#exp + 1] = tonumber(ARGV[b + 2])
+      exp[#exp + 1] = id
+      if ARGV[b + 6] ~= '' then
+        acks[#acks + 1] = ARGV[b + 6]
+        acked_at[#acked_at + 1] = i
+      end
+      if ARGV[b + 7] ~= '' then ann[#ann + 1] = ARGV[b + 7] end
+      out[i] = { 'ok', 0 }
+    end
+  end
+  b = b + 8
+end
+for k = 2, 6 do
+  if rem[k] then redis.call('ZREM', KEYS[k], unpack(rem[k])) end
+end
+for k = 2, 6 do
+  if add[k] then redis.call('ZADD', KEYS[k], unpack(add[k])) end
+end
+if #exp > 0 then
+  -- The expiry scores stay lower bounds (see transition.lua): only ever lowered.
+  local now = now_ms()
+  local z = { 'LT' }
+  for j = 1, #exp, 2 do
+    z[#z + 1] = now + exp[j]
+    z[#z + 1] = exp[j + 1]
+  end
+  redis.call('ZADD', KEYS[1], unpack(z))
+end
+if #acks > 0 then
+  local a = redis.call('XACK', KEYS[7], ARGV[3], unpack(acks))
+  redis.call('XDEL', KEYS[7], unpack(acks))
+  if a == #acks then
+    for _, i in ipairs(acked_at) do out[i][2] = 1 end
+  end
+end
+-- One message for the batch: announcements separated by '\n' (ids hold no whitespace).
+if #ann > 0 then redis.call('PUBLISH', ARGV[2], table.concat(ann, '\n')) end
+return out
