@@ -28,25 +28,7 @@ use common::*;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-/// Instantiates `async fn name(backend)` on memory and a fresh Redis standalone.
-macro_rules! on_memory_and_standalone {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use baton_testkit::{require_redis, RedisServer, TestBackend};
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() {
-                super::$name(TestBackend::Memory).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn standalone() {
-                require_redis();
-                super::$name(TestBackend::Standalone(RedisServer::start())).await
-            }
-        }
-    )*};
-}
-
-on_memory_and_standalone!(
+baton_testkit::on_memory_and_standalone!(
     sleep_succeeds_with_slept_ms,
     sleep_cancelled_midway_ends_cancelled_early,
     sleep_bad_params_are_refused_at_submit,

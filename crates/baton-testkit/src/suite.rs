@@ -1,4 +1,5 @@
-//! Helpers shared by the conformance suites: [`eventually`] and [`on_every_backend!`](crate::on_every_backend).
+//! Helpers shared by the conformance suites: [`eventually`], [`on_every_backend!`](crate::on_every_backend)
+//! and [`on_memory_and_standalone!`](crate::on_memory_and_standalone).
 
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,28 @@ macro_rules! on_every_backend {
             async fn cluster() {
                 require_redis();
                 super::$name(TestBackend::Cluster(RedisCluster::start())).await
+            }
+        }
+    )*};
+}
+
+/// Like [`on_every_backend!`](crate::on_every_backend) without the cluster: instantiates each
+/// listed `async fn name(backend: TestBackend)` (in scope at the call site) as two tests in a
+/// module `name`: `memory` and `standalone` (a fresh `redis-server`), each on a 2-worker
+/// multi-thread Tokio runtime. For suites whose subject does not depend on key slots.
+#[macro_export]
+macro_rules! on_memory_and_standalone {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use $crate::{require_redis, RedisServer, TestBackend};
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$name(TestBackend::Memory).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn standalone() {
+                require_redis();
+                super::$name(TestBackend::Standalone(RedisServer::start())).await
             }
         }
     )*};

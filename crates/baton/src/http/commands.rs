@@ -14,12 +14,15 @@
 //! `Retry-After: 1`. Queue statistics and dead letters are in [`super::queues`].
 
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::RawPathParamsRejection;
-use axum::extract::{RawPathParams, Request, State};
+use axum::extract::{FromRequestParts, RawPathParams, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
@@ -280,6 +283,85 @@ fn forbidden(m: String) -> JsonError {
     JsonError::new(StatusCode::FORBIDDEN, "forbidden", m)
 }
 
+// ------------------------------------------------------------------------------------------------
+// Extractors: the checks every command and queue handler starts with. Handlers list them in this
+// order (axum runs them in argument order, so the first failing check answers): `QueueName` or
+// `IdParam`, then `Query`.
+// ------------------------------------------------------------------------------------------------
+
+/// The `{queue}` path parameter, percent-decoded, naming a configured queue: `400 invalid_path`
+/// or `404 unknown_queue` ([`CommandsApi::queue`]) otherwise.
+pub struct QueueName(pub String);
+
+impl FromRequestParts<AppState> for QueueName {
+    type Rejection = JsonError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, JsonError> {
+        let queue = path_param(&RawPathParams::from_request_parts(parts, st).await, "queue")?;
+        st.commands.queue(&queue)?;
+        Ok(QueueName(queue))
+    }
+}
+
+/// The `{id}` path parameter, percent-decoded (`400 invalid_path`); the handler validates it.
+pub struct IdParam(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for IdParam {
+    type Rejection = JsonError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &S) -> Result<Self, JsonError> {
+        Ok(IdParam(path_param(&RawPathParams::from_request_parts(parts, st).await, "id")?))
+    }
+}
+
+/// The query parameters an endpoint takes (see [`Query`]).
+pub trait QuerySpec {
+    const ALLOWED: &'static [&'static str];
+}
+
+/// No query parameters.
+pub struct NoQuery;
+impl QuerySpec for NoQuery {
+    const ALLOWED: &'static [&'static str] = &[];
+}
+
+/// `?wait=`.
+pub struct WaitQuery;
+impl QuerySpec for WaitQuery {
+    const ALLOWED: &'static [&'static str] = &["wait"];
+}
+
+/// `?limit=`.
+pub struct LimitQuery;
+impl QuerySpec for LimitQuery {
+    const ALLOWED: &'static [&'static str] = &["limit"];
+}
+
+/// `?status=&cursor=&limit=`.
+pub struct ListQueryParams;
+impl QuerySpec for ListQueryParams {
+    const ALLOWED: &'static [&'static str] = &["status", "cursor", "limit"];
+}
+
+/// The query parameters of the request as [`query_params`] reads them, refusing any outside
+/// `Q::ALLOWED` (`400 invalid_query`); `Query` alone refuses every one. Derefs to the map.
+pub struct Query<Q: QuerySpec = NoQuery>(BTreeMap<String, String>, PhantomData<Q>);
+
+impl<Q: QuerySpec> Deref for Query<Q> {
+    type Target = BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl<Q: QuerySpec, S: Send + Sync> FromRequestParts<S> for Query<Q> {
+    type Rejection = JsonError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, JsonError> {
+        Ok(Query(query_params(parts.uri.query(), Q::ALLOWED)?, PhantomData))
+    }
+}
+
 /// Bodies up to this far past the limit are read and discarded (not kept) before the 413, so a
 /// client still sending gets the status instead of a broken pipe.
 const DRAIN_CAP: usize = 64 << 20;
@@ -374,14 +456,13 @@ fn kind_of(v: &Value) -> &'static str {
 
 async fn submit(
     State(st): State<AppState>,
-    params: Result<RawPathParams, RawPathParamsRejection>,
+    QueueName(queue): QueueName,
+    _: Query,
     req: Request,
 ) -> Result<Response, JsonError> {
-    let queue = path_param(&params, "queue")?;
     let api = &st.commands;
     let entry = api.queue(&queue)?;
     let (parts, body) = req.into_parts();
-    query_params(parts.uri.query(), &[])?;
     let body = read_body(api.inner.max_body, &parts.headers, body).await?;
     let command = parse_submit(&body)?;
     validate_id(&command.id)?;
@@ -428,11 +509,10 @@ pub fn parse_wait(s: &str) -> Result<Duration, JsonError> {
 
 async fn get_command(
     State(st): State<AppState>,
-    params: Result<RawPathParams, RawPathParamsRejection>,
+    IdParam(id): IdParam,
+    q: Query<WaitQuery>,
     req: Request,
 ) -> Result<Response, JsonError> {
-    let id = path_param(&params, "id")?;
-    let q = query_params(req.uri().query(), &["wait"])?;
     let wait = q.get("wait").map(|s| parse_wait(s)).transpose()?;
     validate_id(&id)?;
     let who = principal(req.extensions())?;
@@ -459,11 +539,10 @@ async fn get_command(
 
 async fn cancel(
     State(st): State<AppState>,
-    params: Result<RawPathParams, RawPathParamsRejection>,
+    IdParam(id): IdParam,
+    _: Query,
     req: Request,
 ) -> Result<Response, JsonError> {
-    let id = path_param(&params, "id")?;
-    query_params(req.uri().query(), &[])?;
     validate_id(&id)?;
     let who = principal(req.extensions())?;
     let store = st.commands.store();
@@ -476,12 +555,9 @@ async fn cancel(
 
 async fn list(
     State(st): State<AppState>,
-    params: Result<RawPathParams, RawPathParamsRejection>,
-    req: Request,
+    QueueName(queue): QueueName,
+    q: Query<ListQueryParams>,
 ) -> Result<Response, JsonError> {
-    let queue = path_param(&params, "queue")?;
-    st.commands.queue(&queue)?;
-    let q = query_params(req.uri().query(), &["status", "cursor", "limit"])?;
     let status = match q.get("status").map(|s| s.trim()).filter(|s| !s.is_empty()) {
         None => None,
         Some(s) => Some(s.parse::<CommandStatus>().map_err(|_| {

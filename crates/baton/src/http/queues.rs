@@ -18,8 +18,7 @@
 
 use std::time::{Duration, Instant};
 
-use axum::extract::rejection::RawPathParamsRejection;
-use axum::extract::{MatchedPath, RawPathParams, Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
@@ -27,7 +26,9 @@ use axum::routing::{delete, get, post, MethodRouter};
 use baton_queue::{MessageId, QueueError};
 use serde_json::{json, Value};
 
-use super::commands::{json_response, limit_param, path_param, principal, query_params, CommandsApi, JsonError};
+use super::commands::{
+    json_response, limit_param, principal, CommandsApi, IdParam, JsonError, LimitQuery, Query, QueueName,
+};
 use super::{AppState, RouteDef};
 use crate::auth::Op;
 
@@ -80,8 +81,7 @@ pub(super) async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, J
     }))
 }
 
-async fn list_queues(State(st): State<AppState>, req: Request) -> Result<Response, JsonError> {
-    query_params(req.uri().query(), &[])?;
+async fn list_queues(State(st): State<AppState>, _: Query, req: Request) -> Result<Response, JsonError> {
     let who = principal(req.extensions())?;
     let mut out = Vec::new();
     for name in st.commands.queue_names() {
@@ -92,25 +92,15 @@ async fn list_queues(State(st): State<AppState>, req: Request) -> Result<Respons
     Ok(json_response(json!({ "queues": out })))
 }
 
-async fn one_queue(
-    State(st): State<AppState>,
-    params: Result<RawPathParams, RawPathParamsRejection>,
-    req: Request,
-) -> Result<Response, JsonError> {
-    let queue = path_param(&params, "queue")?;
-    st.commands.queue(&queue)?;
-    query_params(req.uri().query(), &[])?;
+async fn one_queue(State(st): State<AppState>, QueueName(queue): QueueName, _: Query) -> Result<Response, JsonError> {
     Ok(json_response(queue_json(&st.commands, &queue).await?))
 }
 
 async fn dead_letters(
     State(st): State<AppState>,
-    params: Result<RawPathParams, RawPathParamsRejection>,
-    req: Request,
+    QueueName(queue): QueueName,
+    q: Query<LimitQuery>,
 ) -> Result<Response, JsonError> {
-    let queue = path_param(&params, "queue")?;
-    st.commands.queue(&queue)?;
-    let q = query_params(req.uri().query(), &["limit"])?;
     let limit = limit_param(&q, 100, 1000)?;
     let items = st.commands.store().messages().dead_letters(&queue, limit).await.map_err(queue_error)?;
     let items: Vec<Value> = items
@@ -135,12 +125,10 @@ async fn dead_letters(
 
 async fn replay_one(
     State(st): State<AppState>,
-    params: Result<RawPathParams, RawPathParamsRejection>,
-    req: Request,
+    QueueName(queue): QueueName,
+    IdParam(id): IdParam,
+    _: Query,
 ) -> Result<Response, JsonError> {
-    let (queue, id) = (path_param(&params, "queue")?, path_param(&params, "id")?);
-    st.commands.queue(&queue)?;
-    query_params(req.uri().query(), &[])?;
     let msg_id: MessageId = id.parse().map_err(|_| {
         JsonError::bad_request("invalid_id", format!("{id:?} is not a dead-letter id; use an id from GET …/dead-letters (like 1700000000000-0)"))
     })?;
@@ -150,25 +138,15 @@ async fn replay_one(
 
 async fn replay_all(
     State(st): State<AppState>,
-    params: Result<RawPathParams, RawPathParamsRejection>,
-    req: Request,
+    QueueName(queue): QueueName,
+    q: Query<LimitQuery>,
 ) -> Result<Response, JsonError> {
-    let queue = path_param(&params, "queue")?;
-    st.commands.queue(&queue)?;
-    let q = query_params(req.uri().query(), &["limit"])?;
     let limit = limit_param(&q, 1000, 100_000)?;
     let n = st.commands.store().messages().replay_dead_letters(&queue, limit).await.map_err(queue_error)?;
     Ok(json_response(json!({ "replayed": n })))
 }
 
-async fn purge(
-    State(st): State<AppState>,
-    params: Result<RawPathParams, RawPathParamsRejection>,
-    req: Request,
-) -> Result<Response, JsonError> {
-    let queue = path_param(&params, "queue")?;
-    st.commands.queue(&queue)?;
-    query_params(req.uri().query(), &[])?;
+async fn purge(State(st): State<AppState>, QueueName(queue): QueueName, _: Query) -> Result<Response, JsonError> {
     let n = st.commands.store().messages().purge_dead_letters(&queue).await.map_err(queue_error)?;
     Ok(json_response(json!({ "purged": n })))
 }
