@@ -5,7 +5,9 @@
 -- ARGV: 1 R, then per request: inc (expected, '' any), ctn ('' = binary body, refused by JSON
 --       streams), stream seq, producer id, epoch, seq, close reason (''), n, then n x (data, msgs).
 -- Reply: R arrays, in request order: {status, ...} (see the returns of one() below); an accepted
--- request that did not end the stream gets the short {'ok', tail}.
+-- request that did not end the stream gets the short {'ok', tail}. When the stream exists, one
+-- more array follows: {incarnation, the tail before this call} (the engine hands the new records
+-- to this process's live readers when they directly follow what those have read).
 local R = tonumber(ARGV[1])
 -- One HMGET for the hot fields plus the state of every producer of the batch; the rest of the
 -- metadata is loaded only on the rare paths that need it (full()). Missing fields are false.
@@ -31,6 +33,7 @@ if not v[1] or v[14] then
   for i = 1, R do out[i] = {st} end
   return out
 end
+local prev_tail = v[3] or ''
 local m = {inc = v[1], ctn = v[2], tail = v[3], cnt = v[4], lw = v[5], sil = v[6], ml = v[7], mlw = v[8],
   ttl = v[9], ta = v[10], dl = v[11], sq = v[12], ['end'] = v[13]}
 for i = 1, #extra do
@@ -201,4 +204,5 @@ if wrote then
 end
 -- The expiry only moves with a sliding TTL or an end; a first write creates the stream key.
 if ended_here or (wrote and (m.ttl or fresh)) then apply_expiry(m) end
+out[R + 1] = {m.inc, prev_tail}
 return out

@@ -11,8 +11,9 @@
 -- The general layout has at least 9 arguments, so 3 to 7 mean this one (no mode argument).
 -- It handles the common case: a live stream with no sliding TTL that already has data, passing
 -- every check of write.lua (exists, not deleted, incarnation, not ended, content type, producer
--- in sequence, max_len, max_len per writer) and not silent. The reply is then the new entry id
--- alone (a bulk string, not the usual array). Anything else falls through to the full script
+-- in sequence, max_len, max_len per writer) and not silent. The reply is then one bulk string
+-- (not the usual array): "<incarnation> <previous tail id> <new entry id>" (the engine hands the
+-- record to this process's live readers when it directly follows what they have read). Anything else falls through to the full script
 -- below, with nothing changed and ARGV rewritten to the general layout (R = 1). The clock comes
 -- from the entry's id; if that shows the stream fell silent, the entry is deleted again (never
 -- visible) and the full script ends the stream. Numbers are compared as numbers (strings coerced
@@ -31,9 +32,9 @@ if nargs < 9 then
   local stamped = nargs == 7
   local v
   if not stamped then
-    v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end')
+    v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end', 'tail')
   else
-    v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end', ARGV[5])
+    v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end', 'tail', ARGV[5])
   end
   local inc, ctn = ARGV[1], ARGV[2]
   local cnt = v[1] and not v[8] and not v[7] and (inc == '' or inc == v[1])
@@ -42,7 +43,7 @@ if nargs < 9 then
   if cnt and cnt > 0 and not (v[6] and cnt + 1 > v[6] + 0) then
     local ok, state = true, nil
     if stamped then
-      local raw, pre = v[9], ARGV[6]
+      local raw, pre = v[10], ARGV[6]
       local n = #pre
       if raw then
         ok = string.find(raw, pre, 1, true) == 1
@@ -86,7 +87,7 @@ if nargs < 9 then
         else
           redis.call('HSET', KEYS[2], 'lw', now, 'tail', id, 'cnt', string.format('%d', cnt + 1))
         end
-        return id
+        return v[1] .. ' ' .. (v[9] or '') .. ' ' .. id
       end
     end
   end

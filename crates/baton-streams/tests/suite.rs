@@ -123,4 +123,5 @@ suite!(
     live::fan_out_thousand_readers,
     live::many_live_streams,
     live::subscription_to_eof,
+    live::local_appends_reach_live_readers_directly,
 );

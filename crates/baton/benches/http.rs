@@ -7,7 +7,8 @@
 //!     # runs; and 20,000 appends (BENCH_LONG), median of 3), runs interleaved across servers
 //!     # after a warm-up; CPU per append of the server (its PIDs), of Redis (BENCH_REDIS_PORT) and
 //!     # of this generator, Redis commands per append; append → long-poll round trip (p50 / p99
-//!     # of 300 sequential rounds). The client is `http/client.rs` (hyper's HTTP/1.1 client
+//!     # of 300 sequential rounds, servers interleaved round by round). The client is
+//!     # `http/client.rs` (hyper's HTTP/1.1 client
 //!     # connection, keep-alive, one connection per request in flight) on one thread.
 //! cargo bench -p baton --bench http -- fanout URL READERS [REDIS_PORT ...]
 //!     # READERS concurrent SSE readers of one stream; delivery latency of appends to all of them,
@@ -143,42 +144,47 @@ impl Target {
         (n as f64 / wall.as_secs_f64(), wall)
     }
 
-    /// Append → long-poll round trips: a reader parked at the tail (its own connection), then
-    /// one append; the time from sending the append to the reader's complete response.
-    async fn roundtrip(&mut self, stamp: u128) -> Vec<Duration> {
+    /// Set-up of append → long-poll round trips: a new stream and the reader's connection.
+    async fn rt_setup(&mut self, stamp: u128) -> Rt {
         let path = self.stream(&format!("rt-{stamp}"));
         self.create(&path).await;
         let writer = &mut self.conns[0];
         writer.send(&Req::new("HEAD", &self.host, &path, &[], b"")).await.unwrap();
-        let mut offset = writer.header("stream-next-offset").expect("Stream-Next-Offset").to_string();
+        let offset = writer.header("stream-next-offset").expect("Stream-Next-Offset").to_string();
         let append = self.req("POST", &path, true, &[b'r'; PAYLOAD]);
-        let mut reader_conn = Some(Conn::new(&self.host));
-        let mut out = Vec::with_capacity(ROUNDS);
-        for i in 0..ROUNDS + 20 {
-            let get = Req::new("GET", &self.host, &format!("{path}?offset={offset}&live=long-poll"), &[], b"");
-            let mut rc = reader_conn.take().unwrap();
-            let reader = tokio::spawn(async move {
-                let status = rc.send(&get).await.unwrap();
-                let at = Instant::now();
-                let next = rc.header("stream-next-offset").expect("Stream-Next-Offset").to_string();
-                assert_eq!(rc.body(), &[b'r'; PAYLOAD], "the long-poll returns the append");
-                (rc, status, next, at)
-            });
-            tokio::time::sleep(Duration::from_millis(15)).await; // let the long-poll park
-            let t0 = Instant::now();
-            let status = self.conns[0].send(&append).await.unwrap();
-            assert!((200..300).contains(&status));
-            let (rc, status, next, at) = reader.await.unwrap();
-            assert_eq!(status, 200, "the long-poll should have been woken by the append");
-            reader_conn = Some(rc);
-            offset = next;
-            if i >= 20 {
-                out.push(at.duration_since(t0));
-            }
-        }
-        out.sort();
-        out
+        Rt { path, offset, append, reader: Some(Conn::new(&self.host)) }
     }
+
+    /// One round trip: a reader parked at the tail (its own connection), then one append; the
+    /// time from sending the append to the reader's complete response.
+    async fn rt_round(&mut self, rt: &mut Rt) -> Duration {
+        let get = Req::new("GET", &self.host, &format!("{}?offset={}&live=long-poll", rt.path, rt.offset), &[], b"");
+        let mut rc = rt.reader.take().unwrap();
+        let reader = tokio::spawn(async move {
+            let status = rc.send(&get).await.unwrap();
+            let at = Instant::now();
+            let next = rc.header("stream-next-offset").expect("Stream-Next-Offset").to_string();
+            assert_eq!(rc.body(), &[b'r'; PAYLOAD], "the long-poll returns the append");
+            (rc, status, next, at)
+        });
+        tokio::time::sleep(Duration::from_millis(15)).await; // let the long-poll park
+        let t0 = Instant::now();
+        let status = self.conns[0].send(&rt.append).await.unwrap();
+        assert!((200..300).contains(&status));
+        let (rc, status, next, at) = reader.await.unwrap();
+        assert_eq!(status, 200, "the long-poll should have been woken by the append");
+        rt.reader = Some(rc);
+        rt.offset = next;
+        at.duration_since(t0)
+    }
+}
+
+/// State of one server's round trips.
+struct Rt {
+    path: String,
+    offset: String,
+    append: Req,
+    reader: Option<Conn>,
 }
 
 fn redis_commandstats(port: u16) -> Vec<(String, u64)> {
@@ -247,9 +253,24 @@ async fn append_bench(mut targets: Vec<Target>) {
             }
         }
     }
-    let mut rts = Vec::new();
-    for t in &mut targets {
-        rts.push(if std::env::var("BENCH_RT").is_ok_and(|v| v == "0") { vec![] } else { t.roundtrip(stamp).await });
+    // Round trips interleaved across servers, round by round (20 warm-up rounds not counted).
+    let mut rts: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
+    if !std::env::var("BENCH_RT").is_ok_and(|v| v == "0") {
+        let mut states = Vec::new();
+        for t in &mut targets {
+            states.push(t.rt_setup(stamp).await);
+        }
+        for i in 0..ROUNDS + 20 {
+            for ((t, st), out) in targets.iter_mut().zip(&mut states).zip(&mut rts) {
+                let d = t.rt_round(st).await;
+                if i >= 20 {
+                    out.push(d);
+                }
+            }
+        }
+        for out in &mut rts {
+            out.sort();
+        }
     }
     println!(
         "| server | 1,000 × 100 B, 50 in flight (median of {RUNS}; runs) | {long_n} × 100 B (median of {LONG_RUNS}) | append → long-poll p50 | p99 |"

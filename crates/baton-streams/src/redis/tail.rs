@@ -7,6 +7,11 @@
 //! `producer_lost`). A blocking read does not wake on deletion or expiry, hence the bounded slice.
 //! Records go into an in-memory window that every waiter reads; waiters behind the window fall
 //! back to one `read.lua` call of their own.
+//!
+//! Appends made by this process skip that round trip: the write scripts reply with the stream's
+//! incarnation and its tail before the call, and when that tail is exactly where the window ends
+//! (nothing written elsewhere in between) the writer pushes its records into the window at once
+//! ([`TailHub::push`]); the loop's next read starts after them and skips what it already has.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,6 +33,8 @@ use crate::{Offset, ReadFrom, Result};
 const LINGER: Duration = Duration::from_secs(3);
 /// Records fetched per `read.lua` call by a tail loop.
 const BATCH: usize = 512;
+/// How long a woken tail loop waits for this process's write in flight before it reads anyway.
+const WRITE_WAIT: Duration = Duration::from_millis(100);
 
 pub(crate) struct TailHub {
     store: Weak<RedisStore>,
@@ -39,6 +46,8 @@ struct Tail {
     incarnation: String,
     state: Mutex<TailState>,
     notify: Notify,
+    /// Woken after each write call of this process to the stream ([`TailHub::after_write`]).
+    written: Notify,
     waiters: AtomicUsize,
 }
 
@@ -46,12 +55,32 @@ struct TailState {
     /// Records after `base` are in `window`.
     base: Offset,
     window: VecDeque<Record>,
+    /// The window holds every record up to here (the next read starts after it).
+    read_to: Offset,
     tail: Offset,
     end: Option<EndState>,
     content_type: String,
     error: Option<StreamError>,
     stopped: bool,
     ready: bool,
+}
+
+impl TailState {
+    /// Appends the records after `read_to` (older ones are already in), keeping at most `cap`.
+    fn extend(&mut self, records: impl IntoIterator<Item = Record>, cap: usize) {
+        for r in records {
+            if r.offset > self.read_to {
+                self.read_to = r.offset;
+                self.tail = self.tail.max(r.offset);
+                self.window.push_back(r);
+            }
+        }
+        while self.window.len() > cap {
+            if let Some(r) = self.window.pop_front() {
+                self.base = r.offset;
+            }
+        }
+    }
 }
 
 struct WaiterGuard(Arc<Tail>);
@@ -85,6 +114,7 @@ impl TailHub {
             state: Mutex::new(TailState {
                 base: start,
                 window: VecDeque::new(),
+                read_to: start,
                 tail: start,
                 end: None,
                 content_type: String::new(),
@@ -93,6 +123,7 @@ impl TailHub {
                 ready: false,
             }),
             notify: Notify::new(),
+            written: Notify::new(),
             waiters: AtomicUsize::new(1),
         });
         if let Some(old) = tails.insert(path.clone(), tail.clone()) {
@@ -114,6 +145,37 @@ impl TailHub {
             tails.remove(&tail.path);
         }
         true
+    }
+
+    /// Records this process has just appended to `path` (incarnation `inc`), directly after the
+    /// entry `prev` (`pushed`): they go into the live window (and its waiters are woken) when the window
+    /// ends exactly at `prev`, is up to date and its stream is not ended; otherwise nothing
+    /// happens and the tail loop reads them from Redis as usual.
+    ///
+    /// Called after every write call of this process to `path` (`pushed` is `None` when it
+    /// added nothing that can be handed over): a tail loop woken by that write waits for this
+    /// call before it reads (see `tail_loop`).
+    pub(crate) fn after_write(&self, path: &StreamPath, pushed: Option<(&str, Offset, Vec<Record>)>) {
+        let Some(t) = self.tails.lock().unwrap().get(path).cloned() else { return };
+        if let Some((inc, prev, records)) = pushed {
+            self.push(&t, inc, prev, records);
+        }
+        t.written.notify_waiters();
+    }
+
+    fn push(&self, t: &Tail, inc: &str, prev: Offset, records: Vec<Record>) {
+        let Some(cap) = self.store.upgrade().map(|s| s.settings().live_window.max(1)) else { return };
+        if t.incarnation != inc {
+            return;
+        }
+        {
+            let mut st = t.state.lock().unwrap();
+            if !st.ready || st.stopped || st.error.is_some() || st.end.is_some() || st.read_to != prev || st.tail != prev {
+                return;
+            }
+            st.extend(records, cap);
+        }
+        t.notify.notify_waiters();
     }
 
     fn forget(&self, tail: &Arc<Tail>) {
@@ -235,7 +297,6 @@ async fn tail_loop(store: &Weak<RedisStore>, t: &Arc<Tail>) -> Result<()> {
     let wake = Arc::new(Notify::new());
     let _unwatch = Unwatch { store: store.clone(), key: ks.clone(), wake: wake.clone() };
     let mut idle_since: Option<Instant> = None;
-    let mut at: Option<Offset> = None;
     loop {
         if t.state.lock().unwrap().stopped {
             return Ok(());
@@ -249,9 +310,24 @@ async fn tail_loop(store: &Weak<RedisStore>, t: &Arc<Tail>) -> Result<()> {
         } else {
             idle_since = None;
         }
-        let from = match at {
-            None => ReadFrom::Now,
-            Some(o) => ReadFrom::At(o),
+        // A write of this process in flight may be what woke this loop: its records are handed
+        // over when its reply comes (see `TailHub::after_write`), so wait for that (bounded)
+        // rather than read them from Redis a second time.
+        if s.writer_busy(&t.path) {
+            let written = t.written.notified();
+            tokio::pin!(written);
+            written.as_mut().enable();
+            if s.writer_busy(&t.path) {
+                let _ = tokio::time::timeout(WRITE_WAIT, written).await;
+            }
+        }
+        let from = {
+            let st = t.state.lock().unwrap();
+            if st.ready {
+                ReadFrom::At(st.read_to)
+            } else {
+                ReadFrom::Now
+            }
         };
         let (chunk, info) = match s.read_raw(&t.path, from, BATCH, usize::MAX / 2, false, Some(&t.incarnation)).await {
             Ok(v) => v,
@@ -262,27 +338,22 @@ async fn tail_loop(store: &Weak<RedisStore>, t: &Arc<Tail>) -> Result<()> {
             }
             Err(e) => return Err(e),
         };
-        {
+        let read_to = {
             let mut st = t.state.lock().unwrap();
             if !st.ready {
                 st.ready = true;
                 st.base = info.tail;
+                st.read_to = info.tail;
                 st.content_type = info.content_type.clone();
             }
-            for r in chunk.records.iter() {
-                st.window.push_back(r.clone());
-            }
-            let cap = s.settings().live_window.max(1);
-            while st.window.len() > cap {
-                if let Some(r) = st.window.pop_front() {
-                    st.base = r.offset;
-                }
-            }
-            st.tail = info.tail;
+            // Records pushed by this process's writes meanwhile are skipped (already in).
+            st.extend(chunk.records, s.settings().live_window.max(1));
+            st.read_to = st.read_to.max(chunk.next_offset);
+            st.tail = st.tail.max(info.tail);
             st.end = info.end;
-        }
+            st.read_to
+        };
         t.notify.notify_waiters();
-        at = Some(chunk.next_offset);
         if !chunk.up_to_date {
             continue;
         }
@@ -305,13 +376,13 @@ async fn tail_loop(store: &Weak<RedisStore>, t: &Arc<Tail>) -> Result<()> {
         }
         if !s.client().is_cluster() {
             // Standalone: the store's one blocking connection watches every tailed stream.
-            s.blocker.wait(&s, &ks, chunk.next_offset.to_redis_id(), &wake, slice).await;
+            s.blocker.wait(&s, &ks, read_to.to_redis_id(), &wake, slice).await;
             continue;
         }
         drop(s);
         let block_ms = slice.as_millis().max(1) as u64;
         let mut cmd = redis::cmd("XREAD");
-        cmd.arg("BLOCK").arg(block_ms).arg("COUNT").arg(1).arg("STREAMS").arg(&ks).arg(chunk.next_offset.to_redis_id());
+        cmd.arg("BLOCK").arg(block_ms).arg("COUNT").arg(1).arg("STREAMS").arg(&ks).arg(read_to.to_redis_id());
         if conn.is_none() {
             let opened = match store.upgrade() {
                 Some(s) => blocking_conn(&s, &ks).await,

@@ -94,6 +94,11 @@ impl RedisStore {
         rx.await.unwrap_or_else(|_| Err(StreamError::Backend("write abandoned".into())))
     }
 
+    /// A write call of this process to `path` is in flight (or queued).
+    pub(crate) fn writer_busy(&self, path: &StreamPath) -> bool {
+        self.writer.queues.lock().unwrap().contains_key(path)
+    }
+
     /// The next batch of `path`, or `None` (and the stream is idle again) when nothing is queued.
     fn next_batch(&self, path: &StreamPath) -> Option<Vec<Pending>> {
         let mut queues = self.writer.queues.lock().unwrap();
@@ -128,27 +133,67 @@ impl RedisStore {
             _ => general_args(&mut cmd, &batch),
         }
         match self.eval(&WRITE, &cmd).await {
-            // The fast path's reply: the new entry id of a lone accepted request.
-            Ok(id @ Value::BulkString(_)) if batch.len() == 1 => {
+            // The fast path's reply: "<incarnation> <previous tail> <new entry id>" of a lone
+            // accepted request.
+            Ok(Value::BulkString(b)) if batch.len() == 1 => {
                 let p = batch.into_iter().next().expect("one request");
-                let _ = p.tx.send(parse_id(&id).map(|tail| accepted(&p.spec, tail)));
+                let out = parse_fast(&b);
+                let pushed = match &out {
+                    Ok((inc, Some(prev), tail)) => {
+                        let (data, messages) = &p.spec.records[0];
+                        Some((inc.as_str(), *prev, vec![Record { offset: *tail, data: data.clone(), messages: *messages }]))
+                    }
+                    _ => None,
+                };
+                self.hub.after_write(path, pushed);
+                let _ = p.tx.send(out.map(|(_, _, tail)| accepted(&p.spec, tail)));
             }
-            Ok(Value::Array(replies)) if replies.len() == batch.len() => {
-                for (p, r) in batch.into_iter().zip(replies) {
-                    let out = match r {
+            Ok(Value::Array(mut replies)) if replies.len() == batch.len() || replies.len() == batch.len() + 1 => {
+                // {incarnation, tail before the call}, when the stream exists.
+                let before = if replies.len() > batch.len() { replies.pop() } else { None };
+                let mut outs = Vec::with_capacity(batch.len());
+                for (p, r) in batch.iter().zip(replies) {
+                    outs.push(match r {
                         Value::Array(items) if !items.is_empty() => parse_write(path, &p.spec, &items),
                         other => Err(StreamError::Backend(format!("streams.write: unexpected reply {other:?}"))),
-                    };
+                    });
+                }
+                let mut pushed = None;
+                let inc_text;
+                if let Some(Value::Array(ip)) = &before {
+                    if let (Some(inc), Some(prev)) = (ip.first(), ip.get(1).and_then(|v| parse_id(v).ok())) {
+                        // The records of the leading requests that each added exactly one entry
+                        // (accepted, one record, stream not ended): contiguous after `prev`.
+                        let mut records = Vec::new();
+                        for (p, out) in batch.iter().zip(&outs) {
+                            match out {
+                                Ok(a) if !a.duplicate && a.end.is_none() && p.spec.records.len() == 1 => {
+                                    let (data, messages) = &p.spec.records[0];
+                                    records.push(Record { offset: a.tail, data: data.clone(), messages: *messages });
+                                }
+                                _ => break,
+                            }
+                        }
+                        if !records.is_empty() {
+                            inc_text = text(inc);
+                            pushed = Some((inc_text.as_str(), prev, records));
+                        }
+                    }
+                }
+                self.hub.after_write(path, pushed);
+                for (p, out) in batch.into_iter().zip(outs) {
                     let _ = p.tx.send(out);
                 }
             }
             Ok(other) => {
+                self.hub.after_write(path, None);
                 let e = StreamError::Backend(format!("streams.write: unexpected reply {other:?}"));
                 for p in batch {
                     let _ = p.tx.send(Err(e.clone()));
                 }
             }
             Err(e) => {
+                self.hub.after_write(path, None);
                 for p in batch {
                     let _ = p.tx.send(Err(e.clone()));
                 }
@@ -218,6 +263,16 @@ fn general_args(cmd: &mut redis::Cmd, batch: &[Pending]) {
             cmd.arg(data.as_ref()).arg(*n);
         }
     }
+}
+
+/// The fast path's reply `"<incarnation> <previous tail id> <new entry id>"`.
+fn parse_fast(b: &[u8]) -> Result<(String, Option<Offset>, Offset)> {
+    let bad = || StreamError::Backend(format!("streams.write: unexpected reply {:?}", String::from_utf8_lossy(b)));
+    let t = std::str::from_utf8(b).map_err(|_| bad())?;
+    let mut it = t.split(' ');
+    let (Some(inc), Some(prev), Some(id), None) = (it.next(), it.next(), it.next(), it.next()) else { return Err(bad()) };
+    let tail = Offset::from_redis_id(id).ok_or_else(bad)?;
+    Ok((inc.to_string(), Offset::from_redis_id(prev), tail))
 }
 
 /// An accepted request that did not end the stream, whose last entry is `tail`.
