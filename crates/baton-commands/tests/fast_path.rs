@@ -7,6 +7,9 @@
 //!   bounded even when nobody lists or counts;
 //! * state reads started together are one `MGET` per home queue (Redis), each caller still
 //!   getting its own command's state;
+//! * submits started together are group-committed per home queue (Redis: few script calls), each
+//!   decided as alone: of equal submits of one id one stores it and the others find it; a
+//!   different body conflicts; the same id on another queue conflicts;
 //! * transitions started together are group-committed per home queue (Redis: few script calls),
 //!   each decided exactly as alone: of two racing cancels one wins, the other is refused; indexes,
 //!   acks and announcements (one message per batch, read by another process) stay exact.
@@ -29,8 +32,62 @@ baton_testkit::on_every_backend!(
     only_terminal_writes_are_announced,
     submits_prune_expired_index_entries,
     concurrent_reads_are_batched_per_queue,
-    concurrent_transitions_are_group_committed
+    concurrent_transitions_are_group_committed,
+    concurrent_submits_are_group_committed
 );
+
+async fn concurrent_submits_are_group_committed(b: TestBackend) {
+    let store = store_for(&b).await;
+    let (qa, qb) = (queue_name("sub-a"), queue_name("sub-b"));
+    let tag = queue_name("s");
+    let standalone = standalone_conn(&b).await;
+    // 60 distinct commands on two queues, started together: all stored, each once.
+    let before = calls(&standalone, "evalsha").await;
+    let subs = (0..60).map(|i| {
+        let q = if i % 2 == 0 { &qa } else { &qb };
+        store.submit_created(q, Command::with_id(format!("{tag}-{i}"), "t", json!(i)))
+    });
+    for (i, r) in futures::future::join_all(subs).await.into_iter().enumerate() {
+        let (st, created) = r.unwrap();
+        assert_eq!((st.id, st.params, st.status, created), (format!("{tag}-{i}"), json!(i), CommandStatus::Submitted, true));
+    }
+    let after = calls(&standalone, "evalsha").await;
+    if let (Some(before), Some(after)) = (before, after) {
+        assert!(after - before <= 30, "{} script calls for 60 submits to 2 queues", after - before);
+    }
+    for q in [&qa, &qb] {
+        assert_eq!(store.counts(q).await.unwrap().submitted, 30);
+        assert_eq!(store.messages().stats(q).await.unwrap().length, 30);
+    }
+    // The same id, started together: 5 equal submits to queue C (with 2 of another body) and 2
+    // equal ones to queue A. The queues race: the first to store the id owns it; there, one
+    // submit stores it, the other equal ones find it and another body conflicts; every submit
+    // to the other queue conflicts. One message is enqueued, on the owner's queue.
+    let id = format!("{tag}-dup");
+    let same = || Command::with_id(id.clone(), "t", json!({"v": 1}));
+    let other = || Command::with_id(id.clone(), "t", json!({"v": 2}));
+    let qc = queue_name("sub-c");
+    let calls = vec![
+        store.submit_created(&qc, same()),
+        store.submit_created(&qc, other()),
+        store.submit_created(&qc, same()),
+        store.submit_created(&qa, same()),
+        store.submit_created(&qc, same()),
+        store.submit_created(&qc, other()),
+        store.submit_created(&qa, same()),
+        store.submit_created(&qc, same()),
+    ];
+    let results = futures::future::join_all(calls).await;
+    let created = results.iter().filter(|r| matches!(r, Ok((_, true)))).count();
+    let found = results.iter().filter(|r| matches!(r, Ok((_, false)))).count();
+    let conflicts = results.iter().filter(|r| matches!(r, Err(baton_commands::CommandError::Conflict { .. }))).count();
+    let stored = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(stored.params, json!({"v": 1}));
+    let (owner, loser, expected) = if stored.queue == qc { (&qc, &qa, (1, 3, 4)) } else { (&qa, &qc, (1, 1, 6)) };
+    assert_eq!((created, found, conflicts), expected, "owner {owner}: {results:?}");
+    assert_eq!(store.messages().stats(owner).await.unwrap().length, if owner == &qa { 31 } else { 1 });
+    assert_eq!(store.messages().stats(loser).await.unwrap().length, if loser == &qa { 30 } else { 0 });
+}
 
 async fn concurrent_reads_are_batched_per_queue(b: TestBackend) {
     let store = store_for(&b).await;
@@ -40,27 +97,10 @@ async fn concurrent_reads_are_batched_per_queue(b: TestBackend) {
         let q = if i % 2 == 0 { &qa } else { &qb };
         ids.push((store.submit(q, Command::with_id(format!("rb-{i}"), "t", json!(i))).await.unwrap().id, i));
     }
-    let stats = |conn: baton_redis::RedisConn| async move {
-        let mut conn = conn;
-        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap();
-        let calls = |name: &str| -> u64 {
-            info.lines()
-                .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
-                .and_then(|l| l.split("calls=").nth(1))
-                .and_then(|v| v.split(',').next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        (calls("get"), calls("mget"))
-    };
-    let standalone = match b.redis_config() {
-        Some(RedisConfig::Standalone(url)) => {
-            let conn = baton_redis::RedisClient::new(RedisConfig::Standalone(url)).unwrap().shared().await.unwrap();
-            let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut conn.clone()).await.unwrap();
-            Some(conn)
-        }
-        _ => None,
-    };
+    let standalone = standalone_conn(&b).await;
+    if let Some(conn) = &standalone {
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut conn.clone()).await.unwrap();
+    }
     // 40 reads started in one turn (the ids are cached: no lookup reads).
     let reads = ids.iter().map(|(id, _)| store.get(id));
     let states = futures::future::join_all(reads).await;
@@ -68,8 +108,8 @@ async fn concurrent_reads_are_batched_per_queue(b: TestBackend) {
         let st = st.unwrap().expect("stored");
         assert_eq!((&st.id, &st.params), (id, &json!(i)));
     }
-    if let Some(conn) = standalone {
-        let (gets, mgets) = stats(conn).await;
+    if standalone.is_some() {
+        let (gets, mgets) = (calls(&standalone, "get").await.unwrap_or(0), calls(&standalone, "mget").await.unwrap_or(0));
         // One MGET per queue when all 40 land in one batch; never a GET per read.
         assert_eq!(gets, 0, "state reads went one by one");
         assert!((2..=8).contains(&mgets), "{mgets} MGETs for 40 reads of 2 queues");
@@ -97,25 +137,12 @@ async fn concurrent_transitions_are_group_committed(b: TestBackend) {
         .collect();
     let waits = tokio::spawn(futures::future::join_all(waits));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let evalsha = |conn: Option<baton_redis::RedisConn>| async move {
-        let mut conn = conn?;
-        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap();
-        info.lines()
-            .find(|l| l.starts_with("cmdstat_evalsha:"))
-            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
-    };
-    let standalone = match b.redis_config() {
-        Some(RedisConfig::Standalone(url)) => {
-            let conn = baton_redis::RedisClient::new(RedisConfig::Standalone(url)).unwrap().shared().await.unwrap();
-            Some(conn)
-        }
-        _ => None,
-    };
-    let before = evalsha(standalone.clone()).await;
+    let standalone = standalone_conn(&b).await;
+    let before = calls(&standalone, "evalsha").await;
     // Two cancels per command, all started together.
     let cancels = ids.iter().flat_map(|id| [store.cancel(id), store.cancel(id)]);
     let results = futures::future::join_all(cancels).await;
-    let after = evalsha(standalone).await;
+    let after = calls(&standalone, "evalsha").await;
     for (pair, id) in results.chunks(2).zip(&ids) {
         let won: Vec<_> = pair.iter().filter(|r| r.is_ok()).collect();
         assert_eq!(won.len(), 1, "{id}: exactly one cancel wins: {pair:?}");
@@ -259,4 +286,25 @@ async fn only_terminal_writes_are_announced(b: TestBackend) {
     assert!(!parts[3].is_empty());
     reader.abort();
     svc.close().await;
+}
+
+/// A connection to the backend's server when it is Redis standalone (one node's statistics).
+async fn standalone_conn(b: &TestBackend) -> Option<baton_redis::RedisConn> {
+    match b.redis_config() {
+        Some(RedisConfig::Standalone(url)) => Some(baton_redis::RedisClient::new(RedisConfig::Standalone(url)).unwrap().shared().await.unwrap()),
+        _ => None,
+    }
+}
+
+/// Calls of Redis command `name` so far (`INFO commandstats`; 0 if never called), or `None`
+/// without a connection.
+async fn calls(conn: &Option<baton_redis::RedisConn>, name: &str) -> Option<u64> {
+    let mut conn = conn.clone()?;
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap();
+    Some(
+        info.lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
+            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+            .unwrap_or(0),
+    )
 }

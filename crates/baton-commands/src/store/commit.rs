@@ -1,13 +1,13 @@
-//! Group commit of state transitions on Redis: per home queue, at most one `transitions.lua`
-//! call is in flight from this store; transitions started meanwhile queue up and go together in
-//! the next call (at most [`MAX_BATCH`]), where the script decides each one exactly as it would
-//! alone and merges their index, expiry, ack and announcement writes. Under load a call carries
-//! many transitions (fewer script calls and Redis commands per command); a lone transition is
-//! sent at once. All keys of a batch are in the home queue's hash slot (see the crate docs), so
-//! a batch is valid on Redis Cluster.
+//! Group commit of the Redis store's hot writes: per home queue and kind (state transitions,
+//! submits), at most one script call is in flight from this store; writes started meanwhile
+//! queue up and go together in the next call (at most [`Batch::MAX`]), where the script decides
+//! each one exactly as it would alone and merges the writes they share (index, expiry, ack and
+//! announcement writes). Under load a call carries many writes (fewer script calls and Redis
+//! commands per command); a lone write is sent at once. All keys of a batch are in the home
+//! queue's hash slot (see the crate docs), so a batch is valid on Redis Cluster.
 //!
 //! The calls are sent from a spawned task, so a caller that stops waiting never strands the
-//! transitions queued behind it.
+//! writes queued behind it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,13 +16,21 @@ use baton_redis::redis::{self, RedisError, Value};
 use baton_redis::{LuaScript, RedisConn};
 use tokio::sync::oneshot;
 
-/// Transitions per `transitions.lua` call at most.
-const MAX_BATCH: usize = 128;
-
 static TRANSITIONS: LuaScript = LuaScript::new(
     "transitions",
     concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/transitions.lua")),
 );
+static SUBMITS: LuaScript =
+    LuaScript::new("submits", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/submits.lua")));
+
+/// A kind of batched write: how a batch becomes one script call.
+pub(crate) trait Batch: Sized + Send + 'static {
+    /// Writes per call at most.
+    const MAX: usize;
+    fn script() -> &'static LuaScript;
+    /// The `EVALSHA` command for `items` (all of one home queue, whose keys are `keys`).
+    fn command(keys: &BatchKeys, items: &[Self]) -> redis::Cmd;
+}
 
 /// One compare-and-set (the arguments of `transitions.lua`, see there).
 pub(crate) struct Transition {
@@ -42,9 +50,90 @@ pub(crate) struct Transition {
     pub announce: String,
 }
 
-/// The keys shared by a home queue's transitions.
+impl Batch for Transition {
+    const MAX: usize = 128;
+    fn script() -> &'static LuaScript {
+        &TRANSITIONS
+    }
+    fn command(keys: &BatchKeys, batch: &[Self]) -> redis::Cmd {
+        let n = batch.len();
+        let bytes = 256
+            + batch.iter().map(|t| t.state_key.len() + t.value.len() + t.expected.len() + t.id.len() + t.announce.len() + 64).sum::<usize>();
+        let mut cmd = redis::Cmd::with_capacity(6 + 7 + n * 9, bytes);
+        cmd.arg("EVALSHA").arg(TRANSITIONS.script().get_hash()).arg(7 + n);
+        for k in &keys.index {
+            cmd.arg(k);
+        }
+        cmd.arg(&keys.stream);
+        for t in batch {
+            cmd.arg(&t.state_key);
+        }
+        cmd.arg(n).arg(&keys.channel).arg(&keys.group);
+        for t in batch {
+            cmd.arg(&t.expected)
+                .arg(&t.value)
+                .arg(t.ttl_ms)
+                .arg(&t.id)
+                .arg(t.old_index)
+                .arg(t.new_index)
+                .arg(&t.ack_id)
+                .arg(&t.announce);
+        }
+        cmd
+    }
+}
+
+/// One submit (the arguments of `submits.lua`, see there).
+pub(crate) struct Submit {
+    pub state_key: String,
+    /// The id → queue lookup key, written by the script (standalone) or `None` (Cluster: written
+    /// before, in its own slot).
+    pub lookup_key: Option<String>,
+    /// The stored state (header and JSON).
+    pub value: Vec<u8>,
+    pub body_sha: String,
+    pub created_ms: u64,
+    pub msg: Vec<u8>,
+    pub id: String,
+    pub ttl_ms: u64,
+    pub lookup_ttl_ms: u64,
+    /// The shortest lifetime a state of this store can have (ms).
+    pub min_lifetime_ms: u64,
+}
+
+impl Batch for Submit {
+    const MAX: usize = 128;
+    fn script() -> &'static LuaScript {
+        &SUBMITS
+    }
+    fn command(keys: &BatchKeys, batch: &[Self]) -> redis::Cmd {
+        let n = batch.len();
+        let lookups = batch.iter().all(|s| s.lookup_key.is_some());
+        let bytes = 256 + batch.iter().map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + 96).sum::<usize>();
+        let mut cmd = redis::Cmd::with_capacity(16 + n * 7, bytes);
+        let per = if lookups { 2 } else { 1 };
+        cmd.arg("EVALSHA").arg(SUBMITS.script().get_hash()).arg(3 + per * n);
+        cmd.arg(&keys.index[0]).arg(&keys.index[1]).arg(&keys.stream);
+        for s in batch {
+            cmd.arg(&s.state_key);
+            if let (true, Some(l)) = (lookups, &s.lookup_key) {
+                cmd.arg(l);
+            }
+        }
+        // Lifetimes are the store's: the same for every submit of a batch.
+        let first = &batch[0];
+        cmd.arg(n).arg(if lookups { "1" } else { "" }).arg(&keys.queue).arg(first.ttl_ms).arg(first.lookup_ttl_ms).arg(first.min_lifetime_ms);
+        for s in batch {
+            cmd.arg(&s.value).arg(&s.body_sha).arg(s.created_ms).arg(&s.msg).arg(&s.id);
+        }
+        cmd
+    }
+}
+
+/// The keys shared by a home queue's batched writes.
 #[derive(Clone)]
 pub(crate) struct BatchKeys {
+    pub queue: String,
     /// The expiry zset, then the five status indexes.
     pub index: [String; 6],
     /// The home queue's stream.
@@ -54,101 +143,77 @@ pub(crate) struct BatchKeys {
 }
 
 type Reply = Result<Value, (redis::ErrorKind, String)>;
-
-#[derive(Default)]
-struct Queues {
-    /// Home queue → transitions waiting for its in-flight call (present while a call is in
-    /// flight or scheduled).
-    waiting: HashMap<String, Vec<(Transition, oneshot::Sender<Reply>)>>,
-}
+type Waiting<T> = HashMap<String, Vec<(T, oneshot::Sender<Reply>)>>;
 
 /// See the module docs.
-pub(crate) struct TransitionBatcher {
+pub(crate) struct GroupCommit<T: Batch> {
     conn: RedisConn,
-    queues: Arc<Mutex<Queues>>,
+    /// Home queue → writes waiting for its in-flight call (present while a call is in flight or
+    /// scheduled).
+    waiting: Arc<Mutex<Waiting<T>>>,
 }
 
-impl TransitionBatcher {
+impl<T: Batch> GroupCommit<T> {
     pub fn new(conn: RedisConn) -> Self {
-        Self { conn, queues: Arc::new(Mutex::new(Queues::default())) }
+        Self { conn, waiting: Arc::new(Mutex::new(HashMap::new())) }
     }
 
-    /// Runs `t` (a transition of home queue `home`, whose keys are `keys`) in the next call for
-    /// that queue. Returns the script's reply for it: `{'ok', acked}`, `{'missing'}` or
-    /// `{'conflict', state}`. Errors: the Redis error of the call that carried it.
-    pub async fn run(&self, home: &str, keys: &BatchKeys, t: Transition) -> Result<Value, RedisError> {
+    /// Runs `item` (a write of home queue `keys.queue`) in the next call for that queue.
+    /// Returns the script's reply for it. Errors: the Redis error of the call that carried it.
+    pub async fn run(&self, keys: &BatchKeys, item: T) -> Result<Value, RedisError> {
         let (tx, rx) = oneshot::channel();
         let lead = {
-            let mut q = self.queues.lock().unwrap();
-            match q.waiting.get_mut(home) {
-                Some(w) => {
-                    w.push((t, tx));
+            let mut w = self.waiting.lock().unwrap();
+            match w.get_mut(&keys.queue) {
+                Some(q) => {
+                    q.push((item, tx));
                     false
                 }
                 None => {
-                    q.waiting.insert(home.to_string(), vec![(t, tx)]);
+                    w.insert(keys.queue.clone(), vec![(item, tx)]);
                     true
                 }
             }
         };
         if lead {
-            tokio::spawn(flush(self.conn.clone(), self.queues.clone(), home.to_string(), keys.clone()));
+            tokio::spawn(flush(self.conn.clone(), self.waiting.clone(), keys.clone()));
         }
         match rx.await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err((kind, detail))) => Err(RedisError::from((kind, "batched transition failed", detail))),
-            Err(_) => Err(RedisError::from((redis::ErrorKind::Io, "batched transition dropped"))),
+            Ok(Err((kind, detail))) => Err(RedisError::from((kind, "batched write failed", detail))),
+            Err(_) => Err(RedisError::from((redis::ErrorKind::Io, "batched write dropped"))),
         }
     }
 }
 
-/// Sends the waiting transitions of `home`, batch after batch, until none is left.
-async fn flush(mut conn: RedisConn, queues: Arc<Mutex<Queues>>, home: String, keys: BatchKeys) {
+/// Sends the waiting writes of `keys.queue`, batch after batch, until none is left.
+async fn flush<T: Batch>(mut conn: RedisConn, waiting: Arc<Mutex<Waiting<T>>>, keys: BatchKeys) {
     loop {
         let batch = {
-            let mut q = queues.lock().unwrap();
-            let Some(w) = q.waiting.get_mut(&home) else { return };
-            if w.is_empty() {
-                q.waiting.remove(&home);
+            let mut w = waiting.lock().unwrap();
+            let Some(q) = w.get_mut(&keys.queue) else { return };
+            if q.is_empty() {
+                w.remove(&keys.queue);
                 return;
             }
-            if w.len() <= MAX_BATCH {
-                std::mem::take(w)
+            if q.len() <= T::MAX {
+                std::mem::take(q)
             } else {
-                w.drain(..MAX_BATCH).collect::<Vec<_>>()
+                q.drain(..T::MAX).collect::<Vec<_>>()
             }
         };
         send(&mut conn, &keys, batch).await;
     }
 }
 
-async fn send(conn: &mut RedisConn, keys: &BatchKeys, batch: Vec<(Transition, oneshot::Sender<Reply>)>) {
-    let s = TRANSITIONS.script();
-    let n = batch.len();
-    let bytes = 256 + batch.iter().map(|(t, _)| t.state_key.len() + t.value.len() + t.expected.len() + t.id.len() + t.announce.len() + 64).sum::<usize>();
-    let mut cmd = redis::Cmd::with_capacity(6 + 7 + n * 9, bytes);
-    cmd.arg("EVALSHA").arg(s.get_hash()).arg(7 + n);
-    for k in &keys.index {
-        cmd.arg(k);
-    }
-    cmd.arg(&keys.stream);
-    for (t, _) in &batch {
-        cmd.arg(&t.state_key);
-    }
-    cmd.arg(n).arg(&keys.channel).arg(&keys.group);
-    for (t, _) in &batch {
-        cmd.arg(&t.expected)
-            .arg(&t.value)
-            .arg(t.ttl_ms)
-            .arg(&t.id)
-            .arg(t.old_index)
-            .arg(t.new_index)
-            .arg(&t.ack_id)
-            .arg(&t.announce);
-    }
+async fn send<T: Batch>(conn: &mut RedisConn, keys: &BatchKeys, batch: Vec<(T, oneshot::Sender<Reply>)>) {
+    let (items, txs): (Vec<T>, Vec<oneshot::Sender<Reply>>) = batch.into_iter().unzip();
+    let n = items.len();
+    let cmd = T::command(keys, &items);
+    drop(items);
     let r: redis::RedisResult<Value> = match cmd.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            match s.load_async(conn).await {
+            match T::script().script().load_async(conn).await {
                 Ok(_) => cmd.query_async(conn).await,
                 Err(e) => Err(e),
             }
@@ -157,19 +222,19 @@ async fn send(conn: &mut RedisConn, keys: &BatchKeys, batch: Vec<(Transition, on
     };
     match r {
         Ok(Value::Array(replies)) if replies.len() == n => {
-            for ((_, tx), v) in batch.into_iter().zip(replies) {
+            for (tx, v) in txs.into_iter().zip(replies) {
                 let _ = tx.send(Ok(v));
             }
         }
         Ok(other) => {
-            let detail = format!("transitions: unexpected reply {other:?}");
-            for (_, tx) in batch {
+            let detail = format!("{}: unexpected reply {other:?}", T::script().name());
+            for tx in txs {
                 let _ = tx.send(Err((redis::ErrorKind::Parse, detail.clone())));
             }
         }
         Err(e) => {
             let (kind, detail) = (e.kind(), e.to_string());
-            for (_, tx) in batch {
+            for tx in txs {
                 let _ = tx.send(Err((kind, detail.clone())));
             }
         }

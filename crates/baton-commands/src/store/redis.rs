@@ -1,7 +1,7 @@
 //! Redis state store (standalone or Cluster). Key layout and slot choice: see the crate docs.
-//! Scripts (in `scripts/`, each prefixed with `lib.lua`): `submit`, `transitions` (group-committed
-//! transitions, see `commit.rs`), `transition` (hand-offs and acks on another queue's stream),
-//! `list`, `counts`, `prune`.
+//! Scripts (in `scripts/`, each prefixed with `lib.lua`): `submits` and `transitions`
+//! (group-committed, see `commit.rs`), `transition` (hand-offs and acks on another queue's
+//! stream), `list`, `counts`, `prune`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -13,13 +13,11 @@ use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use super::commit::{BatchKeys, Transition, TransitionBatcher};
+use super::commit::{BatchKeys, GroupCommit, Submit, Transition};
 use super::{status_slot, Cas, Hub, Peeked, StateBackend, StoreSettings, SubmitOutcome};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
-static SUBMIT: LuaScript =
-    LuaScript::new("submit", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/submit.lua")));
 static TRANSITION: LuaScript = LuaScript::new(
     "transition",
     concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/transition.lua")),
@@ -113,7 +111,13 @@ impl QKeys {
         ];
         let stream = format!("{prefix}:q:{{{queue}}}");
         let channel = format!("{base}:events");
-        let batch = BatchKeys { index: index.clone(), stream: stream.clone(), channel: channel.clone(), group: group.to_string() };
+        let batch = BatchKeys {
+            queue: queue.to_string(),
+            index: index.clone(),
+            stream: stream.clone(),
+            channel: channel.clone(),
+            group: group.to_string(),
+        };
         Self {
             index,
             stream,
@@ -153,8 +157,9 @@ pub(crate) struct RedisStore {
     reads: super::batch::ReadBatcher,
     /// Consumer group of the command queues.
     group: String,
-    /// Transitions, group-committed per home queue.
-    commits: TransitionBatcher,
+    /// Transitions and submits, group-committed per home queue (see `commit.rs`).
+    transitions: GroupCommit<Transition>,
+    submits: GroupCommit<Submit>,
 }
 
 const QKEYS_MAX: usize = 10_000;
@@ -164,7 +169,8 @@ fn parse_state(id: &str, raw: &[u8]) -> Result<CommandState, CommandError> {
 }
 
 /// A stored state string split: `<version> <STATUS> <created ms> <body sha1> <JSON>` (written by
-/// `scripts/submit.lua` and `scripts/transition.lua`) → version, status, JSON.
+/// `scripts/submits.lua`, `scripts/transitions.lua` and `scripts/transition.lua`) → version,
+/// status, JSON.
 fn split_stored<'a>(id: &str, raw: &'a [u8]) -> Result<(u64, CommandStatus, &'a [u8]), CommandError> {
     let corrupt = |why: &str| CommandError::Corrupt { id: id.to_string(), reason: format!("stored state: {why}") };
     let mut parts = raw.splitn(5, |b| *b == b' ');
@@ -232,7 +238,7 @@ impl RedisStore {
         }
         let conn = client.shared().await?;
         let reads = super::batch::ReadBatcher::new(conn.clone());
-        let commits = TransitionBatcher::new(conn.clone());
+        let (transitions, submits) = (GroupCommit::new(conn.clone()), GroupCommit::new(conn.clone()));
         let origin: Arc<str> = uuid::Uuid::now_v7().simple().to_string().into();
         let pubsub = PubSubHandle::start(client.config().clone(), hub, origin.clone());
         Ok(Self {
@@ -246,7 +252,8 @@ impl RedisStore {
             origin,
             reads,
             group: options.group,
-            commits,
+            transitions,
+            submits,
         })
     }
 
@@ -319,10 +326,6 @@ impl StateBackend for RedisStore {
         }
         let value = stored(&st, &serde_json::to_vec(&st).expect("serializable"));
         let state_key = k.state(&state.id);
-        let mut keys: Vec<&str> = vec![k.exp(), k.status_index(CommandStatus::Submitted), &state_key, &k.stream];
-        if !self.cluster {
-            keys.push(&lookup);
-        }
         let msg = msg.to_bytes();
         if k.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed).is_multiple_of(PRUNE_EVERY) {
             // In the background: this submit does not wait for it.
@@ -334,19 +337,20 @@ impl StateBackend for RedisStore {
                 }
             });
         }
-        let push = |c: &mut redis::Cmd| {
-            c.arg(&value)
-                .arg(&st.body_sha.0)
-                .arg(state.created_at.millis())
-                .arg(ttl.as_millis() as u64)
-                .arg(&msg)
-                .arg(&state.id)
-                .arg(&state.queue)
-                .arg(lookup_ttl.as_millis() as u64)
-                .arg(self.min_lifetime_ms());
-        };
         for _ in 0..2 {
-            let v: Value = evalsha(&SUBMIT, &mut conn, &keys, push).await?;
+            let item = Submit {
+                state_key: state_key.clone(),
+                lookup_key: (!self.cluster).then(|| lookup.clone()),
+                value: value.clone(),
+                body_sha: st.body_sha.0.clone(),
+                created_ms: state.created_at.millis(),
+                msg: msg.clone(),
+                id: state.id.clone(),
+                ttl_ms: ttl.as_millis() as u64,
+                lookup_ttl_ms: lookup_ttl.as_millis() as u64,
+                min_lifetime_ms: self.min_lifetime_ms(),
+            };
+            let v: Value = self.submits.run(&k.batch, item).await?;
             let Value::Array(parts) = &v else { return Err(unexpected("submit", &v)) };
             return match parts.first().and_then(string).as_deref() {
                 Some("created") => Ok(SubmitOutcome::Created(st)),
@@ -439,7 +443,7 @@ impl StateBackend for RedisStore {
                 ack_id: target.map(|(id, _)| id).unwrap_or_default(),
                 announce,
             };
-            self.commits.run(&st.queue, &k.batch, t).await?
+            self.transitions.run(&k.batch, t).await?
         } else {
             let mut keys: Vec<&str> = vec![k.exp(), k.status_index(old), k.status_index(st.status), &state_key];
             let target_stream;
