@@ -15,7 +15,9 @@
 -- ack their deliveries themselves: acking twice is harmless).
 local n = tonumber(ARGV[1])
 local out = {}
-local rem, add = {}, {}       -- index KEYS position -> members (ZREM) / score, member (ZADD)
+-- Index KEYS position -> {id = true} to ZREM / {id = score} to ZADD. Two transitions of one id
+-- in a batch (A -> B, then B -> C) leave it in C only: the second takes back the first's ZADD.
+local rem, add = {}, {}
 local exp = {}                -- TTL ms, id pairs
 local acks, acked_at = {}, {} -- entry ids; positions of their replies
 local ann = {}
@@ -34,13 +36,14 @@ for i = 1, n do
       redis.call('SET', key, ARGV[b + 1], 'PX', ARGV[b + 2])
       local o, w = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
       if o ~= w then
-        local r = rem[o] or {}
-        r[#r + 1] = id
-        rem[o] = r
-        local a = add[w] or {}
-        a[#a + 1] = c
-        a[#a + 1] = id
-        add[w] = a
+        if add[o] and add[o][id] then
+          add[o][id] = nil
+        else
+          rem[o] = rem[o] or {}
+          rem[o][id] = true
+        end
+        add[w] = add[w] or {}
+        add[w][id] = c
       end
       exp[#exp + 1] = tonumber(ARGV[b + 2])
       exp[#exp + 1] = id
@@ -55,10 +58,21 @@ for i = 1, n do
   b = b + 8
 end
 for k = 2, 6 do
-  if rem[k] then redis.call('ZREM', KEYS[k], unpack(rem[k])) end
+  if rem[k] then
+    local ids = {}
+    for id in pairs(rem[k]) do ids[#ids + 1] = id end
+    if #ids > 0 then redis.call('ZREM', KEYS[k], unpack(ids)) end
+  end
 end
 for k = 2, 6 do
-  if add[k] then redis.call('ZADD', KEYS[k], unpack(add[k])) end
+  if add[k] then
+    local z = {}
+    for id, c in pairs(add[k]) do
+      z[#z + 1] = c
+      z[#z + 1] = id
+    end
+    if #z > 0 then redis.call('ZADD', KEYS[k], unpack(z)) end
+  end
 end
 if #exp > 0 then
   -- The expiry scores stay lower bounds (see transition.lua): only ever lowered.

@@ -33,8 +33,43 @@ baton_testkit::on_every_backend!(
     submits_prune_expired_index_entries,
     concurrent_reads_are_batched_per_queue,
     concurrent_transitions_are_group_committed,
-    concurrent_submits_are_group_committed
+    concurrent_submits_are_group_committed,
+    two_transitions_of_one_command_in_one_batch
 );
+
+/// `transitions.lua` given two successive transitions of one command in one call (SUBMITTED →
+/// RUNNING → SUCCEEDED): the state ends SUCCEEDED and the command is in the SUCCEEDED index
+/// only, as with two separate calls. (Callers cannot build the second before the first is
+/// committed today; the script must not depend on that.)
+async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
+    let Some(config) = b.redis_config() else { return }; // a Redis script
+    let mut conn = baton_redis::RedisClient::new(config).unwrap().shared().await.unwrap();
+    let script = redis::Script::new(concat!(include_str!("../scripts/lib.lua"), include_str!("../scripts/transitions.lua")));
+    let q = queue_name("twice");
+    let base = format!("t:cmd:{{{q}}}");
+    let idx = |s: &str| format!("{base}:s:{s}");
+    let state = format!("{base}:id:X");
+    let sha = "0".repeat(40);
+    let _: () = redis::cmd("SET").arg(&state).arg(format!("1 SUBMITTED 1000 {sha} {{}}")).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("ZADD").arg(idx("SUBMITTED")).arg(1000).arg("X").query_async(&mut conn).await.unwrap();
+    let mut inv = script.prepare_invoke();
+    inv.key(format!("{base}:exp"));
+    for s in ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] {
+        inv.key(idx(s));
+    }
+    inv.key(format!("t:q:{{{q}}}")).key(&state).key(&state);
+    inv.arg(2).arg(format!("{base}:events")).arg("g");
+    inv.arg("1 SUBMITTED ").arg(format!("2 RUNNING 1000 {sha} {{}}")).arg(60_000).arg("X").arg(2).arg(3).arg("").arg("");
+    inv.arg("2 RUNNING ").arg(format!("3 SUCCEEDED 1000 {sha} {{}}")).arg(60_000).arg("X").arg(3).arg(4).arg("").arg("X SUCCEEDED 3 o");
+    let replies: Vec<Vec<redis::Value>> = inv.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(replies.len(), 2);
+    let stored: String = redis::cmd("GET").arg(&state).query_async(&mut conn).await.unwrap();
+    assert!(stored.starts_with("3 SUCCEEDED "), "{stored}");
+    for (s, n) in [("SUBMITTED", 0), ("RUNNING", 0), ("SUCCEEDED", 1)] {
+        let card: u64 = redis::cmd("ZCARD").arg(idx(s)).query_async(&mut conn).await.unwrap();
+        assert_eq!(card, n, "{s} index");
+    }
+}
 
 async fn concurrent_submits_are_group_committed(b: TestBackend) {
     let store = store_for(&b).await;
