@@ -91,9 +91,9 @@ async fn two_stores_race_cancel_and_complete(b: TestBackend) {
                             runs.fetch_add(1, Ordering::Relaxed);
                             let n = c.params["n"].as_u64().unwrap();
                             // Some run longer than the claim timeout (reclaimed elsewhere).
-                            let ms = if n % 7 == 0 { 450 } else { n % 5 };
+                            let ms = if n.is_multiple_of(7) { 450 } else { n % 5 };
                             tokio::time::sleep(Duration::from_millis(ms)).await;
-                            if n % 3 == 0 {
+                            if n.is_multiple_of(3) {
                                 Ok(CommandResult::failed(format!("n{n}")))
                             } else {
                                 Ok(CommandResult::succeeded(json!({"n": n})))

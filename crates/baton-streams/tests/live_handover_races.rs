@@ -11,6 +11,9 @@ use baton_streams::*;
 use baton_testkit::{RedisServer, ServerOptions, TestBackend};
 use bytes::Bytes;
 
+/// The chunks one reader got: (store, reader, records).
+type Chunks = (String, String, Vec<Record>);
+
 static N: AtomicU64 = AtomicU64::new(0);
 
 fn path(name: &str) -> StreamPath {
@@ -260,7 +263,7 @@ async fn delete_recreate_while_live(b: TestBackend) {
     let log: Arc<Mutex<Vec<(String, Offset, String)>>> = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
     // Readers: per generation, read from Start by subscription in each store, keyed by incarnation.
-    let chunks: Arc<Mutex<Vec<(String, String, Vec<Record>)>>> = Arc::new(Mutex::new(Vec::new()));
+    let chunks: Arc<Mutex<Vec<Chunks>>> = Arc::new(Mutex::new(Vec::new()));
     let mut rtasks = Vec::new();
     for (ri, s) in [s1.clone(), s2.clone(), s1.clone(), s2.clone()].into_iter().enumerate() {
         let (p, stop, chunks) = (p.clone(), stop.clone(), chunks.clone());
