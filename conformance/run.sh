@@ -42,14 +42,8 @@ if [ ! -x python/.venv/bin/python ]; then
   python/.venv/bin/pip install --quiet --disable-pip-version-check -r python/requirements.txt
 fi
 
-# Headless Chromium for the EventSource test (Debian package).
-if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
-  log "installing chromium (Debian package) for the EventSource test"
-  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq </dev/null
-  $SUDO apt-get install -y -qq --no-install-recommends chromium </dev/null >/dev/null
-fi
+# Headless Chromium for the EventSource test (Debian package; scripts/chromium.mjs).
+node "$ROOT/scripts/chromium.mjs" install "for the EventSource test"
 
 if [ -z "${BATON_BIN:-}" ]; then
   log "cargo build -p baton --locked"

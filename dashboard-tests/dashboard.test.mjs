@@ -16,11 +16,11 @@ import { tmpdir } from "node:os"
 import { dirname, join, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 import { chromium } from "playwright-core"
+import { launchChromium } from "../scripts/chromium.mjs"
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..")
 const BATON = process.env.BATON_BIN
 if (!BATON) throw new Error("set BATON_BIN to a built `baton` binary")
-const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium"
 const SHOTS = process.env.SCREENSHOTS ?? join(ROOT, "target", "dashboard-screenshots")
 mkdirSync(SHOTS, { recursive: true })
 const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth"]
@@ -99,14 +99,7 @@ function client(base, token) {
 
 async function browser() {
   const profile = mkdtempSync(join(work, "chromium-"))
-  return chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-    viewport: { width: 1400, height: 900 },
-    colorScheme: "light",
-  })
+  return launchChromium(chromium, profile, { viewport: { width: 1400, height: 900 }, colorScheme: "light" })
 }
 
 const tab = (page, name) => page.getByRole("tab", { name: new RegExp("^" + name) }).click()

@@ -15,13 +15,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
 log() { printf '\n==> %s\n' "$*"; }
 
-if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
-  log "installing chromium (Debian package)"
-  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq </dev/null
-  $SUDO apt-get install -y -qq --no-install-recommends chromium </dev/null >/dev/null
-fi
+node "$ROOT/scripts/chromium.mjs" install
 export CHROMIUM="${CHROMIUM:-$(command -v chromium)}"
 
 if [ ! -d "$HERE/node_modules/playwright-core" ]; then

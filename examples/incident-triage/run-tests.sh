@@ -30,13 +30,7 @@ done
 for what in "${WHAT[@]}"; do
   case "$what" in
     browser)
-      if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
-        log "installing chromium (Debian package)"
-        if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
-        export DEBIAN_FRONTEND=noninteractive
-        $SUDO apt-get update -qq </dev/null
-        $SUDO apt-get install -y -qq --no-install-recommends chromium </dev/null >/dev/null
-      fi
+      node "$ROOT/scripts/chromium.mjs" install
       export CHROMIUM="${CHROMIUM:-$(command -v chromium)}"
       if [ ! -d "$HERE/browser-tests/node_modules/playwright-core" ]; then
         log "npm ci (examples/incident-triage/browser-tests/)"

@@ -19,12 +19,12 @@ import { tmpdir } from "node:os"
 import { dirname, join, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 import { chromium } from "playwright-core"
+import { launchChromium } from "../../../scripts/chromium.mjs"
 
 const HERE = dirname(fileURLToPath(import.meta.url))
 const ROOT = resolve(HERE, "..", "..", "..")
 const BIN = process.env.TRIAGE_BIN
 if (!BIN) throw new Error("set TRIAGE_BIN to a built incident-triage binary")
-const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium"
 const SHOTS = process.env.SCREENSHOTS ?? join(ROOT, "target", "incident-triage-screenshots")
 mkdirSync(SHOTS, { recursive: true })
 const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis"]
@@ -101,13 +101,7 @@ const page_state = (page) => page.evaluate(() => ({ ...window.triage, events: wi
 // One "device": a Chromium with its own fresh profile (--user-data-dir), so its own storage.
 let profiles = 0
 async function device(viewport) {
-  const ctx = await chromium.launchPersistentContext(join(work, `profile-${++profiles}`), {
-    executablePath: CHROMIUM,
-    headless: true,
-    viewport,
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  })
+  const ctx = await launchChromium(chromium, join(work, `profile-${++profiles}`), { viewport })
   const page = ctx.pages()[0] ?? (await ctx.newPage())
   return [ctx, page]
 }
