@@ -21,7 +21,7 @@ if m then
   if claim ~= '' and m['end'] then return {'closed', info(m)} end
   local want_closed = ARGV[6] == '1'
   local reason = nil
-  if m.ctn ~= ARGV[3] then reason = 'content type differs'
+  if m.ctn ~= ARGV[3] then reason = "content type differs from the existing stream's (" .. (m.ct or m.ctn) .. ')'
   elseif (m.ttl or '') ~= ARGV[4] or (m.exp or '') ~= ARGV[5] then reason = 'TTL or expiry differs'
   elseif (m['end'] ~= nil) ~= want_closed then reason = 'closed state differs'
   elseif (m.fsrc or '') ~= ARGV[12] or (m.foff or '') ~= ARGV[13] or (m.fsub or '') ~= ARGV[14] then

@@ -56,7 +56,7 @@ pub enum StreamError {
     #[error("stream is closed ({}) at offset {}", end.reason, end.final_offset)]
     Closed { end: EndState },
     /// 413/409: `max_len` reached (events per stream or per writer). [Baton run semantics]
-    #[error("max_len reached: {limit} events per {scope}")]
+    #[error("max_len reached: {limit} events per {scope}; continue in a new stream")]
     TooLong { limit: u64, scope: LimitScope },
     /// 503: the backend failed (Redis unreachable, timeout, script error).
     #[error("backend error: {0}")]

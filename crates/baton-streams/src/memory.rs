@@ -294,13 +294,13 @@ impl Backend for MemoryStore {
             let (ttl, exp) = expiry_fields(spec.expiry);
             let fork_eq = st.fork == spec.fork;
             let reason = if st.ctn != normalize_content_type(&spec.content_type) {
-                Some("content type differs")
+                Some(format!("content type differs from the existing stream's ({})", st.ct))
             } else if st.ttl_ms != ttl || st.exp != exp {
-                Some("TTL or expiry differs")
+                Some("TTL or expiry differs".to_string())
             } else if st.end.is_some() != spec.closed {
-                Some("closed state differs")
+                Some("closed state differs".to_string())
             } else if !fork_eq {
-                Some("fork origin differs")
+                Some("fork origin differs".to_string())
             } else {
                 None
             };

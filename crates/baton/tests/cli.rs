@@ -251,6 +251,8 @@ fn streams_create_append_read_tail_close_delete() {
     assert_eq!(out.stdout, "deleted acme/j\n");
     let out = s.run(&["streams", "read", "acme/j"]).code(3);
     assert!(out.stderr.contains("404 Not Found (not_found)"), "{out:?}");
+    // The server's HTTP advice, said the CLI's way.
+    assert!(out.stderr.contains("create it with `baton streams create`"), "{out:?}");
     s.run(&["streams", "tail", "acme/missing"]).code(3);
     s.run(&["streams", "delete", "acme/missing"]).code(3);
     s.run(&["streams", "read", "acme/run-1", "--offset", "garbage"]).code(2);

@@ -37,6 +37,9 @@ pub async fn create_is_idempotent(b: &TestBackend) {
     ] {
         assert!(matches!(s.create(&p, other).await, Err(StreamError::Conflict { .. })));
     }
+    // The content-type conflict names the stream's type (what to fix).
+    let e = s.create(&p, opts("application/json")).await.unwrap_err();
+    assert_eq!(e, StreamError::Conflict { reason: "content type differs from the existing stream's (text/plain)".into() });
     // Created closed, with its whole content.
     let c = path("closed");
     let made = s.create(&c, CreateOptions { closed: true, initial: Some("done".into()), ..opts("text/plain") }).await.unwrap();

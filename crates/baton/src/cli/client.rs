@@ -146,6 +146,13 @@ pub async fn error_from(res: Response) -> CliError {
         Some(c) => format!("{} {reason} ({c})", status.as_u16()),
         None => format!("{} {reason}", status.as_u16()),
     };
+    // The server's advice is for HTTP clients; say it the CLI's way.
+    let message = message.replace("; create it with PUT first", "; create it with `baton streams create`");
+    let message = if status == StatusCode::UNAUTHORIZED {
+        format!("{message}; with the CLI: --token TOKEN or BATON_TOKEN")
+    } else {
+        message
+    };
     let message = if message.is_empty() { head } else { format!("{message} [{head}]") };
     CliError { code: code_for(status), message }
 }

@@ -191,9 +191,9 @@ async fn readyz(State(state): State<AppState>) -> Response {
             }
         }
         Ok(Err(e)) => {
-            (StatusCode::SERVICE_UNAVAILABLE, format!("backend not reachable: {e}\n")).into_response()
+            (StatusCode::SERVICE_UNAVAILABLE, format!("stream store not reachable: {e}\n")).into_response()
         }
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "backend did not answer within 3s\n").into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "stream store did not answer within 3s\n").into_response(),
     }
 }
 

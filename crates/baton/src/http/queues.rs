@@ -233,8 +233,8 @@ async fn worker_ready(State(api): State<CommandsApi>) -> Response {
     use axum::response::IntoResponse;
     match tokio::time::timeout(Duration::from_secs(3), api.probe()).await {
         Ok(Ok(())) => "ready\n".into_response(),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("backend not reachable: {e}\n")).into_response(),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "backend did not answer within 3s\n").into_response(),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("command store not reachable: {e}\n")).into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "command store did not answer within 3s\n").into_response(),
     }
 }
 
