@@ -12,8 +12,11 @@
 //!     waits (e.g. `tokio::time::timeout(block + margin)`).
 //! * [`RedisConn`] is either kind of connection and implements `redis::aio::ConnectionLike`, so
 //!   `redis::cmd(..).query_async(&mut conn)` and `redis::Script::invoke_async` work on both.
-//! * [`LuaScript`] wraps `redis::Script` (EVALSHA, falling back to SCRIPT LOAD on NOSCRIPT) for
-//!   scripts kept as `.lua` files next to the code that uses them (`include_str!`).
+//! * [`LuaScript`] wraps `redis::Script` for scripts kept as `.lua` files next to the code that
+//!   uses them (`include_str!`). Every script call goes through it: [`LuaScript::evalsha_cmd`]
+//!   (or [`LuaScript::evalsha_cmd_with_capacity`]) starts the `EVALSHA`, the caller writes keys
+//!   and arguments straight into it, and [`LuaScript::query`] sends it, loading the script and
+//!   retrying once on `NOSCRIPT`. [`LuaScript::run`] does all three for small calls.
 //!
 //! Cluster rule (Redis Cluster spec, "Keys hash tags"): every key a script touches is passed in
 //! KEYS and all of them share one `{…}` hash tag, so the script runs on one node.
@@ -216,6 +219,14 @@ impl ConnectionLike for RedisConn {
 ///
 /// ```ignore
 /// static ACK: LuaScript = LuaScript::new("ack", include_str!("../scripts/ack.lua"));
+///
+/// // Small calls: keys and arguments as slices.
+/// let acked: Vec<i64> = ACK.run(&mut conn, &[&stream], &[&id]).await?;
+///
+/// // Hot paths: write keys and arguments straight into one command buffer, then send it.
+/// let mut cmd = ACK.evalsha_cmd(1);
+/// cmd.arg(&stream).arg(&id);
+/// let acked: Vec<i64> = ACK.query(&mut conn, &cmd).await?;
 /// ```
 pub struct LuaScript {
     name: &'static str,
@@ -239,33 +250,101 @@ impl LuaScript {
         self.script.get_or_init(|| redis::Script::new(self.source))
     }
 
-    /// Runs the script with `keys` and `args` on `conn` and converts the reply.
+    /// Starts `EVALSHA <sha1> <numkeys>` for this script. The caller then writes exactly
+    /// `numkeys` keys (`KEYS`), then the arguments (`ARGV`), with `Cmd::arg`, and sends the
+    /// command with [`LuaScript::query`] (which handles `NOSCRIPT`). Nothing is copied on the way:
+    /// keys and arguments go straight into the command's one buffer.
+    pub fn evalsha_cmd(&self, numkeys: usize) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script().get_hash()).arg(numkeys);
+        cmd
+    }
+
+    /// [`LuaScript::evalsha_cmd`] on a command sized up front (`Cmd::with_capacity`), so that
+    /// writing the keys and arguments never regrows it. `arg_count` and `size_of_data` are the
+    /// capacities of the whole command, the `EVALSHA <sha1> <numkeys>` head included (3
+    /// arguments, at most 7 + 40 + 20 bytes).
+    pub fn evalsha_cmd_with_capacity(&self, numkeys: usize, arg_count: usize, size_of_data: usize) -> Cmd {
+        let mut cmd = Cmd::with_capacity(arg_count, size_of_data);
+        cmd.arg("EVALSHA").arg(self.script().get_hash()).arg(numkeys);
+        cmd
+    }
+
+    /// Sends `cmd`, an `EVALSHA` of this script built with [`LuaScript::evalsha_cmd`] (or
+    /// [`LuaScript::evalsha_cmd_with_capacity`]), on `conn` and converts the reply. On `NOSCRIPT`
+    /// (the server's script cache does not hold the script, e.g. after a restart or a Cluster
+    /// failover) it loads the script (`SCRIPT LOAD`) on `conn` and sends `cmd` once more; any
+    /// other error, including one from the load or the retry, is returned as is.
+    ///
+    /// The script runs at most once per call: a `NOSCRIPT` reply means it did not run.
+    pub async fn query<T, C>(&self, conn: &mut C, cmd: &Cmd) -> redis::RedisResult<T>
+    where
+        T: redis::FromRedisValue,
+        C: ConnectionLike,
+    {
+        debug_assert!(
+            matches!(cmd.args_iter().nth(1), Some(redis::Arg::Simple(sha)) if sha == self.script().get_hash().as_bytes()),
+            "LuaScript::query({}): the command is not an EVALSHA of this script",
+            self.name
+        );
+        match cmd.query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.script().load_async(conn).await?;
+                cmd.query_async(conn).await
+            }
+            r => r,
+        }
+    }
+
+    /// Runs the script with `keys` and `args` on `conn` and converts the reply: an
+    /// [`LuaScript::evalsha_cmd`] holding `keys` then `args`, sent with [`LuaScript::query`].
     pub async fn run<T: redis::FromRedisValue>(
         &self,
         conn: &mut RedisConn,
         keys: &[&str],
         args: &[&dyn ArgLike],
     ) -> redis::RedisResult<T> {
-        let script = self.script();
-        let mut inv = script.prepare_invoke();
+        let mut cmd = self.evalsha_cmd(keys.len());
         for k in keys {
-            inv.key(*k);
+            cmd.arg(*k);
         }
         for a in args {
-            a.push(&mut inv);
+            a.push(&mut cmd);
         }
-        inv.invoke_async(conn).await
+        self.query(conn, &cmd).await
     }
 }
 
 /// Something that can be passed as one ARGV element to [`LuaScript::run`].
 pub trait ArgLike: Sync {
-    fn push(&self, inv: &mut redis::ScriptInvocation<'_>);
+    /// Writes the value into `cmd` (as `Cmd::arg` does).
+    fn push(&self, cmd: &mut Cmd);
 }
 
 impl<T: redis::ToRedisArgs + Sync> ArgLike for T {
-    fn push(&self, inv: &mut redis::ScriptInvocation<'_>) {
-        inv.arg(self);
+    fn push(&self, cmd: &mut Cmd) {
+        cmd.arg(self);
+    }
+}
+
+#[cfg(test)]
+mod lua_script_tests {
+    use super::LuaScript;
+
+    static DUMMY: LuaScript = LuaScript::new("dummy", "return KEYS[1]");
+
+    #[test]
+    fn evalsha_cmd_packs_what_redis_script_invocation_packs() {
+        // The bytes of `redis::Script::new("return KEYS[1]").key("dummy")` (from the redis
+        // crate's own test of `ScriptInvocation`).
+        let expected =
+            "*4\r\n$7\r\nEVALSHA\r\n$40\r\n4a2267357833227dd98abdedb8cf24b15a986445\r\n$1\r\n1\r\n$5\r\ndummy\r\n";
+        let mut cmd = DUMMY.evalsha_cmd(1);
+        cmd.arg("dummy");
+        assert_eq!(std::str::from_utf8(&cmd.get_packed_command()).unwrap(), expected);
+        let mut sized = DUMMY.evalsha_cmd_with_capacity(1, 4, 128);
+        sized.arg("dummy");
+        assert_eq!(sized.get_packed_command(), cmd.get_packed_command());
     }
 }
 

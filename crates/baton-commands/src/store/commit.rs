@@ -28,7 +28,8 @@ pub(crate) trait Batch: Sized + Send + 'static {
     /// Writes per call at most.
     const MAX: usize;
     fn script() -> &'static LuaScript;
-    /// The `EVALSHA` command for `items` (all of one home queue, whose keys are `keys`).
+    /// The `EVALSHA` command for `items` (all of one home queue, whose keys are `keys`), started
+    /// with [`LuaScript::evalsha_cmd_with_capacity`] on [`Batch::script`].
     fn command(keys: &BatchKeys, items: &[Self]) -> redis::Cmd;
 }
 
@@ -59,8 +60,7 @@ impl Batch for Transition {
         let n = batch.len();
         let bytes = 256
             + batch.iter().map(|t| t.state_key.len() + t.value.len() + t.expected.len() + t.id.len() + t.announce.len() + 64).sum::<usize>();
-        let mut cmd = redis::Cmd::with_capacity(6 + 7 + n * 9, bytes);
-        cmd.arg("EVALSHA").arg(TRANSITIONS.script().get_hash()).arg(7 + n);
+        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(7 + n, 6 + 7 + n * 9, bytes);
         for k in &keys.index {
             cmd.arg(k);
         }
@@ -110,9 +110,8 @@ impl Batch for Submit {
         let n = batch.len();
         let lookups = batch.iter().all(|s| s.lookup_key.is_some());
         let bytes = 256 + batch.iter().map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + 96).sum::<usize>();
-        let mut cmd = redis::Cmd::with_capacity(16 + n * 7, bytes);
         let per = if lookups { 2 } else { 1 };
-        cmd.arg("EVALSHA").arg(SUBMITS.script().get_hash()).arg(3 + per * n);
+        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(3 + per * n, 16 + n * 7, bytes);
         cmd.arg(&keys.index[0]).arg(&keys.index[1]).arg(&keys.stream);
         for s in batch {
             cmd.arg(&s.state_key);
@@ -211,15 +210,7 @@ async fn send<T: Batch>(conn: &mut RedisConn, keys: &BatchKeys, batch: Vec<(T, o
     let n = items.len();
     let cmd = T::command(keys, &items);
     drop(items);
-    let r: redis::RedisResult<Value> = match cmd.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            match T::script().script().load_async(conn).await {
-                Ok(_) => cmd.query_async(conn).await,
-                Err(e) => Err(e),
-            }
-        }
-        r => r,
-    };
+    let r: redis::RedisResult<Value> = T::script().query(conn, &cmd).await;
     match r {
         Ok(Value::Array(replies)) if replies.len() == n => {
             for (tx, v) in txs.into_iter().zip(replies) {

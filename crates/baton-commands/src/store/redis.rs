@@ -29,30 +29,11 @@ static PRUNE: LuaScript =
 static COUNTS: LuaScript =
     LuaScript::new("counts", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/counts.lua")));
 
-/// Runs `script` with EVALSHA built straight into one command buffer (`keys`, then what `args`
-/// pushes), loading the script on NOSCRIPT: what `LuaScript::run` does, without its per-call
-/// copies of every key and argument (the hot path runs two scripts per command).
-async fn evalsha(
-    script: &LuaScript,
-    conn: &mut RedisConn,
-    keys: &[&str],
-    args: impl FnOnce(&mut redis::Cmd),
-) -> redis::RedisResult<Value> {
-    let s = script.script();
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(s.get_hash()).arg(keys.len());
-    for k in keys {
-        cmd.arg(*k);
-    }
-    args(&mut cmd);
-    match cmd.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            s.load_async(conn).await?;
-            cmd.query_async(conn).await
-        }
-        r => r,
-    }
-}
+/// Last byte of a stored state that a header read (`GETRANGE <key> 0 HEAD_MAX`) covers: the
+/// header is `<version> <STATUS> <created ms> <body sha1> ` (20 + 9 + 14 + 40 characters and 4
+/// spaces at most). The scripts' copy is `local HEAD_MAX` in `scripts/lib.lua`; the two must
+/// stay equal (checked by a test).
+const HEAD_MAX: usize = 99;
 
 /// The id → queue lookup key outlives the state by this much.
 const LOOKUP_MARGIN: Duration = Duration::from_secs(3600);
@@ -415,7 +396,7 @@ impl StateBackend for RedisStore {
         }
         if st.body_sha.0.is_empty() {
             // Not read from Redis here (never the case in the service): take the stored hash.
-            let head: Vec<u8> = redis::cmd("GETRANGE").arg(k.state(&st.id)).arg(0).arg(99).query_async(&mut conn).await?;
+            let head: Vec<u8> = redis::cmd("GETRANGE").arg(k.state(&st.id)).arg(0).arg(HEAD_MAX).query_async(&mut conn).await?;
             st.body_sha.0 = body_sha_of(&head).to_string();
         }
         let value = stored(&st, &serde_json::to_vec(&st).expect("serializable"));
@@ -460,18 +441,20 @@ impl StateBackend for RedisStore {
                 }
                 None => ("", ""),
             };
-            evalsha(&TRANSITION, &mut conn, &keys, |c| {
-                c.arg(&expected)
-                    .arg(&value)
-                    .arg(ttl.as_millis() as u64)
-                    .arg(&k.channel)
-                    .arg(&st.id)
-                    .arg(&msg_arg)
-                    .arg(ack_id)
-                    .arg(ack_group)
-                    .arg(&announce);
-            })
-            .await?
+            let mut cmd = TRANSITION.evalsha_cmd(keys.len());
+            for key in &keys {
+                cmd.arg(*key);
+            }
+            cmd.arg(&expected)
+                .arg(&value)
+                .arg(ttl.as_millis() as u64)
+                .arg(&k.channel)
+                .arg(&st.id)
+                .arg(&msg_arg)
+                .arg(ack_id)
+                .arg(ack_group)
+                .arg(&announce);
+            TRANSITION.query(&mut conn, &cmd).await?
         };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
         match parts.first().and_then(string).as_deref() {
@@ -679,5 +662,25 @@ async fn pubsub_task(
             }
         }
         tracing::warn!(url = %url, "command events subscription lost; reconnecting");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HEAD_MAX;
+
+    #[test]
+    fn head_max_matches_lib_lua() {
+        let lib = include_str!("../../scripts/lib.lua");
+        let decl = format!("local HEAD_MAX = {HEAD_MAX}");
+        assert_eq!(
+            lib.lines().filter(|l| l.trim_start().starts_with("local HEAD_MAX")).count(),
+            1,
+            "scripts/lib.lua must declare HEAD_MAX once"
+        );
+        let line = lib.lines().find(|l| l.trim_start().starts_with("local HEAD_MAX")).unwrap();
+        // `local HEAD_MAX = 99 -- comment`: the declaration without its comment, exactly.
+        let value = line.split("--").next().unwrap().trim();
+        assert_eq!(value, decl, "scripts/lib.lua's HEAD_MAX differs from the store's (store/redis.rs)");
     }
 }

@@ -96,29 +96,23 @@ impl RedisStore {
         Ok(store)
     }
 
-    /// Runs a prepared `EVALSHA` of `script` (loading the script on `NOSCRIPT`, e.g. after a
-    /// restart) on the shared connection.
+    /// Sends `cmd`, an `EVALSHA` of `script` ([`LuaScript::evalsha_cmd`]), on the shared
+    /// connection ([`LuaScript::query`]: loads the script on `NOSCRIPT`, e.g. after a restart).
     pub(crate) async fn eval(&self, script: &LuaScript, cmd: &baton_redis::redis::Cmd) -> Result<Value> {
-        let mut conn = self.conn.clone();
-        match cmd.query_async::<Value>(&mut conn).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                script.script().load_async(&mut conn).await?;
-                Ok(cmd.query_async::<Value>(&mut conn).await?)
-            }
-            other => Ok(other?),
-        }
+        Ok(script.query(&mut self.conn.clone(), cmd).await?)
     }
 
+    /// Runs `script` with the stream's two keys and `args`; its reply must be a non-empty array.
     pub(crate) async fn call(&self, script: &LuaScript, path: &StreamPath, args: Vec<Vec<u8>>) -> Result<Vec<Value>> {
         let (ks, km) = keys(path);
-        let mut inv = script.script().prepare_invoke();
-        inv.key(ks).key(km);
+        // Sized up front: `EVALSHA <sha1> 2`, the keys, the arguments.
+        let bytes = 7 + 40 + 1 + ks.len() + km.len() + args.iter().map(Vec::len).sum::<usize>();
+        let mut cmd = script.evalsha_cmd_with_capacity(2, 5 + args.len(), bytes);
+        cmd.arg(ks).arg(km);
         for a in &args {
-            inv.arg(a.as_slice());
+            cmd.arg(a.as_slice());
         }
-        let mut conn = self.conn.clone();
-        let v: Value = inv.invoke_async(&mut conn).await?;
-        match v {
+        match self.eval(script, &cmd).await? {
             Value::Array(items) if !items.is_empty() => Ok(items),
             other => Err(StreamError::Backend(format!("{}: unexpected reply {other:?}", script.name()))),
         }

@@ -126,8 +126,8 @@ impl RedisStore {
         // Sized up front: no regrowth while the arguments are written.
         let args = 5 + batch.len() * 10;
         let bytes = 64 + 2 * ks.len() + batch.iter().map(|p| body_len(&p.spec) + 64).sum::<usize>();
-        let mut cmd = redis::Cmd::with_capacity(args, bytes);
-        cmd.arg("EVALSHA").arg(WRITE.script().get_hash()).arg(2).arg(ks).arg(km);
+        let mut cmd = WRITE.evalsha_cmd_with_capacity(2, args, bytes);
+        cmd.arg(ks).arg(km);
         match batch.as_slice() {
             [p] if is_fast(&p.spec) => fast_args(&mut cmd, &p.spec),
             _ => general_args(&mut cmd, &batch),
