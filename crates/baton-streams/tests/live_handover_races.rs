@@ -43,6 +43,22 @@ struct Seen {
     error: Option<String>,
 }
 
+impl Seen {
+    /// Records one chunk; true when the reader is done (the end, or nothing new after `stop`).
+    fn take(&mut self, c: ReadChunk, stop: &AtomicBool) -> bool {
+        if !self.incarnations.contains(&c.incarnation) {
+            self.incarnations.push(c.incarnation.clone());
+        }
+        let empty = c.records.is_empty();
+        self.records.extend(c.records);
+        if c.end.is_some() {
+            self.eof = true;
+            return true;
+        }
+        empty && stop.load(Ordering::Relaxed)
+    }
+}
+
 /// A subscription reader: until EOF, an error, or `stop` with nothing new.
 fn sub_reader(s: StreamStore, p: StreamPath, from: ReadFrom, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Seen> {
     tokio::spawn(async move {
@@ -51,16 +67,7 @@ fn sub_reader(s: StreamStore, p: StreamPath, from: ReadFrom, stop: Arc<AtomicBoo
         loop {
             match sub.next(Duration::from_millis(300)).await {
                 Ok(Some(c)) => {
-                    if !seen.incarnations.contains(&c.incarnation) {
-                        seen.incarnations.push(c.incarnation.clone());
-                    }
-                    let empty = c.records.is_empty();
-                    seen.records.extend(c.records);
-                    if c.end.is_some() {
-                        seen.eof = true;
-                        return seen;
-                    }
-                    if empty && stop.load(Ordering::Relaxed) {
+                    if seen.take(c, &stop) {
                         return seen;
                     }
                 }
@@ -84,17 +91,8 @@ fn poll_reader(s: StreamStore, p: StreamPath, mut at: Offset, stop: Arc<AtomicBo
         loop {
             match s.read_live(&p, ReadFrom::At(at), Duration::from_millis(300)).await {
                 Ok(c) => {
-                    if !seen.incarnations.contains(&c.incarnation) {
-                        seen.incarnations.push(c.incarnation.clone());
-                    }
-                    let empty = c.records.is_empty();
                     at = c.next_offset;
-                    seen.records.extend(c.records);
-                    if c.end.is_some() {
-                        seen.eof = true;
-                        return seen;
-                    }
-                    if empty && stop.load(Ordering::Relaxed) {
+                    if seen.take(c, &stop) {
                         return seen;
                     }
                 }
