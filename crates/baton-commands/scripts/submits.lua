@@ -7,8 +7,10 @@
 -- ARGV[1] N, ARGV[2] '1' with lookup keys or '', ARGV[3] home queue, ARGV[4] state TTL ms,
 -- ARGV[5] lookup key TTL ms, ARGV[6] the shortest lifetime a state of this store can have (min
 -- of state TTL and retention, ms: the expiry score is now + that, a lower bound of every later
--- expiry), then 5 per submit: stored state (header and JSON, see lib.lua), its body sha1,
--- created ms, message JSON, id.
+-- expiry), then 6 per submit: stored state (header and JSON, see lib.lua), its body sha1,
+-- created ms, message JSON, id, and the queue whose lookup it may take over ('' none: the
+-- client found no state of the id there, so that lookup is stale; taking it over here, in the
+-- same step as the create, means two racing submits cannot both create).
 -- Returns N replies in order: {'created'}, {'existing', stored state}, {'conflict'} or
 -- {'other_queue', its queue}.
 local n = tonumber(ARGV[1])
@@ -17,7 +19,7 @@ if ARGV[2] == '1' then per = 2 end
 local home, ttl, lookup_ttl, life = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local out, sub, exp = {}, {}, {}
 for i = 1, n do
-  local b = 7 + 5 * (i - 1)
+  local b = 7 + 6 * (i - 1)
   local k = 4 + per * (i - 1)
   local state, lookup = KEYS[k], nil
   if per == 2 then lookup = KEYS[k + 1] end
@@ -31,11 +33,12 @@ for i = 1, n do
     -- One call: claim the lookup key unless it names another queue.
     local q = redis.call('SET', lookup, home, 'NX', 'GET', 'PX', lookup_ttl)
     if q then
-      if q ~= home then
+      if q ~= home and q ~= ARGV[b + 5] then
         redis.call('DEL', state)
         reply = { 'other_queue', q }
       else
-        -- A lookup left by an expired state of this queue: refresh it.
+        -- A lookup left by an expired state of this queue (refreshed), or a stale one of the
+        -- queue this submit may take over.
         redis.call('SET', lookup, home, 'PX', lookup_ttl)
       end
     end

@@ -47,9 +47,18 @@
 //! `get`), so a small lookup key `p:cmdid:{<id>}` (its own slot) maps id → home queue. On
 //! standalone Redis it is written by the submit script itself. On Cluster it is written first
 //! (`SET NX`), then the submit script runs: a crash between the two leaves a lookup key with no
-//! state, which reads as "not found" and is overwritten by the retried submit — no command is
-//! ever stored without its message. The lookup key's TTL always exceeds the state's (`_lookup_exp`
+//! state, which reads as "not found" and is taken over by a later submit — no command is ever
+//! stored without its message. The lookup key's TTL always exceeds the state's (`_lookup_exp`
 //! in the state records it; it is extended before any write that would outlive it).
+//!
+//! **One home per id.** A submit whose id's lookup names another queue is refused (a conflict)
+//! while the command exists there. A lookup without its state (expired, or a crashed Cluster
+//! submit) is stale and taken over, so that of submits racing for it exactly one creates: on
+//! standalone inside the submit script, in the same step as the create; on Cluster by a
+//! compare-and-set (`lookup_takeover.lua`) after waiting up to 2 s for that queue's state to
+//! appear (its submit writes the lookup before its script, so a lookup without state may be a
+//! submit in flight). Re-using an expired command's id on another queue therefore costs up to 2 s
+//! on Cluster.
 //!
 //! **Hand-off across slots.** A handed-off command keeps its home (state, index, counts); its
 //! messages move to the target queue's stream. On standalone Redis, and on Cluster when both

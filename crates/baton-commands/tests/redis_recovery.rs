@@ -57,3 +57,29 @@ async fn cluster() {
     require_redis();
     crash_after_lookup_write_is_recovered(TestBackend::Cluster(RedisCluster::start())).await;
 }
+
+/// Right after a Redis restart (the store's connections still point at the old server process)
+/// a service starts at the first try, and a submit succeeds at the first try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_starts_right_after_a_redis_restart() {
+    require_redis();
+    let mut b = TestBackend::Standalone(RedisServer::start());
+    let store = store_for(&b).await;
+    let q = queue_name("restarted");
+    // Connections in use before the restart.
+    store.submit(&q, Command::with_id("before", "echo", json!(1))).await.unwrap();
+    if let TestBackend::Standalone(server) = &mut b {
+        server.kill();
+        server.restart();
+    }
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler("echo", on_execute(|c: Command| async move { Ok(CommandResult::succeeded(c.params)) }))
+        .start()
+        .await
+        .expect("the first start after a restart succeeds");
+    // The store's own connection also meets the restart first here: the submit still succeeds.
+    let st = store.submit_and_wait(&q, Command::new("echo", json!(2)), Duration::from_secs(10)).await.unwrap();
+    assert_eq!((st.status, st.result), (CommandStatus::Succeeded, Some(json!(2))));
+    svc.close().await;
+}

@@ -130,6 +130,14 @@ fn bytes_of(v: &Value) -> Option<Bytes> {
     }
 }
 
+/// The consumer group (created with its stream when missing) and `consumer` in it (XGROUP
+/// CREATECONSUMER, Redis 6.2+, so that stats count it before its first read).
+async fn register(conn: &mut RedisConn, keys: &Keys, group: &str, consumer: &str) -> Result<(), QueueError> {
+    ensure_group(conn, keys, group).await?;
+    let _: i64 = redis::cmd("XGROUP").arg("CREATECONSUMER").arg(&keys.stream).arg(group).arg(consumer).query_async(conn).await?;
+    Ok(())
+}
+
 async fn ensure_group(conn: &mut RedisConn, keys: &Keys, group: &str) -> Result<(), QueueError> {
     let r: redis::RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
@@ -177,15 +185,20 @@ impl Backend for RedisBackend {
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError> {
         let keys = self.keys(&spec.queue);
         let mut conn = self.conn.clone();
-        ensure_group(&mut conn, &keys, &self.opts.group).await?;
-        // Register the consumer now (XGROUP CREATECONSUMER, Redis 6.2+) so stats count it.
-        let _: i64 = redis::cmd("XGROUP")
-            .arg("CREATECONSUMER")
-            .arg(&keys.stream)
-            .arg(&self.opts.group)
-            .arg(&spec.consumer)
-            .query_async(&mut conn)
-            .await?;
+        // Both setup commands are idempotent, so they are sent once more after a dropped
+        // connection: the first command over a connection whose server restarted fails (the
+        // connection manager reconnects for the next one), and a consumer should not fail to
+        // start for that.
+        let mut retried = false;
+        loop {
+            match register(&mut conn, &keys, &self.opts.group, &spec.consumer).await {
+                Err(QueueError::Redis(e)) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
+                    tracing::debug!(queue = %spec.queue, error = %e, "consumer setup failed on a dropped connection; retrying once");
+                    retried = true;
+                }
+                r => break r?,
+            }
+        }
         let blocking = self.client.dedicated().await?;
         Ok(Arc::new(RedisConsumer {
             client: self.client.clone(),

@@ -95,6 +95,8 @@ pub(crate) struct Submit {
     pub created_ms: u64,
     pub msg: Vec<u8>,
     pub id: String,
+    /// Standalone: the queue whose stale lookup this submit may take over (empty: none).
+    pub takeover: String,
     pub ttl_ms: u64,
     pub lookup_ttl_ms: u64,
     /// The shortest lifetime a state of this store can have (ms).
@@ -111,7 +113,7 @@ impl Batch for Submit {
         let lookups = batch.iter().all(|s| s.lookup_key.is_some());
         let bytes = 256 + batch.iter().map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + 96).sum::<usize>();
         let per = if lookups { 2 } else { 1 };
-        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(3 + per * n, 16 + n * 7, bytes);
+        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(3 + per * n, 16 + n * 8, bytes);
         cmd.arg(&keys.index[0]).arg(&keys.index[1]).arg(&keys.stream);
         for s in batch {
             cmd.arg(&s.state_key);
@@ -123,7 +125,7 @@ impl Batch for Submit {
         let first = &batch[0];
         cmd.arg(n).arg(if lookups { "1" } else { "" }).arg(&keys.queue).arg(first.ttl_ms).arg(first.lookup_ttl_ms).arg(first.min_lifetime_ms);
         for s in batch {
-            cmd.arg(&s.value).arg(&s.body_sha).arg(s.created_ms).arg(&s.msg).arg(&s.id);
+            cmd.arg(&s.value).arg(&s.body_sha).arg(s.created_ms).arg(&s.msg).arg(&s.id).arg(&s.takeover);
         }
         cmd
     }

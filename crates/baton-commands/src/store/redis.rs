@@ -22,6 +22,7 @@ static TRANSITION: LuaScript = LuaScript::new(
     "transition",
     concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/transition.lua")),
 );
+static LOOKUP_TAKEOVER: LuaScript = LuaScript::new("lookup_takeover", include_str!("../../scripts/lookup_takeover.lua"));
 static LIST: LuaScript =
     LuaScript::new("list", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/list.lua")));
 static PRUNE: LuaScript =
@@ -37,6 +38,9 @@ const HEAD_MAX: usize = 99;
 
 /// The id → queue lookup key outlives the state by this much.
 const LOOKUP_MARGIN: Duration = Duration::from_secs(3600);
+/// Cluster: how long a submit waits for the state of another queue's lookup to appear before it
+/// takes the lookup over as stale (that queue's submit writes its lookup, then its script).
+const CLAIM_GRACE: Duration = Duration::from_secs(2);
 
 /// Options of the Redis command store.
 #[derive(Clone, Debug)]
@@ -260,6 +264,26 @@ impl RedisStore {
     fn lookup_key(&self, id: &str) -> String {
         format!("{}:cmdid:{{{id}}}", self.prefix)
     }
+
+    /// Whether the state of `id` exists on `home`, or appears there within `grace` (polled).
+    async fn appears(&self, home: &str, id: &str, grace: Duration) -> Result<bool, CommandError> {
+        let until = tokio::time::Instant::now() + grace;
+        loop {
+            if self.load(home, id).await?.is_some() {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= until {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Points `lookup` at `queue` if it still names `stale` (`lookup_takeover.lua`).
+    async fn take_over(&self, lookup: &str, stale: &str, queue: &str, ttl: Duration) -> Result<bool, CommandError> {
+        let took: i64 = LOOKUP_TAKEOVER.run(&mut self.conn.clone(), &[lookup], &[&stale, &queue, &(ttl.as_millis() as u64)]).await?;
+        Ok(took == 1)
+    }
 }
 
 #[async_trait]
@@ -275,34 +299,40 @@ impl StateBackend for RedisStore {
         let mut conn = self.conn.clone();
         if self.cluster {
             // Lookup key first (its own slot); a crash before the script leaves it without a
-            // state, which reads as "not found" and is rewritten by the retried submit.
-            let prior: Option<String> = redis::cmd("SET")
-                .arg(&lookup)
-                .arg(&state.queue)
-                .arg("NX")
-                .arg("GET")
-                .arg("PX")
-                .arg(lookup_ttl.as_millis() as u64)
-                .query_async(&mut conn)
-                .await?;
-            match prior {
-                Some(home) if home != state.queue => {
-                    if self.load(&home, &state.id).await?.is_some() {
-                        return Ok(SubmitOutcome::OtherQueue);
+            // state, which reads as "not found" and is taken over by a later submit.
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                let prior: Option<String> = redis::cmd("SET")
+                    .arg(&lookup)
+                    .arg(&state.queue)
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PX")
+                    .arg(lookup_ttl.as_millis() as u64)
+                    .query_async(&mut conn)
+                    .await?;
+                match prior {
+                    None => break,
+                    Some(home) if home == state.queue => {
+                        let _: () = redis::cmd("PEXPIRE").arg(&lookup).arg(lookup_ttl.as_millis() as u64).arg("GT").query_async(&mut conn).await?;
+                        break;
                     }
-                    // A stale lookup (its state expired, or a crashed submit): take it over.
-                    let _: () = redis::cmd("SET")
-                        .arg(&lookup)
-                        .arg(&state.queue)
-                        .arg("PX")
-                        .arg(lookup_ttl.as_millis() as u64)
-                        .query_async(&mut conn)
-                        .await?;
+                    Some(home) => {
+                        // Another queue's lookup without its state may be a submit of that queue
+                        // still in flight (its script runs after its lookup write): give it
+                        // `CLAIM_GRACE` to appear before calling the lookup stale.
+                        if self.appears(&home, &state.id, CLAIM_GRACE).await? {
+                            return Ok(SubmitOutcome::OtherQueue);
+                        }
+                        if self.take_over(&lookup, &home, &state.queue, lookup_ttl).await? {
+                            break;
+                        }
+                        if attempts >= 3 {
+                            return Ok(SubmitOutcome::OtherQueue);
+                        }
+                    }
                 }
-                Some(_) => {
-                    let _: () = redis::cmd("PEXPIRE").arg(&lookup).arg(lookup_ttl.as_millis() as u64).arg("GT").query_async(&mut conn).await?;
-                }
-                None => {}
             }
         }
         let value = stored(&st, &serde_json::to_vec(&st).expect("serializable"));
@@ -318,8 +348,9 @@ impl StateBackend for RedisStore {
                 }
             });
         }
-        for _ in 0..2 {
-            let item = Submit {
+        let mut takeover = String::new();
+        for _ in 0..3 {
+            let item = || Submit {
                 state_key: state_key.clone(),
                 lookup_key: (!self.cluster).then(|| lookup.clone()),
                 value: value.clone(),
@@ -327,11 +358,21 @@ impl StateBackend for RedisStore {
                 created_ms: state.created_at.millis(),
                 msg: msg.clone(),
                 id: state.id.clone(),
+                takeover: takeover.clone(),
                 ttl_ms: ttl.as_millis() as u64,
                 lookup_ttl_ms: lookup_ttl.as_millis() as u64,
                 min_lifetime_ms: self.min_lifetime_ms(),
             };
-            let v: Value = self.submits.run(&k.batch, item).await?;
+            // A submit is idempotent (same id and body: the stored state), so it is sent once
+            // more after a dropped connection (e.g. the first command after a Redis restart);
+            // if the first attempt did run, the second finds its state.
+            let v: Value = match self.submits.run(&k.batch, item()).await {
+                Err(e) if e.is_io_error() || e.is_connection_dropped() => {
+                    tracing::debug!(queue = %state.queue, command = %state.id, error = %e, "submit failed on a dropped connection; retrying once");
+                    self.submits.run(&k.batch, item()).await?
+                }
+                r => r?,
+            };
             let Value::Array(parts) = &v else { return Err(unexpected("submit", &v)) };
             return match parts.first().and_then(string).as_deref() {
                 Some("created") => Ok(SubmitOutcome::Created(st)),
@@ -343,11 +384,15 @@ impl StateBackend for RedisStore {
                 Some("other_queue") => {
                     // Standalone: the lookup names another queue; a real conflict only if the
                     // command still exists there (else the lookup outlived an expired state).
+                    // The script writes state and lookup together, so a lookup without its state
+                    // is never a submit in flight here. Retried with leave to take over that
+                    // queue's lookup, in the script, in the same step as the create: of submits
+                    // racing for it one wins, the others then see its queue (and its state).
                     let home = parts.get(1).and_then(string).unwrap_or_default();
                     if self.load(&home, &state.id).await?.is_some() {
                         return Ok(SubmitOutcome::OtherQueue);
                     }
-                    let _: i64 = redis::cmd("DEL").arg(&lookup).query_async(&mut conn).await?;
+                    takeover = home;
                     continue;
                 }
                 _ => Err(unexpected("submit", &v)),
