@@ -170,14 +170,18 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
     };
     let mut m = Map::new();
     m.insert("/v1/queues/{queue}/commands".into(), json!({
-        "post": with_body(op("Submit a command", "commands", json!([queue()]), protected(map(vec![
+        "post": with_body(op("Submit a command", "commands", json!([
+            queue(),
+            query("wait", "Hold the response until the command is terminal or this long passes (`30s`, `500ms`, `2m`; at most 5m); the status still says whether this request created it.",
+                  json!({ "type": "string" })),
+        ]), protected(map(vec![
             ("200", with_links(json_resp("Same id and body as an existing command: its state.", r("CommandState")), by_id())),
             ("202", with_links(json_resp("Accepted: the new command's state (`Location` names it).", r("CommandState")), by_id())),
-            ("400", err_resp("Malformed JSON, wrong field types, bad id, unknown type, or params the handler refuses.")),
+            ("400", err_resp("Malformed JSON, wrong field types, bad id, unknown type, params the handler refuses, or a bad wait.")),
             ("404", err_resp("Unknown queue.")),
             ("409", err_resp("The id exists with another body.")),
             ("413", err_resp("Body over max_command_body.")),
-            ("503", err_resp("Backend unavailable (Retry-After).")),
+            ("503", err_resp("Backend unavailable, or a wait found every live-reader slot taken (Retry-After).")),
         ]))), submit_body),
         "get": op("List a queue's commands, newest first", "commands", json!([
             queue(),

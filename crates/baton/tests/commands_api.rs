@@ -75,6 +75,12 @@ async fn submit_state_wait_cancel(backend: TestBackend) {
     // Same id on another queue: 409 too.
     let (s, e) = post(&srv, "/v1/queues/extra/commands", json!({"id": "nap-1", "type": "echo"})).await;
     assert_eq!((s, e["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
+    // Submit and wait in one request: 202 (this request created it) with the terminal state.
+    let (s, done) = post(&srv, "/v1/queues/default/commands?wait=20s", json!({"id": "e-1", "type": "echo", "params": {"n": 7}})).await;
+    assert_eq!((s, done["status"].as_str(), &done["result"]), (StatusCode::ACCEPTED, Some("SUCCEEDED"), &json!({"n": 7})));
+    // Again: 200 (found), at once, the same terminal state.
+    let (s, again) = post(&srv, "/v1/queues/default/commands?wait=20s", json!({"id": "e-1", "type": "echo", "params": {"n": 7}})).await;
+    assert_eq!((s, &again["completed_at"]), (StatusCode::OK, &done["completed_at"]));
 
     // A bounded wait on a long sleep returns the non-terminal state after about the wait.
     let t = Instant::now();
@@ -295,7 +301,8 @@ async fn bad_input_is_4xx_with_what_to_fix() {
         ("POST", "/v1/queues/default/commands", "{\"type\": \"sleep\", \"params\": {\"ms\": \"5\"}}".into(), 400, "invalid_params", "invalid params: \"ms\" must be an integer from 0 to 86400000 (milliseconds); got \"5\""),
         ("POST", "/v1/queues/default/commands", "{\"type\": \"fail\", \"params\": 3}".into(), 400, "invalid_params", "invalid params:"),
         ("POST", "/v1/queues/default/commands", big, 413, "body_too_large", "commands take at most 1024 bytes (max_command_body)"),
-        ("POST", "/v1/queues/default/commands?x=1", "{\"type\": \"echo\"}".into(), 400, "invalid_query", "unknown query parameter \"x\"; this endpoint takes no query parameters"),
+        ("POST", "/v1/queues/default/commands?x=1", "{\"type\": \"echo\"}".into(), 400, "invalid_query", "unknown query parameter \"x\"; this endpoint takes wait"),
+        ("POST", "/v1/queues/default/commands?wait=soon", "{\"type\": \"echo\"}".into(), 400, "invalid_wait", "wait must be a duration like 30s, 500ms or 2m, at most 5m; \"soon\""),
         ("POST", "/v1/queues/nope/commands", "{\"type\": \"echo\"}".into(), 404, "unknown_queue", "no queue \"nope\" on this server; configured queues: default, extra"),
         ("GET", "/v1/queues/nope/commands", "".into(), 404, "unknown_queue", "no queue \"nope\""),
         ("GET", "/v1/queues/nope", "".into(), 404, "unknown_queue", "no queue \"nope\""),
@@ -426,6 +433,16 @@ async fn waits_count_as_live_readers() {
     assert_eq!(v["error"], "too_many_live_readers");
     let (s, st) = get(&srv, "/v1/commands/w-1").await;
     assert_eq!((s, st["id"].as_str()), (StatusCode::OK, Some("w-1")));
+    // A submit that would wait is refused the same way, before anything is stored.
+    let res = client()
+        .post(format!("{}/v1/queues/default/commands?wait=1s", srv.base))
+        .body(json!({"id": "w-2", "type": "echo"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let (s, _) = get(&srv, "/v1/commands/w-2").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "nothing stored");
     // A terminal command needs no slot: the wait returns at once.
     post(&srv, "/v1/commands/w-1/cancel", json!(null)).await;
     let (s, st) = get(&srv, "/v1/commands/w-1?wait=1s").await;

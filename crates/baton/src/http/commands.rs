@@ -457,9 +457,10 @@ fn kind_of(v: &Value) -> &'static str {
 async fn submit(
     State(st): State<AppState>,
     QueueName(queue): QueueName,
-    _: Query,
+    q: Query<WaitQuery>,
     req: Request,
 ) -> Result<Response, JsonError> {
+    let wait = q.get("wait").map(|s| parse_wait(s)).transpose()?.filter(|d| !d.is_zero());
     let api = &st.commands;
     let entry = api.queue(&queue)?;
     let (parts, body) = req.into_parts();
@@ -476,7 +477,19 @@ async fn submit(
         };
         h.validate(&command.params).map_err(|e| JsonError::bad_request("invalid_params", format!("invalid params: {e}")))?;
     }
-    let (state, created) = api.store().submit_created(&queue, command).await?;
+    // A held request is a live reader (bounded by --max-live-readers like GET …?wait=): its
+    // slot is taken before anything is stored, so a refusal stores nothing.
+    let permit = wait.map(|_| st.live_permit().map_err(live_refused)).transpose()?;
+    let (mut state, created) = api.store().submit_created(&queue, command).await?;
+    if let (Some(d), Some(_permit)) = (wait, permit) {
+        if !state.status.is_terminal() {
+            let store = api.store();
+            state = tokio::select! {
+                r = store.wait(&state.id, d) => r?,
+                _ = st.shutdown.cancelled() => store.get(&state.id).await?.unwrap_or(state),
+            };
+        }
+    }
     let mut res = json_response(state_json(&state));
     if created {
         *res.status_mut() = StatusCode::ACCEPTED;
@@ -486,6 +499,13 @@ async fn submit(
         res.headers_mut().insert(header::LOCATION, loc);
     }
     Ok(res)
+}
+
+/// The refusal of a live-reader slot (`503` with `Retry-After`) as this module's error.
+fn live_refused(e: super::errors::ApiError) -> JsonError {
+    let mut j = JsonError::new(e.status, e.code, e.message);
+    j.headers = e.headers;
+    j
 }
 
 fn urlencode(s: &str) -> String {
@@ -522,11 +542,7 @@ async fn get_command(
     let state = match wait {
         Some(d) if !d.is_zero() && !state.status.is_terminal() => {
             // A held request is a live reader: bounded by --max-live-readers like long-polls.
-            let _permit = st.live_permit().map_err(|e| {
-                let mut j = JsonError::new(e.status, e.code, e.message);
-                j.headers = e.headers;
-                j
-            })?;
+            let _permit = st.live_permit().map_err(live_refused)?;
             tokio::select! {
                 r = store.wait(&id, d) => r?,
                 _ = st.shutdown.cancelled() => store.get(&id).await?.unwrap_or(state),
