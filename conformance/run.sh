@@ -70,9 +70,23 @@ free_port() {
   done
 }
 
-wait_port() { # port, what
+# A port p for a Cluster node: p and its cluster bus port p + 10000 both free (redis-server
+# exits when it cannot bind the bus port), drawn from 12000-21999 so that neither is in the
+# kernel's ephemeral range (32768-60999), as baton-testkit does.
+free_cluster_port() {
+  local p
+  while :; do
+    p=$(( 12000 + RANDOM % 10000 ))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null; then
+      echo "$p"; return
+    fi
+  done
+}
+
+wait_port() { # port, what[, pid: give up as soon as that process has exited]
   for _ in $(seq 1 200); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    if [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null; then break; fi
     sleep 0.05
   done
   echo "$2 did not listen on port $1" >&2
@@ -84,15 +98,23 @@ start_redis() { # port, extra args...
   mkdir -p "$WORK/redis-$port"
   redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK/redis-$port" \
     --logfile "$WORK/redis-$port/log" "$@" &
-  PIDS+=($!)
-  wait_port "$port" "redis-server"
+  local pid=$!
+  PIDS+=("$pid")
+  wait_port "$port" "redis-server" "$pid" || { tail -3 "$WORK/redis-$port/log" >&2; return 1; }
 }
 
 start_cluster() { # sets CLUSTER_URLS to the comma-separated node URLs (no subshell: PIDS must keep the nodes)
   local ports=() urls=() addrs=()
   for _ in 1 2 3; do
-    local p; p=$(free_port)
-    start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 >&2
+    # A port taken between the check and the bind (ours or the bus port): try another.
+    local p started=0
+    for _ in 1 2 3 4 5; do
+      p=$(free_cluster_port)
+      if start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 >&2; then
+        started=1; break
+      fi
+    done
+    [ "$started" -eq 1 ] || { echo "could not start a Redis Cluster node" >&2; return 1; }
     ports+=("$p"); urls+=("redis://127.0.0.1:$p"); addrs+=("127.0.0.1:$p")
   done
   redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes </dev/null >"$WORK/cluster-create.log" 2>&1 \
