@@ -90,10 +90,10 @@ pub(crate) struct Submit {
     /// before, in its own slot).
     pub lookup_key: Option<String>,
     /// The stored state (header and JSON).
-    pub value: Vec<u8>,
+    pub value: Arc<[u8]>,
     pub body_sha: String,
     pub created_ms: u64,
-    pub msg: Vec<u8>,
+    pub msg: Arc<[u8]>,
     pub id: String,
     /// Standalone: the queue whose stale lookup this submit may take over (empty: none).
     pub takeover: String,
@@ -125,7 +125,7 @@ impl Batch for Submit {
         let first = &batch[0];
         cmd.arg(n).arg(if lookups { "1" } else { "" }).arg(&keys.queue).arg(first.ttl_ms).arg(first.lookup_ttl_ms).arg(first.min_lifetime_ms);
         for s in batch {
-            cmd.arg(&s.value).arg(&s.body_sha).arg(s.created_ms).arg(&s.msg).arg(&s.id).arg(&s.takeover);
+            cmd.arg(&*s.value).arg(&s.body_sha).arg(s.created_ms).arg(&*s.msg).arg(&s.id).arg(&s.takeover);
         }
         cmd
     }

@@ -71,11 +71,8 @@ const PRUNE_MAX: u64 = 300;
 
 /// Keys of one home queue.
 struct QKeys {
-    /// exp, then the 5 status zsets (see `scripts/lib.lua`).
-    index: [String; 6],
-    stream: String,
-    channel: String,
-    /// The keys of this queue's batched transitions (see `commit.rs`).
+    /// The index keys (exp, then the 5 status zsets, see `scripts/lib.lua`), stream and channel:
+    /// also what this queue's batched writes need (see `commit.rs`).
     batch: BatchKeys,
     state_prefix: String,
     /// Submits to this queue so far; every [`PRUNE_EVERY`]th one prunes its indexes (per queue:
@@ -94,19 +91,14 @@ impl QKeys {
             format!("{base}:s:FAILED"),
             format!("{base}:s:CANCELLED"),
         ];
-        let stream = format!("{prefix}:q:{{{queue}}}");
-        let channel = format!("{base}:events");
         let batch = BatchKeys {
             queue: queue.to_string(),
-            index: index.clone(),
-            stream: stream.clone(),
-            channel: channel.clone(),
+            index,
+            stream: format!("{prefix}:q:{{{queue}}}"),
+            channel: format!("{base}:events"),
             group: group.to_string(),
         };
         Self {
-            index,
-            stream,
-            channel,
             batch,
             // `:id:` keeps every state key apart from the index keys (`:exp`, `:s:<STATUS>`),
             // whatever the id (ids may hold ':').
@@ -118,11 +110,11 @@ impl QKeys {
         format!("{}{id}", self.state_prefix)
     }
     fn exp(&self) -> &str {
-        &self.index[0]
+        &self.batch.index[0]
     }
     /// The index of `status`.
     fn status_index(&self, status: CommandStatus) -> &str {
-        &self.index[status.index() + 1]
+        &self.batch.index[status.index() + 1]
     }
 }
 
@@ -337,12 +329,13 @@ impl StateBackend for RedisStore {
         }
         let value = stored(&st, &serde_json::to_vec(&st).expect("serializable"));
         let state_key = k.state(&state.id);
-        let msg = msg.to_bytes();
+        // Shared, so that a retried submit does not copy them again.
+        let (value, msg): (Arc<[u8]>, Arc<[u8]>) = (value.into(), msg.to_bytes().into());
         if k.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed).is_multiple_of(PRUNE_EVERY) {
             // In the background: this submit does not wait for it.
             let (mut conn, k) = (conn.clone(), k.clone());
             tokio::spawn(async move {
-                let keys: Vec<&str> = k.index.iter().map(|s| s.as_str()).collect();
+                let keys: Vec<&str> = k.batch.index.iter().map(|s| s.as_str()).collect();
                 if let Err(e) = PRUNE.run::<i64>(&mut conn, &keys, &[&PRUNE_MAX]).await {
                     tracing::debug!(error = %e, "pruning the command indexes failed; the next prune retries");
                 }
@@ -456,7 +449,7 @@ impl StateBackend for RedisStore {
         };
         let expected = format!("{} {} ", st.version - 1, old.as_str());
         // No hand-off enqueue and no ack on another queue's stream: group-committed.
-        let batched = enqueue.is_none() && target.as_ref().is_none_or(|(_, t)| t.stream == k.stream && t.group == self.group);
+        let batched = enqueue.is_none() && target.as_ref().is_none_or(|(_, t)| t.stream == k.batch.stream && t.group == self.group);
         let v: Value = if batched {
             let t = Transition {
                 state_key,
@@ -476,7 +469,7 @@ impl StateBackend for RedisStore {
             let mut msg_arg: Vec<u8> = Vec::new();
             if let Some((queue, msg)) = enqueue {
                 target_stream = self.keys(queue);
-                keys.push(&target_stream.stream);
+                keys.push(&target_stream.batch.stream);
                 msg_arg = msg.to_bytes();
             }
             let (ack_id, ack_group) = match &target {
@@ -493,7 +486,7 @@ impl StateBackend for RedisStore {
             cmd.arg(&expected)
                 .arg(&value)
                 .arg(ttl.as_millis() as u64)
-                .arg(&k.channel)
+                .arg(&k.batch.channel)
                 .arg(&st.id)
                 .arg(&msg_arg)
                 .arg(ack_id)
@@ -522,7 +515,7 @@ impl StateBackend for RedisStore {
 
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool {
         // The queues' stream keys (`p:q:{q}`): their slots are their tags'.
-        !self.cluster || baton_redis::key_slot(self.keys(home).stream.as_bytes()) == baton_redis::key_slot(self.keys(target).stream.as_bytes())
+        !self.cluster || baton_redis::key_slot(self.keys(home).batch.stream.as_bytes()) == baton_redis::key_slot(self.keys(target).batch.stream.as_bytes())
     }
 
     async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError> {
@@ -538,7 +531,7 @@ impl StateBackend for RedisStore {
         cursor: Option<Cursor>,
     ) -> Result<(Vec<CommandState>, Option<Cursor>), CommandError> {
         let k = self.keys(queue);
-        let keys: Vec<&str> = k.index.iter().map(|s| s.as_str()).collect();
+        let keys: Vec<&str> = k.batch.index.iter().map(|s| s.as_str()).collect();
         let (cs, cid) = match &cursor {
             Some(c) => (c.created_ms.to_string(), c.id.clone()),
             None => (String::new(), String::new()),
@@ -571,7 +564,7 @@ impl StateBackend for RedisStore {
 
     async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError> {
         let k = self.keys(queue);
-        let keys: Vec<&str> = k.index.iter().map(|s| s.as_str()).collect();
+        let keys: Vec<&str> = k.batch.index.iter().map(|s| s.as_str()).collect();
         let v: Vec<u64> = COUNTS.run(&mut self.conn.clone(), &keys, &[]).await?;
         if v.len() != 5 {
             return Err(CommandError::Corrupt { id: queue.to_string(), reason: format!("counts reply {v:?}") });
@@ -580,7 +573,7 @@ impl StateBackend for RedisStore {
     }
 
     async fn watch_home(&self, home: &str) -> Result<(), CommandError> {
-        self.pubsub.ensure(&self.keys(home).channel).await;
+        self.pubsub.ensure(&self.keys(home).batch.channel).await;
         Ok(())
     }
 }
