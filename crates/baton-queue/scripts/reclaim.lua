@@ -1,22 +1,27 @@
--- Reclaim tick: promote due delayed entries, then take over idle pending entries.
+-- Reclaim tick: promote due delayed entries, then take over reclaimable entries.
 -- KEYS[1] queue stream, KEYS[2] dead-letter stream, KEYS[3] delayed zset (member = original id,
--- score = due ms), KEYS[4] delayed payload hash (<id> -> payload, <id>:dc -> prior deliveries)
--- ARGV[1] group, ARGV[2] consumer, ARGV[3] claim timeout (min idle, ms), ARGV[4] XAUTOCLAIM
--- cursor, ARGV[5] count (0 = promote only), ARGV[6] max deliveries (0 = unlimited), ARGV[7] now
--- (ms since epoch), ARGV[8] max entries to promote, ARGV[9..] ids to exclude: entries whose
--- handler still runs in this consumer after its lease was released (max processing time). They
--- are handed straight back (idle = claim timeout, delivery count restored with RETRYCOUNT) so
--- that a peer, not the same consumer, takes them.
--- XAUTOCLAIM (Redis 7.0+) pages with its cursor and removes entries deleted from the stream from
--- the pending list itself, returning their ids as the third element (Redis docs, XAUTOCLAIM).
--- Returns {next cursor, {{id, payload or false, deliveries}, …}, dead-lettered, deleted, promoted}.
-local stream, dead, zdelayed, hdelayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local group, me = ARGV[1], ARGV[2]
-local count, maxd, now = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+-- score = due ms, server time), KEYS[4] delayed payload hash (<id> -> payload, <id>:dc -> prior
+-- deliveries), KEYS[5] liveness hash (consumer -> ms of its last heartbeat, server time)
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
+-- ARGV[5] count (0 = promote, and tell whether reclaimable entries exist), ARGV[6] max
+-- deliveries (0 = unlimited), ARGV[7] max entries to promote, ARGV[8..] ids to exclude: entries
+-- whose handler still runs in this process after its lease was lost or released.
+-- Reclaimable: idle at least the claim timeout, owned by the parked owner or by a consumer whose
+-- liveness record is at least the claim timeout old (or missing). Never this consumer's own
+-- entries: everything it owns is a lease it holds. Candidates are found per owner with
+-- XPENDING … IDLE (Redis 6.2+), which walks only that owner's pending entries: the live
+-- consumers' (renewed) entries are never scanned. XCLAIM re-checks the idle time and, on Redis
+-- 7.0+, drops pending entries whose stream entry was deleted (they are not returned).
+-- Returns {{{id, payload or false, deliveries}, …}, dead-lettered, deleted, promoted, more (0/1),
+-- ms until the next delayed entry is due (-1: none)}.
+local stream, dead, zdelayed, hdelayed, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local group, me, parked = ARGV[1], ARGV[2], ARGV[3]
+local claim_ms, count, maxd = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 
 local promoted = 0
-local due = redis.call('ZRANGEBYSCORE', zdelayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
-for _, id in ipairs(due) do
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', zdelayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[7]))) do
   local payload = redis.call('HGET', hdelayed, id)
   local prior = redis.call('HGET', hdelayed, id .. ':dc') or '0'
   if payload then
@@ -26,16 +31,51 @@ for _, id in ipairs(due) do
   redis.call('ZREM', zdelayed, id)
   redis.call('HDEL', hdelayed, id, id .. ':dc')
 end
+local next_due = -1
+local first = redis.call('ZRANGE', zdelayed, 0, 0, 'WITHSCORES')
+if first[2] then next_due = math.max(0, tonumber(first[2]) - now) end
 
-local exclude = {}
-for i = 9, #ARGV do exclude[ARGV[i]] = true end
+local exclude, nexclude = {}, 0
+for i = 8, #ARGV do exclude[ARGV[i]] = true; nexclude = nexclude + 1 end
 
-local cursor, out, ndead, ndeleted = ARGV[4], {}, 0, 0
-if count > 0 then
-  local r = redis.call('XAUTOCLAIM', stream, group, me, ARGV[3], cursor, 'COUNT', count)
-  cursor = r[1]
-  if r[3] then ndeleted = #r[3] end
-  for _, e in ipairs(r[2]) do
+-- Owners whose entries may be reclaimable: the parked owner first, then stale consumers.
+local owners = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, group)) do
+  local m = {}
+  for i = 1, #c, 2 do m[c[i]] = c[i + 1] end
+  local name = m['name']
+  if name ~= me and tonumber(m['pending']) > 0 then
+    if name == parked then
+      table.insert(owners, 1, name)
+    else
+      local seen = redis.call('HGET', live, name)
+      if not seen or now - tonumber(seen) >= claim_ms then owners[#owners + 1] = name end
+    end
+  end
+end
+
+local want = math.max(count, 1)
+local ids, more = {}, false
+for _, owner in ipairs(owners) do
+  if #ids >= want then more = true; break end
+  local pel = redis.call('XPENDING', stream, group, 'IDLE', claim_ms, '-', '+', want - #ids + nexclude + 1, owner)
+  for _, e in ipairs(pel) do
+    if not exclude[e[1]] then
+      if #ids < want then ids[#ids + 1] = e[1] else more = true end
+    end
+  end
+end
+
+local out, ndead, ndeleted = {}, 0, 0
+if count == 0 then
+  return {out, 0, 0, promoted, (#ids > 0 or more) and 1 or 0, next_due}
+end
+if #ids > 0 then
+  local args = {'XCLAIM', stream, group, me, claim_ms}
+  for _, id in ipairs(ids) do args[#args + 1] = id end
+  local claimed = redis.call(unpack(args))
+  ndeleted = #ids - #claimed
+  for _, e in ipairs(claimed) do
     local id, fields = e[1], e[2]
     local payload, prior = false, 0
     for i = 1, #fields, 2 do
@@ -43,11 +83,8 @@ if count > 0 then
       elseif fields[i] == 'dc' then prior = tonumber(fields[i + 1]) or 0 end
     end
     local info = redis.call('XPENDING', stream, group, id, id, 1)
-    local count_now = (info[1] and info[1][4]) or 1
-    local total = prior + count_now
-    if exclude[id] then
-      redis.call('XCLAIM', stream, group, me, 0, id, 'IDLE', ARGV[3], 'RETRYCOUNT', count_now - 1, 'JUSTID')
-    elseif payload == false or (maxd > 0 and total > maxd) then
+    local total = prior + ((info[1] and info[1][4]) or 1)
+    if payload == false or (maxd > 0 and total > maxd) then
       local reason = 'max deliveries exceeded'
       if payload == false then reason = 'malformed entry: no payload field' end
       redis.call('XADD', dead, '*', 'id', id, 'p', payload or '', 'dc', total - 1, 'reason', reason, 'at', now)
@@ -59,4 +96,4 @@ if count > 0 then
     end
   end
 end
-return {cursor, out, ndead, ndeleted, promoted}
+return {out, ndead, ndeleted, promoted, more and 1 or 0, next_due}

@@ -1,19 +1,22 @@
--- Retry after a delay, if this consumer still owns the entry.
+-- Retry after a delay, if this consumer still owns the entry (or, for a released lease, the
+-- parked owner does).
 -- KEYS[1] queue stream, KEYS[2] delayed zset, KEYS[3] delayed payload hash
--- ARGV[1] group, ARGV[2] consumer, ARGV[3] id, ARGV[4] claim timeout (ms), ARGV[5] delay (ms),
--- ARGV[6] now (ms since epoch)
--- delay < claim timeout: set the entry's idle time to (claim timeout - delay) with XCLAIM IDLE, so
--- XAUTOCLAIM takes it when the delay has passed. Otherwise (XCLAIM clamps idle times to the past,
--- so a later time cannot be set): move it to the delayed set, carrying its delivery count; the
--- reclaim tick re-offers it when due. A redelivery asked for this way is a scheduled re-poll, not
--- a failure: the delivery count is set back by one (XCLAIM RETRYCOUNT), so it never counts toward
--- max deliveries. Returns 1, or 0 when not owned.
-local stream, group, me, id = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
-local claim_ms, delay = tonumber(ARGV[4]), tonumber(ARGV[5])
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] id, ARGV[5] claim timeout
+-- (ms), ARGV[6] delay (ms), ARGV[7] '1' for a released lease
+-- delay < claim timeout: hand the entry to the parked owner with idle (claim timeout - delay), so
+-- that a reclaim tick takes it once the delay has passed. Otherwise (XCLAIM clamps idle times to
+-- the past, so a later time cannot be set): move it to the delayed set (due time in server time),
+-- carrying its delivery count; a reclaim tick re-offers it when due. A redelivery asked for this
+-- way is a scheduled re-poll, not a failure: the delivery count is set back by one (XCLAIM
+-- RETRYCOUNT), so it never counts toward max deliveries.
+-- Returns 1 done, 0 not pending, -1 another consumer owns it.
+local stream, group, me, parked, id = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local claim_ms, delay = tonumber(ARGV[5]), tonumber(ARGV[6])
 local p = redis.call('XPENDING', stream, group, id, id, 1)
-if not (p[1] and p[1][2] == me) then return 0 end
+if not p[1] then return 0 end
+if not (p[1][2] == me or (ARGV[7] == '1' and p[1][2] == parked)) then return -1 end
 if delay < claim_ms then
-  redis.call('XCLAIM', stream, group, me, 0, id, 'IDLE', claim_ms - delay, 'RETRYCOUNT', p[1][4] - 1, 'JUSTID')
+  redis.call('XCLAIM', stream, group, parked, 0, id, 'IDLE', claim_ms - delay, 'RETRYCOUNT', p[1][4] - 1, 'JUSTID')
   return 1
 end
 local e = redis.call('XRANGE', stream, id, id)
@@ -24,7 +27,8 @@ if e[1] then
     elseif fields[i] == 'dc' then prior = tonumber(fields[i + 1]) or 0 end
   end
   if payload then
-    redis.call('ZADD', KEYS[2], tonumber(ARGV[6]) + delay, id)
+    local t = redis.call('TIME')
+    redis.call('ZADD', KEYS[2], t[1] * 1000 + math.floor(t[2] / 1000) + delay, id)
     redis.call('HSET', KEYS[3], id, payload, id .. ':dc', prior + p[1][4] - 1)
   end
 end

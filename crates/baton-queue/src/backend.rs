@@ -1,5 +1,14 @@
-//! The seam between the backend-independent dispatcher (`consumer.rs`) and a storage backend
-//! (`memory.rs`, `redis/`). Both backends implement the same semantics, described on each method.
+//! The seam between the backend-independent consumer (`consumer.rs`, `engine.rs`, `lease.rs`) and
+//! a storage backend (`memory.rs`, `redis.rs`). Both backends implement the same model, described
+//! on each method:
+//!
+//! * Every pending entry has an owner: a consumer that holds its lease, or [`PARKED`], the
+//!   group's reserved owner of entries that nobody holds (a `Retry`, a short `RetryAfter` handed
+//!   back, a lease released past `max_processing_time`, an orphan). An entry is *reclaimable*
+//!   once it has been idle for `claim_timeout` and its owner is [`PARKED`] or a consumer whose
+//!   liveness record (written by its heartbeat, in backend time) is at least `claim_timeout` old.
+//! * A consumer never reclaims its own entries: everything it owns is a lease it holds (renewed
+//!   every heartbeat), so a live consumer's work is never delivered twice by itself or a peer.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,26 +18,34 @@ use bytes::Bytes;
 
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
-/// A message handed to the dispatcher by a read or a reclaim.
+/// The reserved owner of pending entries that no consumer holds. No consumer name can be equal
+/// to it: consumer names are `<prefix>-<uuid v7>`.
+pub const PARKED: &str = "~parked";
+
+/// A message handed to the consumer by a read or a reclaim.
 #[derive(Debug, Clone)]
 pub(crate) struct RawDelivery {
     pub id: MessageId,
-    /// `None` when the entry is malformed (no payload field): the dispatcher dead-letters it.
+    /// `None` when the entry is malformed (no payload field): the consumer dead-letters it.
     pub payload: Option<Bytes>,
     /// Deliveries including this one.
     pub deliveries: u32,
 }
 
-/// Result of one reclaim tick.
+/// Result of one reclaim call.
 #[derive(Debug, Default)]
 pub(crate) struct Reclaimed {
     pub deliveries: Vec<RawDelivery>,
-    /// Entries moved to dead letters by this tick because they exceeded `max_deliveries`.
+    /// Entries moved to dead letters by this call because they exceeded `max_deliveries`.
     pub dead_lettered: u64,
-    /// Ids XAUTOCLAIM reported as deleted from the stream (and removed from the pending list).
+    /// Pending entries whose stream entry was deleted (removed from the pending list).
     pub deleted: u64,
     /// Delayed entries promoted back into the stream.
     pub promoted: u64,
+    /// More reclaimable entries exist than this call took (or, with `count = 0`, any exist).
+    pub more: bool,
+    /// Time until the earliest delayed entry is due, if any remain.
+    pub next_due: Option<Duration>,
 }
 
 /// Per-consumer settings a backend needs.
@@ -40,16 +57,56 @@ pub(crate) struct ConsumerSpec {
     pub max_deliveries: Option<u32>,
 }
 
+/// What a backend found for one id of a settlement or renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Owned {
+    /// Applied: the entry was this consumer's (or [`PARKED`] where allowed).
+    Done,
+    /// Not pending at all: acknowledged (possibly by an earlier attempt of this very call) or
+    /// deleted.
+    Gone,
+    /// Another consumer owns the entry now.
+    Other,
+}
+
+/// One settlement of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SettleOp {
+    /// XACK + XDEL.
+    Ack,
+    /// Hand the entry to [`PARKED`] with idle 0: reclaimable by any consumer after `claim_timeout`.
+    Park,
+}
+
+/// One settlement: `released` allows the entry to be owned by [`PARKED`] instead of this
+/// consumer (its lease was released past `max_processing_time`, nobody took it since).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Settle {
+    pub id: MessageId,
+    pub op: SettleOp,
+    pub released: bool,
+}
+
+/// What one heartbeat found.
+#[derive(Debug, Default)]
+pub(crate) struct Beat {
+    /// Ids to renew that another consumer owns now.
+    pub lost: Vec<MessageId>,
+    /// Ids to renew that are not pending any more (acked or deleted).
+    pub gone: Vec<MessageId>,
+    /// Entries this consumer owned without holding them (idle past the orphan threshold), now
+    /// handed to [`PARKED`] with their idle time kept.
+    pub orphans: u64,
+}
+
 /// Queue-level operations of a backend.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync + 'static {
     /// Appends payloads at the tail, in order, in one round trip; returns their ids.
     async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError>;
-    /// Creates the consumer group if missing and registers a consumer.
+    /// Creates the consumer group if missing, registers the consumer and writes its first
+    /// liveness record. Called on the consumer's lease thread: connections it opens live there.
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError>;
-    /// A renewer for `spec`'s leases. Called on the heartbeat thread, so that its connection
-    /// lives on that thread's runtime.
-    async fn renewer(&self, spec: ConsumerSpec) -> Result<Box<dyn Renewer>, QueueError>;
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError>;
     /// Oldest first, at most `limit`.
     async fn dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>, QueueError>;
@@ -61,42 +118,64 @@ pub(crate) trait Backend: Send + Sync + 'static {
     async fn purge_dead_letters(&self, queue: &str) -> Result<u64, QueueError>;
 }
 
-/// Operations of one registered consumer.
+/// Operations of one registered consumer, all called on its lease thread (except
+/// [`ConsumerBackend::ack_now`] and [`ConsumerBackend::redis_target`]).
 #[async_trait]
 pub(crate) trait ConsumerBackend: Send + Sync {
     /// Reads up to `count` never-delivered entries, waiting up to `block` for the first.
     /// Recreates the group when it is missing (NOGROUP).
     async fn read_new(&self, count: usize, block: Duration) -> Result<Vec<RawDelivery>, QueueError>;
-    /// Promotes due delayed entries, then takes over up to `count` entries idle for at least
-    /// `claim_timeout` (continuing the previous tick's cursor), dead-lettering those past
-    /// `max_deliveries` in the same atomic step. Ids in `exclude` (released leases whose handler
-    /// still runs here) are left reclaimable for a peer, their delivery count unchanged.
+    /// Promotes due delayed entries, then takes over up to `count` reclaimable entries (see the
+    /// module docs; never this consumer's own, never an id in `exclude`), dead-lettering those
+    /// past `max_deliveries` in the same atomic step. `count = 0` only promotes and tells
+    /// whether reclaimable entries exist ([`Reclaimed::more`]).
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError>;
-    /// Acks and deletes each id this consumer still owns; `true` per id acked, `false` refused.
-    async fn ack(&self, ids: &[MessageId]) -> Result<Vec<bool>, QueueError>;
-    /// The same as [`ConsumerBackend::ack`] for one id, done at once without waiting, when the
-    /// backend can (memory: one lock); `None` sends the ack through the batcher.
-    fn ack_now(&self, id: MessageId) -> Option<bool> {
-        let _ = id;
+    /// Applies acks and parks in one atomic call; one [`Owned`] per item, in order.
+    async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError>;
+    /// [`ConsumerBackend::settle`] of one ack, done at once on the caller's thread without a
+    /// round trip, when the backend can (memory: one lock). `None`: go through the lease thread.
+    fn ack_now(&self, id: MessageId, released: bool) -> Option<Owned> {
+        let _ = (id, released);
         None
+    }
+    /// True when [`ConsumerBackend::ack_now`] answers.
+    fn acks_inline(&self) -> bool {
+        false
     }
     /// Redis only: where this consumer's entries live, for acks done in a caller's script.
     fn redis_target(&self) -> Option<crate::RedisAckTarget> {
         None
     }
-    /// Schedules redelivery after `delay`; `false` if no longer owned.
-    async fn retry_after(&self, id: MessageId, delay: Duration) -> Result<bool, QueueError>;
-    /// Moves an owned entry to dead letters; `false` if no longer owned.
-    async fn dead_letter(&self, id: MessageId, deliveries: u32, reason: &str) -> Result<bool, QueueError>;
-    /// Removes other consumers idle at least `idle` with no pending entry; returns how many.
-    async fn reap_idle_consumers(&self, idle: Duration) -> Result<u64, QueueError>;
-}
-
-/// Renews leases; lives on the heartbeat thread.
-#[async_trait]
-pub(crate) trait Renewer: Send {
-    /// Resets the idle time of each id in `renew` still owned by this consumer, and makes each id
-    /// in `release` reclaimable at once (idle = claim timeout), in ONE atomic round trip. Returns
-    /// the ids of `renew` that this consumer no longer owns (lost leases).
-    async fn renew(&mut self, renew: &[MessageId], release: &[MessageId]) -> Result<Vec<MessageId>, QueueError>;
+    /// Schedules redelivery after `delay` (ownership as for [`Settle::released`]): below
+    /// `claim_timeout` the entry goes to [`PARKED`] with idle `claim_timeout - delay`, else to the
+    /// delayed set. The delivery count is set back by one: a scheduled re-poll is not a delivery.
+    async fn retry_after(&self, id: MessageId, delay: Duration, released: bool) -> Result<Owned, QueueError>;
+    /// Moves the entry to dead letters (ownership as for [`Settle::released`]).
+    async fn dead_letter(
+        &self,
+        id: MessageId,
+        deliveries: u32,
+        reason: &str,
+        released: bool,
+    ) -> Result<Owned, QueueError>;
+    /// One heartbeat, atomically: writes this consumer's liveness record; renews each id of
+    /// `renew` this consumer owns (idle 0; the others are reported lost or gone); renews each id
+    /// of `quiet` it owns (settlements in flight: never reported); hands each id of `release` it
+    /// owns to [`PARKED`] reclaimable at once (idle = claim timeout); hands every other entry it
+    /// owns idle at least `orphan_idle` to [`PARKED`], idle kept. `pel_limit` bounds how many of
+    /// its pending entries are looked at.
+    async fn heartbeat(
+        &self,
+        renew: &[MessageId],
+        quiet: &[MessageId],
+        release: &[MessageId],
+        orphan_idle: Duration,
+        pel_limit: usize,
+    ) -> Result<Beat, QueueError>;
+    /// Removes other consumers that own no pending entry and whose liveness record is at least
+    /// `window` old (or, without a record, idle at least `window`); returns how many.
+    async fn reap_idle_consumers(&self, window: Duration) -> Result<u64, QueueError>;
+    /// Leaves the group if this consumer owns no pending entry (checked atomically); `true` if it
+    /// left.
+    async fn leave(&self) -> Result<bool, QueueError>;
 }

@@ -1,24 +1,93 @@
-//! Leases: the registry of deliveries a consumer holds, and the handle a handler settles with.
+//! Leases: the registry of entries a consumer holds, and the handle a handler settles with.
+//!
+//! The registry is written by the lease thread the moment a read or a reclaim reply is parsed,
+//! before any handler is involved: from then until the entry is settled or handed back, every
+//! heartbeat renews it (see `engine.rs`). A slot is keyed by message id; one delivery per id per
+//! process (a slot's `seq` tells deliveries of one id apart: a lease handle of an earlier
+//! delivery cannot settle a later one).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit};
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::ConsumerBackend;
+use crate::backend::{ConsumerBackend, Owned};
 use crate::{ConsumerCounters, Decision, MessageId, QueueError};
 
-pub(crate) type AckRequest = (MessageId, oneshot::Sender<Result<bool, String>>);
+/// A settlement sent to the lease thread; `reply` is `None` for a lease dropped unsettled.
+pub(crate) struct SettleReq {
+    pub id: MessageId,
+    pub seq: u64,
+    pub decision: Decision,
+    pub reply: Option<oneshot::Sender<Result<(), QueueError>>>,
+}
 
-struct Slot {
-    started: Instant,
-    lost: CancellationToken,
-    /// Renewal stopped: lost to another consumer, or past `max_processing_time`.
-    stopped: bool,
-    abort: Option<tokio::task::AbortHandle>,
+/// A delivery handed to the dispatcher, to run its handler.
+pub(crate) struct Job {
+    pub id: MessageId,
+    pub seq: u64,
+    pub payload: Bytes,
+    pub deliveries: u32,
+    pub lost: CancellationToken,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Another consumer owns the entry: the handler was told.
+    Lost,
+    /// Past `max_processing_time`: handed to the parked owner, the handler was told.
+    Released,
+    /// Not pending any more (acked by a settlement whose reply is still on its way, or deleted):
+    /// nothing left to renew, nothing to tell.
+    Gone,
+}
+
+pub(crate) enum Phase {
+    /// Handed to the dispatcher: its handler runs (or waits for a runtime thread). Holds a
+    /// concurrency slot.
+    Running,
+    /// A settlement is being applied. Holds its concurrency slot until applied.
+    Settling,
+    /// A short `RetryAfter` kept here: redelivered from this process at `due`. Holds no
+    /// concurrency slot.
+    Waiting { due: Instant },
+}
+
+pub(crate) struct Slot {
+    pub seq: u64,
+    pub phase: Phase,
+    pub payload: Bytes,
+    pub deliveries: u32,
+    /// When this delivery began (for `max_processing_time`).
+    pub started: Instant,
+    /// When the last renewal that found the entry ours was sent (or the entry acquired): the lease
+    /// cannot have expired before this + `claim_timeout`.
+    pub renewed_at: Instant,
+    pub stopped: Option<Stop>,
+    pub lost: CancellationToken,
+    pub abort: Option<tokio::task::AbortHandle>,
+}
+
+impl Slot {
+    fn busy(&self) -> bool {
+        !matches!(self.phase, Phase::Waiting { .. })
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Registry {
+    pub slots: HashMap<MessageId, Slot>,
+    /// Slots holding a concurrency slot (running or settling).
+    pub busy: usize,
+    /// Concurrency slots promised to the read in flight (its COUNT).
+    pub promised: usize,
+    pub next_seq: u64,
+    /// Acquisition stopped: short `RetryAfter`s are no longer kept here.
+    pub closing: bool,
 }
 
 #[derive(Default)]
@@ -51,17 +120,28 @@ impl Counters {
     }
 }
 
-/// State shared by a consumer's dispatcher, handler tasks, heartbeat thread and leases.
+/// What one heartbeat sends: see `ConsumerBackend::heartbeat`.
+pub(crate) struct BeatPlan {
+    pub renew: Vec<MessageId>,
+    pub quiet: Vec<MessageId>,
+    pub release: Vec<MessageId>,
+}
+
+/// State shared by a consumer's lease thread, dispatcher, handler tasks and leases.
 pub(crate) struct Shared {
     pub queue: String,
     pub consumer: String,
     pub backend: Arc<dyn ConsumerBackend>,
-    pub ack_tx: mpsc::UnboundedSender<AckRequest>,
+    pub settle_tx: mpsc::UnboundedSender<SettleReq>,
     pub counters: Counters,
-    /// Signalled whenever a lease is settled (a concurrency slot frees up).
-    pub settled: Notify,
+    pub concurrency: usize,
+    pub claim_timeout: Duration,
     pub max_processing_time: Duration,
-    slots: Mutex<HashMap<MessageId, Slot>>,
+    /// Signalled (all waiters) whenever a concurrency slot frees or a waiting entry is added:
+    /// wakes the acquirer, the redeliverer and `drain`. Waiters enable their `notified()` before
+    /// looking at the registry.
+    pub changed: Notify,
+    reg: Mutex<Registry>,
 }
 
 impl Shared {
@@ -69,84 +149,215 @@ impl Shared {
         queue: String,
         consumer: String,
         backend: Arc<dyn ConsumerBackend>,
-        ack_tx: mpsc::UnboundedSender<AckRequest>,
-        max_processing_time: Duration,
+        settle_tx: mpsc::UnboundedSender<SettleReq>,
+        options: &crate::ConsumerOptions,
     ) -> Self {
         Self {
             queue,
             consumer,
             backend,
-            ack_tx,
+            settle_tx,
             counters: Counters::default(),
-            settled: Notify::new(),
-            max_processing_time,
-            slots: Mutex::new(HashMap::new()),
+            concurrency: options.concurrency,
+            claim_timeout: options.claim_timeout,
+            max_processing_time: options.max_processing_time,
+            changed: Notify::new(),
+            reg: Mutex::new(Registry::default()),
         }
     }
 
-    pub fn register(&self, id: MessageId, lost: CancellationToken) {
-        self.slots
-            .lock()
-            .unwrap()
-            .insert(id, Slot { started: Instant::now(), lost, stopped: false, abort: None });
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.reg.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn set_abort(&self, id: MessageId, abort: tokio::task::AbortHandle) {
-        if let Some(s) = self.slots.lock().unwrap().get_mut(&id) {
+    /// Free concurrency slots (not running, not promised to the read in flight).
+    pub fn free(&self) -> usize {
+        let reg = self.lock();
+        self.concurrency.saturating_sub(reg.busy + reg.promised)
+    }
+
+    /// Promises `n` slots to a read about to be sent (0: the read returned; call after
+    /// registering what it returned).
+    pub fn promise(&self, n: usize) {
+        self.lock().promised = n;
+    }
+
+    fn notify(&self) {
+        self.changed.notify_waiters();
+    }
+
+    /// Registers an acquired entry as running and returns its job, or `None` when this process
+    /// already holds the id (never delivered twice; the entry stays under the existing slot).
+    pub fn register(&self, id: MessageId, payload: Bytes, deliveries: u32, acquired_at: Instant) -> Option<Job> {
+        let mut reg = self.lock();
+        if reg.slots.contains_key(&id) {
+            return None;
+        }
+        reg.next_seq += 1;
+        let seq = reg.next_seq;
+        let lost = CancellationToken::new();
+        reg.slots.insert(
+            id,
+            Slot {
+                seq,
+                phase: Phase::Running,
+                payload: payload.clone(),
+                deliveries,
+                started: Instant::now(),
+                renewed_at: acquired_at,
+                stopped: None,
+                lost: lost.clone(),
+                abort: None,
+            },
+        );
+        reg.busy += 1;
+        Some(Job { id, seq, payload, deliveries, lost })
+    }
+
+    /// Registers an acquired entry that no handler will see (dead-lettered by the lease thread
+    /// at once): settling, in the concurrency slot the read counted it in.
+    pub fn register_settling(&self, id: MessageId, deliveries: u32, acquired_at: Instant) -> Option<u64> {
+        let mut reg = self.lock();
+        if reg.slots.contains_key(&id) {
+            return None;
+        }
+        reg.next_seq += 1;
+        let seq = reg.next_seq;
+        reg.slots.insert(
+            id,
+            Slot {
+                seq,
+                phase: Phase::Settling,
+                payload: Bytes::new(),
+                deliveries,
+                started: Instant::now(),
+                renewed_at: acquired_at,
+                stopped: None,
+                lost: CancellationToken::new(),
+                abort: None,
+            },
+        );
+        reg.busy += 1;
+        Some(seq)
+    }
+
+    pub fn set_abort(&self, id: MessageId, seq: u64, abort: tokio::task::AbortHandle) {
+        if let Some(s) = self.lock().slots.get_mut(&id).filter(|s| s.seq == seq) {
             s.abort = Some(abort);
         }
     }
 
-    fn finish(&self, id: MessageId) {
-        self.slots.lock().unwrap().remove(&id);
-        self.settled.notify_one();
-        self.settled.notify_waiters();
+    /// Moves waiting entries that are due into running, as far as concurrency allows; returns
+    /// their jobs. Each is a new delivery of the same message (new `seq`), same delivery count.
+    pub fn take_due(&self, now: Instant) -> Vec<Job> {
+        let mut reg = self.lock();
+        let free = self.concurrency.saturating_sub(reg.busy + reg.promised);
+        if free == 0 {
+            return Vec::new();
+        }
+        let mut due: Vec<(Instant, MessageId)> = reg
+            .slots
+            .iter()
+            .filter_map(|(id, s)| match s.phase {
+                Phase::Waiting { due } if due <= now && s.stopped.is_none() => Some((due, *id)),
+                _ => None,
+            })
+            .collect();
+        due.sort();
+        let mut jobs = Vec::new();
+        for (_, id) in due.into_iter().take(free) {
+            reg.next_seq += 1;
+            let seq = reg.next_seq;
+            let s = reg.slots.get_mut(&id).expect("listed");
+            s.seq = seq;
+            s.phase = Phase::Running;
+            s.started = Instant::now();
+            s.lost = CancellationToken::new();
+            s.abort = None;
+            jobs.push(Job { id, seq, payload: s.payload.clone(), deliveries: s.deliveries, lost: s.lost.clone() });
+            reg.busy += 1;
+        }
+        jobs
     }
 
-    /// Ids held right now (handlers running, or deferred leases not yet settled).
+    /// The earliest due time of a waiting entry.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.lock()
+            .slots
+            .values()
+            .filter_map(|s| match s.phase {
+                Phase::Waiting { due } if s.stopped.is_none() => Some(due),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Stops keeping short `RetryAfter`s here and takes the waiting entries, with the time left
+    /// until each is due (to hand them back on stop).
+    pub fn take_waiting(&self) -> Vec<(MessageId, Duration)> {
+        let mut reg = self.lock();
+        reg.closing = true;
+        let now = Instant::now();
+        let ids: Vec<(MessageId, Duration)> = reg
+            .slots
+            .iter()
+            .filter_map(|(id, s)| match s.phase {
+                Phase::Waiting { due } => Some((*id, due.saturating_duration_since(now))),
+                _ => None,
+            })
+            .collect();
+        for (id, _) in &ids {
+            reg.slots.remove(id);
+        }
+        ids
+    }
+
+    /// Ids held with a handler (running, deferred, or settling), ascending.
     pub fn in_flight(&self) -> Vec<MessageId> {
-        let mut v: Vec<MessageId> = self.slots.lock().unwrap().keys().copied().collect();
+        let mut v: Vec<MessageId> = self.lock().slots.iter().filter(|(_, s)| s.busy()).map(|(id, _)| *id).collect();
         v.sort();
         v
     }
 
-    /// Ids whose renewal stopped (lost or past `max_processing_time`) while their handler still
-    /// runs here: reclaim must leave them to a peer.
-    pub fn released(&self) -> Vec<MessageId> {
-        self.slots.lock().unwrap().iter().filter(|(_, s)| s.stopped).map(|(id, _)| *id).collect()
+    /// Ids whose lease stopped while their handler still runs here: a reclaim must leave them.
+    pub fn stopped_ids(&self) -> Vec<MessageId> {
+        self.lock().slots.iter().filter(|(_, s)| s.stopped.is_some()).map(|(id, _)| *id).collect()
     }
 
-    /// Aborts every running handler task (used when a consumer is aborted).
+    /// Aborts every running handler task (a consumer aborted).
     pub fn abort_all(&self) {
-        for s in self.slots.lock().unwrap().values_mut() {
+        for s in self.lock().slots.values_mut() {
             if let Some(a) = s.abort.take() {
                 a.abort();
             }
         }
     }
 
-    /// For one heartbeat tick: the ids to renew, and the ids past `max_processing_time` to
-    /// release (their renewal stops now; their handlers are told through the lost-lease signal).
-    pub fn heartbeat_snapshot(&self) -> (Vec<MessageId>, Vec<MessageId>) {
-        let mut renew = Vec::new();
-        let mut release = Vec::new();
-        let mut slots = self.slots.lock().unwrap();
-        for (id, s) in slots.iter_mut() {
-            if s.stopped {
+    /// For one heartbeat: what to renew, renew quietly and release. Handlers past
+    /// `max_processing_time` are released now (renewal stops; they are told through the
+    /// lost-lease signal).
+    pub fn beat_plan(&self) -> BeatPlan {
+        let mut plan = BeatPlan { renew: Vec::new(), quiet: Vec::new(), release: Vec::new() };
+        let mut reg = self.lock();
+        for (id, s) in reg.slots.iter_mut() {
+            if s.stopped.is_some() {
                 continue;
             }
-            if s.started.elapsed() > self.max_processing_time {
-                s.stopped = true;
-                // Count before signalling, so whoever observes the signal sees the count.
-                self.counters.leases_expired.fetch_add(1, Ordering::Relaxed);
-                s.lost.cancel();
-                release.push(*id);
-            } else {
-                renew.push(*id);
+            match s.phase {
+                Phase::Settling => plan.quiet.push(*id),
+                Phase::Waiting { .. } => plan.renew.push(*id),
+                Phase::Running if s.started.elapsed() > self.max_processing_time => {
+                    s.stopped = Some(Stop::Released);
+                    // Count before signalling, so whoever observes the signal sees the count.
+                    self.counters.leases_expired.fetch_add(1, Ordering::Relaxed);
+                    s.lost.cancel();
+                    plan.release.push(*id);
+                }
+                Phase::Running => plan.renew.push(*id),
             }
         }
-        drop(slots);
-        for id in &release {
+        drop(reg);
+        for id in &plan.release {
             metrics::counter!("baton_queue_leases_expired_total", "queue" => self.queue.clone()).increment(1);
             tracing::warn!(
                 queue = %self.queue,
@@ -155,25 +366,143 @@ impl Shared {
                 "handler exceeded max_processing_time: lease released, the message can be taken by another consumer"
             );
         }
-        (renew, release)
+        plan.renew.sort();
+        plan
     }
 
-    /// Marks leases the heartbeat found lost: renewal stops and the handler is signalled.
-    pub fn mark_lost(&self, lost: &[MessageId]) {
-        let mut slots = self.slots.lock().unwrap();
-        for id in lost {
-            if let Some(s) = slots.get_mut(id) {
-                if !s.stopped {
-                    s.stopped = true;
-                    // Count before signalling, so whoever observes the signal sees the count.
+    /// Applies what a heartbeat sent at `sent` found.
+    pub fn apply_beat(&self, plan: &BeatPlan, beat: &crate::backend::Beat, sent: Instant) {
+        let mut reg = self.lock();
+        let lost: std::collections::HashSet<&MessageId> = beat.lost.iter().collect();
+        let gone: std::collections::HashSet<&MessageId> = beat.gone.iter().collect();
+        let mut renewed = 0u64;
+        let mut remove = Vec::new();
+        for id in plan.renew.iter().chain(&plan.quiet) {
+            let Some(s) = reg.slots.get_mut(id) else { continue };
+            let was_lost = lost.contains(id)
+                || (gone.contains(id) && sent.saturating_duration_since(s.renewed_at) >= self.claim_timeout);
+            if was_lost {
+                if s.stopped.is_none() {
+                    s.stopped = Some(Stop::Lost);
                     self.counters.leases_lost.fetch_add(1, Ordering::Relaxed);
                     s.lost.cancel();
                     metrics::counter!("baton_queue_leases_lost_total", "queue" => self.queue.clone()).increment(1);
                     tracing::warn!(queue = %self.queue, message_id = %id, "lease lost: another consumer owns the message now");
                 }
+                if matches!(s.phase, Phase::Waiting { .. }) {
+                    remove.push(*id);
+                }
+            } else if gone.contains(id) {
+                // Acked by a settlement whose reply is on its way, or deleted: nothing to renew.
+                if s.stopped.is_none() {
+                    s.stopped = Some(Stop::Gone);
+                }
+                if matches!(s.phase, Phase::Waiting { .. }) {
+                    remove.push(*id);
+                }
+            } else {
+                s.renewed_at = sent;
+                renewed += 1;
             }
         }
+        for id in remove {
+            reg.slots.remove(&id);
+        }
+        drop(reg);
+        self.counters.renewals.fetch_add(renewed, Ordering::Relaxed);
+        metrics::counter!("baton_queue_lease_renewals_total", "queue" => self.queue.clone()).increment(renewed);
     }
+
+    /// Marks a slot lost because a settlement found another owner.
+    fn mark_lost_locked(&self, s: &mut Slot, id: MessageId) {
+        if s.stopped != Some(Stop::Lost) {
+            s.stopped = Some(Stop::Lost);
+            self.counters.leases_lost.fetch_add(1, Ordering::Relaxed);
+            s.lost.cancel();
+            metrics::counter!("baton_queue_leases_lost_total", "queue" => self.queue.clone()).increment(1);
+            tracing::warn!(queue = %self.queue, message_id = %id, "lease lost: another consumer owns the message now");
+        }
+    }
+
+    /// Starts settling delivery `(id, seq)`: the slot must be running. Returns whether its lease
+    /// was released (past `max_processing_time`), or `AlreadySettled`.
+    pub fn begin_settle(&self, id: MessageId, seq: u64) -> Result<SettleCtx, QueueError> {
+        let mut reg = self.lock();
+        match reg.slots.get_mut(&id) {
+            Some(s) if s.seq == seq && matches!(s.phase, Phase::Running) => {
+                s.phase = Phase::Settling;
+                Ok(SettleCtx { released: s.stopped == Some(Stop::Released), stopped: s.stopped })
+            }
+            _ => Err(QueueError::AlreadySettled(id)),
+        }
+    }
+
+    /// Turns a settling slot into a waiting one (a short `RetryAfter` kept here); `false` when
+    /// the consumer is closing (the caller then hands the entry back through the backend).
+    pub fn make_waiting(&self, id: MessageId, seq: u64, delay: Duration) -> bool {
+        let mut reg = self.lock();
+        if reg.closing {
+            return false;
+        }
+        if let Some(s) = reg.slots.get_mut(&id).filter(|s| s.seq == seq) {
+            s.phase = Phase::Waiting { due: Instant::now() + delay };
+            s.abort = None;
+            reg.busy -= 1;
+        }
+        drop(reg);
+        self.notify();
+        true
+    }
+
+    /// Finishes settling `(id, seq)` with what the backend found (or `None`: settled without a
+    /// backend answer, e.g. `mark_acked`); frees its slot. Returns the settlement's result.
+    pub fn finish(&self, id: MessageId, seq: u64, decision: &Decision, found: Option<Owned>) -> Result<(), QueueError> {
+        let mut reg = self.lock();
+        let Some(s) = reg.slots.get_mut(&id).filter(|s| s.seq == seq) else {
+            return Err(QueueError::Closed);
+        };
+        // A lease that cannot have expired before this answer: `Gone` means acked by an earlier
+        // attempt of this settlement (or deleted), not taken and finished elsewhere.
+        let unexpired = s.renewed_at.elapsed() < self.claim_timeout && s.stopped != Some(Stop::Lost);
+        let result = match (decision, found) {
+            (_, None) | (_, Some(Owned::Done)) => Ok(()),
+            (Decision::Retry, _) => Ok(()),
+            (_, Some(Owned::Gone)) if unexpired => Ok(()),
+            (_, Some(Owned::Gone)) => Err(QueueError::LeaseLost(id)),
+            (_, Some(Owned::Other)) => {
+                self.mark_lost_locked(s, id);
+                Err(QueueError::LeaseLost(id))
+            }
+        };
+        let busy = s.busy();
+        reg.slots.remove(&id);
+        if busy {
+            reg.busy -= 1;
+        }
+        drop(reg);
+        self.notify();
+        result
+    }
+
+    /// Drops the slot of `(id, seq)` after a settlement that failed for good.
+    pub fn abandon(&self, id: MessageId, seq: u64) {
+        let mut reg = self.lock();
+        if let Some(s) = reg.slots.get(&id).filter(|s| s.seq == seq) {
+            let busy = s.busy();
+            reg.slots.remove(&id);
+            if busy {
+                reg.busy -= 1;
+            }
+        }
+        drop(reg);
+        self.notify();
+    }
+}
+
+/// What `begin_settle` found about the lease.
+pub(crate) struct SettleCtx {
+    pub released: bool,
+    pub stopped: Option<Stop>,
 }
 
 /// Where a Redis delivery lives: see [`Lease::redis_target`].
@@ -189,10 +518,13 @@ pub struct RedisAckTarget {
 
 /// The lease on one delivery. Clone it freely; settle it once.
 ///
-/// While unsettled, the consumer's heartbeat renews it every `heartbeat_interval`. It is *lost*
-/// when another consumer took the message (after a renewal could not run for `claim_timeout`) or
-/// when the handler ran past `max_processing_time`; [`Lease::lost`] then resolves, and an ack
-/// through it is refused. Dropping every clone unsettled counts as [`Decision::Retry`].
+/// It began when the backend assigned the entry to this consumer (before the handler started)
+/// and is renewed every `heartbeat_interval` by the consumer's lease thread until settled,
+/// whatever the handler does. It is *lost* only when another consumer owns the message (after
+/// renewals could not reach the backend for `claim_timeout`, e.g. a stopped or partitioned
+/// process), or *released* when the handler ran past `max_processing_time`; [`Lease::lost`] then
+/// resolves. An ack of a lost lease is refused. Dropping every clone unsettled counts as
+/// [`Decision::Retry`].
 #[derive(Clone)]
 pub struct Lease {
     inner: Arc<LeaseInner>,
@@ -200,11 +532,10 @@ pub struct Lease {
 
 struct LeaseInner {
     id: MessageId,
-    deliveries: u32,
+    seq: u64,
     shared: Arc<Shared>,
     lost: CancellationToken,
     settled: AtomicBool,
-    permit: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -218,21 +549,14 @@ impl std::fmt::Debug for Lease {
 }
 
 impl Lease {
-    pub(crate) fn new(
-        id: MessageId,
-        deliveries: u32,
-        shared: Arc<Shared>,
-        lost: CancellationToken,
-        permit: OwnedSemaphorePermit,
-    ) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, job: &Job) -> Self {
         Self {
             inner: Arc::new(LeaseInner {
-                id,
-                deliveries,
+                id: job.id,
+                seq: job.seq,
                 shared,
-                lost,
+                lost: job.lost.clone(),
                 settled: AtomicBool::new(false),
-                permit: Mutex::new(Some(permit)),
             }),
         }
     }
@@ -242,38 +566,42 @@ impl Lease {
         self.inner.id
     }
 
-    /// True once the lease is lost (see the type's docs).
+    /// True once the lease is lost or released (see the type's docs).
     pub fn is_lost(&self) -> bool {
         self.inner.lost.is_cancelled()
     }
 
-    /// Resolves when the lease is lost. Cooperative: the handler decides to stop.
+    /// Resolves when the lease is lost or released. Cooperative: the handler decides to stop.
     pub async fn lost(&self) {
         self.inner.lost.cancelled().await
     }
 
-    /// A token cancelled when the lease is lost, to pass to code that takes one.
+    /// A token cancelled when the lease is lost or released, to pass to code that takes one.
     pub fn lost_token(&self) -> CancellationToken {
         self.inner.lost.clone()
     }
 
     /// Acks (XACK + XDEL atomically). Errors: [`QueueError::LeaseLost`] if another consumer
-    /// owns the message now, [`QueueError::AlreadySettled`].
+    /// owns the message now, [`QueueError::AlreadySettled`], [`QueueError::Closed`] when the
+    /// consumer has stopped.
     pub async fn ack(&self) -> Result<(), QueueError> {
         self.settle(Decision::Ack).await
     }
 
-    /// Leaves the message for redelivery after `claim_timeout`. Errors: [`QueueError::AlreadySettled`].
+    /// Hands the message back for redelivery after `claim_timeout` (to any consumer of the
+    /// queue). Errors: [`QueueError::AlreadySettled`], [`QueueError::Closed`].
     pub async fn retry(&self) -> Result<(), QueueError> {
         self.settle(Decision::Retry).await
     }
 
-    /// Redelivers after about `delay`. Errors: [`QueueError::LeaseLost`], [`QueueError::AlreadySettled`].
+    /// Redelivers after `delay`. Errors: [`QueueError::LeaseLost`], [`QueueError::AlreadySettled`],
+    /// [`QueueError::Closed`].
     pub async fn retry_after(&self, delay: Duration) -> Result<(), QueueError> {
         self.settle(Decision::RetryAfter(delay)).await
     }
 
-    /// Moves the message to dead letters. Errors: [`QueueError::LeaseLost`], [`QueueError::AlreadySettled`].
+    /// Moves the message to dead letters. Errors: [`QueueError::LeaseLost`],
+    /// [`QueueError::AlreadySettled`], [`QueueError::Closed`].
     pub async fn dead_letter(&self, reason: impl Into<String>) -> Result<(), QueueError> {
         self.settle(Decision::DeadLetter(reason.into())).await
     }
@@ -281,7 +609,7 @@ impl Lease {
     /// Redis only (`None` in memory): the stream key, group and consumer name that hold this
     /// delivery, for a caller that acks it inside its own Lua script, atomically with its own
     /// writes (e.g. the command service's terminal state write). Such a script must ack exactly
-    /// like the queue's `ack` script: only when `XPENDING <stream> <group> <id> <id> 1` names
+    /// like the queue's `settle` script: only when `XPENDING <stream> <group> <id> <id> 1` names
     /// `consumer` as the owner, then `XACK <stream> <group> <id>` and `XDEL <stream> <id>`; and
     /// then tell the lease with [`Lease::mark_acked`]. The script's keys must share the stream's
     /// hash slot on Cluster (the stream key holds the queue's `{queue}` tag).
@@ -293,7 +621,8 @@ impl Lease {
     /// atomically and ownership-checked (see [`Lease::redis_target`]). Counts as an ack and frees
     /// the concurrency slot; the handler then returns [`Decision::Deferred`] (or anything: the
     /// lease is settled, a later decision is ignored). Calling it when the entry was *not* acked
-    /// leaves the entry pending: it is redelivered after `claim_timeout`.
+    /// leaves the entry pending under this consumer, not held: the next heartbeat hands it back
+    /// (as an orphan) and it is redelivered after `claim_timeout`.
     ///
     /// Errors: [`QueueError::AlreadySettled`].
     pub fn mark_acked(&self) -> Result<(), QueueError> {
@@ -302,10 +631,11 @@ impl Lease {
             return Err(QueueError::AlreadySettled(inner.id));
         }
         let shared = &inner.shared;
+        shared.begin_settle(inner.id, inner.seq)?;
+        let _ = shared.finish(inner.id, inner.seq, &Decision::Ack, None);
         shared.counters.acked.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("baton_queue_outcomes_total", "queue" => shared.queue.clone(), "decision" => "ack", "result" => "ok")
             .increment(1);
-        self.release();
         Ok(())
     }
 
@@ -320,81 +650,51 @@ impl Lease {
             return Err(QueueError::AlreadySettled(id));
         }
         let shared = &inner.shared;
-        let q = shared.queue.clone();
-        let outcome = match decision {
-            Decision::Ack => {
-                let r = if let Some(owned) = shared.backend.ack_now(id) {
-                    // Memory: acked at once under the queue's lock, no batcher round trip.
-                    if owned {
-                        Ok(())
-                    } else {
-                        Err(QueueError::LeaseLost(id))
+        let name = decision_name(&decision);
+        let r = if matches!(decision, Decision::Ack) && shared.backend.acks_inline() {
+            // Memory: acked at once under the queue's lock, no trip to the lease thread.
+            match shared.begin_settle(id, inner.seq) {
+                Ok(ctx) => {
+                    let found = shared.backend.ack_now(id, ctx.released);
+                    let r = shared.finish(id, inner.seq, &decision, found);
+                    if r.is_ok() {
+                        shared.counters.acked.fetch_add(1, Ordering::Relaxed);
                     }
-                } else {
-                    let (tx, rx) = oneshot::channel();
-                    if shared.ack_tx.send((id, tx)).is_err() {
-                        Err(QueueError::Closed)
-                    } else {
-                        match rx.await {
-                            Ok(Ok(true)) => Ok(()),
-                            Ok(Ok(false)) => Err(QueueError::LeaseLost(id)),
-                            Ok(Err(e)) => Err(QueueError::Unavailable(e)),
-                            Err(_) => Err(QueueError::Closed),
-                        }
-                    }
-                };
-                if r.is_ok() {
-                    shared.counters.acked.fetch_add(1, Ordering::Relaxed);
+                    r
                 }
-                ("ack", r)
+                Err(e) => Err(e),
             }
-            Decision::Retry => {
-                shared.counters.retried.fetch_add(1, Ordering::Relaxed);
-                ("retry", Ok(()))
+        } else {
+            let (tx, rx) = oneshot::channel();
+            let req = SettleReq { id, seq: inner.seq, decision, reply: Some(tx) };
+            if shared.settle_tx.send(req).is_err() {
+                Err(QueueError::Closed)
+            } else {
+                rx.await.unwrap_or(Err(QueueError::Closed))
             }
-            Decision::RetryAfter(d) => {
-                shared.counters.retried.fetch_add(1, Ordering::Relaxed);
-                let r = match shared.backend.retry_after(id, d).await {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err(QueueError::LeaseLost(id)),
-                    Err(e) => Err(e),
-                };
-                ("retry_after", r)
-            }
-            Decision::DeadLetter(reason) => {
-                let r = match shared.backend.dead_letter(id, inner.deliveries, &reason).await {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err(QueueError::LeaseLost(id)),
-                    Err(e) => Err(e),
-                };
-                if r.is_ok() {
-                    shared.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("baton_queue_dead_letters_total", "queue" => q.clone()).increment(1);
-                }
-                ("dead_letter", r)
-            }
-            Decision::Deferred => unreachable!("handled above"),
         };
-        let result = if outcome.1.is_ok() { "ok" } else { "refused" };
-        metrics::counter!("baton_queue_outcomes_total", "queue" => q, "decision" => outcome.0, "result" => result)
+        let result = if r.is_ok() { "ok" } else { "refused" };
+        metrics::counter!("baton_queue_outcomes_total", "queue" => shared.queue.clone(), "decision" => name, "result" => result)
             .increment(1);
-        self.release();
-        outcome.1
+        r
     }
+}
 
-    fn release(&self) {
-        self.inner.permit.lock().unwrap().take();
-        self.inner.shared.finish(self.inner.id);
+pub(crate) fn decision_name(d: &Decision) -> &'static str {
+    match d {
+        Decision::Ack => "ack",
+        Decision::Retry => "retry",
+        Decision::RetryAfter(_) => "retry_after",
+        Decision::Deferred => "deferred",
+        Decision::DeadLetter(_) => "dead_letter",
     }
 }
 
 impl Drop for LeaseInner {
     fn drop(&mut self) {
         if !self.settled.swap(true, Ordering::AcqRel) {
-            // Dropped unsettled: a Retry (the entry stays pending and is redelivered).
-            self.shared.counters.retried.fetch_add(1, Ordering::Relaxed);
-            self.permit.lock().unwrap().take();
-            self.shared.finish(self.id);
+            // Dropped unsettled: a Retry (handed back, redelivered after claim_timeout).
+            let _ = self.shared.settle_tx.send(SettleReq { id: self.id, seq: self.seq, decision: Decision::Retry, reply: None });
         }
     }
 }

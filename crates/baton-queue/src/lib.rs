@@ -30,6 +30,7 @@
 mod api;
 mod backend;
 mod consumer;
+mod engine;
 mod lease;
 mod memory;
 mod redis;

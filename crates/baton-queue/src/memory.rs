@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use crate::backend::{Backend, ConsumerBackend, ConsumerSpec, RawDelivery, Reclaimed, Renewer};
+use crate::backend::{Backend, Beat, ConsumerBackend, ConsumerSpec, Owned, RawDelivery, Reclaimed, Settle, SettleOp, PARKED};
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
 #[derive(Default)]
@@ -44,6 +44,7 @@ struct QState {
     entries: BTreeMap<MessageId, Entry>,
     last_delivered: MessageId,
     pending: BTreeMap<MessageId, Pel>,
+    /// Registered consumers and their liveness record: the time of their last heartbeat.
     consumers: HashMap<String, Instant>,
     delayed: BTreeMap<(Instant, MessageId), Entry>,
     dead: BTreeMap<MessageId, DeadLetter>,
@@ -69,8 +70,13 @@ impl QState {
         id
     }
 
-    fn owned_by(&self, id: &MessageId, consumer: &str) -> bool {
-        self.pending.get(id).is_some_and(|p| p.consumer == consumer)
+    /// Who owns `id` from the point of view of `me` (see [`Settle::released`]).
+    fn owner(&self, id: &MessageId, me: &str, released: bool) -> Owned {
+        match self.pending.get(id) {
+            None => Owned::Gone,
+            Some(p) if p.consumer == me || (released && p.consumer == PARKED) => Owned::Done,
+            Some(_) => Owned::Other,
+        }
     }
 
     fn remove(&mut self, id: &MessageId) -> Option<Entry> {
@@ -115,11 +121,7 @@ impl Backend for MemoryBackend {
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError> {
         let q = self.queue(&spec.queue);
         q.state.lock().unwrap().consumers.insert(spec.consumer.clone(), Instant::now());
-        Ok(Arc::new(MemConsumer { q, spec, cursor: Mutex::new(MessageId::ZERO) }))
-    }
-
-    async fn renewer(&self, spec: ConsumerSpec) -> Result<Box<dyn Renewer>, QueueError> {
-        Ok(Box::new(MemRenewer { q: self.queue(&spec.queue), spec }))
+        Ok(Arc::new(MemConsumer { q, spec }))
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
@@ -183,13 +185,15 @@ fn next_after(id: MessageId) -> MessageId {
 struct MemConsumer {
     q: Arc<MemQueue>,
     spec: ConsumerSpec,
-    cursor: Mutex<MessageId>,
 }
 
 impl MemConsumer {
+    fn me(&self) -> &str {
+        &self.spec.consumer
+    }
+
     fn take_new(&self, count: usize) -> Vec<RawDelivery> {
         let mut st = self.q.state.lock().unwrap();
-        st.consumers.insert(self.spec.consumer.clone(), Instant::now());
         let start = next_after(st.last_delivered);
         let picked: Vec<(MessageId, Bytes, u32)> = st
             .entries
@@ -200,15 +204,20 @@ impl MemConsumer {
         let now = Instant::now();
         for (id, _, _) in &picked {
             st.last_delivered = *id;
-            st.pending.insert(
-                *id,
-                Pel { consumer: self.spec.consumer.clone(), delivered_at: now, deliveries: 1 },
-            );
+            st.pending.insert(*id, Pel { consumer: self.me().to_string(), delivered_at: now, deliveries: 1 });
         }
         picked
             .into_iter()
             .map(|(id, payload, deliveries)| RawDelivery { id, payload: Some(payload), deliveries })
             .collect()
+    }
+
+    fn ack_locked(&self, st: &mut QState, id: &MessageId, released: bool) -> Owned {
+        let o = st.owner(id, self.me(), released);
+        if o == Owned::Done {
+            st.remove(id);
+        }
+        o
     }
 }
 
@@ -232,7 +241,6 @@ impl ConsumerBackend for MemConsumer {
 
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError> {
         let mut out = Reclaimed::default();
-        let promoted_any;
         {
             let mut st = self.q.state.lock().unwrap();
             let now = Instant::now();
@@ -245,23 +253,28 @@ impl ConsumerBackend for MemConsumer {
                 st.append(e.payload, e.prior);
                 out.promoted += 1;
             }
-            promoted_any = out.promoted > 0;
-            // Take over idle pending entries, paging with a cursor like XAUTOCLAIM.
-            let mut cursor = *self.cursor.lock().unwrap();
-            let limit_scan = count.saturating_mul(10).max(100);
-            let mut next_cursor = MessageId::ZERO;
-            let candidates: Vec<MessageId> =
-                st.pending.range(cursor..).map(|(id, _)| *id).take(limit_scan + 1).collect();
-            for (scanned, id) in candidates.into_iter().enumerate() {
-                if out.deliveries.len() >= count || scanned >= limit_scan {
-                    next_cursor = id;
-                    break;
-                }
-                let p = st.pending.get(&id).expect("listed");
-                if now.duration_since(p.delivered_at) < self.spec.claim_timeout || exclude.contains(&id) {
-                    continue;
-                }
-                let deliveries_in_pel = p.deliveries + 1;
+            out.next_due = st.delayed.first_key_value().map(|((due, _), _)| due.saturating_duration_since(now));
+            // Reclaimable: idle for claim_timeout, owned by PARKED or by a consumer whose
+            // liveness record is claim_timeout old (or gone); never our own; never excluded.
+            let claim = self.spec.claim_timeout;
+            let dead_owner = |st: &QState, owner: &str| {
+                owner == PARKED || st.consumers.get(owner).is_none_or(|seen| now.duration_since(*seen) >= claim)
+            };
+            let candidates: Vec<MessageId> = st
+                .pending
+                .iter()
+                .filter(|(id, p)| {
+                    p.consumer != self.spec.consumer
+                        && now.duration_since(p.delivered_at) >= claim
+                        && !exclude.contains(id)
+                })
+                .filter(|(_, p)| dead_owner(&st, &p.consumer))
+                .map(|(id, _)| *id)
+                .take(count + 1)
+                .collect();
+            out.more = candidates.len() > count;
+            for id in candidates.into_iter().take(count) {
+                let deliveries_in_pel = st.pending[&id].deliveries + 1;
                 let Some(entry) = st.entries.get(&id) else {
                     st.pending.remove(&id);
                     out.deleted += 1;
@@ -281,111 +294,144 @@ impl ConsumerBackend for MemConsumer {
                 p.deliveries = deliveries_in_pel;
                 out.deliveries.push(RawDelivery { id, payload: Some(payload), deliveries: total });
             }
-            if count > 0 {
-                cursor = next_cursor;
-                *self.cursor.lock().unwrap() = cursor;
-            }
-            st.consumers.insert(self.spec.consumer.clone(), now);
         }
-        if promoted_any {
+        if out.promoted > 0 {
             self.q.notify.notify_waiters();
         }
         Ok(out)
     }
 
-    fn ack_now(&self, id: MessageId) -> Option<bool> {
+    async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError> {
         let mut st = self.q.state.lock().unwrap();
-        let owned = st.owned_by(&id, &self.spec.consumer);
-        if owned {
-            st.remove(&id);
-        }
-        Some(owned)
-    }
-
-    async fn ack(&self, ids: &[MessageId]) -> Result<Vec<bool>, QueueError> {
-        let mut st = self.q.state.lock().unwrap();
-        Ok(ids
+        let now = Instant::now();
+        Ok(items
             .iter()
-            .map(|id| {
-                if st.owned_by(id, &self.spec.consumer) {
-                    st.remove(id);
-                    true
-                } else {
-                    false
+            .map(|s| match s.op {
+                SettleOp::Ack => self.ack_locked(&mut st, &s.id, s.released),
+                SettleOp::Park => {
+                    let o = st.owner(&s.id, self.me(), s.released);
+                    if o == Owned::Done {
+                        let p = st.pending.get_mut(&s.id).expect("owned");
+                        if p.consumer != PARKED {
+                            p.consumer = PARKED.to_string();
+                            p.delivered_at = now;
+                        }
+                    }
+                    o
                 }
             })
             .collect())
     }
 
-    async fn retry_after(&self, id: MessageId, delay: Duration) -> Result<bool, QueueError> {
+    fn acks_inline(&self) -> bool {
+        true
+    }
+
+    fn ack_now(&self, id: MessageId, released: bool) -> Option<Owned> {
         let mut st = self.q.state.lock().unwrap();
-        if !st.owned_by(&id, &self.spec.consumer) {
-            return Ok(false);
+        Some(self.ack_locked(&mut st, &id, released))
+    }
+
+    async fn retry_after(&self, id: MessageId, delay: Duration, released: bool) -> Result<Owned, QueueError> {
+        let mut st = self.q.state.lock().unwrap();
+        let o = st.owner(&id, self.me(), released);
+        if o != Owned::Done {
+            return Ok(o);
         }
         let now = Instant::now();
         if delay < self.spec.claim_timeout {
             let idle = self.spec.claim_timeout - delay;
             let p = st.pending.get_mut(&id).expect("owned");
+            p.consumer = PARKED.to_string();
             p.delivered_at = now.checked_sub(idle).unwrap_or(now);
             // A scheduled re-poll, not a failure: does not count toward max_deliveries.
             p.deliveries = p.deliveries.saturating_sub(1);
         } else {
-            let deliveries = st.pending.get(&id).expect("owned").deliveries;
+            let deliveries = st.pending[&id].deliveries;
             if let Some(e) = st.remove(&id) {
                 let prior = e.prior + deliveries.saturating_sub(1);
                 st.delayed.insert((now + delay, id), Entry { payload: e.payload, prior });
             }
         }
-        Ok(true)
+        Ok(Owned::Done)
     }
 
-    async fn dead_letter(&self, id: MessageId, deliveries: u32, reason: &str) -> Result<bool, QueueError> {
+    async fn dead_letter(
+        &self,
+        id: MessageId,
+        deliveries: u32,
+        reason: &str,
+        released: bool,
+    ) -> Result<Owned, QueueError> {
         let mut st = self.q.state.lock().unwrap();
-        if !st.owned_by(&id, &self.spec.consumer) {
-            return Ok(false);
+        let o = st.owner(&id, self.me(), released);
+        if o == Owned::Done {
+            let e = st.remove(&id).expect("owned entries exist");
+            st.bury(id, e.payload, deliveries, reason);
         }
-        let e = st.remove(&id).expect("owned entries exist");
-        st.bury(id, e.payload, deliveries, reason);
-        Ok(true)
+        Ok(o)
     }
 
-    async fn reap_idle_consumers(&self, idle: Duration) -> Result<u64, QueueError> {
+    async fn heartbeat(
+        &self,
+        renew: &[MessageId],
+        quiet: &[MessageId],
+        release: &[MessageId],
+        orphan_idle: Duration,
+        _pel_limit: usize,
+    ) -> Result<Beat, QueueError> {
+        let mut st = self.q.state.lock().unwrap();
+        let now = Instant::now();
+        let me = self.spec.consumer.clone();
+        st.consumers.insert(me.clone(), now);
+        let mut beat = Beat::default();
+        for id in renew {
+            match st.pending.get_mut(id) {
+                Some(p) if p.consumer == me => p.delivered_at = now,
+                Some(_) => beat.lost.push(*id),
+                None => beat.gone.push(*id),
+            }
+        }
+        for id in quiet {
+            if let Some(p) = st.pending.get_mut(id).filter(|p| p.consumer == me) {
+                p.delivered_at = now;
+            }
+        }
+        let claim = self.spec.claim_timeout;
+        for id in release {
+            if let Some(p) = st.pending.get_mut(id).filter(|p| p.consumer == me) {
+                p.consumer = PARKED.to_string();
+                p.delivered_at = now.checked_sub(claim).unwrap_or(now);
+            }
+        }
+        let held: std::collections::HashSet<&MessageId> = renew.iter().chain(quiet).chain(release).collect();
+        for (id, p) in st.pending.iter_mut() {
+            if p.consumer == me && !held.contains(id) && now.duration_since(p.delivered_at) >= orphan_idle {
+                p.consumer = PARKED.to_string();
+                beat.orphans += 1;
+            }
+        }
+        Ok(beat)
+    }
+
+    async fn reap_idle_consumers(&self, window: Duration) -> Result<u64, QueueError> {
         let mut st = self.q.state.lock().unwrap();
         let now = Instant::now();
         let busy: std::collections::HashSet<String> = st.pending.values().map(|p| p.consumer.clone()).collect();
         let me = self.spec.consumer.clone();
         let before = st.consumers.len();
         st.consumers
-            .retain(|name, seen| *name == me || busy.contains(name) || now.duration_since(*seen) < idle);
+            .retain(|name, seen| *name == me || busy.contains(name) || now.duration_since(*seen) < window);
         Ok((before - st.consumers.len()) as u64)
     }
-}
 
-struct MemRenewer {
-    q: Arc<MemQueue>,
-    spec: ConsumerSpec,
-}
-
-#[async_trait]
-impl Renewer for MemRenewer {
-    async fn renew(&mut self, renew: &[MessageId], release: &[MessageId]) -> Result<Vec<MessageId>, QueueError> {
+    async fn leave(&self) -> Result<bool, QueueError> {
         let mut st = self.q.state.lock().unwrap();
-        let now = Instant::now();
-        let mut lost = Vec::new();
-        for id in renew {
-            match st.pending.get_mut(id) {
-                Some(p) if p.consumer == self.spec.consumer => p.delivered_at = now,
-                _ => lost.push(*id),
-            }
+        let me = self.spec.consumer.as_str();
+        if st.pending.values().any(|p| p.consumer == me) {
+            return Ok(false);
         }
-        for id in release {
-            if let Some(p) = st.pending.get_mut(id) {
-                if p.consumer == self.spec.consumer {
-                    p.delivered_at = now.checked_sub(self.spec.claim_timeout).unwrap_or(now);
-                }
-            }
-        }
-        st.consumers.insert(self.spec.consumer.clone(), now);
-        Ok(lost)
+        st.consumers.remove(me);
+        Ok(true)
     }
 }

@@ -8,13 +8,17 @@
 //! | `p:q:{q}:dead`           | stream | dead letters: `id`, `p`, `dc`, `reason`, `at`          |
 //! | `p:q:{q}:delayed`        | zset   | original id → due time (ms) of a long `RetryAfter`     |
 //! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries    |
+//! | `p:q:{q}:consumers`      | hash   | consumer → ms (server time) of its last heartbeat      |
 //!
-//! Scripts (in `scripts/`): `ack`, `renew`, `reclaim`, `retry_after`, `dead_letter`, `replay`,
-//! `reap`, `stats`. Reads of new entries use `XREADGROUP … BLOCK` on a dedicated connection with no
-//! response timeout, each wait bounded by the poll interval.
+//! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
+//! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
+//! `retry_after`, `dead_letter`, `replay`, `reap`, `leave`, `stats`; every time they compare is
+//! Redis's own (`TIME`). Reads of new entries use `XREADGROUP … BLOCK` on a dedicated connection
+//! with no response timeout, each wait bounded by the consumer. Every connection of a consumer is
+//! opened on its lease thread and closed when that thread ends.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use baton_redis::redis::{self, Value};
@@ -22,11 +26,13 @@ use baton_redis::{is_nogroup, LuaScript, RedisClient, RedisConn};
 use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
 
-use crate::backend::{Backend, ConsumerBackend, ConsumerSpec, RawDelivery, Reclaimed, Renewer};
+use crate::backend::{Backend, Beat, ConsumerBackend, ConsumerSpec, Owned, RawDelivery, Reclaimed, Settle, SettleOp, PARKED};
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
-static ACK: LuaScript = LuaScript::new("ack", include_str!("../scripts/ack.lua"));
-static RENEW: LuaScript = LuaScript::new("renew", include_str!("../scripts/renew.lua"));
+static JOIN: LuaScript = LuaScript::new("join", include_str!("../scripts/join.lua"));
+static SETTLE: LuaScript = LuaScript::new("settle", include_str!("../scripts/settle.lua"));
+static HEARTBEAT: LuaScript = LuaScript::new("heartbeat", include_str!("../scripts/heartbeat.lua"));
+static LEAVE: LuaScript = LuaScript::new("leave", include_str!("../scripts/leave.lua"));
 static RECLAIM: LuaScript = LuaScript::new("reclaim", include_str!("../scripts/reclaim.lua"));
 static RETRY_AFTER: LuaScript = LuaScript::new("retry_after", include_str!("../scripts/retry_after.lua"));
 static DEAD_LETTER: LuaScript = LuaScript::new("dead_letter", include_str!("../scripts/dead_letter.lua"));
@@ -58,6 +64,7 @@ struct Keys {
     dead: String,
     delayed: String,
     delayed_payloads: String,
+    liveness: String,
 }
 
 impl Keys {
@@ -67,6 +74,7 @@ impl Keys {
             dead: format!("{stream}:dead"),
             delayed: format!("{stream}:delayed"),
             delayed_payloads: format!("{stream}:delayed:p"),
+            liveness: format!("{stream}:consumers"),
             stream,
         }
     }
@@ -78,9 +86,6 @@ pub(crate) struct RedisBackend {
     opts: RedisQueueOptions,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
 
 fn parse_id(s: &str) -> Result<MessageId, QueueError> {
     s.parse()
@@ -130,27 +135,19 @@ fn bytes_of(v: &Value) -> Option<Bytes> {
     }
 }
 
-/// The consumer group (created with its stream when missing) and `consumer` in it (XGROUP
-/// CREATECONSUMER, Redis 6.2+, so that stats count it before its first read).
-async fn register(conn: &mut RedisConn, keys: &Keys, group: &str, consumer: &str) -> Result<(), QueueError> {
-    ensure_group(conn, keys, group).await?;
-    let _: i64 = redis::cmd("XGROUP").arg("CREATECONSUMER").arg(&keys.stream).arg(group).arg(consumer).query_async(conn).await?;
+/// The consumer group (created with its stream when missing), `consumer` in it and its first
+/// liveness record (`join.lua`).
+async fn join(conn: &mut RedisConn, keys: &Keys, group: &str, consumer: &str) -> Result<(), QueueError> {
+    let _: i64 = JOIN.run(conn, &[&keys.stream, &keys.liveness], &[&group, &consumer]).await?;
     Ok(())
 }
 
-async fn ensure_group(conn: &mut RedisConn, keys: &Keys, group: &str) -> Result<(), QueueError> {
-    let r: redis::RedisResult<()> = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(&keys.stream)
-        .arg(group)
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async(conn)
-        .await;
-    match r {
-        Ok(()) => Ok(()),
-        Err(e) if e.code() == Some("BUSYGROUP") || e.to_string().contains("BUSYGROUP") => Ok(()),
-        Err(e) => Err(e.into()),
+/// What the settle, retry_after and dead_letter scripts reply for one id.
+fn owned(code: i64) -> Owned {
+    match code {
+        1 => Owned::Done,
+        0 => Owned::Gone,
+        _ => Owned::Other,
     }
 }
 
@@ -184,14 +181,14 @@ impl Backend for RedisBackend {
 
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError> {
         let keys = self.keys(&spec.queue);
-        let mut conn = self.conn.clone();
+        let mut conn = self.client.shared().await?;
         // Both setup commands are idempotent, so they are sent once more after a dropped
         // connection: the first command over a connection whose server restarted fails (the
         // connection manager reconnects for the next one), and a consumer should not fail to
         // start for that.
         let mut retried = false;
         loop {
-            match register(&mut conn, &keys, &self.opts.group, &spec.consumer).await {
+            match join(&mut conn, &keys, &self.opts.group, &spec.consumer).await {
                 Err(QueueError::Redis(e)) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
                     tracing::debug!(queue = %spec.queue, error = %e, "consumer setup failed on a dropped connection; retrying once");
                     retried = true;
@@ -199,6 +196,8 @@ impl Backend for RedisBackend {
                 r => break r?,
             }
         }
+        // Connections of the consumer's own, opened on the caller's (lease thread's) runtime, so
+        // that their I/O runs there, whatever the application's runtime is doing.
         let blocking = self.client.dedicated().await?;
         Ok(Arc::new(RedisConsumer {
             client: self.client.clone(),
@@ -207,20 +206,13 @@ impl Backend for RedisBackend {
             spec,
             conn,
             blocking: AsyncMutex::new(blocking),
-            cursor: std::sync::Mutex::new("0-0".to_string()),
         }))
-    }
-
-    async fn renewer(&self, spec: ConsumerSpec) -> Result<Box<dyn Renewer>, QueueError> {
-        // A connection of its own, created on the caller's (heartbeat thread's) runtime.
-        let conn = self.client.shared().await?;
-        Ok(Box::new(RedisRenewer { keys: self.keys(&spec.queue), group: self.opts.group.clone(), spec, conn }))
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
         let keys = self.keys(queue);
         let v: Vec<u64> = STATS
-            .run(&mut self.conn.clone(), &[&keys.stream, &keys.dead, &keys.delayed], &[&self.opts.group])
+            .run(&mut self.conn.clone(), &[&keys.stream, &keys.dead, &keys.delayed], &[&self.opts.group, &PARKED])
             .await?;
         let [length, pending, consumers, lag, delayed, dead_letters] = v[..] else {
             return Err(unexpected("stats", &Value::Nil));
@@ -296,17 +288,16 @@ struct RedisConsumer {
     keys: Keys,
     group: String,
     spec: ConsumerSpec,
+    /// Scripts and non-blocking commands (opened on the lease thread).
     conn: RedisConn,
     /// The dedicated BLOCK connection; one read at a time.
     blocking: AsyncMutex<RedisConn>,
-    /// XAUTOCLAIM cursor carried between ticks.
-    cursor: std::sync::Mutex<String>,
 }
 
 impl RedisConsumer {
     async fn recreate_group(&self) -> Result<(), QueueError> {
         tracing::warn!(queue = %self.spec.queue, "consumer group missing (NOGROUP); recreating it");
-        ensure_group(&mut self.conn.clone(), &self.keys, &self.group).await
+        join(&mut self.conn.clone(), &self.keys, &self.group, &self.spec.consumer).await
     }
 
     fn parse_read(&self, v: Value) -> Result<Vec<RawDelivery>, QueueError> {
@@ -337,6 +328,14 @@ impl RedisConsumer {
         }
         Ok(out)
     }
+
+    fn ids_of(v: &Value) -> Result<Vec<MessageId>, QueueError> {
+        match v {
+            Value::Array(items) => items.iter().map(|i| parse_id(&as_string(i).unwrap_or_default())).collect(),
+            Value::Nil => Ok(Vec::new()),
+            other => Err(unexpected("id list", other)),
+        }
+    }
 }
 
 #[async_trait]
@@ -360,6 +359,8 @@ impl ConsumerBackend for RedisConsumer {
             Ok(r) => r,
             Err(_) => {
                 // No reply in time: open a fresh connection so a late reply cannot be misread.
+                // Entries that read may have taken stay pending under this consumer without being
+                // held: the next heartbeat hands them to the parked owner as orphans.
                 if let Ok(fresh) = self.client.dedicated().await {
                     *conn = fresh;
                 }
@@ -378,51 +379,49 @@ impl ConsumerBackend for RedisConsumer {
     }
 
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError> {
-        let cursor = self.cursor.lock().unwrap().clone();
         let max = self.spec.max_deliveries.unwrap_or(0);
         let claim_ms = self.spec.claim_timeout.as_millis() as u64;
-        let mut args: Vec<String> = vec![
-            self.group.clone(),
-            self.spec.consumer.clone(),
-            claim_ms.to_string(),
-            cursor,
-            count.to_string(),
-            max.to_string(),
-            now_ms().to_string(),
-            PROMOTE_PER_TICK.to_string(),
-        ];
-        args.extend(exclude.iter().map(|i| i.to_string()));
-        let refs: Vec<&dyn baton_redis::ArgLike> = args.iter().map(|a| a as &dyn baton_redis::ArgLike).collect();
-        let r: redis::RedisResult<Value> = RECLAIM
-            .run(
-                &mut self.conn.clone(),
-                &[&self.keys.stream, &self.keys.dead, &self.keys.delayed, &self.keys.delayed_payloads],
-                &refs,
-            )
-            .await;
-        let v = match r {
+        let mut cmd = RECLAIM.evalsha_cmd(5);
+        cmd.arg(&self.keys.stream)
+            .arg(&self.keys.dead)
+            .arg(&self.keys.delayed)
+            .arg(&self.keys.delayed_payloads)
+            .arg(&self.keys.liveness)
+            .arg(&self.group)
+            .arg(&self.spec.consumer)
+            .arg(PARKED)
+            .arg(claim_ms)
+            .arg(count)
+            .arg(max)
+            .arg(PROMOTE_PER_TICK);
+        for id in exclude {
+            cmd.arg(id.to_string());
+        }
+        let v: Value = match RECLAIM.query(&mut self.conn.clone(), &cmd).await {
             Ok(v) => v,
             Err(e) if is_nogroup(&e) => {
                 self.recreate_group().await?;
-                *self.cursor.lock().unwrap() = "0-0".into();
                 return Ok(Reclaimed::default());
             }
             Err(e) => return Err(e.into()),
         };
         let Value::Array(parts) = &v else { return Err(unexpected("reclaim", &v)) };
-        if parts.len() != 5 {
+        if parts.len() != 6 {
             return Err(unexpected("reclaim", &v));
         }
-        if let Some(c) = as_string(&parts[0]) {
-            *self.cursor.lock().unwrap() = c;
-        }
+        let next_due = match &parts[5] {
+            Value::Int(ms) if *ms >= 0 => Some(Duration::from_millis(*ms as u64)),
+            _ => None,
+        };
         let mut out = Reclaimed {
-            dead_lettered: as_u64(&parts[2]),
-            deleted: as_u64(&parts[3]),
-            promoted: as_u64(&parts[4]),
+            dead_lettered: as_u64(&parts[1]),
+            deleted: as_u64(&parts[2]),
+            promoted: as_u64(&parts[3]),
+            more: as_u64(&parts[4]) == 1,
+            next_due,
             ..Default::default()
         };
-        if let Value::Array(items) = &parts[1] {
+        if let Value::Array(items) = &parts[0] {
             for it in items {
                 let Value::Array(t) = it else { return Err(unexpected("reclaim entry", it)) };
                 let id = parse_id(&as_string(&t[0]).unwrap_or_default())?;
@@ -433,16 +432,22 @@ impl ConsumerBackend for RedisConsumer {
         Ok(out)
     }
 
-    async fn ack(&self, ids: &[MessageId]) -> Result<Vec<bool>, QueueError> {
-        let mut args: Vec<String> = Vec::with_capacity(ids.len() + 2);
-        args.push(self.group.clone());
-        args.push(self.spec.consumer.clone());
-        args.extend(ids.iter().map(|i| i.to_string()));
-        let refs: Vec<&dyn baton_redis::ArgLike> = args.iter().map(|a| a as &dyn baton_redis::ArgLike).collect();
-        let r: redis::RedisResult<Vec<i64>> = ACK.run(&mut self.conn.clone(), &[&self.keys.stream], &refs).await;
-        match r {
-            Ok(v) => Ok(v.into_iter().map(|x| x == 1).collect()),
-            Err(e) if is_nogroup(&e) => Ok(vec![false; ids.len()]),
+    async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError> {
+        let mut cmd = SETTLE.evalsha_cmd_with_capacity(1, 7 + 2 * items.len(), 128 + 32 * items.len());
+        cmd.arg(&self.keys.stream).arg(&self.group).arg(&self.spec.consumer).arg(PARKED);
+        for s in items {
+            let op = match (s.op, s.released) {
+                (SettleOp::Ack, false) => "a",
+                (SettleOp::Ack, true) => "A",
+                (SettleOp::Park, false) => "p",
+                (SettleOp::Park, true) => "P",
+            };
+            cmd.arg(op).arg(s.id.to_string());
+        }
+        match SETTLE.query::<Vec<i64>, _>(&mut self.conn.clone(), &cmd).await {
+            Ok(v) => Ok(v.into_iter().map(owned).collect()),
+            // The group is gone (Redis restarted without persistence): nothing is pending.
+            Err(e) if is_nogroup(&e) => Ok(vec![Owned::Gone; items.len()]),
             Err(e) => Err(e.into()),
         }
     }
@@ -455,7 +460,7 @@ impl ConsumerBackend for RedisConsumer {
         })
     }
 
-    async fn retry_after(&self, id: MessageId, delay: Duration) -> Result<bool, QueueError> {
+    async fn retry_after(&self, id: MessageId, delay: Duration, released: bool) -> Result<Owned, QueueError> {
         let r: redis::RedisResult<i64> = RETRY_AFTER
             .run(
                 &mut self.conn.clone(),
@@ -463,41 +468,99 @@ impl ConsumerBackend for RedisConsumer {
                 &[
                     &self.group,
                     &self.spec.consumer,
+                    &PARKED,
                     &id.to_string(),
                     &(self.spec.claim_timeout.as_millis() as u64),
                     &(delay.as_millis() as u64),
-                    &now_ms(),
+                    &(if released { "1" } else { "0" }),
                 ],
             )
             .await;
         match r {
-            Ok(v) => Ok(v == 1),
-            Err(e) if is_nogroup(&e) => Ok(false),
+            Ok(v) => Ok(owned(v)),
+            Err(e) if is_nogroup(&e) => Ok(Owned::Gone),
             Err(e) => Err(e.into()),
         }
     }
 
-    async fn dead_letter(&self, id: MessageId, deliveries: u32, reason: &str) -> Result<bool, QueueError> {
+    async fn dead_letter(
+        &self,
+        id: MessageId,
+        deliveries: u32,
+        reason: &str,
+        released: bool,
+    ) -> Result<Owned, QueueError> {
         let r: redis::RedisResult<i64> = DEAD_LETTER
             .run(
                 &mut self.conn.clone(),
                 &[&self.keys.stream, &self.keys.dead],
-                &[&self.group, &self.spec.consumer, &id.to_string(), &deliveries, &reason, &now_ms()],
+                &[
+                    &self.group,
+                    &self.spec.consumer,
+                    &PARKED,
+                    &id.to_string(),
+                    &deliveries,
+                    &reason,
+                    &(if released { "1" } else { "0" }),
+                ],
             )
             .await;
         match r {
-            Ok(v) => Ok(v == 1),
-            Err(e) if is_nogroup(&e) => Ok(false),
+            Ok(v) => Ok(owned(v)),
+            Err(e) if is_nogroup(&e) => Ok(Owned::Gone),
             Err(e) => Err(e.into()),
         }
     }
 
-    async fn reap_idle_consumers(&self, idle: Duration) -> Result<u64, QueueError> {
+    async fn heartbeat(
+        &self,
+        renew: &[MessageId],
+        quiet: &[MessageId],
+        release: &[MessageId],
+        orphan_idle: Duration,
+        pel_limit: usize,
+    ) -> Result<Beat, QueueError> {
+        let n = renew.len() + quiet.len() + release.len();
+        let mut cmd = HEARTBEAT.evalsha_cmd_with_capacity(2, 14 + n, 256 + 24 * n);
+        cmd.arg(&self.keys.stream)
+            .arg(&self.keys.liveness)
+            .arg(&self.group)
+            .arg(&self.spec.consumer)
+            .arg(PARKED)
+            .arg(self.spec.claim_timeout.as_millis() as u64)
+            .arg(orphan_idle.as_millis() as u64)
+            .arg(pel_limit.max(1))
+            .arg(renew.len());
+        for id in renew {
+            cmd.arg(id.to_string());
+        }
+        cmd.arg(quiet.len());
+        for id in quiet {
+            cmd.arg(id.to_string());
+        }
+        for id in release {
+            cmd.arg(id.to_string());
+        }
+        let v: Value = match HEARTBEAT.query(&mut self.conn.clone(), &cmd).await {
+            Ok(v) => v,
+            // The group is gone (Redis restarted without persistence): nothing is pending; the
+            // group is recreated by the next read.
+            Err(e) if is_nogroup(&e) => return Ok(Beat { gone: renew.to_vec(), ..Default::default() }),
+            Err(e) => return Err(e.into()),
+        };
+        let Value::Array(parts) = &v else { return Err(unexpected("heartbeat", &v)) };
+        if parts.len() != 3 {
+            return Err(unexpected("heartbeat", &v));
+        }
+        Ok(Beat { lost: Self::ids_of(&parts[0])?, gone: Self::ids_of(&parts[1])?, orphans: as_u64(&parts[2]) })
+    }
+
+    async fn reap_idle_consumers(&self, window: Duration) -> Result<u64, QueueError> {
         let r: redis::RedisResult<u64> = REAP
             .run(
                 &mut self.conn.clone(),
-                &[&self.keys.stream],
-                &[&self.group, &self.spec.consumer, &(idle.as_millis() as u64)],
+                &[&self.keys.stream, &self.keys.liveness],
+                &[&self.group, &self.spec.consumer, &PARKED, &(window.as_millis() as u64)],
             )
             .await;
         match r {
@@ -506,33 +569,14 @@ impl ConsumerBackend for RedisConsumer {
             Err(e) => Err(e.into()),
         }
     }
-}
 
-struct RedisRenewer {
-    keys: Keys,
-    group: String,
-    spec: ConsumerSpec,
-    conn: RedisConn,
-}
-
-#[async_trait]
-impl Renewer for RedisRenewer {
-    async fn renew(&mut self, renew: &[MessageId], release: &[MessageId]) -> Result<Vec<MessageId>, QueueError> {
-        let mut sorted = renew.to_vec();
-        sorted.sort();
-        let mut args: Vec<String> = Vec::with_capacity(renew.len() + release.len() + 4);
-        args.push(self.group.clone());
-        args.push(self.spec.consumer.clone());
-        args.push((self.spec.claim_timeout.as_millis() as u64).to_string());
-        args.push(sorted.len().to_string());
-        args.extend(sorted.iter().map(|i| i.to_string()));
-        args.extend(release.iter().map(|i| i.to_string()));
-        let refs: Vec<&dyn baton_redis::ArgLike> = args.iter().map(|a| a as &dyn baton_redis::ArgLike).collect();
-        let r: redis::RedisResult<Vec<String>> = RENEW.run(&mut self.conn, &[&self.keys.stream], &refs).await;
+    async fn leave(&self) -> Result<bool, QueueError> {
+        let r: redis::RedisResult<i64> = LEAVE
+            .run(&mut self.conn.clone(), &[&self.keys.stream, &self.keys.liveness], &[&self.group, &self.spec.consumer])
+            .await;
         match r {
-            Ok(lost) => lost.iter().map(|s| parse_id(s)).collect(),
-            // The group is gone (Redis restarted without persistence): every lease is lost.
-            Err(e) if is_nogroup(&e) => Ok(sorted),
+            Ok(v) => Ok(v == 1),
+            Err(e) if is_nogroup(&e) => Ok(true),
             Err(e) => Err(e.into()),
         }
     }

@@ -1,0 +1,73 @@
+-- Heartbeat of one consumer, atomically, in one call per tick whatever the number of leases.
+-- KEYS[1] queue stream, KEYS[2] liveness hash (consumer -> ms of its last heartbeat)
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
+-- ARGV[5] orphan idle (ms), ARGV[6] how many of this consumer's pending entries to look at,
+-- ARGV[7] r = number of ids to renew, then the r ids; then q = number of quiet ids, then the q
+-- ids; then the ids to release.
+-- 1. The liveness record: now, in server time (the reaper and the reclaim tick of every process
+--    read it; no clock of a client is involved).
+-- 2. Renew = XCLAIM to ourselves with min-idle 0 and JUSTID: idle reset, delivery count kept
+--    (Redis docs, XCLAIM). Only entries this consumer owns are renewed: a lease another consumer
+--    took is never taken back. Ids to renew that are not ours are reported: owned by another
+--    consumer (lost) or not pending (gone). Quiet ids (settlements in flight) are renewed when
+--    ours and never reported.
+-- 3. Release = hand to the parked owner with idle = claim timeout: reclaimable at once.
+-- 4. Orphans: every other entry this consumer owns, idle at least the orphan idle, is handed to
+--    the parked owner with its idle time kept, so that an entry it does not hold can never stay
+--    pending forever under a live consumer.
+-- Returns {lost ids, gone ids, orphans parked}.
+local stream, group, me, parked = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local claim_ms, orphan_ms, limit = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[2], me, t[1] * 1000 + math.floor(t[2] / 1000))
+
+local owned = {}
+for _, e in ipairs(redis.call('XPENDING', stream, group, '-', '+', limit, me)) do owned[e[1]] = e[3] end
+
+local function xclaim(ids, to, extra)
+  for i = 1, #ids, 1000 do
+    local args = {'XCLAIM', stream, group, to, '0'}
+    for j = i, math.min(i + 999, #ids) do args[#args + 1] = ids[j] end
+    for _, x in ipairs(extra) do args[#args + 1] = x end
+    args[#args + 1] = 'JUSTID'
+    redis.call(unpack(args))
+  end
+end
+
+local held, mine, lost, gone = {}, {}, {}, {}
+local r = tonumber(ARGV[7])
+for i = 8, 7 + r do
+  local id = ARGV[i]
+  held[id] = true
+  if owned[id] then
+    mine[#mine + 1] = id
+  else
+    local p = redis.call('XPENDING', stream, group, id, id, 1)
+    if p[1] then lost[#lost + 1] = id else gone[#gone + 1] = id end
+  end
+end
+local qpos = 8 + r
+local q = tonumber(ARGV[qpos])
+for i = qpos + 1, qpos + q do
+  local id = ARGV[i]
+  held[id] = true
+  if owned[id] then mine[#mine + 1] = id end
+end
+xclaim(mine, me, {})
+
+local release = {}
+for i = qpos + q + 1, #ARGV do
+  local id = ARGV[i]
+  held[id] = true
+  if owned[id] then release[#release + 1] = id end
+end
+xclaim(release, parked, {'IDLE', claim_ms})
+
+local orphans = 0
+for id, idle in pairs(owned) do
+  if not held[id] and idle >= orphan_ms then
+    redis.call('XCLAIM', stream, group, parked, 0, id, 'IDLE', idle, 'JUSTID')
+    orphans = orphans + 1
+  end
+end
+return {lost, gone, orphans}

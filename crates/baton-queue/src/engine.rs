@@ -1,0 +1,554 @@
+//! The lease thread of one consumer: an OS thread with its own single-threaded tokio runtime and
+//! its own backend connections (opened on it), that does everything a lease depends on, so that
+//! no handler behaviour (blocking threads, spinning the CPU, panicking, starving the
+//! application's runtime) can delay it:
+//!
+//! * **acquire**: reads new entries (`XREADGROUP … BLOCK`, COUNT = free concurrency slots) and
+//!   reclaims idle ones; each entry is registered in the lease registry the moment its reply is
+//!   parsed, then handed to the dispatcher on the application's runtime. Reclaimed entries come
+//!   first: when a tick finds reclaimable entries it could not take (no free slot), the next
+//!   freed slot goes to a reclaim before any read.
+//! * **redeliver**: short `RetryAfter`s are kept as waiting leases (renewed, no slot taken) and
+//!   handed to the dispatcher again when due, from a local timer: no Redis call per re-poll.
+//! * **heartbeat**: every `heartbeat_interval`, ONE backend call renews every held lease,
+//!   writes the consumer's liveness record and hands back orphans; lost leases are signalled.
+//!   Reaping of dead consumers runs on the same task.
+//! * **settle**: acks and retries from handlers, batched (one call per batch, a few batches in
+//!   flight); a transient failure is retried until the backend answers, so a reported failure
+//!   is a real refusal and a success really applied. The lease keeps renewing meanwhile.
+//!
+//! Stopping: acquisition stops first (the read in flight completes; what it returned is handed
+//! back at once), waiting leases are handed back with the time they had left, handlers finish
+//! within the drain budget, then the heartbeat stops, the consumer leaves the group if it owns
+//! nothing, and the thread ends, closing its connections.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backend, ConsumerSpec, Owned, RawDelivery, Settle, SettleOp};
+use crate::lease::{Job, SettleReq, Shared};
+use crate::{ConsumerOptions, Decision, QueueError};
+
+/// Settlements batched into one backend call, at most this many.
+const SETTLE_BATCH: usize = 512;
+/// Settlement batches in flight at once per consumer.
+const SETTLE_PIPELINE: usize = 4;
+/// Shortest gap between two promotions of due delayed entries.
+const MIN_PROMOTE_GAP: Duration = Duration::from_millis(10);
+
+/// The handles `Consumer` keeps on its lease thread.
+pub(crate) struct Control {
+    /// Stop acquiring (drain, close, drop).
+    pub stop_acquiring: CancellationToken,
+    /// Cancelled by the thread once acquisition has stopped and waiting leases are handed back.
+    pub acquiring_done: CancellationToken,
+    /// Stop heartbeats, leave the group if nothing is owned, end the thread.
+    pub finish: CancellationToken,
+    /// End the thread now, as if the process died (abort).
+    pub kill: CancellationToken,
+    /// Cancelled by the thread when it has ended (its connections are closed).
+    pub exited: CancellationToken,
+}
+
+type Ready = Result<(Arc<Shared>, mpsc::UnboundedReceiver<Vec<Job>>), QueueError>;
+
+/// Starts the lease thread of a consumer and waits until it has joined the group.
+pub(crate) async fn start(
+    backend: Arc<dyn Backend>,
+    spec: ConsumerSpec,
+    options: ConsumerOptions,
+) -> Result<(Arc<Shared>, Control, mpsc::UnboundedReceiver<Vec<Job>>), QueueError> {
+    let control = Control {
+        stop_acquiring: CancellationToken::new(),
+        acquiring_done: CancellationToken::new(),
+        finish: CancellationToken::new(),
+        kill: CancellationToken::new(),
+        exited: CancellationToken::new(),
+    };
+    let (ready_tx, ready_rx) = oneshot::channel::<Ready>();
+    let tokens = (
+        control.stop_acquiring.clone(),
+        control.acquiring_done.clone(),
+        control.finish.clone(),
+        control.kill.clone(),
+        control.exited.clone(),
+    );
+    let name = format!("baton-lease-{}", spec.queue.chars().take(40).collect::<String>());
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            let (stop_acquiring, acquiring_done, finish, kill, exited) = tokens;
+            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => {
+                    rt.block_on(run(backend, spec, options, ready_tx, stop_acquiring, acquiring_done, finish, kill));
+                    // Dropping the runtime ends every task of the thread and closes its connections.
+                    drop(rt);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(QueueError::Unavailable(format!("cannot start the lease runtime: {e}"))));
+                }
+            }
+            exited.cancel();
+        })
+        .map_err(|e| QueueError::Unavailable(format!("cannot spawn the lease thread: {e}")))?;
+    let (shared, jobs) = ready_rx.await.unwrap_or(Err(QueueError::Closed))?;
+    Ok((shared, control, jobs))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    backend: Arc<dyn Backend>,
+    spec: ConsumerSpec,
+    options: ConsumerOptions,
+    ready: oneshot::Sender<Ready>,
+    stop_acquiring: CancellationToken,
+    acquiring_done: CancellationToken,
+    finish: CancellationToken,
+    kill: CancellationToken,
+) {
+    let cb = match backend.open_consumer(spec.clone()).await {
+        Ok(cb) => cb,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let (settle_tx, settle_rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared::new(spec.queue.clone(), spec.consumer.clone(), cb, settle_tx, &options));
+    let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
+    if ready.send(Ok((shared.clone(), jobs_rx))).is_err() {
+        return;
+    }
+    tokio::spawn(settler(shared.clone(), settle_rx));
+    let beat = tokio::spawn(heartbeat(shared.clone(), options.clone(), finish.clone()));
+    let redeliver = tokio::spawn(redeliverer(shared.clone(), jobs_tx.clone(), stop_acquiring.clone()));
+    let work = async {
+        acquire(&shared, &options, &jobs_tx, &stop_acquiring).await;
+        let _ = redeliver.await;
+        drop(jobs_tx);
+        // Waiting leases go back to the backend, due when they would have been here.
+        for (id, left) in shared.take_waiting() {
+            if let Err(e) = shared.backend.retry_after(id, left, false).await {
+                tracing::warn!(queue = %shared.queue, message_id = %id, error = %e, "handing back a waiting lease failed; it fails over after claim_timeout");
+            }
+        }
+        acquiring_done.cancel();
+        finish.cancelled().await;
+        let _ = beat.await;
+        if shared.in_flight().is_empty() {
+            match shared.backend.leave().await {
+                Ok(true) => tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer left the group"),
+                Ok(false) => tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer still owns entries; it stays in the group until they fail over"),
+                Err(e) => tracing::warn!(queue = %shared.queue, error = %e, "leaving the group failed; the consumer is reaped later"),
+            }
+        }
+    };
+    tokio::select! {
+        _ = work => {}
+        _ = kill.cancelled() => {}
+    }
+    acquiring_done.cancel();
+    tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer stopped");
+}
+
+fn min_instant(a: Instant, b: Option<Instant>) -> Instant {
+    b.map_or(a, |b| a.min(b))
+}
+
+/// Reads and reclaims; see the module docs.
+async fn acquire(
+    sh: &Arc<Shared>,
+    options: &ConsumerOptions,
+    jobs: &mpsc::UnboundedSender<Vec<Job>>,
+    stop: &CancellationToken,
+) {
+    let poll = options.poll();
+    let q = sh.queue.clone();
+    let mut next_tick = Instant::now();
+    let mut next_promote: Option<Instant> = None;
+    let mut reclaim_first = false;
+    let mut failures: u32 = 0;
+    let backoff = |failures: u32| Duration::from_millis(100u64 << failures.min(4)).min(poll.max(Duration::from_millis(100)));
+
+    while !stop.is_cancelled() {
+        let changed = sh.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let now = Instant::now();
+        let free = sh.free();
+        let promote_now = next_promote.is_some_and(|t| t <= now);
+        if now >= next_tick || promote_now || (reclaim_first && free > 0) {
+            let tick = now >= next_tick;
+            let acquired_at = std::time::Instant::now();
+            sh.promise(free);
+            let r = sh.backend.reclaim(free, &sh.stopped_ids()).await;
+            match r {
+                Ok(r) => {
+                    failures = 0;
+                    if tick {
+                        next_tick = Instant::now() + poll;
+                    }
+                    reclaim_first = r.more;
+                    next_promote = r.next_due.map(|d| Instant::now() + d.max(MIN_PROMOTE_GAP));
+                    if r.dead_lettered > 0 {
+                        sh.counters.dead_lettered.fetch_add(r.dead_lettered, Ordering::Relaxed);
+                        metrics::counter!("baton_queue_dead_letters_total", "queue" => q.clone()).increment(r.dead_lettered);
+                        tracing::warn!(queue = %q, count = r.dead_lettered, "messages moved to dead letters after max_deliveries");
+                    }
+                    if r.deleted > 0 {
+                        tracing::debug!(queue = %q, count = r.deleted, "pending entries of deleted messages cleaned");
+                    }
+                    let n = r.deliveries.len() as u64;
+                    if n > 0 {
+                        sh.counters.reclaimed.fetch_add(n, Ordering::Relaxed);
+                        metrics::counter!("baton_queue_reclaims_total", "queue" => q.clone()).increment(n);
+                    }
+                    accept(sh, options, jobs, r.deliveries, acquired_at, stop).await;
+                }
+                Err(e) => {
+                    sh.promise(0);
+                    failures += 1;
+                    reclaim_first = false;
+                    next_promote = None;
+                    next_tick = Instant::now() + backoff(failures);
+                    tracing::warn!(queue = %q, error = %e, "reclaim failed");
+                }
+            }
+            continue;
+        }
+        if free > 0 {
+            let wake = min_instant(min_instant(next_tick, next_promote), sh.next_due().map(Instant::from_std));
+            let block = wake.saturating_duration_since(now);
+            if block < Duration::from_millis(1) {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            let acquired_at = std::time::Instant::now();
+            sh.promise(free);
+            // Never cancelled once sent: Redis may already have assigned the entries.
+            match sh.backend.read_new(free, block).await {
+                Ok(ds) => {
+                    failures = 0;
+                    accept(sh, options, jobs, ds, acquired_at, stop).await;
+                }
+                Err(e) => {
+                    sh.promise(0);
+                    failures += 1;
+                    tracing::warn!(queue = %q, error = %e, "read failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff(failures)) => {},
+                        _ = stop.cancelled() => {},
+                    }
+                }
+            }
+            continue;
+        }
+        // Saturated: wait for a slot, the next tick or a promotion.
+        tokio::select! {
+            _ = &mut changed => {},
+            _ = tokio::time::sleep_until(min_instant(next_tick, next_promote)) => {},
+            _ = stop.cancelled() => {},
+        }
+    }
+}
+
+/// Registers what a read or a reclaim returned and hands it to the dispatcher (or, once the
+/// consumer stops, hands it back at once: reclaimable now, delivery count restored).
+async fn accept(
+    sh: &Arc<Shared>,
+    options: &ConsumerOptions,
+    jobs: &mpsc::UnboundedSender<Vec<Job>>,
+    ds: Vec<RawDelivery>,
+    acquired_at: std::time::Instant,
+    stop: &CancellationToken,
+) {
+    let mut out = Vec::with_capacity(ds.len());
+    let mut hand_back = Vec::new();
+    let mut bury = Vec::new();
+    for d in ds {
+        if stop.is_cancelled() {
+            hand_back.push(d.id);
+            continue;
+        }
+        let over = options.max_deliveries.is_some_and(|m| d.deliveries > m);
+        match d.payload.filter(|_| !over) {
+            Some(p) => match sh.register(d.id, p, d.deliveries, acquired_at) {
+                Some(job) => out.push(job),
+                None => tracing::error!(queue = %sh.queue, message_id = %d.id, "entry acquired while this process holds it; not delivered twice"),
+            },
+            None => {
+                let reason = if over { "max deliveries exceeded" } else { "malformed entry: no payload field" };
+                if let Some(seq) = sh.register_settling(d.id, d.deliveries, acquired_at) {
+                    bury.push((d.id, seq, d.deliveries, reason));
+                }
+            }
+        }
+    }
+    sh.promise(0);
+    if !out.is_empty() {
+        sh.counters.delivered.fetch_add(out.len() as u64, Ordering::Relaxed);
+        let _ = jobs.send(out);
+    }
+    for (id, seq, deliveries, reason) in bury {
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            let decision = Decision::DeadLetter(reason.to_string());
+            match sh.backend.dead_letter(id, deliveries, reason, false).await {
+                Ok(found) => {
+                    if sh.finish(id, seq, &decision, Some(found)).is_ok() {
+                        sh.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!("baton_queue_dead_letters_total", "queue" => sh.queue.clone()).increment(1);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %sh.queue, message_id = %id, error = %e, "dead-lettering failed; the entry is handed back by the heartbeat");
+                    sh.abandon(id, seq);
+                }
+            }
+        });
+    }
+    for id in hand_back {
+        if let Err(e) = sh.backend.retry_after(id, Duration::ZERO, false).await {
+            tracing::warn!(queue = %sh.queue, message_id = %id, error = %e, "handing back an entry read while stopping failed; it fails over after claim_timeout");
+        }
+    }
+}
+
+/// Hands waiting leases to the dispatcher when due.
+async fn redeliverer(sh: Arc<Shared>, jobs: mpsc::UnboundedSender<Vec<Job>>, stop: CancellationToken) {
+    while !stop.is_cancelled() {
+        let changed = sh.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let now = Instant::now();
+        let due = sh.take_due(now.into_std());
+        if !due.is_empty() {
+            sh.counters.delivered.fetch_add(due.len() as u64, Ordering::Relaxed);
+            let _ = jobs.send(due);
+            continue;
+        }
+        // Due entries without a free slot wait for one (`changed`).
+        let next = sh.next_due().map(Instant::from_std).filter(|t| *t > now);
+        tokio::select! {
+            _ = &mut changed => {},
+            _ = tokio::time::sleep_until(next.unwrap_or(now + Duration::from_secs(3600))) => {},
+            _ = stop.cancelled() => {},
+        }
+    }
+}
+
+/// Renews every held lease once per `heartbeat_interval`, in one backend call; reaps.
+async fn heartbeat(sh: Arc<Shared>, options: ConsumerOptions, stop: CancellationToken) {
+    let q = sh.queue.clone();
+    let interval = options.heartbeat();
+    let orphan_idle = options.claim_timeout / 2;
+    let reap = options.reap_idle_consumers_after.map(|w| (w, w / 4));
+    let mut next_reap = reap.map(|(_, every)| Instant::now() + every);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {},
+            _ = stop.cancelled() => return,
+        }
+        let plan = sh.beat_plan();
+        let limit = plan.renew.len() + plan.quiet.len() + plan.release.len() + sh.concurrency + 100;
+        let sent = std::time::Instant::now();
+        let call = sh.backend.heartbeat(&plan.renew, &plan.quiet, &plan.release, orphan_idle, limit);
+        match tokio::time::timeout(interval, call).await {
+            Ok(Ok(beat)) => {
+                sh.apply_beat(&plan, &beat, sent);
+                metrics::histogram!("baton_queue_renewal_seconds", "queue" => q.clone()).record(sent.elapsed().as_secs_f64());
+                if beat.orphans > 0 {
+                    tracing::warn!(queue = %q, count = beat.orphans, "entries owned but not held (orphans) handed back; they are redelivered after claim_timeout");
+                }
+            }
+            Ok(Err(e)) => {
+                sh.counters.renewal_failures.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("baton_queue_lease_renewal_failures_total", "queue" => q.clone()).increment(1);
+                tracing::warn!(queue = %q, error = %e, leases = plan.renew.len(), "lease renewal failed; retrying next tick");
+            }
+            Err(_) => {
+                sh.counters.renewal_failures.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("baton_queue_lease_renewal_failures_total", "queue" => q.clone()).increment(1);
+                tracing::warn!(queue = %q, leases = plan.renew.len(), "lease renewal timed out; retrying next tick");
+            }
+        }
+        if let (Some((window, every)), Some(at)) = (reap, next_reap) {
+            if Instant::now() >= at {
+                next_reap = Some(Instant::now() + every);
+                match sh.backend.reap_idle_consumers(window).await {
+                    Ok(n) if n > 0 => tracing::info!(queue = %q, removed = n, "dead consumers with no pending entries removed"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(queue = %q, error = %e, "consumer reaping failed"),
+                }
+            }
+        }
+    }
+}
+
+fn transient(e: &QueueError) -> bool {
+    match e {
+        QueueError::Redis(e) => baton_redis::is_transient(e),
+        QueueError::Unavailable(_) | QueueError::Connect(_) => true,
+        _ => false,
+    }
+}
+
+/// Delay before the `attempt`-th retry of a settlement (50 ms doubling, at most 1 s).
+fn settle_backoff(attempt: u32) -> Duration {
+    Duration::from_millis(50u64 << attempt.min(5)).min(Duration::from_secs(1))
+}
+
+fn reply(req: SettleReq, r: Result<(), QueueError>) {
+    if let Some(tx) = req.reply {
+        let _ = tx.send(r);
+    }
+}
+
+/// Applies settlements; see the module docs.
+async fn settler(sh: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<SettleReq>) {
+    let pipeline = Arc::new(Semaphore::new(SETTLE_PIPELINE));
+    while let Some(first) = rx.recv().await {
+        let mut reqs = vec![first];
+        while reqs.len() < SETTLE_BATCH {
+            match rx.try_recv() {
+                Ok(r) => reqs.push(r),
+                Err(_) => break,
+            }
+        }
+        let mut batch = Vec::new();
+        for req in reqs {
+            let ctx = match sh.begin_settle(req.id, req.seq) {
+                Ok(c) => c,
+                Err(e) => {
+                    reply(req, Err(e));
+                    continue;
+                }
+            };
+            match &req.decision {
+                Decision::Retry if ctx.stopped == Some(crate::lease::Stop::Lost) => {
+                    // Another consumer owns it: nothing to hand back.
+                    sh.counters.retried.fetch_add(1, Ordering::Relaxed);
+                    let r = sh.finish(req.id, req.seq, &req.decision, None);
+                    reply(req, r);
+                }
+                Decision::Ack | Decision::Retry => {
+                    let op = if matches!(req.decision, Decision::Ack) { SettleOp::Ack } else { SettleOp::Park };
+                    batch.push((Settle { id: req.id, op, released: ctx.released }, req));
+                }
+                Decision::RetryAfter(d)
+                    if *d < sh.claim_timeout && ctx.stopped.is_none() && sh.make_waiting(req.id, req.seq, *d) =>
+                {
+                    sh.counters.retried.fetch_add(1, Ordering::Relaxed);
+                    reply(req, Ok(()));
+                }
+                Decision::RetryAfter(_) | Decision::DeadLetter(_) => {
+                    let sh = sh.clone();
+                    let released = ctx.released;
+                    tokio::spawn(async move { settle_one(&sh, req, released).await });
+                }
+                Decision::Deferred => {
+                    // Not sent by leases; settle nothing.
+                    let r = sh.finish(req.id, req.seq, &Decision::Retry, None);
+                    reply(req, r);
+                }
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let permit = pipeline.clone().acquire_owned().await.expect("never closed");
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            let items: Vec<Settle> = batch.iter().map(|(s, _)| *s).collect();
+            let mut attempt = 0;
+            let found = loop {
+                match sh.backend.settle(&items).await {
+                    Ok(found) => break Ok(found),
+                    Err(e) if transient(&e) => {
+                        tracing::warn!(queue = %sh.queue, error = %e, settlements = items.len(), "settling failed; retrying (the leases keep renewing)");
+                        tokio::time::sleep(settle_backoff(attempt)).await;
+                        attempt += 1;
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            drop(permit);
+            match found {
+                Ok(found) => {
+                    for ((_, req), f) in batch.into_iter().zip(found) {
+                        let r = sh.finish(req.id, req.seq, &req.decision, Some(f));
+                        match req.decision {
+                            Decision::Ack if r.is_ok() => {
+                                sh.counters.acked.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Decision::Retry => {
+                                sh.counters.retried.fetch_add(1, Ordering::Relaxed);
+                            }
+                            _ => {}
+                        }
+                        reply(req, r);
+                    }
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    for (_, req) in batch {
+                        sh.abandon(req.id, req.seq);
+                        reply(req, Err(QueueError::Unavailable(msg.clone())));
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// A `RetryAfter` through the backend, or a `DeadLetter`.
+async fn settle_one(sh: &Arc<Shared>, req: SettleReq, released: bool) {
+    let mut attempt = 0;
+    let found = loop {
+        let r = match &req.decision {
+            Decision::RetryAfter(d) => sh.backend.retry_after(req.id, *d, released).await,
+            Decision::DeadLetter(reason) => {
+                let deliveries = sh.lock().slots.get(&req.id).map_or(1, |s| s.deliveries);
+                sh.backend.dead_letter(req.id, deliveries, reason, released).await
+            }
+            _ => Ok(Owned::Done),
+        };
+        match r {
+            Ok(f) => break Ok(f),
+            Err(e) if transient(&e) => {
+                tracing::warn!(queue = %sh.queue, message_id = %req.id, error = %e, "settling failed; retrying (the lease keeps renewing)");
+                tokio::time::sleep(settle_backoff(attempt)).await;
+                attempt += 1;
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    match found {
+        Ok(f) => {
+            let r = sh.finish(req.id, req.seq, &req.decision, Some(f));
+            match &req.decision {
+                Decision::RetryAfter(_) => {
+                    sh.counters.retried.fetch_add(1, Ordering::Relaxed);
+                }
+                Decision::DeadLetter(_) if r.is_ok() => {
+                    sh.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("baton_queue_dead_letters_total", "queue" => sh.queue.clone()).increment(1);
+                }
+                _ => {}
+            }
+            reply(req, r);
+        }
+        Err(e) => {
+            sh.abandon(req.id, req.seq);
+            reply(req, Err(e));
+        }
+    }
+}
