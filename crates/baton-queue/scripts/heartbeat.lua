@@ -2,10 +2,10 @@
 -- KEYS[1] queue stream, KEYS[2] liveness hash (consumer -> ms of its last heartbeat)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
 -- ARGV[5] orphan idle (ms), ARGV[6] how many of this consumer's pending entries to look at,
--- ARGV[7] r = number of ids to renew, then the r ids; then q = number of quiet ids, then the q
--- ids; then the ids to release.
+-- ARGV[7] outage gap (ms; see reclaim.lua), ARGV[8] r = number of ids to renew, then the r ids;
+-- then q = number of quiet ids, then the q ids; then the ids to release.
 -- 1. The liveness record: now, in server time (the reaper and the reclaim tick of every process
---    read it; no clock of a client is involved).
+--    read it; no clock of a client is involved), and the queue's `~clock` stamp (reclaim.lua).
 -- 2. Renew = XCLAIM to ourselves with min-idle 0 and JUSTID: idle reset, delivery count kept
 --    (Redis docs, XCLAIM). Only entries this consumer owns are renewed: a lease another consumer
 --    took is never taken back. Ids to renew that are not ours are reported: owned by another
@@ -19,7 +19,10 @@
 local stream, group, me, parked = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local claim_ms, orphan_ms, limit = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local t = redis.call('TIME')
-redis.call('HSET', KEYS[2], me, t[1] * 1000 + math.floor(t[2] / 1000))
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local clock = redis.call('HGET', KEYS[2], '~clock')
+if clock and now - tonumber(clock) >= tonumber(ARGV[7]) then redis.call('HSET', KEYS[2], '~hold', now + tonumber(claim_ms)) end
+redis.call('HSET', KEYS[2], me, now, '~clock', now)
 
 local owned = {}
 for _, e in ipairs(redis.call('XPENDING', stream, group, '-', '+', limit, me)) do owned[e[1]] = e[3] end
@@ -35,8 +38,8 @@ local function xclaim(ids, to, extra)
 end
 
 local held, mine, lost, gone = {}, {}, {}, {}
-local r = tonumber(ARGV[7])
-for i = 8, 7 + r do
+local r = tonumber(ARGV[8])
+for i = 9, 8 + r do
   local id = ARGV[i]
   held[id] = true
   if owned[id] then
@@ -46,7 +49,7 @@ for i = 8, 7 + r do
     if p[1] then lost[#lost + 1] = id else gone[#gone + 1] = id end
   end
 end
-local qpos = 8 + r
+local qpos = 9 + r
 local q = tonumber(ARGV[qpos])
 for i = qpos + 1, qpos + q do
   local id = ARGV[i]

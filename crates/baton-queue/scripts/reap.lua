@@ -4,7 +4,7 @@
 -- not used for Baton consumers: on Redis 7.0 a blocking read on an empty stream does not refresh
 -- it. The pending check is atomic with the removal, so a consumer that just took an entry is never
 -- removed with it. Liveness records of consumers no longer in the group and older than the window
--- are deleted too.
+-- are deleted too (fields starting with `~` are the queue's own stamps, see reclaim.lua).
 -- KEYS[1] queue stream, KEYS[2] liveness hash
 -- ARGV[1] group, ARGV[2] this consumer (never removed), ARGV[3] the parked owner (never removed),
 -- ARGV[4] window (ms)
@@ -31,7 +31,7 @@ for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
 end
 local records = redis.call('HGETALL', KEYS[2])
 for i = 1, #records, 2 do
-  if not present[records[i]] and now - tonumber(records[i + 1]) >= window then
+  if string.sub(records[i], 1, 1) ~= '~' and not present[records[i]] and now - tonumber(records[i + 1]) >= window then
     redis.call('HDEL', KEYS[2], records[i])
   end
 end

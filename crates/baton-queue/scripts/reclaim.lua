@@ -4,14 +4,19 @@
 -- deliveries), KEYS[5] liveness hash (consumer -> ms of its last heartbeat, server time)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
 -- ARGV[5] count (0 = promote, and tell whether reclaimable entries exist), ARGV[6] max
--- deliveries (0 = unlimited), ARGV[7] max entries to promote, ARGV[8..] ids to exclude: entries
--- whose handler still runs in this process after its lease was lost or released.
+-- deliveries (0 = unlimited), ARGV[7] max entries to promote, ARGV[8] outage gap (ms),
+-- ARGV[9..] ids to exclude: entries whose handler still runs in this process after its lease was
+-- lost or released.
 -- Reclaimable: idle at least the claim timeout, owned by the parked owner or by a consumer whose
 -- liveness record is at least the claim timeout old (or missing). Never this consumer's own
 -- entries: everything it owns is a lease it holds. Candidates are found per owner with
 -- XPENDING … IDLE (Redis 6.2+), which walks only that owner's pending entries: the live
 -- consumers' (renewed) entries are never scanned. XCLAIM re-checks the idle time and, on Redis
 -- 7.0+, drops pending entries whose stream entry was deleted (they are not returned).
+-- Outages: every heartbeat and reclaim of the queue stamps the liveness hash's `~clock` field.
+-- When Redis sees no stamp for the outage gap (Redis paused, restarted or failed over, or every
+-- consumer gone), idle times and liveness records say nothing about who is alive: reclaims hold
+-- off for one claim timeout (`~hold`), in which every live consumer renews its leases.
 -- Returns {{{id, payload or false, deliveries}, …}, dead-lettered, deleted, promoted, more (0/1),
 -- ms until the next delayed entry is due (-1: none)}.
 local stream, dead, zdelayed, hdelayed, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -19,6 +24,10 @@ local group, me, parked = ARGV[1], ARGV[2], ARGV[3]
 local claim_ms, count, maxd = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local clock = redis.call('HGET', live, '~clock')
+redis.call('HSET', live, '~clock', now)
+if clock and now - tonumber(clock) >= tonumber(ARGV[8]) then redis.call('HSET', live, '~hold', now + claim_ms) end
+local hold = tonumber(redis.call('HGET', live, '~hold') or '0')
 
 local promoted = 0
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', zdelayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[7]))) do
@@ -35,8 +44,10 @@ local next_due = -1
 local first = redis.call('ZRANGE', zdelayed, 0, 0, 'WITHSCORES')
 if first[2] then next_due = math.max(0, tonumber(first[2]) - now) end
 
+if now < hold then return {{}, 0, 0, promoted, 0, next_due} end
+
 local exclude, nexclude = {}, 0
-for i = 8, #ARGV do exclude[ARGV[i]] = true; nexclude = nexclude + 1 end
+for i = 9, #ARGV do exclude[ARGV[i]] = true; nexclude = nexclude + 1 end
 
 -- Owners whose entries may be reclaimable: the parked owner first, then stale consumers.
 local owners = {}

@@ -54,6 +54,7 @@ pub(crate) struct ConsumerSpec {
     pub queue: String,
     pub consumer: String,
     pub claim_timeout: Duration,
+    pub heartbeat: Duration,
     pub max_deliveries: Option<u32>,
 }
 

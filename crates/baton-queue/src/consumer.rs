@@ -59,6 +59,7 @@ impl Consumer {
             queue: queue.to_string(),
             consumer,
             claim_timeout: options.claim_timeout,
+            heartbeat: options.heartbeat(),
             max_deliveries: options.max_deliveries,
         };
         let (shared, control, jobs) = engine::start(backend, spec, options).await?;
@@ -90,9 +91,11 @@ impl Consumer {
 
     /// Stops acquiring work (the read in flight completes and what it returned is handed back;
     /// waiting `RetryAfter`s are handed back due when they would have been), lets running
-    /// handlers finish within `budget` while their leases keep renewing, then stops renewing,
-    /// leaves the group if it holds nothing, and closes its connections before returning. Work
-    /// still in flight is reported; its leases expire and another consumer takes it after
+    /// handlers finish within `budget` while their leases keep renewing, then stops renewing.
+    /// When nothing is left in flight it leaves the group and closes its connections before
+    /// returning. Work still in flight is reported: its leases are no longer renewed, what its
+    /// handlers settle within one `claim_timeout` is still applied (then the consumer leaves the
+    /// group and closes its connections), and otherwise another consumer takes it after
     /// `claim_timeout` (nothing is lost).
     pub async fn drain(mut self, budget: Duration) -> DrainReport {
         let deadline = Instant::now() + budget;
@@ -113,7 +116,10 @@ impl Consumer {
         let after = self.shared.counters.snapshot();
         let in_flight = self.shared.in_flight();
         self.control.finish.cancel();
-        self.control.exited.cancelled().await;
+        if in_flight.is_empty() {
+            // Nothing left to settle: the lease thread leaves the group and ends at once.
+            self.control.exited.cancelled().await;
+        }
         if let Some(d) = self.dispatcher.take() {
             let _ = d.await;
         }

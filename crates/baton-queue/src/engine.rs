@@ -19,7 +19,8 @@
 //!
 //! Stopping: acquisition stops first (the read in flight completes; what it returned is handed
 //! back at once), waiting leases are handed back with the time they had left, handlers finish
-//! within the drain budget, then the heartbeat stops, the consumer leaves the group if it owns
+//! within the drain budget, then the heartbeat stops; settlements of handlers that finish later
+//! are still applied for one claim timeout; then the consumer leaves the group if it owns
 //! nothing, and the thread ends, closing its connections.
 
 use std::sync::atomic::Ordering;
@@ -140,6 +141,17 @@ async fn run(
         acquiring_done.cancel();
         finish.cancelled().await;
         let _ = beat.await;
+        // Handlers still running past the drain budget are no longer renewed, but what they
+        // settle within one claim timeout (while their leases cannot have expired) is applied.
+        let linger = Instant::now() + options.claim_timeout;
+        loop {
+            let changed = shared.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if shared.in_flight().is_empty() || tokio::time::timeout_at(linger, changed).await.is_err() {
+                break;
+            }
+        }
         if shared.in_flight().is_empty() {
             match shared.backend.leave().await {
                 Ok(true) => tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer left the group"),
@@ -180,6 +192,12 @@ async fn acquire(
         tokio::pin!(changed);
         changed.as_mut().enable();
         let now = Instant::now();
+        // Due waiting leases first (the redeliverer takes them while a read is in flight).
+        let due = sh.take_due(now.into_std());
+        if !due.is_empty() {
+            sh.counters.delivered.fetch_add(due.len() as u64, Ordering::Relaxed);
+            let _ = jobs.send(due);
+        }
         let free = sh.free();
         let promote_now = next_promote.is_some_and(|t| t <= now);
         if now >= next_tick || promote_now || (reclaim_first && free > 0) {
@@ -222,7 +240,9 @@ async fn acquire(
             continue;
         }
         if free > 0 {
-            let wake = min_instant(min_instant(next_tick, next_promote), sh.next_due().map(Instant::from_std));
+            // Waiting leases still due now wait for a slot (none was free for them above).
+            let next_due = sh.next_due().map(Instant::from_std).filter(|t| *t > now);
+            let wake = min_instant(min_instant(next_tick, next_promote), next_due);
             let block = wake.saturating_duration_since(now);
             if block < Duration::from_millis(1) {
                 tokio::task::yield_now().await;

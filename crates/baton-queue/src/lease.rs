@@ -179,7 +179,15 @@ impl Shared {
     /// Promises `n` slots to a read about to be sent (0: the read returned; call after
     /// registering what it returned).
     pub fn promise(&self, n: usize) {
-        self.lock().promised = n;
+        let released = {
+            let mut reg = self.lock();
+            let released = n < reg.promised;
+            reg.promised = n;
+            released
+        };
+        if released {
+            self.notify();
+        }
     }
 
     fn notify(&self) {

@@ -295,6 +295,14 @@ struct RedisConsumer {
 }
 
 impl RedisConsumer {
+    /// No stamp of the queue's clock for this long means an outage (see `reclaim.lua`): the claim
+    /// timeout less one heartbeat interval, the longest a live consumer's lease can go unrenewed
+    /// without being at risk; never below the heartbeat interval (the normal gap between stamps).
+    fn outage_gap_ms(&self) -> u64 {
+        let claim = self.spec.claim_timeout;
+        claim.saturating_sub(self.spec.heartbeat).max(self.spec.heartbeat).as_millis() as u64
+    }
+
     async fn recreate_group(&self) -> Result<(), QueueError> {
         tracing::warn!(queue = %self.spec.queue, "consumer group missing (NOGROUP); recreating it");
         join(&mut self.conn.clone(), &self.keys, &self.group, &self.spec.consumer).await
@@ -393,7 +401,8 @@ impl ConsumerBackend for RedisConsumer {
             .arg(claim_ms)
             .arg(count)
             .arg(max)
-            .arg(PROMOTE_PER_TICK);
+            .arg(PROMOTE_PER_TICK)
+            .arg(self.outage_gap_ms());
         for id in exclude {
             cmd.arg(id.to_string());
         }
@@ -530,6 +539,7 @@ impl ConsumerBackend for RedisConsumer {
             .arg(self.spec.claim_timeout.as_millis() as u64)
             .arg(orphan_idle.as_millis() as u64)
             .arg(pel_limit.max(1))
+            .arg(self.outage_gap_ms())
             .arg(renew.len());
         for id in renew {
             cmd.arg(id.to_string());
