@@ -21,7 +21,7 @@ use baton_redis::{redis, LuaScript, RedisClient};
 use baton_testkit::RedisServer;
 use bytes::Bytes;
 
-static RENEW: LuaScript = LuaScript::new("renew", include_str!("../scripts/renew.lua"));
+static HEARTBEAT: LuaScript = LuaScript::new("heartbeat", include_str!("../scripts/heartbeat.lua"));
 
 fn scale(n: u64) -> u64 {
     let f: f64 = std::env::var("BATON_BENCH_N").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0);
@@ -111,18 +111,32 @@ async fn renewal_tick(server: &RedisServer, leases: usize) -> (usize, f64, f64) 
         (a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap())
     });
     assert_eq!(ids.len(), leases);
-    let mut args: Vec<String> = vec!["baton".into(), "c1".into(), "30000".into(), ids.len().to_string()];
+    // The consumer's heartbeat (heartbeat.lua): liveness record, renew every lease, no quiet or
+    // released ids, orphan check over its pending entries.
+    let n = ids.len();
+    let mut args: Vec<String> = vec![
+        "baton".into(),
+        "c1".into(),
+        "~parked".into(),
+        "30000".into(),
+        "15000".into(),
+        (n + 200).to_string(),
+        "20000".into(),
+        n.to_string(),
+    ];
     args.extend(ids);
+    args.push("0".into());
     let refs: Vec<&dyn baton_redis::ArgLike> = args.iter().map(|a| a as &dyn baton_redis::ArgLike).collect();
+    let keys = [key, "baton:q:{renewbench}:consumers"];
     // Warm up (loads the script).
-    let lost: Vec<String> = RENEW.run(&mut conn, &[key], &refs).await.unwrap();
-    assert!(lost.is_empty());
+    let (lost, gone, orphans): (Vec<String>, Vec<String>, u64) = HEARTBEAT.run(&mut conn, &keys, &refs).await.unwrap();
+    assert!(lost.is_empty() && gone.is_empty() && orphans == 0);
     let mut ms = Vec::new();
     for _ in 0..20 {
         let t = Instant::now();
-        let lost: Vec<String> = RENEW.run(&mut conn, &[key], &refs).await.unwrap();
+        let (lost, gone, _): (Vec<String>, Vec<String>, u64) = HEARTBEAT.run(&mut conn, &keys, &refs).await.unwrap();
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
-        assert!(lost.is_empty());
+        assert!(lost.is_empty() && gone.is_empty());
     }
     ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
     (1, ms[ms.len() / 2], ms[ms.len() - 1])

@@ -56,14 +56,18 @@ pub enum Decision {
     /// Done: the entry is acknowledged and deleted in one atomic step (XACK + XDEL in a script).
     /// Refused if this consumer no longer owns the entry.
     Ack,
-    /// Not done: leave the entry pending, unleased. Another delivery follows once it has been idle
-    /// for `claim_timeout` (counts as a delivery towards `max_deliveries`).
+    /// Not done: hand the entry back, unleased (to the group's reserved `~parked` owner). Any
+    /// consumer of the queue takes it once it has been idle for `claim_timeout` (counts as a
+    /// delivery towards `max_deliveries`).
     Retry,
-    /// Not done yet, by plan: deliver again after about this delay (± one poll interval),
-    /// whatever the claim timeout. A scheduled re-poll, not a failure: it does not count toward
-    /// `max_deliveries` (the next [`Delivery::deliveries`] is the same number). Up to
-    /// `claim_timeout` this sets the entry's idle time (XCLAIM IDLE); above it the entry waits in
-    /// the queue's delayed set and is re-offered under a new id when due.
+    /// Not done yet, by plan: deliver again after this delay, whatever the claim timeout. A
+    /// scheduled re-poll, not a failure: it does not count toward `max_deliveries` (the next
+    /// [`Delivery::deliveries`] is the same number). Below `claim_timeout` the entry stays leased
+    /// by this consumer (renewed, no concurrency slot taken) and is redelivered here from a local
+    /// timer, with no Redis call (if the consumer stops first it hands the entry back, due at the
+    /// same time; if it dies, another consumer takes it after `claim_timeout`). From
+    /// `claim_timeout` up, the entry waits in the queue's delayed set and is re-offered under a
+    /// new id when due (promoted at its due time by any consumer of the queue).
     RetryAfter(Duration),
     /// The handler's task keeps the [`Lease`] and settles it later with [`Lease::ack`],
     /// [`Lease::retry`] or [`Lease::retry_after`]. The lease keeps renewing (and the

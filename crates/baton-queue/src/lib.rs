@@ -4,21 +4,54 @@
 //! What sets it apart from queues that only know idle time: a handler that runs long is never
 //! reclaimed while its process lives.
 //!
-//! * **Heartbeat lease.** While a handler runs, its entry is re-claimed to its own consumer
-//!   (`XCLAIM … 0 <ids…> JUSTID`) every `heartbeat_interval` (default `claim_timeout / 3`), for all
-//!   leases of a queue in ONE ownership-checked script call per tick, from a dedicated thread with
-//!   its own connection. A lease another consumer took is never taken back; the handler is told
-//!   through [`Lease::lost`].
-//! * **Failover.** When a process dies its renewals stop; another consumer takes the entry once it
-//!   has been idle for `claim_timeout` (paged `XAUTOCLAIM`, never a full pending-list scan).
+//! ## The lease guarantee
+//!
+//! From the moment the backend assigns an entry to a consumer until that consumer settles it
+//! (or hands it back), the consumer's process renews the entry's lease every
+//! `heartbeat_interval`, whatever its handlers do — block their threads, spin the CPU, panic,
+//! starve the application's runtime — for as long as the process runs and reaches Redis:
+//!
+//! * Each consumer has a **lease thread**: an OS thread with its own single-threaded runtime and
+//!   its own Redis connections, on which every read (`XREADGROUP`), reclaim, renewal and
+//!   settlement runs. An entry is registered as leased the moment its reply is parsed there,
+//!   before any handler sees it; handlers run on the application's runtime and never on that
+//!   thread.
+//! * All leases of a consumer are renewed in ONE ownership-checked script call per tick
+//!   (`XCLAIM … 0 <ids…> JUSTID`), which also writes the consumer's liveness record (Redis time).
+//!   A lease another consumer took is never taken back.
+//! * A reclaim never takes entries of a live consumer, its own included: only entries idle for
+//!   `claim_timeout` owned by the reserved `~parked` owner (work nobody holds: `Retry`, hand-backs)
+//!   or by a consumer whose liveness record is `claim_timeout` old. One delivery per message id
+//!   per process.
+//!
+//! **Bounds.** A dead consumer's entries start on a live consumer within `claim_timeout` + one
+//! poll interval after its last renewal, plus, when every live consumer is saturated, the time
+//! until one of their handlers settles (the next free slot goes to a reclaim before new work).
+//! After Redis was unreachable for the whole queue (paused, restarted, failed over) reclaims hold
+//! off one more `claim_timeout`, in which every live consumer renews. `RetryAfter(d)` shorter
+//! than `claim_timeout` is kept as a renewed lease and redelivered from a local timer after `d`
+//! (a few ms late at most); longer ones wait in a delayed set promoted at their due time.
+//!
+//! **What it cannot cover.** A process that is stopped (SIGSTOP, a VM paused) or cut off from
+//! Redis for `claim_timeout` is indistinguishable from a dead one: its work is taken over. When it
+//! resumes, the next renewal tells its handlers that their lease is lost ([`Lease::lost`]) and
+//! their acks are refused ([`QueueError::LeaseLost`]), but a handler that ignores the signal keeps
+//! running. Those are the only cases in which one message runs twice at once.
+//!
+//! ## The rest
+//!
 //! * **Bounded hangs.** Past `max_processing_time` (default 15 min) renewal stops, the entry is
 //!   made reclaimable at once, the lost-lease signal fires, a warning and a metric are emitted.
 //! * **Decisions.** A handler returns [`Decision::Ack`] (XACK + XDEL atomically, refused if no
 //!   longer owned), [`Decision::Retry`] (redelivered after `claim_timeout`, not heartbeated),
 //!   [`Decision::RetryAfter`], [`Decision::Deferred`] (settle later through the [`Lease`]) or
-//!   [`Decision::DeadLetter`].
+//!   [`Decision::DeadLetter`]. Settlements are retried until Redis answers: an error is a real
+//!   refusal, never an ack that applied unseen.
 //! * **Poison messages** go to a dead-letter stream after `max_deliveries` (atomically with their
 //!   removal); list, replay and purge them through [`MessageStream`].
+//! * **Hygiene.** A consumer that stops gracefully ([`Consumer::drain`], [`Consumer::close`],
+//!   drop) leaves the group when it owns nothing, and closes its connections; consumers with no
+//!   pending entry whose liveness record is older than `reap_idle_consumers_after` are removed.
 //!
 //! Backends: [`MessageStream::memory`] (in-process, same semantics) and [`MessageStream::redis`]
 //! (standalone or Cluster; key layout in the `redis` module docs). Metrics (through the `metrics`
@@ -26,6 +59,34 @@
 //! `baton_queue_lease_renewals_total`, `baton_queue_lease_renewal_failures_total`,
 //! `baton_queue_renewal_seconds`, `baton_queue_reclaims_total`, `baton_queue_dead_letters_total`,
 //! `baton_queue_outcomes_total{decision,result}`, `baton_queue_handler_seconds`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use baton_queue::{ConsumerOptions, Decision, Delivery, MessageStream};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), baton_queue::QueueError> {
+//! let queue = MessageStream::memory();
+//! queue.offer("emails", "hello").await?;
+//! let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+//! let consumer = queue
+//!     .consume(
+//!         "emails",
+//!         move |d: Delivery| {
+//!             let tx = tx.clone();
+//!             async move {
+//!                 // Long or blocking work is fine here: the lease is renewed meanwhile.
+//!                 tx.send(d.payload.clone()).unwrap();
+//!                 Decision::Ack
+//!             }
+//!         },
+//!         ConsumerOptions::new().with_claim_timeout(Duration::from_secs(30)),
+//!     )
+//!     .await?;
+//! assert_eq!(&rx.recv().await.unwrap()[..], b"hello");
+//! let report = consumer.drain(Duration::from_secs(5)).await;
+//! assert!(report.in_flight.is_empty());
+//! # Ok(()) }
+//! ```
 
 mod api;
 mod backend;

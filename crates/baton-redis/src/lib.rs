@@ -218,7 +218,7 @@ impl ConnectionLike for RedisConn {
 /// e.g. after a Redis restart flushed the script cache).
 ///
 /// ```ignore
-/// static ACK: LuaScript = LuaScript::new("ack", include_str!("../scripts/ack.lua"));
+/// static ACK: LuaScript = LuaScript::new("settle", include_str!("../scripts/settle.lua"));
 ///
 /// // Small calls: keys and arguments as slices.
 /// let acked: Vec<i64> = ACK.run(&mut conn, &[&stream], &[&id]).await?;
