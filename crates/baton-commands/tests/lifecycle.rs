@@ -30,13 +30,19 @@ async fn stopped_services_release_their_connections() {
 
     // The store's own connections (shared connection, pub/sub) are part of the baseline. Its
     // pub/sub connection is opened in the background: a wait on a command of another queue
-    // returns only once it is subscribed, so it is up before the baseline is taken.
+    // subscribes that queue's channel, and the baseline is taken once the pub/sub connection
+    // (`flags=P`) is listed.
     let warm = queue_name("warm");
     store.declare_queue(&warm).unwrap();
     let w = store.submit(&warm, Command::new("x", json!(null))).await.unwrap();
     let st = store.wait(&w.id, Duration::from_millis(300)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Submitted);
-    let baseline = clients(&redis);
+    let baseline = eventually(Duration::from_secs(5), || async {
+        let now = clients(&redis);
+        now.iter().any(|l| l.contains(" flags=P ")).then_some(now)
+    })
+    .await
+    .expect("the store's pub/sub connection is listed");
 
     // A short claim timeout: should a message be delivered to a stopped service's consumer (a
     // read of it still blocked on the server), the next service takes it over within a fraction
