@@ -153,3 +153,59 @@ async fn a_command_submitted_right_after_a_stop_runs_at_once() {
     }
     svc.close().await;
 }
+
+/// Names of the consumers of `queue`'s group (`XINFO CONSUMERS baton:q:{queue} baton`).
+fn group_consumers(redis: &RedisServer, queue: &str) -> Vec<String> {
+    let out = redis.cli(&["XINFO", "CONSUMERS", &format!("baton:q:{{{queue}}}"), "baton"]);
+    let lines: Vec<&str> = out.lines().collect();
+    lines.windows(2).filter(|w| w[0] == "name").map(|w| w[1].to_string()).collect()
+}
+
+/// `QueueSettings::reap_idle_consumers_after` reaches the queue's consumer: a member of the group
+/// that never reads (as a stopped worker leaves behind) is removed by the running service once
+/// idle for the configured window, while a service configured with `None` keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_foreign_consumers_are_reaped_after_the_configured_window() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    let store = redis_store(&redis).await;
+    let (reaping, keeping) = (queue_name("reaping"), queue_name("keeping"));
+    let claim = Duration::from_millis(500);
+    let window = Duration::from_secs(1);
+    let start = |q: &str, reap: Option<Duration>| {
+        CommandService::builder(store.clone(), q)
+            .settings(QueueSettings { claim_timeout: claim, reap_idle_consumers_after: reap, ..QueueSettings::default() })
+            .handler("echo", on_execute(|c: Command| async move { Ok(CommandResult::succeeded(c.params)) }))
+            .start()
+    };
+    // The services create the groups; then a stale member joins each (idle from now on).
+    let keeper = start(&keeping, None).await.unwrap();
+    let reaper = start(&reaping, Some(window)).await.unwrap();
+    let own = |q: &str| group_consumers(&redis, q);
+    assert_eq!(own(&keeping).len(), 1, "{:?}", own(&keeping));
+    assert_eq!(own(&reaping).len(), 1, "{:?}", own(&reaping));
+    assert!(own(&reaping)[0].starts_with("baton-cmd-"), "{:?}", own(&reaping));
+    for q in [&keeping, &reaping] {
+        assert_eq!(redis.cli(&["XGROUP", "CREATECONSUMER", &format!("baton:q:{{{q}}}"), "baton", "stale-worker"]), "1");
+    }
+    let created = std::time::Instant::now();
+
+    let reaped = eventually(Duration::from_secs(10), || async {
+        (!own(&reaping).iter().any(|c| c == "stale-worker")).then_some(())
+    })
+    .await;
+    assert!(reaped.is_some(), "stale-worker still in the group of {reaping}: {:?}", own(&reaping));
+    assert!(created.elapsed() >= window, "removed after {:?}, before the {window:?} window", created.elapsed());
+    // The service's own consumer stays.
+    assert_eq!(own(&reaping).len(), 1, "{:?}", own(&reaping));
+    assert!(own(&reaping)[0].starts_with("baton-cmd-"), "{:?}", own(&reaping));
+
+    // The stale member of the `None` queue is at least as idle, and stays through a few more
+    // windows' worth of reap checks.
+    tokio::time::sleep(2 * window).await;
+    let kept = own(&keeping);
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert!(kept.iter().any(|c| c == "stale-worker"), "{kept:?}");
+    keeper.close().await;
+    reaper.close().await;
+}
