@@ -165,6 +165,74 @@ async fn api_server_and_worker_processes_share_redis() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Names of the consumers of `queue`'s group (`XINFO CONSUMERS baton:q:{queue} baton`).
+fn group_consumers(redis: &RedisServer, queue: &str) -> Vec<String> {
+    let out = redis.cli(&["XINFO", "CONSUMERS", &format!("baton:q:{{{queue}}}"), "baton"]);
+    let lines: Vec<&str> = out.lines().collect();
+    lines.windows(2).filter(|w| w[0] == "name").map(|w| w[1].to_string()).collect()
+}
+
+/// `reap_idle_consumers_after` of a `[queues.*]` table reaches the queue's consumer in `baton
+/// serve`: a stale member of the group (as a stopped worker leaves behind) is removed after the
+/// configured 1 s, and kept on the queue configured with `"never"`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reap_idle_consumers_after_from_the_config_reaches_the_workers() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("baton-reap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("baton.toml");
+    std::fs::write(
+        &config,
+        r#"
+[queues.reaping]
+claim_timeout = "500ms"
+reap_idle_consumers_after = "1s"
+[queues.reaping.handlers]
+say = "echo"
+[queues.keeping]
+claim_timeout = "500ms"
+reap_idle_consumers_after = "never"
+[queues.keeping.handlers]
+say = "echo"
+"#,
+    )
+    .unwrap();
+    let cfg = ServeArgs {
+        config: Some(config),
+        redis: Some(redis.url()),
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    }
+    .resolve()
+    .unwrap();
+    let reap: Vec<(&str, Option<Duration>)> =
+        cfg.queues.iter().map(|q| (q.name.as_str(), q.settings.reap_idle_consumers_after)).collect();
+    assert_eq!(reap, [("keeping", None), ("reaping", Some(Duration::from_secs(1)))]);
+    let server = Server::start(cfg).await.unwrap();
+
+    // The workers created the groups, one consumer each; a stale member joins each.
+    for q in ["keeping", "reaping"] {
+        let members = group_consumers(&redis, q);
+        assert!(members.len() == 1 && members[0].starts_with("baton-cmd-"), "{q}: {members:?}");
+        assert_eq!(redis.cli(&["XGROUP", "CREATECONSUMER", &format!("baton:q:{{{q}}}"), "baton", "stale-worker"]), "1");
+    }
+    let created = std::time::Instant::now();
+    let reaped = eventually(Duration::from_secs(10), || async {
+        (!group_consumers(&redis, "reaping").iter().any(|c| c == "stale-worker")).then_some(())
+    })
+    .await;
+    assert!(reaped.is_some(), "not reaped: {:?}", group_consumers(&redis, "reaping"));
+    assert!(created.elapsed() >= Duration::from_secs(1), "reaped after {:?}", created.elapsed());
+    assert_eq!(group_consumers(&redis, "reaping").len(), 1, "the worker's own consumer stays");
+    // At least as idle on the "never" queue, and kept through two more windows of reap checks.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = group_consumers(&redis, "keeping");
+    assert!(kept.len() == 2 && kept.iter().any(|c| c == "stale-worker"), "{kept:?}");
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn worker_refuses_the_memory_backend_and_unknown_queues() {
     let out = Command::new(env!("CARGO_BIN_EXE_baton"))
