@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use baton::config::ServeArgs;
 use baton::server::Server;
+use baton_commands::{Command as BatonCommand, CommandStatus, CommandStore};
+use baton_redis::RedisClient;
 use baton_testkit::{eventually, free_port, RedisServer};
 use common::*;
 use reqwest::StatusCode;
@@ -31,9 +33,13 @@ struct Worker {
 
 impl Worker {
     fn spawn(config: &std::path::Path, redis: &str) -> Worker {
+        Self::spawn_with_grace(config, redis, "1s")
+    }
+
+    fn spawn_with_grace(config: &std::path::Path, redis: &str, grace: &str) -> Worker {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_baton"))
-            .args(["--log-format", "json", "worker", "--redis", redis, "--shutdown-grace", "1s"])
+            .args(["--log-format", "json", "worker", "--redis", redis, "--shutdown-grace", grace])
             .arg("--config")
             .arg(config)
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -230,6 +236,39 @@ say = "echo"
     let kept = group_consumers(&redis, "keeping");
     assert!(kept.len() == 2 && kept.iter().any(|c| c == "stale-worker"), "{kept:?}");
     server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn redis_store(redis: &RedisServer) -> CommandStore {
+    CommandStore::redis(RedisClient::new(redis.config()).unwrap(), Default::default()).await.unwrap()
+}
+
+/// SIGTERM while a handler runs: the worker stops taking work, lets the handler finish within
+/// `--shutdown-grace`, and only then exits (successfully). With one worker and nobody to take the
+/// command over, the command is `SUCCEEDED` the moment the process is gone only if it was drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_finishes_running_handlers_before_exiting_on_sigterm() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("baton-worker-term-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("baton.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let store = redis_store(&redis).await;
+    let w = Worker::spawn_with_grace(&config, &redis.url(), "20s");
+    w.ready().await;
+    store.submit("jobs", BatonCommand::with_id("nap-term", "nap", json!({"ms": 1500}))).await.unwrap();
+    let running = eventually(Duration::from_secs(10), || async {
+        (store.messages().stats("jobs").await.ok()?.pending == 1).then_some(())
+    })
+    .await;
+    assert!(running.is_some(), "the worker never took the command");
+    let (status, logs) = w.terminate();
+    assert!(status.success(), "{status:?}\n{logs}");
+    let st = store.get("nap-term").await.unwrap().expect("stored");
+    assert_eq!(st.status, CommandStatus::Succeeded, "not drained at SIGTERM: {st:?}\n{logs}");
+    assert_eq!(st.result, Some(json!({"slept_ms": 1500})));
+    assert_eq!(store.messages().stats("jobs").await.unwrap().pending, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
