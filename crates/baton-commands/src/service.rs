@@ -105,7 +105,18 @@ impl Default for QueueSettings {
 }
 
 impl QueueSettings {
-    fn validate(&self) -> Result<ConsumerOptions, CommandError> {
+    /// Checks every rule of the fields above, those the work queue's consumer applies included
+    /// (as [`CommandServiceBuilder::start`] does first), e.g. to refuse a configuration before
+    /// any service starts.
+    ///
+    /// Errors: [`CommandError::InvalidSettings`] or [`CommandError::Queue`], naming the setting
+    /// and its rule.
+    pub fn validate(&self) -> Result<(), CommandError> {
+        self.consumer_options().map(|_| ())
+    }
+
+    /// The work queue consumer's options, once every rule is checked.
+    fn consumer_options(&self) -> Result<ConsumerOptions, CommandError> {
         let bad = |m: String| Err(CommandError::InvalidSettings(m));
         let r = &self.retry;
         if r.max_attempts == 0 {
@@ -192,7 +203,7 @@ impl CommandServiceBuilder {
         for t in self.handlers.keys() {
             crate::validate_type(t)?;
         }
-        let options = self.settings.validate()?;
+        let options = self.settings.consumer_options()?;
         let handlers = Arc::new(self.handlers);
         let registration = self.store.register_service(&self.queue, handlers.clone());
         let ctx = Arc::new(Ctx {
@@ -585,18 +596,18 @@ mod tests {
     fn reap_idle_consumers_after_reaches_the_consumer_options() {
         let d = QueueSettings::default();
         assert_eq!(d.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
-        assert_eq!(d.validate().unwrap().reap_idle_consumers_after, Some(Duration::from_secs(3600)));
+        assert_eq!(d.consumer_options().unwrap().reap_idle_consumers_after, Some(Duration::from_secs(3600)));
         let s = QueueSettings { reap_idle_consumers_after: Some(Duration::from_secs(60)), ..QueueSettings::default() };
-        assert_eq!(s.validate().unwrap().reap_idle_consumers_after, Some(Duration::from_secs(60)));
+        assert_eq!(s.consumer_options().unwrap().reap_idle_consumers_after, Some(Duration::from_secs(60)));
         let never = QueueSettings { reap_idle_consumers_after: None, ..QueueSettings::default() };
-        assert_eq!(never.validate().unwrap().reap_idle_consumers_after, None);
+        assert_eq!(never.consumer_options().unwrap().reap_idle_consumers_after, None);
         // Exactly twice the claim timeout is the smallest accepted value.
         let s = QueueSettings {
             claim_timeout: Duration::from_secs(1),
             reap_idle_consumers_after: Some(Duration::from_secs(2)),
             ..QueueSettings::default()
         };
-        assert_eq!(s.validate().unwrap().reap_idle_consumers_after, Some(Duration::from_secs(2)));
+        assert_eq!(s.consumer_options().unwrap().reap_idle_consumers_after, Some(Duration::from_secs(2)));
     }
 
     #[test]
