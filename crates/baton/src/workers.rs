@@ -221,22 +221,30 @@ pub struct Workers {
 
 impl Workers {
     /// Starts one command service per queue on `store`, each with its configured handlers
-    /// (wrapped for metrics). Errors: a refused setting or handler, named by queue.
+    /// (wrapped for metrics). Every queue's settings and handlers are checked before the first
+    /// service starts; should a later start still fail (Redis), the services already started are
+    /// closed before the error is returned.
+    ///
+    /// Errors: a refused setting or handler, or the backend's error, named by queue
+    /// (`queue <name>: …`).
     pub async fn start(store: &CommandStore, queues: &[QueueConfig]) -> Result<Workers, String> {
-        let mut services = Vec::new();
+        let mut builders = Vec::new();
         for q in queues {
+            q.settings.validate().map_err(|e| format!("queue {}: {e}", q.name))?;
             let mut b = CommandService::builder(store.clone(), q.name.clone()).settings(q.settings.clone());
             for (t, h) in q.build_handlers()? {
                 let metered = Metered { inner: h, queue: q.name.clone(), command_type: t.clone() };
                 b = b.handler(t, metered);
             }
+            builders.push((q.name.as_str(), b));
+        }
+        let mut services = Vec::new();
+        for (name, b) in builders {
             match b.start().await {
                 Ok(s) => services.push(s),
                 Err(e) => {
-                    for s in &services {
-                        s.abort();
-                    }
-                    return Err(format!("queue {}: {e}", q.name));
+                    futures::future::join_all(services.iter().map(|s| s.close())).await;
+                    return Err(format!("queue {name}: {e}"));
                 }
             }
         }
@@ -326,10 +334,25 @@ impl crate::config::WorkerArgs {
 }
 
 /// `baton worker`: runs the configured queues' workers until ctrl-c or SIGTERM, then drains them
-/// within the shutdown grace. With `--listen`, serves `/healthz`, `/readyz` and `/metrics`.
+/// within the shutdown grace (every queue's service is drained, which also closes it). With
+/// `--listen`, serves `/healthz`, `/readyz` and `/metrics`.
+///
+/// Everything that can fail is done before the first service starts (signal handlers, the
+/// command store, the health API and its listener), so an error never leaves a started service
+/// behind; a signal during startup is kept and shuts the worker down once started.
 pub async fn run_worker(args: crate::config::WorkerArgs) -> Result<(), String> {
     let cfg = args.resolve()?;
+    let mut signal = crate::server::ShutdownSignal::listen()?;
     let store = command_store(&cfg.backend).await?;
+    let health = match cfg.listen {
+        None => None,
+        Some(addr) => {
+            let api = crate::http::commands::CommandsApi::new(store.clone(), &cfg.queues, 0, true)?;
+            let listener =
+                tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            Some((addr, listener, crate::http::queues::worker_router(api)))
+        }
+    };
     let workers = Workers::start(&store, &cfg.queues).await?;
     let default_note = if cfg.queues_defaulted { " (the built-in default: no [queues] configured)" } else { "" };
     tracing::info!(backend = %crate::http::describe_backend(&cfg.backend), queues = %describe_queues(&cfg.queues), "baton worker: running{default_note}");
@@ -339,21 +362,12 @@ pub async fn run_worker(args: crate::config::WorkerArgs) -> Result<(), String> {
         crate::http::describe_backend(&cfg.backend)
     );
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let http = match cfg.listen {
-        None => None,
-        Some(addr) => {
-            let api = crate::http::commands::CommandsApi::new(store.clone(), &cfg.queues, 0, true)?;
-            let listener =
-                tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-            println!("baton worker: health at http://{addr}/healthz, metrics at http://{addr}/metrics");
-            let app = crate::http::queues::worker_router(api);
-            let token = shutdown.clone();
-            Some(tokio::spawn(async move {
-                axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await
-            }))
-        }
-    };
-    wait_for_signal().await;
+    let http = health.map(|(addr, listener, app)| {
+        println!("baton worker: health at http://{addr}/healthz, metrics at http://{addr}/metrics");
+        let token = shutdown.clone();
+        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await })
+    });
+    signal.recv().await;
     println!("baton worker: shutting down (up to {} for running handlers)", humantime::format_duration(cfg.shutdown_grace));
     workers.drain(cfg.shutdown_grace).await;
     shutdown.cancel();
@@ -361,20 +375,6 @@ pub async fn run_worker(args: crate::config::WorkerArgs) -> Result<(), String> {
         let _ = h.await;
     }
     Ok(())
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// A handler wrapper that records durations and outcomes (module docs).
@@ -549,6 +549,17 @@ mod tests {
             "queue a: invalid setting: reap_idle_consumers_after (2s) must be at least twice claim_timeout (1.5s), or \
              None to never remove idle consumers"
         );
+    }
+
+    /// A refused queue is found before any service starts: the queues before it (in name order)
+    /// never join their groups.
+    #[tokio::test]
+    async fn a_refused_queue_starts_no_other_queue() {
+        let q = parse("[queues.a.handlers]\ne = \"echo\"\n[queues.b]\nconcurrency = 0\n").unwrap();
+        let store = CommandStore::memory();
+        let e = Workers::start(&store, &q).await.err().expect("refused");
+        assert!(e.starts_with("queue b: ") && e.contains("concurrency"), "{e}");
+        assert_eq!(store.messages().stats("a").await.unwrap().consumers, 0);
     }
 
     #[tokio::test]

@@ -1,7 +1,9 @@
 //! The `baton` binary: configuration from environment and TOML, the start-up announcement, and a
 //! clean exit on SIGTERM while a live reader is connected.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -122,4 +124,39 @@ async fn serve_finishes_running_handlers_before_exiting_on_sigterm() {
     assert_eq!(st.status, baton_commands::CommandStatus::Succeeded, "not drained at SIGTERM: {st:?}");
     assert_eq!(st.result, Some(serde_json::json!({"slept_ms": 1500})));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGTERM while `baton serve` is still starting (connecting to Redis) is not fatal: the server
+/// finishes starting, then shuts down as for any SIGTERM (drains its workers, exits with
+/// success). Redis is reached through a relay that holds the first connection until the signal
+/// has been sent, so the signal surely arrives during startup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_starting_shuts_serve_down_cleanly() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let (relay_url, mut relay) = common::HeldRelay::start(redis.port()).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["serve", "--redis", &relay_url, "--listen", "127.0.0.1:0", "--shutdown-grace", "5s"])
+        .env_remove("BATON_CONFIG")
+        .env_remove("BATON_REDIS_CLUSTER")
+        .env_remove("BATON_LISTEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    relay.connected().await;
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    relay.release();
+    let done = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let (mut out, mut err) = (String::new(), String::new());
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        (status, out, err)
+    });
+    let (status, out, err) = tokio::time::timeout(Duration::from_secs(30), done).await.expect("exits").unwrap();
+    assert!(status.success(), "{status:?}\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("baton serve: listening on"), "{out}");
+    assert!(out.contains("baton serve: shutting down"), "{out}");
 }

@@ -272,6 +272,62 @@ async fn worker_finishes_running_handlers_before_exiting_on_sigterm() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A worker that cannot serve its `--listen` address fails before any queue consumer starts, so
+/// it leaves no member in any queue's group and takes no work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_that_cannot_listen_starts_no_consumer() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["worker", "--redis", &redis.url(), "--listen", &addr])
+        .env_remove("BATON_CONFIG")
+        .env_remove("BATON_REDIS_CLUSTER")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("baton worker: cannot listen on {addr}: ")), "{err}");
+    // The built-in default queue: no consumer ever joined its group.
+    assert_eq!(redis.cli(&["EXISTS", "baton:q:{default}"]), "0", "{:?}", group_consumers(&redis, "default"));
+}
+
+/// SIGTERM while `baton worker` is still starting (connecting to Redis) is not fatal: the worker
+/// finishes starting, then shuts down as for any SIGTERM (drains, exits with success). Redis is
+/// reached through a relay that holds the first connection until the signal has been sent, so
+/// the signal surely arrives during startup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_starting_shuts_the_worker_down_cleanly() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    let (relay_url, mut relay) = HeldRelay::start(redis.port()).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["worker", "--redis", &relay_url, "--shutdown-grace", "5s"])
+        .env_remove("BATON_CONFIG")
+        .env_remove("BATON_REDIS_CLUSTER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The worker's first Redis connection is held: it is starting now.
+    relay.connected().await;
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    relay.release();
+    let status = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let (mut out, mut err) = (String::new(), String::new());
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        (status, out, err)
+    });
+    let (status, out, err) = tokio::time::timeout(Duration::from_secs(30), status).await.expect("exits").unwrap();
+    assert!(status.success(), "{status:?}\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("baton worker: working queues default"), "{out}");
+    assert!(out.contains("baton worker: shutting down"), "{out}");
+}
+
 #[test]
 fn worker_refuses_the_memory_backend_and_unknown_queues() {
     let out = Command::new(env!("CARGO_BIN_EXE_baton"))
