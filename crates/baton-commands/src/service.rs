@@ -67,6 +67,12 @@ pub struct QueueSettings {
     pub max_processing_time: Duration,
     /// Prefix of the queue consumer's name. Default `baton-cmd`.
     pub consumer_prefix: String,
+    /// Other consumers of the queue's group (processes that stopped or died) idle this long with
+    /// no pending entry are removed from it by this service's consumer (the work queue's
+    /// `reap_idle_consumers_after`). `None`: never.
+    /// Default `Some(1 h)`, the work queue's default; at least twice `claim_timeout`, so that a
+    /// live consumer is never taken for a dead one.
+    pub reap_idle_consumers_after: Option<Duration>,
     #[doc(hidden)]
     pub fail_points: FailPoints,
 }
@@ -92,13 +98,25 @@ impl Default for QueueSettings {
             poll_interval: None,
             max_processing_time: Duration::from_secs(15 * 60),
             consumer_prefix: "baton-cmd".into(),
+            reap_idle_consumers_after: ConsumerOptions::default().reap_idle_consumers_after,
             fail_points: FailPoints::default(),
         }
     }
 }
 
 impl QueueSettings {
-    fn validate(&self) -> Result<ConsumerOptions, CommandError> {
+    /// Checks every rule of the fields above, those the work queue's consumer applies included
+    /// (as [`CommandServiceBuilder::start`] does first), e.g. to refuse a configuration before
+    /// any service starts.
+    ///
+    /// Errors: [`CommandError::InvalidSettings`] or [`CommandError::Queue`], naming the setting
+    /// and its rule.
+    pub fn validate(&self) -> Result<(), CommandError> {
+        self.consumer_options().map(|_| ())
+    }
+
+    /// The work queue consumer's options, once every rule is checked.
+    fn consumer_options(&self) -> Result<ConsumerOptions, CommandError> {
         let bad = |m: String| Err(CommandError::InvalidSettings(m));
         let r = &self.retry;
         if r.max_attempts == 0 {
@@ -113,6 +131,15 @@ impl QueueSettings {
         if self.check_status_interval < Duration::from_millis(10) {
             return bad(format!("check_status_interval must be at least 10ms (got {:?})", self.check_status_interval));
         }
+        if let Some(r) = self.reap_idle_consumers_after {
+            if r < self.claim_timeout.saturating_mul(2) {
+                return bad(format!(
+                    "reap_idle_consumers_after ({r:?}) must be at least twice claim_timeout ({:?}), or None to never \
+                     remove idle consumers",
+                    self.claim_timeout
+                ));
+            }
+        }
         let mut o = ConsumerOptions::new()
             .with_concurrency(self.concurrency)
             .with_claim_timeout(self.claim_timeout)
@@ -120,6 +147,7 @@ impl QueueSettings {
             // The command service counts attempts itself (`max_attempts`) and must end a command
             // in a persisted state, never leave it in the queue's dead letters.
             .with_max_deliveries(None)
+            .with_reap_idle_consumers_after(self.reap_idle_consumers_after)
             .with_consumer_prefix(self.consumer_prefix.clone());
         if let Some(p) = self.poll_interval {
             o = o.with_poll_interval(p);
@@ -175,7 +203,7 @@ impl CommandServiceBuilder {
         for t in self.handlers.keys() {
             crate::validate_type(t)?;
         }
-        let options = self.settings.validate()?;
+        let options = self.settings.consumer_options()?;
         let handlers = Arc::new(self.handlers);
         let registration = self.store.register_service(&self.queue, handlers.clone());
         let ctx = Arc::new(Ctx {
@@ -557,5 +585,50 @@ async fn write_retrying(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reap_idle_consumers_after_reaches_the_consumer_options() {
+        let d = QueueSettings::default();
+        assert_eq!(d.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
+        assert_eq!(d.consumer_options().unwrap().reap_idle_consumers_after, Some(Duration::from_secs(3600)));
+        let s = QueueSettings { reap_idle_consumers_after: Some(Duration::from_secs(60)), ..QueueSettings::default() };
+        assert_eq!(s.consumer_options().unwrap().reap_idle_consumers_after, Some(Duration::from_secs(60)));
+        let never = QueueSettings { reap_idle_consumers_after: None, ..QueueSettings::default() };
+        assert_eq!(never.consumer_options().unwrap().reap_idle_consumers_after, None);
+        // Exactly twice the claim timeout is the smallest accepted value.
+        let s = QueueSettings {
+            claim_timeout: Duration::from_secs(1),
+            reap_idle_consumers_after: Some(Duration::from_secs(2)),
+            ..QueueSettings::default()
+        };
+        assert_eq!(s.consumer_options().unwrap().reap_idle_consumers_after, Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn reap_idle_consumers_after_below_twice_the_claim_timeout_is_refused() {
+        let s = QueueSettings { reap_idle_consumers_after: Some(Duration::from_secs(59)), ..QueueSettings::default() };
+        let e = s.validate().unwrap_err();
+        assert!(matches!(e, CommandError::InvalidSettings(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "invalid setting: reap_idle_consumers_after (59s) must be at least twice claim_timeout (30s), or None to \
+             never remove idle consumers"
+        );
+        let s = QueueSettings {
+            claim_timeout: Duration::from_millis(1500),
+            reap_idle_consumers_after: Some(Duration::from_millis(2999)),
+            ..QueueSettings::default()
+        };
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "invalid setting: reap_idle_consumers_after (2.999s) must be at least twice claim_timeout (1.5s), or None \
+             to never remove idle consumers"
+        );
     }
 }

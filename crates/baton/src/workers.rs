@@ -9,6 +9,7 @@
 //! check_status_interval = "10s"    # delay between check_status calls of RUNNING commands
 //! max_processing_time = "15m"      # a handler running longer loses its lease (it is signalled)
 //! poll_interval = "1s"             # reclaim cadence (default: the work queue's)
+//! reap_idle_consumers_after = "1h" # stale group members are removed after this long idle, or "never"
 //! retry = { max_attempts = 5, initial_backoff = "1s", backoff_factor = 2.0, max_backoff = "5m" }
 //!
 //! [queues.default.handlers]        # command type → built-in handler
@@ -48,6 +49,8 @@ pub struct QueueFile {
     pub check_status_interval: Option<String>,
     pub max_processing_time: Option<String>,
     pub poll_interval: Option<String>,
+    /// A duration, or `"never"` (also `"none"`, `"off"`).
+    pub reap_idle_consumers_after: Option<String>,
     pub retry: Option<RetryFile>,
     /// Command type → kind name (`"sleep"`) or a table with `kind` and the kind's options.
     #[serde(default)]
@@ -115,6 +118,11 @@ pub fn default_queues() -> Vec<QueueConfig> {
 }
 
 /// Resolves `[queues.*]` tables. Errors name the key: `queues.<name>.<key>: <reason>`.
+///
+/// Durations are parsed here and most ranges are checked when the queue's service starts
+/// ([`Workers::start`], `queue <name>: invalid setting: …`); `reap_idle_consumers_after` is
+/// checked here against the queue's `claim_timeout` (at least twice it), so that `baton serve
+/// --no-workers` refuses it too.
 pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueConfig>, String> {
     let mut out = Vec::new();
     for (name, f) in tables {
@@ -133,6 +141,10 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
                 .unwrap_or(d.check_status_interval),
             max_processing_time: dur(&f.max_processing_time, "max_processing_time")?.unwrap_or(d.max_processing_time),
             poll_interval: dur(&f.poll_interval, "poll_interval")?,
+            reap_idle_consumers_after: match f.reap_idle_consumers_after.as_deref() {
+                None => d.reap_idle_consumers_after,
+                Some(v) => parse_reap(v).map_err(|e| format!("{}: {e}", key("reap_idle_consumers_after")))?,
+            },
             retry: RetryPolicy {
                 max_attempts: r.max_attempts.unwrap_or(dr.max_attempts),
                 initial_backoff: dur(&r.initial_backoff, "retry.initial_backoff")?.unwrap_or(dr.initial_backoff),
@@ -141,6 +153,16 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
             },
             ..d
         };
+        if let Some(r) = settings.reap_idle_consumers_after {
+            if r < settings.claim_timeout.saturating_mul(2) {
+                return Err(format!(
+                    "{}: {} must be at least twice claim_timeout ({}), or \"never\"",
+                    key("reap_idle_consumers_after"),
+                    humantime::format_duration(r),
+                    humantime::format_duration(settings.claim_timeout)
+                ));
+            }
+        }
         let mut handlers = Vec::new();
         for (command_type, v) in f.handlers {
             let hkey = key(&format!("handlers.{command_type}"));
@@ -170,6 +192,16 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
     Ok(out)
 }
 
+/// `reap_idle_consumers_after`: a duration (`"2h"`), or `"never"` / `"none"` / `"off"` for `None`.
+fn parse_reap(v: &str) -> Result<Option<Duration>, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "never" | "none" | "off" => Ok(None),
+        _ => humantime::parse_duration(v.trim())
+            .map(Some)
+            .map_err(|e| format!("{v:?} is neither a duration like `2h` or `90m` nor \"never\": {e}")),
+    }
+}
+
 /// The command store of a backend (the same Redis as the streams, or a new in-memory store).
 /// Errors: Redis cannot be reached.
 pub async fn command_store(backend: &Backend) -> Result<CommandStore, String> {
@@ -189,22 +221,30 @@ pub struct Workers {
 
 impl Workers {
     /// Starts one command service per queue on `store`, each with its configured handlers
-    /// (wrapped for metrics). Errors: a refused setting or handler, named by queue.
+    /// (wrapped for metrics). Every queue's settings and handlers are checked before the first
+    /// service starts; should a later start still fail (Redis), the services already started are
+    /// closed before the error is returned.
+    ///
+    /// Errors: a refused setting or handler, or the backend's error, named by queue
+    /// (`queue <name>: …`).
     pub async fn start(store: &CommandStore, queues: &[QueueConfig]) -> Result<Workers, String> {
-        let mut services = Vec::new();
+        let mut builders = Vec::new();
         for q in queues {
+            q.settings.validate().map_err(|e| format!("queue {}: {e}", q.name))?;
             let mut b = CommandService::builder(store.clone(), q.name.clone()).settings(q.settings.clone());
             for (t, h) in q.build_handlers()? {
                 let metered = Metered { inner: h, queue: q.name.clone(), command_type: t.clone() };
                 b = b.handler(t, metered);
             }
+            builders.push((q.name.as_str(), b));
+        }
+        let mut services = Vec::new();
+        for (name, b) in builders {
             match b.start().await {
                 Ok(s) => services.push(s),
                 Err(e) => {
-                    for s in &services {
-                        s.abort();
-                    }
-                    return Err(format!("queue {}: {e}", q.name));
+                    futures::future::join_all(services.iter().map(|s| s.close())).await;
+                    return Err(format!("queue {name}: {e}"));
                 }
             }
         }
@@ -294,10 +334,25 @@ impl crate::config::WorkerArgs {
 }
 
 /// `baton worker`: runs the configured queues' workers until ctrl-c or SIGTERM, then drains them
-/// within the shutdown grace. With `--listen`, serves `/healthz`, `/readyz` and `/metrics`.
+/// within the shutdown grace (every queue's service is drained, which also closes it). With
+/// `--listen`, serves `/healthz`, `/readyz` and `/metrics`.
+///
+/// Everything that can fail is done before the first service starts (signal handlers, the
+/// command store, the health API and its listener), so an error never leaves a started service
+/// behind; a signal during startup is kept and shuts the worker down once started.
 pub async fn run_worker(args: crate::config::WorkerArgs) -> Result<(), String> {
     let cfg = args.resolve()?;
+    let mut signal = crate::server::ShutdownSignal::listen()?;
     let store = command_store(&cfg.backend).await?;
+    let health = match cfg.listen {
+        None => None,
+        Some(addr) => {
+            let api = crate::http::commands::CommandsApi::new(store.clone(), &cfg.queues, 0, true)?;
+            let listener =
+                tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            Some((addr, listener, crate::http::queues::worker_router(api)))
+        }
+    };
     let workers = Workers::start(&store, &cfg.queues).await?;
     let default_note = if cfg.queues_defaulted { " (the built-in default: no [queues] configured)" } else { "" };
     tracing::info!(backend = %crate::http::describe_backend(&cfg.backend), queues = %describe_queues(&cfg.queues), "baton worker: running{default_note}");
@@ -307,21 +362,12 @@ pub async fn run_worker(args: crate::config::WorkerArgs) -> Result<(), String> {
         crate::http::describe_backend(&cfg.backend)
     );
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let http = match cfg.listen {
-        None => None,
-        Some(addr) => {
-            let api = crate::http::commands::CommandsApi::new(store.clone(), &cfg.queues, 0, true)?;
-            let listener =
-                tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-            println!("baton worker: health at http://{addr}/healthz, metrics at http://{addr}/metrics");
-            let app = crate::http::queues::worker_router(api);
-            let token = shutdown.clone();
-            Some(tokio::spawn(async move {
-                axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await
-            }))
-        }
-    };
-    wait_for_signal().await;
+    let http = health.map(|(addr, listener, app)| {
+        println!("baton worker: health at http://{addr}/healthz, metrics at http://{addr}/metrics");
+        let token = shutdown.clone();
+        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await })
+    });
+    signal.recv().await;
     println!("baton worker: shutting down (up to {} for running handlers)", humantime::format_duration(cfg.shutdown_grace));
     workers.drain(cfg.shutdown_grace).await;
     shutdown.cancel();
@@ -329,20 +375,6 @@ pub async fn run_worker(args: crate::config::WorkerArgs) -> Result<(), String> {
         let _ = h.await;
     }
     Ok(())
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// A handler wrapper that records durations and outcomes (module docs).
@@ -431,6 +463,103 @@ mod tests {
         assert_eq!(q[0].handlers[1], HandlerConfig { command_type: "nap".into(), kind: "sleep".into(), options: Value::Null });
         assert!(q[1].handlers.is_empty());
         assert_eq!(describe_queues(&q), "lifecycle (hook=http, nap=sleep); quick ()");
+    }
+
+    #[test]
+    fn reap_idle_consumers_after_from_toml() {
+        let q = parse(
+            r#"
+            [queues.a]
+            reap_idle_consumers_after = "2h"
+            [queues.b]
+            reap_idle_consumers_after = "never"
+            [queues.c]
+            [queues.d]
+            claim_timeout = "1s"
+            reap_idle_consumers_after = "2s"
+            [queues.e]
+            reap_idle_consumers_after = " Off "
+            [queues.f]
+            reap_idle_consumers_after = "none"
+            "#,
+        )
+        .unwrap();
+        let got: Vec<(&str, Option<Duration>)> =
+            q.iter().map(|q| (q.name.as_str(), q.settings.reap_idle_consumers_after)).collect();
+        assert_eq!(
+            got,
+            [
+                ("a", Some(Duration::from_secs(7200))),
+                ("b", None),
+                ("c", Some(Duration::from_secs(3600))),
+                ("d", Some(Duration::from_secs(2))),
+                ("e", None),
+                ("f", None),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_reap_idle_consumers_after_names_the_key_and_the_rule() {
+        let e = parse("[queues.a]\nreap_idle_consumers_after = \"59s\"\n").unwrap_err();
+        assert_eq!(e, "queues.a.reap_idle_consumers_after: 59s must be at least twice claim_timeout (30s), or \"never\"");
+        let e = parse("[queues.a]\nclaim_timeout = \"2m\"\nreap_idle_consumers_after = \"3m 59s\"\n").unwrap_err();
+        assert_eq!(e, "queues.a.reap_idle_consumers_after: 3m 59s must be at least twice claim_timeout (2m), or \"never\"");
+        let e = parse("[queues.a]\nreap_idle_consumers_after = \"0s\"\n").unwrap_err();
+        assert_eq!(e, "queues.a.reap_idle_consumers_after: 0s must be at least twice claim_timeout (30s), or \"never\"");
+        let e = parse("[queues.a]\nreap_idle_consumers_after = \"soon\"\n").unwrap_err();
+        assert!(
+            e.starts_with("queues.a.reap_idle_consumers_after: \"soon\" is neither a duration like `2h` or `90m` nor \"never\": "),
+            "{e}"
+        );
+        let e = parse("[queues.a]\nreap_idle_consumers_after = false\n").unwrap_err();
+        assert!(e.contains("invalid type: boolean `false`, expected a string") && e.contains("reap_idle_consumers_after"), "{e}");
+    }
+
+    /// The TOML blocks of docs/configuration.md and of this module's docs are valid queue
+    /// configurations with the values their comments state.
+    #[test]
+    fn documented_examples_parse() {
+        let block = |text: &str, marker: &str| -> String {
+            let start = text.find(marker).expect("example present");
+            let from = &text[start..];
+            from[..from.find("```").expect("closed")].to_string()
+        };
+        let docs = block(include_str!("../../../docs/configuration.md"), "[queues.lifecycle]");
+        let q = parse(&docs).unwrap();
+        assert_eq!(q[0].settings.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
+        assert_eq!(q[0].settings.claim_timeout, Duration::from_secs(120));
+        let module: String = include_str!("workers.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! ").or(l.strip_prefix("//!")))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let q = parse(&block(&module, "[queues.default]")).unwrap();
+        assert_eq!(q[0].settings.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
+        assert_eq!(q[0].handlers.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn reap_idle_consumers_after_is_checked_again_at_start() {
+        let mut q = parse("[queues.a]\nclaim_timeout = \"1s\"\nreap_idle_consumers_after = \"2s\"\n").unwrap();
+        q[0].settings.claim_timeout = Duration::from_millis(1500);
+        let e = Workers::start(&CommandStore::memory(), &q).await.err().expect("refused");
+        assert_eq!(
+            e,
+            "queue a: invalid setting: reap_idle_consumers_after (2s) must be at least twice claim_timeout (1.5s), or \
+             None to never remove idle consumers"
+        );
+    }
+
+    /// A refused queue is found before any service starts: the queues before it (in name order)
+    /// never join their groups.
+    #[tokio::test]
+    async fn a_refused_queue_starts_no_other_queue() {
+        let q = parse("[queues.a.handlers]\ne = \"echo\"\n[queues.b]\nconcurrency = 0\n").unwrap();
+        let store = CommandStore::memory();
+        let e = Workers::start(&store, &q).await.err().expect("refused");
+        assert!(e.starts_with("queue b: ") && e.contains("concurrency"), "{e}");
+        assert_eq!(store.messages().stats("a").await.unwrap().consumers, 0);
     }
 
     #[tokio::test]

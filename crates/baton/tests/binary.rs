@@ -1,7 +1,9 @@
 //! The `baton` binary: configuration from environment and TOML, the start-up announcement, and a
 //! clean exit on SIGTERM while a live reader is connected.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -77,4 +79,84 @@ fn bad_configuration_is_refused_with_a_message() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot use Redis redis://127.0.0.1:1"), "{err}");
+}
+
+/// SIGTERM while one of `baton serve`'s own workers runs a handler: the process exits (with
+/// success) only after the handler finished within `--shutdown-grace`, so the command is
+/// `SUCCEEDED` the moment the process is gone (nobody else could have finished it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_finishes_running_handlers_before_exiting_on_sigterm() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let port = baton_testkit::free_port();
+    let dir = std::env::temp_dir().join(format!("baton-binary-term-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("baton.toml");
+    std::fs::write(&cfg, "[queues.jobs]\nclaim_timeout = \"1s\"\n[queues.jobs.handlers]\nnap = \"sleep\"\n").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["serve", "--config", cfg.to_str().unwrap(), "--redis", &redis.url(), "--shutdown-grace", "20s"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env_remove("BATON_REDIS_CLUSTER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.contains("listening on"), "{first}");
+
+    let store = baton_commands::CommandStore::redis(baton_redis::RedisClient::new(redis.config()).unwrap(), Default::default())
+        .await
+        .unwrap();
+    let cmd = baton_commands::Command::with_id("nap-serve", "nap", serde_json::json!({"ms": 1500}));
+    store.submit("jobs", cmd).await.unwrap();
+    let running = baton_testkit::eventually(Duration::from_secs(10), || async {
+        (store.messages().stats("jobs").await.ok()?.pending == 1).then_some(())
+    })
+    .await;
+    assert!(running.is_some(), "the server's worker never took the command");
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "exit status {status}");
+    let st = store.get("nap-serve").await.unwrap().expect("stored");
+    assert_eq!(st.status, baton_commands::CommandStatus::Succeeded, "not drained at SIGTERM: {st:?}");
+    assert_eq!(st.result, Some(serde_json::json!({"slept_ms": 1500})));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGTERM while `baton serve` is still starting (connecting to Redis) is not fatal: the server
+/// finishes starting, then shuts down as for any SIGTERM (drains its workers, exits with
+/// success). Redis is reached through a relay that holds the first connection until the signal
+/// has been sent, so the signal surely arrives during startup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_starting_shuts_serve_down_cleanly() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let (relay_url, mut relay) = common::HeldRelay::start(redis.port()).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["serve", "--redis", &relay_url, "--listen", "127.0.0.1:0", "--shutdown-grace", "5s"])
+        .env_remove("BATON_CONFIG")
+        .env_remove("BATON_REDIS_CLUSTER")
+        .env_remove("BATON_LISTEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    relay.connected().await;
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    relay.release();
+    let done = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let (mut out, mut err) = (String::new(), String::new());
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        (status, out, err)
+    });
+    let (status, out, err) = tokio::time::timeout(Duration::from_secs(30), done).await.expect("exits").unwrap();
+    assert!(status.success(), "{status:?}\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("baton serve: listening on"), "{out}");
+    assert!(out.contains("baton serve: shutting down"), "{out}");
 }

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use baton::config::ServeArgs;
 use baton::server::Server;
+use baton_commands::{Command as BatonCommand, CommandStatus, CommandStore};
+use baton_redis::RedisClient;
 use baton_testkit::{eventually, free_port, RedisServer};
 use common::*;
 use reqwest::StatusCode;
@@ -31,9 +33,13 @@ struct Worker {
 
 impl Worker {
     fn spawn(config: &std::path::Path, redis: &str) -> Worker {
+        Self::spawn_with_grace(config, redis, "1s")
+    }
+
+    fn spawn_with_grace(config: &std::path::Path, redis: &str, grace: &str) -> Worker {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_baton"))
-            .args(["--log-format", "json", "worker", "--redis", redis, "--shutdown-grace", "1s"])
+            .args(["--log-format", "json", "worker", "--redis", redis, "--shutdown-grace", grace])
             .arg("--config")
             .arg(config)
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -163,6 +169,163 @@ async fn api_server_and_worker_processes_share_redis() {
     assert!(logs.contains("consumer started"), "{logs}");
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Names of the consumers of `queue`'s group (`XINFO CONSUMERS baton:q:{queue} baton`).
+fn group_consumers(redis: &RedisServer, queue: &str) -> Vec<String> {
+    let out = redis.cli(&["XINFO", "CONSUMERS", &format!("baton:q:{{{queue}}}"), "baton"]);
+    let lines: Vec<&str> = out.lines().collect();
+    lines.windows(2).filter(|w| w[0] == "name").map(|w| w[1].to_string()).collect()
+}
+
+/// `reap_idle_consumers_after` of a `[queues.*]` table reaches the queue's consumer in `baton
+/// serve`: a stale member of the group (as a stopped worker leaves behind) is removed after the
+/// configured 1 s, and kept on the queue configured with `"never"`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reap_idle_consumers_after_from_the_config_reaches_the_workers() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("baton-reap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("baton.toml");
+    std::fs::write(
+        &config,
+        r#"
+[queues.reaping]
+claim_timeout = "500ms"
+reap_idle_consumers_after = "1s"
+[queues.reaping.handlers]
+say = "echo"
+[queues.keeping]
+claim_timeout = "500ms"
+reap_idle_consumers_after = "never"
+[queues.keeping.handlers]
+say = "echo"
+"#,
+    )
+    .unwrap();
+    let cfg = ServeArgs {
+        config: Some(config),
+        redis: Some(redis.url()),
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    }
+    .resolve()
+    .unwrap();
+    let reap: Vec<(&str, Option<Duration>)> =
+        cfg.queues.iter().map(|q| (q.name.as_str(), q.settings.reap_idle_consumers_after)).collect();
+    assert_eq!(reap, [("keeping", None), ("reaping", Some(Duration::from_secs(1)))]);
+    let server = Server::start(cfg).await.unwrap();
+
+    // The workers created the groups, one consumer each; a stale member joins each.
+    for q in ["keeping", "reaping"] {
+        let members = group_consumers(&redis, q);
+        assert!(members.len() == 1 && members[0].starts_with("baton-cmd-"), "{q}: {members:?}");
+        assert_eq!(redis.cli(&["XGROUP", "CREATECONSUMER", &format!("baton:q:{{{q}}}"), "baton", "stale-worker"]), "1");
+    }
+    let created = std::time::Instant::now();
+    let reaped = eventually(Duration::from_secs(10), || async {
+        (!group_consumers(&redis, "reaping").iter().any(|c| c == "stale-worker")).then_some(())
+    })
+    .await;
+    assert!(reaped.is_some(), "not reaped: {:?}", group_consumers(&redis, "reaping"));
+    assert!(created.elapsed() >= Duration::from_secs(1), "reaped after {:?}", created.elapsed());
+    assert_eq!(group_consumers(&redis, "reaping").len(), 1, "the worker's own consumer stays");
+    // At least as idle on the "never" queue, and kept through two more windows of reap checks.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = group_consumers(&redis, "keeping");
+    assert!(kept.len() == 2 && kept.iter().any(|c| c == "stale-worker"), "{kept:?}");
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn redis_store(redis: &RedisServer) -> CommandStore {
+    CommandStore::redis(RedisClient::new(redis.config()).unwrap(), Default::default()).await.unwrap()
+}
+
+/// SIGTERM while a handler runs: the worker stops taking work, lets the handler finish within
+/// `--shutdown-grace`, and only then exits (successfully). With one worker and nobody to take the
+/// command over, the command is `SUCCEEDED` the moment the process is gone only if it was drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_finishes_running_handlers_before_exiting_on_sigterm() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("baton-worker-term-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("baton.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let store = redis_store(&redis).await;
+    let w = Worker::spawn_with_grace(&config, &redis.url(), "20s");
+    w.ready().await;
+    store.submit("jobs", BatonCommand::with_id("nap-term", "nap", json!({"ms": 1500}))).await.unwrap();
+    let running = eventually(Duration::from_secs(10), || async {
+        (store.messages().stats("jobs").await.ok()?.pending == 1).then_some(())
+    })
+    .await;
+    assert!(running.is_some(), "the worker never took the command");
+    let (status, logs) = w.terminate();
+    assert!(status.success(), "{status:?}\n{logs}");
+    let st = store.get("nap-term").await.unwrap().expect("stored");
+    assert_eq!(st.status, CommandStatus::Succeeded, "not drained at SIGTERM: {st:?}\n{logs}");
+    assert_eq!(st.result, Some(json!({"slept_ms": 1500})));
+    assert_eq!(store.messages().stats("jobs").await.unwrap().pending, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A worker that cannot serve its `--listen` address fails before any queue consumer starts, so
+/// it leaves no member in any queue's group and takes no work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_that_cannot_listen_starts_no_consumer() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["worker", "--redis", &redis.url(), "--listen", &addr])
+        .env_remove("BATON_CONFIG")
+        .env_remove("BATON_REDIS_CLUSTER")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("baton worker: cannot listen on {addr}: ")), "{err}");
+    // The built-in default queue: no consumer ever joined its group.
+    assert_eq!(redis.cli(&["EXISTS", "baton:q:{default}"]), "0", "{:?}", group_consumers(&redis, "default"));
+}
+
+/// SIGTERM while `baton worker` is still starting (connecting to Redis) is not fatal: the worker
+/// finishes starting, then shuts down as for any SIGTERM (drains, exits with success). Redis is
+/// reached through a relay that holds the first connection until the signal has been sent, so
+/// the signal surely arrives during startup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_starting_shuts_the_worker_down_cleanly() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    let (relay_url, mut relay) = HeldRelay::start(redis.port()).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["worker", "--redis", &relay_url, "--shutdown-grace", "5s"])
+        .env_remove("BATON_CONFIG")
+        .env_remove("BATON_REDIS_CLUSTER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The worker's first Redis connection is held: it is starting now.
+    relay.connected().await;
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    relay.release();
+    let status = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let (mut out, mut err) = (String::new(), String::new());
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        (status, out, err)
+    });
+    let (status, out, err) = tokio::time::timeout(Duration::from_secs(30), status).await.expect("exits").unwrap();
+    assert!(status.success(), "{status:?}\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("baton worker: working queues default"), "{out}");
+    assert!(out.contains("baton worker: shutting down"), "{out}");
 }
 
 #[test]

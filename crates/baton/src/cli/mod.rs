@@ -28,7 +28,7 @@ use clap::{Args, Subcommand};
 
 use crate::config::{Backend, ServeArgs};
 use crate::http::describe_backend;
-use crate::server::Server;
+use crate::server::{Server, ShutdownSignal};
 
 pub use client::CliError;
 
@@ -36,6 +36,8 @@ pub use client::CliError;
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let cfg = args.resolve()?;
     let backend = cfg.backend.clone();
+    // Before the workers start: a signal during startup shuts down (drains) once started.
+    let mut signal = ShutdownSignal::listen()?;
     let server = Server::start(cfg).await?;
     let base = server.base_url();
     match backend {
@@ -47,24 +49,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     println!("baton serve: dashboard at {base}/");
     println!("baton serve: commands at {base}/v1/queues/{{queue}}/commands and {base}/v1/commands/{{id}}; streams at {base}/v1/stream/{{path}}; API description at {base}/openapi.json");
     println!("baton serve: health at {base}/healthz, {base}/readyz; metrics at {base}/metrics");
-    wait_for_signal().await;
+    signal.recv().await;
     println!("baton serve: shutting down");
     server.shutdown().await;
     Ok(())
-}
-
-pub(crate) async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// Exit codes (module docs and docs/cli.md).

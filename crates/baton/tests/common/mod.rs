@@ -113,3 +113,52 @@ pub fn sse_events(text: &str) -> Vec<(String, String, Option<String>)> {
     }
     out
 }
+
+/// A TCP relay to a local Redis that holds the first connection made through it until
+/// [`HeldRelay::release`] (later connections are relayed at once): to act while a process is
+/// still starting, e.g. signal it once it is known to be connecting.
+pub struct HeldRelay {
+    connected: tokio::sync::mpsc::UnboundedReceiver<()>,
+    go: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl HeldRelay {
+    /// Listens on a free port; returns its `redis://127.0.0.1:PORT` URL and the relay.
+    pub async fn start(redis_port: u16) -> (String, HeldRelay) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        let (tx, connected) = tokio::sync::mpsc::unbounded_channel();
+        let go = std::sync::Arc::new(tokio::sync::Notify::new());
+        let go2 = go.clone();
+        tokio::spawn(async move {
+            let mut released = false;
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                let _ = tx.send(());
+                if !released {
+                    go2.notified().await;
+                    released = true;
+                }
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        (url, HeldRelay { connected, go })
+    }
+
+    /// Waits (up to 20 s) for the first connection.
+    pub async fn connected(&mut self) {
+        tokio::time::timeout(Duration::from_secs(20), self.connected.recv())
+            .await
+            .expect("a connection through the relay within 20 s")
+            .expect("relay running");
+    }
+
+    /// Lets the held connection (and every later one) through.
+    pub fn release(&self) {
+        self.go.notify_one();
+    }
+}
