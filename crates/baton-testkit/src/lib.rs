@@ -217,6 +217,12 @@ fn signal(pid: u32, sig: libc::c_int) {
     }
 }
 
+/// Sends SIGTERM to process `pid`, e.g. a worker process a test started and has not reaped yet
+/// (so the pid cannot have been reused). SIGKILL is `std::process::Child::kill`.
+pub fn sigterm(pid: u32) {
+    signal(pid, libc::SIGTERM);
+}
+
 // ------------------------------------------------------------------------------------------------
 // A minimal RESP client (readiness checks without a runtime)
 // ------------------------------------------------------------------------------------------------

@@ -46,3 +46,91 @@ pub fn fast(ct_ms: u64) -> ConsumerOptions {
         .with_claim_timeout(Duration::from_millis(ct_ms))
         .with_reap_idle_consumers_after(None)
 }
+
+/// One consumer of the queue's group as `XINFO CONSUMERS` lists it (Redis only).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupConsumer {
+    pub name: String,
+    pub pending: u64,
+    pub idle_ms: u64,
+}
+
+/// `XINFO CONSUMERS baton:q:{queue} baton` (Redis only). An unknown stream or group (nothing
+/// registered yet) is an empty list.
+pub async fn xinfo_consumers(conn: &mut RedisConn, queue: &str) -> Vec<GroupConsumer> {
+    use baton_redis::redis::Value;
+    let r: redis::RedisResult<Value> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(format!("baton:q:{{{queue}}}"))
+        .arg("baton")
+        .query_async(conn)
+        .await;
+    let v = match r {
+        Ok(v) => v,
+        Err(e) if e.to_string().contains("no such key") || e.to_string().contains("NOGROUP") => return Vec::new(),
+        Err(e) => panic!("XINFO CONSUMERS {queue}: {e}"),
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        other => format!("{other:?}"),
+    };
+    let Value::Array(items) = v else { panic!("XINFO CONSUMERS: unexpected reply {v:?}") };
+    items
+        .iter()
+        .map(|c| {
+            let pairs: Vec<(String, String)> = match c {
+                Value::Array(kv) => kv.chunks(2).map(|p| (text(&p[0]), text(&p[1]))).collect(),
+                Value::Map(m) => m.iter().map(|(k, v)| (text(k), text(v))).collect(),
+                other => panic!("XINFO CONSUMERS entry: {other:?}"),
+            };
+            let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()).unwrap_or_default();
+            GroupConsumer {
+                name: get("name"),
+                pending: get("pending").parse().unwrap_or(0),
+                idle_ms: get("idle").parse().unwrap_or(0),
+            }
+        })
+        .collect()
+}
+
+/// The names `XINFO CONSUMERS` lists for `queue`, sorted.
+pub async fn consumer_names(conn: &mut RedisConn, queue: &str) -> Vec<String> {
+    let mut v: Vec<String> = xinfo_consumers(conn, queue).await.into_iter().map(|c| c.name).collect();
+    v.sort();
+    v
+}
+
+/// Ports of the Redis nodes of a backend (empty for memory).
+pub fn redis_ports(b: &TestBackend) -> Vec<u16> {
+    b.redis_config()
+        .map(|cfg| {
+            let urls = match cfg {
+                baton_redis::RedisConfig::Standalone(u) => vec![u],
+                baton_redis::RedisConfig::Cluster(us) => us,
+            };
+            urls.iter().map(|u| u.rsplit(':').next().unwrap().trim_end_matches('/').parse().unwrap()).collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Client connections open on the nodes at `ports` (the sum of `CLIENT LIST` lines), not
+/// counting the `redis-cli` connection that asks.
+pub fn client_connections(ports: &[u16]) -> usize {
+    ports
+        .iter()
+        .map(|p| {
+            let out = std::process::Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &p.to_string(), "CLIENT", "LIST"])
+                .stdin(std::process::Stdio::null())
+                .output()
+                .expect("run redis-cli");
+            assert!(out.status.success(), "redis-cli CLIENT LIST on port {p} failed");
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.starts_with("id=") && !l.contains("cmd=client|list"))
+                .count()
+        })
+        .sum()
+}
