@@ -6,8 +6,8 @@
 -- removed with it. Liveness records of consumers no longer in the group and older than the window
 -- are deleted too (fields starting with `~` are the queue's own stamps, see reclaim.lua).
 -- KEYS[1] queue stream, KEYS[2] liveness hash
--- ARGV[1] group, ARGV[2] this consumer (never removed), ARGV[3] the parked owner (never removed),
--- ARGV[4] window (ms)
+-- ARGV[1] group, ARGV[2] this consumer (never removed), ARGV[3] the parked owner (removed when it
+-- owns nothing), ARGV[4] window (ms)
 -- Returns how many consumers were removed.
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -18,7 +18,10 @@ for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
   for i = 1, #c, 2 do m[c[i]] = c[i + 1] end
   local name = m['name']
   present[name] = true
-  if name ~= ARGV[2] and name ~= ARGV[3] and tonumber(m['pending']) == 0 then
+  if name == ARGV[3] and tonumber(m['pending']) == 0 then
+    -- The parked owner holds nothing: remove it (XCLAIM creates it again when needed).
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name)
+  elseif name ~= ARGV[2] and name ~= ARGV[3] and tonumber(m['pending']) == 0 then
     local seen = redis.call('HGET', KEYS[2], name)
     local dead
     if seen then dead = now - tonumber(seen) >= window else dead = tonumber(m['idle']) >= window end

@@ -176,6 +176,10 @@ pub(crate) trait ConsumerBackend: Send + Sync {
     /// Removes other consumers that own no pending entry and whose liveness record is at least
     /// `window` old (or, without a record, idle at least `window`); returns how many.
     async fn reap_idle_consumers(&self, window: Duration) -> Result<u64, QueueError>;
+    /// Puts entries this consumer owns back at the stream's tail as new entries (new ids, the
+    /// delivery that did not run not counted), for entries acquired while stopping; returns how
+    /// many.
+    async fn requeue(&self, ids: &[MessageId]) -> Result<u64, QueueError>;
     /// Leaves the group if this consumer owns no pending entry (checked atomically); `true` if it
     /// left.
     async fn leave(&self) -> Result<bool, QueueError>;

@@ -89,9 +89,9 @@ impl Consumer {
         self.shared.in_flight()
     }
 
-    /// Stops acquiring work (the read in flight completes and what it returned is handed back;
-    /// waiting `RetryAfter`s are handed back due when they would have been), lets running
-    /// handlers finish within `budget` while their leases keep renewing, then stops renewing.
+    /// Stops acquiring work (the read in flight completes and what it returned is requeued at the
+    /// stream's tail; waiting `RetryAfter`s are handed back due when they would have been), lets
+    /// running handlers finish within `budget` while their leases keep renewing, then stops renewing.
     /// When nothing is left in flight it leaves the group and closes its connections before
     /// returning. Work still in flight is reported: its leases are no longer renewed, what its
     /// handlers settle within one `claim_timeout` is still applied (then the consumer leaves the

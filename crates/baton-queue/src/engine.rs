@@ -17,8 +17,8 @@
 //!   flight); a transient failure is retried until the backend answers, so a reported failure
 //!   is a real refusal and a success really applied. The lease keeps renewing meanwhile.
 //!
-//! Stopping: acquisition stops first (the read in flight completes; what it returned is handed
-//! back at once), waiting leases are handed back with the time they had left, handlers finish
+//! Stopping: acquisition stops first (the read in flight completes; what it returned is requeued
+//! at the stream's tail at once), waiting leases are handed back with the time they had left, handlers finish
 //! within the drain budget, then the heartbeat stops; settlements of handlers that finish later
 //! are still applied for one claim timeout; then the consumer leaves the group if it owns
 //! nothing, and the thread ends, closing its connections.
@@ -41,6 +41,9 @@ const SETTLE_BATCH: usize = 512;
 const SETTLE_PIPELINE: usize = 4;
 /// Shortest gap between two promotions of due delayed entries.
 const MIN_PROMOTE_GAP: Duration = Duration::from_millis(10);
+/// How long before a waiting lease is due its slot is kept from reads: more than one Redis server
+/// tick (100 ms at the default `hz 10`), by which a BLOCK may end after its timeout.
+const NEAR: Duration = Duration::from_millis(120);
 
 /// The handles `Consumer` keeps on its lease thread.
 pub(crate) struct Control {
@@ -172,6 +175,29 @@ fn min_instant(a: Instant, b: Option<Instant>) -> Instant {
     b.map_or(a, |b| a.min(b))
 }
 
+/// Records what a reclaim call found (flags, counters, metrics, logs).
+fn note_reclaimed(sh: &Shared, r: &crate::backend::Reclaimed) {
+    let q = &sh.queue;
+    {
+        let mut st = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner());
+        st.reclaim_first = r.more;
+        st.next_promote = r.next_due.map(|d| std::time::Instant::now() + d.max(MIN_PROMOTE_GAP));
+    }
+    if r.dead_lettered > 0 {
+        sh.counters.dead_lettered.fetch_add(r.dead_lettered, Ordering::Relaxed);
+        metrics::counter!("baton_queue_dead_letters_total", "queue" => q.clone()).increment(r.dead_lettered);
+        tracing::warn!(queue = %q, count = r.dead_lettered, "messages moved to dead letters after max_deliveries");
+    }
+    if r.deleted > 0 {
+        tracing::debug!(queue = %q, count = r.deleted, "pending entries of deleted messages cleaned");
+    }
+    let n = r.deliveries.len() as u64;
+    if n > 0 {
+        sh.counters.reclaimed.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!("baton_queue_reclaims_total", "queue" => q.clone()).increment(n);
+    }
+}
+
 /// Reads and reclaims; see the module docs.
 async fn acquire(
     sh: &Arc<Shared>,
@@ -182,8 +208,6 @@ async fn acquire(
     let poll = options.poll();
     let q = sh.queue.clone();
     let mut next_tick = Instant::now();
-    let mut next_promote: Option<Instant> = None;
-    let mut reclaim_first = false;
     let mut failures: u32 = 0;
     let backoff = |failures: u32| Duration::from_millis(100u64 << failures.min(4)).min(poll.max(Duration::from_millis(100)));
 
@@ -199,59 +223,43 @@ async fn acquire(
             let _ = jobs.send(due);
         }
         let free = sh.free();
-        let promote_now = next_promote.is_some_and(|t| t <= now);
-        if now >= next_tick || promote_now || (reclaim_first && free > 0) {
+        let reclaim_first = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).reclaim_first;
+        if now >= next_tick || (reclaim_first && free > 0) {
             let tick = now >= next_tick;
             let acquired_at = std::time::Instant::now();
             sh.promise(free);
-            let r = sh.backend.reclaim(free, &sh.stopped_ids()).await;
-            match r {
+            match sh.backend.reclaim(free, &sh.stopped_ids()).await {
                 Ok(r) => {
                     failures = 0;
                     if tick {
                         next_tick = Instant::now() + poll;
                     }
-                    reclaim_first = r.more;
-                    next_promote = r.next_due.map(|d| Instant::now() + d.max(MIN_PROMOTE_GAP));
-                    if r.dead_lettered > 0 {
-                        sh.counters.dead_lettered.fetch_add(r.dead_lettered, Ordering::Relaxed);
-                        metrics::counter!("baton_queue_dead_letters_total", "queue" => q.clone()).increment(r.dead_lettered);
-                        tracing::warn!(queue = %q, count = r.dead_lettered, "messages moved to dead letters after max_deliveries");
-                    }
-                    if r.deleted > 0 {
-                        tracing::debug!(queue = %q, count = r.deleted, "pending entries of deleted messages cleaned");
-                    }
-                    let n = r.deliveries.len() as u64;
-                    if n > 0 {
-                        sh.counters.reclaimed.fetch_add(n, Ordering::Relaxed);
-                        metrics::counter!("baton_queue_reclaims_total", "queue" => q.clone()).increment(n);
-                    }
+                    note_reclaimed(sh, &r);
                     accept(sh, options, jobs, r.deliveries, acquired_at, stop).await;
                 }
                 Err(e) => {
                     sh.promise(0);
                     failures += 1;
-                    reclaim_first = false;
-                    next_promote = None;
+                    sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).reclaim_first = false;
                     next_tick = Instant::now() + backoff(failures);
                     tracing::warn!(queue = %q, error = %e, "reclaim failed");
                 }
             }
             continue;
         }
-        if free > 0 {
-            // Waiting leases still due now wait for a slot (none was free for them above).
-            let next_due = sh.next_due().map(Instant::from_std).filter(|t| *t > now);
-            let wake = min_instant(min_instant(next_tick, next_promote), next_due);
-            let block = wake.saturating_duration_since(now);
-            if block < Duration::from_millis(1) {
-                tokio::task::yield_now().await;
-                continue;
-            }
+        // Waiting leases due within NEAR keep their slots: the redeliverer starts them on time
+        // whatever the read does. A read's BLOCK ends NEAR before the next later one is due, so
+        // that it can be kept too (Redis ends a BLOCK up to one server tick late).
+        let next_due = sh.next_due().map(Instant::from_std);
+        let count = free.saturating_sub(sh.due_by((now + NEAR).into_std()));
+        let later = next_due.filter(|t| *t > now + NEAR).map(|t| t - NEAR);
+        let wake = min_instant(next_tick, later);
+        let block = wake.saturating_duration_since(now);
+        if count > 0 && block >= Duration::from_millis(1) {
             let acquired_at = std::time::Instant::now();
-            sh.promise(free);
+            sh.promise(count);
             // Never cancelled once sent: Redis may already have assigned the entries.
-            match sh.backend.read_new(free, block).await {
+            match sh.backend.read_new(count, block).await {
                 Ok(ds) => {
                     failures = 0;
                     accept(sh, options, jobs, ds, acquired_at, stop).await;
@@ -268,17 +276,18 @@ async fn acquire(
             }
             continue;
         }
-        // Saturated: wait for a slot, the next tick or a promotion.
+        // Saturated (or every free slot kept for a due re-poll): wait for a slot or the next tick.
+        let wake = min_instant(wake, next_due.filter(|t| *t > now)).max(now + Duration::from_millis(1));
         tokio::select! {
             _ = &mut changed => {},
-            _ = tokio::time::sleep_until(min_instant(next_tick, next_promote)) => {},
+            _ = tokio::time::sleep_until(wake) => {},
             _ = stop.cancelled() => {},
         }
     }
 }
 
 /// Registers what a read or a reclaim returned and hands it to the dispatcher (or, once the
-/// consumer stops, hands it back at once: reclaimable now, delivery count restored).
+/// consumer stops, requeues it at the stream's tail: any consumer's read takes it at once).
 async fn accept(
     sh: &Arc<Shared>,
     options: &ConsumerOptions,
@@ -332,14 +341,15 @@ async fn accept(
             }
         });
     }
-    for id in hand_back {
-        if let Err(e) = sh.backend.retry_after(id, Duration::ZERO, false).await {
-            tracing::warn!(queue = %sh.queue, message_id = %id, error = %e, "handing back an entry read while stopping failed; it fails over after claim_timeout");
+    if !hand_back.is_empty() {
+        if let Err(e) = sh.backend.requeue(&hand_back).await {
+            tracing::warn!(queue = %sh.queue, count = hand_back.len(), error = %e, "requeueing entries read while stopping failed; they fail over after claim_timeout");
         }
     }
 }
 
-/// Hands waiting leases to the dispatcher when due.
+/// Hands waiting leases to the dispatcher when due, and promotes the queue's delayed entries at
+/// their due time (a promote-only reclaim: it takes no entry, so it may run beside a read).
 async fn redeliverer(sh: Arc<Shared>, jobs: mpsc::UnboundedSender<Vec<Job>>, stop: CancellationToken) {
     while !stop.is_cancelled() {
         let changed = sh.changed.notified();
@@ -352,11 +362,23 @@ async fn redeliverer(sh: Arc<Shared>, jobs: mpsc::UnboundedSender<Vec<Job>>, sto
             let _ = jobs.send(due);
             continue;
         }
+        let promote = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).next_promote.map(Instant::from_std);
+        if promote.is_some_and(|t| t <= now) {
+            match sh.backend.reclaim(0, &[]).await {
+                Ok(r) => note_reclaimed(&sh, &r),
+                Err(e) => {
+                    tracing::warn!(queue = %sh.queue, error = %e, "promoting delayed entries failed; the next tick retries");
+                    sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).next_promote = None;
+                }
+            }
+            continue;
+        }
         // Due entries without a free slot wait for one (`changed`).
-        let next = sh.next_due().map(Instant::from_std).filter(|t| *t > now);
+        let next = min_instant(now + Duration::from_secs(3600), sh.next_due().map(Instant::from_std).filter(|t| *t > now));
+        let next = min_instant(next, promote);
         tokio::select! {
             _ = &mut changed => {},
-            _ = tokio::time::sleep_until(next.unwrap_or(now + Duration::from_secs(3600))) => {},
+            _ = tokio::time::sleep_until(next) => {},
             _ = stop.cancelled() => {},
         }
     }

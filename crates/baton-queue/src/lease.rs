@@ -141,7 +141,18 @@ pub(crate) struct Shared {
     /// wakes the acquirer, the redeliverer and `drain`. Waiters enable their `notified()` before
     /// looking at the registry.
     pub changed: Notify,
+    /// What the last reclaim call said: see [`ReclaimState`].
+    pub reclaim_state: Mutex<ReclaimState>,
     reg: Mutex<Registry>,
+}
+
+/// Shared by the acquirer and the redeliverer (which promotes delayed entries at their due time).
+#[derive(Default)]
+pub(crate) struct ReclaimState {
+    /// Reclaimable entries exist that no free slot could take: the next free slot reclaims.
+    pub reclaim_first: bool,
+    /// When the earliest delayed entry of the queue is due.
+    pub next_promote: Option<Instant>,
 }
 
 impl Shared {
@@ -162,6 +173,7 @@ impl Shared {
             claim_timeout: options.claim_timeout,
             max_processing_time: options.max_processing_time,
             changed: Notify::new(),
+            reclaim_state: Mutex::new(ReclaimState::default()),
             reg: Mutex::new(Registry::default()),
         }
     }
@@ -298,6 +310,17 @@ impl Shared {
                 _ => None,
             })
             .min()
+    }
+
+    /// Waiting entries (not stopped) due at or before `by`: the slots a read must leave free
+    /// for them, so that they start on time whatever the read's BLOCK does (Redis ends a BLOCK
+    /// up to one server tick, 100 ms by default, after its timeout).
+    pub fn due_by(&self, by: Instant) -> usize {
+        self.lock()
+            .slots
+            .values()
+            .filter(|s| matches!(s.phase, Phase::Waiting { due } if due <= by) && s.stopped.is_none())
+            .count()
     }
 
     /// Stops keeping short `RetryAfter`s here and takes the waiting entries, with the time left

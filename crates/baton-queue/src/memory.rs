@@ -425,6 +425,26 @@ impl ConsumerBackend for MemConsumer {
         Ok((before - st.consumers.len()) as u64)
     }
 
+    async fn requeue(&self, ids: &[MessageId]) -> Result<u64, QueueError> {
+        let n = {
+            let mut st = self.q.state.lock().unwrap();
+            let mut n = 0;
+            for id in ids {
+                if st.owner(id, self.me(), false) != Owned::Done {
+                    continue;
+                }
+                let deliveries = st.pending[id].deliveries;
+                if let Some(e) = st.remove(id) {
+                    st.append(e.payload, e.prior + deliveries.saturating_sub(1));
+                }
+                n += 1;
+            }
+            n
+        };
+        self.q.notify.notify_waiters();
+        Ok(n)
+    }
+
     async fn leave(&self) -> Result<bool, QueueError> {
         let mut st = self.q.state.lock().unwrap();
         let me = self.spec.consumer.as_str();

@@ -12,7 +12,7 @@
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
-//! `retry_after`, `dead_letter`, `replay`, `reap`, `leave`, `stats`; every time they compare is
+//! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`; every time they compare is
 //! Redis's own (`TIME`). Reads of new entries use `XREADGROUP … BLOCK` on a dedicated connection
 //! with no response timeout, each wait bounded by the consumer. Every connection of a consumer is
 //! opened on its lease thread and closed when that thread ends.
@@ -32,6 +32,7 @@ use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 static JOIN: LuaScript = LuaScript::new("join", include_str!("../scripts/join.lua"));
 static SETTLE: LuaScript = LuaScript::new("settle", include_str!("../scripts/settle.lua"));
 static HEARTBEAT: LuaScript = LuaScript::new("heartbeat", include_str!("../scripts/heartbeat.lua"));
+static REQUEUE: LuaScript = LuaScript::new("requeue", include_str!("../scripts/requeue.lua"));
 static LEAVE: LuaScript = LuaScript::new("leave", include_str!("../scripts/leave.lua"));
 static RECLAIM: LuaScript = LuaScript::new("reclaim", include_str!("../scripts/reclaim.lua"));
 static RETRY_AFTER: LuaScript = LuaScript::new("retry_after", include_str!("../scripts/retry_after.lua"));
@@ -574,6 +575,19 @@ impl ConsumerBackend for RedisConsumer {
             )
             .await;
         match r {
+            Ok(n) => Ok(n),
+            Err(e) if is_nogroup(&e) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn requeue(&self, ids: &[MessageId]) -> Result<u64, QueueError> {
+        let mut cmd = REQUEUE.evalsha_cmd(1);
+        cmd.arg(&self.keys.stream).arg(&self.group).arg(&self.spec.consumer);
+        for id in ids {
+            cmd.arg(id.to_string());
+        }
+        match REQUEUE.query::<u64, _>(&mut self.conn.clone(), &cmd).await {
             Ok(n) => Ok(n),
             Err(e) if is_nogroup(&e) => Ok(0),
             Err(e) => Err(e.into()),

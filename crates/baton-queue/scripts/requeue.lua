@@ -1,0 +1,29 @@
+-- Requeue: entries this consumer was assigned but will not run (they arrived while it stopped)
+-- go back to the tail of the stream as new entries, so that any consumer's read takes them at once
+-- (a consumer blocked in XREADGROUP is served by the XADD). The delivery that did not run is not
+-- counted: the copy carries the deliveries made before it (`dc`). Atomic per call.
+-- KEYS[1] queue stream; ARGV[1] group, ARGV[2] consumer, ARGV[3..] ids
+-- Returns how many were requeued (ids no longer owned by this consumer are left alone).
+local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
+local n = 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local p = redis.call('XPENDING', stream, group, id, id, 1)
+  if p[1] and p[1][2] == me then
+    local e = redis.call('XRANGE', stream, id, id)
+    if e[1] then
+      local fields, payload, prior = e[1][2], nil, 0
+      for j = 1, #fields, 2 do
+        if fields[j] == 'p' then payload = fields[j + 1]
+        elseif fields[j] == 'dc' then prior = tonumber(fields[j + 1]) or 0 end
+      end
+      if payload then
+        redis.call('XADD', stream, '*', 'p', payload, 'dc', prior + p[1][4] - 1)
+      end
+    end
+    redis.call('XACK', stream, group, id)
+    redis.call('XDEL', stream, id)
+    n = n + 1
+  end
+end
+return n
