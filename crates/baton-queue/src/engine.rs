@@ -373,11 +373,15 @@ async fn redeliverer(sh: Arc<Shared>, jobs: mpsc::UnboundedSender<Vec<Job>>, sto
             }
             continue;
         }
-        // Due entries without a free slot wait for one (`changed`).
-        let next = min_instant(now + Duration::from_secs(3600), sh.next_due().map(Instant::from_std).filter(|t| *t > now));
+        // Due entries without a free slot wait for one (`changed`); otherwise only a new waiting
+        // entry, the next due time or a promotion wakes this task (not every settlement).
+        let next_due = sh.next_due().map(Instant::from_std);
+        let blocked = next_due.is_some_and(|t| t <= now);
+        let next = min_instant(now + Duration::from_secs(3600), next_due.filter(|t| *t > now));
         let next = min_instant(next, promote);
         tokio::select! {
-            _ = &mut changed => {},
+            _ = &mut changed, if blocked => {},
+            _ = sh.waiting_added.notified() => {},
             _ = tokio::time::sleep_until(next) => {},
             _ = stop.cancelled() => {},
         }
@@ -577,8 +581,16 @@ async fn settle_one(sh: &Arc<Shared>, req: SettleReq, released: bool) {
         Ok(f) => {
             let r = sh.finish(req.id, req.seq, &req.decision, Some(f));
             match &req.decision {
-                Decision::RetryAfter(_) => {
+                Decision::RetryAfter(d) => {
                     sh.counters.retried.fetch_add(1, Ordering::Relaxed);
+                    if f == Owned::Done && *d >= sh.claim_timeout {
+                        // In the delayed set now: promote it at its due time.
+                        let due = std::time::Instant::now() + *d;
+                        let mut st = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner());
+                        st.next_promote = Some(st.next_promote.map_or(due, |t| t.min(due)));
+                        drop(st);
+                        sh.changed.notify_waiters();
+                    }
                 }
                 Decision::DeadLetter(_) if r.is_ok() => {
                     sh.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);

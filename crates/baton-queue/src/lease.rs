@@ -88,6 +88,9 @@ pub(crate) struct Registry {
     pub next_seq: u64,
     /// Acquisition stopped: short `RetryAfter`s are no longer kept here.
     pub closing: bool,
+    /// The waiting slots by due time (a waiting slot is never stopped: a lost or gone one is
+    /// removed).
+    pub dues: std::collections::BTreeSet<(Instant, MessageId)>,
 }
 
 #[derive(Default)]
@@ -141,6 +144,8 @@ pub(crate) struct Shared {
     /// wakes the acquirer, the redeliverer and `drain`. Waiters enable their `notified()` before
     /// looking at the registry.
     pub changed: Notify,
+    /// Signalled (one permit) when a waiting entry is added: wakes the redeliverer.
+    pub waiting_added: Notify,
     /// What the last reclaim call said: see [`ReclaimState`].
     pub reclaim_state: Mutex<ReclaimState>,
     reg: Mutex<Registry>,
@@ -173,6 +178,7 @@ impl Shared {
             claim_timeout: options.claim_timeout,
             max_processing_time: options.max_processing_time,
             changed: Notify::new(),
+            waiting_added: Notify::new(),
             reclaim_state: Mutex::new(ReclaimState::default()),
             reg: Mutex::new(Registry::default()),
         }
@@ -271,24 +277,17 @@ impl Shared {
     /// their jobs. Each is a new delivery of the same message (new `seq`), same delivery count.
     pub fn take_due(&self, now: Instant) -> Vec<Job> {
         let mut reg = self.lock();
-        let free = self.concurrency.saturating_sub(reg.busy + reg.promised);
-        if free == 0 {
-            return Vec::new();
-        }
-        let mut due: Vec<(Instant, MessageId)> = reg
-            .slots
-            .iter()
-            .filter_map(|(id, s)| match s.phase {
-                Phase::Waiting { due } if due <= now && s.stopped.is_none() => Some((due, *id)),
-                _ => None,
-            })
-            .collect();
-        due.sort();
+        let mut free = self.concurrency.saturating_sub(reg.busy + reg.promised);
         let mut jobs = Vec::new();
-        for (_, id) in due.into_iter().take(free) {
+        while free > 0 {
+            let Some(&(due, id)) = reg.dues.first() else { break };
+            if due > now {
+                break;
+            }
+            reg.dues.pop_first();
             reg.next_seq += 1;
             let seq = reg.next_seq;
-            let s = reg.slots.get_mut(&id).expect("listed");
+            let Some(s) = reg.slots.get_mut(&id) else { continue };
             s.seq = seq;
             s.phase = Phase::Running;
             s.started = Instant::now();
@@ -296,31 +295,21 @@ impl Shared {
             s.abort = None;
             jobs.push(Job { id, seq, payload: s.payload.clone(), deliveries: s.deliveries, lost: s.lost.clone() });
             reg.busy += 1;
+            free -= 1;
         }
         jobs
     }
 
     /// The earliest due time of a waiting entry.
     pub fn next_due(&self) -> Option<Instant> {
-        self.lock()
-            .slots
-            .values()
-            .filter_map(|s| match s.phase {
-                Phase::Waiting { due } if s.stopped.is_none() => Some(due),
-                _ => None,
-            })
-            .min()
+        self.lock().dues.first().map(|(due, _)| *due)
     }
 
-    /// Waiting entries (not stopped) due at or before `by`: the slots a read must leave free
-    /// for them, so that they start on time whatever the read's BLOCK does (Redis ends a BLOCK
-    /// up to one server tick, 100 ms by default, after its timeout).
+    /// Waiting entries due at or before `by`: the slots a read must leave free for them, so that
+    /// they start on time whatever the read's BLOCK does (Redis ends a BLOCK up to one server
+    /// tick, 100 ms by default, after its timeout).
     pub fn due_by(&self, by: Instant) -> usize {
-        self.lock()
-            .slots
-            .values()
-            .filter(|s| matches!(s.phase, Phase::Waiting { due } if due <= by) && s.stopped.is_none())
-            .count()
+        self.lock().dues.iter().take_while(|(due, _)| *due <= by).count()
     }
 
     /// Stops keeping short `RetryAfter`s here and takes the waiting entries, with the time left
@@ -328,6 +317,7 @@ impl Shared {
     pub fn take_waiting(&self) -> Vec<(MessageId, Duration)> {
         let mut reg = self.lock();
         reg.closing = true;
+        reg.dues.clear();
         let now = Instant::now();
         let ids: Vec<(MessageId, Duration)> = reg
             .slots
@@ -437,7 +427,9 @@ impl Shared {
             }
         }
         for id in remove {
-            reg.slots.remove(&id);
+            if let Some(Slot { phase: Phase::Waiting { due }, .. }) = reg.slots.remove(&id) {
+                reg.dues.remove(&(due, id));
+            }
         }
         drop(reg);
         self.counters.renewals.fetch_add(renewed, Ordering::Relaxed);
@@ -476,12 +468,15 @@ impl Shared {
             return false;
         }
         if let Some(s) = reg.slots.get_mut(&id).filter(|s| s.seq == seq) {
-            s.phase = Phase::Waiting { due: Instant::now() + delay };
+            let due = Instant::now() + delay;
+            s.phase = Phase::Waiting { due };
             s.abort = None;
             reg.busy -= 1;
+            reg.dues.insert((due, id));
         }
         drop(reg);
         self.notify();
+        self.waiting_added.notify_one();
         true
     }
 

@@ -9,7 +9,7 @@
 //! check_status_interval = "10s"    # delay between check_status calls of RUNNING commands
 //! max_processing_time = "15m"      # a handler running longer loses its lease (it is signalled)
 //! poll_interval = "1s"             # reclaim cadence (default: the work queue's)
-//! reap_idle_consumers_after = "1h" # stale group members are removed after this long idle, or "never"
+//! reap_idle_consumers_after = "1h" # dead group members (no heartbeat this long, nothing pending) are removed, or "never"
 //! retry = { max_attempts = 5, initial_backoff = "1s", backoff_factor = 2.0, max_backoff = "5m" }
 //!
 //! [queues.default.handlers]        # command type → built-in handler
