@@ -1,0 +1,140 @@
+//! Breaker tests: attempts to break the lease guarantee with real parts (redis-server processes,
+//! SIGSTOP/SIGCONT of Redis, TCP cuts through `TcpProxy`). Each test is bounded (< 60 s).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton_queue::{ConsumerOptions, Decision, Delivery, Lease, MessageId, MessageStream, QueueError, RedisQueueOptions};
+use baton_redis::{redis, RedisClient, RedisConfig};
+use baton_testkit::{require_redis, RedisServer, ServerOptions, TcpProxy, TestBackend};
+use common::*;
+use tokio::sync::mpsc;
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter(
+        std::env::var("RUST_LOG").unwrap_or_else(|_| "baton_queue=warn".into()),
+    ).try_init();
+}
+
+async fn redis_stream(cfg: RedisConfig) -> MessageStream {
+    MessageStream::redis(RedisClient::new(cfg).unwrap(), RedisQueueOptions::default()).await.unwrap()
+}
+
+/// A handler that hands every lease to the test and keeps it (Deferred).
+fn lease_sink() -> (impl Fn(Delivery) -> futures::future::Ready<Decision> + Send + Sync + 'static, mpsc::UnboundedReceiver<Lease>) {
+    let (tx, rx) = mpsc::unbounded_channel::<Lease>();
+    let h = move |d: Delivery| {
+        let _ = tx.send(d.lease.clone());
+        futures::future::ready(Decision::Deferred)
+    };
+    (h, rx)
+}
+
+async fn xlen(conn: &mut baton_redis::RedisConn, queue: &str) -> u64 {
+    redis::cmd("XLEN").arg(format!("baton:q:{{{queue}}}")).query_async(conn).await.unwrap()
+}
+
+// ------------------------------------------------------------------------------------------------
+// 1. An ack whose first attempt applied during a Redis pause (its reply lost to the 5 s response
+//    timeout) is reported as a failure.
+// ------------------------------------------------------------------------------------------------
+
+/// Redis is paused (SIGSTOP) for longer than the shared connections' 5 s response timeout while a
+/// consumer acks. The first attempt is in Redis's socket buffer and applies on SIGCONT; the retry
+/// finds the entry gone. The ack applied and nobody else ever had the message, so the ack must be
+/// reported Ok.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_applied_during_redis_pause_is_not_reported_failed() {
+    require_redis();
+    init_tracing();
+    let server = RedisServer::start();
+    let queue = queue_name("brk-pause-ack");
+    let ms = redis_stream(server.config()).await;
+    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let id = ms.offer(&queue, "x").await.unwrap();
+    let (h, mut leases) = lease_sink();
+    let c = ms.consume(&queue, h, fast(2_000).with_concurrency(4)).await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(10), leases.recv()).await.unwrap().unwrap();
+    assert_eq!(lease.id(), id);
+
+    server.pause();
+    let l2 = lease.clone();
+    let ack = tokio::spawn(async move { l2.ack().await });
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    server.resume();
+    let r = tokio::time::timeout(Duration::from_secs(20), ack).await.expect("ack never answered").unwrap();
+    // Give Redis a moment, then look at what really happened.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let len = xlen(&mut conn, &queue).await;
+    let owners = pending_owners(&mut conn, &queue).await;
+    let counters = c.counters();
+    eprintln!("ack result: {r:?}; XLEN {len}; pending {owners:?}; counters {counters:?}");
+    assert_eq!(len, 0, "the ack did apply (entry deleted)");
+    assert!(owners.is_empty());
+    assert_eq!(counters.reclaimed, 0, "nobody else had the message");
+    assert!(r.is_ok(), "an ack that applied (and whose message nobody else ever had) was reported failed: {r:?}");
+    c.close().await;
+}
+
+// ------------------------------------------------------------------------------------------------
+// 2. An ack in flight while the consumer is cut off from Redis; a peer takes the message over and
+//    acks it; when the consumer reconnects its ack is reported Ok (silent double run).
+// ------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_in_flight_across_partition_after_peer_acked_is_refused() {
+    require_redis();
+    init_tracing();
+    let server = RedisServer::start();
+    let target: std::net::SocketAddr = format!("127.0.0.1:{}", server.port()).parse().unwrap();
+    let proxy = TcpProxy::start(target).await;
+    let queue = queue_name("brk-part-ack");
+    let via_proxy = redis_stream(RedisConfig::Standalone(format!("redis://{}", proxy.addr()))).await;
+    let direct = redis_stream(server.config()).await;
+    let id = direct.offer(&queue, "x").await.unwrap();
+    let (h, mut leases) = lease_sink();
+    let a = via_proxy
+        .consume(&queue, h, fast(1_000).with_concurrency(4).with_heartbeat_interval(Duration::from_millis(100)))
+        .await
+        .unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(10), leases.recv()).await.unwrap().unwrap();
+    assert_eq!(lease.id(), id);
+
+    // Cut A off, then let its handler ack (the settlement retries until Redis answers).
+    proxy.set_refuse(true);
+    proxy.drop_connections();
+    let l2 = lease.clone();
+    let ack = tokio::spawn(async move { l2.ack().await });
+
+    // A peer with a direct connection takes the message over after claim_timeout and acks it.
+    let ran: Arc<Mutex<Vec<MessageId>>> = Arc::default();
+    let ran2 = ran.clone();
+    let b = direct
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                ran2.lock().unwrap().push(d.id);
+                futures::future::ready(Decision::Ack)
+            },
+            fast(1_000).with_concurrency(4),
+        )
+        .await
+        .unwrap();
+    let took = eventually(Duration::from_secs(10), || async { (!ran.lock().unwrap().is_empty()).then_some(()) }).await;
+    assert!(took.is_some(), "peer never took the message over");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.set_refuse(false);
+    let r = tokio::time::timeout(Duration::from_secs(20), ack).await.expect("ack never answered").unwrap();
+    let ca = a.counters();
+    let cb = b.counters();
+    eprintln!("A's ack: {r:?}; lease lost signal: {}; A {ca:?}; B ran {:?} {cb:?}", lease.is_lost(), ran.lock().unwrap());
+    assert!(
+        matches!(r, Err(QueueError::LeaseLost(_))),
+        "the message ran on the peer (which acked it), yet A's ack was reported {r:?} and A never saw a lost lease (leases_lost={})",
+        ca.leases_lost
+    );
+    a.close().await;
+    b.close().await;
+}
