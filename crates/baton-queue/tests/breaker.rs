@@ -138,3 +138,80 @@ async fn ack_in_flight_across_partition_after_peer_acked_is_refused() {
     a.close().await;
     b.close().await;
 }
+
+// ------------------------------------------------------------------------------------------------
+// 3. A short Redis restart (AOF, every write fsynced) while a live consumer holds a lease: a peer
+//    must never take the live consumer's message.
+// ------------------------------------------------------------------------------------------------
+
+async fn restart_never_fails_over_live_work(hb: Option<Duration>, restarts: usize, down: &'static [u64]) {
+    require_redis();
+    init_tracing();
+    let server = Arc::new(Mutex::new(RedisServer::start_with(ServerOptions { appendonly: true })));
+    let cfg = server.lock().unwrap().config();
+    let queue = queue_name("brk-restart");
+    let ms = redis_stream(cfg.clone()).await;
+    let mut opts = fast(1_000).with_concurrency(4);
+    if let Some(hb) = hb {
+        opts = opts.with_heartbeat_interval(hb);
+    }
+    let id = ms.offer(&queue, "held").await.unwrap();
+    let (h, mut leases) = lease_sink();
+    let a = ms.consume(&queue, h, opts.clone()).await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(10), leases.recv()).await.unwrap().unwrap();
+    assert_eq!(lease.id(), id);
+    let ran: Arc<Mutex<Vec<(MessageId, Instant)>>> = Arc::default();
+    let ran2 = ran.clone();
+    let b = ms
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                ran2.lock().unwrap().push((d.id, Instant::now()));
+                futures::future::ready(Decision::Ack)
+            },
+            opts.clone(),
+        )
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    for i in 0..restarts {
+        let s = server.clone();
+        let took = tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            let mut g = s.lock().unwrap();
+            g.kill();
+            std::thread::sleep(Duration::from_millis(down[i % down.len()]));
+            g.restart();
+            t.elapsed()
+        })
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500 + 97 * (i as u64 % 5))).await;
+        let runs = ran.lock().unwrap().clone();
+        eprintln!(
+            "restart {i} took {took:?}; lost signal {}; A {:?}; B ran {:?}",
+            lease.is_lost(),
+            a.counters(),
+            runs.iter().map(|(id, at)| (*id, at.duration_since(t0))).collect::<Vec<_>>()
+        );
+        assert!(
+            runs.is_empty() && !lease.is_lost(),
+            "after restart {i} (down {took:?}) the peer ran the message that a live consumer holds (lost signal on the holder: {}); A {:?}",
+            lease.is_lost(),
+            a.counters()
+        );
+    }
+    drop(lease);
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_never_fails_over_live_work_heartbeat_half() {
+    restart_never_fails_over_live_work(Some(Duration::from_millis(500)), 12, &[0, 150, 300, 400, 450, 250]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_never_fails_over_live_work_default_heartbeat() {
+    restart_never_fails_over_live_work(None, 12, &[0, 300, 500, 600, 650, 400]).await
+}
