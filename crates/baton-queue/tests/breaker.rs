@@ -215,3 +215,78 @@ async fn redis_restart_never_fails_over_live_work_heartbeat_half() {
 async fn redis_restart_never_fails_over_live_work_default_heartbeat() {
     restart_never_fails_over_live_work(None, 12, &[0, 300, 500, 600, 650, 400]).await
 }
+
+// ------------------------------------------------------------------------------------------------
+// 4. A short RetryAfter kept as a waiting lease is redelivered from the local timer while the
+//    consumer has been cut off for longer than claim_timeout: new runs start on a lease that a
+//    peer already owns (no handler ignored any signal; the lease is not marked lost).
+// ------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_lease_not_redelivered_after_it_may_have_expired() {
+    require_redis();
+    init_tracing();
+    let server = RedisServer::start();
+    let target: std::net::SocketAddr = format!("127.0.0.1:{}", server.port()).parse().unwrap();
+    let proxy = TcpProxy::start(target).await;
+    let queue = queue_name("brk-waiting");
+    let via_proxy = redis_stream(RedisConfig::Standalone(format!("redis://{}", proxy.addr()))).await;
+    let direct = redis_stream(server.config()).await;
+    direct.offer(&queue, "x").await.unwrap();
+    // (who, start, lost at start)
+    let runs: Arc<Mutex<Vec<(&'static str, Instant, bool)>>> = Arc::default();
+    let r1 = runs.clone();
+    let a = via_proxy
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                r1.lock().unwrap().push(("A", Instant::now(), d.lease.is_lost()));
+                futures::future::ready(Decision::RetryAfter(Duration::from_millis(200)))
+            },
+            fast(1_000).with_concurrency(2),
+        )
+        .await
+        .unwrap();
+    let first = eventually(Duration::from_secs(5), || async { (!runs.lock().unwrap().is_empty()).then_some(()) }).await;
+    assert!(first.is_some());
+    // Cut A off for 2.5 claim timeouts.
+    let cut_at = Instant::now();
+    proxy.set_refuse(true);
+    proxy.drop_connections();
+    let r2 = runs.clone();
+    let b = direct
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                r2.lock().unwrap().push(("B", Instant::now(), d.lease.is_lost()));
+                async move {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    Decision::Ack
+                }
+            },
+            fast(1_000).with_concurrency(2),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let snapshot = runs.lock().unwrap().clone();
+    let b_start = snapshot.iter().find(|r| r.0 == "B").map(|r| r.1);
+    let a_after: Vec<_> = snapshot
+        .iter()
+        .filter(|r| r.0 == "A" && r.1 >= cut_at + Duration::from_millis(1_000))
+        .map(|r| (r.1.duration_since(cut_at), r.2))
+        .collect();
+    let a_during_b: usize = b_start.map_or(0, |bs| snapshot.iter().filter(|r| r.0 == "A" && r.1 > bs).count());
+    eprintln!(
+        "B started at {:?} after the cut; A runs started later than claim_timeout after its last contact (offset, lost-at-start): {a_after:?}; A runs started while B ran: {a_during_b}",
+        b_start.map(|t| t.duration_since(cut_at))
+    );
+    proxy.set_refuse(false);
+    assert!(b_start.is_some(), "peer never took over");
+    assert!(
+        a_during_b == 0,
+        "A started {a_during_b} new runs of a message that the peer was running (A's waiting lease was redelivered locally after it could have expired)"
+    );
+    drop(a);
+    b.close().await;
+}
