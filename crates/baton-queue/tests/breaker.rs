@@ -290,3 +290,60 @@ async fn waiting_lease_not_redelivered_after_it_may_have_expired() {
     drop(a);
     b.close().await;
 }
+
+// ------------------------------------------------------------------------------------------------
+// 5. drain() whose budget runs out: the handler keeps running unrenewed; a peer takes the message
+//    over. Is the running handler ever told (Lease::lost)? What does its late ack say?
+// ------------------------------------------------------------------------------------------------
+
+async fn drained_handler_is_told_when_a_peer_takes_over(b: TestBackend) {
+    init_tracing();
+    let ms = stream_for(&b).await;
+    let queue = queue_name("brk-drain");
+    ms.offer(&queue, "x").await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(bool, Result<(), QueueError>)>();
+    let started = Arc::new(tokio::sync::Notify::new());
+    let st = started.clone();
+    let a = ms
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                let tx = tx.clone();
+                let st = st.clone();
+                async move {
+                    st.notify_one();
+                    let lost = tokio::time::timeout(Duration::from_secs(3), d.lease.lost()).await.is_ok();
+                    let r = d.lease.ack().await;
+                    let _ = tx.send((lost, r));
+                    Decision::Deferred
+                }
+            },
+            fast(500).with_concurrency(2),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), started.notified()).await.unwrap();
+    let report = a.drain(Duration::from_millis(100)).await;
+    assert_eq!(report.in_flight.len(), 1);
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ran2 = ran.clone();
+    let peer = ms
+        .consume(
+            &queue,
+            move |_d: Delivery| {
+                ran2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                futures::future::ready(Decision::Ack)
+            },
+            fast(500).with_concurrency(2),
+        )
+        .await
+        .unwrap();
+    let (lost, r) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap();
+    let peer_ran = ran.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("[{}] peer ran it {peer_ran} time(s); drained handler told lost: {lost}; its late ack: {r:?}", b.name());
+    peer.close().await;
+    assert_eq!(peer_ran, 1);
+    assert!(lost, "[{}] the peer ran the message while the drained consumer's handler still ran, and that handler was never told (Lease::lost never resolved); late ack {r:?}", b.name());
+}
+
+baton_testkit::on_memory_and_standalone!(drained_handler_is_told_when_a_peer_takes_over);
