@@ -347,3 +347,55 @@ async fn drained_handler_is_told_when_a_peer_takes_over(b: TestBackend) {
 }
 
 baton_testkit::on_memory_and_standalone!(drained_handler_is_told_when_a_peer_takes_over);
+
+// ------------------------------------------------------------------------------------------------
+// 6. More pending entries owned but not held (Lease::mark_acked without an ack, documented as
+//    handed back by the heartbeat) than the heartbeat's XPENDING window: a held lease with a
+//    higher id is reported lost although this consumer still owns it.
+// ------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_lease_not_reported_lost_when_unheld_entries_fill_the_window() {
+    require_redis();
+    init_tracing();
+    let server = RedisServer::start();
+    let queue = queue_name("brk-window");
+    let ms = redis_stream(server.config()).await;
+    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let junk: Vec<bytes::Bytes> = (0..200).map(|i| bytes::Bytes::from(format!("junk-{i}"))).collect();
+    ms.offer_batch(&queue, junk).await.unwrap();
+    let target = ms.offer(&queue, "target").await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel::<bool>();
+    let c = ms
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                let tx = tx.clone();
+                async move {
+                    if d.payload.starts_with(b"junk") {
+                        // Documented: the entry stays pending here unheld; the heartbeat hands it back.
+                        d.lease.mark_acked().unwrap();
+                        return Decision::Deferred;
+                    }
+                    let lost = tokio::time::timeout(Duration::from_millis(1_500), d.lease.lost()).await.is_ok();
+                    let _ = tx.send(lost);
+                    let _ = d.lease.ack().await;
+                    Decision::Deferred
+                }
+            },
+            fast(4_000).with_concurrency(4).with_heartbeat_interval(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.unwrap().unwrap();
+    let owners = pending_owners(&mut conn, &queue).await;
+    let target_owner = owners.iter().find(|o| o.0 == target.to_string()).map(|o| o.1.clone());
+    eprintln!(
+        "target lease reported lost: {lost}; counters {:?}; target's owner now {target_owner:?} (consumer {}); {} pending",
+        c.counters(),
+        c.name(),
+        owners.len()
+    );
+    assert!(!lost && c.counters().leases_lost == 0, "a lease this consumer still owns was reported lost (leases_lost={})", c.counters().leases_lost);
+    drop(c);
+}
