@@ -399,3 +399,115 @@ async fn held_lease_not_reported_lost_when_unheld_entries_fill_the_window() {
     assert!(!lost && c.counters().leases_lost == 0, "a lease this consumer still owns was reported lost (leases_lost={})", c.counters().leases_lost);
     drop(c);
 }
+
+// ------------------------------------------------------------------------------------------------
+// 7. Redis SIGSTOP for 3 claim timeouts while a live consumer holds a lease, with a peer: the hold
+//    must keep the peer off; a waiting (short RetryAfter) lease too.
+// ------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_pause_longer_than_claim_timeout_never_fails_over_live_work() {
+    require_redis();
+    init_tracing();
+    let server = RedisServer::start();
+    let queue = queue_name("brk-rpause");
+    let ms = redis_stream(server.config()).await;
+    let held = ms.offer(&queue, "held").await.unwrap();
+    let waiting = ms.offer(&queue, "waiting").await.unwrap();
+    let runs: Arc<Mutex<Vec<(&'static str, MessageId)>>> = Arc::default();
+    let leases: Arc<Mutex<Vec<Lease>>> = Arc::default();
+    let (r1, l1) = (runs.clone(), leases.clone());
+    let a = ms
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                r1.lock().unwrap().push(("A", d.id));
+                if d.payload.as_ref() == b"held" {
+                    l1.lock().unwrap().push(d.lease.clone());
+                    futures::future::ready(Decision::Deferred)
+                } else {
+                    futures::future::ready(Decision::RetryAfter(Duration::from_millis(300)))
+                }
+            },
+            fast(1_000).with_concurrency(4),
+        )
+        .await
+        .unwrap();
+    let both = eventually(Duration::from_secs(5), || async { (runs.lock().unwrap().len() >= 2).then_some(()) }).await;
+    assert!(both.is_some());
+    let r2 = runs.clone();
+    let b = ms
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                r2.lock().unwrap().push(("B", d.id));
+                futures::future::ready(Decision::Ack)
+            },
+            fast(1_000).with_concurrency(4),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    server.resume();
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let rs = runs.lock().unwrap().clone();
+    let b_runs: Vec<_> = rs.iter().filter(|r| r.0 == "B").collect();
+    let lost = leases.lock().unwrap().iter().any(|l| l.is_lost());
+    eprintln!("B ran {b_runs:?}; held lease lost: {lost}; A {:?}; B {:?}", a.counters(), b.counters());
+    assert!(b_runs.is_empty(), "peer ran live work after a Redis pause: {b_runs:?} (held {held}, waiting {waiting})");
+    assert!(!lost && a.counters().leases_lost == 0);
+    leases.lock().unwrap().clear();
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_processing_time_release_races_peer() {
+    require_redis();
+    init_tracing();
+    let server = RedisServer::start();
+    let queue = queue_name("brk-mpt");
+    let ms = redis_stream(server.config()).await;
+    ms.offer(&queue, "x").await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(bool, Result<(), QueueError>)>();
+    let a = ms
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                let tx = tx.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    let lost = d.lease.is_lost();
+                    let r = d.lease.ack().await;
+                    let _ = tx.send((lost, r));
+                    Decision::Deferred
+                }
+            },
+            fast(1_000).with_concurrency(2).with_max_processing_time(Duration::from_millis(600)),
+        )
+        .await
+        .unwrap();
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ran2 = ran.clone();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let b = ms
+        .consume(
+            &queue,
+            move |_d: Delivery| {
+                ran2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                futures::future::ready(Decision::Ack)
+            },
+            fast(1_000).with_concurrency(2),
+        )
+        .await
+        .unwrap();
+    let (lost, r) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap();
+    eprintln!("peer ran {}; A lost signal {lost}; A ack {r:?}; A {:?}", ran.load(std::sync::atomic::Ordering::SeqCst), a.counters());
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(lost && matches!(r, Err(QueueError::LeaseLost(_))));
+    assert_eq!(a.counters().leases_expired, 1);
+    a.close().await;
+    b.close().await;
+}
