@@ -511,3 +511,57 @@ async fn max_processing_time_release_races_peer() {
     a.close().await;
     b.close().await;
 }
+
+/// Past max_processing_time the lease is released; a peer takes the message at once and acks it;
+/// the released handler acks right after: the ack must be refused (another consumer ran it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_lease_ack_after_peer_acked_is_refused() {
+    require_redis();
+    init_tracing();
+    let server = RedisServer::start();
+    let queue = queue_name("brk-mpt2");
+    let ms = redis_stream(server.config()).await;
+    ms.offer(&queue, "x").await.unwrap();
+    let peer_done = Arc::new(tokio::sync::Notify::new());
+    let (tx, mut rx) = mpsc::unbounded_channel::<Result<(), QueueError>>();
+    let pd = peer_done.clone();
+    let a = ms
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                let (tx, pd) = (tx.clone(), pd.clone());
+                async move {
+                    d.lease.lost().await;
+                    pd.notified().await;
+                    let _ = tx.send(d.lease.ack().await);
+                    Decision::Deferred
+                }
+            },
+            fast(3_000).with_concurrency(2).with_max_processing_time(Duration::from_millis(1_200)),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pd = peer_done.clone();
+    let b = ms
+        .consume(
+            &queue,
+            move |d: Delivery| {
+                let pd = pd.clone();
+                async move {
+                    let r = d.lease.ack().await;
+                    assert!(r.is_ok());
+                    pd.notify_one();
+                    Decision::Deferred
+                }
+            },
+            fast(3_000).with_concurrency(2).with_poll_interval(Duration::from_millis(50)),
+        )
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(15), rx.recv()).await.unwrap().unwrap();
+    eprintln!("released handler's ack after the peer acked: {r:?}; A {:?}; B {:?}", a.counters(), b.counters());
+    assert!(matches!(r, Err(QueueError::LeaseLost(_))), "peer ran and acked the message, yet the released handler's ack returned {r:?}");
+    a.close().await;
+    b.close().await;
+}
