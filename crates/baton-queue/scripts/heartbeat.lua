@@ -7,10 +7,10 @@
 -- 1. The liveness record: now, in server time (the reaper and the reclaim tick of every process
 --    read it; no clock of a client is involved), and the queue's `~clock` stamp (reclaim.lua).
 -- 2. Renew = XCLAIM to ourselves with min-idle 0 and JUSTID: idle reset, delivery count kept
---    (Redis docs, XCLAIM). Only entries this consumer owns are renewed: a lease another consumer
---    took is never taken back. Ids to renew that are not ours are reported: owned by another
---    consumer (lost) or not pending (gone). Quiet ids (settlements in flight) are renewed when
---    ours and never reported.
+--    (Redis docs, XCLAIM). Only entries this consumer owns are renewed (checked one by one past
+--    the window of its pending entries looked at): a lease another consumer took is never taken
+--    back. Ids to renew or quiet ids (settlements in flight) that are not ours are reported:
+--    owned by another consumer (lost), or by the parked owner or not pending (gone).
 -- 3. Release = hand to the parked owner with idle = claim timeout: reclaimable at once.
 -- 4. Orphans: every other entry this consumer owns, idle at least the orphan idle, is handed to
 --    the parked owner with its idle time kept, so that an entry it does not hold can never stay
@@ -37,32 +37,41 @@ local function xclaim(ids, to, extra)
   end
 end
 
+-- Who owns `id`: this consumer (window or a direct look past it), another consumer, nobody.
+local function owner_of(id)
+  if owned[id] then return me end
+  local p = redis.call('XPENDING', stream, group, id, id, 1)
+  if p[1] then return p[1][2] end
+  return nil
+end
+
+-- Renew and quiet ids alike: ours → renewed; another consumer's → lost; the parked owner's or
+-- not pending → gone (settled, handed back or deleted: nothing to renew, nobody took it).
 local held, mine, lost, gone = {}, {}, {}, {}
 local r = tonumber(ARGV[8])
-for i = 9, 8 + r do
-  local id = ARGV[i]
-  held[id] = true
-  if owned[id] then
-    mine[#mine + 1] = id
-  else
-    local p = redis.call('XPENDING', stream, group, id, id, 1)
-    if p[1] then lost[#lost + 1] = id else gone[#gone + 1] = id end
-  end
-end
 local qpos = 9 + r
 local q = tonumber(ARGV[qpos])
-for i = qpos + 1, qpos + q do
+local function classify(i)
   local id = ARGV[i]
   held[id] = true
-  if owned[id] then mine[#mine + 1] = id end
+  local o = owner_of(id)
+  if o == me then
+    mine[#mine + 1] = id
+  elseif o and o ~= parked then
+    lost[#lost + 1] = id
+  else
+    gone[#gone + 1] = id
+  end
 end
+for i = 9, 8 + r do classify(i) end
+for i = qpos + 1, qpos + q do classify(i) end
 xclaim(mine, me, {})
 
 local release = {}
 for i = qpos + q + 1, #ARGV do
   local id = ARGV[i]
   held[id] = true
-  if owned[id] then release[#release + 1] = id end
+  if owner_of(id) == me then release[#release + 1] = id end
 end
 xclaim(release, parked, {'IDLE', claim_ms})
 

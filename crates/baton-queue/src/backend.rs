@@ -91,9 +91,10 @@ pub(crate) struct Settle {
 /// What one heartbeat found.
 #[derive(Debug, Default)]
 pub(crate) struct Beat {
-    /// Ids to renew that another consumer owns now.
+    /// Ids to renew (or quiet) that another consumer owns now.
     pub lost: Vec<MessageId>,
-    /// Ids to renew that are not pending any more (acked or deleted).
+    /// Ids to renew (or quiet) that are not pending any more (acked or deleted) or belong to
+    /// [`PARKED`] (handed back): nobody took them.
     pub gone: Vec<MessageId>,
     /// Entries this consumer owned without holding them (idle past the orphan threshold), now
     /// handed to [`PARKED`] with their idle time kept.
@@ -160,8 +161,8 @@ pub(crate) trait ConsumerBackend: Send + Sync {
         released: bool,
     ) -> Result<Owned, QueueError>;
     /// One heartbeat, atomically: writes this consumer's liveness record; renews each id of
-    /// `renew` this consumer owns (idle 0; the others are reported lost or gone); renews each id
-    /// of `quiet` it owns (settlements in flight: never reported); hands each id of `release` it
+    /// `renew` and of `quiet` (settlements in flight) this consumer owns (idle 0); reports the
+    /// others: owned by another consumer (lost), or by [`PARKED`] or not pending (gone); hands each id of `release` it
     /// owns to [`PARKED`] reclaimable at once (idle = claim timeout); hands every other entry it
     /// owns idle at least `orphan_idle` to [`PARKED`], idle kept. `pel_limit` bounds how many of
     /// its pending entries are looked at.

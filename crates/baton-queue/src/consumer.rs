@@ -93,8 +93,9 @@ impl Consumer {
     /// stream's tail; waiting `RetryAfter`s are handed back due when they would have been), lets
     /// running handlers finish within `budget` while their leases keep renewing, then stops renewing.
     /// When nothing is left in flight it leaves the group and closes its connections before
-    /// returning. Work still in flight is reported: its leases are no longer renewed, what its
-    /// handlers settle within one `claim_timeout` is still applied (then the consumer leaves the
+    /// returning. Work still in flight is reported: its leases are no longer renewed (its
+    /// handlers are told through [`Lease::lost`]), what they settle within one `claim_timeout` is
+    /// still applied (then the consumer leaves the
     /// group and closes its connections), and otherwise another consumer takes it after
     /// `claim_timeout` (nothing is lost).
     pub async fn drain(mut self, budget: Duration) -> DrainReport {

@@ -144,6 +144,7 @@ async fn run(
         acquiring_done.cancel();
         finish.cancelled().await;
         let _ = beat.await;
+        shared.stop_renewing();
         // Handlers still running past the drain budget are no longer renewed, but what they
         // settle within one claim timeout (while their leases cannot have expired) is applied.
         let linger = Instant::now() + options.claim_timeout;
@@ -168,6 +169,8 @@ async fn run(
         _ = kill.cancelled() => {}
     }
     acquiring_done.cancel();
+    shared.stop_renewing();
+    shared.closed.store(true, Ordering::Release);
     tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer stopped");
 }
 

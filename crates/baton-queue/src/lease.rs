@@ -44,6 +44,9 @@ pub(crate) enum Stop {
     /// Not pending any more (acked by a settlement whose reply is still on its way, or deleted):
     /// nothing left to renew, nothing to tell.
     Gone,
+    /// The consumer stopped renewing (drain budget over, or the consumer ended): the handler was
+    /// told; the entry is still this consumer's until someone takes it.
+    Unrenewed,
 }
 
 pub(crate) enum Phase {
@@ -149,6 +152,8 @@ pub(crate) struct Shared {
     /// What the last reclaim call said: see [`ReclaimState`].
     pub reclaim_state: Mutex<ReclaimState>,
     reg: Mutex<Registry>,
+    /// The lease thread has ended: settlements are refused with [`QueueError::Closed`].
+    pub closed: AtomicBool,
 }
 
 /// Shared by the acquirer and the redeliverer (which promotes delayed entries at their due time).
@@ -180,6 +185,7 @@ impl Shared {
             changed: Notify::new(),
             waiting_added: Notify::new(),
             reclaim_state: Mutex::new(ReclaimState::default()),
+            closed: AtomicBool::new(false),
             reg: Mutex::new(Registry::default()),
         }
     }
@@ -282,6 +288,12 @@ impl Shared {
         while free > 0 {
             let Some(&(due, id)) = reg.dues.first() else { break };
             if due > now {
+                break;
+            }
+            // A lease that may have expired (no renewal confirmed it for a claim timeout, e.g.
+            // Redis unreachable or the process stopped) is not run again until a heartbeat
+            // confirms it (or finds it lost).
+            if reg.slots.get(&id).is_some_and(|s| s.renewed_at.elapsed() >= self.claim_timeout) {
                 break;
             }
             reg.dues.pop_first();
@@ -423,7 +435,10 @@ impl Shared {
                 }
             } else {
                 s.renewed_at = sent;
-                renewed += 1;
+                // Settlements in flight (quiet) are kept alive, not counted as renewals.
+                if !matches!(s.phase, Phase::Settling) {
+                    renewed += 1;
+                }
             }
         }
         for id in remove {
@@ -431,9 +446,26 @@ impl Shared {
                 reg.dues.remove(&(due, id));
             }
         }
+        let waiting = !reg.dues.is_empty();
         drop(reg);
+        if waiting {
+            // Waiting leases held back for want of a confirmed renewal may run now.
+            self.notify();
+            self.waiting_added.notify_one();
+        }
         self.counters.renewals.fetch_add(renewed, Ordering::Relaxed);
         metrics::counter!("baton_queue_lease_renewals_total", "queue" => self.queue.clone()).increment(renewed);
+    }
+
+    /// The heartbeat stopped (drain budget over): tells every handler still holding a lease that
+    /// it is no longer renewed.
+    pub fn stop_renewing(&self) {
+        for s in self.lock().slots.values_mut() {
+            if s.stopped.is_none() {
+                s.stopped = Some(Stop::Unrenewed);
+                s.lost.cancel();
+            }
+        }
     }
 
     /// Marks a slot lost because a settlement found another owner.
@@ -489,7 +521,9 @@ impl Shared {
         };
         // A lease that cannot have expired before this answer: `Gone` means acked by an earlier
         // attempt of this settlement (or deleted), not taken and finished elsewhere.
-        let unexpired = s.renewed_at.elapsed() < self.claim_timeout && s.stopped != Some(Stop::Lost);
+        // A released (or no longer renewed) lease may have been taken and finished at once:
+        // `Gone` proves nothing for it.
+        let unexpired = s.renewed_at.elapsed() < self.claim_timeout && matches!(s.stopped, None | Some(Stop::Gone));
         let result = match (decision, found) {
             (_, None) | (_, Some(Owned::Done)) => Ok(()),
             (Decision::Retry, _) => Ok(()),
@@ -548,8 +582,10 @@ pub struct RedisAckTarget {
 /// and is renewed every `heartbeat_interval` by the consumer's lease thread until settled,
 /// whatever the handler does. It is *lost* only when another consumer owns the message (after
 /// renewals could not reach the backend for `claim_timeout`, e.g. a stopped or partitioned
-/// process), or *released* when the handler ran past `max_processing_time`; [`Lease::lost`] then
-/// resolves. An ack of a lost lease is refused. Dropping every clone unsettled counts as
+/// process), *released* when the handler ran past `max_processing_time`, or *no longer renewed*
+/// when the consumer stopped (drain budget over); [`Lease::lost`] then resolves. An ack of a lost
+/// lease is refused; once the consumer has ended, every settlement is refused with
+/// [`QueueError::Closed`]. Dropping every clone unsettled counts as
 /// [`Decision::Retry`].
 #[derive(Clone)]
 pub struct Lease {
@@ -592,17 +628,18 @@ impl Lease {
         self.inner.id
     }
 
-    /// True once the lease is lost or released (see the type's docs).
+    /// True once the lease is lost, released or no longer renewed (see the type's docs).
     pub fn is_lost(&self) -> bool {
         self.inner.lost.is_cancelled()
     }
 
-    /// Resolves when the lease is lost or released. Cooperative: the handler decides to stop.
+    /// Resolves when the lease is lost, released or no longer renewed. Cooperative: the handler
+    /// decides to stop.
     pub async fn lost(&self) {
         self.inner.lost.cancelled().await
     }
 
-    /// A token cancelled when the lease is lost or released, to pass to code that takes one.
+    /// A token cancelled when [`Lease::lost`] resolves, to pass to code that takes one.
     pub fn lost_token(&self) -> CancellationToken {
         self.inner.lost.clone()
     }
@@ -677,7 +714,9 @@ impl Lease {
         }
         let shared = &inner.shared;
         let name = decision_name(&decision);
-        let r = if matches!(decision, Decision::Ack) && shared.backend.acks_inline() {
+        let r = if shared.closed.load(Ordering::Acquire) {
+            Err(QueueError::Closed)
+        } else if matches!(decision, Decision::Ack) && shared.backend.acks_inline() {
             // Memory: acked at once under the queue's lock, no trip to the lease thread.
             match shared.begin_settle(id, inner.seq) {
                 Ok(ctx) => {

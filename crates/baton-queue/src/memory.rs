@@ -385,16 +385,11 @@ impl ConsumerBackend for MemConsumer {
         let me = self.spec.consumer.clone();
         st.consumers.insert(me.clone(), now);
         let mut beat = Beat::default();
-        for id in renew {
+        for id in renew.iter().chain(quiet) {
             match st.pending.get_mut(id) {
                 Some(p) if p.consumer == me => p.delivered_at = now,
-                Some(_) => beat.lost.push(*id),
-                None => beat.gone.push(*id),
-            }
-        }
-        for id in quiet {
-            if let Some(p) = st.pending.get_mut(id).filter(|p| p.consumer == me) {
-                p.delivered_at = now;
+                Some(p) if p.consumer != PARKED => beat.lost.push(*id),
+                _ => beat.gone.push(*id),
             }
         }
         let claim = self.spec.claim_timeout;

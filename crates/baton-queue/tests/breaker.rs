@@ -342,8 +342,14 @@ async fn drained_handler_is_told_when_a_peer_takes_over(b: TestBackend) {
     let peer_ran = ran.load(std::sync::atomic::Ordering::SeqCst);
     eprintln!("[{}] peer ran it {peer_ran} time(s); drained handler told lost: {lost}; its late ack: {r:?}", b.name());
     peer.close().await;
-    assert_eq!(peer_ran, 1);
-    assert!(lost, "[{}] the peer ran the message while the drained consumer's handler still ran, and that handler was never told (Lease::lost never resolved); late ack {r:?}", b.name());
+    // The drained handler is told at once that its lease is no longer renewed; its ack within one
+    // claim timeout applies (the peer then never runs it), or, if the peer took it first, is
+    // refused. Never both runs acked.
+    assert!(lost, "[{}] the drained consumer's handler was never told (Lease::lost never resolved); late ack {r:?}", b.name());
+    match (&r, peer_ran) {
+        (Ok(()), 0) | (Err(QueueError::LeaseLost(_)), 1) => {}
+        _ => panic!("[{}] peer ran it {peer_ran} time(s) and the drained handler's ack said {r:?}", b.name()),
+    }
 }
 
 baton_testkit::on_memory_and_standalone!(drained_handler_is_told_when_a_peer_takes_over);
