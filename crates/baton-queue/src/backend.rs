@@ -140,8 +140,9 @@ pub(crate) trait ConsumerBackend: Send + Sync {
         let _ = (id, released);
         None
     }
-    /// True when [`ConsumerBackend::ack_now`] answers.
-    fn acks_inline(&self) -> bool {
+    /// True when the backend lives in this process: its operations complete without I/O, and
+    /// [`ConsumerBackend::ack_now`] answers.
+    fn in_process(&self) -> bool {
         false
     }
     /// Redis only: where this consumer's entries live, for acks done in a caller's script.

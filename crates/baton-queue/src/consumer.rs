@@ -142,6 +142,7 @@ impl Consumer {
     /// messages are taken by another consumer after `claim_timeout`. Its connections close.
     pub fn abort(self) {
         self.shared.abort_all();
+        self.control.stop_acquiring.cancel();
         self.control.kill.cancel();
         // Drop does the rest.
     }

@@ -3,7 +3,8 @@
 //! no handler behaviour (blocking threads, spinning the CPU, panicking, starving the
 //! application's runtime) can delay it:
 //!
-//! * **acquire**: reads new entries (`XREADGROUP … BLOCK`, COUNT = free concurrency slots) and
+//! * **acquire** (for Redis; in memory, where an entry is assigned and registered in one
+//!   synchronous step, it runs on the application's runtime): reads new entries (`XREADGROUP … BLOCK`, COUNT = free concurrency slots) and
 //!   reclaims idle ones; each entry is registered in the lease registry the moment its reply is
 //!   parsed, then handed to the dispatcher on the application's runtime. Reclaimed entries come
 //!   first: when a tick finds reclaimable entries it could not take (no free slot), the next
@@ -75,6 +76,7 @@ pub(crate) async fn start(
         exited: CancellationToken::new(),
     };
     let (ready_tx, ready_rx) = oneshot::channel::<Ready>();
+    let app = tokio::runtime::Handle::current();
     let tokens = (
         control.stop_acquiring.clone(),
         control.acquiring_done.clone(),
@@ -89,7 +91,7 @@ pub(crate) async fn start(
             let (stop_acquiring, acquiring_done, finish, kill, exited) = tokens;
             match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => {
-                    rt.block_on(run(backend, spec, options, ready_tx, stop_acquiring, acquiring_done, finish, kill));
+                    rt.block_on(run(app, backend, spec, options, ready_tx, stop_acquiring, acquiring_done, finish, kill));
                     // Dropping the runtime ends every task of the thread and closes its connections.
                     drop(rt);
                 }
@@ -106,6 +108,7 @@ pub(crate) async fn start(
 
 #[allow(clippy::too_many_arguments)]
 async fn run(
+    app: tokio::runtime::Handle,
     backend: Arc<dyn Backend>,
     spec: ConsumerSpec,
     options: ConsumerOptions,
@@ -130,16 +133,29 @@ async fn run(
     }
     tokio::spawn(settler(shared.clone(), settle_rx));
     let beat = tokio::spawn(heartbeat(shared.clone(), options.clone(), finish.clone()));
-    let redeliver = tokio::spawn(redeliverer(shared.clone(), jobs_tx.clone(), stop_acquiring.clone()));
-    let work = async {
-        acquire(&shared, &options, &jobs_tx, &stop_acquiring).await;
-        let _ = redeliver.await;
-        drop(jobs_tx);
-        // Waiting leases go back to the backend, due when they would have been here.
-        for (id, left) in shared.take_waiting() {
-            if let Err(e) = shared.backend.retry_after(id, left, false).await {
-                tracing::warn!(queue = %shared.queue, message_id = %id, error = %e, "handing back a waiting lease failed; it fails over after claim_timeout");
+    let acquisition = {
+        let (shared, options, stop) = (shared.clone(), options.clone(), stop_acquiring.clone());
+        async move {
+            let redeliver = tokio::spawn(redeliverer(shared.clone(), jobs_tx.clone(), stop.clone()));
+            acquire(&shared, &options, &jobs_tx, &stop).await;
+            let _ = redeliver.await;
+            drop(jobs_tx);
+            // Waiting leases go back to the backend, due when they would have been here.
+            for (id, left) in shared.take_waiting() {
+                if let Err(e) = shared.backend.retry_after(id, left, false).await {
+                    tracing::warn!(queue = %shared.queue, message_id = %id, error = %e, "handing back a waiting lease failed; it fails over after claim_timeout");
+                }
             }
+        }
+    };
+    let work = async {
+        if shared.backend.in_process() {
+            // In memory an entry is assigned and registered in one synchronous step (no reply to
+            // wait for), so acquisition runs beside the handlers, on the application's runtime,
+            // without a thread hop per message; renewals and settlements stay here.
+            let _ = app.spawn(acquisition).await;
+        } else {
+            acquisition.await;
         }
         acquiring_done.cancel();
         finish.cancelled().await;
@@ -220,12 +236,12 @@ async fn acquire(
         changed.as_mut().enable();
         let now = Instant::now();
         // Due waiting leases first (the redeliverer takes them while a read is in flight).
-        let due = sh.take_due(now.into_std());
-        if !due.is_empty() {
-            sh.counters.delivered.fetch_add(due.len() as u64, Ordering::Relaxed);
-            let _ = jobs.send(due);
+        let view = sh.acquire_view(now.into_std(), (now + NEAR).into_std());
+        if !view.due.is_empty() {
+            sh.counters.delivered.fetch_add(view.due.len() as u64, Ordering::Relaxed);
+            let _ = jobs.send(view.due);
         }
-        let free = sh.free();
+        let free = view.free;
         let reclaim_first = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).reclaim_first;
         if now >= next_tick || (reclaim_first && free > 0) {
             let tick = now >= next_tick;
@@ -253,8 +269,8 @@ async fn acquire(
         // Waiting leases due within NEAR keep their slots: the redeliverer starts them on time
         // whatever the read does. A read's BLOCK ends NEAR before the next later one is due, so
         // that it can be kept too (Redis ends a BLOCK up to one server tick late).
-        let next_due = sh.next_due().map(Instant::from_std);
-        let count = free.saturating_sub(sh.due_by((now + NEAR).into_std()));
+        let next_due = view.next_due.map(Instant::from_std);
+        let count = free.saturating_sub(view.reserved);
         let later = next_due.filter(|t| *t > now + NEAR).map(|t| t - NEAR);
         let wake = min_instant(next_tick, later);
         let block = wake.saturating_duration_since(now);
@@ -299,7 +315,7 @@ async fn accept(
     acquired_at: std::time::Instant,
     stop: &CancellationToken,
 ) {
-    let mut out = Vec::with_capacity(ds.len());
+    let mut take = Vec::with_capacity(ds.len());
     let mut hand_back = Vec::new();
     let mut bury = Vec::new();
     for d in ds {
@@ -309,10 +325,7 @@ async fn accept(
         }
         let over = options.max_deliveries.is_some_and(|m| d.deliveries > m);
         match d.payload.filter(|_| !over) {
-            Some(p) => match sh.register(d.id, p, d.deliveries, acquired_at) {
-                Some(job) => out.push(job),
-                None => tracing::error!(queue = %sh.queue, message_id = %d.id, "entry acquired while this process holds it; not delivered twice"),
-            },
+            Some(p) => take.push((d.id, p, d.deliveries)),
             None => {
                 let reason = if over { "max deliveries exceeded" } else { "malformed entry: no payload field" };
                 if let Some(seq) = sh.register_settling(d.id, d.deliveries, acquired_at) {
@@ -321,7 +334,7 @@ async fn accept(
             }
         }
     }
-    sh.promise(0);
+    let out = sh.register_all(take, acquired_at);
     if !out.is_empty() {
         sh.counters.delivered.fetch_add(out.len() as u64, Ordering::Relaxed);
         let _ = jobs.send(out);

@@ -194,12 +194,6 @@ impl Shared {
         self.reg.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Free concurrency slots (not running, not promised to the read in flight).
-    pub fn free(&self) -> usize {
-        let reg = self.lock();
-        self.concurrency.saturating_sub(reg.busy + reg.promised)
-    }
-
     /// Promises `n` slots to a read about to be sent (0: the read returned; call after
     /// registering what it returned).
     pub fn promise(&self, n: usize) {
@@ -216,34 +210,6 @@ impl Shared {
 
     fn notify(&self) {
         self.changed.notify_waiters();
-    }
-
-    /// Registers an acquired entry as running and returns its job, or `None` when this process
-    /// already holds the id (never delivered twice; the entry stays under the existing slot).
-    pub fn register(&self, id: MessageId, payload: Bytes, deliveries: u32, acquired_at: Instant) -> Option<Job> {
-        let mut reg = self.lock();
-        if reg.slots.contains_key(&id) {
-            return None;
-        }
-        reg.next_seq += 1;
-        let seq = reg.next_seq;
-        let lost = CancellationToken::new();
-        reg.slots.insert(
-            id,
-            Slot {
-                seq,
-                phase: Phase::Running,
-                payload: payload.clone(),
-                deliveries,
-                started: Instant::now(),
-                renewed_at: acquired_at,
-                stopped: None,
-                lost: lost.clone(),
-                abort: None,
-            },
-        );
-        reg.busy += 1;
-        Some(Job { id, seq, payload, deliveries, lost })
     }
 
     /// Registers an acquired entry that no handler will see (dead-lettered by the lease thread
@@ -283,6 +249,10 @@ impl Shared {
     /// their jobs. Each is a new delivery of the same message (new `seq`), same delivery count.
     pub fn take_due(&self, now: Instant) -> Vec<Job> {
         let mut reg = self.lock();
+        self.take_due_locked(&mut reg, now)
+    }
+
+    fn take_due_locked(&self, reg: &mut Registry, now: Instant) -> Vec<Job> {
         let mut free = self.concurrency.saturating_sub(reg.busy + reg.promised);
         let mut jobs = Vec::new();
         while free > 0 {
@@ -312,16 +282,64 @@ impl Shared {
         jobs
     }
 
+    /// One look for the acquirer, under one lock: the due waiting leases it can start now, the
+    /// free slots left, the earliest due time, and how many waiting leases are due by `near`.
+    pub fn acquire_view(&self, now: Instant, near: Instant) -> AcquireView {
+        let mut reg = self.lock();
+        let due = self.take_due_locked(&mut reg, now);
+        AcquireView {
+            due,
+            free: self.concurrency.saturating_sub(reg.busy + reg.promised),
+            next_due: reg.dues.first().map(|(d, _)| *d),
+            reserved: reg.dues.iter().take_while(|(d, _)| *d <= near).count(),
+        }
+    }
+
+    /// Registers what one read or reclaim acquired, under one lock, and ends the read's promise.
+    /// Returns the jobs; ids this process already holds are skipped (never delivered twice; the
+    /// entry stays under the existing slot).
+    pub fn register_all(&self, items: Vec<(MessageId, Bytes, u32)>, acquired_at: Instant) -> Vec<Job> {
+        let mut jobs = Vec::with_capacity(items.len());
+        let released = {
+            let mut reg = self.lock();
+            for (id, payload, deliveries) in items {
+                if reg.slots.contains_key(&id) {
+                    tracing::error!(queue = %self.queue, message_id = %id, "entry acquired while this process holds it; not delivered twice");
+                    continue;
+                }
+                reg.next_seq += 1;
+                let seq = reg.next_seq;
+                let lost = CancellationToken::new();
+                reg.slots.insert(
+                    id,
+                    Slot {
+                        seq,
+                        phase: Phase::Running,
+                        payload: payload.clone(),
+                        deliveries,
+                        started: Instant::now(),
+                        renewed_at: acquired_at,
+                        stopped: None,
+                        lost: lost.clone(),
+                        abort: None,
+                    },
+                );
+                reg.busy += 1;
+                jobs.push(Job { id, seq, payload, deliveries, lost });
+            }
+            let released = reg.promised > 0;
+            reg.promised = 0;
+            released
+        };
+        if released {
+            self.notify();
+        }
+        jobs
+    }
+
     /// The earliest due time of a waiting entry.
     pub fn next_due(&self) -> Option<Instant> {
         self.lock().dues.first().map(|(due, _)| *due)
-    }
-
-    /// Waiting entries due at or before `by`: the slots a read must leave free for them, so that
-    /// they start on time whatever the read's BLOCK does (Redis ends a BLOCK up to one server
-    /// tick, 100 ms by default, after its timeout).
-    pub fn due_by(&self, by: Instant) -> usize {
-        self.lock().dues.iter().take_while(|(due, _)| *due <= by).count()
     }
 
     /// Stops keeping short `RetryAfter`s here and takes the waiting entries, with the time left
@@ -559,6 +577,14 @@ impl Shared {
     }
 }
 
+/// See [`Shared::acquire_view`].
+pub(crate) struct AcquireView {
+    pub due: Vec<Job>,
+    pub free: usize,
+    pub next_due: Option<Instant>,
+    pub reserved: usize,
+}
+
 /// What `begin_settle` found about the lease.
 pub(crate) struct SettleCtx {
     pub released: bool,
@@ -716,7 +742,7 @@ impl Lease {
         let name = decision_name(&decision);
         let r = if shared.closed.load(Ordering::Acquire) {
             Err(QueueError::Closed)
-        } else if matches!(decision, Decision::Ack) && shared.backend.acks_inline() {
+        } else if matches!(decision, Decision::Ack) && shared.backend.in_process() {
             // Memory: acked at once under the queue's lock, no trip to the lease thread.
             match shared.begin_settle(id, inner.seq) {
                 Ok(ctx) => {

@@ -323,7 +323,7 @@ impl ConsumerBackend for MemConsumer {
             .collect())
     }
 
-    fn acks_inline(&self) -> bool {
+    fn in_process(&self) -> bool {
         true
     }
 

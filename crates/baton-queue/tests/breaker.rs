@@ -6,7 +6,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton_queue::{ConsumerOptions, Decision, Delivery, Lease, MessageId, MessageStream, QueueError, RedisQueueOptions};
+use baton_queue::{Decision, Delivery, Lease, MessageId, MessageStream, QueueError, RedisQueueOptions};
 use baton_redis::{redis, RedisClient, RedisConfig};
 use baton_testkit::{require_redis, RedisServer, ServerOptions, TcpProxy, TestBackend};
 use common::*;
@@ -234,7 +234,8 @@ async fn waiting_lease_not_redelivered_after_it_may_have_expired() {
     let direct = redis_stream(server.config()).await;
     direct.offer(&queue, "x").await.unwrap();
     // (who, start, lost at start)
-    let runs: Arc<Mutex<Vec<(&'static str, Instant, bool)>>> = Arc::default();
+    type Runs = Vec<(&'static str, Instant, bool)>;
+    let runs: Arc<Mutex<Runs>> = Arc::default();
     let r1 = runs.clone();
     let a = via_proxy
         .consume(
