@@ -180,9 +180,7 @@ fn start_handler(shared: &Arc<Shared>, handler: &Arc<dyn Handler>, job: Job) {
             }
         };
         metrics::histogram!("baton_queue_handler_seconds", "queue" => q.clone()).record(started.elapsed().as_secs_f64());
-        if let Err(e) = lease.settle(decision).await {
-            tracing::warn!(queue = %q, message_id = %id, error = %e, "settling the delivery failed");
-        }
+        lease.settle_detached(decision);
     });
     shared.set_abort(id, seq, task.abort_handle());
 }

@@ -468,9 +468,23 @@ fn settle_backoff(attempt: u32) -> Duration {
     Duration::from_millis(50u64 << attempt.min(5)).min(Duration::from_secs(1))
 }
 
+/// Answers a settlement: to the caller awaiting it, or (a handler's returned decision, a lease
+/// dropped unsettled: nobody awaits it) in the log when it failed. Counts the outcome.
 fn reply(req: SettleReq, r: Result<(), QueueError>) {
-    if let Some(tx) = req.reply {
-        let _ = tx.send(r);
+    if let Some(q) = &req.queue {
+        let result = if r.is_ok() { "ok" } else { "refused" };
+        metrics::counter!("baton_queue_outcomes_total", "queue" => q.clone(), "decision" => crate::lease::decision_name(&req.decision), "result" => result)
+            .increment(1);
+    }
+    match req.reply {
+        Some(tx) => {
+            let _ = tx.send(r);
+        }
+        None => {
+            if let Err(e) = r {
+                tracing::warn!(queue = req.queue.as_deref().unwrap_or(""), message_id = %req.id, error = %e, "settling the delivery failed");
+            }
+        }
     }
 }
 

@@ -24,6 +24,9 @@ pub(crate) struct SettleReq {
     pub seq: u64,
     pub decision: Decision,
     pub reply: Option<oneshot::Sender<Result<(), QueueError>>>,
+    /// The queue, when the outcome is to be counted (`baton_queue_outcomes_total`): every
+    /// settlement but a lease dropped unsettled.
+    pub queue: Option<String>,
 }
 
 /// A delivery handed to the dispatcher, to run its handler.
@@ -742,7 +745,16 @@ impl Lease {
         let name = decision_name(&decision);
         let r = if shared.closed.load(Ordering::Acquire) {
             Err(QueueError::Closed)
-        } else if matches!(decision, Decision::Ack) && shared.backend.in_process() {
+        } else if !matches!(decision, Decision::Ack) || !shared.backend.in_process() {
+            // Through the lease thread, which counts the outcome.
+            let (tx, rx) = oneshot::channel();
+            let req = SettleReq { id, seq: inner.seq, decision, reply: Some(tx), queue: Some(shared.queue.clone()) };
+            return if shared.settle_tx.send(req).is_err() {
+                Err(QueueError::Closed)
+            } else {
+                rx.await.unwrap_or(Err(QueueError::Closed))
+            };
+        } else {
             // Memory: acked at once under the queue's lock, no trip to the lease thread.
             match shared.begin_settle(id, inner.seq) {
                 Ok(ctx) => {
@@ -755,19 +767,46 @@ impl Lease {
                 }
                 Err(e) => Err(e),
             }
-        } else {
-            let (tx, rx) = oneshot::channel();
-            let req = SettleReq { id, seq: inner.seq, decision, reply: Some(tx) };
-            if shared.settle_tx.send(req).is_err() {
-                Err(QueueError::Closed)
-            } else {
-                rx.await.unwrap_or(Err(QueueError::Closed))
-            }
         };
         let result = if r.is_ok() { "ok" } else { "refused" };
         metrics::counter!("baton_queue_outcomes_total", "queue" => shared.queue.clone(), "decision" => name, "result" => result)
             .increment(1);
         r
+    }
+}
+
+impl Lease {
+    /// Settles with the handler's returned decision without waiting for the outcome (the lease
+    /// thread logs a failure and counts the outcome): the handler's task ends at once instead of
+    /// waiting for a reply from another thread. A lease already settled (e.g. `mark_acked`, or
+    /// settled by the handler through the lease) ignores the decision.
+    pub(crate) fn settle_detached(self, decision: Decision) {
+        let inner = &self.inner;
+        if matches!(decision, Decision::Deferred) {
+            return;
+        }
+        if matches!(decision, Decision::Ack) && inner.shared.backend.in_process() {
+            // In memory the ack is a lock away: settle it here.
+            let shared = inner.shared.clone();
+            let q = shared.queue.clone();
+            let id = inner.id;
+            let fut = self.settle(decision);
+            // `settle` completes without awaiting anything on this path.
+            if let Some(Err(e)) = futures::FutureExt::now_or_never(fut) {
+                if !matches!(e, QueueError::AlreadySettled(_)) {
+                    tracing::warn!(queue = %q, message_id = %id, error = %e, "settling the delivery failed");
+                }
+            }
+            return;
+        }
+        if inner.settled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = &inner.shared;
+        let req = SettleReq { id: inner.id, seq: inner.seq, decision, reply: None, queue: Some(shared.queue.clone()) };
+        if shared.settle_tx.send(req).is_err() {
+            tracing::warn!(queue = %shared.queue, message_id = %inner.id, "settling the delivery failed: the consumer has stopped");
+        }
     }
 }
 
@@ -785,7 +824,7 @@ impl Drop for LeaseInner {
     fn drop(&mut self) {
         if !self.settled.swap(true, Ordering::AcqRel) {
             // Dropped unsettled: a Retry (handed back, redelivered after claim_timeout).
-            let _ = self.shared.settle_tx.send(SettleReq { id: self.id, seq: self.seq, decision: Decision::Retry, reply: None });
+            let _ = self.shared.settle_tx.send(SettleReq { id: self.id, seq: self.seq, decision: Decision::Retry, reply: None, queue: None });
         }
     }
 }
