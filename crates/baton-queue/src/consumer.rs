@@ -89,8 +89,9 @@ impl Consumer {
         self.shared.in_flight()
     }
 
-    /// Stops acquiring work (the read in flight completes and what it returned is requeued at the
-    /// stream's tail; waiting `RetryAfter`s are handed back due when they would have been), lets
+    /// Stops acquiring work (the read in flight completes; what it returned runs within the
+    /// budget like the work already running, or, with a zero budget, is requeued at the stream's
+    /// tail; waiting `RetryAfter`s are handed back due when they would have been), lets
     /// running handlers finish within `budget` while their leases keep renewing, then stops renewing.
     /// When nothing is left in flight it leaves the group and closes its connections before
     /// returning. Work still in flight is reported: its leases are no longer renewed (its
@@ -101,6 +102,9 @@ impl Consumer {
     pub async fn drain(mut self, budget: Duration) -> DrainReport {
         let deadline = Instant::now() + budget;
         let before = self.shared.counters.snapshot();
+        if !budget.is_zero() {
+            self.shared.requeue_late.store(false, std::sync::atomic::Ordering::Release);
+        }
         self.control.stop_acquiring.cancel();
         self.control.acquiring_done.cancelled().await;
         loop {

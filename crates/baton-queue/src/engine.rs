@@ -18,8 +18,8 @@
 //!   flight); a transient failure is retried until the backend answers, so a reported failure
 //!   is a real refusal and a success really applied. The lease keeps renewing meanwhile.
 //!
-//! Stopping: acquisition stops first (the read in flight completes; what it returned is requeued
-//! at the stream's tail at once), waiting leases are handed back with the time they had left, handlers finish
+//! Stopping: acquisition stops first (the read in flight completes; what it returned runs within
+//! the drain budget, or without one is requeued at the stream's tail at once), waiting leases are handed back with the time they had left, handlers finish
 //! within the drain budget, then the heartbeat stops; settlements of handlers that finish later
 //! are still applied for one claim timeout; then the consumer leaves the group if it owns
 //! nothing, and the thread ends, closing its connections.
@@ -306,7 +306,8 @@ async fn acquire(
 }
 
 /// Registers what a read or a reclaim returned and hands it to the dispatcher (or, once the
-/// consumer stops, requeues it at the stream's tail: any consumer's read takes it at once).
+/// consumer stops without a drain budget, requeues it at the stream's tail: any consumer's read
+/// takes it at once; with a budget it runs within it like the work already running).
 async fn accept(
     sh: &Arc<Shared>,
     options: &ConsumerOptions,
@@ -318,8 +319,9 @@ async fn accept(
     let mut take = Vec::with_capacity(ds.len());
     let mut hand_back = Vec::new();
     let mut bury = Vec::new();
+    let requeue = stop.is_cancelled() && sh.requeue_late.load(Ordering::Acquire);
     for d in ds {
-        if stop.is_cancelled() {
+        if requeue {
             hand_back.push(d.id);
             continue;
         }

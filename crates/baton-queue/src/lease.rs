@@ -157,6 +157,9 @@ pub(crate) struct Shared {
     reg: Mutex<Registry>,
     /// The lease thread has ended: settlements are refused with [`QueueError::Closed`].
     pub closed: AtomicBool,
+    /// Entries a read returns after acquisition stopped are requeued (`close`, drop) instead of
+    /// run within the drain budget (`drain` with a budget).
+    pub requeue_late: AtomicBool,
 }
 
 /// Shared by the acquirer and the redeliverer (which promotes delayed entries at their due time).
@@ -189,6 +192,7 @@ impl Shared {
             waiting_added: Notify::new(),
             reclaim_state: Mutex::new(ReclaimState::default()),
             closed: AtomicBool::new(false),
+            requeue_late: AtomicBool::new(true),
             reg: Mutex::new(Registry::default()),
         }
     }
