@@ -99,6 +99,28 @@ pub(crate) struct Registry {
     pub dues: std::collections::BTreeSet<(Instant, MessageId)>,
 }
 
+impl Registry {
+    /// A new slot holding a concurrency slot (`Running` or `Settling`); returns its `seq`.
+    fn insert(&mut self, id: MessageId, phase: Phase, payload: Bytes, deliveries: u32, acquired_at: Instant) -> u64 {
+        self.next_seq += 1;
+        let seq = self.next_seq;
+        let slot = Slot {
+            seq,
+            phase,
+            payload,
+            deliveries,
+            started: Instant::now(),
+            renewed_at: acquired_at,
+            stopped: None,
+            lost: CancellationToken::new(),
+            abort: None,
+        };
+        self.slots.insert(id, slot);
+        self.busy += 1;
+        seq
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Counters {
     pub delivered: AtomicU64,
@@ -226,24 +248,7 @@ impl Shared {
         if reg.slots.contains_key(&id) {
             return None;
         }
-        reg.next_seq += 1;
-        let seq = reg.next_seq;
-        reg.slots.insert(
-            id,
-            Slot {
-                seq,
-                phase: Phase::Settling,
-                payload: Bytes::new(),
-                deliveries,
-                started: Instant::now(),
-                renewed_at: acquired_at,
-                stopped: None,
-                lost: CancellationToken::new(),
-                abort: None,
-            },
-        );
-        reg.busy += 1;
-        Some(seq)
+        Some(reg.insert(id, Phase::Settling, Bytes::new(), deliveries, acquired_at))
     }
 
     pub fn set_abort(&self, id: MessageId, seq: u64, abort: tokio::task::AbortHandle) {
@@ -314,24 +319,8 @@ impl Shared {
                     tracing::error!(queue = %self.queue, message_id = %id, "entry acquired while this process holds it; not delivered twice");
                     continue;
                 }
-                reg.next_seq += 1;
-                let seq = reg.next_seq;
-                let lost = CancellationToken::new();
-                reg.slots.insert(
-                    id,
-                    Slot {
-                        seq,
-                        phase: Phase::Running,
-                        payload: payload.clone(),
-                        deliveries,
-                        started: Instant::now(),
-                        renewed_at: acquired_at,
-                        stopped: None,
-                        lost: lost.clone(),
-                        abort: None,
-                    },
-                );
-                reg.busy += 1;
+                let seq = reg.insert(id, Phase::Running, payload.clone(), deliveries, acquired_at);
+                let lost = reg.slots[&id].lost.clone();
                 jobs.push(Job { id, seq, payload, deliveries, lost });
             }
             let released = reg.promised > 0;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use baton_queue::{ConsumerCounters, ConsumerOptions, Decision, Delivery, MessageId, MessageStream, RedisQueueOptions};
 use baton_redis::{redis, RedisClient, RedisConfig, RedisConn};
-use baton_testkit::{require_redis, RedisCluster, RedisServer, TestBackend};
+use baton_testkit::{require_redis, RedisServer, TestBackend};
 use bytes::Bytes;
 use common::*;
 
@@ -287,23 +287,6 @@ fn spawn_worker(mode: &str, cfg: &RedisConfig, queue: &str, vars: &[(&str, Strin
     w
 }
 
-macro_rules! on_redis {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::*;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn standalone() {
-                require_redis();
-                super::$name(TestBackend::Standalone(RedisServer::start())).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn cluster() {
-                require_redis();
-                super::$name(TestBackend::Cluster(RedisCluster::start())).await
-            }
-        }
-    )*};
-}
 
 // ------------------------------------------------------------------------------------------------
 // 1. Blocking and spinning handlers never run twice (two worker processes)
@@ -397,7 +380,7 @@ fn stop_and_collect(workers: &mut [Worker]) -> Vec<(u32, HashMap<String, u64>, S
         .collect()
 }
 
-on_redis!(blocking_and_spinning_handlers_never_run_twice);
+baton_testkit::on_redis!(blocking_and_spinning_handlers_never_run_twice);
 
 /// Two worker processes, each a 2-worker runtime with concurrency 8 (so more handlers than
 /// threads), whose handlers alternately `std::thread::sleep` and busy-spin for 5x the claim
@@ -907,7 +890,7 @@ async fn graceful_close_leaves_the_group(b: TestBackend) {
 // 6. Live idle consumers are never reaped
 // ------------------------------------------------------------------------------------------------
 
-on_redis!(live_idle_consumers_are_never_reaped);
+baton_testkit::on_redis!(live_idle_consumers_are_never_reaped);
 
 /// Two live consumers on an empty stream with a short reap window (claim timeout 200 ms, reap
 /// after 400 ms) for 3 s (7 reap windows): `XINFO CONSUMERS` lists both at every look (every
@@ -971,7 +954,7 @@ async fn live_idle_consumers_are_never_reaped(b: TestBackend) {
 // 7. Stopped consumers release their connections
 // ------------------------------------------------------------------------------------------------
 
-on_redis!(stopped_consumers_release_their_connections);
+baton_testkit::on_redis!(stopped_consumers_release_their_connections);
 
 /// 30 consumers started and stopped (a mix of drop, close, drain and abort): the number of client
 /// connections on the Redis nodes is back to what it was before, exactly (within a 3 s settle).

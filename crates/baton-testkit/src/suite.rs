@@ -72,3 +72,27 @@ macro_rules! on_memory_and_standalone {
         }
     )*};
 }
+
+/// Like [`on_every_backend!`](crate::on_every_backend) without memory: instantiates each listed
+/// `async fn name(backend: TestBackend)` as two tests in a module `name`: `standalone` (a fresh
+/// `redis-server`) and `cluster` (a fresh 3-master Redis Cluster), each on a 2-worker
+/// multi-thread Tokio runtime. For what only a Redis backend can show (other processes, Redis's
+/// own view of the group).
+#[macro_export]
+macro_rules! on_redis {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use $crate::{require_redis, RedisCluster, RedisServer, TestBackend};
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn standalone() {
+                require_redis();
+                super::$name(TestBackend::Standalone(RedisServer::start())).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cluster() {
+                require_redis();
+                super::$name(TestBackend::Cluster(RedisCluster::start())).await
+            }
+        }
+    )*};
+}

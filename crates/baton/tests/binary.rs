@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -134,28 +134,11 @@ async fn serve_finishes_running_handlers_before_exiting_on_sigterm() {
 async fn sigterm_while_starting_shuts_serve_down_cleanly() {
     baton_testkit::require_redis();
     let redis = baton_testkit::RedisServer::start();
-    let (relay_url, mut relay) = common::HeldRelay::start(redis.port()).await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(["serve", "--redis", &relay_url, "--listen", "127.0.0.1:0", "--shutdown-grace", "5s"])
-        .env_remove("BATON_CONFIG")
-        .env_remove("BATON_REDIS_CLUSTER")
-        .env_remove("BATON_LISTEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    relay.connected().await;
-    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(killed.success());
-    relay.release();
-    let done = tokio::task::spawn_blocking(move || {
-        let status = child.wait().unwrap();
-        let (mut out, mut err) = (String::new(), String::new());
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-        (status, out, err)
-    });
-    let (status, out, err) = tokio::time::timeout(Duration::from_secs(30), done).await.expect("exits").unwrap();
+    let (status, out, err) = common::sigterm_while_starting(
+        &["serve", "--redis", common::RELAY, "--listen", "127.0.0.1:0", "--shutdown-grace", "5s"],
+        redis.port(),
+    )
+    .await;
     assert!(status.success(), "{status:?}\nstdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("baton serve: listening on"), "{out}");
     assert!(out.contains("baton serve: shutting down"), "{out}");

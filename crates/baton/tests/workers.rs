@@ -301,28 +301,8 @@ async fn worker_that_cannot_listen_starts_no_consumer() {
 async fn sigterm_while_starting_shuts_the_worker_down_cleanly() {
     baton_testkit::require_redis();
     let redis = RedisServer::start();
-    let (relay_url, mut relay) = HeldRelay::start(redis.port()).await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(["worker", "--redis", &relay_url, "--shutdown-grace", "5s"])
-        .env_remove("BATON_CONFIG")
-        .env_remove("BATON_REDIS_CLUSTER")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The worker's first Redis connection is held: it is starting now.
-    relay.connected().await;
-    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(killed.success());
-    relay.release();
-    let status = tokio::task::spawn_blocking(move || {
-        let status = child.wait().unwrap();
-        let (mut out, mut err) = (String::new(), String::new());
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-        (status, out, err)
-    });
-    let (status, out, err) = tokio::time::timeout(Duration::from_secs(30), status).await.expect("exits").unwrap();
+    let (status, out, err) =
+        sigterm_while_starting(&["worker", "--redis", RELAY, "--shutdown-grace", "5s"], redis.port()).await;
     assert!(status.success(), "{status:?}\nstdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("baton worker: working queues default"), "{out}");
     assert!(out.contains("baton worker: shutting down"), "{out}");

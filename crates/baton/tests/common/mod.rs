@@ -162,3 +162,39 @@ impl HeldRelay {
         self.go.notify_one();
     }
 }
+
+/// In [`sigterm_while_starting`]'s arguments: replaced by the relay's Redis URL.
+pub const RELAY: &str = "{relay}";
+
+/// Runs `baton <args>` with Redis reached through a [`HeldRelay`] ([`RELAY`] in `args` stands for
+/// its URL), sends SIGTERM once the process holds its first Redis connection (it is starting),
+/// lets the connection through, and returns its exit status, stdout and stderr (it must exit
+/// within 30 s).
+pub async fn sigterm_while_starting(args: &[&str], redis_port: u16) -> (std::process::ExitStatus, String, String) {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let (relay_url, mut relay) = HeldRelay::start(redis_port).await;
+    let args: Vec<&str> = args.iter().map(|a| if *a == RELAY { relay_url.as_str() } else { a }).collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(&args)
+        .env_remove("BATON_CONFIG")
+        .env_remove("BATON_REDIS")
+        .env_remove("BATON_REDIS_CLUSTER")
+        .env_remove("BATON_LISTEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    relay.connected().await;
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    relay.release();
+    let done = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let (mut out, mut err) = (String::new(), String::new());
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        (status, out, err)
+    });
+    tokio::time::timeout(Duration::from_secs(30), done).await.expect("exits").unwrap()
+}
