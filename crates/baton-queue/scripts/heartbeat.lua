@@ -4,8 +4,9 @@
 -- ARGV[5] orphan idle (ms), ARGV[6] how many of this consumer's pending entries to look at,
 -- ARGV[7] outage gap (ms; see reclaim.lua), ARGV[8] r = number of ids to renew, then the r ids;
 -- then q = number of quiet ids, then the q ids; then the ids to release.
--- 1. The liveness record: now, in server time (the reaper and the reclaim tick of every process
---    read it; no clock of a client is involved), and the queue's `~clock` stamp (reclaim.lua).
+-- 1. The liveness record `<now ms>:<claim timeout ms>`, in server time (the reaper and the
+--    reclaim tick of every process read it; no clock of a client is involved), and the queue's
+--    `~clock` stamp (reclaim.lua).
 -- 2. Renew = XCLAIM to ourselves with min-idle 0 and JUSTID: idle reset, delivery count kept
 --    (Redis docs, XCLAIM). Only entries this consumer owns are renewed (checked one by one past
 --    the window of its pending entries looked at): a lease another consumer took is never taken
@@ -22,7 +23,7 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local clock = redis.call('HGET', KEYS[2], '~clock')
 if clock and now - tonumber(clock) >= tonumber(ARGV[7]) then redis.call('HSET', KEYS[2], '~hold', now + tonumber(claim_ms)) end
-redis.call('HSET', KEYS[2], me, now, '~clock', now)
+redis.call('HSET', KEYS[2], me, now .. ':' .. claim_ms, '~clock', now)
 
 local owned = {}
 for _, e in ipairs(redis.call('XPENDING', stream, group, '-', '+', limit, me)) do owned[e[1]] = e[3] end

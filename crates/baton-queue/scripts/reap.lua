@@ -22,9 +22,17 @@ for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
     -- The parked owner holds nothing: remove it (XCLAIM creates it again when needed).
     redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name)
   elseif name ~= ARGV[2] and name ~= ARGV[3] and tonumber(m['pending']) == 0 then
-    local seen = redis.call('HGET', KEYS[2], name)
+    local rec = redis.call('HGET', KEYS[2], name)
     local dead
-    if seen then dead = now - tonumber(seen) >= window else dead = tonumber(m['idle']) >= window end
+    if rec then
+      -- `<ms>:<its claim timeout ms>`: never within twice its own claim timeout either.
+      local a, b = string.match(rec, '^(%d+):?(%d*)$')
+      local w = window
+      if b and b ~= '' then w = math.max(window, 2 * tonumber(b)) end
+      dead = now - (tonumber(a) or 0) >= w
+    else
+      dead = tonumber(m['idle']) >= window
+    end
     if dead then
       redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name)
       redis.call('HDEL', KEYS[2], name)
@@ -34,7 +42,8 @@ for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
 end
 local records = redis.call('HGETALL', KEYS[2])
 for i = 1, #records, 2 do
-  if string.sub(records[i], 1, 1) ~= '~' and not present[records[i]] and now - tonumber(records[i + 1]) >= window then
+  local seen = tonumber(string.match(records[i + 1], '^(%d+)') or '0')
+  if string.sub(records[i], 1, 1) ~= '~' and not present[records[i]] and now - seen >= window then
     redis.call('HDEL', KEYS[2], records[i])
   end
 end

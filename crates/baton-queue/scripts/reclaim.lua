@@ -8,7 +8,8 @@
 -- ARGV[9..] ids to exclude: entries whose handler still runs in this process after its lease was
 -- lost or released.
 -- Reclaimable: idle at least the claim timeout, owned by the parked owner or by a consumer whose
--- liveness record is at least the claim timeout old (or missing). Never this consumer's own
+-- liveness record is at least the claim timeout old (or missing; see below for mixed claim
+-- timeouts). Never this consumer's own
 -- entries: everything it owns is a lease it holds. Candidates are found per owner with
 -- XPENDING … IDLE (Redis 6.2+), which walks only that owner's pending entries: the live
 -- consumers' (renewed) entries are never scanned. XCLAIM re-checks the idle time and, on Redis
@@ -49,8 +50,12 @@ if now < hold then return {{}, 0, 0, promoted, 0, next_due} end
 local exclude, nexclude = {}, 0
 for i = 9, #ARGV do exclude[ARGV[i]] = true; nexclude = nexclude + 1 end
 
--- Owners whose entries may be reclaimable: the parked owner first, then stale consumers.
-local owners = {}
+-- Owners whose entries may be reclaimable: the parked owner first, then stale consumers. A
+-- liveness record is `<ms>:<its claim timeout ms>`: an owner is stale, and its entries
+-- reclaimable, only past the longer of the two claim timeouts, so that processes configured with
+-- different claim timeouts never take each other's live work. `0:…` marks a consumer that
+-- stopped while still owning entries: it is removed from the group once they are taken.
+local owners, wait, stopped = {}, {}, {}
 for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, group)) do
   local m = {}
   for i = 1, #c, 2 do m[c[i]] = c[i + 1] end
@@ -58,9 +63,20 @@ for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, group)) do
   if name ~= me and tonumber(m['pending']) > 0 then
     if name == parked then
       table.insert(owners, 1, name)
+      wait[name] = claim_ms
     else
-      local seen = redis.call('HGET', live, name)
-      if not seen or now - tonumber(seen) >= claim_ms then owners[#owners + 1] = name end
+      local rec = redis.call('HGET', live, name)
+      local seen, theirs = 0, claim_ms
+      if rec then
+        local a, b = string.match(rec, '^(%d+):?(%d*)$')
+        seen = tonumber(a) or 0
+        if b and b ~= '' then theirs = math.max(claim_ms, tonumber(b)) end
+      end
+      if now - seen >= theirs then
+        owners[#owners + 1] = name
+        wait[name] = theirs
+        if rec and seen == 0 then stopped[name] = true end
+      end
     end
   end
 end
@@ -69,7 +85,7 @@ local want = math.max(count, 1)
 local ids, more = {}, false
 for _, owner in ipairs(owners) do
   if #ids >= want then more = true; break end
-  local pel = redis.call('XPENDING', stream, group, 'IDLE', claim_ms, '-', '+', want - #ids + nexclude + 1, owner)
+  local pel = redis.call('XPENDING', stream, group, 'IDLE', wait[owner], '-', '+', want - #ids + nexclude + 1, owner)
   for _, e in ipairs(pel) do
     if not exclude[e[1]] then
       if #ids < want then ids[#ids + 1] = e[1] else more = true end
@@ -82,10 +98,17 @@ if count == 0 then
   return {out, 0, 0, promoted, (#ids > 0 or more) and 1 or 0, next_due}
 end
 if #ids > 0 then
-  local args = {'XCLAIM', stream, group, me, claim_ms}
+  local args = {'XCLAIM', stream, group, me, 0}
   for _, id in ipairs(ids) do args[#args + 1] = id end
   local claimed = redis.call(unpack(args))
   ndeleted = #ids - #claimed
+  -- A stopped consumer whose last entries were just taken leaves the group now.
+  for name in pairs(stopped) do
+    if #redis.call('XPENDING', stream, group, '-', '+', 1, name) == 0 then
+      redis.call('XGROUP', 'DELCONSUMER', stream, group, name)
+      redis.call('HDEL', live, name)
+    end
+  end
   for _, e in ipairs(claimed) do
     local id, fields = e[1], e[2]
     local payload, prior = false, 0

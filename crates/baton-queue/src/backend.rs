@@ -183,6 +183,7 @@ pub(crate) trait ConsumerBackend: Send + Sync {
     /// many.
     async fn requeue(&self, ids: &[MessageId]) -> Result<u64, QueueError>;
     /// Leaves the group if this consumer owns no pending entry (checked atomically); `true` if it
-    /// left.
+    /// left. Otherwise marks its liveness record stopped: the reclaim that takes its last entry
+    /// removes it.
     async fn leave(&self) -> Result<bool, QueueError>;
 }

@@ -172,12 +172,12 @@ async fn run(
                 break;
             }
         }
-        if shared.in_flight().is_empty() {
-            match shared.backend.leave().await {
-                Ok(true) => tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer left the group"),
-                Ok(false) => tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer still owns entries; it stays in the group until they fail over"),
-                Err(e) => tracing::warn!(queue = %shared.queue, error = %e, "leaving the group failed; the consumer is reaped later"),
-            }
+        // Leaves now if it owns nothing; else it is marked stopped and leaves when a peer takes
+        // its last entry.
+        match shared.backend.leave().await {
+            Ok(true) => tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer left the group"),
+            Ok(false) => tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer still owns entries; it leaves the group when they fail over"),
+            Err(e) => tracing::warn!(queue = %shared.queue, error = %e, "leaving the group failed; the consumer is reaped later"),
         }
     };
     tokio::select! {

@@ -38,14 +38,32 @@ struct Pel {
     deliveries: u32,
 }
 
+/// A consumer's liveness record: its last heartbeat (`None`: it stopped while owning entries, and
+/// leaves once they are taken) and its claim timeout.
+struct Live {
+    seen: Option<Instant>,
+    claim: Duration,
+}
+
+impl Live {
+    fn now(claim: Duration) -> Self {
+        Live { seen: Some(Instant::now()), claim }
+    }
+
+    /// Silent for at least `d` (always, once stopped).
+    fn silent_for(&self, now: Instant, d: Duration) -> bool {
+        self.seen.is_none_or(|seen| now.duration_since(seen) >= d)
+    }
+}
+
 #[derive(Default)]
 struct QState {
     last_id: MessageId,
     entries: BTreeMap<MessageId, Entry>,
     last_delivered: MessageId,
     pending: BTreeMap<MessageId, Pel>,
-    /// Registered consumers and their liveness record: the time of their last heartbeat.
-    consumers: HashMap<String, Instant>,
+    /// Registered consumers and their liveness record.
+    consumers: HashMap<String, Live>,
     delayed: BTreeMap<(Instant, MessageId), Entry>,
     dead: BTreeMap<MessageId, DeadLetter>,
     last_dead_id: MessageId,
@@ -120,7 +138,7 @@ impl Backend for MemoryBackend {
 
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError> {
         let q = self.queue(&spec.queue);
-        q.state.lock().unwrap().consumers.insert(spec.consumer.clone(), Instant::now());
+        q.state.lock().unwrap().consumers.insert(spec.consumer.clone(), Live::now(spec.claim_timeout));
         Ok(Arc::new(MemConsumer { q, spec }))
     }
 
@@ -254,21 +272,27 @@ impl ConsumerBackend for MemConsumer {
                 out.promoted += 1;
             }
             out.next_due = st.delayed.first_key_value().map(|((due, _), _)| due.saturating_duration_since(now));
-            // Reclaimable: idle for claim_timeout, owned by PARKED or by a consumer whose
-            // liveness record is claim_timeout old (or gone); never our own; never excluded.
+            // Reclaimable: owned by PARKED and idle for claim_timeout, or owned by a consumer
+            // whose liveness record is gone or silent, and idle, for the longer of the two claim
+            // timeouts; never our own; never excluded.
             let claim = self.spec.claim_timeout;
-            let dead_owner = |st: &QState, owner: &str| {
-                owner == PARKED || st.consumers.get(owner).is_none_or(|seen| now.duration_since(*seen) >= claim)
+            let wait = |st: &QState, owner: &str| -> Option<Duration> {
+                if owner == PARKED {
+                    return Some(claim);
+                }
+                match st.consumers.get(owner) {
+                    None => Some(claim),
+                    Some(l) => {
+                        let w = claim.max(l.claim);
+                        l.silent_for(now, w).then_some(w)
+                    }
+                }
             };
             let candidates: Vec<MessageId> = st
                 .pending
                 .iter()
-                .filter(|(id, p)| {
-                    p.consumer != self.spec.consumer
-                        && now.duration_since(p.delivered_at) >= claim
-                        && !exclude.contains(id)
-                })
-                .filter(|(_, p)| dead_owner(&st, &p.consumer))
+                .filter(|(id, p)| p.consumer != self.spec.consumer && !exclude.contains(id))
+                .filter(|(_, p)| wait(&st, &p.consumer).is_some_and(|w| now.duration_since(p.delivered_at) >= w))
                 .map(|(id, _)| *id)
                 .take(count + 1)
                 .collect();
@@ -294,6 +318,12 @@ impl ConsumerBackend for MemConsumer {
                 p.deliveries = deliveries_in_pel;
                 out.deliveries.push(RawDelivery { id, payload: Some(payload), deliveries: total });
             }
+        }
+        {
+            // Stopped consumers whose last entries were taken leave the group.
+            let mut st = self.q.state.lock().unwrap();
+            let owners: std::collections::HashSet<String> = st.pending.values().map(|p| p.consumer.clone()).collect();
+            st.consumers.retain(|name, l| l.seen.is_some() || owners.contains(name));
         }
         if out.promoted > 0 {
             self.q.notify.notify_waiters();
@@ -383,7 +413,7 @@ impl ConsumerBackend for MemConsumer {
         let mut st = self.q.state.lock().unwrap();
         let now = Instant::now();
         let me = self.spec.consumer.clone();
-        st.consumers.insert(me.clone(), now);
+        st.consumers.insert(me.clone(), Live { seen: Some(now), claim: self.spec.claim_timeout });
         let mut beat = Beat::default();
         for id in renew.iter().chain(quiet) {
             match st.pending.get_mut(id) {
@@ -415,8 +445,7 @@ impl ConsumerBackend for MemConsumer {
         let busy: std::collections::HashSet<String> = st.pending.values().map(|p| p.consumer.clone()).collect();
         let me = self.spec.consumer.clone();
         let before = st.consumers.len();
-        st.consumers
-            .retain(|name, seen| *name == me || busy.contains(name) || now.duration_since(*seen) < window);
+        st.consumers.retain(|name, l| *name == me || busy.contains(name) || !l.silent_for(now, window.max(2 * l.claim)));
         Ok((before - st.consumers.len()) as u64)
     }
 
@@ -444,6 +473,9 @@ impl ConsumerBackend for MemConsumer {
         let mut st = self.q.state.lock().unwrap();
         let me = self.spec.consumer.as_str();
         if st.pending.values().any(|p| p.consumer == me) {
+            if let Some(l) = st.consumers.get_mut(me) {
+                l.seen = None;
+            }
             return Ok(false);
         }
         st.consumers.remove(me);

@@ -8,7 +8,7 @@
 //! | `p:q:{q}:dead`           | stream | dead letters: `id`, `p`, `dc`, `reason`, `at`          |
 //! | `p:q:{q}:delayed`        | zset   | original id → due time (ms) of a long `RetryAfter`     |
 //! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries    |
-//! | `p:q:{q}:consumers`      | hash   | consumer → ms (server time) of its last heartbeat      |
+//! | `p:q:{q}:consumers`      | hash   | consumer → `<ms of its last heartbeat>:<its claim timeout ms>` (server time; `0:…` stopped with entries); `~clock`, `~hold`: the queue's outage stamps |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
@@ -138,8 +138,9 @@ fn bytes_of(v: &Value) -> Option<Bytes> {
 
 /// The consumer group (created with its stream when missing), `consumer` in it and its first
 /// liveness record (`join.lua`).
-async fn join(conn: &mut RedisConn, keys: &Keys, group: &str, consumer: &str) -> Result<(), QueueError> {
-    let _: i64 = JOIN.run(conn, &[&keys.stream, &keys.liveness], &[&group, &consumer]).await?;
+async fn join(conn: &mut RedisConn, keys: &Keys, group: &str, spec: &ConsumerSpec) -> Result<(), QueueError> {
+    let claim_ms = spec.claim_timeout.as_millis() as u64;
+    let _: i64 = JOIN.run(conn, &[&keys.stream, &keys.liveness], &[&group, &spec.consumer, &claim_ms]).await?;
     Ok(())
 }
 
@@ -189,7 +190,7 @@ impl Backend for RedisBackend {
         // start for that.
         let mut retried = false;
         loop {
-            match join(&mut conn, &keys, &self.opts.group, &spec.consumer).await {
+            match join(&mut conn, &keys, &self.opts.group, &spec).await {
                 Err(QueueError::Redis(e)) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
                     tracing::debug!(queue = %spec.queue, error = %e, "consumer setup failed on a dropped connection; retrying once");
                     retried = true;
@@ -306,7 +307,7 @@ impl RedisConsumer {
 
     async fn recreate_group(&self) -> Result<(), QueueError> {
         tracing::warn!(queue = %self.spec.queue, "consumer group missing (NOGROUP); recreating it");
-        join(&mut self.conn.clone(), &self.keys, &self.group, &self.spec.consumer).await
+        join(&mut self.conn.clone(), &self.keys, &self.group, &self.spec).await
     }
 
     fn parse_read(&self, v: Value) -> Result<Vec<RawDelivery>, QueueError> {
@@ -596,7 +597,11 @@ impl ConsumerBackend for RedisConsumer {
 
     async fn leave(&self) -> Result<bool, QueueError> {
         let r: redis::RedisResult<i64> = LEAVE
-            .run(&mut self.conn.clone(), &[&self.keys.stream, &self.keys.liveness], &[&self.group, &self.spec.consumer])
+            .run(
+                &mut self.conn.clone(),
+                &[&self.keys.stream, &self.keys.liveness],
+                &[&self.group, &self.spec.consumer, &(self.spec.claim_timeout.as_millis() as u64)],
+            )
             .await;
         match r {
             Ok(v) => Ok(v == 1),

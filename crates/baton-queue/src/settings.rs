@@ -10,8 +10,10 @@ use crate::QueueError;
 pub struct ConsumerOptions {
     /// Handlers running at once (≥ 1). Default 16.
     pub concurrency: usize,
-    /// A pending entry idle this long is taken over by another consumer (dead-consumer failover
-    /// window). Default 30 s; at least 100 ms.
+    /// The failover window: an entry whose consumer has not renewed it (nor written its liveness
+    /// record) for this long — a dead, stopped or partitioned consumer — is taken over by another
+    /// one. A live consumer renews every `heartbeat_interval`, whatever its handlers do. Default
+    /// 30 s; at least 100 ms.
     pub claim_timeout: Duration,
     /// How often running handlers' leases are renewed. Default `claim_timeout / 3`; must be at
     /// most `claim_timeout / 2` so one late tick does not lose a lease.
@@ -26,8 +28,10 @@ pub struct ConsumerOptions {
     /// Cadence of reclaiming idle entries and of promoting due delayed ones; also the longest
     /// BLOCK of one read. Default `min(heartbeat_interval, 1 s)`.
     pub poll_interval: Option<Duration>,
-    /// Consumers of the group idle this long with no pending entry are removed (checked
-    /// atomically by a script). `None`: never. Default 1 h.
+    /// Other consumers of the group that own no pending entry and whose liveness record (their
+    /// heartbeat, not `XINFO`'s idle time) is this old are removed (checked atomically by a
+    /// script, every quarter of this). `None`: never. Default 1 h; at least twice
+    /// `claim_timeout`.
     pub reap_idle_consumers_after: Option<Duration>,
     /// Prefix of the consumer name; the name is `<prefix>-<uuid v7>`, unique per incarnation.
     /// Default `baton`.

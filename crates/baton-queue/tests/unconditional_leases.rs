@@ -1167,3 +1167,132 @@ async fn restarts_leave_only_live_and_recent_consumers() {
     assert!(missing_live.is_empty(), "live consumers missing from the group: {missing_live:?}");
     drop(live);
 }
+
+// ------------------------------------------------------------------------------------------------
+// 9. Processes configured with different claim timeouts never take each other's live work or
+//    reap each other; a consumer stopped while holding work leaves once that work is taken
+// ------------------------------------------------------------------------------------------------
+
+baton_testkit::on_every_backend!(mixed_claim_timeouts_never_take_live_work, stopped_holder_leaves_once_its_work_is_taken);
+
+/// Consumer L (claim timeout 3 s, heartbeat 1 s) runs one handler for 2.5 s; consumer S (claim
+/// timeout 200 ms, reaping after 400 ms, reclaim ticks every ~67 ms) shares the queue. S must
+/// never run L's message (L's entries go unrenewed for up to 1 s, five times S's claim timeout),
+/// and S's reaper must never remove L (L holds nothing after its handler; its heartbeats are 1 s
+/// apart, more than S's reap window).
+async fn mixed_claim_timeouts_never_take_live_work(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("mixed");
+    let runs = Arc::new(Mutex::new(Vec::<&'static str>::new()));
+    let (rl, rs) = (runs.clone(), runs.clone());
+    let long = s
+        .consume(
+            &q,
+            move |_d: Delivery| {
+                let runs = rl.clone();
+                async move {
+                    runs.lock().unwrap().push("L");
+                    tokio::time::sleep(Duration::from_millis(2_500)).await;
+                    Decision::Ack
+                }
+            },
+            fast(3_000).with_concurrency(1),
+        )
+        .await
+        .unwrap();
+    s.offer(&q, "long").await.unwrap();
+    eventually(Duration::from_secs(5), || {
+        let n = long.in_flight().len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("L took it");
+    let short = s
+        .consume(
+            &q,
+            move |_d: Delivery| {
+                let runs = rs.clone();
+                async move {
+                    runs.lock().unwrap().push("S");
+                    Decision::Ack
+                }
+            },
+            fast(200).with_reap_idle_consumers_after(Some(Duration::from_millis(400))),
+        )
+        .await
+        .unwrap();
+    // Through L's handler and two more of L's heartbeat intervals: both stay in the group.
+    let t0 = Instant::now();
+    let mut fewer = Vec::new();
+    while t0.elapsed() < Duration::from_millis(4_500) {
+        let n = s.stats(&q).await.unwrap().consumers;
+        if n != 2 {
+            fewer.push(format!("{n} consumers at {:?}", t0.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs, vec!["L"], "[{}] L's live message ran on S too", b.name());
+    assert!(fewer.is_empty(), "[{}] a live consumer was reaped: {fewer:?}", b.name());
+    assert_eq!(long.counters().leases_lost, 0);
+    drop(short);
+    long.close().await;
+}
+
+/// A consumer closed while its handler holds a message stays in the group (it owns the entry),
+/// and leaves it as soon as a peer has taken that entry over, not a reap window later.
+async fn stopped_holder_leaves_once_its_work_is_taken(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("stopped-holder");
+    let a = s
+        .consume(
+            &q,
+            |_d: Delivery| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Decision::Ack
+            },
+            fast(500).with_concurrency(1),
+        )
+        .await
+        .unwrap();
+    s.offer(&q, "held").await.unwrap();
+    eventually(Duration::from_secs(5), || {
+        let n = a.in_flight().len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("A took it");
+    let report = a.close().await;
+    assert_eq!(report.in_flight.len(), 1);
+    assert_eq!(s.stats(&q).await.unwrap().consumers, 1, "A owns an entry: it stays");
+    let took = Arc::new(AtomicBool::new(false));
+    let t2 = took.clone();
+    let peer = s
+        .consume(
+            &q,
+            move |_d: Delivery| {
+                let took = t2.clone();
+                async move {
+                    took.store(true, Ordering::SeqCst);
+                    Decision::Ack
+                }
+            },
+            // Reaping never: only the takeover itself may remove A.
+            fast(500),
+        )
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(5), || {
+        let t = took.load(Ordering::SeqCst);
+        async move { t.then_some(()) }
+    })
+    .await
+    .expect("the peer took A's message");
+    let left = eventually(Duration::from_secs(2), || {
+        let (s, q) = (s.clone(), q.clone());
+        async move { s.stats(&q).await.ok().filter(|st| st.consumers == 1 && st.pending == 0) }
+    })
+    .await;
+    assert!(left.is_some(), "[{}] A is still in the group after its work was taken: {:?}", b.name(), s.stats(&q).await);
+    peer.close().await;
+}

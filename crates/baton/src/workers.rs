@@ -134,15 +134,17 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
         let d = QueueSettings::default();
         let r = f.retry.clone().unwrap_or_default();
         let dr = RetryPolicy::default();
+        let settings_claim = dur(&f.claim_timeout, "claim_timeout")?.unwrap_or(d.claim_timeout);
         let settings = QueueSettings {
             concurrency: f.concurrency.unwrap_or(d.concurrency),
-            claim_timeout: dur(&f.claim_timeout, "claim_timeout")?.unwrap_or(d.claim_timeout),
+            claim_timeout: settings_claim,
             check_status_interval: dur(&f.check_status_interval, "check_status_interval")?
                 .unwrap_or(d.check_status_interval),
             max_processing_time: dur(&f.max_processing_time, "max_processing_time")?.unwrap_or(d.max_processing_time),
             poll_interval: dur(&f.poll_interval, "poll_interval")?,
             reap_idle_consumers_after: match f.reap_idle_consumers_after.as_deref() {
-                None => d.reap_idle_consumers_after,
+                // The default window grows with a long claim timeout (it must be at least twice it).
+                None => d.reap_idle_consumers_after.map(|w| w.max(settings_claim.saturating_mul(2))),
                 Some(v) => parse_reap(v).map_err(|e| format!("{}: {e}", key("reap_idle_consumers_after")))?,
             },
             retry: RetryPolicy {
@@ -497,6 +499,13 @@ mod tests {
                 ("f", None),
             ]
         );
+    }
+
+    #[test]
+    fn default_reap_window_grows_with_a_long_claim_timeout() {
+        let q = parse("[queues.a]\nclaim_timeout = \"45m\"\n[queues.b]\nclaim_timeout = \"10m\"\n").unwrap();
+        assert_eq!(q[0].settings.reap_idle_consumers_after, Some(Duration::from_secs(90 * 60)));
+        assert_eq!(q[1].settings.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
     }
 
     #[test]
