@@ -32,7 +32,7 @@ if (put.status !== 201) throw new Error(`create failed: ${put.status}`)
 const page = `<!doctype html><meta charset="utf-8"><script>
   const lines = [], opens = [];
   const es = new EventSource(${JSON.stringify(streamUrl + "?offset=-1&live=sse")});
-  es.onopen = () => opens.push(Date.now());
+  es.onopen = () => { if (opens.push(Date.now()) === 1) fetch("/opened", { method: "POST" }) };
   es.addEventListener("data", (e) => { for (const l of e.data.split("\\n")) if (l) lines.push(l) });
   es.addEventListener("control", (e) => {
     const c = JSON.parse(e.data);
@@ -44,7 +44,14 @@ const page = `<!doctype html><meta charset="utf-8"><script>
 </script>`
 let resolveResult
 const result = new Promise((r) => (resolveResult = r))
+let resolveOpened
+const opened = new Promise((r) => (resolveOpened = r))
 const server = createServer((req, res) => {
+  if (req.method === "POST" && req.url === "/opened") {
+    res.end("ok")
+    resolveOpened()
+    return
+  }
   if (req.method === "POST" && req.url === "/result") {
     let body = ""
     req.on("data", (c) => (body += c))
@@ -71,8 +78,9 @@ const chromium = spawn(
 let chromiumLog = ""
 chromium.stderr.on("data", (d) => (chromiumLog += d))
 
-// 4. The producer: MESSAGES lines over ~4 s (several forced disconnects), then close.
-await new Promise((r) => setTimeout(r, 1500))
+// 4. The producer, once the page's EventSource is open (Chromium may take seconds to start on a
+//    loaded machine): MESSAGES lines over ~4 s (several forced disconnects), then close.
+await Promise.race([opened, new Promise((r) => setTimeout(r, 20000))])
 for (let i = 0; i < MESSAGES; i++) {
   const r = await fetch(streamUrl, { method: "POST", headers: { "content-type": "text/plain" }, body: `m${i}\n` })
   if (r.status !== 204) fail(`append ${i}: ${r.status}`)
