@@ -99,7 +99,8 @@ pub struct QueueStats {
     pub length: u64,
     /// Entries delivered and not yet acknowledged (the group's pending entries list).
     pub pending: u64,
-    /// Consumers registered in the group.
+    /// Consumers registered in the group: live ones, ones still owning entries after they
+    /// stopped, and dead ones not yet reaped (the reserved `~parked` owner is not counted).
     pub consumers: u64,
     /// Entries never delivered to the group yet (Redis `XINFO GROUPS` lag).
     pub lag: u64,
