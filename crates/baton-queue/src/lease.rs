@@ -102,8 +102,21 @@ pub(crate) struct Registry {
 impl Registry {
     /// A new slot holding a concurrency slot (`Running` or `Settling`); returns its `seq`.
     fn insert(&mut self, id: MessageId, phase: Phase, payload: Bytes, deliveries: u32, acquired_at: Instant) -> u64 {
+        self.insert_with_token(id, phase, payload, deliveries, acquired_at).0
+    }
+
+    /// [`Registry::insert`], also returning the slot's lost-lease token.
+    fn insert_with_token(
+        &mut self,
+        id: MessageId,
+        phase: Phase,
+        payload: Bytes,
+        deliveries: u32,
+        acquired_at: Instant,
+    ) -> (u64, CancellationToken) {
         self.next_seq += 1;
         let seq = self.next_seq;
+        let lost = CancellationToken::new();
         let slot = Slot {
             seq,
             phase,
@@ -112,12 +125,12 @@ impl Registry {
             started: Instant::now(),
             renewed_at: acquired_at,
             stopped: None,
-            lost: CancellationToken::new(),
+            lost: lost.clone(),
             abort: None,
         };
         self.slots.insert(id, slot);
         self.busy += 1;
-        seq
+        (seq, lost)
     }
 }
 
@@ -319,8 +332,7 @@ impl Shared {
                     tracing::error!(queue = %self.queue, message_id = %id, "entry acquired while this process holds it; not delivered twice");
                     continue;
                 }
-                let seq = reg.insert(id, Phase::Running, payload.clone(), deliveries, acquired_at);
-                let lost = reg.slots[&id].lost.clone();
+                let (seq, lost) = reg.insert_with_token(id, Phase::Running, payload.clone(), deliveries, acquired_at);
                 jobs.push(Job { id, seq, payload, deliveries, lost });
             }
             let released = reg.promised > 0;
@@ -530,6 +542,35 @@ impl Shared {
     /// backend answer, e.g. `mark_acked`); frees its slot. Returns the settlement's result.
     pub fn finish(&self, id: MessageId, seq: u64, decision: &Decision, found: Option<Owned>) -> Result<(), QueueError> {
         let mut reg = self.lock();
+        let result = self.finish_locked(&mut reg, id, seq, decision, found);
+        drop(reg);
+        self.notify();
+        result
+    }
+
+    /// An ack settled on the caller's thread (memory: [`ConsumerBackend::ack_now`]), in one pass
+    /// over the registry: begin, ack, finish.
+    pub fn ack_inline(&self, id: MessageId, seq: u64) -> Result<(), QueueError> {
+        let mut reg = self.lock();
+        let released = match reg.slots.get(&id) {
+            Some(s) if s.seq == seq && matches!(s.phase, Phase::Running) => s.stopped == Some(Stop::Released),
+            _ => return Err(QueueError::AlreadySettled(id)),
+        };
+        let found = self.backend.ack_now(id, released);
+        let result = self.finish_locked(&mut reg, id, seq, &Decision::Ack, found);
+        drop(reg);
+        self.notify();
+        result
+    }
+
+    fn finish_locked(
+        &self,
+        reg: &mut Registry,
+        id: MessageId,
+        seq: u64,
+        decision: &Decision,
+        found: Option<Owned>,
+    ) -> Result<(), QueueError> {
         let Some(s) = reg.slots.get_mut(&id).filter(|s| s.seq == seq) else {
             return Err(QueueError::Closed);
         };
@@ -553,8 +594,6 @@ impl Shared {
         if busy {
             reg.busy -= 1;
         }
-        drop(reg);
-        self.notify();
         result
     }
 
@@ -749,17 +788,11 @@ impl Lease {
             };
         } else {
             // Memory: acked at once under the queue's lock, no trip to the lease thread.
-            match shared.begin_settle(id, inner.seq) {
-                Ok(ctx) => {
-                    let found = shared.backend.ack_now(id, ctx.released);
-                    let r = shared.finish(id, inner.seq, &decision, found);
-                    if r.is_ok() {
-                        shared.counters.acked.fetch_add(1, Ordering::Relaxed);
-                    }
-                    r
-                }
-                Err(e) => Err(e),
+            let r = shared.ack_inline(id, inner.seq);
+            if r.is_ok() {
+                shared.counters.acked.fetch_add(1, Ordering::Relaxed);
             }
+            r
         };
         let result = if r.is_ok() { "ok" } else { "refused" };
         metrics::counter!("baton_queue_outcomes_total", "queue" => shared.queue.clone(), "decision" => name, "result" => result)

@@ -129,8 +129,9 @@ async fn idle_consumers_without_pending_are_reaped(b: TestBackend) {
     .await
     .expect("Z holds m1");
     z.abort();
-    // X dies with nothing pending.
-    let x = s.consume(&q, hold, fast(30_000)).await.unwrap();
+    // X dies with nothing pending. (It runs the queue's usual settings, claim timeout 100 ms like
+    // Y: a consumer is never reaped within twice its own claim timeout, whatever the reaper's.)
+    let x = s.consume(&q, hold, fast(100)).await.unwrap();
     x.abort();
     assert_eq!(s.stats(&q).await.unwrap().consumers, 2);
     // Y reaps after 200 ms of idleness; it holds m2 in its only slot, so it reclaims nothing.
