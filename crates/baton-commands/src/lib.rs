@@ -101,9 +101,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 
-pub use model::{
-    Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp,
-};
+pub use model::{Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp};
 pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
 pub use store::{CommandStore, RedisStoreOptions, StoreSettings};
 
@@ -186,7 +184,9 @@ pub enum CommandError {
 
 /// Validates a command id (rules on [`CommandError::InvalidId`]).
 pub fn validate_id(id: &str) -> Result<(), CommandError> {
-    if id.is_empty() || id.len() > 200 || id.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+    if id.is_empty()
+        || id.len() > 200
+        || id.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
     {
         return Err(CommandError::InvalidId(id.to_string()));
     }

@@ -206,18 +206,11 @@ impl CommandServiceBuilder {
         let options = self.settings.consumer_options()?;
         let handlers = Arc::new(self.handlers);
         let registration = self.store.register_service(&self.queue, handlers.clone());
-        let ctx = Arc::new(Ctx {
-            store: self.store.clone(),
-            queue: self.queue.clone(),
-            settings: self.settings,
-            handlers,
-        });
+        let ctx =
+            Arc::new(Ctx { store: self.store.clone(), queue: self.queue.clone(), settings: self.settings, handlers });
         let c2 = ctx.clone();
-        let consumer = self
-            .store
-            .messages()
-            .consume(&self.queue, move |d: Delivery| dispatch(c2.clone(), d), options)
-            .await;
+        let consumer =
+            self.store.messages().consume(&self.queue, move |d: Delivery| dispatch(c2.clone(), d), options).await;
         let consumer = match consumer {
             Ok(c) => c,
             Err(e) => {
@@ -460,7 +453,11 @@ fn plan(ctx: &Ctx, cur: &CommandState, msg: &CommandMsg, is_execute: bool, outco
                 }
                 return n;
             }
-            Plan { next: Some(next), decision: Decision::RetryAfter(backoff(&ctx.settings.retry, errors)), handoff: None }
+            Plan {
+                next: Some(next),
+                decision: Decision::RetryAfter(backoff(&ctx.settings.retry, errors)),
+                handoff: None,
+            }
         }
     }
 }

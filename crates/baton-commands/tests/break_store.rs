@@ -7,9 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_commands::{
-    Command, CommandError, CommandResult, CommandService, CommandStatus, ListQuery, StoreSettings,
-};
+use baton_commands::{Command, CommandError, CommandResult, CommandService, CommandStatus, ListQuery, StoreSettings};
 use baton_redis::redis;
 use baton_testkit::TestBackend;
 use common::*;
@@ -49,7 +47,7 @@ async fn background_prune_reaches_every_queue_of_a_store(b: TestBackend) {
         store.cancel(&format!("old-{i}")).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(1300)).await; // retention passes
-    // Submits #5..#63 to A, then A and B alternate: every 64th submit of the store is A's.
+                                                           // Submits #5..#63 to A, then A and B alternate: every 64th submit of the store is A's.
     let mut n = 0;
     for _ in 5..64 {
         store.submit(&qa, Command::with_id(format!("a-{n}"), "t", json!(n))).await.unwrap();
@@ -123,7 +121,9 @@ async fn resubmit_after_each_transition_is_idempotent(b: TestBackend) {
                     let g = g2.clone();
                     async move {
                         if c.id.starts_with("h-") {
-                            return Ok(CommandResult::handed_off(c.id.trim_start_matches("h-").split('|').next().unwrap()));
+                            return Ok(CommandResult::handed_off(
+                                c.id.trim_start_matches("h-").split('|').next().unwrap(),
+                            ));
                         }
                         g.notified().await;
                         Ok(CommandResult::succeeded(json!("done")))
@@ -183,7 +183,10 @@ async fn resubmit_after_each_transition_is_idempotent(b: TestBackend) {
     let (st, created) = store.submit_created(&q, Command::with_id("c-1", "t", json!({"k": 1}))).await.unwrap();
     assert!(!created);
     assert_eq!(st.status, CommandStatus::Cancelled);
-    assert!(matches!(store.submit(&q, Command::with_id("c-1", "t", json!({"k": 2}))).await, Err(CommandError::Conflict { .. })));
+    assert!(matches!(
+        store.submit(&q, Command::with_id("c-1", "t", json!({"k": 2}))).await,
+        Err(CommandError::Conflict { .. })
+    ));
 
     // Handed off (the state stays home, its header rebuilt by the hand-off write).
     let hid = format!("h-{q2}");
@@ -197,7 +200,10 @@ async fn resubmit_after_each_transition_is_idempotent(b: TestBackend) {
     let (st, created) = store.submit_created(&q, Command::with_id(&hid, "t", json!([1, 2]))).await.unwrap();
     assert!(!created);
     assert_eq!(st.handed_off_to.as_deref(), Some(q2.as_str()));
-    assert!(matches!(store.submit(&q, Command::with_id(&hid, "t", json!([2, 1]))).await, Err(CommandError::Conflict { .. })));
+    assert!(matches!(
+        store.submit(&q, Command::with_id(&hid, "t", json!([2, 1]))).await,
+        Err(CommandError::Conflict { .. })
+    ));
     // On the target queue the id conflicts (another home).
     assert!(matches!(
         store.submit(&q2, Command::with_id(&hid, "t", json!([1, 2]))).await,
@@ -378,7 +384,8 @@ async fn submit_and_wait_conflicts_and_timeouts(b: TestBackend) {
     }
     // Same body, nobody works on it: returns the non-terminal state at the timeout.
     let t0 = std::time::Instant::now();
-    let st = other.submit_and_wait(&q1, Command::with_id("sw-x", "t", json!(1)), Duration::from_millis(300)).await.unwrap();
+    let st =
+        other.submit_and_wait(&q1, Command::with_id("sw-x", "t", json!(1)), Duration::from_millis(300)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Submitted);
     assert!(t0.elapsed() >= Duration::from_millis(290) && t0.elapsed() < Duration::from_secs(3));
     // Zero timeout: the submitted state at once.
@@ -391,12 +398,14 @@ async fn submit_and_wait_conflicts_and_timeouts(b: TestBackend) {
         s2.cancel("sw-x").await.unwrap();
     });
     let t0 = std::time::Instant::now();
-    let st = other.submit_and_wait(&q1, Command::with_id("sw-x", "t", json!(1)), Duration::from_secs(10)).await.unwrap();
+    let st =
+        other.submit_and_wait(&q1, Command::with_id("sw-x", "t", json!(1)), Duration::from_secs(10)).await.unwrap();
     h.await.unwrap();
     assert_eq!(st.status, CommandStatus::Cancelled);
     assert!(t0.elapsed() < Duration::from_millis(900), "{:?}", t0.elapsed());
     // Terminal already: at once.
-    let st = store.submit_and_wait(&q1, Command::with_id("sw-x", "t", json!(1)), Duration::from_secs(10)).await.unwrap();
+    let st =
+        store.submit_and_wait(&q1, Command::with_id("sw-x", "t", json!(1)), Duration::from_secs(10)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Cancelled);
     // Invalid type refused before anything is stored.
     assert!(matches!(
@@ -419,21 +428,33 @@ async fn stale_consumer_completion_leaves_nothing_pending(b: TestBackend) {
     s.poll_interval = Some(Duration::from_millis(50));
     s.check_status_interval = Duration::from_millis(50);
     let mk = |checks: Arc<AtomicU32>| {
-        on_execute(|_c| async { Ok(CommandResult::running_after(Duration::from_millis(10))) }).on_check(move |_c, _s| {
-            let n = checks.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    // The first check outlives its lease; the others keep polling meanwhile.
-                    tokio::time::sleep(Duration::from_millis(1500)).await;
-                    Ok(CommandResult::succeeded(json!("stale")))
-                } else {
-                    Ok(CommandResult::running_after(Duration::from_millis(30)))
+        on_execute(|_c| async { Ok(CommandResult::running_after(Duration::from_millis(10))) }).on_check(
+            move |_c, _s| {
+                let n = checks.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n == 0 {
+                        // The first check outlives its lease; the others keep polling meanwhile.
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
+                        Ok(CommandResult::succeeded(json!("stale")))
+                    } else {
+                        Ok(CommandResult::running_after(Duration::from_millis(30)))
+                    }
                 }
-            }
-        })
+            },
+        )
     };
-    let _a = CommandService::builder(store.clone(), &q).settings(s.clone()).handler("t", mk(checks.clone())).start().await.unwrap();
-    let _b = CommandService::builder(store.clone(), &q).settings(s.clone()).handler("t", mk(checks.clone())).start().await.unwrap();
+    let _a = CommandService::builder(store.clone(), &q)
+        .settings(s.clone())
+        .handler("t", mk(checks.clone()))
+        .start()
+        .await
+        .unwrap();
+    let _b = CommandService::builder(store.clone(), &q)
+        .settings(s.clone())
+        .handler("t", mk(checks.clone()))
+        .start()
+        .await
+        .unwrap();
     store.submit(&q, Command::with_id("st-1", "t", json!(null))).await.unwrap();
     let st = store.wait("st-1", Duration::from_secs(15)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Succeeded, "{st:?}");

@@ -44,7 +44,11 @@ async fn check_status_is_called_every_check_status_interval(b: TestBackend) {
                     calls.len()
                 };
                 async move {
-                    Ok(if n < CHECKS { CommandResult::running() } else { CommandResult::succeeded(json!({ "checks": n })) })
+                    Ok(if n < CHECKS {
+                        CommandResult::running()
+                    } else {
+                        CommandResult::succeeded(json!({ "checks": n }))
+                    })
                 }
             }),
         )

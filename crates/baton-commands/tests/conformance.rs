@@ -403,8 +403,14 @@ async fn malformed_params_are_rejected_before_anything_is_stored(b: TestBackend)
         other => panic!("expected InvalidParams, got {other:?}"),
     }
     // Bad ids and types.
-    assert!(matches!(store.submit(&q, Command::with_id("a b", "launch", json!({}))).await, Err(CommandError::InvalidId(_))));
-    assert!(matches!(store.submit(&q, Command::with_id("a{b}", "launch", json!({}))).await, Err(CommandError::InvalidId(_))));
+    assert!(matches!(
+        store.submit(&q, Command::with_id("a b", "launch", json!({}))).await,
+        Err(CommandError::InvalidId(_))
+    ));
+    assert!(matches!(
+        store.submit(&q, Command::with_id("a{b}", "launch", json!({}))).await,
+        Err(CommandError::InvalidId(_))
+    ));
     assert!(matches!(store.submit(&q, Command::with_id("ok", "", json!({}))).await, Err(CommandError::InvalidType(_))));
     for id in ["bad-1", "bad-2"] {
         assert_eq!(store.get(id).await.unwrap(), None);
@@ -413,10 +419,7 @@ async fn malformed_params_are_rejected_before_anything_is_stored(b: TestBackend)
     assert_eq!(store.list(&q, ListQuery::default()).await.unwrap().items.len(), 0);
     assert_eq!(store.messages().stats(&q).await.unwrap().length, 0);
     // Good params go through.
-    let ok = store
-        .submit_json(&q, Some("good".into()), "launch", br#"{"region":"eu","count":3}"#)
-        .await
-        .unwrap();
+    let ok = store.submit_json(&q, Some("good".into()), "launch", br#"{"region":"eu","count":3}"#).await.unwrap();
     let st = store.wait(&ok.id, Duration::from_secs(10)).await.unwrap();
     assert_eq!((st.status, st.result), (CommandStatus::Succeeded, Some(json!(3))));
     svc.close().await;
@@ -454,18 +457,14 @@ async fn listing_is_newest_first_with_cursor_pagination_and_exact_counts(b: Test
     }
     assert_eq!(got, expected);
     assert_eq!(pages, 3);
-    let cancelled = store
-        .list(&q, ListQuery { status: Some(CommandStatus::Cancelled), limit: 10, cursor: None })
-        .await
-        .unwrap();
+    let cancelled =
+        store.list(&q, ListQuery { status: Some(CommandStatus::Cancelled), limit: 10, cursor: None }).await.unwrap();
     let want: Vec<String> = expected.iter().filter(|i| *i == "l-1" || *i == "l-4").cloned().collect();
     assert_eq!(cancelled.items.iter().map(|s| s.id.clone()).collect::<Vec<_>>(), want);
     assert!(cancelled.items.iter().all(|s| s.status == CommandStatus::Cancelled));
     assert_eq!(cancelled.next_cursor, None);
-    let submitted = store
-        .list(&q, ListQuery { status: Some(CommandStatus::Submitted), limit: 100, cursor: None })
-        .await
-        .unwrap();
+    let submitted =
+        store.list(&q, ListQuery { status: Some(CommandStatus::Submitted), limit: 100, cursor: None }).await.unwrap();
     assert_eq!(submitted.items.len(), 5);
     assert_eq!(store.counts(&q).await.unwrap(), StatusCounts { submitted: 5, cancelled: 2, ..Default::default() });
     assert!(matches!(
@@ -669,7 +668,10 @@ async fn submit_and_wait_wakes_on_a_write_from_another_store(b: TestBackend) {
     let q = queue_name("submit-wait");
     let svc = CommandService::builder(worker.clone(), &q)
         .settings(fast())
-        .handler("double", on_execute(|c: Command| async move { Ok(CommandResult::succeeded(json!(c.params.as_i64().unwrap() * 2))) }))
+        .handler(
+            "double",
+            on_execute(|c: Command| async move { Ok(CommandResult::succeeded(json!(c.params.as_i64().unwrap() * 2))) }),
+        )
         .start()
         .await
         .unwrap();
@@ -686,7 +688,8 @@ async fn submit_and_wait_wakes_on_a_write_from_another_store(b: TestBackend) {
     // The fallback re-read comes after 1 s; a notification much sooner.
     assert!(fastest < Duration::from_millis(900), "fastest submit_and_wait took {fastest:?}");
     // An idempotent resubmit of a finished command returns its stored state at once.
-    let again = store.submit_and_wait(&q, Command::with_id("sw-1", "double", json!(1)), Duration::from_secs(20)).await.unwrap();
+    let again =
+        store.submit_and_wait(&q, Command::with_id("sw-1", "double", json!(1)), Duration::from_secs(20)).await.unwrap();
     assert_eq!((again.status, again.result, again.version), (CommandStatus::Succeeded, Some(json!(2)), 2));
     // A different body under the same id is still a conflict.
     assert!(matches!(

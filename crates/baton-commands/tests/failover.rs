@@ -28,9 +28,18 @@ fn settings() -> QueueSettings {
 
 /// The handler of both instances: logs `<instance>:exec-start`, sleeps 3 s, logs `exec-end`,
 /// succeeds; `check_status` logs `<instance>:check`. `log` appends to the command's log.
-fn start_instance<L>(store: CommandStore, queue: &str, instance: &str, log: L) -> impl std::future::Future<Output = CommandService>
+fn start_instance<L>(
+    store: CommandStore,
+    queue: &str,
+    instance: &str,
+    log: L,
+) -> impl std::future::Future<Output = CommandService>
 where
-    L: Fn(String, String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync + Clone + 'static,
+    L: Fn(String, String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send
+        + Sync
+        + Clone
+        + 'static,
 {
     let (inst, inst2, log2) = (instance.to_string(), instance.to_string(), log.clone());
     let q = queue.to_string();

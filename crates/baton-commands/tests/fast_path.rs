@@ -44,13 +44,15 @@ baton_testkit::on_every_backend!(
 async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
     let Some(config) = b.redis_config() else { return }; // a Redis script
     let mut conn = baton_redis::RedisClient::new(config).unwrap().shared().await.unwrap();
-    let script = redis::Script::new(concat!(include_str!("../scripts/lib.lua"), include_str!("../scripts/transitions.lua")));
+    let script =
+        redis::Script::new(concat!(include_str!("../scripts/lib.lua"), include_str!("../scripts/transitions.lua")));
     let q = queue_name("twice");
     let base = format!("t:cmd:{{{q}}}");
     let idx = |s: &str| format!("{base}:s:{s}");
     let state = format!("{base}:id:X");
     let sha = "0".repeat(40);
-    let _: () = redis::cmd("SET").arg(&state).arg(format!("1 SUBMITTED 1000 {sha} {{}}")).query_async(&mut conn).await.unwrap();
+    let _: () =
+        redis::cmd("SET").arg(&state).arg(format!("1 SUBMITTED 1000 {sha} {{}}")).query_async(&mut conn).await.unwrap();
     let _: () = redis::cmd("ZADD").arg(idx("SUBMITTED")).arg(1000).arg("X").query_async(&mut conn).await.unwrap();
     let mut inv = script.prepare_invoke();
     inv.key(format!("{base}:exp"));
@@ -59,8 +61,22 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
     }
     inv.key(format!("t:q:{{{q}}}")).key(&state).key(&state);
     inv.arg(2).arg(format!("{base}:events")).arg("g");
-    inv.arg("1 SUBMITTED ").arg(format!("2 RUNNING 1000 {sha} {{}}")).arg(60_000).arg("X").arg(2).arg(3).arg("").arg("");
-    inv.arg("2 RUNNING ").arg(format!("3 SUCCEEDED 1000 {sha} {{}}")).arg(60_000).arg("X").arg(3).arg(4).arg("").arg("X SUCCEEDED 3 o");
+    inv.arg("1 SUBMITTED ")
+        .arg(format!("2 RUNNING 1000 {sha} {{}}"))
+        .arg(60_000)
+        .arg("X")
+        .arg(2)
+        .arg(3)
+        .arg("")
+        .arg("");
+    inv.arg("2 RUNNING ")
+        .arg(format!("3 SUCCEEDED 1000 {sha} {{}}"))
+        .arg(60_000)
+        .arg("X")
+        .arg(3)
+        .arg(4)
+        .arg("")
+        .arg("X SUCCEEDED 3 o");
     let replies: Vec<Vec<redis::Value>> = inv.invoke_async(&mut conn).await.unwrap();
     assert_eq!(replies.len(), 2);
     let stored: String = redis::cmd("GET").arg(&state).query_async(&mut conn).await.unwrap();
@@ -84,7 +100,10 @@ async fn concurrent_submits_are_group_committed(b: TestBackend) {
     });
     for (i, r) in futures::future::join_all(subs).await.into_iter().enumerate() {
         let (st, created) = r.unwrap();
-        assert_eq!((st.id, st.params, st.status, created), (format!("{tag}-{i}"), json!(i), CommandStatus::Submitted, true));
+        assert_eq!(
+            (st.id, st.params, st.status, created),
+            (format!("{tag}-{i}"), json!(i), CommandStatus::Submitted, true)
+        );
     }
     let after = calls(&standalone, "evalsha").await;
     if let (Some(before), Some(after)) = (before, after) {
@@ -144,7 +163,8 @@ async fn concurrent_reads_are_batched_per_queue(b: TestBackend) {
         assert_eq!((&st.id, &st.params), (id, &json!(i)));
     }
     if standalone.is_some() {
-        let (gets, mgets) = (calls(&standalone, "get").await.unwrap_or(0), calls(&standalone, "mget").await.unwrap_or(0));
+        let (gets, mgets) =
+            (calls(&standalone, "get").await.unwrap_or(0), calls(&standalone, "mget").await.unwrap_or(0));
         // One MGET per queue when all 40 land in one batch; never a GET per read.
         assert_eq!(gets, 0, "state reads went one by one");
         assert!((2..=8).contains(&mgets), "{mgets} MGETs for 40 reads of 2 queues");
@@ -160,7 +180,9 @@ async fn concurrent_transitions_are_group_committed(b: TestBackend) {
     let mut ids = Vec::new();
     for i in 0..n {
         let q = if i % 2 == 0 { &qa } else { &qb };
-        ids.push(store.submit(q, Command::with_id(format!("gc-{i}-{}", queue_name("x")), "t", json!(i))).await.unwrap().id);
+        ids.push(
+            store.submit(q, Command::with_id(format!("gc-{i}-{}", queue_name("x")), "t", json!(i))).await.unwrap().id,
+        );
     }
     // Another process waits for every command (it learns of them from the batch announcements).
     let waits: Vec<_> = ids
@@ -224,7 +246,8 @@ async fn concurrent_transitions_are_group_committed(b: TestBackend) {
 
 async fn submits_prune_expired_index_entries(b: TestBackend) {
     let Some(config) = b.redis_config() else { return }; // memory has no index keys
-    let settings = baton_commands::StoreSettings { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
+    let settings =
+        baton_commands::StoreSettings { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
     let store = store_with(&b, settings).await;
     let q = queue_name("prune");
     for i in 0..5 {
@@ -240,7 +263,7 @@ async fn submits_prune_expired_index_entries(b: TestBackend) {
     let exp = format!("baton:cmd:{{{q}}}:exp");
     assert_eq!((zcard(cancelled.clone()).await, zcard(exp.clone()).await), (5, 5));
     tokio::time::sleep(Duration::from_millis(1300)).await; // retention passes; the states expire
-    // One store prunes on every 64th submit (its first included): 64 submits prune once.
+                                                           // One store prunes on every 64th submit (its first included): 64 submits prune once.
     for i in 0..64 {
         store.submit(&q, Command::with_id(format!("new-{i}"), "t", json!(i))).await.unwrap();
     }
@@ -326,7 +349,9 @@ async fn only_terminal_writes_are_announced(b: TestBackend) {
 /// A connection to the backend's server when it is Redis standalone (one node's statistics).
 async fn standalone_conn(b: &TestBackend) -> Option<baton_redis::RedisConn> {
     match b.redis_config() {
-        Some(RedisConfig::Standalone(url)) => Some(baton_redis::RedisClient::new(RedisConfig::Standalone(url)).unwrap().shared().await.unwrap()),
+        Some(RedisConfig::Standalone(url)) => {
+            Some(baton_redis::RedisClient::new(RedisConfig::Standalone(url)).unwrap().shared().await.unwrap())
+        }
         _ => None,
     }
 }

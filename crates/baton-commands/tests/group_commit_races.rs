@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_commands::{
-    Command, CommandError, CommandResult, CommandService, CommandStatus, CommandStore, ListQuery,
-};
+use baton_commands::{Command, CommandError, CommandResult, CommandService, CommandStatus, CommandStore, ListQuery};
 use baton_testkit::{require_redis, RedisCluster, RedisServer, ServerOptions, TestBackend};
 use common::*;
 use serde_json::json;
@@ -251,7 +249,10 @@ async fn kill_or_pause_mid_batch(pause_instead: bool) {
     let mut ids = Vec::new();
     for q in &queues {
         for i in 0..300 {
-            ids.push((q.clone(), store.submit(q, Command::with_id(format!("k{i}-{q}"), "t", json!(i))).await.unwrap().id));
+            ids.push((
+                q.clone(),
+                store.submit(q, Command::with_id(format!("k{i}-{q}"), "t", json!(i))).await.unwrap().id,
+            ));
         }
     }
     // Warm the script cache.
@@ -369,7 +370,9 @@ async fn cluster_node_restart_mid_batch() {
     let mut tasks = Vec::new();
     for id in &ids {
         let (s, id) = (store.clone(), id.clone());
-        tasks.push(tokio::spawn(async move { (id.clone(), tokio::time::timeout(Duration::from_secs(30), s.cancel(&id)).await) }));
+        tasks.push(tokio::spawn(async move {
+            (id.clone(), tokio::time::timeout(Duration::from_secs(30), s.cancel(&id)).await)
+        }));
     }
     tokio::time::sleep(Duration::from_millis(2)).await;
     // Restart one master without persistence: its script cache is empty afterwards (NOSCRIPT).

@@ -104,7 +104,8 @@ async fn start_pair(
 async fn handoff_case(b: &TestBackend, lifecycle: String, monitor: String) {
     let store = store_for(b).await;
     let calls = Arc::new(Calls::default());
-    let (l, m) = start_pair(&store, &lifecycle, &monitor, lifecycle_settings(Duration::from_secs(60)), calls.clone()).await;
+    let (l, m) =
+        start_pair(&store, &lifecycle, &monitor, lifecycle_settings(Duration::from_secs(60)), calls.clone()).await;
     let id = l.submit(Command::new("launch", json!({"vm": "a"}))).await.unwrap().id;
     let running = eventually(Duration::from_secs(10), || {
         let store = store.clone();
@@ -154,10 +155,7 @@ async fn handoff_runs_execute_once_and_completes_on_the_target(b: TestBackend) {
 /// Queue names in one Cluster slot: state write and enqueue are one script.
 async fn handoff_between_queues_of_one_slot(b: TestBackend) {
     let l = queue_name("lifecycle");
-    let m = (0..)
-        .map(|i| format!("monitor-{i}"))
-        .find(|m| slot(m) == slot(&l))
-        .unwrap();
+    let m = (0..).map(|i| format!("monitor-{i}")).find(|m| slot(m) == slot(&l)).unwrap();
     handoff_case(&b, l, format!("{m}")).await;
 }
 

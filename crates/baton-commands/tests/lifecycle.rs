@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use baton_commands::{Command, CommandResult, CommandService, CommandStatus, CommandStore, QueueSettings, RedisStoreOptions};
+use baton_commands::{
+    Command, CommandResult, CommandService, CommandStatus, CommandStore, QueueSettings, RedisStoreOptions,
+};
 use baton_redis::RedisClient;
 use baton_testkit::{eventually, RedisServer};
 use common::*;
@@ -174,7 +176,11 @@ async fn idle_foreign_consumers_are_reaped_after_the_configured_window() {
     let window = Duration::from_secs(1);
     let start = |q: &str, reap: Option<Duration>| {
         CommandService::builder(store.clone(), q)
-            .settings(QueueSettings { claim_timeout: claim, reap_idle_consumers_after: reap, ..QueueSettings::default() })
+            .settings(QueueSettings {
+                claim_timeout: claim,
+                reap_idle_consumers_after: reap,
+                ..QueueSettings::default()
+            })
             .handler("echo", on_execute(|c: Command| async move { Ok(CommandResult::succeeded(c.params)) }))
             .start()
     };

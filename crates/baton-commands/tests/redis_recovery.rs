@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use baton_commands::{Command, CommandService, CommandResult, CommandStatus};
+use baton_commands::{Command, CommandResult, CommandService, CommandStatus};
 use baton_redis::{redis, RedisClient};
 use baton_testkit::{require_redis, RedisCluster, RedisServer, TestBackend};
 use common::*;

@@ -89,7 +89,11 @@ async fn same_id_different_body_two_stores(b: TestBackend) {
             let s = s.clone();
             let q = q.clone();
             futs.push(async move {
-                (i, j, s.submit_created(&q, Command::with_id(format!("d{i}-{q}"), "t", json!({"n": i, "who": j}))).await)
+                (
+                    i,
+                    j,
+                    s.submit_created(&q, Command::with_id(format!("d{i}-{q}"), "t", json!({"n": i, "who": j}))).await,
+                )
             });
         }
     }
@@ -127,7 +131,9 @@ async fn same_id_two_queues_two_stores(b: TestBackend) {
         for (s, q) in [(&a, &qa), (&c, &qb), (&c, &qa), (&a, &qb)] {
             let (s, q) = (s.clone(), q.clone());
             let id = format!("x{i}-{run}");
-            futs.push(async move { (i, q.clone(), s.submit_created(&q, Command::with_id(id, "t", json!({"n": i}))).await) });
+            futs.push(
+                async move { (i, q.clone(), s.submit_created(&q, Command::with_id(id, "t", json!({"n": i}))).await) },
+            );
         }
     }
     let res = futures::future::join_all(futs).await;
@@ -191,7 +197,9 @@ async fn stale_lookup_takeover_race(b: TestBackend) {
         for (s, q) in [(&a, &q1), (&c, &q2), (&d, &q3)] {
             let (s, q) = (s.clone(), q.clone());
             let id = format!("z{i}-{run}");
-            futs.push(async move { (i, q.clone(), s.submit_created(&q, Command::with_id(id, "t", json!({"n": i}))).await) });
+            futs.push(
+                async move { (i, q.clone(), s.submit_created(&q, Command::with_id(id, "t", json!({"n": i}))).await) },
+            );
         }
     }
     let res = futures::future::join_all(futs).await;
@@ -313,7 +321,9 @@ async fn many_queues(b: TestBackend) {
             for s in [&a, &c] {
                 let s = s.clone();
                 let q = format!("m{qi}-{run}");
-                futs.push(async move { s.submit_created(&q, Command::with_id(format!("m{qi}.{j}-{q}"), "t", json!({"j": j}))).await });
+                futs.push(async move {
+                    s.submit_created(&q, Command::with_id(format!("m{qi}.{j}-{q}"), "t", json!({"j": j}))).await
+                });
             }
         }
     }

@@ -30,7 +30,20 @@ fn scale(n: u64) -> u64 {
 
 fn redis_benchmark_xadd(port: u16) -> f64 {
     let out = Command::new("redis-benchmark")
-        .args(["-p", &port.to_string(), "-c", "50", "-n", "200000", "--csv", "XADD", "bench:xadd", "*", "p", "0123456789"])
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            "50",
+            "-n",
+            "200000",
+            "--csv",
+            "XADD",
+            "bench:xadd",
+            "*",
+            "p",
+            "0123456789",
+        ])
         .output()
         .expect("redis-benchmark (Debian package redis-tools)");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -101,7 +114,14 @@ async fn renewal_tick(server: &RedisServer, leases: usize) -> (usize, f64, f64) 
     let _: () = pipe.query_async(&mut conn).await.unwrap();
     let _: () = redis::cmd("XGROUP").arg("CREATE").arg(key).arg("baton").arg("0").query_async(&mut conn).await.unwrap();
     let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
-        .arg("GROUP").arg("baton").arg("c1").arg("COUNT").arg(leases).arg("STREAMS").arg(key).arg(">")
+        .arg("GROUP")
+        .arg("baton")
+        .arg("c1")
+        .arg("COUNT")
+        .arg(leases)
+        .arg("STREAMS")
+        .arg(key)
+        .arg(">")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -149,7 +169,10 @@ fn main() {
         let version = server.cli(&["INFO", "server"]);
         let version = version.lines().find(|l| l.starts_with("redis_version:")).unwrap_or("?").trim().to_string();
         println!("# baton-queue benchmark\n");
-        println!("machine: {} cores; {version}; redis on loopback\n", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+        println!(
+            "machine: {} cores; {version}; redis on loopback\n",
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+        );
 
         let xadd = redis_benchmark_xadd(server.port());
         println!("| measurement | result |\n| --- | --- |");

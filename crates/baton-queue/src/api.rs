@@ -202,10 +202,7 @@ pub enum QueueError {
 /// Validates a queue name: 1..=200 bytes, no `{` `}` (they would change the Cluster hash tag), no
 /// control characters.
 pub fn validate_queue_name(name: &str) -> Result<(), QueueError> {
-    if name.is_empty()
-        || name.len() > 200
-        || name.chars().any(|c| c == '{' || c == '}' || c.is_control())
-    {
+    if name.is_empty() || name.len() > 200 || name.chars().any(|c| c == '{' || c == '}' || c.is_control()) {
         return Err(QueueError::InvalidQueueName(name.to_string()));
     }
     Ok(())

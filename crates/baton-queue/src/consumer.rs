@@ -183,7 +183,8 @@ fn start_handler(shared: &Arc<Shared>, handler: &Arc<dyn Handler>, job: Job) {
                 Decision::Retry
             }
         };
-        metrics::histogram!("baton_queue_handler_seconds", "queue" => q.clone()).record(started.elapsed().as_secs_f64());
+        metrics::histogram!("baton_queue_handler_seconds", "queue" => q.clone())
+            .record(started.elapsed().as_secs_f64());
         lease.settle_detached(decision);
     });
     shared.set_abort(id, seq, task.abort_handle());

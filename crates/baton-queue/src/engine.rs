@@ -91,7 +91,17 @@ pub(crate) async fn start(
             let (stop_acquiring, acquiring_done, finish, kill, exited) = tokens;
             match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => {
-                    rt.block_on(run(app, backend, spec, options, ready_tx, stop_acquiring, acquiring_done, finish, kill));
+                    rt.block_on(run(
+                        app,
+                        backend,
+                        spec,
+                        options,
+                        ready_tx,
+                        stop_acquiring,
+                        acquiring_done,
+                        finish,
+                        kill,
+                    ));
                     // Dropping the runtime ends every task of the thread and closes its connections.
                     drop(rt);
                 }
@@ -176,8 +186,12 @@ async fn run(
         // its last entry.
         match shared.backend.leave().await {
             Ok(true) => tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer left the group"),
-            Ok(false) => tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer still owns entries; it leaves the group when they fail over"),
-            Err(e) => tracing::warn!(queue = %shared.queue, error = %e, "leaving the group failed; the consumer is reaped later"),
+            Ok(false) => {
+                tracing::info!(queue = %shared.queue, consumer = %shared.consumer, "consumer still owns entries; it leaves the group when they fail over")
+            }
+            Err(e) => {
+                tracing::warn!(queue = %shared.queue, error = %e, "leaving the group failed; the consumer is reaped later")
+            }
         }
     };
     tokio::select! {
@@ -228,7 +242,8 @@ async fn acquire(
     let q = sh.queue.clone();
     let mut next_tick = Instant::now();
     let mut failures: u32 = 0;
-    let backoff = |failures: u32| Duration::from_millis(100u64 << failures.min(4)).min(poll.max(Duration::from_millis(100)));
+    let backoff =
+        |failures: u32| Duration::from_millis(100u64 << failures.min(4)).min(poll.max(Duration::from_millis(100)));
 
     while !stop.is_cancelled() {
         let changed = sh.changed.notified();
@@ -428,7 +443,8 @@ async fn heartbeat(sh: Arc<Shared>, options: ConsumerOptions, stop: Cancellation
         match tokio::time::timeout(interval, call).await {
             Ok(Ok(beat)) => {
                 sh.apply_beat(&plan, &beat, sent);
-                metrics::histogram!("baton_queue_renewal_seconds", "queue" => q.clone()).record(sent.elapsed().as_secs_f64());
+                metrics::histogram!("baton_queue_renewal_seconds", "queue" => q.clone())
+                    .record(sent.elapsed().as_secs_f64());
                 if beat.orphans > 0 {
                     tracing::warn!(queue = %q, count = beat.orphans, "entries owned but not held (orphans) handed back; they are redelivered after claim_timeout");
                 }
@@ -448,7 +464,9 @@ async fn heartbeat(sh: Arc<Shared>, options: ConsumerOptions, stop: Cancellation
             if Instant::now() >= at {
                 next_reap = Some(Instant::now() + every);
                 match sh.backend.reap_idle_consumers(window).await {
-                    Ok(n) if n > 0 => tracing::info!(queue = %q, removed = n, "dead consumers with no pending entries removed"),
+                    Ok(n) if n > 0 => {
+                        tracing::info!(queue = %q, removed = n, "dead consumers with no pending entries removed")
+                    }
                     Ok(_) => {}
                     Err(e) => tracing::warn!(queue = %q, error = %e, "consumer reaping failed"),
                 }

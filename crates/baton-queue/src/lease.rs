@@ -850,7 +850,13 @@ impl Drop for LeaseInner {
     fn drop(&mut self) {
         if !self.settled.swap(true, Ordering::AcqRel) {
             // Dropped unsettled: a Retry (handed back, redelivered after claim_timeout).
-            let _ = self.shared.settle_tx.send(SettleReq { id: self.id, seq: self.seq, decision: Decision::Retry, reply: None, queue: None });
+            let _ = self.shared.settle_tx.send(SettleReq {
+                id: self.id,
+                seq: self.seq,
+                decision: Decision::Retry,
+                reply: None,
+                queue: None,
+            });
         }
     }
 }

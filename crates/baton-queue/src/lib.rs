@@ -148,7 +148,8 @@ impl MessageStream {
 
     /// Appends `value` serialized as JSON.
     pub async fn offer_json<T: Serialize>(&self, queue: &str, value: &T) -> Result<MessageId, QueueError> {
-        let bytes = serde_json::to_vec(value).map_err(|e| QueueError::InvalidSettings(format!("payload not serializable: {e}")))?;
+        let bytes = serde_json::to_vec(value)
+            .map_err(|e| QueueError::InvalidSettings(format!("payload not serializable: {e}")))?;
         self.offer(queue, bytes).await
     }
 

@@ -12,7 +12,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use crate::backend::{Backend, Beat, ConsumerBackend, ConsumerSpec, Owned, RawDelivery, Reclaimed, Settle, SettleOp, PARKED};
+use crate::backend::{
+    Backend, Beat, ConsumerBackend, ConsumerSpec, Owned, RawDelivery, Reclaimed, Settle, SettleOp, PARKED,
+};
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
 #[derive(Default)]
@@ -213,12 +215,8 @@ impl MemConsumer {
     fn take_new(&self, count: usize) -> Vec<RawDelivery> {
         let mut st = self.q.state.lock().unwrap();
         let start = next_after(st.last_delivered);
-        let picked: Vec<(MessageId, Bytes, u32)> = st
-            .entries
-            .range(start..)
-            .take(count)
-            .map(|(id, e)| (*id, e.payload.clone(), e.prior + 1))
-            .collect();
+        let picked: Vec<(MessageId, Bytes, u32)> =
+            st.entries.range(start..).take(count).map(|(id, e)| (*id, e.payload.clone(), e.prior + 1)).collect();
         let now = Instant::now();
         for (id, _, _) in &picked {
             st.last_delivered = *id;
@@ -445,7 +443,8 @@ impl ConsumerBackend for MemConsumer {
         let busy: std::collections::HashSet<String> = st.pending.values().map(|p| p.consumer.clone()).collect();
         let me = self.spec.consumer.clone();
         let before = st.consumers.len();
-        st.consumers.retain(|name, l| *name == me || busy.contains(name) || !l.silent_for(now, window.max(2 * l.claim)));
+        st.consumers
+            .retain(|name, l| *name == me || busy.contains(name) || !l.silent_for(now, window.max(2 * l.claim)));
         Ok((before - st.consumers.len()) as u64)
     }
 

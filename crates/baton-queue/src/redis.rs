@@ -26,7 +26,9 @@ use baton_redis::{is_nogroup, LuaScript, RedisClient, RedisConn};
 use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
 
-use crate::backend::{Backend, Beat, ConsumerBackend, ConsumerSpec, Owned, RawDelivery, Reclaimed, Settle, SettleOp, PARKED};
+use crate::backend::{
+    Backend, Beat, ConsumerBackend, ConsumerSpec, Owned, RawDelivery, Reclaimed, Settle, SettleOp, PARKED,
+};
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
 static JOIN: LuaScript = LuaScript::new("join", include_str!("../scripts/join.lua"));
@@ -87,7 +89,6 @@ pub(crate) struct RedisBackend {
     opts: RedisQueueOptions,
 }
 
-
 fn parse_id(s: &str) -> Result<MessageId, QueueError> {
     s.parse()
 }
@@ -109,20 +110,13 @@ fn as_u64(v: &Value) -> u64 {
 }
 
 fn unexpected(what: &str, v: &Value) -> QueueError {
-    QueueError::Redis(redis::RedisError::from((
-        redis::ErrorKind::Parse,
-        "unexpected reply",
-        format!("{what}: {v:?}"),
-    )))
+    QueueError::Redis(redis::RedisError::from((redis::ErrorKind::Parse, "unexpected reply", format!("{what}: {v:?}"))))
 }
 
 /// Fields of a stream entry as (name, raw value) pairs.
 fn fields(v: &Value) -> Vec<(String, Value)> {
     match v {
-        Value::Array(items) => items
-            .chunks(2)
-            .filter_map(|c| Some((as_string(&c[0])?, c.get(1)?.clone())))
-            .collect(),
+        Value::Array(items) => items.chunks(2).filter_map(|c| Some((as_string(&c[0])?, c.get(1)?.clone()))).collect(),
         Value::Map(pairs) => pairs.iter().filter_map(|(k, v)| Some((as_string(k)?, v.clone()))).collect(),
         _ => Vec::new(),
     }
@@ -262,9 +256,8 @@ impl Backend for RedisBackend {
 
     async fn replay_dead_letter(&self, queue: &str, id: MessageId) -> Result<MessageId, QueueError> {
         let keys = self.keys(queue);
-        let r: Option<String> = REPLAY
-            .run(&mut self.conn.clone(), &[&keys.stream, &keys.dead], &[&"one", &id.to_string()])
-            .await?;
+        let r: Option<String> =
+            REPLAY.run(&mut self.conn.clone(), &[&keys.stream, &keys.dead], &[&"one", &id.to_string()]).await?;
         match r {
             Some(s) => parse_id(&s),
             None => Err(QueueError::DeadLetterNotFound(id)),
@@ -279,8 +272,14 @@ impl Backend for RedisBackend {
     async fn purge_dead_letters(&self, queue: &str) -> Result<u64, QueueError> {
         let keys = self.keys(queue);
         let mut conn = self.conn.clone();
-        let (n, _): (u64, i64) =
-            redis::pipe().atomic().cmd("XLEN").arg(&keys.dead).cmd("DEL").arg(&keys.dead).query_async(&mut conn).await?;
+        let (n, _): (u64, i64) = redis::pipe()
+            .atomic()
+            .cmd("XLEN")
+            .arg(&keys.dead)
+            .cmd("DEL")
+            .arg(&keys.dead)
+            .query_async(&mut conn)
+            .await?;
         Ok(n)
     }
 }

@@ -110,10 +110,7 @@ impl ConsumerOptions {
             return bad(format!("concurrency {} is above the limit of 100000", self.concurrency));
         }
         if self.claim_timeout < Duration::from_millis(100) {
-            return bad(format!(
-                "claim_timeout must be at least 100ms (got {:?})",
-                self.claim_timeout
-            ));
+            return bad(format!("claim_timeout must be at least 100ms (got {:?})", self.claim_timeout));
         }
         let hb = self.heartbeat();
         if hb.is_zero() {
@@ -139,10 +136,7 @@ impl ConsumerOptions {
             return bad(format!("poll_interval must be at least 10ms (got {poll:?})"));
         }
         if poll > self.claim_timeout {
-            return bad(format!(
-                "poll_interval ({poll:?}) must not exceed claim_timeout ({:?})",
-                self.claim_timeout
-            ));
+            return bad(format!("poll_interval ({poll:?}) must not exceed claim_timeout ({:?})", self.claim_timeout));
         }
         if let Some(r) = self.reap_idle_consumers_after {
             if r < self.claim_timeout * 2 {
@@ -187,10 +181,7 @@ mod tests {
                 "must be at most half of claim_timeout",
             ),
             (ConsumerOptions::new().with_heartbeat_interval(Duration::ZERO), "above zero"),
-            (
-                ConsumerOptions::new().with_max_processing_time(Duration::from_secs(1)),
-                "max_processing_time",
-            ),
+            (ConsumerOptions::new().with_max_processing_time(Duration::from_secs(1)), "max_processing_time"),
             (ConsumerOptions::new().with_max_deliveries(Some(0)), "max_deliveries"),
             (ConsumerOptions::new().with_poll_interval(Duration::from_millis(1)), "poll_interval"),
             (ConsumerOptions::new().with_consumer_prefix("a b"), "consumer_prefix"),

@@ -13,9 +13,10 @@ use common::*;
 use tokio::sync::mpsc;
 
 fn init_tracing() {
-    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter(
-        std::env::var("RUST_LOG").unwrap_or_else(|_| "baton_queue=warn".into()),
-    ).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "baton_queue=warn".into()))
+        .try_init();
 }
 
 async fn redis_stream(cfg: RedisConfig) -> MessageStream {
@@ -23,7 +24,8 @@ async fn redis_stream(cfg: RedisConfig) -> MessageStream {
 }
 
 /// A handler that hands every lease to the test and keeps it (Deferred).
-fn lease_sink() -> (impl Fn(Delivery) -> futures::future::Ready<Decision> + Send + Sync + 'static, mpsc::UnboundedReceiver<Lease>) {
+fn lease_sink(
+) -> (impl Fn(Delivery) -> futures::future::Ready<Decision> + Send + Sync + 'static, mpsc::UnboundedReceiver<Lease>) {
     let (tx, rx) = mpsc::unbounded_channel::<Lease>();
     let h = move |d: Delivery| {
         let _ = tx.send(d.lease.clone());
@@ -129,7 +131,11 @@ async fn ack_in_flight_across_partition_after_peer_acked_is_refused() {
     let r = tokio::time::timeout(Duration::from_secs(20), ack).await.expect("ack never answered").unwrap();
     let ca = a.counters();
     let cb = b.counters();
-    eprintln!("A's ack: {r:?}; lease lost signal: {}; A {ca:?}; B ran {:?} {cb:?}", lease.is_lost(), ran.lock().unwrap());
+    eprintln!(
+        "A's ack: {r:?}; lease lost signal: {}; A {ca:?}; B ran {:?} {cb:?}",
+        lease.is_lost(),
+        ran.lock().unwrap()
+    );
     assert!(
         matches!(r, Err(QueueError::LeaseLost(_))),
         "the message ran on the peer (which acked it), yet A's ack was reported {r:?} and A never saw a lost lease (leases_lost={})",
@@ -346,7 +352,11 @@ async fn drained_handler_is_told_when_a_peer_takes_over(b: TestBackend) {
     // The drained handler is told at once that its lease is no longer renewed; its ack within one
     // claim timeout applies (the peer then never runs it), or, if the peer took it first, is
     // refused. Never both runs acked.
-    assert!(lost, "[{}] the drained consumer's handler was never told (Lease::lost never resolved); late ack {r:?}", b.name());
+    assert!(
+        lost,
+        "[{}] the drained consumer's handler was never told (Lease::lost never resolved); late ack {r:?}",
+        b.name()
+    );
     match (&r, peer_ran) {
         (Ok(()), 0) | (Err(QueueError::LeaseLost(_)), 1) => {}
         _ => panic!("[{}] peer ran it {peer_ran} time(s) and the drained handler's ack said {r:?}", b.name()),
@@ -403,7 +413,11 @@ async fn held_lease_not_reported_lost_when_unheld_entries_fill_the_window() {
         c.name(),
         owners.len()
     );
-    assert!(!lost && c.counters().leases_lost == 0, "a lease this consumer still owns was reported lost (leases_lost={})", c.counters().leases_lost);
+    assert!(
+        !lost && c.counters().leases_lost == 0,
+        "a lease this consumer still owns was reported lost (leases_lost={})",
+        c.counters().leases_lost
+    );
     drop(c);
 }
 
@@ -511,7 +525,11 @@ async fn max_processing_time_release_races_peer() {
         .await
         .unwrap();
     let (lost, r) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap();
-    eprintln!("peer ran {}; A lost signal {lost}; A ack {r:?}; A {:?}", ran.load(std::sync::atomic::Ordering::SeqCst), a.counters());
+    eprintln!(
+        "peer ran {}; A lost signal {lost}; A ack {r:?}; A {:?}",
+        ran.load(std::sync::atomic::Ordering::SeqCst),
+        a.counters()
+    );
     assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert!(lost && matches!(r, Err(QueueError::LeaseLost(_))));
     assert_eq!(a.counters().leases_expired, 1);
@@ -568,7 +586,10 @@ async fn released_lease_ack_after_peer_acked_is_refused() {
         .unwrap();
     let r = tokio::time::timeout(Duration::from_secs(15), rx.recv()).await.unwrap().unwrap();
     eprintln!("released handler's ack after the peer acked: {r:?}; A {:?}; B {:?}", a.counters(), b.counters());
-    assert!(matches!(r, Err(QueueError::LeaseLost(_))), "peer ran and acked the message, yet the released handler's ack returned {r:?}");
+    assert!(
+        matches!(r, Err(QueueError::LeaseLost(_))),
+        "peer ran and acked the message, yet the released handler's ack returned {r:?}"
+    );
     a.close().await;
     b.close().await;
 }

@@ -259,7 +259,11 @@ async fn retry_cadence_is_claim_timeout_and_not_heartbeated(b: TestBackend) {
                 let t = t2.clone();
                 async move {
                     t.lock().unwrap().push(Instant::now());
-                    if d.deliveries < 3 { Decision::Retry } else { Decision::Ack }
+                    if d.deliveries < 3 {
+                        Decision::Retry
+                    } else {
+                        Decision::Ack
+                    }
                 }
             },
             fast(1_000),
@@ -563,7 +567,11 @@ async fn poison_messages_go_to_dead_letters_and_replay(b: TestBackend) {
                 let (calls, heal) = (c2.clone(), h2.clone());
                 async move {
                     calls.fetch_add(1, Ordering::SeqCst);
-                    if heal.load(Ordering::SeqCst) { Decision::Ack } else { Decision::Retry }
+                    if heal.load(Ordering::SeqCst) {
+                        Decision::Ack
+                    } else {
+                        Decision::Retry
+                    }
                 }
             },
             fast(300).with_max_deliveries(Some(3)),

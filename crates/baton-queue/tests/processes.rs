@@ -44,9 +44,19 @@ fn child_worker() {
                 move |d: Delivery| {
                     let (mut conn, key) = (conn.clone(), key.clone());
                     async move {
-                        let _: () = redis::cmd("RPUSH").arg(&key).arg(format!("start:{pid}:{}", d.id)).query_async(&mut conn).await.unwrap();
+                        let _: () = redis::cmd("RPUSH")
+                            .arg(&key)
+                            .arg(format!("start:{pid}:{}", d.id))
+                            .query_async(&mut conn)
+                            .await
+                            .unwrap();
                         tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
-                        let _: () = redis::cmd("RPUSH").arg(&key).arg(format!("end:{pid}:{}", d.id)).query_async(&mut conn).await.unwrap();
+                        let _: () = redis::cmd("RPUSH")
+                            .arg(&key)
+                            .arg(format!("end:{pid}:{}", d.id))
+                            .query_async(&mut conn)
+                            .await
+                            .unwrap();
                         Decision::Ack
                     }
                 },
@@ -214,9 +224,8 @@ async fn offer_after_restart(s: &MessageStream, q: &str) {
 async fn redis_restart_without_persistence_recreates_the_group() {
     require_redis();
     let mut server = RedisServer::start();
-    let s = MessageStream::redis(RedisClient::new(server.config()).unwrap(), RedisQueueOptions::default())
-        .await
-        .unwrap();
+    let s =
+        MessageStream::redis(RedisClient::new(server.config()).unwrap(), RedisQueueOptions::default()).await.unwrap();
     let q = queue_name("restart");
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
     let s2 = seen.clone();
@@ -315,11 +324,11 @@ async fn partitioned_owner_can_neither_renew_nor_ack() {
     let proxy = TcpProxy::start(target).await;
     let via_proxy = RedisConfig::Standalone(format!("redis://{}", proxy.addr()));
     let sa = MessageStream::redis(RedisClient::new(via_proxy).unwrap(), RedisQueueOptions::default()).await.unwrap();
-    let sb = MessageStream::redis(RedisClient::new(server.config()).unwrap(), RedisQueueOptions::default())
-        .await
-        .unwrap();
+    let sb =
+        MessageStream::redis(RedisClient::new(server.config()).unwrap(), RedisQueueOptions::default()).await.unwrap();
     let q = queue_name("partition");
-    let opts = || ConsumerOptions::new().with_claim_timeout(Duration::from_millis(1_000)).with_reap_idle_consumers_after(None);
+    let opts =
+        || ConsumerOptions::new().with_claim_timeout(Duration::from_millis(1_000)).with_reap_idle_consumers_after(None);
     let (atx, mut arx) = tokio::sync::mpsc::unbounded_channel();
     let a = sa
         .consume(
@@ -394,7 +403,9 @@ async fn deleted_pending_entries_are_cleaned() {
                     Decision::Retry
                 }
             },
-            ConsumerOptions::new().with_claim_timeout(Duration::from_millis(2_000)).with_reap_idle_consumers_after(None),
+            ConsumerOptions::new()
+                .with_claim_timeout(Duration::from_millis(2_000))
+                .with_reap_idle_consumers_after(None),
         )
         .await
         .unwrap();
@@ -406,7 +417,8 @@ async fn deleted_pending_entries_are_cleaned() {
     .await
     .expect("delivered once");
     let mut conn = client.shared().await.unwrap();
-    let _: i64 = redis::cmd("XDEL").arg(format!("baton:q:{{{q}}}")).arg(id.to_string()).query_async(&mut conn).await.unwrap();
+    let _: i64 =
+        redis::cmd("XDEL").arg(format!("baton:q:{{{q}}}")).arg(id.to_string()).query_async(&mut conn).await.unwrap();
     assert_eq!(s.stats(&q).await.unwrap().pending, 1, "still in the pending list");
     eventually(Duration::from_secs(3), || {
         let s = s.clone();

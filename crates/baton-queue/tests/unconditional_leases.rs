@@ -137,14 +137,24 @@ fn child_blocking() {
                             };
                             let _: redis::RedisResult<()> = redis::cmd("RPUSH")
                                 .arg(&key)
-                                .arg(format!("end {pid} {} {tag} ack={outcome} lost={} at={}", d.id, d.lease.is_lost(), now_ms()))
+                                .arg(format!(
+                                    "end {pid} {} {tag} ack={outcome} lost={} at={}",
+                                    d.id,
+                                    d.lease.is_lost(),
+                                    now_ms()
+                                ))
                                 .query_async(&mut conn)
                                 .await;
                             Decision::Deferred
                         } else {
                             let _: redis::RedisResult<()> = redis::cmd("RPUSH")
                                 .arg(&key)
-                                .arg(format!("end {pid} {} {tag} ack=decision lost={} at={}", d.id, d.lease.is_lost(), now_ms()))
+                                .arg(format!(
+                                    "end {pid} {} {tag} ack=decision lost={} at={}",
+                                    d.id,
+                                    d.lease.is_lost(),
+                                    now_ms()
+                                ))
                                 .query_async(&mut conn)
                                 .await;
                             Decision::Ack
@@ -287,7 +297,6 @@ fn spawn_worker(mode: &str, cfg: &RedisConfig, queue: &str, vars: &[(&str, Strin
     w
 }
 
-
 // ------------------------------------------------------------------------------------------------
 // 1. Blocking and spinning handlers never run twice (two worker processes)
 // ------------------------------------------------------------------------------------------------
@@ -349,7 +358,8 @@ fn run_problems(runs: &[Run], expected: &[MessageId]) -> Vec<String> {
     for id in expected {
         let n = by_id.get(&id.to_string()).map_or(0, Vec::len);
         if n != 1 {
-            let pids: Vec<&str> = by_id.get(&id.to_string()).map(|v| v.iter().map(|r| r.pid.as_str()).collect()).unwrap_or_default();
+            let pids: Vec<&str> =
+                by_id.get(&id.to_string()).map(|v| v.iter().map(|r| r.pid.as_str()).collect()).unwrap_or_default();
             out.push(format!("message {id} ran {n} times (pids {pids:?})"));
         }
     }
@@ -390,7 +400,10 @@ async fn blocking_and_spinning_handlers_never_run_twice(b: TestBackend) {
     let _heavy = HEAVY.write().await;
     let cfg = b.redis_config().unwrap();
     let q = queue_name("blocking");
-    let vars = [("BATON_CLAIM_MS", BLOCK_CLAIM.as_millis().to_string()), ("BATON_BLOCK_MS", BLOCK_FOR.as_millis().to_string())];
+    let vars = [
+        ("BATON_CLAIM_MS", BLOCK_CLAIM.as_millis().to_string()),
+        ("BATON_BLOCK_MS", BLOCK_FOR.as_millis().to_string()),
+    ];
     let mut workers = vec![spawn_worker("blocking", &cfg, &q, &vars), spawn_worker("blocking", &cfg, &q, &vars)];
     let client = RedisClient::new(cfg).unwrap();
     let s = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
@@ -493,9 +506,8 @@ fn blocking_and_spinning_handlers_never_run_twice_in_one_process() {
         }
     };
     let opts = || fast(BLOCK_CLAIM.as_millis() as u64).with_concurrency(8);
-    let (ca, cb) = rt.block_on(async {
-        (s.consume(&q, mk(0), opts()).await.unwrap(), s.consume(&q, mk(1), opts()).await.unwrap())
-    });
+    let (ca, cb) = rt
+        .block_on(async { (s.consume(&q, mk(0), opts()).await.unwrap(), s.consume(&q, mk(1), opts()).await.unwrap()) });
     let mut ids = Vec::new();
     let mut problems = Vec::new();
     for round in 0..MEMORY_ROUNDS {
@@ -875,7 +887,10 @@ async fn graceful_close_leaves_the_group(b: TestBackend) {
     assert_eq!(report.in_flight, vec![id]);
     let consumers = s.stats(&q).await.unwrap().consumers;
     if consumers != before + 1 {
-        problems.push(format!("a consumer stopped while holding an entry must stay: consumers {consumers}, expected {}", before + 1));
+        problems.push(format!(
+            "a consumer stopped while holding an entry must stay: consumers {consumers}, expected {}",
+            before + 1
+        ));
     }
     if let Some(conn) = conn.as_mut() {
         let listed = xinfo_consumers(conn, &q).await;
@@ -947,7 +962,11 @@ async fn live_idle_consumers_are_never_reaped(b: TestBackend) {
         &absences[..absences.len().min(10)]
     );
     assert!(ka.delivered > 0 && kc.delivered > 0, "both still consume: {ka:?} {kc:?}");
-    assert_eq!(consumer_names(&mut conn, &q).await, { let mut n = names.to_vec(); n.sort(); n });
+    assert_eq!(consumer_names(&mut conn, &q).await, {
+        let mut n = names.to_vec();
+        n.sort();
+        n
+    });
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -966,10 +985,7 @@ async fn stopped_consumers_release_their_connections(b: TestBackend) {
     // The baseline is taken after one consumer has come and gone, so that whatever the stream
     // itself keeps open for consumers (its own connections, opened on first use) is in it; only
     // what each consumer leaves behind counts.
-    let warm_up = s
-        .consume(&q, |_d: Delivery| async { Decision::Ack }, fast(1_000))
-        .await
-        .unwrap();
+    let warm_up = s.consume(&q, |_d: Delivery| async { Decision::Ack }, fast(1_000)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     warm_up.close().await;
     s.stats(&q).await.unwrap();
@@ -1136,7 +1152,9 @@ async fn restarts_leave_only_live_and_recent_consumers() {
             format!("{} ({what}, idle {} ms)", c.name, c.idle_ms)
         })
         .collect();
-    let allowed = live_names.len() + listed.iter().filter(|c| c.pending > 0 && !live_names.contains(&c.name)).count() + young_killed.len();
+    let allowed = live_names.len()
+        + listed.iter().filter(|c| c.pending > 0 && !live_names.contains(&c.name)).count()
+        + young_killed.len();
     let missing_live: Vec<&String> = live_names.iter().filter(|n| !listed.iter().any(|c| &c.name == *n)).collect();
     stop.store(true, Ordering::Relaxed);
     producer.await.unwrap();
@@ -1173,7 +1191,10 @@ async fn restarts_leave_only_live_and_recent_consumers() {
 //    reap each other; a consumer stopped while holding work leaves once that work is taken
 // ------------------------------------------------------------------------------------------------
 
-baton_testkit::on_every_backend!(mixed_claim_timeouts_never_take_live_work, stopped_holder_leaves_once_its_work_is_taken);
+baton_testkit::on_every_backend!(
+    mixed_claim_timeouts_never_take_live_work,
+    stopped_holder_leaves_once_its_work_is_taken
+);
 
 /// Consumer L (claim timeout 3 s, heartbeat 1 s) runs one handler for 2.5 s; consumer S (claim
 /// timeout 200 ms, reaping after 400 ms, reclaim ticks every ~67 ms) shares the queue. S must

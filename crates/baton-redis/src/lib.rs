@@ -110,15 +110,11 @@ impl RedisClient {
                         .map_err(|source| ConnectError::InvalidUrl { url: url.clone(), source })?;
                 }
                 let build = |timeout: Option<Duration>| {
-                    let mut b = ClusterClient::builder(urls.clone())
-                        .connection_timeout(CONNECTION_TIMEOUT);
+                    let mut b = ClusterClient::builder(urls.clone()).connection_timeout(CONNECTION_TIMEOUT);
                     if let Some(t) = timeout {
                         b = b.response_timeout(t);
                     }
-                    b.build().map_err(|source| ConnectError::InvalidUrl {
-                        url: urls.join(","),
-                        source,
-                    })
+                    b.build().map_err(|source| ConnectError::InvalidUrl { url: urls.join(","), source })
                 };
                 ClientKind::Cluster {
                     client: Box::new(build(Some(DEFAULT_RESPONSE_TIMEOUT))?),
@@ -164,9 +160,7 @@ impl RedisClient {
                     .set_response_timeout(response_timeout)
                     .set_number_of_retries(3)
                     .set_max_delay(Duration::from_secs(1));
-                let mgr = ConnectionManager::new_with_config(client.clone(), cfg)
-                    .await
-                    .map_err(unreachable)?;
+                let mgr = ConnectionManager::new_with_config(client.clone(), cfg).await.map_err(unreachable)?;
                 Ok(RedisConn::Standalone(mgr))
             }
             ClientKind::Cluster { client, blocking } => {

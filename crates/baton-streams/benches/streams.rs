@@ -3,7 +3,6 @@
 //! `CARGO_TARGET_DIR=target/streams cargo bench -p baton-streams --bench streams`
 //! (`BATON_BENCH_LATENCY_ONLY=1` stops after the latency rows, e.g. to profile them).
 
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +52,8 @@ where
 async fn main() {
     baton_testkit::require_redis();
     let server = RedisServer::start();
-    let redis_version = server.cli(&["INFO", "server"]).lines().find(|l| l.starts_with("redis_version")).unwrap_or("").to_string();
+    let redis_version =
+        server.cli(&["INFO", "server"]).lines().find(|l| l.starts_with("redis_version")).unwrap_or("").to_string();
     let store = StreamStore::redis(server.config(), settings()).await.unwrap();
     let memory = StreamStore::memory(settings());
     let raw = baton_redis::RedisClient::new(server.config()).unwrap().shared().await.unwrap();
@@ -68,8 +68,10 @@ async fn main() {
     let plain = StreamPath::new("bench/append").unwrap();
     store.create(&plain, CreateOptions::default()).await.unwrap();
     let run = StreamPath::new("bench/run").unwrap();
-    let producer = store.open(&run, OpenOptions { limits: Some(RunLimits::default()), ..Default::default() }).await.unwrap();
-    let (mut raw_lat, mut append_lat, mut producer_lat) = (Vec::with_capacity(N), Vec::with_capacity(N), Vec::with_capacity(N));
+    let producer =
+        store.open(&run, OpenOptions { limits: Some(RunLimits::default()), ..Default::default() }).await.unwrap();
+    let (mut raw_lat, mut append_lat, mut producer_lat) =
+        (Vec::with_capacity(N), Vec::with_capacity(N), Vec::with_capacity(N));
     // The append's script called directly (same arguments as the engine sends for a lone append:
     // the fast path's compact layout), plain and stamped on a run of its own: the differences to
     // "append" and "Producer::append" are the engine's client-side cost. A script doing nothing
@@ -83,7 +85,8 @@ async fn main() {
     let (mut script_lat, mut floor_lat) = (Vec::with_capacity(N), Vec::with_capacity(N));
     let mut pscript_lat = Vec::with_capacity(N);
     let srun = StreamPath::new("bench/script-run").unwrap();
-    let sprod = store.open(&srun, OpenOptions { limits: Some(RunLimits::default()), ..Default::default() }).await.unwrap();
+    let sprod =
+        store.open(&srun, OpenOptions { limits: Some(RunLimits::default()), ..Default::default() }).await.unwrap();
     sprod.append(payload.clone()).await.unwrap(); // seq 0; the script goes on from seq 1
     let sinc = store.head(&srun).await.unwrap().incarnation;
     for i in 0..N + 200 {
@@ -92,7 +95,9 @@ async fn main() {
         let _: Value = write_script
             .key("baton:s:{bench/append}")
             .key("baton:s:{bench/append}:m")
-            .arg("").arg("application/octet-stream").arg(payload.as_ref())
+            .arg("")
+            .arg("application/octet-stream")
+            .arg(payload.as_ref())
             .invoke_async(&mut c)
             .await
             .unwrap();
@@ -104,8 +109,13 @@ async fn main() {
         let _: Value = write_script
             .key("baton:s:{bench/script-run}")
             .key("baton:s:{bench/script-run}:m")
-            .arg(sinc.as_str()).arg("application/octet-stream").arg(payload.as_ref()).arg("")
-            .arg(format!("p:{}", sprod.id())).arg(format!("{}:{}:", sprod.epoch(), i)).arg(format!("{}:{}::", sprod.epoch(), i + 1))
+            .arg(sinc.as_str())
+            .arg("application/octet-stream")
+            .arg(payload.as_ref())
+            .arg("")
+            .arg(format!("p:{}", sprod.id()))
+            .arg(format!("{}:{}:", sprod.epoch(), i))
+            .arg(format!("{}:{}::", sprod.epoch(), i + 1))
             .invoke_async(&mut c)
             .await
             .unwrap();
@@ -120,10 +130,20 @@ async fn main() {
         }
         let mut c = raw.clone();
         let t = Instant::now();
-        let _: Value = redis::cmd("XADD").arg("bench:raw").arg("*").arg("d").arg(payload.as_ref()).query_async(&mut c).await.unwrap();
+        let _: Value = redis::cmd("XADD")
+            .arg("bench:raw")
+            .arg("*")
+            .arg("d")
+            .arg(payload.as_ref())
+            .query_async(&mut c)
+            .await
+            .unwrap();
         let r = t.elapsed();
         let t = Instant::now();
-        store.append(&plain, AppendRequest { data: payload.clone(), content_type: ct.clone(), ..Default::default() }).await.unwrap();
+        store
+            .append(&plain, AppendRequest { data: payload.clone(), content_type: ct.clone(), ..Default::default() })
+            .await
+            .unwrap();
         let a = t.elapsed();
         let t = Instant::now();
         producer.append(payload.clone()).await.unwrap();
@@ -149,16 +169,37 @@ async fn main() {
         }
     })
     .await;
-    let evalsha = server.cli(&["INFO", "commandstats"]).lines().find(|l| l.starts_with("cmdstat_evalsha")).unwrap_or("").to_string();
+    let evalsha = server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha"))
+        .unwrap_or("")
+        .to_string();
     let raw50 = pct(&raw_lat, 0.5);
-    for (name, l) in [("raw XADD (redis)", &raw_lat), ("EVALSHA of a script doing only XADD", &floor_lat), ("write script via EVALSHA (redis)", &script_lat), ("same, stamped (run limits)", &pscript_lat), ("append, no producer (redis)", &append_lat), ("Producer::append, run limits (redis)", &producer_lat), ("append (memory)", &mem_lat)] {
+    for (name, l) in [
+        ("raw XADD (redis)", &raw_lat),
+        ("EVALSHA of a script doing only XADD", &floor_lat),
+        ("write script via EVALSHA (redis)", &script_lat),
+        ("same, stamped (run limits)", &pscript_lat),
+        ("append, no producer (redis)", &append_lat),
+        ("Producer::append, run limits (redis)", &producer_lat),
+        ("append (memory)", &mem_lat),
+    ] {
         rows.push((
             format!("latency {name}"),
-            format!("p50 {} p99 {} ({:.2}x raw p50)", us(pct(l, 0.5)), us(pct(l, 0.99)), pct(l, 0.5).as_secs_f64() / raw50.as_secs_f64()),
+            format!(
+                "p50 {} p99 {} ({:.2}x raw p50)",
+                us(pct(l, 0.5)),
+                us(pct(l, 0.99)),
+                pct(l, 0.5).as_secs_f64() / raw50.as_secs_f64()
+            ),
         ));
     }
 
-    rows.push(("  server time per EVALSHA (all scripts)".into(), evalsha.split(',').find(|f| f.starts_with("usec_per_call")).unwrap_or("").to_string()));
+    rows.push((
+        "  server time per EVALSHA (all scripts)".into(),
+        evalsha.split(',').find(|f| f.starts_with("usec_per_call")).unwrap_or("").to_string(),
+    ));
     // `BATON_BENCH_LATENCY_ONLY=1`: stop after the latency rows (for profiling them).
     if std::env::var_os("BATON_BENCH_LATENCY_ONLY").is_some() {
         print_rows(&redis_version, rows);
@@ -205,7 +246,10 @@ async fn main() {
     let secs = t.elapsed().as_secs_f64();
     assert_eq!(dup, 0);
     assert_eq!(store.head(&pipe).await.unwrap().len, total);
-    rows.push((format!("pipelined producer, 1 stream, 32 B, {WINDOW} in flight"), format!("{:.0} msg/s ({total} msgs in {secs:.2} s, {gap_retries} gap retries)", total as f64 / secs)));
+    rows.push((
+        format!("pipelined producer, 1 stream, 32 B, {WINDOW} in flight"),
+        format!("{:.0} msg/s ({total} msgs in {secs:.2} s, {gap_retries} gap retries)", total as f64 / secs),
+    ));
 
     // 3. 1 writer -> 1,000 readers at 1,000 msg/s: delivery latency.
     let fan = StreamPath::new("bench/fanout").unwrap();
@@ -242,7 +286,9 @@ async fn main() {
         let sent = origin.elapsed().as_micros().to_string();
         let (s, p, ct) = (store.clone(), fan.clone(), ct.clone());
         sends.push(tokio::spawn(async move {
-            s.append(&p, AppendRequest { data: Bytes::from(sent), content_type: ct, ..Default::default() }).await.unwrap();
+            s.append(&p, AppendRequest { data: Bytes::from(sent), content_type: ct, ..Default::default() })
+                .await
+                .unwrap();
         }));
     }
     for h in sends {
@@ -259,7 +305,13 @@ async fn main() {
     all.sort();
     rows.push((
         format!("1 writer -> {readers} readers, {rate:.0} msg/s"),
-        format!("delivery p50 {} p99 {} max {} ({} deliveries)", us(pct(&all, 0.5)), us(pct(&all, 0.99)), us(*all.last().unwrap()), all.len()),
+        format!(
+            "delivery p50 {} p99 {} max {} ({} deliveries)",
+            us(pct(&all, 0.5)),
+            us(pct(&all, 0.99)),
+            us(*all.last().unwrap()),
+            all.len()
+        ),
     ));
 
     rows.push(idle_row);
@@ -267,7 +319,10 @@ async fn main() {
 }
 
 fn print_rows(redis_version: &str, rows: Vec<(String, String)>) {
-    println!("\nbaton-streams benchmark — {redis_version}, loopback, {} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+    println!(
+        "\nbaton-streams benchmark — {redis_version}, loopback, {} cores",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    );
     println!("{:-<100}", "");
     for (k, v) in rows {
         println!("{k:<48} {v}");
@@ -297,7 +352,10 @@ async fn idle_reader_memory(store: &StreamStore) -> (String, String) {
     ready.wait().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = rss_bytes();
-    let row = ("memory per idle reader (RSS delta / 10,000)".to_string(), format!("{:.0} bytes", (after.saturating_sub(before)) as f64 / n as f64));
+    let row = (
+        "memory per idle reader (RSS delta / 10,000)".to_string(),
+        format!("{:.0} bytes", (after.saturating_sub(before)) as f64 / n as f64),
+    );
     store.close(&idle, EndReason::Finished).await.unwrap();
     for h in idle_handles {
         h.await.unwrap();

@@ -70,8 +70,12 @@ impl StreamError {
         match self {
             NotFound { .. } => 404,
             Gone { .. } | OffsetGone { .. } => 410,
-            MalformedOffset { .. } | OffsetAhead { .. } | InvalidRequest { .. } | InvalidJson { .. }
-            | EmptyArray | EpochMustStartAtZero { .. } => 400,
+            MalformedOffset { .. }
+            | OffsetAhead { .. }
+            | InvalidRequest { .. }
+            | InvalidJson { .. }
+            | EmptyArray
+            | EpochMustStartAtZero { .. } => 400,
             Conflict { .. } | StreamSeqRegression { .. } | SequenceGap { .. } | Closed { .. } => 409,
             Fenced { .. } => 403,
             TooLong { .. } => 413,

@@ -131,9 +131,9 @@ pub use offset::{Offset, ReadFrom};
 pub use run::{OpenOptions, Producer, RunHandle};
 pub use store::{StoreSettings, StreamStore, Subscription};
 pub use types::{
-    is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EndReason,
-    Ended, EndState, EpochMs, Expiry, ForkFrom, LimitScope, ProducerStamp, ReadChunk, Record, RunLimits,
-    StreamInfo, StreamPath, DEFAULT_CONTENT_TYPE,
+    is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EndReason, EndState, Ended,
+    EpochMs, Expiry, ForkFrom, LimitScope, ProducerStamp, ReadChunk, Record, RunLimits, StreamInfo, StreamPath,
+    DEFAULT_CONTENT_TYPE,
 };
 
 /// Result alias of this crate.

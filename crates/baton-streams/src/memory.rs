@@ -81,7 +81,11 @@ impl State {
     }
 
     fn next_id(&mut self, now: u64) -> Offset {
-        let id = if now > self.last_id.ms { Offset::new(now, 0) } else { Offset::new(self.last_id.ms, self.last_id.seq + 1) };
+        let id = if now > self.last_id.ms {
+            Offset::new(now, 0)
+        } else {
+            Offset::new(self.last_id.ms, self.last_id.seq + 1)
+        };
         self.last_id = id;
         id
     }
@@ -465,7 +469,8 @@ impl Backend for MemoryStore {
             }
             let tail = st.tail;
             if let Some(p) = &spec.producer {
-                st.producers.insert(p.id.clone(), PState { epoch: p.epoch, last: p.seq as i64, count: count + n, off: tail });
+                st.producers
+                    .insert(p.id.clone(), PState { epoch: p.epoch, last: p.seq as i64, count: count + n, off: tail });
             }
             let mut ended_now = false;
             if let Some(reason) = spec.close {
@@ -564,7 +569,12 @@ impl Backend for MemoryStore {
         Ok(None)
     }
 
-    async fn keepalive(&self, path: &StreamPath, incarnation: Option<&str>, producer: Option<(&str, u64)>) -> Result<StreamInfo> {
+    async fn keepalive(
+        &self,
+        path: &StreamPath,
+        incarnation: Option<&str>,
+        producer: Option<(&str, u64)>,
+    ) -> Result<StreamInfo> {
         self.with(path, false, |st, now| {
             if incarnation.is_some_and(|i| i != st.inc) {
                 return Err(not_found(path));
@@ -598,7 +608,14 @@ impl Backend for MemoryStore {
         })
     }
 
-    async fn wait(&self, path: &StreamPath, after: Offset, incarnation: &str, max_bytes: usize, timeout: Duration) -> Result<ReadChunk> {
+    async fn wait(
+        &self,
+        path: &StreamPath,
+        after: Offset,
+        incarnation: &str,
+        max_bytes: usize,
+        timeout: Duration,
+    ) -> Result<ReadChunk> {
         let until = Instant::now() + timeout;
         loop {
             let s = self.lookup(path).ok_or_else(|| not_found(path))?;

@@ -104,7 +104,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// `+1`/`-1` on the fork reference count; `Some(source)` when a `-1` collected a soft-deleted
     /// fork that itself has a source (cascade).
     async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>>;
-    async fn keepalive(&self, path: &StreamPath, incarnation: Option<&str>, producer: Option<(&str, u64)>) -> Result<StreamInfo>;
+    async fn keepalive(
+        &self,
+        path: &StreamPath,
+        incarnation: Option<&str>,
+        producer: Option<(&str, u64)>,
+    ) -> Result<StreamInfo>;
     async fn trim(&self, path: &StreamPath, through: Offset) -> Result<Offset>;
     /// Waits up to `timeout` for records after `after` (or the end, or deletion).
     async fn wait(
@@ -246,7 +251,11 @@ impl StreamStore {
             closed: opts.closed,
             records,
             base: snap.offset,
-            fork: Some(ForkFrom { source: fork.source.clone(), offset: Some(snap.offset), sub_offset: fork.sub_offset }),
+            fork: Some(ForkFrom {
+                source: fork.source.clone(),
+                offset: Some(snap.offset),
+                sub_offset: fork.sub_offset,
+            }),
             claim,
         };
         let out = self.backend.create(path, spec).await?;
@@ -296,7 +305,14 @@ impl StreamStore {
         };
         match self.backend.write(path, spec).await {
             Err(StreamError::Closed { end }) if close_only && req.producer.is_none() && req.close.is_some() => {
-                Ok(Appended { tail: end.final_offset, duplicate: false, producer: None, producer_offset: None, end: Some(end), ended_now: false })
+                Ok(Appended {
+                    tail: end.final_offset,
+                    duplicate: false,
+                    producer: None,
+                    producer_offset: None,
+                    end: Some(end),
+                    ended_now: false,
+                })
             }
             other => other,
         }
@@ -346,9 +362,7 @@ impl StreamStore {
         if !first.records.is_empty() || first.end.is_some() || timeout.is_zero() {
             return Ok(first);
         }
-        self.backend
-            .wait(path, first.next_offset, &first.incarnation, self.settings.max_read_bytes, timeout)
-            .await
+        self.backend.wait(path, first.next_offset, &first.incarnation, self.settings.max_read_bytes, timeout).await
     }
 
     /// A live subscription (SSE, §5.8): yields chunks from `from` onward, then waits for more.

@@ -120,12 +120,22 @@ async fn read_all(s: &StreamStore, p: &StreamPath, from: Offset) -> (Vec<Record>
 
 fn check_order(name: &str, recs: &[Record]) {
     for w in recs.windows(2) {
-        assert!(w[0].offset < w[1].offset, "{name}: out of order or duplicate: {:?} then {:?}", w[0].offset, w[1].offset);
+        assert!(
+            w[0].offset < w[1].offset,
+            "{name}: out of order or duplicate: {:?} then {:?}",
+            w[0].offset,
+            w[1].offset
+        );
     }
 }
 
 /// Starts 2 subscribers and 1 long-poll reader per store, all from `start`.
-fn readers(stores: &[StreamStore], p: &StreamPath, start: Offset, stop: &Arc<AtomicBool>) -> Vec<(String, tokio::task::JoinHandle<Seen>)> {
+fn readers(
+    stores: &[StreamStore],
+    p: &StreamPath,
+    start: Offset,
+    stop: &Arc<AtomicBool>,
+) -> Vec<(String, tokio::task::JoinHandle<Seen>)> {
     let mut out = Vec::new();
     for (i, s) in stores.iter().enumerate() {
         out.push((format!("sub{i}a"), sub_reader(s.clone(), p.clone(), ReadFrom::At(start), stop.clone())));
@@ -150,7 +160,8 @@ async fn interleaved_with(b: &TestBackend, json: bool, close_midway: bool, set: 
     };
     let ct = if json { "application/json" } else { "text/plain" };
     let p = path("inter");
-    let start = s1.create(&p, CreateOptions { content_type: Some(ct.into()), ..Default::default() }).await.unwrap().info.tail;
+    let start =
+        s1.create(&p, CreateOptions { content_type: Some(ct.into()), ..Default::default() }).await.unwrap().info.tail;
     let stop = Arc::new(AtomicBool::new(false));
     let rs = readers(&[s1.clone(), s2.clone()], &p, start, &stop);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -347,7 +358,11 @@ async fn delete_recreate_while_live(b: TestBackend) {
             match t.get(k) {
                 Some((o, d)) if *o == r.offset && d.as_bytes() == &r.data[..] => k += 1,
                 other => {
-                    problems.push(format!("{name} inc {inc}: got {:?} {:?}, expected {other:?}", r.offset, String::from_utf8_lossy(&r.data)));
+                    problems.push(format!(
+                        "{name} inc {inc}: got {:?} {:?}, expected {other:?}",
+                        r.offset,
+                        String::from_utf8_lossy(&r.data)
+                    ));
                     break;
                 }
             }
@@ -367,12 +382,24 @@ async fn limits_and_silence(b: TestBackend) {
     };
     for (case, limits, expiry) in [
         ("maxlen", RunLimits { max_len: Some(200), ..RunLimits::unlimited() }, Expiry::None),
-        ("silence", RunLimits { silence_timeout: Some(Duration::from_millis(150)), ..RunLimits::unlimited() }, Expiry::None),
+        (
+            "silence",
+            RunLimits { silence_timeout: Some(Duration::from_millis(150)), ..RunLimits::unlimited() },
+            Expiry::None,
+        ),
         ("ttl", RunLimits::unlimited(), Expiry::TtlSecs(60)),
     ] {
         let p = path(case);
         let start = s1
-            .create(&p, CreateOptions { content_type: Some("text/plain".into()), limits: Some(limits), expiry, ..Default::default() })
+            .create(
+                &p,
+                CreateOptions {
+                    content_type: Some("text/plain".into()),
+                    limits: Some(limits),
+                    expiry,
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap()
             .info
@@ -411,7 +438,12 @@ async fn limits_and_silence(b: TestBackend) {
             assert!(seen.error.is_none(), "{case} {name}: {:?}", seen.error);
             assert!(seen.eof, "{case} {name}: no EOF");
             check_order(&name, &seen.records);
-            assert!(seen.records == all, "{case} {name}: {} live vs {} catch-up records", seen.records.len(), all.len());
+            assert!(
+                seen.records == all,
+                "{case} {name}: {} live vs {} catch-up records",
+                seen.records.len(),
+                all.len()
+            );
         }
         eprintln!("{case}: {} records", all.len());
     }
@@ -425,15 +457,24 @@ async fn fork_live(b: TestBackend) {
         _ => store(&b, settings()).await,
     };
     let src = path("fsrc");
-    s1.create(&src, CreateOptions { content_type: Some("text/plain".into()), initial: Some("first".into()), ..Default::default() })
-        .await
-        .unwrap();
+    s1.create(
+        &src,
+        CreateOptions { content_type: Some("text/plain".into()), initial: Some("first".into()), ..Default::default() },
+    )
+    .await
+    .unwrap();
     let at = s1.append(&src, req("text/plain", "second".into())).await.unwrap().tail;
     s1.append(&src, req("text/plain", "third".into())).await.unwrap();
     for (k, sub_offset) in [(0, 0u64), (1, 3)] {
         let f = path("fork");
         let made = s2
-            .create(&f, CreateOptions { fork: Some(ForkFrom { source: src.clone(), offset: Some(at), sub_offset }), ..Default::default() })
+            .create(
+                &f,
+                CreateOptions {
+                    fork: Some(ForkFrom { source: src.clone(), offset: Some(at), sub_offset }),
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap();
         let start = made.info.tail;
@@ -461,7 +502,12 @@ async fn fork_live(b: TestBackend) {
             let seen = tokio::time::timeout(Duration::from_secs(30), r).await.expect("reader hangs").unwrap();
             assert!(seen.error.is_none(), "fork{k} {name}: {:?}", seen.error);
             check_order(&name, &seen.records);
-            assert!(seen.records == all, "fork{k} {name}: {} live vs {} catch-up records", seen.records.len(), all.len());
+            assert!(
+                seen.records == all,
+                "fork{k} {name}: {} live vs {} catch-up records",
+                seen.records.len(),
+                all.len()
+            );
         }
         eprintln!("fork{k}: {} records", all.len());
     }
@@ -486,7 +532,12 @@ async fn redis_restart_live() {
     let s1 = StreamStore::redis(server.config(), settings()).await.unwrap();
     let s2 = StreamStore::redis(server.config(), settings()).await.unwrap();
     let p = path("restart");
-    let start = s1.create(&p, CreateOptions { content_type: Some("text/plain".into()), ..Default::default() }).await.unwrap().info.tail;
+    let start = s1
+        .create(&p, CreateOptions { content_type: Some("text/plain".into()), ..Default::default() })
+        .await
+        .unwrap()
+        .info
+        .tail;
     let stop = Arc::new(AtomicBool::new(false));
     let rs = readers(&[s1.clone(), s2.clone()], &p, start, &stop);
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -517,7 +568,12 @@ async fn redis_restart_live() {
         let seen = tokio::time::timeout(Duration::from_secs(30), r).await.expect("reader hangs").unwrap();
         check_order(&name, &seen.records);
         let n = seen.records.len();
-        assert!(n <= all.len() && seen.records[..] == all[..n], "{name}: not a prefix ({n} of {}) err {:?}", all.len(), seen.error);
+        assert!(
+            n <= all.len() && seen.records[..] == all[..n],
+            "{name}: not a prefix ({n} of {}) err {:?}",
+            all.len(),
+            seen.error
+        );
         eprintln!("{name}: {n}/{} records, eof {}, error {:?}", all.len(), seen.eof, seen.error);
     }
     eprintln!("restart: {errs} failed appends, {} records", all.len());

@@ -24,7 +24,8 @@ async fn lost_reply_on_append_writes_once() {
     let server = RedisServer::start();
     let proxy = TcpProxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
     let settings = StoreSettings { default_limits: RunLimits::unlimited(), ..StoreSettings::default() };
-    let store = StreamStore::redis(RedisConfig::Standalone(format!("redis://{}", proxy.addr())), settings).await.unwrap();
+    let store =
+        StreamStore::redis(RedisConfig::Standalone(format!("redis://{}", proxy.addr())), settings).await.unwrap();
     let direct = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
     let p = StreamPath::new("t/lost-reply").unwrap();
     let ct = Some("text/plain".to_string());
@@ -32,7 +33,10 @@ async fn lost_reply_on_append_writes_once() {
     // Scripts loaded (a first EVALSHA would answer NOSCRIPT and never write).
     let warm = StreamPath::new("t/warm-up").unwrap();
     store.create(&warm, CreateOptions { content_type: ct.clone(), ..Default::default() }).await.unwrap();
-    store.append(&warm, AppendRequest { data: Bytes::from("w"), content_type: ct.clone(), ..Default::default() }).await.unwrap();
+    store
+        .append(&warm, AppendRequest { data: Bytes::from("w"), content_type: ct.clone(), ..Default::default() })
+        .await
+        .unwrap();
 
     // 1. Explicit producer stamps (as an HTTP client sends them).
     let req = AppendRequest {
@@ -73,7 +77,10 @@ async fn lost_reply_on_append_writes_once() {
     let chunk = store.read(&p, ReadFrom::Start).await.unwrap();
     assert_eq!(chunk.records.len(), 1);
     assert_eq!(chunk.body(), Bytes::from("once"));
-    assert_eq!((again.duplicate, again.producer, again.producer_offset), (true, Some((0, 0)), Some(chunk.records[0].offset)));
+    assert_eq!(
+        (again.duplicate, again.producer, again.producer_offset),
+        (true, Some((0, 0)), Some(chunk.records[0].offset))
+    );
     let len: u64 = redis::cmd("XLEN").arg(key).query_async(&mut d).await.unwrap();
     assert_eq!(len, 1);
 
@@ -90,7 +97,10 @@ async fn lost_reply_on_append_writes_once() {
     hold.await.unwrap();
     let off = appended.await.unwrap().unwrap();
     let chunk = store.read(&q, ReadFrom::Start).await.unwrap();
-    assert_eq!(chunk.records.iter().map(|r| (r.offset, r.data.clone())).collect::<Vec<_>>(), vec![(off, Bytes::from("only"))]);
+    assert_eq!(
+        chunk.records.iter().map(|r| (r.offset, r.data.clone())).collect::<Vec<_>>(),
+        vec![(off, Bytes::from("only"))]
+    );
     assert!(producer.append("next").await.unwrap() > off);
     assert_eq!(store.read(&q, ReadFrom::Start).await.unwrap().body(), Bytes::from("onlynext"));
 }

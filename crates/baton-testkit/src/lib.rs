@@ -52,14 +52,10 @@ const PORT_RANGE: std::ops::Range<u16> = 12000..22000;
 
 fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| {
-            use std::os::unix::fs::PermissionsExt;
-            fs::metadata(candidate)
-                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-                .unwrap_or(false)
-        })
+    std::env::split_paths(&path).map(|dir| dir.join(name)).find(|candidate| {
+        use std::os::unix::fs::PermissionsExt;
+        fs::metadata(candidate).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    })
 }
 
 /// Panics with a clear message when `redis-server` or `redis-cli` is missing from PATH.
@@ -86,13 +82,9 @@ pub fn free_port() -> u16 {
 /// A cheap pseudo-random number (no dependency): time, pid and a counter through splitmix64.
 fn pseudo_random() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let mut z = nanos
-        ^ (u64::from(std::process::id()) << 32)
-        ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let mut z =
+        nanos ^ (u64::from(std::process::id()) << 32) ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -122,24 +114,14 @@ impl TempDir {
     fn new(prefix: &str) -> TempDir {
         let base = std::env::temp_dir();
         for _ in 0..100 {
-            let dir = base.join(format!(
-                "{prefix}-{}-{:016x}",
-                std::process::id(),
-                pseudo_random()
-            ));
+            let dir = base.join(format!("{prefix}-{}-{:016x}", std::process::id(), pseudo_random()));
             match fs::create_dir(&dir) {
                 Ok(()) => return TempDir(dir),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => panic!(
-                    "cannot create a temporary directory in {}: {e}",
-                    base.display()
-                ),
+                Err(e) => panic!("cannot create a temporary directory in {}: {e}", base.display()),
             }
         }
-        panic!(
-            "cannot create a unique temporary directory in {}",
-            base.display()
-        );
+        panic!("cannot create a unique temporary directory in {}", base.display());
     }
 
     fn path(&self) -> &Path {
@@ -199,15 +181,8 @@ fn spawn_supervised(mut command: Command) -> io::Result<Child> {
     }
 
     let (reply_tx, reply_rx) = mpsc::channel();
-    sender
-        .send(SpawnRequest {
-            command,
-            reply: reply_tx,
-        })
-        .expect("baton-testkit spawner thread is gone");
-    reply_rx
-        .recv()
-        .expect("baton-testkit spawner thread is gone")
+    sender.send(SpawnRequest { command, reply: reply_tx }).expect("baton-testkit spawner thread is gone");
+    reply_rx.recv().expect("baton-testkit spawner thread is gone")
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
@@ -230,18 +205,10 @@ pub fn sigterm(pid: u32) {
 fn read_reply(r: &mut impl BufRead) -> io::Result<Result<String, String>> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed",
-        ));
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
     }
     let line = line.trim_end_matches(['\r', '\n']);
-    let bad = || {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad RESP line {line:?}"),
-        )
-    };
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("bad RESP line {line:?}"));
     let (kind, rest) = line.split_at(line.len().min(1));
     match kind {
         "+" | ":" => Ok(Ok(rest.to_string())),
@@ -351,13 +318,7 @@ impl RedisServer {
             "local".into(),
         ];
         args.extend(extra);
-        let mut server = RedisServer {
-            port: 0,
-            args,
-            child: None,
-            log,
-            dir,
-        };
+        let mut server = RedisServer { port: 0, args, child: None, log, dir };
         let mut last = String::new();
         for _ in 0..PORT_ATTEMPTS {
             server.port = pick_server_port(cluster_bus);
@@ -378,9 +339,8 @@ impl RedisServer {
             .append(true)
             .open(&self.log)
             .map_err(|e| StartError::Other(format!("cannot open {}: {e}", self.log.display())))?;
-        let log_err = log_out
-            .try_clone()
-            .map_err(|e| StartError::Other(format!("cannot open {}: {e}", self.log.display())))?;
+        let log_err =
+            log_out.try_clone().map_err(|e| StartError::Other(format!("cannot open {}: {e}", self.log.display())))?;
         let log_start = log_out.metadata().map(|m| m.len()).unwrap_or(0);
 
         let mut command = Command::new("redis-server");
@@ -393,9 +353,7 @@ impl RedisServer {
             .stdout(log_out)
             .stderr(log_err);
         let mut child = spawn_supervised(command).map_err(|e| {
-            StartError::Other(format!(
-                "cannot start redis-server (is it installed? {INSTALL_HINT}): {e}"
-            ))
+            StartError::Other(format!("cannot start redis-server (is it installed? {INSTALL_HINT}): {e}"))
         })?;
         let pid = child.id();
 
@@ -409,11 +367,7 @@ impl RedisServer {
                     self.port,
                     self.log.display()
                 );
-                return Err(if tail.contains("in use") {
-                    StartError::PortInUse(msg)
-                } else {
-                    StartError::Other(msg)
-                });
+                return Err(if tail.contains("in use") { StartError::PortInUse(msg) } else { StartError::Other(msg) });
             }
             match raw_command(self.port, &["INFO", "server"]) {
                 Ok(Ok(info)) => {
@@ -426,10 +380,7 @@ impl RedisServer {
                         return Ok(());
                     }
                     // Another server holds the port; ours will exit shortly with "Address in use".
-                    last = format!(
-                        "port {} answered by another redis-server (pid {answering:?})",
-                        self.port
-                    );
+                    last = format!("port {} answered by another redis-server (pid {answering:?})", self.port);
                 }
                 // LOADING (AOF being replayed) and the like: not ready yet.
                 Ok(Err(e)) => last = e,
@@ -495,10 +446,7 @@ impl RedisServer {
             match self.launch() {
                 Ok(()) => return,
                 Err(StartError::PortInUse(msg)) if Instant::now() < deadline => {
-                    tracing::warn!(
-                        port = self.port,
-                        "redis-server restart: port in use, retrying: {msg}"
-                    );
+                    tracing::warn!(port = self.port, "redis-server restart: port in use, retrying: {msg}");
                     std::thread::sleep(Duration::from_millis(200));
                 }
                 Err(StartError::PortInUse(msg) | StartError::Other(msg)) => {
@@ -593,10 +541,7 @@ impl RedisCluster {
             })
             .collect();
 
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port()))
-            .collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
         let out = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
@@ -668,9 +613,7 @@ impl RedisCluster {
 
 impl fmt::Debug for RedisCluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisCluster")
-            .field("nodes", &self.nodes)
-            .finish()
+        f.debug_struct("RedisCluster").field("nodes", &self.nodes).finish()
     }
 }
 

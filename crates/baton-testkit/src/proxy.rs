@@ -76,12 +76,7 @@ impl TcpProxy {
                 tokio::spawn(proxy_connection(accept_state.clone(), client, target, cuts));
             }
         });
-        TcpProxy {
-            addr,
-            target,
-            state,
-            accept_task,
-        }
+        TcpProxy { addr, target, state, accept_task }
     }
 
     /// The address clients connect to.
@@ -121,11 +116,7 @@ struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.state
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
+        self.state.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
     }
 }
 
@@ -144,21 +135,15 @@ async fn proxy_connection(
     };
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
-    let (Ok(client_fd), Ok(upstream_fd)) = (
-        client.as_fd().try_clone_to_owned(),
-        upstream.as_fd().try_clone_to_owned(),
-    ) else {
+    let (Ok(client_fd), Ok(upstream_fd)) = (client.as_fd().try_clone_to_owned(), upstream.as_fd().try_clone_to_owned())
+    else {
         return;
     };
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let task = tokio::task::spawn(async move {
         let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
     });
-    let conn = ProxiedConn {
-        client: client_fd,
-        upstream: upstream_fd,
-        task: task.abort_handle(),
-    };
+    let conn = ProxiedConn { client: client_fd, upstream: upstream_fd, task: task.abort_handle() };
     {
         let mut conns = state.conns.lock().unwrap_or_else(|p| p.into_inner());
         if state.cuts.load(Ordering::SeqCst) != cuts_at_accept {
@@ -181,9 +166,6 @@ impl Drop for TcpProxy {
 
 impl fmt::Debug for TcpProxy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TcpProxy")
-            .field("addr", &self.addr)
-            .field("target", &self.target)
-            .finish()
+        f.debug_struct("TcpProxy").field("addr", &self.addr).field("target", &self.target).finish()
     }
 }

@@ -4,26 +4,17 @@ use std::time::{Duration, Instant};
 
 use baton_redis::redis::{self, AsyncCommands};
 use baton_redis::RedisClient;
-use baton_testkit::{
-    free_port, require_redis, RedisCluster, RedisServer, ServerOptions, TcpProxy, TestBackend,
-};
+use baton_testkit::{free_port, require_redis, RedisCluster, RedisServer, ServerOptions, TcpProxy, TestBackend};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn pid_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
 }
 
 fn server_pid(server: &RedisServer) -> u32 {
     let info = server.cli(&["INFO", "server"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix("process_id:"))
-        .expect("process_id in INFO")
-        .trim()
-        .parse()
-        .unwrap()
+    info.lines().find_map(|l| l.strip_prefix("process_id:")).expect("process_id in INFO").trim().parse().unwrap()
 }
 
 #[test]
@@ -38,15 +29,9 @@ fn standalone_start_ping_kill_and_drop() {
     require_redis();
     let mut server = RedisServer::start();
     assert_eq!(server.url(), format!("redis://127.0.0.1:{}", server.port()));
-    assert_eq!(
-        server.config(),
-        baton_redis::RedisConfig::Standalone(server.url())
-    );
+    assert_eq!(server.config(), baton_redis::RedisConfig::Standalone(server.url()));
     assert_eq!(server.cli(&["PING"]), "PONG");
-    assert_eq!(
-        server.cli(&["CONFIG", "GET", "appendonly"]),
-        "appendonly\nno"
-    );
+    assert_eq!(server.cli(&["CONFIG", "GET", "appendonly"]), "appendonly\nno");
     assert_eq!(server.cli(&["CONFIG", "GET", "bind"]), "bind\n127.0.0.1");
     let dir = server.dir().to_path_buf();
     assert!(dir.join("redis.log").exists());
@@ -75,10 +60,7 @@ fn restart_without_aof_loses_data() {
 #[test]
 fn restart_with_aof_keeps_data() {
     let mut server = RedisServer::start_with(ServerOptions { appendonly: true });
-    assert_eq!(
-        server.cli(&["CONFIG", "GET", "appendfsync"]),
-        "appendfsync\nalways"
-    );
+    assert_eq!(server.cli(&["CONFIG", "GET", "appendfsync"]), "appendfsync\nalways");
     let port = server.port();
     server.cli(&["SET", "k", "v"]);
     server.kill();
@@ -105,10 +87,7 @@ fn panicking_test_still_kills_its_server() {
     .join();
     assert!(result.is_err());
     let pid = rx.recv().unwrap();
-    assert!(
-        !pid_alive(pid),
-        "redis-server {pid} survived a panicking test"
-    );
+    assert!(!pid_alive(pid), "redis-server {pid} survived a panicking test");
 }
 
 #[tokio::test]
@@ -150,12 +129,7 @@ async fn cluster_start_and_cross_slot_keys() {
     let keys = ["a", "b", "c", "{user1}x", "{user2}y", "foo", "bar", "baz"];
     let mut slots = std::collections::BTreeSet::new();
     for key in keys {
-        let slot: i64 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query_async(&mut conn).await.unwrap();
         slots.insert(slot / 5462); // 3 masters, ~5461 slots each
         let _: () = conn.set(key, format!("value-{key}")).await.unwrap();
     }
@@ -165,16 +139,9 @@ async fn cluster_start_and_cross_slot_keys() {
         assert_eq!(v, format!("value-{key}"));
     }
     // Every node holds some of them.
-    let per_node: Vec<i64> = cluster
-        .nodes()
-        .iter()
-        .map(|n| n.cli(&["DBSIZE"]).parse().unwrap())
-        .collect();
+    let per_node: Vec<i64> = cluster.nodes().iter().map(|n| n.cli(&["DBSIZE"]).parse().unwrap()).collect();
     assert_eq!(per_node.iter().sum::<i64>(), keys.len() as i64);
-    assert!(
-        per_node.iter().filter(|&&n| n > 0).count() >= 2,
-        "{per_node:?}"
-    );
+    assert!(per_node.iter().filter(|&&n| n > 0).count() >= 2, "{per_node:?}");
 
     // A node can be killed and restarted with its cluster identity.
     let node = &mut cluster.nodes()[0];
@@ -184,9 +151,7 @@ async fn cluster_start_and_cross_slot_keys() {
 
     let backend = TestBackend::Cluster(cluster);
     assert_eq!(backend.name(), "cluster");
-    assert!(
-        matches!(backend.redis_config(), Some(baton_redis::RedisConfig::Cluster(urls)) if urls.len() == 3)
-    );
+    assert!(matches!(backend.redis_config(), Some(baton_redis::RedisConfig::Cluster(urls)) if urls.len() == 3));
 }
 
 #[test]
@@ -235,10 +200,7 @@ async fn proxy_forwards_drops_and_refuses() {
     let _: () = conn.set("k", "v").await.unwrap();
     proxy.drop_connections();
     let res: redis::RedisResult<String> = conn.get("k").await;
-    assert!(
-        res.is_err(),
-        "connection survived drop_connections: {res:?}"
-    );
+    assert!(res.is_err(), "connection survived drop_connections: {res:?}");
     let mut conn2 = client.get_multiplexed_async_connection().await.unwrap();
     let v: String = conn2.get("k").await.unwrap();
     assert_eq!(v, "v");
@@ -286,18 +248,9 @@ fn servers_die_with_a_killed_test_process() {
     // Orphans of the helper are re-parented to this process (not to PID 1), so that they can be
     // reaped here and leave no zombie behind.
     // SAFETY: prctl with integer arguments.
-    assert_eq!(
-        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong) },
-        0
-    );
+    assert_eq!(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong) }, 0);
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "helper_hold_servers_until_killed",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["helper_hold_servers_until_killed", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("BATON_TESTKIT_HOLD_SERVERS", "1")
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -332,10 +285,7 @@ fn servers_die_with_a_killed_test_process() {
                 _ => false,         // reaped
             }
         });
-        assert!(
-            Instant::now() < deadline,
-            "redis-server outlived its killed test process: {alive:?}"
-        );
+        assert!(Instant::now() < deadline, "redis-server outlived its killed test process: {alive:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(pids.iter().all(|&p| !pid_alive(p)));

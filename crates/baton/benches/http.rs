@@ -188,7 +188,10 @@ struct Rt {
 }
 
 fn redis_commandstats(port: u16) -> Vec<(String, u64)> {
-    let out = std::process::Command::new("redis-cli").args(["-p", &port.to_string(), "info", "commandstats"]).output().unwrap();
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "commandstats"])
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
@@ -208,7 +211,8 @@ fn delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)
 }
 
 fn redis_pid(port: u16) -> Option<u32> {
-    let out = std::process::Command::new("redis-cli").args(["-p", &port.to_string(), "info", "server"]).output().ok()?;
+    let out =
+        std::process::Command::new("redis-cli").args(["-p", &port.to_string(), "info", "server"]).output().ok()?;
     String::from_utf8_lossy(&out.stdout).lines().find_map(|l| l.trim().strip_prefix("process_id:")?.parse().ok())
 }
 
@@ -296,7 +300,11 @@ async fn append_bench(mut targets: Vec<Target>) {
         let per = |ns: u64| ns as f64 / 1000.0 / t.long_appends as f64;
         let share = |ns: u64| 100.0 * ns as f64 / t.long_wall.as_nanos() as f64;
         let cell = |ns: u64, known: bool| {
-            if known { format!("{:.1} µs ({:.0}%)", per(ns), share(ns)) } else { "–".to_string() }
+            if known {
+                format!("{:.1} µs ({:.0}%)", per(ns), share(ns))
+            } else {
+                "–".to_string()
+            }
         };
         println!(
             "| {} | {} | {} | {} |",
@@ -323,7 +331,8 @@ async fn append_bench(mut targets: Vec<Target>) {
 }
 
 fn redis_clients(port: u16) -> usize {
-    let out = std::process::Command::new("redis-cli").args(["-p", &port.to_string(), "info", "clients"]).output().unwrap();
+    let out =
+        std::process::Command::new("redis-cli").args(["-p", &port.to_string(), "info", "clients"]).output().unwrap();
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .find_map(|l| l.trim().strip_prefix("connected_clients:").map(|v| v.trim().parse().unwrap()))
@@ -380,7 +389,11 @@ async fn fanout(base: String, readers: usize, redis_ports: Vec<u16>) {
     drop(tx);
     while connected.load(Ordering::Relaxed) < readers {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(t_connect.elapsed() < Duration::from_secs(300), "only {} readers connected", connected.load(Ordering::Relaxed));
+        assert!(
+            t_connect.elapsed() < Duration::from_secs(300),
+            "only {} readers connected",
+            connected.load(Ordering::Relaxed)
+        );
     }
     let connect_time = t_connect.elapsed();
     let during = count(&redis_ports);

@@ -131,9 +131,7 @@ impl TokenConfig {
                 "read" => t.read = true,
                 "write" => t.write = true,
                 "admin" => t.admin = true,
-                other => {
-                    return Err(format!("token {name:?}: unknown operation {other:?}; use read, write or admin"))
-                }
+                other => return Err(format!("token {name:?}: unknown operation {other:?}; use read, write or admin")),
             }
         }
         Ok(t)
@@ -174,8 +172,9 @@ pub fn resolve_tokens(files: Vec<TokenFile>, admin_token: Option<String>) -> Res
     for f in files {
         let secret = match (&f.token, &f.token_env) {
             (Some(s), None) => s.clone(),
-            (None, Some(var)) => std::env::var(var)
-                .map_err(|_| format!("token {:?}: environment variable {var} is not set", f.name))?,
+            (None, Some(var)) => {
+                std::env::var(var).map_err(|_| format!("token {:?}: environment variable {var} is not set", f.name))?
+            }
             _ => return Err(format!("token {:?}: give exactly one of token or token_env", f.name)),
         };
         let ops: Vec<&str> = f.operations.iter().map(String::as_str).collect();
@@ -343,7 +342,8 @@ fn take_query_token(uri: &Uri) -> (Option<String>, Option<Uri>) {
 }
 
 fn unauthorized(message: &str, invalid: bool) -> Response {
-    metrics::counter!("baton_auth_failures_total", "reason" => if invalid { "invalid" } else { "missing" }).increment(1);
+    metrics::counter!("baton_auth_failures_total", "reason" => if invalid { "invalid" } else { "missing" })
+        .increment(1);
     let challenge = if invalid { "Bearer realm=\"baton\", error=\"invalid_token\"" } else { "Bearer realm=\"baton\"" };
     let mut res = JsonError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response();
     res.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
@@ -415,7 +415,8 @@ pub async fn layer(State(st): State<AppState>, req: Request, next: Next) -> Resp
             }
         }
         Need::Queue(op) => {
-            let params = <RawPathParams as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &()).await;
+            let params =
+                <RawPathParams as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &()).await;
             let queue = params.ok().and_then(|p| p.iter().find(|(k, _)| *k == "queue").map(|(_, v)| v.to_string()));
             match queue {
                 Some(q) => principal.check_queue(op, &q),
@@ -456,7 +457,9 @@ mod tests {
     #[test]
     fn token_config_errors() {
         assert!(TokenConfig::new("t", "short", &["read"], &[], &[]).unwrap_err().contains("shorter than 16"));
-        assert!(TokenConfig::new("t", "0123456789abcdef", &["peek"], &[], &[]).unwrap_err().contains("unknown operation \"peek\""));
+        assert!(TokenConfig::new("t", "0123456789abcdef", &["peek"], &[], &[])
+            .unwrap_err()
+            .contains("unknown operation \"peek\""));
         let f = |n: &str, s: &str| TokenFile {
             name: n.into(),
             token: Some(s.into()),

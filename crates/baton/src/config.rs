@@ -276,14 +276,18 @@ impl ServeArgs {
             None => FileConfig::default(),
         };
         let d = ServeConfig::default();
-        let dur = |flag: Option<Duration>, file: Option<String>, key: &str, def: Duration| -> Result<Duration, String> {
-            match (flag, file) {
-                (Some(v), _) => Ok(v),
-                (None, Some(s)) => parse_duration(&s).map_err(|e| format!("config key {key}: {e}")),
-                (None, None) => Ok(def),
-            }
-        };
-        let opt_dur = |flag: Option<OptDuration>, file: Option<String>, key: &str| -> Result<Option<Duration>, String> {
+        let dur =
+            |flag: Option<Duration>, file: Option<String>, key: &str, def: Duration| -> Result<Duration, String> {
+                match (flag, file) {
+                    (Some(v), _) => Ok(v),
+                    (None, Some(s)) => parse_duration(&s).map_err(|e| format!("config key {key}: {e}")),
+                    (None, None) => Ok(def),
+                }
+            };
+        let opt_dur = |flag: Option<OptDuration>,
+                       file: Option<String>,
+                       key: &str|
+         -> Result<Option<Duration>, String> {
             match (flag, file) {
                 (Some(v), _) => Ok(v.0),
                 (None, Some(s)) => parse_opt_duration(&s).map(|o| o.0).map_err(|e| format!("config key {key}: {e}")),
@@ -301,7 +305,8 @@ impl ServeArgs {
             (Some(_), Some(_)) => return Err("give either --redis or --redis-cluster, not both".into()),
             (Some(url), None) => Backend::Redis(RedisConfig::Standalone(url)),
             (None, Some(urls)) => {
-                let urls: Vec<String> = urls.into_iter().map(|u| u.trim().to_string()).filter(|u| !u.is_empty()).collect();
+                let urls: Vec<String> =
+                    urls.into_iter().map(|u| u.trim().to_string()).filter(|u| !u.is_empty()).collect();
                 if urls.is_empty() {
                     return Err("--redis-cluster needs at least one node URL".into());
                 }
@@ -331,11 +336,21 @@ impl ServeArgs {
         let cfg = ServeConfig {
             listen,
             backend,
-            long_poll_timeout: dur(self.long_poll_timeout, file.long_poll_timeout, "long_poll_timeout", d.long_poll_timeout)?,
+            long_poll_timeout: dur(
+                self.long_poll_timeout,
+                file.long_poll_timeout,
+                "long_poll_timeout",
+                d.long_poll_timeout,
+            )?,
             sse_cycle: dur(self.sse_cycle, file.sse_cycle, "sse_cycle", d.sse_cycle)?,
             sse_heartbeat: dur(self.sse_heartbeat, file.sse_heartbeat, "sse_heartbeat", d.sse_heartbeat)?,
             max_body: size(self.max_body, file.max_body, "max_body", d.max_body)?,
-            max_header_bytes: size(self.max_header_bytes, file.max_header_bytes, "max_header_bytes", d.max_header_bytes)?,
+            max_header_bytes: size(
+                self.max_header_bytes,
+                file.max_header_bytes,
+                "max_header_bytes",
+                d.max_header_bytes,
+            )?,
             max_live_readers: self.max_live_readers.or(file.max_live_readers).unwrap_or(d.max_live_readers),
             cors_origins,
             cache,
@@ -347,7 +362,12 @@ impl ServeArgs {
                 max_len_per_writer: None,
             },
             shutdown_grace: dur(self.shutdown_grace, file.shutdown_grace, "shutdown_grace", d.shutdown_grace)?,
-            max_command_body: size(self.max_command_body, file.max_command_body, "max_command_body", d.max_command_body)?,
+            max_command_body: size(
+                self.max_command_body,
+                file.max_command_body,
+                "max_command_body",
+                d.max_command_body,
+            )?,
             run_workers: !(self.no_workers || file.no_workers.unwrap_or(false)),
             queues_defaulted: file.queues.as_ref().is_none_or(|q| q.is_empty()),
             queues: match file.queues {
@@ -413,16 +433,17 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("baton.toml");
         std::fs::write(&path, "listen = \"127.0.0.1:9000\"\nlong_poll_timeout = \"5s\"\nmax_body = \"1MiB\"\nredis_cluster = \"redis://a:1,redis://b:2\"\n").unwrap();
-        let args = ServeArgs { config: Some(path.clone()), long_poll_timeout: Some(Duration::from_secs(2)), ..Default::default() };
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            long_poll_timeout: Some(Duration::from_secs(2)),
+            ..Default::default()
+        };
         let cfg = args.resolve().unwrap();
         assert_eq!(cfg.listen.port(), 9000);
         assert_eq!(cfg.long_poll_timeout, Duration::from_secs(2));
         assert_eq!(cfg.max_body, 1 << 20);
         assert_eq!(cfg.sse_cycle, Duration::from_secs(60));
-        assert_eq!(
-            cfg.backend,
-            Backend::Redis(RedisConfig::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()]))
-        );
+        assert_eq!(cfg.backend, Backend::Redis(RedisConfig::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])));
         std::fs::write(&path, "bogus_key = 1\n").unwrap();
         let err = ServeArgs { config: Some(path), ..Default::default() }.resolve().unwrap_err();
         assert!(err.contains("bogus_key"), "{err}");

@@ -2,9 +2,9 @@
 //! configuration. The library target lets integration tests start a server in-process.
 
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod http;
 pub mod openapi;
-pub mod workers;
-pub mod cli;
 pub mod server;
+pub mod workers;

@@ -60,7 +60,8 @@ fn stream_err(d: &str) -> Value {
 
 /// Responses every protected route may give (auth, and the error formats of the outer layers).
 fn protected(mut responses: Map<String, Value>) -> Value {
-    responses.insert("401".into(), err_resp("No valid bearer token (tokens are configured). `WWW-Authenticate: Bearer`."));
+    responses
+        .insert("401".into(), err_resp("No valid bearer token (tokens are configured). `WWW-Authenticate: Bearer`."));
     responses.insert("403".into(), err_resp("The token's operations or scopes do not cover this request."));
     responses.insert("default".into(), err_resp("Another error."));
     Value::Object(responses)
@@ -143,7 +144,12 @@ fn no_path_ops() -> Value {
     }
     m.insert(
         "head".into(),
-        op("Always 400: no stream path", "streams", json!([]), protected(map(vec![("400", json!({ "description": "No path." }))]))),
+        op(
+            "Always 400: no stream path",
+            "streams",
+            json!([]),
+            protected(map(vec![("400", json!({ "description": "No path." }))])),
+        ),
     );
     Value::Object(m)
 }
@@ -160,10 +166,12 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
         "content": { "application/json": { "schema": r("SubmitRequest"),
             "examples": { "echo": { "value": { "type": "echo", "params": { "hello": "world" } } },
                           "sleep": { "value": { "id": "nap-1", "type": "sleep", "params": { "ms": 100 } } } } } } });
-    let by_id = || json!({
-        "GetCommand": link("get", "/v1/commands/{id}", json!({ "id": "$response.body#/id" })),
-        "CancelCommand": link("post", "/v1/commands/{id}/cancel", json!({ "id": "$response.body#/id" })),
-    });
+    let by_id = || {
+        json!({
+            "GetCommand": link("get", "/v1/commands/{id}", json!({ "id": "$response.body#/id" })),
+            "CancelCommand": link("post", "/v1/commands/{id}/cancel", json!({ "id": "$response.body#/id" })),
+        })
+    };
     let with_links = |mut resp: Value, links: Value| {
         resp["links"] = links;
         resp
@@ -204,13 +212,16 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
             ("503", err_resp("A wait holds a live-reader slot; all are taken (Retry-After).")),
         ]))),
     }));
-    m.insert("/v1/commands/{id}/cancel".into(), json!({
-        "post": op("Cancel a command", "commands", json!([id()]), protected(map(vec![
-            ("200", json_resp("Cancelled: the state.", r("CommandState"))),
-            ("400", err_resp("Bad id.")), ("404", err_resp("Unknown command.")),
-            ("409", err_resp("Already terminal; `state` holds it.")),
-        ]))),
-    }));
+    m.insert(
+        "/v1/commands/{id}/cancel".into(),
+        json!({
+            "post": op("Cancel a command", "commands", json!([id()]), protected(map(vec![
+                ("200", json_resp("Cancelled: the state.", r("CommandState"))),
+                ("400", err_resp("Bad id.")), ("404", err_resp("Unknown command.")),
+                ("409", err_resp("Already terminal; `state` holds it.")),
+            ]))),
+        }),
+    );
     m.insert("/v1/queues".into(), json!({
         "get": op("Queues and their statistics", "queues", json!([]), protected(map(vec![
             ("200", with_links(json_resp("Every queue the caller may read.", json!({ "type": "object", "required": ["queues"],
@@ -222,11 +233,14 @@ fn command_ops(queues: &[String]) -> Map<String, Value> {
             }))),
         ]))),
     }));
-    m.insert("/v1/queues/{queue}".into(), json!({
-        "get": op("One queue's statistics", "queues", json!([queue()]), protected(map(vec![
-            ("200", json_resp("The queue.", r("Queue"))), ("404", err_resp("Unknown queue.")),
-        ]))),
-    }));
+    m.insert(
+        "/v1/queues/{queue}".into(),
+        json!({
+            "get": op("One queue's statistics", "queues", json!([queue()]), protected(map(vec![
+                ("200", json_resp("The queue.", r("Queue"))), ("404", err_resp("Unknown queue.")),
+            ]))),
+        }),
+    );
     m.insert("/v1/queues/{queue}/dead-letters".into(), json!({
         "get": op("Dead letters, oldest first", "queues", json!([
             queue(), query("limit", "At most this many, 1 to 1000 (default 100).", json!({ "type": "integer", "minimum": 1, "maximum": 1000 })),
@@ -331,7 +345,13 @@ pub fn spec(queues: &[String]) -> Value {
         "/readyz".into(),
         plain_op("The backend answers", json!({ "200": text("`ready`"), "503": text("What is not reachable.") })),
     );
-    paths.insert("/metrics".into(), plain_op("Prometheus metrics", json!({ "200": text("Prometheus text format 0.0.4."), "503": text("No recorder.") })));
+    paths.insert(
+        "/metrics".into(),
+        plain_op(
+            "Prometheus metrics",
+            json!({ "200": text("Prometheus text format 0.0.4."), "503": text("No recorder.") }),
+        ),
+    );
     paths.insert(
         "/openapi.json".into(),
         plain_op("This document", json!({ "200": { "description": "OpenAPI 3.1", "content": { "application/json": { "schema": { "type": "object" } } } } })),

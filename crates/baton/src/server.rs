@@ -66,13 +66,17 @@ impl Server {
         let settings = StoreSettings { default_limits: cfg.default_limits, ..StoreSettings::default() };
         let store = match &cfg.backend {
             Backend::Memory => StreamStore::memory(settings),
-            Backend::Redis(rc) => StreamStore::redis(rc.clone(), settings)
-                .await
-                .map_err(|e| format!("cannot use {rc}: {e}"))?,
+            Backend::Redis(rc) => {
+                StreamStore::redis(rc.clone(), settings).await.map_err(|e| format!("cannot use {rc}: {e}"))?
+            }
         };
         let command_store = workers::command_store(&cfg.backend).await?;
-        let commands =
-            http::commands::CommandsApi::new(command_store.clone(), &cfg.queues, cfg.max_command_body, cfg.run_workers)?;
+        let commands = http::commands::CommandsApi::new(
+            command_store.clone(),
+            &cfg.queues,
+            cfg.max_command_body,
+            cfg.run_workers,
+        )?;
         let auth = Arc::new(crate::auth::Auth::new(cfg.tokens.clone()));
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
@@ -105,9 +109,10 @@ impl Server {
         }
         let app = http::router(state);
         let token = shutdown.clone();
-        let join = tokio::spawn(async move {
-            axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await
-        });
+        let join =
+            tokio::spawn(
+                async move { axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await },
+            );
         Ok(Server { addr, shutdown, join, cfg, workers, commands: command_store })
     }
 
@@ -144,7 +149,9 @@ impl Server {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server stopped with an error"),
                 Ok(Err(e)) => tracing::warn!(error = %e, "server task failed"),
-                Err(_) => tracing::warn!(grace = ?grace, "requests still running after the grace period; stopping anyway"),
+                Err(_) => {
+                    tracing::warn!(grace = ?grace, "requests still running after the grace period; stopping anyway")
+                }
             }
         };
         tokio::join!(drain, http);

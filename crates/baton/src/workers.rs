@@ -264,7 +264,11 @@ impl Workers {
         let drains = self.services.iter().map(|s| s.drain(budget));
         for (s, report) in self.services.iter().zip(futures::future::join_all(drains).await) {
             if !report.in_flight.is_empty() {
-                tracing::warn!(queue = s.queue(), in_flight = report.in_flight.len(), "handlers still running at shutdown; their commands will be taken over after claim_timeout");
+                tracing::warn!(
+                    queue = s.queue(),
+                    in_flight = report.in_flight.len(),
+                    "handlers still running at shutdown; their commands will be taken over after claim_timeout"
+                );
             }
         }
     }
@@ -275,11 +279,17 @@ pub fn describe_queues(queues: &[QueueConfig]) -> String {
     queues
         .iter()
         .map(|q| {
-            let types: Vec<String> = q
-                .handlers
-                .iter()
-                .map(|h| if h.kind == h.command_type { h.kind.clone() } else { format!("{}={}", h.command_type, h.kind) })
-                .collect();
+            let types: Vec<String> =
+                q.handlers
+                    .iter()
+                    .map(|h| {
+                        if h.kind == h.command_type {
+                            h.kind.clone()
+                        } else {
+                            format!("{}={}", h.command_type, h.kind)
+                        }
+                    })
+                    .collect();
             format!("{} ({})", q.name, types.join(", "))
         })
         .collect::<Vec<_>>()
@@ -311,16 +321,21 @@ impl crate::config::WorkerArgs {
         }
         .resolve()?;
         if serve.backend == Backend::Memory {
-            return Err("baton worker needs --redis or --redis-cluster (or redis / redis_cluster in the config file); \
+            return Err(
+                "baton worker needs --redis or --redis-cluster (or redis / redis_cluster in the config file); \
                         with the in-memory backend the workers run inside baton serve"
-                .into());
+                    .into(),
+            );
         }
         let mut queues = serve.queues;
         if let Some(only) = self.queues {
             for name in &only {
                 if !queues.iter().any(|q| &q.name == name) {
                     let known: Vec<&str> = queues.iter().map(|q| q.name.as_str()).collect();
-                    return Err(format!("--queues names {name:?}, which is not configured; configured: {}", known.join(", ")));
+                    return Err(format!(
+                        "--queues names {name:?}, which is not configured; configured: {}",
+                        known.join(", ")
+                    ));
                 }
             }
             queues.retain(|q| only.contains(&q.name));
@@ -370,7 +385,10 @@ pub async fn run_worker(args: crate::config::WorkerArgs) -> Result<(), String> {
         tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await })
     });
     signal.recv().await;
-    println!("baton worker: shutting down (up to {} for running handlers)", humantime::format_duration(cfg.shutdown_grace));
+    println!(
+        "baton worker: shutting down (up to {} for running handlers)",
+        humantime::format_duration(cfg.shutdown_grace)
+    );
     workers.drain(cfg.shutdown_grace).await;
     shutdown.cancel();
     if let Some(h) = http {
@@ -462,7 +480,10 @@ mod tests {
         assert_eq!(q[0].handlers[0].command_type, "hook");
         assert_eq!(q[0].handlers[0].kind, "http");
         assert_eq!(q[0].handlers[0].options, serde_json::json!({"url": "http://127.0.0.1:9/x", "timeout": "2s"}));
-        assert_eq!(q[0].handlers[1], HandlerConfig { command_type: "nap".into(), kind: "sleep".into(), options: Value::Null });
+        assert_eq!(
+            q[0].handlers[1],
+            HandlerConfig { command_type: "nap".into(), kind: "sleep".into(), options: Value::Null }
+        );
         assert!(q[1].handlers.is_empty());
         assert_eq!(describe_queues(&q), "lifecycle (hook=http, nap=sleep); quick ()");
     }
@@ -511,18 +532,32 @@ mod tests {
     #[test]
     fn bad_reap_idle_consumers_after_names_the_key_and_the_rule() {
         let e = parse("[queues.a]\nreap_idle_consumers_after = \"59s\"\n").unwrap_err();
-        assert_eq!(e, "queues.a.reap_idle_consumers_after: 59s must be at least twice claim_timeout (30s), or \"never\"");
+        assert_eq!(
+            e,
+            "queues.a.reap_idle_consumers_after: 59s must be at least twice claim_timeout (30s), or \"never\""
+        );
         let e = parse("[queues.a]\nclaim_timeout = \"2m\"\nreap_idle_consumers_after = \"3m 59s\"\n").unwrap_err();
-        assert_eq!(e, "queues.a.reap_idle_consumers_after: 3m 59s must be at least twice claim_timeout (2m), or \"never\"");
+        assert_eq!(
+            e,
+            "queues.a.reap_idle_consumers_after: 3m 59s must be at least twice claim_timeout (2m), or \"never\""
+        );
         let e = parse("[queues.a]\nreap_idle_consumers_after = \"0s\"\n").unwrap_err();
-        assert_eq!(e, "queues.a.reap_idle_consumers_after: 0s must be at least twice claim_timeout (30s), or \"never\"");
+        assert_eq!(
+            e,
+            "queues.a.reap_idle_consumers_after: 0s must be at least twice claim_timeout (30s), or \"never\""
+        );
         let e = parse("[queues.a]\nreap_idle_consumers_after = \"soon\"\n").unwrap_err();
         assert!(
-            e.starts_with("queues.a.reap_idle_consumers_after: \"soon\" is neither a duration like `2h` or `90m` nor \"never\": "),
+            e.starts_with(
+                "queues.a.reap_idle_consumers_after: \"soon\" is neither a duration like `2h` or `90m` nor \"never\": "
+            ),
             "{e}"
         );
         let e = parse("[queues.a]\nreap_idle_consumers_after = false\n").unwrap_err();
-        assert!(e.contains("invalid type: boolean `false`, expected a string") && e.contains("reap_idle_consumers_after"), "{e}");
+        assert!(
+            e.contains("invalid type: boolean `false`, expected a string") && e.contains("reap_idle_consumers_after"),
+            "{e}"
+        );
     }
 
     /// The TOML blocks of docs/configuration.md and of this module's docs are valid queue

@@ -61,7 +61,13 @@ async fn secured() -> TestServer {
     .await
 }
 
-async fn send(srv: &TestServer, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> reqwest::Response {
+async fn send(
+    srv: &TestServer,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> reqwest::Response {
     let mut rb = client().request(method.parse().unwrap(), format!("{}{path}", srv.base));
     if let Some(t) = token {
         rb = rb.bearer_auth(t);
@@ -80,7 +86,9 @@ async fn status(srv: &TestServer, method: &str, path: &str, token: Option<&str>,
 async fn tokens_scopes_and_operations() {
     let srv = secured().await;
     // No token: 401 with a Bearer challenge, on commands and streams alike.
-    for (m, p) in [("GET", "/v1/queues"), ("GET", "/v1/stream/acme/x"), ("PUT", "/v1/stream/acme/x"), ("GET", "/v1/commands/x")] {
+    for (m, p) in
+        [("GET", "/v1/queues"), ("GET", "/v1/stream/acme/x"), ("PUT", "/v1/stream/acme/x"), ("GET", "/v1/commands/x")]
+    {
         let res = send(&srv, m, p, None, None).await;
         assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{m} {p}");
         assert_eq!(header(&res, "www-authenticate"), Some("Bearer realm=\"baton\""));
@@ -103,10 +111,18 @@ async fn tokens_scopes_and_operations() {
 
     // Streams: reader reads under acme only; writer writes under acme/w only.
     assert_eq!(status(&srv, "PUT", "/v1/stream/acme/w/1", Some(WRITER), None).await, 201);
-    assert_eq!(status(&srv, "POST", "/v1/stream/acme/w/1", Some(WRITER), None).await, 400, "allowed; empty append refused by the protocol");
+    assert_eq!(
+        status(&srv, "POST", "/v1/stream/acme/w/1", Some(WRITER), None).await,
+        400,
+        "allowed; empty append refused by the protocol"
+    );
     assert_eq!(status(&srv, "PUT", "/v1/stream/acme/x", Some(WRITER), None).await, 403);
     assert_eq!(status(&srv, "PUT", "/v1/stream/acme/w", Some(WRITER), None).await, 201, "the prefix itself is covered");
-    assert_eq!(status(&srv, "PUT", "/v1/stream/acme/wx", Some(WRITER), None).await, 403, "prefixes match whole segments");
+    assert_eq!(
+        status(&srv, "PUT", "/v1/stream/acme/wx", Some(WRITER), None).await,
+        403,
+        "prefixes match whole segments"
+    );
     assert_eq!(status(&srv, "GET", "/v1/stream/acme/w/1", Some(READER), None).await, 200);
     assert_eq!(status(&srv, "HEAD", "/v1/stream/acme/w/1", Some(READER), None).await, 200);
     assert_eq!(status(&srv, "PUT", "/v1/stream/acme/r", Some(READER), None).await, 403);
@@ -136,8 +152,15 @@ async fn tokens_scopes_and_operations() {
     let submit = json!({"id": "c-1", "type": "sleep", "params": {"ms": 60000}});
     assert_eq!(status(&srv, "POST", "/v1/queues/default/commands", Some(READER), Some(submit.clone())).await, 403);
     assert_eq!(status(&srv, "POST", "/v1/queues/default/commands", Some(WRITER), Some(submit)).await, 202);
-    assert_eq!(status(&srv, "POST", "/v1/queues/other/commands", Some(WRITER), Some(json!({"type": "echo"}))).await, 403);
-    assert_eq!(status(&srv, "POST", "/v1/queues/other/commands", Some(ADMIN), Some(json!({"id": "o-1", "type": "echo"}))).await, 202);
+    assert_eq!(
+        status(&srv, "POST", "/v1/queues/other/commands", Some(WRITER), Some(json!({"type": "echo"}))).await,
+        403
+    );
+    assert_eq!(
+        status(&srv, "POST", "/v1/queues/other/commands", Some(ADMIN), Some(json!({"id": "o-1", "type": "echo"})))
+            .await,
+        202
+    );
     assert_eq!(status(&srv, "GET", "/v1/commands/c-1", Some(READER), None).await, 200);
     assert_eq!(status(&srv, "GET", "/v1/commands/o-1", Some(READER), None).await, 403);
     assert_eq!(status(&srv, "GET", "/v1/commands/o-1?wait=5s", Some(WRITER), None).await, 403);
@@ -148,10 +171,20 @@ async fn tokens_scopes_and_operations() {
     assert_eq!(status(&srv, "GET", "/v1/queues/other/commands", Some(READER), None).await, 403);
     assert_eq!(status(&srv, "GET", "/v1/queues/other", Some(READER), None).await, 403);
     // The queue listing shows only the queues a token may read.
-    let v: Value = send(&srv, "GET", "/v1/queues", Some(READER), None).await.text().await.map(|t| serde_json::from_str::<Value>(&t).unwrap()).unwrap();
+    let v: Value = send(&srv, "GET", "/v1/queues", Some(READER), None)
+        .await
+        .text()
+        .await
+        .map(|t| serde_json::from_str::<Value>(&t).unwrap())
+        .unwrap();
     let names: Vec<&str> = v["queues"].as_array().unwrap().iter().map(|q| q["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["default"]);
-    let v: Value = send(&srv, "GET", "/v1/queues", Some(ADMIN), None).await.text().await.map(|t| serde_json::from_str::<Value>(&t).unwrap()).unwrap();
+    let v: Value = send(&srv, "GET", "/v1/queues", Some(ADMIN), None)
+        .await
+        .text()
+        .await
+        .map(|t| serde_json::from_str::<Value>(&t).unwrap())
+        .unwrap();
     assert_eq!(v["queues"].as_array().unwrap().len(), 2);
     // Dead letters: reading is read, replay and purge are admin.
     assert_eq!(status(&srv, "GET", "/v1/queues/default/dead-letters", Some(READER), None).await, 200);
@@ -178,20 +211,46 @@ async fn query_token_for_event_source_is_never_logged() {
     let logs = capture_logs();
     let srv = secured().await;
     let url = |p: &str| format!("{}{p}", srv.base);
-    let res = client().put(url("/v1/stream/acme/w/live")).bearer_auth(WRITER).header("content-type", "text/plain").send().await.unwrap();
+    let res = client()
+        .put(url("/v1/stream/acme/w/live"))
+        .bearer_auth(WRITER)
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::CREATED);
-    let res = client().post(url("/v1/stream/acme/w/live")).bearer_auth(WRITER).header("content-type", "text/plain").body("hello").send().await.unwrap();
+    let res = client()
+        .post(url("/v1/stream/acme/w/live"))
+        .bearer_auth(WRITER)
+        .header("content-type", "text/plain")
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
     assert!(res.status().is_success());
     // EventSource cannot set headers: the token rides in the query and the read works.
-    let res = client().get(url(&format!("/v1/stream/acme/w/live?offset=-1&live=sse&access_token={READER}"))).send().await.unwrap();
+    let res = client()
+        .get(url(&format!("/v1/stream/acme/w/live?offset=-1&live=sse&access_token={READER}")))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let (text, _) = read_sse_until(res, Duration::from_secs(5), |t| t.contains("event: control")).await;
     assert!(text.contains("hello"), "{text}");
     // A wrong query token is 401; a query token outside the scope is 403.
-    assert_eq!(client().get(url("/v1/stream/acme/w/live?access_token=wrong-token-xxxxxxxx")).send().await.unwrap().status(), 401);
-    assert_eq!(client().get(url(&format!("/v1/stream/zzz/a?access_token={READER}"))).send().await.unwrap().status(), 403);
+    assert_eq!(
+        client().get(url("/v1/stream/acme/w/live?access_token=wrong-token-xxxxxxxx")).send().await.unwrap().status(),
+        401
+    );
+    assert_eq!(
+        client().get(url(&format!("/v1/stream/zzz/a?access_token={READER}"))).send().await.unwrap().status(),
+        403
+    );
     // A command read with the token in the query (and the query otherwise valid).
-    assert_eq!(client().get(url(&format!("/v1/commands/none?access_token={READER}&wait=1ms"))).send().await.unwrap().status(), 404);
+    assert_eq!(
+        client().get(url(&format!("/v1/commands/none?access_token={READER}&wait=1ms"))).send().await.unwrap().status(),
+        404
+    );
     srv.stop().await;
     let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
     assert!(!text.is_empty(), "the capture saw no logs at all");
@@ -206,7 +265,15 @@ async fn no_tokens_means_open() {
     assert_eq!(status(&srv, "PUT", "/v1/stream/a/b", None, None).await, 201);
     assert_eq!(status(&srv, "POST", "/v1/queues/default/commands", None, Some(json!({"type": "echo"}))).await, 202);
     assert_eq!(status(&srv, "DELETE", "/v1/queues/default/dead-letters", None, None).await, 200);
-    let v: Value = client().get(format!("{}/", srv.base)).send().await.unwrap().text().await.map(|t| serde_json::from_str::<Value>(&t).unwrap()).unwrap();
+    let v: Value = client()
+        .get(format!("{}/", srv.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .map(|t| serde_json::from_str::<Value>(&t).unwrap())
+        .unwrap();
     assert_eq!(v["auth"], "none");
     srv.stop().await;
 }

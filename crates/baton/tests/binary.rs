@@ -65,10 +65,8 @@ fn serve_announces_backend_and_exits_cleanly_on_sigterm() {
 
 #[test]
 fn bad_configuration_is_refused_with_a_message() {
-    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(["serve", "--long-poll-timeout", "soon"])
-        .output()
-        .unwrap();
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_baton")).args(["serve", "--long-poll-timeout", "soon"]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a duration"), "{err}");
@@ -106,9 +104,10 @@ async fn serve_finishes_running_handlers_before_exiting_on_sigterm() {
     out.read_line(&mut first).unwrap();
     assert!(first.contains("listening on"), "{first}");
 
-    let store = baton_commands::CommandStore::redis(baton_redis::RedisClient::new(redis.config()).unwrap(), Default::default())
-        .await
-        .unwrap();
+    let store =
+        baton_commands::CommandStore::redis(baton_redis::RedisClient::new(redis.config()).unwrap(), Default::default())
+            .await
+            .unwrap();
     let cmd = baton_commands::Command::with_id("nap-serve", "nap", serde_json::json!({"ms": 1500}));
     store.submit("jobs", cmd).await.unwrap();
     let running = baton_testkit::eventually(Duration::from_secs(10), || async {

@@ -122,7 +122,16 @@ fn commands_submit_status_wait_cancel_list() {
     );
     let out = s.run(&["commands", "status", "c1"]).ok();
     let lines: Vec<&str> = out.stdout.lines().collect();
-    assert_eq!(&lines[..5], ["id:            c1", "queue:         default", "type:          echo", "status:        SUCCEEDED", "params:        {\"n\":1}"]);
+    assert_eq!(
+        &lines[..5],
+        [
+            "id:            c1",
+            "queue:         default",
+            "type:          echo",
+            "status:        SUCCEEDED",
+            "params:        {\"n\":1}"
+        ]
+    );
 
     // Unknown id: not found (3). Bad duration: usage error (2), from the argument parser.
     let out = s.run(&["commands", "status", "nope"]).code(3);
@@ -140,7 +149,9 @@ fn commands_submit_status_wait_cancel_list() {
     s.run(&["commands", "list", "default", "--status", "sleepy"]).code(2);
 
     // A failing command: `submit --wait` exits 1.
-    let out = s.run(&["commands", "submit", "default", "fail", r#"{"error":"disk full"}"#, "--id", "f1", "--wait", "10s"]).code(1);
+    let out = s
+        .run(&["commands", "submit", "default", "fail", r#"{"error":"disk full"}"#, "--id", "f1", "--wait", "10s"])
+        .code(1);
     assert_eq!(out.stdout, "f1 FAILED: disk full\n");
     // A long command: the wait times out (6), then cancel (0), cancel again is refused (4).
     s.run(&["commands", "submit", "default", "sleep", r#"{"ms":600000}"#, "--id", "s1"]).ok();
@@ -268,14 +279,20 @@ fn queues_list_pending_dead_replay_and_errors() {
     s.run(&["commands", "submit", "default", "sleep", r#"{"ms":600000}"#, "--id", "long"]).ok();
     let out = s.run(&["queues", "list"]).ok();
     let lines: Vec<&str> = out.stdout.lines().collect();
-    assert_eq!(lines[0], "QUEUE    LENGTH  PENDING  CONSUMERS  LAG  SUBMITTED  RUNNING  SUCCEEDED  FAILED  CANCELLED  DEAD");
+    assert_eq!(
+        lines[0],
+        "QUEUE    LENGTH  PENDING  CONSUMERS  LAG  SUBMITTED  RUNNING  SUCCEEDED  FAILED  CANCELLED  DEAD"
+    );
     assert!(lines[1].starts_with("default "), "{out:?}");
     let cols: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(cols[5..], ["1", "0", "1", "0", "0", "0"], "{out:?}");
     let out = s.run(&["queues", "list", "--json"]).ok();
     let q = &out.json()["queues"][0];
     assert_eq!(q["name"], "default");
-    assert_eq!(q["commands"], json!({"submitted": 1, "running": 0, "succeeded": 1, "failed": 0, "cancelled": 0, "total": 2}));
+    assert_eq!(
+        q["commands"],
+        json!({"submitted": 1, "running": 0, "succeeded": 1, "failed": 0, "cancelled": 0, "total": 2})
+    );
 
     let out = s.run(&["queues", "pending", "default"]).ok();
     let lines: Vec<&str> = out.stdout.lines().collect();

@@ -51,7 +51,8 @@ async fn get(srv: &TestServer, path: &str) -> (StatusCode, Value) {
 async fn submit_state_wait_cancel(backend: TestBackend) {
     let srv = serve(backend, |_| {}).await;
     let body = json!({"id": "nap-1", "type": "sleep", "params": {"ms": 60000}});
-    let res = client().post(format!("{}/v1/queues/default/commands", srv.base)).body(body.to_string()).send().await.unwrap();
+    let res =
+        client().post(format!("{}/v1/queues/default/commands", srv.base)).body(body.to_string()).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::ACCEPTED);
     assert_eq!(header(&res, "location"), Some("/v1/commands/nap-1"));
     let first: Value = res.text().await.map(|t| serde_json::from_str::<Value>(&t).unwrap()).unwrap();
@@ -64,22 +65,35 @@ async fn submit_state_wait_cancel(backend: TestBackend) {
     assert!(first["created_at"].as_str().unwrap().ends_with('Z'));
 
     // Same id, same body (keys in another order): 200 and the same command.
-    let (s, again) = post(&srv, "/v1/queues/default/commands", json!({"params": {"ms": 60000}, "type": "sleep", "id": "nap-1"})).await;
+    let (s, again) =
+        post(&srv, "/v1/queues/default/commands", json!({"params": {"ms": 60000}, "type": "sleep", "id": "nap-1"}))
+            .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(again["created_at"], first["created_at"]);
     // Same id, other body: 409.
-    let (s, e) = post(&srv, "/v1/queues/default/commands", json!({"id": "nap-1", "type": "sleep", "params": {"ms": 5}})).await;
+    let (s, e) =
+        post(&srv, "/v1/queues/default/commands", json!({"id": "nap-1", "type": "sleep", "params": {"ms": 5}})).await;
     assert_eq!(s, StatusCode::CONFLICT);
     assert_eq!(e["error"], "conflict");
-    assert_eq!(e["message"], "command nap-1 already exists with a different type or params; resubmit the same body, or use a new id");
+    assert_eq!(
+        e["message"],
+        "command nap-1 already exists with a different type or params; resubmit the same body, or use a new id"
+    );
     // Same id on another queue: 409 too.
     let (s, e) = post(&srv, "/v1/queues/extra/commands", json!({"id": "nap-1", "type": "echo"})).await;
     assert_eq!((s, e["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
     // Submit and wait in one request: 202 (this request created it) with the terminal state.
-    let (s, done) = post(&srv, "/v1/queues/default/commands?wait=20s", json!({"id": "e-1", "type": "echo", "params": {"n": 7}})).await;
-    assert_eq!((s, done["status"].as_str(), &done["result"]), (StatusCode::ACCEPTED, Some("SUCCEEDED"), &json!({"n": 7})));
+    let (s, done) =
+        post(&srv, "/v1/queues/default/commands?wait=20s", json!({"id": "e-1", "type": "echo", "params": {"n": 7}}))
+            .await;
+    assert_eq!(
+        (s, done["status"].as_str(), &done["result"]),
+        (StatusCode::ACCEPTED, Some("SUCCEEDED"), &json!({"n": 7}))
+    );
     // Again: 200 (found), at once, the same terminal state.
-    let (s, again) = post(&srv, "/v1/queues/default/commands?wait=20s", json!({"id": "e-1", "type": "echo", "params": {"n": 7}})).await;
+    let (s, again) =
+        post(&srv, "/v1/queues/default/commands?wait=20s", json!({"id": "e-1", "type": "echo", "params": {"n": 7}}))
+            .await;
     assert_eq!((s, &again["completed_at"]), (StatusCode::OK, &done["completed_at"]));
 
     // A bounded wait on a long sleep returns the non-terminal state after about the wait.
@@ -102,7 +116,8 @@ async fn submit_state_wait_cancel(backend: TestBackend) {
     assert_eq!(e["state"]["status"], "CANCELLED");
 
     // A wait ends as soon as the command is terminal.
-    let (s, _) = post(&srv, "/v1/queues/default/commands", json!({"id": "nap-2", "type": "sleep", "params": {"ms": 300}})).await;
+    let (s, _) =
+        post(&srv, "/v1/queues/default/commands", json!({"id": "nap-2", "type": "sleep", "params": {"ms": 300}})).await;
     assert_eq!(s, StatusCode::ACCEPTED);
     let t = Instant::now();
     let (s, st) = get(&srv, "/v1/commands/nap-2?wait=20s").await;
@@ -119,7 +134,12 @@ async fn submit_state_wait_cancel(backend: TestBackend) {
     assert_eq!(id.len(), 36, "a UUID: {id}");
     let (_, st) = get(&srv, &format!("/v1/commands/{id}?wait=20s")).await;
     assert_eq!((st["status"].as_str(), &st["result"]), (Some("SUCCEEDED"), &json!({"a": [1, 2]})));
-    let (_, st) = post(&srv, "/v1/queues/default/commands", json!({"id": "f-1", "type": "fail", "params": {"error": "disk full"}})).await;
+    let (_, st) = post(
+        &srv,
+        "/v1/queues/default/commands",
+        json!({"id": "f-1", "type": "fail", "params": {"error": "disk full"}}),
+    )
+    .await;
     assert_eq!(st["id"], "f-1");
     let (_, st) = get(&srv, "/v1/commands/f-1?wait=20s").await;
     assert_eq!((st["status"].as_str(), st["error"].as_str()), (Some("FAILED"), Some("disk full")));
@@ -128,7 +148,9 @@ async fn submit_state_wait_cancel(backend: TestBackend) {
     assert_eq!((s, e["state"]["status"].as_str()), (StatusCode::CONFLICT, Some("FAILED")));
 
     // Unknown ids: 404 on read, wait and cancel.
-    for (method, path) in [("GET", "/v1/commands/nope"), ("GET", "/v1/commands/nope?wait=1s"), ("POST", "/v1/commands/nope/cancel")] {
+    for (method, path) in
+        [("GET", "/v1/commands/nope"), ("GET", "/v1/commands/nope?wait=1s"), ("POST", "/v1/commands/nope/cancel")]
+    {
         let (s, e) = call(method.parse().unwrap(), format!("{}{path}", srv.base), None).await;
         assert_eq!(s, StatusCode::NOT_FOUND, "{method} {path}");
         assert_eq!(e, json!({"error": "not_found", "message": "no command nope (never submitted, or expired)"}));
@@ -140,7 +162,8 @@ async fn submit_state_wait_cancel(backend: TestBackend) {
 async fn listing_and_queue_stats(backend: TestBackend) {
     let srv = serve(backend, |c| c.run_workers = false).await;
     for i in 0..5 {
-        let (s, _) = post(&srv, "/v1/queues/extra/commands", json!({"id": format!("l-{i}"), "type": "echo", "params": i})).await;
+        let (s, _) =
+            post(&srv, "/v1/queues/extra/commands", json!({"id": format!("l-{i}"), "type": "echo", "params": i})).await;
         assert_eq!(s, StatusCode::ACCEPTED);
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
@@ -268,7 +291,13 @@ mod listing {
 
 fn urlencode(s: &str) -> String {
     s.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
         .collect()
 }
 
@@ -368,7 +397,8 @@ async fn metrics_cover_queues_commands_and_routes() {
     for i in 0..3 {
         post(&srv, "/v1/queues/metered/commands", json!({"id": format!("secret-id-{i}"), "type": "echo"})).await;
     }
-    post(&srv, "/v1/queues/metered/commands", json!({"id": "secret-id-f", "type": "fail", "params": {"error": "x"}})).await;
+    post(&srv, "/v1/queues/metered/commands", json!({"id": "secret-id-f", "type": "fail", "params": {"error": "x"}}))
+        .await;
     for id in ["secret-id-0", "secret-id-1", "secret-id-2", "secret-id-f"] {
         let (_, st) = get(&srv, &format!("/v1/commands/{id}?wait=10s")).await;
         assert!(st["completed_at"].is_string(), "{st}");
@@ -391,7 +421,12 @@ async fn metrics_cover_queues_commands_and_routes() {
     ] {
         assert!(has(line), "missing {line:?} in\n{text}");
     }
-    assert!(text.contains("baton_http_request_duration_seconds_bucket{route=\"/v1/commands/{id}\",method=\"GET\",status=\"200\""), "{text}");
+    assert!(
+        text.contains(
+            "baton_http_request_duration_seconds_bucket{route=\"/v1/commands/{id}\",method=\"GET\",status=\"200\""
+        ),
+        "{text}"
+    );
     assert!(text.contains("baton_http_request_duration_seconds_count{route=\"/v1/queues/{queue}/commands\",method=\"POST\",status=\"202\"}"));
     assert!(text.contains("# TYPE baton_command_handler_seconds histogram"));
     assert!(!text.contains("secret-id"), "a command id leaked into a label");
@@ -414,7 +449,10 @@ async fn readyz_follows_redis() {
     assert!(down.is_some(), "readyz stayed 200 with Redis down");
     let TestBackend::Standalone(redis) = &mut srv.backend else { unreachable!() };
     redis.restart();
-    let up = eventually(Duration::from_secs(15), || async { (ready(srv.base.clone()).await == StatusCode::OK).then_some(()) }).await;
+    let up = eventually(Duration::from_secs(15), || async {
+        (ready(srv.base.clone()).await == StatusCode::OK).then_some(())
+    })
+    .await;
     assert!(up.is_some(), "readyz did not recover");
     srv.stop().await;
 }
@@ -424,7 +462,8 @@ async fn readyz_follows_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waits_count_as_live_readers() {
     let srv = serve(TestBackend::Memory, |c| c.max_live_readers = 0).await;
-    let (s, _) = post(&srv, "/v1/queues/default/commands", json!({"id": "w-1", "type": "sleep", "params": {"ms": 60000}})).await;
+    let (s, _) =
+        post(&srv, "/v1/queues/default/commands", json!({"id": "w-1", "type": "sleep", "params": {"ms": 60000}})).await;
     assert_eq!(s, StatusCode::ACCEPTED);
     let res = client().get(format!("{}/v1/commands/w-1?wait=1s", srv.base)).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -40,7 +40,11 @@ async fn spec_covers_every_route_and_nothing_else() {
     let mut ids = BTreeSet::new();
     for item in spec["paths"].as_object().unwrap().values() {
         for op in item.as_object().unwrap().values() {
-            assert!(ids.insert(op["operationId"].as_str().unwrap().to_string()), "duplicate operationId {}", op["operationId"]);
+            assert!(
+                ids.insert(op["operationId"].as_str().unwrap().to_string()),
+                "duplicate operationId {}",
+                op["operationId"]
+            );
         }
     }
     let mut links = 0;

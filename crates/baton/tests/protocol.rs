@@ -198,7 +198,8 @@ async fn scenario(backend_name: &str) {
     let r = send(0, 1, "zombie").await.unwrap();
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert_eq!(header(&r, "producer-epoch"), Some("1"));
-    let r = c.post(&purl).header("content-type", "text/plain").header("producer-id", "p1").body("q").send().await.unwrap();
+    let r =
+        c.post(&purl).header("content-type", "text/plain").header("producer-id", "p1").body("q").send().await.unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(c.get(&purl).send().await.unwrap().text().await.unwrap(), "xy");
 
@@ -208,8 +209,14 @@ async fn scenario(backend_name: &str) {
     assert_eq!(r.status(), StatusCode::CREATED);
     let r = c.post(&jurl).header("content-type", "application/json").body(r#"[{"a":1},[2,3]]"#).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    assert_eq!(c.post(&jurl).header("content-type", "application/json").body("[]").send().await.unwrap().status(), StatusCode::BAD_REQUEST);
-    assert_eq!(c.post(&jurl).header("content-type", "application/json").body("{nope").send().await.unwrap().status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        c.post(&jurl).header("content-type", "application/json").body("[]").send().await.unwrap().status(),
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        c.post(&jurl).header("content-type", "application/json").body("{nope").send().await.unwrap().status(),
+        StatusCode::BAD_REQUEST
+    );
     assert_eq!(c.get(&jurl).send().await.unwrap().text().await.unwrap(), r#"[{"a":1},[2,3]]"#);
     let r = c.get(format!("{jurl}?offset=now")).send().await.unwrap();
     assert_eq!(r.text().await.unwrap(), "[]");
@@ -224,12 +231,7 @@ async fn scenario(backend_name: &str) {
 
     // --- forks inherit data up to the fork point, then diverge.
     let furl = srv.url(&format!("acme/{run}/fork"));
-    let r = c
-        .put(&furl)
-        .header("stream-forked-from", format!("/v1/stream/acme/{run}/producer"))
-        .send()
-        .await
-        .unwrap();
+    let r = c.put(&furl).header("stream-forked-from", format!("/v1/stream/acme/{run}/producer")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
     assert_eq!(header(&r, "content-type"), Some("text/plain"));
     c.post(&furl).header("content-type", "text/plain").body("F").send().await.unwrap();
@@ -271,7 +273,8 @@ async fn silence(backend_name: &str) {
     let srv = start(backend(backend_name), |_| {}).await;
     let c = client();
     let url = srv.url(&format!("acme/silence-{backend_name}-{}", std::process::id()));
-    let r = c.put(&url).header("content-type", "text/plain").header("baton-silence-timeout", "1s").send().await.unwrap();
+    let r =
+        c.put(&url).header("content-type", "text/plain").header("baton-silence-timeout", "1s").send().await.unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
     let r = c.head(&url).send().await.unwrap();
     assert_eq!(header(&r, "baton-silence-timeout"), Some("1s"));

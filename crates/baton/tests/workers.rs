@@ -110,7 +110,10 @@ async fn api_server_and_worker_processes_share_redis() {
     let base = server.base_url();
 
     // The API knows the configured queue and its handler types, but runs no workers.
-    let v: Value = serde_json::from_str(&client().get(format!("{base}/v1/queues/jobs")).send().await.unwrap().text().await.unwrap()).unwrap();
+    let v: Value = serde_json::from_str(
+        &client().get(format!("{base}/v1/queues/jobs")).send().await.unwrap().text().await.unwrap(),
+    )
+    .unwrap();
     assert_eq!(v["handlers"], json!(["nap", "say"]));
     assert_eq!(v["workers"], json!(false));
     assert_eq!(client().get(format!("{base}/v1/queues/default")).send().await.unwrap().status(), StatusCode::NOT_FOUND);
@@ -119,7 +122,8 @@ async fn api_server_and_worker_processes_share_redis() {
     let submit = |body: Value| {
         let base = base.clone();
         async move {
-            let r = client().post(format!("{base}/v1/queues/jobs/commands")).body(body.to_string()).send().await.unwrap();
+            let r =
+                client().post(format!("{base}/v1/queues/jobs/commands")).body(body.to_string()).send().await.unwrap();
             assert_eq!(r.status(), StatusCode::ACCEPTED);
         }
     };
@@ -139,7 +143,9 @@ async fn api_server_and_worker_processes_share_redis() {
     // A long sleep is taken by worker A; a second worker starts; A dies; B finishes it.
     submit(json!({"id": "nap-1", "type": "nap", "params": {"ms": 4000}})).await;
     let taken = eventually(Duration::from_secs(10), || async {
-        let v: Value = serde_json::from_str(&client().get(format!("{base}/v1/queues/jobs")).send().await.ok()?.text().await.ok()?).ok()?;
+        let v: Value =
+            serde_json::from_str(&client().get(format!("{base}/v1/queues/jobs")).send().await.ok()?.text().await.ok()?)
+                .ok()?;
         (v["pending"] == 1).then_some(())
     })
     .await;
@@ -154,7 +160,10 @@ async fn api_server_and_worker_processes_share_redis() {
     // The worker's own metrics and health.
     let metrics = client().get(b.url("/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("baton_queue_length{queue=\"jobs\"} 0"), "{metrics}");
-    assert!(metrics.contains("baton_command_outcomes_total{queue=\"jobs\",type=\"nap\",outcome=\"succeeded\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("baton_command_outcomes_total{queue=\"jobs\",type=\"nap\",outcome=\"succeeded\"} 1"),
+        "{metrics}"
+    );
     assert_eq!(client().get(b.url("/healthz")).send().await.unwrap().status(), StatusCode::OK);
 
     // Graceful stop; every log line is one JSON object.

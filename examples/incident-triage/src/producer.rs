@@ -169,7 +169,8 @@ pub async fn produce(
     start["source"] = label.clone().into();
     start["bytes_total"] = total.into();
     em.emit("started", start).await?;
-    let mut scan = Scan { reader, analyzer: Analyzer::new(settings.limits.clone()), line: Vec::new(), read: 0, eof: false };
+    let mut scan =
+        Scan { reader, analyzer: Analyzer::new(settings.limits.clone()), line: Vec::new(), read: 0, eof: false };
     let step = settings.progress_step.clamp(1, 100) as u64;
     let mut percent = 0;
     while !scan.eof && percent < 100 {

@@ -139,7 +139,11 @@ pub fn stream_path(engineer: &str, run: &str) -> StreamPath {
 
 /// Engineer ids: 1 to 64 of `A-Z a-z 0-9 . _ -`.
 pub fn valid_engineer(e: &str) -> bool {
-    !e.is_empty() && e.len() <= 64 && e.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c)) && e != "." && e != ".."
+    !e.is_empty()
+        && e.len() <= 64
+        && e.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
+        && e != "."
+        && e != ".."
 }
 
 fn valid_run(r: &str) -> bool {
@@ -395,7 +399,10 @@ pub fn check_source(dirs: &[PathBuf], source: LogSource) -> Result<LogSource, Tr
             let allowed = dirs.iter().filter_map(|d| std::fs::canonicalize(d).ok()).any(|d| canon.starts_with(&d));
             if !allowed {
                 let list: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
-                return Err(TriageError::Invalid(format!("{path} is outside the allowed log directories ({})", list.join(", "))));
+                return Err(TriageError::Invalid(format!(
+                    "{path} is outside the allowed log directories ({})",
+                    list.join(", ")
+                )));
             }
             std::fs::File::open(&canon).map_err(|e| TriageError::Invalid(format!("{path}: {e}")))?;
             Ok(LogSource::Path { path: canon.display().to_string() })
@@ -405,9 +412,12 @@ pub fn check_source(dirs: &[PathBuf], source: LogSource) -> Result<LogSource, Tr
                 return Err(TriageError::Invalid("the uploaded log is empty".into()));
             }
             if text.len() > MAX_UPLOAD_BYTES {
-                return Err(TriageError::Invalid(format!("uploads are limited to {MAX_UPLOAD_BYTES} bytes; put larger logs in a log directory")));
+                return Err(TriageError::Invalid(format!(
+                    "uploads are limited to {MAX_UPLOAD_BYTES} bytes; put larger logs in a log directory"
+                )));
             }
-            let name: String = Path::new(&name).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name: String =
+                Path::new(&name).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             Ok(LogSource::Text { name: if name.is_empty() { "upload.log".into() } else { name }, text })
         }
     }
@@ -464,7 +474,8 @@ impl CommandHandler for Lifecycle {
         };
         let pace = sh.cfg.pace.clone();
         let stop2 = stop.clone();
-        let handle = sh.streams.spawn(path.clone(), open, move |producer| produce(producer, source, header, pace, stop2));
+        let handle =
+            sh.streams.spawn(path.clone(), open, move |producer| produce(producer, source, header, pace, stop2));
         let shared = sh.clone();
         let run = p.run.clone();
         tokio::spawn(async move {

@@ -126,7 +126,11 @@ async fn logs(State(app): State<App>) -> Response {
                     if name.ends_with(".gz") || name.ends_with(".xz") || name.ends_with(".journal") {
                         continue;
                     }
-                    out.push((e.path().display().to_string(), md.len(), md.modified().unwrap_or(std::time::UNIX_EPOCH)));
+                    out.push((
+                        e.path().display().to_string(),
+                        md.len(),
+                        md.modified().unwrap_or(std::time::UNIX_EPOCH),
+                    ));
                 }
             }
         }
@@ -264,7 +268,8 @@ async fn events(
             }
         }
     });
-    let body = Body::from_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>))));
+    let body =
+        Body::from_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>))));
     let mut res = Response::new(body);
     let h = res.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));

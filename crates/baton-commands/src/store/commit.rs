@@ -20,8 +20,10 @@ static TRANSITIONS: LuaScript = LuaScript::new(
     "transitions",
     concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/transitions.lua")),
 );
-static SUBMITS: LuaScript =
-    LuaScript::new("submits", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/submits.lua")));
+static SUBMITS: LuaScript = LuaScript::new(
+    "submits",
+    concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/submits.lua")),
+);
 
 /// A kind of batched write: how a batch becomes one script call.
 pub(crate) trait Batch: Sized + Send + 'static {
@@ -59,7 +61,10 @@ impl Batch for Transition {
     fn command(keys: &BatchKeys, batch: &[Self]) -> redis::Cmd {
         let n = batch.len();
         let bytes = 256
-            + batch.iter().map(|t| t.state_key.len() + t.value.len() + t.expected.len() + t.id.len() + t.announce.len() + 64).sum::<usize>();
+            + batch
+                .iter()
+                .map(|t| t.state_key.len() + t.value.len() + t.expected.len() + t.id.len() + t.announce.len() + 64)
+                .sum::<usize>();
         let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(7 + n, 6 + 7 + n * 9, bytes);
         for k in &keys.index {
             cmd.arg(k);
@@ -111,7 +116,11 @@ impl Batch for Submit {
     fn command(keys: &BatchKeys, batch: &[Self]) -> redis::Cmd {
         let n = batch.len();
         let lookups = batch.iter().all(|s| s.lookup_key.is_some());
-        let bytes = 256 + batch.iter().map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + 96).sum::<usize>();
+        let bytes = 256
+            + batch
+                .iter()
+                .map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + 96)
+                .sum::<usize>();
         let per = if lookups { 2 } else { 1 };
         let mut cmd = SUBMITS.evalsha_cmd_with_capacity(3 + per * n, 16 + n * 8, bytes);
         cmd.arg(&keys.index[0]).arg(&keys.index[1]).arg(&keys.stream);
@@ -123,7 +132,12 @@ impl Batch for Submit {
         }
         // Lifetimes are the store's: the same for every submit of a batch.
         let first = &batch[0];
-        cmd.arg(n).arg(if lookups { "1" } else { "" }).arg(&keys.queue).arg(first.ttl_ms).arg(first.lookup_ttl_ms).arg(first.min_lifetime_ms);
+        cmd.arg(n)
+            .arg(if lookups { "1" } else { "" })
+            .arg(&keys.queue)
+            .arg(first.ttl_ms)
+            .arg(first.lookup_ttl_ms)
+            .arg(first.min_lifetime_ms);
         for s in batch {
             cmd.arg(&*s.value).arg(&s.body_sha).arg(s.created_ms).arg(&*s.msg).arg(&s.id).arg(&s.takeover);
         }

@@ -2,9 +2,9 @@
 //! per-queue status indexes, counts, and change notifications. Two backends side by side:
 //! `memory.rs` and `redis.rs` (key layout in the crate docs).
 
-mod memory;
 mod batch;
 mod commit;
+mod memory;
 mod redis;
 
 use std::collections::{BTreeSet, HashMap};

@@ -22,7 +22,8 @@ static TRANSITION: LuaScript = LuaScript::new(
     "transition",
     concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/transition.lua")),
 );
-static LOOKUP_TAKEOVER: LuaScript = LuaScript::new("lookup_takeover", include_str!("../../scripts/lookup_takeover.lua"));
+static LOOKUP_TAKEOVER: LuaScript =
+    LuaScript::new("lookup_takeover", include_str!("../../scripts/lookup_takeover.lua"));
 static LIST: LuaScript =
     LuaScript::new("list", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/list.lua")));
 static PRUNE: LuaScript =
@@ -200,7 +201,11 @@ fn string(v: &Value) -> Option<String> {
 }
 
 fn unexpected(what: &str, v: &Value) -> CommandError {
-    CommandError::Redis(redis::RedisError::from((redis::ErrorKind::Parse, "unexpected reply", format!("{what}: {v:?}"))))
+    CommandError::Redis(redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected reply",
+        format!("{what}: {v:?}"),
+    )))
 }
 
 impl RedisStore {
@@ -273,7 +278,9 @@ impl RedisStore {
 
     /// Points `lookup` at `queue` if it still names `stale` (`lookup_takeover.lua`).
     async fn take_over(&self, lookup: &str, stale: &str, queue: &str, ttl: Duration) -> Result<bool, CommandError> {
-        let took: i64 = LOOKUP_TAKEOVER.run(&mut self.conn.clone(), &[lookup], &[&stale, &queue, &(ttl.as_millis() as u64)]).await?;
+        let took: i64 = LOOKUP_TAKEOVER
+            .run(&mut self.conn.clone(), &[lookup], &[&stale, &queue, &(ttl.as_millis() as u64)])
+            .await?;
         Ok(took == 1)
     }
 }
@@ -307,7 +314,12 @@ impl StateBackend for RedisStore {
                 match prior {
                     None => break,
                     Some(home) if home == state.queue => {
-                        let _: () = redis::cmd("PEXPIRE").arg(&lookup).arg(lookup_ttl.as_millis() as u64).arg("GT").query_async(&mut conn).await?;
+                        let _: () = redis::cmd("PEXPIRE")
+                            .arg(&lookup)
+                            .arg(lookup_ttl.as_millis() as u64)
+                            .arg("GT")
+                            .query_async(&mut conn)
+                            .await?;
                         break;
                     }
                     Some(home) => {
@@ -434,7 +446,8 @@ impl StateBackend for RedisStore {
         }
         if st.body_sha.0.is_empty() {
             // Not read from Redis here (never the case in the service): take the stored hash.
-            let head: Vec<u8> = redis::cmd("GETRANGE").arg(k.state(&st.id)).arg(0).arg(HEAD_MAX).query_async(&mut conn).await?;
+            let head: Vec<u8> =
+                redis::cmd("GETRANGE").arg(k.state(&st.id)).arg(0).arg(HEAD_MAX).query_async(&mut conn).await?;
             st.body_sha.0 = body_sha_of(&head).to_string();
         }
         let value = stored(&st, &serde_json::to_vec(&st).expect("serializable"));
@@ -449,7 +462,8 @@ impl StateBackend for RedisStore {
         };
         let expected = format!("{} {} ", st.version - 1, old.as_str());
         // No hand-off enqueue and no ack on another queue's stream: group-committed.
-        let batched = enqueue.is_none() && target.as_ref().is_none_or(|(_, t)| t.stream == k.batch.stream && t.group == self.group);
+        let batched = enqueue.is_none()
+            && target.as_ref().is_none_or(|(_, t)| t.stream == k.batch.stream && t.group == self.group);
         let v: Value = if batched {
             let t = Transition {
                 state_key,
@@ -515,7 +529,9 @@ impl StateBackend for RedisStore {
 
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool {
         // The queues' stream keys (`p:q:{q}`): their slots are their tags'.
-        !self.cluster || baton_redis::key_slot(self.keys(home).batch.stream.as_bytes()) == baton_redis::key_slot(self.keys(target).batch.stream.as_bytes())
+        !self.cluster
+            || baton_redis::key_slot(self.keys(home).batch.stream.as_bytes())
+                == baton_redis::key_slot(self.keys(target).batch.stream.as_bytes())
     }
 
     async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError> {

@@ -21,12 +21,11 @@ pub async fn store_for(b: &TestBackend) -> CommandStore {
 pub async fn store_with(b: &TestBackend, settings: StoreSettings) -> CommandStore {
     match b.redis_config() {
         None => CommandStore::memory_with(settings).unwrap(),
-        Some(cfg) => CommandStore::redis(
-            RedisClient::new(cfg).unwrap(),
-            RedisStoreOptions { settings, ..Default::default() },
-        )
-        .await
-        .unwrap(),
+        Some(cfg) => {
+            CommandStore::redis(RedisClient::new(cfg).unwrap(), RedisStoreOptions { settings, ..Default::default() })
+                .await
+                .unwrap()
+        }
     }
 }
 
@@ -54,7 +53,8 @@ pub fn fast() -> QueueSettings {
     s
 }
 
-type ExecFn = dyn Fn(Command) -> Pin<Box<dyn Future<Output = Result<CommandResult, HandlerError>> + Send>> + Send + Sync;
+type ExecFn =
+    dyn Fn(Command) -> Pin<Box<dyn Future<Output = Result<CommandResult, HandlerError>> + Send>> + Send + Sync;
 type CheckFn = dyn Fn(Command, CommandState) -> Pin<Box<dyn Future<Output = Result<CommandResult, HandlerError>> + Send>>
     + Send
     + Sync;

@@ -11,9 +11,7 @@ use baton_testkit::TestBackend;
 pub async fn stream_for(b: &TestBackend) -> MessageStream {
     match b.redis_config() {
         None => MessageStream::memory(),
-        Some(cfg) => MessageStream::redis(RedisClient::new(cfg).unwrap(), RedisQueueOptions::default())
-            .await
-            .unwrap(),
+        Some(cfg) => MessageStream::redis(RedisClient::new(cfg).unwrap(), RedisQueueOptions::default()).await.unwrap(),
     }
 }
 
@@ -42,9 +40,7 @@ pub fn queue_name(tag: &str) -> String {
 }
 
 pub fn fast(ct_ms: u64) -> ConsumerOptions {
-    ConsumerOptions::new()
-        .with_claim_timeout(Duration::from_millis(ct_ms))
-        .with_reap_idle_consumers_after(None)
+    ConsumerOptions::new().with_claim_timeout(Duration::from_millis(ct_ms)).with_reap_idle_consumers_after(None)
 }
 
 /// One consumer of the queue's group as `XINFO CONSUMERS` lists it (Redis only).
@@ -59,12 +55,8 @@ pub struct GroupConsumer {
 /// registered yet) is an empty list.
 pub async fn xinfo_consumers(conn: &mut RedisConn, queue: &str) -> Vec<GroupConsumer> {
     use baton_redis::redis::Value;
-    let r: redis::RedisResult<Value> = redis::cmd("XINFO")
-        .arg("CONSUMERS")
-        .arg(format!("baton:q:{{{queue}}}"))
-        .arg("baton")
-        .query_async(conn)
-        .await;
+    let r: redis::RedisResult<Value> =
+        redis::cmd("XINFO").arg("CONSUMERS").arg(format!("baton:q:{{{queue}}}")).arg("baton").query_async(conn).await;
     let v = match r {
         Ok(v) => v,
         Err(e) if e.to_string().contains("no such key") || e.to_string().contains("NOGROUP") => return Vec::new(),

@@ -43,7 +43,14 @@ pub(crate) struct Blocker {
 
 impl Blocker {
     /// Arms `key` after `after` and returns once an entry past it may exist, or after `slice`.
-    pub(crate) async fn wait(&self, store: &Arc<RedisStore>, key: &str, after: String, wake: &Arc<Notify>, slice: Duration) {
+    pub(crate) async fn wait(
+        &self,
+        store: &Arc<RedisStore>,
+        key: &str,
+        after: String,
+        wake: &Arc<Notify>,
+        slice: Duration,
+    ) {
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -123,22 +130,23 @@ async fn run(store: Weak<RedisStore>) {
         let mut shared = s.conn.clone();
         let id = *id;
         let r = {
-        let xread = tokio::time::timeout(slice + Duration::from_secs(3), cmd.query_async::<Value>(c));
-        tokio::pin!(xread);
-        // A watch armed meanwhile interrupts the block so that it is included; if the XREAD has
-        // not reached Redis yet (UNBLOCK answers 0), try again every millisecond a few times.
-        let mut retries = 0u32;
-        loop {
-            tokio::select! {
-                r = &mut xread => break r,
-                _ = b.kick.notified() => retries = 5,
-                _ = tokio::time::sleep(Duration::from_millis(1)), if retries > 0 => {}
+            let xread = tokio::time::timeout(slice + Duration::from_secs(3), cmd.query_async::<Value>(c));
+            tokio::pin!(xread);
+            // A watch armed meanwhile interrupts the block so that it is included; if the XREAD has
+            // not reached Redis yet (UNBLOCK answers 0), try again every millisecond a few times.
+            let mut retries = 0u32;
+            loop {
+                tokio::select! {
+                    r = &mut xread => break r,
+                    _ = b.kick.notified() => retries = 5,
+                    _ = tokio::time::sleep(Duration::from_millis(1)), if retries > 0 => {}
+                }
+                if retries > 0 {
+                    let n: redis::RedisResult<i64> =
+                        redis::cmd("CLIENT").arg("UNBLOCK").arg(id).query_async(&mut shared).await;
+                    retries = if matches!(n, Ok(0)) { retries - 1 } else { 0 };
+                }
             }
-            if retries > 0 {
-                let n: redis::RedisResult<i64> = redis::cmd("CLIENT").arg("UNBLOCK").arg(id).query_async(&mut shared).await;
-                retries = if matches!(n, Ok(0)) { retries - 1 } else { 0 };
-            }
-        }
         };
         match r {
             Ok(Ok(v)) => {
@@ -174,7 +182,11 @@ fn wake_all(b: &Blocker) {
 }
 
 async fn open(s: &RedisStore) -> redis::RedisResult<(RedisConn, i64)> {
-    let mut c = s.client().dedicated().await.map_err(|e| redis::RedisError::from((redis::ErrorKind::Io, "connect", e.to_string())))?;
+    let mut c = s
+        .client()
+        .dedicated()
+        .await
+        .map_err(|e| redis::RedisError::from((redis::ErrorKind::Io, "connect", e.to_string())))?;
     let id: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut c).await?;
     Ok((c, id))
 }

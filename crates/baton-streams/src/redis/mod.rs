@@ -22,7 +22,10 @@ use reply::*;
 
 macro_rules! script {
     ($name:literal, $file:literal) => {
-        LuaScript::new($name, concat!(include_str!("../../scripts/common.lua"), include_str!(concat!("../../scripts/", $file))))
+        LuaScript::new(
+            $name,
+            concat!(include_str!("../../scripts/common.lua"), include_str!(concat!("../../scripts/", $file))),
+        )
     };
 }
 
@@ -202,7 +205,10 @@ impl Backend for RedisStore {
         let early = silence.map(|sil| now_ms() + sil - (sil / 4).min(1000));
         let (r, registered) = match early {
             Some(at) => {
-                let (r, g) = tokio::join!(self.call(&CREATE, path, args), self.register_deadline(path, &spec.incarnation, Some(at), None));
+                let (r, g) = tokio::join!(
+                    self.call(&CREATE, path, args),
+                    self.register_deadline(path, &spec.incarnation, Some(at), None)
+                );
                 (r?, Some(g))
             }
             None => (self.call(&CREATE, path, args).await?, None),
@@ -270,7 +276,12 @@ impl Backend for RedisStore {
         Ok(if text(&r[0]) == "collected" { source_path(&r[1]) } else { None })
     }
 
-    async fn keepalive(&self, path: &StreamPath, incarnation: Option<&str>, producer: Option<(&str, u64)>) -> Result<StreamInfo> {
+    async fn keepalive(
+        &self,
+        path: &StreamPath,
+        incarnation: Option<&str>,
+        producer: Option<(&str, u64)>,
+    ) -> Result<StreamInfo> {
         let args = vec![
             incarnation.unwrap_or("").as_bytes().to_vec(),
             producer.map(|p| p.0).unwrap_or("").as_bytes().to_vec(),
@@ -283,12 +294,20 @@ impl Backend for RedisStore {
 
     async fn trim(&self, path: &StreamPath, through: Offset) -> Result<Offset> {
         let after = Offset::new(through.ms, through.seq + 1);
-        let r = self.call(&TRIM, path, vec![through.to_redis_id().into_bytes(), after.to_redis_id().into_bytes()]).await?;
+        let r =
+            self.call(&TRIM, path, vec![through.to_redis_id().into_bytes(), after.to_redis_id().into_bytes()]).await?;
         check(path, &r, through, 0)?;
         parse_id(&r[1])
     }
 
-    async fn wait(&self, path: &StreamPath, after: Offset, incarnation: &str, max_bytes: usize, timeout: Duration) -> Result<ReadChunk> {
+    async fn wait(
+        &self,
+        path: &StreamPath,
+        after: Offset,
+        incarnation: &str,
+        max_bytes: usize,
+        timeout: Duration,
+    ) -> Result<ReadChunk> {
         self.hub.wait(path, after, incarnation, max_bytes, timeout).await
     }
 }

@@ -76,10 +76,8 @@ pub(super) fn parse_info(path: &StreamPath, v: &Value) -> Result<StreamInfo> {
         return Err(StreamError::Backend("short stream info".into()));
     }
     let tail = parse_id(&f[2])?;
-    let end = EndReason::parse(&text(&f[3])).map(|reason| EndState {
-        reason,
-        final_offset: Offset::from_redis_id(&text(&f[4])).unwrap_or(tail),
-    });
+    let end = EndReason::parse(&text(&f[3]))
+        .map(|reason| EndState { reason, final_offset: Offset::from_redis_id(&text(&f[4])).unwrap_or(tail) });
     let expiry = match (opt_num(&f[5]), opt_num(&f[6])) {
         (Some(t), _) => Expiry::TtlSecs(t / 1000),
         (None, Some(e)) => Expiry::At(e),
@@ -147,20 +145,20 @@ pub(super) fn check(path: &StreamPath, r: &[Value], requested: Offset, epoch: u6
         }
         "ct" => StreamError::conflict(format!("content type differs from the stream's ({})", at(1))),
         "epoch0" => StreamError::EpochMustStartAtZero { seq: at(1).parse().unwrap_or(0) },
-        "gap" => StreamError::SequenceGap { expected: at(1).parse().unwrap_or(0), received: at(2).parse().unwrap_or(0) },
+        "gap" => {
+            StreamError::SequenceGap { expected: at(1).parse().unwrap_or(0), received: at(2).parse().unwrap_or(0) }
+        }
         "sseq" => StreamError::StreamSeqRegression { last: at(1), received: String::new() },
         "toolong" => StreamError::TooLong {
             limit: at(2).parse().unwrap_or(0),
             scope: if at(1) == "writer" { LimitScope::Writer } else { LimitScope::Stream },
         },
-        "ahead" => StreamError::OffsetAhead {
-            offset: requested,
-            tail: Offset::from_redis_id(&at(1)).unwrap_or_default(),
-        },
-        "trimmed" => StreamError::OffsetGone {
-            offset: requested,
-            earliest: Offset::from_redis_id(&at(1)).unwrap_or_default(),
-        },
+        "ahead" => {
+            StreamError::OffsetAhead { offset: requested, tail: Offset::from_redis_id(&at(1)).unwrap_or_default() }
+        }
+        "trimmed" => {
+            StreamError::OffsetGone { offset: requested, earliest: Offset::from_redis_id(&at(1)).unwrap_or_default() }
+        }
         other => StreamError::Backend(format!("unknown script status {other:?}")),
     })
 }

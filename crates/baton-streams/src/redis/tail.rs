@@ -170,7 +170,13 @@ impl TailHub {
         }
         {
             let mut st = t.state.lock().unwrap();
-            if !st.ready || st.stopped || st.error.is_some() || st.end.is_some() || st.read_to != prev || st.tail != prev {
+            if !st.ready
+                || st.stopped
+                || st.error.is_some()
+                || st.end.is_some()
+                || st.read_to != prev
+                || st.tail != prev
+            {
                 return;
             }
             st.extend(records, cap);
@@ -438,7 +444,8 @@ async fn blocking_conn(s: &RedisStore, key: &str) -> Result<RedisConn> {
     let slot = baton_redis::key_slot(key.as_bytes());
     let mut shared = s.conn.clone();
     let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut shared).await?;
-    let (host, port) = slot_owner(&slots, slot).ok_or_else(|| StreamError::Backend(format!("no node owns slot {slot}")))?;
+    let (host, port) =
+        slot_owner(&slots, slot).ok_or_else(|| StreamError::Backend(format!("no node owns slot {slot}")))?;
     let url = node_url(&urls[0], &host, port);
     let client = redis::Client::open(url.as_str()).map_err(|e| StreamError::Backend(e.to_string()))?;
     let cfg = ConnectionManagerConfig::new()
@@ -453,7 +460,8 @@ fn slot_owner(v: &Value, slot: u16) -> Option<(String, u16)> {
     let Value::Array(ranges) = v else { return None };
     for r in ranges {
         let Value::Array(f) = r else { continue };
-        let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(master))) = (f.first(), f.get(1), f.get(2)) else {
+        let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(master))) = (f.first(), f.get(1), f.get(2))
+        else {
             continue;
         };
         if (*lo..=*hi).contains(&(slot as i64)) {

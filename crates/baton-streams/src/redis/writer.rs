@@ -141,7 +141,11 @@ impl RedisStore {
                 let pushed = match &out {
                     Ok((inc, Some(prev), tail)) => {
                         let (data, messages) = &p.spec.records[0];
-                        Some((inc.as_str(), *prev, vec![Record { offset: *tail, data: data.clone(), messages: *messages }]))
+                        Some((
+                            inc.as_str(),
+                            *prev,
+                            vec![Record { offset: *tail, data: data.clone(), messages: *messages }],
+                        ))
                     }
                     _ => None,
                 };
@@ -220,9 +224,7 @@ fn is_fast(spec: &WriteSpec) -> bool {
 /// keeps epoch and seq ≤ 2^53-1).
 fn fast_args(cmd: &mut redis::Cmd, s: &WriteSpec) {
     let (data, n) = &s.records[0];
-    cmd.arg(s.incarnation.as_deref().unwrap_or(""))
-        .arg(s.ctn.as_deref().unwrap_or(""))
-        .arg(data.as_ref());
+    cmd.arg(s.incarnation.as_deref().unwrap_or("")).arg(s.ctn.as_deref().unwrap_or("")).arg(data.as_ref());
     match &s.producer {
         Some(p) => {
             if *n == 0 {
@@ -270,7 +272,9 @@ fn parse_fast(b: &[u8]) -> Result<(String, Option<Offset>, Offset)> {
     let bad = || StreamError::Backend(format!("streams.write: unexpected reply {:?}", String::from_utf8_lossy(b)));
     let t = std::str::from_utf8(b).map_err(|_| bad())?;
     let mut it = t.split(' ');
-    let (Some(inc), Some(prev), Some(id), None) = (it.next(), it.next(), it.next(), it.next()) else { return Err(bad()) };
+    let (Some(inc), Some(prev), Some(id), None) = (it.next(), it.next(), it.next(), it.next()) else {
+        return Err(bad());
+    };
     let tail = Offset::from_redis_id(id).ok_or_else(bad)?;
     Ok((inc.to_string(), Offset::from_redis_id(prev), tail))
 }
@@ -316,21 +320,19 @@ fn parse_write(path: &StreamPath, spec: &WriteSpec, r: &[Value]) -> Result<Appen
     let dup = is(&r[0], "dup");
     if !dup && !is(&r[0], "ok") {
         check(path, r, Offset::ZERO, p.map_or(0, |p| p.epoch)).map_err(|e| match e {
-        StreamError::StreamSeqRegression { last, .. } => {
-            StreamError::StreamSeqRegression { last, received: spec.stream_seq.clone().unwrap_or_default() }
-        }
-        e => e,
-    })?;
+            StreamError::StreamSeqRegression { last, .. } => {
+                StreamError::StreamSeqRegression { last, received: spec.stream_seq.clone().unwrap_or_default() }
+            }
+            e => e,
+        })?;
     }
     if !dup && r.len() == 2 {
         // Short form: accepted, did not end the stream.
         return Ok(accepted(spec, parse_id(&r[1])?));
     }
     let tail = parse_id(&r[if dup { 4 } else { 3 }])?;
-    let end = EndReason::parse(&text(&r[5])).map(|reason| EndState {
-        reason,
-        final_offset: Offset::from_redis_id(&text(&r[6])).unwrap_or(tail),
-    });
+    let end = EndReason::parse(&text(&r[5]))
+        .map(|reason| EndState { reason, final_offset: Offset::from_redis_id(&text(&r[6])).unwrap_or(tail) });
     if dup {
         Ok(Appended {
             tail,

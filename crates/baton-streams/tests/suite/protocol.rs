@@ -39,10 +39,14 @@ pub async fn create_is_idempotent(b: &TestBackend) {
     }
     // The content-type conflict names the stream's type (what to fix).
     let e = s.create(&p, opts("application/json")).await.unwrap_err();
-    assert_eq!(e, StreamError::Conflict { reason: "content type differs from the existing stream's (text/plain)".into() });
+    assert_eq!(
+        e,
+        StreamError::Conflict { reason: "content type differs from the existing stream's (text/plain)".into() }
+    );
     // Created closed, with its whole content.
     let c = path("closed");
-    let made = s.create(&c, CreateOptions { closed: true, initial: Some("done".into()), ..opts("text/plain") }).await.unwrap();
+    let made =
+        s.create(&c, CreateOptions { closed: true, initial: Some("done".into()), ..opts("text/plain") }).await.unwrap();
     let end = made.info.end.expect("closed at creation");
     assert_eq!((end.reason, end.final_offset), (EndReason::Finished, made.info.tail));
     assert!(!s.create(&c, CreateOptions { closed: true, ..opts("text/plain") }).await.unwrap().created);
@@ -81,7 +85,16 @@ pub async fn append_and_read_bytes(b: &TestBackend) {
     let bin = path("bin");
     s.create(&bin, CreateOptions::default()).await.unwrap();
     let data: Vec<u8> = (0..=255u8).collect();
-    s.append(&bin, AppendRequest { data: Bytes::from(data.clone()), content_type: Some(DEFAULT_CONTENT_TYPE.into()), ..Default::default() }).await.unwrap();
+    s.append(
+        &bin,
+        AppendRequest {
+            data: Bytes::from(data.clone()),
+            content_type: Some(DEFAULT_CONTENT_TYPE.into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(s.read(&bin, ReadFrom::Start).await.unwrap().body().to_vec(), data);
     let info = s.head(&p).await.unwrap();
     assert_eq!((info.tail, info.len, info.content_type.as_str(), info.end), (offsets[2], 3, "text/plain", None));
@@ -142,12 +155,21 @@ pub async fn idempotent_producers(b: &TestBackend) {
     assert_eq!(dup.producer_offset, Some(a2.tail));
     assert!(a1.tail < a2.tail);
     // Gap, new epoch not at 0, epoch bump, zombie fencing.
-    assert_eq!(s.append(&p, stamped(ct, "x", "A", 0, 5)).await, Err(StreamError::SequenceGap { expected: 3, received: 5 }));
+    assert_eq!(
+        s.append(&p, stamped(ct, "x", "A", 0, 5)).await,
+        Err(StreamError::SequenceGap { expected: 3, received: 5 })
+    );
     assert_eq!(s.append(&p, stamped(ct, "x", "A", 1, 1)).await, Err(StreamError::EpochMustStartAtZero { seq: 1 }));
     s.append(&p, stamped(ct, "e1", "A", 1, 0)).await.unwrap();
-    assert_eq!(s.append(&p, stamped(ct, "z", "A", 0, 3)).await, Err(StreamError::Fenced { epoch: 0, current_epoch: 1 }));
+    assert_eq!(
+        s.append(&p, stamped(ct, "z", "A", 0, 3)).await,
+        Err(StreamError::Fenced { epoch: 0, current_epoch: 1 })
+    );
     // A new producer must start at 0; producers are independent.
-    assert_eq!(s.append(&p, stamped(ct, "x", "B", 0, 1)).await, Err(StreamError::SequenceGap { expected: 0, received: 1 }));
+    assert_eq!(
+        s.append(&p, stamped(ct, "x", "B", 0, 1)).await,
+        Err(StreamError::SequenceGap { expected: 0, received: 1 })
+    );
     s.append(&p, stamped(ct, "b0", "B", 7, 0)).await.unwrap();
     // Producer duplicate wins over a Stream-Seq regression (§5.2.1).
     let with_seq = AppendRequest { stream_seq: Some("1".into()), ..stamped(ct, "s", "C", 0, 0) };
@@ -211,7 +233,10 @@ pub async fn reader_outcomes(b: &TestBackend) {
     assert_eq!(s.read(&p, ReadFrom::At(ahead)).await, Err(StreamError::OffsetAhead { offset: ahead, tail: o3 }));
     // Retention: data through o1 dropped; earlier offsets are gone (410), -1 starts after it.
     assert_eq!(s.trim(&p, o1).await.unwrap(), o1);
-    assert_eq!(s.read(&p, ReadFrom::At(Offset::ZERO)).await, Err(StreamError::OffsetGone { offset: Offset::ZERO, earliest: o1 }));
+    assert_eq!(
+        s.read(&p, ReadFrom::At(Offset::ZERO)).await,
+        Err(StreamError::OffsetGone { offset: Offset::ZERO, earliest: o1 })
+    );
     assert_eq!(text(&s.read(&p, ReadFrom::Start).await.unwrap()), "bc");
     assert_eq!(text(&s.read(&p, ReadFrom::At(o1)).await.unwrap()), "bc");
     // Data then EOF with the end reason.
@@ -241,10 +266,7 @@ pub async fn chunked_reads(b: &TestBackend) {
         from = ReadFrom::At(c.next_offset);
     }
     // At most 10 bytes per page, but always at least one record.
-    assert_eq!(
-        pages,
-        vec![("aaaabbbb".into(), false), ("cccc".into(), false), ("dddddddddddddddd".into(), true)]
-    );
+    assert_eq!(pages, vec![("aaaabbbb".into(), false), ("cccc".into(), false), ("dddddddddddddddd".into(), true)]);
 }
 
 pub async fn ttl_and_expiry(b: &TestBackend) {
@@ -259,7 +281,8 @@ pub async fn ttl_and_expiry(b: &TestBackend) {
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(matches!(s.head(&sliding).await, Err(StreamError::NotFound { .. })));
     let at = path("expires-at");
-    let deadline = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64 + 1500;
+    let deadline =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64 + 1500;
     s.create(&at, CreateOptions { expiry: Expiry::At(deadline), ..opts("text/plain") }).await.unwrap();
     assert_eq!(s.head(&at).await.unwrap().deadline, Some(deadline));
     s.append(&at, body("text/plain", "x")).await.unwrap();
@@ -273,7 +296,9 @@ pub async fn forks(b: &TestBackend) {
     let s = store(b, settings()).await;
     let ct = "text/plain";
     let src = path("src");
-    s.create(&src, CreateOptions { initial: Some("A".into()), expiry: Expiry::TtlSecs(3600), ..opts(ct) }).await.unwrap();
+    s.create(&src, CreateOptions { initial: Some("A".into()), expiry: Expiry::TtlSecs(3600), ..opts(ct) })
+        .await
+        .unwrap();
     let at = s.append(&src, body(ct, "B")).await.unwrap().tail;
     s.append(&src, body(ct, "C")).await.unwrap();
     let fork = path("fork");
@@ -284,7 +309,10 @@ pub async fn forks(b: &TestBackend) {
     // Idempotent re-create; different fork origin conflicts.
     assert!(!s.create(&fork, CreateOptions { fork: Some(f.clone()), ..Default::default() }).await.unwrap().created);
     let other = ForkFrom { offset: Some(Offset::ZERO), ..f.clone() };
-    assert!(matches!(s.create(&fork, CreateOptions { fork: Some(other), ..Default::default() }).await, Err(StreamError::Conflict { .. })));
+    assert!(matches!(
+        s.create(&fork, CreateOptions { fork: Some(other), ..Default::default() }).await,
+        Err(StreamError::Conflict { .. })
+    ));
     let own = s.append(&fork, body(ct, "x")).await.unwrap().tail;
     assert!(own > at);
     s.append(&src, body(ct, "D")).await.unwrap();
@@ -295,15 +323,24 @@ pub async fn forks(b: &TestBackend) {
     assert_eq!(s.read(&fork, ReadFrom::Start).await.unwrap().records[1].offset, at);
     // Errors: missing source, offset past the tail, content type mismatch.
     let missing = ForkFrom { source: path("nope"), offset: None, sub_offset: 0 };
-    assert!(matches!(s.create(&path("f2"), CreateOptions { fork: Some(missing), ..Default::default() }).await, Err(StreamError::NotFound { .. })));
+    assert!(matches!(
+        s.create(&path("f2"), CreateOptions { fork: Some(missing), ..Default::default() }).await,
+        Err(StreamError::NotFound { .. })
+    ));
     let far = ForkFrom { offset: Some(Offset::new(own.ms + 10_000_000, 0)), ..f.clone() };
-    assert!(matches!(s.create(&path("f3"), CreateOptions { fork: Some(far), ..Default::default() }).await, Err(StreamError::OffsetAhead { .. })));
+    assert!(matches!(
+        s.create(&path("f3"), CreateOptions { fork: Some(far), ..Default::default() }).await,
+        Err(StreamError::OffsetAhead { .. })
+    ));
     let json = CreateOptions { fork: Some(f.clone()), ..opts("application/json") };
     assert!(matches!(s.create(&path("f4"), json).await, Err(StreamError::Conflict { .. })));
     // A closed source forks into an open stream; a fork has its own producer state.
     s.close(&src, EndReason::Finished).await.unwrap();
     let f5 = path("f5");
-    let open = s.create(&f5, CreateOptions { fork: Some(ForkFrom { offset: None, ..f }), ..Default::default() }).await.unwrap();
+    let open = s
+        .create(&f5, CreateOptions { fork: Some(ForkFrom { offset: None, ..f }), ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(open.info.end, None);
     assert_eq!(text(&s.read(&f5, ReadFrom::Start).await.unwrap()), "ABCD");
 }
@@ -311,7 +348,8 @@ pub async fn forks(b: &TestBackend) {
 pub async fn fork_sub_offsets(b: &TestBackend) {
     let s = store(b, settings()).await;
     let src = path("sub-src");
-    let first = s.create(&src, CreateOptions { initial: Some("first".into()), ..opts("text/plain") }).await.unwrap().info.tail;
+    let first =
+        s.create(&src, CreateOptions { initial: Some("first".into()), ..opts("text/plain") }).await.unwrap().info.tail;
     s.append(&src, stamped("text/plain", "second", "P", 0, 0)).await.unwrap();
     let fork = |off: Offset, sub: u64| CreateOptions {
         fork: Some(ForkFrom { source: src.clone(), offset: Some(off), sub_offset: sub }),
@@ -332,9 +370,14 @@ pub async fn fork_sub_offsets(b: &TestBackend) {
     assert!(!s.append(&f, stamped("text/plain", "LO", "P", 0, 0)).await.unwrap().duplicate);
     // JSON: flattened messages of the next append.
     let js = path("sub-json");
-    s.create(&js, CreateOptions { initial: Some(r#"[{"a":1},{"b":2},{"c":3}]"#.into()), ..opts("application/json") }).await.unwrap();
+    s.create(&js, CreateOptions { initial: Some(r#"[{"a":1},{"b":2},{"c":3}]"#.into()), ..opts("application/json") })
+        .await
+        .unwrap();
     let jf = path("sub-json-fork");
-    let jfork = |sub| CreateOptions { fork: Some(ForkFrom { source: js.clone(), offset: Some(Offset::ZERO), sub_offset: sub }), ..Default::default() };
+    let jfork = |sub| CreateOptions {
+        fork: Some(ForkFrom { source: js.clone(), offset: Some(Offset::ZERO), sub_offset: sub }),
+        ..Default::default()
+    };
     s.create(&jf, jfork(2)).await.unwrap();
     assert_eq!(text(&s.read(&jf, ReadFrom::Start).await.unwrap()), r#"[{"a":1},{"b":2}]"#);
     assert!(matches!(s.create(&path("j-over"), jfork(4)).await, Err(StreamError::InvalidRequest { .. })));
@@ -389,7 +432,10 @@ pub async fn max_len(b: &TestBackend) {
     s.create(&p, CreateOptions { limits: Some(limits), ..opts(ct) }).await.unwrap();
     s.append(&p, stamped(ct, "a", "W", 0, 0)).await.unwrap();
     s.append(&p, stamped(ct, "b", "W", 0, 1)).await.unwrap();
-    assert_eq!(s.append(&p, stamped(ct, "c", "W", 0, 2)).await, Err(StreamError::TooLong { limit: 2, scope: LimitScope::Writer }));
+    assert_eq!(
+        s.append(&p, stamped(ct, "c", "W", 0, 2)).await,
+        Err(StreamError::TooLong { limit: 2, scope: LimitScope::Writer })
+    );
     s.keepalive(&p).await.unwrap(); // invisible: no event, no offset change
     s.append(&p, body(ct, "c")).await.unwrap();
     assert_eq!(s.append(&p, body(ct, "d")).await, Err(StreamError::TooLong { limit: 3, scope: LimitScope::Stream }));
@@ -408,17 +454,30 @@ pub async fn fast_path_refusals_and_state(b: &TestBackend) {
     // A soft-deleted stream (a fork still references it) has data but no stream key: nothing is
     // appended, and its stream key is not re-created.
     let soft = path("fp-soft");
-    let fork = CreateOptions { fork: Some(ForkFrom { source: src.clone(), offset: None, sub_offset: 0 }), initial: Some("B".into()), ..Default::default() };
+    let fork = CreateOptions {
+        fork: Some(ForkFrom { source: src.clone(), offset: None, sub_offset: 0 }),
+        initial: Some("B".into()),
+        ..Default::default()
+    };
     s.create(&soft, fork.clone()).await.unwrap();
     s.append(&soft, stamped(ct, "C", "P", 3, 0)).await.unwrap();
     let child = path("fp-child");
-    s.create(&child, CreateOptions { fork: Some(ForkFrom { source: soft.clone(), ..fork.fork.clone().unwrap() }), ..Default::default() }).await.unwrap();
+    s.create(
+        &child,
+        CreateOptions {
+            fork: Some(ForkFrom { source: soft.clone(), ..fork.fork.clone().unwrap() }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     s.delete(&soft).await.unwrap();
     let gone = StreamError::Gone { path: soft.to_string() };
     assert_eq!(s.append(&soft, body(ct, "x")).await, Err(gone.clone()));
     assert_eq!(s.append(&soft, stamped(ct, "x", "P", 3, 1)).await, Err(gone.clone()));
     if let Some(mut c) = raw(b).await {
-        let n: u64 = redis::cmd("EXISTS").arg(format!("baton:s:{{{}}}", soft.as_str())).query_async(&mut c).await.unwrap();
+        let n: u64 =
+            redis::cmd("EXISTS").arg(format!("baton:s:{{{}}}", soft.as_str())).query_async(&mut c).await.unwrap();
         assert_eq!(n, 0, "a refused append re-created the stream key");
     }
     assert_eq!(text(&s.read(&child, ReadFrom::Start).await.unwrap()), "ABC");
@@ -432,10 +491,16 @@ pub async fn fast_path_refusals_and_state(b: &TestBackend) {
     assert!(a.tail < b1.tail);
     let dup = s.append(&p, stamped(ct, "b", "W", 10, 1)).await.unwrap();
     assert_eq!((dup.duplicate, dup.producer_offset, dup.tail), (true, Some(b1.tail), b1.tail));
-    assert!(matches!(s.append(&p, stamped(ct, "c", "W", 10, 3)).await, Err(StreamError::SequenceGap { expected: 2, received: 3 })));
+    assert!(matches!(
+        s.append(&p, stamped(ct, "c", "W", 10, 3)).await,
+        Err(StreamError::SequenceGap { expected: 2, received: 3 })
+    ));
     assert!(matches!(s.append(&p, stamped(ct, "c", "W", 9, 2)).await, Err(StreamError::Fenced { .. })));
     assert!(matches!(s.append(&p, stamped(ct, "c", "W", 11, 1)).await, Err(StreamError::EpochMustStartAtZero { .. })));
-    assert!(matches!(s.append(&p, stamped(ct, "c", "V", 0, 1)).await, Err(StreamError::SequenceGap { expected: 0, received: 1 })));
+    assert!(matches!(
+        s.append(&p, stamped(ct, "c", "V", 0, 1)).await,
+        Err(StreamError::SequenceGap { expected: 0, received: 1 })
+    ));
     let c1 = s.append(&p, stamped(ct, "c", "W", 11, 0)).await.unwrap();
     let d1 = s.append(&p, body(ct, "d")).await.unwrap();
     assert!(matches!(s.append(&p, body("application/json", "1")).await, Err(StreamError::Conflict { .. })));
@@ -483,16 +548,25 @@ pub async fn fast_path_producer_states(b: &TestBackend) {
     let p = path("fps-mlw");
     let limits = RunLimits { max_len_per_writer: Some(3), ..RunLimits::unlimited() };
     s.create(&p, CreateOptions { limits: Some(limits), initial: Some("0".into()), ..opts(ct) }).await.unwrap();
-    assert!(matches!(s.append(&p, stamped(ct, "x", "W", 0, 1)).await, Err(StreamError::SequenceGap { expected: 0, received: 1 })));
+    assert!(matches!(
+        s.append(&p, stamped(ct, "x", "W", 0, 1)).await,
+        Err(StreamError::SequenceGap { expected: 0, received: 1 })
+    ));
     s.append(&p, stamped(ct, "a", "W", 0, 0)).await.unwrap();
     s.append(&p, stamped(ct, "b", "W", 0, 1)).await.unwrap();
     let c = s.append(&p, stamped(ct, "c", "W", 0, 2)).await.unwrap();
     if b.redis_config().is_some() {
         assert_eq!(state(&p, "W").await.unwrap(), format!("0:2:3:{}", c.tail.to_redis_id()));
     }
-    assert_eq!(s.append(&p, stamped(ct, "d", "W", 0, 3)).await, Err(StreamError::TooLong { limit: 3, scope: LimitScope::Writer }));
+    assert_eq!(
+        s.append(&p, stamped(ct, "d", "W", 0, 3)).await,
+        Err(StreamError::TooLong { limit: 3, scope: LimitScope::Writer })
+    );
     // A new epoch keeps the count.
-    assert_eq!(s.append(&p, stamped(ct, "d", "W", 1, 0)).await, Err(StreamError::TooLong { limit: 3, scope: LimitScope::Writer }));
+    assert_eq!(
+        s.append(&p, stamped(ct, "d", "W", 1, 0)).await,
+        Err(StreamError::TooLong { limit: 3, scope: LimitScope::Writer })
+    );
     let dup = s.append(&p, stamped(ct, "c", "W", 0, 2)).await.unwrap();
     assert_eq!((dup.duplicate, dup.producer_offset), (true, Some(c.tail)));
     // Another writer has its own count.
@@ -519,7 +593,10 @@ pub async fn fast_path_producer_states(b: &TestBackend) {
     s.append(&q, stamped(ct, "c", "Z", MAX, 2)).await.unwrap();
     let dup = s.append(&q, stamped(ct, "b", "Z", MAX, 1)).await.unwrap();
     assert!(dup.duplicate);
-    assert!(matches!(s.append(&q, stamped(ct, "d", "Z", MAX, 4)).await, Err(StreamError::SequenceGap { expected: 3, received: 4 })));
+    assert!(matches!(
+        s.append(&q, stamped(ct, "d", "Z", MAX, 4)).await,
+        Err(StreamError::SequenceGap { expected: 3, received: 4 })
+    ));
     assert!(matches!(s.append(&q, stamped(ct, "d", "Z", MAX - 1, 3)).await, Err(StreamError::Fenced { .. })));
     assert!(matches!(s.append(&q, stamped(ct, "d", "Z", MAX + 1, 0)).await, Err(StreamError::InvalidRequest { .. })));
     assert!(matches!(s.append(&q, stamped(ct, "d", "Y", 0, MAX + 1)).await, Err(StreamError::InvalidRequest { .. })));

@@ -12,7 +12,12 @@ fn limits(silence_ms: Option<u64>) -> Option<RunLimits> {
 }
 
 fn open_opts(id: &str, silence_ms: Option<u64>) -> OpenOptions {
-    OpenOptions { content_type: Some("text/plain".into()), producer_id: Some(id.into()), limits: limits(silence_ms), ..Default::default() }
+    OpenOptions {
+        content_type: Some("text/plain".into()),
+        producer_id: Some(id.into()),
+        limits: limits(silence_ms),
+        ..Default::default()
+    }
 }
 
 /// Number of hidden end entries in the Redis stream key (exactly one final entry).
@@ -142,14 +147,22 @@ pub async fn done_ttl_only_shortens(b: &TestBackend) {
     let s = store(b, settings()).await;
     // done_ttl longer than what is left of max_run: the end does not extend the lifetime.
     let p = path("short");
-    let l = RunLimits { max_run: Some(Duration::from_secs(3)), done_ttl: Some(Duration::from_secs(60)), ..RunLimits::unlimited() };
+    let l = RunLimits {
+        max_run: Some(Duration::from_secs(3)),
+        done_ttl: Some(Duration::from_secs(60)),
+        ..RunLimits::unlimited()
+    };
     let made = s.create(&p, CreateOptions { limits: Some(l), ..Default::default() }).await.unwrap();
     let before = made.info.deadline.unwrap();
     s.close(&p, EndReason::Finished).await.unwrap();
     assert_eq!(s.head(&p).await.unwrap().deadline, Some(before));
     // done_ttl shorter: the stream disappears done_ttl after its end.
     let q = path("done");
-    let l = RunLimits { max_run: Some(Duration::from_secs(600)), done_ttl: Some(Duration::from_millis(800)), ..RunLimits::unlimited() };
+    let l = RunLimits {
+        max_run: Some(Duration::from_secs(600)),
+        done_ttl: Some(Duration::from_millis(800)),
+        ..RunLimits::unlimited()
+    };
     s.create(&q, CreateOptions { limits: Some(l), ..Default::default() }).await.unwrap();
     s.close(&q, EndReason::Finished).await.unwrap();
     let d = s.head(&q).await.unwrap().deadline.unwrap();
@@ -237,7 +250,13 @@ pub async fn sweeper_ends_unread_silent_runs(b: &TestBackend) {
         // The deadline shards hold the kept run only (the ended one was removed when swept).
         let mut members = Vec::new();
         for n in 0..16 {
-            let m: Vec<String> = redis::cmd("ZRANGE").arg(format!("baton:s:deadlines:{{{n}}}")).arg(0).arg(-1).query_async(&mut c).await.unwrap();
+            let m: Vec<String> = redis::cmd("ZRANGE")
+                .arg(format!("baton:s:deadlines:{{{n}}}"))
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut c)
+                .await
+                .unwrap();
             members.extend(m);
         }
         assert_eq!(members, vec![format!("{} {}", kept_info.incarnation, kept.as_str())]);

@@ -30,7 +30,10 @@ impl Req {
     pub fn new(method: &str, host: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Req {
         let mut hs = vec![(HOST, HeaderValue::from_str(host).expect("host is a header value"))];
         hs.extend(headers.iter().map(|(k, v)| {
-            (HeaderName::from_bytes(k.as_bytes()).expect("header name"), HeaderValue::from_str(v).expect("header value"))
+            (
+                HeaderName::from_bytes(k.as_bytes()).expect("header name"),
+                HeaderValue::from_str(v).expect("header value"),
+            )
         }));
         Req {
             method: method.parse().expect("method"),

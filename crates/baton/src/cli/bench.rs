@@ -159,10 +159,13 @@ pub async fn run(args: BenchArgs) -> Result<u8, CliError> {
                 })
             })
             .collect();
-        print_json(&json!({ "workload": format!("{:?}", args.workload).to_lowercase(), "backend": backend, "results": out }));
+        print_json(
+            &json!({ "workload": format!("{:?}", args.workload).to_lowercase(), "backend": backend, "results": out }),
+        );
     } else {
-        let mut t = Table::new(&["WORKLOAD", "CONCURRENCY", "OPS", "SECONDS", "OPS/S", "P50", "P99", "MAX", "LATENCY OF"])
-            .right(&[1, 2, 3, 4, 5, 6, 7]);
+        let mut t =
+            Table::new(&["WORKLOAD", "CONCURRENCY", "OPS", "SECONDS", "OPS/S", "P50", "P99", "MAX", "LATENCY OF"])
+                .right(&[1, 2, 3, 4, 5, 6, 7]);
         for r in &rows {
             t.row(vec![
                 r.name.clone(),
@@ -272,7 +275,14 @@ async fn bench_queue(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec<R
         let _ = consumer.close().await;
         let mut lat = std::mem::take(&mut *latencies.lock().unwrap());
         lat.sort();
-        rows.push(Row { name: "queue".into(), concurrency: c, ops: count, elapsed, latencies: lat, latency_of: "offer → handler" });
+        rows.push(Row {
+            name: "queue".into(),
+            concurrency: c,
+            ops: count,
+            elapsed,
+            latencies: lat,
+            latency_of: "offer → handler",
+        });
     }
     Ok(rows)
 }
@@ -334,7 +344,14 @@ async fn bench_commands(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Ve
         pb.finish_and_clear();
         service.drain(Duration::from_secs(5)).await;
         lat.sort();
-        rows.push(Row { name: "commands".into(), concurrency: c, ops: count, elapsed, latencies: lat, latency_of: "submit → SUCCEEDED" });
+        rows.push(Row {
+            name: "commands".into(),
+            concurrency: c,
+            ops: count,
+            elapsed,
+            latencies: lat,
+            latency_of: "submit → SUCCEEDED",
+        });
     }
     Ok(rows)
 }
@@ -371,7 +388,14 @@ async fn bench_streams(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
                 while next.fetch_add(1, Ordering::Relaxed) < count {
                     let t = Instant::now();
                     store
-                        .append(&p, AppendRequest { data: payload.clone(), content_type: Some("text/plain".into()), ..Default::default() })
+                        .append(
+                            &p,
+                            AppendRequest {
+                                data: payload.clone(),
+                                content_type: Some("text/plain".into()),
+                                ..Default::default()
+                            },
+                        )
                         .await
                         .map_err(|e| e.to_string())?;
                     lat.push(t.elapsed());
@@ -390,7 +414,14 @@ async fn bench_streams(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
             let _ = store.delete(p).await;
         }
         lat.sort();
-        rows.push(Row { name: "stream append".into(), concurrency: w, ops: count, elapsed, latencies: lat, latency_of: "append call" });
+        rows.push(Row {
+            name: "stream append".into(),
+            concurrency: w,
+            ops: count,
+            elapsed,
+            latencies: lat,
+            latency_of: "append call",
+        });
     }
     // Append → live read: one writer, one subscriber, one record in flight.
     let trips = args.count.map(|c| c.min(100_000)).unwrap_or(2_000);
@@ -408,7 +439,10 @@ async fn bench_streams(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
     for _ in 0..trips {
         let t = Instant::now();
         store
-            .append(&p, AppendRequest { data: payload.clone(), content_type: Some("text/plain".into()), ..Default::default() })
+            .append(
+                &p,
+                AppendRequest { data: payload.clone(), content_type: Some("text/plain".into()), ..Default::default() },
+            )
             .await
             .map_err(|e| failed("append", e))?;
         loop {
@@ -430,7 +464,14 @@ async fn bench_streams(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
     pb.finish_and_clear();
     let _ = store.delete(&p).await;
     lat.sort();
-    rows.push(Row { name: "append → live read".into(), concurrency: 1, ops: trips, elapsed, latencies: lat, latency_of: "append → subscriber" });
+    rows.push(Row {
+        name: "append → live read".into(),
+        concurrency: 1,
+        ops: trips,
+        elapsed,
+        latencies: lat,
+        latency_of: "append → subscriber",
+    });
     Ok(rows)
 }
 

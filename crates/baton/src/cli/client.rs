@@ -125,7 +125,10 @@ fn full_error(e: &dyn std::error::Error) -> String {
 pub async fn read_json(res: Response) -> Result<Value, CliError> {
     let bytes = res.bytes().await.map_err(|e| CliError::server(format!("reading the reply failed: {e}")))?;
     serde_json::from_slice(&bytes).map_err(|e| {
-        CliError::server(format!("the server's reply is not JSON ({e}): {}", String::from_utf8_lossy(&bytes[..bytes.len().min(200)])))
+        CliError::server(format!(
+            "the server's reply is not JSON ({e}): {}",
+            String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+        ))
     })
 }
 

@@ -81,7 +81,11 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
                 body["id"] = Value::from(id);
             }
             let url = format!("/v1/queues/{}/commands", encode_segment(&queue));
-            let res = cl.send_ok(cl.request(Method::POST, &url).header("content-type", "application/json").body(body.to_string())).await?;
+            let res = cl
+                .send_ok(
+                    cl.request(Method::POST, &url).header("content-type", "application/json").body(body.to_string()),
+                )
+                .await?;
             let created = res.status() == reqwest::StatusCode::ACCEPTED;
             let state = super::client::read_json(res).await?;
             match wait {
@@ -191,8 +195,20 @@ fn command_path(id: &str) -> String {
 fn print_state(s: &Value) {
     let mut t = Table::new(&["", ""]);
     for k in [
-        "id", "queue", "type", "status", "params", "result", "error", "attempts", "errors_count", "created_at",
-        "started_at", "modified_at", "completed_at", "handed_off_to",
+        "id",
+        "queue",
+        "type",
+        "status",
+        "params",
+        "result",
+        "error",
+        "attempts",
+        "errors_count",
+        "created_at",
+        "started_at",
+        "modified_at",
+        "completed_at",
+        "handed_off_to",
     ] {
         if let Some(v) = s.get(k) {
             if k == "handed_off_to" && v.is_null() {
@@ -248,7 +264,10 @@ async fn wait_for(cl: &Client, id: &str, timeout: Option<Duration>) -> Result<u8
         "FAILED" | "CANCELLED" => exit::UNSUCCESSFUL,
         _ => {
             if !cl.json {
-                eprintln!("baton: gave up waiting for {id} after {}", humantime::format_duration(timeout.unwrap_or_default()));
+                eprintln!(
+                    "baton: gave up waiting for {id} after {}",
+                    humantime::format_duration(timeout.unwrap_or_default())
+                );
             }
             exit::TIMEOUT
         }

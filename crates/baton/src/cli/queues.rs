@@ -5,8 +5,8 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::client::{encode_segment, CliError, Client};
-use super::output::{cell, clip, print_json, Table};
 use super::exit;
+use super::output::{cell, clip, print_json, Table};
 
 #[derive(Subcommand, Debug)]
 pub enum QueuesOp {
@@ -52,8 +52,17 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
                 return Ok(exit::OK);
             }
             let mut t = Table::new(&[
-                "QUEUE", "LENGTH", "PENDING", "CONSUMERS", "LAG", "SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED",
-                "CANCELLED", "DEAD",
+                "QUEUE",
+                "LENGTH",
+                "PENDING",
+                "CONSUMERS",
+                "LAG",
+                "SUBMITTED",
+                "RUNNING",
+                "SUCCEEDED",
+                "FAILED",
+                "CANCELLED",
+                "DEAD",
             ])
             .right(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
             for q in &queues {
@@ -131,7 +140,8 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
                 println!("no dead letters in {queue}");
                 return Ok(exit::OK);
             }
-            let mut t = Table::new(&["ID", "COMMAND", "DELIVERIES", "DEAD-LETTERED AT", "REASON", "PAYLOAD"]).right(&[2]);
+            let mut t =
+                Table::new(&["ID", "COMMAND", "DELIVERIES", "DEAD-LETTERED AT", "REASON", "PAYLOAD"]).right(&[2]);
             for d in &items {
                 t.row(vec![
                     cell(d.get("id")),

@@ -95,7 +95,9 @@ pub async fn run(cl: &Client, op: StreamsOp) -> Result<u8, CliError> {
             let created = res.status() == StatusCode::CREATED;
             let next = header(&res, "stream-next-offset");
             if cl.json {
-                print_json(&json!({ "path": path, "created": created, "content_type": content_type, "next_offset": next }));
+                print_json(
+                    &json!({ "path": path, "created": created, "content_type": content_type, "next_offset": next }),
+                );
             } else if created {
                 println!("created {path} ({content_type})");
             } else {
@@ -228,8 +230,9 @@ async fn read(cl: &Client, path: &str, offset: &str) -> Result<u8, CliError> {
         let reason = header(&res, "baton-end-reason");
         let body = res.bytes().await.map_err(|e| CliError::server(format!("reading {path} failed: {e}")))?;
         if is_json_type(&content_type) && !body.is_empty() {
-            let v: Value = serde_json::from_slice(&body)
-                .map_err(|e| CliError::server(format!("the server sent a JSON stream chunk that does not parse: {e}")))?;
+            let v: Value = serde_json::from_slice(&body).map_err(|e| {
+                CliError::server(format!("the server sent a JSON stream chunk that does not parse: {e}"))
+            })?;
             let items = match v {
                 Value::Array(a) => a,
                 other => vec![other],
@@ -443,7 +446,8 @@ mod tests {
 
     #[test]
     fn sse_events_parse() {
-        let mut buf = String::from("event: data\ndata:a\ndata:\n\n:\n\nevent: control\ndata:{\"x\":1}\nid:5\n\nevent: da");
+        let mut buf =
+            String::from("event: data\ndata:a\ndata:\n\n:\n\nevent: control\ndata:{\"x\":1}\nid:5\n\nevent: da");
         let evs = take_events(&mut buf);
         assert_eq!(evs.len(), 2);
         assert_eq!((evs[0].event.as_str(), evs[0].data.as_str()), ("data", "a\n"));

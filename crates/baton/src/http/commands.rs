@@ -157,7 +157,12 @@ struct ApiInner {
 impl CommandsApi {
     /// The API over `store` for `queues`; `workers_here` says whether this process runs their
     /// workers (shown in queue stats). Errors: a queue whose handlers cannot be built.
-    pub fn new(store: CommandStore, queues: &[QueueConfig], max_body: usize, workers_here: bool) -> Result<Self, String> {
+    pub fn new(
+        store: CommandStore,
+        queues: &[QueueConfig],
+        max_body: usize,
+        workers_here: bool,
+    ) -> Result<Self, String> {
         let mut map = BTreeMap::new();
         for q in queues {
             store.declare_queue(&q.name).map_err(|e| format!("queue {}: {e}", q.name))?;
@@ -266,7 +271,10 @@ pub fn limit_param(q: &BTreeMap<String, String>, default: usize, max: usize) -> 
         None => Ok(default),
         Some(s) => match s.trim().parse::<usize>() {
             Ok(n) if (1..=max).contains(&n) => Ok(n),
-            _ => Err(JsonError::bad_request("invalid_limit", format!("limit must be an integer from 1 to {max}; got {s:?}"))),
+            _ => Err(JsonError::bad_request(
+                "invalid_limit",
+                format!("limit must be an integer from 1 to {max}; got {s:?}"),
+            )),
         },
     }
 }
@@ -379,7 +387,8 @@ async fn read_body(limit: usize, headers: &HeaderMap, body: Body) -> Result<byte
         }
         e
     };
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if let Some(n) = declared.filter(|n| *n > limit.saturating_add(DRAIN_CAP)) {
         return Err(too_large(n.to_string(), true));
     }
@@ -387,7 +396,8 @@ async fn read_body(limit: usize, headers: &HeaderMap, body: Body) -> Result<byte
     let mut buf = bytes::BytesMut::new();
     let mut total = 0usize;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| JsonError::bad_request("invalid_body", format!("could not read the request body: {e}")))?;
+        let chunk = chunk
+            .map_err(|e| JsonError::bad_request("invalid_body", format!("could not read the request body: {e}")))?;
         total = total.saturating_add(chunk.len());
         if total <= limit {
             buf.extend_from_slice(&chunk);
@@ -472,10 +482,15 @@ async fn submit(
             let types: Vec<&str> = entry.handlers.keys().map(String::as_str).collect();
             return Err(JsonError::bad_request(
                 "unknown_type",
-                format!("queue {queue:?} has no handler for type {:?}; use one of {}", command.command_type, types.join(", ")),
+                format!(
+                    "queue {queue:?} has no handler for type {:?}; use one of {}",
+                    command.command_type,
+                    types.join(", ")
+                ),
             ));
         };
-        h.validate(&command.params).map_err(|e| JsonError::bad_request("invalid_params", format!("invalid params: {e}")))?;
+        h.validate(&command.params)
+            .map_err(|e| JsonError::bad_request("invalid_params", format!("invalid params: {e}")))?;
     }
     // A held request is a live reader (bounded by --max-live-readers like GET …?wait=): its
     // slot is taken before anything is stored, so a refusal stores nothing.
@@ -517,7 +532,10 @@ pub fn parse_wait(s: &str) -> Result<Duration, JsonError> {
     let bad = |why: String| {
         JsonError::bad_request(
             "invalid_wait",
-            format!("wait must be a duration like 30s, 500ms or 2m, at most {}; {why}", humantime::format_duration(MAX_WAIT)),
+            format!(
+                "wait must be a duration like 30s, 500ms or 2m, at most {}; {why}",
+                humantime::format_duration(MAX_WAIT)
+            ),
         )
     };
     let d = humantime::parse_duration(s.trim()).map_err(|e| bad(format!("{s:?}: {e}")))?;
@@ -607,12 +625,20 @@ mod tests {
         let c = parse_submit(br#"{"type":"echo"}"#).unwrap();
         assert_eq!(c.params, Value::Null);
         assert_eq!(c.id.len(), 36);
-        assert!(err("{").1.starts_with("request body is not valid JSON (EOF while parsing an object at line 1 column 1)"));
+        assert!(err("{")
+            .1
+            .starts_with("request body is not valid JSON (EOF while parsing an object at line 1 column 1)"));
         assert_eq!(err("[1]").1, format!("request body must be a JSON object like {SUBMIT_SHAPE}; got an array"));
         assert_eq!(err(r#"{"type":3}"#).1, "\"type\" must be a string naming a handler; got a number");
         assert_eq!(err(r#"{"params":{}}"#).1, format!("missing field \"type\"; send {SUBMIT_SHAPE}"));
-        assert_eq!(err(r#"{"type":"e","id":7}"#).1, "\"id\" must be a string (1 to 200 bytes, no braces or whitespace); got a number");
-        assert_eq!(err(r#"{"type":"e","prams":1}"#).1, "unknown field \"prams\"; a command body has only id, type and params");
+        assert_eq!(
+            err(r#"{"type":"e","id":7}"#).1,
+            "\"id\" must be a string (1 to 200 bytes, no braces or whitespace); got a number"
+        );
+        assert_eq!(
+            err(r#"{"type":"e","prams":1}"#).1,
+            "unknown field \"prams\"; a command body has only id, type and params"
+        );
     }
 
     #[test]
@@ -620,7 +646,11 @@ mod tests {
         assert_eq!(parse_wait("30s").unwrap(), Duration::from_secs(30));
         assert_eq!(parse_wait("250ms").unwrap(), Duration::from_millis(250));
         let e = parse_wait("soon").unwrap_err();
-        assert!(e.message.starts_with("wait must be a duration like 30s, 500ms or 2m, at most 5m; \"soon\""), "{}", e.message);
+        assert!(
+            e.message.starts_with("wait must be a duration like 30s, 500ms or 2m, at most 5m; \"soon\""),
+            "{}",
+            e.message
+        );
         assert!(parse_wait("6m").is_err());
         assert_eq!(
             query_params(Some("wiat=3s"), &["wait"]).unwrap_err().message,
@@ -628,6 +658,9 @@ mod tests {
         );
         assert!(query_params(Some("wait=1s&wait=2s"), &["wait"]).is_err());
         let q = query_params(Some("limit=0"), &["limit"]).unwrap();
-        assert_eq!(limit_param(&q, 100, 1000).unwrap_err().message, "limit must be an integer from 1 to 1000; got \"0\"");
+        assert_eq!(
+            limit_param(&q, 100, 1000).unwrap_err().message,
+            "limit must be an integer from 1 to 1000; got \"0\""
+        );
     }
 }

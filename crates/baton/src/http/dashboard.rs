@@ -96,7 +96,8 @@ async fn events(State(st): State<AppState>, req: Request) -> Result<Response, Js
     let queue = q.get("queue").map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
     if let Some(name) = &queue {
         st.commands.queue(name)?;
-        who.check_queue(Op::Read, name).map_err(|m| JsonError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", m))?;
+        who.check_queue(Op::Read, name)
+            .map_err(|m| JsonError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", m))?;
     }
     let status = match q.get("status").map(|s| s.trim()).filter(|s| !s.is_empty()) {
         None => None,

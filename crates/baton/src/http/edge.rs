@@ -88,6 +88,7 @@ pub async fn layer(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> R
     let h = res.headers_mut();
     h.insert(NOSNIFF.0, NOSNIFF.1);
     h.insert(CORP.0, CORP.1);
-    metrics::counter!("baton_http_requests_total", "method" => method, "status" => status_label(res.status())).increment(1);
+    metrics::counter!("baton_http_requests_total", "method" => method, "status" => status_label(res.status()))
+        .increment(1);
     res
 }

@@ -40,13 +40,10 @@ impl From<StreamError> for ApiError {
         let (code, message) = match &e {
             NotFound { .. } => ("not_found", format!("{e}; create it with PUT first")),
             Gone { .. } => ("gone", e.to_string()),
-            OffsetGone { earliest, .. } => {
-                ("offset_gone", format!("{e}; read from offset=-1 or from {earliest}"))
+            OffsetGone { earliest, .. } => ("offset_gone", format!("{e}; read from offset=-1 or from {earliest}")),
+            MalformedOffset { .. } => {
+                ("malformed_offset", format!("{e}; use -1, now, or a Stream-Next-Offset value returned by this server"))
             }
-            MalformedOffset { .. } => (
-                "malformed_offset",
-                format!("{e}; use -1, now, or a Stream-Next-Offset value returned by this server"),
-            ),
             OffsetAhead { .. } => ("offset_ahead", format!("{e}; use an offset returned by this server")),
             InvalidRequest { .. } => ("invalid_request", e.to_string()),
             InvalidJson { .. } => ("invalid_json", format!("{e}; the stream is application/json, send valid JSON")),

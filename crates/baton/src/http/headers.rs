@@ -58,10 +58,7 @@ pub fn text<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a 
 
 /// `Stream-Closed: true` (case-insensitive); any other value counts as absent (§4.1).
 pub fn closed_flag(headers: &HeaderMap) -> bool {
-    headers
-        .get(stream_closed())
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    headers.get(stream_closed()).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
 /// A strict non-negative decimal integer: no sign, no leading zeros, no fraction or exponent.
@@ -77,9 +74,7 @@ pub fn expiry(headers: &HeaderMap) -> Result<Expiry, ApiError> {
     let ttl = text(headers, &stream_ttl())?;
     let at = text(headers, &stream_expires_at())?;
     match (ttl, at) {
-        (Some(_), Some(_)) => Err(ApiError::bad_request(
-            "give either Stream-TTL or Stream-Expires-At, not both",
-        )),
+        (Some(_), Some(_)) => Err(ApiError::bad_request("give either Stream-TTL or Stream-Expires-At, not both")),
         (Some(t), None) => strict_uint(t).map(Expiry::TtlSecs).ok_or_else(|| {
             ApiError::bad_request(format!(
                 "Stream-TTL must be a whole number of seconds without sign or leading zeros (e.g. 3600), not {t:?}"
@@ -124,7 +119,11 @@ pub fn producer(headers: &HeaderMap) -> Result<Option<ProducerStamp>, ApiError> 
                     ApiError::bad_request(format!("{name} must be an integer from 0 to 2^53-1, not {v:?}"))
                 })
             };
-            Ok(Some(ProducerStamp { id: id.to_string(), epoch: num("Producer-Epoch", epoch)?, seq: num("Producer-Seq", seq)? }))
+            Ok(Some(ProducerStamp {
+                id: id.to_string(),
+                epoch: num("Producer-Epoch", epoch)?,
+                seq: num("Producer-Seq", seq)?,
+            }))
         }
         _ => Err(ApiError::bad_request(
             "Producer-Id, Producer-Epoch and Producer-Seq must be sent together (or none of them)",
@@ -138,9 +137,7 @@ pub fn end_reason(headers: &HeaderMap) -> Result<EndReason, ApiError> {
         None => Ok(EndReason::Finished),
         Some(r) if r == "finished" => Ok(EndReason::Finished),
         Some(r) if r == "cancelled" || r == "canceled" => Ok(EndReason::Cancelled),
-        Some(r) => Err(ApiError::bad_request(format!(
-            "Baton-End-Reason must be `finished` or `cancelled`, not {r:?}"
-        ))),
+        Some(r) => Err(ApiError::bad_request(format!("Baton-End-Reason must be `finished` or `cancelled`, not {r:?}"))),
     }
 }
 
@@ -262,9 +259,7 @@ pub fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
                     "sse" => Live::Sse,
                     "" | "false" => Live::No,
                     other => {
-                        return Err(ApiError::bad_request(format!(
-                            "live must be `long-poll` or `sse`, not {other:?}"
-                        )))
+                        return Err(ApiError::bad_request(format!("live must be `long-poll` or `sse`, not {other:?}")))
                     }
                 }
             }
@@ -303,10 +298,7 @@ pub fn next_cursor(client: Option<u64>) -> u64 {
 /// The `Stream-Forked-From` value: a stream URL path (`/v1/stream/src`) or a bare stream path.
 pub fn fork_source(value: &str) -> Result<StreamPath, ApiError> {
     let path = value.split(['?', '#']).next().unwrap_or("");
-    let rel = path
-        .strip_prefix(STREAM_PREFIX)
-        .or_else(|| path.strip_prefix(&STREAM_PREFIX[1..]))
-        .unwrap_or(path);
+    let rel = path.strip_prefix(STREAM_PREFIX).or_else(|| path.strip_prefix(&STREAM_PREFIX[1..])).unwrap_or(path);
     stream_path(rel)
 }
 

@@ -186,13 +186,13 @@ async fn readyz(State(state): State<AppState>) -> Response {
         Ok(Ok(_)) | Ok(Err(StreamError::NotFound { .. })) | Ok(Err(StreamError::Gone { .. })) => {
             match tokio::time::timeout(Duration::from_secs(3), state.commands.probe()).await {
                 Ok(Ok(())) => "ready\n".into_response(),
-                Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("command store not reachable: {e}\n")).into_response(),
+                Ok(Err(e)) => {
+                    (StatusCode::SERVICE_UNAVAILABLE, format!("command store not reachable: {e}\n")).into_response()
+                }
                 Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "command store did not answer within 3s\n").into_response(),
             }
         }
-        Ok(Err(e)) => {
-            (StatusCode::SERVICE_UNAVAILABLE, format!("stream store not reachable: {e}\n")).into_response()
-        }
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("stream store not reachable: {e}\n")).into_response(),
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "stream store did not answer within 3s\n").into_response(),
     }
 }

@@ -37,10 +37,7 @@ pub fn routes() -> Vec<(RouteDef, MethodRouter<AppState>)> {
     vec![
         (RouteDef::new("/v1/queues", &["GET"]), get(list_queues)),
         (RouteDef::new("/v1/queues/{queue}", &["GET"]), get(one_queue)),
-        (
-            RouteDef::new("/v1/queues/{queue}/dead-letters", &["GET", "DELETE"]),
-            get(dead_letters).merge(delete(purge)),
-        ),
+        (RouteDef::new("/v1/queues/{queue}/dead-letters", &["GET", "DELETE"]), get(dead_letters).merge(delete(purge))),
         (RouteDef::new("/v1/queues/{queue}/dead-letters/replay", &["POST"]), post(replay_all)),
         (RouteDef::new("/v1/queues/{queue}/dead-letters/{id}/replay", &["POST"]), post(replay_one)),
     ]
@@ -130,7 +127,10 @@ async fn replay_one(
     _: Query,
 ) -> Result<Response, JsonError> {
     let msg_id: MessageId = id.parse().map_err(|_| {
-        JsonError::bad_request("invalid_id", format!("{id:?} is not a dead-letter id; use an id from GET …/dead-letters (like 1700000000000-0)"))
+        JsonError::bad_request(
+            "invalid_id",
+            format!("{id:?} is not a dead-letter id; use an id from GET …/dead-letters (like 1700000000000-0)"),
+        )
     })?;
     let new_id = st.commands.store().messages().replay_dead_letter(&queue, msg_id).await.map_err(queue_error)?;
     Ok(json_response(json!({ "replayed": msg_id.to_string(), "id": new_id.to_string() })))

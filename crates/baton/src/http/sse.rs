@@ -30,7 +30,12 @@ fn is_text(content_type: &str) -> bool {
     ct.starts_with("text/") || is_json(&ct)
 }
 
-pub async fn serve(st: AppState, path: StreamPath, q: ReadQuery, last_event_id: Option<&str>) -> Result<Response, ApiError> {
+pub async fn serve(
+    st: AppState,
+    path: StreamPath,
+    q: ReadQuery,
+    last_event_id: Option<&str>,
+) -> Result<Response, ApiError> {
     let permit = st.live_permit()?;
     // A reconnecting `EventSource` names the last offset it saw; it wins over the URL's offset.
     let resumed = last_event_id.map(str::trim).filter(|s| !s.is_empty());
@@ -83,7 +88,14 @@ const END_ID_SUFFIX: &str = ".end";
 const SSE_RETRY: &[u8] = b"retry: 500\n\n";
 
 /// Writes events until EOF, the cycle ends, the client leaves, an error, or shutdown.
-async fn run(st: AppState, path: StreamPath, first: ReadChunk, text: bool, cursor: Option<u64>, tx: mpsc::Sender<Bytes>) {
+async fn run(
+    st: AppState,
+    path: StreamPath,
+    first: ReadChunk,
+    text: bool,
+    cursor: Option<u64>,
+    tx: mpsc::Sender<Bytes>,
+) {
     let deadline = tokio::time::Instant::now() + st.cfg.sse_cycle;
     let heartbeat = st.cfg.sse_heartbeat;
     // Browsers wait about 3 s before reconnecting an EventSource unless told otherwise; connections

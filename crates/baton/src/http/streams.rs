@@ -6,9 +6,7 @@ use axum::extract::{Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use baton_streams::{
-    AppendRequest, CreateOptions, Expiry, ForkFrom, ReadChunk, ReadFrom, StreamInfo, StreamPath,
-};
+use baton_streams::{AppendRequest, CreateOptions, Expiry, ForkFrom, ReadChunk, ReadFrom, StreamInfo, StreamPath};
 use bytes::{Bytes, BytesMut};
 
 use super::errors::ApiError;
@@ -66,11 +64,18 @@ async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Byt
         let e = ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
-            format!("request body is {n} bytes; this server accepts at most {limit} bytes per request (split the append)"),
+            format!(
+                "request body is {n} bytes; this server accepts at most {limit} bytes per request (split the append)"
+            ),
         );
-        if close { e.with_header(header::CONNECTION, "close") } else { e }
+        if close {
+            e.with_header(header::CONNECTION, "close")
+        } else {
+            e
+        }
     };
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if let Some(len) = declared {
         if len > limit + DRAIN_CAP {
             return Err(too_large(len.to_string(), true));
@@ -145,23 +150,15 @@ async fn create(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
             },
         }),
         None if fork_offset.is_some() || sub_offset.is_some() => {
-            return Err(ApiError::bad_request(
-                "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
-            ))
+            return Err(ApiError::bad_request("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From"))
         }
         None => None,
     };
     let limits = h::limits(hm, st.cfg.default_limits)?;
     let ct = content_type(hm)?;
     let data = read_body(st, hm, body).await?;
-    let opts = CreateOptions {
-        content_type: ct,
-        expiry,
-        closed,
-        initial: (!data.is_empty()).then_some(data),
-        limits,
-        fork,
-    };
+    let opts =
+        CreateOptions { content_type: ct, expiry, closed, initial: (!data.is_empty()).then_some(data), limits, fork };
     let created = st.store.create(&path, opts).await?;
     let info = &created.info;
     let mut res = if created.created { StatusCode::CREATED } else { StatusCode::OK }.into_response();
@@ -170,7 +167,10 @@ async fn create(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
     set(out, h::stream_next_offset(), info.tail);
     set_end(out, info.end);
     if created.created {
-        let host = hm.get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string)
+        let host = hm
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
             .unwrap_or_else(|| st.cfg.listen.to_string());
         set(out, header::LOCATION, format!("http://{host}{}", parts.uri.path()));
         metrics::counter!("baton_streams_created_total").increment(1);
@@ -208,7 +208,8 @@ async fn append(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
     };
     let close = if closed { Some(h::end_reason(hm)?) } else { None };
     let has_data = !data.is_empty();
-    let req = AppendRequest { data, content_type: ct, stream_seq, producer: producer.clone(), close, incarnation: None };
+    let req =
+        AppendRequest { data, content_type: ct, stream_seq, producer: producer.clone(), close, incarnation: None };
     let a = st.store.append(&path, req).await?;
     let status = if producer.is_some() && has_data && !a.duplicate { StatusCode::OK } else { StatusCode::NO_CONTENT };
     let mut res = status.into_response();
@@ -234,7 +235,8 @@ fn info_headers(out: &mut HeaderMap, info: &StreamInfo) {
         Expiry::None => {}
     }
     set_end(out, info.end);
-    let d = |d: Option<std::time::Duration>| d.map_or("none".to_string(), |d| humantime::format_duration(d).to_string());
+    let d =
+        |d: Option<std::time::Duration>| d.map_or("none".to_string(), |d| humantime::format_duration(d).to_string());
     set(out, h::baton_silence_timeout(), d(info.limits.silence_timeout));
     set(out, h::baton_max_run(), d(info.limits.max_run));
     set(out, h::baton_done_ttl(), d(info.limits.done_ttl));

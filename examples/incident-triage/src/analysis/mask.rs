@@ -17,7 +17,8 @@ pub struct LeadingTs {
     pub len: usize,
 }
 
-const MONTHS: [&[u8; 3]; 12] = [b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec"];
+const MONTHS: [&[u8; 3]; 12] =
+    [b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec"];
 
 fn digits(b: &[u8], at: usize, n: usize) -> Option<i64> {
     let s = b.get(at..at + n)?;
@@ -210,7 +211,8 @@ pub fn mask_into(line: &[u8], out: &mut String, max_len: usize) {
                 i += n;
                 continue;
             }
-            if c == b'0' && matches!(b.get(i + 1), Some(b'x' | b'X')) && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit) {
+            if c == b'0' && matches!(b.get(i + 1), Some(b'x' | b'X')) && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit)
+            {
                 push(out, "<hex>");
                 i += 2;
                 while b.get(i).is_some_and(u8::is_ascii_hexdigit) {
@@ -296,8 +298,23 @@ pub enum Severity {
 }
 
 const ERROR_PREFIXES: [&str; 17] = [
-    "err", "fatal", "panic", "exception", "fail", "crit", "emerg", "segfault", "traceback", "denied", "refused",
-    "timeout", "unreachable", "oom", "abort", "killed", "unhandled",
+    "err",
+    "fatal",
+    "panic",
+    "exception",
+    "fail",
+    "crit",
+    "emerg",
+    "segfault",
+    "traceback",
+    "denied",
+    "refused",
+    "timeout",
+    "unreachable",
+    "oom",
+    "abort",
+    "killed",
+    "unhandled",
 ];
 const WARN_PREFIXES: [&str; 6] = ["warn", "deprecat", "retry", "retrying", "degraded", "slow"];
 
@@ -339,10 +356,7 @@ mod tests {
     #[test]
     fn masks_variable_parts() {
         assert_eq!(m("user 4711 failed login from 10.0.0.12:5532"), "user <n> failed login from <ip>");
-        assert_eq!(
-            m("request 0197a0b2-3c4d-7e8f-9a0b-1c2d3e4f5a6b took 12.5ms"),
-            "request <uuid> took <n>ms"
-        );
+        assert_eq!(m("request 0197a0b2-3c4d-7e8f-9a0b-1c2d3e4f5a6b took 12.5ms"), "request <uuid> took <n>ms");
         assert_eq!(m("blob deadbeef42 at 0x7ffd1234 ok"), "blob <hex> at <hex> ok");
         assert_eq!(m("added 3 files"), "added <n> files");
         assert_eq!(m("retry at 2025-01-31T12:00:01.123Z then 12:00:05"), "retry at <ts> then <time>");
