@@ -169,8 +169,8 @@ async fn dispatch(shared: Arc<Shared>, handler: Arc<dyn Handler>, mut jobs: mpsc
 }
 
 fn start_handler(shared: &Arc<Shared>, handler: &Arc<dyn Handler>, job: Job) {
-    let lease = Lease::new(shared.clone(), &job);
     let (id, seq) = (job.id, job.seq);
+    let lease = Lease::new(shared.clone(), id, seq, job.lost);
     let delivery = Delivery { id, payload: job.payload, deliveries: job.deliveries, lease: lease.clone() };
     let handler = handler.clone();
     let q = shared.queue.clone();

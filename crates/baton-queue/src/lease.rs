@@ -6,7 +6,6 @@
 //! process (a slot's `seq` tells deliveries of one id apart: a lease handle of an earlier
 //! delivery cannot settle a later one).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -86,7 +85,9 @@ impl Slot {
 
 #[derive(Default)]
 pub(crate) struct Registry {
-    pub slots: HashMap<MessageId, Slot>,
+    /// Keyed with FxHash: ids are small integers the process does not take from strangers
+    /// (the backend assigns them), and the map is on every delivery's path.
+    pub slots: rustc_hash::FxHashMap<MessageId, Slot>,
     /// Slots holding a concurrency slot (running or settling).
     pub busy: usize,
     /// Concurrency slots promised to the read in flight (its COUNT).
@@ -122,7 +123,7 @@ impl Registry {
             phase,
             payload,
             deliveries,
-            started: Instant::now(),
+            started: acquired_at,
             renewed_at: acquired_at,
             stopped: None,
             lost: lost.clone(),
@@ -672,16 +673,9 @@ impl std::fmt::Debug for Lease {
 }
 
 impl Lease {
-    pub(crate) fn new(shared: Arc<Shared>, job: &Job) -> Self {
-        Self {
-            inner: Arc::new(LeaseInner {
-                id: job.id,
-                seq: job.seq,
-                shared,
-                lost: job.lost.clone(),
-                settled: AtomicBool::new(false),
-            }),
-        }
+    /// The lease of `job` (its lost-lease token moves here).
+    pub(crate) fn new(shared: Arc<Shared>, id: MessageId, seq: u64, lost: CancellationToken) -> Self {
+        Self { inner: Arc::new(LeaseInner { id, seq, shared, lost, settled: AtomicBool::new(false) }) }
     }
 
     /// The leased message's id.
@@ -814,13 +808,12 @@ impl Lease {
         if matches!(decision, Decision::Ack) && inner.shared.backend.in_process() {
             // In memory the ack is a lock away: settle it here.
             let shared = inner.shared.clone();
-            let q = shared.queue.clone();
             let id = inner.id;
             let fut = self.settle(decision);
             // `settle` completes without awaiting anything on this path.
             if let Some(Err(e)) = futures::FutureExt::now_or_never(fut) {
                 if !matches!(e, QueueError::AlreadySettled(_)) {
-                    tracing::warn!(queue = %q, message_id = %id, error = %e, "settling the delivery failed");
+                    tracing::warn!(queue = %shared.queue, message_id = %id, error = %e, "settling the delivery failed");
                 }
             }
             return;

@@ -35,7 +35,8 @@ struct Entry {
 }
 
 struct Pel {
-    consumer: String,
+    /// The owner: a consumer name or [`PARKED`] (shared, not copied per delivery).
+    consumer: Arc<str>,
     delivered_at: Instant,
     deliveries: u32,
 }
@@ -94,7 +95,7 @@ impl QState {
     fn owner(&self, id: &MessageId, me: &str, released: bool) -> Owned {
         match self.pending.get(id) {
             None => Owned::Gone,
-            Some(p) if p.consumer == me || (released && p.consumer == PARKED) => Owned::Done,
+            Some(p) if &*p.consumer == me || (released && &*p.consumer == PARKED) => Owned::Done,
             Some(_) => Owned::Other,
         }
     }
@@ -141,7 +142,8 @@ impl Backend for MemoryBackend {
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError> {
         let q = self.queue(&spec.queue);
         q.state.lock().unwrap().consumers.insert(spec.consumer.clone(), Live::now(spec.claim_timeout));
-        Ok(Arc::new(MemConsumer { q, spec }))
+        let me: Arc<str> = spec.consumer.as_str().into();
+        Ok(Arc::new(MemConsumer { q, spec, me, parked: PARKED.into() }))
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
@@ -205,6 +207,9 @@ fn next_after(id: MessageId) -> MessageId {
 struct MemConsumer {
     q: Arc<MemQueue>,
     spec: ConsumerSpec,
+    /// `spec.consumer` and [`PARKED`], shared by the pending entries they own.
+    me: Arc<str>,
+    parked: Arc<str>,
 }
 
 impl MemConsumer {
@@ -220,7 +225,7 @@ impl MemConsumer {
         let now = Instant::now();
         for (id, _, _) in &picked {
             st.last_delivered = *id;
-            st.pending.insert(*id, Pel { consumer: self.me().to_string(), delivered_at: now, deliveries: 1 });
+            st.pending.insert(*id, Pel { consumer: self.me.clone(), delivered_at: now, deliveries: 1 });
         }
         picked
             .into_iter()
@@ -289,7 +294,7 @@ impl ConsumerBackend for MemConsumer {
             let candidates: Vec<MessageId> = st
                 .pending
                 .iter()
-                .filter(|(id, p)| p.consumer != self.spec.consumer && !exclude.contains(id))
+                .filter(|(id, p)| *p.consumer != *self.spec.consumer && !exclude.contains(id))
                 .filter(|(_, p)| wait(&st, &p.consumer).is_some_and(|w| now.duration_since(p.delivered_at) >= w))
                 .map(|(id, _)| *id)
                 .take(count + 1)
@@ -311,7 +316,7 @@ impl ConsumerBackend for MemConsumer {
                 }
                 let payload = entry.payload.clone();
                 let p = st.pending.get_mut(&id).expect("listed");
-                p.consumer = self.spec.consumer.clone();
+                p.consumer = self.me.clone();
                 p.delivered_at = now;
                 p.deliveries = deliveries_in_pel;
                 out.deliveries.push(RawDelivery { id, payload: Some(payload), deliveries: total });
@@ -320,8 +325,8 @@ impl ConsumerBackend for MemConsumer {
         {
             // Stopped consumers whose last entries were taken leave the group.
             let mut st = self.q.state.lock().unwrap();
-            let owners: std::collections::HashSet<String> = st.pending.values().map(|p| p.consumer.clone()).collect();
-            st.consumers.retain(|name, l| l.seen.is_some() || owners.contains(name));
+            let owners: std::collections::HashSet<Arc<str>> = st.pending.values().map(|p| p.consumer.clone()).collect();
+            st.consumers.retain(|name, l| l.seen.is_some() || owners.contains(name.as_str()));
         }
         if out.promoted > 0 {
             self.q.notify.notify_waiters();
@@ -340,8 +345,8 @@ impl ConsumerBackend for MemConsumer {
                     let o = st.owner(&s.id, self.me(), s.released);
                     if o == Owned::Done {
                         let p = st.pending.get_mut(&s.id).expect("owned");
-                        if p.consumer != PARKED {
-                            p.consumer = PARKED.to_string();
+                        if &*p.consumer != PARKED {
+                            p.consumer = self.parked.clone();
                             p.delivered_at = now;
                         }
                     }
@@ -370,7 +375,7 @@ impl ConsumerBackend for MemConsumer {
         if delay < self.spec.claim_timeout {
             let idle = self.spec.claim_timeout - delay;
             let p = st.pending.get_mut(&id).expect("owned");
-            p.consumer = PARKED.to_string();
+            p.consumer = self.parked.clone();
             p.delivered_at = now.checked_sub(idle).unwrap_or(now);
             // A scheduled re-poll, not a failure: does not count toward max_deliveries.
             p.deliveries = p.deliveries.saturating_sub(1);
@@ -415,22 +420,22 @@ impl ConsumerBackend for MemConsumer {
         let mut beat = Beat::default();
         for id in renew.iter().chain(quiet) {
             match st.pending.get_mut(id) {
-                Some(p) if p.consumer == me => p.delivered_at = now,
-                Some(p) if p.consumer != PARKED => beat.lost.push(*id),
+                Some(p) if *p.consumer == *me => p.delivered_at = now,
+                Some(p) if &*p.consumer != PARKED => beat.lost.push(*id),
                 _ => beat.gone.push(*id),
             }
         }
         let claim = self.spec.claim_timeout;
         for id in release {
-            if let Some(p) = st.pending.get_mut(id).filter(|p| p.consumer == me) {
-                p.consumer = PARKED.to_string();
+            if let Some(p) = st.pending.get_mut(id).filter(|p| *p.consumer == *me) {
+                p.consumer = self.parked.clone();
                 p.delivered_at = now.checked_sub(claim).unwrap_or(now);
             }
         }
         let held: std::collections::HashSet<&MessageId> = renew.iter().chain(quiet).chain(release).collect();
         for (id, p) in st.pending.iter_mut() {
-            if p.consumer == me && !held.contains(id) && now.duration_since(p.delivered_at) >= orphan_idle {
-                p.consumer = PARKED.to_string();
+            if *p.consumer == *me && !held.contains(id) && now.duration_since(p.delivered_at) >= orphan_idle {
+                p.consumer = self.parked.clone();
                 beat.orphans += 1;
             }
         }
@@ -440,11 +445,12 @@ impl ConsumerBackend for MemConsumer {
     async fn reap_idle_consumers(&self, window: Duration) -> Result<u64, QueueError> {
         let mut st = self.q.state.lock().unwrap();
         let now = Instant::now();
-        let busy: std::collections::HashSet<String> = st.pending.values().map(|p| p.consumer.clone()).collect();
+        let busy: std::collections::HashSet<Arc<str>> = st.pending.values().map(|p| p.consumer.clone()).collect();
         let me = self.spec.consumer.clone();
         let before = st.consumers.len();
-        st.consumers
-            .retain(|name, l| *name == me || busy.contains(name) || !l.silent_for(now, window.max(2 * l.claim)));
+        st.consumers.retain(|name, l| {
+            *name == me || busy.contains(name.as_str()) || !l.silent_for(now, window.max(2 * l.claim))
+        });
         Ok((before - st.consumers.len()) as u64)
     }
 
@@ -471,7 +477,7 @@ impl ConsumerBackend for MemConsumer {
     async fn leave(&self) -> Result<bool, QueueError> {
         let mut st = self.q.state.lock().unwrap();
         let me = self.spec.consumer.as_str();
-        if st.pending.values().any(|p| p.consumer == me) {
+        if st.pending.values().any(|p| &*p.consumer == me) {
             if let Some(l) = st.consumers.get_mut(me) {
                 l.seen = None;
             }
