@@ -21,6 +21,8 @@
 //! Cluster rule (Redis Cluster spec, "Keys hash tags"): every key a script touches is passed in
 //! KEYS and all of them share one `{…}` hash tag, so the script runs on one node.
 
+pub mod group_commit;
+
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};

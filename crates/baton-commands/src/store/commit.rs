@@ -6,15 +6,14 @@
 //! commands per command); a lone write is sent at once. All keys of a batch are in the home
 //! queue's hash slot (see the crate docs), so a batch is valid on Redis Cluster.
 //!
-//! The calls are sent from a spawned task, so a caller that stops waiting never strands the
-//! writes queued behind it.
+//! The mechanism is [`baton_redis::group_commit`]; the calls are sent from a spawned task, so a
+//! caller that stops waiting never strands the writes queued behind it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use baton_redis::group_commit::{self, Committer, GroupCommitOptions};
 use baton_redis::redis::{self, RedisError, Value};
 use baton_redis::{LuaScript, RedisConn};
-use tokio::sync::oneshot;
 
 static TRANSITIONS: LuaScript = LuaScript::new(
     "transitions",
@@ -158,92 +157,50 @@ pub(crate) struct BatchKeys {
 }
 
 type Reply = Result<Value, (redis::ErrorKind, String)>;
-type Waiting<T> = HashMap<String, Vec<(T, oneshot::Sender<Reply>)>>;
 
-/// See the module docs.
+/// See the module docs: [`baton_redis::group_commit`] per home queue, sent from a spawned task.
 pub(crate) struct GroupCommit<T: Batch> {
     conn: RedisConn,
-    /// Home queue → writes waiting for its in-flight call (present while a call is in flight or
-    /// scheduled).
-    waiting: Arc<Mutex<Waiting<T>>>,
+    calls: group_commit::GroupCommit<String, T, Reply>,
 }
 
 impl<T: Batch> GroupCommit<T> {
     pub fn new(conn: RedisConn) -> Self {
-        Self { conn, waiting: Arc::new(Mutex::new(HashMap::new())) }
+        let options = GroupCommitOptions { max_items: T::MAX, ..GroupCommitOptions::default() };
+        Self { conn, calls: group_commit::GroupCommit::new(options) }
     }
 
     /// Runs `item` (a write of home queue `keys.queue`) in the next call for that queue.
     /// Returns the script's reply for it. Errors: the Redis error of the call that carried it.
     pub async fn run(&self, keys: &BatchKeys, item: T) -> Result<Value, RedisError> {
-        let (tx, rx) = oneshot::channel();
-        let lead = {
-            let mut w = self.waiting.lock().unwrap();
-            match w.get_mut(&keys.queue) {
-                Some(q) => {
-                    q.push((item, tx));
-                    false
-                }
-                None => {
-                    w.insert(keys.queue.clone(), vec![(item, tx)]);
-                    true
-                }
-            }
-        };
-        if lead {
-            tokio::spawn(flush(self.conn.clone(), self.waiting.clone(), keys.clone()));
-        }
-        match rx.await {
+        let sender = || ScriptCall { conn: self.conn.clone(), keys: keys.clone() };
+        match self.calls.submit(&keys.queue, item, sender).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err((kind, detail))) => Err(RedisError::from((kind, "batched write failed", detail))),
-            Err(_) => Err(RedisError::from((redis::ErrorKind::Io, "batched write dropped"))),
+            Err(group_commit::Abandoned) => Err(RedisError::from((redis::ErrorKind::Io, "batched write dropped"))),
         }
     }
 }
 
-/// Sends the waiting writes of `keys.queue`, batch after batch, until none is left.
-async fn flush<T: Batch>(mut conn: RedisConn, waiting: Arc<Mutex<Waiting<T>>>, keys: BatchKeys) {
-    loop {
-        let batch = {
-            let mut w = waiting.lock().unwrap();
-            let Some(q) = w.get_mut(&keys.queue) else { return };
-            if q.is_empty() {
-                w.remove(&keys.queue);
-                return;
-            }
-            if q.len() <= T::MAX {
-                std::mem::take(q)
-            } else {
-                q.drain(..T::MAX).collect::<Vec<_>>()
-            }
-        };
-        send(&mut conn, &keys, batch).await;
-    }
+/// Sends the batches of one home queue: one [`Batch::script`] call each.
+struct ScriptCall {
+    conn: RedisConn,
+    keys: BatchKeys,
 }
 
-async fn send<T: Batch>(conn: &mut RedisConn, keys: &BatchKeys, batch: Vec<(T, oneshot::Sender<Reply>)>) {
-    let (items, txs): (Vec<T>, Vec<oneshot::Sender<Reply>>) = batch.into_iter().unzip();
-    let n = items.len();
-    let cmd = T::command(keys, &items);
-    drop(items);
-    let r: redis::RedisResult<Value> = T::script().query(conn, &cmd).await;
-    match r {
-        Ok(Value::Array(replies)) if replies.len() == n => {
-            for (tx, v) in txs.into_iter().zip(replies) {
-                let _ = tx.send(Ok(v));
+impl<T: Batch> Committer<String, T, Reply> for ScriptCall {
+    async fn commit(&mut self, _queue: &String, items: Vec<T>) -> Vec<Reply> {
+        let n = items.len();
+        let cmd = T::command(&self.keys, &items);
+        drop(items);
+        let r: redis::RedisResult<Value> = T::script().query(&mut self.conn, &cmd).await;
+        match r {
+            Ok(Value::Array(replies)) if replies.len() == n => replies.into_iter().map(Ok).collect(),
+            Ok(other) => {
+                let detail = format!("{}: unexpected reply {other:?}", T::script().name());
+                vec![Err((redis::ErrorKind::Parse, detail)); n]
             }
-        }
-        Ok(other) => {
-            let detail = format!("{}: unexpected reply {other:?}", T::script().name());
-            for tx in txs {
-                let _ = tx.send(Err((redis::ErrorKind::Parse, detail.clone())));
-            }
-        }
-        Err(e) => {
-            let (kind, detail) = (e.kind(), e.to_string());
-            for tx in txs {
-                let _ = tx.send(Err((kind, detail.clone())));
-            }
+            Err(e) => vec![Err((e.kind(), e.to_string())); n],
         }
     }
 }
