@@ -1,23 +1,20 @@
-//! Group commit of writes: per stream, at most one `write.lua` call is in flight from this
-//! process; writes submitted meanwhile are queued and go together in the next call, where the
-//! script applies them one after the other exactly as separate calls would (each request keeps
-//! its own producer checks, offsets and reply). Submission order is queue order: a request is
-//! queued synchronously when its future is first polled, so requests issued in order by one task
-//! are applied in that order (no client-side reordering, whatever the number in flight).
+//! Group commit of writes ([`baton_redis::group_commit`]): per stream, at most one `write.lua`
+//! call is in flight from this process; writes submitted meanwhile are queued and go together in
+//! the next call, where the script applies them one after the other exactly as separate calls
+//! would (each request keeps its own producer checks, offsets and reply). Submission order is
+//! queue order: a request is queued synchronously when its future is first polled, so requests
+//! issued in order by one task are applied in that order (no client-side reordering, whatever
+//! the number in flight).
 //!
 //! The first writer of an idle stream sends its call from its own task (no hop); if its caller
 //! goes away mid-call, the call is finished in a spawned task so the other queued writers still
 //! get their replies. Follow-up batches are sent from a spawned task, never by a caller that
 //! already has its reply.
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 
+use baton_redis::group_commit::{self, Committer, GroupCommitOptions};
 use baton_redis::redis::{self, Value};
-use tokio::sync::oneshot;
 
 use super::reply::*;
 use super::{keys, RedisStore, WRITE};
@@ -31,40 +28,26 @@ const MAX_REQUESTS: usize = 1024;
 /// Body bytes per `write.lua` call at most (a bigger single request still goes alone).
 const MAX_BYTES: usize = 4 << 20;
 
-struct Pending {
-    spec: WriteSpec,
-    tx: oneshot::Sender<Result<Appended>>,
-}
+/// The streams' group commit: stream → its queued writes.
+pub(crate) struct Writer(group_commit::GroupCommit<StreamPath, WriteSpec, Result<Appended>>);
 
-/// Queues of writes waiting for the in-flight call of their stream (a key is present while a
-/// call for that stream is in flight).
-#[derive(Default)]
-pub(crate) struct Writer {
-    queues: Mutex<HashMap<StreamPath, Vec<Pending>>>,
-}
-
-/// Runs a future to completion even if the caller drops it (it is then spawned).
-struct Detached(Option<BoxedFlush>);
-
-impl Future for Detached {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(f) = self.0.as_mut() else { return Poll::Ready(()) };
-        match f.as_mut().poll(cx) {
-            Poll::Ready(()) => {
-                self.0 = None;
-                Poll::Ready(())
-            }
-            Poll::Pending => Poll::Pending,
-        }
+impl Default for Writer {
+    fn default() -> Self {
+        let options = GroupCommitOptions { max_items: MAX_REQUESTS, max_weight: MAX_BYTES, lead_sends: true };
+        Self(group_commit::GroupCommit::new(options))
     }
 }
 
-impl Drop for Detached {
-    fn drop(&mut self) {
-        if let Some(f) = self.0.take() {
-            tokio::spawn(f);
-        }
+/// Sends a stream's batches: one `write.lua` call each.
+struct WriteCall(Arc<RedisStore>);
+
+impl Committer<StreamPath, WriteSpec, Result<Appended>> for WriteCall {
+    async fn commit(&mut self, path: &StreamPath, batch: Vec<WriteSpec>) -> Vec<Result<Appended>> {
+        self.0.send_batch(path, batch).await
+    }
+
+    fn weight(&self, spec: &WriteSpec) -> usize {
+        body_len(spec)
     }
 }
 
@@ -74,73 +57,40 @@ fn body_len(spec: &WriteSpec) -> usize {
 
 impl RedisStore {
     pub(crate) async fn submit_write(self: Arc<Self>, path: &StreamPath, spec: WriteSpec) -> Result<Appended> {
-        let (tx, rx) = oneshot::channel();
-        let lead = {
-            let mut queues = self.writer.queues.lock().unwrap();
-            match queues.get_mut(path) {
-                Some(q) => {
-                    q.push(Pending { spec, tx });
-                    None
-                }
-                None => {
-                    queues.insert(path.clone(), Vec::new());
-                    Some(Pending { spec, tx })
-                }
-            }
-        };
-        if let Some(first) = lead {
-            Detached(Some(flush(self.clone(), path.clone(), vec![first], false))).await;
-        }
-        rx.await.unwrap_or_else(|_| Err(StreamError::Backend("write abandoned".into())))
+        let store = self.clone();
+        self.writer
+            .0
+            .submit(path, spec, move || WriteCall(store))
+            .await
+            .unwrap_or_else(|_| Err(StreamError::Backend("write abandoned".into())))
     }
 
     /// A write call of this process to `path` is in flight (or queued).
     pub(crate) fn writer_busy(&self, path: &StreamPath) -> bool {
-        self.writer.queues.lock().unwrap().contains_key(path)
+        self.writer.0.is_busy(path)
     }
 
-    /// The next batch of `path`, or `None` (and the stream is idle again) when nothing is queued.
-    fn next_batch(&self, path: &StreamPath) -> Option<Vec<Pending>> {
-        let mut queues = self.writer.queues.lock().unwrap();
-        let q = queues.get_mut(path)?;
-        if q.is_empty() {
-            queues.remove(path);
-            return None;
-        }
-        let mut take = 0;
-        let mut bytes = 0;
-        for p in q.iter() {
-            let len = body_len(&p.spec);
-            if take > 0 && (take >= MAX_REQUESTS || bytes + len > MAX_BYTES) {
-                break;
-            }
-            take += 1;
-            bytes += len;
-        }
-        Some(if take == q.len() { std::mem::take(q) } else { q.drain(..take).collect() })
-    }
-
-    /// One `write.lua` call for `batch`; every request gets its own reply.
-    async fn send_batch(&self, path: &StreamPath, batch: Vec<Pending>) {
+    /// One `write.lua` call for `batch`; one reply per request, in order.
+    async fn send_batch(&self, path: &StreamPath, batch: Vec<WriteSpec>) -> Vec<Result<Appended>> {
         let (ks, km) = keys(path);
         // Sized up front: no regrowth while the arguments are written.
         let args = 5 + batch.len() * 10;
-        let bytes = 64 + 2 * ks.len() + batch.iter().map(|p| body_len(&p.spec) + 64).sum::<usize>();
+        let bytes = 64 + 2 * ks.len() + batch.iter().map(|spec| body_len(spec) + 64).sum::<usize>();
         let mut cmd = WRITE.evalsha_cmd_with_capacity(2, args, bytes);
         cmd.arg(ks).arg(km);
         match batch.as_slice() {
-            [p] if is_fast(&p.spec) => fast_args(&mut cmd, &p.spec),
+            [spec] if is_fast(spec) => fast_args(&mut cmd, spec),
             _ => general_args(&mut cmd, &batch),
         }
         match self.eval(&WRITE, &cmd).await {
             // The fast path's reply: "<incarnation> <previous tail> <new entry id>" of a lone
             // accepted request.
             Ok(Value::BulkString(b)) if batch.len() == 1 => {
-                let p = batch.into_iter().next().expect("one request");
+                let spec = batch.into_iter().next().expect("one request");
                 let out = parse_fast(&b);
                 let pushed = match &out {
                     Ok((inc, Some(prev), tail)) => {
-                        let (data, messages) = &p.spec.records[0];
+                        let (data, messages) = &spec.records[0];
                         Some((
                             inc.as_str(),
                             *prev,
@@ -150,15 +100,15 @@ impl RedisStore {
                     _ => None,
                 };
                 self.hub.after_write(path, pushed);
-                let _ = p.tx.send(out.map(|(_, _, tail)| accepted(&p.spec, tail)));
+                vec![out.map(|(_, _, tail)| accepted(&spec, tail))]
             }
             Ok(Value::Array(mut replies)) if replies.len() == batch.len() || replies.len() == batch.len() + 1 => {
                 // {incarnation, tail before the call}, when the stream exists.
                 let before = if replies.len() > batch.len() { replies.pop() } else { None };
                 let mut outs = Vec::with_capacity(batch.len());
-                for (p, r) in batch.iter().zip(replies) {
+                for (spec, r) in batch.iter().zip(replies) {
                     outs.push(match r {
-                        Value::Array(items) if !items.is_empty() => parse_write(path, &p.spec, &items),
+                        Value::Array(items) if !items.is_empty() => parse_write(path, spec, &items),
                         other => Err(StreamError::Backend(format!("streams.write: unexpected reply {other:?}"))),
                     });
                 }
@@ -169,10 +119,10 @@ impl RedisStore {
                         // The records of the leading requests that each added exactly one entry
                         // (accepted, one record, stream not ended): contiguous after `prev`.
                         let mut records = Vec::new();
-                        for (p, out) in batch.iter().zip(&outs) {
+                        for (spec, out) in batch.iter().zip(&outs) {
                             match out {
-                                Ok(a) if !a.duplicate && a.end.is_none() && p.spec.records.len() == 1 => {
-                                    let (data, messages) = &p.spec.records[0];
+                                Ok(a) if !a.duplicate && a.end.is_none() && spec.records.len() == 1 => {
+                                    let (data, messages) = &spec.records[0];
                                     records.push(Record { offset: a.tail, data: data.clone(), messages: *messages });
                                 }
                                 _ => break,
@@ -185,22 +135,16 @@ impl RedisStore {
                     }
                 }
                 self.hub.after_write(path, pushed);
-                for (p, out) in batch.into_iter().zip(outs) {
-                    let _ = p.tx.send(out);
-                }
+                outs
             }
             Ok(other) => {
                 self.hub.after_write(path, None);
                 let e = StreamError::Backend(format!("streams.write: unexpected reply {other:?}"));
-                for p in batch {
-                    let _ = p.tx.send(Err(e.clone()));
-                }
+                vec![Err(e); batch.len()]
             }
             Err(e) => {
                 self.hub.after_write(path, None);
-                for p in batch {
-                    let _ = p.tx.send(Err(e.clone()));
-                }
+                vec![Err(e); batch.len()]
             }
         }
     }
@@ -247,10 +191,9 @@ fn fast_args(cmd: &mut redis::Cmd, s: &WriteSpec) {
 
 /// The general layout of `write.lua`: R, then per request inc, ctn, stream seq, producer id,
 /// epoch, seq, close reason, n, then n x (data, messages).
-fn general_args(cmd: &mut redis::Cmd, batch: &[Pending]) {
+fn general_args(cmd: &mut redis::Cmd, batch: &[WriteSpec]) {
     cmd.arg(batch.len());
-    for p in batch {
-        let s = &p.spec;
+    for s in batch {
         let pr = s.producer.as_ref();
         cmd.arg(s.incarnation.as_deref().unwrap_or(""))
             .arg(s.ctn.as_deref().unwrap_or(""))
@@ -291,26 +234,6 @@ fn accepted(spec: &WriteSpec, tail: Offset) -> Appended {
         ended_now: false,
     }
 }
-
-/// Sends `batch`, then the batches queued meanwhile. A caller-driven flush (`looping == false`)
-/// sends one batch and hands the rest to a spawned task.
-fn flush(store: Arc<RedisStore>, path: StreamPath, mut batch: Vec<Pending>, looping: bool) -> BoxedFlush {
-    Box::pin(async move {
-        loop {
-            store.send_batch(&path, batch).await;
-            match store.next_batch(&path) {
-                None => return,
-                Some(next) if looping => batch = next,
-                Some(next) => {
-                    tokio::spawn(flush(store, path, next, true));
-                    return;
-                }
-            }
-        }
-    })
-}
-
-type BoxedFlush = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// One request's reply: status, then (ok) tail, or (ok, ended by it) epoch, seq, tail, 1, end
 /// reason, final id, or (dup) epoch, last seq, producer offset, tail, end reason, final id; else an
