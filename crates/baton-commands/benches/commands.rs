@@ -51,8 +51,7 @@ struct Row {
 
 async fn run(store: CommandStore, backend: &'static str, concurrency: usize, total: usize) -> Row {
     let queue = format!("bench-{}", uuid::Uuid::now_v7());
-    let mut settings = QueueSettings::default();
-    settings.concurrency = concurrency;
+    let settings = QueueSettings { concurrency, ..QueueSettings::default() };
     let svc =
         CommandService::builder(store.clone(), &queue).settings(settings).handler("noop", Noop).start().await.unwrap();
     let split = std::env::var("BATON_BENCH_SPLIT").is_ok_and(|v| v == "1");
@@ -113,8 +112,11 @@ fn own_cpu() -> f64 {
     (t(11) + t(12)) / 100.0
 }
 
+/// `INFO commandstats`: (calls, µs) per command name.
+type CommandStats = Vec<(String, (u64, u64))>;
+
 /// Redis `INFO cpu` (user, sys) seconds, and `INFO commandstats` (calls, µs) per command name.
-fn redis_snapshot(server: &RedisServer) -> ((f64, f64), Vec<(String, (u64, u64))>) {
+fn redis_snapshot(server: &RedisServer) -> ((f64, f64), CommandStats) {
     let cpu = server.cli(&["INFO", "cpu"]);
     let field = |name: &str| cpu.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok()).unwrap_or(0.0);
     let secs = (field("used_cpu_user:"), field("used_cpu_sys:"));

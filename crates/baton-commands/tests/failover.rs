@@ -20,10 +20,11 @@ use common::*;
 use serde_json::json;
 
 fn settings() -> QueueSettings {
-    let mut s = QueueSettings::default();
-    s.claim_timeout = Duration::from_secs(1);
-    s.check_status_interval = Duration::from_millis(100);
-    s
+    QueueSettings {
+        claim_timeout: Duration::from_secs(1),
+        check_status_interval: Duration::from_millis(100),
+        ..QueueSettings::default()
+    }
 }
 
 /// The handler of both instances: logs `<instance>:exec-start`, sleeps 3 s, logs `exec-end`,
@@ -151,7 +152,7 @@ async fn cross_process(b: TestBackend) {
     let queue = queue_name("failover");
     let store = store_for(&b).await;
     let mut conn = RedisClient::new(cfg.clone()).unwrap().shared().await.unwrap();
-    let mut children = vec![Some(spawn_child(&cfg, &queue, "a")), Some(spawn_child(&cfg, &queue, "b"))];
+    let mut children = [Some(spawn_child(&cfg, &queue, "a")), Some(spawn_child(&cfg, &queue, "b"))];
 
     // 1. Both alive: the 3 s execute (3× the claim timeout) runs exactly once.
     let id1 = store.submit(&queue, Command::new("sleep3", json!({}))).await.unwrap().id;

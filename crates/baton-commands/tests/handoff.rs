@@ -156,7 +156,7 @@ async fn handoff_runs_execute_once_and_completes_on_the_target(b: TestBackend) {
 async fn handoff_between_queues_of_one_slot(b: TestBackend) {
     let l = queue_name("lifecycle");
     let m = (0..).map(|i| format!("monitor-{i}")).find(|m| slot(m) == slot(&l)).unwrap();
-    handoff_case(&b, l, format!("{m}")).await;
+    handoff_case(&b, l, m).await;
 }
 
 async fn crash_case(b: &TestBackend, after_enqueue: bool) {

@@ -12,7 +12,7 @@
 //!   producer ([`producer`]), read by browsers over SSE with resumable event ids ([`web`]);
 //!   `silence_timeout` ends it as `producer_lost` if the producing process dies;
 //! * **one current run per engineer**: a pointer claimed with `SET NX`, released by
-//!   compare-and-delete, taken over once its run ended ([`pointer`]).
+//!   compare-and-delete, taken over once its run ended ([`pointer`](mod@pointer)).
 //!
 //! Run it: `cargo run -p incident-triage -- --listen 127.0.0.1:7710` (memory) or add
 //! `--redis redis://127.0.0.1:6379` (several processes may share one Redis).

@@ -126,6 +126,9 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
 }
 
 /// A state seen by [`StateBackend::peek`].
+/// A service's id and the handlers it runs.
+type ServiceHandlers = (u64, Arc<Handlers>);
+
 pub(crate) struct Peeked {
     pub version: u64,
     pub status: CommandStatus,
@@ -266,7 +269,7 @@ pub(crate) struct StoreInner {
     pub hub: Arc<Hub>,
     pub settings: StoreSettings,
     /// Queues known to this store (declared, or with services: (service id, handlers)).
-    queues: Mutex<HashMap<String, Vec<(u64, Arc<Handlers>)>>>,
+    queues: Mutex<HashMap<String, Vec<ServiceHandlers>>>,
     next_service: std::sync::atomic::AtomicU64,
     /// id → home queue of commands submitted through this store (saves the lookup round trip;
     /// bounded: cleared past [`HOME_CACHE_MAX`] entries; a miss or a stale entry falls back to

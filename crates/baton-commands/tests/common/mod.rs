@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use baton_commands::{
     Command, CommandHandler, CommandResult, CommandState, CommandStore, HandlerError, QueueSettings, RedisStoreOptions,
-    StoreSettings,
+    RetryPolicy, StoreSettings,
 };
 use baton_redis::RedisClient;
 use baton_testkit::TestBackend;
@@ -44,26 +44,30 @@ pub fn queue_name(tag: &str) -> String {
 
 /// Fast test settings: short claim timeout, check interval and backoff.
 pub fn fast() -> QueueSettings {
-    let mut s = QueueSettings::default();
-    s.claim_timeout = Duration::from_secs(2);
-    s.check_status_interval = Duration::from_millis(100);
-    s.retry.initial_backoff = Duration::from_millis(20);
-    s.retry.max_backoff = Duration::from_millis(100);
-    s.retry.max_attempts = 3;
-    s
+    let defaults = QueueSettings::default();
+    QueueSettings {
+        claim_timeout: Duration::from_secs(2),
+        check_status_interval: Duration::from_millis(100),
+        retry: RetryPolicy {
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(100),
+            max_attempts: 3,
+            ..defaults.retry
+        },
+        ..defaults
+    }
 }
 
-type ExecFn =
-    dyn Fn(Command) -> Pin<Box<dyn Future<Output = Result<CommandResult, HandlerError>> + Send>> + Send + Sync;
-type CheckFn = dyn Fn(Command, CommandState) -> Pin<Box<dyn Future<Output = Result<CommandResult, HandlerError>> + Send>>
-    + Send
-    + Sync;
+type HandlerFuture = Pin<Box<dyn Future<Output = Result<CommandResult, HandlerError>> + Send>>;
+type ExecFn = dyn Fn(Command) -> HandlerFuture + Send + Sync;
+type CheckFn = dyn Fn(Command, CommandState) -> HandlerFuture + Send + Sync;
+type ValidateFn = fn(&serde_json::Value) -> Result<(), String>;
 
 /// A handler made of closures.
 pub struct FnHandler {
     exec: Arc<ExecFn>,
     check: Option<Arc<CheckFn>>,
-    validate: Option<fn(&serde_json::Value) -> Result<(), String>>,
+    validate: Option<ValidateFn>,
 }
 
 pub fn on_execute<F, Fut>(f: F) -> FnHandler
