@@ -20,6 +20,31 @@
 //!
 //! Cluster rule (Redis Cluster spec, "Keys hash tags"): every key a script touches is passed in
 //! KEYS and all of them share one `{…}` hash tag, so the script runs on one node.
+//!
+//! [`group_commit`] is the one mechanism for "one call in flight per key, the rest go in the
+//! next call" (command submits and transitions, stream writes).
+//!
+//! ```no_run
+//! use baton_redis::{redis, LuaScript, RedisClient, RedisConfig};
+//!
+//! // In a crate: `LuaScript::new("incr_by", include_str!("../scripts/incr_by.lua"))`.
+//! static INCR_BY: LuaScript = LuaScript::new("incr_by", "return redis.call('INCRBY', KEYS[1], ARGV[1])");
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = RedisClient::new(RedisConfig::Standalone("redis://127.0.0.1:6379".into()))?;
+//! let mut conn = client.shared().await?;
+//! let _: () = redis::cmd("SET").arg("{app}:n").arg(1).query_async(&mut conn).await?;
+//! // Small calls: keys and arguments as slices.
+//! let n: i64 = INCR_BY.run(&mut conn, &["{app}:n"], &[&2]).await?;
+//! assert_eq!(n, 3);
+//! // Hot paths: keys and arguments written straight into one command, then sent.
+//! let mut cmd = INCR_BY.evalsha_cmd(1);
+//! cmd.arg("{app}:n").arg(4);
+//! let n: i64 = INCR_BY.query(&mut conn, &cmd).await?;
+//! assert_eq!(n, 7);
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod group_commit;
 
@@ -213,17 +238,7 @@ impl ConnectionLike for RedisConn {
 /// A Lua script kept in a `.lua` file and run with EVALSHA (SCRIPT LOAD and retry on NOSCRIPT,
 /// e.g. after a Redis restart flushed the script cache).
 ///
-/// ```ignore
-/// static ACK: LuaScript = LuaScript::new("settle", include_str!("../scripts/settle.lua"));
-///
-/// // Small calls: keys and arguments as slices.
-/// let acked: Vec<i64> = ACK.run(&mut conn, &[&stream], &[&id]).await?;
-///
-/// // Hot paths: write keys and arguments straight into one command buffer, then send it.
-/// let mut cmd = ACK.evalsha_cmd(1);
-/// cmd.arg(&stream).arg(&id);
-/// let acked: Vec<i64> = ACK.query(&mut conn, &cmd).await?;
-/// ```
+/// See the crate docs for an example.
 pub struct LuaScript {
     name: &'static str,
     source: &'static str,

@@ -11,6 +11,16 @@
 //! line of defence on Linux, each `redis-server` is started with `PR_SET_PDEATHSIG = SIGKILL` from
 //! a thread that lives as long as the test process, so the servers die with the process even when
 //! it is killed or aborts (handles kept in statics are never dropped).
+//!
+//! ```
+//! use baton_testkit::RedisServer;
+//!
+//! let mut server = RedisServer::start();
+//! assert_eq!(server.cli(&["SET", "k", "v"]).trim(), "OK");
+//! server.kill();
+//! server.restart();
+//! assert_eq!(server.cli(&["PING"]).trim(), "PONG");
+//! ```
 
 use std::ffi::OsStr;
 use std::fmt;
