@@ -7,7 +7,7 @@ mod commit;
 mod memory;
 mod redis;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -658,11 +658,6 @@ impl CommandStore {
 /// Index keys/ordering shared by the backends: the index a status lives in.
 pub(crate) fn status_slot(s: Option<CommandStatus>) -> usize {
     s.map(|s| s.index() + 1).unwrap_or(0)
-}
-
-#[allow(dead_code)]
-pub(crate) fn all_queues(store: &CommandStore) -> BTreeSet<String> {
-    store.inner.queues.lock().unwrap().keys().cloned().collect()
 }
 
 #[cfg(test)]
