@@ -118,7 +118,9 @@
 //! multi-key `XREAD` must stay within one hash slot, and every stream has its own slot, so there each
 //! tailed stream keeps its own connection (to the one node owning its slot).
 
+mod end;
 mod error;
+mod limits;
 mod memory;
 mod offset;
 mod redis;
@@ -126,15 +128,13 @@ mod run;
 mod store;
 mod types;
 
-pub use error::StreamError;
+pub use end::{EndReason, EndState, Ended};
+pub use error::{Result, StreamError};
+pub use limits::{LimitScope, RunLimits};
 pub use offset::{Offset, ReadFrom};
 pub use run::{OpenOptions, Producer, RunHandle};
 pub use store::{StoreSettings, StreamStore, Subscription};
 pub use types::{
-    is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EndReason, EndState, Ended,
-    EpochMs, Expiry, ForkFrom, LimitScope, ProducerStamp, ReadChunk, Record, RunLimits, StreamInfo, StreamPath,
-    DEFAULT_CONTENT_TYPE,
+    is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EpochMs, Expiry, ForkFrom,
+    ProducerStamp, ReadChunk, Record, StreamInfo, StreamPath, DEFAULT_CONTENT_TYPE,
 };
-
-/// Result alias of this crate.
-pub type Result<T, E = StreamError> = std::result::Result<T, E>;

@@ -9,10 +9,13 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::end::{EndReason, EndState};
+use crate::error::Result;
 use crate::error::StreamError;
+use crate::limits::{LimitScope, RunLimits};
+use crate::offset::{Offset, ReadFrom};
 use crate::store::{Backend, CreateSpec, Deleted, Snapshot, StoreSettings, WriteSpec};
 use crate::types::*;
-use crate::{Offset, ReadFrom, Result};
 
 pub(crate) struct MemoryStore {
     streams: Mutex<HashMap<StreamPath, Arc<MemStream>>>,

@@ -11,10 +11,13 @@ use bytes::Bytes;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::end::{EndReason, Ended};
+use crate::error::Result;
 use crate::error::StreamError;
+use crate::limits::RunLimits;
+use crate::offset::Offset;
 use crate::store::StreamStore;
 use crate::types::*;
-use crate::{Offset, Result};
 
 /// How to open a run.
 #[derive(Clone, Debug, Default)]

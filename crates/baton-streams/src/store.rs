@@ -7,9 +7,12 @@ use async_trait::async_trait;
 use baton_redis::RedisConfig;
 use bytes::Bytes;
 
+use crate::end::EndReason;
+use crate::error::Result;
 use crate::error::StreamError;
+use crate::limits::RunLimits;
+use crate::offset::{Offset, ReadFrom};
 use crate::types::*;
-use crate::{Offset, ReadFrom, Result};
 
 /// Store-wide settings (DESIGN.md §3 "Settings (per server, overridable per stream)").
 #[derive(Clone, Debug)]

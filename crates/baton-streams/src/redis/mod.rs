@@ -14,10 +14,11 @@ use async_trait::async_trait;
 use baton_redis::redis::Value;
 use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 
+use crate::error::Result;
 use crate::error::StreamError;
+use crate::offset::{Offset, ReadFrom};
 use crate::store::{Backend, CreateSpec, Deleted, Snapshot, StoreSettings, WriteSpec};
 use crate::types::*;
-use crate::{Offset, ReadFrom, Result};
 use reply::*;
 
 macro_rules! script {

@@ -21,9 +21,10 @@ use baton_redis::LuaScript;
 use futures::StreamExt;
 
 use super::RedisStore;
+use crate::error::Result;
 use crate::error::StreamError;
+use crate::offset::ReadFrom;
 use crate::types::*;
-use crate::{ReadFrom, Result};
 
 /// Number of deadline shards.
 pub(crate) const SHARDS: u64 = 16;

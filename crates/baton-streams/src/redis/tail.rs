@@ -25,9 +25,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{keys, RedisStore};
+use crate::end::EndState;
+use crate::error::Result;
 use crate::error::StreamError;
+use crate::offset::{Offset, ReadFrom};
 use crate::types::*;
-use crate::{Offset, ReadFrom, Result};
 
 /// Idle time after which a tail loop without waiters stops and releases its connection.
 const LINGER: Duration = Duration::from_secs(3);

@@ -21,10 +21,12 @@ use tokio::sync::oneshot;
 
 use super::reply::*;
 use super::{keys, RedisStore, WRITE};
+use crate::end::{EndReason, EndState};
+use crate::error::Result;
 use crate::error::StreamError;
+use crate::offset::Offset;
 use crate::store::WriteSpec;
 use crate::types::*;
-use crate::{Offset, Result};
 
 /// Requests per `write.lua` call at most.
 const MAX_REQUESTS: usize = 1024;
