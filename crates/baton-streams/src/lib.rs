@@ -118,6 +118,7 @@
 //! multi-key `XREAD` must stay within one hash slot, and every stream has its own slot, so there each
 //! tailed stream keeps its own connection (to the one node owning its slot).
 
+mod backend;
 mod end;
 mod error;
 mod limits;
@@ -125,6 +126,7 @@ mod memory;
 mod offset;
 mod redis;
 mod run;
+mod settings;
 mod store;
 mod types;
 
@@ -133,7 +135,8 @@ pub use error::{Result, StreamError};
 pub use limits::{LimitScope, RunLimits};
 pub use offset::{Offset, ReadFrom};
 pub use run::{OpenOptions, Producer, RunHandle};
-pub use store::{StoreSettings, StreamStore, Subscription};
+pub use settings::StoreSettings;
+pub use store::{StreamStore, Subscription};
 pub use types::{
     is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EpochMs, Expiry, ForkFrom,
     ProducerStamp, ReadChunk, Record, StreamInfo, StreamPath, DEFAULT_CONTENT_TYPE,

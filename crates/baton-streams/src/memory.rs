@@ -9,12 +9,12 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::backend::{CreateSpec, Deleted, Snapshot, StreamBackend, WriteSpec};
 use crate::end::{EndReason, EndState};
-use crate::error::Result;
-use crate::error::StreamError;
+use crate::error::{Result, StreamError};
 use crate::limits::{LimitScope, RunLimits};
 use crate::offset::{Offset, ReadFrom};
-use crate::store::{Backend, CreateSpec, Deleted, Snapshot, StoreSettings, WriteSpec};
+use crate::settings::StoreSettings;
 use crate::types::*;
 
 pub(crate) struct MemoryStore {
@@ -270,7 +270,7 @@ async fn sweeper(store: Weak<MemoryStore>, every: Duration) {
 }
 
 #[async_trait]
-impl Backend for MemoryStore {
+impl StreamBackend for MemoryStore {
     async fn create(&self, path: &StreamPath, spec: CreateSpec) -> Result<(Created, Option<u64>)> {
         let now = now_ms();
         let claim = |st: &mut State| -> Option<u64> {

@@ -12,8 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::end::{EndReason, Ended};
-use crate::error::Result;
-use crate::error::StreamError;
+use crate::error::{Result, StreamError};
 use crate::limits::RunLimits;
 use crate::offset::Offset;
 use crate::store::StreamStore;

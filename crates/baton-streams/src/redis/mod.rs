@@ -14,10 +14,10 @@ use async_trait::async_trait;
 use baton_redis::redis::Value;
 use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 
-use crate::error::Result;
-use crate::error::StreamError;
+use crate::backend::{CreateSpec, Deleted, Snapshot, StreamBackend, WriteSpec};
+use crate::error::{Result, StreamError};
 use crate::offset::{Offset, ReadFrom};
-use crate::store::{Backend, CreateSpec, Deleted, Snapshot, StoreSettings, WriteSpec};
+use crate::settings::StoreSettings;
 use crate::types::*;
 use reply::*;
 
@@ -168,7 +168,7 @@ impl RedisStore {
 }
 
 #[async_trait]
-impl Backend for RedisStore {
+impl StreamBackend for RedisStore {
     async fn create(&self, path: &StreamPath, spec: CreateSpec) -> Result<(Created, Option<u64>)> {
         let (ttl, exp) = match spec.expiry {
             Expiry::None => (None, None),

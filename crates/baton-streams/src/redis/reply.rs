@@ -6,8 +6,7 @@ use baton_redis::redis::Value;
 use bytes::Bytes;
 
 use crate::end::{EndReason, EndState};
-use crate::error::Result;
-use crate::error::StreamError;
+use crate::error::{Result, StreamError};
 use crate::limits::{LimitScope, RunLimits};
 use crate::offset::Offset;
 use crate::types::*;

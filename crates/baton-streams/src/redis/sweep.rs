@@ -21,8 +21,7 @@ use baton_redis::LuaScript;
 use futures::StreamExt;
 
 use super::RedisStore;
-use crate::error::Result;
-use crate::error::StreamError;
+use crate::error::{Result, StreamError};
 use crate::offset::ReadFrom;
 use crate::types::*;
 

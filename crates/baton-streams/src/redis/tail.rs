@@ -26,8 +26,7 @@ use tokio::time::Instant;
 
 use super::{keys, RedisStore};
 use crate::end::EndState;
-use crate::error::Result;
-use crate::error::StreamError;
+use crate::error::{Result, StreamError};
 use crate::offset::{Offset, ReadFrom};
 use crate::types::*;
 

@@ -21,11 +21,10 @@ use tokio::sync::oneshot;
 
 use super::reply::*;
 use super::{keys, RedisStore, WRITE};
+use crate::backend::WriteSpec;
 use crate::end::{EndReason, EndState};
-use crate::error::Result;
-use crate::error::StreamError;
+use crate::error::{Result, StreamError};
 use crate::offset::Offset;
-use crate::store::WriteSpec;
 use crate::types::*;
 
 /// Requests per `write.lua` call at most.
