@@ -302,7 +302,8 @@ impl CommandStore {
     }
 
     /// The Redis backend (standalone or Cluster, as `client` says). Connects now; queues use
-    /// `options.key_prefix` and `options.group` (the work queue's defaults: `baton`, `baton`).
+    /// `options.key_prefix` and `options.group` (the work queue's defaults:
+    /// [`baton_queue::keys::DEFAULT_PREFIX`], [`baton_queue::keys::DEFAULT_GROUP`]).
     ///
     /// Errors: [`CommandError::Connect`], [`CommandError::InvalidSettings`].
     pub async fn redis(client: baton_redis::RedisClient, options: RedisStoreOptions) -> Result<Self, CommandError> {
