@@ -30,14 +30,14 @@ impl StreamStore {
     /// Must be called inside a Tokio runtime (it starts a sweeper task for expiry and silence).
     pub fn memory(settings: StoreSettings) -> Self {
         let settings = Arc::new(settings);
-        Self { backend: crate::memory::MemoryStore::new(settings.clone()), settings }
+        Self { backend: crate::memory::MemoryStreamBackend::new(settings.clone()), settings }
     }
 
     /// The Redis backend (standalone or Cluster). Connects once (shared connection); tail loops
     /// open one dedicated connection per live-read stream. Errors: [`StreamError::Backend`].
     pub async fn redis(config: RedisConfig, settings: StoreSettings) -> Result<Self> {
         let settings = Arc::new(settings);
-        let backend = crate::redis::RedisStore::connect(config, settings.clone()).await?;
+        let backend = crate::redis::RedisStreamBackend::connect(config, settings.clone()).await?;
         Ok(Self { backend, settings })
     }
 

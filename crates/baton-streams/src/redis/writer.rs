@@ -20,7 +20,7 @@ use baton_redis::redis::{self, Value};
 use tokio::sync::oneshot;
 
 use super::reply::*;
-use super::{keys, RedisStore, WRITE};
+use super::{keys, RedisStreamBackend, WRITE};
 use crate::backend::WriteSpec;
 use crate::end::{EndReason, EndState};
 use crate::error::{Result, StreamError};
@@ -73,7 +73,7 @@ fn body_len(spec: &WriteSpec) -> usize {
     spec.records.iter().map(|r| r.0.len()).sum()
 }
 
-impl RedisStore {
+impl RedisStreamBackend {
     pub(crate) async fn submit_write(self: Arc<Self>, path: &StreamPath, spec: WriteSpec) -> Result<Appended> {
         let (tx, rx) = oneshot::channel();
         let lead = {
@@ -295,7 +295,7 @@ fn accepted(spec: &WriteSpec, tail: Offset) -> Appended {
 
 /// Sends `batch`, then the batches queued meanwhile. A caller-driven flush (`looping == false`)
 /// sends one batch and hands the rest to a spawned task.
-fn flush(store: Arc<RedisStore>, path: StreamPath, mut batch: Vec<Pending>, looping: bool) -> BoxedFlush {
+fn flush(store: Arc<RedisStreamBackend>, path: StreamPath, mut batch: Vec<Pending>, looping: bool) -> BoxedFlush {
     Box::pin(async move {
         loop {
             store.send_batch(&path, batch).await;
