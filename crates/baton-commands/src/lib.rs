@@ -103,7 +103,7 @@ use serde_json::Value;
 
 pub use model::{Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp};
 pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
-pub use store::{CommandStore, RedisStoreOptions, StoreSettings};
+pub use store::{CommandStore, CommandStoreSettings, RedisCommandStoreOptions};
 
 /// The error a handler returns for a *transient* problem (retried with backoff); a real failure
 /// is `Ok(CommandResult::failed(..))`.

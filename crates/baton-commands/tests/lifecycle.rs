@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use baton_commands::{
-    Command, CommandResult, CommandService, CommandStatus, CommandStore, QueueSettings, RedisStoreOptions,
+    Command, CommandResult, CommandService, CommandStatus, CommandStore, QueueSettings, RedisCommandStoreOptions,
 };
 use baton_queue::keys;
 use baton_redis::RedisClient;
@@ -15,7 +15,7 @@ use common::*;
 use serde_json::json;
 
 async fn redis_store(redis: &RedisServer) -> CommandStore {
-    CommandStore::redis(RedisClient::new(redis.config()).unwrap(), RedisStoreOptions::default()).await.unwrap()
+    CommandStore::redis(RedisClient::new(redis.config()).unwrap(), RedisCommandStoreOptions::default()).await.unwrap()
 }
 
 /// `CLIENT LIST` of the server, one line per connection (the `redis-cli` asking included, so

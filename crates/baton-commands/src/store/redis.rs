@@ -14,7 +14,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
 use super::commit::{BatchKeys, GroupCommit, Submit, Transition};
-use super::{status_slot, Cas, Hub, Peeked, StateBackend, StoreSettings, SubmitOutcome};
+use super::{status_slot, Cas, CommandStoreSettings, Hub, Peeked, StateBackend, SubmitOutcome};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
@@ -45,22 +45,22 @@ const CLAIM_GRACE: Duration = Duration::from_secs(2);
 
 /// Options of the Redis command store.
 #[derive(Clone, Debug)]
-pub struct RedisStoreOptions {
+pub struct RedisCommandStoreOptions {
     /// Prefix of every key; also the work queue's prefix. Default
     /// [`baton_queue::keys::DEFAULT_PREFIX`] (`baton`). No braces.
     pub key_prefix: String,
     /// Consumer group of the command queues. Default [`baton_queue::keys::DEFAULT_GROUP`] (`baton`).
     pub group: String,
     /// State lifetimes.
-    pub settings: StoreSettings,
+    pub settings: CommandStoreSettings,
 }
 
-impl Default for RedisStoreOptions {
+impl Default for RedisCommandStoreOptions {
     fn default() -> Self {
         Self {
             key_prefix: baton_queue::keys::DEFAULT_PREFIX.into(),
             group: baton_queue::keys::DEFAULT_GROUP.into(),
-            settings: StoreSettings::default(),
+            settings: CommandStoreSettings::default(),
         }
     }
 }
@@ -125,11 +125,11 @@ impl QKeys {
     }
 }
 
-pub(crate) struct RedisStore {
+pub(crate) struct RedisStateBackend {
     conn: RedisConn,
     cluster: bool,
     prefix: String,
-    settings: StoreSettings,
+    settings: CommandStoreSettings,
     stream: baton_queue::MessageStream,
     pubsub: PubSubHandle,
     /// Key names per home queue, built once (bounded: cleared past [`QKEYS_MAX`] queues).
@@ -214,10 +214,10 @@ fn unexpected(what: &str, v: &Value) -> CommandError {
     )))
 }
 
-impl RedisStore {
+impl RedisStateBackend {
     pub async fn connect(
         client: RedisClient,
-        options: RedisStoreOptions,
+        options: RedisCommandStoreOptions,
         stream: baton_queue::MessageStream,
         hub: Arc<Hub>,
     ) -> Result<Self, CommandError> {
@@ -292,7 +292,7 @@ impl RedisStore {
 }
 
 #[async_trait]
-impl StateBackend for RedisStore {
+impl StateBackend for RedisStateBackend {
     async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError> {
         let k = self.keys(&state.queue);
         let lookup = self.lookup_key(&state.id);
