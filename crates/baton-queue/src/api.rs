@@ -69,8 +69,9 @@ pub enum Decision {
     /// `claim_timeout` up, the entry waits in the queue's delayed set and is re-offered under a
     /// new id when due (promoted at its due time by any consumer of the queue).
     RetryAfter(Duration),
-    /// The handler's task keeps the [`Lease`] and settles it later with [`Lease::ack`],
-    /// [`Lease::retry`] or [`Lease::retry_after`]. The lease keeps renewing (and the
+    /// The handler's task keeps the [`Lease`](crate::Lease) and settles it later with
+    /// [`Lease::ack`](crate::Lease::ack), [`Lease::retry`](crate::Lease::retry) or
+    /// [`Lease::retry_after`](crate::Lease::retry_after). The lease keeps renewing (and the
     /// concurrency slot stays taken) until then. Dropping the lease unsettled is a `Retry`.
     Deferred,
     /// Poison: move the entry to the queue's dead-letter stream now, with this reason.
