@@ -1,4 +1,4 @@
-//! # baton-commands — the command service (DESIGN.md §2)
+//! # baton-commands — the command service
 //!
 //! Every command has one persisted state; `execute` runs once per live attempt; `check_status`
 //! polls long work; a command can be handed off to another queue.
@@ -12,7 +12,7 @@
 //!   [`CommandResult`]: `succeeded`, `failed`, `cancelled`, `running` (optionally with the delay
 //!   before the next check) or `handed_off(queue)`.
 //!
-//! ## Rules (issue 3, DESIGN.md §2)
+//! ## Rules (issue 3)
 //!
 //! * **Dispatch from the persisted status**: `SUBMITTED` → `execute`; `RUNNING` → `check_status`;
 //!   terminal or missing → ack. `RUNNING` (with `started_at`) is written when a handler says the
@@ -109,7 +109,8 @@ pub use store::{CommandStore, CommandStoreSettings, RedisCommandStoreOptions};
 /// is `Ok(CommandResult::failed(..))`.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// Runs commands of one or more types on a queue (DESIGN.md §2).
+/// Runs commands of one or more types on a queue. Which method runs follows the persisted status
+/// (crate docs, "Rules"): `execute` for a `SUBMITTED` command, `check_status` for a `RUNNING` one.
 #[async_trait]
 pub trait CommandHandler: Send + Sync + 'static {
     /// Starts (or does) the work of a `SUBMITTED` command. Called once per live attempt: after it

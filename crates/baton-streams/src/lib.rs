@@ -1,6 +1,7 @@
-//! Durable streams engine for Baton (DESIGN.md §3): the Durable Streams protocol model
-//! (PROTOCOL.md of durable-streams/durable-streams) plus resumable runs (seed `001`), on three
-//! backends with one semantics: in-memory, Redis standalone and Redis Cluster (Redis ≥ 7.0).
+//! Durable streams engine for Baton: the Durable Streams protocol model (PROTOCOL.md of
+//! durable-streams/durable-streams; the § numbers in these docs are its sections) plus resumable
+//! runs (seed `001`), on three backends with one semantics: in-memory, Redis standalone and Redis
+//! Cluster (Redis ≥ 7.0).
 //!
 //! # Model
 //! * A stream is addressed by a [`StreamPath`]; its first segment is the scope.

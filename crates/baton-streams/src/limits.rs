@@ -5,7 +5,8 @@
 use std::fmt;
 use std::time::Duration;
 
-/// Run limits (Baton run semantics, DESIGN.md §3). `None` disables a limit.
+/// Run limits (Baton run semantics; over HTTP the `Baton-*` headers of docs/http-api.md,
+/// "Extensions: run semantics"). `None` disables a limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunLimits {
     /// No append and no keepalive for this long ⇒ ended as `producer_lost`. Default 60 s.

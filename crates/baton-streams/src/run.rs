@@ -1,5 +1,6 @@
-//! Runs (seed `001`, DESIGN.md §3): a producer that opens a stream, appends idempotently,
-//! keeps it alive, and ends it exactly once (`finished`, `cancelled` or `producer_lost`).
+//! Runs (seed `001`; over HTTP: docs/http-api.md, "Extensions: run semantics"): a producer that
+//! opens a stream, appends idempotently, keeps it alive, and ends it exactly once (`finished`,
+//! `cancelled` or `producer_lost`).
 
 use std::fmt::Display;
 use std::future::Future;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::limits::RunLimits;
 
-/// Store-wide settings (DESIGN.md §3 "Settings (per server, overridable per stream)").
+/// Store-wide settings, one set per [`StreamStore`](crate::StreamStore). Only the run limits can
+/// be overridden per stream (`default_limits` apply when a stream is created without its own).
 #[derive(Clone, Debug)]
 pub struct StoreSettings {
     /// Run limits applied when [`CreateOptions::limits`](crate::CreateOptions::limits) is `None`.

@@ -17,9 +17,9 @@ pub(crate) fn now_ms() -> EpochMs {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// A stream's address: `scope/rest/...` (no leading `/`). The first segment is the scope (tenant
-/// or user, DESIGN.md §3). Non-empty segments, at most 1,024 bytes, no control characters, no
-/// `.`/`..` segments (PROTOCOL.md §12.2 path traversal).
+/// A stream's address: `scope/rest/...` (no leading `/`). The first segment is the scope (the
+/// tenant or user the stream belongs to). Non-empty segments, at most 1,024 bytes, no control
+/// characters, no `.`/`..` segments (PROTOCOL.md §12.2 path traversal).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamPath(String);
 
