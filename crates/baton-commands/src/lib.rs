@@ -12,6 +12,47 @@
 //!   [`CommandResult`]: `succeeded`, `failed`, `cancelled`, `running` (optionally with the delay
 //!   before the next check) or `handed_off(queue)`.
 //!
+//! A handler that starts long work and reports it done at its first status check, on a service
+//! of queue `builds`, in memory:
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use async_trait::async_trait;
+//! use baton_commands::{
+//!     Command, CommandHandler, CommandResult, CommandService, CommandState, CommandStatus, CommandStore, HandlerError,
+//! };
+//! use serde_json::json;
+//!
+//! struct Build;
+//!
+//! #[async_trait]
+//! impl CommandHandler for Build {
+//!     async fn execute(&self, _command: Command) -> Result<CommandResult, HandlerError> {
+//!         // Start the work elsewhere; `RUNNING` is persisted, `check_status` comes in 10 ms.
+//!         Ok(CommandResult::running_after(Duration::from_millis(10)))
+//!     }
+//!
+//!     async fn check_status(&self, command: Command, _state: CommandState) -> Result<CommandResult, HandlerError> {
+//!         let name = command.params["name"].as_str().unwrap_or("out");
+//!         Ok(CommandResult::succeeded(json!({ "artifact": format!("{name}.tar") })))
+//!     }
+//! }
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), baton_commands::CommandError> {
+//! let store = CommandStore::memory();
+//! let service = CommandService::builder(store.clone(), "builds").handler("build", Build).start().await?;
+//!
+//! let build = Command::with_id("build-1", "build", json!({ "name": "app" }));
+//! let state = store.submit_and_wait("builds", build, Duration::from_secs(5)).await?;
+//! assert_eq!(state.status, CommandStatus::Succeeded);
+//! assert_eq!(state.result, Some(json!({ "artifact": "app.tar" })));
+//! service.close().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Rules (issue 3)
 //!
 //! * **Dispatch from the persisted status**: `SUBMITTED` → `execute`; `RUNNING` → `check_status`;

@@ -3,6 +3,45 @@
 //! runs (seed `001`), on three backends with one semantics: in-memory, Redis standalone and Redis
 //! Cluster (Redis ≥ 7.0).
 //!
+//! A producer and a live reader of one run, on the memory backend:
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use baton_streams::{EndReason, OpenOptions, ReadFrom, StoreSettings, StreamPath, StreamStore};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> baton_streams::Result<()> {
+//! let store = StreamStore::memory(StoreSettings::default());
+//! let path = StreamPath::new("acme/run-1")?;
+//! let producer = store.open(&path, OpenOptions::default()).await?;
+//!
+//! // A live reader from the start: it gets what is there, then waits for more, until the end.
+//! let reader = tokio::spawn({
+//!     let (store, path) = (store.clone(), path.clone());
+//!     async move {
+//!         let mut subscription = store.subscribe(&path, ReadFrom::Start);
+//!         let (mut body, mut end) = (Vec::new(), None);
+//!         while let Some(chunk) = subscription.next(Duration::from_secs(5)).await? {
+//!             body.extend_from_slice(&chunk.body());
+//!             end = end.or(chunk.end);
+//!         }
+//!         Ok::<_, baton_streams::StreamError>((body, end))
+//!     }
+//! });
+//!
+//! producer.append("step 1 done\n").await?;
+//! producer.append("step 2 done\n").await?;
+//! let ended = producer.finish().await?;
+//! assert!(ended.ended_now);
+//!
+//! let (body, end) = reader.await.expect("reader task")?;
+//! assert_eq!(body, b"step 1 done\nstep 2 done\n");
+//! assert_eq!(end.map(|e| e.reason), Some(EndReason::Finished));
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Model
 //! * A stream is addressed by a [`StreamPath`]; its first segment is the scope.
 //! * [`StreamStore::create`] (PROTOCOL.md §5.1, idempotent; forks §4.2), [`StreamStore::append`]
