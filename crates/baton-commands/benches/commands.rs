@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use baton_commands::{
     Command, CommandHandler, CommandResult, CommandService, CommandStore, HandlerError, QueueSettings,
-    RedisStoreOptions,
+    RedisCommandStoreOptions,
 };
 use baton_redis::RedisClient;
 use baton_testkit::RedisServer;
@@ -153,7 +153,7 @@ fn main() {
             let server = RedisServer::start();
             for &c in &levels {
                 let client = RedisClient::new(server.config()).unwrap();
-                let store = CommandStore::redis(client, RedisStoreOptions::default()).await.unwrap();
+                let store = CommandStore::redis(client, RedisCommandStoreOptions::default()).await.unwrap();
                 let (cpu0, calls0) = redis_snapshot(&server);
                 let own0 = own_cpu();
                 let t0 = Instant::now();

@@ -45,6 +45,7 @@ for i = 1, n do
   end
   if not reply then
     local id = ARGV[b + 4]
+    -- 'p': the work queue's payload field (baton_queue::keys::PAYLOAD_FIELD; a test checks it).
     local mid = redis.call('XADD', KEYS[3], '*', 'p', ARGV[b + 3])
     -- The entry id's milliseconds are the server's clock (never behind the stream's last entry).
     local now = tonumber(string.match(mid, '^(%d+)'))

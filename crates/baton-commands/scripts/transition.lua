@@ -26,6 +26,7 @@ end
 -- score may be above this write's expiry even when its TTL is the store's shortest (a prune
 -- re-scored a live entry to its then expiry, or another store with longer lifetimes submitted).
 redis.call('ZADD', KEYS[1], 'LT', now_ms() + tonumber(ARGV[3]), id)
+-- 'p': the work queue's payload field (baton_queue::keys::PAYLOAD_FIELD; a test checks it).
 if ARGV[6] ~= '' then redis.call('XADD', KEYS[5], '*', 'p', ARGV[6]) end
 local acked = 0
 if ARGV[7] ~= '' then

@@ -1,4 +1,4 @@
-//! # baton-commands — the command service (DESIGN.md §2)
+//! # baton-commands — the command service
 //!
 //! Every command has one persisted state; `execute` runs once per live attempt; `check_status`
 //! polls long work; a command can be handed off to another queue.
@@ -12,7 +12,48 @@
 //!   [`CommandResult`]: `succeeded`, `failed`, `cancelled`, `running` (optionally with the delay
 //!   before the next check) or `handed_off(queue)`.
 //!
-//! ## Rules (issue 3, DESIGN.md §2)
+//! A handler that starts long work and reports it done at its first status check, on a service
+//! of queue `builds`, in memory:
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use async_trait::async_trait;
+//! use baton_commands::{
+//!     Command, CommandHandler, CommandResult, CommandService, CommandState, CommandStatus, CommandStore, HandlerError,
+//! };
+//! use serde_json::json;
+//!
+//! struct Build;
+//!
+//! #[async_trait]
+//! impl CommandHandler for Build {
+//!     async fn execute(&self, _command: Command) -> Result<CommandResult, HandlerError> {
+//!         // Start the work elsewhere; `RUNNING` is persisted, `check_status` comes in 10 ms.
+//!         Ok(CommandResult::running_after(Duration::from_millis(10)))
+//!     }
+//!
+//!     async fn check_status(&self, command: Command, _state: CommandState) -> Result<CommandResult, HandlerError> {
+//!         let name = command.params["name"].as_str().unwrap_or("out");
+//!         Ok(CommandResult::succeeded(json!({ "artifact": format!("{name}.tar") })))
+//!     }
+//! }
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), baton_commands::CommandError> {
+//! let store = CommandStore::memory();
+//! let service = CommandService::builder(store.clone(), "builds").handler("build", Build).start().await?;
+//!
+//! let build = Command::with_id("build-1", "build", json!({ "name": "app" }));
+//! let state = store.submit_and_wait("builds", build, Duration::from_secs(5)).await?;
+//! assert_eq!(state.status, CommandStatus::Succeeded);
+//! assert_eq!(state.result, Some(json!({ "artifact": "app.tar" })));
+//! service.close().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Rules (issue 3)
 //!
 //! * **Dispatch from the persisted status**: `SUBMITTED` → `execute`; `RUNNING` → `check_status`;
 //!   terminal or missing → ack. `RUNNING` (with `started_at`) is written when a handler says the
@@ -34,7 +75,7 @@
 //!
 //! | key                        | type   | holds                                                          |
 //! |----------------------------|--------|----------------------------------------------------------------|
-//! | `p:q:{q}`                  | stream | the queue's messages (baton-queue), field `p` = message JSON   |
+//! | `p:q:{q}`                  | stream | the queue's messages ([`baton_queue::keys::stream`]), field `p` ([`baton_queue::keys::PAYLOAD_FIELD`]) = message JSON |
 //! | `p:cmd:{q}:id:<id>`        | string | `<version> <STATUS> <created ms> <SHA-1 of the submitted body> <state JSON>` (`id:`: no id can name an index key) |
 //! | `p:cmd:{q}:s:<STATUS>`     | zset   | id → created ms, per status (listing every status merges the five) |
 //! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning: every 64th submit to `q` by a store, and every list and count) |
@@ -103,13 +144,14 @@ use serde_json::Value;
 
 pub use model::{Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp};
 pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
-pub use store::{CommandStore, RedisStoreOptions, StoreSettings};
+pub use store::{CommandStore, CommandStoreSettings, RedisCommandStoreOptions};
 
 /// The error a handler returns for a *transient* problem (retried with backoff); a real failure
 /// is `Ok(CommandResult::failed(..))`.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// Runs commands of one or more types on a queue (DESIGN.md §2).
+/// Runs commands of one or more types on a queue. Which method runs follows the persisted status
+/// (crate docs, "Rules"): `execute` for a `SUBMITTED` command, `check_status` for a `RUNNING` one.
 #[async_trait]
 pub trait CommandHandler: Send + Sync + 'static {
     /// Starts (or does) the work of a `SUBMITTED` command. Called once per live attempt: after it

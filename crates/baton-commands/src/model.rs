@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 use crate::CommandError;
 
 /// A command: what to do (`type`), with which parameters (`params`, any JSON value), under a
-/// client-supplied or generated id (DESIGN.md §2).
+/// client-supplied id or a generated one (a UUID v7, [`Command::new`]). One id is one command,
+/// with one persisted state ([`CommandState`]) in its home queue.
 ///
 /// Handlers receive the command with a cancellation signal attached: [`Command::is_cancelled`] /
 /// [`Command::cancelled`] fire when the command is cancelled ([`crate::CommandStore::cancel`],
@@ -72,7 +73,10 @@ impl Command {
     }
 }
 
-/// The persisted status of a command (DESIGN.md §2). Serialized in upper case (`SUBMITTED`, …);
+/// The persisted status of a command: `SUBMITTED` until a handler says its work continues or
+/// hands it off (`RUNNING`), and, once it ends, one terminal status (`SUCCEEDED`, `FAILED`,
+/// `CANCELLED`) that never changes: the first terminal write wins (crate docs, "Rules").
+/// Serialized in upper case (`SUBMITTED`, …);
 /// `PENDING` (= `Submitted`) and `PROCESSING` (= `Running`) are accepted as aliases when reading.
 /// The hand-off marker is a [`CommandResult`] only and never a status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -152,8 +156,9 @@ impl<'de> Deserialize<'de> for CommandStatus {
     }
 }
 
-/// What a handler call ended with (DESIGN.md §2). A handler *error* (`Err`, or a panic) is not a
-/// result: it is recorded and retried with backoff (see [`crate::RetryPolicy`]).
+/// What a handler call ended with: a terminal outcome, `running` (check its status again later)
+/// or a hand-off to another queue; dispatch persists it. A handler *error* (`Err`, or a panic) is
+/// not a result: it is recorded and retried with backoff (see [`crate::RetryPolicy`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum CommandResult {
     /// Done; the JSON result is persisted. Terminal.
@@ -257,7 +262,8 @@ impl<'de> Deserialize<'de> for Timestamp {
     }
 }
 
-/// The persisted state of one command: one JSON document (DESIGN.md §2), e.g.
+/// The persisted state of one command: one JSON document, only ever written by a compare-and-set
+/// on its `version` (key layout: the crate docs), e.g.
 ///
 /// ```json
 /// {"id":"…","queue":"lifecycle","type":"launch","params":{…},"status":"RUNNING","result":null,

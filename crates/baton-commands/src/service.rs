@@ -54,7 +54,8 @@ pub struct QueueSettings {
     /// Commands handled at once. Default 16.
     pub concurrency: usize,
     /// A message whose consumer died is taken over after this long (the work queue's claim
-    /// timeout; a live handler is never reclaimed, DESIGN.md §1). Default 30 s; at least 100 ms.
+    /// timeout). A handler whose process lives is never reclaimed, however long it runs: its
+    /// lease is renewed every heartbeat. Default 30 s; at least 100 ms.
     pub claim_timeout: Duration,
     /// Delay before the next `check_status` when the result names none. Default 10 s; at least
     /// 10 ms. Independent of `claim_timeout`.
@@ -63,7 +64,9 @@ pub struct QueueSettings {
     pub retry: RetryPolicy,
     /// The work queue's poll interval (reclaim cadence). Default: the queue's default.
     pub poll_interval: Option<Duration>,
-    /// A handler running longer loses its lease (DESIGN.md §1). Default 15 min.
+    /// A handler running longer loses its lease: renewal stops and the message becomes
+    /// reclaimable at once (the work queue's `max_processing_time`; the handler is not stopped).
+    /// Default 15 min.
     pub max_processing_time: Duration,
     /// Prefix of the queue consumer's name. Default `baton-cmd`.
     pub consumer_prefix: String,

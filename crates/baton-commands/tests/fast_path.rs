@@ -247,7 +247,7 @@ async fn concurrent_transitions_are_group_committed(b: TestBackend) {
 async fn submits_prune_expired_index_entries(b: TestBackend) {
     let Some(config) = b.redis_config() else { return }; // memory has no index keys
     let settings =
-        baton_commands::StoreSettings { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
+        baton_commands::CommandStoreSettings { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
     let store = store_with(&b, settings).await;
     let q = queue_name("prune");
     for i in 0..5 {

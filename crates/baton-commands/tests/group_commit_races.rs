@@ -241,7 +241,7 @@ async fn kill_or_pause_mid_batch(pause_instead: bool) {
     let cfg = server.config();
     let store = CommandStore::redis(
         baton_redis::RedisClient::new(cfg.clone()).unwrap(),
-        baton_commands::RedisStoreOptions::default(),
+        baton_commands::RedisCommandStoreOptions::default(),
     )
     .await
     .unwrap();
@@ -356,7 +356,7 @@ async fn cluster_node_restart_mid_batch() {
     let b_cfg = cluster.config();
     let store = CommandStore::redis(
         baton_redis::RedisClient::new(b_cfg).unwrap(),
-        baton_commands::RedisStoreOptions::default(),
+        baton_commands::RedisCommandStoreOptions::default(),
     )
     .await
     .unwrap();

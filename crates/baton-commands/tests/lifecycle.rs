@@ -6,15 +6,16 @@ mod common;
 use std::time::Duration;
 
 use baton_commands::{
-    Command, CommandResult, CommandService, CommandStatus, CommandStore, QueueSettings, RedisStoreOptions,
+    Command, CommandResult, CommandService, CommandStatus, CommandStore, QueueSettings, RedisCommandStoreOptions,
 };
+use baton_queue::keys;
 use baton_redis::RedisClient;
 use baton_testkit::{eventually, RedisServer};
 use common::*;
 use serde_json::json;
 
 async fn redis_store(redis: &RedisServer) -> CommandStore {
-    CommandStore::redis(RedisClient::new(redis.config()).unwrap(), RedisStoreOptions::default()).await.unwrap()
+    CommandStore::redis(RedisClient::new(redis.config()).unwrap(), RedisCommandStoreOptions::default()).await.unwrap()
 }
 
 /// `CLIENT LIST` of the server, one line per connection (the `redis-cli` asking included, so
@@ -158,7 +159,7 @@ async fn a_command_submitted_right_after_a_stop_runs_at_once() {
 
 /// Names of the consumers of `queue`'s group (`XINFO CONSUMERS baton:q:{queue} baton`).
 fn group_consumers(redis: &RedisServer, queue: &str) -> Vec<String> {
-    let out = redis.cli(&["XINFO", "CONSUMERS", &format!("baton:q:{{{queue}}}"), "baton"]);
+    let out = redis.cli(&["XINFO", "CONSUMERS", &keys::stream(keys::DEFAULT_PREFIX, queue), keys::DEFAULT_GROUP]);
     let lines: Vec<&str> = out.lines().collect();
     lines.windows(2).filter(|w| w[0] == "name").map(|w| w[1].to_string()).collect()
 }
@@ -192,7 +193,8 @@ async fn idle_foreign_consumers_are_reaped_after_the_configured_window() {
     assert_eq!(own(&reaping).len(), 1, "{:?}", own(&reaping));
     assert!(own(&reaping)[0].starts_with("baton-cmd-"), "{:?}", own(&reaping));
     for q in [&keeping, &reaping] {
-        assert_eq!(redis.cli(&["XGROUP", "CREATECONSUMER", &format!("baton:q:{{{q}}}"), "baton", "stale-worker"]), "1");
+        let stream = keys::stream(keys::DEFAULT_PREFIX, q);
+        assert_eq!(redis.cli(&["XGROUP", "CREATECONSUMER", &stream, keys::DEFAULT_GROUP, "stale-worker"]), "1");
     }
     let created = std::time::Instant::now();
 

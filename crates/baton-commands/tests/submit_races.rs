@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use baton_commands::{Command, CommandError, CommandStatus, CommandStore, ListQuery, StoreSettings};
+use baton_commands::{Command, CommandError, CommandStatus, CommandStore, CommandStoreSettings, ListQuery};
 use baton_redis::redis;
 use baton_testkit::{require_redis, RedisServer, TestBackend};
 use common::*;
@@ -180,7 +180,7 @@ async fn stale_lookup_takeover_race(b: TestBackend) {
     if b.redis_config().is_none() {
         return;
     }
-    let settings = StoreSettings { state_ttl: Duration::from_secs(1), retention: Duration::from_secs(1) };
+    let settings = CommandStoreSettings { state_ttl: Duration::from_secs(1), retention: Duration::from_secs(1) };
     let a = store_with(&b, settings.clone()).await;
     let c = store_with(&b, settings.clone()).await;
     let d = store_with(&b, settings).await;

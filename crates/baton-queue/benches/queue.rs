@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_queue::{ConsumerOptions, Decision, Delivery, MessageStream, RedisQueueOptions};
+use baton_queue::{keys, ConsumerOptions, Decision, Delivery, MessageStream, RedisQueueOptions};
 use baton_redis::{redis, LuaScript, RedisClient};
 use baton_testkit::RedisServer;
 use bytes::Bytes;
@@ -118,21 +118,29 @@ async fn end_to_end(s: &MessageStream, queue: &str, concurrency: usize, n: u64) 
 async fn renewal_tick(server: &RedisServer, leases: usize) -> (usize, f64, f64) {
     let client = RedisClient::new(server.config()).unwrap();
     let mut conn = client.shared().await.unwrap();
-    let key = "baton:q:{renewbench}";
+    let (key, liveness) =
+        (keys::stream(keys::DEFAULT_PREFIX, "renewbench"), keys::consumers(keys::DEFAULT_PREFIX, "renewbench"));
     let mut pipe = redis::pipe();
     for _ in 0..leases {
-        pipe.cmd("XADD").arg(key).arg("*").arg("p").arg("x").ignore();
+        pipe.cmd("XADD").arg(&key).arg("*").arg(keys::PAYLOAD_FIELD).arg("x").ignore();
     }
     let _: () = pipe.query_async(&mut conn).await.unwrap();
-    let _: () = redis::cmd("XGROUP").arg("CREATE").arg(key).arg("baton").arg("0").query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&key)
+        .arg(keys::DEFAULT_GROUP)
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
         .arg("GROUP")
-        .arg("baton")
+        .arg(keys::DEFAULT_GROUP)
         .arg("c1")
         .arg("COUNT")
         .arg(leases)
         .arg("STREAMS")
-        .arg(key)
+        .arg(&key)
         .arg(">")
         .query_async(&mut conn)
         .await
@@ -147,9 +155,9 @@ async fn renewal_tick(server: &RedisServer, leases: usize) -> (usize, f64, f64) 
     // released ids, orphan check over its pending entries.
     let n = ids.len();
     let mut args: Vec<String> = vec![
-        "baton".into(),
+        keys::DEFAULT_GROUP.into(),
         "c1".into(),
-        "~parked".into(),
+        keys::PARKED.into(),
         "30000".into(),
         "15000".into(),
         (n + 200).to_string(),
@@ -159,7 +167,7 @@ async fn renewal_tick(server: &RedisServer, leases: usize) -> (usize, f64, f64) 
     args.extend(ids);
     args.push("0".into());
     let refs: Vec<&dyn baton_redis::ArgLike> = args.iter().map(|a| a as &dyn baton_redis::ArgLike).collect();
-    let keys = [key, "baton:q:{renewbench}:consumers"];
+    let keys = [key.as_str(), liveness.as_str()];
     // Warm up (loads the script).
     let (lost, gone, orphans): (Vec<String>, Vec<String>, u64) = HEARTBEAT.run(&mut conn, &keys, &refs).await.unwrap();
     assert!(lost.is_empty() && gone.is_empty() && orphans == 0);

@@ -54,7 +54,7 @@
 //!   pending entry whose liveness record is older than `reap_idle_consumers_after` are removed.
 //!
 //! Backends: [`MessageStream::memory`] (in-process, same semantics) and [`MessageStream::redis`]
-//! (standalone or Cluster; key layout in the `redis` module docs). Metrics (through the `metrics`
+//! (standalone or Cluster; key layout: [`keys`]). Metrics (through the `metrics`
 //! crate, label `queue`): `baton_queue_leases_expired_total`, `baton_queue_leases_lost_total`,
 //! `baton_queue_lease_renewals_total`, `baton_queue_lease_renewal_failures_total`,
 //! `baton_queue_renewal_seconds`, `baton_queue_reclaims_total`, `baton_queue_dead_letters_total`,
@@ -92,6 +92,7 @@ mod api;
 mod backend;
 mod consumer;
 mod engine;
+pub mod keys;
 mod lease;
 mod memory;
 mod redis;

@@ -1,6 +1,7 @@
 //! Redis backend: one Redis Stream per queue with one consumer group (Redis docs, "Redis Streams
 //! consumer groups"). Keys of queue `q` under prefix `p` all share the hash tag `{q}`, so every
-//! script runs on one Cluster node and receives all its keys in KEYS:
+//! script runs on one Cluster node and receives all its keys in KEYS (their names come from the
+//! public [`keys`](crate::keys) module, the one place the layout is written):
 //!
 //! | key                      | type   | holds                                                  |
 //! |--------------------------|--------|--------------------------------------------------------|
@@ -29,6 +30,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use crate::backend::{
     Backend, Beat, ConsumerBackend, ConsumerSpec, Owned, RawDelivery, Reclaimed, Settle, SettleOp, PARKED,
 };
+use crate::keys::{self, PAYLOAD_FIELD};
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
 static JOIN: LuaScript = LuaScript::new("join", include_str!("../scripts/join.lua"));
@@ -49,15 +51,15 @@ const PROMOTE_PER_TICK: u32 = 1000;
 /// Options of the Redis backend.
 #[derive(Clone, Debug)]
 pub struct RedisQueueOptions {
-    /// Prefix of every key. Default `baton`.
+    /// Prefix of every key ([`keys`](crate::keys)). Default [`keys::DEFAULT_PREFIX`] (`baton`).
     pub key_prefix: String,
-    /// Consumer group name. Default `baton`.
+    /// Consumer group name. Default [`keys::DEFAULT_GROUP`] (`baton`).
     pub group: String,
 }
 
 impl Default for RedisQueueOptions {
     fn default() -> Self {
-        Self { key_prefix: "baton".into(), group: "baton".into() }
+        Self { key_prefix: keys::DEFAULT_PREFIX.into(), group: keys::DEFAULT_GROUP.into() }
     }
 }
 
@@ -72,13 +74,12 @@ struct Keys {
 
 impl Keys {
     fn new(prefix: &str, queue: &str) -> Self {
-        let stream = format!("{prefix}:q:{{{queue}}}");
         Self {
-            dead: format!("{stream}:dead"),
-            delayed: format!("{stream}:delayed"),
-            delayed_payloads: format!("{stream}:delayed:p"),
-            liveness: format!("{stream}:consumers"),
-            stream,
+            stream: keys::stream(prefix, queue),
+            dead: keys::dead(prefix, queue),
+            delayed: keys::delayed(prefix, queue),
+            delayed_payloads: keys::delayed_payloads(prefix, queue),
+            liveness: keys::consumers(prefix, queue),
         }
     }
 }
@@ -169,7 +170,7 @@ impl Backend for RedisBackend {
         let keys = self.keys(queue);
         let mut pipe = redis::pipe();
         for p in payloads {
-            pipe.cmd("XADD").arg(&keys.stream).arg("*").arg("p").arg(p.as_ref());
+            pipe.cmd("XADD").arg(&keys.stream).arg("*").arg(PAYLOAD_FIELD).arg(p.as_ref());
         }
         let ids: Vec<String> = pipe.query_async(&mut self.conn.clone()).await?;
         ids.iter().map(|s| parse_id(s)).collect()
@@ -242,7 +243,7 @@ impl Backend for RedisBackend {
             for (k, v) in fields(&parts[1]) {
                 match k.as_str() {
                     "id" => d.original_id = parse_id(&as_string(&v).unwrap_or_default())?,
-                    "p" => d.payload = bytes_of(&v).unwrap_or_default(),
+                    PAYLOAD_FIELD => d.payload = bytes_of(&v).unwrap_or_default(),
                     "dc" => d.deliveries = as_u64(&v) as u32,
                     "reason" => d.reason = as_string(&v).unwrap_or_default(),
                     "at" => d.dead_lettered_at_ms = as_u64(&v),
@@ -327,7 +328,7 @@ impl RedisConsumer {
                 let mut prior = 0u32;
                 for (k, v) in fields(parts.get(1).unwrap_or(&Value::Nil)) {
                     match k.as_str() {
-                        "p" => payload = bytes_of(&v),
+                        PAYLOAD_FIELD => payload = bytes_of(&v),
                         "dc" => prior = as_u64(&v) as u32,
                         _ => {}
                     }

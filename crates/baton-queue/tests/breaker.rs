@@ -35,7 +35,11 @@ fn lease_sink(
 }
 
 async fn xlen(conn: &mut baton_redis::RedisConn, queue: &str) -> u64 {
-    redis::cmd("XLEN").arg(format!("baton:q:{{{queue}}}")).query_async(conn).await.unwrap()
+    redis::cmd("XLEN")
+        .arg(baton_queue::keys::stream(baton_queue::keys::DEFAULT_PREFIX, queue))
+        .query_async(conn)
+        .await
+        .unwrap()
 }
 
 // ------------------------------------------------------------------------------------------------

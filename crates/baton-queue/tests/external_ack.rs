@@ -93,8 +93,8 @@ async fn redis_target_and_mark_acked(b: TestBackend) {
     let seen = seen.lock().unwrap();
     if b.redis_config().is_some() {
         let t = seen[0].0.clone().unwrap();
-        assert_eq!(t.stream, format!("baton:q:{{{q}}}"));
-        assert_eq!(t.group, "baton");
+        assert_eq!(t.stream, baton_queue::keys::stream(baton_queue::keys::DEFAULT_PREFIX, &q));
+        assert_eq!(t.group, baton_queue::keys::DEFAULT_GROUP);
         assert_eq!(t.consumer, c.name());
     } else {
         assert!(seen.iter().all(|(t, _)| t.is_none()), "memory has no Redis target");

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton_queue::{ConsumerOptions, Decision, Delivery, MessageStream, QueueError, RedisQueueOptions};
+use baton_queue::{keys, ConsumerOptions, Decision, Delivery, MessageStream, QueueError, RedisQueueOptions};
 use baton_redis::{redis, RedisClient, RedisConfig, RedisConn};
 use baton_testkit::{require_redis, RedisCluster, RedisServer, ServerOptions, TcpProxy};
 use common::*;
@@ -417,8 +417,12 @@ async fn deleted_pending_entries_are_cleaned() {
     .await
     .expect("delivered once");
     let mut conn = client.shared().await.unwrap();
-    let _: i64 =
-        redis::cmd("XDEL").arg(format!("baton:q:{{{q}}}")).arg(id.to_string()).query_async(&mut conn).await.unwrap();
+    let _: i64 = redis::cmd("XDEL")
+        .arg(keys::stream(keys::DEFAULT_PREFIX, &q))
+        .arg(id.to_string())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(s.stats(&q).await.unwrap().pending, 1, "still in the pending list");
     eventually(Duration::from_secs(3), || {
         let s = s.clone();

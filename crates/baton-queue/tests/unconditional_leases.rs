@@ -1135,7 +1135,7 @@ async fn restarts_leave_only_live_and_recent_consumers() {
     let extra: Vec<String> = listed
         .iter()
         // `~parked` is the group's reserved owner of entries nobody holds, not a consumer.
-        .filter(|c| c.name != "~parked")
+        .filter(|c| c.name != baton_queue::keys::PARKED)
         .filter(|c| !live_names.contains(&c.name) && c.pending == 0 && !young_killed.contains(c.name.as_str()))
         .map(|c| {
             let stopped = killed.iter().find(|(n, _)| *n == c.name).map(|(_, at)| now.duration_since(*at));

@@ -1,8 +1,17 @@
 //! Errors of the streams engine. Each variant names the HTTP status the protocol gives it
 //! (PROTOCOL.md section in brackets) so the HTTP layer can map it with [`StreamError::status`].
+//!
+//! Below every module but `offset.rs`, `end.rs` and `limits.rs`, whose values errors carry. The
+//! parsers of offset tokens are here (they fail with [`StreamError::MalformedOffset`]).
 
-use crate::types::{EndState, LimitScope};
-use crate::Offset;
+use std::str::FromStr;
+
+use crate::end::EndState;
+use crate::limits::LimitScope;
+use crate::offset::{parse_read_from, parse_token, Offset, ReadFrom};
+
+/// Result alias of this crate.
+pub type Result<T, E = StreamError> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in a stream operation.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -101,5 +110,52 @@ impl From<baton_redis::redis::RedisError> for StreamError {
 impl From<baton_redis::ConnectError> for StreamError {
     fn from(e: baton_redis::ConnectError) -> Self {
         StreamError::Backend(e.to_string())
+    }
+}
+
+impl Offset {
+    /// Parses the protocol token. Errors: [`StreamError::MalformedOffset`] for anything that is
+    /// not exactly `\d{16}_\d{16}`.
+    pub fn parse(input: &str) -> Result<Offset> {
+        parse_token(input).ok_or_else(|| malformed(input))
+    }
+}
+
+impl FromStr for Offset {
+    type Err = StreamError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Offset::parse(s)
+    }
+}
+
+impl ReadFrom {
+    /// Parses `-1`, `now` or an offset token. Errors: [`StreamError::MalformedOffset`] (an empty
+    /// string included, §5.6 "should reject empty offset parameter").
+    pub fn parse(input: &str) -> Result<ReadFrom> {
+        parse_read_from(input).ok_or_else(|| malformed(input))
+    }
+}
+
+fn malformed(input: &str) -> StreamError {
+    StreamError::MalformedOffset { input: input.chars().take(80).collect() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_offsets() {
+        for bad in ["", "0,1", "1_1", "000000000000000a_0000000000000000"] {
+            assert!(matches!(ReadFrom::parse(bad), Err(StreamError::MalformedOffset { .. })), "{bad}");
+            assert!(matches!(bad.parse::<Offset>(), Err(StreamError::MalformedOffset { .. })), "{bad}");
+        }
+        let long = "x".repeat(100);
+        assert_eq!(Offset::parse(&long), Err(StreamError::MalformedOffset { input: "x".repeat(80) }));
+        assert_eq!(ReadFrom::parse("-1"), Ok(ReadFrom::Start));
+        assert_eq!(ReadFrom::parse("now"), Ok(ReadFrom::Now));
+        let b = Offset::new(1_732_934_123_456, 1);
+        assert_eq!(Offset::parse(&b.to_string()), Ok(b));
+        assert_eq!(ReadFrom::parse(&b.to_string()), Ok(ReadFrom::At(b)));
     }
 }

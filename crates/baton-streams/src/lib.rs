@@ -1,6 +1,46 @@
-//! Durable streams engine for Baton (DESIGN.md §3): the Durable Streams protocol model
-//! (PROTOCOL.md of durable-streams/durable-streams) plus resumable runs (seed `001`), on three
-//! backends with one semantics: in-memory, Redis standalone and Redis Cluster (Redis ≥ 7.0).
+//! Durable streams engine for Baton: the Durable Streams protocol model (PROTOCOL.md of
+//! durable-streams/durable-streams; the § numbers in these docs are its sections) plus resumable
+//! runs (seed `001`), on three backends with one semantics: in-memory, Redis standalone and Redis
+//! Cluster (Redis ≥ 7.0).
+//!
+//! A producer and a live reader of one run, on the memory backend:
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use baton_streams::{EndReason, OpenOptions, ReadFrom, StoreSettings, StreamPath, StreamStore};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> baton_streams::Result<()> {
+//! let store = StreamStore::memory(StoreSettings::default());
+//! let path = StreamPath::new("acme/run-1")?;
+//! let producer = store.open(&path, OpenOptions::default()).await?;
+//!
+//! // A live reader from the start: it gets what is there, then waits for more, until the end.
+//! let reader = tokio::spawn({
+//!     let (store, path) = (store.clone(), path.clone());
+//!     async move {
+//!         let mut subscription = store.subscribe(&path, ReadFrom::Start);
+//!         let (mut body, mut end) = (Vec::new(), None);
+//!         while let Some(chunk) = subscription.next(Duration::from_secs(5)).await? {
+//!             body.extend_from_slice(&chunk.body());
+//!             end = end.or(chunk.end);
+//!         }
+//!         Ok::<_, baton_streams::StreamError>((body, end))
+//!     }
+//! });
+//!
+//! producer.append("step 1 done\n").await?;
+//! producer.append("step 2 done\n").await?;
+//! let ended = producer.finish().await?;
+//! assert!(ended.ended_now);
+//!
+//! let (body, end) = reader.await.expect("reader task")?;
+//! assert_eq!(body, b"step 1 done\nstep 2 done\n");
+//! assert_eq!(end.map(|e| e.reason), Some(EndReason::Finished));
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Model
 //! * A stream is addressed by a [`StreamPath`]; its first segment is the scope.
@@ -118,23 +158,26 @@
 //! multi-key `XREAD` must stay within one hash slot, and every stream has its own slot, so there each
 //! tailed stream keeps its own connection (to the one node owning its slot).
 
+mod backend;
+mod end;
 mod error;
+mod limits;
 mod memory;
 mod offset;
 mod redis;
 mod run;
+mod settings;
 mod store;
 mod types;
 
-pub use error::StreamError;
+pub use end::{EndReason, EndState, Ended};
+pub use error::{Result, StreamError};
+pub use limits::{LimitScope, RunLimits};
 pub use offset::{Offset, ReadFrom};
 pub use run::{OpenOptions, Producer, RunHandle};
-pub use store::{StoreSettings, StreamStore, Subscription};
+pub use settings::StoreSettings;
+pub use store::{StreamStore, Subscription};
 pub use types::{
-    is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EndReason, EndState, Ended,
-    EpochMs, Expiry, ForkFrom, LimitScope, ProducerStamp, ReadChunk, Record, RunLimits, StreamInfo, StreamPath,
-    DEFAULT_CONTENT_TYPE,
+    is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EpochMs, Expiry, ForkFrom,
+    ProducerStamp, ReadChunk, Record, StreamInfo, StreamPath, DEFAULT_CONTENT_TYPE,
 };
-
-/// Result alias of this crate.
-pub type Result<T, E = StreamError> = std::result::Result<T, E>;

@@ -9,12 +9,15 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::error::StreamError;
-use crate::store::{Backend, CreateSpec, Deleted, Snapshot, StoreSettings, WriteSpec};
+use crate::backend::{CreateSpec, Deleted, Snapshot, StreamBackend, WriteSpec};
+use crate::end::{EndReason, EndState};
+use crate::error::{Result, StreamError};
+use crate::limits::{LimitScope, RunLimits};
+use crate::offset::{Offset, ReadFrom};
+use crate::settings::StoreSettings;
 use crate::types::*;
-use crate::{Offset, ReadFrom, Result};
 
-pub(crate) struct MemoryStore {
+pub(crate) struct MemoryStreamBackend {
     streams: Mutex<HashMap<StreamPath, Arc<MemStream>>>,
 }
 
@@ -191,7 +194,7 @@ fn not_found(path: &StreamPath) -> StreamError {
     StreamError::NotFound { path: path.to_string() }
 }
 
-impl MemoryStore {
+impl MemoryStreamBackend {
     pub(crate) fn new(settings: Arc<StoreSettings>) -> Arc<Self> {
         let store = Arc::new(Self { streams: Mutex::new(HashMap::new()) });
         let weak = Arc::downgrade(&store);
@@ -257,7 +260,7 @@ impl MemoryStore {
     }
 }
 
-async fn sweeper(store: Weak<MemoryStore>, every: Duration) {
+async fn sweeper(store: Weak<MemoryStreamBackend>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
@@ -267,7 +270,7 @@ async fn sweeper(store: Weak<MemoryStore>, every: Duration) {
 }
 
 #[async_trait]
-impl Backend for MemoryStore {
+impl StreamBackend for MemoryStreamBackend {
     async fn create(&self, path: &StreamPath, spec: CreateSpec) -> Result<(Created, Option<u64>)> {
         let now = now_ms();
         let claim = |st: &mut State| -> Option<u64> {

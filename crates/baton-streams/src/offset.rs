@@ -6,11 +6,13 @@
 //! (so lexicographic order equals stream order), never `-1` nor `now`, and unique for entries
 //! appended in the same millisecond (the sequence part differs). The start of every stream is
 //! [`Offset::ZERO`] (`0000000000000000_0000000000000000`).
+//!
+//! This module uses no other module of the crate, so that errors can carry offsets: the public
+//! parsers that fail with a [`StreamError`](crate::StreamError) (`Offset::parse`, `Offset`'s
+//! `FromStr`, `ReadFrom::parse`) are thin wrappers of `parse_token` and `parse_read_from` kept
+//! in `error.rs`, next to that error.
 
 use std::fmt;
-use std::str::FromStr;
-
-use crate::error::StreamError;
 
 /// A position in a stream: the point just after the entry with this id (§8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -43,38 +45,11 @@ impl Offset {
     pub fn to_redis_id(&self) -> String {
         format!("{}-{}", self.ms, self.seq)
     }
-
-    /// Parses the protocol token. Errors: [`StreamError::MalformedOffset`] for anything that is
-    /// not exactly `\d{16}_\d{16}`.
-    pub fn parse(input: &str) -> Result<Offset, StreamError> {
-        let bad = || StreamError::MalformedOffset { input: input.chars().take(80).collect() };
-        let b = input.as_bytes();
-        if b.len() != 2 * PART + 1 || b[PART] != b'_' {
-            return Err(bad());
-        }
-        let digits = |s: &[u8]| -> Option<u64> {
-            if s.iter().all(u8::is_ascii_digit) {
-                std::str::from_utf8(s).ok()?.parse().ok()
-            } else {
-                None
-            }
-        };
-        let ms = digits(&b[..PART]).ok_or_else(bad)?;
-        let seq = digits(&b[PART + 1..]).ok_or_else(bad)?;
-        Ok(Offset { ms, seq })
-    }
 }
 
 impl fmt::Display for Offset {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:016}_{:016}", self.ms.min(MAX_PART), self.seq.min(MAX_PART))
-    }
-}
-
-impl FromStr for Offset {
-    type Err = StreamError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Offset::parse(s)
     }
 }
 
@@ -89,15 +64,29 @@ pub enum ReadFrom {
     At(Offset),
 }
 
-impl ReadFrom {
-    /// Parses `-1`, `now` or an offset token. Errors: [`StreamError::MalformedOffset`] (an empty
-    /// string included, §5.6 "should reject empty offset parameter").
-    pub fn parse(input: &str) -> Result<ReadFrom, StreamError> {
-        match input {
-            "-1" => Ok(ReadFrom::Start),
-            "now" => Ok(ReadFrom::Now),
-            other => Offset::parse(other).map(ReadFrom::At),
+/// The protocol token `\d{16}_\d{16}` (§8), or `None` for anything else.
+pub(crate) fn parse_token(input: &str) -> Option<Offset> {
+    let b = input.as_bytes();
+    if b.len() != 2 * PART + 1 || b[PART] != b'_' {
+        return None;
+    }
+    let digits = |s: &[u8]| -> Option<u64> {
+        if s.iter().all(u8::is_ascii_digit) {
+            std::str::from_utf8(s).ok()?.parse().ok()
+        } else {
+            None
         }
+    };
+    Some(Offset { ms: digits(&b[..PART])?, seq: digits(&b[PART + 1..])? })
+}
+
+/// `-1`, `now` or an offset token (§5.6, §8), or `None` for anything else (the empty string
+/// included).
+pub(crate) fn parse_read_from(input: &str) -> Option<ReadFrom> {
+    match input {
+        "-1" => Some(ReadFrom::Start),
+        "now" => Some(ReadFrom::Now),
+        other => parse_token(other).map(ReadFrom::At),
     }
 }
 
@@ -112,7 +101,7 @@ mod tests {
         let c = Offset::new(1_732_934_123_457, 0);
         assert_eq!(a.to_string(), "0001732934123456_0000000000000000");
         assert!(a.to_string() < b.to_string() && b.to_string() < c.to_string());
-        assert_eq!(Offset::parse(&b.to_string()).unwrap(), b);
+        assert_eq!(parse_token(&b.to_string()), Some(b));
         assert_eq!(Offset::ZERO.to_string(), "0000000000000000_0000000000000000");
         assert_eq!(Offset::from_redis_id("5-7"), Some(Offset::new(5, 7)));
         assert_eq!(Offset::new(5, 7).to_redis_id(), "5-7");
@@ -130,9 +119,9 @@ mod tests {
             "000000000000000a_0000000000000000",
             "0000000000000000_00000000000000000",
         ] {
-            assert!(matches!(ReadFrom::parse(bad), Err(StreamError::MalformedOffset { .. })), "{bad}");
+            assert_eq!(parse_read_from(bad), None, "{bad}");
         }
-        assert_eq!(ReadFrom::parse("-1").unwrap(), ReadFrom::Start);
-        assert_eq!(ReadFrom::parse("now").unwrap(), ReadFrom::Now);
+        assert_eq!(parse_read_from("-1"), Some(ReadFrom::Start));
+        assert_eq!(parse_read_from("now"), Some(ReadFrom::Now));
     }
 }

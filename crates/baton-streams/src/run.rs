@@ -1,5 +1,6 @@
-//! Runs (seed `001`, DESIGN.md §3): a producer that opens a stream, appends idempotently,
-//! keeps it alive, and ends it exactly once (`finished`, `cancelled` or `producer_lost`).
+//! Runs (seed `001`; over HTTP: docs/http-api.md, "Extensions: run semantics"): a producer that
+//! opens a stream, appends idempotently, keeps it alive, and ends it exactly once (`finished`,
+//! `cancelled` or `producer_lost`).
 
 use std::fmt::Display;
 use std::future::Future;
@@ -11,10 +12,12 @@ use bytes::Bytes;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::StreamError;
+use crate::end::{EndReason, Ended};
+use crate::error::{Result, StreamError};
+use crate::limits::RunLimits;
+use crate::offset::Offset;
 use crate::store::StreamStore;
 use crate::types::*;
-use crate::{Offset, Result};
 
 /// How to open a run.
 #[derive(Clone, Debug, Default)]

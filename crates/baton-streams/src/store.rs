@@ -1,132 +1,25 @@
-//! [`StreamStore`]: the public entry point, one type over every backend.
+//! [`StreamStore`]: the public entry point, one type over every backend. It validates and
+//! resolves each request (defaults, fork snapshots, body preparation) and hands it to its
+//! [`StreamBackend`] (`backend.rs`); it constructs the backends (`memory.rs`, `redis/`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use baton_redis::RedisConfig;
 use bytes::Bytes;
 
-use crate::error::StreamError;
+use crate::backend::{CreateSpec, Deleted, StreamBackend, WriteSpec};
+use crate::end::EndReason;
+use crate::error::{Result, StreamError};
+use crate::offset::{Offset, ReadFrom};
+use crate::settings::StoreSettings;
 use crate::types::*;
-use crate::{Offset, ReadFrom, Result};
-
-/// Store-wide settings (DESIGN.md §3 "Settings (per server, overridable per stream)").
-#[derive(Clone, Debug)]
-pub struct StoreSettings {
-    /// Run limits applied when [`CreateOptions::limits`] is `None`.
-    pub default_limits: RunLimits,
-    /// Largest read chunk in bytes (at least one record is always returned). Default 1 MiB.
-    pub max_read_bytes: usize,
-    /// Records kept in memory per tailed stream for live readers (Redis). Default 4,096.
-    pub live_window: usize,
-    /// Longest `XREAD BLOCK` slice (Redis); deletion, expiry and silence are noticed at least this
-    /// often by a tail loop. Default 500 ms.
-    pub live_slice: Duration,
-    /// How often the silence sweeper looks for silent streams (ended as `producer_lost` even when
-    /// nobody reads them, within `silence_timeout` + this). Default 1 s. The in-memory backend
-    /// sweeps at least every 200 ms.
-    pub sweep_interval: Duration,
-}
-
-impl Default for StoreSettings {
-    fn default() -> Self {
-        Self {
-            default_limits: RunLimits::default(),
-            max_read_bytes: 1 << 20,
-            live_window: 4096,
-            live_slice: Duration::from_millis(500),
-            sweep_interval: Duration::from_secs(1),
-        }
-    }
-}
-
-/// Fully resolved creation request handed to a backend.
-#[derive(Clone, Debug)]
-pub(crate) struct CreateSpec {
-    pub incarnation: String,
-    pub content_type: String,
-    pub expiry: Expiry,
-    pub limits: RunLimits,
-    pub closed: bool,
-    /// (explicit offset for copied fork records, bytes, JSON messages)
-    pub records: Vec<(Option<Offset>, Bytes, u32)>,
-    /// Fork base: the fork's tail before its own records.
-    pub base: Offset,
-    pub fork: Option<ForkFrom>,
-    /// Run open: claim a new epoch for this producer id.
-    pub claim: Option<String>,
-}
-
-/// Append/close request handed to a backend.
-#[derive(Clone, Debug)]
-pub(crate) struct WriteSpec {
-    pub incarnation: Option<String>,
-    /// Normalized content type of the body; `None` = binary body.
-    pub ctn: Option<String>,
-    pub stream_seq: Option<String>,
-    pub producer: Option<ProducerStamp>,
-    pub close: Option<EndReason>,
-    pub records: Vec<(Bytes, u32)>,
-}
-
-/// Source state for a fork.
-#[derive(Clone, Debug)]
-pub(crate) struct Snapshot {
-    pub info: StreamInfo,
-    pub inherited: Vec<Record>,
-    pub next: Option<Record>,
-    pub offset: Offset,
-}
-
-pub(crate) enum Deleted {
-    Hard { fork_source: Option<StreamPath> },
-    Soft,
-}
-
-#[async_trait]
-pub(crate) trait Backend: Send + Sync + 'static {
-    /// Returns the outcome and the claimed epoch (when `spec.claim`).
-    async fn create(&self, path: &StreamPath, spec: CreateSpec) -> Result<(Created, Option<u64>)>;
-    async fn write(&self, path: &StreamPath, spec: WriteSpec) -> Result<Appended>;
-    /// `touch` restarts a sliding TTL; `max_records == 0` reads metadata only.
-    async fn read(
-        &self,
-        path: &StreamPath,
-        from: ReadFrom,
-        max_records: usize,
-        max_bytes: usize,
-        touch: bool,
-        incarnation: Option<&str>,
-    ) -> Result<(ReadChunk, StreamInfo)>;
-    async fn snapshot(&self, path: &StreamPath, offset: Option<Offset>) -> Result<Snapshot>;
-    async fn delete(&self, path: &StreamPath) -> Result<Deleted>;
-    /// `+1`/`-1` on the fork reference count; `Some(source)` when a `-1` collected a soft-deleted
-    /// fork that itself has a source (cascade).
-    async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>>;
-    async fn keepalive(
-        &self,
-        path: &StreamPath,
-        incarnation: Option<&str>,
-        producer: Option<(&str, u64)>,
-    ) -> Result<StreamInfo>;
-    async fn trim(&self, path: &StreamPath, through: Offset) -> Result<Offset>;
-    /// Waits up to `timeout` for records after `after` (or the end, or deletion).
-    async fn wait(
-        &self,
-        path: &StreamPath,
-        after: Offset,
-        incarnation: &str,
-        max_bytes: usize,
-        timeout: Duration,
-    ) -> Result<ReadChunk>;
-}
 
 /// A durable stream store: the in-memory backend or Redis (standalone or Cluster). Cheap to
 /// clone; share one per process (live readers of a stream share one tail loop per store).
 #[derive(Clone)]
 pub struct StreamStore {
-    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) backend: Arc<dyn StreamBackend>,
     pub(crate) settings: Arc<StoreSettings>,
 }
 
@@ -137,14 +30,14 @@ impl StreamStore {
     /// Must be called inside a Tokio runtime (it starts a sweeper task for expiry and silence).
     pub fn memory(settings: StoreSettings) -> Self {
         let settings = Arc::new(settings);
-        Self { backend: crate::memory::MemoryStore::new(settings.clone()), settings }
+        Self { backend: crate::memory::MemoryStreamBackend::new(settings.clone()), settings }
     }
 
     /// The Redis backend (standalone or Cluster). Connects once (shared connection); tail loops
     /// open one dedicated connection per live-read stream. Errors: [`StreamError::Backend`].
     pub async fn redis(config: RedisConfig, settings: StoreSettings) -> Result<Self> {
         let settings = Arc::new(settings);
-        let backend = crate::redis::RedisStore::connect(config, settings.clone()).await?;
+        let backend = crate::redis::RedisStreamBackend::connect(config, settings.clone()).await?;
         Ok(Self { backend, settings })
     }
 

@@ -1,12 +1,14 @@
 //! The data model shared by every backend.
 
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 
+use crate::end::{EndReason, EndState};
 use crate::error::StreamError;
-use crate::Offset;
+use crate::limits::RunLimits;
+use crate::offset::Offset;
 
 /// Milliseconds since the Unix epoch.
 pub type EpochMs = u64;
@@ -15,9 +17,9 @@ pub(crate) fn now_ms() -> EpochMs {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// A stream's address: `scope/rest/...` (no leading `/`). The first segment is the scope (tenant
-/// or user, DESIGN.md §3). Non-empty segments, at most 1,024 bytes, no control characters, no
-/// `.`/`..` segments (PROTOCOL.md §12.2 path traversal).
+/// A stream's address: `scope/rest/...` (no leading `/`). The first segment is the scope (the
+/// tenant or user the stream belongs to). Non-empty segments, at most 1,024 bytes, no control
+/// characters, no `.`/`..` segments (PROTOCOL.md §12.2 path traversal).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamPath(String);
 
@@ -54,74 +56,6 @@ impl fmt::Display for StreamPath {
     }
 }
 
-/// Why a stream ended (Baton run semantics; a protocol close is `Finished`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EndReason {
-    /// The producer finished (or a protocol `Stream-Closed: true`).
-    Finished,
-    /// Someone cancelled the run.
-    Cancelled,
-    /// No append and no keepalive for `silence_timeout`.
-    ProducerLost,
-}
-
-impl EndReason {
-    /// `finished`, `cancelled` or `producer_lost`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            EndReason::Finished => "finished",
-            EndReason::Cancelled => "cancelled",
-            EndReason::ProducerLost => "producer_lost",
-        }
-    }
-
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        match s {
-            "finished" => Some(EndReason::Finished),
-            "cancelled" => Some(EndReason::Cancelled),
-            "producer_lost" => Some(EndReason::ProducerLost),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for EndReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The one end of a stream: its reason and final offset (the tail when it ended).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EndState {
-    pub reason: EndReason,
-    pub final_offset: Offset,
-}
-
-/// What an ender (finish, cancel, close, producer_lost) is told: the stream's one end, and
-/// whether this call is the one that ended it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ended {
-    pub end: EndState,
-    pub ended_now: bool,
-}
-
-/// Whether `max_len` counts events per stream or per writer (producer id).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LimitScope {
-    Stream,
-    Writer,
-}
-
-impl fmt::Display for LimitScope {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            LimitScope::Stream => "stream",
-            LimitScope::Writer => "writer",
-        })
-    }
-}
-
 /// Protocol expiry of a stream (PROTOCOL.md §5.1 `Stream-TTL` / `Stream-Expires-At`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Expiry {
@@ -132,41 +66,6 @@ pub enum Expiry {
     TtlSecs(u64),
     /// Absolute expiry, milliseconds since the Unix epoch.
     At(EpochMs),
-}
-
-/// Run limits (Baton run semantics, DESIGN.md §3). `None` disables a limit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RunLimits {
-    /// No append and no keepalive for this long ⇒ ended as `producer_lost`. Default 60 s.
-    pub silence_timeout: Option<Duration>,
-    /// Hard lifetime from creation; the stream is deleted (404) past it. Default 24 h.
-    pub max_run: Option<Duration>,
-    /// Replay window after the end; ending only ever shortens the lifetime. Default 1 h.
-    pub done_ttl: Option<Duration>,
-    /// Appends (records) per stream; past it an append is refused ([`StreamError::TooLong`]).
-    /// A JSON append of an array counts once. Keepalives and the end never count. Default 1,000,000.
-    pub max_len: Option<u64>,
-    /// Appends per writer (producer id, across epochs). Default none.
-    pub max_len_per_writer: Option<u64>,
-}
-
-impl Default for RunLimits {
-    fn default() -> Self {
-        Self {
-            silence_timeout: Some(Duration::from_secs(60)),
-            max_run: Some(Duration::from_secs(24 * 3600)),
-            done_ttl: Some(Duration::from_secs(3600)),
-            max_len: Some(1_000_000),
-            max_len_per_writer: None,
-        }
-    }
-}
-
-impl RunLimits {
-    /// No limit at all (plain protocol streams: never auto-ended, never auto-expired).
-    pub fn unlimited() -> Self {
-        Self { silence_timeout: None, max_run: None, done_ttl: None, max_len: None, max_len_per_writer: None }
-    }
 }
 
 /// Fork creation parameters (PROTOCOL.md §4.2).

@@ -22,7 +22,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use baton_commands::{
     Command, CommandError, CommandHandler, CommandResult, CommandService, CommandState, CommandStatus, CommandStore,
-    HandlerError, QueueSettings, RedisStoreOptions,
+    HandlerError, QueueSettings, RedisCommandStoreOptions,
 };
 use baton_redis::{RedisClient, RedisConfig};
 use baton_streams::{
@@ -179,7 +179,10 @@ impl Triage {
             Some(url) => {
                 let config = RedisConfig::Standalone(url.clone());
                 let client = RedisClient::new(config.clone())?;
-                let opts = RedisStoreOptions { key_prefix: cfg.key_prefix.clone(), ..RedisStoreOptions::default() };
+                let opts = RedisCommandStoreOptions {
+                    key_prefix: cfg.key_prefix.clone(),
+                    ..RedisCommandStoreOptions::default()
+                };
                 let commands = CommandStore::redis(client.clone(), opts).await?;
                 let streams = StreamStore::redis(config, settings).await?;
                 let pointers = Pointers::redis(&client, &cfg.key_prefix, pointer_ttl).await?;

@@ -8,7 +8,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_commands::{CommandStatus, CommandStore, RedisStoreOptions};
+use baton_commands::{CommandStatus, CommandStore, RedisCommandStoreOptions};
 use baton_redis::{RedisClient, RedisConfig};
 use baton_streams::{EndReason, ReadFrom, StoreSettings, StreamStore};
 use baton_testkit::{eventually, free_port, RedisServer};
@@ -86,7 +86,7 @@ async fn sigkill_of_the_producing_process() {
     // The test reads Redis directly too, as a third party.
     let streams = StreamStore::redis(RedisConfig::Standalone(server.url()), StoreSettings::default()).await.unwrap();
     let client = RedisClient::new(RedisConfig::Standalone(server.url())).unwrap();
-    let commands = CommandStore::redis(client, RedisStoreOptions::default()).await.unwrap();
+    let commands = CommandStore::redis(client, RedisCommandStoreOptions::default()).await.unwrap();
 
     let body = json!({"engineer": "gus", "source": {"kind": "path", "path": log}});
     let r = http.post(format!("{}/api/runs", procs[0].base)).json(&body).send().await.unwrap();

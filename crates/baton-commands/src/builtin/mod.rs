@@ -1,4 +1,5 @@
-//! Built-in command handlers an operator can enable per queue (issue 6, DESIGN.md §4):
+//! Built-in command handlers an operator can enable per queue (issue 6; how `baton serve` enables
+//! them: docs/configuration.md, "Command queues"):
 //!
 //! | kind    | handler            | params                 | outcome |
 //! |---------|--------------------|------------------------|---------|

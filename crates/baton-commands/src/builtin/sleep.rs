@@ -21,7 +21,8 @@ pub const MAX_SLEEP_MS: u64 = 24 * 60 * 60 * 1000;
 /// * `check_status` is never needed (`execute` never returns `running`).
 ///
 /// A sleep longer than the queue's `max_processing_time` (default 15 min) loses its lease like
-/// any other handler (DESIGN.md §1).
+/// any other handler: renewal stops and the message can be taken over by another consumer (the
+/// handler is not stopped).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SleepHandler;
 

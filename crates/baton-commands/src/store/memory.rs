@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::{status_slot, Cas, StateBackend, StoreSettings, SubmitOutcome};
+use super::{status_slot, Cas, CommandStoreSettings, StateBackend, SubmitOutcome};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
@@ -71,20 +71,24 @@ fn offer_now(stream: &baton_queue::MessageStream, queue: &str, msg: &CommandMsg)
     }
 }
 
-pub(crate) struct MemoryStore {
+pub(crate) struct MemoryStateBackend {
     inner: Mutex<Inner>,
     stream: baton_queue::MessageStream,
-    settings: StoreSettings,
+    settings: CommandStoreSettings,
 }
 
-impl MemoryStore {
-    pub fn new(stream: baton_queue::MessageStream, _hub: std::sync::Arc<super::Hub>, settings: StoreSettings) -> Self {
+impl MemoryStateBackend {
+    pub fn new(
+        stream: baton_queue::MessageStream,
+        _hub: std::sync::Arc<super::Hub>,
+        settings: CommandStoreSettings,
+    ) -> Self {
         Self { inner: Mutex::new(Inner::default()), stream, settings }
     }
 }
 
 #[async_trait]
-impl StateBackend for MemoryStore {
+impl StateBackend for MemoryStateBackend {
     async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError> {
         {
             let mut g = self.inner.lock().unwrap();

@@ -22,24 +22,25 @@ use crate::{
     CommandStatus, ListQuery, StatusCounts, Timestamp,
 };
 
-pub use self::redis::RedisStoreOptions;
+pub use self::redis::RedisCommandStoreOptions;
 
-/// Lifetimes of stored states.
+/// Lifetimes of stored command states: the settings of a [`CommandStore`] (given to
+/// [`CommandStore::memory_with`], or as [`RedisCommandStoreOptions::settings`]).
 #[derive(Clone, Debug)]
-pub struct StoreSettings {
+pub struct CommandStoreSettings {
     /// A non-terminal state expires this long after its last write. Default 7 days; at least 1 s.
     pub state_ttl: Duration,
     /// A terminal state is kept this long after completion. Default 24 h; at least 1 s.
     pub retention: Duration,
 }
 
-impl Default for StoreSettings {
+impl Default for CommandStoreSettings {
     fn default() -> Self {
         Self { state_ttl: Duration::from_secs(7 * 24 * 3600), retention: Duration::from_secs(24 * 3600) }
     }
 }
 
-impl StoreSettings {
+impl CommandStoreSettings {
     fn validate(&self) -> Result<(), CommandError> {
         if self.state_ttl < Duration::from_secs(1) || self.retention < Duration::from_secs(1) {
             return Err(CommandError::InvalidSettings("state_ttl and retention must be at least 1s".into()));
@@ -267,7 +268,7 @@ pub(crate) struct StoreInner {
     pub backend: Arc<dyn StateBackend>,
     pub stream: baton_queue::MessageStream,
     pub hub: Arc<Hub>,
-    pub settings: StoreSettings,
+    pub settings: CommandStoreSettings,
     /// Queues known to this store (declared, or with services: (service id, handlers)).
     queues: Mutex<HashMap<String, Vec<ServiceHandlers>>>,
     next_service: std::sync::atomic::AtomicU64,
@@ -292,23 +293,27 @@ const WAIT_FALLBACK: Duration = Duration::from_secs(1);
 impl CommandStore {
     /// The in-memory backend (states and queues live in this process) with default settings.
     pub fn memory() -> Self {
-        Self::memory_with(StoreSettings::default()).expect("default settings are valid")
+        Self::memory_with(CommandStoreSettings::default()).expect("default settings are valid")
     }
 
     /// The in-memory backend with `settings`. Errors: [`CommandError::InvalidSettings`].
-    pub fn memory_with(settings: StoreSettings) -> Result<Self, CommandError> {
+    pub fn memory_with(settings: CommandStoreSettings) -> Result<Self, CommandError> {
         settings.validate()?;
         let hub = Arc::new(Hub::default());
         let stream = baton_queue::MessageStream::memory();
-        let backend = Arc::new(memory::MemoryStore::new(stream.clone(), hub.clone(), settings.clone()));
+        let backend = Arc::new(memory::MemoryStateBackend::new(stream.clone(), hub.clone(), settings.clone()));
         Ok(Self::assemble(backend, stream, hub, settings))
     }
 
     /// The Redis backend (standalone or Cluster, as `client` says). Connects now; queues use
-    /// `options.key_prefix` and `options.group` (the work queue's defaults: `baton`, `baton`).
+    /// `options.key_prefix` and `options.group` (the work queue's defaults:
+    /// [`baton_queue::keys::DEFAULT_PREFIX`], [`baton_queue::keys::DEFAULT_GROUP`]).
     ///
     /// Errors: [`CommandError::Connect`], [`CommandError::InvalidSettings`].
-    pub async fn redis(client: baton_redis::RedisClient, options: RedisStoreOptions) -> Result<Self, CommandError> {
+    pub async fn redis(
+        client: baton_redis::RedisClient,
+        options: RedisCommandStoreOptions,
+    ) -> Result<Self, CommandError> {
         options.settings.validate()?;
         let hub = Arc::new(Hub::default());
         let stream = baton_queue::MessageStream::redis(
@@ -317,7 +322,7 @@ impl CommandStore {
         )
         .await?;
         let settings = options.settings.clone();
-        let backend = Arc::new(redis::RedisStore::connect(client, options, stream.clone(), hub.clone()).await?);
+        let backend = Arc::new(redis::RedisStateBackend::connect(client, options, stream.clone(), hub.clone()).await?);
         Ok(Self::assemble(backend, stream, hub, settings))
     }
 
@@ -325,7 +330,7 @@ impl CommandStore {
         backend: Arc<dyn StateBackend>,
         stream: baton_queue::MessageStream,
         hub: Arc<Hub>,
-        settings: StoreSettings,
+        settings: CommandStoreSettings,
     ) -> Self {
         Self {
             inner: Arc::new(StoreInner {

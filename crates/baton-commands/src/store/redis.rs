@@ -14,7 +14,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
 use super::commit::{BatchKeys, GroupCommit, Submit, Transition};
-use super::{status_slot, Cas, Hub, Peeked, StateBackend, StoreSettings, SubmitOutcome};
+use super::{status_slot, Cas, CommandStoreSettings, Hub, Peeked, StateBackend, SubmitOutcome};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
@@ -45,18 +45,23 @@ const CLAIM_GRACE: Duration = Duration::from_secs(2);
 
 /// Options of the Redis command store.
 #[derive(Clone, Debug)]
-pub struct RedisStoreOptions {
-    /// Prefix of every key; also the work queue's prefix. Default `baton`. No braces.
+pub struct RedisCommandStoreOptions {
+    /// Prefix of every key; also the work queue's prefix. Default
+    /// [`baton_queue::keys::DEFAULT_PREFIX`] (`baton`). No braces.
     pub key_prefix: String,
-    /// Consumer group of the command queues. Default `baton`.
+    /// Consumer group of the command queues. Default [`baton_queue::keys::DEFAULT_GROUP`] (`baton`).
     pub group: String,
     /// State lifetimes.
-    pub settings: StoreSettings,
+    pub settings: CommandStoreSettings,
 }
 
-impl Default for RedisStoreOptions {
+impl Default for RedisCommandStoreOptions {
     fn default() -> Self {
-        Self { key_prefix: "baton".into(), group: "baton".into(), settings: StoreSettings::default() }
+        Self {
+            key_prefix: baton_queue::keys::DEFAULT_PREFIX.into(),
+            group: baton_queue::keys::DEFAULT_GROUP.into(),
+            settings: CommandStoreSettings::default(),
+        }
     }
 }
 
@@ -72,7 +77,8 @@ const PRUNE_MAX: u64 = 300;
 
 /// Keys of one home queue.
 struct QKeys {
-    /// The index keys (exp, then the 5 status zsets, see `scripts/lib.lua`), stream and channel:
+    /// The index keys (exp, then the 5 status zsets, see `scripts/lib.lua`), the queue's stream
+    /// (named by `baton_queue::keys`) and channel:
     /// also what this queue's batched writes need (see `commit.rs`).
     batch: BatchKeys,
     state_prefix: String,
@@ -95,7 +101,7 @@ impl QKeys {
         let batch = BatchKeys {
             queue: queue.to_string(),
             index,
-            stream: format!("{prefix}:q:{{{queue}}}"),
+            stream: baton_queue::keys::stream(prefix, queue),
             channel: format!("{base}:events"),
             group: group.to_string(),
         };
@@ -119,11 +125,11 @@ impl QKeys {
     }
 }
 
-pub(crate) struct RedisStore {
+pub(crate) struct RedisStateBackend {
     conn: RedisConn,
     cluster: bool,
     prefix: String,
-    settings: StoreSettings,
+    settings: CommandStoreSettings,
     stream: baton_queue::MessageStream,
     pubsub: PubSubHandle,
     /// Key names per home queue, built once (bounded: cleared past [`QKEYS_MAX`] queues).
@@ -208,10 +214,10 @@ fn unexpected(what: &str, v: &Value) -> CommandError {
     )))
 }
 
-impl RedisStore {
+impl RedisStateBackend {
     pub async fn connect(
         client: RedisClient,
-        options: RedisStoreOptions,
+        options: RedisCommandStoreOptions,
         stream: baton_queue::MessageStream,
         hub: Arc<Hub>,
     ) -> Result<Self, CommandError> {
@@ -286,7 +292,7 @@ impl RedisStore {
 }
 
 #[async_trait]
-impl StateBackend for RedisStore {
+impl StateBackend for RedisStateBackend {
     async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError> {
         let k = self.keys(&state.queue);
         let lookup = self.lookup_key(&state.id);
@@ -528,7 +534,7 @@ impl StateBackend for RedisStore {
     }
 
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool {
-        // The queues' stream keys (`p:q:{q}`): their slots are their tags'.
+        // The queues' stream keys (`baton_queue::keys::stream`): their slots are their tags'.
         !self.cluster
             || baton_redis::key_slot(self.keys(home).batch.stream.as_bytes())
                 == baton_redis::key_slot(self.keys(target).batch.stream.as_bytes())
@@ -722,6 +728,18 @@ async fn pubsub_task(
 #[cfg(test)]
 mod tests {
     use super::HEAD_MAX;
+
+    /// The scripts enqueue on a work queue with a literal field name; it must be the queue's.
+    #[test]
+    fn enqueues_use_the_queue_payload_field() {
+        let field = format!("'*', '{}', ", baton_queue::keys::PAYLOAD_FIELD);
+        let scripts = [include_str!("../../scripts/submits.lua"), include_str!("../../scripts/transition.lua")];
+        let xadds: Vec<&str> = scripts.iter().flat_map(|s| s.lines()).filter(|l| l.contains("'XADD'")).collect();
+        assert_eq!(xadds.len(), 2, "{xadds:?}");
+        for line in xadds {
+            assert!(line.contains(&field), "{line:?} does not write the work queue's payload field {field:?}");
+        }
+    }
 
     #[test]
     fn head_max_matches_lib_lua() {

@@ -8,24 +8,25 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use baton_commands::{
-    Command, CommandHandler, CommandResult, CommandState, CommandStore, HandlerError, QueueSettings, RedisStoreOptions,
-    RetryPolicy, StoreSettings,
+    Command, CommandHandler, CommandResult, CommandState, CommandStore, CommandStoreSettings, HandlerError,
+    QueueSettings, RedisCommandStoreOptions, RetryPolicy,
 };
 use baton_redis::RedisClient;
 use baton_testkit::TestBackend;
 
 pub async fn store_for(b: &TestBackend) -> CommandStore {
-    store_with(b, StoreSettings::default()).await
+    store_with(b, CommandStoreSettings::default()).await
 }
 
-pub async fn store_with(b: &TestBackend, settings: StoreSettings) -> CommandStore {
+pub async fn store_with(b: &TestBackend, settings: CommandStoreSettings) -> CommandStore {
     match b.redis_config() {
         None => CommandStore::memory_with(settings).unwrap(),
-        Some(cfg) => {
-            CommandStore::redis(RedisClient::new(cfg).unwrap(), RedisStoreOptions { settings, ..Default::default() })
-                .await
-                .unwrap()
-        }
+        Some(cfg) => CommandStore::redis(
+            RedisClient::new(cfg).unwrap(),
+            RedisCommandStoreOptions { settings, ..Default::default() },
+        )
+        .await
+        .unwrap(),
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use baton_queue::{ConsumerOptions, MessageStream, RedisQueueOptions};
+use baton_queue::{keys, ConsumerOptions, MessageStream, RedisQueueOptions};
 use baton_redis::redis;
 use baton_redis::{RedisClient, RedisConn};
 use baton_testkit::TestBackend;
@@ -22,8 +22,8 @@ pub async fn conn_for(b: &TestBackend) -> Option<RedisConn> {
 /// Owners of the pending entries of `queue` (Redis only), via XPENDING.
 pub async fn pending_owners(conn: &mut RedisConn, queue: &str) -> Vec<(String, String, u64)> {
     let v: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-        .arg(format!("baton:q:{{{queue}}}"))
-        .arg("baton")
+        .arg(keys::stream(keys::DEFAULT_PREFIX, queue))
+        .arg(keys::DEFAULT_GROUP)
         .arg("-")
         .arg("+")
         .arg(1000)
@@ -55,8 +55,12 @@ pub struct GroupConsumer {
 /// registered yet) is an empty list.
 pub async fn xinfo_consumers(conn: &mut RedisConn, queue: &str) -> Vec<GroupConsumer> {
     use baton_redis::redis::Value;
-    let r: redis::RedisResult<Value> =
-        redis::cmd("XINFO").arg("CONSUMERS").arg(format!("baton:q:{{{queue}}}")).arg("baton").query_async(conn).await;
+    let r: redis::RedisResult<Value> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(keys::stream(keys::DEFAULT_PREFIX, queue))
+        .arg(keys::DEFAULT_GROUP)
+        .query_async(conn)
+        .await;
     let v = match r {
         Ok(v) => v,
         Err(e) if e.to_string().contains("no such key") || e.to_string().contains("NOGROUP") => return Vec::new(),

@@ -16,7 +16,7 @@ use baton_redis::redis::{self, Value};
 use baton_redis::RedisConn;
 use tokio::sync::Notify;
 
-use super::RedisStore;
+use super::RedisStreamBackend;
 
 /// Idle time after which a blocker without watches stops and releases its connection.
 const LINGER: Duration = Duration::from_secs(3);
@@ -45,7 +45,7 @@ impl Blocker {
     /// Arms `key` after `after` and returns once an entry past it may exist, or after `slice`.
     pub(crate) async fn wait(
         &self,
-        store: &Arc<RedisStore>,
+        store: &Arc<RedisStreamBackend>,
         key: &str,
         after: String,
         wake: &Arc<Notify>,
@@ -79,7 +79,7 @@ impl Blocker {
     }
 }
 
-async fn run(store: Weak<RedisStore>) {
+async fn run(store: Weak<RedisStreamBackend>) {
     let mut conn: Option<(RedisConn, i64)> = None;
     let mut idle_since: Option<tokio::time::Instant> = None;
     loop {
@@ -181,7 +181,7 @@ fn wake_all(b: &Blocker) {
     }
 }
 
-async fn open(s: &RedisStore) -> redis::RedisResult<(RedisConn, i64)> {
+async fn open(s: &RedisStreamBackend) -> redis::RedisResult<(RedisConn, i64)> {
     let mut c = s
         .client()
         .dedicated()

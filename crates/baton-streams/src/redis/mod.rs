@@ -14,10 +14,11 @@ use async_trait::async_trait;
 use baton_redis::redis::Value;
 use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 
-use crate::error::StreamError;
-use crate::store::{Backend, CreateSpec, Deleted, Snapshot, StoreSettings, WriteSpec};
+use crate::backend::{CreateSpec, Deleted, Snapshot, StreamBackend, WriteSpec};
+use crate::error::{Result, StreamError};
+use crate::offset::{Offset, ReadFrom};
+use crate::settings::StoreSettings;
 use crate::types::*;
-use crate::{Offset, ReadFrom, Result};
 use reply::*;
 
 macro_rules! script {
@@ -63,14 +64,14 @@ pub(crate) fn keys(path: &StreamPath) -> (String, String) {
     (ks, km)
 }
 
-pub(crate) struct RedisStore {
+pub(crate) struct RedisStreamBackend {
     client: RedisClient,
     conn: RedisConn,
     settings: Arc<StoreSettings>,
     hub: tail::TailHub,
     writer: writer::Writer,
     blocker: blocker::Blocker,
-    me: Weak<RedisStore>,
+    me: Weak<RedisStreamBackend>,
 }
 
 fn ms_arg(d: Option<Duration>) -> Vec<u8> {
@@ -81,7 +82,7 @@ fn opt_arg(v: Option<u64>) -> Vec<u8> {
     v.map(|v| v.to_string().into_bytes()).unwrap_or_default()
 }
 
-impl RedisStore {
+impl RedisStreamBackend {
     pub(crate) async fn connect(config: RedisConfig, settings: Arc<StoreSettings>) -> Result<Arc<Self>> {
         let client = RedisClient::new(config)?;
         let conn = client.shared().await?;
@@ -167,7 +168,7 @@ impl RedisStore {
 }
 
 #[async_trait]
-impl Backend for RedisStore {
+impl StreamBackend for RedisStreamBackend {
     async fn create(&self, path: &StreamPath, spec: CreateSpec) -> Result<(Created, Option<u64>)> {
         let (ttl, exp) = match spec.expiry {
             Expiry::None => (None, None),
@@ -312,7 +313,7 @@ impl Backend for RedisStore {
     }
 }
 
-impl RedisStore {
+impl RedisStreamBackend {
     pub(crate) fn client(&self) -> &RedisClient {
         &self.client
     }

@@ -5,9 +5,11 @@ use std::time::Duration;
 use baton_redis::redis::Value;
 use bytes::Bytes;
 
-use crate::error::StreamError;
+use crate::end::{EndReason, EndState};
+use crate::error::{Result, StreamError};
+use crate::limits::{LimitScope, RunLimits};
+use crate::offset::Offset;
 use crate::types::*;
-use crate::{Offset, Result};
 
 pub(super) fn text(v: &Value) -> String {
     match v {

@@ -20,10 +20,10 @@ use baton_redis::redis::{self, Value};
 use baton_redis::LuaScript;
 use futures::StreamExt;
 
-use super::RedisStore;
-use crate::error::StreamError;
+use super::RedisStreamBackend;
+use crate::error::{Result, StreamError};
+use crate::offset::ReadFrom;
 use crate::types::*;
-use crate::{ReadFrom, Result};
 
 /// Number of deadline shards.
 pub(crate) const SHARDS: u64 = 16;
@@ -50,7 +50,7 @@ pub(crate) fn member(incarnation: &str, path: &StreamPath) -> String {
     format!("{incarnation} {}", path.as_str())
 }
 
-impl RedisStore {
+impl RedisStreamBackend {
     /// Registers (or re-scores) a stream in its deadline shard (`at_ms`), and removes `stale`
     /// (another incarnation's member, e.g. the one registered for a create that found an existing
     /// stream) in the same round trip (same shard key).
@@ -78,7 +78,7 @@ impl RedisStore {
     }
 }
 
-pub(crate) async fn sweeper(store: Weak<RedisStore>, every: Duration) {
+pub(crate) async fn sweeper(store: Weak<RedisStreamBackend>, every: Duration) {
     let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -88,7 +88,7 @@ pub(crate) async fn sweeper(store: Weak<RedisStore>, every: Duration) {
     }
 }
 
-async fn sweep_shard(s: &RedisStore, n: u64) {
+async fn sweep_shard(s: &RedisStreamBackend, n: u64) {
     let key = format!("baton:s:deadlines:{{{n}}}");
     loop {
         let mut conn = s.conn.clone();
@@ -114,7 +114,7 @@ async fn sweep_shard(s: &RedisStore, n: u64) {
     }
 }
 
-async fn sweep_one(s: &RedisStore, key: &str, m: &str) -> Result<()> {
+async fn sweep_one(s: &RedisStreamBackend, key: &str, m: &str) -> Result<()> {
     let mut conn = s.conn.clone();
     let parsed = m.split_once(' ').and_then(|(inc, p)| Some((inc, StreamPath::new(p).ok()?)));
     let Some((inc, path)) = parsed else {

@@ -24,10 +24,11 @@ use baton_redis::{RedisConfig, RedisConn, CONNECTION_TIMEOUT};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{keys, RedisStore};
-use crate::error::StreamError;
+use super::{keys, RedisStreamBackend};
+use crate::end::EndState;
+use crate::error::{Result, StreamError};
+use crate::offset::{Offset, ReadFrom};
 use crate::types::*;
-use crate::{Offset, ReadFrom, Result};
 
 /// Idle time after which a tail loop without waiters stops and releases its connection.
 const LINGER: Duration = Duration::from_secs(3);
@@ -37,7 +38,7 @@ const BATCH: usize = 512;
 const WRITE_WAIT: Duration = Duration::from_millis(100);
 
 pub(crate) struct TailHub {
-    store: Weak<RedisStore>,
+    store: Weak<RedisStreamBackend>,
     tails: Mutex<HashMap<StreamPath, Arc<Tail>>>,
 }
 
@@ -92,7 +93,7 @@ impl Drop for WaiterGuard {
 }
 
 impl TailHub {
-    pub(crate) fn new(store: Weak<RedisStore>) -> Self {
+    pub(crate) fn new(store: Weak<RedisStreamBackend>) -> Self {
         Self { store, tails: Mutex::new(HashMap::new()) }
     }
 
@@ -277,7 +278,7 @@ impl TailHub {
     }
 }
 
-async fn run(store: Weak<RedisStore>, t: Arc<Tail>) {
+async fn run(store: Weak<RedisStreamBackend>, t: Arc<Tail>) {
     let result = tail_loop(&store, &t).await;
     if let Err(e) = result {
         let mut st = t.state.lock().unwrap();
@@ -290,7 +291,7 @@ async fn run(store: Weak<RedisStore>, t: Arc<Tail>) {
     }
 }
 
-async fn tail_loop(store: &Weak<RedisStore>, t: &Arc<Tail>) -> Result<()> {
+async fn tail_loop(store: &Weak<RedisStreamBackend>, t: &Arc<Tail>) -> Result<()> {
     let (ks, _) = keys(&t.path);
     let slice = {
         let s = store.upgrade().ok_or_else(|| StreamError::Backend("store dropped".into()))?;
@@ -419,7 +420,7 @@ async fn tail_loop(store: &Weak<RedisStore>, t: &Arc<Tail>) -> Result<()> {
 }
 
 struct Unwatch {
-    store: Weak<RedisStore>,
+    store: Weak<RedisStreamBackend>,
     key: String,
     wake: Arc<Notify>,
 }
@@ -436,7 +437,7 @@ impl Drop for Unwatch {
 /// connection to the master that owns the stream key's slot (resolved with `CLUSTER SLOTS`), not
 /// a cluster connection (which would open a socket to every master): the tail loop's only other
 /// traffic goes over the store's shared connection.
-async fn blocking_conn(s: &RedisStore, key: &str) -> Result<RedisConn> {
+async fn blocking_conn(s: &RedisStreamBackend, key: &str) -> Result<RedisConn> {
     let urls = match s.client().config() {
         RedisConfig::Standalone(_) => return Ok(s.client().dedicated().await?),
         RedisConfig::Cluster(urls) => urls.clone(),

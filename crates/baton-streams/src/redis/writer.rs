@@ -17,11 +17,12 @@ use baton_redis::group_commit::{self, Committer, GroupCommitOptions};
 use baton_redis::redis::{self, Value};
 
 use super::reply::*;
-use super::{keys, RedisStore, WRITE};
-use crate::error::StreamError;
-use crate::store::WriteSpec;
+use super::{keys, RedisStreamBackend, WRITE};
+use crate::backend::WriteSpec;
+use crate::end::{EndReason, EndState};
+use crate::error::{Result, StreamError};
+use crate::offset::Offset;
 use crate::types::*;
-use crate::{Offset, Result};
 
 /// Requests per `write.lua` call at most.
 const MAX_REQUESTS: usize = 1024;
@@ -39,7 +40,7 @@ impl Default for Writer {
 }
 
 /// Sends a stream's batches: one `write.lua` call each.
-struct WriteCall(Arc<RedisStore>);
+struct WriteCall(Arc<RedisStreamBackend>);
 
 impl Committer<StreamPath, WriteSpec, Result<Appended>> for WriteCall {
     async fn commit(&mut self, path: &StreamPath, batch: Vec<WriteSpec>) -> Vec<Result<Appended>> {
@@ -55,7 +56,7 @@ fn body_len(spec: &WriteSpec) -> usize {
     spec.records.iter().map(|r| r.0.len()).sum()
 }
 
-impl RedisStore {
+impl RedisStreamBackend {
     pub(crate) async fn submit_write(self: Arc<Self>, path: &StreamPath, spec: WriteSpec) -> Result<Appended> {
         let store = self.clone();
         self.writer

@@ -1,0 +1,91 @@
+//! The Redis layout of a queue: its key names, consumer group and entry field, owned by this
+//! crate. The Redis backend builds every key from these functions, and so must any code outside
+//! it that touches a queue's keys (the command service enqueues and acks in its own scripts;
+//! tests inspect the stream), so that the layout is written down once.
+//!
+//! All keys of queue `q` under prefix `p` share the hash tag `{q}`, so every script of a queue
+//! runs on one Cluster node and receives all its keys in KEYS:
+//!
+//! | key                  | function               | type   | holds                                  |
+//! |----------------------|------------------------|--------|----------------------------------------|
+//! | `p:q:{q}`            | [`stream`]             | stream | the entries; consumer group [`DEFAULT_GROUP`] unless configured |
+//! | `p:q:{q}:dead`       | [`dead`]               | stream | dead letters                           |
+//! | `p:q:{q}:delayed`    | [`delayed`]            | zset   | entries of a long `RetryAfter`, by due time |
+//! | `p:q:{q}:delayed:p`  | [`delayed_payloads`]   | hash   | their payloads and prior deliveries    |
+//! | `p:q:{q}:consumers`  | [`consumers`]          | hash   | each consumer's liveness record        |
+//!
+//! What each key holds in detail: the `redis` module of this crate and `docs/architecture.md`
+//! ("Redis keys"). The prefix and the group are [`RedisQueueOptions`](crate::RedisQueueOptions)
+//! (defaults [`DEFAULT_PREFIX`], [`DEFAULT_GROUP`]); the prefix must not contain braces.
+//!
+//! ```
+//! use baton_queue::keys;
+//!
+//! assert_eq!(keys::stream(keys::DEFAULT_PREFIX, "orders"), "baton:q:{orders}");
+//! assert_eq!(keys::consumers("app", "orders"), "app:q:{orders}:consumers");
+//! ```
+
+/// Prefix of every key unless [`RedisQueueOptions::key_prefix`](crate::RedisQueueOptions::key_prefix)
+/// says otherwise: `baton`.
+pub const DEFAULT_PREFIX: &str = "baton";
+
+/// Consumer group of every queue unless [`RedisQueueOptions::group`](crate::RedisQueueOptions::group)
+/// says otherwise: `baton`.
+pub const DEFAULT_GROUP: &str = "baton";
+
+/// The field of a stream entry that holds its payload: `p`. An entry added by other code (an
+/// `XADD` in a script) needs this one field to be delivered.
+pub const PAYLOAD_FIELD: &str = "p";
+
+/// The group's reserved consumer that owns pending entries nobody holds (`~parked`); it is not a
+/// consumer and is never counted as one.
+pub use crate::backend::PARKED;
+
+/// The queue's stream, `<prefix>:q:{<queue>}`: its entries and its consumer group.
+pub fn stream(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}")
+}
+
+/// The queue's dead letters (a stream), `<prefix>:q:{<queue>}:dead`.
+pub fn dead(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:dead")
+}
+
+/// Entries waiting for a `RetryAfter` longer than the claim timeout (a sorted set by due time),
+/// `<prefix>:q:{<queue>}:delayed`.
+pub fn delayed(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:delayed")
+}
+
+/// The payloads and prior delivery counts of the delayed entries (a hash),
+/// `<prefix>:q:{<queue>}:delayed:p`.
+pub fn delayed_payloads(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:delayed:p")
+}
+
+/// The liveness records of the queue's consumers and its outage stamps (a hash),
+/// `<prefix>:q:{<queue>}:consumers`.
+pub fn consumers(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:consumers")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout() {
+        assert_eq!(stream("p", "q"), "p:q:{q}");
+        assert_eq!(dead("p", "q"), "p:q:{q}:dead");
+        assert_eq!(delayed("p", "q"), "p:q:{q}:delayed");
+        assert_eq!(delayed_payloads("p", "q"), "p:q:{q}:delayed:p");
+        assert_eq!(consumers("p", "q"), "p:q:{q}:consumers");
+        // One hash tag for all of a queue's keys: one Cluster slot.
+        let slot = baton_redis::key_slot(stream("p", "orders").as_bytes());
+        for k in
+            [dead("p", "orders"), delayed("p", "orders"), delayed_payloads("p", "orders"), consumers("p", "orders")]
+        {
+            assert_eq!(baton_redis::key_slot(k.as_bytes()), slot, "{k}");
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! The seam between [`StreamStore`](crate::StreamStore) (`store.rs`: validation, forks, body
+//! preparation, live subscriptions) and a storage backend (`memory.rs`, `redis/`). A backend
+//! implements [`StreamBackend`] with the requests below, already validated and resolved by the
+//! store. Both backends give every call the same semantics: the Redis backend runs each call but
+//! `wait` as one script call, the memory backend runs it under the stream's lock.
+//!
+//! Backends import this module and the lower ones (`types`, `settings`, `error`, `offset`, `end`,
+//! `limits`), never `store.rs`; `store.rs` builds on this module and constructs the backends.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::end::EndReason;
+use crate::error::Result;
+use crate::limits::RunLimits;
+use crate::offset::{Offset, ReadFrom};
+use crate::types::*;
+
+/// Fully resolved creation request handed to a backend.
+#[derive(Clone, Debug)]
+pub(crate) struct CreateSpec {
+    pub incarnation: String,
+    pub content_type: String,
+    pub expiry: Expiry,
+    pub limits: RunLimits,
+    pub closed: bool,
+    /// (explicit offset for copied fork records, bytes, JSON messages)
+    pub records: Vec<(Option<Offset>, Bytes, u32)>,
+    /// Fork base: the fork's tail before its own records.
+    pub base: Offset,
+    pub fork: Option<ForkFrom>,
+    /// Run open: claim a new epoch for this producer id.
+    pub claim: Option<String>,
+}
+
+/// Append/close request handed to a backend.
+#[derive(Clone, Debug)]
+pub(crate) struct WriteSpec {
+    pub incarnation: Option<String>,
+    /// Normalized content type of the body; `None` = binary body.
+    pub ctn: Option<String>,
+    pub stream_seq: Option<String>,
+    pub producer: Option<ProducerStamp>,
+    pub close: Option<EndReason>,
+    pub records: Vec<(Bytes, u32)>,
+}
+
+/// Source state for a fork.
+#[derive(Clone, Debug)]
+pub(crate) struct Snapshot {
+    pub info: StreamInfo,
+    pub inherited: Vec<Record>,
+    pub next: Option<Record>,
+    pub offset: Offset,
+}
+
+pub(crate) enum Deleted {
+    Hard { fork_source: Option<StreamPath> },
+    Soft,
+}
+
+#[async_trait]
+pub(crate) trait StreamBackend: Send + Sync + 'static {
+    /// Returns the outcome and the claimed epoch (when `spec.claim`).
+    async fn create(&self, path: &StreamPath, spec: CreateSpec) -> Result<(Created, Option<u64>)>;
+    async fn write(&self, path: &StreamPath, spec: WriteSpec) -> Result<Appended>;
+    /// `touch` restarts a sliding TTL; `max_records == 0` reads metadata only.
+    async fn read(
+        &self,
+        path: &StreamPath,
+        from: ReadFrom,
+        max_records: usize,
+        max_bytes: usize,
+        touch: bool,
+        incarnation: Option<&str>,
+    ) -> Result<(ReadChunk, StreamInfo)>;
+    async fn snapshot(&self, path: &StreamPath, offset: Option<Offset>) -> Result<Snapshot>;
+    async fn delete(&self, path: &StreamPath) -> Result<Deleted>;
+    /// `+1`/`-1` on the fork reference count; `Some(source)` when a `-1` collected a soft-deleted
+    /// fork that itself has a source (cascade).
+    async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>>;
+    async fn keepalive(
+        &self,
+        path: &StreamPath,
+        incarnation: Option<&str>,
+        producer: Option<(&str, u64)>,
+    ) -> Result<StreamInfo>;
+    async fn trim(&self, path: &StreamPath, through: Offset) -> Result<Offset>;
+    /// Waits up to `timeout` for records after `after` (or the end, or deletion).
+    async fn wait(
+        &self,
+        path: &StreamPath,
+        after: Offset,
+        incarnation: &str,
+        max_bytes: usize,
+        timeout: Duration,
+    ) -> Result<ReadChunk>;
+}
