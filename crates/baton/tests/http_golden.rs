@@ -470,9 +470,9 @@ async fn read_body(mut res: reqwest::Response, read: &Read) -> (Vec<u8>, bool) {
 // The scenario
 // ------------------------------------------------------------------------------------------------
 
-fn queues_default_and(extra: &str) -> Vec<baton::workers::QueueConfig> {
-    let mut q = baton::workers::default_queues();
-    let mut e = baton::workers::QueueConfig::with_builtins(extra, &["echo"]);
+fn queues_default_and(extra: &str) -> Vec<baton::settings::QueueConfig> {
+    let mut q = baton::settings::default_queues();
+    let mut e = baton::settings::QueueConfig::with_builtins(extra, &["echo"]);
     e.settings.poll_interval = Some(Duration::from_millis(50));
     q.push(e);
     q
@@ -1057,13 +1057,14 @@ async fn http_responses_match_the_golden_files() {
     open.stop().await;
 
     let tokens = start(TestBackend::Memory, |c| {
-        c.queues = baton::workers::default_queues();
-        c.queues.push(baton::workers::QueueConfig::with_builtins("other", &["echo"]));
+        c.queues = baton::settings::default_queues();
+        c.queues.push(baton::settings::QueueConfig::with_builtins("other", &["echo"]));
         c.run_workers = false;
         c.tokens = vec![
-            baton::auth::TokenConfig::new("reader", READER, &["read"], &["acme"], &["default"]).unwrap(),
-            baton::auth::TokenConfig::new("writer", WRITER, &["read", "write"], &["acme/w/"], &["default"]).unwrap(),
-            baton::auth::TokenConfig::admin("admin", ADMIN).unwrap(),
+            baton::settings::TokenConfig::new("reader", READER, &["read"], &["acme"], &["default"]).unwrap(),
+            baton::settings::TokenConfig::new("writer", WRITER, &["read", "write"], &["acme/w/"], &["default"])
+                .unwrap(),
+            baton::settings::TokenConfig::admin("admin", ADMIN).unwrap(),
         ];
     })
     .await;
@@ -1072,7 +1073,7 @@ async fn http_responses_match_the_golden_files() {
     tokens.stop().await;
 
     let none = start(TestBackend::Memory, |c| {
-        c.queues = baton::workers::default_queues();
+        c.queues = baton::settings::default_queues();
         c.run_workers = false;
         c.max_live_readers = 0;
     })

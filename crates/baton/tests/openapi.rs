@@ -5,23 +5,27 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use baton::http::route_table;
-use baton::openapi::openapi_path;
+use baton::http::openapi::{openapi_path, Docs};
+use baton::http::routes::{table, Route};
 use baton_testkit::TestBackend;
 use common::*;
 use serde_json::Value;
 
+fn routes() -> Vec<Route> {
+    table(&Docs { queues: &[] })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spec_covers_every_route_and_nothing_else() {
-    let srv = start(TestBackend::Memory, |c| c.queues = baton::workers::default_queues()).await;
+    let srv = start(TestBackend::Memory, |c| c.queues = baton::settings::default_queues()).await;
     let res = client().get(format!("{}/openapi.json", srv.base)).send().await.unwrap();
     assert_eq!(header(&res, "content-type"), Some("application/json"));
     let spec: Value = serde_json::from_str(&res.text().await.unwrap()).unwrap();
     assert_eq!(spec["openapi"], "3.1.0");
 
-    let from_router: BTreeSet<(String, String)> = route_table()
+    let from_router: BTreeSet<(String, String)> = routes()
         .iter()
-        .flat_map(|r| r.methods.iter().map(move |m| (openapi_path(r.path), m.to_ascii_lowercase())))
+        .flat_map(|r| r.methods().into_iter().map(move |m| (openapi_path(r.path), m.to_ascii_lowercase())))
         .collect();
     let mut from_spec = BTreeSet::new();
     for (path, item) in spec["paths"].as_object().unwrap() {
@@ -71,9 +75,9 @@ async fn spec_covers_every_route_and_nothing_else() {
     }
 
     // Each (path, method) of the table is served by the router: not the fallback, not 405.
-    for r in route_table() {
+    for r in routes() {
         let path = r.path.replace("{*path}", "probe/x").replace("{queue}", "default").replace("{id}", "x");
-        for m in r.methods {
+        for m in r.methods() {
             let res = client().request(m.parse().unwrap(), format!("{}{path}", srv.base)).send().await.unwrap();
             let status = res.status();
             if header(&res, "content-type") == Some("text/event-stream") {

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use baton::config::{Backend, ServeConfig};
 use baton::server::Server;
+use baton::settings::{Backend, ServeConfig};
 use baton_testkit::TestBackend;
 
 /// A running server and the backend it uses (kept alive as long as the server).

@@ -1,9 +1,17 @@
-//! Command line, environment (`BATON_*`) and TOML configuration of `baton serve`.
+//! Settings of `baton serve` and `baton worker`: their flags and `BATON_*` environment
+//! variables, the TOML file, and what they resolve to. Pure data and parsing: nothing here
+//! starts, serves or prints anything.
 //!
 //! Precedence, highest first: command-line flag, `BATON_*` environment variable, the TOML file
 //! given with `--config` (or `BATON_CONFIG`), built-in default. Durations are human-readable
 //! (`30s`, `15m`, `1h 30m`; `none` or `off` disables an optional limit); sizes accept `KiB`/`MiB`
 //! suffixes (`8MiB`).
+//!
+//! The command queues (`[queues.*]`) are in [`queues`], the bearer tokens (`[[tokens]]`) in
+//! [`tokens`].
+
+pub mod queues;
+pub mod tokens;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -12,34 +20,14 @@ use std::time::Duration;
 
 use baton_redis::RedisConfig;
 use baton_streams::RunLimits;
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 use serde::Deserialize;
 
-use crate::auth::{TokenConfig, TokenFile};
-use crate::workers::{QueueConfig, QueueFile};
+pub use queues::{default_queues, describe_queues, HandlerConfig, QueueConfig};
+pub use tokens::{Op, TokenConfig};
 
-/// Baton: durable work queues and durable streams on Redis.
-#[derive(Parser, Debug)]
-#[command(name = "baton", version, about)]
-pub struct Cli {
-    /// Log format on stderr: `text` or `json` (one JSON object per line) [default: text].
-    #[arg(long, global = true, env = "BATON_LOG_FORMAT", value_parser = ["text", "json"])]
-    pub log_format: Option<String>,
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum Command {
-    /// Serve the HTTP API (commands, queues, Durable Streams protocol), the dashboard and the
-    /// command workers (in memory, or on Redis / Redis Cluster).
-    Serve(ServeArgs),
-    /// Run the workers of the configured command queues only (no command API), on Redis or
-    /// Redis Cluster, so several processes share the work.
-    Worker(WorkerArgs),
-    #[command(flatten)]
-    Client(crate::cli::ClientCommand),
-}
+use queues::QueueFile;
+use tokens::TokenFile;
 
 /// Flags of `baton serve`. Every flag has a `BATON_*` environment variable and a key of the same
 /// name (with `_` instead of `-`) in the TOML file.
@@ -203,6 +191,16 @@ pub enum Backend {
     Redis(RedisConfig),
 }
 
+impl Backend {
+    /// One line describing the backend, for logs, the CLI and `/`.
+    pub fn describe(&self) -> String {
+        match self {
+            Backend::Memory => "in-memory (nothing survives a restart)".to_string(),
+            Backend::Redis(c) => c.to_string(),
+        }
+    }
+}
+
 /// Whether catch-up reads may be cached by shared caches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheMode {
@@ -228,7 +226,7 @@ pub struct ServeConfig {
     pub default_limits: RunLimits,
     pub shutdown_grace: Duration,
     /// Command queues (API and workers). Empty here by default; [`ServeArgs::resolve`] puts the
-    /// `default` queue ([`crate::workers::default_queues`]) when the configuration names none.
+    /// `default` queue ([`default_queues`]) when the configuration names none.
     pub queues: Vec<QueueConfig>,
     /// True when `queues` are the built-in default (none were configured).
     pub queues_defaulted: bool,
@@ -371,15 +369,69 @@ impl ServeArgs {
             run_workers: !(self.no_workers || file.no_workers.unwrap_or(false)),
             queues_defaulted: file.queues.as_ref().is_none_or(|q| q.is_empty()),
             queues: match file.queues {
-                Some(q) if !q.is_empty() => crate::workers::resolve_queues(q)?,
-                _ => crate::workers::default_queues(),
+                Some(q) if !q.is_empty() => queues::resolve_queues(q)?,
+                _ => default_queues(),
             },
-            tokens: crate::auth::resolve_tokens(file.tokens.unwrap_or_default(), self.admin_token)?,
+            tokens: tokens::resolve_tokens(file.tokens.unwrap_or_default(), self.admin_token)?,
         };
         if cfg.sse_heartbeat.is_zero() || cfg.sse_cycle.is_zero() {
             return Err("sse_heartbeat and sse_cycle must be greater than zero".into());
         }
         Ok(cfg)
+    }
+}
+
+/// Resolved settings of `baton worker`.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub backend: Backend,
+    pub queues: Vec<QueueConfig>,
+    pub queues_defaulted: bool,
+    /// Where to serve `/healthz`, `/readyz` and `/metrics`, if anywhere.
+    pub listen: Option<SocketAddr>,
+    pub shutdown_grace: Duration,
+}
+
+impl WorkerArgs {
+    /// Reads the same TOML file as `baton serve` (its `[queues.*]`, `redis`, `redis_cluster`
+    /// and `shutdown_grace`). Errors: the in-memory backend (a worker must share Redis with the
+    /// server), an unknown queue in `--queues`, and every error of `baton serve`'s configuration.
+    pub fn resolve(self) -> Result<WorkerConfig, String> {
+        let serve = ServeArgs {
+            config: self.config,
+            redis: self.redis,
+            redis_cluster: self.redis_cluster,
+            shutdown_grace: self.shutdown_grace,
+            ..Default::default()
+        }
+        .resolve()?;
+        if serve.backend == Backend::Memory {
+            return Err(
+                "baton worker needs --redis or --redis-cluster (or redis / redis_cluster in the config file); \
+                        with the in-memory backend the workers run inside baton serve"
+                    .into(),
+            );
+        }
+        let mut queues = serve.queues;
+        if let Some(only) = self.queues {
+            for name in &only {
+                if !queues.iter().any(|q| &q.name == name) {
+                    let known: Vec<&str> = queues.iter().map(|q| q.name.as_str()).collect();
+                    return Err(format!(
+                        "--queues names {name:?}, which is not configured; configured: {}",
+                        known.join(", ")
+                    ));
+                }
+            }
+            queues.retain(|q| only.contains(&q.name));
+        }
+        Ok(WorkerConfig {
+            backend: serve.backend,
+            queues,
+            queues_defaulted: serve.queues_defaulted,
+            listen: self.listen,
+            shutdown_grace: serve.shutdown_grace,
+        })
     }
 }
 
