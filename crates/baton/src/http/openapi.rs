@@ -184,7 +184,7 @@ pub fn document(operations: impl IntoIterator<Item = (&'static str, &'static str
         "info": {
             "title": "Baton",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Durable streams (the Durable Streams protocol) and durable commands. Errors of the command and queue API are `{\"error\": code, \"message\": text}`; stream errors are `{\"error\": {\"code\", \"message\"}}`. See docs/http-api.md.",
+            "description": "Durable streams (the Durable Streams protocol) and durable commands. Errors of every route are `{\"error\": code, \"message\": text}` (the `Error` schema; a refused cancel adds `state`). See docs/http-api.md.",
         },
         "servers": [{ "url": "/" }],
         "tags": [
