@@ -15,15 +15,16 @@
 //! | 5 | server or network error: connection refused, timeout, 5xx, an unreadable reply |
 //! | 6 | `commands wait` / `submit --wait`: the timeout passed before the command ended |
 
+mod args;
 mod bench;
 mod client;
 mod commands;
+pub mod exit;
 mod output;
 mod queues;
 mod streams;
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -31,6 +32,7 @@ use crate::server::{Server, Worker};
 use crate::settings::{describe_queues, Backend, ServeArgs, WorkerArgs};
 use crate::shutdown::ShutdownSignal;
 
+pub use args::Conn;
 pub use client::CliError;
 
 /// Baton: durable work queues and durable streams on Redis.
@@ -106,17 +108,6 @@ pub async fn worker(args: WorkerArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Exit codes (module docs and docs/cli.md).
-pub mod exit {
-    pub const OK: u8 = 0;
-    pub const UNSUCCESSFUL: u8 = 1;
-    pub const USAGE: u8 = 2;
-    pub const NOT_FOUND: u8 = 3;
-    pub const REFUSED: u8 = 4;
-    pub const SERVER: u8 = 5;
-    pub const TIMEOUT: u8 = 6;
-}
-
 /// The client and bench subcommands (flattened into the top-level `baton` command).
 #[derive(Subcommand, Debug)]
 pub enum ClientCommand {
@@ -128,20 +119,6 @@ pub enum ClientCommand {
     Queues(QueuesCmd),
     /// Run a workload in-process (memory, Redis or Redis Cluster) and print throughput and latency.
     Bench(bench::BenchArgs),
-}
-
-/// How to reach the server; shared by the client subcommands.
-#[derive(Args, Debug, Clone)]
-pub struct Conn {
-    /// Base URL of `baton serve`.
-    #[arg(long, global = true, env = "BATON_SERVER", default_value = "http://127.0.0.1:7700")]
-    pub server: String,
-    /// Bearer token (when the server has tokens configured).
-    #[arg(long, global = true, env = "BATON_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Print JSON (one document, or one per line for `tail`) instead of text.
-    #[arg(long, global = true)]
-    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -192,9 +169,4 @@ pub async fn run(cmd: ClientCommand) -> ExitCode {
             ExitCode::from(e.code)
         }
     }
-}
-
-/// A `clap` value parser for human durations (`30s`, `5m`, `250ms`).
-pub(crate) fn duration_arg(s: &str) -> Result<Duration, String> {
-    crate::settings::parse_duration(s)
 }

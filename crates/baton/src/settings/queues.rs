@@ -31,7 +31,7 @@ use baton_commands::{builtin, CommandHandler, QueueSettings, RetryPolicy};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::parse_duration;
+use super::values::parse_duration;
 
 /// `[queues.<name>]` as written in TOML (durations as strings).
 #[derive(Deserialize, Debug, Default, Clone)]
