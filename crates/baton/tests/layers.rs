@@ -94,8 +94,8 @@ fn code_of(text: &str) -> String {
             let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
             let rest: String = b[j + 1..].iter().collect();
             let len = rest.find(&close).map_or(rest.chars().count(), |at| rest[..at].chars().count()) + close.len();
-            for k in i..(j + 1 + len).min(b.len()) {
-                blank(&mut out, b[k]);
+            for &ch in &b[i..(j + 1 + len).min(b.len())] {
+                blank(&mut out, ch);
             }
             i = j + 1 + len;
         } else if c == '"' {
@@ -126,8 +126,8 @@ fn code_of(text: &str) -> String {
             };
             match end {
                 Some(e) => {
-                    for k in i..=e {
-                        blank(&mut out, b[k]);
+                    for &ch in &b[i..=e] {
+                        blank(&mut out, ch);
                     }
                     i = e + 1;
                 }

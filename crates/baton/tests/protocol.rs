@@ -159,7 +159,7 @@ async fn scenario(backend_name: &str) {
     assert_eq!(events[0].1, "g\nh", "{text}");
     assert!(!text.contains("abcdef"));
     // The final control event's id marks the end; a browser that saw it is stopped with 204.
-    let last_id = text.lines().filter_map(|l| l.strip_prefix("id:")).last().unwrap().trim().to_string();
+    let last_id = text.lines().filter_map(|l| l.strip_prefix("id:")).next_back().unwrap().trim().to_string();
     assert_eq!(last_id, format!("{after_gh}.end"));
     let r = c.get(format!("{url}?offset=-1&live=sse")).header("last-event-id", &last_id).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
