@@ -329,8 +329,10 @@ fn queues_list_pending_dead_replay_and_errors() {
 
 #[test]
 fn bench_runs_each_workload_in_memory() {
-    // (workload, arguments, the rows expected: name, concurrency, ops, what the latency is of)
-    let runs: [(&str, &[&str], &[(&str, u64, u64, &str)]); 3] = [
+    /// A result row: name, concurrency, ops, what the latency is of.
+    type Row<'a> = (&'a str, u64, u64, &'a str);
+    // (workload, arguments, the rows expected)
+    let runs: [(&str, &[&str], &[Row]); 3] = [
         (
             "queue",
             &["--count", "300", "--concurrency", "1,16"],
@@ -350,7 +352,7 @@ fn bench_runs_each_workload_in_memory() {
         let v = out.json();
         assert_eq!(v["workload"], workload);
         assert_eq!(v["backend"], "in-memory");
-        let rows: Vec<(&str, u64, u64, &str)> = v["results"]
+        let rows: Vec<Row> = v["results"]
             .as_array()
             .unwrap()
             .iter()
