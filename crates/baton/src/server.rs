@@ -147,7 +147,8 @@ impl Worker {
         };
         let workers = Workers::start(&store, &cfg.queues).await?;
         let default_note = if cfg.queues_defaulted { " (the built-in default: no [queues] configured)" } else { "" };
-        tracing::info!(backend = %cfg.backend.describe(), queues = %describe_queues(&cfg.queues), "baton worker: running{default_note}");
+        // Logged under the target it always had (the line moved here from `workers`).
+        tracing::info!(target: "baton::workers", backend = %cfg.backend.describe(), queues = %describe_queues(&cfg.queues), "baton worker: running{default_note}");
         let shutdown = CancellationToken::new();
         let health = health.map(|(addr, listener, app)| {
             let token = shutdown.clone();
