@@ -309,7 +309,9 @@ impl Golden {
 
     /// Sends `r`, records the exchange and returns the response (bodies not normalised).
     async fn send(&mut self, r: Req) -> Resp {
-        // Every request in its own millisecond: commands list newest first by creation time.
+        // Every request in its own millisecond: commands list newest first by creation time, and
+        // offsets (times in ms on the in-memory backend) of appends to two streams never match
+        // by chance (labels are by value).
         tokio::time::sleep(Duration::from_millis(2)).await;
         let mut rb = self.http.request(r.method.parse().unwrap(), format!("{}{}", self.base, r.path));
         for (k, v) in &r.headers {
