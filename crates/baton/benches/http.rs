@@ -54,6 +54,11 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
+/// Milliseconds since the epoch (unique names per run).
+fn now_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
@@ -223,7 +228,7 @@ async fn append_bench(mut targets: Vec<Target>) {
     let redis_port: Option<u16> = std::env::var("BENCH_REDIS_PORT").ok().map(|p| p.parse().expect("BENCH_REDIS_PORT"));
     let long_n: usize = std::env::var("BENCH_LONG").map_or(LONG_MESSAGES, |v| v.parse().expect("BENCH_LONG"));
     let rpid = redis_port.and_then(redis_pid);
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    let stamp = now_ms();
     // Warm-up (the reference's JIT), not counted.
     for t in &mut targets {
         t.append_run(&format!("warm-{stamp}"), 5 * MESSAGES).await;
@@ -343,7 +348,7 @@ async fn fanout(base: String, readers: usize, redis_ports: Vec<u16>) {
     let count = |ports: &[u16]| ports.iter().map(|p| redis_clients(*p)).sum::<usize>();
     let before = count(&redis_ports);
     let c = client(16);
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    let stamp = now_ms();
     let url = format!("{base}/v1/stream/bench/fanout-{stamp}");
     let r = c.put(&url).header("content-type", "text/plain").send().await.unwrap();
     assert!(r.status().is_success());

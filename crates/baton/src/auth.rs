@@ -1,204 +1,57 @@
-//! Optional bearer tokens (TOML `[[tokens]]`): each token is allowed a set of operations on
-//! stream path prefixes (scopes) and on queues.
+//! Who may do what: the configured bearer tokens ([`crate::settings::tokens`]), the caller of a
+//! request ([`Principal`]) and what a route needs ([`Access`]); the decisions and their 403
+//! messages. No HTTP here: the HTTP layer reads the credentials and the request's target and
+//! asks [`Principal::authorize`].
 //!
-//! ```toml
-//! [[tokens]]
-//! name = "ci"                  # shown in logs and 403 messages; never the secret
-//! token_env = "BATON_CI_TOKEN" # or token = "…" (at least 16 characters)
-//! operations = ["read", "write"]   # read, write, admin (admin also allows read and write)
-//! streams = ["acme", "ci/runs"]    # stream path prefixes, segment-wise; "*" = every stream
-//! queues = ["default"]             # queue names; "*" = every queue
-//! ```
+//! What each request needs (declared per route in the HTTP route table): reading streams (GET,
+//! HEAD) and commands, queues and dead letters (GET) is `read`; creating, appending to, closing
+//! and deleting streams, submitting and cancelling commands is `write`; replaying and purging
+//! dead letters is `admin`. `/`, `/healthz`, `/readyz`, `/metrics` and `/openapi.json` are
+//! public. Forking a stream (`PUT` with `Stream-Forked-From`) also needs `read` on the source
+//! stream. A request without a valid token is `401` with `WWW-Authenticate: Bearer`; a valid
+//! token outside its scope is `403`.
 //!
-//! `BATON_ADMIN_TOKEN` adds one token named `admin` with every operation everywhere.
-//!
-//! What each request needs: reading streams (GET, HEAD) and commands, queues and dead letters
-//! (GET) is `read`; creating, appending to, closing and deleting streams, submitting and
-//! cancelling commands is `write`; replaying and purging dead letters is `admin`. `/`, `/healthz`,
-//! `/readyz`, `/metrics` and `/openapi.json` are public. Forking a stream (`PUT` with
-//! `Stream-Forked-From`) also needs `read` on the source stream. A request without a valid token is `401`
-//! with `WWW-Authenticate: Bearer`; a valid token outside its scope is `403`.
-//!
-//! The token is read from `Authorization: Bearer <token>`, or from the query parameter
-//! `access_token` (for browser `EventSource`, which cannot set headers). The query parameter is
-//! removed from the request before any handler (or anything that might log the URL) sees it.
 //! Tokens are compared in constant time (`subtle`), against every configured token. With no
 //! tokens configured every request is allowed (announced at startup).
 
-use std::fmt;
 use std::sync::Arc;
 
-use axum::extract::{MatchedPath, RawPathParams, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::http::commands::JsonError;
-use crate::http::AppState;
+use crate::settings::{Op, TokenConfig};
 
-/// Shortest accepted token, in bytes.
-pub const MIN_TOKEN_LEN: usize = 16;
-
-/// An operation a token may be allowed.
+/// What a route needs of its caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Read,
-    Write,
+pub enum Access {
+    /// Anyone, with or without a token.
+    Public,
+    /// Any valid token: the handler checks the queue (known only after loading the command), or
+    /// filters what it lists.
+    Token,
+    /// `op` on the stream of the request's path.
+    Stream(Op),
+    /// `write` on the stream of the request's path, and `read` on the `Stream-Forked-From`
+    /// source when there is one (a fork copies its source).
+    StreamCreate,
+    /// `op` on the request's `{queue}`.
+    Queue(Op),
+    /// An admin token.
     Admin,
 }
 
-impl Op {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Op::Read => "read",
-            Op::Write => "write",
-            Op::Admin => "admin",
-        }
-    }
+/// What a request is about, as far as [`Access`] cares: read from the request by the HTTP
+/// layer, `None` where absent or malformed (the handler refuses malformed input itself).
+#[derive(Clone, Debug, Default)]
+pub struct Target {
+    /// The stream path (for [`Access::Stream`] and [`Access::StreamCreate`]).
+    pub stream: Option<String>,
+    /// The fork source stream path (for [`Access::StreamCreate`]).
+    pub fork_source: Option<String>,
+    /// The `{queue}` (for [`Access::Queue`]).
+    pub queue: Option<String>,
 }
 
-/// `[[tokens]]` as written in TOML.
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
-pub struct TokenFile {
-    pub name: String,
-    pub token: Option<String>,
-    pub token_env: Option<String>,
-    pub operations: Vec<String>,
-    #[serde(default)]
-    pub streams: Vec<String>,
-    #[serde(default)]
-    pub queues: Vec<String>,
-}
-
-/// A resolved token. `Debug` never shows the secret.
-#[derive(Clone)]
-pub struct TokenConfig {
-    pub name: String,
-    secret: Vec<u8>,
-    read: bool,
-    write: bool,
-    admin: bool,
-    /// Stream path prefixes without surrounding `/`; `""` matches every stream.
-    pub streams: Vec<String>,
-    /// Queue names; `"*"` matches every queue.
-    pub queues: Vec<String>,
-}
-
-impl fmt::Debug for TokenConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TokenConfig")
-            .field("name", &self.name)
-            .field("secret", &"<redacted>")
-            .field("operations", &self.operations())
-            .field("streams", &self.streams)
-            .field("queues", &self.queues)
-            .finish()
-    }
-}
-
-impl TokenConfig {
-    /// A token with every operation on every stream and queue.
-    pub fn admin(name: &str, secret: &str) -> Result<Self, String> {
-        Self::new(name, secret, &["admin"], &["*"], &["*"])
-    }
-
-    /// A token from its parts. Errors: a secret shorter than [`MIN_TOKEN_LEN`], an unknown
-    /// operation, no operation.
-    pub fn new(name: &str, secret: &str, ops: &[&str], streams: &[&str], queues: &[&str]) -> Result<Self, String> {
-        if secret.len() < MIN_TOKEN_LEN {
-            return Err(format!("token {name:?} is shorter than {MIN_TOKEN_LEN} characters; use a long random secret"));
-        }
-        if ops.is_empty() {
-            return Err(format!("token {name:?} has no operations; give some of read, write, admin"));
-        }
-        let mut t = TokenConfig {
-            name: name.to_string(),
-            secret: secret.as_bytes().to_vec(),
-            read: false,
-            write: false,
-            admin: false,
-            streams: streams
-                .iter()
-                .map(|p| if p.trim() == "*" { String::new() } else { p.trim().trim_matches('/').to_string() })
-                .collect(),
-            queues: queues.iter().map(|q| q.trim().to_string()).collect(),
-        };
-        for op in ops {
-            match op.trim().to_ascii_lowercase().as_str() {
-                "read" => t.read = true,
-                "write" => t.write = true,
-                "admin" => t.admin = true,
-                other => return Err(format!("token {name:?}: unknown operation {other:?}; use read, write or admin")),
-            }
-        }
-        Ok(t)
-    }
-
-    fn operations(&self) -> Vec<&'static str> {
-        [(self.read, "read"), (self.write, "write"), (self.admin, "admin")]
-            .into_iter()
-            .filter_map(|(on, n)| on.then_some(n))
-            .collect()
-    }
-
-    fn allows(&self, op: Op) -> bool {
-        self.admin
-            || match op {
-                Op::Read => self.read,
-                Op::Write => self.write,
-                Op::Admin => false,
-            }
-    }
-
-    fn covers_stream(&self, path: &str) -> bool {
-        self.streams.iter().any(|p| {
-            p.is_empty() || path == p || (path.starts_with(p.as_str()) && path.as_bytes().get(p.len()) == Some(&b'/'))
-        })
-    }
-
-    fn covers_queue(&self, queue: &str) -> bool {
-        self.queues.iter().any(|q| q == "*" || q == queue)
-    }
-}
-
-/// Resolves `[[tokens]]` (reading `token_env` variables) plus an optional admin token.
-/// Errors name the token: both or neither of `token`/`token_env`, an unset variable, a short
-/// secret, an unknown operation, two tokens with one name or one secret.
-pub fn resolve_tokens(files: Vec<TokenFile>, admin_token: Option<String>) -> Result<Vec<TokenConfig>, String> {
-    let mut out: Vec<TokenConfig> = Vec::new();
-    for f in files {
-        let secret = match (&f.token, &f.token_env) {
-            (Some(s), None) => s.clone(),
-            (None, Some(var)) => {
-                std::env::var(var).map_err(|_| format!("token {:?}: environment variable {var} is not set", f.name))?
-            }
-            _ => return Err(format!("token {:?}: give exactly one of token or token_env", f.name)),
-        };
-        let ops: Vec<&str> = f.operations.iter().map(String::as_str).collect();
-        let streams: Vec<&str> = f.streams.iter().map(String::as_str).collect();
-        let queues: Vec<&str> = f.queues.iter().map(String::as_str).collect();
-        out.push(TokenConfig::new(&f.name, &secret, &ops, &streams, &queues)?);
-    }
-    if let Some(s) = admin_token.filter(|s| !s.is_empty()) {
-        out.push(TokenConfig::admin("admin", &s).map_err(|e| format!("BATON_ADMIN_TOKEN: {e}"))?);
-    }
-    for (i, a) in out.iter().enumerate() {
-        for b in &out[..i] {
-            if a.name == b.name {
-                return Err(format!("two tokens are named {:?}; names must be unique", a.name));
-            }
-            if a.secret == b.secret {
-                return Err(format!("tokens {:?} and {:?} have the same secret", b.name, a.name));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Who is calling: anyone (no tokens configured) or the holder of one token.
+/// Who is calling: anyone (no tokens configured, or a public route) or the holder of one token.
 #[derive(Clone, Debug)]
 pub enum Principal {
     Open,
@@ -206,6 +59,32 @@ pub enum Principal {
 }
 
 impl Principal {
+    /// `Ok` when `access` is granted for `target`; else the 403 message.
+    pub fn authorize(&self, access: Access, target: &Target) -> Result<(), String> {
+        match access {
+            Access::Public | Access::Token => Ok(()),
+            Access::Admin => self.check_admin(),
+            Access::Stream(op) => match &target.stream {
+                Some(path) => self.check_stream(op, path),
+                None => Ok(()),
+            },
+            Access::StreamCreate => {
+                let on_target = match &target.stream {
+                    Some(path) => self.check_stream(Op::Write, path),
+                    None => Ok(()),
+                };
+                match (on_target, &target.fork_source) {
+                    (Ok(()), Some(src)) => self.check_stream(Op::Read, src),
+                    (t, _) => t,
+                }
+            }
+            Access::Queue(op) => match &target.queue {
+                Some(q) => self.check_queue(op, q),
+                None => Ok(()),
+            },
+        }
+    }
+
     /// `Ok` when `op` on the stream `path` is allowed; else the 403 message.
     pub fn check_stream(&self, op: Op, path: &str) -> Result<(), String> {
         match self {
@@ -245,7 +124,7 @@ impl Principal {
     fn check_admin(&self) -> Result<(), String> {
         match self {
             Principal::Open => Ok(()),
-            Principal::Token(t) if t.admin => Ok(()),
+            Principal::Token(t) if t.is_admin() => Ok(()),
             Principal::Token(t) => Err(format!("token {:?} may not use this endpoint (it needs admin)", t.name)),
         }
     }
@@ -277,158 +156,16 @@ impl Auth {
 
     /// The token matching `presented`, compared in constant time against every token (no early
     /// exit; only the lengths of secrets are not hidden).
-    fn find(&self, presented: &[u8]) -> Option<Arc<TokenConfig>> {
+    pub fn find(&self, presented: &[u8]) -> Option<Arc<TokenConfig>> {
         let mut found = None;
         for t in &self.tokens {
             // `ct_eq` of slices is constant-time for equal lengths and false otherwise.
-            if bool::from(t.secret.as_slice().ct_eq(presented)) {
+            if bool::from(t.secret().ct_eq(presented)) {
                 found = Some(t.clone());
             }
         }
         found
     }
-}
-
-/// What a route needs.
-enum Need {
-    Public,
-    Stream(Op),
-    Queue(Op),
-    /// The handler checks (the queue is known only after loading the command), or the listing
-    /// is filtered: any valid token passes here.
-    Token,
-    Admin,
-}
-
-fn need(route: &str, method: &Method) -> Need {
-    let read = matches!(*method, Method::GET | Method::HEAD);
-    let rw = if read { Op::Read } else { Op::Write };
-    match route {
-        "/" | "/healthz" | "/readyz" | "/metrics" | "/openapi.json" => Need::Public,
-        "/v1/stream/{*path}" => Need::Stream(rw),
-        "/v1/stream" | "/v1/stream/" => Need::Token,
-        "/v1/queues" | "/v1/commands/{id}" | "/v1/commands/{id}/cancel" | "/v1/dashboard/events" => Need::Token,
-        "/v1/queues/{queue}" | "/v1/queues/{queue}/commands" => Need::Queue(rw),
-        "/v1/queues/{queue}/dead-letters" => Need::Queue(if read { Op::Read } else { Op::Admin }),
-        "/v1/queues/{queue}/dead-letters/replay" | "/v1/queues/{queue}/dead-letters/{id}/replay" => {
-            Need::Queue(Op::Admin)
-        }
-        // A route this table does not know yet: only admin tokens, until it is classified.
-        _ => Need::Admin,
-    }
-}
-
-/// Removes `access_token` from the query; returns it and the cleaned URI.
-fn take_query_token(uri: &Uri) -> (Option<String>, Option<Uri>) {
-    let Some(q) = uri.query() else { return (None, None) };
-    if !q.split('&').any(|p| p == "access_token" || p.starts_with("access_token=")) {
-        return (None, None);
-    }
-    let mut token = None;
-    let mut kept = Vec::new();
-    for (k, v) in url::form_urlencoded::parse(q.as_bytes()) {
-        if k == "access_token" {
-            token = Some(v.into_owned());
-        } else {
-            kept.push((k.into_owned(), v.into_owned()));
-        }
-    }
-    let mut s = uri.path().to_string();
-    if !kept.is_empty() {
-        s.push('?');
-        s.push_str(&url::form_urlencoded::Serializer::new(String::new()).extend_pairs(kept).finish());
-    }
-    (token, s.parse().ok())
-}
-
-fn unauthorized(message: &str, invalid: bool) -> Response {
-    metrics::counter!("baton_auth_failures_total", "reason" => if invalid { "invalid" } else { "missing" })
-        .increment(1);
-    let challenge = if invalid { "Bearer realm=\"baton\", error=\"invalid_token\"" } else { "Bearer realm=\"baton\"" };
-    let mut res = JsonError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response();
-    res.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
-    res
-}
-
-fn forbidden(message: String) -> Response {
-    metrics::counter!("baton_auth_failures_total", "reason" => "forbidden").increment(1);
-    JsonError::new(StatusCode::FORBIDDEN, "forbidden", message).into_response()
-}
-
-/// The route layer: strips `access_token` from the URL, authenticates, checks what the route
-/// needs (module docs) and leaves the [`Principal`] in the request extensions for handlers.
-pub async fn layer(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let (mut parts, body) = req.into_parts();
-    let (query_token, cleaned) = take_query_token(&parts.uri);
-    if let Some(u) = cleaned {
-        parts.uri = u;
-    }
-    if !st.auth.enabled() {
-        // An open server: every check passes for `Principal::Open`.
-        parts.extensions.insert(Principal::Open);
-        return next.run(Request::from_parts(parts, body)).await;
-    }
-    let need = need(parts.extensions.get::<MatchedPath>().map_or("", |m| m.as_str()), &parts.method);
-    let principal = if matches!(need, Need::Public) {
-        Principal::Open
-    } else {
-        let header_token = match parts.headers.get(header::AUTHORIZATION) {
-            None => None,
-            Some(v) => {
-                let v = v.to_str().unwrap_or("");
-                match v.split_once(' ') {
-                    Some((scheme, t)) if scheme.eq_ignore_ascii_case("bearer") => Some(t.trim().to_string()),
-                    _ => return unauthorized("the Authorization header must be `Bearer <token>`", true),
-                }
-            }
-        };
-        let Some(presented) = header_token.or(query_token) else {
-            return unauthorized(
-                "this server needs a token: send `Authorization: Bearer <token>` (or ?access_token= for EventSource)",
-                false,
-            );
-        };
-        match st.auth.find(presented.as_bytes()) {
-            Some(t) => Principal::Token(t),
-            None => return unauthorized("the token is not valid on this server", true),
-        }
-    };
-    let verdict = match need {
-        Need::Public | Need::Token => Ok(()),
-        Need::Admin => principal.check_admin(),
-        Need::Stream(op) => {
-            let raw = parts.uri.path().strip_prefix(crate::http::headers::STREAM_PREFIX).unwrap_or("");
-            let target = match crate::http::headers::stream_path(raw) {
-                Ok(p) => principal.check_stream(op, p.as_str()),
-                // Malformed paths are refused by the handler with 400; nothing is touched.
-                Err(_) => Ok(()),
-            };
-            // A fork copies its source: creating one needs `read` on the source too.
-            let source = parts
-                .headers
-                .get("stream-forked-from")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| crate::http::headers::fork_source(v.trim()).ok());
-            match (target, source) {
-                (Ok(()), Some(src)) if parts.method == Method::PUT => principal.check_stream(Op::Read, src.as_str()),
-                (t, _) => t,
-            }
-        }
-        Need::Queue(op) => {
-            let params =
-                <RawPathParams as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &()).await;
-            let queue = params.ok().and_then(|p| p.iter().find(|(k, _)| *k == "queue").map(|(_, v)| v.to_string()));
-            match queue {
-                Some(q) => principal.check_queue(op, &q),
-                None => Ok(()),
-            }
-        }
-    };
-    if let Err(m) = verdict {
-        return forbidden(m);
-    }
-    parts.extensions.insert(principal);
-    next.run(Request::from_parts(parts, body)).await
 }
 
 #[cfg(test)]
@@ -455,32 +192,36 @@ mod tests {
     }
 
     #[test]
-    fn token_config_errors() {
-        assert!(TokenConfig::new("t", "short", &["read"], &[], &[]).unwrap_err().contains("shorter than 16"));
-        assert!(TokenConfig::new("t", "0123456789abcdef", &["peek"], &[], &[])
-            .unwrap_err()
-            .contains("unknown operation \"peek\""));
-        let f = |n: &str, s: &str| TokenFile {
-            name: n.into(),
-            token: Some(s.into()),
-            token_env: None,
-            operations: vec!["read".into()],
-            streams: vec![],
-            queues: vec![],
+    fn accesses() {
+        let w = TokenConfig::new("w", "0123456789abcdef", &["read", "write"], &["acme"], &["q1"]).unwrap();
+        let p = Principal::Token(Arc::new(w));
+        let on = |stream: &str, fork: Option<&str>| Target {
+            stream: Some(stream.into()),
+            fork_source: fork.map(str::to_string),
+            queue: None,
         };
-        let e = resolve_tokens(vec![f("a", "0123456789abcdef"), f("b", "0123456789abcdef")], None).unwrap_err();
-        assert_eq!(e, "tokens \"a\" and \"b\" have the same secret");
-        let dbg = format!("{:?}", resolve_tokens(vec![f("a", "0123456789abcdef")], None).unwrap());
-        assert!(!dbg.contains("0123456789abcdef") && dbg.contains("<redacted>"), "{dbg}");
-    }
-
-    #[test]
-    fn query_token_is_removed() {
-        let u: Uri = "/v1/stream/a/b?offset=-1&access_token=s3cr%2Bt&live=sse".parse().unwrap();
-        let (t, cleaned) = take_query_token(&u);
-        assert_eq!(t.as_deref(), Some("s3cr+t"));
-        assert_eq!(cleaned.unwrap().to_string(), "/v1/stream/a/b?offset=-1&live=sse");
-        let (t, cleaned) = take_query_token(&"/x?a=1".parse().unwrap());
-        assert!(t.is_none() && cleaned.is_none());
+        assert_eq!(p.authorize(Access::StreamCreate, &on("acme/a", None)), Ok(()));
+        assert_eq!(
+            p.authorize(Access::StreamCreate, &on("acme/a", Some("other/src"))).unwrap_err(),
+            "token \"w\" may not read stream \"other/src\" (operations: read, write; stream prefixes: acme)"
+        );
+        assert_eq!(
+            p.authorize(Access::StreamCreate, &on("other/a", Some("acme/src"))).unwrap_err(),
+            "token \"w\" may not write stream \"other/a\" (operations: read, write; stream prefixes: acme)"
+        );
+        assert_eq!(p.authorize(Access::Stream(Op::Write), &on("acme/a", Some("other/src"))), Ok(()));
+        assert_eq!(p.authorize(Access::Stream(Op::Write), &Target::default()), Ok(()), "malformed: the handler's");
+        let q = |name: &str| Target { queue: Some(name.into()), ..Target::default() };
+        assert_eq!(p.authorize(Access::Queue(Op::Write), &q("q1")), Ok(()));
+        assert_eq!(
+            p.authorize(Access::Queue(Op::Admin), &q("q1")).unwrap_err(),
+            "token \"w\" may not admin queue \"q1\" (operations: read, write; queues: q1)"
+        );
+        assert_eq!(
+            p.authorize(Access::Admin, &Target::default()).unwrap_err(),
+            "token \"w\" may not use this endpoint (it needs admin)"
+        );
+        assert_eq!(p.authorize(Access::Token, &q("elsewhere")), Ok(()));
+        assert_eq!(Principal::Open.authorize(Access::Admin, &Target::default()), Ok(()));
     }
 }

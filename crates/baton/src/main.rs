@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use baton::config::{Cli, Command};
+use baton::cli::{Cli, Command};
 use clap::Parser;
 
 #[tokio::main]
@@ -21,7 +21,7 @@ async fn main() -> ExitCode {
             }
         },
         Command::Client(cmd) => baton::cli::run(cmd).await,
-        Command::Worker(args) => match baton::workers::run_worker(args).await {
+        Command::Worker(args) => match baton::cli::worker(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("baton worker: {e}");

@@ -1,4 +1,6 @@
-//! Starting and stopping `baton serve`.
+//! Starting and stopping the two processes: `baton serve` ([`Server`]: the HTTP API and, unless
+//! `--no-workers`, the workers) and `baton worker` ([`Worker`]: the workers and, with `--listen`,
+//! the health API). What they print and when they stop is the command line's.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,46 +10,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Backend, ServeConfig};
-use crate::http::{self, AppState};
+use crate::auth::Auth;
+use crate::http::{self, AppState, CommandsApi};
+use crate::settings::{describe_queues, Backend, ServeConfig, WorkerConfig};
 use crate::workers::{self, Workers};
-
-/// SIGTERM and ctrl-c (SIGINT), listened for from the moment [`ShutdownSignal::listen`] is
-/// called. Created before anything starts, so a signal that arrives while the process is still
-/// starting is kept ([`ShutdownSignal::recv`] then returns at once) instead of ending the process
-/// on the spot without draining the queues' services (the default action of both signals).
-pub struct ShutdownSignal {
-    #[cfg(unix)]
-    term: tokio::signal::unix::Signal,
-    #[cfg(unix)]
-    int: tokio::signal::unix::Signal,
-}
-
-impl ShutdownSignal {
-    /// Installs the handlers (inside a Tokio runtime). Errors: a handler cannot be installed.
-    pub fn listen() -> Result<ShutdownSignal, String> {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let term = signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
-            let int = signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
-            Ok(ShutdownSignal { term, int })
-        }
-        #[cfg(not(unix))]
-        Ok(ShutdownSignal {})
-    }
-
-    /// Waits for the next SIGTERM or ctrl-c (at once if one came since `listen` or the last call).
-    pub async fn recv(&mut self) {
-        #[cfg(unix)]
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
-        }
-        #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
 
 /// A running server.
 pub struct Server {
@@ -71,13 +37,8 @@ impl Server {
             }
         };
         let command_store = workers::command_store(&cfg.backend).await?;
-        let commands = http::commands::CommandsApi::new(
-            command_store.clone(),
-            &cfg.queues,
-            cfg.max_command_body,
-            cfg.run_workers,
-        )?;
-        let auth = Arc::new(crate::auth::Auth::new(cfg.tokens.clone()));
+        let commands = CommandsApi::new(command_store.clone(), &cfg.queues, cfg.max_command_body, cfg.run_workers)?;
+        let auth = Arc::new(Auth::new(cfg.tokens.clone()));
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
@@ -92,7 +53,7 @@ impl Server {
             commands,
             auth: auth.clone(),
         });
-        let queues = workers::describe_queues(&cfg.queues);
+        let queues = describe_queues(&cfg.queues);
         let default_note = if cfg.queues_defaulted { " (built-in default: no [queues] configured)" } else { "" };
         let workers = if cfg.run_workers && !cfg.queues.is_empty() {
             tracing::info!("command queues{default_note}: {queues}; workers run in this process");
@@ -155,5 +116,63 @@ impl Server {
             }
         };
         tokio::join!(drain, http);
+    }
+}
+
+/// A running `baton worker`: the configured queues' workers, and the health API when
+/// `--listen` was given.
+pub struct Worker {
+    workers: Workers,
+    health: Option<(SocketAddr, JoinHandle<std::io::Result<()>>)>,
+    shutdown: CancellationToken,
+    grace: std::time::Duration,
+}
+
+impl Worker {
+    /// Connects the command store, binds the health listener (if any) and starts the workers.
+    /// Everything that can fail is done before the first queue's service starts (the command
+    /// store, the health API and its listener), so an error never leaves a started service
+    /// behind. Errors: the backend cannot be reached, the address cannot be bound, a queue is
+    /// refused.
+    pub async fn start(cfg: &WorkerConfig) -> Result<Worker, String> {
+        let store = workers::command_store(&cfg.backend).await?;
+        let health = match cfg.listen {
+            None => None,
+            Some(addr) => {
+                let api = CommandsApi::new(store.clone(), &cfg.queues, 0, true)?;
+                let listener =
+                    tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+                Some((addr, listener, http::ops::worker_router(api)))
+            }
+        };
+        let workers = Workers::start(&store, &cfg.queues).await?;
+        let default_note = if cfg.queues_defaulted { " (the built-in default: no [queues] configured)" } else { "" };
+        // Logged under the target it always had (the line moved here from `workers`).
+        tracing::info!(target: "baton::workers", backend = %cfg.backend.describe(), queues = %describe_queues(&cfg.queues), "baton worker: running{default_note}");
+        let shutdown = CancellationToken::new();
+        let health = health.map(|(addr, listener, app)| {
+            let token = shutdown.clone();
+            let join = tokio::spawn(async move {
+                axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await
+            });
+            (addr, join)
+        });
+        Ok(Worker { workers, health, shutdown, grace: cfg.shutdown_grace })
+    }
+
+    /// Where the health API listens, if anywhere.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health.as_ref().map(|(addr, _)| *addr)
+    }
+
+    /// Drains the workers within the shutdown grace (every queue's service is drained, which
+    /// also closes it; unfinished commands are taken over elsewhere after `claim_timeout`),
+    /// then stops the health API.
+    pub async fn shutdown(self) {
+        self.workers.drain(self.grace).await;
+        self.shutdown.cancel();
+        if let Some((_, join)) = self.health {
+            let _ = join.await;
+        }
     }
 }

@@ -7,8 +7,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton::auth::TokenConfig;
-use baton::workers::QueueConfig;
+use baton::settings::QueueConfig;
+use baton::settings::TokenConfig;
 use baton_testkit::TestBackend;
 use common::*;
 use reqwest::StatusCode;
@@ -261,7 +261,7 @@ async fn query_token_for_event_source_is_never_logged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_tokens_means_open() {
-    let srv = start(TestBackend::Memory, |c| c.queues = baton::workers::default_queues()).await;
+    let srv = start(TestBackend::Memory, |c| c.queues = baton::settings::default_queues()).await;
     assert_eq!(status(&srv, "PUT", "/v1/stream/a/b", None, None).await, 201);
     assert_eq!(status(&srv, "POST", "/v1/queues/default/commands", None, Some(json!({"type": "echo"}))).await, 202);
     assert_eq!(status(&srv, "DELETE", "/v1/queues/default/dead-letters", None, None).await, 200);

@@ -46,8 +46,11 @@ fn serve_announces_backend_and_exits_cleanly_on_sigterm() {
         let t0 = Instant::now();
         let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
         assert!(killed.success());
-        let _ = sse.bytes().await; // the server ends the stream
-        assert!(t0.elapsed() < Duration::from_secs(5));
+        // The server ends the stream cleanly (a reset or a cut chunked body is an error here).
+        let body = sse.bytes().await.expect("the SSE body ends cleanly");
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.starts_with("retry: 500\n\n") && body.contains("event: control"), "{body}");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     });
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {

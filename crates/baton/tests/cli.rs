@@ -329,26 +329,51 @@ fn queues_list_pending_dead_replay_and_errors() {
 
 #[test]
 fn bench_runs_each_workload_in_memory() {
-    for (workload, extra) in [
-        ("queue", vec!["--count", "300", "--concurrency", "1,16"]),
-        ("commands", vec!["--count", "100", "--concurrency", "8"]),
-        ("streams", vec!["--count", "200", "--concurrency", "4"]),
-    ] {
+    /// A result row: name, concurrency, ops, what the latency is of.
+    type Row<'a> = (&'a str, u64, u64, &'a str);
+    // (workload, arguments, the rows expected)
+    let runs: [(&str, &[&str], &[Row]); 3] = [
+        (
+            "queue",
+            &["--count", "300", "--concurrency", "1,16"],
+            &[("queue", 1, 300, "offer → handler"), ("queue", 16, 300, "offer → handler")],
+        ),
+        ("commands", &["--count", "100", "--concurrency", "8"], &[("commands", 8, 100, "submit → SUCCEEDED")]),
+        (
+            "streams",
+            &["--count", "200", "--concurrency", "4"],
+            &[("stream append", 4, 200, "append call"), ("append → live read", 1, 200, "append → subscriber")],
+        ),
+    ];
+    for (workload, extra, expected) in runs {
         let mut args = vec!["bench", workload, "--quiet", "--json"];
         args.extend(extra);
         let out = Out::from(Command::new(BIN).args(&args).env("BATON_LOG", "warn").output().unwrap()).ok();
         let v = out.json();
         assert_eq!(v["workload"], workload);
         assert_eq!(v["backend"], "in-memory");
-        let rows = v["results"].as_array().unwrap();
-        let expected = match workload {
-            "queue" => 2,
-            _ => 1 + usize::from(workload == "streams"),
-        };
-        assert_eq!(rows.len(), expected, "{v}");
-        for r in rows {
-            assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
-            assert!(r["p50_ms"].as_f64().unwrap() <= r["p99_ms"].as_f64().unwrap(), "{r}");
+        let rows: Vec<Row> = v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["name"].as_str().unwrap(),
+                    r["concurrency"].as_u64().unwrap(),
+                    r["ops"].as_u64().unwrap(),
+                    r["latency"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(rows, expected, "{v}");
+        for r in v["results"].as_array().unwrap() {
+            // The printed throughput is the printed ops over the printed seconds.
+            let (ops, secs, rate) =
+                (r["ops"].as_f64().unwrap(), r["seconds"].as_f64().unwrap(), r["ops_per_sec"].as_f64().unwrap());
+            assert!(secs > 0.0 && (rate - ops / secs).abs() <= 1e-6 * rate, "{r}");
+            let (p50, p99, max) =
+                (r["p50_ms"].as_f64().unwrap(), r["p99_ms"].as_f64().unwrap(), r["max_ms"].as_f64().unwrap());
+            assert!(p50 > 0.0 && p50 <= p99 && p99 <= max && max <= secs * 1e3, "{r}");
         }
     }
     // The text table.

@@ -5,14 +5,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use baton::workers::{default_queues, QueueConfig};
+use baton::settings::{default_queues, QueueConfig};
 use baton_testkit::{eventually, on_every_backend, TestBackend};
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 /// A server whose queues are `default` (sleep, echo, fail) plus `extra` (echo).
-async fn serve(backend: TestBackend, tweak: impl FnOnce(&mut baton::config::ServeConfig)) -> TestServer {
+async fn serve(backend: TestBackend, tweak: impl FnOnce(&mut baton::settings::ServeConfig)) -> TestServer {
     start(backend, |c| {
         c.queues = default_queues();
         let mut extra = QueueConfig::with_builtins("extra", &["echo"]);

@@ -102,7 +102,8 @@ async fn scenario(backend_name: &str) {
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(header(&r, "content-type"), Some("text/event-stream"));
     assert_eq!(header(&r, "stream-sse-data-encoding"), None);
-    let sse = tokio::spawn(read_sse_until(r, Duration::from_secs(10), |t| t.contains("streamClosed")));
+    // Read to the end: the server must end the connection after the final control event.
+    let sse = tokio::spawn(read_sse_until(r, Duration::from_secs(10), |_| false));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let r = c.post(&url).header("content-type", "text/plain").body("g\nh").send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
@@ -113,6 +114,7 @@ async fn scenario(backend_name: &str) {
     assert_eq!(header(&r, "stream-closed"), Some("true"));
     assert_eq!(header(&r, "baton-end-reason"), Some("cancelled"));
     let (text, ended) = sse.await.unwrap();
+    assert!(ended, "the SSE connection stays open after the stream closed: {text}");
     let events = sse_events(&text);
     let kinds: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
     // The close may reach the reader with the last data (one control) or after it (two).
@@ -131,7 +133,6 @@ async fn scenario(backend_name: &str) {
     assert_eq!(last["batonEndReason"], "cancelled");
     assert_eq!(last["streamNextOffset"], after_gh.as_str());
     assert!(last.get("streamCursor").is_none());
-    let _ = ended;
 
     // --- closed: HEAD says so; appends get 409 with the final offset; close-only is idempotent.
     let r = c.head(&url).send().await.unwrap();
@@ -159,7 +160,7 @@ async fn scenario(backend_name: &str) {
     assert_eq!(events[0].1, "g\nh", "{text}");
     assert!(!text.contains("abcdef"));
     // The final control event's id marks the end; a browser that saw it is stopped with 204.
-    let last_id = text.lines().filter_map(|l| l.strip_prefix("id:")).last().unwrap().trim().to_string();
+    let last_id = text.lines().filter_map(|l| l.strip_prefix("id:")).next_back().unwrap().trim().to_string();
     assert_eq!(last_id, format!("{after_gh}.end"));
     let r = c.get(format!("{url}?offset=-1&live=sse")).header("last-event-id", &last_id).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);

@@ -8,8 +8,8 @@ use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use baton::config::ServeArgs;
 use baton::server::Server;
+use baton::settings::ServeArgs;
 use baton_commands::{Command as BatonCommand, CommandStatus, CommandStore};
 use baton_redis::RedisClient;
 use baton_testkit::{eventually, free_port, RedisServer};

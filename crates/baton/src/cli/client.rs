@@ -6,7 +6,8 @@ use std::time::Duration;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde_json::Value;
 
-use super::{exit, Conn};
+use super::args::Conn;
+use super::exit;
 
 /// An error that ends a subcommand: its message (for stderr) and exit code.
 #[derive(Debug)]

@@ -6,9 +6,10 @@ use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{json, Value};
 
+use super::args::duration_arg;
 use super::client::{encode_query, encode_segment, CliError, Client};
+use super::exit;
 use super::output::{cell, clip, print_json, Table};
-use super::{duration_arg, exit};
 
 /// The server's longest `?wait=` (5 minutes); longer waits are made of several requests.
 const WAIT_STEP: Duration = Duration::from_secs(300);

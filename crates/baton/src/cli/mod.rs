@@ -1,6 +1,7 @@
-//! Subcommand entry points: `baton serve`, and the client subcommands (`baton streams`,
-//! `baton commands`, `baton queues`) that talk to a running server over HTTP, plus
-//! `baton bench`, which runs workloads in-process against a backend.
+//! The command line: its grammar ([`Cli`]), `baton serve` and `baton worker` (start the
+//! process, print where it is, wait for SIGTERM or ctrl-c, stop), and the client subcommands
+//! (`baton streams`, `baton commands`, `baton queues`) that talk to a running server over HTTP,
+//! plus `baton bench`, which runs workloads in-process against a backend.
 //!
 //! Exit codes of the client subcommands (docs/cli.md):
 //!
@@ -14,23 +15,48 @@
 //! | 5 | server or network error: connection refused, timeout, 5xx, an unreadable reply |
 //! | 6 | `commands wait` / `submit --wait`: the timeout passed before the command ended |
 
+mod args;
 mod bench;
 mod client;
 mod commands;
+pub mod exit;
 mod output;
 mod queues;
 mod streams;
 
 use std::process::ExitCode;
-use std::time::Duration;
 
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Backend, ServeArgs};
-use crate::http::describe_backend;
-use crate::server::{Server, ShutdownSignal};
+use crate::server::{Server, Worker};
+use crate::settings::{describe_queues, Backend, ServeArgs, WorkerArgs};
+use crate::shutdown::ShutdownSignal;
 
+pub use args::Conn;
 pub use client::CliError;
+
+/// Baton: durable work queues and durable streams on Redis.
+#[derive(Parser, Debug)]
+#[command(name = "baton", version, about)]
+pub struct Cli {
+    /// Log format on stderr: `text` or `json` (one JSON object per line) [default: text].
+    #[arg(long, global = true, env = "BATON_LOG_FORMAT", value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve the HTTP API (commands, queues, Durable Streams protocol), the dashboard and the
+    /// command workers (in memory, or on Redis / Redis Cluster).
+    Serve(ServeArgs),
+    /// Run the workers of the configured command queues only (no command API), on Redis or
+    /// Redis Cluster, so several processes share the work.
+    Worker(WorkerArgs),
+    #[command(flatten)]
+    Client(ClientCommand),
+}
 
 /// `baton serve`: runs until ctrl-c or SIGTERM, then shuts down gracefully.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
@@ -44,7 +70,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         Backend::Memory => println!(
             "baton serve: listening on {base} with the IN-MEMORY backend (no --redis or --redis-cluster given; data is lost on exit)"
         ),
-        other => println!("baton serve: listening on {base} with {}", describe_backend(&other)),
+        other => println!("baton serve: listening on {base} with {}", other.describe()),
     }
     println!("baton serve: dashboard at {base}/");
     println!("baton serve: commands at {base}/v1/queues/{{queue}}/commands and {base}/v1/commands/{{id}}; streams at {base}/v1/stream/{{path}}; API description at {base}/openapi.json");
@@ -55,15 +81,31 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Exit codes (module docs and docs/cli.md).
-pub mod exit {
-    pub const OK: u8 = 0;
-    pub const UNSUCCESSFUL: u8 = 1;
-    pub const USAGE: u8 = 2;
-    pub const NOT_FOUND: u8 = 3;
-    pub const REFUSED: u8 = 4;
-    pub const SERVER: u8 = 5;
-    pub const TIMEOUT: u8 = 6;
+/// `baton worker`: runs the configured queues' workers until ctrl-c or SIGTERM, then drains them
+/// within the shutdown grace. With `--listen`, serves `/healthz`, `/readyz` and `/metrics`.
+///
+/// The signal handlers are installed before anything starts: a signal during startup is kept
+/// and shuts the worker down once started.
+pub async fn worker(args: WorkerArgs) -> Result<(), String> {
+    let cfg = args.resolve()?;
+    let mut signal = ShutdownSignal::listen()?;
+    let worker = Worker::start(&cfg).await?;
+    let default_note = if cfg.queues_defaulted { " (the built-in default: no [queues] configured)" } else { "" };
+    println!(
+        "baton worker: working queues {}{default_note} on {}",
+        describe_queues(&cfg.queues),
+        cfg.backend.describe()
+    );
+    if let Some(addr) = worker.health_addr() {
+        println!("baton worker: health at http://{addr}/healthz, metrics at http://{addr}/metrics");
+    }
+    signal.recv().await;
+    println!(
+        "baton worker: shutting down (up to {} for running handlers)",
+        humantime::format_duration(cfg.shutdown_grace)
+    );
+    worker.shutdown().await;
+    Ok(())
 }
 
 /// The client and bench subcommands (flattened into the top-level `baton` command).
@@ -77,20 +119,6 @@ pub enum ClientCommand {
     Queues(QueuesCmd),
     /// Run a workload in-process (memory, Redis or Redis Cluster) and print throughput and latency.
     Bench(bench::BenchArgs),
-}
-
-/// How to reach the server; shared by the client subcommands.
-#[derive(Args, Debug, Clone)]
-pub struct Conn {
-    /// Base URL of `baton serve`.
-    #[arg(long, global = true, env = "BATON_SERVER", default_value = "http://127.0.0.1:7700")]
-    pub server: String,
-    /// Bearer token (when the server has tokens configured).
-    #[arg(long, global = true, env = "BATON_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Print JSON (one document, or one per line for `tail`) instead of text.
-    #[arg(long, global = true)]
-    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -141,9 +169,4 @@ pub async fn run(cmd: ClientCommand) -> ExitCode {
             ExitCode::from(e.code)
         }
     }
-}
-
-/// A `clap` value parser for human durations (`30s`, `5m`, `250ms`).
-pub(crate) fn duration_arg(s: &str) -> Result<Duration, String> {
-    crate::config::parse_duration(s)
 }

@@ -10,9 +10,10 @@ use futures::StreamExt;
 use reqwest::{Method, Response, StatusCode};
 use serde_json::{json, Value};
 
+use super::args::duration_arg;
 use super::client::{encode_query, error_from, stream_url_path, CliError, Client};
+use super::exit;
 use super::output::print_json;
-use super::{duration_arg, exit};
 
 #[derive(Subcommand, Debug)]
 pub enum StreamsOp {

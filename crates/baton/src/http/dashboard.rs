@@ -26,25 +26,23 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, MethodRouter};
 use baton_commands::{CommandStatus, ListQuery};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::commands::{principal, query_params, state_json, CommandsApi, JsonError};
-use super::{describe_backend, AppState, RouteDef};
-use crate::auth::{Op, Principal};
+use super::errors::ApiError;
+use super::json::state_json;
+use super::plumbing::{limit_param, principal, status_param, DashboardQuery, Query};
+use super::queues::dead_letter_json;
+use super::state::{AppState, CommandsApi};
+use crate::auth::Principal;
+use crate::settings::Op;
 
 /// How often a snapshot is sent.
 const PERIOD: Duration = Duration::from_secs(1);
 /// Dead letters listed per queue.
 const DEAD_PER_QUEUE: usize = 50;
-
-/// The dashboard's routes (besides `/`, which is [`index_or_page`]).
-pub fn routes() -> Vec<(RouteDef, MethodRouter<AppState>)> {
-    vec![(RouteDef::new("/v1/dashboard/events", &["GET"]), get(events))]
-}
 
 /// The page: `index.html` with `style.css` and `app.js` inlined.
 fn page() -> &'static str {
@@ -64,7 +62,7 @@ pub async fn index_or_page(state: State<AppState>, headers: HeaderMap) -> Respon
         .is_some_and(|a| a.split(',').any(|t| t.trim().starts_with("text/html")));
     if !wants_html {
         // The same URL answers HTML or JSON by Accept: caches must key on it (RFC 9110 §12.5.5).
-        let mut res = super::index(state).await;
+        let mut res = index(state).await;
         res.headers_mut().insert(header::VARY, HeaderValue::from_static("accept"));
         return res;
     }
@@ -83,6 +81,23 @@ pub async fn index_or_page(state: State<AppState>, headers: HeaderMap) -> Respon
     res
 }
 
+/// The JSON answer of `GET /`: what this server is and where its APIs are.
+async fn index(State(state): State<AppState>) -> Response {
+    let backend = state.cfg.backend.describe();
+    let body = serde_json::json!({
+        "service": "baton",
+        "version": env!("CARGO_PKG_VERSION"),
+        "backend": backend,
+        "streams": "/v1/stream/{path}",
+        "protocol": "Durable Streams (PROTOCOL.md); extensions in docs/http-api.md",
+        "commands": ["/v1/queues", "/v1/queues/{queue}/commands", "/v1/commands/{id}"],
+        "queues": state.commands.queue_names(),
+        "auth": if state.auth.enabled() { "bearer" } else { "none" },
+        "endpoints": ["/healthz", "/readyz", "/metrics", "/openapi.json"],
+    });
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
 /// What one connection asked for.
 struct Filter {
     queue: Option<String>,
@@ -90,30 +105,17 @@ struct Filter {
     limit: usize,
 }
 
-async fn events(State(st): State<AppState>, req: Request) -> Result<Response, JsonError> {
-    let q = query_params(req.uri().query(), &["queue", "status", "limit"])?;
+/// `GET /v1/dashboard/events` (module docs).
+pub async fn events(State(st): State<AppState>, q: Query<DashboardQuery>, req: Request) -> Result<Response, ApiError> {
     let who = principal(req.extensions())?;
     let queue = q.get("queue").map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
     if let Some(name) = &queue {
         st.commands.queue(name)?;
-        who.check_queue(Op::Read, name)
-            .map_err(|m| JsonError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", m))?;
+        who.check_queue(Op::Read, name).map_err(ApiError::forbidden)?;
     }
-    let status = match q.get("status").map(|s| s.trim()).filter(|s| !s.is_empty()) {
-        None => None,
-        Some(s) => Some(s.parse::<CommandStatus>().map_err(|_| {
-            JsonError::bad_request(
-                "invalid_status",
-                format!("status {s:?} is not one of SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (any case)"),
-            )
-        })?),
-    };
-    let limit = super::commands::limit_param(&q, 50, 500)?;
-    let permit = st.live_permit().map_err(|e| {
-        let mut j = JsonError::new(e.status, e.code, e.message);
-        j.headers = e.headers;
-        j
-    })?;
+    let status = status_param(&q)?;
+    let limit = limit_param(&q, 50, 500)?;
+    let permit = st.live_permit()?;
     let filter = Filter { queue, status, limit };
     let (tx, mut rx) = mpsc::channel::<Bytes>(4);
     tokio::spawn(async move {
@@ -162,19 +164,9 @@ async fn snapshot(st: &AppState, who: &Principal, f: &Filter) -> Value {
         queues.push(queue_json(api, name).await);
         match api.store().messages().dead_letters(name, DEAD_PER_QUEUE).await {
             Ok(items) => dead.extend(items.iter().map(|d| {
-                let command_id = serde_json::from_slice::<Value>(&d.payload)
-                    .ok()
-                    .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_string));
-                json!({
-                    "queue": name,
-                    "id": d.id.to_string(),
-                    "original_id": d.original_id.to_string(),
-                    "payload": String::from_utf8_lossy(&d.payload),
-                    "command_id": command_id,
-                    "deliveries": d.deliveries,
-                    "reason": d.reason,
-                    "dead_lettered_at": baton_commands::Timestamp::from_millis(d.dead_lettered_at_ms).to_string(),
-                })
+                let mut v = dead_letter_json(d);
+                v["queue"] = Value::from(name.as_str());
+                v
             })),
             Err(e) => errors.push(format!("dead letters of {name}: {e}")),
         }
@@ -198,7 +190,7 @@ async fn snapshot(st: &AppState, who: &Principal, f: &Filter) -> Value {
         "time": baton_commands::Timestamp::now().to_string(),
         "server": {
             "version": env!("CARGO_PKG_VERSION"),
-            "backend": describe_backend(&st.cfg.backend),
+            "backend": st.cfg.backend.describe(),
             "auth": if st.auth.enabled() { "bearer" } else { "none" },
         },
         "filter": {

@@ -10,7 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::errors::ApiError;
-use crate::config::ServeConfig;
+use crate::settings::ServeConfig;
 
 /// The per-server setting of [`layer`]; its header values are the constants below, built at
 /// compile time.

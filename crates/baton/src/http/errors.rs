@@ -1,11 +1,16 @@
-//! Error responses: a status, protocol headers where the protocol asks for them, and a JSON body
-//! `{"error": "<code>", "message": "<what to fix>"}` (the same shape as every other Baton route).
+//! The one error response of the HTTP API: a status, the headers the protocol asks for, and a
+//! JSON body `{"error": "<code>", "message": "<what to fix>"}` (a refused cancel adds `"state"`),
+//! the same shape on every route. The engines' errors map to it here.
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use baton_commands::CommandError;
+use baton_queue::QueueError;
 use baton_streams::StreamError;
+use serde_json::{Map, Value};
 
-use super::headers as h;
+use super::json::{json_response, state_json};
+use super::names as h;
 
 /// An HTTP error response.
 #[derive(Debug)]
@@ -13,23 +18,74 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// More fields of the body, after `error` and `message`.
+    pub extra: Map<String, Value>,
     pub headers: HeaderMap,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), headers: HeaderMap::new() }
+        Self { status, code, message: message.into(), extra: Map::new(), headers: HeaderMap::new() }
     }
 
+    /// `400 bad_request` (the protocol's malformed requests).
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+        Self::invalid("bad_request", message)
     }
 
+    /// `400` with its own code.
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, code, message)
+    }
+
+    /// `403 forbidden`.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    /// `503 backend_unavailable` with `Retry-After: 1`.
+    fn unavailable(message: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "backend_unavailable",
+            format!("the backend did not answer ({message}); retry later"),
+        )
+        .with_header(header::RETRY_AFTER, 1)
+    }
+
+    /// Adds a header (skipped when `value` is not valid header text).
     pub fn with_header(mut self, name: HeaderName, value: impl ToString) -> Self {
         if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
             self.headers.insert(name, v);
         }
         self
+    }
+
+    /// Adds a field to the body.
+    pub fn with_field(mut self, name: &str, value: Value) -> Self {
+        self.extra.insert(name.to_string(), value);
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = %self.status, code = self.code, message = %self.message, "request failed");
+        } else {
+            tracing::debug!(status = %self.status, code = self.code, message = %self.message, "request refused");
+        }
+        let mut body = Map::new();
+        body.insert("error".into(), Value::from(self.code));
+        body.insert("message".into(), Value::from(self.message));
+        body.extend(self.extra);
+        let mut res = (self.status, json_response(Value::Object(body))).into_response();
+        res.headers_mut().extend(self.headers);
+        res
     }
 }
 
@@ -74,24 +130,50 @@ impl From<StreamError> for ApiError {
                     .with_header(h::producer_expected_seq(), expected)
                     .with_header(h::producer_received_seq(), received);
             }
-            Backend(_) => err = err.with_header(axum::http::header::RETRY_AFTER, 1),
+            Backend(_) => err = err.with_header(header::RETRY_AFTER, 1),
             _ => {}
         }
         err
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        if self.status.is_server_error() {
-            tracing::warn!(status = %self.status, code = self.code, message = %self.message, "request failed");
-        } else {
-            tracing::debug!(status = %self.status, code = self.code, message = %self.message, "request refused");
+impl From<CommandError> for ApiError {
+    fn from(e: CommandError) -> Self {
+        use CommandError::*;
+        let msg = e.to_string();
+        match e {
+            InvalidId(_) => ApiError::invalid("invalid_id", msg),
+            InvalidType(_) => ApiError::invalid("invalid_type", msg),
+            InvalidParams(_) => ApiError::invalid("invalid_params", msg),
+            InvalidStatus(_) => ApiError::invalid("invalid_status", msg),
+            InvalidCursor(_) => ApiError::invalid(
+                "invalid_cursor",
+                format!("{msg}: pass a next_cursor returned by this endpoint, or omit cursor to start from the newest"),
+            ),
+            InvalidSettings(_) => ApiError::invalid("invalid_request", msg),
+            Conflict { .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("{msg}; resubmit the same body, or use a new id"),
+            ),
+            NotFound(_) => ApiError::not_found("not_found", format!("{msg} (never submitted, or expired)")),
+            AlreadyTerminal(st) => {
+                ApiError::new(StatusCode::CONFLICT, "already_terminal", msg).with_field("state", state_json(&st))
+            }
+            Queue(QueueError::InvalidQueueName(_)) => ApiError::invalid("invalid_queue", msg),
+            Corrupt { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_state", msg),
+            Queue(_) | Redis(_) | Connect(_) => ApiError::unavailable(msg),
         }
-        let body = serde_json::json!({ "error": self.code, "message": self.message }).to_string();
-        let mut res = (self.status, body).into_response();
-        res.headers_mut().insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        res.headers_mut().extend(self.headers);
-        res
+    }
+}
+
+impl From<QueueError> for ApiError {
+    fn from(e: QueueError) -> Self {
+        match e {
+            QueueError::InvalidMessageId(_) => ApiError::invalid("invalid_id", e.to_string()),
+            QueueError::DeadLetterNotFound(_) => ApiError::not_found("not_found", e.to_string()),
+            QueueError::InvalidQueueName(_) => ApiError::invalid("invalid_queue", e.to_string()),
+            other => CommandError::Queue(other).into(),
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! Protocol header names and the parsing of request headers, stream paths and query strings.
+//! The Durable Streams protocol's request headers, stream paths and read queries, parsed (the
+//! header names are in [`super::names`], re-exported here).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -6,44 +7,9 @@ use axum::http::{HeaderMap, HeaderName};
 use baton_streams::{EndReason, Expiry, Offset, ProducerStamp, ReadFrom, RunLimits, StreamPath};
 
 use super::errors::ApiError;
-
-macro_rules! names {
-    ($($f:ident = $s:literal;)*) => {
-        $(#[doc = $s] pub fn $f() -> HeaderName { HeaderName::from_static($s) })*
-        /// Every protocol and extension header, for CORS exposure and preflight.
-        pub const ALL: &[&str] = &[$($s),*];
-    };
-}
-
-names! {
-    stream_next_offset = "stream-next-offset";
-    stream_up_to_date = "stream-up-to-date";
-    stream_closed = "stream-closed";
-    stream_cursor = "stream-cursor";
-    stream_seq = "stream-seq";
-    stream_ttl = "stream-ttl";
-    stream_expires_at = "stream-expires-at";
-    stream_forked_from = "stream-forked-from";
-    stream_fork_offset = "stream-fork-offset";
-    stream_fork_sub_offset = "stream-fork-sub-offset";
-    stream_sse_data_encoding = "stream-sse-data-encoding";
-    producer_id = "producer-id";
-    producer_epoch = "producer-epoch";
-    producer_seq = "producer-seq";
-    producer_expected_seq = "producer-expected-seq";
-    producer_received_seq = "producer-received-seq";
-    baton_end_reason = "baton-end-reason";
-    baton_silence_timeout = "baton-silence-timeout";
-    baton_max_run = "baton-max-run";
-    baton_done_ttl = "baton-done-ttl";
-    baton_max_len = "baton-max-len";
-    baton_keepalive = "baton-keepalive";
-}
+pub use super::names::*;
 
 const MAX_SAFE_INT: u64 = (1 << 53) - 1;
-
-/// The URL prefix of streams.
-pub const STREAM_PREFIX: &str = "/v1/stream/";
 
 /// A header's value as text; a value that is not visible ASCII is a 400.
 pub fn text<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, ApiError> {
@@ -147,7 +113,7 @@ pub fn limits(headers: &HeaderMap, defaults: RunLimits) -> Result<Option<RunLimi
     let mut any = false;
     let dur = |name: HeaderName| -> Result<Option<Option<Duration>>, ApiError> {
         let Some(v) = text(headers, &name)? else { return Ok(None) };
-        crate::config::parse_opt_duration(v)
+        crate::settings::parse_opt_duration(v)
             .map(|d| Some(d.0))
             .map_err(|e| ApiError::bad_request(format!("{name}: {e} (or `none`)")))
     };

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 
 use super::errors::ApiError;
 use super::headers::{self as h, ReadQuery};
-use super::AppState;
+use super::state::AppState;
 
 /// `text/*` and `application/json` travel as text; everything else as base64.
 fn is_text(content_type: &str) -> bool {

@@ -1,24 +1,31 @@
 //! `/v1/stream/{path}`: PUT create (and fork), POST append / close / keepalive, DELETE, HEAD,
 //! GET catch-up and long-poll (SSE is in [`super::sse`]).
 
-use axum::body::{Body, HttpBody};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use baton_streams::{AppendRequest, CreateOptions, Expiry, ForkFrom, ReadChunk, ReadFrom, StreamInfo, StreamPath};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::errors::ApiError;
 use super::headers::{self as h, Live, ReadQuery};
-use super::AppState;
-use crate::config::CacheMode;
+use super::plumbing::{read_body, BodyLimit};
+use super::state::AppState;
+use crate::settings::CacheMode;
 
+/// Every method of `/v1/stream/{*path}` (those it does not serve get a 405).
 pub async fn handle(State(st): State<AppState>, req: Request) -> Response {
     match dispatch(st, req).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
+}
+
+/// Every method of `/v1/stream` and `/v1/stream/`: a 400.
+pub async fn no_path() -> Response {
+    ApiError::bad_request("a stream URL needs a path after /v1/stream/, e.g. /v1/stream/acme/run-1").into_response()
 }
 
 async fn dispatch(st: AppState, req: Request) -> Result<Response, ApiError> {
@@ -53,55 +60,17 @@ async fn dispatch(st: AppState, req: Request) -> Result<Response, ApiError> {
     }
 }
 
-/// Bodies up to this size past the limit are read and discarded before a 413, so that a client
-/// still sending gets the status instead of a broken pipe.
-const DRAIN_CAP: usize = 64 << 20;
-
-/// Reads the whole body, refusing more than `--max-body` bytes with 413.
-async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
-    let limit = st.cfg.max_body;
-    let too_large = |n: String, close: bool| {
-        let e = ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+/// The body rules of create and append: `--max-body`.
+fn body_limit(st: &AppState) -> BodyLimit {
+    BodyLimit {
+        limit: st.cfg.max_body,
+        too_large: |n, limit| {
             format!(
                 "request body is {n} bytes; this server accepts at most {limit} bytes per request (split the append)"
-            ),
-        );
-        if close {
-            e.with_header(header::CONNECTION, "close")
-        } else {
-            e
-        }
-    };
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
-    if let Some(len) = declared {
-        if len > limit + DRAIN_CAP {
-            return Err(too_large(len.to_string(), true));
-        }
+            )
+        },
+        unreadable: "bad_request",
     }
-    let mut body = body;
-    let mut buf = BytesMut::new();
-    let mut seen = 0usize;
-    while let Some(frame) = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await {
-        let frame = frame.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
-        if let Ok(data) = frame.into_data() {
-            seen += data.len();
-            if seen > limit + DRAIN_CAP {
-                return Err(too_large(format!("more than {seen}"), true));
-            }
-            if seen <= limit {
-                buf.extend_from_slice(&data);
-            }
-        }
-    }
-    if seen > limit {
-        return Err(too_large(seen.to_string(), false));
-    }
-    // Copied, never kept as received: a frame is a slice of the connection's read buffer, and
-    // keeping it (the memory backend stores appends) would pin that whole buffer.
-    Ok(buf.freeze())
 }
 
 /// Sets a header from any displayable value: the text is formatted once and becomes the
@@ -156,7 +125,7 @@ async fn create(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
     };
     let limits = h::limits(hm, st.cfg.default_limits)?;
     let ct = content_type(hm)?;
-    let data = read_body(st, hm, body).await?;
+    let data = read_body(body, hm, &body_limit(st)).await?;
     let opts =
         CreateOptions { content_type: ct, expiry, closed, initial: (!data.is_empty()).then_some(data), limits, fork };
     let created = st.store.create(&path, opts).await?;
@@ -187,7 +156,7 @@ async fn append(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
         .get(h::baton_keepalive())
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-    let data = read_body(st, hm, body).await?;
+    let data = read_body(body, hm, &body_limit(st)).await?;
     if keepalive && data.is_empty() && !closed {
         let info = st.store.keepalive(&path).await?;
         let mut res = StatusCode::NO_CONTENT.into_response();

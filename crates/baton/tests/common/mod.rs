@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use baton::config::{Backend, ServeConfig};
 use baton::server::Server;
+use baton::settings::{Backend, ServeConfig};
 use baton_testkit::TestBackend;
 
 /// A running server and the backend it uses (kept alive as long as the server).
@@ -71,7 +71,9 @@ pub fn header<'a>(res: &'a reqwest::Response, name: &str) -> Option<&'a str> {
     res.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Reads an SSE response until `pred` holds on the text so far (or the body ends / times out).
+/// Reads an SSE response until `pred` holds on the text so far, the server ends the body, or
+/// `within` passes. The flag is true only when the server ended the body (a clean end): a
+/// broken connection or the client's own timeout (an error of the body) is not an end.
 pub async fn read_sse_until(res: reqwest::Response, within: Duration, pred: impl Fn(&str) -> bool) -> (String, bool) {
     use futures::StreamExt;
     let mut body = res.bytes_stream();
@@ -85,8 +87,8 @@ pub async fn read_sse_until(res: reqwest::Response, within: Duration, pred: impl
                     return (text, false);
                 }
             }
-            Ok(Some(Err(_))) | Ok(None) => return (text, true),
-            Err(_) => return (text, false),
+            Ok(None) => return (text, true),
+            Ok(Some(Err(_))) | Err(_) => return (text, false),
         }
     }
 }

@@ -1,9 +1,18 @@
-//! Command line, environment (`BATON_*`) and TOML configuration of `baton serve`.
+//! Settings of `baton serve` and `baton worker`: their flags and `BATON_*` environment
+//! variables, the TOML file, and what they resolve to. Pure data and parsing: nothing here
+//! starts, serves or prints anything.
 //!
 //! Precedence, highest first: command-line flag, `BATON_*` environment variable, the TOML file
 //! given with `--config` (or `BATON_CONFIG`), built-in default. Durations are human-readable
 //! (`30s`, `15m`, `1h 30m`; `none` or `off` disables an optional limit); sizes accept `KiB`/`MiB`
 //! suffixes (`8MiB`).
+//!
+//! The command queues (`[queues.*]`) are in [`queues`], the bearer tokens (`[[tokens]]`) in
+//! [`tokens`].
+
+pub mod queues;
+pub mod tokens;
+pub mod values;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -12,34 +21,15 @@ use std::time::Duration;
 
 use baton_redis::RedisConfig;
 use baton_streams::RunLimits;
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 use serde::Deserialize;
 
-use crate::auth::{TokenConfig, TokenFile};
-use crate::workers::{QueueConfig, QueueFile};
+pub use queues::{default_queues, describe_queues, HandlerConfig, QueueConfig};
+pub use tokens::{Op, TokenConfig};
+pub use values::{parse_duration, parse_opt_duration, parse_size, OptDuration};
 
-/// Baton: durable work queues and durable streams on Redis.
-#[derive(Parser, Debug)]
-#[command(name = "baton", version, about)]
-pub struct Cli {
-    /// Log format on stderr: `text` or `json` (one JSON object per line) [default: text].
-    #[arg(long, global = true, env = "BATON_LOG_FORMAT", value_parser = ["text", "json"])]
-    pub log_format: Option<String>,
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum Command {
-    /// Serve the HTTP API (commands, queues, Durable Streams protocol), the dashboard and the
-    /// command workers (in memory, or on Redis / Redis Cluster).
-    Serve(ServeArgs),
-    /// Run the workers of the configured command queues only (no command API), on Redis or
-    /// Redis Cluster, so several processes share the work.
-    Worker(WorkerArgs),
-    #[command(flatten)]
-    Client(crate::cli::ClientCommand),
-}
+use queues::QueueFile;
+use tokens::TokenFile;
 
 /// Flags of `baton serve`. Every flag has a `BATON_*` environment variable and a key of the same
 /// name (with `_` instead of `-`) in the TOML file.
@@ -134,10 +124,6 @@ pub struct WorkerArgs {
     pub shutdown_grace: Option<Duration>,
 }
 
-/// An optional duration: `None` means "disabled" (`none`/`off` on input).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OptDuration(pub Option<Duration>);
-
 /// The same keys in a TOML file.
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
@@ -203,6 +189,16 @@ pub enum Backend {
     Redis(RedisConfig),
 }
 
+impl Backend {
+    /// One line describing the backend, for logs, the CLI and `/`.
+    pub fn describe(&self) -> String {
+        match self {
+            Backend::Memory => "in-memory (nothing survives a restart)".to_string(),
+            Backend::Redis(c) => c.to_string(),
+        }
+    }
+}
+
 /// Whether catch-up reads may be cached by shared caches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheMode {
@@ -228,7 +224,7 @@ pub struct ServeConfig {
     pub default_limits: RunLimits,
     pub shutdown_grace: Duration,
     /// Command queues (API and workers). Empty here by default; [`ServeArgs::resolve`] puts the
-    /// `default` queue ([`crate::workers::default_queues`]) when the configuration names none.
+    /// `default` queue ([`default_queues`]) when the configuration names none.
     pub queues: Vec<QueueConfig>,
     /// True when `queues` are the built-in default (none were configured).
     pub queues_defaulted: bool,
@@ -371,10 +367,10 @@ impl ServeArgs {
             run_workers: !(self.no_workers || file.no_workers.unwrap_or(false)),
             queues_defaulted: file.queues.as_ref().is_none_or(|q| q.is_empty()),
             queues: match file.queues {
-                Some(q) if !q.is_empty() => crate::workers::resolve_queues(q)?,
-                _ => crate::workers::default_queues(),
+                Some(q) if !q.is_empty() => queues::resolve_queues(q)?,
+                _ => default_queues(),
             },
-            tokens: crate::auth::resolve_tokens(file.tokens.unwrap_or_default(), self.admin_token)?,
+            tokens: tokens::resolve_tokens(file.tokens.unwrap_or_default(), self.admin_token)?,
         };
         if cfg.sse_heartbeat.is_zero() || cfg.sse_cycle.is_zero() {
             return Err("sse_heartbeat and sse_cycle must be greater than zero".into());
@@ -383,49 +379,63 @@ impl ServeArgs {
     }
 }
 
-/// `30s`, `15m`, `1h 30m`, `250ms`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration like `30s` or `15m`: {e}"))
+/// Resolved settings of `baton worker`.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub backend: Backend,
+    pub queues: Vec<QueueConfig>,
+    pub queues_defaulted: bool,
+    /// Where to serve `/healthz`, `/readyz` and `/metrics`, if anywhere.
+    pub listen: Option<SocketAddr>,
+    pub shutdown_grace: Duration,
 }
 
-/// A duration, or `none`/`off` to disable.
-pub fn parse_opt_duration(s: &str) -> Result<OptDuration, String> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "none" | "off" | "never" => Ok(OptDuration(None)),
-        _ => parse_duration(s).map(|d| OptDuration(Some(d))),
+impl WorkerArgs {
+    /// Reads the same TOML file as `baton serve` (its `[queues.*]`, `redis`, `redis_cluster`
+    /// and `shutdown_grace`). Errors: the in-memory backend (a worker must share Redis with the
+    /// server), an unknown queue in `--queues`, and every error of `baton serve`'s configuration.
+    pub fn resolve(self) -> Result<WorkerConfig, String> {
+        let serve = ServeArgs {
+            config: self.config,
+            redis: self.redis,
+            redis_cluster: self.redis_cluster,
+            shutdown_grace: self.shutdown_grace,
+            ..Default::default()
+        }
+        .resolve()?;
+        if serve.backend == Backend::Memory {
+            return Err(
+                "baton worker needs --redis or --redis-cluster (or redis / redis_cluster in the config file); \
+                        with the in-memory backend the workers run inside baton serve"
+                    .into(),
+            );
+        }
+        let mut queues = serve.queues;
+        if let Some(only) = self.queues {
+            for name in &only {
+                if !queues.iter().any(|q| &q.name == name) {
+                    let known: Vec<&str> = queues.iter().map(|q| q.name.as_str()).collect();
+                    return Err(format!(
+                        "--queues names {name:?}, which is not configured; configured: {}",
+                        known.join(", ")
+                    ));
+                }
+            }
+            queues.retain(|q| only.contains(&q.name));
+        }
+        Ok(WorkerConfig {
+            backend: serve.backend,
+            queues,
+            queues_defaulted: serve.queues_defaulted,
+            listen: self.listen,
+            shutdown_grace: serve.shutdown_grace,
+        })
     }
-}
-
-/// `1048576`, `512KiB`, `8MiB`, `8MB`, `1k`.
-pub fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: usize = num.parse().map_err(|_| format!("{s:?} is not a size like `8MiB` or `65536`"))?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        other => return Err(format!("unknown size unit {other:?} in {s:?} (use KiB, MiB or GiB)")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_and_durations() {
-        assert_eq!(parse_size("8MiB").unwrap(), 8 << 20);
-        assert_eq!(parse_size("512 KiB").unwrap(), 512 << 10);
-        assert_eq!(parse_size("100").unwrap(), 100);
-        assert!(parse_size("8 parsecs").is_err());
-        assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_opt_duration("none").unwrap(), OptDuration(None));
-        assert!(parse_duration("soon").is_err());
-    }
 
     #[test]
     fn precedence_flag_over_file_over_default() {

@@ -1,0 +1,203 @@
+//! The OpenAPI 3.1 document of `GET /openapi.json`: the builders the route table
+//! ([`super::routes`]) describes each operation with, the shared schemas, and the document
+//! assembled from the table's operations (tests/openapi.rs checks it against the table both
+//! ways, and probes each route).
+//!
+//! Path templates use OpenAPI syntax: the router's `/v1/stream/{*path}` is `/v1/stream/{path}`
+//! here (a path of one or more `/`-separated segments).
+
+use serde_json::{json, Map, Value};
+
+/// What an operation's description may depend on: the configured queue names (the `queue`
+/// parameter's examples).
+pub struct Docs<'a> {
+    pub queues: &'a [String],
+}
+
+impl Docs<'_> {
+    /// The `{queue}` path parameter.
+    pub fn queue(&self) -> Value {
+        let mut p = path_param("queue", "A configured queue name (GET /v1/queues lists them).");
+        p["schema"]["examples"] = json!(self.queues);
+        p
+    }
+}
+
+/// The `operationId` of `method` on `path`: `get_v1_commands_id` for `GET /v1/commands/{id}`.
+pub fn operation_id(method: &str, path: &str) -> String {
+    let mut id = method.to_ascii_lowercase();
+    for part in path.split(|c: char| !c.is_ascii_alphanumeric()).filter(|p| !p.is_empty()) {
+        id.push('_');
+        id.push_str(part);
+    }
+    if path.ends_with('/') && path.len() > 1 {
+        id.push_str("_slash");
+    }
+    if path == "/" {
+        id.push_str("_root");
+    }
+    id
+}
+
+/// A response link to the operation `method` `path`.
+pub fn link(method: &str, path: &str, params: Value) -> Value {
+    json!({ "operationId": operation_id(method, path), "parameters": params })
+}
+
+/// The router's path template in OpenAPI syntax (`{*path}` → `{path}`).
+pub fn openapi_path(route: &str) -> String {
+    route.replace("{*", "{")
+}
+
+/// A reference to a shared schema.
+pub fn r(s: &str) -> Value {
+    json!({ "$ref": format!("#/components/schemas/{s}") })
+}
+
+/// `{"description": d, "content": {"application/json": {"schema": schema}}}`.
+pub fn json_resp(d: &str, schema: Value) -> Value {
+    json!({ "description": d, "content": { "application/json": { "schema": schema } } })
+}
+
+/// An error response: the `Error` schema, the one shape of every error of every route.
+pub fn err_resp(d: &str) -> Value {
+    json_resp(d, r("Error"))
+}
+
+/// A `text/plain` response.
+pub fn text_resp(d: &str) -> Value {
+    json!({ "description": d, "content": { "text/plain": { "schema": { "type": "string" } } } })
+}
+
+/// A response without a documented body.
+pub fn bare(d: &str) -> Value {
+    json!({ "description": d })
+}
+
+/// Responses every protected route may give (auth, and the error formats of the outer layers).
+pub fn protected(mut responses: Map<String, Value>) -> Value {
+    responses
+        .insert("401".into(), err_resp("No valid bearer token (tokens are configured). `WWW-Authenticate: Bearer`."));
+    responses.insert("403".into(), err_resp("The token's operations or scopes do not cover this request."));
+    responses.insert("default".into(), err_resp("Another error."));
+    Value::Object(responses)
+}
+
+/// An operation of the API (bearer token optional: it depends on the server).
+pub fn op(summary: &str, tag: &str, params: Value, responses: Value) -> Value {
+    json!({ "summary": summary, "tags": [tag], "parameters": params, "responses": responses,
+            "security": [{}, { "bearer": [] }] })
+}
+
+/// An operation of the public `operations` routes.
+pub fn public_op(summary: &str, responses: Value) -> Value {
+    json!({ "summary": summary, "tags": ["operations"], "security": [], "responses": responses })
+}
+
+/// `op` with a request body.
+pub fn with_body(mut op: Value, body: Value) -> Value {
+    op["requestBody"] = body;
+    op
+}
+
+/// A response with links.
+pub fn with_links(mut resp: Value, links: Value) -> Value {
+    resp["links"] = links;
+    resp
+}
+
+pub fn path_param(name: &str, description: &str) -> Value {
+    json!({ "name": name, "in": "path", "required": true, "description": description,
+            "schema": { "type": "string", "minLength": 1 } })
+}
+
+pub fn query(name: &str, description: &str, schema: Value) -> Value {
+    json!({ "name": name, "in": "query", "required": false, "description": description, "schema": schema })
+}
+
+/// The responses of an operation, by status.
+pub fn map(pairs: Vec<(&str, Value)>) -> Map<String, Value> {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+fn schemas() -> Value {
+    let ts = || json!({ "type": "string", "format": "date-time" });
+    let opt_ts = || json!({ "type": ["string", "null"], "format": "date-time" });
+    let count = || json!({ "type": "integer", "minimum": 0 });
+    json!({
+        "Error": { "type": "object", "required": ["error", "message"], "properties": {
+            "error": { "type": "string", "description": "A stable code, e.g. `invalid_json`, `unknown_queue`." },
+            "message": { "type": "string", "description": "What went wrong and what to fix." },
+            "state": r("CommandState") } },
+        "SubmitRequest": { "type": "object", "required": ["type"], "additionalProperties": false, "properties": {
+            "id": { "type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^{}\\s]+$",
+                    "description": "Client-chosen id (idempotency key); a UUIDv7 when absent." },
+            "type": { "type": "string", "minLength": 1, "description": "A command type the queue has a handler for." },
+            "params": { "description": "Any JSON; the handler may refuse it (400)." } } },
+        "CommandStatus": { "type": "string", "enum": ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] },
+        "CommandState": { "type": "object",
+            "required": ["id", "queue", "type", "params", "status", "result", "error", "attempts", "errors_count",
+                         "created_at", "started_at", "modified_at", "completed_at", "version"],
+            "properties": {
+                "id": { "type": "string" }, "queue": { "type": "string" }, "type": { "type": "string" },
+                "params": {}, "status": r("CommandStatus"), "result": {},
+                "error": { "type": ["string", "null"] },
+                "attempts": count(), "errors_count": count(),
+                "created_at": ts(), "started_at": opt_ts(), "modified_at": ts(), "completed_at": opt_ts(),
+                "version": { "type": "integer", "minimum": 1 },
+                "handed_off_to": { "type": ["string", "null"] } } },
+        "CommandPage": { "type": "object", "required": ["items", "next_cursor"], "properties": {
+            "items": { "type": "array", "items": r("CommandState") },
+            "next_cursor": { "type": ["string", "null"] } } },
+        "Queue": { "type": "object",
+            "required": ["name", "length", "pending", "consumers", "lag", "delayed", "dead_letters", "commands", "handlers", "workers"],
+            "properties": {
+                "name": { "type": "string" }, "length": count(), "pending": count(), "consumers": count(),
+                "lag": count(), "delayed": count(), "dead_letters": count(),
+                "commands": { "type": "object",
+                    "required": ["submitted", "running", "succeeded", "failed", "cancelled", "total"],
+                    "properties": { "submitted": count(), "running": count(), "succeeded": count(),
+                                    "failed": count(), "cancelled": count(), "total": count() } },
+                "handlers": { "type": "array", "items": { "type": "string" } },
+                "workers": { "type": "boolean" } } },
+        "DeadLetter": { "type": "object",
+            "required": ["id", "original_id", "payload", "command_id", "deliveries", "reason", "dead_lettered_at"],
+            "properties": {
+                "id": { "type": "string" }, "original_id": { "type": "string" }, "payload": { "type": "string" },
+                "command_id": { "type": ["string", "null"] }, "deliveries": count(), "reason": { "type": "string" },
+                "dead_lettered_at": ts() } },
+    })
+}
+
+/// The OpenAPI 3.1 document of `operations`: (router path template, lower-case method, the
+/// operation object); each operation gets its `operationId`.
+pub fn document(operations: impl IntoIterator<Item = (&'static str, &'static str, Value)>) -> Value {
+    let mut paths = Map::new();
+    for (route, method, mut op) in operations {
+        let path = openapi_path(route);
+        op["operationId"] = Value::from(operation_id(method, &path));
+        let item = paths.entry(path).or_insert_with(|| Value::Object(Map::new()));
+        item.as_object_mut().expect("a path item").insert(method.to_string(), op);
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Baton",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Durable streams (the Durable Streams protocol) and durable commands. Errors of every route are `{\"error\": code, \"message\": text}` (the `Error` schema; a refused cancel adds `state`). See docs/http-api.md.",
+        },
+        "servers": [{ "url": "/" }],
+        "tags": [
+            { "name": "streams", "description": "Durable Streams protocol." },
+            { "name": "commands", "description": "Submit, read, wait for and cancel commands." },
+            { "name": "queues", "description": "Queue statistics and dead letters." },
+            { "name": "operations", "description": "Health, readiness, metrics." },
+        ],
+        "paths": paths,
+        "components": {
+            "schemas": schemas(),
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer",
+                "description": "A configured token; `?access_token=` also works (for EventSource)." } },
+        },
+    })
+}

@@ -1,0 +1,686 @@
+//! Every route of `baton serve` in one table ([`table`]): its path, and for each method it
+//! serves the handler, what the caller must be allowed ([`Access`], [`crate::auth`]) and its
+//! OpenAPI operation; and what the methods it does not serve need before they are answered 405.
+//! The router ([`super::router`]), the auth layer ([`super::access`]) and `/openapi.json`
+//! ([`spec`]) are all built from it.
+
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, delete, get, post, MethodRouter};
+use serde_json::{json, Value};
+
+use super::access::{self, Guard, Rules};
+use super::errors::ApiError;
+use super::json::json_response;
+use super::openapi::{
+    bare, document, err_resp, json_resp, link, map, op, path_param, protected, public_op, query, r, text_resp,
+    with_body, with_links, Docs,
+};
+use super::state::AppState;
+use super::{commands, dashboard, edge, ops, queues, streams};
+use crate::auth::Access;
+use crate::settings::Op::{Admin, Read, Write};
+
+/// One route of the table.
+pub struct Route {
+    /// The path template (axum syntax).
+    pub path: &'static str,
+    /// The methods it serves, each with what it needs and its OpenAPI operation.
+    pub endpoints: Vec<Endpoint>,
+    /// What a method it does not serve needs (checked before the 405).
+    pub unserved: Access,
+    service: Service,
+}
+
+/// One method of a route.
+pub struct Endpoint {
+    pub method: Method,
+    pub access: Access,
+    /// Its OpenAPI operation object (the `operationId` is added by [`spec`]).
+    pub doc: Value,
+}
+
+/// How a route's handlers answer.
+enum Service {
+    /// A handler per served method; other methods get `405 method_not_allowed` (JSON, `Allow`).
+    Json(MethodRouter<AppState>),
+    /// A handler per served method; other methods get axum's empty `405` (`Allow`).
+    Plain(MethodRouter<AppState>),
+    /// One handler for every method: it answers those it does not serve itself.
+    Any(MethodRouter<AppState>),
+}
+
+impl Route {
+    /// A route whose methods are added with [`Route::on`]; the others answer a JSON 405.
+    fn json(path: &'static str, unserved: Access) -> Self {
+        Route { path, endpoints: Vec::new(), unserved, service: Service::Json(MethodRouter::new()) }
+    }
+
+    /// A route whose methods are added with [`Route::on`]; the others answer axum's 405.
+    fn plain(path: &'static str, unserved: Access) -> Self {
+        Route { path, endpoints: Vec::new(), unserved, service: Service::Plain(MethodRouter::new()) }
+    }
+
+    /// A route served by one handler for every method; the methods it serves are listed with
+    /// [`Route::serves`].
+    fn any(path: &'static str, unserved: Access, handler: MethodRouter<AppState>) -> Self {
+        Route { path, endpoints: Vec::new(), unserved, service: Service::Any(handler) }
+    }
+
+    /// Serves `method` with `handler` (a method router for that method alone).
+    fn on(mut self, method: Method, access: Access, doc: Value, handler: MethodRouter<AppState>) -> Self {
+        self.service = match self.service {
+            Service::Json(mr) => Service::Json(mr.merge(handler)),
+            Service::Plain(mr) => Service::Plain(mr.merge(handler)),
+            Service::Any(_) => unreachable!("an `any` route lists its methods with `serves`"),
+        };
+        self.endpoints.push(Endpoint { method, access, doc });
+        self
+    }
+
+    /// Lists `method` as served by the route's one handler.
+    fn serves(mut self, method: Method, access: Access, doc: Value) -> Self {
+        assert!(matches!(self.service, Service::Any(_)), "`serves` is for `any` routes");
+        self.endpoints.push(Endpoint { method, access, doc });
+        self
+    }
+
+    /// The methods it serves, in table order.
+    pub fn methods(&self) -> Vec<&'static str> {
+        self.endpoints.iter().map(|e| method_name(&e.method)).collect()
+    }
+
+    /// What a request with `method` needs (`HEAD` as `GET` unless listed).
+    pub fn access(&self, method: &Method) -> Access {
+        self.rules().access(method)
+    }
+
+    fn rules(&self) -> Rules {
+        Rules {
+            by_method: self.endpoints.iter().map(|e| (e.method.clone(), e.access)).collect(),
+            unserved: self.unserved,
+        }
+    }
+
+    /// The route's method router, with its auth layer and request timing.
+    pub fn into_method_router(self, state: &AppState) -> MethodRouter<AppState> {
+        let guard = Guard { state: state.clone(), rules: std::sync::Arc::new(self.rules()) };
+        let methods = self.methods();
+        let mr = match self.service {
+            Service::Json(mr) => json_405(mr, methods),
+            Service::Plain(mr) | Service::Any(mr) => mr,
+        };
+        mr.layer(middleware::from_fn_with_state(guard, access::layer))
+            .layer(middleware::from_fn_with_state(self.path, track))
+    }
+}
+
+fn method_name(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::PUT => "PUT",
+        Method::POST => "POST",
+        Method::DELETE => "DELETE",
+        _ => unreachable!("the table uses GET, HEAD, PUT, POST and DELETE"),
+    }
+}
+
+/// Answers methods a route does not serve with a JSON `405 method_not_allowed` and `Allow`.
+fn json_405(mr: MethodRouter<AppState>, methods: Vec<&'static str>) -> MethodRouter<AppState> {
+    mr.fallback(move |req: Request| {
+        let mut allow = methods.clone();
+        async move {
+            if allow.contains(&"GET") {
+                allow.push("HEAD");
+            }
+            let mut e = ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{} is not served here; use {}", req.method(), allow.join(" or ")),
+            );
+            if let Ok(v) = HeaderValue::from_str(&allow.join(", ")) {
+                e.headers.insert(header::ALLOW, v);
+            }
+            e.into_response()
+        }
+    })
+}
+
+/// Route layer: `baton_http_request_duration_seconds{route,method,status}` (histogram; `route`
+/// is the route's template such as `/v1/commands/{id}`, never the raw path; the time is until
+/// the response head, so a live read counts its wait, not its streaming). Labels are static
+/// strings: no allocation per request.
+async fn track(State(route): State<&'static str>, req: Request, next: Next) -> Response {
+    let method = edge::method_label(req.method());
+    let t = Instant::now();
+    let res = next.run(req).await;
+    let status = edge::status_label(res.status());
+    metrics::histogram!(
+        "baton_http_request_duration_seconds",
+        "route" => route, "method" => method, "status" => status
+    )
+    .record(t.elapsed().as_secs_f64());
+    res
+}
+
+/// `GET /openapi.json`.
+async fn openapi(State(st): State<AppState>) -> Response {
+    json_response(spec(&st.commands.queue_names()))
+}
+
+/// The OpenAPI document of the table; `queues` are the `queue` parameter's examples.
+pub fn spec(queues: &[String]) -> Value {
+    let ops = table(&Docs { queues }).into_iter().flat_map(|r| {
+        let path = r.path;
+        r.endpoints.into_iter().map(move |e| (path, lower(&e.method), e.doc))
+    });
+    document(ops)
+}
+
+fn lower(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "get",
+        Method::HEAD => "head",
+        Method::PUT => "put",
+        Method::POST => "post",
+        Method::DELETE => "delete",
+        _ => unreachable!("the table uses GET, HEAD, PUT, POST and DELETE"),
+    }
+}
+
+/// Every route (module docs).
+pub fn table(d: &Docs) -> Vec<Route> {
+    let mut t = stream_routes();
+    t.extend(operation_routes());
+    t.extend(command_routes(d));
+    t.extend(queue_routes(d));
+    t.push(
+        Route::plain("/v1/dashboard/events", Access::Token).on(
+            Method::GET,
+            Access::Token,
+            op(
+                "Dashboard snapshots (server-sent events, one a second)",
+                "operations",
+                json!([
+                    query("queue", "Only this queue.", json!({ "type": "string" })),
+                    query("status", "Only commands with this status.", statuses()),
+                    query(
+                        "limit",
+                        "Commands per snapshot, 1 to 500 (default 50).",
+                        json!({ "type": "integer", "minimum": 1, "maximum": 500 })
+                    ),
+                ]),
+                protected(map(vec![
+                    (
+                        "200",
+                        json!({ "description": "`event: snapshot` with queues, commands and dead letters (JSON), every second.",
+                        "content": { "text/event-stream": { "schema": {
+                            "description": "One event (OpenAPI 3.1 reading: the schema of each event).",
+                            "type": "object", "required": ["data"],
+                            "properties": { "event": { "type": "string", "enum": ["snapshot"] },
+                                            "data": { "type": "string", "contentMediaType": "application/json" } } } } } }),
+                    ),
+                    ("400", err_resp("Bad queue, status or limit.")),
+                    ("404", err_resp("Unknown queue.")),
+                    ("503", err_resp("Too many live readers.")),
+                ])),
+            ),
+            get(dashboard::events),
+        ),
+    );
+    t
+}
+
+fn statuses() -> Value {
+    json!({ "type": "string", "enum": ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] })
+}
+
+/// `/v1/stream/{path}`: the Durable Streams protocol; `/v1/stream` and `/v1/stream/` only say
+/// that a path is missing.
+fn stream_routes() -> Vec<Route> {
+    let p = || json!([path_param("path", "Stream path: one or more `/`-separated segments; the first is the scope.")]);
+    let body = || {
+        json!({ "required": false, "description": "Stream data in the stream's content type.",
+        "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } },
+                     "application/json": {}, "text/plain": { "schema": { "type": "string" } } } })
+    };
+    let mut get_params = p();
+    get_params.as_array_mut().expect("an array").extend([
+        query("offset", "`-1` (start), `now` (tail) or an offset returned by the server.", json!({ "type": "string" })),
+        query("live", "`long-poll` or `sse`.", json!({ "type": "string", "enum": ["long-poll", "sse"] })),
+        query("cursor", "The last `Stream-Cursor` (CDN collapsing).", json!({ "type": "string" })),
+    ]);
+    let stream = Route::any("/v1/stream/{*path}", Access::Stream(Write), any(streams::handle))
+        .serves(
+            Method::GET,
+            Access::Stream(Read),
+            op(
+                "Read: catch-up, long-poll or SSE",
+                "streams",
+                get_params,
+                protected(map(vec![
+                    ("200", bare("Data in the stream's content type, or an SSE stream.")),
+                    ("204", bare("Long-poll timed out, or SSE resumed at the end.")),
+                    ("304", bare("Not modified (If-None-Match).")),
+                    ("400", err_resp("Malformed offset or query.")),
+                    ("404", err_resp("No such stream.")),
+                    ("410", err_resp("Offset before retained history, or stream gone.")),
+                    ("503", err_resp("Too many live readers (Retry-After) or backend unavailable.")),
+                ])),
+            ),
+        )
+        .serves(
+            Method::HEAD,
+            Access::Stream(Read),
+            op(
+                "Stream metadata",
+                "streams",
+                p(),
+                protected(map(vec![
+                    ("200", bare("Metadata in headers.")),
+                    ("400", bare("Bad path.")),
+                    ("404", bare("No such stream.")),
+                ])),
+            ),
+        )
+        .serves(
+            Method::PUT,
+            Access::StreamCreate,
+            with_body(
+                op(
+                    "Create a stream (or fork one with Stream-Forked-From)",
+                    "streams",
+                    p(),
+                    protected(map(vec![
+                        ("200", bare("An identical stream exists.")),
+                        ("201", bare("Created; `Location` names it.")),
+                        ("400", err_resp("Bad path, header or body.")),
+                        ("404", err_resp("Fork source not found.")),
+                        ("409", err_resp("A different stream exists at this path.")),
+                        ("410", err_resp("Fork source gone.")),
+                        ("413", err_resp("Body too large.")),
+                    ])),
+                ),
+                body(),
+            ),
+        )
+        .serves(
+            Method::POST,
+            Access::Stream(Write),
+            with_body(
+                op(
+                    "Append, close (Stream-Closed: true) or keepalive",
+                    "streams",
+                    p(),
+                    protected(map(vec![
+                        ("200", bare("Appended (idempotent producer, new).")),
+                        ("204", bare("Appended, duplicate, closed or keepalive.")),
+                        ("400", err_resp("Bad header or body.")),
+                        ("404", err_resp("No such stream.")),
+                        ("409", err_resp("Closed, conflict, or producer fenced.")),
+                        ("410", err_resp("Stream gone.")),
+                        ("413", err_resp("Body too large or max length reached.")),
+                    ])),
+                ),
+                body(),
+            ),
+        )
+        .serves(
+            Method::DELETE,
+            Access::Stream(Write),
+            op(
+                "Delete a stream",
+                "streams",
+                p(),
+                protected(map(vec![
+                    ("204", bare("Deleted.")),
+                    ("400", err_resp("Bad path.")),
+                    ("404", err_resp("No such stream.")),
+                    ("410", err_resp("Gone.")),
+                ])),
+            ),
+        );
+    let no_path = |path: &'static str| {
+        let doc = || {
+            op(
+                "Always 400: no stream path",
+                "streams",
+                json!([]),
+                protected(map(vec![("400", err_resp("A stream URL needs a path after /v1/stream/."))])),
+            )
+        };
+        let head =
+            op("Always 400: no stream path", "streams", json!([]), protected(map(vec![("400", bare("No path."))])));
+        Route::any(path, Access::Token, any(streams::no_path))
+            .serves(Method::GET, Access::Token, doc())
+            .serves(Method::HEAD, Access::Token, head)
+            .serves(Method::PUT, Access::Token, doc())
+            .serves(Method::POST, Access::Token, doc())
+            .serves(Method::DELETE, Access::Token, doc())
+    };
+    vec![stream, no_path("/v1/stream"), no_path("/v1/stream/")]
+}
+
+/// `/healthz`, `/readyz`, `/metrics`, `/openapi.json` and `/` (the dashboard or the JSON index).
+fn operation_routes() -> Vec<Route> {
+    let public = |path: &'static str, doc: Value, handler: MethodRouter<AppState>| {
+        Route::plain(path, Access::Public).on(Method::GET, Access::Public, doc, handler)
+    };
+    vec![
+        public("/healthz", public_op("The process is up", json!({ "200": text_resp("`ok`") })), get(ops::healthz)),
+        public(
+            "/readyz",
+            public_op(
+                "The backend answers",
+                json!({ "200": text_resp("`ready`"), "503": text_resp("What is not reachable.") }),
+            ),
+            get(ops::readyz),
+        ),
+        public(
+            "/metrics",
+            public_op(
+                "Prometheus metrics",
+                json!({ "200": text_resp("Prometheus text format 0.0.4."), "503": text_resp("No recorder.") }),
+            ),
+            get(ops::metrics),
+        ),
+        public(
+            "/openapi.json",
+            public_op(
+                "This document",
+                json!({ "200": { "description": "OpenAPI 3.1", "content": { "application/json": { "schema": { "type": "object" } } } } }),
+            ),
+            get(openapi),
+        ),
+        public(
+            "/",
+            public_op(
+                "The dashboard (Accept: text/html), else a JSON server description",
+                json!({ "200": {
+            "description": "The dashboard page for browsers; service, version, backend and queues as JSON otherwise.",
+            "content": { "application/json": { "schema": { "type": "object" } }, "text/html": { "schema": { "type": "string" } } } } }),
+            ),
+            get(dashboard::index_or_page),
+        ),
+    ]
+}
+
+/// Submit, list, read (and wait for) and cancel commands.
+fn command_routes(d: &Docs) -> Vec<Route> {
+    let id = || path_param("id", "Command id.");
+    let by_id = || {
+        json!({
+            "GetCommand": link("get", "/v1/commands/{id}", json!({ "id": "$response.body#/id" })),
+            "CancelCommand": link("post", "/v1/commands/{id}/cancel", json!({ "id": "$response.body#/id" })),
+        })
+    };
+    let submit_body = json!({ "required": true,
+        "content": { "application/json": { "schema": r("SubmitRequest"),
+            "examples": { "echo": { "value": { "type": "echo", "params": { "hello": "world" } } },
+                          "sleep": { "value": { "id": "nap-1", "type": "sleep", "params": { "ms": 100 } } } } } } });
+    vec![
+        Route::json("/v1/queues/{queue}/commands", Access::Queue(Write))
+            .on(
+                Method::GET,
+                Access::Queue(Read),
+                op(
+                    "List a queue's commands, newest first",
+                    "commands",
+                    json!([
+                        d.queue(),
+                        query(
+                            "status",
+                            "Only this status (any case; PENDING and PROCESSING are aliases).",
+                            statuses()
+                        ),
+                        query("cursor", "`next_cursor` of the previous page.", json!({ "type": "string" })),
+                        query(
+                            "limit",
+                            "Page size, 1 to 1000 (default 100).",
+                            json!({ "type": "integer", "minimum": 1, "maximum": 1000 })
+                        ),
+                    ]),
+                    protected(map(vec![
+                        ("200", json_resp("One page.", r("CommandPage"))),
+                        ("400", err_resp("Bad status, cursor or limit.")),
+                        ("404", err_resp("Unknown queue.")),
+                    ])),
+                ),
+                get(commands::list),
+            )
+            .on(
+                Method::POST,
+                Access::Queue(Write),
+                with_body(
+                    op(
+                        "Submit a command",
+                        "commands",
+                        json!([
+                            d.queue(),
+                            query("wait", "Hold the response until the command is terminal or this long passes (`30s`, `500ms`, `2m`; at most 5m); the status still says whether this request created it.",
+                                  json!({ "type": "string" })),
+                        ]),
+                        protected(map(vec![
+                            (
+                                "200",
+                                with_links(
+                                    json_resp("Same id and body as an existing command: its state.", r("CommandState")),
+                                    by_id(),
+                                ),
+                            ),
+                            (
+                                "202",
+                                with_links(
+                                    json_resp(
+                                        "Accepted: the new command's state (`Location` names it).",
+                                        r("CommandState"),
+                                    ),
+                                    by_id(),
+                                ),
+                            ),
+                            ("400", err_resp("Malformed JSON, wrong field types, bad id, unknown type, params the handler refuses, or a bad wait.")),
+                            ("404", err_resp("Unknown queue.")),
+                            ("409", err_resp("The id exists with another body.")),
+                            ("413", err_resp("Body over max_command_body.")),
+                            ("503", err_resp("Backend unavailable, or a wait found every live-reader slot taken (Retry-After).")),
+                        ])),
+                    ),
+                    submit_body,
+                ),
+                post(commands::submit),
+            ),
+        Route::json("/v1/commands/{id}", Access::Token).on(
+            Method::GET,
+            Access::Token,
+            op(
+                "A command's state",
+                "commands",
+                json!([
+                    id(),
+                    query("wait", "Hold the request until the command is terminal or this long passes (`30s`, `500ms`, `2m`; at most 5m).",
+                          json!({ "type": "string" })),
+                ]),
+                protected(map(vec![
+                    ("200", json_resp("The command state.", r("CommandState"))),
+                    ("400", err_resp("Bad id or wait.")),
+                    ("404", err_resp("Unknown command.")),
+                    ("503", err_resp("A wait holds a live-reader slot; all are taken (Retry-After).")),
+                ])),
+            ),
+            get(commands::get_command),
+        ),
+        Route::json("/v1/commands/{id}/cancel", Access::Token).on(
+            Method::POST,
+            Access::Token,
+            op(
+                "Cancel a command",
+                "commands",
+                json!([id()]),
+                protected(map(vec![
+                    ("200", json_resp("Cancelled: the state.", r("CommandState"))),
+                    ("400", err_resp("Bad id.")),
+                    ("404", err_resp("Unknown command.")),
+                    ("409", err_resp("Already terminal; `state` holds it.")),
+                ])),
+            ),
+            post(commands::cancel),
+        ),
+    ]
+}
+
+/// Queue statistics and dead letters.
+fn queue_routes(d: &Docs) -> Vec<Route> {
+    let first_queue = || json!({ "queue": "$response.body#/queues/0/name" });
+    vec![
+        Route::json("/v1/queues", Access::Token).on(
+            Method::GET,
+            Access::Token,
+            op(
+                "Queues and their statistics",
+                "queues",
+                json!([]),
+                protected(map(vec![(
+                    "200",
+                    with_links(
+                        json_resp(
+                            "Every queue the caller may read.",
+                            json!({ "type": "object", "required": ["queues"],
+                                    "properties": { "queues": { "type": "array", "items": r("Queue") } } }),
+                        ),
+                        json!({
+                            "GetQueue": link("get", "/v1/queues/{queue}", first_queue()),
+                            "ListCommands": link("get", "/v1/queues/{queue}/commands", first_queue()),
+                            "SubmitCommand": link("post", "/v1/queues/{queue}/commands", first_queue()),
+                            "ListDeadLetters": link("get", "/v1/queues/{queue}/dead-letters", first_queue()),
+                        }),
+                    ),
+                )])),
+            ),
+            get(queues::list_queues),
+        ),
+        Route::json("/v1/queues/{queue}", Access::Queue(Write)).on(
+            Method::GET,
+            Access::Queue(Read),
+            op(
+                "One queue's statistics",
+                "queues",
+                json!([d.queue()]),
+                protected(map(vec![("200", json_resp("The queue.", r("Queue"))), ("404", err_resp("Unknown queue."))])),
+            ),
+            get(queues::one_queue),
+        ),
+        Route::json("/v1/queues/{queue}/dead-letters", Access::Queue(Admin))
+            .on(
+                Method::GET,
+                Access::Queue(Read),
+                op(
+                    "Dead letters, oldest first",
+                    "queues",
+                    json!([
+                        d.queue(),
+                        query(
+                            "limit",
+                            "At most this many, 1 to 1000 (default 100).",
+                            json!({ "type": "integer", "minimum": 1, "maximum": 1000 })
+                        ),
+                    ]),
+                    protected(map(vec![
+                        (
+                            "200",
+                            with_links(
+                                json_resp(
+                                    "Dead letters.",
+                                    json!({ "type": "object", "required": ["items"],
+                                            "properties": { "items": { "type": "array", "items": r("DeadLetter") } } }),
+                                ),
+                                json!({
+                                    "ReplayOne": link("post", "/v1/queues/{queue}/dead-letters/{id}/replay",
+                                        json!({ "queue": "$request.path.queue", "id": "$response.body#/items/0/id" })),
+                                }),
+                            ),
+                        ),
+                        ("400", err_resp("Bad limit.")),
+                        ("404", err_resp("Unknown queue.")),
+                    ])),
+                ),
+                get(queues::dead_letters),
+            )
+            .on(
+                Method::DELETE,
+                Access::Queue(Admin),
+                op(
+                    "Purge every dead letter (admin)",
+                    "queues",
+                    json!([d.queue()]),
+                    protected(map(vec![
+                        (
+                            "200",
+                            json_resp(
+                                "How many were deleted.",
+                                json!({ "type": "object", "required": ["purged"],
+                                        "properties": { "purged": { "type": "integer", "minimum": 0 } } }),
+                            ),
+                        ),
+                        ("404", err_resp("Unknown queue.")),
+                    ])),
+                ),
+                delete(queues::purge),
+            ),
+        Route::json("/v1/queues/{queue}/dead-letters/replay", Access::Queue(Admin)).on(
+            Method::POST,
+            Access::Queue(Admin),
+            op(
+                "Replay dead letters, oldest first (admin)",
+                "queues",
+                json!([
+                    d.queue(),
+                    query(
+                        "limit",
+                        "At most this many, 1 to 100000 (default 1000).",
+                        json!({ "type": "integer", "minimum": 1, "maximum": 100000 })
+                    ),
+                ]),
+                protected(map(vec![
+                    (
+                        "200",
+                        json_resp(
+                            "How many were put back.",
+                            json!({ "type": "object", "required": ["replayed"],
+                                    "properties": { "replayed": { "type": "integer", "minimum": 0 } } }),
+                        ),
+                    ),
+                    ("400", err_resp("Bad limit.")),
+                    ("404", err_resp("Unknown queue.")),
+                ])),
+            ),
+            post(queues::replay_all),
+        ),
+        Route::json("/v1/queues/{queue}/dead-letters/{id}/replay", Access::Queue(Admin)).on(
+            Method::POST,
+            Access::Queue(Admin),
+            op(
+                "Replay one dead letter (admin)",
+                "queues",
+                json!([d.queue(), path_param("id", "Dead-letter id (`<ms>-<seq>`).")]),
+                protected(map(vec![
+                    (
+                        "200",
+                        json_resp(
+                            "Put back at the queue's tail.",
+                            json!({ "type": "object", "required": ["replayed", "id"],
+                                    "properties": { "replayed": { "type": "string" }, "id": { "type": "string" } } }),
+                        ),
+                    ),
+                    ("400", err_resp("Bad id.")),
+                    ("404", err_resp("Unknown queue or dead letter.")),
+                ])),
+            ),
+            post(queues::replay_one),
+        ),
+    ]
+}

@@ -1,0 +1,376 @@
+//! Command queues from configuration (`[queues.*]`): their settings and built-in handlers.
+//!
+//! A queue is a TOML table `[queues.<name>]` (every key optional):
+//!
+//! ```toml
+//! [queues.default]
+//! concurrency = 16                 # handlers at once, 1 – 100000
+//! claim_timeout = "30s"            # a dead worker's command is taken over after this long
+//! check_status_interval = "10s"    # delay between check_status calls of RUNNING commands
+//! max_processing_time = "15m"      # a handler running longer loses its lease (it is signalled)
+//! poll_interval = "1s"             # reclaim cadence (default: the work queue's)
+//! reap_idle_consumers_after = "1h" # dead group members (no heartbeat this long, nothing pending) are removed, or "never"
+//! retry = { max_attempts = 5, initial_backoff = "1s", backoff_factor = 2.0, max_backoff = "5m" }
+//!
+//! [queues.default.handlers]        # command type → built-in handler
+//! sleep = "sleep"                  # shorthand: the kind alone
+//! echo = { kind = "echo" }
+//! deploy = { kind = "http", url = "https://ci.example.com/hook", timeout = "30s" }
+//! ```
+//!
+//! With no `[queues]` at all, one queue `default` with `sleep`, `echo` and `fail` is configured
+//! ([`default_queues`]) so a fresh `baton serve` can run commands out of the box.
+//!
+//! The `workers` module runs them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_commands::{builtin, CommandHandler, QueueSettings, RetryPolicy};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::values::parse_duration;
+
+/// `[queues.<name>]` as written in TOML (durations as strings).
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct QueueFile {
+    pub concurrency: Option<usize>,
+    pub claim_timeout: Option<String>,
+    pub check_status_interval: Option<String>,
+    pub max_processing_time: Option<String>,
+    pub poll_interval: Option<String>,
+    /// A duration, or `"never"` (also `"none"`, `"off"`).
+    pub reap_idle_consumers_after: Option<String>,
+    pub retry: Option<RetryFile>,
+    /// Command type → kind name (`"sleep"`) or a table with `kind` and the kind's options.
+    #[serde(default)]
+    pub handlers: BTreeMap<String, toml::Value>,
+}
+
+/// `retry = { … }` of a queue.
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RetryFile {
+    pub max_attempts: Option<u32>,
+    pub initial_backoff: Option<String>,
+    pub backoff_factor: Option<f64>,
+    pub max_backoff: Option<String>,
+}
+
+/// One handler of a queue: commands of `command_type` run the built-in `kind` with `options`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HandlerConfig {
+    pub command_type: String,
+    /// `sleep`, `echo`, `fail` or `http`.
+    pub kind: String,
+    /// The kind's options (JSON object; `null` when none).
+    pub options: Value,
+}
+
+/// A resolved queue: its name, settings and handlers (sorted by command type).
+#[derive(Clone, Debug)]
+pub struct QueueConfig {
+    pub name: String,
+    pub settings: QueueSettings,
+    pub handlers: Vec<HandlerConfig>,
+}
+
+impl QueueConfig {
+    /// A queue with default settings and the built-in handlers `kinds`, each under its own name
+    /// as command type (e.g. `sleep` runs `sleep`).
+    pub fn with_builtins(name: &str, kinds: &[&str]) -> Self {
+        QueueConfig {
+            name: name.to_string(),
+            settings: QueueSettings::default(),
+            handlers: kinds
+                .iter()
+                .map(|k| HandlerConfig { command_type: k.to_string(), kind: k.to_string(), options: Value::Null })
+                .collect(),
+        }
+    }
+
+    /// Builds this queue's handlers. Errors: the first handler whose kind or options are refused,
+    /// as `queues.<name>.handlers.<type>: <reason>`.
+    pub fn build_handlers(&self) -> Result<BTreeMap<String, Arc<dyn CommandHandler>>, String> {
+        let mut out = BTreeMap::new();
+        for h in &self.handlers {
+            let built = builtin::from_config(&h.kind, &h.options)
+                .map_err(|e| format!("queues.{}.handlers.{}: {e}", self.name, h.command_type))?;
+            out.insert(h.command_type.clone(), built);
+        }
+        Ok(out)
+    }
+}
+
+/// The queues used when the configuration names none: `default` with `sleep`, `echo` and `fail`.
+pub fn default_queues() -> Vec<QueueConfig> {
+    vec![QueueConfig::with_builtins("default", &["sleep", "echo", "fail"])]
+}
+
+/// Resolves `[queues.*]` tables. Errors name the key: `queues.<name>.<key>: <reason>`.
+///
+/// Durations are parsed here and most ranges are checked when the queue's service starts
+/// (`queue <name>: invalid setting: …`); `reap_idle_consumers_after` is
+/// checked here against the queue's `claim_timeout` (at least twice it), so that `baton serve
+/// --no-workers` refuses it too.
+pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueConfig>, String> {
+    let mut out = Vec::new();
+    for (name, f) in tables {
+        baton_queue::validate_queue_name(&name).map_err(|e| format!("queues.{name}: {e}"))?;
+        let key = |k: &str| format!("queues.{name}.{k}");
+        let dur = |v: &Option<String>, k: &str| -> Result<Option<Duration>, String> {
+            v.as_deref().map(parse_duration).transpose().map_err(|e| format!("{}: {e}", key(k)))
+        };
+        let d = QueueSettings::default();
+        let r = f.retry.clone().unwrap_or_default();
+        let dr = RetryPolicy::default();
+        let settings_claim = dur(&f.claim_timeout, "claim_timeout")?.unwrap_or(d.claim_timeout);
+        let settings = QueueSettings {
+            concurrency: f.concurrency.unwrap_or(d.concurrency),
+            claim_timeout: settings_claim,
+            check_status_interval: dur(&f.check_status_interval, "check_status_interval")?
+                .unwrap_or(d.check_status_interval),
+            max_processing_time: dur(&f.max_processing_time, "max_processing_time")?.unwrap_or(d.max_processing_time),
+            poll_interval: dur(&f.poll_interval, "poll_interval")?,
+            reap_idle_consumers_after: match f.reap_idle_consumers_after.as_deref() {
+                // The default window grows with a long claim timeout (it must be at least twice it).
+                None => d.reap_idle_consumers_after.map(|w| w.max(settings_claim.saturating_mul(2))),
+                Some(v) => parse_reap(v).map_err(|e| format!("{}: {e}", key("reap_idle_consumers_after")))?,
+            },
+            retry: RetryPolicy {
+                max_attempts: r.max_attempts.unwrap_or(dr.max_attempts),
+                initial_backoff: dur(&r.initial_backoff, "retry.initial_backoff")?.unwrap_or(dr.initial_backoff),
+                backoff_factor: r.backoff_factor.unwrap_or(dr.backoff_factor),
+                max_backoff: dur(&r.max_backoff, "retry.max_backoff")?.unwrap_or(dr.max_backoff),
+            },
+            ..d
+        };
+        if let Some(r) = settings.reap_idle_consumers_after {
+            if r < settings.claim_timeout.saturating_mul(2) {
+                return Err(format!(
+                    "{}: {} must be at least twice claim_timeout ({}), or \"never\"",
+                    key("reap_idle_consumers_after"),
+                    humantime::format_duration(r),
+                    humantime::format_duration(settings.claim_timeout)
+                ));
+            }
+        }
+        let mut handlers = Vec::new();
+        for (command_type, v) in f.handlers {
+            let hkey = key(&format!("handlers.{command_type}"));
+            let (kind, options) = match v {
+                toml::Value::String(kind) => (kind, Value::Null),
+                toml::Value::Table(mut t) => {
+                    let kind = match t.remove("kind") {
+                        Some(toml::Value::String(k)) => k,
+                        _ => return Err(format!("{hkey}: needs kind = \"sleep\", \"echo\", \"fail\" or \"http\"")),
+                    };
+                    let options = serde_json::to_value(&t).map_err(|e| format!("{hkey}: {e}"))?;
+                    (kind, if t.is_empty() { Value::Null } else { options })
+                }
+                other => {
+                    return Err(format!(
+                        "{hkey}: expected a kind name (\"echo\") or a table with kind and options, got {}",
+                        other.type_str()
+                    ))
+                }
+            };
+            handlers.push(HandlerConfig { command_type, kind, options });
+        }
+        let q = QueueConfig { name: name.clone(), settings, handlers };
+        q.build_handlers()?;
+        out.push(q);
+    }
+    Ok(out)
+}
+
+/// `reap_idle_consumers_after`: a duration (`"2h"`), or `"never"` / `"none"` / `"off"` for `None`.
+fn parse_reap(v: &str) -> Result<Option<Duration>, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "never" | "none" | "off" => Ok(None),
+        _ => humantime::parse_duration(v.trim())
+            .map(Some)
+            .map_err(|e| format!("{v:?} is neither a duration like `2h` or `90m` nor \"never\": {e}")),
+    }
+}
+
+/// Describes queues for a startup log line: `default (echo, fail, sleep)`.
+pub fn describe_queues(queues: &[QueueConfig]) -> String {
+    queues
+        .iter()
+        .map(|q| {
+            let types: Vec<String> =
+                q.handlers
+                    .iter()
+                    .map(|h| {
+                        if h.kind == h.command_type {
+                            h.kind.clone()
+                        } else {
+                            format!("{}={}", h.command_type, h.kind)
+                        }
+                    })
+                    .collect();
+            format!("{} ({})", q.name, types.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Vec<QueueConfig>, String> {
+        #[derive(Deserialize)]
+        struct F {
+            queues: BTreeMap<String, QueueFile>,
+        }
+        let f: F = toml::from_str(text).map_err(|e| e.to_string())?;
+        resolve_queues(f.queues)
+    }
+
+    #[test]
+    fn queues_from_toml() {
+        let q = parse(
+            r#"
+            [queues.lifecycle]
+            concurrency = 4
+            claim_timeout = "2m"
+            retry = { max_attempts = 3, initial_backoff = "250ms" }
+            [queues.lifecycle.handlers]
+            nap = "sleep"
+            hook = { kind = "http", url = "http://127.0.0.1:9/x", timeout = "2s" }
+            [queues.quick]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(q.len(), 2);
+        assert_eq!(q[0].name, "lifecycle");
+        assert_eq!(q[0].settings.concurrency, 4);
+        assert_eq!(q[0].settings.claim_timeout, Duration::from_secs(120));
+        assert_eq!(q[0].settings.retry.max_attempts, 3);
+        assert_eq!(q[0].settings.retry.initial_backoff, Duration::from_millis(250));
+        assert_eq!(q[0].settings.retry.max_backoff, Duration::from_secs(300));
+        assert_eq!(q[0].handlers[0].command_type, "hook");
+        assert_eq!(q[0].handlers[0].kind, "http");
+        assert_eq!(q[0].handlers[0].options, serde_json::json!({"url": "http://127.0.0.1:9/x", "timeout": "2s"}));
+        assert_eq!(
+            q[0].handlers[1],
+            HandlerConfig { command_type: "nap".into(), kind: "sleep".into(), options: Value::Null }
+        );
+        assert!(q[1].handlers.is_empty());
+        assert_eq!(describe_queues(&q), "lifecycle (hook=http, nap=sleep); quick ()");
+    }
+
+    #[test]
+    fn reap_idle_consumers_after_from_toml() {
+        let q = parse(
+            r#"
+            [queues.a]
+            reap_idle_consumers_after = "2h"
+            [queues.b]
+            reap_idle_consumers_after = "never"
+            [queues.c]
+            [queues.d]
+            claim_timeout = "1s"
+            reap_idle_consumers_after = "2s"
+            [queues.e]
+            reap_idle_consumers_after = " Off "
+            [queues.f]
+            reap_idle_consumers_after = "none"
+            "#,
+        )
+        .unwrap();
+        let got: Vec<(&str, Option<Duration>)> =
+            q.iter().map(|q| (q.name.as_str(), q.settings.reap_idle_consumers_after)).collect();
+        assert_eq!(
+            got,
+            [
+                ("a", Some(Duration::from_secs(7200))),
+                ("b", None),
+                ("c", Some(Duration::from_secs(3600))),
+                ("d", Some(Duration::from_secs(2))),
+                ("e", None),
+                ("f", None),
+            ]
+        );
+    }
+
+    #[test]
+    fn default_reap_window_grows_with_a_long_claim_timeout() {
+        let q = parse("[queues.a]\nclaim_timeout = \"45m\"\n[queues.b]\nclaim_timeout = \"10m\"\n").unwrap();
+        assert_eq!(q[0].settings.reap_idle_consumers_after, Some(Duration::from_secs(90 * 60)));
+        assert_eq!(q[1].settings.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
+    }
+
+    #[test]
+    fn bad_reap_idle_consumers_after_names_the_key_and_the_rule() {
+        let e = parse("[queues.a]\nreap_idle_consumers_after = \"59s\"\n").unwrap_err();
+        assert_eq!(
+            e,
+            "queues.a.reap_idle_consumers_after: 59s must be at least twice claim_timeout (30s), or \"never\""
+        );
+        let e = parse("[queues.a]\nclaim_timeout = \"2m\"\nreap_idle_consumers_after = \"3m 59s\"\n").unwrap_err();
+        assert_eq!(
+            e,
+            "queues.a.reap_idle_consumers_after: 3m 59s must be at least twice claim_timeout (2m), or \"never\""
+        );
+        let e = parse("[queues.a]\nreap_idle_consumers_after = \"0s\"\n").unwrap_err();
+        assert_eq!(
+            e,
+            "queues.a.reap_idle_consumers_after: 0s must be at least twice claim_timeout (30s), or \"never\""
+        );
+        let e = parse("[queues.a]\nreap_idle_consumers_after = \"soon\"\n").unwrap_err();
+        assert!(
+            e.starts_with(
+                "queues.a.reap_idle_consumers_after: \"soon\" is neither a duration like `2h` or `90m` nor \"never\": "
+            ),
+            "{e}"
+        );
+        let e = parse("[queues.a]\nreap_idle_consumers_after = false\n").unwrap_err();
+        assert!(
+            e.contains("invalid type: boolean `false`, expected a string") && e.contains("reap_idle_consumers_after"),
+            "{e}"
+        );
+    }
+
+    /// The TOML blocks of docs/configuration.md and of this module's docs are valid queue
+    /// configurations with the values their comments state.
+    #[test]
+    fn documented_examples_parse() {
+        let block = |text: &str, marker: &str| -> String {
+            let start = text.find(marker).expect("example present");
+            let from = &text[start..];
+            from[..from.find("```").expect("closed")].to_string()
+        };
+        let docs = block(include_str!("../../../../docs/configuration.md"), "[queues.lifecycle]");
+        let q = parse(&docs).unwrap();
+        assert_eq!(q[0].settings.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
+        assert_eq!(q[0].settings.claim_timeout, Duration::from_secs(120));
+        let module: String = include_str!("queues.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! ").or(l.strip_prefix("//!")))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let q = parse(&block(&module, "[queues.default]")).unwrap();
+        assert_eq!(q[0].settings.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
+        assert_eq!(q[0].handlers.len(), 3);
+    }
+
+    #[test]
+    fn bad_queue_config_names_the_key() {
+        let e = parse("[queues.a]\nclaim_timeout = \"soon\"\n").unwrap_err();
+        assert!(e.starts_with("queues.a.claim_timeout: \"soon\" is not a duration"), "{e}");
+        let e = parse("[queues.a.handlers]\nx = \"nap\"\n").unwrap_err();
+        assert_eq!(e, "queues.a.handlers.x: unknown built-in handler \"nap\": use one of sleep, echo, fail, http");
+        let e = parse("[queues.a.handlers]\nx = { url = \"http://h/\" }\n").unwrap_err();
+        assert_eq!(e, "queues.a.handlers.x: needs kind = \"sleep\", \"echo\", \"fail\" or \"http\"");
+        let e = parse("[queues.a]\nconcurency = 3\n").unwrap_err();
+        assert!(e.contains("unknown field `concurency`"), "{e}");
+        let e = parse("[queues.\"a{b}\"]\n").unwrap_err();
+        assert!(e.starts_with("queues.a{b}: invalid queue name"), "{e}");
+    }
+}
