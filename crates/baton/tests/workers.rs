@@ -4,6 +4,7 @@
 
 mod common;
 
+use baton_queue::keys;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -182,7 +183,7 @@ async fn api_server_and_worker_processes_share_redis() {
 
 /// Names of the consumers of `queue`'s group (`XINFO CONSUMERS baton:q:{queue} baton`).
 fn group_consumers(redis: &RedisServer, queue: &str) -> Vec<String> {
-    let out = redis.cli(&["XINFO", "CONSUMERS", &format!("baton:q:{{{queue}}}"), "baton"]);
+    let out = redis.cli(&["XINFO", "CONSUMERS", &keys::stream(keys::DEFAULT_PREFIX, queue), keys::DEFAULT_GROUP]);
     let lines: Vec<&str> = out.lines().collect();
     lines.windows(2).filter(|w| w[0] == "name").map(|w| w[1].to_string()).collect()
 }
@@ -230,7 +231,16 @@ say = "echo"
     for q in ["keeping", "reaping"] {
         let members = group_consumers(&redis, q);
         assert!(members.len() == 1 && members[0].starts_with("baton-cmd-"), "{q}: {members:?}");
-        assert_eq!(redis.cli(&["XGROUP", "CREATECONSUMER", &format!("baton:q:{{{q}}}"), "baton", "stale-worker"]), "1");
+        assert_eq!(
+            redis.cli(&[
+                "XGROUP",
+                "CREATECONSUMER",
+                &keys::stream(keys::DEFAULT_PREFIX, q),
+                keys::DEFAULT_GROUP,
+                "stale-worker"
+            ]),
+            "1"
+        );
     }
     let created = std::time::Instant::now();
     let reaped = eventually(Duration::from_secs(10), || async {
@@ -299,7 +309,12 @@ async fn worker_that_cannot_listen_starts_no_consumer() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("baton worker: cannot listen on {addr}: ")), "{err}");
     // The built-in default queue: no consumer ever joined its group.
-    assert_eq!(redis.cli(&["EXISTS", "baton:q:{default}"]), "0", "{:?}", group_consumers(&redis, "default"));
+    assert_eq!(
+        redis.cli(&["EXISTS", &keys::stream(keys::DEFAULT_PREFIX, "default")]),
+        "0",
+        "{:?}",
+        group_consumers(&redis, "default")
+    );
 }
 
 /// SIGTERM while `baton worker` is still starting (connecting to Redis) is not fatal: the worker

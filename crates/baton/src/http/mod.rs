@@ -43,7 +43,7 @@ pub use errors::ApiError;
 pub use state::{AppState, CommandsApi, Shared};
 
 /// Builds the router of `baton serve` from the route table, inside the CORS layer and the edge
-/// layer ([`edge`]); paths outside the table get `404 no_route`.
+/// layer (`edge.rs`); paths outside the table get `404 no_route`.
 pub fn router(state: AppState) -> Router {
     let _ = ops::prometheus();
     let cors = cors_layer(&state.cfg);

@@ -1,7 +1,7 @@
 //! Every route of `baton serve` in one table ([`table`]): its path, and for each method it
 //! serves the handler, what the caller must be allowed ([`Access`], [`crate::auth`]) and its
 //! OpenAPI operation; and what the methods it does not serve need before they are answered 405.
-//! The router ([`super::router`]), the auth layer ([`super::access`]) and `/openapi.json`
+//! The router ([`super::router`]), the auth layer (`access.rs`) and `/openapi.json`
 //! ([`spec`]) are all built from it.
 
 use std::time::Instant;
