@@ -103,7 +103,7 @@ pub(crate) struct Beat {
 
 /// Queue-level operations of a backend.
 #[async_trait]
-pub(crate) trait Backend: Send + Sync + 'static {
+pub(crate) trait QueueBackend: Send + Sync + 'static {
     /// Appends payloads at the tail, in order, in one round trip; returns their ids.
     async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError>;
     /// Creates the consumer group if missing, registers the consumer and writes its first

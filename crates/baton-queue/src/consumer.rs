@@ -10,7 +10,7 @@ use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::backend::{Backend, ConsumerSpec};
+use crate::backend::{ConsumerSpec, QueueBackend};
 use crate::engine::{self, Control};
 use crate::lease::{Job, Shared};
 use crate::{ConsumerCounters, ConsumerOptions, Decision, Delivery, DrainReport, Lease, MessageId};
@@ -47,7 +47,7 @@ pub struct Consumer {
 
 impl Consumer {
     pub(crate) async fn start(
-        backend: Arc<dyn Backend>,
+        backend: Arc<dyn QueueBackend>,
         queue: &str,
         handler: Arc<dyn Handler>,
         options: ConsumerOptions,

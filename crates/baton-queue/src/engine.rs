@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, ConsumerSpec, Owned, RawDelivery, Settle, SettleOp};
+use crate::backend::{ConsumerSpec, Owned, QueueBackend, RawDelivery, Settle, SettleOp};
 use crate::lease::{Job, SettleReq, Shared};
 use crate::{ConsumerOptions, Decision, QueueError};
 
@@ -64,7 +64,7 @@ type Ready = Result<(Arc<Shared>, mpsc::UnboundedReceiver<Vec<Job>>), QueueError
 
 /// Starts the lease thread of a consumer and waits until it has joined the group.
 pub(crate) async fn start(
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn QueueBackend>,
     spec: ConsumerSpec,
     options: ConsumerOptions,
 ) -> Result<(Arc<Shared>, Control, mpsc::UnboundedReceiver<Vec<Job>>), QueueError> {
@@ -119,7 +119,7 @@ pub(crate) async fn start(
 #[allow(clippy::too_many_arguments)]
 async fn run(
     app: tokio::runtime::Handle,
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn QueueBackend>,
     spec: ConsumerSpec,
     options: ConsumerOptions,
     ready: oneshot::Sender<Ready>,

@@ -110,25 +110,25 @@ pub use lease::{Lease, RedisAckTarget};
 pub use redis::RedisQueueOptions;
 pub use settings::ConsumerOptions;
 
-use backend::Backend;
+use backend::QueueBackend;
 
 /// Work queues on one backend. Cheap to clone; one instance serves any number of named queues.
 #[derive(Clone)]
 pub struct MessageStream {
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn QueueBackend>,
 }
 
 impl MessageStream {
     /// The in-memory backend: queues live in this process only.
     pub fn memory() -> Self {
-        Self { backend: Arc::new(memory::MemoryBackend::default()) }
+        Self { backend: Arc::new(memory::MemoryQueueBackend::default()) }
     }
 
     /// The Redis backend (standalone or Cluster, as `client` says). Connects now.
     ///
     /// Errors: [`QueueError::Connect`] when Redis is unreachable, [`QueueError::InvalidSettings`].
     pub async fn redis(client: baton_redis::RedisClient, options: RedisQueueOptions) -> Result<Self, QueueError> {
-        Ok(Self { backend: Arc::new(redis::RedisBackend::connect(client, options).await?) })
+        Ok(Self { backend: Arc::new(redis::RedisQueueBackend::connect(client, options).await?) })
     }
 
     /// Appends one message to `queue`; returns its id.

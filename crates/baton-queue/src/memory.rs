@@ -13,12 +13,12 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 
 use crate::backend::{
-    Backend, Beat, ConsumerBackend, ConsumerSpec, Owned, RawDelivery, Reclaimed, Settle, SettleOp, PARKED,
+    Beat, ConsumerBackend, ConsumerSpec, Owned, QueueBackend, RawDelivery, Reclaimed, Settle, SettleOp, PARKED,
 };
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
 #[derive(Default)]
-pub(crate) struct MemoryBackend {
+pub(crate) struct MemoryQueueBackend {
     queues: Mutex<HashMap<String, Arc<MemQueue>>>,
 }
 
@@ -121,14 +121,14 @@ impl QState {
     }
 }
 
-impl MemoryBackend {
+impl MemoryQueueBackend {
     fn queue(&self, name: &str) -> Arc<MemQueue> {
         self.queues.lock().unwrap().entry(name.to_string()).or_default().clone()
     }
 }
 
 #[async_trait]
-impl Backend for MemoryBackend {
+impl QueueBackend for MemoryQueueBackend {
     async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError> {
         let q = self.queue(queue);
         let ids = {

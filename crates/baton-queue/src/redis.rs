@@ -28,7 +28,7 @@ use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::backend::{
-    Backend, Beat, ConsumerBackend, ConsumerSpec, Owned, RawDelivery, Reclaimed, Settle, SettleOp, PARKED,
+    Beat, ConsumerBackend, ConsumerSpec, Owned, QueueBackend, RawDelivery, Reclaimed, Settle, SettleOp, PARKED,
 };
 use crate::keys::{self, PAYLOAD_FIELD};
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
@@ -84,7 +84,7 @@ impl Keys {
     }
 }
 
-pub(crate) struct RedisBackend {
+pub(crate) struct RedisQueueBackend {
     client: RedisClient,
     conn: RedisConn,
     opts: RedisQueueOptions,
@@ -148,7 +148,7 @@ fn owned(code: i64) -> Owned {
     }
 }
 
-impl RedisBackend {
+impl RedisQueueBackend {
     pub(crate) async fn connect(client: RedisClient, opts: RedisQueueOptions) -> Result<Self, QueueError> {
         if opts.group.is_empty() || opts.key_prefix.contains(['{', '}']) {
             return Err(QueueError::InvalidSettings(
@@ -165,7 +165,7 @@ impl RedisBackend {
 }
 
 #[async_trait]
-impl Backend for RedisBackend {
+impl QueueBackend for RedisQueueBackend {
     async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError> {
         let keys = self.keys(queue);
         let mut pipe = redis::pipe();

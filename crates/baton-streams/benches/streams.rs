@@ -26,8 +26,8 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-fn settings() -> StoreSettings {
-    StoreSettings { default_limits: RunLimits::unlimited(), ..StoreSettings::default() }
+fn settings() -> StreamStoreSettings {
+    StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() }
 }
 
 async fn latency<F, Fut>(n: usize, mut f: F) -> Vec<Duration>

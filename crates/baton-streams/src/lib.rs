@@ -8,11 +8,11 @@
 //! ```
 //! use std::time::Duration;
 //!
-//! use baton_streams::{EndReason, OpenOptions, ReadFrom, StoreSettings, StreamPath, StreamStore};
+//! use baton_streams::{EndReason, OpenOptions, ReadFrom, StreamStoreSettings, StreamPath, StreamStore};
 //!
 //! # #[tokio::main]
 //! # async fn main() -> baton_streams::Result<()> {
-//! let store = StreamStore::memory(StoreSettings::default());
+//! let store = StreamStore::memory(StreamStoreSettings::default());
 //! let path = StreamPath::new("acme/run-1")?;
 //! let producer = store.open(&path, OpenOptions::default()).await?;
 //!
@@ -118,7 +118,7 @@
 //! # Silence sweeper
 //! `silence_timeout` is enforced by every script that touches a stream (reads, writes, tail loops)
 //! and, for streams nobody touches, by a sweeper task in every process
-//! ([`StoreSettings::sweep_interval`], default 1 s). A stream created with a silence timeout is
+//! ([`StreamStoreSettings::sweep_interval`], default 1 s). A stream created with a silence timeout is
 //! registered in deadline shard `hash(path) % 16` (member `<incarnation> <path>`, score = the
 //! earliest time it may turn silent) by a `ZADD` sent concurrently with the create script (another
 //! slot in Cluster, so it cannot be in the script; creates stay one round-trip time). Appends and
@@ -175,7 +175,7 @@ pub use error::{Result, StreamError};
 pub use limits::{LimitScope, RunLimits};
 pub use offset::{Offset, ReadFrom};
 pub use run::{OpenOptions, Producer, RunHandle};
-pub use settings::StoreSettings;
+pub use settings::StreamStoreSettings;
 pub use store::{StreamStore, Subscription};
 pub use types::{
     is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EpochMs, Expiry, ForkFrom,

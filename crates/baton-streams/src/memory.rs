@@ -14,7 +14,7 @@ use crate::end::{EndReason, EndState};
 use crate::error::{Result, StreamError};
 use crate::limits::{LimitScope, RunLimits};
 use crate::offset::{Offset, ReadFrom};
-use crate::settings::StoreSettings;
+use crate::settings::StreamStoreSettings;
 use crate::types::*;
 
 pub(crate) struct MemoryStreamBackend {
@@ -195,7 +195,7 @@ fn not_found(path: &StreamPath) -> StreamError {
 }
 
 impl MemoryStreamBackend {
-    pub(crate) fn new(settings: Arc<StoreSettings>) -> Arc<Self> {
+    pub(crate) fn new(settings: Arc<StreamStoreSettings>) -> Arc<Self> {
         let store = Arc::new(Self { streams: Mutex::new(HashMap::new()) });
         let weak = Arc::downgrade(&store);
         let every = settings.sweep_interval.clamp(Duration::from_millis(10), Duration::from_millis(200));

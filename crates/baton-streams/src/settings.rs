@@ -1,4 +1,4 @@
-//! [`StoreSettings`]: the settings of a [`StreamStore`](crate::StreamStore), read by the store and
+//! [`StreamStoreSettings`]: the settings of a [`StreamStore`](crate::StreamStore), read by the store and
 //! by both backends (so below `backend.rs`).
 
 use std::time::Duration;
@@ -8,7 +8,7 @@ use crate::limits::RunLimits;
 /// Store-wide settings, one set per [`StreamStore`](crate::StreamStore). Only the run limits can
 /// be overridden per stream (`default_limits` apply when a stream is created without its own).
 #[derive(Clone, Debug)]
-pub struct StoreSettings {
+pub struct StreamStoreSettings {
     /// Run limits applied when [`CreateOptions::limits`](crate::CreateOptions::limits) is `None`.
     pub default_limits: RunLimits,
     /// Largest read chunk in bytes (at least one record is always returned). Default 1 MiB.
@@ -24,7 +24,7 @@ pub struct StoreSettings {
     pub sweep_interval: Duration,
 }
 
-impl Default for StoreSettings {
+impl Default for StreamStoreSettings {
     fn default() -> Self {
         Self {
             default_limits: RunLimits::default(),

@@ -12,7 +12,7 @@ use crate::backend::{CreateSpec, Deleted, StreamBackend, WriteSpec};
 use crate::end::EndReason;
 use crate::error::{Result, StreamError};
 use crate::offset::{Offset, ReadFrom};
-use crate::settings::StoreSettings;
+use crate::settings::StreamStoreSettings;
 use crate::types::*;
 
 /// A durable stream store: the in-memory backend or Redis (standalone or Cluster). Cheap to
@@ -20,7 +20,7 @@ use crate::types::*;
 #[derive(Clone)]
 pub struct StreamStore {
     pub(crate) backend: Arc<dyn StreamBackend>,
-    pub(crate) settings: Arc<StoreSettings>,
+    pub(crate) settings: Arc<StreamStoreSettings>,
 }
 
 const MAX_SAFE_INT: u64 = (1 << 53) - 1;
@@ -28,21 +28,21 @@ const MAX_SAFE_INT: u64 = (1 << 53) - 1;
 impl StreamStore {
     /// The in-memory backend (embedded default; same semantics as Redis, data lost on exit).
     /// Must be called inside a Tokio runtime (it starts a sweeper task for expiry and silence).
-    pub fn memory(settings: StoreSettings) -> Self {
+    pub fn memory(settings: StreamStoreSettings) -> Self {
         let settings = Arc::new(settings);
         Self { backend: crate::memory::MemoryStreamBackend::new(settings.clone()), settings }
     }
 
     /// The Redis backend (standalone or Cluster). Connects once (shared connection); tail loops
     /// open one dedicated connection per live-read stream. Errors: [`StreamError::Backend`].
-    pub async fn redis(config: RedisConfig, settings: StoreSettings) -> Result<Self> {
+    pub async fn redis(config: RedisConfig, settings: StreamStoreSettings) -> Result<Self> {
         let settings = Arc::new(settings);
         let backend = crate::redis::RedisStreamBackend::connect(config, settings.clone()).await?;
         Ok(Self { backend, settings })
     }
 
     /// Settings of this store.
-    pub fn settings(&self) -> &StoreSettings {
+    pub fn settings(&self) -> &StreamStoreSettings {
         &self.settings
     }
 
@@ -236,7 +236,7 @@ impl StreamStore {
         Ok(self.backend.read(path, ReadFrom::Now, 0, 0, false, None).await?.1)
     }
 
-    /// Catch-up read (§5.6) of at most [`StoreSettings::max_read_bytes`] (at least one record).
+    /// Catch-up read (§5.6) of at most [`StreamStoreSettings::max_read_bytes`] (at least one record).
     /// Restarts a sliding TTL. `ReadFrom::Now` returns no data and the tail.
     ///
     /// Errors: `NotFound`, `Gone`, `OffsetAhead` (offset past the tail), `OffsetGone` (before the

@@ -20,11 +20,11 @@ fn path(name: &str) -> StreamPath {
     StreamPath::new(format!("t/brk-{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))).unwrap()
 }
 
-fn settings() -> StoreSettings {
-    StoreSettings { default_limits: RunLimits::unlimited(), ..StoreSettings::default() }
+fn settings() -> StreamStoreSettings {
+    StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() }
 }
 
-async fn store(b: &TestBackend, s: StoreSettings) -> StreamStore {
+async fn store(b: &TestBackend, s: StreamStoreSettings) -> StreamStore {
     match b.redis_config() {
         None => StreamStore::memory(s),
         Some(cfg) => StreamStore::redis(cfg, s).await.expect("connect"),
@@ -152,7 +152,7 @@ async fn interleaved(b: &TestBackend, json: bool, close_midway: bool) {
     interleaved_with(b, json, close_midway, settings()).await
 }
 
-async fn interleaved_with(b: &TestBackend, json: bool, close_midway: bool, set: StoreSettings) {
+async fn interleaved_with(b: &TestBackend, json: bool, close_midway: bool, set: StreamStoreSettings) {
     let s1 = store(b, set.clone()).await;
     let s2 = match b {
         TestBackend::Memory => s1.clone(),
@@ -253,7 +253,7 @@ async fn interleaved_close_midway(b: TestBackend) {
 }
 /// A tiny live window and small reads: readers fall behind the window and read on their own.
 async fn interleaved_small_window(b: TestBackend) {
-    let set = StoreSettings { live_window: 3, max_read_bytes: 64, ..settings() };
+    let set = StreamStoreSettings { live_window: 3, max_read_bytes: 64, ..settings() };
     interleaved_with(&b, false, false, set.clone()).await;
     interleaved_with(&b, true, true, set).await
 }

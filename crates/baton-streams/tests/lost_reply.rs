@@ -23,7 +23,7 @@ async fn lost_reply_on_append_writes_once() {
     baton_testkit::require_redis();
     let server = RedisServer::start();
     let proxy = TcpProxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
-    let settings = StoreSettings { default_limits: RunLimits::unlimited(), ..StoreSettings::default() };
+    let settings = StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() };
     let store =
         StreamStore::redis(RedisConfig::Standalone(format!("redis://{}", proxy.addr())), settings).await.unwrap();
     let direct = RedisClient::new(server.config()).unwrap().shared().await.unwrap();

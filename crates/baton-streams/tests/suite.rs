@@ -16,7 +16,7 @@ mod protocol;
 mod runs;
 
 /// A fresh store on `backend`, with small limits suitable for tests.
-pub async fn store(backend: &TestBackend, settings: StoreSettings) -> StreamStore {
+pub async fn store(backend: &TestBackend, settings: StreamStoreSettings) -> StreamStore {
     match backend.redis_config() {
         None => StreamStore::memory(settings),
         Some(cfg) => StreamStore::redis(cfg, settings).await.expect("connect"),
@@ -24,8 +24,8 @@ pub async fn store(backend: &TestBackend, settings: StoreSettings) -> StreamStor
 }
 
 /// Default test settings: no run limits unless a test sets them.
-pub fn settings() -> StoreSettings {
-    StoreSettings { default_limits: RunLimits::unlimited(), ..StoreSettings::default() }
+pub fn settings() -> StreamStoreSettings {
+    StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() }
 }
 
 static N: AtomicU64 = AtomicU64::new(0);

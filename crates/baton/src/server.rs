@@ -5,14 +5,14 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use baton_streams::{StoreSettings, StreamStore};
+use baton_streams::{StreamStore, StreamStoreSettings};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Auth;
 use crate::http::{self, AppState, CommandsApi};
-use crate::settings::{describe_queues, Backend, ServeConfig, WorkerConfig};
+use crate::settings::{describe_queues, ServeConfig, Storage, WorkerConfig};
 use crate::workers::{self, Workers};
 
 /// A running server.
@@ -29,10 +29,10 @@ impl Server {
     /// Connects the backend, binds the listener and starts serving. Errors: the backend cannot
     /// be reached, or the address cannot be bound.
     pub async fn start(cfg: ServeConfig) -> Result<Server, String> {
-        let settings = StoreSettings { default_limits: cfg.default_limits, ..StoreSettings::default() };
+        let settings = StreamStoreSettings { default_limits: cfg.default_limits, ..StreamStoreSettings::default() };
         let store = match &cfg.backend {
-            Backend::Memory => StreamStore::memory(settings),
-            Backend::Redis(rc) => {
+            Storage::Memory => StreamStore::memory(settings),
+            Storage::Redis(rc) => {
                 StreamStore::redis(rc.clone(), settings).await.map_err(|e| format!("cannot use {rc}: {e}"))?
             }
         };

@@ -15,14 +15,14 @@ use baton_commands::{
 };
 use serde_json::Value;
 
-use crate::settings::{Backend, QueueConfig};
+use crate::settings::{QueueConfig, Storage};
 
 /// The command store of a backend (the same Redis as the streams, or a new in-memory store).
 /// Errors: Redis cannot be reached.
-pub async fn command_store(backend: &Backend) -> Result<CommandStore, String> {
+pub async fn command_store(backend: &Storage) -> Result<CommandStore, String> {
     match backend {
-        Backend::Memory => Ok(CommandStore::memory()),
-        Backend::Redis(rc) => {
+        Storage::Memory => Ok(CommandStore::memory()),
+        Storage::Redis(rc) => {
             let client = baton_redis::RedisClient::new(rc.clone()).map_err(|e| format!("cannot use {rc}: {e}"))?;
             CommandStore::redis(client, Default::default()).await.map_err(|e| format!("cannot use {rc}: {e}"))
         }

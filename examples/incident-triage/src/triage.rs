@@ -26,7 +26,8 @@ use baton_commands::{
 };
 use baton_redis::{RedisClient, RedisConfig};
 use baton_streams::{
-    CreateOptions, EndReason, OpenOptions, ReadFrom, RunLimits, StoreSettings, StreamError, StreamPath, StreamStore,
+    CreateOptions, EndReason, OpenOptions, ReadFrom, RunLimits, StreamError, StreamPath, StreamStore,
+    StreamStoreSettings,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -172,7 +173,7 @@ impl Triage {
     /// `monitor` and `lifecycle` command services.
     pub async fn start(cfg: TriageConfig) -> Result<Self, TriageError> {
         let limits = RunLimits { silence_timeout: Some(cfg.silence_timeout), ..RunLimits::default() };
-        let settings = StoreSettings { default_limits: limits, ..StoreSettings::default() };
+        let settings = StreamStoreSettings { default_limits: limits, ..StreamStoreSettings::default() };
         let pointer_ttl = limits.max_run.unwrap_or(Duration::from_secs(86_400));
         let (commands, streams, pointers) = match &cfg.redis {
             None => (CommandStore::memory(), StreamStore::memory(settings), Pointers::memory(pointer_ttl)),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use baton_commands::{CommandStatus, CommandStore, RedisCommandStoreOptions};
 use baton_redis::{RedisClient, RedisConfig};
-use baton_streams::{EndReason, ReadFrom, StoreSettings, StreamStore};
+use baton_streams::{EndReason, ReadFrom, StreamStore, StreamStoreSettings};
 use baton_testkit::{eventually, free_port, RedisServer};
 use incident_triage::triage::stream_path;
 use serde_json::{json, Value};
@@ -84,7 +84,8 @@ async fn sigkill_of_the_producing_process() {
         ready(&http, p).await;
     }
     // The test reads Redis directly too, as a third party.
-    let streams = StreamStore::redis(RedisConfig::Standalone(server.url()), StoreSettings::default()).await.unwrap();
+    let streams =
+        StreamStore::redis(RedisConfig::Standalone(server.url()), StreamStoreSettings::default()).await.unwrap();
     let client = RedisClient::new(RedisConfig::Standalone(server.url())).unwrap();
     let commands = CommandStore::redis(client, RedisCommandStoreOptions::default()).await.unwrap();
 

@@ -17,7 +17,7 @@ use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 use crate::backend::{CreateSpec, Deleted, Snapshot, StreamBackend, WriteSpec};
 use crate::error::{Result, StreamError};
 use crate::offset::{Offset, ReadFrom};
-use crate::settings::StoreSettings;
+use crate::settings::StreamStoreSettings;
 use crate::types::*;
 use reply::*;
 
@@ -67,7 +67,7 @@ pub(crate) fn keys(path: &StreamPath) -> (String, String) {
 pub(crate) struct RedisStreamBackend {
     client: RedisClient,
     conn: RedisConn,
-    settings: Arc<StoreSettings>,
+    settings: Arc<StreamStoreSettings>,
     hub: tail::TailHub,
     writer: writer::Writer,
     blocker: blocker::Blocker,
@@ -83,7 +83,7 @@ fn opt_arg(v: Option<u64>) -> Vec<u8> {
 }
 
 impl RedisStreamBackend {
-    pub(crate) async fn connect(config: RedisConfig, settings: Arc<StoreSettings>) -> Result<Arc<Self>> {
+    pub(crate) async fn connect(config: RedisConfig, settings: Arc<StreamStoreSettings>) -> Result<Arc<Self>> {
         let client = RedisClient::new(config)?;
         let conn = client.shared().await?;
         let every = settings.sweep_interval;
@@ -318,7 +318,7 @@ impl RedisStreamBackend {
         &self.client
     }
 
-    pub(crate) fn settings(&self) -> &StoreSettings {
+    pub(crate) fn settings(&self) -> &StreamStoreSettings {
         &self.settings
     }
 }

@@ -140,7 +140,7 @@ pub async fn subscription_to_eof(b: &TestBackend) {
 /// once: with a 30 s slice, a missed watch would leave its reader empty-handed after 20 s); in
 /// Cluster each tailed stream has one connection to the node owning its slot.
 pub async fn many_live_streams(b: &TestBackend) {
-    let s = store(b, StoreSettings { live_slice: Duration::from_secs(30), ..settings() }).await;
+    let s = store(b, StreamStoreSettings { live_slice: Duration::from_secs(30), ..settings() }).await;
     const K: usize = 20;
     let mut paths = Vec::new();
     for _ in 0..K {

@@ -249,7 +249,7 @@ pub async fn reader_outcomes(b: &TestBackend) {
 }
 
 pub async fn chunked_reads(b: &TestBackend) {
-    let s = store(b, StoreSettings { max_read_bytes: 10, ..settings() }).await;
+    let s = store(b, StreamStoreSettings { max_read_bytes: 10, ..settings() }).await;
     let p = path("chunks");
     s.create(&p, opts("text/plain")).await.unwrap();
     for part in ["aaaa", "bbbb", "cccc", "dddddddddddddddd"] {

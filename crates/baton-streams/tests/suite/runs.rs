@@ -226,7 +226,7 @@ pub async fn spawn_outcomes(b: &TestBackend) {
 /// `silence_timeout` + the sweep interval (+1 s); a run kept alive is not.
 pub async fn sweeper_ends_unread_silent_runs(b: &TestBackend) {
     let sweep = Duration::from_millis(300);
-    let s = store(b, StoreSettings { sweep_interval: sweep, ..settings() }).await;
+    let s = store(b, StreamStoreSettings { sweep_interval: sweep, ..settings() }).await;
     let (silent, kept) = (path("swept"), path("kept"));
     let sil = 500u64;
     let a = s.open(&silent, open_opts("A", Some(sil))).await.unwrap();
@@ -267,7 +267,7 @@ pub async fn sweeper_ends_unread_silent_runs(b: &TestBackend) {
 /// `producer_lost` end; nothing of it is ever visible.
 pub async fn append_after_silence_is_refused(b: &TestBackend) {
     // No sweeper in the way: only the append itself can notice the silence.
-    let s = store(b, StoreSettings { sweep_interval: Duration::from_secs(3600), ..settings() }).await;
+    let s = store(b, StreamStoreSettings { sweep_interval: Duration::from_secs(3600), ..settings() }).await;
     let p = path("late");
     let producer = s.open(&p, open_opts("L", Some(300))).await.unwrap();
     let tail = producer.append("a").await.unwrap();

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use baton_commands::{builtin, Command, CommandService, CommandStore, QueueSettings};
 use baton_queue::{ConsumerOptions, Decision, MessageStream};
 use baton_redis::RedisConfig;
-use baton_streams::{AppendRequest, CreateOptions, ReadFrom, StoreSettings, StreamPath, StreamStore};
+use baton_streams::{AppendRequest, CreateOptions, ReadFrom, StreamPath, StreamStore, StreamStoreSettings};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -360,8 +360,10 @@ async fn bench_streams(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
     let writers = args.concurrency.clone().unwrap_or_else(|| vec![64]);
     let count = args.count.unwrap_or(20_000);
     let store = match rc {
-        None => StreamStore::memory(StoreSettings::default()),
-        Some(c) => StreamStore::redis(c.clone(), StoreSettings::default()).await.map_err(|e| failed("connect", e))?,
+        None => StreamStore::memory(StreamStoreSettings::default()),
+        Some(c) => {
+            StreamStore::redis(c.clone(), StreamStoreSettings::default()).await.map_err(|e| failed("connect", e))?
+        }
     };
     let id = run_id();
     let payload = Bytes::from(vec![b'x'; 100]);

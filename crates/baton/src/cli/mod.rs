@@ -29,7 +29,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::server::{Server, Worker};
-use crate::settings::{describe_queues, Backend, ServeArgs, WorkerArgs};
+use crate::settings::{describe_queues, ServeArgs, Storage, WorkerArgs};
 use crate::shutdown::ShutdownSignal;
 
 pub use args::Conn;
@@ -67,7 +67,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let server = Server::start(cfg).await?;
     let base = server.base_url();
     match backend {
-        Backend::Memory => println!(
+        Storage::Memory => println!(
             "baton serve: listening on {base} with the IN-MEMORY backend (no --redis or --redis-cluster given; data is lost on exit)"
         ),
         other => println!("baton serve: listening on {base} with {}", other.describe()),

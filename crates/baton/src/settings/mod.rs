@@ -182,19 +182,19 @@ impl SizeValue {
     }
 }
 
-/// Where streams are kept.
+/// Where Baton keeps its state (streams, commands, queues): in process memory or in Redis.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Backend {
+pub enum Storage {
     Memory,
     Redis(RedisConfig),
 }
 
-impl Backend {
+impl Storage {
     /// One line describing the backend, for logs, the CLI and `/`.
     pub fn describe(&self) -> String {
         match self {
-            Backend::Memory => "in-memory (nothing survives a restart)".to_string(),
-            Backend::Redis(c) => c.to_string(),
+            Storage::Memory => "in-memory (nothing survives a restart)".to_string(),
+            Storage::Redis(c) => c.to_string(),
         }
     }
 }
@@ -210,7 +210,7 @@ pub enum CacheMode {
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
-    pub backend: Backend,
+    pub backend: Storage,
     pub long_poll_timeout: Duration,
     pub sse_cycle: Duration,
     pub sse_heartbeat: Duration,
@@ -240,7 +240,7 @@ impl Default for ServeConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
-            backend: Backend::Memory,
+            backend: Storage::Memory,
             long_poll_timeout: Duration::from_secs(30),
             sse_cycle: Duration::from_secs(60),
             sse_heartbeat: Duration::from_secs(15),
@@ -299,16 +299,16 @@ impl ServeArgs {
         let cluster = self.redis_cluster.or(file.redis_cluster.map(StringOrList::into_vec));
         let backend = match (redis, cluster) {
             (Some(_), Some(_)) => return Err("give either --redis or --redis-cluster, not both".into()),
-            (Some(url), None) => Backend::Redis(RedisConfig::Standalone(url)),
+            (Some(url), None) => Storage::Redis(RedisConfig::Standalone(url)),
             (None, Some(urls)) => {
                 let urls: Vec<String> =
                     urls.into_iter().map(|u| u.trim().to_string()).filter(|u| !u.is_empty()).collect();
                 if urls.is_empty() {
                     return Err("--redis-cluster needs at least one node URL".into());
                 }
-                Backend::Redis(RedisConfig::Cluster(urls))
+                Storage::Redis(RedisConfig::Cluster(urls))
             }
-            (None, None) => Backend::Memory,
+            (None, None) => Storage::Memory,
         };
         let size = |flag: Option<usize>, file: Option<SizeValue>, key: &str, def: usize| -> Result<usize, String> {
             match (flag, file) {
@@ -382,7 +382,7 @@ impl ServeArgs {
 /// Resolved settings of `baton worker`.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
-    pub backend: Backend,
+    pub backend: Storage,
     pub queues: Vec<QueueConfig>,
     pub queues_defaulted: bool,
     /// Where to serve `/healthz`, `/readyz` and `/metrics`, if anywhere.
@@ -403,7 +403,7 @@ impl WorkerArgs {
             ..Default::default()
         }
         .resolve()?;
-        if serve.backend == Backend::Memory {
+        if serve.backend == Storage::Memory {
             return Err(
                 "baton worker needs --redis or --redis-cluster (or redis / redis_cluster in the config file); \
                         with the in-memory backend the workers run inside baton serve"
@@ -453,7 +453,7 @@ mod tests {
         assert_eq!(cfg.long_poll_timeout, Duration::from_secs(2));
         assert_eq!(cfg.max_body, 1 << 20);
         assert_eq!(cfg.sse_cycle, Duration::from_secs(60));
-        assert_eq!(cfg.backend, Backend::Redis(RedisConfig::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])));
+        assert_eq!(cfg.backend, Storage::Redis(RedisConfig::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])));
         std::fs::write(&path, "bogus_key = 1\n").unwrap();
         let err = ServeArgs { config: Some(path), ..Default::default() }.resolve().unwrap_err();
         assert!(err.contains("bogus_key"), "{err}");

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use baton::server::Server;
-use baton::settings::{Backend, ServeConfig};
+use baton::settings::{ServeConfig, Storage};
 use baton_testkit::TestBackend;
 
 /// A running server and the backend it uses (kept alive as long as the server).
@@ -44,8 +44,8 @@ pub fn test_config() -> ServeConfig {
 pub async fn start(backend: TestBackend, tweak: impl FnOnce(&mut ServeConfig)) -> TestServer {
     let mut cfg = test_config();
     cfg.backend = match backend.redis_config() {
-        None => Backend::Memory,
-        Some(rc) => Backend::Redis(rc),
+        None => Storage::Memory,
+        Some(rc) => Storage::Redis(rc),
     };
     tweak(&mut cfg);
     let server = Server::start(cfg).await.expect("server starts");
