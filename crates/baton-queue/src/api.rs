@@ -62,7 +62,7 @@ pub enum Decision {
     Retry,
     /// Not done yet, by plan: deliver again after this delay, whatever the claim timeout. A
     /// scheduled re-poll, not a failure: it does not count toward `max_deliveries` (the next
-    /// [`Delivery::deliveries`] is the same number). Below `claim_timeout` the entry stays leased
+    /// [`Delivery::deliveries`](crate::Delivery::deliveries) is the same number). Below `claim_timeout` the entry stays leased
     /// by this consumer (renewed, no concurrency slot taken) and is redelivered here from a local
     /// timer, with no Redis call (if the consumer stops first it hands the entry back, due at the
     /// same time; if it dies, another consumer takes it after `claim_timeout`). From
@@ -76,21 +76,6 @@ pub enum Decision {
     Deferred,
     /// Poison: move the entry to the queue's dead-letter stream now, with this reason.
     DeadLetter(String),
-}
-
-/// One delivery of a message to a handler.
-#[derive(Debug)]
-pub struct Delivery {
-    /// The message id.
-    pub id: MessageId,
-    /// The payload bytes as offered.
-    pub payload: Bytes,
-    /// How many times this message has been delivered, this delivery included (1 on first),
-    /// not counting redeliveries the handler asked for with [`Decision::RetryAfter`]. Compared
-    /// with `max_deliveries`.
-    pub deliveries: u32,
-    /// The lease on this delivery: a lost-lease signal, and settlement for [`Decision::Deferred`].
-    pub lease: crate::Lease,
 }
 
 /// Queue statistics, all exact counts at the time of the call.
@@ -207,4 +192,15 @@ pub fn validate_queue_name(name: &str) -> Result<(), QueueError> {
         return Err(QueueError::InvalidQueueName(name.to_string()));
     }
     Ok(())
+}
+
+/// Where a Redis delivery lives: see [`Lease::redis_target`](crate::Lease::redis_target).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisAckTarget {
+    /// The queue's stream key, e.g. `baton:q:{orders}`.
+    pub stream: String,
+    /// The consumer group.
+    pub group: String,
+    /// This consumer's name in the group (the owner an ack must check).
+    pub consumer: String,
 }

@@ -146,7 +146,7 @@ pub(crate) trait ConsumerBackend: Send + Sync {
         false
     }
     /// Redis only: where this consumer's entries live, for acks done in a caller's script.
-    fn redis_target(&self) -> Option<crate::RedisAckTarget> {
+    fn redis_target(&self) -> Option<crate::api::RedisAckTarget> {
         None
     }
     /// Schedules redelivery after `delay` (ownership as for [`Settle::released`]): below

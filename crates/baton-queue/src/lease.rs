@@ -14,8 +14,8 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
+use crate::api::{ConsumerCounters, Decision, MessageId, QueueError, RedisAckTarget};
 use crate::backend::{ConsumerBackend, Owned};
-use crate::{ConsumerCounters, Decision, MessageId, QueueError};
 
 /// A settlement sent to the lease thread; `reply` is `None` for a lease dropped unsettled.
 pub(crate) struct SettleReq {
@@ -627,15 +627,19 @@ pub(crate) struct SettleCtx {
     pub stopped: Option<Stop>,
 }
 
-/// Where a Redis delivery lives: see [`Lease::redis_target`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RedisAckTarget {
-    /// The queue's stream key, e.g. `baton:q:{orders}`.
-    pub stream: String,
-    /// The consumer group.
-    pub group: String,
-    /// This consumer's name in the group (the owner an ack must check).
-    pub consumer: String,
+/// One delivery of a message to a handler.
+#[derive(Debug)]
+pub struct Delivery {
+    /// The message id.
+    pub id: MessageId,
+    /// The payload bytes as offered.
+    pub payload: Bytes,
+    /// How many times this message has been delivered, this delivery included (1 on first),
+    /// not counting redeliveries the handler asked for with [`Decision::RetryAfter`]. Compared
+    /// with `max_deliveries`.
+    pub deliveries: u32,
+    /// The lease on this delivery: a lost-lease signal, and settlement for [`Decision::Deferred`].
+    pub lease: Lease,
 }
 
 /// The lease on one delivery. Clone it freely; settle it once.

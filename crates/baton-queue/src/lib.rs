@@ -106,7 +106,7 @@ use serde::Serialize;
 
 pub use api::*;
 pub use consumer::{Consumer, Handler};
-pub use lease::{Lease, RedisAckTarget};
+pub use lease::{Delivery, Lease};
 pub use redis::RedisQueueOptions;
 pub use settings::ConsumerOptions;
 

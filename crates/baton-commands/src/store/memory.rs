@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::{status_slot, Cas, CommandStoreSettings, StateBackend, SubmitOutcome};
+use super::backend::{status_slot, Cas, CommandStoreSettings, StateBackend, SubmitOutcome};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
@@ -80,7 +80,7 @@ pub(crate) struct MemoryStateBackend {
 impl MemoryStateBackend {
     pub fn new(
         stream: baton_queue::MessageStream,
-        _hub: std::sync::Arc<super::Hub>,
+        _hub: std::sync::Arc<super::backend::Hub>,
         settings: CommandStoreSettings,
     ) -> Self {
         Self { inner: Mutex::new(Inner::default()), stream, settings }

@@ -13,8 +13,8 @@ use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
+use super::backend::{status_slot, Cas, CommandStoreSettings, Hub, Peeked, StateBackend, SubmitOutcome};
 use super::commit::{BatchKeys, GroupCommit, Submit, Transition};
-use super::{status_slot, Cas, CommandStoreSettings, Hub, Peeked, StateBackend, SubmitOutcome};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 

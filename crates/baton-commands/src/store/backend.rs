@@ -1,0 +1,254 @@
+//! The seam between the [`CommandStore`](super::CommandStore) and its backends: the
+//! [`StateBackend`] trait, what its calls take and return, the change hub both backends feed,
+//! and the store's settings. `memory.rs` and `redis.rs` import this module, never `mod.rs`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{CommandMsg, Cursor};
+use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
+
+/// Lifetimes of stored command states: the settings of a [`CommandStore`] (given to
+/// [`CommandStore::memory_with`], or as [`RedisCommandStoreOptions::settings`]).
+#[derive(Clone, Debug)]
+pub struct CommandStoreSettings {
+    /// A non-terminal state expires this long after its last write. Default 7 days; at least 1 s.
+    pub state_ttl: Duration,
+    /// A terminal state is kept this long after completion. Default 24 h; at least 1 s.
+    pub retention: Duration,
+}
+
+impl Default for CommandStoreSettings {
+    fn default() -> Self {
+        Self { state_ttl: Duration::from_secs(7 * 24 * 3600), retention: Duration::from_secs(24 * 3600) }
+    }
+}
+
+impl CommandStoreSettings {
+    pub(crate) fn validate(&self) -> Result<(), CommandError> {
+        if self.state_ttl < Duration::from_secs(1) || self.retention < Duration::from_secs(1) {
+            return Err(CommandError::InvalidSettings("state_ttl and retention must be at least 1s".into()));
+        }
+        Ok(())
+    }
+    /// The TTL a state gets when written with `status`.
+    pub(crate) fn ttl_for(&self, status: CommandStatus) -> Duration {
+        if status.is_terminal() {
+            self.retention
+        } else {
+            self.state_ttl
+        }
+    }
+}
+
+/// What a submit found.
+pub(crate) enum SubmitOutcome {
+    /// Stored as given (with backend bookkeeping filled in).
+    Created(CommandState),
+    /// Same id and body: the stored state.
+    Existing(CommandState),
+    /// Same id, other body.
+    Conflict,
+    /// Same id on another queue.
+    OtherQueue,
+}
+
+/// What a compare-and-set found.
+pub(crate) enum Cas {
+    /// Written; the state as stored.
+    Done(CommandState),
+    /// The version moved on (the current state attached) or the state is gone (`None`).
+    Conflict(Option<CommandState>),
+}
+
+/// A state backend. Writes are compare-and-set on `version`; a backend publishes each successful
+/// write to the hub (locally) and, on Redis, to the home queue's channel.
+#[async_trait]
+pub(crate) trait StateBackend: Send + Sync + 'static {
+    /// Stores `state` (version 1) and enqueues `msg` on its queue, atomically (see crate docs).
+    async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError>;
+    /// The state of `id` in `home`'s storage.
+    async fn load(&self, home: &str, id: &str) -> Result<Option<CommandState>, CommandError>;
+    /// Version and status of `id`'s state, its document decoded only when asked for (waiters
+    /// look at many non-terminal states and return only one). Default: [`StateBackend::load`].
+    async fn peek(&self, home: &str, id: &str) -> Result<Option<Peeked>, CommandError> {
+        Ok(self.load(home, id).await?.map(Peeked::from))
+    }
+    /// The home queue of `id`, if known.
+    async fn home_of(&self, id: &str) -> Result<Option<String>, CommandError>;
+    /// CAS: replaces the state at version `new.version - 1` (whose status was `old`) by `new`.
+    /// With `enqueue`, also enqueues the message on that queue in the same atomic step; only
+    /// allowed when [`StateBackend::atomic_enqueue`] says so. With `ack` (only when
+    /// [`StateBackend::can_fold_ack`] says so), a successful write also acks that delivery in the
+    /// same atomic step if its consumer still owns it; the `bool` tells whether it did (the
+    /// caller then settles the lease with `mark_acked`).
+    async fn transition(
+        &self,
+        old: CommandStatus,
+        new: CommandState,
+        enqueue: Option<(&str, &CommandMsg)>,
+        ack: Option<&baton_queue::Lease>,
+    ) -> Result<(Cas, bool), CommandError>;
+    /// True when a transition of a state homed in `home` can enqueue on `target` atomically.
+    fn atomic_enqueue(&self, home: &str, target: &str) -> bool;
+    /// True when a transition of a state homed in `home` can ack a delivery of `queue` in the
+    /// same atomic step (Redis: same slot; memory acks are immediate anyway: never).
+    fn can_fold_ack(&self, home: &str, queue: &str) -> bool;
+    /// Enqueues a message on `queue` (non-atomic path).
+    async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError>;
+    /// Ids of `queue`'s commands, newest first, after `cursor`, at most `limit`, and the cursor
+    /// of the last returned item when more may follow.
+    async fn list(
+        &self,
+        queue: &str,
+        status: Option<CommandStatus>,
+        limit: usize,
+        cursor: Option<Cursor>,
+    ) -> Result<(Vec<CommandState>, Option<Cursor>), CommandError>;
+    async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError>;
+    /// Makes sure remote writes to `home`'s commands reach the hub (Redis pub/sub).
+    async fn watch_home(&self, home: &str) -> Result<(), CommandError>;
+}
+
+/// A state seen by [`StateBackend::peek`].
+pub(crate) struct Peeked {
+    pub version: u64,
+    pub status: CommandStatus,
+    raw: PeekedDoc,
+}
+
+enum PeekedDoc {
+    State(Box<CommandState>),
+    /// The stored JSON document, decoded by [`Peeked::into_state`].
+    Json(String, Vec<u8>),
+}
+
+impl Peeked {
+    pub fn json(id: &str, version: u64, status: CommandStatus, doc: Vec<u8>) -> Self {
+        Peeked { version, status, raw: PeekedDoc::Json(id.to_string(), doc) }
+    }
+
+    pub fn into_state(self) -> Result<CommandState, CommandError> {
+        match self.raw {
+            PeekedDoc::State(s) => Ok(*s),
+            PeekedDoc::Json(id, doc) => {
+                serde_json::from_slice(&doc).map_err(|e| CommandError::Corrupt { id, reason: e.to_string() })
+            }
+        }
+    }
+}
+
+impl From<CommandState> for Peeked {
+    fn from(s: CommandState) -> Self {
+        Peeked { version: s.version, status: s.status, raw: PeekedDoc::State(Box::new(s)) }
+    }
+}
+
+/// In-process fan-out of state changes: waiters by id, and cancellation tokens of running handlers.
+#[derive(Default)]
+pub(crate) struct Hub {
+    waiters: Mutex<HashMap<String, watch::Sender<Option<CommandState>>>>,
+    running: Mutex<HashMap<String, CancellationToken>>,
+    /// Ids cancelled lately, so a handler that registers *after* the cancel (its dispatch read
+    /// the state just before the cancel was written) is signalled at once.
+    recent_cancels: Mutex<HashMap<String, std::time::Instant>>,
+}
+
+/// How long a cancel is remembered for handlers that register late.
+const RECENT_CANCEL_TTL: Duration = Duration::from_secs(600);
+/// Remembered cancels above which old ones are pruned.
+const RECENT_CANCEL_PRUNE_AT: usize = 10_000;
+
+impl Hub {
+    /// A write made by this process.
+    pub fn local(&self, state: &CommandState) {
+        if state.status == CommandStatus::Cancelled {
+            self.cancel_running(&state.id);
+        }
+        if let Some(tx) = self.waiters.lock().unwrap().get(&state.id) {
+            tx.send_replace(Some(state.clone()));
+        }
+    }
+
+    /// A write announced by Redis (only terminal ones are). `own`: written by this store, so
+    /// [`Hub::local`] has already told (or is about to tell) the waiters, with the state; they
+    /// are not woken a second time to re-read it. A cancel still signals (idempotent), in case
+    /// the writer's reply was lost.
+    pub fn remote(&self, id: &str, status: CommandStatus, own: bool) {
+        if status == CommandStatus::Cancelled {
+            self.cancel_running(id);
+        }
+        if own {
+            return;
+        }
+        if let Some(tx) = self.waiters.lock().unwrap().get(id) {
+            // No state attached: the waiter re-reads.
+            tx.send_replace(None);
+        }
+    }
+
+    pub(crate) fn cancel_running(&self, id: &str) {
+        {
+            // Remember first, then look for a running handler; `running` does the reverse, so
+            // one of the two always sees the other.
+            let mut recent = self.recent_cancels.lock().unwrap();
+            if recent.len() >= RECENT_CANCEL_PRUNE_AT {
+                recent.retain(|_, at| at.elapsed() < RECENT_CANCEL_TTL);
+            }
+            recent.insert(id.to_string(), std::time::Instant::now());
+        }
+        if let Some(t) = self.running.lock().unwrap().get(id) {
+            t.cancel();
+        }
+    }
+
+    pub(crate) fn subscribe(&self, id: &str) -> watch::Receiver<Option<CommandState>> {
+        self.waiters.lock().unwrap().entry(id.to_string()).or_insert_with(|| watch::channel(None).0).subscribe()
+    }
+
+    pub(crate) fn unsubscribe(&self, id: &str) {
+        let mut w = self.waiters.lock().unwrap();
+        if w.get(id).is_some_and(|tx| tx.receiver_count() == 0) {
+            w.remove(id);
+        }
+    }
+
+    /// Registers a running handler's cancellation token (removed by the guard's drop).
+    pub fn running(self: &Arc<Self>, id: &str, token: CancellationToken) -> RunningGuard {
+        self.running.lock().unwrap().insert(id.to_string(), token.clone());
+        if self.recent_cancels.lock().unwrap().get(id).is_some_and(|at| at.elapsed() < RECENT_CANCEL_TTL) {
+            token.cancel();
+        }
+        RunningGuard { hub: self.clone(), id: id.to_string() }
+    }
+}
+
+pub(crate) struct RunningGuard {
+    hub: Arc<Hub>,
+    id: String,
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.hub.running.lock().unwrap().remove(&self.id);
+    }
+}
+
+/// Unsubscribes a waiter from the hub when dropped.
+pub(crate) struct Unsub<'a>(pub &'a Hub, pub &'a str);
+
+impl Drop for Unsub<'_> {
+    fn drop(&mut self) {
+        self.0.unsubscribe(self.1);
+    }
+}
+
+/// Index keys/ordering shared by the backends: the index a status lives in.
+pub(crate) fn status_slot(s: Option<CommandStatus>) -> usize {
+    s.map(|s| s.index() + 1).unwrap_or(0)
+}
