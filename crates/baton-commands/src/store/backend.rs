@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
-/// Lifetimes of stored command states: the settings of a [`CommandStore`] (given to
-/// [`CommandStore::memory_with`], or as [`RedisCommandStoreOptions::settings`]).
+/// Lifetimes of stored command states: the settings of a [`CommandStore`](crate::CommandStore) (given to
+/// [`CommandStore::memory_with`](crate::CommandStore::memory_with), or as [`RedisCommandStoreOptions::settings`](crate::RedisCommandStoreOptions::settings)).
 #[derive(Clone, Debug)]
 pub struct CommandStoreSettings {
     /// A non-terminal state expires this long after its last write. Default 7 days; at least 1 s.
