@@ -4,18 +4,26 @@
 //!
 //! * Order: an item is queued when its [`GroupCommit::submit`] future is first polled, and the
 //!   items of a key are committed in queue order (so items submitted in order by one task are
-//!   applied in that order, whatever the number in flight).
+//!   sent in that order, whatever the number in flight; see the last point).
 //! * Batches: at most [`GroupCommitOptions::max_items`] items per call, and at most
 //!   [`GroupCommitOptions::max_weight`] in total [`Committer::weight`] (a single heavier item
 //!   still goes, alone).
 //! * Who sends: the first submitter of an idle key sends its call (of its item alone) from its
 //!   own task when [`GroupCommitOptions::lead_sends`] is set (no task hop on an idle key); else
-//!   a spawned task sends, its first call carrying what is queued by the time it runs. Every
-//!   later batch is sent from a spawned task. A submitter that stops waiting never
-//!   strands the items queued behind it: an abandoned lead call is finished in a spawned task.
-//! * Failure: a [`Committer`] returns one reply per item. An item left without one (a short
-//!   reply vector, or a committer that panicked) gets [`Abandoned`]; a panic also ends the key's
-//!   in-flight state, so later items are sent normally.
+//!   a spawned task sends (one task hop), its first call carrying what is queued by the time it
+//!   runs. Every later batch is sent from a spawned task. A submitter that stops waiting never
+//!   strands the items queued behind it: an abandoned lead call is finished in a spawned task
+//!   (dropped outside a runtime, it is dropped, as below).
+//! * Failure: a [`Committer`] returns one reply per item (extra replies are ignored). An item
+//!   left without one gets [`Abandoned`]: a short reply vector; a committer that panicked (the
+//!   items of its call and those queued behind it, which are not sent; in lead mode too, the
+//!   panic does not reach the submitter); a run dropped unfinished (runtime shutdown). The key
+//!   is then idle again, so later items are sent normally.
+//! * Busy: a key stays busy ([`GroupCommit::is_busy`]) from its first item until the reply of
+//!   its last call has been handed out, i.e. a little after [`Committer::commit`] returned.
+//! * Order across a lost connection is Redis's: a call cut mid-reply may still run after the
+//!   next call, sent on a new connection (writers that need order use their own checks, e.g.
+//!   producer sequence numbers or compare-and-set).
 //!
 //! ```
 //! use baton_redis::group_commit::{Committer, GroupCommit, GroupCommitOptions};
@@ -234,10 +242,11 @@ where
 impl<K: Eq + Hash, I, R> Drop for Run<K, I, R> {
     fn drop(&mut self) {
         // Moving into a spawned task moves the run (its `done` travels with it); a run dropped
-        // before it left the key idle was unwound by a panic: free the key, and its queued items
-        // get `Abandoned` (their senders drop).
+        // before it left the key idle was unwound by a panic or dropped with its runtime: free
+        // the key, and its queued items get `Abandoned` (their senders drop, after the lock).
         if !self.done {
-            lock(&self.queues).remove(&self.key);
+            let abandoned = lock(&self.queues).remove(&self.key);
+            drop(abandoned);
         }
     }
 }
@@ -251,12 +260,14 @@ impl Future for Detached {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let Some(f) = self.0.as_mut() else { return Poll::Ready(()) };
-        match f.as_mut().poll(cx) {
-            Poll::Ready(()) => {
+        // A panicking committer unwinds the run (its drop frees the key; the items get
+        // `Abandoned`), not the caller; the poisoned future is not polled or spawned again.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(())) | Err(_) => {
                 self.0 = None;
                 Poll::Ready(())
             }
-            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -264,7 +275,11 @@ impl Future for Detached {
 impl Drop for Detached {
     fn drop(&mut self) {
         if let Some(f) = self.0.take() {
-            tokio::spawn(f);
+            // Outside a runtime the run is dropped instead: the key is freed and its items get
+            // `Abandoned`.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(f);
+            }
         }
     }
 }
@@ -414,6 +429,36 @@ mod tests {
         let g = gc(10, usize::MAX, false);
         let out = run(&g, &probe, &[1, 2, 3]).await;
         assert_eq!(out, vec![Err(Abandoned), Ok(4), Err(Abandoned)]);
+    }
+
+    #[tokio::test]
+    async fn a_lead_sending_committer_that_panics_abandons_its_item_without_panicking_the_caller() {
+        let g = gc(10, usize::MAX, true);
+        let probe = Probe { panic_on: Some(1), ..Default::default() };
+        let lead = tokio::spawn({
+            let (g, p) = (g.clone(), probe.clone());
+            async move { g.submit(&"k", 1, || p).await }
+        });
+        assert_eq!(lead.await.expect("the submitter's task does not panic"), Err(Abandoned));
+        assert!(!g.is_busy(&"k"));
+        assert_eq!(g.submit(&"k", 2, || probe.clone()).await, Ok(4));
+    }
+
+    #[test]
+    fn a_lead_call_dropped_outside_a_runtime_frees_the_key() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let g = gc(10, usize::MAX, true);
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let probe = Probe { gate: Some(gate), ..Default::default() };
+        let mut fut = Box::pin(g.submit(&"k", 1, move || probe));
+        rt.block_on(async {
+            // Poll once: the lead call is in flight, held at the gate.
+            let _ = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+        });
+        assert!(g.is_busy(&"k"));
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(fut)));
+        assert!(dropped.is_ok(), "dropping the submit outside a runtime panicked");
+        assert!(!g.is_busy(&"k"));
     }
 
     #[tokio::test]

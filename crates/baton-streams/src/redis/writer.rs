@@ -58,15 +58,15 @@ fn body_len(spec: &WriteSpec) -> usize {
 
 impl RedisStreamBackend {
     pub(crate) async fn submit_write(self: Arc<Self>, path: &StreamPath, spec: WriteSpec) -> Result<Appended> {
-        let store = self.clone();
         self.writer
             .0
-            .submit(path, spec, move || WriteCall(store))
+            .submit(path, spec, || WriteCall(self.clone()))
             .await
             .unwrap_or_else(|_| Err(StreamError::Backend("write abandoned".into())))
     }
 
-    /// A write call of this process to `path` is in flight (or queued).
+    /// A write call of this process to `path` is in flight or queued, or the replies of its last
+    /// call are still being handed out (see [`baton_redis::group_commit`]).
     pub(crate) fn writer_busy(&self, path: &StreamPath) -> bool {
         self.writer.0.is_busy(path)
     }
