@@ -53,7 +53,7 @@
 //! # }
 //! ```
 //!
-//! ## Rules (issue 3)
+//! ## Rules
 //!
 //! * **Dispatch from the persisted status**: `SUBMITTED` → `execute`; `RUNNING` → `check_status`;
 //!   terminal or missing → ack. `RUNNING` (with `started_at`) is written when a handler says the

@@ -1,7 +1,8 @@
 //! Errors of the streams engine. Each variant names the HTTP status the protocol gives it
 //! (PROTOCOL.md section in brackets) so the HTTP layer can map it with [`StreamError::status`].
 //!
-//! Below every module but `offset.rs`, `end.rs` and `limits.rs`, whose values errors carry. The
+//! Below every module but `offset.rs`, `end.rs`, `limits.rs` (whose values errors carry) and
+//! `settings.rs`. The
 //! parsers of offset tokens are here (they fail with [`StreamError::MalformedOffset`]).
 
 use std::str::FromStr;

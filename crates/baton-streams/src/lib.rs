@@ -1,6 +1,6 @@
 //! Durable streams engine for Baton: the Durable Streams protocol model (PROTOCOL.md of
 //! durable-streams/durable-streams; the § numbers in these docs are its sections) plus resumable
-//! runs (seed `001`), on three backends with one semantics: in-memory, Redis standalone and Redis
+//! runs, on three backends with one semantics: in-memory, Redis standalone and Redis
 //! Cluster (Redis ≥ 7.0).
 //!
 //! A producer and a live reader of one run, on the memory backend:

@@ -1,6 +1,6 @@
 //! The triage service: command handlers, runs and the per-engineer pointer.
 //!
-//! Flow of one run (DESIGN.md §2 and §3 meeting):
+//! Flow of one run (see the example's README.md):
 //! 1. [`Triage::start_run`] claims the engineer's pointer (or takes it over from an ended run),
 //!    then submits a `triage` command (id = run id) on queue `lifecycle`.
 //! 2. `execute` (queue `lifecycle`, claim timeout 60 s) creates the stream

@@ -1,6 +1,7 @@
 //! The HTTP face of Baton: the Durable Streams protocol under `/v1/stream/{path}`, the command
 //! and queue API, the dashboard, `/healthz`, `/readyz`, `/metrics` and `/openapi.json`. Handlers
-//! only translate between HTTP and the engines.
+//! only translate between HTTP and the engines. `PROTOCOL.md` in this layer's docs is the Durable
+//! Streams protocol document (github.com/durable-streams/durable-streams), not a file of Baton.
 //!
 //! Every route is declared once, in [`routes::table`]: its handlers, what each method needs
 //! (auth) and its OpenAPI operation. Inside this module too, a module uses only those listed
