@@ -313,7 +313,14 @@ async fn acquire(
         // Saturated (or every free slot kept for a due re-poll): wait for a slot or the next tick.
         let wake = min_instant(wake, next_due.filter(|t| *t > now)).max(now + Duration::from_millis(1));
         tokio::select! {
-            _ = &mut changed => {},
+            _ = &mut changed => {
+                // In memory the handlers share this runtime: let the ones woken with this slot
+                // finish first, so that the next read takes every slot freed meanwhile (one read
+                // per freed slot otherwise).
+                if sh.backend.in_process() {
+                    tokio::task::yield_now().await;
+                }
+            },
             _ = tokio::time::sleep_until(wake) => {},
             _ = stop.cancelled() => {},
         }
