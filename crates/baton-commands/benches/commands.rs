@@ -103,15 +103,6 @@ async fn run(store: CommandStore, backend: &'static str, concurrency: usize, tot
     }
 }
 
-/// CPU seconds (user + system) used by this process so far (Linux `/proc/self/stat`, 100 Hz ticks).
-fn own_cpu() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (t(11) + t(12)) / 100.0
-}
-
 /// `INFO commandstats`: (calls, µs) per command name.
 type CommandStats = Vec<(String, (u64, u64))>;
 
@@ -155,12 +146,12 @@ fn main() {
                 let client = RedisClient::new(server.config()).unwrap();
                 let store = CommandStore::redis(client, RedisCommandStoreOptions::default()).await.unwrap();
                 let (cpu0, calls0) = redis_snapshot(&server);
-                let own0 = own_cpu();
+                let own0 = baton_testkit::process_cpu_seconds();
                 let t0 = Instant::now();
                 let row = run(store, "redis", c, redis_n).await;
                 let wall = t0.elapsed().as_secs_f64();
                 let (cpu1, calls1) = redis_snapshot(&server);
-                let own = own_cpu() - own0;
+                let own = baton_testkit::process_cpu_seconds() - own0;
                 // Warm-up phase included: 1.1 × commands.
                 let n = redis_n as f64 * 1.1;
                 let per: Vec<String> = calls1

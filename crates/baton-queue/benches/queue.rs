@@ -58,17 +58,6 @@ fn redis_benchmark_xadd(port: u16) -> f64 {
     panic!("unexpected redis-benchmark output: {text}");
 }
 
-/// CPU time of this process so far (user + system, from /proc/self/stat, in seconds; 10 ms
-/// resolution).
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which is in parentheses): utime is the 12th, stime the 13th.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
 async fn end_to_end(s: &MessageStream, queue: &str, concurrency: usize, n: u64) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
     let notify = Arc::new(tokio::sync::Notify::new());
@@ -201,9 +190,9 @@ fn main() {
         let mem = MessageStream::memory();
         for c in [1usize, 64, 512] {
             let n = scale(if c == 1 { 100_000 } else { 500_000 });
-            let cpu = cpu_seconds();
+            let cpu = baton_testkit::process_cpu_seconds();
             let r = end_to_end(&mem, &format!("mem-{c}"), c, n).await;
-            let us = (cpu_seconds() - cpu) * 1e6 / n as f64;
+            let us = (baton_testkit::process_cpu_seconds() - cpu) * 1e6 / n as f64;
             println!("| memory: offer → no-op handler → ack, concurrency {c} ({n} msgs) | {r:.0} msg/s, {us:.2} µs CPU/msg |");
         }
         if std::env::var("BATON_BENCH_ONLY").is_ok_and(|v| v == "memory") {

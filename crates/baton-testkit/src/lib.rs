@@ -668,6 +668,19 @@ impl TestBackend {
     }
 }
 
+/// CPU seconds (user + system) this process has used so far, from Linux `/proc/self/stat` (100 Hz
+/// ticks, so 10 ms resolution); 0 where that file cannot be read. For benchmarks that report CPU
+/// per operation beside wall time.
+pub fn process_cpu_seconds() -> f64 {
+    let stat = fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (in parentheses, which may contain spaces): utime is the
+    // 12th and stime the 13th of them.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
