@@ -1,18 +1,18 @@
 //! The consumer: a lease thread (`engine.rs`: reads, reclaims, renewals, settlements, on its own
-//! OS thread and connections) and a dispatcher task on the application's runtime that only runs
-//! handlers. Backend independent: the same code drives the memory and the Redis backends.
+//! OS thread and connections) and handler tasks on the application's runtime, started by the
+//! acquirer the moment a delivery is registered. Backend independent: the same code drives the
+//! memory and the Redis backends.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::backend::{ConsumerSpec, QueueBackend};
 use crate::engine::{self, Control};
-use crate::lease::{Job, Shared};
+use crate::lease::{Job, Shared, Starter};
 use crate::{ConsumerCounters, ConsumerOptions, Decision, Delivery, DrainReport, Lease, MessageId};
 
 /// Handles deliveries. Implemented for any `Fn(Delivery) -> impl Future<Output = Decision>`.
@@ -42,7 +42,6 @@ where
 pub struct Consumer {
     shared: Arc<Shared>,
     control: Control,
-    dispatcher: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Consumer {
@@ -62,10 +61,12 @@ impl Consumer {
             heartbeat: options.heartbeat(),
             max_deliveries: options.max_deliveries,
         };
-        let (shared, control, jobs) = engine::start(backend, spec, options).await?;
-        let dispatcher = tokio::spawn(dispatch(shared.clone(), handler, jobs));
+        // Handlers run on the runtime that starts the consumer, whichever thread starts them.
+        let app = tokio::runtime::Handle::current();
+        let start: Starter = Box::new(move |shared, job| start_handler(&app, shared, &handler, job));
+        let (shared, control) = engine::start(backend, spec, options, start).await?;
         tracing::info!(queue, consumer = %shared.consumer, "consumer started");
-        Ok(Consumer { shared, control, dispatcher: Some(dispatcher) })
+        Ok(Consumer { shared, control })
     }
 
     /// The consumer's name in the group: `<prefix>-<uuid v7>`, unique per incarnation.
@@ -99,7 +100,7 @@ impl Consumer {
     /// still applied (then the consumer leaves the
     /// group and closes its connections), and otherwise another consumer takes it after
     /// `claim_timeout` (nothing is lost).
-    pub async fn drain(mut self, budget: Duration) -> DrainReport {
+    pub async fn drain(self, budget: Duration) -> DrainReport {
         let deadline = Instant::now() + budget;
         let before = self.shared.counters.snapshot();
         if !budget.is_zero() {
@@ -124,9 +125,6 @@ impl Consumer {
         if in_flight.is_empty() {
             // Nothing left to settle: the lease thread leaves the group and ends at once.
             self.control.exited.cancelled().await;
-        }
-        if let Some(d) = self.dispatcher.take() {
-            let _ = d.await;
         }
         let completed = (after.acked + after.retried + after.dead_lettered)
             .saturating_sub(before.acked + before.retried + before.dead_lettered) as usize;
@@ -159,22 +157,19 @@ impl Drop for Consumer {
     }
 }
 
-/// Runs handlers for the jobs the lease thread hands over; ends when the lease thread does.
-async fn dispatch(shared: Arc<Shared>, handler: Arc<dyn Handler>, mut jobs: mpsc::UnboundedReceiver<Vec<Job>>) {
-    while let Some(batch) = jobs.recv().await {
-        for job in batch {
-            start_handler(&shared, &handler, job);
-        }
-    }
-}
-
-fn start_handler(shared: &Arc<Shared>, handler: &Arc<dyn Handler>, job: Job) {
+/// Spawns the handler task of a registered delivery on `app`; see [`Starter`].
+fn start_handler(
+    app: &tokio::runtime::Handle,
+    shared: &Arc<Shared>,
+    handler: &Arc<dyn Handler>,
+    job: Job,
+) -> tokio::task::AbortHandle {
     let (id, seq) = (job.id, job.seq);
     let lease = Lease::new(shared.clone(), id, seq, job.lost);
     let delivery = Delivery { id, payload: job.payload, deliveries: job.deliveries, lease: lease.clone() };
     let handler = handler.clone();
     let q = shared.queue.clone();
-    let task = tokio::spawn(async move {
+    let task = app.spawn(async move {
         let started = std::time::Instant::now();
         let decision = match std::panic::AssertUnwindSafe(handler.handle(delivery)).catch_unwind().await {
             Ok(d) => d,
@@ -187,5 +182,5 @@ fn start_handler(shared: &Arc<Shared>, handler: &Arc<dyn Handler>, job: Job) {
             .record(started.elapsed().as_secs_f64());
         lease.settle_detached(decision);
     });
-    shared.set_abort(id, seq, task.abort_handle());
+    task.abort_handle()
 }

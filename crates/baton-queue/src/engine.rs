@@ -6,11 +6,11 @@
 //! * **acquire** (for Redis; in memory, where an entry is assigned and registered in one
 //!   synchronous step, it runs on the application's runtime): reads new entries (`XREADGROUP … BLOCK`, COUNT = free concurrency slots) and
 //!   reclaims idle ones; each entry is registered in the lease registry the moment its reply is
-//!   parsed, then handed to the dispatcher on the application's runtime. Reclaimed entries come
+//!   parsed, and its handler task is started on the application's runtime under the same lock. Reclaimed entries come
 //!   first: when a tick finds reclaimable entries it could not take (no free slot), the next
 //!   freed slot goes to a reclaim before any read.
 //! * **redeliver**: short `RetryAfter`s are kept as waiting leases (renewed, no slot taken) and
-//!   handed to the dispatcher again when due, from a local timer: no Redis call per re-poll.
+//!   started again when due, from a local timer: no Redis call per re-poll.
 //! * **heartbeat**: every `heartbeat_interval`, ONE backend call renews every held lease,
 //!   writes the consumer's liveness record and hands back orphans; lost leases are signalled.
 //!   Reaping of dead consumers runs on the same task.
@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{ConsumerSpec, Owned, QueueBackend, RawDelivery, Settle, SettleOp};
-use crate::lease::{Job, SettleReq, Shared};
+use crate::lease::{SettleReq, Shared, Starter};
 use crate::{ConsumerOptions, Decision, QueueError};
 
 /// Settlements batched into one backend call, at most this many.
@@ -60,14 +60,16 @@ pub(crate) struct Control {
     pub exited: CancellationToken,
 }
 
-type Ready = Result<(Arc<Shared>, mpsc::UnboundedReceiver<Vec<Job>>), QueueError>;
+type Ready = Result<Arc<Shared>, QueueError>;
 
-/// Starts the lease thread of a consumer and waits until it has joined the group.
+/// Starts the lease thread of a consumer and waits until it has joined the group. `start` starts
+/// a delivery's handler on the application's runtime (see [`Starter`]).
 pub(crate) async fn start(
     backend: Arc<dyn QueueBackend>,
     spec: ConsumerSpec,
     options: ConsumerOptions,
-) -> Result<(Arc<Shared>, Control, mpsc::UnboundedReceiver<Vec<Job>>), QueueError> {
+    start: Starter,
+) -> Result<(Arc<Shared>, Control), QueueError> {
     let control = Control {
         stop_acquiring: CancellationToken::new(),
         acquiring_done: CancellationToken::new(),
@@ -96,6 +98,7 @@ pub(crate) async fn start(
                         backend,
                         spec,
                         options,
+                        start,
                         ready_tx,
                         stop_acquiring,
                         acquiring_done,
@@ -112,8 +115,8 @@ pub(crate) async fn start(
             exited.cancel();
         })
         .map_err(|e| QueueError::Unavailable(format!("cannot spawn the lease thread: {e}")))?;
-    let (shared, jobs) = ready_rx.await.unwrap_or(Err(QueueError::Closed))?;
-    Ok((shared, control, jobs))
+    let shared = ready_rx.await.unwrap_or(Err(QueueError::Closed))?;
+    Ok((shared, control))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -122,6 +125,7 @@ async fn run(
     backend: Arc<dyn QueueBackend>,
     spec: ConsumerSpec,
     options: ConsumerOptions,
+    start: Starter,
     ready: oneshot::Sender<Ready>,
     stop_acquiring: CancellationToken,
     acquiring_done: CancellationToken,
@@ -136,9 +140,8 @@ async fn run(
         }
     };
     let (settle_tx, settle_rx) = mpsc::unbounded_channel();
-    let shared = Arc::new(Shared::new(spec.queue.clone(), spec.consumer.clone(), cb, settle_tx, &options));
-    let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
-    if ready.send(Ok((shared.clone(), jobs_rx))).is_err() {
+    let shared = Arc::new(Shared::new(spec.queue.clone(), spec.consumer.clone(), cb, settle_tx, &options, start));
+    if ready.send(Ok(shared.clone())).is_err() {
         return;
     }
     tokio::spawn(settler(shared.clone(), settle_rx));
@@ -146,10 +149,9 @@ async fn run(
     let acquisition = {
         let (shared, options, stop) = (shared.clone(), options.clone(), stop_acquiring.clone());
         async move {
-            let redeliver = tokio::spawn(redeliverer(shared.clone(), jobs_tx.clone(), stop.clone()));
-            acquire(&shared, &options, &jobs_tx, &stop).await;
+            let redeliver = tokio::spawn(redeliverer(shared.clone(), stop.clone()));
+            acquire(&shared, &options, &stop).await;
             let _ = redeliver.await;
-            drop(jobs_tx);
             // Waiting leases go back to the backend, due when they would have been here.
             for (id, left) in shared.take_waiting() {
                 if let Err(e) = shared.backend.retry_after(id, left, false).await {
@@ -162,7 +164,7 @@ async fn run(
         if shared.backend.in_process() {
             // In memory an entry is assigned and registered in one synchronous step (no reply to
             // wait for), so acquisition runs beside the handlers, on the application's runtime,
-            // without a thread hop per message; renewals and settlements stay here.
+            // and starts them without a thread hop; renewals and settlements stay here.
             let _ = app.spawn(acquisition).await;
         } else {
             acquisition.await;
@@ -232,12 +234,7 @@ fn note_reclaimed(sh: &Shared, r: &crate::backend::Reclaimed) {
 }
 
 /// Reads and reclaims; see the module docs.
-async fn acquire(
-    sh: &Arc<Shared>,
-    options: &ConsumerOptions,
-    jobs: &mpsc::UnboundedSender<Vec<Job>>,
-    stop: &CancellationToken,
-) {
+async fn acquire(sh: &Arc<Shared>, options: &ConsumerOptions, stop: &CancellationToken) {
     let poll = options.poll();
     let q = sh.queue.clone();
     let mut next_tick = Instant::now();
@@ -252,9 +249,8 @@ async fn acquire(
         let now = Instant::now();
         // Due waiting leases first (the redeliverer takes them while a read is in flight).
         let view = sh.acquire_view(now.into_std(), (now + NEAR).into_std());
-        if !view.due.is_empty() {
-            sh.counters.delivered.fetch_add(view.due.len() as u64, Ordering::Relaxed);
-            let _ = jobs.send(view.due);
+        if view.due > 0 {
+            sh.counters.delivered.fetch_add(view.due as u64, Ordering::Relaxed);
         }
         let free = view.free;
         let reclaim_first = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).reclaim_first;
@@ -269,7 +265,7 @@ async fn acquire(
                         next_tick = Instant::now() + poll;
                     }
                     note_reclaimed(sh, &r);
-                    accept(sh, options, jobs, r.deliveries, acquired_at, stop).await;
+                    accept(sh, options, r.deliveries, acquired_at, stop).await;
                 }
                 Err(e) => {
                     sh.promise(0);
@@ -296,7 +292,7 @@ async fn acquire(
             match sh.backend.read_new(count, block).await {
                 Ok(ds) => {
                     failures = 0;
-                    accept(sh, options, jobs, ds, acquired_at, stop).await;
+                    accept(sh, options, ds, acquired_at, stop).await;
                 }
                 Err(e) => {
                     sh.promise(0);
@@ -327,13 +323,12 @@ async fn acquire(
     }
 }
 
-/// Registers what a read or a reclaim returned and hands it to the dispatcher (or, once the
+/// Registers what a read or a reclaim returned and starts its handlers (or, once the
 /// consumer stops without a drain budget, requeues it at the stream's tail: any consumer's read
 /// takes it at once; with a budget it runs within it like the work already running).
 async fn accept(
     sh: &Arc<Shared>,
     options: &ConsumerOptions,
-    jobs: &mpsc::UnboundedSender<Vec<Job>>,
     ds: Vec<RawDelivery>,
     acquired_at: std::time::Instant,
     stop: &CancellationToken,
@@ -358,10 +353,9 @@ async fn accept(
             }
         }
     }
-    let out = sh.register_all(take, acquired_at);
-    if !out.is_empty() {
-        sh.counters.delivered.fetch_add(out.len() as u64, Ordering::Relaxed);
-        let _ = jobs.send(out);
+    let started = sh.register_all(take, acquired_at);
+    if started > 0 {
+        sh.counters.delivered.fetch_add(started as u64, Ordering::Relaxed);
     }
     for (id, seq, deliveries, reason) in bury {
         let sh = sh.clone();
@@ -388,18 +382,17 @@ async fn accept(
     }
 }
 
-/// Hands waiting leases to the dispatcher when due, and promotes the queue's delayed entries at
+/// Starts waiting leases again when due, and promotes the queue's delayed entries at
 /// their due time (a promote-only reclaim: it takes no entry, so it may run beside a read).
-async fn redeliverer(sh: Arc<Shared>, jobs: mpsc::UnboundedSender<Vec<Job>>, stop: CancellationToken) {
+async fn redeliverer(sh: Arc<Shared>, stop: CancellationToken) {
     while !stop.is_cancelled() {
         let changed = sh.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
         let now = Instant::now();
         let due = sh.take_due(now.into_std());
-        if !due.is_empty() {
-            sh.counters.delivered.fetch_add(due.len() as u64, Ordering::Relaxed);
-            let _ = jobs.send(due);
+        if due > 0 {
+            sh.counters.delivered.fetch_add(due as u64, Ordering::Relaxed);
             continue;
         }
         let promote = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).next_promote.map(Instant::from_std);

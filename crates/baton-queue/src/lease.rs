@@ -28,7 +28,7 @@ pub(crate) struct SettleReq {
     pub queue: Option<String>,
 }
 
-/// A delivery handed to the dispatcher, to run its handler.
+/// A delivery whose handler is to start.
 pub(crate) struct Job {
     pub id: MessageId,
     pub seq: u64,
@@ -52,7 +52,7 @@ pub(crate) enum Stop {
 }
 
 pub(crate) enum Phase {
-    /// Handed to the dispatcher: its handler runs (or waits for a runtime thread). Holds a
+    /// Its handler task is started: it runs (or waits for a runtime thread). Holds a
     /// concurrency slot.
     Running,
     /// A settlement is being applied. Holds its concurrency slot until applied.
@@ -101,23 +101,31 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    /// A new slot holding a concurrency slot (`Running` or `Settling`); returns its `seq`.
+    /// A new slot holding a concurrency slot (`Running` or `Settling`) with no handler task;
+    /// returns its `seq`.
     fn insert(&mut self, id: MessageId, phase: Phase, payload: Bytes, deliveries: u32, acquired_at: Instant) -> u64 {
-        self.insert_with_token(id, phase, payload, deliveries, acquired_at).0
+        let seq = self.new_seq();
+        self.insert_slot(id, seq, phase, payload, deliveries, acquired_at, CancellationToken::new(), None);
+        seq
     }
 
-    /// [`Registry::insert`], also returning the slot's lost-lease token.
-    fn insert_with_token(
+    fn new_seq(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert_slot(
         &mut self,
         id: MessageId,
+        seq: u64,
         phase: Phase,
         payload: Bytes,
         deliveries: u32,
         acquired_at: Instant,
-    ) -> (u64, CancellationToken) {
-        self.next_seq += 1;
-        let seq = self.next_seq;
-        let lost = CancellationToken::new();
+        lost: CancellationToken,
+        abort: Option<tokio::task::AbortHandle>,
+    ) {
         let slot = Slot {
             seq,
             phase,
@@ -126,12 +134,11 @@ impl Registry {
             started: acquired_at,
             renewed_at: acquired_at,
             stopped: None,
-            lost: lost.clone(),
-            abort: None,
+            lost,
+            abort,
         };
         self.slots.insert(id, slot);
         self.busy += 1;
-        (seq, lost)
     }
 }
 
@@ -172,7 +179,12 @@ pub(crate) struct BeatPlan {
     pub release: Vec<MessageId>,
 }
 
-/// State shared by a consumer's lease thread, dispatcher, handler tasks and leases.
+/// Starts a delivery's handler task on the application's runtime and returns its abort handle.
+/// Called under the registry lock, the moment the delivery is registered (so that no second
+/// lock is taken per delivery): it must not take that lock.
+pub(crate) type Starter = Box<dyn Fn(&Arc<Shared>, Job) -> tokio::task::AbortHandle + Send + Sync>;
+
+/// State shared by a consumer's lease thread, acquirer, handler tasks and leases.
 pub(crate) struct Shared {
     pub queue: String,
     pub consumer: String,
@@ -196,6 +208,8 @@ pub(crate) struct Shared {
     /// Entries a read returns after acquisition stopped are requeued (`close`, drop) instead of
     /// run within the drain budget (`drain` with a budget).
     pub requeue_late: AtomicBool,
+    /// Starts handlers; see [`Starter`].
+    start: Starter,
 }
 
 /// Shared by the acquirer and the redeliverer (which promotes delayed entries at their due time).
@@ -214,6 +228,7 @@ impl Shared {
         backend: Arc<dyn ConsumerBackend>,
         settle_tx: mpsc::UnboundedSender<SettleReq>,
         options: &crate::ConsumerOptions,
+        start: Starter,
     ) -> Self {
         Self {
             queue,
@@ -230,6 +245,7 @@ impl Shared {
             closed: AtomicBool::new(false),
             requeue_late: AtomicBool::new(true),
             reg: Mutex::new(Registry::default()),
+            start,
         }
     }
 
@@ -265,22 +281,17 @@ impl Shared {
         Some(reg.insert(id, Phase::Settling, Bytes::new(), deliveries, acquired_at))
     }
 
-    pub fn set_abort(&self, id: MessageId, seq: u64, abort: tokio::task::AbortHandle) {
-        if let Some(s) = self.lock().slots.get_mut(&id).filter(|s| s.seq == seq) {
-            s.abort = Some(abort);
-        }
-    }
-
-    /// Moves waiting entries that are due into running, as far as concurrency allows; returns
-    /// their jobs. Each is a new delivery of the same message (new `seq`), same delivery count.
-    pub fn take_due(&self, now: Instant) -> Vec<Job> {
+    /// Moves waiting entries that are due into running, as far as concurrency allows, and starts
+    /// their handlers; returns how many. Each is a new delivery of the same message (new `seq`),
+    /// same delivery count.
+    pub fn take_due(self: &Arc<Self>, now: Instant) -> usize {
         let mut reg = self.lock();
         self.take_due_locked(&mut reg, now)
     }
 
-    fn take_due_locked(&self, reg: &mut Registry, now: Instant) -> Vec<Job> {
+    fn take_due_locked(self: &Arc<Self>, reg: &mut Registry, now: Instant) -> usize {
         let mut free = self.concurrency.saturating_sub(reg.busy + reg.promised);
-        let mut jobs = Vec::new();
+        let mut started = 0;
         while free > 0 {
             let Some(&(due, id)) = reg.dues.first() else { break };
             if due > now {
@@ -293,24 +304,24 @@ impl Shared {
                 break;
             }
             reg.dues.pop_first();
-            reg.next_seq += 1;
-            let seq = reg.next_seq;
+            let seq = reg.new_seq();
             let Some(s) = reg.slots.get_mut(&id) else { continue };
             s.seq = seq;
             s.phase = Phase::Running;
             s.started = Instant::now();
             s.lost = CancellationToken::new();
-            s.abort = None;
-            jobs.push(Job { id, seq, payload: s.payload.clone(), deliveries: s.deliveries, lost: s.lost.clone() });
+            let job = Job { id, seq, payload: s.payload.clone(), deliveries: s.deliveries, lost: s.lost.clone() };
+            s.abort = Some((self.start)(self, job));
             reg.busy += 1;
             free -= 1;
+            started += 1;
         }
-        jobs
+        started
     }
 
     /// One look for the acquirer, under one lock: the due waiting leases it can start now, the
     /// free slots left, the earliest due time, and how many waiting leases are due by `near`.
-    pub fn acquire_view(&self, now: Instant, near: Instant) -> AcquireView {
+    pub fn acquire_view(self: &Arc<Self>, now: Instant, near: Instant) -> AcquireView {
         let mut reg = self.lock();
         let due = self.take_due_locked(&mut reg, now);
         AcquireView {
@@ -321,11 +332,11 @@ impl Shared {
         }
     }
 
-    /// Registers what one read or reclaim acquired, under one lock, and ends the read's promise.
-    /// Returns the jobs; ids this process already holds are skipped (never delivered twice; the
-    /// entry stays under the existing slot).
-    pub fn register_all(&self, items: Vec<(MessageId, Bytes, u32)>, acquired_at: Instant) -> Vec<Job> {
-        let mut jobs = Vec::with_capacity(items.len());
+    /// Registers what one read or reclaim acquired and starts their handlers, under one lock, and
+    /// ends the read's promise. Returns how many started; ids this process already holds are
+    /// skipped (never delivered twice; the entry stays under the existing slot).
+    pub fn register_all(self: &Arc<Self>, items: Vec<(MessageId, Bytes, u32)>, acquired_at: Instant) -> usize {
+        let mut started = 0;
         let released = {
             let mut reg = self.lock();
             for (id, payload, deliveries) in items {
@@ -333,8 +344,14 @@ impl Shared {
                     tracing::error!(queue = %self.queue, message_id = %id, "entry acquired while this process holds it; not delivered twice");
                     continue;
                 }
-                let (seq, lost) = reg.insert_with_token(id, Phase::Running, payload.clone(), deliveries, acquired_at);
-                jobs.push(Job { id, seq, payload, deliveries, lost });
+                // Started before its slot is inserted, under the same lock: its settlement (which
+                // takes the lock) finds the slot.
+                let seq = reg.new_seq();
+                let lost = CancellationToken::new();
+                let job = Job { id, seq, payload: payload.clone(), deliveries, lost: lost.clone() };
+                let abort = (self.start)(self, job);
+                reg.insert_slot(id, seq, Phase::Running, payload, deliveries, acquired_at, lost, Some(abort));
+                started += 1;
             }
             let released = reg.promised > 0;
             reg.promised = 0;
@@ -343,7 +360,7 @@ impl Shared {
         if released {
             self.notify();
         }
-        jobs
+        started
     }
 
     /// The earliest due time of a waiting entry.
@@ -615,7 +632,8 @@ impl Shared {
 
 /// See [`Shared::acquire_view`].
 pub(crate) struct AcquireView {
-    pub due: Vec<Job>,
+    /// Due waiting leases whose handlers it started.
+    pub due: usize,
     pub free: usize,
     pub next_due: Option<Instant>,
     pub reserved: usize,

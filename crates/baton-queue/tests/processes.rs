@@ -373,7 +373,7 @@ async fn partitioned_owner_can_neither_renew_nor_ack() {
     let owners = pending_owners(&mut conn, &q).await;
     assert_eq!(owners.len(), 1);
     assert_ne!(owners[0].1, a.name(), "the stale owner never took it back");
-    // Give A's command connection time to reconnect too (its dispatcher keeps using it).
+    // Give A's command connection time to reconnect too (its lease thread keeps using it).
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let r = a_lease.ack().await;
     assert!(matches!(r, Err(QueueError::LeaseLost(_))), "{r:?}");
