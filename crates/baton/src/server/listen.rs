@@ -17,7 +17,7 @@
 //!
 //! hyper's `header_read_timeout` is not used: it runs whenever the connection waits for a head,
 //! idle or not, so it would also close every kept-alive connection after `header_timeout` and an
-//! idle timeout longer than it could not exist. A watch per connection ([`Watch`]) keeps the
+//! idle timeout longer than it could not exist. A watch per connection (`Watch`) keeps the
 //! phase instead; everything of one connection runs on its own task.
 //!
 //! Metrics: `baton_http_connections` (gauge, open now), `baton_http_connections_max` (gauge, the
@@ -55,7 +55,7 @@ use crate::settings::Connections;
 const BACKLOG: u32 = 1024;
 
 /// Binds `addr` (with `SO_REUSEADDR`, as the standard library does, and a backlog of
-/// [`BACKLOG`]). A taken address, a privileged port or an address of another machine is refused
+/// 1,024). A taken address, a privileged port or an address of another machine is refused
 /// with a message naming `flag`, the setting that picks another address.
 pub async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener, String> {
     let listen = || {

@@ -530,6 +530,23 @@ mod tests {
         assert_eq!(cfg.max_body, 1 << 20);
         assert_eq!(cfg.sse_cycle, Duration::from_secs(60));
         assert_eq!(cfg.backend, Storage::Redis(RedisConfig::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])));
+        std::fs::write(&path, "header_timeout = \"5s\"\nmax_connections = 100\nredis = \"redis://a:1\"\n").unwrap();
+        let cfg =
+            ServeArgs { config: Some(path.clone()), idle_timeout: Some(Duration::from_secs(9)), ..Default::default() }
+                .resolve()
+                .unwrap();
+        let want = Connections {
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(9),
+            max_connections: Some(100),
+        };
+        assert_eq!(cfg.connections, want);
+        let worker =
+            WorkerArgs { config: Some(path.clone()), idle_timeout: Some(Duration::from_secs(9)), ..Default::default() };
+        assert_eq!(worker.resolve().unwrap().connections, want, "baton worker --listen reads the same keys");
+        std::fs::write(&path, "max_connections = 0\n").unwrap();
+        let err = ServeArgs { config: Some(path.clone()), ..Default::default() }.resolve().unwrap_err();
+        assert!(err.contains("max_connections must be at least 1"), "{err}");
         std::fs::write(&path, "bogus_key = 1\n").unwrap();
         let err = ServeArgs { config: Some(path), ..Default::default() }.resolve().unwrap_err();
         assert!(err.contains("bogus_key"), "{err}");
