@@ -11,9 +11,9 @@
 //!   handed to the connection whole, so a long-poll or SSE response is never cut, however long.
 //! - At most `max_connections` are open; a connection over the limit is closed as soon as it is
 //!   accepted and counted in `baton_http_connections_rejected_total`.
-//! - hyper's own head limits are set above the documented `max_header_bytes` (enforced by the
+//! - hyper's own head limits are set around the documented `max_header_bytes` (enforced by the
 //!   HTTP layer, which answers a JSON `431`), so hyper's bare `431` comes only for heads past
-//!   them (more than `max_header_bytes / 5` fields, or a head larger than the read buffer).
+//!   them: more than [`max_header_fields`] fields, or a head larger than the read buffer.
 //!
 //! hyper's `header_read_timeout` is not used: it runs whenever the connection waits for a head,
 //! idle or not, so it would also close every kept-alive connection after `header_timeout` and an
@@ -97,6 +97,15 @@ pub struct Limits {
     hyper_max_buf: usize,
 }
 
+/// The most header fields of one request that reach the HTTP layer (hyper answers more with a
+/// bare `431`): room for fields of 40 bytes on average within `max_header_bytes` (409 for the
+/// default 16 KiB), at least hyper's default of 100 and at most 1,000. hyper sets aside 64 bytes
+/// per allowed field for every request head it parses, so this is not the byte limit divided by
+/// the smallest field.
+pub fn max_header_fields(max_header_bytes: usize) -> usize {
+    (max_header_bytes / 40).clamp(100, 1000)
+}
+
 /// hyper's default read buffer (its `DEFAULT_MAX_BUFFER_SIZE`).
 const HYPER_DEFAULT_BUF: usize = 8192 + 4096 * 100;
 
@@ -137,8 +146,7 @@ impl Limits {
             idle_timeout: conns.idle_timeout,
             // Semaphore permits are taken back all at once at shutdown (`acquire_many(u32)`).
             max_connections: max_connections.min(u32::MAX as usize),
-            // A field takes at least 5 bytes as the HTTP layer counts them (name, value, 4).
-            hyper_max_headers: (max_header_bytes / 5 + 1).clamp(100, 20_000),
+            hyper_max_headers: max_header_fields(max_header_bytes),
             hyper_max_buf: HYPER_DEFAULT_BUF.max(max_header_bytes.saturating_mul(2).saturating_add(64 << 10)),
         }
     }
@@ -423,7 +431,7 @@ mod tests {
             max_connections: Some(10),
         };
         let limits = Limits::new(&conns, 16 << 10);
-        assert_eq!(limits.hyper_max_headers, 3277);
+        assert_eq!(limits.hyper_max_headers, 409);
         let w = Arc::new(Watch::new());
         assert_eq!(w.deadline(&limits), Some(w.start + Duration::from_millis(20)), "fresh: header timeout");
         let busy = Busy::begin(&w);
