@@ -56,32 +56,36 @@ const BACKLOG: u32 = 1024;
 
 /// Binds `addr` (with `SO_REUSEADDR`, as the standard library does, and a backlog of
 /// 1,024). A taken address, a privileged port or an address of another machine is refused
-/// with a message naming `flag`, the setting that picks another address.
-pub async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener, String> {
+/// with a message naming `flag`, the flag that picks another address, and `also` (its other
+/// spellings, e.g. `BATON_LISTEN`).
+pub async fn bind(addr: SocketAddr, flag: &str, also: &str) -> Result<TcpListener, String> {
     let listen = || {
         let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
         socket.set_reuseaddr(true)?;
         socket.bind(addr)?;
         socket.listen(BACKLOG)
     };
-    listen().map_err(|e| bind_error(addr, flag, &e))
+    listen().map_err(|e| bind_error(addr, flag, also, &e))
 }
 
-fn bind_error(addr: SocketAddr, flag: &str, e: &io::Error) -> String {
-    let mut other = addr;
-    other.set_port(addr.port().checked_add(1).unwrap_or(0));
+fn bind_error(addr: SocketAddr, flag: &str, also: &str, e: &io::Error) -> String {
+    let mut next = addr;
+    next.set_port(addr.port().checked_add(1).unwrap_or(0));
+    let pick = |example: String| format!("pick another address with {flag} ({also}), e.g. {flag} {example}");
     match e.kind() {
         io::ErrorKind::AddrInUse => format!(
-            "cannot listen on {addr}: the address is already in use (another baton or another program listens there); stop that process, or pick another address with {flag}, e.g. {flag} {other}"
+            "cannot listen on {addr}: the address is already in use (another baton or another program listens there); stop that process, or {}",
+            pick(next.to_string())
         ),
         io::ErrorKind::PermissionDenied => format!(
-            "cannot listen on {addr}: permission denied (ports below 1024 need privileges); pick another address with {flag}, e.g. {flag} {other}"
+            "cannot listen on {addr}: permission denied (ports below 1024 need privileges); {}",
+            pick(next.to_string())
         ),
         io::ErrorKind::AddrNotAvailable => format!(
-            "cannot listen on {addr}: no network interface of this machine has that address; pick another with {flag}, e.g. {flag} 0.0.0.0:{}",
-            addr.port()
+            "cannot listen on {addr}: no network interface of this machine has that address; {}",
+            pick(format!("0.0.0.0:{}", addr.port()))
         ),
-        _ => format!("cannot listen on {addr}: {e}; pick another address with {flag}"),
+        _ => format!("cannot listen on {addr}: {e}; {}", pick(next.to_string())),
     }
 }
 
@@ -419,8 +423,11 @@ mod tests {
     fn a_taken_address_names_the_flag() {
         let addr: SocketAddr = "127.0.0.1:7700".parse().unwrap();
         let e = io::Error::from(io::ErrorKind::AddrInUse);
-        let m = bind_error(addr, "--listen", &e);
-        assert!(m.contains("already in use") && m.contains("--listen 127.0.0.1:7701"), "{m}");
+        let m = bind_error(addr, "--listen", "or BATON_LISTEN", &e);
+        assert_eq!(
+            m,
+            "cannot listen on 127.0.0.1:7700: the address is already in use (another baton or another program listens there); stop that process, or pick another address with --listen (or BATON_LISTEN), e.g. --listen 127.0.0.1:7701"
+        );
     }
 
     #[test]

@@ -42,7 +42,7 @@ impl Server {
         let command_store = workers::command_store(&cfg.backend).await?;
         let commands = CommandsApi::new(command_store.clone(), &cfg.queues, cfg.max_command_body, cfg.run_workers)?;
         let auth = Arc::new(Auth::new(cfg.tokens.clone()));
-        let listener = listen::bind(cfg.listen, "--listen (or BATON_LISTEN, or `listen` in the config file)").await?;
+        let listener = listen::bind(cfg.listen, "--listen", "or BATON_LISTEN, or `listen` in the config file").await?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let cfg = Arc::new(cfg);
         let shutdown = CancellationToken::new();
@@ -138,7 +138,7 @@ impl Worker {
             None => None,
             Some(addr) => {
                 let api = CommandsApi::new(store.clone(), &cfg.queues, 0, true)?;
-                let listener = listen::bind(addr, "--listen (or BATON_WORKER_LISTEN)").await?;
+                let listener = listen::bind(addr, "--listen", "or BATON_WORKER_LISTEN").await?;
                 let addr = listener.local_addr().map_err(|e| e.to_string())?;
                 Some((addr, listener, http::ops::worker_router(api)))
             }
