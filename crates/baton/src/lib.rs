@@ -11,7 +11,7 @@
 //! | [`auth`] | who may do what: tokens, the caller, what a route needs |
 //! | [`workers`] | the command services of the configured queues |
 //! | [`http`] | the routes (one table: handler, auth, OpenAPI), the router |
-//! | [`server`] | starting and stopping `baton serve` and `baton worker` |
+//! | [`server`] | starting and stopping `baton serve` and `baton worker`; their connections ([`server::listen`]) |
 //! | [`cli`] | the command line: its grammar, what each subcommand prints |
 
 pub mod auth;

@@ -277,3 +277,39 @@ async fn no_tokens_means_open() {
     assert_eq!(v["auth"], "none");
     srv.stop().await;
 }
+
+/// More than one credential is refused with 400, whichever would have won: two `Authorization`
+/// headers (even two valid ones), `access_token` twice, or both forms at once; one credential
+/// still works, and public routes never look at credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_than_one_credential_is_refused() {
+    let srv = secured().await;
+    let c = client();
+    let url = format!("{}/v1/queues", srv.base);
+    let two_headers = c
+        .get(&url)
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .header("authorization", format!("Bearer {READER}"))
+        .send()
+        .await
+        .unwrap();
+    let twice = c.get(format!("{url}?access_token={READER}&access_token={ADMIN}")).send().await.unwrap();
+    let both = c.get(format!("{url}?access_token={READER}")).bearer_auth(READER).send().await.unwrap();
+    for (what, r) in [("two headers", two_headers), ("access_token twice", twice), ("both", both)] {
+        assert_eq!(r.status(), 400, "{what}");
+        let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        assert_eq!(v["error"], "duplicate_credentials", "{what}: {v}");
+        assert!(!v["message"].as_str().unwrap().contains(READER), "{what}: the token is echoed: {v}");
+    }
+    assert_eq!(status(&srv, "GET", "/v1/queues", Some(READER), None).await, 200);
+    assert_eq!(c.get(format!("{url}?access_token={READER}")).send().await.unwrap().status(), 200);
+    let r = c
+        .get(format!("{}/healthz", srv.base))
+        .header("authorization", "Bearer a")
+        .header("authorization", "Bearer b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    srv.stop().await;
+}

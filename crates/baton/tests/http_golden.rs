@@ -730,6 +730,11 @@ async fn commands(g: &mut Golden) {
     g.send(req("POST", "/v1/queues/nope/commands").body(r#"{"type": "echo"}"#)).await;
     g.send(req("POST", "/v1/queues/%FF/commands").body(r#"{"type": "echo"}"#)).await;
 
+    g.section("commands: content types and long values");
+    g.send(req("POST", submit).text("text/plain", r#"{"type": "echo"}"#)).await;
+    g.send(req("POST", submit).text("application/x-www-form-urlencoded", r#"{"type": "echo"}"#)).await;
+    g.send(req("POST", submit).body(format!(r#"{{"id": "{}", "type": "echo"}}"#, "i".repeat(900)))).await;
+
     g.section("commands: state and wait");
     g.send(req("GET", "/v1/commands/nap-1")).await;
     g.send(req("HEAD", "/v1/commands/nap-1")).await;
@@ -846,6 +851,12 @@ async fn secured(g: &mut Golden) {
     g.send(req("GET", "/v1/queues").h("authorization", "Bearer")).await;
     g.send(req("GET", "/v1/queues").token(&READER[..20])).await;
     g.send(req("GET", "/v1/queues?access_token=wrong-token-xxxxxxxx")).await;
+
+    g.section("auth: more than one credential");
+    g.send(req("GET", "/v1/queues").token(READER).token(READER)).await;
+    g.send(req("GET", "/v1/queues").token(READER).token("not-a-valid-token-at-all")).await;
+    g.send(req("GET", format!("/v1/queues?access_token={READER}&access_token={READER}"))).await;
+    g.send(req("GET", format!("/v1/queues?access_token={READER}")).token(READER)).await;
 
     g.section("auth: public routes");
     for p in ["/healthz", "/readyz", "/"] {

@@ -37,6 +37,7 @@ const INSIDE: &[(&str, &[&str])] = &[
             "routes",
         ],
     ),
+    ("server", &["listen"]),
     ("cli", &["exit", "output", "args", "client", "streams", "commands", "queues", "bench"]),
 ];
 

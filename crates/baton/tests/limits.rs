@@ -226,3 +226,108 @@ async fn sse_heartbeats_then_cycles_the_connection() {
     assert_eq!(r.text().await.unwrap(), "");
     srv.stop().await;
 }
+
+/// Headers within `max_header_bytes` pass however many fields they are (hyper's own limit of
+/// 100 fields answered an empty 431 before); over the limit, the 431 is JSON. The JSON routes say
+/// what they need when given another content type (415); `+json` and parameters are fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_fields_and_content_types() {
+    let srv = start(TestBackend::Memory, |c| c.queues = baton::settings::default_queues()).await;
+    let c = client();
+    let with_fields = |n: usize| {
+        let mut rb = c.get(format!("{}/healthz", srv.base));
+        for i in 0..n {
+            rb = rb.header(format!("x-field-{i}"), "v");
+        }
+        rb
+    };
+    let r = with_fields(150).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "150 small fields are within 16KiB");
+    let r = with_fields(400).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "400 small fields are within 16KiB");
+    let r = c.get(format!("{}/healthz", srv.base)).header("x-padding", "p".repeat(20_000)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    assert_eq!(header(&r, "content-type"), Some("application/json"));
+    assert_eq!(error_code(r).await, "headers_too_large");
+    let mut rb = c.get(format!("{}/healthz", srv.base));
+    for i in 0..300 {
+        rb = rb.header(format!("x-field-{i}"), "v".repeat(60));
+    }
+    let r = rb.send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "300 fields of 70 bytes: over 16KiB");
+    assert_eq!(error_code(r).await, "headers_too_large");
+
+    let submit = format!("{}/v1/queues/default/commands", srv.base);
+    for ct in ["application/json; charset=utf-8", "application/vnd.example+json", "APPLICATION/JSON"] {
+        let r = c.post(&submit).header("content-type", ct).body(r#"{"type": "echo"}"#).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::ACCEPTED, "{ct}");
+    }
+    let r = c.post(&submit).body(r#"{"type": "echo"}"#).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED, "no Content-Type: read as JSON");
+    for ct in ["text/plain", "application/x-www-form-urlencoded", "application/jsonx"] {
+        let r = c.post(&submit).header("content-type", ct).body(r#"{"type": "echo"}"#).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct}");
+        let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        assert_eq!(v["error"], "unsupported_media_type");
+        assert!(v["message"].as_str().unwrap().contains("Content-Type: application/json"), "{v}");
+    }
+    // Stream appends take any content type (the stream's own).
+    let url = srv.url("acme/ct");
+    assert_eq!(c.put(&url).header("content-type", "text/csv").send().await.unwrap().status(), StatusCode::CREATED);
+    let r = c.post(&url).header("content-type", "text/csv").body("a,b\n").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    srv.stop().await;
+}
+
+/// A value of the request repeated in an error message is cut to 100 characters (a
+/// 100,000-character id came back whole before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echoed_values_are_cut() {
+    let srv = start(TestBackend::Memory, |c| {
+        c.queues = baton::settings::default_queues();
+        c.max_command_body = 1 << 20;
+    })
+    .await;
+    let c = client();
+    let long = "i".repeat(100_000);
+    let submit = format!("{}/v1/queues/default/commands", srv.base);
+    let body = serde_json::json!({ "id": long, "type": "echo" }).to_string();
+    let cases = [
+        c.post(&submit).header("content-type", "application/json").body(body),
+        c.get(format!("{}/v1/commands/{}", srv.base, &long[..20_000])),
+        c.get(format!("{submit}?{}=1", &long[..20_000])),
+        c.get(format!("{}/v1/queues/{}", srv.base, &long[..20_000])),
+        c.get(format!("{}?offset={}", srv.url("acme/nope"), &long[..20_000])),
+        c.get(format!("{submit}?status={}", &long[..20_000])),
+    ];
+    for rb in cases {
+        let r = rb.send().await.unwrap();
+        let status = r.status();
+        assert!(status.is_client_error(), "{status}");
+        let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        let m = v["message"].as_str().unwrap();
+        assert!(m.len() < 400, "{status}: {} bytes: {}…", m.len(), &m[..200]);
+        assert!(m.contains("iiii"), "{status}: {m}");
+    }
+    srv.stop().await;
+}
+
+/// `/readyz` answers a JSON 503 (`not_ready`, `Retry-After`) when the backend is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_json_when_not_ready() {
+    baton_testkit::require_redis();
+    let mut srv = start(backend("standalone"), |_| {}).await;
+    let c = client();
+    assert_eq!(c.get(format!("{}/readyz", srv.base)).send().await.unwrap().status(), StatusCode::OK);
+    if let TestBackend::Standalone(redis) = &mut srv.backend {
+        redis.kill();
+    }
+    let r = c.get(format!("{}/readyz", srv.base)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&r, "content-type"), Some("application/json"));
+    assert_eq!(header(&r, "retry-after"), Some("1"));
+    let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    assert_eq!(v["error"], "not_ready");
+    assert!(v["message"].as_str().unwrap().contains("store"), "{v}");
+    srv.stop().await;
+}

@@ -266,14 +266,41 @@ async fn documented_error_shapes_match_real_errors() {
         (&srv, "GET", "/v1/nothing-here", "", "", 404, "no_route"),
         (&secured, "GET", "/v1/stream/acme/x", "", "/v1/stream/{path}", 401, "unauthorized"),
         (&secured, "GET", "/v1/queues/default", "", "/v1/queues/{queue}", 403, "forbidden"),
+        (
+            &secured,
+            "GET",
+            "/v1/queues/default?access_token=a&access_token=b",
+            "",
+            "/v1/queues/{queue}",
+            400,
+            "duplicate_credentials",
+        ),
+        // Marked cases: `text:` sends a JSON route text/plain, `padded:` headers over the limit.
+        (
+            &srv,
+            "POST",
+            "text:/v1/queues/default/commands",
+            "{}",
+            "/v1/queues/{queue}/commands",
+            415,
+            "unsupported_media_type",
+        ),
+        (&srv, "GET", "padded:/v1/queues/default", "", "/v1/queues/{queue}", 431, "headers_too_large"),
+        (&srv, "GET", "padded:/healthz", "", "/healthz", 431, "headers_too_large"),
     ];
-    for (server, method, path, body, documented, status, code) in cases {
+    for (server, method, marked, body, documented, status, code) in cases {
+        let (mark, path) = marked.split_once(':').filter(|(m, _)| !m.contains('/')).unwrap_or(("", marked));
         let mut rb = client().request(method.parse().unwrap(), format!("{}{path}", server.base));
         if server.base == secured.base && status == 403 {
             rb = rb.bearer_auth(ANY);
         }
         if !body.is_empty() {
-            rb = rb.header("content-type", "text/plain").body(body.to_string());
+            let json = path.contains("/commands") && mark != "text";
+            let ct = if json { "application/json" } else { "text/plain" };
+            rb = rb.header("content-type", ct).body(body.to_string());
+        }
+        if mark == "padded" {
+            rb = rb.header("x-padding", "p".repeat(20_000));
         }
         let res = rb.send().await.unwrap();
         assert_eq!(res.status().as_u16(), status, "{method} {path}");

@@ -46,6 +46,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of `ServeArgs` does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve the HTTP API (commands, queues, Durable Streams protocol), the dashboard and the

@@ -6,7 +6,9 @@
 //! `access_token` (for browser `EventSource`, which cannot set headers). The query parameter is
 //! removed from the request before any handler (or anything that might log the URL) sees it.
 //! A request without a valid token is `401` with `WWW-Authenticate: Bearer`; a valid token
-//! outside its scope is `403`.
+//! outside its scope is `403`. A request that presents more than one credential (two
+//! `Authorization` headers, `access_token` twice, or both) is `400 duplicate_credentials`: none of
+//! them is silently preferred.
 
 use std::sync::Arc;
 
@@ -15,7 +17,7 @@ use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::errors::ApiError;
+use super::errors::{cut_values, ApiError};
 use super::headers::{fork_source, stream_forked_from, stream_path, STREAM_PREFIX};
 use super::state::AppState;
 use crate::auth::{Access, Principal, Target};
@@ -45,17 +47,17 @@ pub struct Guard {
     pub rules: Arc<Rules>,
 }
 
-/// Removes `access_token` from the query; returns it and the cleaned URI.
-fn take_query_token(uri: &Uri) -> (Option<String>, Option<Uri>) {
-    let Some(q) = uri.query() else { return (None, None) };
+/// Removes every `access_token` from the query; returns their values and the cleaned URI.
+fn take_query_token(uri: &Uri) -> (Vec<String>, Option<Uri>) {
+    let Some(q) = uri.query() else { return (Vec::new(), None) };
     if !q.split('&').any(|p| p == "access_token" || p.starts_with("access_token=")) {
-        return (None, None);
+        return (Vec::new(), None);
     }
-    let mut token = None;
+    let mut token = Vec::new();
     let mut kept = Vec::new();
     for (k, v) in url::form_urlencoded::parse(q.as_bytes()) {
         if k == "access_token" {
-            token = Some(v.into_owned());
+            token.push(v.into_owned());
         } else {
             kept.push((k.into_owned(), v.into_owned()));
         }
@@ -77,6 +79,10 @@ fn unauthorized(message: &str, invalid: bool) -> Response {
     res
 }
 
+fn duplicate(message: &str) -> Response {
+    ApiError::invalid("duplicate_credentials", message).into_response()
+}
+
 fn forbidden(message: String) -> Response {
     metrics::counter!("baton_auth_failures_total", "reason" => "forbidden").increment(1);
     ApiError::forbidden(message).into_response()
@@ -85,7 +91,7 @@ fn forbidden(message: String) -> Response {
 /// The layer (module docs).
 pub async fn layer(State(guard): State<Guard>, req: Request, next: Next) -> Response {
     let (mut parts, body) = req.into_parts();
-    let (query_token, cleaned) = take_query_token(&parts.uri);
+    let (mut query_token, cleaned) = take_query_token(&parts.uri);
     if let Some(u) = cleaned {
         parts.uri = u;
     }
@@ -98,7 +104,22 @@ pub async fn layer(State(guard): State<Guard>, req: Request, next: Next) -> Resp
     let principal = if access == Access::Public {
         Principal::Open
     } else {
-        let header_token = match parts.headers.get(header::AUTHORIZATION) {
+        let mut headers = parts.headers.get_all(header::AUTHORIZATION).iter();
+        let (first, second) = (headers.next(), headers.next());
+        if second.is_some() {
+            return duplicate(
+                "this request has more than one Authorization header; send one, `Authorization: Bearer <token>`",
+            );
+        }
+        if query_token.len() > 1 {
+            return duplicate("access_token is given more than once in the query; give it once");
+        }
+        if first.is_some() && !query_token.is_empty() {
+            return duplicate(
+                "this request has both an Authorization header and ?access_token=; send the token one way only",
+            );
+        }
+        let header_token = match first {
             None => None,
             Some(v) => {
                 let v = v.to_str().unwrap_or("");
@@ -108,7 +129,7 @@ pub async fn layer(State(guard): State<Guard>, req: Request, next: Next) -> Resp
                 }
             }
         };
-        let Some(presented) = header_token.or(query_token) else {
+        let Some(presented) = header_token.or(query_token.pop()) else {
             return unauthorized(
                 "this server needs a token: send `Authorization: Bearer <token>` (or ?access_token= for EventSource)",
                 false,
@@ -144,7 +165,9 @@ pub async fn layer(State(guard): State<Guard>, req: Request, next: Next) -> Resp
         Access::Public | Access::Token | Access::Admin => Target::default(),
     };
     if let Err(m) = principal.authorize(access, &target) {
-        return forbidden(m);
+        let asked = [&target.stream, &target.fork_source, &target.queue];
+        let asked: Vec<&str> = asked.into_iter().flatten().map(String::as_str).collect();
+        return forbidden(cut_values(m, &asked));
     }
     parts.extensions.insert(principal);
     next.run(Request::from_parts(parts, body)).await
@@ -159,10 +182,12 @@ mod tests {
     fn query_token_is_removed() {
         let u: Uri = "/v1/stream/a/b?offset=-1&access_token=s3cr%2Bt&live=sse".parse().unwrap();
         let (t, cleaned) = take_query_token(&u);
-        assert_eq!(t.as_deref(), Some("s3cr+t"));
+        assert_eq!(t, ["s3cr+t"]);
         assert_eq!(cleaned.unwrap().to_string(), "/v1/stream/a/b?offset=-1&live=sse");
         let (t, cleaned) = take_query_token(&"/x?a=1".parse().unwrap());
-        assert!(t.is_none() && cleaned.is_none());
+        assert!(t.is_empty() && cleaned.is_none());
+        let (t, cleaned) = take_query_token(&"/x?access_token=a&access_token=b".parse().unwrap());
+        assert_eq!((t, cleaned.unwrap().to_string()), (vec!["a".to_string(), "b".to_string()], "/x".to_string()));
     }
 
     #[test]

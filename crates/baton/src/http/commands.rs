@@ -22,7 +22,7 @@ use axum::response::Response;
 use baton_commands::{validate_id, Command, CommandError, ListQuery};
 use serde_json::{json, Value};
 
-use super::errors::ApiError;
+use super::errors::{echo, ApiError};
 use super::json::{json_response, state_json};
 use super::plumbing::{
     limit_param, principal, read_body, status_param, BodyLimit, IdParam, ListQueryParams, Query, QueueName, WaitQuery,
@@ -62,7 +62,7 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
     if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "id" | "type" | "params")) {
         return Err(ApiError::invalid(
             "invalid_body",
-            format!("unknown field {k:?}; a command body has only id, type and params"),
+            format!("unknown field {}; a command body has only id, type and params", echo(k)),
         ));
     }
     let command_type = match m.remove("type") {
@@ -118,8 +118,8 @@ pub async fn submit(
             return Err(ApiError::invalid(
                 "unknown_type",
                 format!(
-                    "queue {queue:?} has no handler for type {:?}; use one of {}",
-                    command.command_type,
+                    "queue {queue:?} has no handler for type {}; use one of {}",
+                    echo(&command.command_type),
                     types.join(", ")
                 ),
             ));
@@ -165,9 +165,9 @@ pub fn parse_wait(s: &str) -> Result<Duration, ApiError> {
             ),
         )
     };
-    let d = humantime::parse_duration(s.trim()).map_err(|e| bad(format!("{s:?}: {e}")))?;
+    let d = humantime::parse_duration(s.trim()).map_err(|e| bad(format!("{}: {e}", echo(s))))?;
     if d > MAX_WAIT {
-        return Err(bad(format!("got {s:?}")));
+        return Err(bad(format!("got {}", echo(s))));
     }
     Ok(d)
 }

@@ -1,6 +1,12 @@
 //! The one error response of the HTTP API: a status, the headers the protocol asks for, and a
 //! JSON body `{"error": "<code>", "message": "<what to fix>"}` (a refused cancel adds `"state"`),
 //! the same shape on every route. The engines' errors map to it here.
+//!
+//! A value of the request quoted in a message goes through [`echo`] (or [`cut`]): at most
+//! [`ECHO_MAX`] characters of it are repeated, then `…` and its size, so a 100,000-character id
+//! is not sent back whole. As a last guard, a message longer than [`MESSAGE_MAX`] bytes is cut.
+
+use std::borrow::Cow;
 
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -11,6 +17,40 @@ use serde_json::{Map, Value};
 
 use super::json::{json_response, state_json};
 use super::names as h;
+
+/// The most characters of a request's value that an error message repeats.
+pub const ECHO_MAX: usize = 100;
+
+/// The longest message, in bytes (longer ones are cut, with `…`).
+pub const MESSAGE_MAX: usize = 2000;
+
+/// `value` for an error message, unquoted: whole up to [`ECHO_MAX`] characters, else its first
+/// [`ECHO_MAX`] characters, `…` and its size (`abc… (100000 bytes)`).
+pub fn cut(value: &str) -> Cow<'_, str> {
+    match value.char_indices().nth(ECHO_MAX) {
+        None => Cow::Borrowed(value),
+        Some((at, _)) => Cow::Owned(format!("{}… ({} bytes)", &value[..at], value.len())),
+    }
+}
+
+/// `value` for an error message, quoted as Rust's `{:?}` quotes it, cut as [`cut`] does:
+/// `"abc"`, or `"abc"… (100000 bytes)`.
+pub fn echo(value: &str) -> String {
+    match value.char_indices().nth(ECHO_MAX) {
+        None => format!("{value:?}"),
+        Some((at, _)) => format!("{:?}… ({} bytes)", &value[..at], value.len()),
+    }
+}
+
+/// `message` (made elsewhere, e.g. an engine's error text) with each long `value` in it cut: its
+/// quoted form as [`echo`], its bare form as [`cut`].
+pub fn cut_values(message: String, values: &[&str]) -> String {
+    let mut message = message;
+    for v in values.iter().filter(|v| v.chars().nth(ECHO_MAX).is_some()) {
+        message = message.replace(&format!("{v:?}"), &echo(v)).replace(*v, &cut(v));
+    }
+    message
+}
 
 /// An HTTP error response.
 #[derive(Debug)]
@@ -79,9 +119,18 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = %self.status, code = self.code, message = %self.message, "request refused");
         }
+        let mut message = self.message;
+        if message.len() > MESSAGE_MAX {
+            let mut at = MESSAGE_MAX;
+            while !message.is_char_boundary(at) {
+                at -= 1;
+            }
+            message.truncate(at);
+            message.push('…');
+        }
         let mut body = Map::new();
         body.insert("error".into(), Value::from(self.code));
-        body.insert("message".into(), Value::from(self.message));
+        body.insert("message".into(), Value::from(message));
         body.extend(self.extra);
         let mut res = (self.status, json_response(Value::Object(body))).into_response();
         res.headers_mut().extend(self.headers);
@@ -94,20 +143,27 @@ impl From<StreamError> for ApiError {
         use StreamError::*;
         let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let (code, message) = match &e {
-            NotFound { .. } => ("not_found", format!("{e}; create it with PUT first")),
-            Gone { .. } => ("gone", e.to_string()),
+            NotFound { path } => ("not_found", cut_values(format!("{e}; create it with PUT first"), &[path.as_str()])),
+            Gone { path } => ("gone", cut_values(e.to_string(), &[path.as_str()])),
             OffsetGone { earliest, .. } => ("offset_gone", format!("{e}; read from offset=-1 or from {earliest}")),
-            MalformedOffset { .. } => {
-                ("malformed_offset", format!("{e}; use -1, now, or a Stream-Next-Offset value returned by this server"))
-            }
+            MalformedOffset { input } => (
+                "malformed_offset",
+                cut_values(
+                    format!("{e}; use -1, now, or a Stream-Next-Offset value returned by this server"),
+                    &[input],
+                ),
+            ),
             OffsetAhead { .. } => ("offset_ahead", format!("{e}; use an offset returned by this server")),
             InvalidRequest { .. } => ("invalid_request", e.to_string()),
             InvalidJson { .. } => ("invalid_json", format!("{e}; the stream is application/json, send valid JSON")),
             EmptyArray => ("empty_array", "an append of [] adds nothing; send at least one JSON value".to_string()),
             Conflict { .. } => ("conflict", e.to_string()),
-            StreamSeqRegression { .. } => (
+            StreamSeqRegression { received, last } => (
                 "stream_seq_regression",
-                format!("{e}; Stream-Seq values must increase strictly (bytewise comparison)"),
+                cut_values(
+                    format!("{e}; Stream-Seq values must increase strictly (bytewise comparison)"),
+                    &[received, last],
+                ),
             ),
             Fenced { .. } => ("producer_fenced", format!("{e}; a newer producer epoch owns this producer id")),
             EpochMustStartAtZero { .. } => ("epoch_must_start_at_zero", e.to_string()),
@@ -140,7 +196,14 @@ impl From<StreamError> for ApiError {
 impl From<CommandError> for ApiError {
     fn from(e: CommandError) -> Self {
         use CommandError::*;
-        let msg = e.to_string();
+        let msg = match &e {
+            InvalidId(v) | InvalidType(v) | InvalidStatus(v) | InvalidCursor(v) | NotFound(v) => {
+                cut_values(e.to_string(), &[v])
+            }
+            Conflict { id, .. } => cut_values(e.to_string(), &[id]),
+            Queue(QueueError::InvalidQueueName(v)) => cut_values(e.to_string(), &[v]),
+            _ => e.to_string(),
+        };
         match e {
             InvalidId(_) => ApiError::invalid("invalid_id", msg),
             InvalidType(_) => ApiError::invalid("invalid_type", msg),
@@ -170,10 +233,30 @@ impl From<CommandError> for ApiError {
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         match e {
-            QueueError::InvalidMessageId(_) => ApiError::invalid("invalid_id", e.to_string()),
+            QueueError::InvalidMessageId(ref v) => ApiError::invalid("invalid_id", cut_values(e.to_string(), &[v])),
             QueueError::DeadLetterNotFound(_) => ApiError::not_found("not_found", e.to_string()),
-            QueueError::InvalidQueueName(_) => ApiError::invalid("invalid_queue", e.to_string()),
+            QueueError::InvalidQueueName(ref v) => ApiError::invalid("invalid_queue", cut_values(e.to_string(), &[v])),
             other => CommandError::Queue(other).into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echoed_values_are_cut() {
+        assert_eq!(echo("abc"), "\"abc\"");
+        let long = "é".repeat(150);
+        let quoted = echo(&long);
+        assert_eq!(quoted, format!("{:?}… (300 bytes)", "é".repeat(100)));
+        assert_eq!(cut(&long), format!("{}… (300 bytes)", "é".repeat(100)));
+        let id = "x".repeat(100_000);
+        let e: ApiError = CommandError::InvalidId(id.clone()).into();
+        assert!(e.message.len() < 300 && e.message.starts_with("invalid command id \"xxx"), "{}", e.message);
+        assert!(e.message.contains("… (100000 bytes)"), "{}", e.message);
+        let e: ApiError = CommandError::NotFound(id).into();
+        assert!(e.message.len() < 300, "{}", e.message);
     }
 }

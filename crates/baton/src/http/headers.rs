@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::http::{HeaderMap, HeaderName};
 use baton_streams::{EndReason, Expiry, Offset, ProducerStamp, ReadFrom, RunLimits, StreamPath};
 
-use super::errors::ApiError;
+use super::errors::{echo, ApiError};
 pub use super::names::*;
 
 const MAX_SAFE_INT: u64 = (1 << 53) - 1;
@@ -43,13 +43,15 @@ pub fn expiry(headers: &HeaderMap) -> Result<Expiry, ApiError> {
         (Some(_), Some(_)) => Err(ApiError::bad_request("give either Stream-TTL or Stream-Expires-At, not both")),
         (Some(t), None) => strict_uint(t).map(Expiry::TtlSecs).ok_or_else(|| {
             ApiError::bad_request(format!(
-                "Stream-TTL must be a whole number of seconds without sign or leading zeros (e.g. 3600), not {t:?}"
+                "Stream-TTL must be a whole number of seconds without sign or leading zeros (e.g. 3600), not {}",
+                echo(t)
             ))
         }),
         (None, Some(a)) => {
             let t = time::OffsetDateTime::parse(a, &time::format_description::well_known::Rfc3339).map_err(|_| {
                 ApiError::bad_request(format!(
-                    "Stream-Expires-At must be an RFC 3339 timestamp like 2030-01-01T00:00:00Z, not {a:?}"
+                    "Stream-Expires-At must be an RFC 3339 timestamp like 2030-01-01T00:00:00Z, not {}",
+                    echo(a)
                 ))
             })?;
             let ms = t.unix_timestamp_nanos() / 1_000_000;
@@ -82,7 +84,7 @@ pub fn producer(headers: &HeaderMap) -> Result<Option<ProducerStamp>, ApiError> 
             }
             let num = |name: &str, v: &str| {
                 strict_uint(v).filter(|n| *n <= MAX_SAFE_INT).ok_or_else(|| {
-                    ApiError::bad_request(format!("{name} must be an integer from 0 to 2^53-1, not {v:?}"))
+                    ApiError::bad_request(format!("{name} must be an integer from 0 to 2^53-1, not {}", echo(v)))
                 })
             };
             Ok(Some(ProducerStamp {
@@ -103,7 +105,9 @@ pub fn end_reason(headers: &HeaderMap) -> Result<EndReason, ApiError> {
         None => Ok(EndReason::Finished),
         Some(r) if r == "finished" => Ok(EndReason::Finished),
         Some(r) if r == "cancelled" || r == "canceled" => Ok(EndReason::Cancelled),
-        Some(r) => Err(ApiError::bad_request(format!("Baton-End-Reason must be `finished` or `cancelled`, not {r:?}"))),
+        Some(r) => {
+            Err(ApiError::bad_request(format!("Baton-End-Reason must be `finished` or `cancelled`, not {}", echo(&r))))
+        }
     }
 }
 
@@ -131,7 +135,7 @@ pub fn limits(headers: &HeaderMap, defaults: RunLimits) -> Result<Option<RunLimi
     }
     if let Some(v) = text(headers, &baton_max_len())? {
         let n = strict_uint(v).ok_or_else(|| {
-            ApiError::bad_request(format!("Baton-Max-Len must be a whole number (0 = no limit), not {v:?}"))
+            ApiError::bad_request(format!("Baton-Max-Len must be a whole number (0 = no limit), not {}", echo(v)))
         })?;
         l.max_len = (n > 0).then_some(n);
         any = true;
@@ -151,11 +155,12 @@ pub fn stream_path(raw: &str) -> Result<StreamPath, ApiError> {
     let mut segments = Vec::new();
     for seg in raw.split('/') {
         let decoded = percent_decode(seg).ok_or_else(|| {
-            ApiError::bad_request(format!("stream path segment {seg:?} is not valid percent-encoded UTF-8"))
+            ApiError::bad_request(format!("stream path segment {} is not valid percent-encoded UTF-8", echo(seg)))
         })?;
         if decoded.contains(['/', '\\', '\0']) {
             return Err(ApiError::bad_request(format!(
-                "stream path segment {seg:?} encodes a separator (/, \\ or NUL); use plain / between segments"
+                "stream path segment {} encodes a separator (/, \\ or NUL); use plain / between segments",
+                echo(seg)
             )));
         }
         segments.push(decoded);
@@ -225,7 +230,10 @@ pub fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
                     "sse" => Live::Sse,
                     "" | "false" => Live::No,
                     other => {
-                        return Err(ApiError::bad_request(format!("live must be `long-poll` or `sse`, not {other:?}")))
+                        return Err(ApiError::bad_request(format!(
+                            "live must be `long-poll` or `sse`, not {}",
+                            echo(other)
+                        )))
                     }
                 }
             }

@@ -74,8 +74,27 @@ pub fn bare(d: &str) -> Value {
     json!({ "description": d })
 }
 
+/// The `400` of duplicate credentials, said by every protected route.
+const DUPLICATE_CREDENTIALS: &str =
+    "`duplicate_credentials`: more than one credential (two `Authorization` headers, `access_token` twice, or both).";
+
+/// The `431` of every route.
+fn headers_too_large() -> Value {
+    err_resp("`headers_too_large`: the request headers take more than max_header_bytes.")
+}
+
 /// Responses every protected route may give (auth, and the error formats of the outer layers).
 pub fn protected(mut responses: Map<String, Value>) -> Value {
+    match responses.get_mut("400") {
+        Some(r) => {
+            let d = r["description"].as_str().unwrap_or("").to_string();
+            r["description"] = Value::from(format!("{d} Or {DUPLICATE_CREDENTIALS}"));
+        }
+        None => {
+            responses.insert("400".into(), err_resp(&format!("Bad request: {DUPLICATE_CREDENTIALS}")));
+        }
+    }
+    responses.insert("431".into(), headers_too_large());
     responses
         .insert("401".into(), err_resp("No valid bearer token (tokens are configured). `WWW-Authenticate: Bearer`."));
     responses.insert("403".into(), err_resp("The token's operations or scopes do not cover this request."));
@@ -90,7 +109,8 @@ pub fn op(summary: &str, tag: &str, params: Value, responses: Value) -> Value {
 }
 
 /// An operation of the public `operations` routes.
-pub fn public_op(summary: &str, responses: Value) -> Value {
+pub fn public_op(summary: &str, mut responses: Value) -> Value {
+    responses["431"] = headers_too_large();
     json!({ "summary": summary, "tags": ["operations"], "security": [], "responses": responses })
 }
 

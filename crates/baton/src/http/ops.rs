@@ -14,6 +14,7 @@ use baton_streams::{StreamError, StreamPath, StreamStore};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::sync::Semaphore;
 
+use super::errors::ApiError;
 use super::state::{AppState, CommandsApi};
 
 /// How long `/readyz` waits for each backend.
@@ -34,25 +35,27 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// 200 when the backends answer (the stream store, when there is one, then the command store)
-/// within 3 s each, 503 naming the first that does not.
+/// 200 `ready` when the backends answer (the stream store, when there is one, then the command
+/// store) within 3 s each; else `503 not_ready` (JSON, `Retry-After: 1`) naming the first that
+/// does not.
 async fn ready(streams: Option<&StreamStore>, commands: &CommandsApi) -> Response {
+    let not_ready = |what: String| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", format!("{what}; /readyz answers 200 once it does"))
+            .with_header(header::RETRY_AFTER, 1)
+            .into_response()
+    };
     if let Some(store) = streams {
         let probe = StreamPath::new("__baton/readyz").expect("valid probe path");
         match tokio::time::timeout(PROBE_TIMEOUT, store.head(&probe)).await {
             Ok(Ok(_)) | Ok(Err(StreamError::NotFound { .. })) | Ok(Err(StreamError::Gone { .. })) => {}
-            Ok(Err(e)) => {
-                return (StatusCode::SERVICE_UNAVAILABLE, format!("stream store not reachable: {e}\n")).into_response()
-            }
-            Err(_) => {
-                return (StatusCode::SERVICE_UNAVAILABLE, "stream store did not answer within 3s\n").into_response()
-            }
+            Ok(Err(e)) => return not_ready(format!("the stream store is not reachable ({e})")),
+            Err(_) => return not_ready("the stream store did not answer within 3s".into()),
         }
     }
     match tokio::time::timeout(PROBE_TIMEOUT, commands.probe()).await {
         Ok(Ok(())) => "ready\n".into_response(),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("command store not reachable: {e}\n")).into_response(),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "command store did not answer within 3s\n").into_response(),
+        Ok(Err(e)) => not_ready(format!("the command store is not reachable ({e})")),
+        Err(_) => not_ready("the command store did not answer within 3s".into()),
     }
 }
 
@@ -65,7 +68,12 @@ async fn metrics_text(commands: &CommandsApi, live: Option<(&Semaphore, usize)>)
     }
     match prometheus() {
         Some(h) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render()).into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "metrics recorder not installed\n").into_response(),
+        None => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics_unavailable",
+            "the metrics recorder could not be installed (another one was installed in this process first)",
+        )
+        .into_response(),
     }
 }
 

@@ -10,14 +10,17 @@ use std::ops::Deref;
 
 use axum::body::Body;
 use axum::extract::rejection::RawPathParamsRejection;
+use axum::extract::Request;
 use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use baton_commands::CommandStatus;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 
-use super::errors::ApiError;
+use super::errors::{cut, echo, ApiError};
 use super::state::AppState;
 use crate::auth::Principal;
 
@@ -80,6 +83,31 @@ pub async fn read_body(body: Body, headers: &HeaderMap, rules: &BodyLimit) -> Re
     Ok(buf.freeze())
 }
 
+/// True unless the request declares a body of another type than JSON: no `Content-Type` (the
+/// body is read as JSON), `application/json` or any `…/…+json` type, with or without parameters,
+/// in any case.
+pub fn may_be_json(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else { return true };
+    let media = String::from_utf8_lossy(ct.as_bytes()).split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    media == "application/json" || (media.contains('/') && media.ends_with("+json"))
+}
+
+/// Route layer of the endpoints that take a JSON body: a `Content-Type` that is not JSON (a
+/// form, `text/plain`, …) is `415 unsupported_media_type`, before the handler reads anything;
+/// without a `Content-Type` the body is read as JSON.
+pub async fn require_json(req: Request, next: Next) -> Response {
+    if may_be_json(req.headers()) {
+        return next.run(req).await;
+    }
+    let got = echo(&String::from_utf8_lossy(req.headers()[header::CONTENT_TYPE].as_bytes()));
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        format!("this endpoint takes a JSON body, and this request's Content-Type is {got}; send the body as JSON with `Content-Type: application/json`"),
+    )
+    .into_response()
+}
+
 // ------------------------------------------------------------------------------------------------
 // Query strings of the command and queue API (the streams protocol has its own: `headers`)
 // ------------------------------------------------------------------------------------------------
@@ -92,11 +120,11 @@ pub fn query_params(query: Option<&str>, allowed: &[&str]) -> Result<BTreeMap<St
             let takes = if allowed.is_empty() { "no query parameters".to_string() } else { allowed.join(", ") };
             return Err(ApiError::invalid(
                 "invalid_query",
-                format!("unknown query parameter {k:?}; this endpoint takes {takes}"),
+                format!("unknown query parameter {}; this endpoint takes {takes}", echo(&k)),
             ));
         }
         if out.insert(k.to_string(), v.into_owned()).is_some() {
-            return Err(ApiError::invalid("invalid_query", format!("give the query parameter {k} once")));
+            return Err(ApiError::invalid("invalid_query", format!("give the query parameter {} once", cut(&k))));
         }
     }
     Ok(out)
@@ -108,9 +136,10 @@ pub fn limit_param(q: &BTreeMap<String, String>, default: usize, max: usize) -> 
         None => Ok(default),
         Some(s) => match s.trim().parse::<usize>() {
             Ok(n) if (1..=max).contains(&n) => Ok(n),
-            _ => {
-                Err(ApiError::invalid("invalid_limit", format!("limit must be an integer from 1 to {max}; got {s:?}")))
-            }
+            _ => Err(ApiError::invalid(
+                "invalid_limit",
+                format!("limit must be an integer from 1 to {max}; got {}", echo(s)),
+            )),
         },
     }
 }
@@ -122,7 +151,7 @@ pub fn status_param(q: &BTreeMap<String, String>) -> Result<Option<CommandStatus
         Some(s) => s.parse::<CommandStatus>().map(Some).map_err(|_| {
             ApiError::invalid(
                 "invalid_status",
-                format!("status {s:?} is not one of SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (any case)"),
+                format!("status {} is not one of SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (any case)", echo(s)),
             )
         }),
     }

@@ -21,7 +21,7 @@ use axum::response::Response;
 use baton_queue::{DeadLetter, MessageId};
 use serde_json::{json, Value};
 
-use super::errors::ApiError;
+use super::errors::{echo, ApiError};
 use super::json::json_response;
 use super::plumbing::{limit_param, principal, IdParam, LimitQuery, Query, QueueName};
 use super::state::{AppState, CommandsApi};
@@ -89,7 +89,7 @@ pub async fn replay_one(
     let msg_id: MessageId = id.parse().map_err(|_| {
         ApiError::invalid(
             "invalid_id",
-            format!("{id:?} is not a dead-letter id; use an id from GET …/dead-letters (like 1700000000000-0)"),
+            format!("{} is not a dead-letter id; use an id from GET …/dead-letters (like 1700000000000-0)", echo(&id)),
         )
     })?;
     let new_id = st.commands.store().messages().replay_dead_letter(&queue, msg_id).await?;

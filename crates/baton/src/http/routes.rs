@@ -21,7 +21,7 @@ use super::openapi::{
     with_body, with_links, Docs,
 };
 use super::state::AppState;
-use super::{commands, dashboard, edge, ops, queues, streams};
+use super::{commands, dashboard, edge, ops, plumbing, queues, streams};
 use crate::auth::Access;
 use crate::settings::Op::{Admin, Read, Write};
 
@@ -48,8 +48,6 @@ pub struct Endpoint {
 enum Service {
     /// A handler per served method; other methods get `405 method_not_allowed` (JSON, `Allow`).
     Json(MethodRouter<AppState>),
-    /// A handler per served method; other methods get axum's empty `405` (`Allow`).
-    Plain(MethodRouter<AppState>),
     /// One handler for every method: it answers those it does not serve itself.
     Any(MethodRouter<AppState>),
 }
@@ -58,11 +56,6 @@ impl Route {
     /// A route whose methods are added with [`Route::on`]; the others answer a JSON 405.
     fn json(path: &'static str, unserved: Access) -> Self {
         Route { path, endpoints: Vec::new(), unserved, service: Service::Json(MethodRouter::new()) }
-    }
-
-    /// A route whose methods are added with [`Route::on`]; the others answer axum's 405.
-    fn plain(path: &'static str, unserved: Access) -> Self {
-        Route { path, endpoints: Vec::new(), unserved, service: Service::Plain(MethodRouter::new()) }
     }
 
     /// A route served by one handler for every method; the methods it serves are listed with
@@ -75,7 +68,6 @@ impl Route {
     fn on(mut self, method: Method, access: Access, doc: Value, handler: MethodRouter<AppState>) -> Self {
         self.service = match self.service {
             Service::Json(mr) => Service::Json(mr.merge(handler)),
-            Service::Plain(mr) => Service::Plain(mr.merge(handler)),
             Service::Any(_) => unreachable!("an `any` route lists its methods with `serves`"),
         };
         self.endpoints.push(Endpoint { method, access, doc });
@@ -112,7 +104,7 @@ impl Route {
         let methods = self.methods();
         let mr = match self.service {
             Service::Json(mr) => json_405(mr, methods),
-            Service::Plain(mr) | Service::Any(mr) => mr,
+            Service::Any(mr) => mr,
         };
         mr.layer(middleware::from_fn_with_state(guard, access::layer))
             .layer(middleware::from_fn_with_state(self.path, track))
@@ -200,7 +192,7 @@ pub fn table(d: &Docs) -> Vec<Route> {
     t.extend(command_routes(d));
     t.extend(queue_routes(d));
     t.push(
-        Route::plain("/v1/dashboard/events", Access::Token).on(
+        Route::json("/v1/dashboard/events", Access::Token).on(
             Method::GET,
             Access::Token,
             op(
@@ -369,7 +361,7 @@ fn stream_routes() -> Vec<Route> {
 /// `/healthz`, `/readyz`, `/metrics`, `/openapi.json` and `/` (the dashboard or the JSON index).
 fn operation_routes() -> Vec<Route> {
     let public = |path: &'static str, doc: Value, handler: MethodRouter<AppState>| {
-        Route::plain(path, Access::Public).on(Method::GET, Access::Public, doc, handler)
+        Route::json(path, Access::Public).on(Method::GET, Access::Public, doc, handler)
     };
     vec![
         public("/healthz", public_op("The process is up", json!({ "200": text_resp("`ok`") })), get(ops::healthz)),
@@ -377,7 +369,8 @@ fn operation_routes() -> Vec<Route> {
             "/readyz",
             public_op(
                 "The backend answers",
-                json!({ "200": text_resp("`ready`"), "503": text_resp("What is not reachable.") }),
+                json!({ "200": text_resp("`ready`"),
+                        "503": err_resp("`not_ready`: a backend did not answer within 3 s; the message names it (`Retry-After: 1`).") }),
             ),
             get(ops::readyz),
         ),
@@ -385,7 +378,7 @@ fn operation_routes() -> Vec<Route> {
             "/metrics",
             public_op(
                 "Prometheus metrics",
-                json!({ "200": text_resp("Prometheus text format 0.0.4."), "503": text_resp("No recorder.") }),
+                json!({ "200": text_resp("Prometheus text format 0.0.4."), "503": err_resp("`metrics_unavailable`: no recorder.") }),
             ),
             get(ops::metrics),
         ),
@@ -487,12 +480,13 @@ fn command_routes(d: &Docs) -> Vec<Route> {
                             ("404", err_resp("Unknown queue.")),
                             ("409", err_resp("The id exists with another body.")),
                             ("413", err_resp("Body over max_command_body.")),
+                            ("415", err_resp("`unsupported_media_type`: the Content-Type is not JSON; send `application/json` (a `+json` type, or no Content-Type, is read as JSON too).")),
                             ("503", err_resp("Backend unavailable, or a wait found every live-reader slot taken (Retry-After).")),
                         ])),
                     ),
                     submit_body,
                 ),
-                post(commands::submit),
+                post(commands::submit).route_layer(middleware::from_fn(plumbing::require_json)),
             ),
         Route::json("/v1/commands/{id}", Access::Token).on(
             Method::GET,

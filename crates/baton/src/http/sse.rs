@@ -20,7 +20,7 @@ use baton_streams::{is_json, normalize_content_type, ReadChunk, ReadFrom, Stream
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::mpsc;
 
-use super::errors::ApiError;
+use super::errors::{echo, ApiError};
 use super::headers::{self as h, ReadQuery};
 use super::state::AppState;
 
@@ -41,7 +41,7 @@ pub async fn serve(
     let resumed = last_event_id.map(str::trim).filter(|s| !s.is_empty());
     let from = match resumed.map(|id| id.trim_end_matches(END_ID_SUFFIX)) {
         Some(id) => ReadFrom::parse(id).map_err(|_| {
-            ApiError::bad_request(format!("Last-Event-ID {id:?} is not an offset returned by this server"))
+            ApiError::bad_request(format!("Last-Event-ID {} is not an offset returned by this server", echo(id)))
         })?,
         None => q.from,
     };

@@ -10,7 +10,7 @@ use baton_streams::StreamStore;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::errors::ApiError;
+use super::errors::{echo, ApiError};
 use crate::auth::Auth;
 use crate::settings::{QueueConfig, ServeConfig};
 
@@ -126,7 +126,11 @@ impl CommandsApi {
         self.inner.queues.get(queue).ok_or_else(|| {
             ApiError::not_found(
                 "unknown_queue",
-                format!("no queue {queue:?} on this server; configured queues: {}", self.queue_names().join(", ")),
+                format!(
+                    "no queue {} on this server; configured queues: {}",
+                    echo(queue),
+                    self.queue_names().join(", ")
+                ),
             )
         })
     }

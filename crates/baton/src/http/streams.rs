@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use baton_streams::{AppendRequest, CreateOptions, Expiry, ForkFrom, ReadChunk, ReadFrom, StreamInfo, StreamPath};
 use bytes::Bytes;
 
-use super::errors::ApiError;
+use super::errors::{echo, ApiError};
 use super::headers::{self as h, Live, ReadQuery};
 use super::plumbing::{read_body, BodyLimit};
 use super::state::AppState;
@@ -114,7 +114,10 @@ async fn create(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
             sub_offset: match sub_offset {
                 None => 0,
                 Some(s) => h::strict_uint(s).ok_or_else(|| {
-                    ApiError::bad_request(format!("Stream-Fork-Sub-Offset must be a non-negative integer, not {s:?}"))
+                    ApiError::bad_request(format!(
+                        "Stream-Fork-Sub-Offset must be a non-negative integer, not {}",
+                        echo(s)
+                    ))
                 })?,
             },
         }),

@@ -63,6 +63,20 @@ pub struct ServeArgs {
     /// Largest total size of request headers; larger requests get 431 [default: 16KiB].
     #[arg(long, env = "BATON_MAX_HEADER_BYTES", value_parser = parse_size)]
     pub max_header_bytes: Option<usize>,
+    /// How long a connection may take to send a request's head (request line and headers),
+    /// counted from when it connects or, on a kept-alive connection, from the first byte of the
+    /// request; slower connections are closed [default: 30s].
+    #[arg(long, env = "BATON_HEADER_TIMEOUT", value_parser = parse_duration)]
+    pub header_timeout: Option<Duration>,
+    /// A kept-alive connection with no request in flight is closed after this long without a
+    /// new request (a response in progress, however long, is never cut) [default: 60s].
+    #[arg(long, env = "BATON_IDLE_TIMEOUT", value_parser = parse_duration)]
+    pub idle_timeout: Option<Duration>,
+    /// Open connections at most; more are closed as soon as they are accepted and counted in
+    /// `baton_http_connections_rejected_total` [default: from the descriptor limit, see
+    /// docs/operations.md].
+    #[arg(long, env = "BATON_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// Concurrent live readers (long-poll and SSE); more get 503 with Retry-After [default: 20000].
     #[arg(long, env = "BATON_MAX_LIVE_READERS")]
     pub max_live_readers: Option<usize>,
@@ -119,6 +133,15 @@ pub struct WorkerArgs {
     /// Serve /healthz, /readyz and /metrics on this address (none by default).
     #[arg(long, env = "BATON_WORKER_LISTEN")]
     pub listen: Option<SocketAddr>,
+    /// With --listen: as `baton serve --header-timeout` [default: 30s].
+    #[arg(long, env = "BATON_HEADER_TIMEOUT", value_parser = parse_duration)]
+    pub header_timeout: Option<Duration>,
+    /// With --listen: as `baton serve --idle-timeout` [default: 60s].
+    #[arg(long, env = "BATON_IDLE_TIMEOUT", value_parser = parse_duration)]
+    pub idle_timeout: Option<Duration>,
+    /// With --listen: as `baton serve --max-connections` [default: from the descriptor limit].
+    #[arg(long, env = "BATON_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// How long running handlers get to finish at shutdown [default: 10s].
     #[arg(long, env = "BATON_SHUTDOWN_GRACE", value_parser = parse_duration)]
     pub shutdown_grace: Option<Duration>,
@@ -136,6 +159,9 @@ struct FileConfig {
     sse_heartbeat: Option<String>,
     max_body: Option<SizeValue>,
     max_header_bytes: Option<SizeValue>,
+    header_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    max_connections: Option<usize>,
     max_live_readers: Option<usize>,
     cors_origins: Option<StringOrList>,
     cache: Option<String>,
@@ -206,6 +232,29 @@ pub enum CacheMode {
     Public,
 }
 
+/// How the HTTP server treats connections (`baton serve`, and `baton worker --listen`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connections {
+    /// Longest time to receive a request's head: from the connection's start for its first
+    /// request, from the request's first byte on a kept-alive connection.
+    pub header_timeout: Duration,
+    /// Longest time a kept-alive connection waits, with no request in flight, for the first byte
+    /// of its next request.
+    pub idle_timeout: Duration,
+    /// Most open connections; `None`: derived from the descriptor limit when the server starts.
+    pub max_connections: Option<usize>,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections {
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: None,
+        }
+    }
+}
+
 /// Fully resolved settings of `baton serve`.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
@@ -216,6 +265,8 @@ pub struct ServeConfig {
     pub sse_heartbeat: Duration,
     pub max_body: usize,
     pub max_header_bytes: usize,
+    /// Connection timeouts and limit.
+    pub connections: Connections,
     pub max_live_readers: usize,
     /// `None` = any origin (`*`).
     pub cors_origins: Option<Vec<String>>,
@@ -246,6 +297,7 @@ impl Default for ServeConfig {
             sse_heartbeat: Duration::from_secs(15),
             max_body: 8 << 20,
             max_header_bytes: 16 << 10,
+            connections: Connections::default(),
             max_live_readers: 20_000,
             cors_origins: None,
             cache: CacheMode::Private,
@@ -347,6 +399,16 @@ impl ServeArgs {
                 "max_header_bytes",
                 d.max_header_bytes,
             )?,
+            connections: Connections {
+                header_timeout: dur(
+                    self.header_timeout,
+                    file.header_timeout,
+                    "header_timeout",
+                    d.connections.header_timeout,
+                )?,
+                idle_timeout: dur(self.idle_timeout, file.idle_timeout, "idle_timeout", d.connections.idle_timeout)?,
+                max_connections: self.max_connections.or(file.max_connections),
+            },
             max_live_readers: self.max_live_readers.or(file.max_live_readers).unwrap_or(d.max_live_readers),
             cors_origins,
             cache,
@@ -375,6 +437,14 @@ impl ServeArgs {
         if cfg.sse_heartbeat.is_zero() || cfg.sse_cycle.is_zero() {
             return Err("sse_heartbeat and sse_cycle must be greater than zero".into());
         }
+        if cfg.connections.header_timeout.is_zero() || cfg.connections.idle_timeout.is_zero() {
+            return Err("header_timeout and idle_timeout must be greater than zero".into());
+        }
+        if cfg.connections.max_connections == Some(0) {
+            return Err(
+                "max_connections must be at least 1 (leave it out to derive it from the descriptor limit)".into()
+            );
+        }
         Ok(cfg)
     }
 }
@@ -387,12 +457,14 @@ pub struct WorkerConfig {
     pub queues_defaulted: bool,
     /// Where to serve `/healthz`, `/readyz` and `/metrics`, if anywhere.
     pub listen: Option<SocketAddr>,
+    /// Connection timeouts and limit of the `--listen` server.
+    pub connections: Connections,
     pub shutdown_grace: Duration,
 }
 
 impl WorkerArgs {
-    /// Reads the same TOML file as `baton serve` (its `[queues.*]`, `redis`, `redis_cluster`
-    /// and `shutdown_grace`). Errors: the in-memory backend (a worker must share Redis with the
+    /// Reads the same TOML file as `baton serve` (its `[queues.*]`, `redis`, `redis_cluster`,
+    /// `shutdown_grace`, `header_timeout`, `idle_timeout` and `max_connections`). Errors: the in-memory backend (a worker must share Redis with the
     /// server), an unknown queue in `--queues`, and every error of `baton serve`'s configuration.
     pub fn resolve(self) -> Result<WorkerConfig, String> {
         let serve = ServeArgs {
@@ -400,6 +472,9 @@ impl WorkerArgs {
             redis: self.redis,
             redis_cluster: self.redis_cluster,
             shutdown_grace: self.shutdown_grace,
+            header_timeout: self.header_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections,
             ..Default::default()
         }
         .resolve()?;
@@ -428,6 +503,7 @@ impl WorkerArgs {
             queues,
             queues_defaulted: serve.queues_defaulted,
             listen: self.listen,
+            connections: serve.connections,
             shutdown_grace: serve.shutdown_grace,
         })
     }
@@ -454,6 +530,23 @@ mod tests {
         assert_eq!(cfg.max_body, 1 << 20);
         assert_eq!(cfg.sse_cycle, Duration::from_secs(60));
         assert_eq!(cfg.backend, Storage::Redis(RedisConfig::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])));
+        std::fs::write(&path, "header_timeout = \"5s\"\nmax_connections = 100\nredis = \"redis://a:1\"\n").unwrap();
+        let cfg =
+            ServeArgs { config: Some(path.clone()), idle_timeout: Some(Duration::from_secs(9)), ..Default::default() }
+                .resolve()
+                .unwrap();
+        let want = Connections {
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(9),
+            max_connections: Some(100),
+        };
+        assert_eq!(cfg.connections, want);
+        let worker =
+            WorkerArgs { config: Some(path.clone()), idle_timeout: Some(Duration::from_secs(9)), ..Default::default() };
+        assert_eq!(worker.resolve().unwrap().connections, want, "baton worker --listen reads the same keys");
+        std::fs::write(&path, "max_connections = 0\n").unwrap();
+        let err = ServeArgs { config: Some(path.clone()), ..Default::default() }.resolve().unwrap_err();
+        assert!(err.contains("max_connections must be at least 1"), "{err}");
         std::fs::write(&path, "bogus_key = 1\n").unwrap();
         let err = ServeArgs { config: Some(path), ..Default::default() }.resolve().unwrap_err();
         assert!(err.contains("bogus_key"), "{err}");

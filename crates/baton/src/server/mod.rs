@@ -1,6 +1,9 @@
 //! Starting and stopping the two processes: `baton serve` ([`Server`]: the HTTP API and, unless
 //! `--no-workers`, the workers) and `baton worker` ([`Worker`]: the workers and, with `--listen`,
-//! the health API). What they print and when they stop is the command line's.
+//! the health API). What they print and when they stop is the command line's. Both serve HTTP
+//! through [`listen`]: its connection timeouts, connection limit and accept loop.
+
+pub mod listen;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -39,9 +42,7 @@ impl Server {
         let command_store = workers::command_store(&cfg.backend).await?;
         let commands = CommandsApi::new(command_store.clone(), &cfg.queues, cfg.max_command_body, cfg.run_workers)?;
         let auth = Arc::new(Auth::new(cfg.tokens.clone()));
-        let listener = tokio::net::TcpListener::bind(cfg.listen)
-            .await
-            .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+        let listener = listen::bind(cfg.listen, "--listen", "or BATON_LISTEN, or `listen` in the config file").await?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let cfg = Arc::new(cfg);
         let shutdown = CancellationToken::new();
@@ -69,11 +70,8 @@ impl Server {
             tracing::warn!("no tokens configured: every API request is allowed (add [[tokens]] to the config to require bearer tokens)");
         }
         let app = http::router(state);
-        let token = shutdown.clone();
-        let join =
-            tokio::spawn(
-                async move { axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await },
-            );
+        let limits = listen::Limits::new(&cfg.connections, cfg.max_header_bytes);
+        let join = tokio::spawn(listen::serve(listener, app, limits, shutdown.clone()));
         Ok(Server { addr, shutdown, join, cfg, workers, commands: command_store })
     }
 
@@ -140,8 +138,8 @@ impl Worker {
             None => None,
             Some(addr) => {
                 let api = CommandsApi::new(store.clone(), &cfg.queues, 0, true)?;
-                let listener =
-                    tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+                let listener = listen::bind(addr, "--listen", "or BATON_WORKER_LISTEN").await?;
+                let addr = listener.local_addr().map_err(|e| e.to_string())?;
                 Some((addr, listener, http::ops::worker_router(api)))
             }
         };
@@ -151,11 +149,10 @@ impl Worker {
         tracing::info!(target: "baton::workers", backend = %cfg.backend.describe(), queues = %describe_queues(&cfg.queues), "baton worker: running{default_note}");
         let shutdown = CancellationToken::new();
         let health = health.map(|(addr, listener, app)| {
-            let token = shutdown.clone();
-            let join = tokio::spawn(async move {
-                axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await
-            });
-            (addr, join)
+            // The health API has no header limit of its own: hyper's are set from the default.
+            let limits =
+                listen::Limits::new(&cfg.connections, crate::settings::ServeConfig::default().max_header_bytes);
+            (addr, tokio::spawn(listen::serve(listener, app, limits, shutdown.clone())))
         });
         Ok(Worker { workers, health, shutdown, grace: cfg.shutdown_grace })
     }
