@@ -147,6 +147,9 @@ pub struct Appended {
     pub end: Option<EndState>,
     /// `true` when this very request ended the stream.
     pub ended_now: bool,
+    /// Incarnation of the stream written (for offset tokens, [`Offset::token`]); empty when not
+    /// known.
+    pub incarnation: String,
 }
 
 /// One stored append: an offset and its bytes. For `application/json` streams `data` holds
@@ -224,7 +227,8 @@ pub struct StreamInfo {
     pub ended_at: Option<EpochMs>,
     /// Earliest offset still readable (after a trim); `Offset::ZERO` otherwise.
     pub earliest: Offset,
-    /// Data entries (events) stored.
+    /// Messages stored, as `max_len` counts them: JSON values of an `application/json` stream,
+    /// appends of any other.
     pub len: u64,
     pub created_at: EpochMs,
     /// Last append or keepalive, ms since the Unix epoch.
