@@ -97,6 +97,10 @@ impl From<StreamError> for ApiError {
             NotFound { .. } => ("not_found", format!("{e}; create it with PUT first")),
             Gone { .. } => ("gone", e.to_string()),
             OffsetGone { earliest, .. } => ("offset_gone", format!("{e}; read from offset=-1 or from {earliest}")),
+            OffsetIncarnation { .. } => (
+                "offset_incarnation",
+                format!("{e}; its offsets do not apply to the new stream: read it from offset=-1"),
+            ),
             MalformedOffset { .. } => {
                 ("malformed_offset", format!("{e}; use -1, now, or a Stream-Next-Offset value returned by this server"))
             }

@@ -375,6 +375,11 @@ impl ServeArgs {
         if cfg.sse_heartbeat.is_zero() || cfg.sse_cycle.is_zero() {
             return Err("sse_heartbeat and sse_cycle must be greater than zero".into());
         }
+        if cfg.default_limits.silence_timeout.is_some_and(|d| d.is_zero()) {
+            return Err(
+                "silence_timeout 0 would end every new stream at once; give a positive duration, or `none`".into()
+            );
+        }
         Ok(cfg)
     }
 }
