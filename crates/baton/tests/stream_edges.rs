@@ -198,7 +198,8 @@ async fn offsets_of_a_deleted_stream_are_gone(srv: &TestServer) {
     assert_eq!(c.get(format!("{url}?offset={untagged}")).send().await.unwrap().text().await.unwrap(), "new-2");
 }
 
-/// A long-poll waiting on a stream that is deleted: 404 (as documented).
+/// A long-poll waiting on a stream that is deleted: 404; soft-deleted: 410; an SSE connection
+/// gets `event: error` (as documented).
 async fn long_poll_on_a_deleted_stream(srv: &TestServer) {
     let c = client();
     let url = srv.url(&unique("deleted-while-waiting"));
@@ -209,6 +210,33 @@ async fn long_poll_on_a_deleted_stream(srv: &TestServer) {
     c.delete(&url).send().await.unwrap();
     let (status, err) = error_of(waiting.await.unwrap().unwrap()).await;
     assert_eq!((status, err["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    // Soft-deleted while it waits (a fork still references it): 410.
+    let src = srv.url(&unique("soft-deleted-while-waiting"));
+    let r = c.put(&src).header("content-type", "text/plain").body("a").send().await.unwrap();
+    let tail = header(&r, "stream-next-offset").unwrap().to_string();
+    let fork = srv.url(&unique("fork"));
+    let from = src.split("/v1/stream/").nth(1).unwrap().to_string();
+    let r = c.put(&fork).header("stream-forked-from", from).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let waiting = tokio::spawn(c.get(format!("{src}?offset={tail}&live=long-poll")).send());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.delete(&src).send().await.unwrap();
+    let (status, err) = error_of(waiting.await.unwrap().unwrap()).await;
+    assert_eq!((status, err["error"].as_str()), (StatusCode::GONE, Some("gone")));
+    // An SSE connection whose stream is deleted: one `event: error`, then the end.
+    let url = srv.url(&unique("deleted-under-sse"));
+    c.put(&url).header("content-type", "text/plain").send().await.unwrap();
+    let r = c.get(format!("{url}?offset=-1&live=sse")).send().await.unwrap();
+    let reader = tokio::spawn(read_sse_until(r, Duration::from_secs(5), |_| false));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.delete(&url).send().await.unwrap();
+    let (text, ended) = reader.await.unwrap();
+    assert!(ended, "{text}");
+    let events = sse_events(&text);
+    let (kind, data, _) = events.last().unwrap();
+    assert_eq!(kind, "error", "{text}");
+    let v: Value = serde_json::from_str(data).unwrap();
+    assert!(v["error"].as_str().unwrap().contains("not found"), "{text}");
 }
 
 /// Each case on memory and on Redis standalone (one server each).
