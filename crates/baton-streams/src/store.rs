@@ -49,11 +49,13 @@ impl StreamStore {
 
     /// Creates a stream, or confirms an identical one (PROTOCOL.md §5.1): `created == false` when
     /// a stream with the same content type (normalized), expiry, closed state and fork origin
-    /// exists. Forks (§4.2): data up to the fork offset (plus `sub_offset`) is copied; the fork
+    /// exists, and, when `opts.limits` is `Some`, the same run limits (fixed at creation; with
+    /// `None` they are not compared). Forks (§4.2): data up to the fork offset (plus `sub_offset`) is copied; the fork
     /// gets the source's content type and expiry unless given.
     ///
-    /// Errors: [`StreamError::Conflict`] (different config; soft-deleted path; fork content type
-    /// differs; soft-deleted source), [`StreamError::NotFound`] (fork source), `InvalidRequest`
+    /// Errors: [`StreamError::Conflict`] (different config, the reason naming what differs; other
+    /// run limits, naming the limit with both values; soft-deleted path; fork content type
+    /// differs; soft-deleted source), `InvalidRequest` (a zero silence timeout: `None` disables it), [`StreamError::NotFound`] (fork source), `InvalidRequest`
     /// (expiry in the past, sub-offset overshoot), `OffsetAhead` (fork offset past the source's
     /// tail), `OffsetGone`, `InvalidJson`.
     pub async fn create(&self, path: &StreamPath, opts: CreateOptions) -> Result<Created> {

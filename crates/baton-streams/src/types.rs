@@ -90,7 +90,7 @@ pub struct CreateOptions {
     pub closed: bool,
     /// Initial body (JSON: one level of array flattening; `[]` allowed).
     pub initial: Option<Bytes>,
-    /// Run limits; `None` = the store's defaults.
+    /// Run limits; `None` = the store's defaults (and, for an existing stream, not compared).
     pub limits: Option<RunLimits>,
     /// Create as a fork of another stream.
     pub fork: Option<ForkFrom>,

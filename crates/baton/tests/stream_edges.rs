@@ -51,6 +51,16 @@ async fn sse_carries_text_that_is_not_utf8_as_base64() {
     assert_eq!(header(&r, "stream-sse-data-encoding"), None);
     let (text, _) = read_sse_until(r, Duration::from_secs(5), |t| t.contains("upToDate")).await;
     assert!(text.contains("data:café\n"), "{text}");
+    // A character split over two appends is still text (the batch is valid UTF-8).
+    let split = srv.url(&unique("split"));
+    c.put(&split).header("content-type", "text/plain").send().await.unwrap();
+    let e_acute = "é".as_bytes();
+    c.post(&split).header("content-type", "text/plain").body(vec![b'x', e_acute[0]]).send().await.unwrap();
+    c.post(&split).header("content-type", "text/plain").body(vec![e_acute[1]]).send().await.unwrap();
+    let r = c.get(format!("{split}?offset=-1&live=sse")).send().await.unwrap();
+    assert_eq!(header(&r, "stream-sse-data-encoding"), None);
+    let (text, _) = read_sse_until(r, Duration::from_secs(5), |t| t.contains("upToDate")).await;
+    assert!(text.contains("data:xé\n"), "{text}");
     // A `text/plain` stream holding bytes that are not UTF-8: base64 from the start...
     let raw = srv.url(&unique("raw"));
     c.put(&raw).header("content-type", "text/plain").send().await.unwrap();

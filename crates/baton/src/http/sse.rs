@@ -44,9 +44,11 @@ fn is_text(content_type: &str) -> bool {
     charset.is_none_or(|c| matches!(c.as_str(), "utf-8" | "utf8" | "us-ascii" | "ascii"))
 }
 
-/// Whether a chunk can go on a text connection: its data is valid UTF-8.
+/// Whether a chunk can go on a text connection: its data, as one body, is valid UTF-8 (a
+/// character split over two appends of one batch is fine; one split over two batches makes the
+/// first batch invalid, and the reconnect then reads both halves together).
 fn is_utf8(chunk: &ReadChunk) -> bool {
-    chunk.records.iter().all(|r| std::str::from_utf8(&r.data).is_ok())
+    chunk.records.iter().all(|r| r.data.is_ascii()) || std::str::from_utf8(&chunk.body()).is_ok()
 }
 
 pub async fn serve(
