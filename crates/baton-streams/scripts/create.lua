@@ -81,7 +81,10 @@ for i = 0, n - 1 do
     tail = redis.call('XADD', KS, id, 'd', data)
   end
   wrote = true
-  cnt = cnt + 1
+  -- cnt counts messages (what max_len limits): a JSON record's messages, else 1 per record.
+  local units = tonumber(msgs)
+  if units < 1 then units = 1 end
+  cnt = cnt + units
 end
 ensure_base()
 m.tail = tail; m.cnt = s(cnt)

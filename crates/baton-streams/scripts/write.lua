@@ -73,14 +73,16 @@ local function need_now()
 end
 if m['end'] then full() end
 local fresh = (m.cnt or '0') == '0' -- the stream key may not exist yet (needs its expiry)
-local cnt_n = tonumber(m.cnt or '0') -- data entries, kept as a number until written back
+-- messages (what max_len counts: a JSON record's messages, else 1 per record), kept as a number
+-- until written back
+local cnt_n = tonumber(m.cnt or '0')
 local dirty = {}   -- producer ids to write back
 local wrote = false
 local ended_here = false
 
 -- Checks of one request, in the protocol's precedence; returns an error reply, or nil and the
 -- producer's count before this request.
-local function validate(b, n)
+local function validate(b, n, units)
   local ctn, sseq, pid = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local epoch, seq, p = 0, 0, nil
   if pid ~= '' then
@@ -120,8 +122,8 @@ local function validate(b, n)
   end
   if sseq ~= '' and m.sq and bytes_le(sseq, m.sq) then return {'sseq', m.sq} end
   if n > 0 then
-    if m.ml and cnt_n + n > tonumber(m.ml) then return {'toolong', 'stream', m.ml} end
-    if pid ~= '' and m.mlw and count + n > tonumber(m.mlw) then return {'toolong', 'writer', m.mlw} end
+    if m.ml and cnt_n + units > tonumber(m.ml) then return {'toolong', 'stream', m.ml} end
+    if pid ~= '' and m.mlw and count + units > tonumber(m.mlw) then return {'toolong', 'writer', m.mlw} end
   end
   return nil, count
 end
@@ -135,10 +137,16 @@ local function one(b)
   local inc, sseq, pid, close = ARGV[b], ARGV[b + 2], ARGV[b + 3], ARGV[b + 6]
   local n = tonumber(ARGV[b + 7])
   if inc ~= '' and inc ~= m.inc then return {'nf'} end
-  local err, count = validate(b, n)
+  local units = 0
+  for i = 0, n - 1 do
+    local u = tonumber(ARGV[b + 9 + 2 * i])
+    if u < 1 then u = 1 end
+    units = units + u
+  end
+  local err, count = validate(b, n, units)
   if (err or n == 0) and not now then
     need_now()
-    err, count = validate(b, n)
+    err, count = validate(b, n, units)
   end
   if err then return err end
   local first = 0
@@ -148,7 +156,7 @@ local function one(b)
     now = tonumber(string.match(id, '^(%d+)')); now_s = s(now)
     if silence() then
       redis.call('XDEL', KS, id) -- never visible: the stream ended before this append
-      return (validate(b, n))
+      return (validate(b, n, units))
     end
     m.tail = id
     first = 1
@@ -158,15 +166,15 @@ local function one(b)
   for i = first, n - 1 do
     m.tail = xadd(ARGV[b + 8 + 2 * i], ARGV[b + 9 + 2 * i])
   end
-  cnt_n = cnt_n + n
+  cnt_n = cnt_n + units
   if sseq ~= '' then m.sq = sseq end
   if pid ~= '' then
     local epoch, seq = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
     local p = PS[pid]
     if p then
-      p.epoch = epoch; p.last = seq; p.count = count + n; p.off = m.tail
+      p.epoch = epoch; p.last = seq; p.count = count + units; p.off = m.tail
     else
-      PS[pid] = {epoch = epoch, last = seq, count = count + n, off = m.tail}
+      PS[pid] = {epoch = epoch, last = seq, count = count + units, off = m.tail}
     end
     dirty[pid] = true
   end

@@ -40,7 +40,11 @@ if nargs < 9 then
   local cnt = v[1] and not v[8] and not v[7] and (inc == '' or inc == v[1])
     and ((ctn ~= '' and ctn == v[2]) or (ctn == '' and v[2] ~= 'application/json'))
     and (v[3] or '0') + 0
-  if cnt and cnt > 0 and not (v[6] and cnt + 1 > v[6] + 0) then
+  -- max_len counts messages: the record's JSON messages, else 1.
+  local units = 1
+  local msgs = ARGV[4]
+  if msgs and msgs ~= '' and msgs ~= '0' then units = msgs + 0 end
+  if cnt and cnt > 0 and not (v[6] and cnt + units > v[6] + 0) then
     local ok, state = true, nil
     if stamped then
       local raw, pre = v[10], ARGV[6]
@@ -57,8 +61,8 @@ if nargs < 9 then
           local mlw = redis.call('HGET', KEYS[2], 'mlw')
           if mlw then
             local c = raw and string.match(raw, '^%d+', n + 1)
-            local count = 1
-            if c then count = c + 1 end
+            local count = units
+            if c then count = c + units end
             ok = not (count > mlw + 0)
             state = string.sub(ARGV[7], 1, -2) .. string.format('%d', count) .. ':'
           else
@@ -69,7 +73,6 @@ if nargs < 9 then
     end
     local id = false
     if ok then
-      local msgs = ARGV[4]
       if msgs and msgs ~= '' and msgs ~= '0' then
         id = redis.call('XADD', KEYS[1], 'NOMKSTREAM', '*', 'd', ARGV[3], 'n', msgs)
       else
@@ -82,16 +85,15 @@ if nargs < 9 then
         redis.call('XDEL', KEYS[1], id)
       else
         if state then
-          redis.call('HSET', KEYS[2], 'lw', now, 'tail', id, 'cnt', string.format('%d', cnt + 1),
+          redis.call('HSET', KEYS[2], 'lw', now, 'tail', id, 'cnt', string.format('%d', cnt + units),
             ARGV[5], state .. id)
         else
-          redis.call('HSET', KEYS[2], 'lw', now, 'tail', id, 'cnt', string.format('%d', cnt + 1))
+          redis.call('HSET', KEYS[2], 'lw', now, 'tail', id, 'cnt', string.format('%d', cnt + units))
         end
         return v[1] .. ' ' .. (v[9] or '') .. ' ' .. id
       end
     end
   end
-  local msgs = ARGV[4]
   if msgs == nil or msgs == '' then msgs = '0' end
   local pid, epoch, seq = '', '', ''
   if stamped then

@@ -28,6 +28,11 @@ pub enum StreamError {
     /// 410: the requested offset is before the earliest retained data (after a trim). [§5.6]
     #[error("offset {offset} is before the earliest retained offset {earliest}")]
     OffsetGone { offset: Offset, earliest: Offset },
+    /// 410: the offset token belongs to another incarnation of the stream: the stream it was read
+    /// from was deleted and a new one created at the same path since (see [`crate::OffsetTag`]).
+    /// Read the new stream from `-1`. [Baton: offsets of deleted streams]
+    #[error("offset {offset} belongs to an earlier stream at this path (it was deleted and re-created since)")]
+    OffsetIncarnation { offset: String },
     /// 400: the offset is not `-1`, `now`, nor an offset token this server mints. [§8]
     #[error("malformed offset {input:?}")]
     MalformedOffset { input: String },
@@ -65,8 +70,9 @@ pub enum StreamError {
     /// Carries the final offset and the end reason. [§4.1, §5.2]
     #[error("stream is closed ({}) at offset {}", end.reason, end.final_offset)]
     Closed { end: EndState },
-    /// 413/409: `max_len` reached (events per stream or per writer). [Baton run semantics]
-    #[error("max_len reached: {limit} events per {scope}; continue in a new stream")]
+    /// 413: `max_len` would be passed (messages per stream or per writer: JSON values of an
+    /// `application/json` stream, appends of any other). [Baton run semantics]
+    #[error("max_len reached: at most {limit} messages per {scope}; continue in a new stream")]
     TooLong { limit: u64, scope: LimitScope },
     /// 503: the backend failed (Redis unreachable, timeout, script error).
     #[error("backend error: {0}")]
@@ -79,7 +85,7 @@ impl StreamError {
         use StreamError::*;
         match self {
             NotFound { .. } => 404,
-            Gone { .. } | OffsetGone { .. } => 410,
+            Gone { .. } | OffsetGone { .. } | OffsetIncarnation { .. } => 410,
             MalformedOffset { .. }
             | OffsetAhead { .. }
             | InvalidRequest { .. }

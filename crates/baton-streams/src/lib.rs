@@ -51,7 +51,10 @@
 //!   [`StreamStore::read`] (§5.6 catch-up), [`StreamStore::read_live`] (§5.7 long-poll) and
 //!   [`StreamStore::subscribe`] (§5.8 SSE), [`StreamStore::trim`] (§4 retention).
 //! * Offsets ([`Offset`], §8): `MMMMMMMMMMMMMMMM_SSSSSSSSSSSSSSSS`, the Redis entry id of the
-//!   last entry read, zero-padded; start is `0000000000000000_0000000000000000`.
+//!   last entry read, zero-padded; start is `0000000000000000_0000000000000000`. Over HTTP they
+//!   travel as tokens with the stream incarnation's [`OffsetTag`] appended ([`Offset::token`],
+//!   [`ReadFrom::Tagged`]): a token of a deleted stream is refused by a new stream at its path
+//!   ([`StreamError::OffsetIncarnation`], 410).
 //! * Runs ([`StreamStore::open`], [`Producer`], [`StreamStore::spawn`]): a producer with an
 //!   epoch claimed at open; `append`/`finish`/`cancel`/`keepalive`; exactly one end with a reason
 //!   ([`EndReason`]: `finished`, `cancelled`, `producer_lost`); `silence_timeout`, `max_run`,
@@ -67,7 +70,7 @@
 //! * `baton:s:{<path>}:m`: a hash: `inc` incarnation, `ct`/`ctn` content type (as given /
 //!   normalized), `ttl` (ms, sliding) or `exp` (ms epoch), `dl` hard deadline (min of `exp` and
 //!   creation + `max_run`), `sil`/`mr`/`dttl`/`ml`/`mlw` run limits, `tail` last data entry id,
-//!   `first` trimmed-through id, `cnt` data entries, `lw` last write or keepalive, `ta` last
+//!   `first` trimmed-through id, `cnt` messages (what `max_len` counts), `lw` last write or keepalive, `ta` last
 //!   access (sliding TTL), `ca` created, `end`/`fin`/`ea`/`cb` end reason, final id, end time,
 //!   closing producer tuple, `sq` last `Stream-Seq`, `p:<producer id>` = `epoch:last seq:count:last
 //!   offset`, `refs` fork count, `del` soft-deleted, `fsrc`/`foff`/`fsub` fork origin.
@@ -173,7 +176,7 @@ mod types;
 pub use end::{EndReason, EndState, Ended};
 pub use error::{Result, StreamError};
 pub use limits::{LimitScope, RunLimits};
-pub use offset::{Offset, ReadFrom};
+pub use offset::{Offset, OffsetTag, ReadFrom};
 pub use run::{OpenOptions, Producer, RunHandle};
 pub use settings::StreamStoreSettings;
 pub use store::{StreamStore, Subscription};

@@ -15,11 +15,12 @@ pub struct RunLimits {
     pub max_run: Option<Duration>,
     /// Replay window after the end; ending only ever shortens the lifetime. Default 1 h.
     pub done_ttl: Option<Duration>,
-    /// Appends (records) per stream; past it an append is refused
-    /// ([`StreamError::TooLong`](crate::StreamError::TooLong)).
-    /// A JSON append of an array counts once. Keepalives and the end never count. Default 1,000,000.
+    /// Messages per stream; an append that would pass it is refused whole
+    /// ([`StreamError::TooLong`](crate::StreamError::TooLong)). A message is one JSON value of an
+    /// `application/json` stream (an append of an array of `n` counts `n`), or one append of any
+    /// other content type. Keepalives and the end never count. Default 1,000,000.
     pub max_len: Option<u64>,
-    /// Appends per writer (producer id, across epochs). Default none.
+    /// Messages per writer (producer id, across epochs), counted as `max_len`. Default none.
     pub max_len_per_writer: Option<u64>,
 }
 
@@ -42,7 +43,7 @@ impl RunLimits {
     }
 }
 
-/// Whether `max_len` counts events per stream or per writer (producer id).
+/// Whether `max_len` counts messages per stream or per writer (producer id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LimitScope {
     Stream,

@@ -152,7 +152,7 @@ impl State {
         let from = match from {
             ReadFrom::Start => self.first,
             ReadFrom::Now => self.tail,
-            ReadFrom::At(o) => {
+            ReadFrom::At(o) | ReadFrom::Tagged(o, _) => {
                 if o > self.tail {
                     return Err(StreamError::OffsetAhead { offset: o, tail: self.tail });
                 }
@@ -365,7 +365,7 @@ impl StreamBackend for MemoryStreamBackend {
             };
             st.records.push(Record { offset: off, data: data.clone(), messages: *n });
             st.tail = off;
-            st.cnt += 1;
+            st.cnt += u64::from((*n).max(1));
         }
         if !based {
             st.last_id = st.last_id.max(spec.base);
@@ -386,6 +386,8 @@ impl StreamBackend for MemoryStreamBackend {
                 return Err(not_found(path));
             }
             let n = spec.records.len() as u64;
+            // What `max_len` counts: messages (JSON array elements; one per binary append).
+            let units: u64 = spec.records.iter().map(|(_, m)| u64::from((*m).max(1))).sum();
             if let Some(p) = &spec.producer {
                 if let Some(ps) = st.producers.get(&p.id) {
                     if p.epoch < ps.epoch {
@@ -399,6 +401,7 @@ impl StreamBackend for MemoryStreamBackend {
                             producer_offset: Some(ps.off),
                             end: st.end.as_ref().map(|e| e.0),
                             ended_now: false,
+                            incarnation: st.inc.clone(),
                         });
                     }
                 }
@@ -412,6 +415,7 @@ impl StreamBackend for MemoryStreamBackend {
                         producer_offset: Some(end.final_offset),
                         end: Some(*end),
                         ended_now: false,
+                        incarnation: st.inc.clone(),
                     });
                 }
                 return Err(StreamError::Closed { end: *end });
@@ -449,12 +453,12 @@ impl StreamBackend for MemoryStreamBackend {
             }
             if n > 0 {
                 if let Some(ml) = st.limits.max_len {
-                    if st.cnt + n > ml {
+                    if st.cnt + units > ml {
                         return Err(StreamError::TooLong { limit: ml, scope: LimitScope::Stream });
                     }
                 }
                 if let (Some(mlw), Some(_)) = (st.limits.max_len_per_writer, &spec.producer) {
-                    if count + n > mlw {
+                    if count + units > mlw {
                         return Err(StreamError::TooLong { limit: mlw, scope: LimitScope::Writer });
                     }
                 }
@@ -466,14 +470,16 @@ impl StreamBackend for MemoryStreamBackend {
                 st.records.push(Record { offset: off, data: data.clone(), messages: *m });
                 st.tail = off;
             }
-            st.cnt += n;
+            st.cnt += units;
             if let Some(s) = &spec.stream_seq {
                 st.sq = Some(s.clone());
             }
             let tail = st.tail;
             if let Some(p) = &spec.producer {
-                st.producers
-                    .insert(p.id.clone(), PState { epoch: p.epoch, last: p.seq as i64, count: count + n, off: tail });
+                st.producers.insert(
+                    p.id.clone(),
+                    PState { epoch: p.epoch, last: p.seq as i64, count: count + units, off: tail },
+                );
             }
             let mut ended_now = false;
             if let Some(reason) = spec.close {
@@ -487,6 +493,7 @@ impl StreamBackend for MemoryStreamBackend {
                 producer_offset: spec.producer.as_ref().map(|_| tail),
                 end: st.end.as_ref().map(|e| e.0),
                 ended_now,
+                incarnation: st.inc.clone(),
             })
         })
     }

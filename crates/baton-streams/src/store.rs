@@ -11,7 +11,8 @@ use bytes::Bytes;
 use crate::backend::{CreateSpec, Deleted, StreamBackend, WriteSpec};
 use crate::end::EndReason;
 use crate::error::{Result, StreamError};
-use crate::offset::{Offset, ReadFrom};
+use crate::limits::RunLimits;
+use crate::offset::{Offset, OffsetTag, ReadFrom};
 use crate::settings::StreamStoreSettings;
 use crate::types::*;
 
@@ -48,15 +49,26 @@ impl StreamStore {
 
     /// Creates a stream, or confirms an identical one (PROTOCOL.md §5.1): `created == false` when
     /// a stream with the same content type (normalized), expiry, closed state and fork origin
-    /// exists. Forks (§4.2): data up to the fork offset (plus `sub_offset`) is copied; the fork
+    /// exists, and, when `opts.limits` is `Some`, the same run limits (fixed at creation; with
+    /// `None` they are not compared). Forks (§4.2): data up to the fork offset (plus `sub_offset`) is copied; the fork
     /// gets the source's content type and expiry unless given.
     ///
-    /// Errors: [`StreamError::Conflict`] (different config; soft-deleted path; fork content type
-    /// differs; soft-deleted source), [`StreamError::NotFound`] (fork source), `InvalidRequest`
+    /// Errors: [`StreamError::Conflict`] (different config, the reason naming what differs; other
+    /// run limits, naming the limit with both values; soft-deleted path; fork content type
+    /// differs; soft-deleted source), `InvalidRequest` (a zero silence timeout: `None` disables it), [`StreamError::NotFound`] (fork source), `InvalidRequest`
     /// (expiry in the past, sub-offset overshoot), `OffsetAhead` (fork offset past the source's
     /// tail), `OffsetGone`, `InvalidJson`.
     pub async fn create(&self, path: &StreamPath, opts: CreateOptions) -> Result<Created> {
-        Ok(self.create_inner(path, opts, None).await?.0)
+        let wanted = opts.limits;
+        let created = self.create_inner(path, opts, None).await?.0;
+        if let (false, Some(wanted)) = (created.created, wanted) {
+            // The run limits of a stream are fixed at creation: a re-create asking for others
+            // is not the same stream.
+            if let Some(reason) = limits_differ(&created.info.limits, &wanted) {
+                return Err(StreamError::conflict(reason));
+            }
+        }
+        Ok(created)
     }
 
     pub(crate) async fn create_inner(
@@ -71,6 +83,11 @@ impl StreamStore {
             }
         }
         let limits = opts.limits.unwrap_or(self.settings.default_limits);
+        if limits.silence_timeout.is_some_and(|d| d.is_zero()) {
+            return Err(StreamError::invalid(
+                "a silence timeout of 0 would end the stream at once; give a positive duration, or none to disable it",
+            ));
+        }
         let incarnation = uuid::Uuid::now_v7().simple().to_string();
         let Some(fork) = opts.fork.clone() else {
             let ct = opts.content_type.clone().unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_string());
@@ -137,7 +154,9 @@ impl StreamStore {
             e => e,
         };
         let spec = CreateSpec {
-            incarnation,
+            // A fork carries its source's offset tag: the source's offsets up to the fork point
+            // are the fork's too (see `OffsetTag::of`).
+            incarnation: format!("{}.{incarnation}", OffsetTag::of(&snap.info.incarnation)),
             content_type: ct,
             expiry,
             limits,
@@ -198,6 +217,8 @@ impl StreamStore {
         };
         match self.backend.write(path, spec).await {
             Err(StreamError::Closed { end }) if close_only && req.producer.is_none() && req.close.is_some() => {
+                // The incarnation (for offset tokens): one metadata read on this rare path.
+                let incarnation = self.head(path).await.map(|i| i.incarnation).unwrap_or_default();
                 Ok(Appended {
                     tail: end.final_offset,
                     duplicate: false,
@@ -205,6 +226,7 @@ impl StreamStore {
                     producer_offset: None,
                     end: Some(end),
                     ended_now: false,
+                    incarnation,
                 })
             }
             other => other,
@@ -243,7 +265,27 @@ impl StreamStore {
     /// earliest retained offset).
     pub async fn read(&self, path: &StreamPath, from: ReadFrom) -> Result<ReadChunk> {
         let max = self.settings.max_read_bytes;
-        Ok(self.backend.read(path, from, 10_000, max, true, None).await?.0)
+        let (plain, tag) = from.untagged();
+        let read = self.backend.read(path, plain, 10_000, max, true, None).await;
+        let Some(tag) = tag else { return Ok(read?.0) };
+        let refused = || match from {
+            ReadFrom::Tagged(o, t) => StreamError::OffsetIncarnation { offset: format!("{o}_{t}") },
+            _ => unreachable!("tagged"),
+        };
+        match read {
+            // The data read is checked against the incarnation that served it.
+            Ok((chunk, _)) if OffsetTag::of(&chunk.incarnation) != tag => Err(refused()),
+            Ok((chunk, _)) => Ok(chunk),
+            // An offset of another incarnation is usually ahead of (or behind) this one's data:
+            // say which incarnation it belongs to rather than where it is.
+            Err(e @ (StreamError::OffsetAhead { .. } | StreamError::OffsetGone { .. })) => {
+                match self.head(path).await {
+                    Ok(info) if OffsetTag::of(&info.incarnation) != tag => Err(refused()),
+                    _ => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Long-poll read (§5.7): returns at once when data exists after `from` or the stream is at its
@@ -276,6 +318,37 @@ impl StreamStore {
     pub async fn keepalive(&self, path: &StreamPath) -> Result<StreamInfo> {
         self.backend.keepalive(path, None, None).await
     }
+}
+
+/// The first run limit in which `have` (an existing stream's) and `want` (a re-create's) differ,
+/// as a conflict reason naming it with both values (durations compared in whole milliseconds, as
+/// stored).
+fn limits_differ(have: &RunLimits, want: &RunLimits) -> Option<String> {
+    let ms = |d: Option<Duration>| d.map(|d| d.as_millis());
+    let dur = |d: Option<Duration>| d.map_or("none".to_string(), |d| format!("{d:?}"));
+    let num = |n: Option<u64>| n.map_or("none".to_string(), |n| n.to_string());
+    let differ = |name: &str, have: String, want: String| {
+        Some(format!(
+            "{name} differs from the existing stream's: it has {have}, the request asks for {want} \
+             (run limits are fixed at creation; delete the stream or use another path)"
+        ))
+    };
+    if ms(have.silence_timeout) != ms(want.silence_timeout) {
+        return differ("silence timeout (Baton-Silence-Timeout)", dur(have.silence_timeout), dur(want.silence_timeout));
+    }
+    if ms(have.max_run) != ms(want.max_run) {
+        return differ("max run (Baton-Max-Run)", dur(have.max_run), dur(want.max_run));
+    }
+    if ms(have.done_ttl) != ms(want.done_ttl) {
+        return differ("done TTL (Baton-Done-TTL)", dur(have.done_ttl), dur(want.done_ttl));
+    }
+    if have.max_len != want.max_len {
+        return differ("max len (Baton-Max-Len)", num(have.max_len), num(want.max_len));
+    }
+    if have.max_len_per_writer != want.max_len_per_writer {
+        return differ("max len per writer", num(have.max_len_per_writer), num(want.max_len_per_writer));
+    }
+    None
 }
 
 /// A live read position (SSE). Not `Clone`; one per reader.

@@ -90,7 +90,7 @@ pub struct CreateOptions {
     pub closed: bool,
     /// Initial body (JSON: one level of array flattening; `[]` allowed).
     pub initial: Option<Bytes>,
-    /// Run limits; `None` = the store's defaults.
+    /// Run limits; `None` = the store's defaults (and, for an existing stream, not compared).
     pub limits: Option<RunLimits>,
     /// Create as a fork of another stream.
     pub fork: Option<ForkFrom>,
@@ -147,6 +147,9 @@ pub struct Appended {
     pub end: Option<EndState>,
     /// `true` when this very request ended the stream.
     pub ended_now: bool,
+    /// Incarnation of the stream written (for offset tokens, [`Offset::token`]); empty when not
+    /// known.
+    pub incarnation: String,
 }
 
 /// One stored append: an offset and its bytes. For `application/json` streams `data` holds
@@ -224,7 +227,8 @@ pub struct StreamInfo {
     pub ended_at: Option<EpochMs>,
     /// Earliest offset still readable (after a trim); `Offset::ZERO` otherwise.
     pub earliest: Offset,
-    /// Data entries (events) stored.
+    /// Messages stored, as `max_len` counts them: JSON values of an `application/json` stream,
+    /// appends of any other.
     pub len: u64,
     pub created_at: EpochMs,
     /// Last append or keepalive, ms since the Unix epoch.

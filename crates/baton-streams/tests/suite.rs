@@ -8,6 +8,8 @@ use std::time::Duration;
 use baton_streams::*;
 use baton_testkit::{RedisCluster, RedisServer, TestBackend};
 
+#[path = "suite/edges.rs"]
+mod edges;
 #[path = "suite/live.rs"]
 mod live;
 #[path = "suite/protocol.rs"]
@@ -124,4 +126,8 @@ suite!(
     live::many_live_streams,
     live::subscription_to_eof,
     live::local_appends_reach_live_readers_directly,
+    edges::max_len_counts_json_messages,
+    edges::recreate_with_other_limits_conflicts,
+    edges::zero_silence_timeout_is_refused,
+    edges::offsets_of_a_deleted_stream_are_refused,
 );

@@ -194,7 +194,7 @@ fn streams_create_append_read_tail_close_delete() {
     let out = s.run(&["streams", "create", "acme/run-1"]).ok();
     assert_eq!(out.stdout, "created acme/run-1 (text/plain)\n");
     let out = s.run(&["streams", "create", "acme/run-1"]).ok();
-    assert_eq!(out.stdout, "acme/run-1 already exists with the same settings\n");
+    assert_eq!(out.stdout, "acme/run-1 already exists (text/plain)\n");
     let out = s.run(&["streams", "append", "acme/run-1", "hello\n"]).ok();
     assert!(out.stdout.starts_with("appended 6 bytes to acme/run-1; next offset "), "{out:?}");
     let out = s.run_stdin(&["streams", "append", "acme/run-1", "--json"], Some("from stdin\n")).ok();
@@ -270,6 +270,70 @@ fn streams_create_append_read_tail_close_delete() {
     let out = s.run(&["streams", "read", "a//b"]).code(2);
     assert!(out.stderr.contains("is not a stream path"), "{out:?}");
     s.run(&["streams", "create", "acme/x", "--silence-timeout", "forever"]).code(2);
+}
+
+/// A re-create with other settings is refused (4), naming the stream, the setting and both
+/// values; the same settings are fine.
+#[test]
+fn streams_create_with_other_settings() {
+    let s = Serve::start();
+    s.run(&["streams", "create", "acme/lim", "--silence-timeout", "60s", "--max-len", "5"]).ok();
+    let out = s.run(&["streams", "create", "acme/lim", "--silence-timeout", "60s", "--max-len", "5"]).ok();
+    assert_eq!(out.stdout, "acme/lim already exists with the same settings\n");
+    let out = s.run(&["streams", "create", "acme/lim", "--silence-timeout", "30s", "--max-len", "5"]).code(4);
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(
+        out.stderr.contains("acme/lim")
+            && out.stderr.contains("Baton-Silence-Timeout")
+            && out.stderr.contains("it has 60s, the request asks for 30s")
+            && out.stderr.contains("409 Conflict"),
+        "{out:?}"
+    );
+}
+
+/// A close of an ended stream reports the end that was kept: exit 0 when it is the one asked
+/// for, 4 when another end was kept.
+#[test]
+fn streams_close_of_an_ended_stream() {
+    let s = Serve::start();
+    s.run(&["streams", "create", "acme/lim"]).ok();
+    s.run(&["streams", "close", "acme/lim"]).ok();
+    let out = s.run(&["streams", "close", "acme/lim", "--reason", "cancelled"]).code(4);
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(out.stderr.contains("acme/lim had already ended (finished), not cancelled; nothing changed"), "{out:?}");
+    let out = s.run(&["streams", "close", "acme/lim", "--reason", "cancelled", "--json"]).code(4);
+    let v = out.json();
+    assert_eq!((v["end_reason"].clone(), v["already_ended"].clone()), (json!("finished"), json!(true)));
+    let out = s.run(&["streams", "close", "acme/lim"]).ok();
+    assert!(out.stdout.starts_with("acme/lim had already ended (finished); final offset "), "{out:?}");
+}
+
+/// A missing stream is named, also where the server's answer has no body (HEAD).
+#[test]
+fn streams_missing_stream_is_named() {
+    let s = Serve::start();
+    let out = s.run(&["streams", "append", "acme/nope", "x"]).code(3);
+    assert!(out.stderr.contains("stream acme/nope not found"), "{out:?}");
+}
+
+/// JSON messages are printed exactly as stored: key order and spelling kept.
+#[test]
+fn streams_json_messages_printed_as_stored() {
+    let s = Serve::start();
+    s.run(&["streams", "create", "acme/order", "--content-type", "application/json"]).ok();
+    s.run(&["streams", "append", "acme/order", r#"{"z":1,"a":{"y":2,"b":3}}"#]).ok();
+    s.run(&["streams", "append", "acme/order", r#"[{"m":1.50,"c":2}]"#]).ok();
+    let out = s.run(&["streams", "read", "acme/order"]).ok();
+    assert_eq!(out.stdout, "{\"z\":1,\"a\":{\"y\":2,\"b\":3}}\n{\"m\":1.50,\"c\":2}\n");
+    let out = s.run(&["streams", "read", "acme/order", "--json"]).ok();
+    assert!(out.stdout.contains(r#"{"z":1,"a":{"y":2,"b":3}}"#), "{out:?}");
+    assert_eq!(out.json()["messages"], json!([{"z": 1, "a": {"y": 2, "b": 3}}, {"m": 1.5, "c": 2}]));
+    s.run(&["streams", "close", "acme/order"]).ok();
+    let out = s.run(&["streams", "tail", "acme/order"]).ok();
+    assert_eq!(out.stdout, "{\"z\":1,\"a\":{\"y\":2,\"b\":3}}\n{\"m\":1.50,\"c\":2}\n");
+    let out = s.run(&["streams", "tail", "acme/order", "--json"]).ok();
+    let first = out.stdout.lines().next().unwrap();
+    assert!(first.starts_with(r#"{"message":{"z":1,"a":{"y":2,"b":3}},"next_offset":""#), "{out:?}");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! open, with bearer tokens, with no live-reader slot, and with workers), each answer recorded
 //! as its status, every response header but `date`, and its body, and compared with
 //! `tests/golden/http.txt` (the `/openapi.json` document with `tests/golden/openapi.json`).
-//! What changes from run to run is replaced before comparing: offsets, ids, incarnations,
+//! What changes from run to run is replaced before comparing: offsets (and their incarnation tags), ids, incarnations,
 //! timestamps, cursors, the port (most numbered by first appearance, so the same value keeps
 //! its label). `/metrics` is recorded by status and content type only, the dashboard page by length
 //! and hash.
@@ -84,6 +84,10 @@ impl Norm {
         {
             return Some(("uuid", 36));
         }
+        // A fork's incarnation starts with its source's offset tag: 12 hex digits, `.`, 32 more.
+        if hex(b, i, 12) && b.get(i + 12) == Some(&b'.') && hex(b, i + 13, 32) {
+            return Some(("tag", 12));
+        }
         // 32 hex digits: a stream incarnation (in ETags).
         if hex(b, i, 32) && end_ok(32) && b[i..i + 32].iter().any(|c| c.is_ascii_alphabetic()) {
             return Some(("incarnation", 32));
@@ -152,6 +156,14 @@ impl Norm {
                         _ => out.push_str(&self.label(kind, value)),
                     }
                     i += len;
+                    // An offset token's incarnation tag: `_` and 12 hex digits.
+                    let tag_end = b.get(i + 13).is_none_or(|c| !word(*c));
+                    if kind == "offset" && b.get(i) == Some(&b'_') && hex(b, i + 1, 12) && tag_end {
+                        out.push('_');
+                        let tag = self.label("tag", &s[i + 1..i + 13]);
+                        out.push_str(&tag);
+                        i += 13;
+                    }
                     continue;
                 }
             }
@@ -260,7 +272,8 @@ const COMMON: &[(&str, &str)] = &[
         "stream-next-offset,stream-up-to-date,stream-closed,stream-cursor,stream-seq,stream-ttl,stream-expires-at,\
          stream-forked-from,stream-fork-offset,stream-fork-sub-offset,stream-sse-data-encoding,producer-id,\
          producer-epoch,producer-seq,producer-expected-seq,producer-received-seq,baton-end-reason,\
-         baton-silence-timeout,baton-max-run,baton-done-ttl,baton-max-len,baton-keepalive,etag,location,retry-after",
+         baton-silence-timeout,baton-max-run,baton-done-ttl,baton-max-len,baton-keepalive,baton-already-ended,etag,\
+         location,retry-after",
     ),
     ("cross-origin-resource-policy", "cross-origin"),
     ("vary", "origin, access-control-request-method, access-control-request-headers"),
@@ -1116,13 +1129,14 @@ async fn http_responses_match_the_golden_files() {
 #[test]
 fn normaliser_labels_run_dependent_values() {
     let mut n = Norm::default();
-    let s = "0000000000000001_0000000000000002 x 0000000000000001_0000000000000002 \
+    let s = "0000000000000001_0000000000000002 x 0000000000000001_0000000000000002_3fa8c2d1e0b4 \
              0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b \"0190a1b2c3d47e5f8a9b0c1d2e3f4a5b:-1:x\" \
+             \"3fa8c2d1e0b4.0190a1b2c3d47e5f8a9b0c1d2e3f4a5c:-1:x\" \
              2025-01-02T03:04:05.678Z 2099-01-01T00:00:00Z 1700000000000-12 1700000000000:id \
              http://127.0.0.1:41234/v1 {\"streamCursor\":\"12345\",\"a\":1} 12345678901234";
     assert_eq!(
         n.text(s),
-        "<offset:1> x <offset:1> <uuid:1> \"<incarnation:1>:-1:x\" <time> 2099-01-01T00:00:00Z <msg> <ms>:id \
+        "<offset:1> x <offset:1>_<tag:1> <uuid:1> \"<incarnation:1>:-1:x\" \"<tag:1>.<incarnation:2>:-1:x\" <time> 2099-01-01T00:00:00Z <msg> <ms>:id \
          http://127.0.0.1:<port>/v1 {\"streamCursor\":\"<cursor>\",\"a\":1} 12345678901234"
     );
 }

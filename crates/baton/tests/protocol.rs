@@ -9,8 +9,14 @@ use std::time::{Duration, Instant};
 use common::*;
 use reqwest::StatusCode;
 
+/// `MMMMMMMMMMMMMMMM_SSSSSSSSSSSSSSSS_TTTTTTTTTTTT`: position, then the incarnation tag (hex).
 fn is_offset(s: &str) -> bool {
-    s.len() == 33 && s.as_bytes()[16] == b'_' && s.bytes().enumerate().all(|(i, b)| i == 16 || b.is_ascii_digit())
+    let b = s.as_bytes();
+    s.len() == 46
+        && b[16] == b'_'
+        && b[33] == b'_'
+        && b[..33].iter().enumerate().all(|(i, c)| i == 16 || c.is_ascii_digit())
+        && b[34..].iter().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
 }
 
 async fn scenario(backend_name: &str) {

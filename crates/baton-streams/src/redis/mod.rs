@@ -135,7 +135,7 @@ impl RedisStreamBackend {
         let (mode, id) = match from {
             ReadFrom::Start => ("start", String::new()),
             ReadFrom::Now => ("now", String::new()),
-            ReadFrom::At(o) => ("at", o.to_redis_id()),
+            ReadFrom::At(o) | ReadFrom::Tagged(o, _) => ("at", o.to_redis_id()),
         };
         let args = vec![
             mode.into(),
@@ -147,7 +147,7 @@ impl RedisStreamBackend {
         ];
         let r = self.call(&READ, path, args).await?;
         let requested = match from {
-            ReadFrom::At(o) => o,
+            ReadFrom::At(o) | ReadFrom::Tagged(o, _) => o,
             _ => Offset::ZERO,
         };
         check(path, &r, requested, 0)?;

@@ -101,15 +101,21 @@ impl RedisStreamBackend {
                     _ => None,
                 };
                 self.hub.after_write(path, pushed);
-                vec![out.map(|(_, _, tail)| accepted(&spec, tail))]
+                vec![out.map(|(inc, _, tail)| accepted(&spec, tail, inc))]
             }
             Ok(Value::Array(mut replies)) if replies.len() == batch.len() || replies.len() == batch.len() + 1 => {
                 // {incarnation, tail before the call}, when the stream exists.
                 let before = if replies.len() > batch.len() { replies.pop() } else { None };
+                let incarnation = match &before {
+                    Some(Value::Array(ip)) => ip.first().map(text).unwrap_or_default(),
+                    _ => String::new(),
+                };
                 let mut outs = Vec::with_capacity(batch.len());
                 for (spec, r) in batch.iter().zip(replies) {
                     outs.push(match r {
-                        Value::Array(items) if !items.is_empty() => parse_write(path, spec, &items),
+                        Value::Array(items) if !items.is_empty() => {
+                            parse_write(path, spec, &items).map(|a| Appended { incarnation: incarnation.clone(), ..a })
+                        }
                         other => Err(StreamError::Backend(format!("streams.write: unexpected reply {other:?}"))),
                     });
                 }
@@ -224,7 +230,7 @@ fn parse_fast(b: &[u8]) -> Result<(String, Option<Offset>, Offset)> {
 }
 
 /// An accepted request that did not end the stream, whose last entry is `tail`.
-fn accepted(spec: &WriteSpec, tail: Offset) -> Appended {
+fn accepted(spec: &WriteSpec, tail: Offset, incarnation: String) -> Appended {
     let p = spec.producer.as_ref();
     Appended {
         tail,
@@ -233,6 +239,7 @@ fn accepted(spec: &WriteSpec, tail: Offset) -> Appended {
         producer_offset: p.map(|_| tail),
         end: None,
         ended_now: false,
+        incarnation,
     }
 }
 
@@ -251,8 +258,8 @@ fn parse_write(path: &StreamPath, spec: &WriteSpec, r: &[Value]) -> Result<Appen
         })?;
     }
     if !dup && r.len() == 2 {
-        // Short form: accepted, did not end the stream.
-        return Ok(accepted(spec, parse_id(&r[1])?));
+        // Short form: accepted, did not end the stream (the incarnation is filled in by the caller).
+        return Ok(accepted(spec, parse_id(&r[1])?, String::new()));
     }
     let tail = parse_id(&r[if dup { 4 } else { 3 }])?;
     let end = EndReason::parse(&text(&r[5]))
@@ -265,6 +272,7 @@ fn parse_write(path: &StreamPath, spec: &WriteSpec, r: &[Value]) -> Result<Appen
             producer_offset: parse_id(&r[3]).ok(),
             end,
             ended_now: false,
+            incarnation: String::new(),
         })
     } else {
         Ok(Appended {
@@ -274,6 +282,7 @@ fn parse_write(path: &StreamPath, spec: &WriteSpec, r: &[Value]) -> Result<Appen
             producer_offset: p.map(|_| tail),
             end,
             ended_now: num(&r[4])? == 1,
+            incarnation: String::new(),
         })
     }
 }

@@ -8,6 +8,7 @@ use base64::Engine as _;
 use clap::Subcommand;
 use futures::StreamExt;
 use reqwest::{Method, Response, StatusCode};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::args::duration_arg;
@@ -33,7 +34,7 @@ pub enum StreamsOp {
         /// Replay window: the stream disappears this long after it ends.
         #[arg(long, value_parser = duration_arg)]
         done_ttl: Option<Duration>,
-        /// At most this many appends.
+        /// At most this many messages (one per append; each JSON value on application/json streams).
         #[arg(long)]
         max_len: Option<u64>,
     },
@@ -63,7 +64,8 @@ pub enum StreamsOp {
         #[arg(long, default_value = "-1", allow_hyphen_values = true)]
         offset: String,
     },
-    /// End the stream (exactly one end is kept; later writers are told it).
+    /// End the stream (exactly one end is kept; later writers are told it). On a stream that had
+    /// already ended it prints the end kept and exits 0 when that is the reason asked, 4 otherwise.
     Close {
         path: String,
         /// Why it ends.
@@ -92,7 +94,9 @@ pub async fn run(cl: &Client, op: StreamsOp) -> Result<u8, CliError> {
             if let Some(n) = max_len {
                 rb = rb.header("baton-max-len", n.to_string());
             }
-            let res = cl.send_ok(rb).await?;
+            let limited = silence_timeout.is_some() || max_run.is_some() || done_ttl.is_some() || max_len.is_some();
+            // A 409 says which setting differs, with the stream's value and the one asked for.
+            let res = cl.send_ok(rb).await.map_err(|e| with_path(e, &path))?;
             let created = res.status() == StatusCode::CREATED;
             let next = header(&res, "stream-next-offset");
             if cl.json {
@@ -101,8 +105,11 @@ pub async fn run(cl: &Client, op: StreamsOp) -> Result<u8, CliError> {
                 );
             } else if created {
                 println!("created {path} ({content_type})");
-            } else {
+            } else if limited {
                 println!("{path} already exists with the same settings");
+            } else {
+                // Without limit flags the server compares only the content type (and expiry).
+                println!("{path} already exists ({content_type})");
             }
             Ok(exit::OK)
         }
@@ -157,7 +164,8 @@ pub async fn run(cl: &Client, op: StreamsOp) -> Result<u8, CliError> {
             let url = stream_url_path(&path)?;
             let rb = cl.request(Method::POST, &url).header("stream-closed", "true").header("baton-end-reason", &reason);
             let res = cl.send(rb).await?;
-            // A stream that already ended answers 409 with the end it has.
+            // A close-only request on an ended stream is a 204 with the end kept; a 409 with the end
+            // is still understood (an older server).
             if res.status() == StatusCode::CONFLICT && header(&res, "stream-closed").as_deref() == Some("true") {
                 let had = header(&res, "baton-end-reason").unwrap_or_else(|| "finished".into());
                 return Err(CliError {
@@ -169,10 +177,25 @@ pub async fn run(cl: &Client, op: StreamsOp) -> Result<u8, CliError> {
                 return Err(with_path(error_from(res).await, &path));
             }
             let next = header(&res, "stream-next-offset");
+            // The end that was kept: this close's, or the one the stream already had.
+            let kept = header(&res, "baton-end-reason").unwrap_or_else(|| reason.clone());
+            let already =
+                header(&res, "baton-already-ended").is_some_and(|v| v.eq_ignore_ascii_case("true")) || kept != reason;
+            let final_offset = next.as_deref().unwrap_or("?");
             if cl.json {
-                print_json(&json!({ "path": path, "closed": true, "end_reason": reason, "next_offset": next }));
-            } else {
-                println!("closed {path} ({reason}); final offset {}", next.as_deref().unwrap_or("?"));
+                print_json(&json!({ "path": path, "closed": true, "end_reason": kept, "already_ended": already,
+                                    "next_offset": next }));
+            } else if !already {
+                println!("closed {path} ({kept}); final offset {final_offset}");
+            } else if kept == reason {
+                println!("{path} had already ended ({kept}); final offset {final_offset}");
+            }
+            if already && kept != reason {
+                // Another end was kept: what was asked for did not happen.
+                return Err(CliError {
+                    code: exit::REFUSED,
+                    message: format!("{path} had already ended ({kept}), not {reason}; nothing changed"),
+                });
             }
             Ok(exit::OK)
         }
@@ -189,10 +212,18 @@ pub async fn run(cl: &Client, op: StreamsOp) -> Result<u8, CliError> {
     }
 }
 
+/// Names the stream in an error that does not: a bare `404`/`410` (a `HEAD` has no body) says
+/// what is missing, a refusal (`409`) which stream refused.
 fn with_path(mut e: CliError, path: &str) -> CliError {
-    if e.code == exit::NOT_FOUND && !e.message.contains(path) {
-        e.message = format!("{path}: {}", e.message);
+    if e.message.contains(path) {
+        return e;
     }
+    e.message = match e.message.as_str() {
+        "404 Not Found" => format!("stream {path} not found; create it with `baton streams create` [404 Not Found]"),
+        "410 Gone" => format!("stream {path} is deleted (forks still reference it) [410 Gone]"),
+        m if e.code == exit::NOT_FOUND || e.code == exit::REFUSED => format!("{path}: {m}"),
+        _ => return e,
+    };
     e
 }
 
@@ -216,7 +247,7 @@ async fn read(cl: &Client, path: &str, offset: &str) -> Result<u8, CliError> {
     let start = offset.to_string();
     let mut offset = offset.to_string();
     let mut data: Vec<u8> = Vec::new();
-    let mut messages: Vec<Value> = Vec::new();
+    let mut messages: Vec<Box<RawValue>> = Vec::new();
     let mut content_type: String;
     let mut stdout = std::io::stdout().lock();
     let (closed, end_reason) = loop {
@@ -231,16 +262,12 @@ async fn read(cl: &Client, path: &str, offset: &str) -> Result<u8, CliError> {
         let reason = header(&res, "baton-end-reason");
         let body = res.bytes().await.map_err(|e| CliError::server(format!("reading {path} failed: {e}")))?;
         if is_json_type(&content_type) && !body.is_empty() {
-            let v: Value = serde_json::from_slice(&body).map_err(|e| {
+            let items = json_messages(&body).map_err(|e| {
                 CliError::server(format!("the server sent a JSON stream chunk that does not parse: {e}"))
             })?;
-            let items = match v {
-                Value::Array(a) => a,
-                other => vec![other],
-            };
             if !cl.json {
                 for m in &items {
-                    let _ = writeln!(stdout, "{m}");
+                    let _ = writeln!(stdout, "{}", m.get());
                 }
             }
             messages.extend(items);
@@ -259,26 +286,51 @@ async fn read(cl: &Client, path: &str, offset: &str) -> Result<u8, CliError> {
     };
     let _ = stdout.flush();
     if cl.json {
-        let mut out = json!({
-            "path": path,
-            "content_type": content_type,
-            "offset": start,
-            "next_offset": offset,
-            "closed": closed,
-            "end_reason": if closed { end_reason.map(Value::from).unwrap_or(Value::Null) } else { Value::Null },
-        });
-        if is_json_type(&content_type) {
-            out["messages"] = Value::Array(messages);
-        } else if is_text_type(&content_type) {
-            out["data"] = Value::from(String::from_utf8_lossy(&data).into_owned());
-        } else {
-            out["data_base64"] = Value::from(base64::engine::general_purpose::STANDARD.encode(&data));
-        }
-        print_json(&out);
+        let json_stream = is_json_type(&content_type);
+        let text = !json_stream && is_text_type(&content_type);
+        let out = ReadOut {
+            path,
+            content_type: &content_type,
+            offset: &start,
+            next_offset: &offset,
+            closed,
+            end_reason: end_reason.as_deref().filter(|_| closed),
+            messages: json_stream.then_some(messages.as_slice()),
+            data: text.then(|| String::from_utf8_lossy(&data).into_owned()),
+            data_base64: (!json_stream && !text).then(|| base64::engine::general_purpose::STANDARD.encode(&data)),
+        };
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else if closed {
         eprintln!("baton: {path} has ended ({}) at offset {offset}", end_reason.as_deref().unwrap_or("finished"));
     }
     Ok(exit::OK)
+}
+
+/// What `streams read --json` prints; JSON messages exactly as stored (their key order and
+/// spelling kept: `RawValue`, never re-serialized).
+#[derive(serde::Serialize)]
+struct ReadOut<'a> {
+    path: &'a str,
+    content_type: &'a str,
+    offset: &'a str,
+    next_offset: &'a str,
+    closed: bool,
+    end_reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    messages: Option<&'a [Box<RawValue>]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_base64: Option<String>,
+}
+
+/// The messages of a JSON read or SSE data event (an array; any other value is one message),
+/// each as the exact text the server sent.
+fn json_messages(body: &[u8]) -> serde_json::Result<Vec<Box<RawValue>>> {
+    match serde_json::from_slice::<Vec<Box<RawValue>>>(body) {
+        Ok(items) => Ok(items),
+        Err(_) => serde_json::from_slice::<Box<RawValue>>(body).map(|one| vec![one]),
+    }
 }
 
 /// One server-sent event.
@@ -419,17 +471,15 @@ fn emit_data(json_out: bool, data: &str, base64_data: bool, json_stream: bool, o
             let _ = stdout.write_all(&bytes);
         }
     } else if json_stream {
-        let v: Value = serde_json::from_str(data)
+        let items = json_messages(data.as_bytes())
             .map_err(|e| CliError::server(format!("the server sent a JSON stream event that does not parse: {e}")))?;
-        let items = match v {
-            Value::Array(a) => a,
-            other => vec![other],
-        };
         for m in items {
             if json_out {
-                let _ = writeln!(stdout, "{}", json!({ "next_offset": offset, "message": m }));
+                // The message as stored, inside the line's object (same key order as before).
+                let offset = Value::from(offset);
+                let _ = writeln!(stdout, "{{\"message\":{},\"next_offset\":{offset}}}", m.get());
             } else {
-                let _ = writeln!(stdout, "{m}");
+                let _ = writeln!(stdout, "{}", m.get());
             }
         }
     } else if json_out {

@@ -146,6 +146,10 @@ impl From<StreamError> for ApiError {
             NotFound { path } => ("not_found", cut_values(format!("{e}; create it with PUT first"), &[path.as_str()])),
             Gone { path } => ("gone", cut_values(e.to_string(), &[path.as_str()])),
             OffsetGone { earliest, .. } => ("offset_gone", format!("{e}; read from offset=-1 or from {earliest}")),
+            OffsetIncarnation { .. } => (
+                "offset_incarnation",
+                format!("{e}; its offsets do not apply to the new stream: read it from offset=-1"),
+            ),
             MalformedOffset { input } => (
                 "malformed_offset",
                 cut_values(

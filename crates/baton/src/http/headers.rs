@@ -122,6 +122,11 @@ pub fn limits(headers: &HeaderMap, defaults: RunLimits) -> Result<Option<RunLimi
             .map_err(|e| ApiError::bad_request(format!("{name}: {e} (or `none`)")))
     };
     if let Some(d) = dur(baton_silence_timeout())? {
+        if d.is_some_and(|d| d.is_zero()) {
+            return Err(ApiError::bad_request(
+                "Baton-Silence-Timeout: 0 would end the stream at once; give a positive duration like 60s, or `none` to disable it",
+            ));
+        }
         l.silence_timeout = d;
         any = true;
     }
@@ -276,9 +281,16 @@ pub fn fork_source(value: &str) -> Result<StreamPath, ApiError> {
     stream_path(rel)
 }
 
-/// `Stream-Fork-Offset`: an offset token returned by this server.
+/// `Stream-Fork-Offset`: an offset token returned by this server (its incarnation tag, if any,
+/// is not checked against the source).
 pub fn fork_offset(value: &str) -> Result<Offset, ApiError> {
-    Offset::parse(value).map_err(ApiError::from)
+    match ReadFrom::parse(value) {
+        Ok(ReadFrom::At(o) | ReadFrom::Tagged(o, _)) => Ok(o),
+        Ok(_) => {
+            Err(ApiError::from(baton_streams::StreamError::MalformedOffset { input: value.chars().take(80).collect() }))
+        }
+        Err(e) => Err(ApiError::from(e)),
+    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ names! {
     baton_done_ttl = "baton-done-ttl";
     baton_max_len = "baton-max-len";
     baton_keepalive = "baton-keepalive";
+    baton_already_ended = "baton-already-ended";
 }
 
 /// The URL prefix of streams.

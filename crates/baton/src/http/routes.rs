@@ -243,7 +243,12 @@ fn stream_routes() -> Vec<Route> {
     };
     let mut get_params = p();
     get_params.as_array_mut().expect("an array").extend([
-        query("offset", "`-1` (start), `now` (tail) or an offset returned by the server.", json!({ "type": "string" })),
+        query(
+            "offset",
+            "`-1` (start), `now` (tail) or an offset returned by the server (`Stream-Next-Offset`, SSE \
+             `streamNextOffset`): 46 characters, the position and the stream incarnation's tag.",
+            json!({ "type": "string" }),
+        ),
         query("live", "`long-poll` or `sse`.", json!({ "type": "string", "enum": ["long-poll", "sse"] })),
         query("cursor", "The last `Stream-Cursor` (CDN collapsing).", json!({ "type": "string" })),
     ]);
@@ -256,12 +261,39 @@ fn stream_routes() -> Vec<Route> {
                 "streams",
                 get_params,
                 protected(map(vec![
-                    ("200", bare("Data in the stream's content type, or an SSE stream.")),
-                    ("204", bare("Long-poll timed out, or SSE resumed at the end.")),
+                    (
+                        "200",
+                        bare(
+                            "Data in the stream's content type, or an SSE stream (`text/event-stream`: `data` \
+                             and `control` events; `stream-sse-data-encoding: base64` unless the data is UTF-8 \
+                             text; a stream deleted or expired under the connection gets one `event: error` \
+                             with `data: {\"error\": \"...\"}`, then the connection closes).",
+                        ),
+                    ),
+                    (
+                        "204",
+                        bare(
+                            "Long-poll timed out, or SSE `Last-Event-ID: <offset>.end` of a stream that ended at \
+                             that offset.",
+                        ),
+                    ),
                     ("304", bare("Not modified (If-None-Match).")),
-                    ("400", err_resp("Malformed offset or query.")),
-                    ("404", err_resp("No such stream.")),
-                    ("410", err_resp("Offset before retained history, or stream gone.")),
+                    ("400", err_resp("Malformed offset or query, or an offset ahead of the tail (`offset_ahead`).")),
+                    (
+                        "404",
+                        err_resp(
+                            "No such stream (`not_found`); also a long-poll whose stream is deleted or expires \
+                             while it waits.",
+                        ),
+                    ),
+                    (
+                        "410",
+                        err_resp(
+                            "Offset before retained history (`offset_gone`); an offset of a stream since deleted \
+                             and re-created at this path (`offset_incarnation`: read from `-1`); the stream is \
+                             soft-deleted (`gone`), also while a long-poll waits.",
+                        ),
+                    ),
                     ("503", err_resp("Too many live readers (Retry-After) or backend unavailable.")),
                 ])),
             ),
@@ -291,9 +323,16 @@ fn stream_routes() -> Vec<Route> {
                     protected(map(vec![
                         ("200", bare("An identical stream exists.")),
                         ("201", bare("Created; `Location` names it.")),
-                        ("400", err_resp("Bad path, header or body.")),
+                        ("400", err_resp("Bad path, header or body (e.g. `Baton-Silence-Timeout: 0s`: use `none`).")),
                         ("404", err_resp("Fork source not found.")),
-                        ("409", err_resp("A different stream exists at this path.")),
+                        (
+                            "409",
+                            err_resp(
+                                "A different stream exists at this path: content type, TTL / expiry, closed \
+                                 state, fork origin, or (when a Baton-* header is given) run limits; the message \
+                                 names what differs.",
+                            ),
+                        ),
                         ("410", err_resp("Fork source gone.")),
                         ("413", err_resp("Body too large.")),
                     ])),
@@ -311,12 +350,18 @@ fn stream_routes() -> Vec<Route> {
                     p(),
                     protected(map(vec![
                         ("200", bare("Appended (idempotent producer, new).")),
-                        ("204", bare("Appended, duplicate, closed or keepalive.")),
+                        (
+                            "204",
+                            bare(
+                                "Appended, duplicate, closed or keepalive (a close of a stream that had ended: \
+                                 `Baton-Already-Ended: true` and the kept `Baton-End-Reason`).",
+                            ),
+                        ),
                         ("400", err_resp("Bad header or body.")),
                         ("404", err_resp("No such stream.")),
                         ("409", err_resp("Closed, conflict, or producer fenced.")),
                         ("410", err_resp("Stream gone.")),
-                        ("413", err_resp("Body too large or max length reached.")),
+                        ("413", err_resp("Body too large, or `Baton-Max-Len` messages reached (`max_len`).")),
                     ])),
                 ),
                 body(),

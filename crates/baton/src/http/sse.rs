@@ -1,14 +1,20 @@
 //! `GET /v1/stream/{path}?offset=…&live=sse` (PROTOCOL.md §5.8).
 //!
-//! Each batch of data is one `event: data` (JSON streams: one JSON array; `text/*` and JSON as
-//! UTF-8 lines; every other content type base64, with `stream-sse-data-encoding: base64`)
-//! followed by one `event: control` carrying `streamNextOffset`, `streamCursor` (while open),
-//! `upToDate` and `streamClosed`. Every event also has an `id:` equal to its offset (the final
+//! Each batch of data is one `event: data` (JSON streams: one JSON array; UTF-8 text as lines;
+//! everything else base64, with `stream-sse-data-encoding: base64`) followed by one
+//! `event: control` carrying `streamNextOffset`, `streamCursor` (while open), `upToDate` and
+//! `streamClosed`. A connection carries text when the stream is `text/*` or `application/json`
+//! with no charset or a UTF-8 (or US-ASCII) one and the first batch it sends is valid UTF-8;
+//! otherwise base64. A text connection that reaches a batch that is not valid UTF-8 ends before
+//! it, so the client reconnects from the last control event and gets that batch base64 (nothing
+//! is lost or replaced). Every control event also has an `id:` equal to its offset (the final
 //! control event's is `<offset>.end`), so a browser `EventSource` that reconnects sends
 //! `Last-Event-ID` and resumes exactly after the last event it saw, and one that saw the end is
-//! answered 204, which stops it. Each response starts with `retry: 500` so browsers reconnect quickly when a connection
-//! is cycled. Idle connections get a `:` comment heartbeat; connections are closed after about
-//! `--sse-cycle` (clients reconnect from the last offset), at EOF, and at server shutdown.
+//! answered 204, which stops it. Each response starts with `retry: 500` so browsers reconnect
+//! quickly when a connection is cycled. Idle connections get a `:` comment heartbeat; connections
+//! are closed after about `--sse-cycle` (clients reconnect from the last offset), at EOF, and at
+//! server shutdown. A stream deleted (or expired) under a connection gets one
+//! `event: error` with `data:{"error": "<what happened>"}`, then the connection closes.
 
 use std::convert::Infallible;
 
@@ -16,7 +22,7 @@ use axum::body::Body;
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use base64::Engine as _;
-use baton_streams::{is_json, normalize_content_type, ReadChunk, ReadFrom, StreamPath};
+use baton_streams::{is_json, normalize_content_type, OffsetTag, ReadChunk, ReadFrom, StreamPath};
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::mpsc;
 
@@ -24,10 +30,25 @@ use super::errors::{echo, ApiError};
 use super::headers::{self as h, ReadQuery};
 use super::state::AppState;
 
-/// `text/*` and `application/json` travel as text; everything else as base64.
+/// `text/*` and `application/json` whose charset (if given) is UTF-8 or US-ASCII may travel as
+/// text; everything else as base64.
 fn is_text(content_type: &str) -> bool {
     let ct = normalize_content_type(content_type);
-    ct.starts_with("text/") || is_json(&ct)
+    if !(ct.starts_with("text/") || is_json(&ct)) {
+        return false;
+    }
+    let charset = content_type.split(';').skip(1).find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        k.trim().eq_ignore_ascii_case("charset").then(|| v.trim().trim_matches('"').to_ascii_lowercase())
+    });
+    charset.is_none_or(|c| matches!(c.as_str(), "utf-8" | "utf8" | "us-ascii" | "ascii"))
+}
+
+/// Whether a chunk can go on a text connection: its data, as one body, is valid UTF-8 (a
+/// character split over two appends of one batch is fine; one split over two batches makes the
+/// first batch invalid, and the reconnect then reads both halves together).
+fn is_utf8(chunk: &ReadChunk) -> bool {
+    chunk.records.iter().all(|r| r.data.is_ascii()) || std::str::from_utf8(&chunk.body()).is_ok()
 }
 
 pub async fn serve(
@@ -39,25 +60,39 @@ pub async fn serve(
     let permit = st.live_permit()?;
     // A reconnecting `EventSource` names the last offset it saw; it wins over the URL's offset.
     let resumed = last_event_id.map(str::trim).filter(|s| !s.is_empty());
-    let from = match resumed.map(|id| id.trim_end_matches(END_ID_SUFFIX)) {
+    let (resumed, saw_end) = match resumed.map(|id| id.strip_suffix(END_ID_SUFFIX)) {
+        Some(Some(id)) => (Some(id), true),
+        Some(None) => (resumed, false),
+        None => (None, false),
+    };
+    let from = match resumed {
         Some(id) => ReadFrom::parse(id).map_err(|_| {
             ApiError::bad_request(format!("Last-Event-ID {} is not an offset returned by this server", echo(id)))
         })?,
         None => q.from,
     };
-    if resumed.is_some_and(|id| id.ends_with(END_ID_SUFFIX)) {
-        // The reconnecting EventSource already saw the final control event: 204 tells it to stop
-        // reconnecting (HTML Living Standard, "Server-sent events": a 204 fails the connection).
-        st.store.head(&path).await?;
-        let mut res = Response::new(Body::empty());
-        *res.status_mut() = axum::http::StatusCode::NO_CONTENT;
-        return Ok(res);
+    if saw_end {
+        // The reconnecting EventSource saw the final control event at this offset: when the
+        // stream did end there, 204 tells it to stop reconnecting (HTML Living Standard,
+        // "Server-sent events": a 204 fails the connection). Anything else (a stream that has
+        // not ended, or ended elsewhere, or was re-created) is read normally from that offset.
+        let info = st.store.head(&path).await?;
+        let ended_here = match (info.end, from) {
+            (Some(end), ReadFrom::At(o)) => end.final_offset == o,
+            (Some(end), ReadFrom::Tagged(o, tag)) => end.final_offset == o && OffsetTag::of(&info.incarnation) == tag,
+            _ => false,
+        };
+        if ended_here {
+            let mut res = Response::new(Body::empty());
+            *res.status_mut() = axum::http::StatusCode::NO_CONTENT;
+            return Ok(res);
+        }
     }
     // Validate (404, 400, 410) and take the first chunk before committing to a 200. A client
     // that reconnects at the final offset without having seen the end gets the final control
     // event now.
     let first = st.store.read(&path, from).await?;
-    let text = is_text(&first.content_type);
+    let text = is_text(&first.content_type) && is_utf8(&first);
     let (tx, mut rx) = mpsc::channel::<Bytes>(16);
     let cursor = q.cursor;
     tokio::spawn(async move {
@@ -117,6 +152,9 @@ async fn run(
             Ok(c) => c,
             Err(e) => return send_error(&tx, &e.to_string()).await,
         };
+        if text && !is_utf8(&chunk) {
+            return; // the client reconnects from the last control event and gets it base64
+        }
     }
     // Live: wait on the shared tail from where catch-up stopped.
     let mut sub = st.store.subscribe(&path, ReadFrom::At(chunk.next_offset));
@@ -133,6 +171,9 @@ async fn run(
         };
         match next {
             Ok(Some(c)) if !c.records.is_empty() || c.end.is_some() => {
+                if text && !is_utf8(&c) {
+                    return; // as above: the next connection carries it base64
+                }
                 let (frame, done) = events(&c, text, cursor);
                 if tx.send(frame).await.is_err() || done {
                     return;
@@ -157,10 +198,11 @@ async fn send_error(tx: &mpsc::Sender<Bytes>, message: &str) {
 }
 
 /// The `data` event (when there are records) and its `control` event; `true` when the stream
-/// is closed and the connection must end.
+/// is closed and the connection must end. With `text`, the data must be valid UTF-8 (see
+/// [`is_utf8`]; anything else would be replaced by U+FFFD).
 pub fn events(chunk: &ReadChunk, text: bool, cursor: Option<u64>) -> (Bytes, bool) {
     let mut out = BytesMut::new();
-    let id = chunk.next_offset.to_string();
+    let id = chunk.next_offset.token(&chunk.incarnation);
     if !chunk.records.is_empty() {
         out.put_slice(b"event: data\n");
         let body = chunk.body();

@@ -6,7 +6,9 @@ use axum::extract::{Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use baton_streams::{AppendRequest, CreateOptions, Expiry, ForkFrom, ReadChunk, ReadFrom, StreamInfo, StreamPath};
+use baton_streams::{
+    AppendRequest, CreateOptions, Expiry, ForkFrom, ReadChunk, ReadFrom, StreamError, StreamInfo, StreamPath,
+};
 use bytes::Bytes;
 
 use super::errors::{echo, ApiError};
@@ -136,7 +138,7 @@ async fn create(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
     let mut res = if created.created { StatusCode::CREATED } else { StatusCode::OK }.into_response();
     let out = res.headers_mut();
     set(out, header::CONTENT_TYPE, &info.content_type);
-    set(out, h::stream_next_offset(), info.tail);
+    set(out, h::stream_next_offset(), info.tail.token(&info.incarnation));
     set_end(out, info.end);
     if created.created {
         let host = hm
@@ -161,9 +163,12 @@ async fn append(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     let data = read_body(body, hm, &body_limit(st)).await?;
     if keepalive && data.is_empty() && !closed {
-        let info = st.store.keepalive(&path).await?;
+        let info = match st.store.keepalive(&path).await {
+            Ok(info) => info,
+            Err(e) => return Err(closed_error(st, &path, e).await),
+        };
         let mut res = StatusCode::NO_CONTENT.into_response();
-        set(res.headers_mut(), h::stream_next_offset(), info.tail);
+        set(res.headers_mut(), h::stream_next_offset(), info.tail.token(&info.incarnation));
         return Ok(res);
     }
     if data.is_empty() && !closed {
@@ -182,25 +187,46 @@ async fn append(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
     let has_data = !data.is_empty();
     let req =
         AppendRequest { data, content_type: ct, stream_seq, producer: producer.clone(), close, incarnation: None };
-    let a = st.store.append(&path, req).await?;
+    let a = match st.store.append(&path, req).await {
+        Ok(a) => a,
+        Err(e) => return Err(closed_error(st, &path, e).await),
+    };
     let status = if producer.is_some() && has_data && !a.duplicate { StatusCode::OK } else { StatusCode::NO_CONTENT };
     let mut res = status.into_response();
     let out = res.headers_mut();
-    set(out, h::stream_next_offset(), a.tail);
+    set(out, h::stream_next_offset(), a.tail.token(&a.incarnation));
     if let Some((epoch, seq)) = a.producer {
         set(out, h::producer_epoch(), epoch);
         set(out, h::producer_seq(), seq);
     }
     set_end(out, a.end);
+    if closed && a.end.is_some() && !a.ended_now {
+        // The stream had ended before this close: `Baton-End-Reason` is the end that was kept.
+        set_static(out, h::baton_already_ended(), "true");
+    }
     if has_data && !a.duplicate {
         metrics::counter!("baton_stream_appends_total").increment(1);
     }
     Ok(res)
 }
 
+/// The error of a write; a `409` of an ended stream carries its final offset as a token of the
+/// stream's incarnation (one metadata read on that path; the bare offset when it fails).
+async fn closed_error(st: &AppState, path: &StreamPath, e: StreamError) -> ApiError {
+    let StreamError::Closed { end } = &e else { return e.into() };
+    let final_offset = end.final_offset;
+    let mut err = ApiError::from(e);
+    if let Ok(info) = st.store.head(path).await {
+        if let Ok(v) = HeaderValue::from_str(&final_offset.token(&info.incarnation)) {
+            err.headers.insert(h::stream_next_offset(), v);
+        }
+    }
+    err
+}
+
 fn info_headers(out: &mut HeaderMap, info: &StreamInfo) {
     set(out, header::CONTENT_TYPE, &info.content_type);
-    set(out, h::stream_next_offset(), info.tail);
+    set(out, h::stream_next_offset(), info.tail.token(&info.incarnation));
     match info.expiry {
         Expiry::TtlSecs(s) => set(out, h::stream_ttl(), s),
         Expiry::At(ms) => set(out, h::stream_expires_at(), h::rfc3339(ms)),
@@ -243,7 +269,7 @@ fn cache_control(st: &AppState, chunk: &ReadChunk, from: ReadFrom) -> &'static s
 /// Headers shared by catch-up and long-poll responses.
 fn read_headers(st: &AppState, out: &mut HeaderMap, chunk: &ReadChunk, q: &ReadQuery) {
     set(out, header::CONTENT_TYPE, &chunk.content_type);
-    set(out, h::stream_next_offset(), chunk.next_offset);
+    set(out, h::stream_next_offset(), chunk.next_offset.token(&chunk.incarnation));
     if chunk.up_to_date || chunk.end.is_some() {
         set_static(out, h::stream_up_to_date(), "true");
     }
@@ -270,7 +296,7 @@ async fn catch_up(st: &AppState, parts: &Parts, path: StreamPath, q: ReadQuery) 
             let out = res.headers_mut();
             set(out, header::ETAG, tag);
             set_static(out, header::CACHE_CONTROL, cache_control(st, &chunk, q.from));
-            set(out, h::stream_next_offset(), chunk.next_offset);
+            set(out, h::stream_next_offset(), chunk.next_offset.token(&chunk.incarnation));
             return Ok(res);
         }
     }

@@ -87,7 +87,7 @@ pub struct ServeArgs {
     #[arg(long, env = "BATON_CACHE", value_parser = ["private", "public"])]
     pub cache: Option<String>,
     /// Default silence timeout of new streams (ended as `producer_lost` after this long without
-    /// an append or keepalive); `none` disables [default: none].
+    /// an append or keepalive); `none` disables, `0` is refused [default: none].
     #[arg(long, env = "BATON_SILENCE_TIMEOUT", value_parser = parse_opt_duration)]
     pub silence_timeout: Option<OptDuration>,
     /// Default hard lifetime of new streams; `none` disables [default: none].
@@ -96,7 +96,8 @@ pub struct ServeArgs {
     /// Default replay window of new streams after they end; `none` keeps them [default: none].
     #[arg(long, env = "BATON_DONE_TTL", value_parser = parse_opt_duration)]
     pub done_ttl: Option<OptDuration>,
-    /// Default maximum number of appends per stream; `0` disables [default: 0].
+    /// Default maximum number of messages per stream (one per append; each JSON value on
+    /// `application/json` streams); `0` disables [default: 0].
     #[arg(long, env = "BATON_MAX_LEN")]
     pub max_len: Option<u64>,
     /// Grace period for in-flight requests at shutdown [default: 10s].
@@ -445,6 +446,11 @@ impl ServeArgs {
                 "max_connections must be at least 1 (leave it out to derive it from the descriptor limit)".into()
             );
         }
+        if cfg.default_limits.silence_timeout.is_some_and(|d| d.is_zero()) {
+            return Err(
+                "silence_timeout 0 would end every new stream at once; give a positive duration, or `none`".into()
+            );
+        }
         Ok(cfg)
     }
 }
@@ -512,6 +518,15 @@ impl WorkerArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_silence_timeout_is_refused() {
+        let args = ServeArgs { silence_timeout: Some(OptDuration(Some(Duration::ZERO))), ..Default::default() };
+        let e = args.resolve().unwrap_err();
+        assert!(e.contains("silence_timeout 0") && e.contains("`none`"), "{e}");
+        let none = ServeArgs { silence_timeout: Some(OptDuration(None)), ..Default::default() };
+        assert_eq!(none.resolve().unwrap().default_limits.silence_timeout, None);
+    }
 
     #[test]
     fn precedence_flag_over_file_over_default() {
