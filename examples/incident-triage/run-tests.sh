@@ -3,7 +3,9 @@
 #   browser    headless Chromium (browser-tests/triage.test.mjs), on the in-memory backend and on
 #              a Redis standalone server it starts on a free port: start a run; reload mid-stream
 #              resumes with no duplicate or missing event; a second device follows the same run;
-#              Stop shows cancelled on both. Screenshots: target/incident-triage-screenshots/.
+#              Stop shows cancelled on both; a phone (412×915, touch) fits its screen at 412 and
+#              360 px and a tap on Stop cancels the run on it and on a desktop page.
+#              Screenshots: target/incident-triage-screenshots/.
 #   processes  two example processes on one Redis (tests/two_processes.rs, which starts its own
 #              redis-server on a free port): SIGKILL of the producing process → producer_lost,
 #              command FAILED, pointer released, a new run succeeds.
@@ -17,7 +19,9 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
+# Cargo's target dir: CARGO_TARGET_DIR (a relative one is relative to $ROOT, where cargo runs).
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET" in /*) ;; *) TARGET="$ROOT/$TARGET" ;; esac
 export SCREENSHOTS="${SCREENSHOTS:-$ROOT/target/incident-triage-screenshots}"
 log() { printf '\n==> %s\n' "$*"; }
 WHAT=("$@")

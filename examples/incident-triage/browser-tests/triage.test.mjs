@@ -6,7 +6,11 @@
 //   2. a second page (another browser context = another device) on the same engineer finds the
 //      current run and shows the same events; Stop → both pages show cancelled at once, and the
 //      command ends CANCELLED;
-//   3. an uploaded (pasted) log is analysed too.
+//   3. an uploaded (pasted) log is analysed too;
+//   4. a phone (Pixel 7 emulation: 412×915 viewport, touch, deviceScaleFactor 2.625) starts a run:
+//      the page is no wider than the screen and Stop lies fully inside the viewport; a TAP on Stop
+//      cancels the run on the phone and on a desktop page following it; a finished run with long
+//      unbreakable log lines (findings, open event log, start form) fits 412 and 360 px too.
 // Screenshots go to target/incident-triage-screenshots/.
 //
 //   TRIAGE_BIN=target/debug/incident-triage node triage.test.mjs [memory] [redis]
@@ -18,7 +22,7 @@ import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { dirname, join, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
-import { chromium } from "playwright-core"
+import { chromium, devices } from "playwright-core"
 import { launchChromium } from "../../../scripts/chromium.mjs"
 
 const HERE = dirname(fileURLToPath(import.meta.url))
@@ -98,10 +102,38 @@ async function startApp(extra, logDir) {
 
 const page_state = (page) => page.evaluate(() => ({ ...window.triage, events: window.triage.events }))
 
+// A phone: Pixel 7 emulation (mobile user agent, touch, deviceScaleFactor 2.625) with its whole
+// 412×915 screen as the viewport.
+const { defaultBrowserType: _, viewport: __, ...PHONE } = devices["Pixel 7"]
+const PHONE_VIEWPORT = { width: 412, height: 915 }
+
+// How wide the page lays out against the viewport: the document's scroll width, and the elements
+// (tag#id.class, right edge; widest first) reaching past the viewport's right edge that no
+// scrolling or clipping ancestor contains, for the failure message.
+const layoutWidth = (page) => page.evaluate(() => {
+  const vw = document.documentElement.clientWidth
+  const clipped = (e) => {
+    for (let p = e.parentElement; p && p !== document.body; p = p.parentElement)
+      if (getComputedStyle(p).overflowX !== "visible") return true
+    return false
+  }
+  const name = (e) => e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") + (e.classList.length ? "." + [...e.classList].join(".") : "")
+  const over = [...document.querySelectorAll("body *")]
+    .map((e) => [e, Math.round(e.getBoundingClientRect().right)])
+    .filter(([e, right]) => right > vw && !clipped(e))
+    .sort((x, y) => y[1] - x[1])
+    .map(([e, right]) => `${name(e)} (right ${right})`)
+  return { scrollWidth: document.documentElement.scrollWidth, viewport: vw, over: over.slice(0, 12) }
+})
+async function checkFits(page, width, what) {
+  const w = await layoutWidth(page)
+  check(w.scrollWidth <= width, `${what}: the page is ${w.scrollWidth} px wide on a ${width}-px screen; past the edge: ${w.over.join(", ")}`)
+}
+
 // One "device": a Chromium with its own fresh profile (--user-data-dir), so its own storage.
 let profiles = 0
-async function device(viewport) {
-  const ctx = await launchChromium(chromium, join(work, `profile-${++profiles}`), { viewport })
+async function device(viewport, options = {}) {
+  const ctx = await launchChromium(chromium, join(work, `profile-${++profiles}`), { viewport, ...options })
   const page = ctx.pages()[0] ?? (await ctx.newPage())
   return [ctx, page]
 }
@@ -179,6 +211,57 @@ async function runMode(mode) {
     check((await b.textContent("#run-source")).startsWith("upload:"), "the upload is named")
     await b.screenshot({ path: join(SHOTS, `${mode}-5-upload.png`), fullPage: true })
     console.log(`[${mode}] ok: uploaded log analysed`)
+
+    // 4. A phone: the running page fits the screen, Stop is inside the viewport, a tap stops it.
+    const pe = `pia-${mode}`
+    const [ctxP, p] = await device(PHONE_VIEWPORT, PHONE)
+    await p.goto(`${app.base}/?engineer=${pe}`)
+    await p.fill("#path", logPath)
+    await p.tap("#start")
+    await until("the phone's run streams", async () => (await page_state(p)).seqs.length >= 3)
+    await a.goto(`${app.base}/?engineer=${pe}`)
+    await until("the desktop page follows the phone's run", async () => {
+      const [sp, sa] = [await page_state(p), await page_state(a)]
+      return sa.run === sp.run && sa.seqs.length >= 1
+    })
+    for (const width of [PHONE_VIEWPORT.width, 360]) {
+      await p.setViewportSize({ width, height: PHONE_VIEWPORT.height })
+      await checkFits(p, width, `${width} px, run in progress`)
+      await p.locator("#stop").evaluate((e) => e.scrollIntoView({ block: "center", inline: "nearest" }))
+      const box = await p.locator("#stop").boundingBox()
+      const scrollX = await p.evaluate(() => window.scrollX)
+      check(box && scrollX === 0 && box.x >= 0 && box.y >= 0 && box.x + box.width <= width && box.y + box.height <= PHONE_VIEWPORT.height,
+        `Stop lies inside the ${width}×${PHONE_VIEWPORT.height} viewport (box ${JSON.stringify(box)}, scrollX ${scrollX})`)
+    }
+    await p.setViewportSize(PHONE_VIEWPORT)
+    await p.screenshot({ path: join(SHOTS, `${mode}-6-phone-running.png`) })
+    await p.tap("#stop")
+    await until("phone and desktop show cancelled", async () => (await page_state(p)).end === "cancelled" && (await page_state(a)).end === "cancelled", 3000)
+    check((await p.textContent("#run-status")).includes("cancelled"), "the phone's status says cancelled")
+    check((await a.textContent("#run-status")).includes("cancelled"), "the desktop page's status says cancelled")
+    await until("command CANCELLED on both", async () => (await page_state(p)).status === "CANCELLED" && (await page_state(a)).status === "CANCELLED")
+    await checkFits(p, PHONE_VIEWPORT.width, "412 px, cancelled")
+    await p.screenshot({ path: join(SHOTS, `${mode}-7-phone-cancelled.png`) })
+    console.log(`[${mode}] ok: phone at 412 px: page ${(await layoutWidth(p)).scrollWidth} px wide, Stop inside the viewport, tapped: cancelled on phone and desktop`)
+
+    // 4b. A finished run with long unbreakable lines: findings, the open event log and the start
+    // form (text tab) fit 412 and 360 px.
+    const long = "x".repeat(180)
+    const lines = readFileSync(logPath, "utf8").split("\n").slice(0, 300)
+    for (let i = 0; i < 12; i++) lines.push(`2025-01-31T13:00:0${i % 10}Z ERROR storage: object key ${long} not found in /srv/buckets/${"y".repeat(120)}`)
+    await p.tap("#tab-text")
+    await p.fill("#text", lines.join("\n"))
+    await p.tap("#start")
+    await until("the phone's upload run to finish", async () => (await page_state(p)).status === "SUCCEEDED", 30000)
+    check((await p.locator("#findings .finding").count()) >= 2, "findings are shown on the phone")
+    await p.tap(".events summary")
+    for (const width of [412, 360]) {
+      await p.setViewportSize({ width, height: PHONE_VIEWPORT.height })
+      await checkFits(p, width, `${width} px, finished run with findings and the event log open`)
+      await p.screenshot({ path: join(SHOTS, `${mode}-8-phone-${width}-finished.png`), fullPage: true })
+    }
+    console.log(`[${mode}] ok: a finished run (findings, event log, start form) fits 412 and 360 px`)
+    await ctxP.close()
     await ctxA.close()
     await ctxB.close()
   } catch (e) {

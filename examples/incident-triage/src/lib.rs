@@ -15,7 +15,8 @@
 //!   compare-and-delete, taken over once its run ended ([`pointer`](mod@pointer)).
 //!
 //! Run it: `cargo run -p incident-triage -- --listen 127.0.0.1:7710` (memory) or add
-//! `--redis redis://127.0.0.1:6379` (several processes may share one Redis).
+//! `--redis redis://127.0.0.1:6379` (several processes may share one Redis, each with its own
+//! `--listen` address, e.g. `127.0.0.1:7711` for a second one on the same machine).
 
 pub mod analysis;
 pub mod pointer;

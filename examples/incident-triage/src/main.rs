@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
@@ -15,7 +16,7 @@ struct Args {
     /// Redis URL (e.g. redis://127.0.0.1:6379); without it everything is in memory (one process).
     #[arg(long, env = "TRIAGE_REDIS")]
     redis: Option<String>,
-    /// Address to listen on.
+    /// Address to listen on; processes on one machine need one each (e.g. 127.0.0.1:7711).
     #[arg(long, default_value = "127.0.0.1:7710")]
     listen: SocketAddr,
     /// A directory whose log files may be analysed (repeatable).
@@ -47,15 +48,44 @@ struct Args {
     worker: Option<String>,
 }
 
+/// Why the process could not start or serve; printed as one line on stderr, exit status 1.
+#[derive(Debug, thiserror::Error)]
+enum MainError {
+    #[error(
+        "cannot listen on {addr}: the address is already in use (another incident-triage process, or \
+         another program, listens there); pick another address with --listen, e.g. --listen {suggestion}"
+    )]
+    AddrInUse { addr: SocketAddr, suggestion: SocketAddr },
+    #[error("cannot listen on {addr}: {source}; pick another address with --listen")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot start the triage service: {0}")]
+    Start(#[from] incident_triage::TriageError),
+    #[error("serving HTTP failed: {0}")]
+    Serve(std::io::Error),
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TRIAGE_LOG")
                 .unwrap_or_else(|_| "info,baton_queue=warn".into()),
         )
         .init();
-    let a = Args::parse();
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("incident-triage: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Binds the listener first (a process that cannot serve never joins the queues), then starts the
+/// service and serves until SIGINT/SIGTERM.
+async fn run(a: Args) -> Result<(), MainError> {
+    let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|source| listen_error(a.listen, source))?;
+    let addr = listener.local_addr().map_err(MainError::Serve)?;
     let defaults = TriageConfig::default();
     let cfg = TriageConfig {
         redis: a.redis.clone(),
@@ -74,10 +104,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let triage = Triage::start(cfg).await?;
     let app = router(triage.clone(), WebConfig { sse_cycle: a.sse_cycle });
-    let listener = tokio::net::TcpListener::bind(a.listen).await?;
-    let addr = listener.local_addr()?;
     println!("incident-triage on http://{addr}/ ({backend})");
-    axum::serve(listener, app)
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
@@ -86,7 +114,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 _ = term.recv() => {}
             }
         })
-        .await?;
+        .await;
     triage.shutdown().await;
-    Ok(())
+    served.map_err(MainError::Serve)
+}
+
+/// The error of a failed bind of `addr`; a taken address suggests the next port.
+fn listen_error(addr: SocketAddr, source: std::io::Error) -> MainError {
+    if source.kind() == std::io::ErrorKind::AddrInUse {
+        let mut suggestion = addr;
+        suggestion.set_port(addr.port().checked_add(1).unwrap_or(addr.port() - 1));
+        MainError::AddrInUse { addr, suggestion }
+    } else {
+        MainError::Listen { addr, source }
+    }
 }
