@@ -14,7 +14,7 @@
 //! ([`TailHub::push`]); the loop's next read starts after them and skips what it already has.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -40,6 +40,21 @@ const WRITE_WAIT: Duration = Duration::from_millis(100);
 pub(crate) struct TailHub {
     store: Weak<RedisStreamBackend>,
     tails: Mutex<HashMap<StreamPath, Arc<Tail>>>,
+    /// Times a tail loop gave up waiting ([`WRITE_WAIT`]) for a write of this process in flight
+    /// (a write whose reply never came back within it).
+    write_waits_timed_out: AtomicU64,
+}
+
+/// A write call in flight, counted by its stream's tail loop (see [`TailHub::before_write`]).
+pub(crate) struct WriteInFlight(Option<Arc<Tail>>);
+
+impl Drop for WriteInFlight {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            t.writes.fetch_sub(1, Ordering::SeqCst);
+            t.written.notify_waiters();
+        }
+    }
 }
 
 struct Tail {
@@ -49,6 +64,9 @@ struct Tail {
     notify: Notify,
     /// Woken after each write call of this process to the stream ([`TailHub::after_write`]).
     written: Notify,
+    /// Write calls of this process to the stream between [`TailHub::before_write`] and
+    /// [`TailHub::after_write`]: sent, their records not yet handed over.
+    writes: AtomicUsize,
     waiters: AtomicUsize,
 }
 
@@ -94,7 +112,7 @@ impl Drop for WaiterGuard {
 
 impl TailHub {
     pub(crate) fn new(store: Weak<RedisStreamBackend>) -> Self {
-        Self { store, tails: Mutex::new(HashMap::new()) }
+        Self { store, tails: Mutex::new(HashMap::new()), write_waits_timed_out: AtomicU64::new(0) }
     }
 
     /// The live tail loop of `path` for `incarnation`, started if needed; counts a waiter.
@@ -125,6 +143,7 @@ impl TailHub {
             }),
             notify: Notify::new(),
             written: Notify::new(),
+            writes: AtomicUsize::new(0),
             waiters: AtomicUsize::new(1),
         });
         if let Some(old) = tails.insert(path.clone(), tail.clone()) {
@@ -153,15 +172,40 @@ impl TailHub {
     /// ends exactly at `prev`, is up to date and its stream is not ended; otherwise nothing
     /// happens and the tail loop reads them from Redis as usual.
     ///
-    /// Called after every write call of this process to `path` (`pushed` is `None` when it
-    /// added nothing that can be handed over): a tail loop woken by that write waits for this
-    /// call before it reads (see `tail_loop`).
-    pub(crate) fn after_write(&self, path: &StreamPath, pushed: Option<(&str, Offset, Vec<Record>)>) {
-        let Some(t) = self.tails.lock().unwrap().get(path).cloned() else { return };
+    /// Called after every write call of this process to `path` with the guard
+    /// [`TailHub::before_write`] returned for it (`pushed` is `None` when it added nothing that
+    /// can be handed over): a tail loop woken by that write waits for this call before it reads
+    /// (see `tail_loop`).
+    pub(crate) fn after_write(
+        &self,
+        path: &StreamPath,
+        started: WriteInFlight,
+        pushed: Option<(&str, Offset, Vec<Record>)>,
+    ) {
+        let t = match &started.0 {
+            Some(t) => t.clone(),
+            None => match self.tails.lock().unwrap().get(path).cloned() {
+                Some(t) => t,
+                None => return,
+            },
+        };
         if let Some((inc, prev, records)) = pushed {
             self.push(&t, inc, prev, records);
         }
+        // Ends the count (and wakes the loop) after the push, so that the loop reads after it.
+        drop(started);
         t.written.notify_waiters();
+    }
+
+    /// Called before a write call of this process to `path` is sent: until the guard is passed
+    /// to [`TailHub::after_write`] (or dropped, if the call is abandoned), the stream's tail loop
+    /// (if any) waits for that write's records instead of reading them from Redis.
+    pub(crate) fn before_write(&self, path: &StreamPath) -> WriteInFlight {
+        let t = self.tails.lock().unwrap().get(path).cloned();
+        if let Some(t) = &t {
+            t.writes.fetch_add(1, Ordering::SeqCst);
+        }
+        WriteInFlight(t)
     }
 
     fn push(&self, t: &Tail, inc: &str, prev: Offset, records: Vec<Record>) {
@@ -320,12 +364,12 @@ async fn tail_loop(store: &Weak<RedisStreamBackend>, t: &Arc<Tail>) -> Result<()
         // A write of this process in flight may be what woke this loop: its records are handed
         // over when its reply comes (see `TailHub::after_write`), so wait for that (bounded)
         // rather than read them from Redis a second time.
-        if s.writer_busy(&t.path) {
+        if t.writes.load(Ordering::SeqCst) > 0 {
             let written = t.written.notified();
             tokio::pin!(written);
             written.as_mut().enable();
-            if s.writer_busy(&t.path) {
-                let _ = tokio::time::timeout(WRITE_WAIT, written).await;
+            if t.writes.load(Ordering::SeqCst) > 0 && tokio::time::timeout(WRITE_WAIT, written).await.is_err() {
+                s.hub.write_waits_timed_out.fetch_add(1, Ordering::Relaxed);
             }
         }
         let from = {
@@ -502,6 +546,40 @@ fn node_url(seed: &str, host: &str, port: u16) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{AppendRequest, CreateOptions, StreamStore, StreamStoreSettings};
+
+    /// Appends of this process while a reader waits: the tail loop woken by each one waits for
+    /// that write's reply and never times out waiting for one already handed over (the old
+    /// check, "the group commit of this path is busy", stayed true while replies were being
+    /// handed out after the last `after_write`, and the loop then waited `WRITE_WAIT` for
+    /// nothing).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tail_loop_never_waits_for_a_write_already_handed_over() {
+        let server = baton_testkit::RedisServer::start();
+        let settings = Arc::new(StreamStoreSettings::default());
+        let backend = RedisStreamBackend::connect(server.config(), settings.clone()).await.unwrap();
+        let store = StreamStore { backend: backend.clone(), settings };
+        let path = StreamPath::new("t/handover").unwrap();
+        let opts = CreateOptions { content_type: Some("text/plain".into()), ..Default::default() };
+        let mut at = store.create(&path, opts).await.unwrap().info.tail;
+        for i in 0..1000u32 {
+            let reader = {
+                let (store, path) = (store.clone(), path.clone());
+                tokio::spawn(async move { store.read_live(&path, ReadFrom::At(at), Duration::from_secs(5)).await })
+            };
+            if i % 2 == 0 {
+                tokio::task::yield_now().await;
+            }
+            let req = AppendRequest { data: format!("m{i}").into(), ..Default::default() };
+            let appended = store.append(&path, req).await.unwrap();
+            let chunk = reader.await.unwrap().unwrap();
+            assert!(!chunk.records.is_empty(), "append {i} reached the waiting reader");
+            at = appended.tail;
+        }
+        // Let the loop handle the last wake-up.
+        tokio::time::sleep(WRITE_WAIT * 2).await;
+        assert_eq!(backend.hub.write_waits_timed_out.load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn node_urls() {

@@ -65,12 +65,6 @@ impl RedisStreamBackend {
             .unwrap_or_else(|_| Err(StreamError::Backend("write abandoned".into())))
     }
 
-    /// A write call of this process to `path` is in flight or queued, or the replies of its last
-    /// call are still being handed out (see [`baton_redis::group_commit`]).
-    pub(crate) fn writer_busy(&self, path: &StreamPath) -> bool {
-        self.writer.0.is_busy(path)
-    }
-
     /// One `write.lua` call for `batch`; one reply per request, in order.
     async fn send_batch(&self, path: &StreamPath, batch: Vec<WriteSpec>) -> Vec<Result<Appended>> {
         let (ks, km) = keys(path);
@@ -83,6 +77,7 @@ impl RedisStreamBackend {
             [spec] if is_fast(spec) => fast_args(&mut cmd, spec),
             _ => general_args(&mut cmd, &batch),
         }
+        let started = self.hub.before_write(path);
         match self.eval(&WRITE, &cmd).await {
             // The fast path's reply: "<incarnation> <previous tail> <new entry id>" of a lone
             // accepted request.
@@ -100,7 +95,7 @@ impl RedisStreamBackend {
                     }
                     _ => None,
                 };
-                self.hub.after_write(path, pushed);
+                self.hub.after_write(path, started, pushed);
                 vec![out.map(|(inc, _, tail)| accepted(&spec, tail, inc))]
             }
             Ok(Value::Array(mut replies)) if replies.len() == batch.len() || replies.len() == batch.len() + 1 => {
@@ -141,16 +136,16 @@ impl RedisStreamBackend {
                         }
                     }
                 }
-                self.hub.after_write(path, pushed);
+                self.hub.after_write(path, started, pushed);
                 outs
             }
             Ok(other) => {
-                self.hub.after_write(path, None);
+                self.hub.after_write(path, started, None);
                 let e = StreamError::Backend(format!("streams.write: unexpected reply {other:?}"));
                 vec![Err(e); batch.len()]
             }
             Err(e) => {
-                self.hub.after_write(path, None);
+                self.hub.after_write(path, started, None);
                 vec![Err(e); batch.len()]
             }
         }
