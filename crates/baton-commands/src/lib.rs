@@ -34,7 +34,9 @@
 //!     }
 //!
 //!     async fn check_status(&self, command: Command, _state: CommandState) -> Result<CommandResult, HandlerError> {
-//!         let name = command.params["name"].as_str().unwrap_or("out");
+//!         // Params are kept as their JSON text (`RawJson`); decode them as a type or a `Value`.
+//!         let params: serde_json::Value = command.params_as()?;
+//!         let name = params["name"].as_str().unwrap_or("out");
 //!         Ok(CommandResult::succeeded(json!({ "artifact": format!("{name}.tar") })))
 //!     }
 //! }
@@ -47,7 +49,7 @@
 //! let build = Command::with_id("build-1", "build", json!({ "name": "app" }));
 //! let state = store.submit_and_wait("builds", build, Duration::from_secs(5)).await?;
 //! assert_eq!(state.status, CommandStatus::Succeeded);
-//! assert_eq!(state.result, Some(json!({ "artifact": "app.tar" })));
+//! assert_eq!(state.result_as::<serde_json::Value>()?, json!({ "artifact": "app.tar" }));
 //! service.close().await;
 //! # Ok(())
 //! # }
@@ -133,6 +135,7 @@
 //! checks each entry whose score has passed and re-scores live ones to their `PEXPIRETIME`.
 
 pub mod builtin;
+mod json;
 mod model;
 mod service;
 mod store;
@@ -140,8 +143,8 @@ mod store;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::Value;
 
+pub use json::RawJson;
 pub use model::{Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp};
 pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
 pub use store::{CommandStore, CommandStoreSettings, RedisCommandStoreOptions};
@@ -167,15 +170,16 @@ pub trait CommandHandler: Send + Sync + 'static {
 
     /// Checks params at submit time, before anything is stored; an `Err` rejects the submit with
     /// [`CommandError::InvalidParams`]. Default: any params. See [`validate_params`].
-    fn validate(&self, params: &Value) -> Result<(), String> {
+    fn validate(&self, params: &RawJson) -> Result<(), String> {
         let _ = params;
         Ok(())
     }
 }
 
-/// A `validate` body for handlers taking typed params: `Ok` when `params` decodes as `P`.
-pub fn validate_params<P: serde::de::DeserializeOwned>(params: &Value) -> Result<(), String> {
-    P::deserialize(params).map(|_| ()).map_err(|e| e.to_string())
+/// A `validate` body for handlers taking typed params: `Ok` when `params` decodes as `P` (from
+/// their text, see [`RawJson::parse`]).
+pub fn validate_params<P: serde::de::DeserializeOwned>(params: &RawJson) -> Result<(), String> {
+    params.parse::<P>().map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// Errors of the command service.
@@ -188,7 +192,8 @@ pub enum CommandError {
     /// A command type that is empty, longer than 200 bytes or holds control characters.
     #[error("invalid command type {0:?}: use 1 to 200 bytes without control characters")]
     InvalidType(String),
-    /// Params (or a result) that are not valid JSON or were refused by the handler's `validate`.
+    /// Params (or a result) that are not valid JSON (a string with a lone UTF-16 surrogate escape
+    /// included) or were refused by the handler's `validate`.
     #[error("invalid params: {0}")]
     InvalidParams(String),
     /// A status name that is not one of SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (or the

@@ -13,7 +13,6 @@ use async_trait::async_trait;
 use baton_commands::{
     Command, CommandHandler, CommandResult, CommandService, CommandState, CommandStore, HandlerError,
 };
-use serde_json::Value;
 
 use crate::settings::{QueueConfig, Storage};
 
@@ -127,7 +126,7 @@ impl CommandHandler for Metered {
         r
     }
 
-    fn validate(&self, params: &Value) -> Result<(), String> {
+    fn validate(&self, params: &baton_commands::RawJson) -> Result<(), String> {
         self.inner.validate(params)
     }
 }

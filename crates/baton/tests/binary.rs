@@ -124,7 +124,7 @@ async fn serve_finishes_running_handlers_before_exiting_on_sigterm() {
     assert!(status.success(), "exit status {status}");
     let st = store.get("nap-serve").await.unwrap().expect("stored");
     assert_eq!(st.status, baton_commands::CommandStatus::Succeeded, "not drained at SIGTERM: {st:?}");
-    assert_eq!(st.result, Some(serde_json::json!({"slept_ms": 1500})));
+    assert_eq!(st.result, Some(serde_json::json!({"slept_ms": 1500}).into()));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
