@@ -169,6 +169,20 @@ pub fn cell(v: Option<&Value>) -> String {
     }
 }
 
+/// Whether to colour output written to a stream: only a terminal (`is_terminal`), and not when
+/// `NO_COLOR` is set to a non-empty value (<https://no-color.org>). The log lines of `baton serve`
+/// and `baton worker` (on stderr) follow it, so logs written to a file or a pipe carry no escape
+/// codes.
+pub fn colour(is_terminal: bool) -> bool {
+    is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// A count and its noun, singular for exactly one: `count("1", "consumer", "consumers")` is
+/// `1 consumer`, `count("2", …)` `2 consumers` (`n` as printed, e.g. a [`cell`]).
+pub fn count(n: &str, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == "1" { one } else { many })
+}
+
 /// Shortens `s` to `max` characters with a trailing `…`.
 pub fn clip(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
@@ -191,6 +205,9 @@ mod tests {
         t.row(vec!["long".into(), "2".into()]);
         assert_eq!(t.render(), "NAME   N\na     10\nlong   2\n");
         assert_eq!(clip("abcdef", 4), "abc…");
+        assert_eq!(count("1", "consumer", "consumers"), "1 consumer");
+        assert_eq!(count("0", "consumer", "consumers"), "0 consumers");
+        assert_eq!(count("21", "CPU", "CPUs"), "21 CPUs");
     }
 
     #[test]
