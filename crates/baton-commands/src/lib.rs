@@ -12,15 +12,51 @@
 //!   [`CommandResult`]: `succeeded`, `failed`, `cancelled`, `running` (optionally with the delay
 //!   before the next check) or `handed_off(queue)`.
 //!
+//! ## In your application
+//!
+//! This crate is the whole command service; `baton serve` is one program built on it. Its
+//! `Cargo.toml` lines (the crates of this repository, here checked out next to your project;
+//! with a git dependency the same names take `git = "…"` instead of `path`):
+//!
+//! ```toml
+//! [dependencies]
+//! baton-commands = { path = "../baton/crates/baton-commands" }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! serde_json = "1"
+//! ```
+//!
+//! A handler is an `impl CommandHandler` under the `#[async_trait]` attribute, re-exported here
+//! ([`async_trait`](macro@async_trait)): no `async-trait` dependency of your own is needed. The
+//! Redis backend ([`CommandStore::redis`]) takes a [`RedisClient`] of the `baton-redis` crate, whose
+//! [`RedisClient`], [`RedisConfig`] and [`ConnectError`] are re-exported here too; add
+//! `baton-redis = { path = "../baton/crates/baton-redis" }` (the same checkout) only to use more
+//! of it. Standalone Redis or a Cluster, with the queues' default key prefix and group:
+//!
+//! ```no_run
+//! use baton_commands::{CommandStore, RedisClient, RedisCommandStoreOptions, RedisConfig};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), baton_commands::CommandError> {
+//! let client = RedisClient::new(RedisConfig::Standalone("redis://127.0.0.1:6379".into()))?;
+//! // A Cluster: RedisConfig::Cluster(vec!["redis://127.0.0.1:7000".into(), …]), any seed nodes.
+//! let store = CommandStore::redis(client, RedisCommandStoreOptions::default()).await?;
+//! # let _ = store;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Params and results are [`RawJson`]: the JSON text exactly as given (numbers of any size and
+//! precision, escapes, key order), built from text or from a `serde_json::Value` (`json!(…)`).
+//!
 //! A handler that starts long work and reports it done at its first status check, on a service
 //! of queue `builds`, in memory:
 //!
 //! ```
 //! use std::time::Duration;
 //!
-//! use async_trait::async_trait;
 //! use baton_commands::{
-//!     Command, CommandHandler, CommandResult, CommandService, CommandState, CommandStatus, CommandStore, HandlerError,
+//!     async_trait, Command, CommandHandler, CommandResult, CommandService, CommandState, CommandStatus, CommandStore,
+//!     HandlerError,
 //! };
 //! use serde_json::json;
 //!
@@ -142,8 +178,11 @@ mod store;
 
 use std::time::Duration;
 
-use async_trait::async_trait;
-
+/// The attribute every `impl CommandHandler` needs (`#[async_trait]`), re-exported from the
+/// `async-trait` crate so an application needs no dependency on it.
+pub use async_trait::async_trait;
+/// The Redis connection of [`CommandStore::redis`], re-exported from `baton-redis`.
+pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
 pub use json::RawJson;
 pub use model::{Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp};
 pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
@@ -155,6 +194,9 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Runs commands of one or more types on a queue. Which method runs follows the persisted status
 /// (crate docs, "Rules"): `execute` for a `SUBMITTED` command, `check_status` for a `RUNNING` one.
+///
+/// Implement it under the [`async_trait`](macro@async_trait) attribute re-exported by this crate
+/// (`#[baton_commands::async_trait] impl CommandHandler for MyHandler { … }`).
 #[async_trait]
 pub trait CommandHandler: Send + Sync + 'static {
     /// Starts (or does) the work of a `SUBMITTED` command. Called once per live attempt: after it
