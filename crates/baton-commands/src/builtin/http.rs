@@ -359,13 +359,13 @@ impl HttpHandler {
     }
 }
 
-/// The `result` of a (valid JSON object) reply as its text; `null` when absent.
+/// The `result` of a (valid JSON object) reply as its text (a key given twice: the last, as the
+/// `Value` that decided reads it); `null` when absent.
 fn raw_result(body: &[u8]) -> RawJson {
-    #[derive(serde::Deserialize)]
-    struct Reply {
-        result: Option<RawJson>,
-    }
-    serde_json::from_slice::<Reply>(body).ok().and_then(|r| r.result).unwrap_or_default()
+    serde_json::from_slice::<HashMap<String, &serde_json::value::RawValue>>(body)
+        .ok()
+        .and_then(|m| m.get("result").map(|r| RawJson::from((*r).to_owned())))
+        .unwrap_or_default()
 }
 
 /// A request body of the webhook: the command's id, type and params (as submitted, byte for
