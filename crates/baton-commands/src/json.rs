@@ -24,6 +24,19 @@ use serde_json::Value;
 /// `Box<RawValue>` field loses nothing; through a `Value`, integers beyond `u64`/`i64` become
 /// `f64`).
 ///
+/// **Same meaning.** A resubmit of a command id is the same command when its type and params have
+/// the same *meaning* as the stored ones (the stored text stays the first one):
+///
+/// * whitespace and object key order do not matter; a key given twice counts with its last value;
+/// * strings (and keys) compare by the text they decode to: `"\u00e9"` = `"é"`;
+/// * numbers compare by their exact decimal value *and* kind, integer (no fraction, no exponent)
+///   or not: `0.1` = `0.10` = `1e-1`, `100.0` = `1e2`, `-0` = `0`, but `1` ≠ `1.0` (a handler
+///   decoding an integer accepts only the first) and `0.42451918914251396` ≠
+///   `0.4245191891425139` (no rounding to `f64`); integers of any size compare exactly.
+///
+/// A string with a lone UTF-16 surrogate escape (`"\ud83d"`) has no meaning: its submit is
+/// refused ([`crate::CommandError::InvalidParams`]).
+///
 /// Equality (`==`) is equality of the text. Serialized with serde_json it is written as is;
 /// deserialized it takes the value's text (with a serde_json deserializer: `from_str`,
 /// `from_slice`, `from_reader`; from a `Value` it takes that value's serialization).

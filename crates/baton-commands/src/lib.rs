@@ -114,7 +114,7 @@
 //! | key                        | type   | holds                                                          |
 //! |----------------------------|--------|----------------------------------------------------------------|
 //! | `p:q:{q}`                  | stream | the queue's messages ([`baton_queue::keys::stream`]), field `p` ([`baton_queue::keys::PAYLOAD_FIELD`]) = message JSON |
-//! | `p:cmd:{q}:id:<id>`        | string | `<version> <STATUS> <created ms> <SHA-1 of the submitted body> <state JSON>` (`id:`: no id can name an index key) |
+//! | `p:cmd:{q}:id:<id>`        | string | `<version> <STATUS> <created ms> <SHA-1 of the submitted body> <state JSON>` (the hash of the body's canonical form, see [`RawJson`]; `id:`: no id can name an index key) |
 //! | `p:cmd:{q}:s:<STATUS>`     | zset   | id → created ms, per status (listing every status merges the five) |
 //! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning: every 64th submit to `q` by a store, and every list and count) |
 //! | `p:cmdid:{<id>}`           | string | the home queue of `id` (lookup by id alone)                    |
