@@ -11,7 +11,8 @@
 -- created ms, message JSON, id, and the queue whose lookup it may take over ('' none: the
 -- client found no state of the id there, so that lookup is stale; taking it over here, in the
 -- same step as the create, means two racing submits cannot both create).
--- Returns N replies in order: {'created'}, {'existing', stored state}, {'conflict'} or
+-- Returns N replies in order: {'created'}, {'existing', stored state}, {'conflict', stored
+-- state} (the client checks the hash of older versions' canonical body against it) or
 -- {'other_queue', its queue}.
 local n = tonumber(ARGV[1])
 local per = 1
@@ -28,7 +29,7 @@ for i = 1, n do
   local prior = redis.call('SET', state, ARGV[b], 'NX', 'GET', 'PX', ttl)
   if prior then
     local _, _, _, sha = header(prior)
-    if sha == ARGV[b + 1] then reply = { 'existing', prior } else reply = { 'conflict' } end
+    if sha == ARGV[b + 1] then reply = { 'existing', prior } else reply = { 'conflict', prior } end
   elseif lookup then
     -- One call: claim the lookup key unless it names another queue.
     local q = redis.call('SET', lookup, home, 'NX', 'GET', 'PX', lookup_ttl)

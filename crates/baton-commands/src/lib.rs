@@ -12,15 +12,51 @@
 //!   [`CommandResult`]: `succeeded`, `failed`, `cancelled`, `running` (optionally with the delay
 //!   before the next check) or `handed_off(queue)`.
 //!
+//! ## In your application
+//!
+//! This crate is the whole command service; `baton serve` is one program built on it. Its
+//! `Cargo.toml` lines (the crates of this repository, here checked out next to your project;
+//! with a git dependency the same names take `git = "…"` instead of `path`):
+//!
+//! ```toml
+//! [dependencies]
+//! baton-commands = { path = "../baton/crates/baton-commands" }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! serde_json = "1"
+//! ```
+//!
+//! A handler is an `impl CommandHandler` under the `#[async_trait]` attribute, re-exported here
+//! ([`async_trait`](macro@async_trait)): no `async-trait` dependency of your own is needed. The
+//! Redis backend ([`CommandStore::redis`]) takes a [`RedisClient`] of the `baton-redis` crate, whose
+//! [`RedisClient`], [`RedisConfig`] and [`ConnectError`] are re-exported here too; add
+//! `baton-redis = { path = "../baton/crates/baton-redis" }` (the same checkout) only to use more
+//! of it. Standalone Redis or a Cluster, with the queues' default key prefix and group:
+//!
+//! ```no_run
+//! use baton_commands::{CommandStore, RedisClient, RedisCommandStoreOptions, RedisConfig};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), baton_commands::CommandError> {
+//! let client = RedisClient::new(RedisConfig::Standalone("redis://127.0.0.1:6379".into()))?;
+//! // A Cluster: RedisConfig::Cluster(vec!["redis://127.0.0.1:7000".into(), …]), any seed nodes.
+//! let store = CommandStore::redis(client, RedisCommandStoreOptions::default()).await?;
+//! # let _ = store;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Params and results are [`RawJson`]: the JSON text exactly as given (numbers of any size and
+//! precision, escapes, key order), built from text or from a `serde_json::Value` (`json!(…)`).
+//!
 //! A handler that starts long work and reports it done at its first status check, on a service
 //! of queue `builds`, in memory:
 //!
 //! ```
 //! use std::time::Duration;
 //!
-//! use async_trait::async_trait;
 //! use baton_commands::{
-//!     Command, CommandHandler, CommandResult, CommandService, CommandState, CommandStatus, CommandStore, HandlerError,
+//!     async_trait, Command, CommandHandler, CommandResult, CommandService, CommandState, CommandStatus, CommandStore,
+//!     HandlerError,
 //! };
 //! use serde_json::json;
 //!
@@ -34,7 +70,9 @@
 //!     }
 //!
 //!     async fn check_status(&self, command: Command, _state: CommandState) -> Result<CommandResult, HandlerError> {
-//!         let name = command.params["name"].as_str().unwrap_or("out");
+//!         // Params are kept as their JSON text (`RawJson`); decode them as a type or a `Value`.
+//!         let params: serde_json::Value = command.params_as()?;
+//!         let name = params["name"].as_str().unwrap_or("out");
 //!         Ok(CommandResult::succeeded(json!({ "artifact": format!("{name}.tar") })))
 //!     }
 //! }
@@ -47,7 +85,7 @@
 //! let build = Command::with_id("build-1", "build", json!({ "name": "app" }));
 //! let state = store.submit_and_wait("builds", build, Duration::from_secs(5)).await?;
 //! assert_eq!(state.status, CommandStatus::Succeeded);
-//! assert_eq!(state.result, Some(json!({ "artifact": "app.tar" })));
+//! assert_eq!(state.result_as::<serde_json::Value>()?, json!({ "artifact": "app.tar" }));
 //! service.close().await;
 //! # Ok(())
 //! # }
@@ -76,7 +114,7 @@
 //! | key                        | type   | holds                                                          |
 //! |----------------------------|--------|----------------------------------------------------------------|
 //! | `p:q:{q}`                  | stream | the queue's messages ([`baton_queue::keys::stream`]), field `p` ([`baton_queue::keys::PAYLOAD_FIELD`]) = message JSON |
-//! | `p:cmd:{q}:id:<id>`        | string | `<version> <STATUS> <created ms> <SHA-1 of the submitted body> <state JSON>` (`id:`: no id can name an index key) |
+//! | `p:cmd:{q}:id:<id>`        | string | `<version> <STATUS> <created ms> <SHA-1 of the submitted body> <state JSON>` (the hash of the body's canonical form, see [`RawJson`]; `id:`: no id can name an index key) |
 //! | `p:cmd:{q}:s:<STATUS>`     | zset   | id → created ms, per status (listing every status merges the five) |
 //! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning: every 64th submit to `q` by a store, and every list and count) |
 //! | `p:cmdid:{<id>}`           | string | the home queue of `id` (lookup by id alone)                    |
@@ -133,15 +171,19 @@
 //! checks each entry whose score has passed and re-scores live ones to their `PEXPIRETIME`.
 
 pub mod builtin;
+mod json;
 mod model;
 mod service;
 mod store;
 
 use std::time::Duration;
 
-use async_trait::async_trait;
-use serde_json::Value;
-
+/// The attribute every `impl CommandHandler` needs (`#[async_trait]`), re-exported from the
+/// `async-trait` crate so an application needs no dependency on it.
+pub use async_trait::async_trait;
+/// The Redis connection of [`CommandStore::redis`], re-exported from `baton-redis`.
+pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
+pub use json::RawJson;
 pub use model::{Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp};
 pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
 pub use store::{CommandStore, CommandStoreSettings, RedisCommandStoreOptions};
@@ -152,6 +194,9 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Runs commands of one or more types on a queue. Which method runs follows the persisted status
 /// (crate docs, "Rules"): `execute` for a `SUBMITTED` command, `check_status` for a `RUNNING` one.
+///
+/// Implement it under the [`async_trait`](macro@async_trait) attribute re-exported by this crate
+/// (`#[baton_commands::async_trait] impl CommandHandler for MyHandler { … }`).
 #[async_trait]
 pub trait CommandHandler: Send + Sync + 'static {
     /// Starts (or does) the work of a `SUBMITTED` command. Called once per live attempt: after it
@@ -167,15 +212,16 @@ pub trait CommandHandler: Send + Sync + 'static {
 
     /// Checks params at submit time, before anything is stored; an `Err` rejects the submit with
     /// [`CommandError::InvalidParams`]. Default: any params. See [`validate_params`].
-    fn validate(&self, params: &Value) -> Result<(), String> {
+    fn validate(&self, params: &RawJson) -> Result<(), String> {
         let _ = params;
         Ok(())
     }
 }
 
-/// A `validate` body for handlers taking typed params: `Ok` when `params` decodes as `P`.
-pub fn validate_params<P: serde::de::DeserializeOwned>(params: &Value) -> Result<(), String> {
-    P::deserialize(params).map(|_| ()).map_err(|e| e.to_string())
+/// A `validate` body for handlers taking typed params: `Ok` when `params` decodes as `P` (from
+/// their text, see [`RawJson::parse`]).
+pub fn validate_params<P: serde::de::DeserializeOwned>(params: &RawJson) -> Result<(), String> {
+    params.parse::<P>().map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// Errors of the command service.
@@ -188,7 +234,8 @@ pub enum CommandError {
     /// A command type that is empty, longer than 200 bytes or holds control characters.
     #[error("invalid command type {0:?}: use 1 to 200 bytes without control characters")]
     InvalidType(String),
-    /// Params (or a result) that are not valid JSON or were refused by the handler's `validate`.
+    /// Params (or a result) that are not valid JSON (a string with a lone UTF-16 surrogate escape
+    /// included) or were refused by the handler's `validate`.
     #[error("invalid params: {0}")]
     InvalidParams(String),
     /// A status name that is not one of SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (or the

@@ -6,12 +6,12 @@ use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::CommandError;
+use crate::{CommandError, RawJson};
 
-/// A command: what to do (`type`), with which parameters (`params`, any JSON value), under a
+/// A command: what to do (`type`), with which parameters (`params`, any JSON value, kept as its
+/// text: [`RawJson`]), under a
 /// client-supplied id or a generated one (a UUID v7, [`Command::new`]). One id is one command,
 /// with one persisted state ([`CommandState`]) in its home queue.
 ///
@@ -26,35 +26,43 @@ pub struct Command {
     /// The command type a handler is registered for: 1 to 200 bytes, no control characters.
     #[serde(rename = "type")]
     pub command_type: String,
-    /// Parameters, any JSON value (`null` when absent).
+    /// Parameters, any JSON value (`null` when absent), exactly as given: stored and returned
+    /// byte for byte ([`RawJson`]).
     #[serde(default)]
-    pub params: Value,
+    pub params: RawJson,
     #[serde(skip)]
     pub(crate) cancel: CancellationToken,
 }
 
 impl Command {
-    /// A command with a generated UUIDv7 id.
-    pub fn new(command_type: impl Into<String>, params: Value) -> Self {
+    /// A command with a generated UUIDv7 id. `params`: a [`RawJson`] (exact text) or a
+    /// [`serde_json::Value`] (e.g. `json!({…})`).
+    pub fn new(command_type: impl Into<String>, params: impl Into<RawJson>) -> Self {
         Self::with_id(uuid::Uuid::now_v7().to_string(), command_type, params)
     }
 
     /// A command with a client-supplied id.
-    pub fn with_id(id: impl Into<String>, command_type: impl Into<String>, params: Value) -> Self {
-        Self { id: id.into(), command_type: command_type.into(), params, cancel: CancellationToken::new() }
+    pub fn with_id(id: impl Into<String>, command_type: impl Into<String>, params: impl Into<RawJson>) -> Self {
+        Self {
+            id: id.into(),
+            command_type: command_type.into(),
+            params: params.into(),
+            cancel: CancellationToken::new(),
+        }
     }
 
     /// A command whose params are `params` serialized to JSON (generated id).
     ///
     /// Errors: [`CommandError::InvalidParams`] when `params` does not serialize.
     pub fn typed<P: Serialize>(command_type: impl Into<String>, params: &P) -> Result<Self, CommandError> {
-        let v = serde_json::to_value(params).map_err(|e| CommandError::InvalidParams(e.to_string()))?;
+        let v = RawJson::to_json(params).map_err(|e| CommandError::InvalidParams(e.to_string()))?;
         Ok(Self::new(command_type, v))
     }
 
-    /// The params decoded as `P`. Errors: [`CommandError::InvalidParams`] naming the decode error.
+    /// The params decoded as `P` (from their text, see [`RawJson::parse`]). Errors:
+    /// [`CommandError::InvalidParams`] naming the decode error.
     pub fn params_as<P: DeserializeOwned>(&self) -> Result<P, CommandError> {
-        serde_json::from_value(self.params.clone()).map_err(|e| CommandError::InvalidParams(e.to_string()))
+        self.params.parse().map_err(|e| CommandError::InvalidParams(e.to_string()))
     }
 
     /// True once the command was cancelled while its handler runs.
@@ -161,8 +169,8 @@ impl<'de> Deserialize<'de> for CommandStatus {
 /// not a result: it is recorded and retried with backoff (see [`crate::RetryPolicy`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum CommandResult {
-    /// Done; the JSON result is persisted. Terminal.
-    Succeeded(Value),
+    /// Done; the JSON result is persisted exactly as given ([`RawJson`]). Terminal.
+    Succeeded(RawJson),
     /// A real failure; the message is persisted as `error`. Terminal.
     Failed(String),
     /// The handler gave up because the command was cancelled. Terminal.
@@ -176,14 +184,15 @@ pub enum CommandResult {
 }
 
 impl CommandResult {
-    /// [`CommandResult::Succeeded`].
-    pub fn succeeded(result: Value) -> Self {
-        CommandResult::Succeeded(result)
+    /// [`CommandResult::Succeeded`]; `result` a [`RawJson`] (exact text) or a
+    /// [`serde_json::Value`].
+    pub fn succeeded(result: impl Into<RawJson>) -> Self {
+        CommandResult::Succeeded(result.into())
     }
     /// [`CommandResult::Succeeded`] with `result` serialized to JSON; a result that does not
     /// serialize becomes [`CommandResult::Failed`] naming the error.
     pub fn succeeded_as<T: Serialize>(result: &T) -> Self {
-        match serde_json::to_value(result) {
+        match RawJson::to_json(result) {
             Ok(v) => CommandResult::Succeeded(v),
             Err(e) => CommandResult::Failed(format!("result not serializable: {e}")),
         }
@@ -273,7 +282,11 @@ impl<'de> Deserialize<'de> for Timestamp {
 ///
 /// Every write is a compare-and-set on `version` (+1 per write), so of two racing terminal
 /// writes (a cancel and a completion) exactly the first is kept.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// Serialized (`Serialize`, the HTTP API's state), its fields come in alphabetical order and
+/// without the store's internal `_…` fields; `params` and `result` are written as their exact
+/// text ([`RawJson`]).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct CommandState {
     pub id: String,
     /// The queue the command was submitted to. It stays its home after a hand-off: the state's
@@ -281,10 +294,11 @@ pub struct CommandState {
     pub queue: String,
     #[serde(rename = "type")]
     pub command_type: String,
-    pub params: Value,
+    /// The params exactly as submitted.
+    pub params: RawJson,
     pub status: CommandStatus,
-    /// The handler's result once `SUCCEEDED`.
-    pub result: Option<Value>,
+    /// The handler's result once `SUCCEEDED`, exactly as the handler gave it.
+    pub result: Option<RawJson>,
     /// The failure (`FAILED`), or the last handler error while retrying.
     pub error: Option<String>,
     /// `execute` calls that returned or errored (a call lost with its process is not counted).
@@ -293,7 +307,10 @@ pub struct CommandState {
     /// the next call that returns a result. Reaching `max_attempts` ends the command `FAILED`.
     pub errors_count: u32,
     pub created_at: Timestamp,
-    /// When `RUNNING` was first written.
+    /// When a handler first started on the command: the start of the first `execute` call whose
+    /// outcome was written (a result, `RUNNING`, a hand-off, or an error to retry). `null` until
+    /// then, and for a command that ended without running (cancelled first, no handler for its
+    /// type).
     pub started_at: Option<Timestamp>,
     pub modified_at: Timestamp,
     /// When a terminal status was written.
@@ -307,10 +324,10 @@ pub struct CommandState {
     #[serde(rename = "_token", default)]
     pub(crate) token: String,
     /// Token of the message a hand-off came from (lets a replayed source message finish it).
-    #[serde(rename = "_prev_token", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "_prev_token", default)]
     pub(crate) prev_token: Option<String>,
     /// Redis: expiry (ms) of the id → queue lookup key, so it always outlives the state.
-    #[serde(rename = "_lookup_exp", default, skip_serializing_if = "is_zero")]
+    #[serde(rename = "_lookup_exp", default)]
     pub(crate) lookup_expires_ms: u64,
     /// Redis: SHA-1 (hex) of the canonical submitted body, kept in the stored header (not in
     /// the JSON) for idempotent resubmits; carried here so a write can rebuild the header.
@@ -333,12 +350,116 @@ fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
+/// The public form of a state (the HTTP API's): fields in alphabetical order, no `_…` fields.
+#[derive(Serialize)]
+struct PublicState<'a> {
+    attempts: u32,
+    completed_at: &'a Option<Timestamp>,
+    created_at: &'a Timestamp,
+    error: &'a Option<String>,
+    errors_count: u32,
+    handed_off_to: &'a Option<String>,
+    id: &'a str,
+    modified_at: &'a Timestamp,
+    params: &'a RawJson,
+    queue: &'a str,
+    result: &'a Option<RawJson>,
+    started_at: &'a Option<Timestamp>,
+    status: CommandStatus,
+    #[serde(rename = "type")]
+    command_type: &'a str,
+    version: u64,
+}
+
+impl Serialize for CommandState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        PublicState {
+            attempts: self.attempts,
+            completed_at: &self.completed_at,
+            created_at: &self.created_at,
+            error: &self.error,
+            errors_count: self.errors_count,
+            handed_off_to: &self.handed_off_to,
+            id: &self.id,
+            modified_at: &self.modified_at,
+            params: &self.params,
+            queue: &self.queue,
+            result: &self.result,
+            started_at: &self.started_at,
+            status: self.status,
+            command_type: &self.command_type,
+            version: self.version,
+        }
+        .serialize(s)
+    }
+}
+
+/// The stored form of a state (the store's JSON document, read back by `CommandState`'s
+/// `Deserialize`): the public fields and the internal `_…` ones.
+#[derive(Serialize)]
+pub(crate) struct StoredState<'a> {
+    id: &'a str,
+    queue: &'a str,
+    #[serde(rename = "type")]
+    command_type: &'a str,
+    params: &'a RawJson,
+    status: CommandStatus,
+    result: &'a Option<RawJson>,
+    error: &'a Option<String>,
+    attempts: u32,
+    errors_count: u32,
+    created_at: &'a Timestamp,
+    started_at: &'a Option<Timestamp>,
+    modified_at: &'a Timestamp,
+    completed_at: &'a Option<Timestamp>,
+    version: u64,
+    handed_off_to: &'a Option<String>,
+    #[serde(rename = "_token")]
+    token: &'a str,
+    #[serde(rename = "_prev_token", skip_serializing_if = "Option::is_none")]
+    prev_token: Option<&'a str>,
+    #[serde(rename = "_lookup_exp", skip_serializing_if = "is_zero")]
+    lookup_expires_ms: u64,
+}
+
+impl<'a> From<&'a CommandState> for StoredState<'a> {
+    fn from(st: &'a CommandState) -> Self {
+        StoredState {
+            id: &st.id,
+            queue: &st.queue,
+            command_type: &st.command_type,
+            params: &st.params,
+            status: st.status,
+            result: &st.result,
+            error: &st.error,
+            attempts: st.attempts,
+            errors_count: st.errors_count,
+            created_at: &st.created_at,
+            started_at: &st.started_at,
+            modified_at: &st.modified_at,
+            completed_at: &st.completed_at,
+            version: st.version,
+            handed_off_to: &st.handed_off_to,
+            token: &st.token,
+            prev_token: st.prev_token.as_deref(),
+            lookup_expires_ms: st.lookup_expires_ms,
+        }
+    }
+}
+
+impl CommandState {
+    /// The stored JSON document of this state (internal fields included).
+    pub(crate) fn stored_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&StoredState::from(self)).expect("serializable")
+    }
+}
+
 impl CommandState {
     /// The result decoded as `R`. Errors: [`CommandError::InvalidParams`] when there is no result
     /// or it does not decode.
     pub fn result_as<R: DeserializeOwned>(&self) -> Result<R, CommandError> {
-        let v = self.result.clone().ok_or_else(|| CommandError::InvalidParams("no result".into()))?;
-        serde_json::from_value(v).map_err(|e| CommandError::InvalidParams(e.to_string()))
+        let v = self.result.as_ref().ok_or_else(|| CommandError::InvalidParams("no result".into()))?;
+        v.parse().map_err(|e| CommandError::InvalidParams(e.to_string()))
     }
 
     /// The queue whose consumer drives the command now: the hand-off target, else `queue`.
@@ -447,47 +568,9 @@ pub(crate) fn new_token() -> String {
     format!("{prefix:016x}{:016x}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// The canonical body of a submit (type and params, object keys sorted) for idempotency checks.
-pub(crate) fn canonical_body(command_type: &str, params: &Value) -> String {
-    fn write(v: &Value, out: &mut String) {
-        match v {
-            Value::Object(m) => {
-                let mut keys: Vec<&String> = m.keys().collect();
-                keys.sort();
-                out.push('{');
-                for (i, k) in keys.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&serde_json::to_string(k).expect("string"));
-                    out.push(':');
-                    write(&m[*k], out);
-                }
-                out.push('}');
-            }
-            Value::Array(a) => {
-                out.push('[');
-                for (i, x) in a.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    write(x, out);
-                }
-                out.push(']');
-            }
-            other => out.push_str(&other.to_string()),
-        }
-    }
-    let mut out = serde_json::to_string(command_type).expect("string");
-    out.push('\n');
-    write(params, &mut out);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn status_names_and_aliases() {
@@ -499,15 +582,6 @@ mod tests {
         assert!(serde_json::from_str::<CommandStatus>("\"HANDED_OFF\"").is_err());
         assert_eq!(CommandResult::handed_off("m").marker(), "HANDED_OFF");
         assert!(!CommandResult::handed_off("m").is_terminal());
-    }
-
-    #[test]
-    fn canonical_body_ignores_key_order() {
-        let a = canonical_body("t", &json!({"b": 1, "a": {"y": [1, 2], "x": null}}));
-        let b = canonical_body("t", &json!({"a": {"x": null, "y": [1, 2]}, "b": 1}));
-        assert_eq!(a, b);
-        assert_ne!(a, canonical_body("u", &json!({"b": 1, "a": {"y": [1, 2], "x": null}})));
-        assert_ne!(a, canonical_body("t", &json!({"b": 2, "a": {"y": [1, 2], "x": null}})));
     }
 
     #[test]

@@ -334,12 +334,14 @@ async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, Com
     let is_execute = st.status == CommandStatus::Submitted;
     let Some(handler) = ctx.handlers.get(&st.command_type).cloned() else {
         let err = format!("no handler for command type {:?} on queue {:?}", st.command_type, ctx.queue);
-        return apply(ctx, st, msg, lease, false, Outcome::Result(CommandResult::Failed(err))).await;
+        return apply(ctx, st, msg, lease, false, None, Outcome::Result(CommandResult::Failed(err))).await;
     };
     // Remote cancels reach this process through the home queue's notifications.
     backend.watch_home(&msg.home).await?;
     let command: Command = st.command();
     let _running = ctx.store.inner.hub.running(&st.id, command.cancel.clone());
+    // When this `execute` starts: the command's `started_at` unless an earlier call set it.
+    let started = is_execute.then(Timestamp::now);
     let call = async {
         if is_execute {
             handler.execute(command).await
@@ -353,7 +355,7 @@ async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, Com
         Err(p) => Outcome::Error(format!("handler panicked: {}", panic_text(&*p))),
     };
     drop(_running);
-    apply(ctx, st, msg, lease, is_execute, outcome).await
+    apply(ctx, st, msg, lease, is_execute, started, outcome).await
 }
 
 fn error_text(e: &HandlerError) -> String {
@@ -384,7 +386,16 @@ struct Plan {
     handoff: Option<(String, CommandMsg)>,
 }
 
-fn plan(ctx: &Ctx, cur: &CommandState, msg: &CommandMsg, is_execute: bool, outcome: &Outcome) -> Plan {
+/// `started`: when the `execute` call that gave `outcome` began (`None` for `check_status` or
+/// when no handler ran).
+fn plan(
+    ctx: &Ctx,
+    cur: &CommandState,
+    msg: &CommandMsg,
+    is_execute: bool,
+    started: Option<Timestamp>,
+    outcome: &Outcome,
+) -> Plan {
     let now = Timestamp::now();
     let mut next = cur.clone();
     next.version += 1;
@@ -392,6 +403,7 @@ fn plan(ctx: &Ctx, cur: &CommandState, msg: &CommandMsg, is_execute: bool, outco
     if is_execute {
         next.attempts += 1;
     }
+    next.started_at = next.started_at.or(started);
     let terminal = |mut n: CommandState, status: CommandStatus| {
         n.status = status;
         n.completed_at = Some(now);
@@ -477,13 +489,14 @@ async fn apply(
     msg: &CommandMsg,
     lease: &Lease,
     is_execute: bool,
+    started: Option<Timestamp>,
     outcome: Outcome,
 ) -> Result<Decision, CommandError> {
     let backend = &ctx.store.inner.backend;
     let fp = &ctx.settings.fail_points;
     let no_crash_test = !fp.crash_after_handoff_state && !fp.crash_after_handoff_enqueue;
     loop {
-        let p = plan(ctx, &cur, msg, is_execute, &outcome);
+        let p = plan(ctx, &cur, msg, is_execute, started, &outcome);
         let Some(next) = p.next else { return Ok(p.decision) };
         let atomic = p.handoff.as_ref().is_some_and(|(t, _)| backend.atomic_enqueue(&cur.queue, t));
         let enqueue = if atomic { p.handoff.as_ref().map(|(t, m)| (t.as_str(), m)) } else { None };

@@ -460,7 +460,7 @@ async fn stale_consumer_completion_leaves_nothing_pending(b: TestBackend) {
     store.submit(&q, Command::with_id("st-1", "t", json!(null))).await.unwrap();
     let st = store.wait("st-1", Duration::from_secs(15)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Succeeded, "{st:?}");
-    assert_eq!(st.result, Some(json!("stale")));
+    assert_eq!(st.result, Some(json!("stale").into()));
     let ok = eventually(Duration::from_secs(3), || {
         let s = store.clone();
         let q = q.clone();

@@ -21,7 +21,7 @@ use baton_commands::builtin::{
 };
 use baton_commands::{
     Command, CommandError, CommandHandler, CommandResult, CommandService, CommandState, CommandStatus, CommandStore,
-    HandlerError, QueueSettings,
+    HandlerError, QueueSettings, RawJson,
 };
 use baton_testkit::TestBackend;
 use common::*;
@@ -70,7 +70,7 @@ impl CommandHandler for Recorded {
         let _ = self.tx.send(Call { execute: false, outcome, took: t.elapsed() });
         r
     }
-    fn validate(&self, params: &Value) -> Result<(), String> {
+    fn validate(&self, params: &baton_commands::RawJson) -> Result<(), String> {
         self.inner.validate(params)
     }
 }
@@ -94,7 +94,7 @@ async fn sleep_succeeds_with_slept_ms(b: TestBackend) {
     let id = svc.submit(Command::new("sleep", json!({"ms": 300}))).await.unwrap().id;
     let st = store.wait(&id, Duration::from_secs(10)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Succeeded);
-    assert_eq!(st.result, Some(json!({"slept_ms": 300})));
+    assert_eq!(st.result, Some(json!({"slept_ms": 300}).into()));
     assert_eq!((st.attempts, st.errors_count, st.error.clone()), (1, 0, None));
     assert!(t.elapsed() >= Duration::from_millis(300), "finished after {:?}", t.elapsed());
     let call = calls.recv().await.unwrap();
@@ -105,7 +105,7 @@ async fn sleep_succeeds_with_slept_ms(b: TestBackend) {
     // Zero is a valid sleep.
     let id = svc.submit(Command::new("sleep", json!({"ms": 0}))).await.unwrap().id;
     let st = store.wait(&id, Duration::from_secs(10)).await.unwrap();
-    assert_eq!((st.status, st.result), (CommandStatus::Succeeded, Some(json!({"slept_ms": 0}))));
+    assert_eq!((st.status, st.result), (CommandStatus::Succeeded, Some(json!({"slept_ms": 0}).into())));
     svc.close().await;
 }
 
@@ -172,7 +172,7 @@ async fn echo_returns_its_params(b: TestBackend) {
         // `Some(Null)` from memory; both serialize to `"result": null`.
         assert_eq!(serde_json::to_value(&st).unwrap()["result"], params);
         if !params.is_null() {
-            assert_eq!(st.result, Some(params));
+            assert_eq!(st.result, Some(params.into()));
         }
         assert_eq!((st.attempts, st.errors_count), (1, 0));
     }
@@ -226,8 +226,8 @@ async fn builtins_register_from_config() {
         async move { store.wait(&id, Duration::from_secs(10)).await.unwrap() }
     };
     let (a, e, f) = (w(a).await, w(e).await, w(f).await);
-    assert_eq!((a.status, a.result), (CommandStatus::Succeeded, Some(json!({"slept_ms": 10}))));
-    assert_eq!((e.status, e.result), (CommandStatus::Succeeded, Some(json!([1]))));
+    assert_eq!((a.status, a.result), (CommandStatus::Succeeded, Some(json!({"slept_ms": 10}).into())));
+    assert_eq!((e.status, e.result), (CommandStatus::Succeeded, Some(json!([1]).into())));
     assert_eq!((f.status, f.error.as_deref()), (CommandStatus::Failed, Some("no")));
     assert!(matches!(svc.submit(Command::new("nap", json!({"ms": -5}))).await, Err(CommandError::InvalidParams(_))));
     svc.close().await;
@@ -250,6 +250,8 @@ struct Hit {
     method: Method,
     path: String,
     body: Value,
+    /// The body as sent.
+    raw: String,
     auth: Option<String>,
 }
 
@@ -276,10 +278,17 @@ fn reply(v: Value) -> Response {
 }
 
 async fn hook(State(s): State<Srv>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let raw = String::from_utf8_lossy(&body).into_owned();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let path = uri.path().to_string();
     let auth = headers.get("authorization").map(|v| v.to_str().unwrap().to_string());
-    s.hits.lock().unwrap().push(Hit { method: method.clone(), path: path.clone(), body: body.clone(), auth });
+    s.hits.lock().unwrap().push(Hit {
+        method: method.clone(),
+        path: path.clone(),
+        body: body.clone(),
+        raw: raw.clone(),
+        auth,
+    });
     let id = body["id"].as_str().unwrap_or("").to_string();
     match path.as_str() {
         "/ok" => reply(json!({"status": "succeeded", "result": {"got": body}})),
@@ -306,12 +315,28 @@ async fn hook(State(s): State<Srv>, method: Method, uri: Uri, headers: HeaderMap
             (StatusCode::TEMPORARY_REDIRECT, [("location", to)]).into_response()
         }
         "/not-json" => "hello".into_response(),
+        // The request's params text as the result, untouched.
+        "/raw-echo" => {
+            let params = raw_params(&raw);
+            ([("content-type", "application/json")], format!(r#"{{"status": "succeeded", "result": {params}}}"#))
+                .into_response()
+        }
         "/unknown-status" => reply(json!({"status": "paused"})),
         "/evil-status-url" => {
             reply(json!({"status": "running", "status_url": format!("{}/ok", s.other.lock().unwrap())}))
         }
         _ => (StatusCode::NOT_FOUND, "no such hook").into_response(),
     }
+}
+
+/// The `params` of a request body, as their text.
+fn raw_params(body: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct In<'a> {
+        #[serde(borrow)]
+        params: &'a serde_json::value::RawValue,
+    }
+    serde_json::from_str::<In>(body).map(|i| i.params.get().to_string()).unwrap_or_else(|_| "null".into())
 }
 
 async fn server() -> (SocketAddr, Srv) {
@@ -328,7 +353,7 @@ fn http(url: String) -> HttpHandler {
 }
 
 /// Runs one command of type `hook` with `handler` on a fresh memory queue; returns its final state.
-async fn run_http(handler: impl CommandHandler, settings: QueueSettings, params: Value) -> CommandState {
+async fn run_http(handler: impl CommandHandler, settings: QueueSettings, params: impl Into<RawJson>) -> CommandState {
     let store = store_for(&TestBackend::Memory).await;
     let q = queue_name("http");
     let svc = service(&store, &q, settings, "hook", handler).await;
@@ -344,6 +369,19 @@ fn one_attempt() -> QueueSettings {
     s
 }
 
+/// The webhook gets the params byte for byte (10,000 floats of 17 digits, big integers, escapes,
+/// key order), and the reply's `result` is kept as the webhook wrote it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_forwards_params_and_keeps_the_reply_result_byte_for_byte() {
+    let (addr, srv) = server().await;
+    let text = baton_testkit::exact_json::sample(10_000, 5).text;
+    let st =
+        run_http(http(format!("http://{addr}/raw-echo")), fast(), RawJson::from_string(text.clone()).unwrap()).await;
+    assert_eq!(st.status, CommandStatus::Succeeded, "{:?}", st.error);
+    assert!(raw_params(&srv.hits()[0].raw) == text, "the webhook got other params");
+    assert!(st.result.as_ref().map(RawJson::get) == Some(text.as_str()), "the reply's result changed");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_succeeded_reply_posts_the_command_with_configured_headers() {
     let (addr, srv) = server().await;
@@ -352,7 +390,7 @@ async fn http_succeeded_reply_posts_the_command_with_configured_headers() {
     let st = run_http(HttpHandler::new(cfg).unwrap(), fast(), json!({"n": 1})).await;
     let sent = json!({"id": "cmd-1", "type": "hook", "params": {"n": 1}});
     assert_eq!(st.status, CommandStatus::Succeeded);
-    assert_eq!(st.result, Some(json!({"got": sent})));
+    assert_eq!(st.result, Some(json!({"got": sent}).into()));
     assert_eq!((st.attempts, st.errors_count), (1, 0));
     let hits = srv.hits();
     assert_eq!(hits.len(), 1);
@@ -402,7 +440,7 @@ async fn http_running_then_status_url_then_succeeded() {
     srv.done.store(true, Ordering::SeqCst);
     let st = store.wait(&id, Duration::from_secs(10)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Succeeded);
-    assert_eq!(st.result, Some(json!({"done": "job-7"})));
+    assert_eq!(st.result, Some(json!({"done": "job-7"}).into()));
     assert_eq!((st.attempts, st.errors_count), (1, 0));
     assert_eq!(srv.count("POST", "/async"), 1, "execute ran once");
     assert!(srv.hits().iter().all(|h| h.method == Method::POST && h.path == "/async" || h.method == Method::GET));
@@ -414,7 +452,7 @@ async fn http_running_without_status_url_is_checked_by_post() {
     let (addr, srv) = server().await;
     let st = run_http(http(format!("http://{addr}/poll")), fast(), json!({"x": 2})).await;
     assert_eq!(st.status, CommandStatus::Succeeded);
-    assert_eq!(st.result, Some(json!({"checked": "cmd-1"})));
+    assert_eq!(st.result, Some(json!({"checked": "cmd-1"}).into()));
     let hits = srv.hits();
     assert_eq!(hits.len(), 2);
     assert_eq!(hits[0].body, json!({"id": "cmd-1", "type": "hook", "params": {"x": 2}}));
@@ -476,7 +514,7 @@ async fn http_redirects_follow_same_origin_only() {
     // Same origin: followed (307 keeps the POST and its body).
     let st = run_http(http(format!("http://{addr}/redirect-same")), one_attempt(), json!({"r": 1})).await;
     assert_eq!(st.status, CommandStatus::Succeeded, "{:?}", st.error);
-    assert_eq!(st.result.unwrap()["got"]["params"], json!({"r": 1}));
+    assert_eq!(st.result_as::<serde_json::Value>().unwrap()["got"]["params"], json!({"r": 1}));
 
     // Same host, other port: another origin, refused before any request reaches it.
     let st = run_http(http(format!("http://{addr}/redirect-other")), one_attempt(), json!({})).await;

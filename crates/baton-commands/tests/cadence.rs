@@ -61,7 +61,7 @@ async fn check_status_is_called_every_check_status_interval(b: TestBackend) {
     let st = store.wait(&id, Duration::from_secs(40)).await.unwrap();
     svc.close().await;
     assert_eq!(st.status, CommandStatus::Succeeded, "{st:?}");
-    assert_eq!(st.result, Some(json!({ "checks": CHECKS })));
+    assert_eq!(st.result, Some(json!({ "checks": CHECKS }).into()));
     assert_eq!(*executes.lock().unwrap(), 1, "execute runs once");
     let calls = calls.lock().unwrap().clone();
     assert_eq!(calls.len(), CHECKS, "check_status calls");

@@ -179,7 +179,7 @@ async fn cross_process(b: TestBackend) {
     let survivor = if victim == "a" { "b" } else { "a" };
     let st = store.wait(&id2, Duration::from_secs(30)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Succeeded);
-    assert_eq!(st.result, Some(json!({ "by": survivor })));
+    assert_eq!(st.result, Some(json!({ "by": survivor }).into()));
     let log = redis_log(&mut conn, &id2).await;
     assert_eq!(
         log,

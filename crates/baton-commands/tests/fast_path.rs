@@ -102,7 +102,7 @@ async fn concurrent_submits_are_group_committed(b: TestBackend) {
         let (st, created) = r.unwrap();
         assert_eq!(
             (st.id, st.params, st.status, created),
-            (format!("{tag}-{i}"), json!(i), CommandStatus::Submitted, true)
+            (format!("{tag}-{i}"), json!(i).into(), CommandStatus::Submitted, true)
         );
     }
     let after = calls(&standalone, "evalsha").await;
@@ -160,7 +160,7 @@ async fn concurrent_reads_are_batched_per_queue(b: TestBackend) {
     let states = futures::future::join_all(reads).await;
     for ((id, i), st) in ids.iter().zip(states) {
         let st = st.unwrap().expect("stored");
-        assert_eq!((&st.id, &st.params), (id, &json!(i)));
+        assert_eq!((&st.id, &st.params), (id, &json!(i).into()));
     }
     if standalone.is_some() {
         let (gets, mgets) =

@@ -87,7 +87,7 @@ async fn two_stores_race_cancel_and_complete(b: TestBackend) {
                         let runs = runs.clone();
                         async move {
                             runs.fetch_add(1, Ordering::Relaxed);
-                            let n = c.params["n"].as_u64().unwrap();
+                            let n = c.params.parse::<serde_json::Value>().unwrap()["n"].as_u64().unwrap();
                             // Some run longer than the claim timeout (reclaimed elsewhere).
                             let ms = if n.is_multiple_of(7) { 450 } else { n % 5 };
                             tokio::time::sleep(Duration::from_millis(ms)).await;

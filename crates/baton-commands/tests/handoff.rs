@@ -119,7 +119,7 @@ async fn handoff_case(b: &TestBackend, lifecycle: String, monitor: String) {
     assert!(running.started_at.is_some());
     let st = store.wait(&id, Duration::from_secs(15)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Succeeded);
-    assert_eq!(st.result, Some(json!({"checks": 3})));
+    assert_eq!(st.result, Some(json!({"checks": 3}).into()));
     // SUBMITTED(1) → RUNNING + hand-off (2) → SUCCEEDED (3).
     assert_eq!((st.version, st.attempts, st.errors_count), (3, 1, 0));
     assert_eq!(calls.lifecycle_execute.load(Ordering::SeqCst), 1);

@@ -63,7 +63,7 @@ async fn stopped_services_release_their_connections() {
         // Some real work through the service, so its reads and acks ran.
         let id = svc.submit(Command::new("echo", json!(i))).await.unwrap().id;
         let st = store.wait(&id, Duration::from_secs(10)).await.unwrap();
-        assert_eq!((st.status, st.result), (CommandStatus::Succeeded, Some(json!(i))), "cycle {i}");
+        assert_eq!((st.status, st.result), (CommandStatus::Succeeded, Some(json!(i).into())), "cycle {i}");
         match i % 4 {
             0 => {
                 svc.close().await;
@@ -148,7 +148,7 @@ async fn a_command_submitted_right_after_a_stop_runs_at_once() {
         let st = store.wait(&id, Duration::from_secs(5)).await.unwrap();
         assert_eq!(
             (st.status, st.result.clone()),
-            (CommandStatus::Succeeded, Some(json!(stop))),
+            (CommandStatus::Succeeded, Some(json!(stop).into())),
             "a command submitted right after a service was stopped with {stop} did not run within 5 s: \
              {st:?}; queue: {:?}",
             store.messages().stats(&q).await

@@ -41,7 +41,7 @@ async fn crash_after_lookup_write_is_recovered(b: TestBackend) {
         .unwrap();
     for id in ["crashed-same", "crashed-other"] {
         let st = store.wait(id, Duration::from_secs(10)).await.unwrap();
-        assert_eq!((st.status, st.result), (CommandStatus::Succeeded, Some(json!({"n": 1}))));
+        assert_eq!((st.status, st.result), (CommandStatus::Succeeded, Some(json!({"n": 1}).into())));
     }
     svc.close().await;
 }
@@ -80,6 +80,6 @@ async fn service_starts_right_after_a_redis_restart() {
         .expect("the first start after a restart succeeds");
     // The store's own connection also meets the restart first here: the submit still succeeds.
     let st = store.submit_and_wait(&q, Command::new("echo", json!(2)), Duration::from_secs(10)).await.unwrap();
-    assert_eq!((st.status, st.result), (CommandStatus::Succeeded, Some(json!(2))));
+    assert_eq!((st.status, st.result), (CommandStatus::Succeeded, Some(json!(2).into())));
     svc.close().await;
 }

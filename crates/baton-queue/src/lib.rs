@@ -60,6 +60,38 @@
 //! `baton_queue_renewal_seconds`, `baton_queue_reclaims_total`, `baton_queue_dead_letters_total`,
 //! `baton_queue_outcomes_total{decision,result}`, `baton_queue_handler_seconds`.
 //!
+//! ## In your application
+//!
+//! `Cargo.toml` lines (the crates of this repository, here checked out next to your project;
+//! with a git dependency the same names take `git = "…"` instead of `path`):
+//!
+//! ```toml
+//! [dependencies]
+//! baton-queue = { path = "../baton/crates/baton-queue" }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
+//! A handler is any `Fn(Delivery) -> impl Future<Output = Decision>` (below); a type of your own
+//! implements [`Handler`] under `#[async_trait]`, re-exported here
+//! ([`async_trait`](macro@async_trait)). The Redis backend ([`MessageStream::redis`]) takes a [`RedisClient`] of the `baton-redis` crate, whose
+//! [`RedisClient`], [`RedisConfig`] and [`ConnectError`] are re-exported here; add
+//! `baton-redis = { path = "../baton/crates/baton-redis" }` (the same checkout) only to use more
+//! of it:
+//!
+//! ```no_run
+//! use baton_queue::{MessageStream, RedisClient, RedisConfig, RedisQueueOptions};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), baton_queue::QueueError> {
+//! let client = RedisClient::new(RedisConfig::Standalone("redis://127.0.0.1:6379".into()))?;
+//! let queue = MessageStream::redis(client, RedisQueueOptions::default()).await?;
+//! queue.offer("emails", "hello").await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! In memory:
+//!
 //! ```
 //! use std::time::Duration;
 //! use baton_queue::{ConsumerOptions, Decision, Delivery, MessageStream};
@@ -103,6 +135,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+/// The attribute an `impl Handler` of your own needs, re-exported from the `async-trait` crate.
+pub use async_trait::async_trait;
+/// The Redis connection of [`MessageStream::redis`], re-exported from `baton-redis`.
+pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
 
 pub use api::*;
 pub use consumer::{Consumer, Handler};

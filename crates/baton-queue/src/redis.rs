@@ -1,7 +1,7 @@
 //! Redis backend: one Redis Stream per queue with one consumer group (Redis docs, "Redis Streams
 //! consumer groups"). Keys of queue `q` under prefix `p` all share the hash tag `{q}`, so every
 //! script runs on one Cluster node and receives all its keys in KEYS (their names come from the
-//! public [`keys`](crate::keys) module, the one place the layout is written):
+//! public [`keys`] module, the one place the layout is written):
 //!
 //! | key                      | type   | holds                                                  |
 //! |--------------------------|--------|--------------------------------------------------------|
@@ -51,7 +51,7 @@ const PROMOTE_PER_TICK: u32 = 1000;
 /// Options of the Redis backend.
 #[derive(Clone, Debug)]
 pub struct RedisQueueOptions {
-    /// Prefix of every key ([`keys`](crate::keys)). Default [`keys::DEFAULT_PREFIX`] (`baton`).
+    /// Prefix of every key ([`keys`]). Default [`keys::DEFAULT_PREFIX`] (`baton`).
     pub key_prefix: String,
     /// Consumer group name. Default [`keys::DEFAULT_GROUP`] (`baton`).
     pub group: String,

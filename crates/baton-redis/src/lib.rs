@@ -78,8 +78,10 @@ pub enum ConnectError {
     #[error("a Redis Cluster configuration needs at least one node URL")]
     NoClusterNodes,
     /// The server could not be reached or refused the connection.
-    #[error("cannot connect to Redis at {target}: {source}")]
+    #[error("cannot connect to {target}: {source}")]
     Unreachable {
+        /// What could not be reached, e.g. `Redis at redis://127.0.0.1:6379` or
+        /// `Redis Cluster at redis://127.0.0.1:7000,redis://127.0.0.1:7001`.
         target: String,
         #[source]
         source: redis::RedisError,
@@ -179,7 +181,11 @@ impl RedisClient {
     }
 
     async fn connect(&self, response_timeout: Option<Duration>) -> Result<RedisConn, ConnectError> {
-        let unreachable = |source| ConnectError::Unreachable { target: self.config.to_string(), source };
+        let target = match &self.config {
+            RedisConfig::Standalone(url) => format!("Redis at {url}"),
+            RedisConfig::Cluster(urls) => format!("Redis Cluster at {}", urls.join(",")),
+        };
+        let unreachable = |source| ConnectError::Unreachable { target: target.clone(), source };
         match &self.kind {
             ClientKind::Standalone(client) => {
                 let cfg = ConnectionManagerConfig::new()

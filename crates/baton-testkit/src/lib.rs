@@ -6,6 +6,8 @@
 //! * [`TestBackend`]: the backend a shared conformance suite runs against.
 //! * [`TcpProxy`]: a local TCP proxy that can cut every live connection, to test dropped
 //!   connections for real.
+//! * [`exact_json`]: JSON texts a lossy round trip would change (params and results that must
+//!   come back byte for byte).
 //!
 //! Every process started here dies with its handle (`Drop`, also when a test panics). As a second
 //! line of defence on Linux, each `redis-server` is started with `PR_SET_PDEATHSIG = SIGKILL` from
@@ -36,6 +38,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use baton_redis::RedisConfig;
 
+pub mod exact_json;
 mod proxy;
 mod suite;
 

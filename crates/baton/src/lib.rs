@@ -1,6 +1,23 @@
-//! Baton's binary crate: `baton serve` (the Durable Streams protocol and the command API over
-//! HTTP), `baton worker` and the client subcommands. The library target lets integration tests
-//! start a server in-process.
+//! # Baton
+//!
+//! Durable work and durable streams on Redis. **To use them in your own program, depend on the
+//! library crates** (each with an in-memory and a Redis backend, standalone or Cluster; their
+//! crate docs start with the `Cargo.toml` lines and an example):
+//!
+//! * [`baton_queue`]: [`MessageStream`](baton_queue::MessageStream), the leased work queue
+//!   (heartbeat leases, failover, retries, dead letters);
+//! * [`baton_commands`]: [`CommandStore`](baton_commands::CommandStore) and
+//!   [`CommandService`](baton_commands::CommandService), persisted commands with `execute` /
+//!   `check_status`, cancel and hand-off, and the built-in handlers;
+//! * [`baton_streams`]: [`StreamStore`](baton_streams::StreamStore), durable streams with
+//!   idempotent producers, exactly one end and resumable readers;
+//! * [`baton_redis`]: [`RedisClient`](baton_redis::RedisClient) and
+//!   [`RedisConfig`](baton_redis::RedisConfig), the connection the Redis backends take
+//!   (re-exported by `baton-queue` and `baton-commands`).
+//!
+//! This crate is the `baton` program built on them: `baton serve` (the Durable Streams protocol
+//! and the command API over HTTP), `baton worker` and the client subcommands. Its library target
+//! lets integration tests start a server in-process.
 //!
 //! The modules form layers, each using only those listed before it (tests/layers.rs checks):
 //!

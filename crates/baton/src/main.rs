@@ -1,3 +1,4 @@
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use baton::cli::{Cli, Command};
@@ -10,7 +11,9 @@ async fn main() -> ExitCode {
     if cli.log_format.as_deref() == Some("json") {
         tracing_subscriber::fmt().json().with_env_filter(filter()).with_writer(std::io::stderr).init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).init();
+        // Colours only on a terminal (and never with NO_COLOR): no escape codes in log files.
+        let ansi = baton::cli::colour(std::io::stderr().is_terminal());
+        tracing_subscriber::fmt().with_ansi(ansi).with_env_filter(filter()).with_writer(std::io::stderr).init();
     }
     match cli.command {
         Command::Serve(args) => match baton::cli::serve(args).await {

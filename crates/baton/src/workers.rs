@@ -11,20 +11,25 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use baton_commands::{
-    Command, CommandHandler, CommandResult, CommandService, CommandState, CommandStore, HandlerError,
+    Command, CommandError, CommandHandler, CommandResult, CommandService, CommandState, CommandStore, HandlerError,
 };
-use serde_json::Value;
+use baton_queue::QueueError;
 
 use crate::settings::{QueueConfig, Storage};
 
 /// The command store of a backend (the same Redis as the streams, or a new in-memory store).
-/// Errors: Redis cannot be reached.
+/// Errors: Redis cannot be reached (`cannot connect to Redis at redis://…: <why>`), a bad URL,
+/// or another Redis failure (`cannot use Redis redis://…: <error>`).
 pub async fn command_store(backend: &Storage) -> Result<CommandStore, String> {
     match backend {
         Storage::Memory => Ok(CommandStore::memory()),
         Storage::Redis(rc) => {
-            let client = baton_redis::RedisClient::new(rc.clone()).map_err(|e| format!("cannot use {rc}: {e}"))?;
-            CommandStore::redis(client, Default::default()).await.map_err(|e| format!("cannot use {rc}: {e}"))
+            // A connect error names the Redis it could not reach: said once, not prefixed again.
+            let client = baton_redis::RedisClient::new(rc.clone()).map_err(|e| e.to_string())?;
+            CommandStore::redis(client, Default::default()).await.map_err(|e| match e {
+                CommandError::Connect(c) | CommandError::Queue(QueueError::Connect(c)) => c.to_string(),
+                other => format!("cannot use {rc}: {other}"),
+            })
         }
     }
 }
@@ -127,7 +132,7 @@ impl CommandHandler for Metered {
         r
     }
 
-    fn validate(&self, params: &Value) -> Result<(), String> {
+    fn validate(&self, params: &baton_commands::RawJson) -> Result<(), String> {
         self.inner.validate(params)
     }
 }

@@ -79,7 +79,21 @@ fn bad_configuration_is_refused_with_a_message() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot use Redis redis://127.0.0.1:1"), "{err}");
+    // Named once: not "cannot use Redis redis://…: … cannot connect to Redis at Redis redis://…".
+    assert_eq!(err.matches("127.0.0.1:1").count(), 1, "{err}");
+    assert!(err.starts_with("baton serve: cannot connect to Redis at redis://127.0.0.1:1: "), "{err}");
+    assert!(!err.contains("Redis redis://"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["worker", "--redis-cluster", "redis://127.0.0.1:1,redis://127.0.0.1:2"])
+        .env("BATON_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("baton worker: cannot connect to Redis Cluster at redis://127.0.0.1:1,redis://127.0.0.1:2: "),
+        "{err}"
+    );
 }
 
 /// SIGTERM while one of `baton serve`'s own workers runs a handler: the process exits (with
@@ -124,7 +138,7 @@ async fn serve_finishes_running_handlers_before_exiting_on_sigterm() {
     assert!(status.success(), "exit status {status}");
     let st = store.get("nap-serve").await.unwrap().expect("stored");
     assert_eq!(st.status, baton_commands::CommandStatus::Succeeded, "not drained at SIGTERM: {st:?}");
-    assert_eq!(st.result, Some(serde_json::json!({"slept_ms": 1500})));
+    assert_eq!(st.result, Some(serde_json::json!({"slept_ms": 1500}).into()));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

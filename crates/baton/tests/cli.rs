@@ -188,6 +188,65 @@ fn commands_submit_status_wait_cancel_list() {
     assert_eq!(out.stdout, "no RUNNING commands in default\n");
 }
 
+/// Params go to the server and come back byte for byte: `submit --wait` prints the echo's result
+/// as the server sent it, `status --json` prints pretty JSON with every number, string escape and
+/// key order as submitted, `status` the params text.
+#[test]
+fn commands_params_and_results_come_back_exactly() {
+    let s = Serve::start();
+    let sample = baton_testkit::exact_json::sample(2_000, 9);
+    let out = s.run(&["commands", "submit", "default", "echo", &sample.text, "--id", "x1", "--wait", "10s"]).ok();
+    assert!(out.stdout == format!("x1 SUCCEEDED: {}\n", sample.text), "the result changed: {:.300}", out.stdout);
+    let out = s.run(&["commands", "status", "x1", "--json"]).ok();
+    assert!(!out.stdout.contains("\x1b["), "{out:?}");
+    let floats = |doc: &str, field: &str| -> Vec<String> {
+        let v: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+            serde_json::from_str(doc).unwrap();
+        let p: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+            serde_json::from_str(v[field].get()).unwrap();
+        let f: Vec<Box<serde_json::value::RawValue>> = serde_json::from_str(p["floats"].get()).unwrap();
+        f.iter().map(|x| x.get().to_string()).collect()
+    };
+    let sent = baton_testkit::exact_json::floats(2_000, 9);
+    assert!(floats(&out.stdout, "params") == sent, "--json: params' numbers changed");
+    assert!(floats(&out.stdout, "result") == sent, "--json: result's numbers changed");
+    for kept in [r#""text": "\u00e9 \ud83d\ude00 \"q\"""#, "18446744073709551615", "123456789012345678901234567890"] {
+        assert!(out.stdout.contains(kept), "--json: {kept} missing");
+    }
+    // Key order as submitted: z before floats.
+    assert!(out.stdout.find("\"z\": {").unwrap() < out.stdout.find("\"floats\": [").unwrap());
+    let out = s.run(&["commands", "status", "x1"]).ok();
+    assert!(out.stdout.contains(&format!("params:        {}\n", sample.text)), "status: params changed");
+}
+
+/// Log lines written to a pipe (not a terminal) carry no colour codes, with or without NO_COLOR.
+#[test]
+fn logs_on_a_pipe_have_no_colour_codes() {
+    for no_color in [None, Some("1")] {
+        let port = baton_testkit::free_port();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .env_remove("BATON_CONFIG")
+            .env_remove("NO_COLOR")
+            .env("BATON_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(v) = no_color {
+            cmd.env("NO_COLOR", v);
+        }
+        let child = cmd.spawn().expect("baton serve starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "baton serve did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        baton_testkit::sigterm(child.id());
+        let out = Out::from(child.wait_with_output().unwrap()).ok();
+        assert!(out.stderr.contains(" INFO "), "log lines expected: {out:?}");
+        assert!(!out.stderr.contains('\x1b') && !out.stdout.contains('\x1b'), "colour codes on a pipe: {out:?}");
+    }
+}
+
 #[test]
 fn streams_create_append_read_tail_close_delete() {
     let s = Serve::start();
@@ -362,6 +421,8 @@ fn queues_list_pending_dead_replay_and_errors() {
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert!(lines[0].starts_with("default: "), "{out:?}");
     assert!(lines[0].ends_with("1 submitted, 0 running"), "{out:?}");
+    // One consumer (this server's one worker on the queue): singular.
+    assert!(lines[0].contains(" pending (delivered, not acknowledged), 1 consumer, lag "), "{out:?}");
     assert!(lines[1].starts_with("ID    TYPE   STATUS     ATTEMPTS  CREATED"), "{out:?}");
     assert!(lines[2].starts_with("long  sleep  SUBMITTED "), "{out:?}");
     let out = s.run(&["queues", "pending", "default", "--json"]).ok();

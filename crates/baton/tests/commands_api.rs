@@ -274,7 +274,77 @@ async fn dead_letters(backend: TestBackend) {
     srv.stop().await;
 }
 
-on_every_backend!(submit_state_wait_cancel, dead_letters);
+/// A field of a JSON object text, as its text.
+fn raw_field(text: &str, key: &str) -> String {
+    let m: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not a JSON object ({e}): {text:.300}"));
+    m.get(key).map(|r| r.get().to_string()).unwrap_or_else(|| panic!("no {key:?} in {text:.300}"))
+}
+
+async fn post_text(srv: &TestServer, path: &str, body: String) -> (StatusCode, String) {
+    let res = client()
+        .post(format!("{}{path}", srv.base))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (res.status(), res.text().await.unwrap())
+}
+
+async fn get_text(srv: &TestServer, path: &str) -> (StatusCode, String) {
+    let res = client().get(format!("{}{path}", srv.base)).send().await.unwrap();
+    (res.status(), res.text().await.unwrap())
+}
+
+/// Params come back exactly as submitted and the echo's result exactly as its params (10,000
+/// floats of 17 significant digits, integers beyond 2^53 and 64 bits, escapes, key order), in
+/// the submit's answer, the state, a wait and the listing; a resubmit of the same meaning
+/// written otherwise is the same command, one digit off is a conflict.
+async fn params_come_back_exactly(backend: TestBackend) {
+    let srv = serve(backend, |_| {}).await;
+    let sample = baton_testkit::exact_json::sample(10_000, 3);
+    let body = format!(r#"{{"id": "x-1", "type": "echo", "params": {}}}"#, sample.text);
+    let (s, text) = post_text(&srv, "/v1/queues/extra/commands", body).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{text:.300}");
+    assert!(raw_field(&text, "params") == sample.text, "submit answer: params changed");
+    let (s, text) = get_text(&srv, "/v1/commands/x-1?wait=20s").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(raw_field(&text, "status"), "\"SUCCEEDED\"");
+    assert!(raw_field(&text, "params") == sample.text, "state: params changed");
+    assert!(raw_field(&text, "result") == sample.text, "state: the echo's result changed");
+    let (_, page) = get_text(&srv, "/v1/queues/extra/commands").await;
+    let items: Vec<Box<serde_json::value::RawValue>> = serde_json::from_str(&raw_field(&page, "items")).unwrap();
+    assert!(raw_field(items[0].get(), "params") == sample.text, "listing: params changed");
+    assert!(raw_field(items[0].get(), "result") == sample.text, "listing: result changed");
+
+    let same = format!(r#"{{"type":"echo","params":{},"id":"x-1"}}"#, sample.same_meaning);
+    let (s, text) = post_text(&srv, "/v1/queues/extra/commands", same).await;
+    assert_eq!(s, StatusCode::OK, "same meaning, written otherwise: {text:.300}");
+    assert!(raw_field(&text, "params") == sample.text, "the first text is kept");
+    let other = format!(r#"{{"id": "x-1", "type": "echo", "params": {}}}"#, sample.different);
+    let (s, text) = post_text(&srv, "/v1/queues/extra/commands", other).await;
+    assert_eq!(s, StatusCode::CONFLICT, "one digit off is another command: {text:.300}");
+
+    for (i, p) in
+        ["18446744073709551615", "-9223372036854775809", "123456789012345678901234567890", r#""\u00e9\ud83d\ude00""#]
+            .into_iter()
+            .enumerate()
+    {
+        let (s, _) = post_text(
+            &srv,
+            "/v1/queues/extra/commands",
+            format!(r#"{{"id": "x-int-{i}", "type": "echo", "params": {p}}}"#),
+        )
+        .await;
+        assert_eq!(s, StatusCode::ACCEPTED);
+        let (_, text) = get_text(&srv, &format!("/v1/commands/x-int-{i}?wait=20s")).await;
+        assert_eq!((raw_field(&text, "params"), raw_field(&text, "result")), (p.to_string(), p.to_string()));
+    }
+    srv.stop().await;
+}
+
+on_every_backend!(submit_state_wait_cancel, dead_letters, params_come_back_exactly);
 
 mod listing {
     use super::*;

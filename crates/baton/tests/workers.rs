@@ -286,7 +286,7 @@ async fn worker_finishes_running_handlers_before_exiting_on_sigterm() {
     assert!(status.success(), "{status:?}\n{logs}");
     let st = store.get("nap-term").await.unwrap().expect("stored");
     assert_eq!(st.status, CommandStatus::Succeeded, "not drained at SIGTERM: {st:?}\n{logs}");
-    assert_eq!(st.result, Some(json!({"slept_ms": 1500})));
+    assert_eq!(st.result, Some(json!({"slept_ms": 1500}).into()));
     assert_eq!(store.messages().stats("jobs").await.unwrap().pending, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

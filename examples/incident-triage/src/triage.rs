@@ -339,10 +339,7 @@ impl Triage {
         if state.is_none() && head.is_none() {
             return Ok(None);
         }
-        let source = state
-            .as_ref()
-            .and_then(|s| serde_json::from_value::<TriageParams>(s.params.clone()).ok())
-            .map(|p| p.source.label());
+        let source = state.as_ref().and_then(|s| s.params.parse::<TriageParams>().ok()).map(|p| p.source.label());
         Ok(Some(RunInfo {
             engineer: engineer.into(),
             run: run.into(),

@@ -97,7 +97,7 @@ async fn hundred_megabytes_with_bounded_memory() {
     stop.store(true, Ordering::Relaxed);
     sampler.join().unwrap();
     assert_eq!(st.status, CommandStatus::Succeeded, "{st:?}");
-    let summary = &st.result.as_ref().unwrap()["summary"];
+    let summary = &st.result_as::<serde_json::Value>().unwrap()["summary"];
     assert_eq!(summary["bytes"], size, "every byte was read");
     assert_eq!(summary["signatures"], 5000, "the signature table stopped at its cap");
     assert_eq!(summary["signatures_capped"], true);

@@ -44,7 +44,7 @@ async fn full_run_succeeds(redis: Option<String>) {
     let progress: Vec<u64> =
         evs.iter().filter(|e| e["type"] == "progress").map(|e| e["percent"].as_u64().unwrap()).collect();
     assert!(progress.windows(2).all(|w| w[0] <= w[1]) && *progress.last().unwrap() == 100, "{progress:?}");
-    let summary = &done.result.as_ref().unwrap()["summary"];
+    let summary = &done.result_as::<serde_json::Value>().unwrap()["summary"];
     assert_eq!(summary["lines"], 6000);
     assert_eq!(summary["bytes"], std::fs::metadata(&log).unwrap().len());
     assert!(summary["headline"].as_str().unwrap().contains("Burst"), "{summary}");
@@ -136,7 +136,7 @@ async fn bad_sources_fail_clearly(redis: Option<String>) {
     assert_eq!(run.source.as_deref(), Some("upload:x.log"));
     let st = t.commands().wait(&run.run, Duration::from_secs(20)).await.unwrap();
     assert_eq!(st.status, CommandStatus::Succeeded);
-    assert_eq!(st.result.unwrap()["summary"]["errors"], 2);
+    assert_eq!(st.result_as::<serde_json::Value>().unwrap()["summary"]["errors"], 2);
     t.shutdown().await;
 }
 

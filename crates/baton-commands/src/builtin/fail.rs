@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::sleep::kind_of;
-use crate::{Command, CommandHandler, CommandResult, HandlerError};
+use crate::{Command, CommandHandler, CommandResult, HandlerError, RawJson};
 
 /// The `fail` built-in handler.
 ///
@@ -33,14 +33,18 @@ pub fn fail_error(params: &Value) -> Result<&str, String> {
 #[async_trait]
 impl CommandHandler for FailHandler {
     async fn execute(&self, command: Command) -> Result<CommandResult, HandlerError> {
-        Ok(match fail_error(&command.params) {
+        let params = match super::value_of(&command.params) {
+            Ok(v) => v,
+            Err(e) => return Ok(CommandResult::failed(format!("invalid params: {e}"))),
+        };
+        Ok(match fail_error(&params) {
             Ok(text) => CommandResult::failed(text),
             Err(e) => CommandResult::failed(format!("invalid params: {e}")),
         })
     }
 
-    fn validate(&self, params: &Value) -> Result<(), String> {
-        fail_error(params).map(|_| ())
+    fn validate(&self, params: &RawJson) -> Result<(), String> {
+        fail_error(&super::value_of(params)?).map(|_| ())
     }
 }
 

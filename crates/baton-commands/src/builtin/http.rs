@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{redirect, Client, RequestBuilder, Url};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::{Command, CommandHandler, CommandResult, CommandState, HandlerError};
+use crate::{Command, CommandHandler, CommandResult, CommandState, HandlerError, RawJson};
 
 /// Default request timeout of the `http` handler: 10 s.
 pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -86,7 +86,7 @@ pub fn is_link_local_or_metadata(ip: IpAddr) -> bool {
 /// The `http` built-in handler (a webhook).
 ///
 /// **`execute`** POSTs `{"id": …, "type": …, "params": …}` (JSON, `Content-Type:
-/// application/json`) to the configured URL. **`check_status`** (for a command that is
+/// application/json`; `params` exactly as submitted, byte for byte) to the configured URL. **`check_status`** (for a command that is
 /// `RUNNING`) GETs the last `status_url` the webhook named for the command; when this process
 /// knows none it POSTs `{"id": …, "type": …, "params": …, "check": true}` to the configured URL
 /// instead (see "Status URLs" below).
@@ -96,7 +96,7 @@ pub fn is_link_local_or_metadata(ip: IpAddr) -> bool {
 ///
 /// | reply                                                                  | outcome |
 /// |------------------------------------------------------------------------|---------|
-/// | `{"status": "succeeded", "result": any}` (`result` absent: `null`)      | `SUCCEEDED` with `result` |
+/// | `{"status": "succeeded", "result": any}` (`result` absent: `null`)      | `SUCCEEDED` with `result` (its text as the webhook sent it) |
 /// | `{"status": "failed", "error": text}` (`text` a non-empty string)       | `FAILED` with `text` (a real failure, not retried) |
 /// | `{"status": "running", "status_url"?: url, "retry_after_ms"?: n}`       | `RUNNING`; next `check_status` after `n` ms (0 to 86 400 000), else the queue's `check_status_interval` |
 ///
@@ -277,7 +277,13 @@ impl HttpHandler {
             }
             let reply: Value = serde_json::from_slice(&body)
                 .map_err(|e| format!("{what}: reply is not valid JSON ({e}); expected {REPLY_SHAPE}"))?;
-            self.decide(command, &reply).map_err(|e| HandlerError::from(format!("{what}: {e}")))
+            let decided = self.decide(command, &reply).map_err(|e| HandlerError::from(format!("{what}: {e}")))?;
+            Ok(match decided {
+                // The reply's `result` exactly as the webhook wrote it (the `Value` above rounds
+                // numbers and reorders keys).
+                CommandResult::Succeeded(_) => CommandResult::Succeeded(raw_result(&body)),
+                other => other,
+            })
         };
         tokio::select! {
             r = work => r,
@@ -353,13 +359,44 @@ impl HttpHandler {
     }
 }
 
+/// The `result` of a (valid JSON object) reply as its text (a key given twice: the last, as the
+/// `Value` that decided reads it); `null` when absent.
+fn raw_result(body: &[u8]) -> RawJson {
+    serde_json::from_slice::<HashMap<String, &serde_json::value::RawValue>>(body)
+        .ok()
+        .and_then(|m| m.get("result").map(|r| RawJson::from((*r).to_owned())))
+        .unwrap_or_default()
+}
+
+/// A request body of the webhook: the command's id, type and params (as submitted, byte for
+/// byte), and `check: true` for a status check.
+#[derive(serde::Serialize)]
+struct Outgoing<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    command_type: &'a str,
+    params: &'a RawJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    check: Option<bool>,
+}
+
+impl<'a> Outgoing<'a> {
+    fn of(command: &'a Command, check: bool) -> Self {
+        Outgoing {
+            id: &command.id,
+            command_type: &command.command_type,
+            params: &command.params,
+            check: check.then_some(true),
+        }
+    }
+}
+
 const REPLY_SHAPE: &str = "{\"status\": \"succeeded\"|\"failed\"|\"running\", …}";
 
 #[async_trait]
 impl CommandHandler for HttpHandler {
     async fn execute(&self, command: Command) -> Result<CommandResult, HandlerError> {
-        let body = json!({ "id": command.id, "type": command.command_type, "params": command.params });
-        let req = self.post(&body)?;
+        let req = self.post(&Outgoing::of(&command, false))?;
         self.call(&command, req, &format!("POST {}", redact(&self.url))).await
     }
 
@@ -372,10 +409,7 @@ impl CommandHandler for HttpHandler {
                 self.call(&command, req, &what).await
             }
             None => {
-                let body = json!({
-                    "id": command.id, "type": command.command_type, "params": command.params, "check": true,
-                });
-                let req = self.post(&body)?;
+                let req = self.post(&Outgoing::of(&command, true))?;
                 self.call(&command, req, &format!("POST {} (check)", redact(&self.url))).await
             }
         }
@@ -383,7 +417,7 @@ impl CommandHandler for HttpHandler {
 }
 
 impl HttpHandler {
-    fn post(&self, body: &Value) -> Result<RequestBuilder, HandlerError> {
+    fn post(&self, body: &Outgoing<'_>) -> Result<RequestBuilder, HandlerError> {
         let bytes = serde_json::to_vec(body)?;
         Ok(self
             .client

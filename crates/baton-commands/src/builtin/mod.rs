@@ -54,7 +54,13 @@ pub use sleep::{sleep_ms, SleepHandler, MAX_SLEEP_MS};
 /// The DNS hook of [`HttpHandler::with_resolver`] (reqwest's).
 pub use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-use crate::{CommandHandler, CommandServiceBuilder};
+use crate::{CommandHandler, CommandServiceBuilder, RawJson};
+
+/// Params read as a `Value`, for the built-ins that look inside them (error: what serde_json
+/// refused, e.g. a number beyond the `f64` range).
+fn value_of(params: &RawJson) -> Result<Value, String> {
+    params.parse().map_err(|e| format!("params do not read as JSON values ({e})"))
+}
 
 /// The kinds of built-in handler, by config name (`sleep`, `echo`, `fail`, `http`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
-use crate::{Command, CommandHandler, CommandResult, HandlerError};
+use crate::{Command, CommandHandler, CommandResult, HandlerError, RawJson};
 
 /// The longest `sleep`: 24 h, in milliseconds (86 400 000).
 pub const MAX_SLEEP_MS: u64 = 24 * 60 * 60 * 1000;
@@ -56,7 +56,7 @@ pub(crate) fn kind_of(v: &Value) -> &'static str {
 #[async_trait]
 impl CommandHandler for SleepHandler {
     async fn execute(&self, command: Command) -> Result<CommandResult, HandlerError> {
-        let ms = match sleep_ms(&command.params) {
+        let ms = match super::value_of(&command.params).and_then(|v| sleep_ms(&v)) {
             Ok(ms) => ms,
             Err(e) => return Ok(CommandResult::failed(format!("invalid params: {e}"))),
         };
@@ -69,8 +69,8 @@ impl CommandHandler for SleepHandler {
         }
     }
 
-    fn validate(&self, params: &Value) -> Result<(), String> {
-        sleep_ms(params).map(|_| ())
+    fn validate(&self, params: &RawJson) -> Result<(), String> {
+        sleep_ms(&super::value_of(params)?).map(|_| ())
     }
 }
 

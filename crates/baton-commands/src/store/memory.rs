@@ -22,7 +22,7 @@ struct Entry {
 
 #[derive(Default)]
 struct QueueIndex {
-    /// [0] every status, [1..=5] per status: (created ms, id).
+    /// `[0]` every status, `[1..=5]` per status: (created ms, id).
     by_status: [BTreeSet<(u64, String)>; 6],
 }
 

@@ -12,13 +12,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::model::{canonical_body, new_token, CommandMsg, Cursor};
+use crate::json::canonical_body;
+use crate::model::{new_token, CommandMsg, Cursor};
 use crate::{
     validate_id, validate_queue, validate_type, Command, CommandError, CommandHandler, CommandPage, CommandState,
-    CommandStatus, ListQuery, StatusCounts, Timestamp,
+    CommandStatus, ListQuery, RawJson, StatusCounts, Timestamp,
 };
 
 pub use self::backend::CommandStoreSettings;
@@ -149,13 +149,17 @@ impl CommandStore {
 
     /// Submits `command` to `queue`: stores its state (`SUBMITTED`, version 1) and enqueues it,
     /// atomically (see the crate docs). Idempotent on id: the same id with the same type and
-    /// params returns the stored state (whatever its status now).
+    /// params returns the stored state (whatever its status now). "The same params" means the
+    /// same JSON meaning, not the same text: whitespace, key order and string escapes do not
+    /// matter, numbers compare by exact decimal value and kind (`0.1` = `0.10`, `1` ≠ `1.0`; the
+    /// full rule: [`RawJson`]). The stored params stay the text of the first submit.
     ///
     /// Params are checked first by the `validate` of the handler registered for the type on
     /// `queue` in this process, if any; nothing is stored when they are refused.
     ///
     /// Errors: [`CommandError::InvalidId`], [`CommandError::InvalidType`],
-    /// [`CommandError::InvalidParams`], [`CommandError::Queue`] (bad queue name),
+    /// [`CommandError::InvalidParams`] (refused by `validate`, or a string with a lone UTF-16
+    /// surrogate escape), [`CommandError::Queue`] (bad queue name),
     /// [`CommandError::Conflict`] (same id, other type/params or other queue), backend errors.
     pub async fn submit(&self, queue: &str, command: Command) -> Result<CommandState, CommandError> {
         self.submit_created(queue, command).await.map(|(state, _)| state)
@@ -168,6 +172,8 @@ impl CommandStore {
         validate_queue(queue)?;
         validate_id(&command.id)?;
         validate_type(&command.command_type)?;
+        let body = canonical_body(&command.command_type, &command.params)
+            .map_err(|e| CommandError::InvalidParams(e.to_string()))?;
         if let Some(h) = self.handler_for(queue, &command.command_type) {
             h.validate(&command.params).map_err(CommandError::InvalidParams)?;
         }
@@ -194,7 +200,6 @@ impl CommandStore {
             lookup_expires_ms: 0,
             body_sha: Default::default(),
         };
-        let body = canonical_body(&command.command_type, &command.params);
         let msg = CommandMsg { id: command.id.clone(), home: queue.to_string(), token };
         let remember = |s: &CommandState| {
             let mut h = self.inner.homes.lock().unwrap();
@@ -217,8 +222,9 @@ impl CommandStore {
         }
     }
 
-    /// Submits a command whose params are raw JSON bytes (e.g. an HTTP body). Malformed JSON is
-    /// refused with [`CommandError::InvalidParams`] before anything is stored.
+    /// Submits a command whose params are raw JSON bytes (e.g. an HTTP body), kept byte for byte
+    /// (surrounding whitespace dropped; empty means `null`). Malformed JSON is refused with
+    /// [`CommandError::InvalidParams`] before anything is stored.
     pub async fn submit_json(
         &self,
         queue: &str,
@@ -226,10 +232,10 @@ impl CommandStore {
         command_type: &str,
         params: &[u8],
     ) -> Result<CommandState, CommandError> {
-        let params: Value = if params.is_empty() {
-            Value::Null
+        let params = if params.is_empty() {
+            RawJson::null()
         } else {
-            serde_json::from_slice(params).map_err(|e| CommandError::InvalidParams(e.to_string()))?
+            RawJson::from_slice(params).map_err(|e| CommandError::InvalidParams(e.to_string()))?
         };
         let command = match id {
             Some(id) => Command::with_id(id, command_type, params),

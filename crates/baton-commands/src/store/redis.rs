@@ -345,7 +345,7 @@ impl StateBackend for RedisStateBackend {
                 }
             }
         }
-        let value = stored(&st, &serde_json::to_vec(&st).expect("serializable"));
+        let value = stored(&st, &st.stored_json());
         let state_key = k.state(&state.id);
         // Shared, so that a retried submit does not copy them again.
         let (value, msg): (Arc<[u8]>, Arc<[u8]>) = (value.into(), msg.to_bytes().into());
@@ -391,7 +391,19 @@ impl StateBackend for RedisStateBackend {
                     let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("submit", &v))?;
                     Ok(SubmitOutcome::Existing(parse_stored(&state.id, raw)?))
                 }
-                Some("conflict") => Ok(SubmitOutcome::Conflict),
+                Some("conflict") => {
+                    // A state stored by a version before the exact-params store carries the hash
+                    // of its canonical body: same meaning by that rule is the same command.
+                    let prior = parts.get(1).and_then(bytes);
+                    let legacy = crate::json::legacy_canonical_body(&state.command_type, &state.params)
+                        .map(|b| sha1_smol::Sha1::from(b).digest().to_string());
+                    match (prior, legacy) {
+                        (Some(raw), Some(sha)) if body_sha_of(raw) == sha => {
+                            Ok(SubmitOutcome::Existing(parse_stored(&state.id, raw)?))
+                        }
+                        _ => Ok(SubmitOutcome::Conflict),
+                    }
+                }
                 Some("other_queue") => {
                     // Standalone: the lookup names another queue; a real conflict only if the
                     // command still exists there (else the lookup outlived an expired state).
@@ -456,7 +468,7 @@ impl StateBackend for RedisStateBackend {
                 redis::cmd("GETRANGE").arg(k.state(&st.id)).arg(0).arg(HEAD_MAX).query_async(&mut conn).await?;
             st.body_sha.0 = body_sha_of(&head).to_string();
         }
-        let value = stored(&st, &serde_json::to_vec(&st).expect("serializable"));
+        let value = stored(&st, &st.stored_json());
         let state_key = k.state(&st.id);
         let target = ack.and_then(|l| l.redis_target().map(|t| (l.id().to_string(), t)));
         // Only terminal writes are announced: waiters wait for one, and a cancel is one.

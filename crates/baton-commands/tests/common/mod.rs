@@ -62,7 +62,7 @@ pub fn fast() -> QueueSettings {
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<CommandResult, HandlerError>> + Send>>;
 type ExecFn = dyn Fn(Command) -> HandlerFuture + Send + Sync;
 type CheckFn = dyn Fn(Command, CommandState) -> HandlerFuture + Send + Sync;
-type ValidateFn = fn(&serde_json::Value) -> Result<(), String>;
+type ValidateFn = fn(&baton_commands::RawJson) -> Result<(), String>;
 
 /// A handler made of closures.
 pub struct FnHandler {
@@ -88,7 +88,7 @@ impl FnHandler {
         self.check = Some(Arc::new(move |c, s| Box::pin(f(c, s))));
         self
     }
-    pub fn validating(mut self, v: fn(&serde_json::Value) -> Result<(), String>) -> Self {
+    pub fn validating(mut self, v: fn(&baton_commands::RawJson) -> Result<(), String>) -> Self {
         self.validate = Some(v);
         self
     }
@@ -105,7 +105,7 @@ impl CommandHandler for FnHandler {
             None => Ok(CommandResult::running()),
         }
     }
-    fn validate(&self, params: &serde_json::Value) -> Result<(), String> {
+    fn validate(&self, params: &baton_commands::RawJson) -> Result<(), String> {
         match self.validate {
             Some(v) => v(params),
             None => Ok(()),

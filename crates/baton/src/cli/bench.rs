@@ -32,7 +32,7 @@ use tokio::sync::Semaphore;
 
 use super::client::CliError;
 use super::exit;
-use super::output::{print_json, Table};
+use super::output::{count, print_json, Table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -179,7 +179,8 @@ pub async fn run(args: BenchArgs) -> Result<u8, CliError> {
                 r.latency_of.to_string(),
             ]);
         }
-        println!("backend: {backend}; {} CPUs", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        println!("backend: {backend}; {}", count(&cpus.to_string(), "CPU", "CPUs"));
         t.print();
     }
     Ok(exit::OK)

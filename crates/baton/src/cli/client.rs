@@ -124,13 +124,20 @@ fn full_error(e: &dyn std::error::Error) -> String {
 
 /// Decodes a JSON body; an unreadable one is a server error.
 pub async fn read_json(res: Response) -> Result<Value, CliError> {
+    read_json_text(res).await.map(|(_, v)| v)
+}
+
+/// [`read_json`], also returning the body's text (to print values exactly as the server sent
+/// them).
+pub async fn read_json_text(res: Response) -> Result<(String, Value), CliError> {
     let bytes = res.bytes().await.map_err(|e| CliError::server(format!("reading the reply failed: {e}")))?;
-    serde_json::from_slice(&bytes).map_err(|e| {
+    let v = serde_json::from_slice(&bytes).map_err(|e| {
         CliError::server(format!(
             "the server's reply is not JSON ({e}): {}",
             String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
         ))
-    })
+    })?;
+    Ok((String::from_utf8_lossy(&bytes).into_owned(), v))
 }
 
 /// The error of a non-2xx answer. The message is the server's (`{"error": code, "message"}`),

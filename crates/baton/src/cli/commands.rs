@@ -4,12 +4,13 @@ use std::time::{Duration, Instant};
 
 use clap::Subcommand;
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use super::args::duration_arg;
-use super::client::{encode_query, encode_segment, CliError, Client};
+use super::client::{encode_query, encode_segment, read_json_text, CliError, Client};
 use super::exit;
-use super::output::{cell, clip, print_json, Table};
+use super::output::{cell, clip, print_json_exact, raw_field, Table};
 
 /// The server's longest `?wait=` (5 minutes); longer waits are made of several requests.
 const WAIT_STEP: Duration = Duration::from_secs(300);
@@ -71,28 +72,25 @@ fn parse_status(s: &str) -> Result<String, String> {
 pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
     match op {
         CommandsOp::Submit { queue, command_type, params, id, wait } => {
-            let params: Value = match params.as_deref() {
-                None => Value::Null,
+            // The params are sent as their text, byte for byte (the server keeps them so).
+            let params: &RawValue = match params.as_deref() {
+                None => serde_json::from_str("null").expect("null is JSON"),
                 Some(p) => serde_json::from_str(p).map_err(|e| {
                     CliError::usage(format!("params {p:?} are not JSON ({e}); quote them, e.g. '{{\"ms\": 500}}'"))
                 })?,
             };
-            let mut body = json!({ "type": command_type, "params": params });
-            if let Some(id) = id {
-                body["id"] = Value::from(id);
-            }
+            let body = SubmitBody { id: id.as_deref(), command_type: &command_type, params };
+            let body = serde_json::to_string(&body).expect("serializable");
             let url = format!("/v1/queues/{}/commands", encode_segment(&queue));
             let res = cl
-                .send_ok(
-                    cl.request(Method::POST, &url).header("content-type", "application/json").body(body.to_string()),
-                )
+                .send_ok(cl.request(Method::POST, &url).header("content-type", "application/json").body(body))
                 .await?;
             let created = res.status() == reqwest::StatusCode::ACCEPTED;
-            let state = super::client::read_json(res).await?;
+            let (text, state) = read_json_text(res).await?;
             match wait {
                 None => {
                     if cl.json {
-                        print_json(&state);
+                        print_json_exact(&text);
                     } else {
                         let id = cell(state.get("id"));
                         let status = cell(state.get("status"));
@@ -114,11 +112,11 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             }
         }
         CommandsOp::Status { id } => {
-            let state = cl.json_ok(cl.request(Method::GET, &command_path(&id))).await?;
+            let (text, state) = json_text_ok(cl, cl.request(Method::GET, &command_path(&id))).await?;
             if cl.json {
-                print_json(&state);
+                print_json_exact(&text);
             } else {
-                print_state(&state);
+                print_state(&state, &text);
             }
             Ok(exit::OK)
         }
@@ -136,9 +134,9 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             if !res.status().is_success() {
                 return Err(super::client::error_from(res).await);
             }
-            let state = super::client::read_json(res).await?;
+            let (text, _) = read_json_text(res).await?;
             if cl.json {
-                print_json(&state);
+                print_json_exact(&text);
             } else {
                 println!("cancelled {id}");
             }
@@ -152,21 +150,26 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             if let Some(c) = &cursor {
                 url.push_str(&format!("&cursor={}", encode_query(c)));
             }
-            let page = cl.json_ok(cl.request(Method::GET, &url)).await?;
+            let (text, page) = json_text_ok(cl, cl.request(Method::GET, &url)).await?;
             if cl.json {
-                print_json(&page);
+                print_json_exact(&text);
                 return Ok(exit::OK);
             }
             let items = page.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+            // The items' results as the server wrote them.
+            let raw_items = raw_field(&text, "items")
+                .and_then(|t| serde_json::from_str::<Vec<&RawValue>>(t).ok())
+                .unwrap_or_default();
             if items.is_empty() {
                 let which = status.map(|s| format!(" {s}")).unwrap_or_default();
                 println!("no{which} commands in {queue}");
             } else {
                 let mut t = Table::new(&["ID", "TYPE", "STATUS", "ATTEMPTS", "CREATED", "RESULT/ERROR"]).right(&[3]);
-                for s in &items {
+                for (i, s) in items.iter().enumerate() {
+                    let raw_result = raw_items.get(i).and_then(|r| raw_field(r.get(), "result"));
                     let outcome = match (s.get("error"), s.get("result")) {
                         (Some(Value::String(e)), _) => e.clone(),
-                        (_, Some(r)) if !r.is_null() => r.to_string(),
+                        (_, Some(r)) if !r.is_null() => raw_result.map(str::to_string).unwrap_or_else(|| r.to_string()),
                         _ => String::new(),
                     };
                     t.row(vec![
@@ -192,8 +195,24 @@ fn command_path(id: &str) -> String {
     format!("/v1/commands/{}", encode_segment(id))
 }
 
-/// The fields of a state, one per line.
-fn print_state(s: &Value) {
+/// The body of a submit: the params as their text.
+#[derive(serde::Serialize)]
+struct SubmitBody<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type")]
+    command_type: &'a str,
+    params: &'a RawValue,
+}
+
+/// Sends, requires a 2xx, and returns the JSON body as text and as a value.
+async fn json_text_ok(cl: &Client, rb: reqwest::RequestBuilder) -> Result<(String, Value), CliError> {
+    read_json_text(cl.send_ok(rb).await?).await
+}
+
+/// The fields of a state (`s`, its JSON text `text`), one per line; `params` and `result` as the
+/// server wrote them.
+fn print_state(s: &Value, text: &str) {
     let mut t = Table::new(&["", ""]);
     for k in [
         "id",
@@ -215,7 +234,11 @@ fn print_state(s: &Value) {
             if k == "handed_off_to" && v.is_null() {
                 continue;
             }
-            t.row(vec![format!("{k}:"), cell(Some(v))]);
+            let shown = match (k, raw_field(text, k)) {
+                ("params" | "result", Some(raw)) if !v.is_null() => raw.to_string(),
+                _ => cell(Some(v)),
+            };
+            t.row(vec![format!("{k}:"), shown]);
         }
     }
     // The header row is blank: print only the rows.
@@ -235,24 +258,27 @@ async fn wait_for(cl: &Client, id: &str, timeout: Option<Duration>) -> Result<u8
                 None => WAIT_STEP,
             };
             let ms = step.as_millis().max(1);
-            let state = cl.json_ok(cl.request(Method::GET, &format!("{}?wait={ms}ms", command_path(id)))).await?;
+            let (text, state) =
+                json_text_ok(cl, cl.request(Method::GET, &format!("{}?wait={ms}ms", command_path(id)))).await?;
             let status = cell(state.get("status"));
             let terminal = matches!(status.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED");
             let timed_out = timeout.is_some_and(|t| start.elapsed() >= t);
             if terminal || timed_out {
-                return Ok::<_, CliError>((state, status, terminal));
+                return Ok::<_, CliError>((text, state, status, terminal));
             }
         }
     };
-    let (state, status, terminal) = tokio::select! {
+    let (text, state, status, terminal) = tokio::select! {
         r = wait => r?,
         _ = tokio::signal::ctrl_c() => return Err(CliError { code: exit::TIMEOUT, message: format!("interrupted while waiting for {id}") }),
     };
     if cl.json {
-        print_json(&state);
+        print_json_exact(&text);
     } else if terminal {
         let detail = match status.as_str() {
-            "SUCCEEDED" => state.get("result").filter(|r| !r.is_null()).map(|r| format!(": {r}")).unwrap_or_default(),
+            "SUCCEEDED" => {
+                raw_field(&text, "result").filter(|r| *r != "null").map(|r| format!(": {r}")).unwrap_or_default()
+            }
             "FAILED" => state.get("error").and_then(Value::as_str).map(|e| format!(": {e}")).unwrap_or_default(),
             _ => String::new(),
         };

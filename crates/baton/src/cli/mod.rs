@@ -34,6 +34,7 @@ use crate::shutdown::ShutdownSignal;
 
 pub use args::Conn;
 pub use client::CliError;
+pub use output::colour;
 
 /// Baton: durable work queues and durable streams on Redis.
 #[derive(Parser, Debug)]

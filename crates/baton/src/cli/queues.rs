@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::client::{encode_segment, CliError, Client};
 use super::exit;
-use super::output::{cell, clip, print_json, Table};
+use super::output::{cell, clip, count, print_json, Table};
 
 #[derive(Subcommand, Debug)]
 pub enum QueuesOp {
@@ -102,10 +102,10 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             let counts = stats.get("commands");
             let n = |k: &str| cell(counts.and_then(|c| c.get(k)));
             println!(
-                "{queue}: {} in the queue, {} pending (delivered, not acknowledged), {} consumers, lag {}; {} submitted, {} running",
+                "{queue}: {} in the queue, {} pending (delivered, not acknowledged), {}, lag {}; {} submitted, {} running",
                 cell(stats.get("length")),
                 cell(stats.get("pending")),
-                cell(stats.get("consumers")),
+                count(&cell(stats.get("consumers")), "consumer", "consumers"),
                 cell(stats.get("lag")),
                 n("submitted"),
                 n("running"),
@@ -167,7 +167,7 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             if cl.json {
                 print_json(&v);
             } else if all {
-                println!("replayed {} dead letters onto {queue}", cell(v.get("replayed")));
+                println!("replayed {} onto {queue}", count(&cell(v.get("replayed")), "dead letter", "dead letters"));
             } else {
                 println!("replayed {} onto {queue} as {}", cell(v.get("replayed")), cell(v.get("id")));
             }

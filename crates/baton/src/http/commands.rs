@@ -10,7 +10,9 @@
 //!
 //! A state is the command service's JSON (`id, queue, type, params, status, result, error,
 //! attempts, errors_count, created_at, started_at, modified_at, completed_at, version,
-//! handed_off_to`; times RFC 3339 UTC with milliseconds). Backend failures are `503` with
+//! handed_off_to`; times RFC 3339 UTC with milliseconds). `params` come back exactly as
+//! submitted (byte for byte: numbers of any size and precision, escapes, key order) and `result`
+//! exactly as the handler wrote it. Backend failures are `503` with
 //! `Retry-After: 1`. Queue statistics and dead letters are in [`super::queues`], the routes in
 //! [`super::routes`].
 
@@ -19,11 +21,14 @@ use std::time::Duration;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
-use baton_commands::{validate_id, Command, CommandError, ListQuery};
-use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+use baton_commands::{validate_id, Command, CommandError, ListQuery, RawJson};
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use super::errors::{echo, ApiError};
-use super::json::{json_response, state_json};
+use super::json::serialized_response;
 use super::plumbing::{
     limit_param, principal, read_body, status_param, BodyLimit, IdParam, ListQueryParams, Query, QueueName, WaitQuery,
 };
@@ -48,16 +53,12 @@ fn body_limit(limit: usize) -> BodyLimit {
 
 const SUBMIT_SHAPE: &str = "{\"type\": \"echo\", \"params\": {…}} (optional \"id\": a string)";
 
-/// Decodes a submit body into a command. Errors say what to fix (module docs).
+/// Decodes a submit body into a command; `params` keep their text byte for byte. Errors say what
+/// to fix (module docs).
 pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::invalid("invalid_json", format!("request body is not valid JSON ({e}); send {SUBMIT_SHAPE}"))
-    })?;
-    let Value::Object(mut m) = v else {
-        return Err(ApiError::invalid(
-            "invalid_body",
-            format!("request body must be a JSON object like {SUBMIT_SHAPE}; got {}", kind_of(&v)),
-        ));
+    // The body's fields as their JSON text (a key given twice: the last, as a `Value` reads it).
+    let Ok(mut m) = serde_json::from_slice::<BTreeMap<String, &RawValue>>(body) else {
+        return Err(body_error(body));
     };
     if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "id" | "type" | "params")) {
         return Err(ApiError::invalid(
@@ -65,7 +66,10 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
             format!("unknown field {}; a command body has only id, type and params", echo(k)),
         ));
     }
-    let command_type = match m.remove("type") {
+    let field = |raw: Option<&RawValue>| -> Result<Option<Value>, ApiError> {
+        raw.map(|r| serde_json::from_str::<Value>(r.get()).map_err(|_| body_error(body))).transpose()
+    };
+    let command_type = match field(m.remove("type"))? {
         Some(Value::String(t)) => t,
         None | Some(Value::Null) => {
             return Err(ApiError::invalid("invalid_body", format!("missing field \"type\"; send {SUBMIT_SHAPE}")))
@@ -77,14 +81,28 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
             ))
         }
     };
-    let params = m.remove("params").unwrap_or(Value::Null);
-    match m.remove("id") {
+    let params = m.remove("params").map(|r| RawJson::from(r.to_owned())).unwrap_or_default();
+    match field(m.remove("id"))? {
         None | Some(Value::Null) => Ok(Command::new(command_type, params)),
         Some(Value::String(id)) => Ok(Command::with_id(id, command_type, params)),
         Some(other) => Err(ApiError::invalid(
             "invalid_body",
             format!("\"id\" must be a string (1 to 200 bytes, no braces or whitespace); got {}", kind_of(&other)),
         )),
+    }
+}
+
+/// The error of a body that is not a JSON object of fields: invalid JSON (as serde_json names
+/// it), or what the body is instead of an object.
+fn body_error(body: &[u8]) -> ApiError {
+    match serde_json::from_slice::<Value>(body) {
+        Err(e) => {
+            ApiError::invalid("invalid_json", format!("request body is not valid JSON ({e}); send {SUBMIT_SHAPE}"))
+        }
+        Ok(v) => ApiError::invalid(
+            "invalid_body",
+            format!("request body must be a JSON object like {SUBMIT_SHAPE}; got {}", kind_of(&v)),
+        ),
     }
 }
 
@@ -139,7 +157,7 @@ pub async fn submit(
             };
         }
     }
-    let mut res = json_response(state_json(&state));
+    let mut res = serialized_response(&state);
     if created {
         *res.status_mut() = StatusCode::ACCEPTED;
         metrics::counter!("baton_commands_submitted_total", "queue" => queue.clone()).increment(1);
@@ -195,7 +213,7 @@ pub async fn get_command(
         }
         _ => state,
     };
-    Ok(json_response(state_json(&state)))
+    Ok(serialized_response(&state))
 }
 
 pub async fn cancel(
@@ -211,7 +229,7 @@ pub async fn cancel(
     who.check_queue(Op::Write, &state.queue).map_err(ApiError::forbidden)?;
     let state = store.cancel(&id).await?;
     metrics::counter!("baton_commands_cancelled_total", "queue" => state.queue.clone()).increment(1);
-    Ok(json_response(state_json(&state)))
+    Ok(serialized_response(&state))
 }
 
 pub async fn list(
@@ -223,13 +241,14 @@ pub async fn list(
     let limit = limit_param(&q, 100, 1000)?;
     let cursor = q.get("cursor").filter(|c| !c.is_empty()).cloned();
     let page = st.commands.store().list(&queue, ListQuery { status, limit, cursor }).await?;
-    let items: Vec<Value> = page.items.iter().map(state_json).collect();
-    Ok(json_response(json!({ "items": items, "next_cursor": page.next_cursor })))
+    // `{"items": [state…], "next_cursor": …}`, the states written exactly (see `serialized_response`).
+    Ok(serialized_response(&page))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn err(body: &str) -> (StatusCode, String) {
         let e = parse_submit(body.as_bytes()).unwrap_err();
@@ -243,6 +262,10 @@ mod tests {
         assert_eq!(c.params, json!({"x": 1}));
         let c = parse_submit(br#"{"type":"echo"}"#).unwrap();
         assert_eq!(c.params, Value::Null);
+        // Params keep their text: numbers, escapes, key order, inner whitespace.
+        let params = r#"{"z": 0.42451918914251396, "a": [18446744073709551615, 1e400], "\u00e9": "\ud83d\ude00"}"#;
+        let c = parse_submit(format!(r#"{{"params": {params} , "type":"echo"}}"#).as_bytes()).unwrap();
+        assert_eq!(c.params.get(), params);
         assert_eq!(c.id.len(), 36);
         assert!(err("{")
             .1

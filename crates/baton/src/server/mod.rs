@@ -32,6 +32,8 @@ impl Server {
     /// Connects the backend, binds the listener and starts serving. Errors: the backend cannot
     /// be reached, or the address cannot be bound.
     pub async fn start(cfg: ServeConfig) -> Result<Server, String> {
+        // The command store first: an unreachable Redis is reported by it, once, by name.
+        let command_store = workers::command_store(&cfg.backend).await?;
         let settings = StreamStoreSettings { default_limits: cfg.default_limits, ..StreamStoreSettings::default() };
         let store = match &cfg.backend {
             Storage::Memory => StreamStore::memory(settings),
@@ -39,7 +41,6 @@ impl Server {
                 StreamStore::redis(rc.clone(), settings).await.map_err(|e| format!("cannot use {rc}: {e}"))?
             }
         };
-        let command_store = workers::command_store(&cfg.backend).await?;
         let commands = CommandsApi::new(command_store.clone(), &cfg.queues, cfg.max_command_body, cfg.run_workers)?;
         let auth = Arc::new(Auth::new(cfg.tokens.clone()));
         let listener = listen::bind(cfg.listen, "--listen", "or BATON_LISTEN, or `listen` in the config file").await?;
