@@ -317,6 +317,12 @@ async fn params_come_back_exactly(backend: TestBackend) {
     let items: Vec<Box<serde_json::value::RawValue>> = serde_json::from_str(&raw_field(&page, "items")).unwrap();
     assert!(raw_field(items[0].get(), "params") == sample.text, "listing: params changed");
     assert!(raw_field(items[0].get(), "result") == sample.text, "listing: result changed");
+    // A refused cancel carries the state too.
+    let (s, text) = post_text(&srv, "/v1/commands/x-1/cancel", String::new()).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{text:.300}");
+    let state = raw_field(&text, "state");
+    assert!(raw_field(&state, "params") == sample.text, "409 already_terminal: params changed");
+    assert!(raw_field(&state, "result") == sample.text, "409 already_terminal: result changed");
 
     let same = format!(r#"{{"type":"echo","params":{},"id":"x-1"}}"#, sample.same_meaning);
     let (s, text) = post_text(&srv, "/v1/queues/extra/commands", same).await;

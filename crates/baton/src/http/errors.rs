@@ -13,9 +13,10 @@ use axum::response::{IntoResponse, Response};
 use baton_commands::CommandError;
 use baton_queue::QueueError;
 use baton_streams::StreamError;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::json::{json_response, state_json};
+use super::json::json_response;
 use super::names as h;
 
 /// The most characters of a request's value that an error message repeats.
@@ -58,14 +59,15 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
-    /// More fields of the body, after `error` and `message`.
-    pub extra: Map<String, Value>,
+    /// More fields of the body, after `error` and `message`, as JSON text (so that a command
+    /// state in a body keeps its params and result exactly as stored).
+    pub extra: Vec<(String, Box<RawValue>)>,
     pub headers: HeaderMap,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), extra: Map::new(), headers: HeaderMap::new() }
+        Self { status, code, message: message.into(), extra: Vec::new(), headers: HeaderMap::new() }
     }
 
     /// `400 bad_request` (the protocol's malformed requests).
@@ -106,8 +108,17 @@ impl ApiError {
     }
 
     /// Adds a field to the body.
-    pub fn with_field(mut self, name: &str, value: Value) -> Self {
-        self.extra.insert(name.to_string(), value);
+    pub fn with_field(self, name: &str, value: Value) -> Self {
+        self.with_serialized_field(name, &value)
+    }
+
+    /// [`ApiError::with_field`] for any serializable value, written as it serializes (a
+    /// [`CommandState`](baton_commands::CommandState) keeps its params and result exactly).
+    pub fn with_serialized_field<T: serde::Serialize + ?Sized>(mut self, name: &str, value: &T) -> Self {
+        let raw = serde_json::value::to_raw_value(value)
+            .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("null is JSON"));
+        self.extra.retain(|(n, _)| n != name);
+        self.extra.push((name.to_string(), raw));
         self
     }
 }
@@ -131,8 +142,22 @@ impl IntoResponse for ApiError {
         let mut body = Map::new();
         body.insert("error".into(), Value::from(self.code));
         body.insert("message".into(), Value::from(message));
-        body.extend(self.extra);
-        let mut res = (self.status, json_response(Value::Object(body))).into_response();
+        let res = if self.extra.is_empty() {
+            json_response(Value::Object(body))
+        } else {
+            // {"error", "message", then the extra fields in order, each as its JSON text}.
+            let mut text = serde_json::to_string(&Value::Object(body)).unwrap_or_else(|_| "{}".into());
+            text.pop();
+            for (name, raw) in &self.extra {
+                text.push(',');
+                text.push_str(&serde_json::to_string(name).unwrap_or_else(|_| "\"\"".into()));
+                text.push(':');
+                text.push_str(raw.get());
+            }
+            text.push('}');
+            ([(header::CONTENT_TYPE, "application/json")], text).into_response()
+        };
+        let mut res = (self.status, res).into_response();
         res.headers_mut().extend(self.headers);
         res
     }
@@ -225,7 +250,7 @@ impl From<CommandError> for ApiError {
             ),
             NotFound(_) => ApiError::not_found("not_found", format!("{msg} (never submitted, or expired)")),
             AlreadyTerminal(st) => {
-                ApiError::new(StatusCode::CONFLICT, "already_terminal", msg).with_field("state", state_json(&st))
+                ApiError::new(StatusCode::CONFLICT, "already_terminal", msg).with_serialized_field("state", &st)
             }
             Queue(QueueError::InvalidQueueName(_)) => ApiError::invalid("invalid_queue", msg),
             Corrupt { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_state", msg),
