@@ -202,6 +202,54 @@ async fn read_until(res: reqwest::Response, within: Duration, marker: &str) -> (
     }
 }
 
+/// With `--header-timeout 2s`: a request whose head is complete but whose body stops arriving
+/// (a stream append and a command submit that announce more bytes than they send) is answered
+/// `408 body_timeout` after about 2 s and its connection closed, and the connection gauge
+/// returns to the one `/metrics` request (before this, such a connection was held as long as the
+/// client liked: the header timeout ended with the head, the idle timeout never applied while the
+/// request was in flight, so stalled bodies exhausted the connection limit as silent heads once
+/// did). A body sent in pieces with pauses shorter than the timeout is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_is_answered_408_and_closed() {
+    let baton = Baton::start(None, &["--header-timeout", "2s", "--idle-timeout", "30s"]);
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/stream/acme/stalled", baton.base());
+    assert_eq!(c.put(&url).header("content-type", "text/plain").send().await.unwrap().status(), 201);
+    let heads = [
+        "POST /v1/stream/acme/stalled HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\nab",
+        "POST /v1/queues/default/commands HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"type\"",
+    ];
+    for head in heads {
+        let mut s = baton.connect();
+        s.write_all(head.as_bytes()).unwrap();
+        let t0 = Instant::now();
+        s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        let took = t0.elapsed();
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 408"), "{head}: {text}");
+        assert!(text.contains(r#""error":"body_timeout""#) && text.contains("--header-timeout"), "{text}");
+        assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(5), "{took:?}");
+    }
+    // Pauses of 1 s between pieces: each wait is shorter than the timeout.
+    let mut s = baton.connect();
+    s.write_all(b"POST /v1/stream/acme/stalled HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\nabc").unwrap();
+    for piece in [b"def", b"ghi"] {
+        std::thread::sleep(Duration::from_secs(1));
+        s.write_all(piece).unwrap();
+    }
+    let mut got = String::new();
+    s.read_to_string(&mut got).unwrap();
+    assert!(got.starts_with("HTTP/1.1 204"), "{got}");
+    let body = c.get(format!("{url}?offset=-1")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(body, "abcdefghi");
+    assert_eq!(baton.metric("baton_http_connections_timed_out_total{reason=\"body\"}").await, 2.0);
+    drop((c, s));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(baton.metric("baton_http_connections ").await, 1.0, "only the /metrics request is open");
+}
+
 /// With `--max-connections 4`: a fifth and sixth connection are closed as soon as accepted and
 /// counted in `baton_http_connections_rejected_total`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

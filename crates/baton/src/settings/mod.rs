@@ -65,7 +65,8 @@ pub struct ServeArgs {
     pub max_header_bytes: Option<usize>,
     /// How long a connection may take to send a request's head (request line and headers),
     /// counted from when it connects or, on a kept-alive connection, from the first byte of the
-    /// request; slower connections are closed [default: 30s].
+    /// request; slower connections are closed. A request body that stops arriving for this long
+    /// is answered 408 and its connection closed [default: 30s].
     #[arg(long, env = "BATON_HEADER_TIMEOUT", value_parser = parse_duration)]
     pub header_timeout: Option<Duration>,
     /// A kept-alive connection with no request in flight is closed after this long without a
