@@ -34,7 +34,7 @@ const DRAIN_CAP: usize = 64 << 20;
 
 /// The error a request body gives when it stops arriving: the server's connection loop wraps
 /// every request body so that a wait of `after` for its next bytes ends it with this error
-/// ([`read_body`] answers it `408 body_timeout` and closes the connection).
+/// (the HTTP layer answers it `408 body_timeout` and closes the connection).
 #[derive(Debug)]
 pub struct BodyTimeout {
     /// How long the body had sent nothing.
