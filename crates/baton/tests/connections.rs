@@ -250,6 +250,53 @@ async fn a_body_that_stops_arriving_is_answered_408_and_closed() {
     assert_eq!(baton.metric("baton_http_connections ").await, 1.0, "only the /metrics request is open");
 }
 
+/// With `--idle-timeout 1s`: a client that reads an 8 MiB catch-up response slowly (16 KiB
+/// every 8 ms, about 4 s in all, more than the server's send buffer holds) receives all of it, while one that stops reading is closed
+/// about an idle timeout later. Before this, the idle clock started once the body had been
+/// handed to hyper, so the slow reader was cut mid-response after 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_gets_its_whole_response() {
+    let baton = Baton::start(None, &["--idle-timeout", "1s", "--header-timeout", "10s", "--max-body", "9MiB"]);
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/stream/acme/big", baton.base());
+    let body = vec![b'x'; 8 << 20];
+    let r = c.put(&url).header("content-type", "application/octet-stream").body(body).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    // A small receive buffer (no autotuning), so the response waits in the server, not in the
+    // kernel, while the client reads slowly.
+    let slow = tokio::net::TcpSocket::new_v4().unwrap();
+    slow.set_recv_buffer_size(16 << 10).unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", baton.port).parse().unwrap();
+    let mut s = slow.connect(addr).await.unwrap().into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.write_all(b"GET /v1/stream/acme/big?offset=-1 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16 << 10];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    loop {
+        std::thread::sleep(Duration::from_millis(8));
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+        if got.len() >= (8 << 20) && got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let head = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            if got.len() - head >= 8 << 20 {
+                break;
+            }
+        }
+    }
+    let head = got.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head") + 4;
+    assert!(t0.elapsed() > Duration::from_millis(1500), "the read was not slow: {:?}", t0.elapsed());
+    assert_eq!(got.len() - head, 8 << 20, "the response was cut after {:?}", t0.elapsed());
+    // A client that stops reading: closed about an idle timeout after its last progress.
+    let mut stalled = baton.connect();
+    stalled.write_all(b"GET /v1/stream/acme/big?offset=-1 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(closed_within(&mut stalled, Duration::from_secs(5)).is_some(), "a client that stopped reading is closed");
+}
+
 /// With `--max-connections 4`: a fifth and sixth connection are closed as soon as accepted and
 /// counted in `baton_http_connections_rejected_total`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

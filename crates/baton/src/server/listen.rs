@@ -13,7 +13,9 @@
 //!   timeout applies).
 //! - A kept-alive connection with no request in flight is closed after `idle_timeout` without a
 //!   new request. A request is in flight from its complete head until its response body has been
-//!   handed to the connection whole, so a long-poll or SSE response is never cut, however long.
+//!   handed to the connection whole, so a long-poll or SSE response is never cut, however long;
+//!   after that, bytes of the response still being written (a slow reader) count as activity, so
+//!   the idle time runs from the last of them.
 //! - At most `max_connections` are open; a connection over the limit is closed as soon as it is
 //!   accepted and counted in `baton_http_connections_rejected_total`.
 //! - hyper's own head limits are set around the documented `max_header_bytes` (enforced by the
@@ -321,6 +323,16 @@ impl Watch {
         }
     }
 
+    /// Bytes were written. While idle these are the rest of a response whose body has ended (a
+    /// slow reader still receiving it): the idle time counts from the last progress, so a
+    /// response is never cut while the client keeps reading, and one the client stopped reading
+    /// is closed an idle timeout after its last progress.
+    fn wrote(&self) {
+        if self.phase.load(Relaxed) == IDLE {
+            self.mark(IDLE);
+        }
+    }
+
     fn deadline(&self, limits: &Limits) -> Option<Instant> {
         let since = self.start + Duration::from_millis(self.since_ms.load(Relaxed));
         match self.phase.load(Relaxed) {
@@ -452,7 +464,12 @@ impl AsyncRead for Watched {
 
 impl AsyncWrite for Watched {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.io).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            me.watch.wrote();
+        }
+        r
     }
 
     fn poll_write_vectored(
@@ -460,7 +477,12 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.io).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            me.watch.wrote();
+        }
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
