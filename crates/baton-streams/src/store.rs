@@ -88,6 +88,11 @@ impl StreamStore {
                 "a silence timeout of 0 would end the stream at once; give a positive duration, or none to disable it",
             ));
         }
+        if limits.max_run.is_some_and(|d| d.is_zero()) {
+            return Err(StreamError::invalid(
+                "a max run of 0 would delete the stream as soon as it is created; give a positive duration, or none for no limit",
+            ));
+        }
         let incarnation = uuid::Uuid::now_v7().simple().to_string();
         let Some(fork) = opts.fork.clone() else {
             let ct = opts.content_type.clone().unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_string());

@@ -129,5 +129,6 @@ suite!(
     edges::max_len_counts_json_messages,
     edges::recreate_with_other_limits_conflicts,
     edges::zero_silence_timeout_is_refused,
+    edges::zero_max_run_is_refused,
     edges::offsets_of_a_deleted_stream_are_refused,
 );

@@ -202,6 +202,101 @@ async fn read_until(res: reqwest::Response, within: Duration, marker: &str) -> (
     }
 }
 
+/// With `--header-timeout 2s`: a request whose head is complete but whose body stops arriving
+/// (a stream append and a command submit that announce more bytes than they send) is answered
+/// `408 body_timeout` after about 2 s and its connection closed, and the connection gauge
+/// returns to the one `/metrics` request (before this, such a connection was held as long as the
+/// client liked: the header timeout ended with the head, the idle timeout never applied while the
+/// request was in flight, so stalled bodies exhausted the connection limit as silent heads once
+/// did). A body sent in pieces with pauses shorter than the timeout is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_is_answered_408_and_closed() {
+    let baton = Baton::start(None, &["--header-timeout", "2s", "--idle-timeout", "30s"]);
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/stream/acme/stalled", baton.base());
+    assert_eq!(c.put(&url).header("content-type", "text/plain").send().await.unwrap().status(), 201);
+    let heads = [
+        "POST /v1/stream/acme/stalled HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\nab",
+        "POST /v1/queues/default/commands HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"type\"",
+    ];
+    for head in heads {
+        let mut s = baton.connect();
+        s.write_all(head.as_bytes()).unwrap();
+        let t0 = Instant::now();
+        s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        let took = t0.elapsed();
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 408"), "{head}: {text}");
+        assert!(text.contains(r#""error":"body_timeout""#) && text.contains("--header-timeout"), "{text}");
+        assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(5), "{took:?}");
+    }
+    // Pauses of 1 s between pieces: each wait is shorter than the timeout.
+    let mut s = baton.connect();
+    s.write_all(b"POST /v1/stream/acme/stalled HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\nabc").unwrap();
+    for piece in [b"def", b"ghi"] {
+        std::thread::sleep(Duration::from_secs(1));
+        s.write_all(piece).unwrap();
+    }
+    let mut got = String::new();
+    s.read_to_string(&mut got).unwrap();
+    assert!(got.starts_with("HTTP/1.1 204"), "{got}");
+    let body = c.get(format!("{url}?offset=-1")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(body, "abcdefghi");
+    assert_eq!(baton.metric("baton_http_connections_timed_out_total{reason=\"body\"}").await, 2.0);
+    drop((c, s));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(baton.metric("baton_http_connections ").await, 1.0, "only the /metrics request is open");
+}
+
+/// With `--idle-timeout 1s`: a client that reads an 8 MiB catch-up response slowly (16 KiB
+/// every 8 ms, about 4 s in all, more than the server's send buffer holds) receives all of it, while one that stops reading is closed
+/// about an idle timeout later. Before this, the idle clock started once the body had been
+/// handed to hyper, so the slow reader was cut mid-response after 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_gets_its_whole_response() {
+    let baton = Baton::start(None, &["--idle-timeout", "1s", "--header-timeout", "10s", "--max-body", "9MiB"]);
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/stream/acme/big", baton.base());
+    let body = vec![b'x'; 8 << 20];
+    let r = c.put(&url).header("content-type", "application/octet-stream").body(body).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    // A small receive buffer (no autotuning), so the response waits in the server, not in the
+    // kernel, while the client reads slowly.
+    let slow = tokio::net::TcpSocket::new_v4().unwrap();
+    slow.set_recv_buffer_size(16 << 10).unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", baton.port).parse().unwrap();
+    let mut s = slow.connect(addr).await.unwrap().into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.write_all(b"GET /v1/stream/acme/big?offset=-1 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16 << 10];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    loop {
+        std::thread::sleep(Duration::from_millis(8));
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+        if got.len() >= (8 << 20) && got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let head = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            if got.len() - head >= 8 << 20 {
+                break;
+            }
+        }
+    }
+    let head = got.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head") + 4;
+    assert!(t0.elapsed() > Duration::from_millis(1500), "the read was not slow: {:?}", t0.elapsed());
+    assert_eq!(got.len() - head, 8 << 20, "the response was cut after {:?}", t0.elapsed());
+    // A client that stops reading: closed about an idle timeout after its last progress.
+    let mut stalled = baton.connect();
+    stalled.write_all(b"GET /v1/stream/acme/big?offset=-1 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(closed_within(&mut stalled, Duration::from_secs(5)).is_some(), "a client that stopped reading is closed");
+}
+
 /// With `--max-connections 4`: a fifth and sixth connection are closed as soon as accepted and
 /// counted in `baton_http_connections_rejected_total`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -179,6 +179,23 @@ async fn zero_silence_timeout_is_refused(srv: &TestServer) {
     assert_eq!(c.head(&url).send().await.unwrap().status(), StatusCode::NOT_FOUND);
 }
 
+/// `Baton-Max-Run: 0s` (and `0`) is refused: the stream would be deleted as soon as it is created
+/// (before this, the `PUT` answered `201` and the stream was gone at once, `404`).
+async fn zero_max_run_is_refused(srv: &TestServer) {
+    let c = client();
+    let url = srv.url(&unique("run0"));
+    for zero in ["0s", "0"] {
+        let r = c.put(&url).header("content-type", "text/plain").header("baton-max-run", zero).send().await.unwrap();
+        let (status, err) = error_of(r).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{zero}: {err}");
+        assert!(err["message"].as_str().unwrap().contains("`none`"), "{err}");
+        assert_eq!(c.head(&url).send().await.unwrap().status(), StatusCode::NOT_FOUND);
+    }
+    let r = c.put(&url).header("content-type", "text/plain").header("baton-max-run", "1h").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(c.head(&url).send().await.unwrap().status(), StatusCode::OK);
+}
+
 /// An offset of a deleted stream is refused by the stream re-created at its path.
 async fn offsets_of_a_deleted_stream_are_gone(srv: &TestServer) {
     let c = client();
@@ -276,6 +293,7 @@ on_backends!(
     max_len_counts_messages,
     put_with_other_settings_conflicts,
     zero_silence_timeout_is_refused,
+    zero_max_run_is_refused,
     offsets_of_a_deleted_stream_are_gone,
     long_poll_on_a_deleted_stream,
 );

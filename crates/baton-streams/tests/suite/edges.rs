@@ -117,6 +117,19 @@ pub async fn zero_silence_timeout_is_refused(b: &TestBackend) {
     assert!(matches!(opened, Err(StreamError::InvalidRequest { .. })));
 }
 
+/// A max run of 0 would delete a stream as soon as it is created: refused (`None` disables it;
+/// before this, the create succeeded and the stream was gone at once).
+pub async fn zero_max_run_is_refused(b: &TestBackend) {
+    let s = store(b, settings()).await;
+    let zero = RunLimits { max_run: Some(Duration::ZERO), ..RunLimits::unlimited() };
+    let p = path("run0");
+    let e = s.create(&p, CreateOptions { limits: Some(zero), ..opts("text/plain") }).await.unwrap_err();
+    assert!(matches!(&e, StreamError::InvalidRequest { reason } if reason.contains("none for no limit")), "{e:?}");
+    assert!(matches!(s.head(&p).await, Err(StreamError::NotFound { .. })));
+    let opened = s.open(&p, OpenOptions { limits: Some(zero), ..Default::default() }).await;
+    assert!(matches!(opened, Err(StreamError::InvalidRequest { .. })));
+}
+
 fn tagged(offset: Offset, incarnation: &str) -> ReadFrom {
     ReadFrom::parse(&offset.token(incarnation)).unwrap()
 }

@@ -131,6 +131,11 @@ pub fn limits(headers: &HeaderMap, defaults: RunLimits) -> Result<Option<RunLimi
         any = true;
     }
     if let Some(d) = dur(baton_max_run())? {
+        if d.is_some_and(|d| d.is_zero()) {
+            return Err(ApiError::bad_request(
+                "Baton-Max-Run: 0 would delete the stream as soon as it is created; give a positive duration like 1h, or `none` for no limit",
+            ));
+        }
         l.max_run = d;
         any = true;
     }

@@ -41,6 +41,7 @@ use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 use crate::settings::ServeConfig;
 pub use errors::ApiError;
+pub use plumbing::BodyTimeout;
 pub use state::{AppState, CommandsApi, Shared};
 
 /// Builds the router of `baton serve` from the route table, inside the CORS layer and the edge

@@ -117,6 +117,9 @@ pub fn public_op(summary: &str, mut responses: Value) -> Value {
 /// `op` with a request body.
 pub fn with_body(mut op: Value, body: Value) -> Value {
     op["requestBody"] = body;
+    op["responses"]["408"] = err_resp(
+        "`body_timeout`: the request body stopped arriving (nothing for the server's header timeout); the connection is closed.",
+    );
     op
 }
 

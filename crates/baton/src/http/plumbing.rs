@@ -32,6 +32,41 @@ use crate::auth::Principal;
 /// client still sending gets the status instead of a broken pipe.
 const DRAIN_CAP: usize = 64 << 20;
 
+/// The error a request body gives when it stops arriving: the server's connection loop wraps
+/// every request body so that a wait of `after` for its next bytes ends it with this error
+/// (the HTTP layer answers it `408 body_timeout` and closes the connection).
+#[derive(Debug)]
+pub struct BodyTimeout {
+    /// How long the body had sent nothing.
+    pub after: std::time::Duration,
+}
+
+impl std::fmt::Display for BodyTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the request body stopped arriving: no bytes for {:?}", self.after)
+    }
+}
+
+impl std::error::Error for BodyTimeout {}
+
+/// The `408` of a body that stopped arriving (`e` is the body's error, if it is that).
+fn body_timeout(e: &axum::Error) -> Option<ApiError> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(t) = c.downcast_ref::<BodyTimeout>() {
+            let msg = format!(
+                "{t} (the server's --header-timeout also bounds each wait for more of a request body); send the whole body (as Content-Length announces) without pausing"
+            );
+            return Some(
+                ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", msg)
+                    .with_header(header::CONNECTION, "close"),
+            );
+        }
+        cause = c.source();
+    }
+    None
+}
+
 /// How a route limits its request bodies.
 pub struct BodyLimit {
     /// The largest body, in bytes.
@@ -45,7 +80,8 @@ pub struct BodyLimit {
 
 /// Reads the whole body, refusing more than `rules.limit` bytes with `413 body_too_large`. A
 /// body declared (`Content-Length`) or found to be far over the limit is refused with
-/// `Connection: close`.
+/// `Connection: close`, and so is one that stopped arriving ([`BodyTimeout`]: `408
+/// body_timeout`).
 pub async fn read_body(body: Body, headers: &HeaderMap, rules: &BodyLimit) -> Result<Bytes, ApiError> {
     let limit = rules.limit;
     let too_large = |n: String, close: bool| {
@@ -65,8 +101,10 @@ pub async fn read_body(body: Body, headers: &HeaderMap, rules: &BodyLimit) -> Re
     let mut buf = BytesMut::new();
     let mut total = 0usize;
     while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| ApiError::invalid(rules.unreadable, format!("could not read the request body: {e}")))?;
+        let chunk = chunk.map_err(|e| {
+            body_timeout(&e)
+                .unwrap_or_else(|| ApiError::invalid(rules.unreadable, format!("could not read the request body: {e}")))
+        })?;
         total = total.saturating_add(chunk.len());
         if total > limit.saturating_add(DRAIN_CAP) {
             return Err(too_large(format!("more than {total}"), true));

@@ -323,7 +323,7 @@ fn stream_routes() -> Vec<Route> {
                     protected(map(vec![
                         ("200", bare("An identical stream exists.")),
                         ("201", bare("Created; `Location` names it.")),
-                        ("400", err_resp("Bad path, header or body (e.g. `Baton-Silence-Timeout: 0s`: use `none`).")),
+                        ("400", err_resp("Bad path, header or body (e.g. `Baton-Silence-Timeout: 0s` or `Baton-Max-Run: 0s`: use `none`).")),
                         ("404", err_resp("Fork source not found.")),
                         (
                             "409",

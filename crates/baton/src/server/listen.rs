@@ -6,9 +6,16 @@
 //! - A connection has `header_timeout` to send its first request's head (request line and
 //!   headers), counted from when it connects; later requests on a kept-alive connection get
 //!   `header_timeout` from their first byte. One that sends nothing, or half a head, is closed.
+//! - A request body has `header_timeout` for each wait of its handler for more bytes
+//!   (`Receiving`): a body that stops arriving ends with [`BodyTimeout`], which the HTTP layer
+//!   answers `408 body_timeout` with `Connection: close`. Without it, a complete head followed by
+//!   a stalled body would hold its connection forever (the request is in flight, so no other
+//!   timeout applies).
 //! - A kept-alive connection with no request in flight is closed after `idle_timeout` without a
 //!   new request. A request is in flight from its complete head until its response body has been
-//!   handed to the connection whole, so a long-poll or SSE response is never cut, however long.
+//!   handed to the connection whole, so a long-poll or SSE response is never cut, however long;
+//!   after that, bytes of the response still being written (a slow reader) count as activity, so
+//!   the idle time runs from the last of them.
 //! - At most `max_connections` are open; a connection over the limit is closed as soon as it is
 //!   accepted and counted in `baton_http_connections_rejected_total`.
 //! - hyper's own head limits are set around the documented `max_header_bytes` (enforced by the
@@ -22,9 +29,10 @@
 //!
 //! Metrics: `baton_http_connections` (gauge, open now), `baton_http_connections_max` (gauge, the
 //! limit), `baton_http_connections_rejected_total` (over the limit) and
-//! `baton_http_connections_timed_out_total{reason="header"|"idle"}`.
+//! `baton_http_connections_timed_out_total{reason="header"|"idle"|"body"}`.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -48,6 +56,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use crate::http::BodyTimeout;
 use crate::settings::Connections;
 
 /// Connections the kernel may hold complete before they are accepted (the standard library's
@@ -230,9 +239,11 @@ async fn connection(
     let io = TokioIo::new(Watched { io: stream, watch: watch.clone() });
     let svc = {
         let watch = watch.clone();
+        let body_timeout = limits.header_timeout;
         hyper::service::service_fn(move |req: Request<Incoming>| {
             let busy = Busy::begin(&watch);
             let app = app.clone();
+            let req = req.map(|body| Body::new(Receiving::new(body, body_timeout)));
             async move {
                 let Ok(res) = app.oneshot(req).await;
                 Ok::<_, Infallible>(res.map(|body| Tracked { body, _busy: busy }))
@@ -312,6 +323,16 @@ impl Watch {
         }
     }
 
+    /// Bytes were written. While idle these are the rest of a response whose body has ended (a
+    /// slow reader still receiving it): the idle time counts from the last progress, so a
+    /// response is never cut while the client keeps reading, and one the client stopped reading
+    /// is closed an idle timeout after its last progress.
+    fn wrote(&self) {
+        if self.phase.load(Relaxed) == IDLE {
+            self.mark(IDLE);
+        }
+    }
+
     fn deadline(&self, limits: &Limits) -> Option<Instant> {
         let since = self.start + Duration::from_millis(self.since_ms.load(Relaxed));
         match self.phase.load(Relaxed) {
@@ -371,6 +392,58 @@ impl HttpBody for Tracked {
     }
 }
 
+/// A request body that ends with [`BodyTimeout`] when the handler has waited `timeout` for its
+/// next bytes (a client that announced a body and stopped sending it, or never started). The
+/// timer runs only while the body is polled and not ready, so a handler that reads the body
+/// late, or a body already received, never times out; its sleep is allocated on the first wait.
+struct Receiving {
+    body: Incoming,
+    timeout: Duration,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The sleep is set for the current wait.
+    armed: bool,
+}
+
+impl Receiving {
+    fn new(body: Incoming, timeout: Duration) -> Receiving {
+        Receiving { body, timeout, sleep: None, armed: false }
+    }
+}
+
+impl HttpBody for Receiving {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let me = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut me.body).poll_frame(cx) {
+            me.armed = false;
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let deadline = Instant::now() + me.timeout;
+        let sleep = me.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if !me.armed {
+            sleep.as_mut().reset(deadline);
+            me.armed = true;
+        }
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                metrics::counter!("baton_http_connections_timed_out_total", "reason" => "body").increment(1);
+                Poll::Ready(Some(Err(Box::new(BodyTimeout { after: me.timeout }))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// The connection's socket, telling the watch when bytes arrive.
 struct Watched {
     io: TcpStream,
@@ -391,7 +464,12 @@ impl AsyncRead for Watched {
 
 impl AsyncWrite for Watched {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.io).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            me.watch.wrote();
+        }
+        r
     }
 
     fn poll_write_vectored(
@@ -399,7 +477,12 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.io).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            me.watch.wrote();
+        }
+        r
     }
 
     fn is_write_vectored(&self) -> bool {

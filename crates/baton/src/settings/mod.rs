@@ -65,7 +65,8 @@ pub struct ServeArgs {
     pub max_header_bytes: Option<usize>,
     /// How long a connection may take to send a request's head (request line and headers),
     /// counted from when it connects or, on a kept-alive connection, from the first byte of the
-    /// request; slower connections are closed [default: 30s].
+    /// request; slower connections are closed. A request body that stops arriving for this long
+    /// is answered 408 and its connection closed [default: 30s].
     #[arg(long, env = "BATON_HEADER_TIMEOUT", value_parser = parse_duration)]
     pub header_timeout: Option<Duration>,
     /// A kept-alive connection with no request in flight is closed after this long without a
@@ -90,7 +91,7 @@ pub struct ServeArgs {
     /// an append or keepalive); `none` disables, `0` is refused [default: none].
     #[arg(long, env = "BATON_SILENCE_TIMEOUT", value_parser = parse_opt_duration)]
     pub silence_timeout: Option<OptDuration>,
-    /// Default hard lifetime of new streams; `none` disables [default: none].
+    /// Default hard lifetime of new streams; `none` disables, `0` is refused [default: none].
     #[arg(long, env = "BATON_MAX_RUN", value_parser = parse_opt_duration)]
     pub max_run: Option<OptDuration>,
     /// Default replay window of new streams after they end; `none` keeps them [default: none].
@@ -451,6 +452,12 @@ impl ServeArgs {
                 "silence_timeout 0 would end every new stream at once; give a positive duration, or `none`".into()
             );
         }
+        if cfg.default_limits.max_run.is_some_and(|d| d.is_zero()) {
+            return Err(
+                "max_run 0 would delete every new stream as soon as it is created; give a positive duration, or `none`"
+                    .into(),
+            );
+        }
         Ok(cfg)
     }
 }
@@ -526,6 +533,13 @@ mod tests {
         assert!(e.contains("silence_timeout 0") && e.contains("`none`"), "{e}");
         let none = ServeArgs { silence_timeout: Some(OptDuration(None)), ..Default::default() };
         assert_eq!(none.resolve().unwrap().default_limits.silence_timeout, None);
+    }
+
+    #[test]
+    fn zero_max_run_is_refused() {
+        let args = ServeArgs { max_run: Some(OptDuration(Some(Duration::ZERO))), ..Default::default() };
+        let e = args.resolve().unwrap_err();
+        assert!(e.contains("max_run 0") && e.contains("`none`"), "{e}");
     }
 
     #[test]
