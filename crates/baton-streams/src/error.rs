@@ -28,10 +28,12 @@ pub enum StreamError {
     /// 410: the requested offset is before the earliest retained data (after a trim). [§5.6]
     #[error("offset {offset} is before the earliest retained offset {earliest}")]
     OffsetGone { offset: Offset, earliest: Offset },
-    /// 410: the offset token belongs to another incarnation of the stream: the stream it was read
-    /// from was deleted and a new one created at the same path since (see [`crate::OffsetTag`]).
-    /// Read the new stream from `-1`. [Baton: offsets of deleted streams]
-    #[error("offset {offset} belongs to an earlier stream at this path (it was deleted and re-created since)")]
+    /// 410: the offset token does not belong to the stream now at this path: it was read from an
+    /// earlier stream there (deleted and re-created since), or from another stream (see
+    /// [`crate::OffsetTag`]). Read the stream from `-1`. [Baton: offsets of deleted streams]
+    #[error(
+        "offset {offset} does not belong to the stream now at this path (it is from an earlier stream here, deleted and re-created since, or from another stream)"
+    )]
     OffsetIncarnation { offset: String },
     /// 400: the offset is not `-1`, `now`, nor an offset token this server mints. [§8]
     #[error("malformed offset {input:?}")]
