@@ -3,6 +3,8 @@
 //! `--idle-timeout` while live responses are never cut, connections over `--max-connections`
 //! are closed at once and counted, and a taken port is refused with a message naming `--listen`.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -175,31 +177,12 @@ async fn idle_connections_are_closed_but_live_responses_are_not() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let r = c.post(&url).header("content-type", "text/plain").body("still here").send().await.unwrap();
     assert_eq!(r.status(), 204);
-    let (text, _) = read_until(sse, Duration::from_secs(3), "still here").await;
+    let (text, _) = common::read_sse_until(sse, Duration::from_secs(3), |t| t.contains("still here")).await;
     assert!(text.contains("still here"), "the SSE response was cut: {text:?}");
     // The long-poll saw the append (or its own 4 s timeout), not a cut connection.
     let status = poll.await.unwrap().expect("the long-poll is answered");
     assert!(status == 200 || status == 204, "{status}");
     assert!(t0.elapsed() >= Duration::from_secs(3));
-}
-
-async fn read_until(res: reqwest::Response, within: Duration, marker: &str) -> (String, bool) {
-    use futures::StreamExt;
-    let mut body = res.bytes_stream();
-    let mut text = String::new();
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        match tokio::time::timeout_at(deadline, body.next()).await {
-            Ok(Some(Ok(chunk))) => {
-                text.push_str(&String::from_utf8_lossy(&chunk));
-                if text.contains(marker) {
-                    return (text, false);
-                }
-            }
-            Ok(None) => return (text, true),
-            Ok(Some(Err(_))) | Err(_) => return (text, false),
-        }
-    }
 }
 
 /// With `--header-timeout 2s`: a request whose head is complete but whose body stops arriving
