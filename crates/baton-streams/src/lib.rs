@@ -173,6 +173,9 @@ mod settings;
 mod store;
 mod types;
 
+/// The Redis connection settings of [`StreamStore::redis`], re-exported from `baton-redis` (an
+/// embedder needs no dependency on it).
+pub use baton_redis::RedisConfig;
 pub use end::{EndReason, EndState, Ended};
 pub use error::{Result, StreamError};
 pub use limits::{LimitScope, RunLimits};
