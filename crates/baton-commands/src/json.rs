@@ -34,7 +34,8 @@ use serde_json::Value;
 ///   decoding an integer accepts only the first) and `0.42451918914251396` ≠
 ///   `0.4245191891425139` (no rounding to `f64`); integers of any size compare exactly.
 ///
-/// A string with a lone UTF-16 surrogate escape (`"\ud83d"`) has no meaning: its submit is
+/// A string with a lone UTF-16 surrogate escape (`"\ud83d"`) has no meaning, and params nested
+/// more than [`MAX_PARAMS_NESTING`] deep are more than a handler can decode: such a submit is
 /// refused ([`crate::CommandError::InvalidParams`]).
 ///
 /// Equality (`==`) is equality of the text. Serialized with serde_json it is written as is;
@@ -179,7 +180,8 @@ impl<'de> Deserialize<'de> for RawJson {
 ///   and `0.42451918914251396` ≠ `0.4245191891425139` (no rounding to `f64`); integers of any
 ///   size compare exactly. (An exponent too long for 18 digits compares by its text.)
 ///
-/// Errors: a string that does not decode (a lone UTF-16 surrogate escape such as `"\ud83d"`).
+/// Errors: a string that does not decode (a lone UTF-16 surrogate escape such as `"\ud83d"`);
+/// arrays and objects nested more than [`MAX_PARAMS_NESTING`] deep.
 ///
 /// The form starts with `v2` and a newline, so it never equals a [`legacy_canonical_body`].
 pub(crate) fn canonical_body(command_type: &str, params: &RawJson) -> Result<String, serde_json::Error> {
@@ -190,40 +192,128 @@ pub(crate) fn canonical_body(command_type: &str, params: &RawJson) -> Result<Str
     Ok(out)
 }
 
+/// The deepest nesting of arrays and objects in params: 127, what serde_json (its recursion
+/// limit of 128) decodes as a [`Value`] or a derived struct. [`RawJson`] itself keeps any depth
+/// (serde_json skips over a raw value without that limit), so the limit is applied here, on
+/// every submit: deeper params are refused (a 1 MiB body can nest 500,000 deep).
+pub const MAX_PARAMS_NESTING: usize = 127;
+
+/// An array or object being written by [`canonical`].
+enum Open {
+    /// An array: its elements go straight into the output; `first` until one is written.
+    Array { first: bool },
+    /// An object: `outer` is the output before it, each value is written into a fresh buffer
+    /// and kept under its decoded key (a key given twice: the last value), `key` the key whose
+    /// value comes next.
+    Object { outer: String, entries: BTreeMap<String, String>, key: Option<String> },
+}
+
+/// Writes the canonical form of the JSON text `raw` (valid JSON, as [`RawJson`] checked) in one
+/// pass over it, with a stack of the arrays and objects open (no recursion: a `RawJson` may
+/// nest far deeper than a thread's stack allows, and refusing one that is too deep reads no
+/// further than [`MAX_PARAMS_NESTING`] levels into it).
 fn canonical(raw: &str, out: &mut String) -> Result<(), serde_json::Error> {
-    match raw.as_bytes().first() {
-        Some(b'{') => {
-            let m: BTreeMap<String, &RawValue> = serde_json::from_str(raw)?;
-            out.push('{');
-            for (i, (k, v)) in m.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
+    let bytes = raw.as_bytes();
+    let mut stack: Vec<Open> = Vec::new();
+    let mut cur = String::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        // Separators carry nothing once the text is known to be JSON.
+        if matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b',' | b':') {
+            i += 1;
+            continue;
+        }
+        if matches!(b, b']' | b'}') {
+            i += 1;
+            match stack.pop() {
+                Some(Open::Array { .. }) => cur.push(']'),
+                Some(Open::Object { outer, entries, .. }) => {
+                    let mut obj = outer;
+                    obj.push('{');
+                    for (n, (k, v)) in entries.iter().enumerate() {
+                        if n > 0 {
+                            obj.push(',');
+                        }
+                        obj.push_str(&serde_json::to_string(k).expect("string"));
+                        obj.push(':');
+                        obj.push_str(v);
+                    }
+                    obj.push('}');
+                    cur = obj;
                 }
-                out.push_str(&serde_json::to_string(k).expect("string"));
-                out.push(':');
-                canonical(v.get(), out)?;
+                None => unreachable!("valid JSON closes only what it opened"),
             }
-            out.push('}');
+            value_done(&mut stack, &mut cur);
+            continue;
         }
-        Some(b'[') => {
-            let a: Vec<&RawValue> = serde_json::from_str(raw)?;
-            out.push('[');
-            for (i, v) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
+        // A key, or the start of a value.
+        let key_next = matches!(stack.last(), Some(Open::Object { key: None, .. }));
+        if !key_next {
+            if let Some(Open::Array { first }) = stack.last_mut() {
+                if !std::mem::take(first) {
+                    cur.push(',');
                 }
-                canonical(v.get(), out)?;
             }
-            out.push(']');
         }
-        Some(b'"') => {
-            let s: String = serde_json::from_str(raw)?;
-            out.push_str(&serde_json::to_string(&s).expect("string"));
+        match b {
+            b'[' | b'{' => {
+                if stack.len() >= MAX_PARAMS_NESTING {
+                    return Err(serde::de::Error::custom(format_args!(
+                        "arrays and objects are nested more than {MAX_PARAMS_NESTING} deep; flatten the params"
+                    )));
+                }
+                i += 1;
+                if b == b'[' {
+                    cur.push('[');
+                    stack.push(Open::Array { first: true });
+                } else {
+                    let outer = std::mem::take(&mut cur);
+                    stack.push(Open::Object { outer, entries: BTreeMap::new(), key: None });
+                }
+            }
+            b'"' => {
+                let start = i;
+                i += 1;
+                while bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+                let s: String = serde_json::from_str(&raw[start..i])?;
+                if key_next {
+                    if let Some(Open::Object { key, .. }) = stack.last_mut() {
+                        *key = Some(s);
+                    }
+                } else {
+                    cur.push_str(&serde_json::to_string(&s).expect("string"));
+                    value_done(&mut stack, &mut cur);
+                }
+            }
+            _ => {
+                let start = i;
+                while i < bytes.len() && matches!(bytes[i], b'-' | b'+' | b'.' | b'0'..=b'9' | b'a'..=b'z' | b'E') {
+                    i += 1;
+                }
+                let token = &raw[start..i];
+                if matches!(b, b'-' | b'0'..=b'9') {
+                    canonical_number(token, &mut cur);
+                } else {
+                    cur.push_str(token);
+                }
+                value_done(&mut stack, &mut cur);
+            }
         }
-        Some(b'-' | b'0'..=b'9') => canonical_number(raw, out),
-        _ => out.push_str(raw),
     }
+    out.push_str(&cur);
     Ok(())
+}
+
+/// A value was written into `cur`: an object's value is moved under its key.
+fn value_done(stack: &mut [Open], cur: &mut String) {
+    if let Some(Open::Object { entries, key, .. }) = stack.last_mut() {
+        let k = key.take().expect("a value in an object follows its key");
+        entries.insert(k, std::mem::take(cur));
+    }
 }
 
 /// A JSON number (valid, as serde_json checked): an integer as its digits (`-0` as `0`); any
@@ -384,6 +474,105 @@ mod tests {
         }
         assert_ne!(canonical_body("t", &raw("1")).unwrap(), canonical_body("u", &raw("1")).unwrap());
         assert!(canonical_body("t", &raw(r#""\ud83d""#)).is_err());
+    }
+
+    /// The recursive walk of the version that introduced the `v2` form: states it stored carry
+    /// hashes of its output, so the one-pass walk must write exactly the same.
+    fn recursive_walk(raw: &str, out: &mut String) {
+        match raw.as_bytes().first() {
+            Some(b'{') => {
+                let m: BTreeMap<String, &RawValue> = serde_json::from_str(raw).unwrap();
+                out.push('{');
+                for (i, (k, v)) in m.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::to_string(k).unwrap());
+                    out.push(':');
+                    recursive_walk(v.get(), out);
+                }
+                out.push('}');
+            }
+            Some(b'[') => {
+                let a: Vec<&RawValue> = serde_json::from_str(raw).unwrap();
+                out.push('[');
+                for (i, v) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    recursive_walk(v.get(), out);
+                }
+                out.push(']');
+            }
+            Some(b'"') => {
+                let s: String = serde_json::from_str(raw).unwrap();
+                out.push_str(&serde_json::to_string(&s).unwrap());
+            }
+            Some(b'-' | b'0'..=b'9') => canonical_number(raw, out),
+            _ => out.push_str(raw),
+        }
+    }
+
+    #[test]
+    fn one_pass_writes_what_the_recursive_walk_wrote() {
+        let corpus = [
+            "null",
+            "true",
+            " false ",
+            "-0",
+            "1E+2",
+            "0.100e-0003",
+            r#""a\"b\\\u00e9\n/\ud83d\ude00""#,
+            "[]",
+            "{}",
+            "[ [ ], { }, [[]], {\"a\":{}} ]",
+            r#"{"b": 1, "a": {"y": [1, 2.50, -3e3], "x": null}, "a": [true, false, null, "z"]}"#,
+            r#"[ {"d" : [1 , {"d":1,"c":{"\u00e9":"é","e":[]}}], "c":"x"} , 2, "3", [4.0, [5e0]] ]"#,
+            r#"{"k\"ey": {"": ["", {"": ""}]}, "": 0}"#,
+            "\t[\r\n1 ,\t2\n]\n",
+        ];
+        for text in corpus {
+            let mut expected = String::new();
+            recursive_walk(raw(text).get(), &mut expected);
+            let mut got = String::new();
+            canonical(raw(text).get(), &mut got).unwrap();
+            assert_eq!(got, expected, "{text}");
+        }
+    }
+
+    /// Params nested as deep as a `Value` decodes are canonical; deeper ones are refused, never
+    /// walked level by level (that overflowed the stack at some thousands of levels, killing
+    /// the process, and took time quadratic in the depth).
+    #[test]
+    fn nesting_is_bounded_like_serde_json() {
+        let nested = |depth: usize, open: &str, leaf: &str, close: &str| {
+            format!("{}{leaf}{}", open.repeat(depth), close.repeat(depth))
+        };
+        for depth in [MAX_PARAMS_NESTING - 1, MAX_PARAMS_NESTING, MAX_PARAMS_NESTING + 1, 10_000, 500_000] {
+            for (open, close) in [("[", "]"), (r#"{"k":"#, "}"), (r#"[{"k":"#, "}]")] {
+                let text = nested(depth, open, "1", close);
+                let params = raw(&text);
+                let decodes = params.parse::<Value>().is_ok();
+                let levels = depth * if open.len() == 6 { 2 } else { 1 };
+                assert_eq!(decodes, levels <= MAX_PARAMS_NESTING, "{levels} levels");
+                // On a thread with a small stack, as a server's worker has.
+                let r = std::thread::Builder::new()
+                    .stack_size(256 << 10)
+                    .spawn(move || canonical_body("t", &params).map_err(|e| e.to_string()))
+                    .unwrap()
+                    .join()
+                    .unwrap();
+                match r {
+                    Ok(_) => assert!(decodes, "{levels} levels"),
+                    Err(e) => {
+                        assert!(!decodes, "{levels} levels: {e}");
+                        assert!(e.contains("nested more than 127 deep"), "{e}");
+                    }
+                }
+            }
+        }
+        // Scalars at the deepest level still count as that level's values.
+        assert!(canonical_body("t", &raw(&nested(MAX_PARAMS_NESTING, "[", r#""\u00e9""#, "]"))).is_ok());
     }
 
     #[test]

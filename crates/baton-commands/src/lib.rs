@@ -183,7 +183,7 @@ use std::time::Duration;
 pub use async_trait::async_trait;
 /// The Redis connection of [`CommandStore::redis`], re-exported from `baton-redis`.
 pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
-pub use json::RawJson;
+pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp};
 pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
 pub use store::{CommandStore, CommandStoreSettings, RedisCommandStoreOptions};
@@ -235,7 +235,8 @@ pub enum CommandError {
     #[error("invalid command type {0:?}: use 1 to 200 bytes without control characters")]
     InvalidType(String),
     /// Params (or a result) that are not valid JSON (a string with a lone UTF-16 surrogate escape
-    /// included) or were refused by the handler's `validate`.
+    /// included), params nested more than [`MAX_PARAMS_NESTING`] deep, or params refused by the
+    /// handler's `validate`.
     #[error("invalid params: {0}")]
     InvalidParams(String),
     /// A status name that is not one of SUBMITTED, RUNNING, SUCCEEDED, FAILED, CANCELLED (or the

@@ -377,6 +377,33 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
+/// Params nested deeper than a handler can decode (serde_json's limit) are refused with a 400
+/// that says so; the server stays up. 400,000 levels fit in a 1 MiB body: walking them one
+/// level per call frame overflowed a worker's stack and aborted the whole process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deeply_nested_params_are_refused() {
+    let srv = serve(TestBackend::Memory, |_| {}).await;
+    for (depth, open, close) in [(400_000, "[", "]"), (128, "[", "]"), (100_000, r#"{"a":"#, "}")] {
+        let params = format!("{}0{}", open.repeat(depth), close.repeat(depth));
+        let body = format!(r#"{{"id": "deep-{depth}", "type": "echo", "params": {params}}}"#);
+        let (s, text) = post_text(&srv, "/v1/queues/extra/commands", body).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{text:.300}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"], "invalid_params", "{text:.300}");
+        assert!(v["message"].as_str().unwrap().contains("nested more than 127 deep"), "{text:.300}");
+        let (s, _) = get(&srv, &format!("/v1/commands/deep-{depth}")).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "nothing stored");
+    }
+    // 127 levels are what a handler decodes: stored and echoed exactly.
+    let params = format!("{}{}", "[".repeat(127), "]".repeat(127));
+    let body = format!(r#"{{"id": "deep-ok", "type": "echo", "params": {params}}}"#);
+    let (s, text) = post_text(&srv, "/v1/queues/extra/commands", body).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{text:.300}");
+    let (_, text) = get_text(&srv, "/v1/commands/deep-ok?wait=20s").await;
+    assert_eq!((raw_field(&text, "params"), raw_field(&text, "result")), (params.clone(), params));
+    srv.stop().await;
+}
+
 /// Every command and queue route with bad input: the status, the error code and the message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_4xx_with_what_to_fix() {

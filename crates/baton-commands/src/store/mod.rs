@@ -159,7 +159,8 @@ impl CommandStore {
     ///
     /// Errors: [`CommandError::InvalidId`], [`CommandError::InvalidType`],
     /// [`CommandError::InvalidParams`] (refused by `validate`, or a string with a lone UTF-16
-    /// surrogate escape), [`CommandError::Queue`] (bad queue name),
+    /// surrogate escape, or arrays and objects nested more than [`crate::MAX_PARAMS_NESTING`]
+    /// deep), [`CommandError::Queue`] (bad queue name),
     /// [`CommandError::Conflict`] (same id, other type/params or other queue), backend errors.
     pub async fn submit(&self, queue: &str, command: Command) -> Result<CommandState, CommandError> {
         self.submit_created(queue, command).await.map(|(state, _)| state)

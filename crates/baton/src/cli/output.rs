@@ -17,11 +17,13 @@ pub fn print_json_exact(text: &str) {
 }
 
 /// The JSON text `text` indented like `serde_json::to_string_pretty` (two spaces, `"key": value`),
-/// with keys, strings, numbers and key order exactly as written. `None` when it is not JSON.
+/// with keys, strings, numbers and key order exactly as written; arrays and objects more than
+/// [`PRETTY_DEPTH`] deep are written as they are (on one line, as given). `None` when it is not
+/// JSON.
 pub fn pretty_exact(text: &str) -> Option<String> {
     let raw: &RawValue = serde_json::from_str(text).ok()?;
     let mut out = String::new();
-    write_pretty(raw, 0, &mut out).ok()?;
+    write_pretty(raw, 0, 0, &mut out).ok()?;
     Some(out)
 }
 
@@ -58,9 +60,14 @@ impl<'de: 'a, 'a> Deserialize<'de> for Container<'a> {
     }
 }
 
-fn write_pretty(raw: &RawValue, indent: usize, out: &mut String) -> serde_json::Result<()> {
+/// How deep [`pretty_exact`] indents. A raw value keeps any depth (serde_json skips over one
+/// without its recursion limit), and each level here is a call: a stream message nested 500,000
+/// deep overflowed the CLI's stack.
+pub const PRETTY_DEPTH: usize = 128;
+
+fn write_pretty(raw: &RawValue, depth: usize, indent: usize, out: &mut String) -> serde_json::Result<()> {
     let text = raw.get();
-    if !matches!(text.as_bytes().first(), Some(b'{' | b'[')) {
+    if !matches!(text.as_bytes().first(), Some(b'{' | b'[')) || depth >= PRETTY_DEPTH {
         out.push_str(text);
         return Ok(());
     }
@@ -74,7 +81,7 @@ fn write_pretty(raw: &RawValue, indent: usize, out: &mut String) -> serde_json::
                 pad(out, indent + 2);
                 out.push_str(k.get());
                 out.push_str(": ");
-                write_pretty(v, indent + 2, out)?;
+                write_pretty(v, depth + 1, indent + 2, out)?;
                 out.push_str(if i + 1 < entries.len() { ",\n" } else { "\n" });
             }
             pad(out, indent);
@@ -84,7 +91,7 @@ fn write_pretty(raw: &RawValue, indent: usize, out: &mut String) -> serde_json::
             out.push_str("[\n");
             for (i, v) in items.iter().enumerate() {
                 pad(out, indent + 2);
-                write_pretty(v, indent + 2, out)?;
+                write_pretty(v, depth + 1, indent + 2, out)?;
                 out.push_str(if i + 1 < items.len() { ",\n" } else { "\n" });
             }
             pad(out, indent);
@@ -220,6 +227,17 @@ mod tests {
             "{\n  \"z\": 0.42451918914251396,\n  \"\\u00e9\": [\n    \"\\ud83d\\ude00\",\n    18446744073709551615\n  ]\n}"
         );
         assert_eq!(pretty_exact("{"), None);
+        // Beyond PRETTY_DEPTH, as written: no call per level (50,000 levels overflowed).
+        let deep = format!("{}{}", "[".repeat(50_000), "]".repeat(50_000));
+        let pretty = std::thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(move || pretty_exact(&deep).unwrap())
+            .unwrap()
+            .join()
+            .unwrap();
+        let inner = format!("{}{}", "[".repeat(50_000 - PRETTY_DEPTH), "]".repeat(50_000 - PRETTY_DEPTH));
+        assert!(pretty.contains(&format!("{}{inner}\n", " ".repeat(2 * PRETTY_DEPTH))));
+        assert_eq!(pretty.matches('\n').count(), 2 * PRETTY_DEPTH);
         assert_eq!(raw_field(r#"{"params": {"b": 1.50, "a": 2}}"#, "params"), Some(r#"{"b": 1.50, "a": 2}"#));
     }
 }
