@@ -95,6 +95,8 @@ pub(crate) struct Registry {
     pub next_seq: u64,
     /// Acquisition stopped: short `RetryAfter`s are no longer kept here.
     pub closing: bool,
+    /// The consumer was aborted ([`Shared::abort_all`]): no handler starts any more.
+    pub aborted: bool,
     /// The waiting slots by due time (a waiting slot is never stopped: a lost or gone one is
     /// removed).
     pub dues: std::collections::BTreeSet<(Instant, MessageId)>,
@@ -290,6 +292,9 @@ impl Shared {
     }
 
     fn take_due_locked(self: &Arc<Self>, reg: &mut Registry, now: Instant) -> usize {
+        if reg.aborted {
+            return 0;
+        }
         let mut free = self.concurrency.saturating_sub(reg.busy + reg.promised);
         let mut started = 0;
         while free > 0 {
@@ -339,6 +344,7 @@ impl Shared {
         let mut started = 0;
         let released = {
             let mut reg = self.lock();
+            let items = if reg.aborted { Vec::new() } else { items };
             for (id, payload, deliveries) in items {
                 if reg.slots.contains_key(&id) {
                     tracing::error!(queue = %self.queue, message_id = %id, "entry acquired while this process holds it; not delivered twice");
@@ -403,7 +409,11 @@ impl Shared {
 
     /// Aborts every running handler task (a consumer aborted).
     pub fn abort_all(&self) {
-        for s in self.lock().slots.values_mut() {
+        let mut reg = self.lock();
+        // Under the same lock as every start: a read that returns after this starts nothing
+        // (its entries stay this consumer's and fail over after the claim timeout).
+        reg.aborted = true;
+        for s in reg.slots.values_mut() {
             if let Some(a) = s.abort.take() {
                 a.abort();
             }

@@ -18,7 +18,40 @@ baton_testkit::on_every_backend!(
     bad_input_is_refused_with_clear_errors,
     idle_consumers_without_pending_are_reaped,
     drain_reports_in_flight_work_and_leaves_it_to_a_peer,
+    no_handler_starts_after_abort,
 );
+
+/// `abort` stops the consumer as if its process died: a read in flight when it is called (here
+/// a blocking read on an empty queue) may still return entries, but no handler starts for them
+/// (they fail over after the claim timeout like the rest of a dead consumer's work).
+async fn no_handler_starts_after_abort(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("abort-read");
+    let calls = Arc::new(AtomicU32::new(0));
+    let c2 = calls.clone();
+    let c = s
+        .consume(
+            &q,
+            move |_d: Delivery| {
+                let calls = c2.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Decision::Ack
+                }
+            },
+            fast(3_000),
+        )
+        .await
+        .unwrap();
+    // Let the acquirer block in its read of the empty queue.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.abort();
+    for i in 0..5 {
+        s.offer(&q, format!("m{i}")).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "a handler started after abort");
+}
 
 async fn deferred_lease_is_kept_until_settled(b: TestBackend) {
     let s = stream_for(&b).await;
