@@ -343,7 +343,7 @@ fn worker_refuses_the_memory_backend_and_unknown_queues() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("baton worker: baton worker needs --redis or --redis-cluster"), "{err}");
+    assert!(err.contains("baton worker: it needs --redis or --redis-cluster"), "{err}");
     let out = Command::new(env!("CARGO_BIN_EXE_baton"))
         .args(["worker", "--redis", "redis://127.0.0.1:1", "--queues", "nope"])
         .env_remove("BATON_CONFIG")

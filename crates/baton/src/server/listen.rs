@@ -138,11 +138,12 @@ impl Limits {
         };
         let max_connections = match conns.max_connections {
             Some(n) => {
-                if let Some(d) = descriptors.filter(|d| n as u64 + 16 > *d) {
+                // Warned when it keeps fewer descriptors free than the derived default does.
+                if let Some(d) = descriptors.filter(|_| n > derived) {
                     tracing::warn!(
                         max_connections = n,
                         descriptor_limit = d,
-                        "max_connections is close to or above the descriptor limit: accepting may fail with `Too many open files`; raise the limit (ulimit -n) or lower --max-connections"
+                        "max_connections leaves fewer than one eighth of the descriptor limit (at least 64) for Redis connections, files and the listener: accepting may fail with `Too many open files`; raise the limit (ulimit -n) or lower --max-connections"
                     );
                 }
                 n

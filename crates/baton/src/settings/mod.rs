@@ -439,8 +439,13 @@ impl ServeArgs {
         if cfg.sse_heartbeat.is_zero() || cfg.sse_cycle.is_zero() {
             return Err("sse_heartbeat and sse_cycle must be greater than zero".into());
         }
-        if cfg.connections.header_timeout.is_zero() || cfg.connections.idle_timeout.is_zero() {
-            return Err("header_timeout and idle_timeout must be greater than zero".into());
+        for (zero, name) in [
+            (cfg.connections.header_timeout.is_zero(), "--header-timeout (header_timeout)"),
+            (cfg.connections.idle_timeout.is_zero(), "--idle-timeout (idle_timeout)"),
+        ] {
+            if zero {
+                return Err(format!("{name} must be greater than zero, e.g. 30s"));
+            }
         }
         if cfg.connections.max_connections == Some(0) {
             return Err(
@@ -492,11 +497,9 @@ impl WorkerArgs {
         }
         .resolve()?;
         if serve.backend == Storage::Memory {
-            return Err(
-                "baton worker needs --redis or --redis-cluster (or redis / redis_cluster in the config file); \
+            return Err("it needs --redis or --redis-cluster (or redis / redis_cluster in the config file); \
                         with the in-memory backend the workers run inside baton serve"
-                    .into(),
-            );
+                .into());
         }
         let mut queues = serve.queues;
         if let Some(only) = self.queues {
@@ -540,6 +543,17 @@ mod tests {
         let args = ServeArgs { max_run: Some(OptDuration(Some(Duration::ZERO))), ..Default::default() };
         let e = args.resolve().unwrap_err();
         assert!(e.contains("max_run 0") && e.contains("`none`"), "{e}");
+    }
+
+    #[test]
+    fn a_zero_connection_timeout_names_its_flag() {
+        let args = ServeArgs { idle_timeout: Some(Duration::ZERO), ..Default::default() };
+        assert_eq!(args.resolve().unwrap_err(), "--idle-timeout (idle_timeout) must be greater than zero, e.g. 30s");
+        let args = ServeArgs { header_timeout: Some(Duration::ZERO), ..Default::default() };
+        assert_eq!(
+            args.resolve().unwrap_err(),
+            "--header-timeout (header_timeout) must be greater than zero, e.g. 30s"
+        );
     }
 
     #[test]
