@@ -217,7 +217,10 @@ async fn closed_error(st: &AppState, path: &StreamPath, e: StreamError) -> ApiEr
     let final_offset = end.final_offset;
     let mut err = ApiError::from(e);
     if let Ok(info) = st.store.head(path).await {
-        if let Ok(v) = HeaderValue::from_str(&final_offset.token(&info.incarnation)) {
+        let token = final_offset.token(&info.incarnation);
+        // The message names the same token as the header.
+        err.message = err.message.replacen(&final_offset.to_string(), &token, 1);
+        if let Ok(v) = HeaderValue::from_str(&token) {
             err.headers.insert(h::stream_next_offset(), v);
         }
     }
