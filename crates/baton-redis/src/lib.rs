@@ -21,6 +21,9 @@
 //! Cluster rule (Redis Cluster spec, "Keys hash tags"): every key a script touches is passed in
 //! KEYS and all of them share one `{…}` hash tag, so the script runs on one node.
 //!
+//! [`RedisConn::scan_match`] ([`KeyScan`]) is `SCAN … MATCH` over every key of the deployment:
+//! the one server, or every master of a Cluster.
+//!
 //! [`group_commit`] is the one mechanism for "one call in flight per key, the rest go in the
 //! next call" (command submits and transitions, stream writes).
 //!
@@ -47,6 +50,7 @@
 //! ```
 
 pub mod group_commit;
+mod scan;
 
 use std::time::Duration;
 
@@ -56,6 +60,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 pub use redis;
+pub use scan::KeyScan;
 
 /// Response timeout of shared connections: 5 s. A command on a shared connection that gets no
 /// reply within it fails with an I/O timeout error (and the connection manager reconnects).

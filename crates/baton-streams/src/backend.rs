@@ -88,6 +88,9 @@ pub(crate) trait StreamBackend: Send + Sync + 'static {
         producer: Option<(&str, u64)>,
     ) -> Result<StreamInfo>;
     async fn trim(&self, path: &StreamPath, through: Offset) -> Result<Offset>;
+    /// Up to `limit` paths of existing streams (not soft-deleted, not expired) starting with
+    /// `prefix`, in no particular order, each once.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<StreamPath>>;
     /// Waits up to `timeout` for records after `after` (or the end, or deletion).
     async fn wait(
         &self,

@@ -50,6 +50,10 @@
 //!   [`StreamStore::delete`] (§5.4, soft delete while forks exist), [`StreamStore::head`] (§5.5),
 //!   [`StreamStore::read`] (§5.6 catch-up), [`StreamStore::read_live`] (§5.7 long-poll) and
 //!   [`StreamStore::subscribe`] (§5.8 SSE), [`StreamStore::trim`] (§4 retention).
+//! * [`StreamStore::list`]: the paths of the existing streams under a prefix.
+//! * [`StreamObserver`] ([`StreamStore::set_observer`]): told of each create, append, close and
+//!   delete a store makes, with the new tail as a client-visible offset token, before the call
+//!   returns (e.g. to wake subscribers of streams matching a pattern).
 //! * Offsets ([`Offset`], §8): `MMMMMMMMMMMMMMMM_SSSSSSSSSSSSSSSS`, the Redis entry id of the
 //!   last entry read, zero-padded; start is `0000000000000000_0000000000000000`. Over HTTP they
 //!   travel as tokens with the stream incarnation's [`OffsetTag`] appended ([`Offset::token`],
@@ -139,7 +143,8 @@
 //! one more check after it ends); memory, one sorted-set member per registered stream. No `SCAN`:
 //! the cost does not grow with the rest of the keyspace. Chosen over a `SCAN MATCH baton:s:*:m`
 //! cursor spread over ticks because a SCAN cycle grows with the whole keyspace (work queues
-//! included), so no detection bound could be promised. Not done: updating the score on appends
+//! included), so no detection bound could be promised. (The one `SCAN` of the crate is
+//! [`StreamStore::list`], an on-demand listing.) Not done: updating the score on appends
 //! (it would need a second command per append in Cluster).
 //!
 //! # Live reads and fan-out
@@ -182,7 +187,7 @@ pub use limits::{LimitScope, RunLimits};
 pub use offset::{Offset, OffsetTag, ReadFrom};
 pub use run::{OpenOptions, Producer, RunHandle};
 pub use settings::StreamStoreSettings;
-pub use store::{StreamStore, Subscription};
+pub use store::{StreamObserver, StreamStore, Subscription};
 pub use types::{
     is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EpochMs, Expiry, ForkFrom,
     ProducerStamp, ReadChunk, Record, StreamInfo, StreamPath, DEFAULT_CONTENT_TYPE,

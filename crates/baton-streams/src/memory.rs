@@ -557,6 +557,25 @@ impl StreamBackend for MemoryStreamBackend {
         Ok(out)
     }
 
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<StreamPath>> {
+        let now = now_ms();
+        let map = self.streams.lock().unwrap();
+        let mut out = Vec::new();
+        for (path, s) in map.iter() {
+            if out.len() >= limit {
+                break;
+            }
+            if !path.as_str().starts_with(prefix) {
+                continue;
+            }
+            let st = s.st.lock().unwrap();
+            if !st.removed && !st.deleted && !st.expired(now) {
+                out.push(path.clone());
+            }
+        }
+        Ok(out)
+    }
+
     async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>> {
         let Some(s) = self.lookup(path) else { return Ok(None) };
         let mut map = self.streams.lock().unwrap();

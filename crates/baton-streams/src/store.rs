@@ -1,8 +1,9 @@
 //! [`StreamStore`]: the public entry point, one type over every backend. It validates and
 //! resolves each request (defaults, fork snapshots, body preparation) and hands it to its
-//! [`StreamBackend`] (`backend.rs`); it constructs the backends (`memory.rs`, `redis/`).
+//! [`StreamBackend`] (`backend.rs`); it constructs the backends (`memory.rs`, `redis/`). It also
+//! tells its [`StreamObserver`], if any, of the writes it made.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use baton_redis::RedisConfig;
@@ -22,6 +23,67 @@ use crate::types::*;
 pub struct StreamStore {
     pub(crate) backend: Arc<dyn StreamBackend>,
     pub(crate) settings: Arc<StreamStoreSettings>,
+    /// Shared by every clone ([`StreamStore::set_observer`]).
+    observer: Arc<RwLock<Option<Arc<dyn StreamObserver>>>>,
+}
+
+/// Told of the writes a [`StreamStore`] (this process, through this store or any of its clones)
+/// makes, after they are committed; installed with [`StreamStore::set_observer`].
+///
+/// Each call is awaited by the store method that made the write, before that method returns: a
+/// write acknowledged to a client has been observed (so keep the calls short, e.g. hand the event
+/// to a channel). Calls for concurrent writes, to one stream or several, may overlap and arrive
+/// in any order (the tail tokens of one stream incarnation order its writes).
+///
+/// Not observed: failed writes, producer duplicates (`Appended::duplicate`), writes that changed
+/// nothing (an idempotent re-create, a close of a stream already ended), and what a backend does
+/// without a store call: the end of a silent run (`producer_lost`, by the sweeper or by whatever
+/// call notices it), expiry, the collection of a soft-deleted fork source, and writes of other
+/// processes (other stores on the same Redis).
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+///
+/// use baton_streams::{CreateOptions, StreamObserver, StreamPath, StreamStore, StreamStoreSettings};
+///
+/// #[derive(Default)]
+/// struct Log(Mutex<Vec<String>>);
+///
+/// #[async_trait::async_trait]
+/// impl StreamObserver for Log {
+///     async fn appended(&self, path: &StreamPath, tail: &str) {
+///         self.0.lock().unwrap().push(format!("{path} {tail}"));
+///     }
+///     async fn deleted(&self, path: &StreamPath) {
+///         self.0.lock().unwrap().push(format!("{path} deleted"));
+///     }
+/// }
+///
+/// # #[tokio::main]
+/// # async fn main() -> baton_streams::Result<()> {
+/// let store = StreamStore::memory(StreamStoreSettings::default());
+/// let log = Arc::new(Log::default());
+/// store.set_observer(log.clone());
+/// let path = StreamPath::new("acme/orders")?;
+/// let created = store.create(&path, CreateOptions { initial: Some("hello".into()), ..Default::default() }).await?;
+/// store.delete(&path).await?;
+/// let tail = created.info.tail.token(&created.info.incarnation);
+/// assert_eq!(*log.0.lock().unwrap(), [format!("acme/orders {tail}"), "acme/orders deleted".to_string()]);
+/// assert!(store.list("acme/", 100).await?.is_empty());
+/// # Ok(())
+/// # }
+/// ```
+#[async_trait::async_trait]
+pub trait StreamObserver: Send + Sync + 'static {
+    /// After a create (with or without initial data; forks; a run open that created its stream), an
+    /// append, or a close that was accepted and was not a producer duplicate: the stream's path and
+    /// its tail as the offset token clients see in `Stream-Next-Offset`
+    /// ([`Offset::token`] of the stream's incarnation, e.g.
+    /// `0001732934123456_0000000000000000_3fa8c2d1e0b4`; the untagged
+    /// `0001732934123456_0000000000000000` when the incarnation is unknown).
+    async fn appended(&self, path: &StreamPath, tail: &str);
+    /// After a delete (hard or soft) of the stream at `path` by [`StreamStore::delete`].
+    async fn deleted(&self, path: &StreamPath);
 }
 
 const MAX_SAFE_INT: u64 = (1 << 53) - 1;
@@ -31,7 +93,11 @@ impl StreamStore {
     /// Must be called inside a Tokio runtime (it starts a sweeper task for expiry and silence).
     pub fn memory(settings: StreamStoreSettings) -> Self {
         let settings = Arc::new(settings);
-        Self { backend: crate::memory::MemoryStreamBackend::new(settings.clone()), settings }
+        Self::with_backend(crate::memory::MemoryStreamBackend::new(settings.clone()), settings)
+    }
+
+    pub(crate) fn with_backend(backend: Arc<dyn StreamBackend>, settings: Arc<StreamStoreSettings>) -> Self {
+        Self { backend, settings, observer: Arc::new(RwLock::new(None)) }
     }
 
     /// The Redis backend (standalone or Cluster). Connects once (shared connection); tail loops
@@ -39,12 +105,45 @@ impl StreamStore {
     pub async fn redis(config: RedisConfig, settings: StreamStoreSettings) -> Result<Self> {
         let settings = Arc::new(settings);
         let backend = crate::redis::RedisStreamBackend::connect(config, settings.clone()).await?;
-        Ok(Self { backend, settings })
+        Ok(Self::with_backend(backend, settings))
     }
 
     /// Settings of this store.
     pub fn settings(&self) -> &StreamStoreSettings {
         &self.settings
+    }
+
+    /// Installs `observer` for this store and all its clones, made before or after (replaces a
+    /// previous one). Writes in flight while it is installed may be told to either.
+    pub fn set_observer(&self, observer: Arc<dyn StreamObserver>) {
+        *self.observer.write().unwrap_or_else(PoisonError::into_inner) = Some(observer);
+    }
+
+    /// The installed observer (one uncontended read lock; nothing else without one).
+    fn observer(&self) -> Option<Arc<dyn StreamObserver>> {
+        self.observer.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    async fn observe_append(&self, path: &StreamPath, tail: Offset, incarnation: &str) {
+        if let Some(o) = self.observer() {
+            o.appended(path, &tail.token(incarnation)).await;
+        }
+    }
+
+    /// The paths of the streams that exist (not soft-deleted, not expired), in no particular
+    /// order, whose path starts with `prefix` (`""` for all; a plain string prefix, not a glob nor
+    /// a segment boundary: `"acme/run"` matches `acme/run-1`). At most `limit` paths, each once.
+    ///
+    /// Memory: a walk of the map. Redis: `SCAN … MATCH baton:s:{<prefix>*}:m COUNT 1000` over the
+    /// stream metadata keys (on every master of a Cluster), then one `HMGET` per match (soft-deleted
+    /// streams keep their metadata key); it stops once it has `limit` paths. The cost grows with
+    /// the whole keyspace of each node (SCAN visits every key), not with the matches: meant for
+    /// occasional listings, not per request. A stream created or deleted during the call may or may
+    /// not be listed; in Cluster, one whose slot migrates meanwhile may be missed.
+    ///
+    /// Errors: [`StreamError::Backend`].
+    pub async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<StreamPath>> {
+        self.backend.list(prefix, limit).await
     }
 
     /// Creates a stream, or confirms an identical one (PROTOCOL.md §5.1): `created == false` when
@@ -113,7 +212,11 @@ impl StreamStore {
                 fork: None,
                 claim,
             };
-            return self.backend.create(path, spec).await;
+            let out = self.backend.create(path, spec).await?;
+            if out.0.created {
+                self.observe_append(path, out.0.info.tail, &out.0.info.incarnation).await;
+            }
+            return Ok(out);
         };
         // Fork: snapshot the source, create the fork with copied records, reference the source.
         let snap = match self.backend.snapshot(&fork.source, fork.offset).await {
@@ -179,6 +282,7 @@ impl StreamStore {
         if out.0.created {
             // Best effort: a source deleted meanwhile needs no reference (data was copied).
             let _ = self.backend.refs(&fork.source, true).await;
+            self.observe_append(path, out.0.info.tail, &out.0.info.incarnation).await;
         }
         Ok(out)
     }
@@ -221,6 +325,13 @@ impl StreamStore {
             records,
         };
         match self.backend.write(path, spec).await {
+            Ok(a) => {
+                // Observed: a write that wrote something (records, or the end it set).
+                if !a.duplicate && (!close_only || a.ended_now) {
+                    self.observe_append(path, a.tail, &a.incarnation).await;
+                }
+                Ok(a)
+            }
             Err(StreamError::Closed { end }) if close_only && req.producer.is_none() && req.close.is_some() => {
                 // The incarnation (for offset tokens): one metadata read on this rare path.
                 let incarnation = self.head(path).await.map(|i| i.incarnation).unwrap_or_default();
@@ -234,7 +345,7 @@ impl StreamStore {
                     incarnation,
                 })
             }
-            other => other,
+            Err(e) => Err(e),
         }
     }
 
@@ -249,7 +360,11 @@ impl StreamStore {
     /// Deleting a fork releases its source (cascading garbage collection of soft-deleted sources).
     /// Errors: `NotFound`, `Gone` (already soft-deleted).
     pub async fn delete(&self, path: &StreamPath) -> Result<()> {
-        if let Deleted::Hard { fork_source: Some(mut src) } = self.backend.delete(path).await? {
+        let deleted = self.backend.delete(path).await?;
+        if let Some(o) = self.observer() {
+            o.deleted(path).await;
+        }
+        if let Deleted::Hard { fork_source: Some(mut src) } = deleted {
             while let Some(next) = self.backend.refs(&src, false).await? {
                 src = next;
             }

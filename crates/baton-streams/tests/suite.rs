@@ -12,6 +12,8 @@ use baton_testkit::{RedisCluster, RedisServer, TestBackend};
 mod edges;
 #[path = "suite/live.rs"]
 mod live;
+#[path = "suite/observer.rs"]
+mod observer;
 #[path = "suite/protocol.rs"]
 mod protocol;
 #[path = "suite/runs.rs"]
@@ -131,4 +133,7 @@ suite!(
     edges::zero_silence_timeout_is_refused,
     edges::zero_max_run_is_refused,
     edges::offsets_of_a_deleted_stream_are_refused,
+    observer::observer_sees_committed_writes,
+    observer::observer_sees_forks_and_runs,
+    observer::list_streams_by_prefix,
 );

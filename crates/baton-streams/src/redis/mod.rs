@@ -7,12 +7,14 @@ mod sweep;
 mod tail;
 mod writer;
 
+use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use baton_redis::redis::Value;
+use baton_redis::redis::{self, Value};
 use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
+use futures::StreamExt;
 
 use crate::backend::{CreateSpec, Deleted, Snapshot, StreamBackend, WriteSpec};
 use crate::error::{Result, StreamError};
@@ -49,20 +51,72 @@ static TRIM: LuaScript = script!("streams.trim", "trim.lua");
 pub(crate) fn keys(path: &StreamPath) -> (String, String) {
     let mut ks = String::with_capacity(path.as_str().len() + 12);
     ks.push_str("baton:s:{");
-    for c in path.as_str().chars() {
-        match c {
-            '%' => ks.push_str("%25"),
-            '{' => ks.push_str("%7B"),
-            '}' => ks.push_str("%7D"),
-            c => ks.push(c),
-        }
-    }
+    escape_into(&mut ks, path.as_str());
     ks.push('}');
     let mut km = String::with_capacity(ks.len() + 2);
     km.push_str(&ks);
     km.push_str(":m");
     (ks, km)
 }
+
+/// Appends `path` with `%`, `{`, `}` percent-encoded (`%25`, `%7B`, `%7D`): the hash tag of its keys.
+fn escape_into(out: &mut String, path: &str) {
+    for c in path.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// The `SCAN … MATCH` pattern of the metadata keys of the streams whose path starts with `prefix`
+/// (`""` for all): `baton:s:{<prefix>*}:m`, the prefix escaped as in [`keys`] and then its glob
+/// metacharacters `*?[]\` escaped with `\`. It matches no other key of the layout: a data key
+/// does not end in `}:m` (`}` inside a tag is always `%7D`), the deadline shards are
+/// `baton:s:deadlines:{N}`.
+pub(crate) fn meta_pattern(prefix: &str) -> String {
+    let mut tag = String::with_capacity(prefix.len() + 8);
+    escape_into(&mut tag, prefix);
+    let mut p = String::with_capacity(tag.len() + 16);
+    p.push_str("baton:s:{");
+    for c in tag.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p.push_str("*}:m");
+    p
+}
+
+/// The stream path of a metadata key `baton:s:{<escaped path>}:m`; `None` for any other key (or
+/// a tag that is not a valid escaped path).
+pub(crate) fn meta_path(key: &[u8]) -> Option<StreamPath> {
+    let key = std::str::from_utf8(key).ok()?;
+    let tag = key.strip_prefix("baton:s:{")?.strip_suffix("}:m")?;
+    let mut path = String::with_capacity(tag.len());
+    let mut rest = tag;
+    while let Some(i) = rest.find(['%', '{', '}']) {
+        path.push_str(&rest[..i]);
+        let c = match rest.get(i..i + 3)? {
+            "%25" => '%',
+            "%7B" => '{',
+            "%7D" => '}',
+            _ => return None,
+        };
+        path.push(c);
+        rest = &rest[i + 3..];
+    }
+    path.push_str(rest);
+    StreamPath::new(path).ok()
+}
+
+/// `COUNT` of each `SCAN` call of [`StreamBackend::list`].
+const SCAN_COUNT: usize = 1000;
+/// Metadata reads in flight at once while [`StreamBackend::list`] checks a page of keys.
+const LIST_CHECKS: usize = 64;
 
 pub(crate) struct RedisStreamBackend {
     client: RedisClient,
@@ -272,6 +326,41 @@ impl StreamBackend for RedisStreamBackend {
         })
     }
 
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<StreamPath>> {
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        let mut seen = HashSet::new();
+        let mut scan = self.conn.scan_match(meta_pattern(prefix), SCAN_COUNT);
+        while let Some(page) = scan.next_page().await? {
+            let fresh: Vec<StreamPath> = page
+                .iter()
+                .filter_map(|k| meta_path(k))
+                .filter(|p| p.as_str().starts_with(prefix) && seen.insert(p.clone()))
+                .collect();
+            // A key SCAN returned may be gone by now, or be a soft-deleted stream (`del`).
+            let mut checks = futures::stream::iter(fresh)
+                .map(|p| async move {
+                    let (_, km) = keys(&p);
+                    let mut conn = self.conn.clone();
+                    let (inc, del): (Option<Vec<u8>>, Option<Vec<u8>>) =
+                        redis::cmd("HMGET").arg(km).arg("inc").arg("del").query_async(&mut conn).await?;
+                    Ok::<_, StreamError>((inc.is_some() && del.is_none()).then_some(p))
+                })
+                .buffered(LIST_CHECKS);
+            while let Some(checked) = checks.next().await {
+                if let Some(p) = checked? {
+                    out.push(p);
+                    if out.len() >= limit {
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
     async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>> {
         let r = self.call(&REFS, path, vec![if add { b"+".to_vec() } else { b"-".to_vec() }]).await?;
         Ok(if text(&r[0]) == "collected" { source_path(&r[1]) } else { None })
@@ -320,5 +409,31 @@ impl RedisStreamBackend {
 
     pub(crate) fn settings(&self) -> &StreamStoreSettings {
         &self.settings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_patterns_escape_the_tag_then_the_glob() {
+        assert_eq!(meta_pattern(""), "baton:s:{*}:m");
+        assert_eq!(meta_pattern("acme/run"), "baton:s:{acme/run*}:m");
+        assert_eq!(meta_pattern("g*[?]\\{%}/"), "baton:s:{g\\*\\[\\?\\]\\\\%7B%25%7D/*}:m");
+    }
+
+    #[test]
+    fn meta_paths_invert_keys() {
+        for p in ["acme/run-1", "g*[?]\\{%}/0", "a/%7B/{}%", "é/ü"] {
+            let path = StreamPath::new(p).unwrap();
+            let (ks, km) = keys(&path);
+            assert_eq!(meta_path(km.as_bytes()), Some(path), "{km}");
+            assert_eq!(meta_path(ks.as_bytes()), None, "a data key: {ks}");
+        }
+        assert_eq!(meta_path(b"baton:s:deadlines:{3}"), None);
+        assert_eq!(meta_path(b"baton:s:{a%7Xb}:m"), None, "not an escape of keys()");
+        assert_eq!(meta_path(b"baton:s:{a{b}:m"), None, "a raw brace");
+        assert_eq!(meta_path(b"baton:s:{}:m"), None, "not a valid path");
     }
 }

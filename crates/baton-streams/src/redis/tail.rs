@@ -558,7 +558,7 @@ mod tests {
         let server = baton_testkit::RedisServer::start();
         let settings = Arc::new(StreamStoreSettings::default());
         let backend = RedisStreamBackend::connect(server.config(), settings.clone()).await.unwrap();
-        let store = StreamStore { backend: backend.clone(), settings };
+        let store = StreamStore::with_backend(backend.clone(), settings);
         let path = StreamPath::new("t/handover").unwrap();
         let opts = CreateOptions { content_type: Some("text/plain".into()), ..Default::default() };
         let mut at = store.create(&path, opts).await.unwrap().info.tail;
