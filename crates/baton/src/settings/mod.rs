@@ -112,7 +112,7 @@ pub struct ServeArgs {
     #[arg(long, env = "BATON_NO_WORKERS")]
     pub no_workers: bool,
     /// The URL clients reach this server at (`https://baton.example.com`): subscriptions'
-    /// `callback_url` and `jwks_url` are built from it [default: `http://<bound address>`].
+    /// `callback_url` and `jwks_url` are built from it (default: `http://<bound address>`).
     #[arg(long, env = "BATON_PUBLIC_URL")]
     pub public_url: Option<String>,
     /// Accept subscription webhook URLs on loopback hosts (`localhost`, 127/8, `::1`), over
