@@ -845,6 +845,39 @@ async fn dashboard(g: &mut Golden) {
     g.send(req("POST", "/v1/dashboard/events")).await;
 }
 
+async fn subscriptions(g: &mut Golden) {
+    g.section("subscriptions (Durable Streams __ds)");
+    g.send(req("PUT", "/v1/stream/acme/wake").h("content-type", "application/json")).await;
+    let body = r#"{"type":"pull-wake","pattern":"acme/sub/*","wake_stream":"acme/wake"}"#;
+    let sub = "/v1/stream/__ds/subscriptions/golden-sub";
+    g.send(req("PUT", sub).text("application/json", body)).await;
+    g.send(req("PUT", sub).text("application/json", body)).await;
+    g.send(
+        req("PUT", sub)
+            .text("application/json", r#"{"type":"pull-wake","pattern":"acme/other/*","wake_stream":"acme/wake"}"#),
+    )
+    .await;
+    g.send(req("GET", sub)).await;
+    g.send(req("GET", "/v1/stream/__ds/subscriptions/missing")).await;
+    g.send(req("PUT", "/v1/stream/__ds/subscriptions/bad-json").text("application/json", "{")).await;
+    g.send(
+        req("PUT", "/v1/stream/__ds/subscriptions/hook").text(
+            "application/json",
+            r#"{"type":"webhook","pattern":"acme/*","webhook":{"url":"http://10.0.0.1/hook"}}"#,
+        ),
+    )
+    .await;
+    g.send(req("POST", format!("{sub}/claim")).text("application/json", r#"{"worker":"w1"}"#)).await;
+    g.send(req("POST", format!("{sub}/ack")).text("application/json", "{}")).await;
+    g.send(req("POST", format!("{sub}/ack")).h("authorization", "Bearer nope").text("application/json", "{}")).await;
+    g.send(req("GET", "/v1/stream/__ds/jwks.json").read(Read::StatusOnly)).await;
+    g.send(req("GET", "/v1/stream/__ds/nothing")).await;
+    g.send(req("GET", "/v1/stream/__ds")).await;
+    g.send(req("PATCH", sub)).await;
+    g.send(req("DELETE", sub)).await;
+    g.send(req("DELETE", sub)).await;
+}
+
 async fn secured(g: &mut Golden) {
     g.section("auth: no token, a bad token");
     for (m, p) in [
@@ -1080,6 +1113,7 @@ async fn http_responses_match_the_golden_files() {
     commands(&mut g).await;
     queues(&mut g).await;
     dashboard(&mut g).await;
+    subscriptions(&mut g).await;
     open.stop().await;
 
     let tokens = start(TestBackend::Memory, |c| {

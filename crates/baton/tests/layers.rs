@@ -29,6 +29,7 @@ const INSIDE: &[(&str, &[&str])] = &[
             "edge",
             "sse",
             "streams",
+            "subscriptions",
             "commands",
             "queues",
             "dashboard",

@@ -8,7 +8,7 @@
 //! before it (tests/layers.rs):
 //!
 //! `json` → `names` → `errors` → `headers` → `state` → `plumbing` → `openapi` → `edge` →
-//! `sse` → `streams` → `commands` → `queues` → `dashboard` → `ops` → `access` → `routes` →
+//! `sse` → `streams` → `subscriptions` → `commands` → `queues` → `dashboard` → `ops` → `access` → `routes` →
 //! this file ([`router`]).
 
 // Errors are on cold paths; boxing them buys nothing measurable.
@@ -30,6 +30,7 @@ pub mod routes;
 mod sse;
 mod state;
 mod streams;
+mod subscriptions;
 
 use std::time::Duration;
 

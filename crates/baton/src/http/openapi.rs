@@ -64,6 +64,21 @@ pub fn err_resp(d: &str) -> Value {
     json_resp(d, r("Error"))
 }
 
+/// An error of the subscription API (`/v1/stream/__ds/…`): the protocol's
+/// `SubscriptionError` schema, `{"error": {"code", "message"}}`.
+pub fn ds_err(d: &str) -> Value {
+    json_resp(d, r("SubscriptionError"))
+}
+
+/// An operation of the subscription API that Baton's tokens do not guard (it authenticates
+/// with the subscription's own token, or needs none).
+pub fn ds_public_op(summary: &str, params: Value, mut responses: Value) -> Value {
+    responses["431"] = headers_too_large();
+    responses["default"] = ds_err("Another error.");
+    json!({ "summary": summary, "tags": ["subscriptions"], "parameters": params, "security": [],
+            "responses": responses })
+}
+
 /// A `text/plain` response.
 pub fn text_resp(d: &str) -> Value {
     json!({ "description": d, "content": { "text/plain": { "schema": { "type": "string" } } } })
@@ -152,6 +167,12 @@ fn schemas() -> Value {
             "error": { "type": "string", "description": "A stable code, e.g. `invalid_json`, `unknown_queue`." },
             "message": { "type": "string", "description": "What went wrong and what to fix." },
             "state": r("CommandState") } },
+        "SubscriptionError": { "type": "object", "required": ["error"], "properties": {
+            "error": { "type": "object", "required": ["code", "message"], "properties": {
+                "code": { "type": "string", "description": "The protocol's code, e.g. `SUBSCRIPTION_NOT_FOUND`, `FENCED`." },
+                "message": { "type": "string" },
+                "current_holder": { "type": "string", "description": "`ALREADY_CLAIMED`: the worker holding the wake." },
+                "generation": { "type": "integer", "description": "`ALREADY_CLAIMED`: the held wake's generation." } } } } },
         "SubmitRequest": { "type": "object", "required": ["type"], "additionalProperties": false, "properties": {
             "id": { "type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^{}\\s]+$",
                     "description": "Client-chosen id (idempotency key); a UUIDv7 when absent." },
@@ -207,7 +228,7 @@ pub fn document(operations: impl IntoIterator<Item = (&'static str, &'static str
         "info": {
             "title": "Baton",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Durable streams (the Durable Streams protocol) and durable commands. Errors of every route are `{\"error\": code, \"message\": text}` (the `Error` schema; a refused cancel adds `state`). See docs/http-api.md.",
+            "description": "Durable streams (the Durable Streams protocol) and durable commands. Errors of every route are `{\"error\": code, \"message\": text}` (the `Error` schema; a refused cancel adds `state`), except the subscription routes under `/v1/stream/__ds/`, whose handlers answer the protocol's `{\"error\": {\"code\", \"message\"}}` (`SubscriptionError`). See docs/http-api.md.",
         },
         "servers": [{ "url": "/" }],
         "tags": [
@@ -215,6 +236,7 @@ pub fn document(operations: impl IntoIterator<Item = (&'static str, &'static str
             { "name": "commands", "description": "Submit, read, wait for and cancel commands." },
             { "name": "queues", "description": "Queue statistics and dead letters." },
             { "name": "operations", "description": "Health, readiness, metrics." },
+            { "name": "subscriptions", "description": "Durable Streams subscriptions (`/v1/stream/__ds/…`): webhook and pull-wake." },
         ],
         "paths": paths,
         "components": {

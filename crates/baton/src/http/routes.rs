@@ -17,11 +17,11 @@ use super::access::{self, Guard, Rules};
 use super::errors::ApiError;
 use super::json::json_response;
 use super::openapi::{
-    bare, document, err_resp, json_resp, link, map, op, path_param, protected, public_op, query, r, text_resp,
-    with_body, with_links, Docs,
+    bare, document, ds_err, ds_public_op, err_resp, json_resp, link, map, op, path_param, protected, public_op, query,
+    r, text_resp, with_body, with_links, Docs,
 };
 use super::state::AppState;
-use super::{commands, dashboard, edge, ops, plumbing, queues, streams};
+use super::{commands, dashboard, edge, ops, plumbing, queues, streams, subscriptions};
 use crate::auth::Access;
 use crate::settings::Op::{Admin, Read, Write};
 
@@ -188,6 +188,7 @@ fn lower(m: &Method) -> &'static str {
 /// Every route (module docs).
 pub fn table(d: &Docs) -> Vec<Route> {
     let mut t = stream_routes();
+    t.extend(subscription_routes());
     t.extend(operation_routes());
     t.extend(command_routes(d));
     t.extend(queue_routes(d));
@@ -401,6 +402,198 @@ fn stream_routes() -> Vec<Route> {
             .serves(Method::DELETE, Access::Token, doc())
     };
     vec![stream, no_path("/v1/stream"), no_path("/v1/stream/")]
+}
+
+/// The Durable Streams subscription API under `/v1/stream/__ds/` (`subscriptions.rs`): static
+/// segments, so they win over `/v1/stream/{*path}`. Management and claim need an admin token;
+/// callback, ack and release authenticate with the subscription's token in their handlers, so
+/// Baton's bearer check does not run on them; `jwks.json` and unknown control paths are public.
+fn subscription_routes() -> Vec<Route> {
+    const BASE: &str = "/v1/stream/__ds/subscriptions/{id}";
+    let id = || path_param("id", "Subscription id (at most 256 bytes).");
+    let json_body = |d: &str, example: Value| {
+        json!({ "required": false, "description": d,
+                "content": { "application/json": { "schema": { "type": "object" }, "example": example } } })
+    };
+    let view = |d: &str| json_resp(d, json!({ "type": "object" }));
+    let admin = |summary: &str, params: Value, responses: Vec<(&str, Value)>| {
+        let mut o = op(summary, "subscriptions", params, protected(map(responses)));
+        o["responses"]["default"] = ds_err("Another error (`503 UNAVAILABLE`: backend unavailable, Retry-After).");
+        o
+    };
+    let bad_json = "`INVALID_REQUEST`: invalid JSON body or fields (the message says which).";
+    let token_ops = |summary: &str, ok: (&str, Value)| {
+        with_body(
+            ds_public_op(
+                summary,
+                json!([id()]),
+                Value::Object(map(vec![
+                    ok,
+                    ("400", ds_err(bad_json)),
+                    (
+                        "401",
+                        ds_err("`TOKEN_INVALID`: no `Authorization: Bearer <token>`, or not the subscription's token."),
+                    ),
+                    ("404", ds_err("`SUBSCRIPTION_NOT_FOUND`.")),
+                    ("409", ds_err("`FENCED` (stale wake id, generation or token) or `INVALID_OFFSET`.")),
+                ])),
+            ),
+            json_body(
+                "`{\"wake_id\", \"generation\", \"acks\": [{\"stream\", \"offset\"}], \"subscribe\"?, \"unsubscribe\"?, \"done\"?}`.",
+                json!({ "wake_id": "w_1", "generation": 1, "acks": [{ "stream": "events/a", "offset": "…" }], "done": true }),
+            ),
+        )
+    };
+    let ack_ok = || {
+        json_resp(
+            "Acknowledged: `{\"ok\": true, \"next_wake\": bool}` (`next_wake`: entries are still pending).",
+            json!({ "type": "object", "required": ["ok", "next_wake"],
+                "properties": { "ok": { "type": "boolean" }, "next_wake": { "type": "boolean" } } }),
+        )
+    };
+    let unknown_doc = || {
+        ds_public_op(
+            "Always 404: not a control route",
+            json!([]),
+            json!({ "404": ds_err("`SUBSCRIPTION_NOT_FOUND`: Durable Streams control route not found.") }),
+        )
+    };
+    let unknown = |path: &'static str| {
+        let mut r = Route::any(path, Access::Public, any(subscriptions::unknown));
+        for m in [Method::GET, Method::PUT, Method::POST, Method::DELETE] {
+            r = r.serves(m, Access::Public, unknown_doc());
+        }
+        r
+    };
+    let mut unknown_rest = unknown_doc();
+    unknown_rest["parameters"] = json!([path_param("rest", "Anything.")]);
+    let mut rest = Route::any("/v1/stream/__ds/{*rest}", Access::Public, any(subscriptions::unknown));
+    for m in [Method::GET, Method::PUT, Method::POST, Method::DELETE] {
+        rest = rest.serves(m, Access::Public, unknown_rest.clone());
+    }
+    vec![
+        Route::json(BASE, Access::Admin)
+            .on(
+                Method::PUT,
+                Access::Admin,
+                with_body(
+                    admin(
+                        "Create a subscription (admin)",
+                        json!([id()]),
+                        vec![
+                            ("200", view("An identical subscription exists: its view.")),
+                            ("201", view("Created: its view.")),
+                            ("400", ds_err(&format!("{bad_json} Or `WEBHOOK_URL_REJECTED`: the webhook URL is not allowed (private or loopback address, not https)."))),
+                            ("409", ds_err("`SUBSCRIPTION_ALREADY_EXISTS`: the id exists with another configuration.")),
+                        ],
+                    ),
+                    json_body(
+                        "`{\"type\": \"webhook\"|\"pull-wake\", \"pattern\"?, \"streams\"?, \"webhook\": {\"url\"}, \"wake_stream\", \"lease_ttl_ms\"?, \"description\"?}`.",
+                        json!({ "type": "webhook", "pattern": "events/*", "webhook": { "url": "https://hooks.example.com/wake" } }),
+                    ),
+                ),
+                axum::routing::put(subscriptions::create),
+            )
+            .on(
+                Method::GET,
+                Access::Admin,
+                admin(
+                    "A subscription (admin)",
+                    json!([id()]),
+                    vec![("200", view("Its view.")), ("404", ds_err("`SUBSCRIPTION_NOT_FOUND`."))],
+                ),
+                get(subscriptions::get),
+            )
+            .on(
+                Method::DELETE,
+                Access::Admin,
+                admin("Delete a subscription (admin)", json!([id()]), vec![("204", bare("Deleted (or none existed)."))]),
+                delete(subscriptions::delete),
+            ),
+        Route::json("/v1/stream/__ds/subscriptions/{id}/streams", Access::Admin).on(
+            Method::POST,
+            Access::Admin,
+            with_body(
+                admin(
+                    "Link streams explicitly (admin)",
+                    json!([id()]),
+                    vec![
+                        ("204", bare("Linked at their current tails.")),
+                        ("400", ds_err("`INVALID_REQUEST`: `streams` must be a non-empty array of strings.")),
+                        ("404", ds_err("`SUBSCRIPTION_NOT_FOUND`.")),
+                    ],
+                ),
+                json_body("`{\"streams\": [path, ...]}`.", json!({ "streams": ["events/a"] })),
+            ),
+            post(subscriptions::add_streams),
+        ),
+        Route::json("/v1/stream/__ds/subscriptions/{id}/streams/{*path}", Access::Admin).on(
+            Method::DELETE,
+            Access::Admin,
+            admin(
+                "Unlink an explicit stream (admin)",
+                json!([id(), path_param("path", "Stream path (percent-decoded; `/` may be sent as `%2F`).")]),
+                vec![("204", bare("Unlinked (a stream the pattern matches stays).")), ("404", ds_err("`SUBSCRIPTION_NOT_FOUND`."))],
+            ),
+            delete(subscriptions::remove_stream),
+        ),
+        Route::json("/v1/stream/__ds/subscriptions/{id}/callback", Access::Public).on(
+            Method::POST,
+            Access::Public,
+            token_ops("Webhook callback: acknowledge a wake (bearer callback token)", ("200", ack_ok())),
+            post(subscriptions::callback),
+        ),
+        Route::json("/v1/stream/__ds/subscriptions/{id}/ack", Access::Public).on(
+            Method::POST,
+            Access::Public,
+            token_ops("Pull-wake: acknowledge offsets of a claimed wake (bearer claim token)", ("200", ack_ok())),
+            post(subscriptions::ack),
+        ),
+        Route::json("/v1/stream/__ds/subscriptions/{id}/release", Access::Public).on(
+            Method::POST,
+            Access::Public,
+            token_ops("Pull-wake: release a claimed wake (bearer claim token)", ("204", bare("Released."))),
+            post(subscriptions::release),
+        ),
+        Route::json("/v1/stream/__ds/subscriptions/{id}/claim", Access::Admin).on(
+            Method::POST,
+            Access::Admin,
+            with_body(
+                admin(
+                    "Pull-wake: claim the pending wake (admin)",
+                    json!([id()]),
+                    vec![
+                        (
+                            "200",
+                            json_resp(
+                                "Claimed: `wake_id`, `generation`, `token`, `streams` (`path`, `offset`, `tail_offset`), `lease_ttl_ms`.",
+                                json!({ "type": "object", "required": ["wake_id", "generation", "token", "streams"] }),
+                            ),
+                        ),
+                        ("400", ds_err("`INVALID_REQUEST`: `worker` must be a non-empty string.")),
+                        ("404", ds_err("`SUBSCRIPTION_NOT_FOUND`.")),
+                        ("409", ds_err("`ALREADY_CLAIMED` (with `current_holder`, `generation`) or `NO_PENDING_WORK`.")),
+                    ],
+                ),
+                json_body("`{\"worker\": name}`.", json!({ "worker": "w1" })),
+            ),
+            post(subscriptions::claim),
+        ),
+        Route::json("/v1/stream/__ds/jwks.json", Access::Public).on(
+            Method::GET,
+            Access::Public,
+            ds_public_op(
+                "Webhook signing keys (JWKS)",
+                json!([]),
+                json!({ "200": { "description": "`{\"keys\": [Ed25519 JWK, ...]}`; `Cache-Control: public, max-age=300`.",
+                                 "content": { "application/jwk-set+json": { "schema": { "type": "object", "required": ["keys"] } } } } }),
+            ),
+            get(subscriptions::jwks),
+        ),
+        unknown("/v1/stream/__ds"),
+        unknown("/v1/stream/__ds/"),
+        rest,
+    ]
 }
 
 /// `/healthz`, `/readyz`, `/metrics`, `/openapi.json` and `/` (the dashboard or the JSON index).

@@ -44,6 +44,8 @@ pub struct Shared {
     pub commands: CommandsApi,
     /// Bearer tokens (none: open server).
     pub auth: Arc<Auth>,
+    /// The Durable Streams subscriptions (`/v1/stream/__ds/…`) over `store`.
+    pub subscriptions: baton_subscriptions::Subscriptions,
 }
 
 impl AppState {

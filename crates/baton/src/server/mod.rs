@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use baton_streams::{StreamStore, StreamStoreSettings};
+use baton_subscriptions::{Subscriptions, SubscriptionsConfig};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -26,6 +27,7 @@ pub struct Server {
     cfg: Arc<ServeConfig>,
     workers: Option<Workers>,
     commands: baton_commands::CommandStore,
+    subscriptions: Subscriptions,
 }
 
 impl Server {
@@ -45,6 +47,23 @@ impl Server {
         let auth = Arc::new(Auth::new(cfg.tokens.clone()));
         let listener = listen::bind(cfg.listen, "--listen", "or BATON_LISTEN, or `listen` in the config file").await?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        // After binding: the default public URL names the bound port (also with port 0).
+        let sub_cfg = SubscriptionsConfig {
+            base_url: cfg.public_url.clone().unwrap_or_else(|| format!("http://{addr}")),
+            allow_loopback_webhooks: cfg.allow_loopback_webhooks,
+            claim_timeout: cfg.subscription_claim_timeout,
+            ..SubscriptionsConfig::default()
+        };
+        let subscriptions = match &cfg.backend {
+            Storage::Memory => Subscriptions::memory(store.clone(), sub_cfg).await,
+            Storage::Redis(rc) => {
+                let client = baton_redis::RedisClient::new(rc.clone()).map_err(|e| format!("cannot use {rc}: {e}"))?;
+                Subscriptions::redis(client, store.clone(), sub_cfg).await
+            }
+        }
+        .map_err(|e| format!("subscriptions: {e}"))?;
+        // Webhook delivery is part of the API: it runs in every `baton serve`, --no-workers too.
+        subscriptions.start_delivery().await.map_err(|e| format!("subscriptions: {e}"))?;
         let cfg = Arc::new(cfg);
         let shutdown = CancellationToken::new();
         let state = AppState::new(http::Shared {
@@ -54,6 +73,7 @@ impl Server {
             shutdown: shutdown.clone(),
             commands,
             auth: auth.clone(),
+            subscriptions: subscriptions.clone(),
         });
         let queues = describe_queues(&cfg.queues);
         let default_note = if cfg.queues_defaulted { " (built-in default: no [queues] configured)" } else { "" };
@@ -73,7 +93,7 @@ impl Server {
         let app = http::router(state);
         let limits = listen::Limits::new(&cfg.connections, cfg.max_header_bytes);
         let join = tokio::spawn(listen::serve(listener, app, limits, shutdown.clone()));
-        Ok(Server { addr, shutdown, join, cfg, workers, commands: command_store })
+        Ok(Server { addr, shutdown, join, cfg, workers, commands: command_store, subscriptions })
     }
 
     /// The command store behind the command API (to submit or inspect from the same process).
@@ -99,10 +119,16 @@ impl Server {
         // Workers drain (running handlers get the grace too) while in-flight requests finish.
         let grace = self.cfg.shutdown_grace;
         let workers = self.workers;
+        let subscriptions = self.subscriptions;
         let drain = async move {
-            if let Some(w) = workers {
-                w.drain(grace).await;
-            }
+            // Deliveries in flight get the grace; unfinished ones are taken over elsewhere.
+            let subs = subscriptions.close(grace);
+            let w = async {
+                if let Some(w) = workers {
+                    w.drain(grace).await;
+                }
+            };
+            tokio::join!(subs, w);
         };
         let http = async move {
             match tokio::time::timeout(grace, self.join).await {

@@ -111,6 +111,18 @@ pub struct ServeArgs {
     /// `baton worker` processes).
     #[arg(long, env = "BATON_NO_WORKERS")]
     pub no_workers: bool,
+    /// The URL clients reach this server at (`https://baton.example.com`): subscriptions'
+    /// `callback_url` and `jwks_url` are built from it (default: `http://<bound address>`).
+    #[arg(long, env = "BATON_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// Accept subscription webhook URLs on loopback hosts (`localhost`, 127/8, `::1`), over
+    /// `http` too; for local development and tests.
+    #[arg(long, env = "BATON_ALLOW_LOOPBACK_WEBHOOKS")]
+    pub allow_loopback_webhooks: bool,
+    /// How long after a process delivering a subscription's wake dies another process takes
+    /// the delivery over [default: 10s].
+    #[arg(long, env = "BATON_SUBSCRIPTION_CLAIM_TIMEOUT", value_parser = parse_duration)]
+    pub subscription_claim_timeout: Option<Duration>,
     /// A bearer token with every operation on every stream and queue (environment only; more
     /// tokens with scopes in the TOML file's [[tokens]]).
     #[arg(long = "admin-token", env = "BATON_ADMIN_TOKEN", hide = true, hide_env_values = true)]
@@ -174,8 +186,20 @@ struct FileConfig {
     shutdown_grace: Option<String>,
     max_command_body: Option<SizeValue>,
     no_workers: Option<bool>,
+    public_url: Option<String>,
+    allow_loopback_webhooks: Option<bool>,
+    subscription_claim_timeout: Option<String>,
     queues: Option<BTreeMap<String, QueueFile>>,
     tokens: Option<Vec<TokenFile>>,
+}
+
+/// A `public_url` checked: an absolute `http` or `https` URL, returned without a trailing `/`.
+fn public_url(u: &str) -> Result<String, String> {
+    let parsed = url::Url::parse(u.trim()).map_err(|e| format!("public_url {u:?}: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+        return Err(format!("public_url {u:?}: must be an http:// or https:// URL"));
+    }
+    Ok(u.trim().trim_end_matches('/').to_string())
 }
 
 #[derive(Deserialize, Debug)]
@@ -287,6 +311,12 @@ pub struct ServeConfig {
     pub max_command_body: usize,
     /// Bearer tokens; empty = open server.
     pub tokens: Vec<TokenConfig>,
+    /// The public base URL without a trailing `/` (`None`: `http://<bound address>`).
+    pub public_url: Option<String>,
+    /// Accept loopback webhook URLs for subscriptions.
+    pub allow_loopback_webhooks: bool,
+    /// Claim timeout of the subscription delivery queue.
+    pub subscription_claim_timeout: Duration,
 }
 
 impl Default for ServeConfig {
@@ -310,6 +340,9 @@ impl Default for ServeConfig {
             run_workers: true,
             max_command_body: 1 << 20,
             tokens: Vec::new(),
+            public_url: None,
+            allow_loopback_webhooks: false,
+            subscription_claim_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -435,7 +468,21 @@ impl ServeArgs {
                 _ => default_queues(),
             },
             tokens: tokens::resolve_tokens(file.tokens.unwrap_or_default(), self.admin_token)?,
+            public_url: match self.public_url.or(file.public_url) {
+                None => None,
+                Some(u) => Some(public_url(&u)?),
+            },
+            allow_loopback_webhooks: self.allow_loopback_webhooks || file.allow_loopback_webhooks.unwrap_or(false),
+            subscription_claim_timeout: dur(
+                self.subscription_claim_timeout,
+                file.subscription_claim_timeout,
+                "subscription_claim_timeout",
+                d.subscription_claim_timeout,
+            )?,
         };
+        if cfg.subscription_claim_timeout.is_zero() {
+            return Err("subscription_claim_timeout must be greater than zero".into());
+        }
         if cfg.sse_heartbeat.is_zero() || cfg.sse_cycle.is_zero() {
             return Err("sse_heartbeat and sse_cycle must be greater than zero".into());
         }
