@@ -128,6 +128,7 @@ pub mod keys;
 mod lease;
 mod memory;
 mod redis;
+mod remote;
 mod settings;
 
 use std::sync::Arc;
@@ -145,6 +146,7 @@ pub use api::*;
 pub use consumer::{Consumer, Handler};
 pub use lease::{Delivery, Lease};
 pub use redis::RedisQueueOptions;
+pub use remote::{LeaseState, RemoteConsumer, RemoteDelivery, RemoteOptions, Settled};
 pub use settings::ConsumerOptions;
 
 use backend::QueueBackend;
@@ -200,6 +202,20 @@ impl MessageStream {
         options: ConsumerOptions,
     ) -> Result<Consumer, QueueError> {
         Consumer::start(self.backend.clone(), queue, Arc::new(handler), options).await
+    }
+
+    /// A consumer of `queue` named `name` whose worker runs elsewhere and drives it by request
+    /// (claim, renew, settle): for workers in other processes or languages, e.g. over HTTP. See
+    /// [`RemoteConsumer`]. Joins the group (idempotent: opening the same name again, in this or
+    /// another process, is the same consumer). Errors: [`QueueError::InvalidSettings`],
+    /// [`QueueError::InvalidQueueName`], backend errors.
+    pub async fn remote_consumer(
+        &self,
+        queue: &str,
+        name: &str,
+        options: RemoteOptions,
+    ) -> Result<RemoteConsumer, QueueError> {
+        RemoteConsumer::open(&self.backend, queue, name, options).await
     }
 
     /// Exact counts for `queue` (see [`QueueStats`]).

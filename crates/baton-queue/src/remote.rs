@@ -1,0 +1,206 @@
+//! [`RemoteConsumer`]: a consumer of a queue whose handlers run somewhere else (a worker in
+//! another language speaking HTTP), driven by that worker's requests instead of a lease thread.
+//!
+//! It is a member of the queue's consumer group like any other, under the same rules
+//! (`backend.rs`): what it owns is a lease it holds, renewed by [`RemoteConsumer::renew`]
+//! (which writes its liveness record, in backend time, and renews the ids it names, ownership
+//! checked); when its worker falls silent for `claim_timeout`, it is a dead consumer and any live
+//! consumer of the queue (in-process or remote) takes its entries over. Entries it owns but
+//! its worker no longer renews (say, the reply of a claim was lost) are handed to the parked
+//! owner after `claim_timeout / 2` by the next renewal or claim, as a lease thread's heartbeat
+//! does. Nothing is held in the process that serves the requests: any process on the same
+//! backend can serve any request of the worker.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::backend::{ConsumerBackend, ConsumerSpec, Owned, QueueBackend, Settle, SettleOp, PARKED};
+use crate::{validate_queue_name, MessageId, QueueError};
+
+/// Settings of a [`RemoteConsumer`].
+#[derive(Clone, Debug)]
+pub struct RemoteOptions {
+    /// How long the worker may stay silent (no claim, no renewal) before its leases are taken
+    /// over. The worker should renew at a third of it. Default 30 s; at least 1 s.
+    pub claim_timeout: Duration,
+    /// Deliveries after which a message is dead-lettered instead of delivered again (`None`:
+    /// never). Default 5, as [`ConsumerOptions`](crate::ConsumerOptions).
+    pub max_deliveries: Option<u32>,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        Self { claim_timeout: Duration::from_secs(30), max_deliveries: Some(5) }
+    }
+}
+
+/// A message handed to a remote worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteDelivery {
+    pub id: MessageId,
+    pub payload: Bytes,
+    /// Deliveries including this one (as [`Delivery::deliveries`](crate::Delivery::deliveries)).
+    pub deliveries: u32,
+}
+
+/// What a renewal found for one id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Renewed: the worker still holds it, for another `claim_timeout`.
+    Held,
+    /// Another consumer owns it now: the worker must stop (its settlement would be refused).
+    Lost,
+    /// Not pending any more (settled, or handed back): the worker holds nothing.
+    Gone,
+}
+
+/// What a settlement found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Applied.
+    Done,
+    /// The entry was not pending any more (already settled, e.g. by an earlier attempt of the
+    /// same request whose reply was lost): nothing applied now.
+    Gone,
+}
+
+/// A consumer whose worker is elsewhere: see the module docs. Cheap to clone; keep one per
+/// worker in a process (each holds one connection of its own for blocking reads on Redis).
+#[derive(Clone)]
+pub struct RemoteConsumer {
+    backend: Arc<dyn ConsumerBackend>,
+    name: String,
+    queue: String,
+    claim_timeout: Duration,
+}
+
+fn owned(id: MessageId, o: Owned) -> Result<Settled, QueueError> {
+    match o {
+        Owned::Done => Ok(Settled::Done),
+        Owned::Gone => Ok(Settled::Gone),
+        Owned::Other => Err(QueueError::LeaseLost(id)),
+    }
+}
+
+impl RemoteConsumer {
+    pub(crate) async fn open(
+        backend: &Arc<dyn QueueBackend>,
+        queue: &str,
+        name: &str,
+        opts: RemoteOptions,
+    ) -> Result<RemoteConsumer, QueueError> {
+        validate_queue_name(queue)?;
+        if name.is_empty() || name.len() > 200 || name == PARKED || name.chars().any(|c| c.is_control()) {
+            return Err(QueueError::InvalidSettings(format!(
+                "remote consumer name {name:?}: use 1 to 200 bytes without control characters, not {PARKED:?}"
+            )));
+        }
+        if opts.claim_timeout < Duration::from_secs(1) {
+            return Err(QueueError::InvalidSettings("claim_timeout must be at least 1s".into()));
+        }
+        if opts.max_deliveries == Some(0) {
+            return Err(QueueError::InvalidSettings("max_deliveries must be at least 1 (or none)".into()));
+        }
+        let spec = ConsumerSpec {
+            queue: queue.to_string(),
+            consumer: name.to_string(),
+            claim_timeout: opts.claim_timeout,
+            heartbeat: opts.claim_timeout / 3,
+            max_deliveries: opts.max_deliveries,
+        };
+        let backend = backend.open_consumer(spec).await?;
+        Ok(RemoteConsumer {
+            backend,
+            name: name.to_string(),
+            queue: queue.to_string(),
+            claim_timeout: opts.claim_timeout,
+        })
+    }
+
+    /// The consumer's name in the group.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// Takes up to `max` messages for the worker (at least 1): entries of dead consumers and
+    /// parked entries first (dead-lettering those past `max_deliveries`), then new ones, waiting
+    /// up to `wait` for the first when none is ready. Writes the liveness record first (the
+    /// worker is alive), without renewing anything. Malformed entries are dead-lettered, never
+    /// returned.
+    pub async fn claim(&self, max: usize, wait: Duration) -> Result<Vec<RemoteDelivery>, QueueError> {
+        let max = max.max(1);
+        self.beat(&[]).await?;
+        let mut out = Vec::with_capacity(max);
+        let reclaimed = self.backend.reclaim(max, &[]).await?;
+        let mut raw = reclaimed.deliveries;
+        if raw.len() < max {
+            let block = if raw.is_empty() { wait } else { Duration::from_millis(1) };
+            raw.extend(self.backend.read_new(max - raw.len(), block).await?);
+        }
+        for d in raw {
+            match d.payload {
+                Some(payload) => out.push(RemoteDelivery { id: d.id, payload, deliveries: d.deliveries }),
+                None => {
+                    self.backend.dead_letter(d.id, d.deliveries, "malformed entry", false).await?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn beat(&self, renew: &[MessageId]) -> Result<crate::backend::Beat, QueueError> {
+        let limit = renew.len() + 1_000;
+        self.backend.heartbeat(renew, &[], &[], self.claim_timeout / 2, limit).await
+    }
+
+    /// Renews the leases of `ids` in one call (and writes the liveness record); one state per
+    /// id, in order.
+    pub async fn renew(&self, ids: &[MessageId]) -> Result<Vec<LeaseState>, QueueError> {
+        let beat = self.beat(ids).await?;
+        Ok(ids
+            .iter()
+            .map(|id| {
+                if beat.lost.contains(id) {
+                    LeaseState::Lost
+                } else if beat.gone.contains(id) {
+                    LeaseState::Gone
+                } else {
+                    LeaseState::Held
+                }
+            })
+            .collect())
+    }
+
+    /// Acknowledges (deletes) a message. Errors: [`QueueError::LeaseLost`] when another
+    /// consumer owns it now.
+    pub async fn ack(&self, id: MessageId) -> Result<Settled, QueueError> {
+        let r = self.backend.settle(&[Settle { id, op: SettleOp::Ack, released: false }]).await?;
+        owned(id, r.first().copied().unwrap_or(Owned::Gone))
+    }
+
+    /// Hands a message back: any consumer takes it after `claim_timeout` (counts as a delivery).
+    /// Errors: [`QueueError::LeaseLost`].
+    pub async fn release(&self, id: MessageId) -> Result<Settled, QueueError> {
+        let r = self.backend.settle(&[Settle { id, op: SettleOp::Park, released: false }]).await?;
+        owned(id, r.first().copied().unwrap_or(Owned::Gone))
+    }
+
+    /// Delivers the message again after `delay`, not counted as a delivery
+    /// ([`Decision::RetryAfter`](crate::Decision::RetryAfter)). Errors: [`QueueError::LeaseLost`].
+    pub async fn retry_after(&self, id: MessageId, delay: Duration) -> Result<Settled, QueueError> {
+        owned(id, self.backend.retry_after(id, delay, false).await?)
+    }
+
+    /// Moves the message to dead letters with `reason` (`deliveries`: as claimed). Errors:
+    /// [`QueueError::LeaseLost`].
+    pub async fn dead_letter(&self, id: MessageId, deliveries: u32, reason: &str) -> Result<Settled, QueueError> {
+        owned(id, self.backend.dead_letter(id, deliveries, reason, false).await?)
+    }
+}
