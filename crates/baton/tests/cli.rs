@@ -1,8 +1,8 @@
-//! The client subcommands (`baton streams|commands|queues`) and `baton bench`, run as the real
+//! The client subcommands (`baton streams|commands|queues|subscriptions`) and `baton bench`, run as the real
 //! binary against a `baton serve` started by each test (in memory, on a free port): exact text
 //! and JSON output, and exit codes (docs/cli.md), errors included.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -19,10 +19,17 @@ struct Serve {
 
 impl Serve {
     fn start() -> Serve {
+        Serve::start_env(&[])
+    }
+
+    /// [`Serve::start`] with more environment (e.g. `BATON_ADMIN_TOKEN`).
+    fn start_env(env: &[(&str, &str)]) -> Serve {
         let port = baton_testkit::free_port();
         let child = Command::new(BIN)
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .env_remove("BATON_CONFIG")
+            .env_remove("BATON_ADMIN_TOKEN")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -450,6 +457,69 @@ fn queues_list_pending_dead_replay_and_errors() {
     assert!(out.stderr.contains("cannot connect to http://127.0.0.1:"), "{out:?}");
     Out::from(Command::new(BIN).args(["queues", "list", "--server", "ftp://x"]).output().unwrap()).code(2);
     Out::from(Command::new(BIN).args(["queues", "frobnicate"]).output().unwrap()).code(2);
+}
+
+/// A bare HTTP/1.1 request to `base` (`Connection: close`): the status and the body.
+fn http(base: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let addr = base.trim_start_matches("http://");
+    let mut c = TcpStream::connect(addr).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(
+        c,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut res = String::new();
+    c.read_to_string(&mut res).unwrap();
+    let status = res[9..12].parse().unwrap();
+    let body = res.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn subscriptions_rotate_key_and_get() {
+    const ADMIN: &str = "admin-secret-for-the-cli-0123456789";
+    let s = Serve::start_env(&[("BATON_ADMIN_TOKEN", ADMIN)]);
+    let jwks_kids = || -> Vec<Value> {
+        let (st, body) = http(&s.base, "GET", "/v1/stream/__ds/jwks.json", None, "");
+        assert_eq!(st, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["keys"].as_array().unwrap().iter().map(|k| k["kid"].clone()).collect()
+    };
+    let old = jwks_kids();
+
+    // No token, or a wrong one: refused (4), the CLI's hint about --token.
+    let out = s.run(&["subscriptions", "rotate-key"]).code(4);
+    assert!(out.stderr.contains("401 Unauthorized (unauthorized)"), "{out:?}");
+    assert!(out.stderr.contains("--token TOKEN or BATON_TOKEN"), "{out:?}");
+    s.run(&["subscriptions", "rotate-key", "--token", "wrong-token-0123456789abcdef"]).code(4);
+    assert_eq!(jwks_kids(), old);
+
+    // The new kid, alone on its line; the JWKS lists it first.
+    let out = s.run(&["subscriptions", "rotate-key", "--token", ADMIN]).ok();
+    let kid = out.stdout.strip_suffix('\n').unwrap().to_string();
+    assert!(kid.starts_with("ds_") && !kid.contains(char::is_whitespace), "{out:?}");
+    assert_eq!(jwks_kids(), vec![json!(kid), old[0].clone()]);
+    let out = s.run(&["subscriptions", "rotate-key", "--token", ADMIN, "--json"]).ok();
+    let v = out.json();
+    assert_eq!(v["jwks_url"], format!("{}/v1/stream/__ds/jwks.json", s.base));
+    assert_eq!(jwks_kids()[0], v["kid"]);
+
+    // get: the subscription's JSON as the server sends it; an unknown id is not found (3).
+    s.run(&["streams", "create", "acme/wake", "--content-type", "application/json", "--token", ADMIN]).ok();
+    let spec = r#"{"type":"pull-wake","pattern":"acme/sub/*","wake_stream":"acme/wake"}"#;
+    let (st, created) = http(&s.base, "PUT", "/v1/stream/__ds/subscriptions/cli-sub", Some(ADMIN), spec);
+    assert_eq!(st, 201, "{created}");
+    let out = s.run(&["subscriptions", "get", "cli-sub", "--token", ADMIN]).ok();
+    let got = out.json();
+    assert_eq!(got, serde_json::from_str::<Value>(&created).unwrap());
+    assert_eq!(got["subscription_id"], "cli-sub", "{got}");
+    let out = s.run(&["subscriptions", "get", "no-such-sub", "--token", ADMIN]).code(3);
+    assert!(out.stderr.contains("subscription \"no-such-sub\" not found"), "{out:?}");
+    assert_eq!(out.stdout, "");
+    // Admin only, like the HTTP route.
+    s.run(&["subscriptions", "get", "cli-sub"]).code(4);
 }
 
 #[test]

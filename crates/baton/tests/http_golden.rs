@@ -3,7 +3,7 @@
 //! as its status, every response header but `date`, and its body, and compared with
 //! `tests/golden/http.txt` (the `/openapi.json` document with `tests/golden/openapi.json`).
 //! What changes from run to run is replaced before comparing: offsets (and their incarnation tags), ids, incarnations,
-//! timestamps, cursors, the port (most numbered by first appearance, so the same value keeps
+//! timestamps, cursors, signing key ids, the port (most numbered by first appearance, so the same value keeps
 //! its label). `/metrics` is recorded by status and content type only, the dashboard page by length
 //! and hash.
 //!
@@ -130,6 +130,15 @@ impl Norm {
             if end_ok(len) {
                 return Some(("msg", len));
             }
+        }
+        // A webhook signing key id: `ds_` and 43 base64url characters (random per key).
+        let b64 = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_';
+        if b[i..].starts_with(b"ds_")
+            && b.len() >= i + 46
+            && b[i + 3..i + 46].iter().all(|c| b64(*c))
+            && b.get(i + 46).is_none_or(|c| !b64(*c))
+        {
+            return Some(("kid", 46));
         }
         // Milliseconds since the epoch (in command list cursors).
         if digits(b, i, 13) && b.get(i + 13).is_none_or(|c| !c.is_ascii_digit()) {
@@ -876,6 +885,10 @@ async fn subscriptions(g: &mut Golden) {
     g.send(req("PATCH", sub)).await;
     g.send(req("DELETE", sub)).await;
     g.send(req("DELETE", sub)).await;
+    let rotate = "/v1/subscriptions/signing-keys/rotate";
+    g.send(req("POST", rotate)).await;
+    g.send(req("POST", rotate)).await;
+    g.send(req("GET", rotate)).await;
 }
 
 async fn secured(g: &mut Golden) {
@@ -973,6 +986,12 @@ async fn secured(g: &mut Golden) {
     g.send(req("DELETE", dl).token(ADMIN)).await;
     g.send(req("POST", format!("{dl}/1-0/replay")).token(ADMIN)).await;
     g.send(req("GET", format!("{dl}/replay")).token(ADMIN)).await;
+
+    g.section("auth: subscriptions");
+    let rotate = "/v1/subscriptions/signing-keys/rotate";
+    g.send(req("POST", rotate)).await;
+    g.send(req("POST", rotate).token(WRITER)).await;
+    g.send(req("POST", rotate).token(ADMIN)).await;
 
     g.section("auth: dashboard");
     g.send(req("GET", "/v1/dashboard/events").token(READER).until("event: snapshot")).await;
@@ -1172,5 +1191,12 @@ fn normaliser_labels_run_dependent_values() {
         n.text(s),
         "<offset:1> x <offset:1>_<tag:1> <uuid:1> \"<incarnation:1>:-1:x\" \"<tag:1>.<incarnation:2>:-1:x\" <time> 2099-01-01T00:00:00Z <msg> <ms>:id \
          http://127.0.0.1:<port>/v1 {\"streamCursor\":\"<cursor>\",\"a\":1} 12345678901234"
+    );
+    // Signing key ids: `ds_` and exactly 43 base64url characters.
+    let kid = "ds_Ab-_0123456789abcdefghijABCDEFGHIJklmnopqrs";
+    let other = "ds_Zb-_0123456789abcdefghijABCDEFGHIJklmnopqrs";
+    assert_eq!(
+        n.text(&format!("{{\"kid\":\"{kid}\"}} {other} {kid} {kid}x ds_short")),
+        format!("{{\"kid\":\"<kid:1>\"}} <kid:2> <kid:1> {kid}x ds_short")
     );
 }

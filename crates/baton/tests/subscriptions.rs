@@ -402,3 +402,71 @@ async fn a_killed_process_delivery_is_taken_over_and_a_live_one_is_never_duplica
     assert_eq!(w2["subscription_id"], "takeover");
     assert_ne!(w2["callback_url"], w1["callback_url"], "the second POST comes from B");
 }
+
+/// `POST /v1/subscriptions/signing-keys/rotate` (admin): the new kid comes back with the JWKS
+/// URL; the JWKS lists the new key first and keeps the old one; the next webhook is signed with
+/// the new key; without the admin token it is 401 (Baton's error shape). On Redis, a second
+/// process serves the new key first from its next registry poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotating_the_signing_key_publishes_the_new_key_first_and_signs_with_it() {
+    const ROTATE: &str = "/v1/subscriptions/signing-keys/rotate";
+    let kids = |jwks: &Value| -> Vec<String> {
+        jwks["keys"].as_array().unwrap().iter().map(|k| k["kid"].as_str().unwrap().to_string()).collect()
+    };
+    for (name, redis) in backends() {
+        let url = redis.as_ref().map(|r| r.url());
+        let env = [("BATON_ADMIN_TOKEN", ADMIN)];
+        let s = Serve::spawn(url.as_deref(), &["--allow-loopback-webhooks"], &env).await;
+        let (_, before) = send(client().get(s.url("/v1/stream/__ds/jwks.json"))).await;
+        let old = kids(&before);
+        assert_eq!(old.len(), 1, "{name}: {before}");
+
+        // Not without the admin token: Baton's 401, not the protocol's error body.
+        let (st, v) = send(client().post(s.url(ROTATE))).await;
+        assert_eq!((st, v["error"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")), "{name}: {v}");
+        let (st, _) = send(client().post(s.url(ROTATE)).bearer_auth("not-the-admin-token-0123456789")).await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED, "{name}");
+        let (_, same) = send(client().get(s.url("/v1/stream/__ds/jwks.json"))).await;
+        assert_eq!(kids(&same), old, "{name}: a refused rotation changes nothing");
+
+        let (st, v) = send(client().post(s.url(ROTATE)).bearer_auth(ADMIN)).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        let kid = v["kid"].as_str().unwrap().to_string();
+        assert!(kid.starts_with("ds_") && kid != old[0], "{name}: {v}");
+        assert_eq!(v["jwks_url"], s.url("/v1/stream/__ds/jwks.json"), "{name}");
+        let (_, after) = send(client().get(s.url("/v1/stream/__ds/jwks.json"))).await;
+        assert_eq!(kids(&after), vec![kid.clone(), old[0].clone()], "{name}: {after}");
+
+        // The next delivery is signed with the new key.
+        let (hook, mut rx) = receiver(0).await;
+        let stream = s.url("/v1/stream/rot/a");
+        let r = client().put(&stream).bearer_auth(ADMIN).header("content-type", "text/plain").send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED, "{name}");
+        let body = json!({ "type": "webhook", "pattern": "rot/*", "webhook": { "url": hook } });
+        let (st, v) = send(client().put(s.sub("rot", "")).bearer_auth(ADMIN).js(&body)).await;
+        assert_eq!(st, StatusCode::CREATED, "{name}: {v}");
+        let r = client().post(&stream).bearer_auth(ADMIN).header("content-type", "text/plain").body("x");
+        assert!(r.send().await.unwrap().status().is_success(), "{name}");
+        let post = next_post(&mut rx, Duration::from_secs(10)).await.expect("a webhook POST");
+        let sig = post.headers["webhook-signature"].to_str().unwrap().to_string();
+        assert!(sig.contains(&format!(",kid={kid},")), "{name}: {sig}");
+        verify(&post, &after);
+
+        // Another process on the same Redis picks the new key up at its next registry poll.
+        if let Some(u) = url.as_deref() {
+            let b = Serve::spawn(Some(u), &["--allow-loopback-webhooks"], &env).await;
+            let (st, v) = send(client().post(b.url(ROTATE)).bearer_auth(ADMIN)).await;
+            assert_eq!(st, StatusCode::OK, "{name}: {v}");
+            let newest = v["kid"].as_str().unwrap().to_string();
+            let seen = eventually(Duration::from_secs(5), || async {
+                let (_, j) = send(client().get(s.url("/v1/stream/__ds/jwks.json"))).await;
+                (kids(&j).first() == Some(&newest)).then_some(j)
+            })
+            .await
+            .unwrap_or_else(|| panic!("{name}: the first process never served {newest} first"));
+            assert_eq!(kids(&seen), vec![newest, kid.clone(), old[0].clone()], "{name}: {seen}");
+        }
+        drop(s);
+        drop(redis);
+    }
+}

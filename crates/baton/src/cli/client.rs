@@ -140,14 +140,19 @@ pub async fn read_json_text(res: Response) -> Result<(String, Value), CliError> 
     Ok((String::from_utf8_lossy(&bytes).into_owned(), v))
 }
 
-/// The error of a non-2xx answer. The message is the server's (`{"error": code, "message"}`),
-/// else the body text.
+/// The error of a non-2xx answer. The message is the server's (`{"error": code, "message"}`, or
+/// the subscription API's `{"error": {"code", "message"}}`), else the body text.
 pub async fn error_from(res: Response) -> CliError {
     let status = res.status();
     let body = res.text().await.unwrap_or_default();
     let (code, message) = match serde_json::from_str::<Value>(&body) {
         Ok(v) => match (v.get("error"), v.get("message")) {
             (Some(Value::String(c)), Some(Value::String(m))) => (Some(c.clone()), m.clone()),
+            // The Durable Streams subscription API's `{"error": {"code", "message"}}`.
+            (Some(Value::Object(e)), None) => match (e.get("code"), e.get("message")) {
+                (Some(Value::String(c)), Some(Value::String(m))) => (Some(c.clone()), m.clone()),
+                _ => (None, body.trim().to_string()),
+            },
             _ => (None, body.trim().to_string()),
         },
         Err(_) => (None, body.trim().to_string()),

@@ -1,6 +1,6 @@
 //! The command line: its grammar ([`Cli`]), `baton serve` and `baton worker` (start the
 //! process, print where it is, wait for SIGTERM or ctrl-c, stop), and the client subcommands
-//! (`baton streams`, `baton commands`, `baton queues`) that talk to a running server over HTTP,
+//! (`baton streams`, `baton commands`, `baton queues`, `baton subscriptions`) that talk to a running server over HTTP,
 //! plus `baton bench`, which runs workloads in-process against a backend.
 //!
 //! Exit codes of the client subcommands (docs/cli.md):
@@ -10,7 +10,7 @@
 //! | 0 | success |
 //! | 1 | the command waited for ended `FAILED` or `CANCELLED` (`commands wait`, `submit --wait`) |
 //! | 2 | usage error: bad arguments, or input the server refused as malformed (400, 413, 415, 422, 431) |
-//! | 3 | not found: unknown stream, command, queue or dead letter (404, 410) |
+//! | 3 | not found: unknown stream, command, queue, dead letter or subscription (404, 410) |
 //! | 4 | conflict or refused: 409 (e.g. cancelling a finished command), 401, 403 |
 //! | 5 | server or network error: connection refused, timeout, 5xx, an unreadable reply |
 //! | 6 | `commands wait` / `submit --wait`: the timeout passed before the command ended |
@@ -23,6 +23,7 @@ pub mod exit;
 mod output;
 mod queues;
 mod streams;
+mod subscriptions;
 
 use std::process::ExitCode;
 
@@ -120,6 +121,8 @@ pub enum ClientCommand {
     Commands(CommandsCmd),
     /// Queues on a server: list, pending, dead (letters), replay.
     Queues(QueuesCmd),
+    /// Durable Streams subscriptions on a server: rotate-key (the webhook signing key), get.
+    Subscriptions(SubscriptionsCmd),
     /// Run a workload in-process (memory, Redis or Redis Cluster) and print throughput and latency.
     Bench(bench::BenchArgs),
 }
@@ -148,6 +151,14 @@ pub struct QueuesCmd {
     pub op: queues::QueuesOp,
 }
 
+#[derive(Args, Debug)]
+pub struct SubscriptionsCmd {
+    #[command(flatten)]
+    pub conn: Conn,
+    #[command(subcommand)]
+    pub op: subscriptions::SubscriptionsOp,
+}
+
 /// Runs a client or bench subcommand; errors are printed to stderr and become the exit code.
 pub async fn run(cmd: ClientCommand) -> ExitCode {
     let result = match cmd {
@@ -161,6 +172,10 @@ pub async fn run(cmd: ClientCommand) -> ExitCode {
         },
         ClientCommand::Queues(c) => match client::Client::new(&c.conn) {
             Ok(cl) => queues::run(&cl, c.op).await,
+            Err(e) => Err(e),
+        },
+        ClientCommand::Subscriptions(c) => match client::Client::new(&c.conn) {
+            Ok(cl) => subscriptions::run(&cl, c.op).await,
             Err(e) => Err(e),
         },
         ClientCommand::Bench(args) => bench::run(args).await,

@@ -90,7 +90,7 @@ impl ApiError {
     }
 
     /// `503 backend_unavailable` with `Retry-After: 1`.
-    fn unavailable(message: impl std::fmt::Display) -> Self {
+    pub fn unavailable(message: impl std::fmt::Display) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "backend_unavailable",

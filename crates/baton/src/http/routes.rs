@@ -593,7 +593,43 @@ fn subscription_routes() -> Vec<Route> {
         unknown("/v1/stream/__ds"),
         unknown("/v1/stream/__ds/"),
         rest,
+        rotate_route(),
     ]
+}
+
+/// `POST /v1/subscriptions/signing-keys/rotate`: Baton's own admin route over the subscription
+/// service (Baton's error shape, not the protocol's).
+fn rotate_route() -> Route {
+    Route::json("/v1/subscriptions/signing-keys/rotate", Access::Admin).on(
+        Method::POST,
+        Access::Admin,
+        op(
+            "Rotate the webhook signing key (admin)",
+            "subscriptions",
+            json!([]),
+            protected(map(vec![
+                (
+                    "200",
+                    json_resp(
+                        "A new key is current: its `kid`, and the JWKS URL (`<public url>/v1/stream/__ds/jwks.json`), \
+                         which now lists it first and keeps the retired key for 7 days. Deliveries from this \
+                         process are signed with it at once; other processes on the same Redis from their next \
+                         registry poll (200 ms).",
+                        json!({ "type": "object", "required": ["kid", "jwks_url"],
+                                "properties": { "kid": { "type": "string" }, "jwks_url": { "type": "string" } } }),
+                    ),
+                ),
+                (
+                    "503",
+                    err_resp(
+                        "`backend_unavailable`: the backend did not answer (`Retry-After: 1`); retry (a retry \
+                         that rotates once more is harmless).",
+                    ),
+                ),
+            ])),
+        ),
+        post(subscriptions::rotate_signing_key),
+    )
 }
 
 /// `/healthz`, `/readyz`, `/metrics`, `/openapi.json` and `/` (the dashboard or the JSON index).

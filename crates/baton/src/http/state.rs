@@ -46,6 +46,9 @@ pub struct Shared {
     pub auth: Arc<Auth>,
     /// The Durable Streams subscriptions (`/v1/stream/__ds/…`) over `store`.
     pub subscriptions: baton_subscriptions::Subscriptions,
+    /// The server's public base URL without a trailing `/` (`--public-url`, else
+    /// `http://<bound address>`): the base of the URLs the API hands out.
+    pub public_url: String,
 }
 
 impl AppState {

@@ -19,6 +19,9 @@
 //! layers (auth `401`/`403`, `405`, `431`). An empty body is `{}`; a body that is not JSON is
 //! `400 INVALID_REQUEST` "Invalid JSON body". Backend failures are `503 UNAVAILABLE` with
 //! `Retry-After: 1`.
+//!
+//! Baton's own route over the same service, [`rotate_signing_key`] (`POST
+//! /v1/subscriptions/signing-keys/rotate`, admin), answers Baton's error shape instead.
 
 use std::collections::HashMap;
 
@@ -30,6 +33,7 @@ use baton_subscriptions::SubscriptionError;
 use serde_json::{json, Value};
 
 use super::errors::ApiError;
+use super::json::json_response;
 use super::plumbing::{read_body, BodyLimit};
 use super::state::AppState;
 
@@ -233,6 +237,23 @@ pub async fn jwks(State(st): State<AppState>) -> Response {
         )
             .into_response(),
         Err(e) => service_error(e),
+    }
+}
+
+/// `POST /v1/subscriptions/signing-keys/rotate` (admin; Baton's API, not the protocol's): makes a
+/// new webhook signing key current and answers `200` `{"kid": "<new kid>", "jwks_url":
+/// "<public url>/v1/stream/__ds/jwks.json"}`. The JWKS then lists the new key first and keeps the
+/// retired one for 7 days; other processes on the same Redis sign with the new key from their
+/// next registry poll (the rotation bumps the registry version). Errors (Baton's
+/// `{"error", "message"}`): `503 backend_unavailable` with `Retry-After: 1`.
+pub async fn rotate_signing_key(State(st): State<AppState>) -> Response {
+    match st.subscriptions.rotate_signing_key().await {
+        Ok(kid) => {
+            tracing::info!(kid = %kid, "webhook signing key rotated");
+            let jwks_url = format!("{}/v1/stream/__ds/jwks.json", st.public_url.trim_end_matches('/'));
+            json_response(json!({ "kid": kid, "jwks_url": jwks_url }))
+        }
+        Err(e) => ApiError::unavailable(e).into_response(),
     }
 }
 

@@ -48,8 +48,9 @@ impl Server {
         let listener = listen::bind(cfg.listen, "--listen", "or BATON_LISTEN, or `listen` in the config file").await?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         // After binding: the default public URL names the bound port (also with port 0).
+        let public_url = cfg.public_url.clone().unwrap_or_else(|| format!("http://{addr}"));
         let sub_cfg = SubscriptionsConfig {
-            base_url: cfg.public_url.clone().unwrap_or_else(|| format!("http://{addr}")),
+            base_url: public_url.clone(),
             allow_loopback_webhooks: cfg.allow_loopback_webhooks,
             claim_timeout: cfg.subscription_claim_timeout,
             ..SubscriptionsConfig::default()
@@ -74,6 +75,7 @@ impl Server {
             commands,
             auth: auth.clone(),
             subscriptions: subscriptions.clone(),
+            public_url,
         });
         let queues = describe_queues(&cfg.queues);
         let default_note = if cfg.queues_defaulted { " (built-in default: no [queues] configured)" } else { "" };
