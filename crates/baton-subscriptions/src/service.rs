@@ -14,6 +14,7 @@ use baton_queue::{Consumer, ConsumerOptions, Decision, Delivery};
 use baton_redis::RedisClient;
 use baton_streams::{AppendRequest, StreamError, StreamObserver, StreamPath, StreamStore};
 use bytes::Bytes;
+use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +23,9 @@ use crate::machine::{self, Change, Step};
 use crate::model::*;
 use crate::signing::KeyRing;
 use crate::webhook_url;
+
+/// How many subscriptions an append's notification updates at once.
+const APPEND_FANOUT: usize = 32;
 
 /// How many streams a glob subscription links when it is created (or reconciled), at most.
 pub const MAX_GLOB_STREAMS: usize = 10_000;
@@ -485,20 +489,24 @@ impl Inner {
             }
             c.entries.values().filter(|e| e.matches(path)).map(|e| e.id.clone()).collect()
         };
-        for id in ids {
-            let r = self
-                .update(&id, |rec, now| match machine::appended(rec, path, tail, now) {
-                    Some(change) => Ok(((), true, change)),
-                    None => Ok(((), false, Change::default())),
-                })
-                .await;
-            match r {
-                Ok(()) | Err(SubscriptionError::NotFound) => {}
-                Err(e) => {
-                    tracing::warn!(subscription = %id, stream = %path, error = %e, "subscription not told of an append")
+        // Each subscription is its own record: tell them concurrently (an append matched by a
+        // thousand subscriptions took a thousand sequential compare-and-sets, ~0.6 s).
+        futures::stream::iter(ids)
+            .for_each_concurrent(APPEND_FANOUT, |id| async move {
+                let r = self
+                    .update(&id, |rec, now| match machine::appended(rec, path, tail, now) {
+                        Some(change) => Ok(((), true, change)),
+                        None => Ok(((), false, Change::default())),
+                    })
+                    .await;
+                match r {
+                    Ok(()) | Err(SubscriptionError::NotFound) => {}
+                    Err(e) => {
+                        tracing::warn!(subscription = %id, stream = %path, error = %e, "subscription not told of an append")
+                    }
                 }
-            }
-        }
+            })
+            .await;
     }
 
     async fn deleted(&self, path: &str) {
