@@ -323,10 +323,10 @@ pub enum Step {
     /// Look again after this many ms.
     Sleep(u64),
     /// POST this body (already holding a fresh callback token) to the webhook; then report with
-    /// [`delivered`].
-    Deliver { generation: u64, body: String },
+    /// [`delivered`] (the wake's id, `wake_id`, names the wake the outcome is for).
+    Deliver { generation: u64, wake_id: String, body: String },
     /// Append this wake event to the wake stream; then report with [`announced`].
-    Announce { generation: u64, wake_stream: String, event: String },
+    Announce { generation: u64, wake_id: String, wake_stream: String, event: String },
 }
 
 /// The driver's next step for the message with token `driver`. Expires a wake whose lease ended
@@ -373,7 +373,7 @@ pub fn drive(rec: &mut Record, driver: &str, now: u64, callback_url: &str) -> (S
                     "callback_url": callback_url,
                     "callback_token": token,
                 });
-                return (Step::Deliver { generation, body: body.to_string() }, changed);
+                return (Step::Deliver { generation, wake_id, body: body.to_string() }, changed);
             }
             Kind::PullWake => {
                 if expired && w.holder.is_some() {
@@ -391,7 +391,12 @@ pub fn drive(rec: &mut Record, driver: &str, now: u64, callback_url: &str) -> (S
                     });
                     let wake_stream = rec.spec.wake_stream.clone().unwrap_or_default();
                     return (
-                        Step::Announce { generation: w.generation, wake_stream, event: event.to_string() },
+                        Step::Announce {
+                            generation: w.generation,
+                            wake_id: w.id.clone(),
+                            wake_stream,
+                            event: event.to_string(),
+                        },
                         changed,
                     );
                 }
@@ -425,12 +430,18 @@ pub fn retry_delay_ms(retry_count: u32) -> u64 {
     (base as i64 + jitter).max(0) as u64
 }
 
-/// Records a delivery of wake `generation`. Accepted: the subscription is `active`, the lease
-/// starts again from now; with `done` the wake's snapshot is acknowledged and the wake ends
-/// (the driver goes on to the next one). Failed: `failed`, the next attempt after
-/// [`retry_delay_ms`]. A delivery of a wake that already ended (a callback came first) only
-/// updates the status.
-pub fn delivered(rec: &mut Record, generation: u64, outcome: Delivery, now: u64) {
+/// Records a delivery, made by the message with token `driver`, of the wake `wake_id`.
+/// Accepted: the subscription is `active`, the lease starts again from now; with `done` the
+/// wake's snapshot is acknowledged and the wake ends (the driver goes on to the next one).
+/// Failed: `failed`, the next attempt after [`retry_delay_ms`]. A delivery of a wake that
+/// already ended (a callback came first) only updates the status. Returns whether the record
+/// changed: a delivery by a message that no longer drives the record (another one does, or the
+/// subscription was deleted and created again since, its wakes counting from 1 again) changes
+/// nothing: its outcome is not about the record's wakes.
+pub fn delivered(rec: &mut Record, driver: &str, wake_id: &str, outcome: Delivery, now: u64) -> bool {
+    if rec.driver.as_deref() != Some(driver) {
+        return false;
+    }
     match outcome {
         Delivery::Failed => {
             rec.status = Status::Failed;
@@ -442,7 +453,7 @@ pub fn delivered(rec: &mut Record, generation: u64, outcome: Delivery, now: u64)
             rec.retry_count = 0;
             rec.next_attempt_ms = 0;
             let ttl = rec.spec.lease_ttl_ms;
-            let Some(w) = rec.wake.as_mut().filter(|w| w.generation == generation) else { return };
+            let Some(w) = rec.wake.as_mut().filter(|w| w.id == wake_id) else { return true };
             w.delivered = true;
             w.deadline_ms = Some(now + ttl);
             if done {
@@ -458,12 +469,19 @@ pub fn delivered(rec: &mut Record, generation: u64, outcome: Delivery, now: u64)
             }
         }
     }
+    true
 }
 
-/// Records that the wake event of `generation` is in the wake stream.
-pub fn announced(rec: &mut Record, generation: u64) {
-    if let Some(w) = rec.wake.as_mut().filter(|w| w.generation == generation) {
-        w.announced = true;
+/// Records that the wake event of wake `wake_id` is in the wake stream. Returns whether the
+/// record changed (not when that wake is over, or belonged to a deleted subscription of the
+/// same id).
+pub fn announced(rec: &mut Record, wake_id: &str) -> bool {
+    match rec.wake.as_mut().filter(|w| w.id == wake_id && !w.announced) {
+        Some(w) => {
+            w.announced = true;
+            true
+        }
+        None => false,
     }
 }
 
@@ -494,11 +512,11 @@ mod tests {
         let c2 = appended(&mut r, "events/a", &t(11), 101).unwrap();
         assert_eq!(c2.drive, None);
         let (step, _) = drive(&mut r, &d, 102, "cb");
-        let Step::Deliver { generation, body } = step else { panic!("{step:?}") };
+        let Step::Deliver { generation, body, .. } = step else { panic!("{step:?}") };
         assert_eq!(generation, 1);
         let v: Value = serde_json::from_str(&body).unwrap();
         let token = v["callback_token"].as_str().unwrap().to_string();
-        delivered(&mut r, 1, Delivery::Accepted { done: false }, 103);
+        delivered(&mut r, &d, v["wake_id"].as_str().unwrap(), Delivery::Accepted { done: false }, 103);
         assert_eq!(drive(&mut r, &d, 104, "cb").0, Step::Sleep(999));
         let req = AckRequest {
             wake_id: Some(v["wake_id"].as_str().unwrap().into()),
@@ -518,8 +536,8 @@ mod tests {
     fn lease_expiry_starts_next_generation() {
         let mut r = webhook();
         let d = appended(&mut r, "events/a", &t(10), 0).unwrap().drive.unwrap();
-        let _ = drive(&mut r, &d, 1, "cb");
-        delivered(&mut r, 1, Delivery::Accepted { done: false }, 1);
+        let Step::Deliver { wake_id, .. } = drive(&mut r, &d, 1, "cb").0 else { panic!() };
+        delivered(&mut r, &d, &wake_id, Delivery::Accepted { done: false }, 1);
         let (step, changed) = drive(&mut r, &d, 2000, "cb");
         assert!(changed);
         assert!(matches!(step, Step::Deliver { generation: 2, .. }), "{step:?}");
@@ -549,6 +567,32 @@ mod tests {
     }
 
     #[test]
+    fn outcomes_of_a_deleted_incarnation_change_nothing() {
+        // Webhook: a delivery of generation 1 is in flight when the subscription is deleted
+        // and created again; the new record's first wake is generation 1 too.
+        let mut old = webhook();
+        let d1 = appended(&mut old, "events/a", &t(10), 0).unwrap().drive.unwrap();
+        let Step::Deliver { wake_id: w1, .. } = drive(&mut old, &d1, 1, "cb").0 else { panic!() };
+        let mut new = webhook();
+        let d2 = appended(&mut new, "events/a", &t(20), 2).unwrap().drive.unwrap();
+        assert!(matches!(drive(&mut new, &d2, 3, "cb").0, Step::Deliver { generation: 1, .. }));
+        let before = new.clone();
+        assert!(!delivered(&mut new, &d1, &w1, Delivery::Accepted { done: true }, 4));
+        assert!(!delivered(&mut new, &d1, &w1, Delivery::Failed, 4));
+        assert_eq!(new, before, "the old delivery neither acks nor ends the new wake");
+
+        // Pull-wake: an old incarnation's announcement does not count for the new wake.
+        let spec = Spec::from_json(&json!({"type": "pull-wake", "pattern": "events/*", "wake_stream": "w"})).unwrap();
+        let mut old = create("p", spec.clone(), "now".into(), &[], &[]);
+        let d1 = appended(&mut old, "events/a", &t(10), 0).unwrap().drive.unwrap();
+        let Step::Announce { wake_id: w1, .. } = drive(&mut old, &d1, 1, "").0 else { panic!() };
+        let mut new = create("p", spec, "now".into(), &[], &[]);
+        let d2 = appended(&mut new, "events/a", &t(20), 2).unwrap().drive.unwrap();
+        assert!(!announced(&mut new, &w1));
+        assert!(matches!(drive(&mut new, &d2, 3, "").0, Step::Announce { generation: 1, .. }));
+    }
+
+    #[test]
     fn pull_wake_claims() {
         let spec = Spec::from_json(
             &json!({"type": "pull-wake", "pattern": "events/*", "wake_stream": "w", "lease_ttl_ms": 1000}),
@@ -557,8 +601,8 @@ mod tests {
         let mut r = create("p", spec, "now".into(), &[], &[]);
         assert_eq!(claim(&mut r, "w1", 0).unwrap_err(), SubscriptionError::NoPendingWork);
         let d = appended(&mut r, "events/a", &t(10), 0).unwrap().drive.unwrap();
-        assert!(matches!(drive(&mut r, &d, 1, "").0, Step::Announce { generation: 1, .. }));
-        announced(&mut r, 1);
+        let Step::Announce { generation: 1, wake_id, .. } = drive(&mut r, &d, 1, "").0 else { panic!() };
+        assert!(announced(&mut r, &wake_id));
         assert_eq!(drive(&mut r, &d, 2, "").0, Step::Idle);
         let (reply, c) = claim(&mut r, "w1", 3).unwrap();
         assert!(c.drive.is_some());

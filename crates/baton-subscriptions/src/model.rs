@@ -200,6 +200,9 @@ impl Spec {
         if let Some(w) = &wake_stream {
             check_path(w, "wake_stream")?;
         }
+        // A webhook subscription has no wake stream: one given is ignored (kept, it would make
+        // every subscription blind to appends to that stream, wake streams never being matched).
+        let wake_stream = if kind == Kind::Webhook { None } else { wake_stream };
         if kind == Kind::PullWake && wake_stream.is_none() {
             return Err(SubscriptionError::invalid("pull-wake subscriptions require wake_stream"));
         }
@@ -239,11 +242,18 @@ pub fn parse_streams(v: &Value) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Validates a subscription id: 1 to 256 bytes, no control characters, no `/`.
+/// Validates a subscription id: 1 to 256 bytes, no control characters, no `/`, not `.` or
+/// `..` (a URL path segment that clients resolve away: its callback URL would name another
+/// route).
 pub fn check_id(id: &str) -> Result<()> {
-    if id.is_empty() || id.len() > MAX_ID_BYTES || id.chars().any(|c| c.is_control() || c == '/') {
+    if id.is_empty()
+        || id.len() > MAX_ID_BYTES
+        || id == "."
+        || id == ".."
+        || id.chars().any(|c| c.is_control() || c == '/')
+    {
         return Err(SubscriptionError::invalid(
-            "a subscription id needs 1 to 256 bytes without `/` or control characters",
+            "a subscription id needs 1 to 256 bytes without `/` or control characters, and is not `.` or `..`",
         ));
     }
     Ok(())
@@ -591,6 +601,21 @@ mod tests {
         assert!(position("0000000000000005_0000000000000002_zz").is_err());
         let l = Link { explicit: false, glob: true, acked: "-1".into(), tail: ZERO_OFFSET.into() };
         assert!(!l.has_pending(), "an empty stream has nothing pending");
+    }
+
+    #[test]
+    fn odd_specs_and_ids() {
+        let s = Spec::from_json(
+            &json!({"type": "webhook", "pattern": "a/*", "webhook": {"url": "https://x"}, "wake_stream": "events/a"}),
+        )
+        .unwrap();
+        assert_eq!(s.wake_stream, None, "a webhook subscription has no wake stream");
+        for bad in [".", "..", "", "a/b", "a\nb"] {
+            assert!(check_id(bad).is_err(), "{bad:?}");
+        }
+        for ok in ["...", "{x}", "é", "%2F", ".a"] {
+            assert!(check_id(ok).is_ok(), "{ok:?}");
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use baton_queue::{Consumer, ConsumerOptions, Decision, Delivery};
 use baton_redis::RedisClient;
 use baton_streams::{AppendRequest, StreamError, StreamObserver, StreamPath, StreamStore};
 use bytes::Bytes;
+use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +23,9 @@ use crate::machine::{self, Change, Step};
 use crate::model::*;
 use crate::signing::KeyRing;
 use crate::webhook_url;
+
+/// How many subscriptions an append's notification updates at once.
+const APPEND_FANOUT: usize = 32;
 
 /// How many streams a glob subscription links when it is created (or reconciled), at most.
 pub const MAX_GLOB_STREAMS: usize = 10_000;
@@ -485,20 +489,24 @@ impl Inner {
             }
             c.entries.values().filter(|e| e.matches(path)).map(|e| e.id.clone()).collect()
         };
-        for id in ids {
-            let r = self
-                .update(&id, |rec, now| match machine::appended(rec, path, tail, now) {
-                    Some(change) => Ok(((), true, change)),
-                    None => Ok(((), false, Change::default())),
-                })
-                .await;
-            match r {
-                Ok(()) | Err(SubscriptionError::NotFound) => {}
-                Err(e) => {
-                    tracing::warn!(subscription = %id, stream = %path, error = %e, "subscription not told of an append")
+        // Each subscription is its own record: tell them concurrently (an append matched by a
+        // thousand subscriptions took a thousand sequential compare-and-sets, ~0.6 s).
+        futures::stream::iter(ids)
+            .for_each_concurrent(APPEND_FANOUT, |id| async move {
+                let r = self
+                    .update(&id, |rec, now| match machine::appended(rec, path, tail, now) {
+                        Some(change) => Ok(((), true, change)),
+                        None => Ok(((), false, Change::default())),
+                    })
+                    .await;
+                match r {
+                    Ok(()) | Err(SubscriptionError::NotFound) => {}
+                    Err(e) => {
+                        tracing::warn!(subscription = %id, stream = %path, error = %e, "subscription not told of an append")
+                    }
                 }
-            }
-        }
+            })
+            .await;
     }
 
     async fn deleted(&self, path: &str) {
@@ -599,9 +607,16 @@ impl Inner {
         }
     }
 
-    /// One step-and-act round of the driver for message `msg`. Returns the queue decision.
-    async fn drive(&self, msg: &DriveMessage) -> Decision {
+    /// One step-and-act round of the driver for message `msg`, delivered under `lease`. Returns
+    /// the queue decision. A lease that is lost (this process was stopped or cut off from the
+    /// backend for the claim timeout, and another process took the message over) ends the
+    /// round before its next webhook delivery or wake event: the other process acts now.
+    async fn drive(&self, msg: &DriveMessage, lease: &baton_queue::Lease) -> Decision {
         loop {
+            if lease.is_lost() {
+                tracing::warn!(subscription = %msg.id, "delivery lease lost; another process delivers");
+                return Decision::Retry;
+            }
             let l = match self.backend.load(&msg.id).await {
                 Ok(l) => l,
                 Err(e) => {
@@ -621,13 +636,16 @@ impl Inner {
             match step {
                 Step::Superseded | Step::Idle => return Decision::Ack,
                 Step::Sleep(ms) => return Decision::RetryAfter(Duration::from_millis(ms.max(1))),
-                Step::Deliver { generation, body } => {
+                Step::Deliver { generation: _, wake_id, body } => {
                     let url = rec.spec.webhook_url.clone().unwrap_or_default();
+                    if lease.is_lost() {
+                        continue;
+                    }
                     let outcome = self.deliver(&url, body).await;
                     if let Err(e) = self
                         .update(&msg.id, |rec, now| {
-                            machine::delivered(rec, generation, outcome, now);
-                            Ok(((), true, Change::default()))
+                            let changed = machine::delivered(rec, &msg.driver, &wake_id, outcome, now);
+                            Ok(((), changed, Change::default()))
                         })
                         .await
                     {
@@ -637,7 +655,10 @@ impl Inner {
                         return Decision::RetryAfter(Duration::from_secs(1));
                     }
                 }
-                Step::Announce { generation, wake_stream, event } => {
+                Step::Announce { generation: _, wake_id, wake_stream, event } => {
+                    if lease.is_lost() {
+                        continue;
+                    }
                     if let Err(e) = self.announce(&wake_stream, event).await {
                         tracing::warn!(stream = %wake_stream, error = %e, "wake event not appended; retrying");
                         return Decision::RetryAfter(Duration::from_secs(1));
@@ -645,8 +666,8 @@ impl Inner {
                     metrics::counter!("baton_subscription_wake_events_total").increment(1);
                     if let Err(e) = self
                         .update(&msg.id, |rec, _| {
-                            machine::announced(rec, generation);
-                            Ok(((), true, Change::default()))
+                            let changed = machine::announced(rec, &wake_id);
+                            Ok(((), changed, Change::default()))
                         })
                         .await
                     {
@@ -687,7 +708,7 @@ impl baton_queue::Handler for Driver {
         let Ok(msg) = serde_json::from_slice::<DriveMessage>(&d.payload) else {
             return Decision::DeadLetter("not a subscription delivery message".into());
         };
-        inner.drive(&msg).await
+        inner.drive(&msg, &d.lease).await
     }
 }
 
