@@ -143,10 +143,13 @@ impl reqwest::dns::Resolve for FilteringResolver {
 }
 
 /// The HTTP client for deliveries: no redirects, a `timeout` per request, DNS through
-/// [`FilteringResolver`].
+/// [`FilteringResolver`], and no proxy (`HTTP_PROXY` / `HTTPS_PROXY` are ignored: through a proxy
+/// the resolver would check the proxy's address instead of the webhook's, and the address rules
+/// would not hold).
 pub fn client(allow_loopback: bool, timeout: std::time::Duration) -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
         .timeout(timeout)
         .dns_resolver(Arc::new(FilteringResolver { allow_loopback }))
         .user_agent(concat!("baton/", env!("CARGO_PKG_VERSION")))
