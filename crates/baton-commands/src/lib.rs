@@ -173,6 +173,7 @@
 pub mod builtin;
 mod json;
 mod model;
+mod remote;
 mod service;
 mod store;
 
@@ -185,6 +186,9 @@ pub use async_trait::async_trait;
 pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp};
+pub use remote::{
+    RemoteCall, RemoteClaim, RemoteOutcome, RemoteRenewal, RemoteSettled, RemoteWorkers, MAX_WORKER_NAME,
+};
 pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
 pub use store::{CommandStore, CommandStoreSettings, RedisCommandStoreOptions};
 

@@ -119,7 +119,7 @@ impl QueueSettings {
     }
 
     /// The work queue consumer's options, once every rule is checked.
-    fn consumer_options(&self) -> Result<ConsumerOptions, CommandError> {
+    pub(crate) fn consumer_options(&self) -> Result<ConsumerOptions, CommandError> {
         let bad = |m: String| Err(CommandError::InvalidSettings(m));
         let r = &self.retry;
         if r.max_attempts == 0 {
@@ -162,11 +162,11 @@ impl QueueSettings {
 
 type Handlers = HashMap<String, Arc<dyn CommandHandler>>;
 
-struct Ctx {
-    store: CommandStore,
-    queue: String,
-    settings: QueueSettings,
-    handlers: Arc<Handlers>,
+pub(crate) struct Ctx {
+    pub(crate) store: CommandStore,
+    pub(crate) queue: String,
+    pub(crate) settings: QueueSettings,
+    pub(crate) handlers: Arc<Handlers>,
 }
 
 /// Builds a [`CommandService`]: `CommandService::builder(store, "queue").handler("type", h)...start()`.
@@ -310,31 +310,52 @@ async fn dispatch(ctx: Arc<Ctx>, d: Delivery) -> Decision {
     }
 }
 
-enum Outcome {
+/// What a handler call gave: a result, or an error (retried with backoff).
+pub(crate) enum Outcome {
     Result(CommandResult),
     Error(String),
 }
 
-async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, CommandError> {
+/// What a delivery of a command message calls for, from the command's persisted state.
+pub(crate) enum Prepared {
+    /// Nothing to call: settle the delivery with this decision (missing, terminal, stale or
+    /// moved-on command, an interrupted hand-off finished).
+    Settle(Decision),
+    /// Call the handler: `execute` when the state is `SUBMITTED`, else `check_status`.
+    Call { st: Box<CommandState>, is_execute: bool },
+}
+
+/// Steps 1 and 2 of the module docs, and the choice of step 3, for a delivery of `msg` on
+/// `ctx.queue`.
+pub(crate) async fn prepare(ctx: &Ctx, msg: &CommandMsg) -> Result<Prepared, CommandError> {
     let backend = &ctx.store.inner.backend;
-    let Some(st) = backend.load(&msg.home, &msg.id).await? else { return Ok(Decision::Ack) };
+    let Some(st) = backend.load(&msg.home, &msg.id).await? else { return Ok(Prepared::Settle(Decision::Ack)) };
     if st.status.is_terminal() {
-        return Ok(Decision::Ack);
+        return Ok(Prepared::Settle(Decision::Ack));
     }
     if st.token != msg.token {
         if st.prev_token.as_deref() == Some(msg.token.as_str()) && st.current_queue() != ctx.queue {
-            return finish_handoff(ctx, st).await;
+            return Ok(Prepared::Settle(finish_handoff(ctx, st).await?));
         }
         tracing::debug!(queue = %ctx.queue, command = %msg.id, "stale message for the command; acked");
-        return Ok(Decision::Ack);
+        return Ok(Prepared::Settle(Decision::Ack));
     }
     if st.current_queue() != ctx.queue {
-        return Ok(Decision::Ack);
+        return Ok(Prepared::Settle(Decision::Ack));
     }
     let is_execute = st.status == CommandStatus::Submitted;
+    Ok(Prepared::Call { st: Box::new(st), is_execute })
+}
+
+async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, CommandError> {
+    let backend = &ctx.store.inner.backend;
+    let (st, is_execute) = match prepare(ctx, msg).await? {
+        Prepared::Settle(d) => return Ok(d),
+        Prepared::Call { st, is_execute } => (*st, is_execute),
+    };
     let Some(handler) = ctx.handlers.get(&st.command_type).cloned() else {
         let err = format!("no handler for command type {:?} on queue {:?}", st.command_type, ctx.queue);
-        return apply(ctx, st, msg, lease, false, None, Outcome::Result(CommandResult::Failed(err))).await;
+        return Ok(apply(ctx, st, msg, Some(lease), false, None, Outcome::Result(CommandResult::Failed(err))).await?.0);
     };
     // Remote cancels reach this process through the home queue's notifications.
     backend.watch_home(&msg.home).await?;
@@ -355,7 +376,7 @@ async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, Com
         Err(p) => Outcome::Error(format!("handler panicked: {}", panic_text(&*p))),
     };
     drop(_running);
-    apply(ctx, st, msg, lease, is_execute, started, outcome).await
+    Ok(apply(ctx, st, msg, Some(lease), is_execute, started, outcome).await?.0)
 }
 
 fn error_text(e: &HandlerError) -> String {
@@ -479,53 +500,55 @@ fn plan(
 
 /// Writes the outcome by CAS, re-reading on conflicts.
 ///
-/// When the outcome acks the delivery (a terminal state, or an atomic hand-off) and the backend
-/// can, the ack is done by the same atomic write (ownership-checked, see baton-queue's
+/// When the outcome acks the delivery (a terminal state, or an atomic hand-off), `lease` is
+/// given (an in-process delivery) and the backend can, the ack is done by the same atomic write (ownership-checked, see baton-queue's
 /// `Lease::mark_acked`): one round trip instead of two, and no window in which the state is
 /// terminal while its message still waits for an ack.
-async fn apply(
+pub(crate) async fn apply(
     ctx: &Ctx,
     mut cur: CommandState,
     msg: &CommandMsg,
-    lease: &Lease,
+    lease: Option<&Lease>,
     is_execute: bool,
     started: Option<Timestamp>,
     outcome: Outcome,
-) -> Result<Decision, CommandError> {
+) -> Result<(Decision, bool), CommandError> {
     let backend = &ctx.store.inner.backend;
     let fp = &ctx.settings.fail_points;
     let no_crash_test = !fp.crash_after_handoff_state && !fp.crash_after_handoff_enqueue;
     loop {
         let p = plan(ctx, &cur, msg, is_execute, started, &outcome);
-        let Some(next) = p.next else { return Ok(p.decision) };
+        let Some(next) = p.next else { return Ok((p.decision, true)) };
         let atomic = p.handoff.as_ref().is_some_and(|(t, _)| backend.atomic_enqueue(&cur.queue, t));
         let enqueue = if atomic { p.handoff.as_ref().map(|(t, m)| (t.as_str(), m)) } else { None };
         let fold = p.decision == Decision::Ack
+            && lease.is_some()
             && (p.handoff.is_none() || atomic)
             && no_crash_test
             && backend.can_fold_ack(&cur.queue, &ctx.queue);
-        let (written, acked) = write_retrying(ctx, cur.status, next, enqueue, fold.then_some(lease)).await?;
+        let (written, acked) = write_retrying(ctx, cur.status, next, enqueue, lease.filter(|_| fold)).await?;
         if acked {
             if let Some((target, m)) = &p.handoff {
                 tracing::debug!(queue = %ctx.queue, command = %m.id, target, atomic, "command handed off");
             }
-            return Ok(match lease.mark_acked() {
-                Ok(()) => Decision::Deferred,
-                Err(_) => Decision::Ack,
-            });
+            let d = match lease.map(Lease::mark_acked) {
+                Some(Ok(())) => Decision::Deferred,
+                _ => Decision::Ack,
+            };
+            return Ok((d, true));
         }
         match written {
             Ok(_) => {
                 if let Some((target, m)) = &p.handoff {
-                    return handoff_tail(ctx, target, m, atomic).await;
+                    return Ok((handoff_tail(ctx, target, m, atomic).await?, true));
                 }
-                return Ok(p.decision);
+                return Ok((p.decision, true));
             }
-            Err(None) => return Ok(Decision::Ack),
+            Err(None) => return Ok((Decision::Ack, false)),
             Err(Some(latest)) => {
                 if latest.status.is_terminal() || latest.token != msg.token || latest.status != cur.status {
                     tracing::debug!(queue = %ctx.queue, command = %latest.id, status = %latest.status, "outcome refused: the command moved on");
-                    return Ok(Decision::Ack);
+                    return Ok((Decision::Ack, false));
                 }
                 cur = latest;
             }

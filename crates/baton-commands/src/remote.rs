@@ -1,0 +1,306 @@
+//! Remote workers: the commands of a queue run by workers in other processes or languages,
+//! which claim them, renew their leases and settle them by request (the HTTP worker protocol of
+//! `baton serve` is this API over HTTP).
+//!
+//! Each worker is a [`RemoteConsumer`](baton_queue::RemoteConsumer) of the queue, named
+//! `remote-<worker>`: it holds what it claimed for as long as it renews (at a third of the claim
+//! timeout); a worker silent for the claim timeout is a dead consumer, and its commands go to
+//! another consumer of the queue, remote or in-process. A claim runs the same dispatch rules as
+//! an in-process service (crate docs, "Rules"): a message whose command is missing, finished,
+//! stale or moved on is settled at once and never handed to the worker; `SUBMITTED` is an
+//! `execute` call, `RUNNING` a `check_status` call. A settlement is checked against the
+//! worker's lease first (another owner → [`QueueError::LeaseLost`]) and then written exactly as
+//! a handler's result would be (compare-and-set; retries with backoff for errors; `running`
+//! re-delivers after its delay; hand-offs). Nothing is kept in the serving process but a cache
+//! of consumers: any process on the same store can serve any request of any worker.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use base64::Engine;
+use baton_queue::{Decision, LeaseState, MessageId, QueueError, RemoteConsumer, RemoteOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::model::CommandMsg;
+use crate::service::{apply, prepare, Ctx, Outcome, Prepared};
+use crate::{validate_queue, CommandError, CommandResult, CommandState, CommandStore, QueueSettings, Timestamp};
+
+/// Which handler call a claimed command is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteCall {
+    /// The command is `SUBMITTED`: run it.
+    Execute,
+    /// The command is `RUNNING` (an earlier call answered `running`, or it was handed off here):
+    /// check on it.
+    CheckStatus,
+}
+
+/// A command claimed by a worker.
+#[derive(Clone, Debug)]
+pub struct RemoteClaim {
+    /// The lease's token: names the delivery, the command and its message; give it back to
+    /// renew and settle. Opaque (base64url).
+    pub lease: String,
+    pub call: RemoteCall,
+    /// The command's state when claimed (its id, type, params, attempts, errors, …).
+    pub command: CommandState,
+    /// Deliveries of this message, this one included.
+    pub deliveries: u32,
+}
+
+/// What a renewal found for one lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteRenewal {
+    /// `Held`: renewed. `Lost`: another consumer owns it (stop; the settlement would be
+    /// refused). `Gone`: nothing held any more (settled, or the lease is malformed).
+    pub state: LeaseState,
+    /// The command was cancelled (or ended otherwise) meanwhile: stop the work; settling it
+    /// changes nothing.
+    pub finished: bool,
+}
+
+/// How a worker settles a claimed command.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RemoteOutcome {
+    /// As a handler's `Ok(result)`.
+    Result(CommandResult),
+    /// As a handler's `Err`: recorded, retried with backoff until the queue's `max_attempts`.
+    Error(String),
+    /// Hand the command back unrun: another worker gets it after the claim timeout (counts as a
+    /// delivery, not as an attempt).
+    Release,
+}
+
+/// What a settlement did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RemoteSettled {
+    /// Written; the command's state after it.
+    Applied(CommandState),
+    /// The command had already ended or moved on (cancelled, say): nothing of the outcome was
+    /// written; the state as it is.
+    Finished(Option<CommandState>),
+}
+
+#[derive(Serialize, Deserialize)]
+struct LeaseToken {
+    /// The message id.
+    m: String,
+    /// The command message.
+    i: String,
+    h: String,
+    t: String,
+    /// When it was claimed, ms since the Unix epoch (the `execute` call's start).
+    s: u64,
+}
+
+impl LeaseToken {
+    fn encode(&self) -> String {
+        B64.encode(serde_json::to_vec(self).expect("serializes"))
+    }
+
+    fn decode(s: &str) -> Option<(MessageId, CommandMsg, u64)> {
+        let t: LeaseToken = serde_json::from_slice(&B64.decode(s).ok()?).ok()?;
+        let m: MessageId = t.m.parse().ok()?;
+        Some((m, CommandMsg { id: t.i, home: t.h, token: t.t }, t.s))
+    }
+}
+
+/// The remote workers of one queue (see the module docs). Cheap to share (`Arc`); one per queue
+/// per process.
+pub struct RemoteWorkers {
+    ctx: Arc<Ctx>,
+    options: RemoteOptions,
+    consumers: tokio::sync::Mutex<HashMap<String, (RemoteConsumer, Instant)>>,
+}
+
+/// Longest slice of a long-poll claim between two looks for reclaimable messages.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Longest worker name, bytes.
+pub const MAX_WORKER_NAME: usize = 128;
+
+impl RemoteWorkers {
+    /// Serves `queue` of `store` to remote workers, with the queue's `settings` (its claim
+    /// timeout, retry policy, `check_status_interval`). The queue becomes known to the store
+    /// (a hand-off target). Errors: [`CommandError::InvalidSettings`], an invalid queue name.
+    pub fn new(store: CommandStore, queue: &str, settings: QueueSettings) -> Result<RemoteWorkers, CommandError> {
+        validate_queue(queue)?;
+        settings.validate()?;
+        store.declare_queue(queue)?;
+        let options =
+            RemoteOptions { claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)), max_deliveries: None };
+        let ctx = Arc::new(Ctx { store, queue: queue.to_string(), settings, handlers: Arc::default() });
+        Ok(RemoteWorkers { ctx, options, consumers: tokio::sync::Mutex::new(HashMap::new()) })
+    }
+
+    /// The queue served.
+    pub fn queue(&self) -> &str {
+        &self.ctx.queue
+    }
+
+    /// The claim timeout: a worker silent this long loses its leases.
+    pub fn claim_timeout(&self) -> Duration {
+        self.options.claim_timeout
+    }
+
+    async fn consumer(&self, worker: &str) -> Result<RemoteConsumer, CommandError> {
+        if worker.is_empty() || worker.len() > MAX_WORKER_NAME || worker.chars().any(|c| c.is_control()) {
+            return Err(CommandError::InvalidSettings(format!(
+                "worker name {worker:?}: use 1 to {MAX_WORKER_NAME} bytes without control characters"
+            )));
+        }
+        let mut map = self.consumers.lock().await;
+        let now = Instant::now();
+        // Forget consumers of workers not heard of for a while (they are opened again on demand).
+        let idle = self.options.claim_timeout * 4;
+        map.retain(|_, (_, last)| now.duration_since(*last) < idle);
+        if let Some((c, last)) = map.get_mut(worker) {
+            *last = now;
+            return Ok(c.clone());
+        }
+        let c = self
+            .ctx
+            .store
+            .messages()
+            .remote_consumer(&self.ctx.queue, &format!("remote-{worker}"), self.options.clone())
+            .await?;
+        map.insert(worker.to_string(), (c.clone(), now));
+        Ok(c)
+    }
+
+    /// Claims up to `max` commands for `worker`, waiting up to `wait` for the first when none is
+    /// ready (long-poll). Errors: [`CommandError::InvalidSettings`] (worker name), store errors.
+    pub async fn claim(&self, worker: &str, max: usize, wait: Duration) -> Result<Vec<RemoteClaim>, CommandError> {
+        let c = self.consumer(worker).await?;
+        let deadline = tokio::time::Instant::now() + wait;
+        let max = max.max(1);
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            // A blocking read sees only new messages: wait in slices, so that one handed back
+            // (or a dead worker's, or a re-poll that fell due) is found by the next reclaim.
+            let block = if out.is_empty() { left.min(POLL) } else { Duration::from_millis(1) };
+            let got = c.claim(max - out.len(), block).await?;
+            let empty = got.is_empty();
+            for d in got {
+                let msg: CommandMsg = match serde_json::from_slice(&d.payload) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        c.dead_letter(d.id, d.deliveries, &format!("not a command message: {e}")).await?;
+                        continue;
+                    }
+                };
+                match prepare(&self.ctx, &msg).await? {
+                    Prepared::Settle(decision) => settle_message(&c, d.id, d.deliveries, decision).await?,
+                    Prepared::Call { st, is_execute } => {
+                        let lease = LeaseToken {
+                            m: d.id.to_string(),
+                            i: msg.id.clone(),
+                            h: msg.home.clone(),
+                            t: msg.token.clone(),
+                            s: Timestamp::now().millis(),
+                        };
+                        out.push(RemoteClaim {
+                            lease: lease.encode(),
+                            call: if is_execute { RemoteCall::Execute } else { RemoteCall::CheckStatus },
+                            command: *st,
+                            deliveries: d.deliveries,
+                        });
+                    }
+                }
+            }
+            if !out.is_empty() || (empty && tokio::time::Instant::now() >= deadline) {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Renews `worker`'s leases (one call for all) and tells, for each, whether its command has
+    /// ended meanwhile (cancelled). A malformed lease token is `Gone`.
+    pub async fn renew(&self, worker: &str, leases: &[String]) -> Result<Vec<RemoteRenewal>, CommandError> {
+        let c = self.consumer(worker).await?;
+        let decoded: Vec<Option<(MessageId, CommandMsg, u64)>> = leases.iter().map(|l| LeaseToken::decode(l)).collect();
+        let ids: Vec<MessageId> = decoded.iter().flatten().map(|(m, _, _)| *m).collect();
+        let states = if ids.is_empty() { Vec::new() } else { c.renew(&ids).await? };
+        let mut states = states.into_iter();
+        let backend = &self.ctx.store.inner.backend;
+        let mut out = Vec::with_capacity(leases.len());
+        for d in decoded {
+            let Some((_, msg, _)) = d else {
+                out.push(RemoteRenewal { state: LeaseState::Gone, finished: false });
+                continue;
+            };
+            let state = states.next().unwrap_or(LeaseState::Gone);
+            let finished = match state {
+                LeaseState::Held => match backend.load(&msg.home, &msg.id).await? {
+                    None => true,
+                    Some(st) => st.status.is_terminal() || st.token != msg.token,
+                },
+                _ => false,
+            };
+            out.push(RemoteRenewal { state, finished });
+        }
+        Ok(out)
+    }
+
+    /// Settles one claimed command of `worker`. Errors: [`QueueError::LeaseLost`] (as
+    /// `CommandError::Queue`) when the lease is not the worker's any more (taken over after a
+    /// silence, or settled); [`CommandError::InvalidSettings`] for a malformed lease token;
+    /// store errors.
+    pub async fn settle(
+        &self,
+        worker: &str,
+        lease: &str,
+        outcome: RemoteOutcome,
+    ) -> Result<RemoteSettled, CommandError> {
+        let Some((mid, msg, claimed_ms)) = LeaseToken::decode(lease) else {
+            return Err(CommandError::InvalidSettings("lease: not a lease token of this server".into()));
+        };
+        let c = self.consumer(worker).await?;
+        if c.renew(&[mid]).await?.first() != Some(&LeaseState::Held) {
+            return Err(CommandError::Queue(QueueError::LeaseLost(mid)));
+        }
+        let backend = &self.ctx.store.inner.backend;
+        if outcome == RemoteOutcome::Release {
+            settle_message(&c, mid, 0, Decision::Retry).await?;
+            return Ok(RemoteSettled::Finished(backend.load(&msg.home, &msg.id).await?));
+        }
+        let (st, is_execute) = match prepare(&self.ctx, &msg).await? {
+            Prepared::Settle(decision) => {
+                settle_message(&c, mid, 0, decision).await?;
+                return Ok(RemoteSettled::Finished(backend.load(&msg.home, &msg.id).await?));
+            }
+            Prepared::Call { st, is_execute } => (*st, is_execute),
+        };
+        let started = is_execute.then(|| Timestamp::from_millis(claimed_ms));
+        let outcome = match outcome {
+            RemoteOutcome::Result(r) => Outcome::Result(r),
+            RemoteOutcome::Error(e) => Outcome::Error(if e.is_empty() { "handler error".into() } else { e }),
+            RemoteOutcome::Release => unreachable!("handled above"),
+        };
+        let (decision, written) = apply(&self.ctx, st, &msg, None, is_execute, started, outcome).await?;
+        settle_message(&c, mid, 0, decision).await?;
+        let now = backend.load(&msg.home, &msg.id).await?;
+        Ok(match now {
+            Some(s) if written => RemoteSettled::Applied(s),
+            other => RemoteSettled::Finished(other),
+        })
+    }
+}
+
+/// Settles a delivery with a dispatch decision.
+async fn settle_message(c: &RemoteConsumer, id: MessageId, deliveries: u32, d: Decision) -> Result<(), CommandError> {
+    let r = match d {
+        Decision::Ack | Decision::Deferred => c.ack(id).await,
+        Decision::Retry => c.release(id).await,
+        Decision::RetryAfter(delay) => c.retry_after(id, delay).await,
+        Decision::DeadLetter(reason) => c.dead_letter(id, deliveries, &reason).await,
+    };
+    match r {
+        Ok(_) => Ok(()),
+        Err(QueueError::LeaseLost(_)) => Err(CommandError::Queue(QueueError::LeaseLost(id))),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,168 @@
+//! Remote workers (`RemoteWorkers`): commands claimed, renewed and settled by request, under the
+//! dispatch rules of an in-process service. Every backend.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_commands::{
+    Command, CommandError, CommandResult, CommandService, CommandStatus, QueueSettings, RemoteCall, RemoteOutcome,
+    RemoteSettled, RemoteWorkers,
+};
+use baton_queue::{LeaseState, QueueError};
+use baton_testkit::TestBackend;
+use common::*;
+use serde_json::json;
+
+baton_testkit::on_every_backend!(lifecycle, silent_worker_fails_over, shared_with_an_in_process_service);
+
+fn lost(r: Result<RemoteSettled, CommandError>) -> bool {
+    matches!(r, Err(CommandError::Queue(QueueError::LeaseLost(_))))
+}
+
+async fn lifecycle(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("remote");
+    let w = RemoteWorkers::new(store.clone(), &q, fast()).unwrap();
+    let a = store.submit(&q, Command::new("t", json!({"n": 1}))).await.unwrap();
+    let bb = store.submit(&q, Command::new("t", json!({"n": 2}))).await.unwrap();
+    let claims = w.claim("w1", 10, Duration::from_millis(500)).await.unwrap();
+    let ids: HashSet<_> = claims.iter().map(|c| c.command.id.clone()).collect();
+    assert_eq!(ids, HashSet::from([a.id.clone(), bb.id.clone()]));
+    assert!(claims.iter().all(|c| c.call == RemoteCall::Execute && c.deliveries == 1));
+    let ca = claims.iter().find(|c| c.command.id == a.id).unwrap().clone();
+    let cb = claims.iter().find(|c| c.command.id == bb.id).unwrap().clone();
+    let r = w.renew("w1", &[ca.lease.clone(), cb.lease.clone(), "junk".into()]).await.unwrap();
+    assert_eq!(
+        r.iter().map(|x| x.state).collect::<Vec<_>>(),
+        vec![LeaseState::Held, LeaseState::Held, LeaseState::Gone]
+    );
+    assert!(r.iter().all(|x| !x.finished));
+    // Another worker cannot settle what w1 holds.
+    assert!(lost(w.settle("w2", &ca.lease, RemoteOutcome::Result(CommandResult::succeeded(json!(0)))).await));
+
+    let done =
+        w.settle("w1", &ca.lease, RemoteOutcome::Result(CommandResult::succeeded(json!({"ok": 1})))).await.unwrap();
+    let RemoteSettled::Applied(st) = done else { panic!("{done:?}") };
+    assert_eq!(st.status, CommandStatus::Succeeded);
+    assert_eq!(st.result.as_ref().map(|r| r.get()), Some(r#"{"ok":1}"#));
+    assert!(st.started_at.is_some());
+    // Settled: the lease is gone, a second settlement is refused.
+    assert!(lost(w.settle("w1", &ca.lease, RemoteOutcome::Result(CommandResult::failed("late"))).await));
+    assert_eq!(store.get(&a.id).await.unwrap().unwrap().status, CommandStatus::Succeeded);
+
+    // running → redelivered after its delay as a check_status call.
+    let run = w
+        .settle("w1", &cb.lease, RemoteOutcome::Result(CommandResult::running_after(Duration::from_millis(100))))
+        .await
+        .unwrap();
+    assert!(matches!(run, RemoteSettled::Applied(ref s) if s.status == CommandStatus::Running), "{run:?}");
+    let again = w.claim("w1", 10, Duration::from_secs(3)).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].command.id.as_str(), again[0].call), (bb.id.as_str(), RemoteCall::CheckStatus));
+    w.settle("w1", &again[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!(2)))).await.unwrap();
+    assert_eq!(store.get(&bb.id).await.unwrap().unwrap().status, CommandStatus::Succeeded);
+
+    // An error is retried with backoff (fast(): 3 attempts), then the command fails.
+    let e = store.submit(&q, Command::new("t", json!({"n": 3}))).await.unwrap();
+    for attempt in 1..=3u32 {
+        let c = w.claim("w1", 1, Duration::from_secs(3)).await.unwrap();
+        assert_eq!(c.len(), 1, "attempt {attempt}");
+        assert_eq!(c[0].command.id, e.id);
+        assert_eq!(c[0].call, RemoteCall::Execute);
+        w.settle("w1", &c[0].lease, RemoteOutcome::Error(format!("boom {attempt}"))).await.unwrap();
+    }
+    let st = store.get(&e.id).await.unwrap().unwrap();
+    assert_eq!((st.status, st.error.as_deref()), (CommandStatus::Failed, Some("boom 3")));
+
+    // A cancel reaches the worker on its next renewal; its result is then not written.
+    let k = store.submit(&q, Command::new("t", json!({"n": 4}))).await.unwrap();
+    let c = w.claim("w1", 1, Duration::from_secs(3)).await.unwrap();
+    assert_eq!(c[0].command.id, k.id);
+    store.cancel(&k.id).await.unwrap();
+    let r = w.renew("w1", std::slice::from_ref(&c[0].lease)).await.unwrap();
+    assert!(r[0].finished, "{r:?}");
+    let s = w.settle("w1", &c[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!(4)))).await.unwrap();
+    assert!(matches!(s, RemoteSettled::Finished(Some(ref st)) if st.status == CommandStatus::Cancelled), "{s:?}");
+    // Released: back to the queue, delivered again after the claim timeout.
+    let r2 = store.submit(&q, Command::new("t", json!({"n": 5}))).await.unwrap();
+    let c = w.claim("w1", 1, Duration::from_secs(3)).await.unwrap();
+    assert_eq!(c[0].command.id, r2.id);
+    w.settle("w1", &c[0].lease, RemoteOutcome::Release).await.unwrap();
+    let c2 = w.claim("w2", 1, Duration::from_secs(5)).await.unwrap();
+    assert_eq!((c2[0].command.id.as_str(), c2[0].deliveries), (r2.id.as_str(), 2));
+}
+
+async fn silent_worker_fails_over(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("remote-failover");
+    let w = RemoteWorkers::new(store.clone(), &q, fast()).unwrap();
+    let cmd = store.submit(&q, Command::new("t", json!({}))).await.unwrap();
+    let c1 = w.claim("silent", 1, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(c1[0].command.id, cmd.id);
+    // `silent` never renews: after the claim timeout (2 s) another worker gets the command.
+    let t = std::time::Instant::now();
+    let c2 = w.claim("alive", 1, Duration::from_secs(6)).await.unwrap();
+    assert_eq!(c2.len(), 1);
+    assert_eq!((c2[0].command.id.as_str(), c2[0].deliveries), (cmd.id.as_str(), 2));
+    assert!(t.elapsed() >= Duration::from_millis(1500), "taken over after {:?}", t.elapsed());
+    assert!(lost(
+        w.settle("silent", &c1[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("silent")))).await
+    ));
+    w.settle("alive", &c2[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("alive")))).await.unwrap();
+    let st = store.get(&cmd.id).await.unwrap().unwrap();
+    assert_eq!(st.result.as_ref().map(|r| r.get()), Some(r#""alive""#));
+}
+
+async fn shared_with_an_in_process_service(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("remote-shared");
+    let ran: Arc<Mutex<Vec<(String, &'static str)>>> = Arc::default();
+    let ran2 = ran.clone();
+    let svc = CommandService::builder(store.clone(), q.clone())
+        .settings(QueueSettings { concurrency: 2, ..fast() })
+        .handler(
+            "t",
+            on_execute(move |c: Command| {
+                let ran = ran2.clone();
+                async move {
+                    ran.lock().unwrap().push((c.id.clone(), "rust"));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok(CommandResult::succeeded(json!("rust")))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let w = Arc::new(RemoteWorkers::new(store.clone(), &q, fast()).unwrap());
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        ids.push(store.submit(&q, Command::new("t", json!({"i": i}))).await.unwrap().id);
+    }
+    let remote = tokio::spawn({
+        let (w, ran) = (w.clone(), ran.clone());
+        async move {
+            for _ in 0..60 {
+                for c in w.claim("ts", 4, Duration::from_millis(100)).await.unwrap() {
+                    ran.lock().unwrap().push((c.command.id.clone(), "remote"));
+                    w.settle("ts", &c.lease, RemoteOutcome::Result(CommandResult::succeeded(json!("remote"))))
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+    });
+    for id in &ids {
+        let st = store.wait(id, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(st.status, CommandStatus::Succeeded, "{id}");
+    }
+    remote.abort();
+    svc.close().await;
+    let ran = ran.lock().unwrap().clone();
+    let once: HashSet<_> = ran.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!((once.len(), ran.len()), (40, 40), "each command ran exactly once: {ran:?}");
+    assert!(ran.iter().any(|(_, by)| *by == "remote"), "the remote worker took some");
+}
