@@ -12,7 +12,8 @@
 //!   the callback (`callback_url`, bearer `callback_token`) or answers `{"done": true}` to
 //!   acknowledge the whole wake at once. Failed deliveries are retried with backoff (1 s
 //!   doubling to 60 s, ±20 %).
-//! * **pull-wake** subscriptions: wake events are appended to the `wake_stream`; workers
+//! * **pull-wake** subscriptions: wake events are appended to the `wake_stream` (an existing
+//!   `application/json` stream; the events are never matched by any subscription); workers
 //!   `claim` the wake (one holder at a time), `ack` offsets and `release`.
 //!
 //! Each wake has an id and a *generation* (incremented per wake); a callback, ack or release of

@@ -5,7 +5,7 @@
 //! holds a lease on it, and if it dies another process's consumer takes the message over after
 //! the queue's claim timeout.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
@@ -68,18 +68,12 @@ impl Default for SubscriptionsConfig {
 struct Cache {
     version: u64,
     entries: HashMap<String, Entry>,
-    wake_streams: HashSet<String>,
 }
 
 impl Cache {
     fn set(&mut self, version: u64, entries: Vec<Entry>) {
         self.version = version;
         self.entries = entries.into_iter().map(|e| (e.id.clone(), e)).collect();
-        self.reindex();
-    }
-
-    fn reindex(&mut self) {
-        self.wake_streams = self.entries.values().filter_map(|e| e.wake_stream.clone()).collect();
     }
 }
 
@@ -195,6 +189,9 @@ impl Subscriptions {
         if let Some(u) = &spec.webhook_url {
             webhook_url::check_url(u, self.inner.cfg.allow_loopback_webhooks)?;
         }
+        if let Some(w) = spec.wake_stream.as_deref().filter(|_| spec.kind == Kind::PullWake) {
+            self.inner.check_wake_stream(w).await?;
+        }
         let hash = spec.config_hash();
         loop {
             let l = self.inner.backend.load(id).await?;
@@ -210,7 +207,7 @@ impl Subscriptions {
             }
             let mut globbed = Vec::new();
             if let Some(pattern) = &spec.pattern {
-                for p in self.inner.glob_candidates(pattern, spec.wake_stream.as_deref()).await? {
+                for p in self.inner.glob_candidates(pattern).await? {
                     if let Some(t) = self.inner.tail(&p).await? {
                         globbed.push((p, t));
                     }
@@ -424,34 +421,48 @@ impl Inner {
         }
     }
 
-    /// The existing streams a glob matches (never a wake stream, never `__ds/`).
-    async fn glob_candidates(&self, pattern: &str, own_wake: Option<&str>) -> Result<Vec<String>> {
+    /// A pull-wake's wake stream must exist and take JSON (wake events are JSON messages).
+    async fn check_wake_stream(&self, w: &str) -> Result<()> {
+        let missing = || {
+            SubscriptionError::invalid(format!(
+                "wake_stream {w:?} does not exist: create it first (PUT /v1/stream/{w} with Content-Type: application/json)"
+            ))
+        };
+        let p = StreamPath::new(w).map_err(|_| missing())?;
+        match self.streams.head(&p).await {
+            Ok(info) if baton_streams::is_json(&info.content_type) => Ok(()),
+            Ok(info) => Err(SubscriptionError::invalid(format!(
+                "wake_stream {w:?} is {}, not application/json: wake events are JSON messages",
+                info.content_type
+            ))),
+            Err(StreamError::NotFound { .. } | StreamError::Gone { .. }) => Err(missing()),
+            Err(e) => Err(SubscriptionError::Unavailable(e.to_string())),
+        }
+    }
+
+    /// The existing streams a glob matches (never under `__ds/`).
+    async fn glob_candidates(&self, pattern: &str) -> Result<Vec<String>> {
         let prefix = glob_prefix(pattern);
         let paths = self
             .streams
             .list(&prefix, MAX_GLOB_STREAMS)
             .await
             .map_err(|e| SubscriptionError::Unavailable(e.to_string()))?;
-        let wake = self.cache.read().expect("lock").wake_streams.clone();
         Ok(paths
             .into_iter()
             .map(|p| p.as_str().to_string())
-            .filter(|p| {
-                glob_match(pattern, p) && !p.starts_with("__ds/") && Some(p.as_str()) != own_wake && !wake.contains(p)
-            })
+            .filter(|p| glob_match(pattern, p) && !p.starts_with("__ds/"))
             .collect())
     }
 
     fn cache_put(&self, e: Entry) {
         let mut c = self.cache.write().expect("lock");
         c.entries.insert(e.id.clone(), e);
-        c.reindex();
     }
 
     fn cache_remove(&self, id: &str) {
         let mut c = self.cache.write().expect("lock");
         c.entries.remove(id);
-        c.reindex();
     }
 
     /// Reads a record, applies `f` (which returns its result, whether the record changed, and
@@ -484,7 +495,7 @@ impl Inner {
         }
         let ids: Vec<String> = {
             let c = self.cache.read().expect("lock");
-            if c.entries.is_empty() || c.wake_streams.contains(path) {
+            if c.entries.is_empty() {
                 return;
             }
             c.entries.values().filter(|e| e.matches(path)).map(|e| e.id.clone()).collect()
@@ -528,7 +539,7 @@ impl Inner {
     async fn reconcile(&self, e: &Entry) {
         let mut paths: Vec<String> = e.streams.clone();
         if let Some(p) = &e.pattern {
-            match self.glob_candidates(p, e.wake_stream.as_deref()).await {
+            match self.glob_candidates(p).await {
                 Ok(more) => paths.extend(more),
                 Err(err) => tracing::warn!(subscription = %e.id, error = %err, "cannot list streams to reconcile"),
             }
@@ -590,7 +601,9 @@ impl Inner {
             content_type: Some("application/json".into()),
             ..Default::default()
         };
-        match self.streams.append(&path, req).await {
+        // Appended as Baton's own: not an append any subscription is told of (so a pattern that
+        // matches a wake stream cannot wake on wake events, and no wake can feed itself).
+        match OWN_WAKE_EVENT.scope((), self.streams.append(&path, req)).await {
             Ok(_) => Ok(()),
             // A wake stream that is gone, closed or not JSON cannot take wake events: the wake
             // stays claimable (a worker that claims finds it), nothing is retried forever.
@@ -682,11 +695,19 @@ impl Inner {
     }
 }
 
+tokio::task_local! {
+    /// Set while the driver appends a wake event: the observer ignores that append.
+    static OWN_WAKE_EVENT: ();
+}
+
 struct Hook(Weak<Inner>);
 
 #[async_trait]
 impl StreamObserver for Hook {
     async fn appended(&self, path: &StreamPath, tail: &str) {
+        if OWN_WAKE_EVENT.try_with(|_| ()).is_ok() {
+            return;
+        }
         if let Some(inner) = self.0.upgrade() {
             inner.appended(path.as_str(), tail).await;
         }

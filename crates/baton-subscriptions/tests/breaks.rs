@@ -157,3 +157,63 @@ async fn dot_ids_are_refused() {
     }
     subs.close(Duration::from_secs(1)).await;
 }
+
+async fn wake_events(s: &StreamStore, path: &str) -> Vec<Value> {
+    let chunk = s.read(&StreamPath::new(path).unwrap(), baton_streams::ReadFrom::Start).await.unwrap();
+    serde_json::from_slice::<Value>(&chunk.body()).unwrap().as_array().unwrap().clone()
+}
+
+/// Wake events are Baton's own appends: no subscription wakes on them, however its pattern
+/// reads (no wake feeds itself or another), while a user's appends to a wake stream wake the
+/// subscriptions that match it like any stream's (a wake stream is not hidden from anyone).
+async fn wake_events_wake_nobody(redis: Option<&RedisServer>) {
+    let (streams, subs) = services(redis).await;
+    let json_stream = CreateOptions { content_type: Some("application/json".into()), ..Default::default() };
+    for w in ["w/a", "w2/b"] {
+        streams.create(&StreamPath::new(w).unwrap(), json_stream.clone()).await.unwrap();
+    }
+    // `all` matches everything, its own wake stream included; `watch` matches `all`'s wake stream.
+    subs.create("all", &json!({"type": "pull-wake", "pattern": "**", "wake_stream": "w/a"})).await.unwrap();
+    subs.create("watch", &json!({"type": "pull-wake", "pattern": "w/*", "wake_stream": "w2/b"})).await.unwrap();
+    append(&streams, "events/x").await;
+    eventually(Duration::from_secs(5), || async { (wake_events(&streams, "w/a").await.len() == 1).then_some(()) })
+        .await
+        .expect("one wake event for `all`");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(wake_events(&streams, "w/a").await.len(), 1, "a wake event woke `all` again");
+    assert!(wake_events(&streams, "w2/b").await.is_empty(), "`all`'s wake event woke `watch`");
+    assert_eq!(subs.claim("watch", &json!({"worker": "x"})).await.unwrap_err().code(), "NO_PENDING_WORK");
+    // A user's own append to the wake stream is an append like any other.
+    append(&streams, "w/a").await;
+    let c = eventually(Duration::from_secs(5), || async { subs.claim("watch", &json!({"worker": "x"})).await.ok() })
+        .await
+        .expect("`watch` woken by a user's append to w/a");
+    assert_eq!(c["streams"][0]["path"], "w/a");
+    subs.close(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_events_wake_nobody_memory() {
+    wake_events_wake_nobody(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_events_wake_nobody_redis() {
+    let r = RedisServer::start();
+    wake_events_wake_nobody(Some(&r)).await;
+}
+
+/// A pull-wake's wake stream must exist and take JSON: otherwise its wake events would be lost.
+#[tokio::test]
+async fn a_wake_stream_must_exist_and_be_json() {
+    let (streams, subs) = services(None).await;
+    let spec = json!({"type": "pull-wake", "pattern": "a/*", "wake_stream": "w/none"});
+    let e = subs.create("p", &spec).await.unwrap_err();
+    assert_eq!(e.to_string(), "wake_stream \"w/none\" does not exist: create it first (PUT /v1/stream/w/none with Content-Type: application/json)");
+    streams.create(&StreamPath::new("w/text").unwrap(), CreateOptions::default()).await.unwrap();
+    let spec = json!({"type": "pull-wake", "pattern": "a/*", "wake_stream": "w/text"});
+    let e = subs.create("p", &spec).await.unwrap_err();
+    assert_eq!(e.code(), "INVALID_REQUEST");
+    assert!(e.to_string().contains("not application/json"), "{e}");
+    subs.close(Duration::from_secs(1)).await;
+}
