@@ -562,7 +562,7 @@ impl Inner {
         }
     }
 
-    async fn deliver(&self, url: &str, body: String) -> machine::Delivery {
+    async fn deliver(&self, id: &str, url: &str, body: String) -> machine::Delivery {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let sig = self.keys.read().expect("lock").sign(body.as_bytes(), now);
         let mut req = self.http.post(url).header("content-type", "application/json").body(body);
@@ -582,12 +582,20 @@ impl Inner {
                 machine::Delivery::Accepted { done }
             }
             Ok(resp) => {
-                tracing::warn!(url, status = %resp.status(), "webhook delivery refused");
+                tracing::warn!(subscription = id, url, status = %resp.status(), "webhook delivery refused (not 2xx); retried with backoff");
                 metrics::counter!("baton_subscription_deliveries_total", "result" => "refused").increment(1);
                 machine::Delivery::Failed
             }
             Err(e) => {
-                tracing::warn!(url, error = %e, "webhook delivery failed");
+                // The whole cause chain: reqwest's own text does not say "connection refused".
+                let mut why = e.to_string();
+                let mut src = std::error::Error::source(&e);
+                while let Some(c) = src {
+                    why.push_str(": ");
+                    why.push_str(&c.to_string());
+                    src = c.source();
+                }
+                tracing::warn!(subscription = id, url, error = %why, "webhook delivery failed; retried with backoff");
                 metrics::counter!("baton_subscription_deliveries_total", "result" => "failed").increment(1);
                 machine::Delivery::Failed
             }
@@ -654,7 +662,7 @@ impl Inner {
                     if lease.is_lost() {
                         continue;
                     }
-                    let outcome = self.deliver(&url, body).await;
+                    let outcome = self.deliver(&msg.id, &url, body).await;
                     if let Err(e) = self
                         .update(&msg.id, |rec, now| {
                             let changed = machine::delivered(rec, &msg.driver, &wake_id, outcome, now);
