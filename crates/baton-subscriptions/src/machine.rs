@@ -183,28 +183,61 @@ fn end_wake(rec: &mut Record) {
 }
 
 /// Checks a callback / ack / release against the current wake. Errors: `TokenInvalid`
-/// (malformed or not this subscription's token), `Fenced` (an older generation's token, a wake
-/// that ended, or a `wake_id` / `generation` that is not the current wake's).
+/// (malformed or not this subscription's token; the message calls it the callback token of a
+/// webhook subscription, the claim token of a pull-wake one), `Fenced` (an older generation's
+/// token, a wake that ended, or a `wake_id` / `generation` that is not the current wake's; the
+/// message says which).
 pub fn check_token(rec: &Record, token: &str, req: &AckRequest) -> Result<()> {
-    let tg: u64 = token.split_once('.').and_then(|(g, _)| g.parse().ok()).ok_or(SubscriptionError::TokenInvalid)?;
+    let what = match rec.spec.kind {
+        Kind::Webhook => "callback token",
+        Kind::PullWake => "claim token",
+    };
+    let invalid = |why: &str| SubscriptionError::TokenInvalid(format!("{what} invalid: {why}"));
+    let tg: u64 = token
+        .split_once('.')
+        .and_then(|(g, _)| g.parse().ok())
+        .ok_or_else(|| invalid("malformed (send the token exactly as issued)"))?;
     if tg == 0 || tg > rec.token_generation {
-        return Err(SubscriptionError::TokenInvalid);
+        return Err(invalid("not a token of this subscription"));
     }
+    let current = || match &rec.wake {
+        Some(w) => format!("the current wake is generation {}", w.generation),
+        None => "no wake is current".to_string(),
+    };
     if tg < rec.token_generation {
-        return Err(SubscriptionError::Fenced);
+        return Err(SubscriptionError::Fenced(format!("this {what} is of generation {tg}; {}", current())));
     }
     let want = rec.token_sha256.as_bytes();
     let got = sha256_hex(token);
     // Constant-time comparison of the two hashes.
     if want.len() != got.len() || want.iter().zip(got.as_bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) != 0 {
-        return Err(SubscriptionError::TokenInvalid);
+        return Err(invalid("not a token of this subscription"));
     }
-    let Some(w) = &rec.wake else { return Err(SubscriptionError::Fenced) };
-    if w.generation != tg || req.generation != Some(tg) || req.wake_id.as_deref() != Some(w.id.as_str()) {
-        return Err(SubscriptionError::Fenced);
+    let ended = || {
+        let how = match rec.spec.kind {
+            Kind::Webhook => "its lease ended or it was acknowledged done",
+            Kind::PullWake => "its claim lapsed, or it was acknowledged done or released",
+        };
+        SubscriptionError::Fenced(format!("the wake of generation {tg} is no longer current: {how}"))
+    };
+    let Some(w) = &rec.wake else { return Err(ended()) };
+    if w.generation != tg {
+        return Err(SubscriptionError::Fenced(format!("this {what} is of generation {tg}; {}", current())));
     }
     if rec.spec.kind == Kind::PullWake && w.holder.is_none() {
-        return Err(SubscriptionError::Fenced);
+        return Err(ended());
+    }
+    if req.generation != tg {
+        return Err(SubscriptionError::Fenced(format!(
+            "generation {} is not the current wake's: this {what} and the current wake are of generation {tg}",
+            req.generation
+        )));
+    }
+    if req.wake_id != w.id {
+        return Err(SubscriptionError::Fenced(format!(
+            "wake_id {:?} is not the current wake's ({}, generation {tg})",
+            req.wake_id, w.id
+        )));
     }
     Ok(())
 }
@@ -519,15 +552,20 @@ mod tests {
         delivered(&mut r, &d, v["wake_id"].as_str().unwrap(), Delivery::Accepted { done: false }, 103);
         assert_eq!(drive(&mut r, &d, 104, "cb").0, Step::Sleep(999));
         let req = AckRequest {
-            wake_id: Some(v["wake_id"].as_str().unwrap().into()),
-            generation: Some(1),
+            wake_id: v["wake_id"].as_str().unwrap().into(),
+            generation: 1,
             acks: vec![("events/a".into(), t(11))],
             done: true,
         };
         let (next, c3) = ack(&mut r, Kind::Webhook, &token, &req, 105).unwrap();
         assert!(!next);
         assert_eq!(c3.drive, None);
-        assert_eq!(ack(&mut r, Kind::Webhook, &token, &req, 106).unwrap_err(), SubscriptionError::Fenced);
+        assert_eq!(
+            ack(&mut r, Kind::Webhook, &token, &req, 106).unwrap_err(),
+            SubscriptionError::Fenced(
+                "the wake of generation 1 is no longer current: its lease ended or it was acknowledged done".into()
+            )
+        );
         assert_eq!(drive(&mut r, &d, 107, "cb").0, Step::Idle);
         assert_eq!(r.driver, None);
     }
@@ -551,19 +589,55 @@ mod tests {
         let v: Value = serde_json::from_str(&body).unwrap();
         let token = v["callback_token"].as_str().unwrap();
         let mut req = AckRequest {
-            wake_id: v["wake_id"].as_str().map(String::from),
-            generation: Some(1),
+            wake_id: v["wake_id"].as_str().unwrap().into(),
+            generation: 1,
             acks: vec![("events/a".into(), t(11))],
             done: false,
         };
         assert!(matches!(ack(&mut r, Kind::Webhook, token, &req, 2), Err(SubscriptionError::InvalidOffset(_))));
         req.acks = vec![("nope".into(), t(1))];
         assert!(matches!(ack(&mut r, Kind::Webhook, token, &req, 2), Err(SubscriptionError::InvalidOffset(_))));
-        assert_eq!(ack(&mut r, Kind::Webhook, "1.00", &req, 2).unwrap_err(), SubscriptionError::TokenInvalid);
-        assert_eq!(ack(&mut r, Kind::Webhook, "x", &req, 2).unwrap_err(), SubscriptionError::TokenInvalid);
+        let msg = |r: &mut Record, token: &str, req: &AckRequest| {
+            let e = ack(r, Kind::Webhook, token, req, 2).unwrap_err();
+            (e.code(), e.to_string())
+        };
+        assert_eq!(
+            msg(&mut r, "1.00", &req),
+            ("TOKEN_INVALID", "callback token invalid: not a token of this subscription".into())
+        );
+        assert_eq!(msg(&mut r, "2.00", &req).0, "TOKEN_INVALID", "a generation not issued yet");
+        assert_eq!(
+            msg(&mut r, "x", &req),
+            ("TOKEN_INVALID", "callback token invalid: malformed (send the token exactly as issued)".into())
+        );
         req.acks = vec![];
-        req.generation = Some(0);
-        assert_eq!(ack(&mut r, Kind::Webhook, token, &req, 2).unwrap_err(), SubscriptionError::Fenced);
+        req.generation = 0;
+        assert_eq!(
+            msg(&mut r, token, &req),
+            (
+                "FENCED",
+                "generation 0 is not the current wake's: this callback token and the current wake are of generation 1"
+                    .into()
+            )
+        );
+        req.generation = 1;
+        req.wake_id = "w_other".into();
+        let wake_id = r.wake.as_ref().unwrap().id.clone();
+        assert_eq!(
+            msg(&mut r, token, &req),
+            ("FENCED", format!("wake_id \"w_other\" is not the current wake's ({wake_id}, generation 1)"))
+        );
+
+        // The lease ends, entries are pending: generation 2 is delivered; generation 1's token
+        // is fenced, and says so.
+        let (step, _) = drive(&mut r, &d, 5000, "cb");
+        let Step::Deliver { generation: 2, body, .. } = step else { panic!("{step:?}") };
+        let v2: Value = serde_json::from_str(&body).unwrap();
+        req.wake_id = v2["wake_id"].as_str().unwrap().into();
+        assert_eq!(
+            msg(&mut r, token, &req),
+            ("FENCED", "this callback token is of generation 1; the current wake is generation 2".into())
+        );
     }
 
     #[test]
@@ -611,15 +685,29 @@ mod tests {
         // After the lease, another worker may claim; the first one's token is fenced.
         let (reply2, _) = claim(&mut r, "w2", 1004).unwrap();
         assert_eq!(reply2["generation"], 2);
-        let req = AckRequest {
-            wake_id: reply["wake_id"].as_str().map(String::from),
-            generation: Some(1),
-            acks: vec![],
-            done: true,
-        };
+        let req =
+            AckRequest { wake_id: reply["wake_id"].as_str().unwrap().into(), generation: 1, acks: vec![], done: true };
         assert_eq!(
             ack(&mut r, Kind::PullWake, reply["token"].as_str().unwrap(), &req, 1005).unwrap_err(),
-            SubscriptionError::Fenced
+            SubscriptionError::Fenced("this claim token is of generation 1; the current wake is generation 2".into())
+        );
+        let e = ack(&mut r, Kind::PullWake, "2.00", &req, 1005).unwrap_err();
+        assert_eq!(e.to_string(), "claim token invalid: not a token of this subscription");
+        // w2 acknowledges everything, done: its token now names a wake that ended.
+        let token2 = reply2["token"].as_str().unwrap();
+        let req2 = AckRequest {
+            wake_id: reply2["wake_id"].as_str().unwrap().into(),
+            generation: 2,
+            acks: vec![("events/a".into(), t(10))],
+            done: true,
+        };
+        assert!(!ack(&mut r, Kind::PullWake, token2, &req2, 1006).unwrap().0);
+        assert_eq!(
+            release(&mut r, token2, &req2, 1007).unwrap_err(),
+            SubscriptionError::Fenced(
+                "the wake of generation 2 is no longer current: its claim lapsed, or it was acknowledged done or released"
+                    .into()
+            )
         );
     }
 }

@@ -40,12 +40,14 @@ pub enum SubscriptionError {
     /// `WEBHOOK_URL_REJECTED` (400): the message says why.
     #[error("{0}")]
     WebhookUrlRejected(String),
-    /// `TOKEN_INVALID` (401): missing, malformed or unknown callback token.
-    #[error("callback token invalid")]
-    TokenInvalid,
-    /// `FENCED` (409): the wake id, generation or token is not the current wake's.
-    #[error("wake generation is stale")]
-    Fenced,
+    /// `TOKEN_INVALID` (401): a malformed or unknown callback or claim token; the message says
+    /// which kind of token and why.
+    #[error("{0}")]
+    TokenInvalid(String),
+    /// `FENCED` (409): the token, wake id or generation is not the current wake's; the message
+    /// says which (an earlier generation's token, a wake that ended, a body naming another wake).
+    #[error("{0}")]
+    Fenced(String),
     /// `ALREADY_CLAIMED` (409): another worker holds the wake's lease.
     #[error("subscription is claimed by {holder}")]
     AlreadyClaimed { holder: String, generation: u64 },
@@ -68,8 +70,8 @@ impl SubscriptionError {
             Self::NotFound => "SUBSCRIPTION_NOT_FOUND",
             Self::AlreadyExists => "SUBSCRIPTION_ALREADY_EXISTS",
             Self::WebhookUrlRejected(_) => "WEBHOOK_URL_REJECTED",
-            Self::TokenInvalid => "TOKEN_INVALID",
-            Self::Fenced => "FENCED",
+            Self::TokenInvalid(_) => "TOKEN_INVALID",
+            Self::Fenced(_) => "FENCED",
             Self::AlreadyClaimed { .. } => "ALREADY_CLAIMED",
             Self::NoPendingWork => "NO_PENDING_WORK",
             Self::InvalidOffset(_) => "INVALID_OFFSET",
@@ -81,10 +83,10 @@ impl SubscriptionError {
     pub fn status(&self) -> u16 {
         match self {
             Self::InvalidRequest(_) | Self::WebhookUrlRejected(_) => 400,
-            Self::TokenInvalid => 401,
+            Self::TokenInvalid(_) => 401,
             Self::NotFound => 404,
             Self::AlreadyExists
-            | Self::Fenced
+            | Self::Fenced(_)
             | Self::AlreadyClaimed { .. }
             | Self::NoPendingWork
             | Self::InvalidOffset(_) => 409,
@@ -517,28 +519,40 @@ impl Entry {
     }
 }
 
-/// The body of a callback, ack or release: `wake_id`, `generation`, `acks` (each `stream` or
-/// `path`, and `offset`), `done`.
+/// The body of a callback, ack or release: `wake_id` and `generation` (required: the wake being
+/// acknowledged), `acks` (optional; each `stream` or `path`, and `offset`), `done` (optional,
+/// default `false`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AckRequest {
-    pub wake_id: Option<String>,
-    pub generation: Option<u64>,
+    pub wake_id: String,
+    pub generation: u64,
     pub acks: Vec<(String, String)>,
     pub done: bool,
 }
 
 impl AckRequest {
-    /// Parses the body. Errors: `InvalidRequest` naming the field.
+    /// Parses the body. Errors: `InvalidRequest` naming the field (a missing `wake_id` or
+    /// `generation` too: whether they are the current wake's is checked later, `Fenced`).
     pub fn from_json(v: &Value) -> Result<AckRequest> {
         let o = v.as_object().ok_or_else(|| SubscriptionError::invalid("request body must be a JSON object"))?;
         let wake_id = match o.get("wake_id") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
+            None | Some(Value::Null) => {
+                return Err(SubscriptionError::invalid(
+                    "wake_id is required: the wake_id of the wake being acknowledged",
+                ))
+            }
+            Some(Value::String(s)) => s.clone(),
             Some(_) => return Err(SubscriptionError::invalid("wake_id must be a string")),
         };
         let generation = match o.get("generation") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_u64().ok_or_else(|| SubscriptionError::invalid("generation must be an integer"))?),
+            None | Some(Value::Null) => {
+                return Err(SubscriptionError::invalid(
+                    "generation is required: the generation of the wake being acknowledged",
+                ))
+            }
+            Some(v) => {
+                v.as_u64().ok_or_else(|| SubscriptionError::invalid("generation must be a non-negative integer"))?
+            }
         };
         let mut acks = vec![];
         match o.get("acks") {
@@ -630,5 +644,26 @@ mod tests {
         assert_eq!(e.code(), "INVALID_REQUEST");
         let a = Spec::from_json(&json!({"type": "pull-wake", "streams": ["b", "a", "b"], "wake_stream": "w"})).unwrap();
         assert_eq!(a.streams, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn ack_bodies_need_wake_id_and_generation() {
+        let msg = |v: Value| AckRequest::from_json(&v).map_err(|e| (e.code(), e.to_string()));
+        assert_eq!(
+            msg(json!({"generation": 1, "done": true})),
+            Err(("INVALID_REQUEST", "wake_id is required: the wake_id of the wake being acknowledged".into()))
+        );
+        assert_eq!(
+            msg(json!({"wake_id": "w_1", "generation": null})),
+            Err(("INVALID_REQUEST", "generation is required: the generation of the wake being acknowledged".into()))
+        );
+        assert_eq!(msg(json!({})).unwrap_err().1, "wake_id is required: the wake_id of the wake being acknowledged");
+        assert_eq!(msg(json!({"wake_id": 1, "generation": 1})).unwrap_err().1, "wake_id must be a string");
+        assert_eq!(
+            msg(json!({"wake_id": "w", "generation": -1})).unwrap_err().1,
+            "generation must be a non-negative integer"
+        );
+        let ok = AckRequest::from_json(&json!({"wake_id": "w_1", "generation": 2})).unwrap();
+        assert_eq!(ok, AckRequest { wake_id: "w_1".into(), generation: 2, acks: vec![], done: false }, "acks optional");
     }
 }

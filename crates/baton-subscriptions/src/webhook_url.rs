@@ -80,7 +80,9 @@ fn is_loopback_host(host: &str) -> bool {
 
 /// Checks a webhook URL when a subscription is created: a valid absolute URL with a host;
 /// `https`, or `http` only to a loopback host when `allow_loopback`; an IP-literal host must
-/// not be refused by [`address_refused`]. Errors: `WebhookUrlRejected` with the reason.
+/// not be refused by [`address_refused`]. Errors: `WebhookUrlRejected` naming every problem at
+/// once (`http://10.1.2.3` is told both that it must use https and that 10.1.2.3 is private),
+/// joined with `; `.
 pub fn check_url(raw: &str, allow_loopback: bool) -> Result<url::Url> {
     let url = url::Url::parse(raw).map_err(|_| rejected("webhook.url must be a valid absolute URL"))?;
     if !url.username().is_empty() || url.password().is_some() {
@@ -97,23 +99,26 @@ pub fn check_url(raw: &str, allow_loopback: bool) -> Result<url::Url> {
         }
         url::Host::Domain(d) => (None, is_loopback_host(&d.to_ascii_lowercase())),
     };
-    if loopback && !allow_loopback {
-        return Err(rejected(
-            "webhook.url must not target loopback hosts (start baton with --allow-loopback-webhooks for local development)",
-        ));
-    }
+    let mut problems: Vec<String> = vec![];
     match url.scheme() {
         "https" => {}
-        "http" if loopback => {}
-        "http" => return Err(rejected("webhook.url must use https (http is accepted only for loopback hosts)")),
-        _ => return Err(rejected("webhook.url must use https")),
+        "http" if loopback && allow_loopback => {}
+        "http" => problems.push("webhook.url must use https (http is accepted only for loopback hosts)".into()),
+        _ => problems.push("webhook.url must use https".into()),
     }
-    if let Some(ip) = ip {
-        if let Some(why) = address_refused(ip, allow_loopback) {
-            return Err(rejected(format!("webhook.url must not target {ip}: {why}")));
-        }
+    if loopback && !allow_loopback {
+        problems.push(
+            "webhook.url must not target loopback hosts (start baton with --allow-loopback-webhooks for local development)"
+                .into(),
+        );
+    } else if let Some(why) = ip.and_then(|ip| address_refused(ip, allow_loopback)) {
+        problems.push(format!("webhook.url must not target {}: {why}", ip.expect("an address")));
     }
-    Ok(url)
+    if problems.is_empty() {
+        Ok(url)
+    } else {
+        Err(rejected(problems.join("; ")))
+    }
 }
 
 /// A DNS resolver for the webhook client that drops refused addresses (and fails when nothing
@@ -189,5 +194,38 @@ mod tests {
         assert!(check_url("http://127.0.0.1:8080/hook", true).is_ok());
         assert!(check_url("http://localhost:1/", true).is_ok());
         assert!(check_url("http://10.0.0.1/", true).is_err());
+    }
+
+    #[test]
+    fn every_problem_is_named() {
+        let msg = |u: &str, allow: bool| check_url(u, allow).unwrap_err().to_string();
+        assert_eq!(
+            msg("http://10.1.2.3", false),
+            "webhook.url must use https (http is accepted only for loopback hosts); \
+             webhook.url must not target 10.1.2.3: private addresses are refused"
+        );
+        assert_eq!(
+            msg("http://10.1.2.3", true),
+            "webhook.url must use https (http is accepted only for loopback hosts); \
+             webhook.url must not target 10.1.2.3: private addresses are refused"
+        );
+        assert_eq!(
+            msg("https://10.1.2.3", false),
+            "webhook.url must not target 10.1.2.3: private addresses are refused"
+        );
+        assert_eq!(
+            msg("http://example.com", false),
+            "webhook.url must use https (http is accepted only for loopback hosts)"
+        );
+        assert_eq!(
+            msg("http://127.0.0.1:1/", false),
+            "webhook.url must use https (http is accepted only for loopback hosts); webhook.url must not target \
+             loopback hosts (start baton with --allow-loopback-webhooks for local development)"
+        );
+        assert_eq!(
+            msg("ftp://169.254.169.254/", false),
+            "webhook.url must use https; webhook.url must not target 169.254.169.254: link-local addresses (cloud \
+             metadata among them) are refused"
+        );
     }
 }

@@ -104,6 +104,12 @@ async fn pull_wake(b: TestBackend) {
     let busy = subs.claim("p1", &json!({"worker": "w2"})).await.unwrap_err();
     assert_eq!(busy.body()["error"]["current_holder"], "w1");
     let t1 = c1["token"].as_str().unwrap();
+    // A body without generation is a 400 naming it (not FENCED).
+    let e = subs.ack("p1", t1, &json!({"wake_id": c1["wake_id"]})).await.unwrap_err();
+    assert_eq!(
+        (e.code(), e.to_string().as_str()),
+        ("INVALID_REQUEST", "generation is required: the generation of the wake being acknowledged")
+    );
     // An ack past the tail is refused and changes nothing.
     let past = format!("{:016}_{:016}", u64::MAX / 2_000_000, 0);
     let e =

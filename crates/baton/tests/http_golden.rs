@@ -879,6 +879,8 @@ async fn subscriptions(g: &mut Golden) {
     g.send(req("POST", format!("{sub}/claim")).text("application/json", r#"{"worker":"w1"}"#)).await;
     g.send(req("POST", format!("{sub}/ack")).text("application/json", "{}")).await;
     g.send(req("POST", format!("{sub}/ack")).h("authorization", "Bearer nope").text("application/json", "{}")).await;
+    let ack = r#"{"wake_id":"w_1","generation":1}"#;
+    g.send(req("POST", format!("{sub}/ack")).h("authorization", "Bearer nope").text("application/json", ack)).await;
     g.send(req("GET", "/v1/stream/__ds/jwks.json").read(Read::StatusOnly)).await;
     g.send(req("GET", "/v1/stream/__ds/nothing")).await;
     g.send(req("GET", "/v1/stream/__ds")).await;

@@ -259,11 +259,20 @@ async fn webhook_is_delivered_signed_and_its_callback_is_fenced_once_used() {
         verify(&post, &jwks);
 
         let token = wake["callback_token"].as_str().unwrap();
+        // Without wake_id: a 400 naming the field, not FENCED.
+        let no_id = json!({ "generation": wake["generation"], "done": true });
+        let (st, v) = send(client().post(s.sub("hooked", "/callback")).bearer_auth(token).js(&no_id)).await;
+        assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_REQUEST")), "{name}");
+        assert_eq!(v["error"]["message"], "wake_id is required: the wake_id of the wake being acknowledged");
         let cb = || client().post(s.sub("hooked", "/callback")).bearer_auth(token).js(&ack_all(&wake, true));
         let (st, v) = send(cb()).await;
         assert_eq!((st, v), (StatusCode::OK, json!({ "ok": true, "next_wake": false })), "{name}");
         let (st, v) = send(cb()).await;
         assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("FENCED")), "{name}");
+        assert_eq!(
+            v["error"]["message"],
+            "the wake of generation 1 is no longer current: its lease ended or it was acknowledged done"
+        );
         let (st, v) = send(client().post(s.sub("hooked", "/callback")).js(&ack_all(&wake, true))).await;
         assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("TOKEN_INVALID")), "{name}");
         drop(s);
@@ -307,6 +316,10 @@ async fn pull_wake_claim_ack_release() {
         assert_eq!(r.status(), StatusCode::NO_CONTENT, "{name}: {}", r.text().await.unwrap());
         let (st, v) = send(release()).await;
         assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("FENCED")), "{name}");
+        let bad = client().post(s.sub("pw", "/release")).bearer_auth("99.nope").js(&body);
+        let (st, v) = send(bad).await;
+        assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("TOKEN_INVALID")), "{name}");
+        assert_eq!(v["error"]["message"], "claim token invalid: not a token of this subscription");
         // Released, not acknowledged: the entries are still pending, so a new wake is claimable.
         let again = eventually(Duration::from_secs(10), || async {
             let (st, v) = claim("w3").await;

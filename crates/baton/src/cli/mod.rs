@@ -78,6 +78,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     }
     println!("baton serve: dashboard at {base}/");
     println!("baton serve: commands at {base}/v1/queues/{{queue}}/commands and {base}/v1/commands/{{id}}; streams at {base}/v1/stream/{{path}}; API description at {base}/openapi.json");
+    println!("baton serve: subscriptions at {base}/v1/stream/__ds/subscriptions/{{id}}; webhook signing keys at {base}/v1/stream/__ds/jwks.json");
     println!("baton serve: health at {base}/healthz, {base}/readyz; metrics at {base}/metrics");
     signal.recv().await;
     println!("baton serve: shutting down");

@@ -91,6 +91,7 @@ async fn index(State(state): State<AppState>) -> Response {
         "streams": "/v1/stream/{path}",
         "protocol": "Durable Streams (PROTOCOL.md); extensions in docs/http-api.md",
         "commands": ["/v1/queues", "/v1/queues/{queue}/commands", "/v1/commands/{id}"],
+        "subscriptions": ["/v1/stream/__ds/subscriptions/{id}", "/v1/stream/__ds/jwks.json"],
         "queues": state.commands.queue_names(),
         "auth": if state.auth.enabled() { "bearer" } else { "none" },
         "endpoints": ["/healthz", "/readyz", "/metrics", "/openapi.json"],

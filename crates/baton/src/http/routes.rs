@@ -422,6 +422,8 @@ fn subscription_routes() -> Vec<Route> {
         o
     };
     let bad_json = "`INVALID_REQUEST`: invalid JSON body or fields (the message says which).";
+    let bad_ack = "`INVALID_REQUEST`: invalid JSON body, a missing `wake_id` or `generation`, or a field of the \
+                   wrong type (the message says which).";
     let token_ops = |summary: &str, ok: (&str, Value)| {
         with_body(
             ds_public_op(
@@ -429,17 +431,23 @@ fn subscription_routes() -> Vec<Route> {
                 json!([id()]),
                 Value::Object(map(vec![
                     ok,
-                    ("400", ds_err(bad_json)),
+                    ("400", ds_err(bad_ack)),
                     (
                         "401",
                         ds_err("`TOKEN_INVALID`: no `Authorization: Bearer <token>`, or not the subscription's token."),
                     ),
                     ("404", ds_err("`SUBSCRIPTION_NOT_FOUND`.")),
-                    ("409", ds_err("`FENCED` (stale wake id, generation or token) or `INVALID_OFFSET`.")),
+                    (
+                        "409",
+                        ds_err(
+                            "`FENCED` (a token of an earlier generation or of a wake that ended, or a `wake_id` / \
+                             `generation` not the current wake's; the message says which) or `INVALID_OFFSET`.",
+                        ),
+                    ),
                 ])),
             ),
             json_body(
-                "`{\"wake_id\", \"generation\", \"acks\": [{\"stream\", \"offset\"}], \"subscribe\"?, \"unsubscribe\"?, \"done\"?}`.",
+                "`{\"wake_id\", \"generation\", \"acks\"?: [{\"stream\", \"offset\"}], \"done\"?}`.",
                 json!({ "wake_id": "w_1", "generation": 1, "acks": [{ "stream": "events/a", "offset": "…" }], "done": true }),
             ),
         )

@@ -8,7 +8,7 @@
 //! | `DELETE subscriptions/{id}` | `204` (also for an unknown id) | |
 //! | `POST subscriptions/{id}/streams` `{"streams": [...]}` | `204` | `400`, `404` |
 //! | `DELETE subscriptions/{id}/streams/{path}` (path percent-decoded) | `204` | `404` |
-//! | `POST subscriptions/{id}/callback` / `ack` (bearer callback token) | `200` `{"ok": true, "next_wake": bool}` | `401 TOKEN_INVALID`, `404`, `409 FENCED` / `INVALID_OFFSET` |
+//! | `POST subscriptions/{id}/callback` / `ack` (bearer callback / claim token) `{"wake_id", "generation", "acks"?, "done"?}` | `200` `{"ok": true, "next_wake": bool}` | `400 INVALID_REQUEST` (`wake_id` or `generation` missing, a bad field), `401 TOKEN_INVALID`, `404`, `409 FENCED` / `INVALID_OFFSET` |
 //! | `POST subscriptions/{id}/claim` `{"worker": "..."}` | `200` claim | `400`, `404`, `409 ALREADY_CLAIMED` / `NO_PENDING_WORK` |
 //! | `POST subscriptions/{id}/release` (bearer claim token) | `204` | as `ack` |
 //! | `GET jwks.json` | `200` `application/jwk-set+json`, `Cache-Control: public, max-age=300` | |

@@ -193,11 +193,15 @@ struct FileConfig {
     tokens: Option<Vec<TokenFile>>,
 }
 
-/// A `public_url` checked: an absolute `http` or `https` URL, returned without a trailing `/`.
+/// A `public_url` checked: an absolute `http` or `https` URL with a host, returned without a
+/// trailing `/`. The error names the flag and the file key and shows the value.
 fn public_url(u: &str) -> Result<String, String> {
-    let parsed = url::Url::parse(u.trim()).map_err(|e| format!("public_url {u:?}: {e}"))?;
-    if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
-        return Err(format!("public_url {u:?}: must be an http:// or https:// URL"));
+    let ok = url::Url::parse(u.trim())
+        .is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host_str().is_some_and(|h| !h.is_empty()));
+    if !ok {
+        return Err(format!(
+            "--public-url (public_url) must be an absolute http(s) URL such as https://baton.example.com (got {u:?})"
+        ));
     }
     Ok(u.trim().trim_end_matches('/').to_string())
 }
@@ -590,6 +594,30 @@ mod tests {
         let args = ServeArgs { max_run: Some(OptDuration(Some(Duration::ZERO))), ..Default::default() };
         let e = args.resolve().unwrap_err();
         assert!(e.contains("max_run 0") && e.contains("`none`"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_public_url_says_what_is_expected() {
+        for bad in ["foo", "ftp://baton.example.com", "http://", "/relative"] {
+            let args = ServeArgs { public_url: Some(bad.into()), ..Default::default() };
+            assert_eq!(
+                args.resolve().unwrap_err(),
+                format!(
+                    "--public-url (public_url) must be an absolute http(s) URL such as https://baton.example.com (got {bad:?})"
+                )
+            );
+        }
+        let args = ServeArgs { public_url: Some("https://baton.example.com/".into()), ..Default::default() };
+        assert_eq!(args.resolve().unwrap().public_url.as_deref(), Some("https://baton.example.com"));
+    }
+
+    #[test]
+    fn a_short_admin_token_names_its_variable() {
+        let args = ServeArgs { admin_token: Some("adm".into()), ..Default::default() };
+        assert_eq!(
+            args.resolve().unwrap_err(),
+            "BATON_ADMIN_TOKEN is shorter than 16 characters; use a long random secret"
+        );
     }
 
     #[test]

@@ -176,6 +176,11 @@ pub fn resolve_tokens(files: Vec<TokenFile>, admin_token: Option<String>) -> Res
         out.push(TokenConfig::new(&f.name, &secret, &ops, &streams, &queues)?);
     }
     if let Some(s) = admin_token.filter(|s| !s.is_empty()) {
+        if s.len() < MIN_TOKEN_LEN {
+            return Err(format!(
+                "BATON_ADMIN_TOKEN is shorter than {MIN_TOKEN_LEN} characters; use a long random secret"
+            ));
+        }
         out.push(TokenConfig::admin("admin", &s).map_err(|e| format!("BATON_ADMIN_TOKEN: {e}"))?);
     }
     for (i, a) in out.iter().enumerate() {
