@@ -283,6 +283,7 @@ pub fn ack(rec: &mut Record, kind: Kind, token: &str, req: &AckRequest, now: u64
         return Err(SubscriptionError::invalid(format!("subscription is not {}", kind.as_str())));
     }
     check_token(rec, token, req)?;
+    check_lease(rec, now)?;
     apply_acks(rec, &req.acks)?;
     let ttl = rec.spec.lease_ttl_ms;
     if let Some(w) = rec.wake.as_mut() {
@@ -303,8 +304,21 @@ pub fn release(rec: &mut Record, token: &str, req: &AckRequest, now: u64) -> Res
         return Err(SubscriptionError::invalid("subscription is not pull-wake"));
     }
     check_token(rec, token, req)?;
+    check_lease(rec, now)?;
     end_wake(rec);
     Ok(wake_if_pending(rec, now, false))
+}
+
+/// A wake whose lease is over is not current, even before the driver (which wakes at the
+/// deadline) has ended it: its token is fenced from the deadline on.
+fn check_lease(rec: &Record, now: u64) -> Result<()> {
+    match rec.wake.as_ref().and_then(|w| w.deadline_ms.map(|d| (w.generation, d))) {
+        Some((g, d)) if d <= now => Err(SubscriptionError::Fenced(format!(
+            "the wake of generation {g} is no longer current: its lease ended {} ms ago",
+            now - d
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// A pull-wake claim by `worker`. Errors: `AlreadyClaimed` (another holder's lease has not
@@ -664,6 +678,22 @@ mod tests {
         let d2 = appended(&mut new, "events/a", &t(20), 2).unwrap().drive.unwrap();
         assert!(!announced(&mut new, &w1));
         assert!(matches!(drive(&mut new, &d2, 3, "").0, Step::Announce { generation: 1, .. }));
+    }
+
+    #[test]
+    fn a_lapsed_lease_is_fenced_before_the_driver_ends_it() {
+        let mut r = webhook();
+        let d = appended(&mut r, "events/a", &t(10), 0).unwrap().drive.unwrap();
+        let Step::Deliver { body, .. } = drive(&mut r, &d, 1, "cb").0 else { panic!() };
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let token = v["callback_token"].as_str().unwrap();
+        let req =
+            AckRequest { wake_id: v["wake_id"].as_str().unwrap().into(), generation: 1, acks: vec![], done: true };
+        // The lease (1 s from creation at 0) is over at 1000, whatever the driver did.
+        let e = ack(&mut r, Kind::Webhook, token, &req, 1000).unwrap_err();
+        assert_eq!(e.code(), "FENCED", "{e}");
+        assert!(r.wake.is_some(), "nothing changed");
+        assert!(ack(&mut r, Kind::Webhook, token, &req, 999).is_ok());
     }
 
     #[test]
