@@ -6,8 +6,9 @@
 //! What each request needs (declared per route in the HTTP route table): reading streams (GET,
 //! HEAD) and commands, queues and dead letters (GET) is `read`; creating, appending to, closing
 //! and deleting streams, submitting and cancelling commands is `write`; replaying and purging
-//! dead letters is `admin`. `/`, `/healthz`, `/readyz`, `/metrics` and `/openapi.json` are
-//! public. Forking a stream (`PUT` with `Stream-Forked-From`) also needs `read` on the source
+//! dead letters is `admin`; claiming, renewing and settling a queue's commands (the HTTP worker
+//! protocol) is `work`, which allows nothing else (an admin token may do it too). `/`,
+//! `/healthz`, `/readyz`, `/metrics` and `/openapi.json` are public. Forking a stream (`PUT` with `Stream-Forked-From`) also needs `read` on the source
 //! stream. A request without a valid token is `401` with `WWW-Authenticate: Bearer`; a valid
 //! token outside its scope is `403`.
 //!

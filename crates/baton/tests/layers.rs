@@ -31,6 +31,7 @@ const INSIDE: &[(&str, &[&str])] = &[
             "streams",
             "subscriptions",
             "commands",
+            "remote",
             "queues",
             "dashboard",
             "ops",

@@ -8,7 +8,7 @@
 //! before it (tests/layers.rs):
 //!
 //! `json` → `names` → `errors` → `headers` → `state` → `plumbing` → `openapi` → `edge` →
-//! `sse` → `streams` → `subscriptions` → `commands` → `queues` → `dashboard` → `ops` → `access` → `routes` →
+//! `sse` → `streams` → `subscriptions` → `commands` → `remote` → `queues` → `dashboard` → `ops` → `access` → `routes` →
 //! this file ([`router`]).
 
 // Errors are on cold paths; boxing them buys nothing measurable.
@@ -26,6 +26,7 @@ pub mod openapi;
 pub mod ops;
 mod plumbing;
 mod queues;
+mod remote;
 pub mod routes;
 mod sse;
 mod state;

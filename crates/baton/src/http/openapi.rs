@@ -235,6 +235,7 @@ pub fn document(operations: impl IntoIterator<Item = (&'static str, &'static str
             { "name": "streams", "description": "Durable Streams protocol." },
             { "name": "commands", "description": "Submit, read, wait for and cancel commands." },
             { "name": "queues", "description": "Queue statistics and dead letters." },
+            { "name": "workers", "description": "The HTTP worker protocol: claim, renew and settle a queue's commands (docs/workers.md)." },
             { "name": "operations", "description": "Health, readiness, metrics." },
             { "name": "subscriptions", "description": "Durable Streams subscriptions (`/v1/stream/__ds/…`): webhook and pull-wake." },
         ],

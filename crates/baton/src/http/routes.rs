@@ -21,9 +21,9 @@ use super::openapi::{
     r, text_resp, with_body, with_links, Docs,
 };
 use super::state::AppState;
-use super::{commands, dashboard, edge, ops, plumbing, queues, streams, subscriptions};
+use super::{commands, dashboard, edge, ops, plumbing, queues, remote, streams, subscriptions};
 use crate::auth::Access;
-use crate::settings::Op::{Admin, Read, Write};
+use crate::settings::Op::{Admin, Read, Work, Write};
 
 /// One route of the table.
 pub struct Route {
@@ -192,6 +192,7 @@ pub fn table(d: &Docs) -> Vec<Route> {
     t.extend(operation_routes());
     t.extend(command_routes(d));
     t.extend(queue_routes(d));
+    t.extend(worker_routes(d));
     t.push(
         Route::json("/v1/dashboard/events", Access::Token).on(
             Method::GET,
@@ -957,6 +958,114 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
                 ])),
             ),
             post(queues::replay_one),
+        ),
+    ]
+}
+
+/// The HTTP worker protocol: claim, renew and settle a queue's commands (`work`).
+fn worker_routes(d: &Docs) -> Vec<Route> {
+    let params = || {
+        json!([
+            d.queue(),
+            path_param(
+                "worker",
+                "The worker's name: 1 to 128 bytes, no control characters; one name per worker process."
+            )
+        ])
+    };
+    let body = |schema: Value, example: Value| json!({ "required": true, "content": { "application/json": { "schema": schema, "examples": { "example": { "value": example } } } } });
+    let lease_states = json!({ "type": "string", "enum": ["held", "lost", "gone"] });
+    let route = |path: &'static str,
+                 summary: &str,
+                 doc_body: Value,
+                 ok: Value,
+                 errors: Vec<(&str, Value)>,
+                 handler: MethodRouter<AppState>| {
+        let mut responses = vec![
+            ("200", ok),
+            ("404", err_resp("Unknown queue.")),
+            ("413", err_resp("Body over max_command_body.")),
+            ("415", err_resp("`unsupported_media_type`: the Content-Type is not JSON.")),
+        ];
+        responses.extend(errors);
+        Route::json(path, Access::Queue(Work)).on(
+            Method::POST,
+            Access::Queue(Work),
+            with_body(op(summary, "workers", params(), protected(map(responses))), doc_body),
+            handler.route_layer(middleware::from_fn(plumbing::require_json)),
+        )
+    };
+    vec![
+        route(
+            "/v1/queues/{queue}/workers/{worker}/claim",
+            "Claim commands (long-poll)",
+            body(
+                json!({ "type": "object", "additionalProperties": false, "properties": {
+                    "max": { "type": "integer", "minimum": 1, "maximum": 100, "description": "At most this many commands (default 1)." },
+                    "wait": { "type": "string", "description": "Wait this long for the first command when none is ready (`30s`, `500ms`; default `0s`; at most the server's long-poll timeout)." } } }),
+                json!({ "max": 10, "wait": "30s" }),
+            ),
+            json_resp(
+                "The claimed commands (an empty list when none came within `wait`, or the server is shutting down).",
+                json!({ "type": "object", "required": ["leases"], "properties": { "leases": { "type": "array", "items": {
+                    "type": "object", "required": ["lease", "call", "command", "deliveries", "lease_timeout_ms"],
+                    "properties": {
+                        "lease": { "type": "string", "description": "Opaque token: give it to renew and settle." },
+                        "call": { "type": "string", "enum": ["execute", "check_status"] },
+                        "command": r("CommandState"),
+                        "deliveries": { "type": "integer", "minimum": 1, "description": "Deliveries of this command's message, this one included." },
+                        "lease_timeout_ms": { "type": "integer", "minimum": 1, "description": "The queue's claim timeout: renew at a third of it." } } } } } }),
+            ),
+            vec![
+                ("400", err_resp("Malformed body (`max`, `wait`) or worker name.")),
+                ("503", err_resp("A wait found every live-reader slot taken (Retry-After), or the backend is unavailable.")),
+            ],
+            post(remote::claim),
+        ),
+        route(
+            "/v1/queues/{queue}/workers/{worker}/renew",
+            "Renew leases; see cancellations",
+            body(
+                json!({ "type": "object", "required": ["leases"], "additionalProperties": false, "properties": {
+                    "leases": { "type": "array", "maxItems": 1000, "items": { "type": "string" } } } }),
+                json!({ "leases": ["<lease>"] }),
+            ),
+            json_resp(
+                "One entry per lease, in the request's order.",
+                json!({ "type": "object", "required": ["leases"], "properties": { "leases": { "type": "array", "items": {
+                    "type": "object", "required": ["lease", "state", "cancelled"],
+                    "properties": {
+                        "lease": { "type": "string" },
+                        "state": lease_states,
+                        "cancelled": { "type": "boolean", "description": "The command was cancelled (or ended otherwise): stop; a settlement changes nothing." } } } } } }),
+            ),
+            vec![("400", err_resp("Malformed body or worker name."))],
+            post(remote::renew),
+        ),
+        route(
+            "/v1/queues/{queue}/workers/{worker}/settle",
+            "Settle a claimed command",
+            body(
+                json!({ "type": "object", "required": ["lease", "outcome"], "additionalProperties": false, "properties": {
+                    "lease": { "type": "string" },
+                    "outcome": { "type": "string", "enum": ["succeeded", "failed", "cancelled", "running", "handed_off", "error", "release"] },
+                    "result": { "description": "`succeeded`: the result, any JSON, kept byte for byte (default null)." },
+                    "error": { "type": "string", "description": "`failed` / `error`: the message." },
+                    "next_check": { "type": "string", "description": "`running`: when to call check_status (`10s`; default the queue's check_status_interval)." },
+                    "queue": { "type": "string", "description": "`handed_off`: the queue the command continues on." } } }),
+                json!({ "lease": "<lease>", "outcome": "succeeded", "result": { "ok": true } }),
+            ),
+            json_resp(
+                "Settled. `applied` is false when the command had already ended or moved on (cancelled): nothing was written.",
+                json!({ "type": "object", "required": ["applied", "command"], "properties": {
+                    "applied": { "type": "boolean" },
+                    "command": { "oneOf": [r("CommandState"), { "type": "null" }] } } }),
+            ),
+            vec![
+                ("400", err_resp("Malformed body (the message names the field), lease token or worker name.")),
+                ("409", err_resp("`lease_lost`: the lease is not this worker's any more; nothing changed. Stop; do not retry.")),
+            ],
+            post(remote::settle),
         ),
     ]
 }

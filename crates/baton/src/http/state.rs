@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::http::{header, StatusCode};
-use baton_commands::{CommandHandler, CommandStore};
+use baton_commands::{CommandHandler, CommandStore, RemoteWorkers};
 use baton_streams::StreamStore;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -73,6 +73,8 @@ impl AppState {
 pub struct QueueEntry {
     /// Command type → handler (for type checks and `validate` at submit).
     pub handlers: BTreeMap<String, Arc<dyn CommandHandler>>,
+    /// The queue's remote workers (the HTTP worker protocol), with the queue's settings.
+    pub remote: Arc<RemoteWorkers>,
 }
 
 /// The command API's state: the store and the configured queues.
@@ -90,8 +92,9 @@ struct ApiInner {
 
 impl CommandsApi {
     /// The API over `store` for `queues`; `workers_here` says whether this process runs their
-    /// workers (shown in queue stats), `max_body` is the largest submit body. Errors: a queue
-    /// whose handlers cannot be built.
+    /// workers (shown in queue stats), `max_body` is the largest submit body. Every queue also
+    /// gets its [`RemoteWorkers`] (with its settings), so remote workers can share it with the
+    /// in-process handlers. Errors: a queue whose handlers or settings are refused.
     pub fn new(
         store: CommandStore,
         queues: &[QueueConfig],
@@ -101,7 +104,9 @@ impl CommandsApi {
         let mut map = BTreeMap::new();
         for q in queues {
             store.declare_queue(&q.name).map_err(|e| format!("queue {}: {e}", q.name))?;
-            map.insert(q.name.clone(), QueueEntry { handlers: q.build_handlers()? });
+            let remote = RemoteWorkers::new(store.clone(), &q.name, q.settings.clone())
+                .map_err(|e| format!("queue {}: {e}", q.name))?;
+            map.insert(q.name.clone(), QueueEntry { handlers: q.build_handlers()?, remote: Arc::new(remote) });
         }
         Ok(Self { inner: Arc::new(ApiInner { store, queues: map, max_body, workers_here }) })
     }

@@ -5,7 +5,7 @@
 //! [[tokens]]
 //! name = "ci"                  # shown in logs and 403 messages; never the secret
 //! token_env = "BATON_CI_TOKEN" # or token = "…" (at least 16 characters)
-//! operations = ["read", "write"]   # read, write, admin (admin also allows read and write)
+//! operations = ["read", "write"]   # read, write, work, admin (admin allows every operation)
 //! streams = ["acme", "ci/runs"]    # stream path prefixes, segment-wise; "*" = every stream
 //! queues = ["default"]             # queue names; "*" = every queue
 //! ```
@@ -25,6 +25,8 @@ pub const MIN_TOKEN_LEN: usize = 16;
 pub enum Op {
     Read,
     Write,
+    /// The HTTP worker protocol of a queue (claim, renew, settle its commands), nothing else.
+    Work,
     Admin,
 }
 
@@ -33,6 +35,7 @@ impl Op {
         match self {
             Op::Read => "read",
             Op::Write => "write",
+            Op::Work => "work",
             Op::Admin => "admin",
         }
     }
@@ -59,6 +62,7 @@ pub struct TokenConfig {
     secret: Vec<u8>,
     read: bool,
     write: bool,
+    work: bool,
     admin: bool,
     /// Stream path prefixes without surrounding `/`; `""` matches every stream.
     pub streams: Vec<String>,
@@ -91,13 +95,14 @@ impl TokenConfig {
             return Err(format!("token {name:?} is shorter than {MIN_TOKEN_LEN} characters; use a long random secret"));
         }
         if ops.is_empty() {
-            return Err(format!("token {name:?} has no operations; give some of read, write, admin"));
+            return Err(format!("token {name:?} has no operations; give some of read, write, work, admin"));
         }
         let mut t = TokenConfig {
             name: name.to_string(),
             secret: secret.as_bytes().to_vec(),
             read: false,
             write: false,
+            work: false,
             admin: false,
             streams: streams
                 .iter()
@@ -109,8 +114,11 @@ impl TokenConfig {
             match op.trim().to_ascii_lowercase().as_str() {
                 "read" => t.read = true,
                 "write" => t.write = true,
+                "work" => t.work = true,
                 "admin" => t.admin = true,
-                other => return Err(format!("token {name:?}: unknown operation {other:?}; use read, write or admin")),
+                other => {
+                    return Err(format!("token {name:?}: unknown operation {other:?}; use read, write, work or admin"))
+                }
             }
         }
         Ok(t)
@@ -121,9 +129,9 @@ impl TokenConfig {
         &self.secret
     }
 
-    /// The operations it is allowed, in the order read, write, admin.
+    /// The operations it is allowed, in the order read, write, work, admin.
     pub fn operations(&self) -> Vec<&'static str> {
-        [(self.read, "read"), (self.write, "write"), (self.admin, "admin")]
+        [(self.read, "read"), (self.write, "write"), (self.work, "work"), (self.admin, "admin")]
             .into_iter()
             .filter_map(|(on, n)| on.then_some(n))
             .collect()
@@ -140,6 +148,7 @@ impl TokenConfig {
             || match op {
                 Op::Read => self.read,
                 Op::Write => self.write,
+                Op::Work => self.work,
                 Op::Admin => false,
             }
     }
@@ -228,5 +237,10 @@ mod tests {
         assert!(t.covers_queue("q1") && !t.covers_queue("q2"));
         assert!(t.allows(Op::Read) && !t.allows(Op::Write) && !t.allows(Op::Admin));
         assert_eq!(t.operations(), ["read"]);
+        let w = TokenConfig::new("w", "0123456789abcdef", &["work"], &[], &["q1"]).unwrap();
+        assert!(w.allows(Op::Work) && !w.allows(Op::Read) && !w.allows(Op::Write) && !w.allows(Op::Admin));
+        assert_eq!(w.operations(), ["work"]);
+        let a = TokenConfig::admin("a", "0123456789abcdef").unwrap();
+        assert!(a.allows(Op::Work));
     }
 }

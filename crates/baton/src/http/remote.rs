@@ -1,0 +1,392 @@
+//! The HTTP worker protocol: a queue's commands claimed, renewed and settled by workers in other
+//! processes or languages, over [`baton_commands::RemoteWorkers`] (one per configured queue, in
+//! [`super::state::QueueEntry`]). Bodies are JSON; errors are the API's `{"error", "message"}`.
+//! Every route needs `work` on the queue (`admin` too allows it). docs/workers.md tells the
+//! protocol and its guarantees.
+//!
+//! | Route | Body | Success | Errors |
+//! |---|---|---|---|
+//! | `POST /v1/queues/{queue}/workers/{worker}/claim` | `{"max"?: 1..=100 (1), "wait"?: duration ("0s"), at most the long-poll timeout}` | `200 {"leases": [{"lease", "call": "execute"\|"check_status", "command": state, "deliveries", "lease_timeout_ms"}]}` (empty when nothing came within `wait`, or the server shuts down) | `400` body / worker name, `404` queue, `503` all live-reader slots taken (a `wait` holds one) |
+//! | `POST /v1/queues/{queue}/workers/{worker}/renew` | `{"leases": [lease…]}` (at most 1000) | `200 {"leases": [{"lease", "state": "held"\|"lost"\|"gone", "cancelled": bool}]}`, in the request's order | `400`, `404` |
+//! | `POST /v1/queues/{queue}/workers/{worker}/settle` | `{"lease", "outcome", "result"?, "error"?, "next_check"?, "queue"?}` | `200 {"applied": bool, "command": state\|null}` | `400` body / lease token, `404`, `409 lease_lost` |
+//!
+//! `outcome` is `succeeded` (`result`: any JSON, kept byte for byte; default `null`), `failed`
+//! (`error`), `cancelled`, `running` (`next_check`: a duration; default the queue's
+//! `check_status_interval`), `handed_off` (`queue`, required), `error` (`error`: retried with
+//! backoff up to the queue's `max_attempts`) or `release` (handed back unrun). A field that does
+//! not belong to the outcome is refused (400 naming it). `applied` is false when the command had
+//! already ended or moved on (cancelled, say): nothing of the outcome was written.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::extract::{RawPathParams, Request, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use baton_commands::{
+    CommandError, CommandResult, CommandState, RawJson, RemoteCall, RemoteOutcome, RemoteSettled, RemoteWorkers,
+};
+use baton_queue::{LeaseState, QueueError};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::errors::{cut_values, echo, ApiError};
+use super::json::serialized_response;
+use super::plumbing::{path_param, read_body, BodyLimit, Query, QueueName};
+use super::state::AppState;
+
+/// Most commands one claim hands out.
+pub const MAX_CLAIM: usize = 100;
+
+/// Most leases one renewal names.
+pub const MAX_RENEW: usize = 1000;
+
+/// The body rules of the worker routes: `max_command_body` (a settlement carries a result).
+fn body_limit(limit: usize) -> BodyLimit {
+    BodyLimit {
+        limit,
+        too_large: |n, limit| {
+            format!(
+                "request body is {n} bytes; worker requests take at most {limit} bytes (max_command_body); keep large results elsewhere and return a reference"
+            )
+        },
+        unreadable: "invalid_body",
+    }
+}
+
+/// The `{queue}`'s remote workers, the `{worker}` name and the body (within the limit).
+async fn parts(
+    st: &AppState,
+    queue: &str,
+    req: Request,
+) -> Result<(std::sync::Arc<RemoteWorkers>, String, bytes::Bytes), ApiError> {
+    let api = &st.commands;
+    let remote = api.queue(queue)?.remote.clone();
+    let (mut parts, body) = req.into_parts();
+    let params = <RawPathParams as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &()).await;
+    let worker = path_param(&params, "worker")?;
+    let body = read_body(body, &parts.headers, &body_limit(api.max_body())).await?;
+    Ok((remote, worker, body))
+}
+
+/// The body's fields as their JSON text, refusing fields outside `allowed`; an empty body is
+/// no fields. Errors name what to fix; `shape` is an example body.
+fn fields<'a>(body: &'a [u8], allowed: &[&str], shape: &str) -> Result<BTreeMap<String, &'a RawValue>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(BTreeMap::new());
+    }
+    let Ok(m) = serde_json::from_slice::<BTreeMap<String, &RawValue>>(body) else {
+        return Err(match serde_json::from_slice::<Value>(body) {
+            Err(e) => ApiError::invalid("invalid_json", format!("request body is not valid JSON ({e}); send {shape}")),
+            Ok(v) => ApiError::invalid(
+                "invalid_body",
+                format!("request body must be a JSON object like {shape}; got {}", kind_of(&v)),
+            ),
+        });
+    };
+    if let Some(k) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(ApiError::invalid(
+            "invalid_body",
+            format!("unknown field {}; this body has only {}", echo(k), allowed.join(", ")),
+        ));
+    }
+    Ok(m)
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn bad_field(name: &str, what: &str, got: &Value) -> ApiError {
+    ApiError::invalid("invalid_body", format!("\"{name}\" must be {what}; got {}", kind_of(got)))
+}
+
+/// A field as a `Value` (`None` when absent or `null`).
+fn value(m: &BTreeMap<String, &RawValue>, name: &str) -> Option<Value> {
+    m.get(name).and_then(|r| serde_json::from_str::<Value>(r.get()).ok()).filter(|v| !v.is_null())
+}
+
+fn string_field(m: &BTreeMap<String, &RawValue>, name: &str, what: &str) -> Result<Option<String>, ApiError> {
+    match value(m, name) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(bad_field(name, what, &other)),
+    }
+}
+
+/// A duration field (`"30s"`, `"500ms"`, `"2m"`).
+fn duration_field(m: &BTreeMap<String, &RawValue>, name: &str) -> Result<Option<Duration>, ApiError> {
+    let Some(s) = string_field(m, name, "a duration string like \"30s\" or \"500ms\"")? else { return Ok(None) };
+    humantime::parse_duration(s.trim()).map(Some).map_err(|e| {
+        ApiError::invalid(
+            "invalid_body",
+            format!("\"{name}\" must be a duration like \"30s\" or \"500ms\"; {}: {e}", echo(&s)),
+        )
+    })
+}
+
+/// The engine's errors: a bad worker name or lease token is 400, a lost lease 409.
+fn engine_error(e: CommandError, worker: &str) -> ApiError {
+    match e {
+        CommandError::InvalidSettings(m) => ApiError::invalid("invalid_request", cut_values(m, &[worker])),
+        CommandError::Queue(QueueError::LeaseLost(_)) => ApiError::new(
+            StatusCode::CONFLICT,
+            "lease_lost",
+            "this lease is not this worker's any more (it was silent for longer than the queue's claim timeout and the command went to another worker, or it was settled already); nothing was changed: stop working on the command and do not retry this settlement",
+        ),
+        other => other.into(),
+    }
+}
+
+#[derive(Serialize)]
+struct Lease<'a> {
+    lease: &'a str,
+    call: &'static str,
+    command: &'a CommandState,
+    deliveries: u32,
+    lease_timeout_ms: u64,
+}
+
+const CLAIM_SHAPE: &str = "{\"max\": 10, \"wait\": \"30s\"} (both optional)";
+
+pub async fn claim(
+    State(st): State<AppState>,
+    QueueName(queue): QueueName,
+    _: Query,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (remote, worker, body) = parts(&st, &queue, req).await?;
+    let m = fields(&body, &["max", "wait"], CLAIM_SHAPE)?;
+    let max = match value(&m, "max") {
+        None => 1,
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=MAX_CLAIM as u64).contains(&n) => n as usize,
+            _ => {
+                return Err(ApiError::invalid(
+                    "invalid_body",
+                    format!("\"max\" must be an integer from 1 to {MAX_CLAIM}; got {v}"),
+                ))
+            }
+        },
+    };
+    let wait = duration_field(&m, "wait")?.unwrap_or_default();
+    let most = st.cfg.long_poll_timeout;
+    if wait > most {
+        return Err(ApiError::invalid(
+            "invalid_body",
+            format!(
+                "\"wait\" is at most this server's long-poll timeout, {}; got {}",
+                humantime::format_duration(most),
+                humantime::format_duration(wait)
+            ),
+        ));
+    }
+    // A held claim is a live reader (bounded by --max-live-readers like other long-polls).
+    let _permit = (!wait.is_zero()).then(|| st.live_permit()).transpose()?;
+    let claims = tokio::select! {
+        r = remote.claim(&worker, max, wait) => r.map_err(|e| engine_error(e, &worker))?,
+        // Shutting down: nothing. A command claimed meanwhile is taken over after the claim timeout.
+        _ = st.shutdown.cancelled() => Vec::new(),
+    };
+    let timeout_ms = remote.claim_timeout().as_millis() as u64;
+    let leases: Vec<Lease> = claims
+        .iter()
+        .map(|c| Lease {
+            lease: &c.lease,
+            call: match c.call {
+                RemoteCall::Execute => "execute",
+                RemoteCall::CheckStatus => "check_status",
+            },
+            command: &c.command,
+            deliveries: c.deliveries,
+            lease_timeout_ms: timeout_ms,
+        })
+        .collect();
+    if !leases.is_empty() {
+        metrics::counter!("baton_remote_claims_total", "queue" => queue.clone()).increment(leases.len() as u64);
+    }
+    #[derive(Serialize)]
+    struct Out<'a> {
+        leases: Vec<Lease<'a>>,
+    }
+    Ok(serialized_response(&Out { leases }))
+}
+
+const RENEW_SHAPE: &str = "{\"leases\": [\"<lease>\", …]}";
+
+pub async fn renew(
+    State(st): State<AppState>,
+    QueueName(queue): QueueName,
+    _: Query,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (remote, worker, body) = parts(&st, &queue, req).await?;
+    let m = fields(&body, &["leases"], RENEW_SHAPE)?;
+    let what = "an array of lease strings (from claim), at most 1000";
+    let leases: Vec<String> = match value(&m, "leases") {
+        None => return Err(ApiError::invalid("invalid_body", format!("missing field \"leases\"; send {RENEW_SHAPE}"))),
+        Some(Value::Array(items)) => {
+            if items.len() > MAX_RENEW {
+                return Err(ApiError::invalid(
+                    "invalid_body",
+                    format!("\"leases\" names {} leases; renew at most {MAX_RENEW} per request", items.len()),
+                ));
+            }
+            let mut out = Vec::with_capacity(items.len());
+            for v in items {
+                match v {
+                    Value::String(s) => out.push(s),
+                    other => return Err(bad_field("leases", what, &other)),
+                }
+            }
+            out
+        }
+        Some(other) => return Err(bad_field("leases", what, &other)),
+    };
+    let renewed = remote.renew(&worker, &leases).await.map_err(|e| engine_error(e, &worker))?;
+    let items: Vec<Value> = leases
+        .iter()
+        .zip(renewed)
+        .map(|(l, r)| {
+            let state = match r.state {
+                LeaseState::Held => "held",
+                LeaseState::Lost => "lost",
+                LeaseState::Gone => "gone",
+            };
+            serde_json::json!({ "lease": l, "state": state, "cancelled": r.finished })
+        })
+        .collect();
+    Ok(super::json::json_response(serde_json::json!({ "leases": items })))
+}
+
+const SETTLE_SHAPE: &str = "{\"lease\": \"<lease>\", \"outcome\": \"succeeded\", \"result\": {…}}";
+
+/// The outcomes and the fields each takes besides `lease` and `outcome`.
+const OUTCOMES: &[(&str, &[&str])] = &[
+    ("succeeded", &["result"]),
+    ("failed", &["error"]),
+    ("cancelled", &[]),
+    ("running", &["next_check"]),
+    ("handed_off", &["queue"]),
+    ("error", &["error"]),
+    ("release", &[]),
+];
+
+/// Decodes a settle body into the lease and the outcome. Errors name the field.
+fn parse_settle(body: &[u8]) -> Result<(String, RemoteOutcome), ApiError> {
+    let m = fields(body, &["lease", "outcome", "result", "error", "next_check", "queue"], SETTLE_SHAPE)?;
+    let Some(lease) = string_field(&m, "lease", "the lease string from claim")? else {
+        return Err(ApiError::invalid("invalid_body", format!("missing field \"lease\"; send {SETTLE_SHAPE}")));
+    };
+    let names: Vec<&str> = OUTCOMES.iter().map(|(n, _)| *n).collect();
+    let Some(outcome) = string_field(&m, "outcome", "a string")? else {
+        return Err(ApiError::invalid(
+            "invalid_body",
+            format!("missing field \"outcome\"; use one of {}", names.join(", ")),
+        ));
+    };
+    let Some((_, takes)) = OUTCOMES.iter().find(|(n, _)| *n == outcome) else {
+        return Err(ApiError::invalid(
+            "invalid_body",
+            format!("\"outcome\" {} is not one of {}", echo(&outcome), names.join(", ")),
+        ));
+    };
+    if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "lease" | "outcome") && !takes.contains(&k.as_str())) {
+        let hint = if takes.is_empty() { "no other field".to_string() } else { takes.join(", ") };
+        return Err(ApiError::invalid(
+            "invalid_body",
+            format!("field {} does not go with outcome {outcome:?} (it takes {hint})", echo(k)),
+        ));
+    }
+    let error = || string_field(&m, "error", "a string (the error message)");
+    let out = match outcome.as_str() {
+        "succeeded" => {
+            let result = m.get("result").map(|r| RawJson::from((*r).to_owned())).unwrap_or_default();
+            RemoteOutcome::Result(CommandResult::Succeeded(result))
+        }
+        "failed" => RemoteOutcome::Result(CommandResult::Failed(
+            error()?.filter(|e| !e.is_empty()).unwrap_or_else(|| "failed (the worker gave no error)".into()),
+        )),
+        "cancelled" => RemoteOutcome::Result(CommandResult::Cancelled),
+        "running" => RemoteOutcome::Result(CommandResult::Running { next_check: duration_field(&m, "next_check")? }),
+        "handed_off" => {
+            let Some(queue) = string_field(&m, "queue", "a queue name")? else {
+                return Err(ApiError::invalid(
+                    "invalid_body",
+                    "outcome \"handed_off\" needs \"queue\": the queue the command continues on",
+                ));
+            };
+            RemoteOutcome::Result(CommandResult::HandedOff { queue })
+        }
+        "error" => RemoteOutcome::Error(error()?.unwrap_or_default()),
+        _ => RemoteOutcome::Release,
+    };
+    Ok((lease, out))
+}
+
+pub async fn settle(
+    State(st): State<AppState>,
+    QueueName(queue): QueueName,
+    _: Query,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (remote, worker, body) = parts(&st, &queue, req).await?;
+    let (lease, outcome) = parse_settle(&body)?;
+    let settled = remote.settle(&worker, &lease, outcome).await.map_err(|e| engine_error(e, &worker))?;
+    #[derive(Serialize)]
+    struct Out<'a> {
+        applied: bool,
+        command: Option<&'a CommandState>,
+    }
+    let out = match &settled {
+        RemoteSettled::Applied(s) => Out { applied: true, command: Some(s) },
+        RemoteSettled::Finished(s) => Out { applied: false, command: s.as_ref() },
+    };
+    Ok(serialized_response(&out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str) -> String {
+        parse_settle(body.as_bytes()).unwrap_err().message
+    }
+
+    #[test]
+    fn settle_bodies() {
+        let (l, o) =
+            parse_settle(br#"{"lease":"x","outcome":"succeeded","result":{"b":1.50,"a":[18446744073709551616]}}"#)
+                .unwrap();
+        assert_eq!(l, "x");
+        match o {
+            RemoteOutcome::Result(CommandResult::Succeeded(r)) => {
+                assert_eq!(r.get(), r#"{"b":1.50,"a":[18446744073709551616]}"#)
+            }
+            other => panic!("{other:?}"),
+        }
+        let (_, o) = parse_settle(br#"{"lease":"x","outcome":"running","next_check":"2s"}"#).unwrap();
+        assert_eq!(o, RemoteOutcome::Result(CommandResult::Running { next_check: Some(Duration::from_secs(2)) }));
+        let (_, o) = parse_settle(br#"{"lease":"x","outcome":"release"}"#).unwrap();
+        assert_eq!(o, RemoteOutcome::Release);
+        assert!(err(r#"{"outcome":"release"}"#).starts_with("missing field \"lease\""));
+        assert!(err(r#"{"lease":"x","outcome":"done"}"#).starts_with("\"outcome\" \"done\" is not one of succeeded"));
+        assert_eq!(
+            err(r#"{"lease":"x","outcome":"failed","result":1}"#),
+            "field \"result\" does not go with outcome \"failed\" (it takes error)"
+        );
+        assert!(err(r#"{"lease":"x","outcome":"handed_off"}"#).contains("needs \"queue\""));
+        assert!(err(r#"{"lease":"x","outcome":"running","next_check":"soon"}"#)
+            .starts_with("\"next_check\" must be a duration"));
+        assert!(err(r#"{"lease":7,"outcome":"release"}"#).starts_with("\"lease\" must be the lease string"));
+        assert!(err("[1]").starts_with("request body must be a JSON object"));
+    }
+}
