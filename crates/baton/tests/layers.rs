@@ -40,7 +40,7 @@ const INSIDE: &[(&str, &[&str])] = &[
         ],
     ),
     ("server", &["listen"]),
-    ("cli", &["exit", "output", "args", "client", "streams", "commands", "queues", "bench"]),
+    ("cli", &["exit", "output", "args", "client", "streams", "commands", "queues", "subscriptions", "bench"]),
 ];
 
 fn src() -> PathBuf {
