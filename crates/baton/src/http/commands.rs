@@ -28,7 +28,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::errors::{echo, ApiError};
-use super::json::serialized_response;
+use super::json::{kind_of, serialized_response};
 use super::plumbing::{
     limit_param, principal, read_body, status_param, BodyLimit, IdParam, ListQueryParams, Query, QueueName, WaitQuery,
 };
@@ -103,17 +103,6 @@ fn body_error(body: &[u8]) -> ApiError {
             "invalid_body",
             format!("request body must be a JSON object like {SUBMIT_SHAPE}; got {}", kind_of(&v)),
         ),
-    }
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -5,6 +5,19 @@ use axum::response::{IntoResponse, Response};
 use baton_commands::CommandState;
 use serde_json::Value;
 
+/// What kind of JSON value `v` is, for error messages: `null`, `a boolean`, `a number`, `a
+/// string`, `an array`, `an object`.
+pub fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// A JSON body with `Content-Type: application/json`.
 pub fn json_response(v: Value) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()

@@ -32,7 +32,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::errors::{cut_values, echo, ApiError};
-use super::json::serialized_response;
+use super::json::{kind_of, serialized_response};
 use super::plumbing::{path_param, read_body, BodyLimit, Query, QueueName};
 use super::state::AppState;
 
@@ -92,17 +92,6 @@ fn fields<'a>(body: &'a [u8], allowed: &[&str], shape: &str) -> Result<BTreeMap<
         ));
     }
     Ok(m)
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 fn bad_field(name: &str, what: &str, got: &Value) -> ApiError {
