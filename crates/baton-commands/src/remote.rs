@@ -112,7 +112,7 @@ impl LeaseToken {
 pub struct RemoteWorkers {
     ctx: Arc<Ctx>,
     options: RemoteOptions,
-    consumers: tokio::sync::Mutex<HashMap<String, (RemoteConsumer, Instant)>>,
+    consumers: std::sync::Mutex<HashMap<String, (RemoteConsumer, Instant)>>,
 }
 
 /// Longest slice of a long-poll claim between two looks for reclaimable messages.
@@ -132,7 +132,7 @@ impl RemoteWorkers {
         let options =
             RemoteOptions { claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)), max_deliveries: None };
         let ctx = Arc::new(Ctx { store, queue: queue.to_string(), settings, handlers: Arc::default() });
-        Ok(RemoteWorkers { ctx, options, consumers: tokio::sync::Mutex::new(HashMap::new()) })
+        Ok(RemoteWorkers { ctx, options, consumers: std::sync::Mutex::new(HashMap::new()) })
     }
 
     /// The queue served.
@@ -151,14 +151,18 @@ impl RemoteWorkers {
                 "worker name {worker:?}: use 1 to {MAX_WORKER_NAME} bytes without control characters"
             )));
         }
-        let mut map = self.consumers.lock().await;
         let now = Instant::now();
-        // Forget consumers of workers not heard of for a while (they are opened again on demand).
-        let idle = self.options.claim_timeout * 4;
-        map.retain(|_, (_, last)| now.duration_since(*last) < idle);
-        if let Some((c, last)) = map.get_mut(worker) {
-            *last = now;
-            return Ok(c.clone());
+        {
+            // Never held across an await: opening a consumer (a Redis round trip and a connection)
+            // must not hold up the requests of every other worker.
+            let mut map = self.consumers.lock().expect("lock");
+            // Forget consumers of workers not heard of for a while (they are opened again on demand).
+            let idle = self.options.claim_timeout * 4;
+            map.retain(|_, (_, last)| now.duration_since(*last) < idle);
+            if let Some((c, last)) = map.get_mut(worker) {
+                *last = now;
+                return Ok(c.clone());
+            }
         }
         let c = self
             .ctx
@@ -166,8 +170,10 @@ impl RemoteWorkers {
             .messages()
             .remote_consumer(&self.ctx.queue, &format!("remote-{worker}"), self.options.clone())
             .await?;
-        map.insert(worker.to_string(), (c.clone(), now));
-        Ok(c)
+        // Two first requests of one worker may both open it: the same group member either way
+        // (opening is idempotent); the first one stored is kept.
+        let mut map = self.consumers.lock().expect("lock");
+        Ok(map.entry(worker.to_string()).or_insert((c, now)).0.clone())
     }
 
     /// Claims up to `max` commands for `worker`, waiting up to `wait` for the first when none is
@@ -226,23 +232,30 @@ impl RemoteWorkers {
         let states = if ids.is_empty() { Vec::new() } else { c.renew(&ids).await? };
         let mut states = states.into_iter();
         let backend = &self.ctx.store.inner.backend;
-        let mut out = Vec::with_capacity(leases.len());
-        for d in decoded {
-            let Some((_, msg, _)) = d else {
-                out.push(RemoteRenewal { state: LeaseState::Gone, finished: false });
-                continue;
-            };
-            let state = states.next().unwrap_or(LeaseState::Gone);
-            let finished = match state {
-                LeaseState::Held => match backend.load(&msg.home, &msg.id).await? {
+        let with_state: Vec<(LeaseState, Option<CommandMsg>)> = decoded
+            .into_iter()
+            .map(|d| match d {
+                None => (LeaseState::Gone, None),
+                Some((_, msg, _)) => (states.next().unwrap_or(LeaseState::Gone), Some(msg)),
+            })
+            .collect();
+        // The held leases' states, read concurrently: the store coalesces them into one read
+        // per home queue (store/batch.rs), not one round trip per lease.
+        let reads = with_state.iter().map(|(state, msg)| async move {
+            match (state, msg) {
+                (LeaseState::Held, Some(msg)) => Ok(match backend.load(&msg.home, &msg.id).await? {
                     None => true,
                     Some(st) => st.status.is_terminal() || st.token != msg.token,
-                },
-                _ => false,
-            };
-            out.push(RemoteRenewal { state, finished });
-        }
-        Ok(out)
+                }),
+                _ => Ok::<_, CommandError>(false),
+            }
+        });
+        let finished = futures::future::join_all(reads).await;
+        with_state
+            .iter()
+            .zip(finished)
+            .map(|((state, _), finished)| Ok(RemoteRenewal { state: *state, finished: finished? }))
+            .collect()
     }
 
     /// Settles one claimed command of `worker`. Errors: [`QueueError::LeaseLost`] (as
