@@ -224,19 +224,37 @@ impl RemoteWorkers {
     }
 
     /// Renews `worker`'s leases (one call for all) and tells, for each, whether its command has
-    /// ended meanwhile (cancelled). A malformed lease token is `Gone`.
+    /// ended meanwhile (cancelled). A malformed lease token is `Gone`. A lease claimed more than
+    /// the queue's `max_processing_time` ago is not renewed but handed back (any consumer takes
+    /// it after the claim timeout, as an in-process handler's past that bound): `Lost`.
     pub async fn renew(&self, worker: &str, leases: &[String]) -> Result<Vec<RemoteRenewal>, CommandError> {
         let c = self.consumer(worker).await?;
+        let now = Timestamp::now().millis();
         let decoded: Vec<Option<(MessageId, CommandMsg, u64)>> = leases.iter().map(|l| LeaseToken::decode(l)).collect();
-        let ids: Vec<MessageId> = decoded.iter().flatten().map(|(m, _, _)| *m).collect();
+        // Leases past max_processing_time are handed back, not renewed (as an in-process
+        // handler's): the worker is told `Lost`; any consumer may take the command after the
+        // claim timeout.
+        let mut expired = Vec::new();
+        for (mid, _, claimed) in decoded.iter().flatten() {
+            if self.expired(*claimed, now) && !expired.contains(mid) {
+                expired.push(*mid);
+            }
+        }
+        for mid in &expired {
+            self.hand_back_expired(&c, *mid).await?;
+        }
+        let ids: Vec<MessageId> = decoded.iter().flatten().map(|(m, _, _)| *m).filter(|m| !expired.contains(m)).collect();
         let states = if ids.is_empty() { Vec::new() } else { c.renew(&ids).await? };
-        let mut states = states.into_iter();
+        let renewed: HashMap<MessageId, LeaseState> = ids.into_iter().zip(states).collect();
         let backend = &self.ctx.store.inner.backend;
         let with_state: Vec<(LeaseState, Option<CommandMsg>)> = decoded
             .into_iter()
             .map(|d| match d {
                 None => (LeaseState::Gone, None),
-                Some((_, msg, _)) => (states.next().unwrap_or(LeaseState::Gone), Some(msg)),
+                Some((mid, msg, _)) => match renewed.get(&mid) {
+                    Some(state) => (*state, Some(msg)),
+                    None => (LeaseState::Lost, Some(msg)),
+                },
             })
             .collect();
         // The held leases' states, read concurrently: the store coalesces them into one read
@@ -260,7 +278,8 @@ impl RemoteWorkers {
 
     /// Settles one claimed command of `worker`. Errors: [`QueueError::LeaseLost`] (as
     /// `CommandError::Queue`) when the lease is not the worker's any more (taken over after a
-    /// silence, or settled); [`CommandError::InvalidSettings`] for a malformed lease token;
+    /// silence, settled, or past `max_processing_time`: then it is handed back as by
+    /// [`RemoteWorkers::renew`]); [`CommandError::InvalidSettings`] for a malformed lease token;
     /// store errors.
     pub async fn settle(
         &self,
@@ -272,6 +291,10 @@ impl RemoteWorkers {
             return Err(CommandError::InvalidSettings("lease: not a lease token of this server".into()));
         };
         let c = self.consumer(worker).await?;
+        if self.expired(claimed_ms, Timestamp::now().millis()) {
+            self.hand_back_expired(&c, mid).await?;
+            return Err(CommandError::Queue(QueueError::LeaseLost(mid)));
+        }
         if c.renew(&[mid]).await?.first() != Some(&LeaseState::Held) {
             return Err(CommandError::Queue(QueueError::LeaseLost(mid)));
         }
@@ -300,6 +323,33 @@ impl RemoteWorkers {
             Some(s) if written => RemoteSettled::Applied(s),
             other => RemoteSettled::Finished(other),
         })
+    }
+}
+
+impl RemoteWorkers {
+    /// Whether a lease claimed at `claimed_ms` has run past the queue's `max_processing_time`
+    /// at `now_ms` (both ms since the Unix epoch).
+    fn expired(&self, claimed_ms: u64, now_ms: u64) -> bool {
+        now_ms.saturating_sub(claimed_ms) > self.ctx.settings.max_processing_time.as_millis() as u64
+    }
+
+    /// Hands an expired lease's message back (reclaimable by any consumer after the claim
+    /// timeout), if the worker still owns it.
+    async fn hand_back_expired(&self, c: &RemoteConsumer, mid: MessageId) -> Result<(), CommandError> {
+        match c.release(mid).await {
+            Ok(baton_queue::Settled::Done) => {
+                tracing::warn!(
+                    queue = %self.ctx.queue,
+                    worker = %c.name(),
+                    message_id = %mid,
+                    max_processing_time = ?self.ctx.settings.max_processing_time,
+                    "remote worker's lease exceeded max_processing_time: handed back, another consumer may take it after the claim timeout"
+                );
+                Ok(())
+            }
+            Ok(baton_queue::Settled::Gone) | Err(QueueError::LeaseLost(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

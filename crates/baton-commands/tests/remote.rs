@@ -16,7 +16,12 @@ use baton_testkit::TestBackend;
 use common::*;
 use serde_json::json;
 
-baton_testkit::on_every_backend!(lifecycle, silent_worker_fails_over, shared_with_an_in_process_service);
+baton_testkit::on_every_backend!(
+    lifecycle,
+    silent_worker_fails_over,
+    shared_with_an_in_process_service,
+    max_processing_time_bounds_a_renewing_worker
+);
 
 fn lost(r: Result<RemoteSettled, CommandError>) -> bool {
     matches!(r, Err(CommandError::Queue(QueueError::LeaseLost(_))))
@@ -165,4 +170,41 @@ async fn shared_with_an_in_process_service(b: TestBackend) {
     let once: HashSet<_> = ran.iter().map(|(id, _)| id.clone()).collect();
     assert_eq!((once.len(), ran.len()), (40, 40), "each command ran exactly once: {ran:?}");
     assert!(ran.iter().any(|(_, by)| *by == "remote"), "the remote worker took some");
+}
+
+/// A worker that renews faithfully but never finishes is bounded by `max_processing_time`, as an
+/// in-process handler is: the renewal past it says `Lost`, its settlement is refused, and another
+/// worker gets the command after the claim timeout.
+async fn max_processing_time_bounds_a_renewing_worker(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("remote-hung");
+    let settings = QueueSettings { max_processing_time: Duration::from_millis(1500), ..fast() };
+    let w = RemoteWorkers::new(store.clone(), &q, settings).unwrap();
+    let cmd = store.submit(&q, Command::new("t", json!({}))).await.unwrap();
+    let c1 = w.claim("hung", 1, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(c1[0].command.id, cmd.id);
+    // Renewed at a third of the claim timeout: held until max_processing_time, then lost.
+    let t = std::time::Instant::now();
+    let mut states = Vec::new();
+    while t.elapsed() < Duration::from_millis(2200) {
+        let r = w.renew("hung", &[c1[0].lease.clone()]).await.unwrap();
+        states.push((t.elapsed(), r[0].state));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for (at, state) in &states {
+        let expect = if *at < Duration::from_millis(1400) {
+            LeaseState::Held
+        } else if *at > Duration::from_millis(1600) {
+            LeaseState::Lost
+        } else {
+            *state
+        };
+        assert_eq!(*state, expect, "at {at:?}: {states:?}");
+    }
+    assert!(lost(w.settle("hung", &c1[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("late")))).await));
+    let c2 = w.claim("other", 1, Duration::from_secs(6)).await.unwrap();
+    assert_eq!((c2[0].command.id.as_str(), c2[0].deliveries), (cmd.id.as_str(), 2));
+    w.settle("other", &c2[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("other")))).await.unwrap();
+    let st = store.get(&cmd.id).await.unwrap().unwrap();
+    assert_eq!((st.status, st.result.as_ref().map(|r| r.get())), (CommandStatus::Succeeded, Some(r#""other""#)));
 }
