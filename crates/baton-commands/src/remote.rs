@@ -113,6 +113,9 @@ pub struct RemoteWorkers {
     ctx: Arc<Ctx>,
     options: RemoteOptions,
     consumers: std::sync::Mutex<HashMap<String, (RemoteConsumer, Instant)>>,
+    /// When a claim of this process last looked for reclaimable entries, and how often one does.
+    reclaimed: std::sync::Mutex<Option<Instant>>,
+    reclaim_every: Duration,
 }
 
 /// Longest slice of a long-poll claim between two looks for reclaimable messages.
@@ -131,8 +134,18 @@ impl RemoteWorkers {
         store.declare_queue(queue)?;
         let options =
             RemoteOptions { claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)), max_deliveries: None };
+        // As an in-process consumer's poll interval: the queue's, else a third of the claim
+        // timeout, at most 1 s.
+        let reclaim_every =
+            settings.poll_interval.unwrap_or_else(|| (options.claim_timeout / 3).min(Duration::from_secs(1)));
         let ctx = Arc::new(Ctx { store, queue: queue.to_string(), settings, handlers: Arc::default() });
-        Ok(RemoteWorkers { ctx, options, consumers: std::sync::Mutex::new(HashMap::new()) })
+        Ok(RemoteWorkers {
+            ctx,
+            options,
+            consumers: std::sync::Mutex::new(HashMap::new()),
+            reclaimed: std::sync::Mutex::new(None),
+            reclaim_every,
+        })
     }
 
     /// The queue served.
@@ -188,7 +201,7 @@ impl RemoteWorkers {
             // A blocking read sees only new messages: wait in slices, so that one handed back
             // (or a dead worker's, or a re-poll that fell due) is found by the next reclaim.
             let block = if out.is_empty() { left.min(POLL) } else { Duration::from_millis(1) };
-            let got = c.claim(max - out.len(), block).await?;
+            let got = c.claim_with(max - out.len(), block, self.reclaim_due()).await?;
             let empty = got.is_empty();
             for d in got {
                 let msg: CommandMsg = match serde_json::from_slice(&d.payload) {
@@ -223,6 +236,21 @@ impl RemoteWorkers {
         }
     }
 
+    /// Whether this claim should look for reclaimable entries (a dead worker's, handed back,
+    /// due re-polls): once per reclaim interval for all the workers this process serves; the
+    /// claim that finds it due takes the turn.
+    fn reclaim_due(&self) -> bool {
+        let now = Instant::now();
+        let mut last = self.reclaimed.lock().expect("lock");
+        match *last {
+            Some(t) if now.duration_since(t) < self.reclaim_every => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
+
     /// Renews `worker`'s leases (one call for all) and tells, for each, whether its command has
     /// ended meanwhile (cancelled). A malformed lease token is `Gone`. A lease claimed more than
     /// the queue's `max_processing_time` ago is not renewed but handed back (any consumer takes
@@ -243,7 +271,8 @@ impl RemoteWorkers {
         for mid in &expired {
             self.hand_back_expired(&c, *mid).await?;
         }
-        let ids: Vec<MessageId> = decoded.iter().flatten().map(|(m, _, _)| *m).filter(|m| !expired.contains(m)).collect();
+        let ids: Vec<MessageId> =
+            decoded.iter().flatten().map(|(m, _, _)| *m).filter(|m| !expired.contains(m)).collect();
         let states = if ids.is_empty() { Vec::new() } else { c.renew(&ids).await? };
         let renewed: HashMap<MessageId, LeaseState> = ids.into_iter().zip(states).collect();
         let backend = &self.ctx.store.inner.backend;

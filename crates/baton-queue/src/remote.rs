@@ -135,11 +135,24 @@ impl RemoteConsumer {
     /// worker is alive), without renewing anything. Malformed entries are dead-lettered, never
     /// returned.
     pub async fn claim(&self, max: usize, wait: Duration) -> Result<Vec<RemoteDelivery>, QueueError> {
+        self.claim_with(max, wait, true).await
+    }
+
+    /// [`RemoteConsumer::claim`], looking for reclaimable entries only when `reclaim` is true.
+    /// A reclaim reads every group member's liveness (its cost grows with the number of
+    /// consumers of the queue), so a process serving many workers of one queue runs it at a
+    /// poll interval shared by them all, as one in-process consumer does, instead of at every
+    /// claim; the other claims only read new entries.
+    pub async fn claim_with(
+        &self,
+        max: usize,
+        wait: Duration,
+        reclaim: bool,
+    ) -> Result<Vec<RemoteDelivery>, QueueError> {
         let max = max.max(1);
         self.beat(&[]).await?;
         let mut out = Vec::with_capacity(max);
-        let reclaimed = self.backend.reclaim(max, &[]).await?;
-        let mut raw = reclaimed.deliveries;
+        let mut raw = if reclaim { self.backend.reclaim(max, &[]).await?.deliveries } else { Vec::new() };
         if raw.len() < max {
             let block = if raw.is_empty() { wait } else { Duration::from_millis(1) };
             raw.extend(self.backend.read_new(max - raw.len(), block).await?);

@@ -12,6 +12,16 @@
 //!   append) and append → read latency (one writer, one live subscriber; the next append starts
 //!   when the subscriber received the previous one).
 //!
+//! - `workers`: open loop, in-process handlers against the HTTP worker protocol on the same
+//!   Redis, in interleaved rounds (`--rounds`, default 3) at each concurrency (64): `--count`
+//!   no-op commands are submitted first (through the library, not timed), then drained, once by a
+//!   command service in this process (`concurrency` handlers) and once by `concurrency` HTTP
+//!   workers of `--server` (a `baton serve --no-workers` on the same Redis with the queue
+//!   `--queue`, default `bench`, configured without handlers), each a loop of claim (`max` 1)
+//!   and settle `succeeded`. Throughput: commands `SUCCEEDED` per second from the start of the
+//!   drain until the queue's count of `SUCCEEDED` reaches the target; latency (HTTP only): of a
+//!   worker's claim + settle round.
+//!
 //! Every number printed comes from the run it reports. Names are unique per run (`bench-<ms>-…`);
 //! on Redis the data is left behind (streams are deleted; queue entries are acknowledged), so use
 //! a scratch database.
@@ -42,6 +52,8 @@ pub enum Workload {
     Commands,
     /// Append throughput, and append → live read latency.
     Streams,
+    /// Drain pre-submitted no-op commands: in-process handlers vs HTTP workers of `--server` (Redis only).
+    Workers,
 }
 
 #[derive(Args, Debug)]
@@ -54,12 +66,24 @@ pub struct BenchArgs {
     /// Redis Cluster seed node URLs, comma separated.
     #[arg(long, value_delimiter = ',')]
     pub redis_cluster: Option<Vec<String>>,
-    /// Operations per level [default: queue 20000, commands 5000, streams 20000 appends and 2000 round trips].
+    /// Operations per level [default: queue 20000, commands 5000, streams 20000 appends and 2000 round trips, workers 5000 per round and side].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
-    /// Concurrency levels, comma separated [default: queue 1,64,512; commands 64,256; streams 64 writers].
+    /// Concurrency levels, comma separated [default: queue 1,64,512; commands 64,256; streams 64 writers; workers 64].
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub concurrency: Option<Vec<u64>>,
+    /// `workers`: the `baton serve` whose HTTP workers drain the queue (same Redis as `--redis`).
+    #[arg(long, env = "BATON_SERVER", default_value = "http://127.0.0.1:7700")]
+    pub server: String,
+    /// `workers`: bearer token with `work` on `--queue` (when the server has tokens).
+    #[arg(long, env = "BATON_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// `workers`: the server's queue to drain (configured there without handlers; `--no-workers`).
+    #[arg(long, default_value = "bench")]
+    pub queue: String,
+    /// `workers`: interleaved rounds of in-process then HTTP.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub rounds: u64,
     /// No progress bar (also when stderr is not a terminal).
     #[arg(long)]
     pub quiet: bool,
@@ -145,6 +169,7 @@ pub async fn run(args: BenchArgs) -> Result<u8, CliError> {
         Workload::Queue => bench_queue(&args, &rc).await?,
         Workload::Commands => bench_commands(&args, &rc).await?,
         Workload::Streams => bench_streams(&args, &rc).await?,
+        Workload::Workers => bench_workers(&args, &rc).await?,
     };
     if args.json {
         let out: Vec<Value> = rows
@@ -475,6 +500,195 @@ async fn bench_streams(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
         latencies: lat,
         latency_of: "append → subscriber",
     });
+    Ok(rows)
+}
+
+/// The command store of `rc` (memory when `None`).
+async fn command_store(rc: &Option<RedisConfig>) -> Result<CommandStore, CliError> {
+    match rc {
+        None => Ok(CommandStore::memory()),
+        Some(c) => {
+            let client = baton_redis::RedisClient::new(c.clone()).map_err(|e| failed("connect", e))?;
+            CommandStore::redis(client, Default::default()).await.map_err(|e| failed("connect", e))
+        }
+    }
+}
+
+/// Submits `count` no-op commands `{prefix}-{n}` to `queue`, 64 at a time (not timed).
+async fn presubmit(store: &CommandStore, queue: &str, prefix: &str, count: u64) -> Result<(), CliError> {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (store, queue, prefix, next) = (store.clone(), queue.to_string(), prefix.to_string(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= count {
+                    return Ok::<_, baton_commands::CommandError>(());
+                }
+                store.submit(&queue, Command::with_id(format!("{prefix}-{n}"), "noop", Value::Null)).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| failed("submit", e))?.map_err(|e| failed("submit", e))?;
+    }
+    Ok(())
+}
+
+/// Waits until `queue` counts `target` `SUCCEEDED` commands (polling every 2 ms); an error when
+/// any failed or nothing moved for 30 s.
+async fn until_succeeded(store: &CommandStore, queue: &str, target: u64, pb: &ProgressBar) -> Result<(), CliError> {
+    let mut last = (0, Instant::now());
+    loop {
+        let c = store.counts(queue).await.map_err(|e| failed("counts", e))?;
+        pb.set_position(c.succeeded.min(target));
+        if c.failed + c.cancelled > 0 {
+            return Err(failed(
+                "drain",
+                format!("{} commands of {queue} failed or were cancelled", c.failed + c.cancelled),
+            ));
+        }
+        if c.succeeded >= target {
+            return Ok(());
+        }
+        if c.succeeded != last.0 {
+            last = (c.succeeded, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(30) {
+            return Err(failed(
+                "drain",
+                format!("{queue}: {} of {target} SUCCEEDED and no progress for 30 s", c.succeeded),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The load generator's claim: one command, waiting up to 1 s.
+const CLAIM: &str = r#"{"max": 1, "wait": "1s"}"#;
+
+async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec<Row>, CliError> {
+    if rc.is_none() {
+        return Err(CliError::usage(
+            "bench workers needs --redis or --redis-cluster: the Redis that the --server `baton serve` uses",
+        ));
+    }
+    let levels = args.concurrency.clone().unwrap_or_else(|| vec![64]);
+    let count = args.count.unwrap_or(5_000);
+    let store = command_store(rc).await?;
+    let conn = super::args::Conn { server: args.server.clone(), token: args.token.clone(), json: false };
+    let http = Arc::new(super::client::Client::new(&conn)?);
+    let queue = args.queue.clone();
+    // The server must serve the queue's worker routes.
+    let probe = http
+        .request(reqwest::Method::POST, &format!("/v1/queues/{queue}/workers/bench-probe/claim"))
+        .header("content-type", "application/json")
+        .body(json!({"max": 1}).to_string())
+        .send()
+        .await
+        .map_err(|e| failed(&format!("reach {}", http.base()), e))?;
+    if !probe.status().is_success() {
+        let status = probe.status();
+        let body = probe.text().await.unwrap_or_default();
+        return Err(failed(
+            "claim",
+            format!(
+                "{} answered {status} for queue {queue:?}: {body} (start it with `--no-workers` and `[queues.{queue}]` without handlers, on the same Redis)",
+                http.base()
+            ),
+        ));
+    }
+    let id = run_id();
+    let mut rows = Vec::new();
+    for c in levels {
+        for round in 1..=args.rounds {
+            // A: in-process handlers, a fresh queue each round.
+            let inq = format!("{id}-inproc-c{c}-r{round}");
+            presubmit(&store, &inq, &inq, count).await?;
+            let noop = builtin::from_config("echo", &Value::Null).map_err(|e| failed("handler", e))?;
+            let pb = progress(args.quiet, count, format!("in-process c={c} r{round}"));
+            let start = Instant::now();
+            let service = CommandService::builder(store.clone(), inq.clone())
+                .settings(QueueSettings { concurrency: c as usize, ..QueueSettings::default() })
+                .handler_arc("noop", noop)
+                .start()
+                .await
+                .map_err(|e| failed("start the command service", e))?;
+            until_succeeded(&store, &inq, count, &pb).await?;
+            let elapsed = start.elapsed();
+            pb.finish_and_clear();
+            service.drain(Duration::from_secs(5)).await;
+            rows.push(Row {
+                name: "in-process".into(),
+                concurrency: c,
+                ops: count,
+                elapsed,
+                latencies: Vec::new(),
+                latency_of: "–",
+            });
+
+            // B: HTTP workers of the server, on its queue.
+            let before = store.counts(&queue).await.map_err(|e| failed("counts", e))?.succeeded;
+            let prefix = format!("{id}-http-c{c}-r{round}");
+            presubmit(&store, &queue, &prefix, count).await?;
+            let pb = progress(args.quiet, count, format!("http worker c={c} r{round}"));
+            let settled = Arc::new(AtomicU64::new(0));
+            let start = Instant::now();
+            let mut tasks = Vec::new();
+            for w in 0..c {
+                let (http, queue, settled) = (http.clone(), queue.clone(), settled.clone());
+                let worker = format!("{id}-w{w}");
+                tasks.push(tokio::spawn(async move {
+                    let mut lat = Vec::new();
+                    while settled.load(Ordering::Relaxed) < count {
+                        let t = Instant::now();
+                        let claimed: Value = http
+                            .request(reqwest::Method::POST, &format!("/v1/queues/{queue}/workers/{worker}/claim"))
+                            .header("content-type", "application/json")
+                            .body(CLAIM)
+                            .send()
+                            .await
+                            .map_err(|e| format!("claim: {e}"))?
+                            .error_for_status()
+                            .map_err(|e| format!("claim: {e}"))?
+                            .bytes()
+                            .await
+                            .map_err(|e| format!("claim: {e}"))
+                            .and_then(|b| serde_json::from_slice(&b).map_err(|e| format!("claim: {e}")))?;
+                        let Some(lease) = claimed["leases"].get(0).and_then(|l| l["lease"].as_str()) else { continue };
+                        http.request(reqwest::Method::POST, &format!("/v1/queues/{queue}/workers/{worker}/settle"))
+                            .header("content-type", "application/json")
+                            .body(json!({"lease": lease, "outcome": "succeeded", "result": null}).to_string())
+                            .send()
+                            .await
+                            .map_err(|e| format!("settle: {e}"))?
+                            .error_for_status()
+                            .map_err(|e| format!("settle: {e}"))?;
+                        settled.fetch_add(1, Ordering::Relaxed);
+                        lat.push(t.elapsed());
+                    }
+                    Ok::<_, String>(lat)
+                }));
+            }
+            let done = until_succeeded(&store, &queue, before + count, &pb).await;
+            let elapsed = start.elapsed();
+            pb.finish_and_clear();
+            let mut lat = Vec::with_capacity(count as usize);
+            for t in tasks {
+                lat.extend(t.await.map_err(|e| failed("worker", e))?.map_err(|e| failed("http worker", e))?);
+            }
+            done?;
+            lat.sort();
+            rows.push(Row {
+                name: "http worker".into(),
+                concurrency: c,
+                ops: count,
+                elapsed,
+                latencies: lat,
+                latency_of: "claim + settle",
+            });
+        }
+    }
     Ok(rows)
 }
 
