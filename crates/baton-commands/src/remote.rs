@@ -24,7 +24,7 @@ use baton_queue::{Decision, LeaseState, MessageId, QueueError, RemoteConsumer, R
 use serde::{Deserialize, Serialize};
 
 use crate::model::CommandMsg;
-use crate::service::{apply, prepare, Ctx, Outcome, Prepared};
+use crate::service::{apply, prepare, Ctx, Holder, Outcome, Prepared};
 use crate::{validate_queue, CommandError, CommandResult, CommandState, CommandStore, QueueSettings, Timestamp};
 
 /// Which handler call a claimed command is for.
@@ -76,7 +76,7 @@ pub enum RemoteOutcome {
 /// What a settlement did.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RemoteSettled {
-    /// Written; the command's state after it.
+    /// Written (for [`RemoteOutcome::Release`]: handed back); the command's state after it.
     Applied(CommandState),
     /// The command had already ended or moved on (cancelled, say): nothing of the outcome was
     /// written; the state as it is.
@@ -330,7 +330,11 @@ impl RemoteWorkers {
         let backend = &self.ctx.store.inner.backend;
         if outcome == RemoteOutcome::Release {
             settle_message(&c, mid, 0, Decision::Retry).await?;
-            return Ok(RemoteSettled::Finished(backend.load(&msg.home, &msg.id).await?));
+            // Handed back: applied, unless the command is gone or ended meanwhile.
+            return Ok(match backend.load(&msg.home, &msg.id).await? {
+                Some(s) if !s.status.is_terminal() && s.token == msg.token => RemoteSettled::Applied(s),
+                other => RemoteSettled::Finished(other),
+            });
         }
         let (st, is_execute) = match prepare(&self.ctx, &msg).await? {
             Prepared::Settle(decision) => {
@@ -345,11 +349,13 @@ impl RemoteWorkers {
             RemoteOutcome::Error(e) => Outcome::Error(if e.is_empty() { "handler error".into() } else { e }),
             RemoteOutcome::Release => unreachable!("handled above"),
         };
-        let (decision, written) = apply(&self.ctx, st, &msg, None, is_execute, started, outcome).await?;
-        settle_message(&c, mid, 0, decision).await?;
-        let now = backend.load(&msg.home, &msg.id).await?;
-        Ok(match now {
-            Some(s) if written => RemoteSettled::Applied(s),
+        // A terminal write acks the delivery in the same atomic step where the backend can
+        // (Redis: same slot); the ownership check above made it this worker's to ack.
+        let holder = Holder::Remote(&c, mid);
+        let done = apply(&self.ctx, st, &msg, Some(holder), is_execute, started, outcome).await?;
+        settle_message(&c, mid, 0, done.decision).await?;
+        Ok(match done.state {
+            Some(s) if done.written => RemoteSettled::Applied(s),
             other => RemoteSettled::Finished(other),
         })
     }
@@ -385,7 +391,9 @@ impl RemoteWorkers {
 /// Settles a delivery with a dispatch decision.
 async fn settle_message(c: &RemoteConsumer, id: MessageId, deliveries: u32, d: Decision) -> Result<(), CommandError> {
     let r = match d {
-        Decision::Ack | Decision::Deferred => c.ack(id).await,
+        // Deferred: the state write acked it already.
+        Decision::Deferred => return Ok(()),
+        Decision::Ack => c.ack(id).await,
         Decision::Retry => c.release(id).await,
         Decision::RetryAfter(delay) => c.retry_after(id, delay).await,
         Decision::DeadLetter(reason) => c.dead_letter(id, deliveries, &reason).await,

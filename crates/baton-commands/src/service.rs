@@ -18,6 +18,7 @@ use baton_queue::{ConsumerOptions, Decision, Delivery, DrainReport, Lease};
 use futures::FutureExt;
 
 use crate::model::{new_token, CommandMsg};
+use crate::store::AckRef;
 use crate::{
     backoff, validate_queue, Command, CommandError, CommandHandler, CommandResult, CommandState, CommandStatus,
     CommandStore, HandlerError, Timestamp,
@@ -355,7 +356,8 @@ async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, Com
     };
     let Some(handler) = ctx.handlers.get(&st.command_type).cloned() else {
         let err = format!("no handler for command type {:?} on queue {:?}", st.command_type, ctx.queue);
-        return Ok(apply(ctx, st, msg, Some(lease), false, None, Outcome::Result(CommandResult::Failed(err))).await?.0);
+        let failed = Outcome::Result(CommandResult::Failed(err));
+        return Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), false, None, failed).await?.decision);
     };
     // Remote cancels reach this process through the home queue's notifications.
     backend.watch_home(&msg.home).await?;
@@ -376,7 +378,7 @@ async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, Com
         Err(p) => Outcome::Error(format!("handler panicked: {}", panic_text(&*p))),
     };
     drop(_running);
-    Ok(apply(ctx, st, msg, Some(lease), is_execute, started, outcome).await?.0)
+    Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), is_execute, started, outcome).await?.decision)
 }
 
 fn error_text(e: &HandlerError) -> String {
@@ -508,50 +510,86 @@ pub(crate) async fn apply(
     ctx: &Ctx,
     mut cur: CommandState,
     msg: &CommandMsg,
-    lease: Option<&Lease>,
+    holder: Option<Holder<'_>>,
     is_execute: bool,
     started: Option<Timestamp>,
     outcome: Outcome,
-) -> Result<(Decision, bool), CommandError> {
+) -> Result<Applied, CommandError> {
     let backend = &ctx.store.inner.backend;
     let fp = &ctx.settings.fail_points;
     let no_crash_test = !fp.crash_after_handoff_state && !fp.crash_after_handoff_enqueue;
     loop {
         let p = plan(ctx, &cur, msg, is_execute, started, &outcome);
-        let Some(next) = p.next else { return Ok((p.decision, true)) };
+        let Some(next) = p.next else { return Ok(Applied { decision: p.decision, written: true, state: Some(cur) }) };
         let atomic = p.handoff.as_ref().is_some_and(|(t, _)| backend.atomic_enqueue(&cur.queue, t));
         let enqueue = if atomic { p.handoff.as_ref().map(|(t, m)| (t.as_str(), m)) } else { None };
         let fold = p.decision == Decision::Ack
-            && lease.is_some()
             && (p.handoff.is_none() || atomic)
             && no_crash_test
             && backend.can_fold_ack(&cur.queue, &ctx.queue);
-        let (written, acked) = write_retrying(ctx, cur.status, next, enqueue, lease.filter(|_| fold)).await?;
+        let ack = holder.as_ref().filter(|_| fold).and_then(Holder::ack_ref);
+        let (written, acked) = write_retrying(ctx, cur.status, next, enqueue, ack.as_ref()).await?;
         if acked {
             if let Some((target, m)) = &p.handoff {
                 tracing::debug!(queue = %ctx.queue, command = %m.id, target, atomic, "command handed off");
             }
-            let d = match lease.map(Lease::mark_acked) {
-                Some(Ok(())) => Decision::Deferred,
+            let decision = match holder.as_ref().map(Holder::mark_acked) {
+                Some(true) => Decision::Deferred,
                 _ => Decision::Ack,
             };
-            return Ok((d, true));
+            return Ok(Applied { decision, written: true, state: written.ok() });
         }
         match written {
-            Ok(_) => {
+            Ok(state) => {
                 if let Some((target, m)) = &p.handoff {
-                    return Ok((handoff_tail(ctx, target, m, atomic).await?, true));
+                    let decision = handoff_tail(ctx, target, m, atomic).await?;
+                    return Ok(Applied { decision, written: true, state: Some(state) });
                 }
-                return Ok((p.decision, true));
+                return Ok(Applied { decision: p.decision, written: true, state: Some(state) });
             }
-            Err(None) => return Ok((Decision::Ack, false)),
+            Err(None) => return Ok(Applied { decision: Decision::Ack, written: false, state: None }),
             Err(Some(latest)) => {
                 if latest.status.is_terminal() || latest.token != msg.token || latest.status != cur.status {
                     tracing::debug!(queue = %ctx.queue, command = %latest.id, status = %latest.status, "outcome refused: the command moved on");
-                    return Ok((Decision::Ack, false));
+                    return Ok(Applied { decision: Decision::Ack, written: false, state: Some(latest) });
                 }
                 cur = latest;
             }
+        }
+    }
+}
+
+/// What [`apply`] did: the delivery's decision (`Deferred`: the write acked it already), whether
+/// the outcome was written, and the command's state after it (the written one, or the one that
+/// refused it; `None` when the command is gone).
+pub(crate) struct Applied {
+    pub decision: Decision,
+    pub written: bool,
+    pub state: Option<CommandState>,
+}
+
+/// Who holds the delivery an outcome settles: an in-process lease, or a remote worker's
+/// consumer with the message id. A terminal write may ack it in the same atomic step.
+pub(crate) enum Holder<'a> {
+    Lease(&'a Lease),
+    Remote(&'a baton_queue::RemoteConsumer, baton_queue::MessageId),
+}
+
+impl Holder<'_> {
+    /// Where the delivery lives, for a write that acks it (Redis only).
+    fn ack_ref(&self) -> Option<AckRef> {
+        match self {
+            Holder::Lease(l) => l.redis_target().map(|target| AckRef { id: l.id().to_string(), target }),
+            Holder::Remote(c, id) => c.redis_target().map(|target| AckRef { id: id.to_string(), target }),
+        }
+    }
+
+    /// Tells the holder its delivery was acked by the write; false when a lease was already
+    /// settled (then the caller acks as usual, which finds it settled).
+    fn mark_acked(&self) -> bool {
+        match self {
+            Holder::Lease(l) => l.mark_acked().is_ok(),
+            Holder::Remote(..) => true,
         }
     }
 }
@@ -606,7 +644,7 @@ async fn write_retrying(
     old: CommandStatus,
     next: CommandState,
     enqueue: Option<(&str, &CommandMsg)>,
-    ack: Option<&Lease>,
+    ack: Option<&AckRef>,
 ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
     let mut delay = Duration::from_millis(100);
     let mut tries = 0;

@@ -191,6 +191,13 @@ impl RemoteConsumer {
             .collect())
     }
 
+    /// Redis only (`None` in memory): the stream key, group and this consumer's name, for a caller
+    /// that acks a message it holds inside its own Lua script, atomically with its own writes
+    /// (as [`Lease::redis_target`](crate::Lease::redis_target), whose rules apply).
+    pub fn redis_target(&self) -> Option<crate::RedisAckTarget> {
+        self.backend.redis_target()
+    }
+
     /// Acknowledges (deletes) a message. Errors: [`QueueError::LeaseLost`] when another
     /// consumer owns it now.
     pub async fn ack(&self, id: MessageId) -> Result<Settled, QueueError> {

@@ -86,13 +86,13 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     /// allowed when [`StateBackend::atomic_enqueue`] says so. With `ack` (only when
     /// [`StateBackend::can_fold_ack`] says so), a successful write also acks that delivery in the
     /// same atomic step if its consumer still owns it; the `bool` tells whether it did (the
-    /// caller then settles the lease with `mark_acked`).
+    /// caller then settles the lease with `mark_acked`, or skips the remote worker's ack).
     async fn transition(
         &self,
         old: CommandStatus,
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-        ack: Option<&baton_queue::Lease>,
+        ack: Option<&AckRef>,
     ) -> Result<(Cas, bool), CommandError>;
     /// True when a transition of a state homed in `home` can enqueue on `target` atomically.
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool;
@@ -251,4 +251,13 @@ impl Drop for Unsub<'_> {
 /// Index keys/ordering shared by the backends: the index a status lives in.
 pub(crate) fn status_slot(s: Option<CommandStatus>) -> usize {
     s.map(|s| s.index() + 1).unwrap_or(0)
+}
+
+/// A delivery that a transition may ack in the same atomic step (Redis): its message id and
+/// where it lives ([`baton_queue::Lease::redis_target`] or
+/// [`baton_queue::RemoteConsumer::redis_target`]).
+#[derive(Clone, Debug)]
+pub(crate) struct AckRef {
+    pub id: String,
+    pub target: baton_queue::RedisAckTarget,
 }

@@ -131,7 +131,7 @@ impl StateBackend for MemoryStateBackend {
         old: CommandStatus,
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-        _ack: Option<&baton_queue::Lease>,
+        _ack: Option<&super::backend::AckRef>,
     ) -> Result<(Cas, bool), CommandError> {
         {
             let mut g = self.inner.lock().unwrap();

@@ -22,7 +22,7 @@ use crate::{
 };
 
 pub use self::backend::CommandStoreSettings;
-pub(crate) use self::backend::{Cas, Hub, Peeked, StateBackend, SubmitOutcome, Unsub};
+pub(crate) use self::backend::{AckRef, Cas, Hub, Peeked, StateBackend, SubmitOutcome, Unsub};
 pub use self::redis::RedisCommandStoreOptions;
 
 /// A service's id and the handlers it runs.
@@ -421,7 +421,7 @@ impl CommandStore {
         old: CommandStatus,
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-        ack: Option<&baton_queue::Lease>,
+        ack: Option<&AckRef>,
     ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
         match self.inner.backend.transition(old, new, enqueue, ack).await? {
             (Cas::Done(stored), acked) => {

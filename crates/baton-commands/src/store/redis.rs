@@ -445,7 +445,7 @@ impl StateBackend for RedisStateBackend {
         old: CommandStatus,
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-        ack: Option<&baton_queue::Lease>,
+        ack: Option<&super::backend::AckRef>,
     ) -> Result<(Cas, bool), CommandError> {
         let k = self.keys(&new.queue);
         let ttl = self.settings.ttl_for(new.status);
@@ -470,7 +470,7 @@ impl StateBackend for RedisStateBackend {
         }
         let value = stored(&st, &st.stored_json());
         let state_key = k.state(&st.id);
-        let target = ack.and_then(|l| l.redis_target().map(|t| (l.id().to_string(), t)));
+        let target = ack.map(|a| (a.id.clone(), a.target.clone()));
         // Only terminal writes are announced: waiters wait for one, and a cancel is one.
         // `<id> <STATUS> <version> <origin>`, read by `pubsub_task`.
         let announce = if st.status.is_terminal() {
