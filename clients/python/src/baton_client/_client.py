@@ -40,6 +40,11 @@ class BatonClient:
             with a server-side ``wait`` gets that wait plus 30 s.
         http_client: an ``httpx.AsyncClient`` to use instead of creating one (its base URL and
             headers are not changed; the client does not close it).
+        max_in_flight: at most this many requests at once (others queue in the client);
+            long-polls (``wait``) are not counted. httpx's async connection pool gets much
+            slower with many concurrent requests (64 at once: about a third of the throughput
+            of 4 on a 2-core machine), so a small limit makes ``asyncio.gather`` of many
+            submits faster. ``None``: no limit.
 
     Every method raises :class:`BatonError` (or a subclass: ``NotFoundError`` for ``404``,
     ``ConflictError`` for ``409``, ``UnavailableError`` for ``503``, ``AuthError`` for
@@ -54,7 +59,12 @@ class BatonClient:
         token: Optional[str] = None,
         timeout: float = 30.0,
         http_client: Optional[httpx.AsyncClient] = None,
+        max_in_flight: Optional[int] = 8,
     ) -> None:
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1 (or None)")
+        self._max_in_flight = max_in_flight
+        self._in_flight: Optional[asyncio.Semaphore] = None  # made in the loop that uses it
         self._base = url.rstrip("/")
         self._timeout = timeout
         self._headers = base_headers(token)
@@ -89,17 +99,36 @@ class BatonClient:
         headers = dict(self._headers)
         if body is not None:
             headers.update(JSON_HEADERS)
+        limit = None
+        if timeout is None and self._max_in_flight is not None:  # not a long-poll
+            if self._in_flight is None:
+                self._in_flight = asyncio.Semaphore(self._max_in_flight)
+            limit = self._in_flight
         try:
-            return await self._http.request(
-                method,
-                self._base + path,
-                content=body,
-                params=params,
-                headers=headers,
-                timeout=timeout if timeout is not None else self._timeout,
-            )
+            if limit is None:
+                return await self._send(method, path, body, params, headers, timeout)
+            async with limit:
+                return await self._send(method, path, body, params, headers, timeout)
         except httpx.HTTPError as exc:
             raise connection_error(exc, f"{method} {path}") from exc
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        body: Optional[bytes],
+        params: Optional[Dict[str, str]],
+        headers: Dict[str, str],
+        timeout: Optional[float],
+    ) -> httpx.Response:
+        return await self._http.request(
+            method,
+            self._base + path,
+            content=body,
+            params=params,
+            headers=headers,
+            timeout=timeout if timeout is not None else self._timeout,
+        )
 
     async def submit(
         self,

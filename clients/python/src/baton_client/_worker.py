@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import logging
 import os
+import queue
 import random
 import signal
 import socket
@@ -31,6 +32,7 @@ Handler = Callable[[Job], Any]
 
 _MAX_CLAIM = 100  # the server's limit of "max" in one claim
 _MAX_RENEW = 1000  # the server's limit of leases in one renewal
+_CLAIM_LINGER = 0.02  # seconds a claim waits for a batch of free slots while jobs run
 
 
 def default_worker_name() -> str:
@@ -203,6 +205,7 @@ class _Claimer(threading.Thread):
         self._wake: Optional[asyncio.Event] = None
         self._started = threading.Event()
         self._stopping = False
+        self._waiting = False  # waiting for a free slot: wake() must signal
 
     def run(self) -> None:
         try:
@@ -214,9 +217,9 @@ class _Claimer(threading.Thread):
             self._started.set()
 
     def wake(self) -> None:
-        """Tell the claim loop that a slot is free (thread-safe)."""
+        """Tell the claim loop that a slot is free (thread-safe; only when it waits for one)."""
         loop, event = self._loop, self._wake
-        if loop is not None and event is not None:
+        if self._waiting and loop is not None and event is not None:
             try:
                 loop.call_soon_threadsafe(event.set)
             except RuntimeError:
@@ -240,6 +243,7 @@ class _Claimer(threading.Thread):
         if self._stopping:
             return
         worker = self._worker
+        batch = max(1, min(_MAX_CLAIM, worker.concurrency // 4))
         backoff = _Backoff()
         limits = httpx.Limits(max_connections=4, max_keepalive_connections=4)
         async with httpx.AsyncClient(timeout=10.0, limits=limits) as client:
@@ -248,9 +252,16 @@ class _Claimer(threading.Thread):
                     free = worker._free_slots()
                     if free <= 0:
                         self._wake.clear()
+                        self._waiting = True
                         if worker._free_slots() <= 0:
                             await self._wake.wait()
+                        self._waiting = False
                         continue
+                    if free < batch and free < worker.concurrency:
+                        # Jobs are running and few slots are free: wait a moment for more to
+                        # free up, so that claims come in batches rather than one per job.
+                        await asyncio.sleep(_CLAIM_LINGER)
+                        free = worker._free_slots()
                     sent = time.monotonic()
                     try:
                         response = await client.post(
@@ -303,6 +314,108 @@ class _Claimer(threading.Thread):
             except httpx.HTTPError as exc:
                 log.warning("releasing command %s failed: %s", job.id, exc)
             self._worker._renewer.remove(job)
+
+
+class _Settler:
+    """Settles finished jobs from a few threads, each with its own synchronous
+    ``httpx.Client`` (cheaper per request than the async client, and independent of the
+    worker's event loop). Retries transient failures with backoff until the lease is lost."""
+
+    def __init__(self, worker: "Worker", threads: int) -> None:
+        self._worker = worker
+        self._url = f"{worker.url}/v1/queues/{seg(worker.queue)}/workers/{seg(worker.name)}/settle"
+        self._headers = {**base_headers(worker._token), **JSON_HEADERS}
+        self._queue: "queue.SimpleQueue[Optional[Tuple[Job, Tuple[Dict[str, Any], str], asyncio.Future[None]]]]"
+        self._queue = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"baton-settle-{worker.name}-{i}", daemon=True)
+            for i in range(threads)
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def put(self, job: Job, settlement: Tuple[Dict[str, Any], str], done: "asyncio.Future[None]") -> None:
+        self._queue.put((job, settlement, done))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=self._worker._timeout) as client:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                job, settlement, done = item
+                try:
+                    self._settle(client, job, settlement)
+                except Exception:  # pragma: no cover - a bug in the SDK: keep settling others
+                    log.exception("internal error while settling command %s", job.id)
+                loop = done.get_loop()
+                try:
+                    loop.call_soon_threadsafe(_resolve, done)
+                except RuntimeError:  # the loop is closed
+                    pass
+
+    def _settle(self, client: httpx.Client, job: Job, settlement: Tuple[Dict[str, Any], str]) -> None:
+        fields, what = settlement
+        body = _settle_body(job.lease, fields)
+        backoff = _Backoff()
+        attempt = 0
+        while True:
+            attempt += 1
+            if job._lost:
+                log.warning("command %s: gave up settling (%s): the lease's deadline passed", job.id, what)
+                return
+            try:
+                response = client.post(self._url, content=body, headers=self._headers)
+            except httpx.HTTPError as exc:
+                delay = backoff.next()
+                log.warning(
+                    "settling command %s failed (%s: %s); retrying in %.1fs", job.id, type(exc).__name__, exc, delay
+                )
+                time.sleep(delay)
+                continue
+            status = response.status_code
+            if status == 200:
+                try:
+                    applied = decode(response).get("applied")
+                except BatonError:
+                    applied = None
+                log.debug("command %s settled: %s (applied: %s)", job.id, what, applied)
+                return
+            err = error_of(response)
+            if status == 409 and err.code == "lease_lost":
+                if attempt > 1:
+                    log.debug("command %s: a retried settlement answered lease_lost (the first was applied)", job.id)
+                else:
+                    log.warning("command %s: settling refused, the lease is lost (%s)", job.id, err.message)
+                return
+            if status in (408, 429) or status >= 500:
+                delay = err.retry_after if err.retry_after is not None else backoff.next()
+                log.warning("settling command %s failed (%s); retrying in %.1fs", job.id, err, delay)
+                time.sleep(delay)
+                continue
+            if fields.get("outcome") == "succeeded" and status in (400, 413):
+                log.error("command %s: the server refused the result (%s); settling it as an error", job.id, err)
+                fields = {"outcome": "error", "error": f"the server refused the handler's result: {err}"}
+                what = "error (result refused)"
+                body = _settle_body(job.lease, fields)
+                continue
+            log.error("command %s: settling %s refused: %s", job.id, what, err)
+            return
+
+
+def _resolve(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 # What a job ended with: (body fields without "lease", description) or None (do not settle).
@@ -392,8 +505,6 @@ class Worker:
             self._handler = (handler, _is_async(handler))
         else:
             raise TypeError("handler must be a callable or a dict {command type: callable}")
-        self._settle_url = f"{self.url}/v1/queues/{seg(queue)}/workers/{seg(self.name)}/settle"
-        self._headers = {**base_headers(token), **JSON_HEADERS}
         self._slots = threading.Lock()
         self._busy = 0
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -406,7 +517,7 @@ class Worker:
         self._jobs: Dict[str, Job] = {}
         self._renewer: _Renewer
         self._claimer: _Claimer
-        self._http: Optional[httpx.AsyncClient] = None
+        self._settler: _Settler
         self._running = False
         self._loop_thread = 0
 
@@ -458,10 +569,7 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._stop_requested = asyncio.Event()
-        self._http = httpx.AsyncClient(
-            timeout=self._timeout,
-            limits=httpx.Limits(max_connections=self.concurrency + 4, max_keepalive_connections=self.concurrency + 4),
-        )
+        self._settler = _Settler(self, min(self.concurrency, 4))
         self._renewer = _Renewer(self)
         self._claimer = _Claimer(self, self._claim_wait, self._claim_wait_seconds)
         installed: List[int] = []
@@ -472,6 +580,7 @@ class Worker:
                 self._request_stop(self._pending_stop > 1)
                 self._pending_stop = 0
             self._renewer.start()
+            self._settler.start()
             self._claimer.start()
             log.info("worker %s on queue %s (concurrency %d) started", self.name, self.queue, self.concurrency)
             await self._stop_requested.wait()
@@ -484,7 +593,7 @@ class Worker:
                     pass
             self._claimer.stop()
             self._renewer.stop()
-            await self._http.aclose()
+            await asyncio.get_running_loop().run_in_executor(None, self._settler.stop)
             self._running = False
             self._loop = None
         if self._fatal is not None:
@@ -681,54 +790,13 @@ class Worker:
         if settlement is None:
             log.info("command %s: lease lost; not settling", job.id)
             return
-        fields, what = settlement
         with job._lock:
             if job._lost:
                 return
             job._settling = True
-        body = _settle_body(job.lease, fields)
-        assert self._http is not None
-        backoff = _Backoff()
-        attempt = 0
-        while True:
-            attempt += 1
-            if job._lost:
-                log.warning("command %s: gave up settling (%s): the lease's deadline passed", job.id, what)
-                return
-            try:
-                response = await self._http.post(self._settle_url, content=body, headers=self._headers)
-            except httpx.HTTPError as exc:
-                delay = backoff.next()
-                log.warning(
-                    "settling command %s failed (%s: %s); retrying in %.1fs", job.id, type(exc).__name__, exc, delay
-                )
-                await asyncio.sleep(delay)
-                continue
-            status = response.status_code
-            if status == 200:
-                applied = decode(response).get("applied")
-                log.debug("command %s settled: %s (applied: %s)", job.id, what, applied)
-                return
-            err = error_of(response)
-            if status == 409 and err.code == "lease_lost":
-                if attempt > 1:
-                    log.debug("command %s: a retried settlement answered lease_lost (the first was applied)", job.id)
-                else:
-                    log.warning("command %s: settling refused, the lease is lost (%s)", job.id, err.message)
-                return
-            if status == 503 or status >= 500 or status == 408:
-                delay = err.retry_after if err.retry_after is not None else backoff.next()
-                log.warning("settling command %s failed (%s); retrying in %.1fs", job.id, err, delay)
-                await asyncio.sleep(delay)
-                continue
-            if fields.get("outcome") == "succeeded" and status in (400, 413):
-                log.error("command %s: the server refused the result (%s); settling it as an error", job.id, err)
-                fields = {"outcome": "error", "error": f"the server refused the handler's result: {err}"}
-                what = "error (result refused)"
-                body = _settle_body(job.lease, fields)
-                continue
-            log.error("command %s: settling %s refused: %s", job.id, what, err)
-            return
+        done: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+        self._settler.put(job, settlement, done)
+        await done
 
 
 def _settle_body(lease: str, fields: Dict[str, Any]) -> bytes:
