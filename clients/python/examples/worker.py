@@ -30,7 +30,7 @@ def checksum(job: Job) -> Dict[str, Any]:
     if not isinstance(text, str):
         raise Failed("params.text must be a string")  # FAILED, not retried
     digest = hashlib.sha256()
-    for i in range(int(job.params.get("rounds", 1))):
+    for _ in range(int(job.params.get("rounds", 1))):
         job.raise_if_cancelled()  # stop promptly when the command is cancelled
         digest.update(text.encode())
         time.sleep(0.01)

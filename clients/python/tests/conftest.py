@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-
 from support import BatonServer, RedisServer, start_baton, stop_process
 
 

@@ -17,10 +17,9 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Coroutine, Iterator, List, Optional, TypeVar
+from typing import Any, AsyncIterator, Coroutine, Optional, TypeVar
 
 import httpx
-
 from baton_client import BatonClient, Worker
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

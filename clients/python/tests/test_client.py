@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+import baton_client._client as client_module
 import httpx
 import pytest
-
-import baton_client._client as client_module
 from baton_client import (
     BadRequestError,
     BatonClient,

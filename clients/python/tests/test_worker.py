@@ -17,7 +17,6 @@ from typing import Any, Dict, List, Tuple
 
 import httpx
 import pytest
-
 from baton_client import (
     CancelReason,
     CommandStatus,

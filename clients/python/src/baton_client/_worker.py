@@ -210,6 +210,8 @@ class _Claimer(threading.Thread):
     def run(self) -> None:
         try:
             asyncio.run(self._main())
+        except asyncio.CancelledError:  # stopped while closing its connections
+            pass
         except Exception:  # pragma: no cover - a bug: make it visible and stop the worker
             log.exception("the claim loop failed")
             self._worker._claimer_failed(BatonError(None, "internal", "the claim loop failed"))
@@ -299,21 +301,22 @@ class _Claimer(threading.Thread):
                     jobs = [Job(lease, worker.queue, worker.name, sent) for lease in leases]
                     worker._renewer.add(jobs)
                     if self._stopping or not worker._hand_over(jobs):
-                        await self._release(client, jobs)
+                        self._release(jobs)  # blocking (a rare path): not cut short by a cancel
             except asyncio.CancelledError:
                 pass
 
-    async def _release(self, client: httpx.AsyncClient, jobs: List[Job]) -> None:
-        for job in jobs:
-            try:
-                await client.post(
-                    self._release_url,
-                    content=dumps({"lease": job.lease, "outcome": "release"}),
-                    headers=self._headers,
-                )
-            except httpx.HTTPError as exc:
-                log.warning("releasing command %s failed: %s", job.id, exc)
-            self._worker._renewer.remove(job)
+    def _release(self, jobs: List[Job]) -> None:
+        with httpx.Client(timeout=5.0) as client:
+            for job in jobs:
+                try:
+                    client.post(
+                        self._release_url,
+                        content=dumps({"lease": job.lease, "outcome": "release"}),
+                        headers=self._headers,
+                    )
+                except httpx.HTTPError as exc:
+                    log.warning("releasing command %s failed: %s", job.id, exc)
+                self._worker._renewer.remove(job)
 
 
 class _Settler:
@@ -583,7 +586,13 @@ class Worker:
             self._settler.start()
             self._claimer.start()
             log.info("worker %s on queue %s (concurrency %d) started", self.name, self.queue, self.concurrency)
-            await self._stop_requested.wait()
+            try:
+                await self._stop_requested.wait()
+            except asyncio.CancelledError:
+                # run() itself was cancelled: shut down without the grace period, then re-raise.
+                self._request_stop(True)
+                await self._shutdown()
+                raise
             await self._shutdown()
         finally:
             for sig in installed:
