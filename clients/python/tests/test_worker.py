@@ -344,8 +344,9 @@ def test_cancel_signals_the_running_handler(
                 assert (await c.cancel("x-1")).status is CommandStatus.CANCELLED
                 await wait_until(lambda: "at" in seen, timeout=5)
                 await wait_until(lambda: not worker.active_jobs, timeout=5)  # settled
-            # Signalled within about one renewal interval (a third of the 1 s claim timeout).
-            assert seen["at"] - cancelled_at < CLAIM_TIMEOUT, seen["at"] - cancelled_at
+            # Signalled within about one renewal interval (a third of the 1 s claim timeout;
+            # the bound leaves room for a loaded machine).
+            assert seen["at"] - cancelled_at < 1.5 * CLAIM_TIMEOUT, seen["at"] - cancelled_at
             assert seen["fired"] is True
             assert seen["reason"] is CancelReason.CANCELLED
             state = await c.get("x-1")
@@ -391,7 +392,7 @@ def test_graceful_shutdown_releases_unfinished_leases(server: BatonServer) -> No
             a.stop()
             await asyncio.wait_for(task, 10)
             stopped_in = time.monotonic() - stop_at
-            assert 0.6 <= stopped_in < 2.0, stopped_in
+            assert 0.6 <= stopped_in < 3.0, stopped_in  # the 0.6 s grace, then the signal
             assert reasons == {"s-1": CancelReason.SHUTDOWN, "s-2": CancelReason.SHUTDOWN}
             quick = await c.get("s-3")
             assert quick.status is CommandStatus.SUCCEEDED and quick.result == {"by": "A"}
@@ -469,3 +470,40 @@ def test_worker_name_default_is_host_pid_random() -> None:
     assert f"-{os.getpid()}-" in w.name
     assert 1 <= len(w.name.encode()) <= 128
     assert Worker("http://127.0.0.1:1", "jobs", lambda job: None).name != w.name
+
+
+def test_renewals_failing_past_the_deadline_lose_the_lease(
+    server: BatonServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server freezes (SIGSTOP) for longer than the claim timeout: renewals fail until the
+    lease's deadline passes, so the handler is signalled ``LEASE_LOST`` and nothing is settled
+    for that delivery; once the server is back the command is delivered again and finishes."""
+    seen: List[Tuple[int, Any]] = []
+
+    def handler(job: Job) -> Any:
+        if job.deliveries == 1:
+            job.cancelled.wait(20)
+            seen.append((job.deliveries, job.cancel_reason))
+            return "first"  # must not be settled
+        seen.append((job.deliveries, job.cancel_reason))
+        return "second"
+
+    async def main() -> None:
+        caplog.set_level(logging.INFO, logger="baton_client.worker")
+        async with client(server) as c:
+            await c.submit("jobs", "t", id="lost-1")
+            async with running(make_worker(server, handler, concurrency=2, claim_wait="1s")) as worker:
+                await wait_until(lambda: len(worker.active_jobs) == 1)
+                os.kill(server.proc.pid, signal.SIGSTOP)
+                try:
+                    await wait_until(lambda: len(seen) == 1, timeout=10)
+                finally:
+                    os.kill(server.proc.pid, signal.SIGCONT)
+                state = await c.wait("lost-1", timeout=20)
+            assert seen == [(1, CancelReason.LEASE_LOST), (2, None)]
+            assert state.status is CommandStatus.SUCCEEDED
+            assert state.result == "second"
+            messages = [r.getMessage() for r in caplog.records]
+            assert "command lost-1: lease lost; not settling" in messages
+
+    run(main())
