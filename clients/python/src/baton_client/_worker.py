@@ -568,6 +568,7 @@ class Worker:
             raise RuntimeError("this worker is already running")
         self._running = True
         self._stopping = False
+        self._stop_now = False
         self._fatal = None
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
