@@ -643,8 +643,8 @@ class Worker:
         await asyncio.sleep(0)  # jobs the claimer handed over before it stopped are released
         tasks = set(self._tasks.values())
         if tasks:
-            log.info("stopping: waiting up to %.1fs for %d handler(s)", self.shutdown_grace, len(tasks))
             if not self._stop_now:
+                log.info("stopping: waiting up to %.1fs for %d handler(s)", self.shutdown_grace, len(tasks))
                 self._grace_waiter = asyncio.ensure_future(asyncio.wait(tasks, timeout=self.shutdown_grace))
                 try:
                     await self._grace_waiter
