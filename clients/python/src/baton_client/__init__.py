@@ -1,0 +1,54 @@
+"""Python SDK of Baton: an asyncio client of the command API and a remote worker.
+
+- :class:`BatonClient`: submit, get, wait for and cancel commands.
+- :class:`Worker`: claim a queue's commands over HTTP and run a handler for each, with
+  leases renewed from a dedicated thread (see the README).
+"""
+
+from ._client import MAX_WAIT, BatonClient
+from ._errors import (
+    AuthError,
+    BadRequestError,
+    BatonConnectionError,
+    BatonError,
+    ConflictError,
+    LeaseLostError,
+    NotFoundError,
+    UnavailableError,
+)
+from ._http import __version__
+from ._job import Job, Lease
+from ._outcomes import CancelReason, Failed, HandOff, JobCancelled, RawJSON, Release, Running
+from ._state import CommandState, CommandStatus, Duration, duration_seconds, format_duration
+from ._worker import Handler, Worker, default_worker_name
+
+__all__ = [
+    "AuthError",
+    "BadRequestError",
+    "BatonClient",
+    "BatonConnectionError",
+    "BatonError",
+    "CancelReason",
+    "CommandState",
+    "CommandStatus",
+    "ConflictError",
+    "Duration",
+    "Failed",
+    "HandOff",
+    "Handler",
+    "Job",
+    "JobCancelled",
+    "Lease",
+    "LeaseLostError",
+    "MAX_WAIT",
+    "NotFoundError",
+    "RawJSON",
+    "Release",
+    "Running",
+    "UnavailableError",
+    "Worker",
+    "__version__",
+    "default_worker_name",
+    "duration_seconds",
+    "format_duration",
+]

@@ -1,0 +1,164 @@
+"""The job object a worker hands to its handler."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Dict, Optional
+
+from ._outcomes import CancelReason, JobCancelled
+from ._state import CommandState
+
+__all__ = ["Job", "Lease"]
+
+
+class Lease:
+    """One claimed delivery as ``POST …/claim`` answers it (an element of ``"leases"``).
+
+    Attributes:
+        token: the opaque lease token (``"lease"``).
+        call: ``"execute"`` or ``"check_status"``.
+        command: the command's state.
+        deliveries: deliveries of the command's message, this one included.
+        lease_timeout: the queue's claim timeout, in seconds (``lease_timeout_ms / 1000``).
+        raw: the JSON object as parsed.
+    """
+
+    __slots__ = ("token", "call", "command", "deliveries", "lease_timeout", "raw")
+
+    def __init__(self, data: Dict[str, Any]) -> None:
+        self.raw = data
+        self.token: str = data["lease"]
+        self.call: str = data["call"]
+        self.command = CommandState.from_json(data["command"])
+        self.deliveries: int = int(data.get("deliveries") or 1)
+        self.lease_timeout: float = float(data["lease_timeout_ms"]) / 1000.0
+
+
+class Job:
+    """What a handler gets: one delivery of one command.
+
+    Attributes:
+        call: ``"execute"`` (the command is ``SUBMITTED``: run it) or ``"check_status"`` (it is
+            ``RUNNING`` after an earlier ``Running`` or ``HandOff``: check on the work).
+        command: the command's state when it was claimed (a :class:`CommandState`).
+        deliveries: how many times the command's message was delivered, this one included
+            (``2`` or more: an earlier worker went silent or released it).
+        queue: the queue it was claimed from.
+        worker: the claiming worker's name.
+        lease: the opaque lease token.
+        lease_timeout: the queue's claim timeout in seconds; the worker renews the lease every
+            third of it, from its own thread.
+        claimed_at: ``time.monotonic()`` when the claim request was sent.
+
+    Cancellation: :attr:`cancelled` is a ``threading.Event`` (``is_set()``, ``wait(timeout)``)
+    for plain ``def`` handlers; ``await job.wait_cancelled()`` for ``async def`` ones (whose task
+    is also cancelled: ``asyncio.CancelledError`` is raised at their next ``await``).
+    :attr:`cancel_reason` says why (:class:`CancelReason`).
+    """
+
+    def __init__(self, lease: Lease, queue: str, worker: str, claimed_at: float) -> None:
+        self._lease = lease
+        self.call: str = lease.call
+        self.command: CommandState = lease.command
+        self.deliveries: int = lease.deliveries
+        self.queue = queue
+        self.worker = worker
+        self.lease: str = lease.token
+        self.lease_timeout: float = lease.lease_timeout
+        self.claimed_at = claimed_at
+        self._cancelled = threading.Event()
+        self._reason: Optional[CancelReason] = None
+        self._lock = threading.Lock()
+        # Set by the worker, in its event loop's thread:
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._async_event: Optional[asyncio.Event] = None
+        self._task: Optional["asyncio.Future[Any]"] = None
+        self._abandon: Optional["asyncio.Future[None]"] = None
+        # Bookkeeping shared with the renewal thread (under _lock):
+        self._lost = False  # the lease is not ours any more: never settle
+        self._settling = False
+        self._deadline = claimed_at + lease.lease_timeout
+
+    @property
+    def id(self) -> str:
+        """The command's id."""
+        return self.command.id
+
+    @property
+    def type(self) -> str:
+        """The command type."""
+        return self.command.type
+
+    @property
+    def params(self) -> Any:
+        """The command's params, parsed from JSON (``None`` when it has none)."""
+        return self.command.params
+
+    @property
+    def attempts(self) -> int:
+        """``execute`` calls of the command that returned or errored before this one."""
+        return self.command.attempts
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """The cancellation signal, a ``threading.Event``: ``job.cancelled.is_set()``,
+        ``job.cancelled.wait(timeout)``. Do not set or clear it."""
+        return self._cancelled
+
+    @property
+    def cancel_reason(self) -> Optional[CancelReason]:
+        """Why the signal fired, ``None`` while it has not."""
+        return self._reason
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`JobCancelled` if the cancellation signal fired (a handy check point in
+        a plain ``def`` handler's loop)."""
+        reason = self._reason
+        if reason is not None:
+            raise JobCancelled(reason)
+
+    async def wait_cancelled(self) -> CancelReason:
+        """Wait (in the worker's event loop) until the cancellation signal fires; returns why."""
+        if self._async_event is None:
+            self._async_event = asyncio.Event()
+            if self._cancelled.is_set():
+                self._async_event.set()
+        await self._async_event.wait()
+        assert self._reason is not None
+        return self._reason
+
+    def _seconds_left(self) -> float:
+        """Seconds until the lease's deadline, by the last successful renewal."""
+        return self._deadline - time.monotonic()
+
+    # --- internal: signalled from any thread ---
+
+    def _signal(self, reason: CancelReason) -> bool:
+        """Fire the cancellation signal (once; later reasons are ignored, except that a lost
+        lease is always recorded as lost). Thread-safe. Returns whether it fired now."""
+        with self._lock:
+            if reason is CancelReason.LEASE_LOST:
+                self._lost = True
+            if self._reason is not None:
+                return False
+            self._reason = reason
+        self._cancelled.set()
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._on_signal_in_loop)
+            except RuntimeError:  # the loop is closed: nothing left to wake
+                pass
+        return True
+
+    def _on_signal_in_loop(self) -> None:
+        if self._async_event is not None:
+            self._async_event.set()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id!r}, type={self.type!r}, call={self.call!r}, deliveries={self.deliveries})"

@@ -1,0 +1,889 @@
+"""The asyncio worker: claims commands over HTTP, runs handlers, renews leases, settles."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import queue
+import random
+import signal
+import socket
+import threading
+import time
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+import httpx
+
+from ._errors import BatonError
+from ._http import JSON_HEADERS, base_headers, decode, dumps, error_of, seg
+from ._job import Job, Lease
+from ._outcomes import CancelReason, Failed, HandOff, RawJSON, Release, Running
+from ._state import Duration, duration_seconds, format_duration
+
+__all__ = ["Worker", "Handler", "default_worker_name"]
+
+log = logging.getLogger("baton_client.worker")
+
+#: A handler: ``def handler(job) -> result`` (run in its own thread, so it may block) or
+#: ``async def handler(job) -> result`` (run as a task in the worker's event loop).
+Handler = Callable[[Job], Any]
+
+_MAX_CLAIM = 100  # the server's limit of "max" in one claim
+_MAX_RENEW = 1000  # the server's limit of leases in one renewal
+_CLAIM_LINGER = 0.02  # seconds a claim waits for a batch of free slots while jobs run
+
+
+def default_worker_name() -> str:
+    """``<host>-<pid>-<6 random hex digits>``, at most 128 bytes."""
+    host = socket.gethostname() or "host"
+    host = "".join(c for c in host if c.isprintable())[:100] or "host"
+    return f"{host}-{os.getpid()}-{random.getrandbits(24):06x}"
+
+
+def _is_async(handler: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+class _Backoff:
+    """Exponential backoff with jitter: 0.1 s doubling up to ``cap``."""
+
+    def __init__(self, cap: float = 5.0) -> None:
+        self.cap = cap
+        self.current = 0.0
+
+    def next(self) -> float:
+        self.current = min(self.cap, self.current * 2) if self.current else 0.1
+        return self.current * random.uniform(0.75, 1.25)
+
+    def reset(self) -> None:
+        self.current = 0.0
+
+
+class _Renewer(threading.Thread):
+    """Renews every held lease in one ``renew`` request every third of the lease timeout.
+
+    It runs in its own thread with its own synchronous ``httpx.Client``, so leases hold even
+    while the worker's event loop is blocked by a handler.
+    """
+
+    def __init__(self, worker: "Worker") -> None:
+        super().__init__(name=f"baton-renew-{worker.name}", daemon=True)
+        self._worker = worker
+        self._url = f"{worker.url}/v1/queues/{seg(worker.queue)}/workers/{seg(worker.name)}/renew"
+        self._headers = {**base_headers(worker._token), **JSON_HEADERS}
+        self._cond = threading.Condition()
+        self._held: Dict[str, Job] = {}
+        self._stopping = False
+        self._interval: Optional[float] = None
+        self._failures = 0
+        self._next_at = 0.0
+
+    def add(self, jobs: List[Job]) -> None:
+        with self._cond:
+            if not self._held and jobs:
+                # Idle until now: the first renewal of these is a third of their timeout away.
+                self._next_at = jobs[0].claimed_at + jobs[0].lease_timeout / 3.0
+            for job in jobs:
+                self._held[job.lease] = job
+                third = job.lease_timeout / 3.0
+                if self._interval is None or third < self._interval:
+                    self._interval = third
+            self._cond.notify()
+
+    def remove(self, job: Job) -> None:
+        with self._cond:
+            self._held.pop(job.lease, None)
+
+    def held_count(self) -> int:
+        with self._cond:
+            return len(self._held)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=10.0) as client:
+            while True:
+                with self._cond:
+                    while not self._stopping:
+                        now = time.monotonic()
+                        if self._held and now >= self._next_at:
+                            break
+                        self._cond.wait(timeout=None if not self._held else self._next_at - now)
+                    if self._stopping:
+                        return
+                    jobs = list(self._held.values())
+                    interval = self._interval or 1.0
+                sent = time.monotonic()
+                ok = self._renew(client, jobs, sent, interval)
+                self._expire(jobs)
+                # On failure retry sooner (the lease deadline is only three intervals away).
+                with self._cond:
+                    self._next_at = sent + (interval if ok else min(interval, 0.25))
+
+    def _renew(self, client: httpx.Client, jobs: List[Job], sent: float, interval: float) -> bool:
+        ok = True
+        for start in range(0, len(jobs), _MAX_RENEW):
+            chunk = jobs[start : start + _MAX_RENEW]
+            by_token = {job.lease: job for job in chunk}
+            try:
+                response = client.post(
+                    self._url,
+                    content=dumps({"leases": list(by_token)}),
+                    headers=self._headers,
+                    timeout=max(1.0, min(interval, 10.0)),
+                )
+                body = decode(response)
+            except (httpx.HTTPError, BatonError) as exc:
+                ok = False
+                self._failures += 1
+                level = logging.WARNING if self._failures in (1, 10) or self._failures % 100 == 0 else logging.DEBUG
+                log.log(level, "renewing %d lease(s) failed (%d in a row): %s", len(chunk), self._failures, exc)
+                continue
+            self._failures = 0
+            for item in body.get("leases", []):
+                job = by_token.get(item.get("lease"))
+                if job is None:
+                    continue
+                state = item.get("state")
+                if state == "held":
+                    with job._lock:
+                        job._deadline = max(job._deadline, sent + job.lease_timeout)
+                    if item.get("cancelled"):
+                        if job._signal(CancelReason.CANCELLED):
+                            log.info("command %s was cancelled: signalling its handler", job.id)
+                else:
+                    self.remove(job)
+                    with job._lock:
+                        settling = job._settling
+                    if not settling:
+                        job._signal(CancelReason.LEASE_LOST)
+                        log.warning(
+                            "lease of command %s is %s: another worker may run it; it will not be settled here",
+                            job.id,
+                            state,
+                        )
+        return ok
+
+    def _expire(self, jobs: List[Job]) -> None:
+        now = time.monotonic()
+        for job in jobs:
+            with job._lock:
+                expired = now > job._deadline and not job._lost
+            if expired:
+                self.remove(job)
+                job._signal(CancelReason.LEASE_LOST)
+                log.warning(
+                    "lease of command %s passed its deadline without a renewal: treated as lost, not settled", job.id
+                )
+
+
+class _Claimer(threading.Thread):
+    """Claims commands for free slots, long-polling, in its own thread and event loop.
+
+    Claimed leases are registered with the renewer here, before the worker's event loop sees
+    them, so they hold even while that loop is blocked.
+    """
+
+    def __init__(self, worker: "Worker", wait: str, wait_seconds: float) -> None:
+        super().__init__(name=f"baton-claim-{worker.name}", daemon=True)
+        self._worker = worker
+        self._url = f"{worker.url}/v1/queues/{seg(worker.queue)}/workers/{seg(worker.name)}/claim"
+        self._release_url = f"{worker.url}/v1/queues/{seg(worker.queue)}/workers/{seg(worker.name)}/settle"
+        self._headers = {**base_headers(worker._token), **JSON_HEADERS}
+        self._wait = wait
+        self._wait_seconds = wait_seconds
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._task: Optional["asyncio.Task[None]"] = None
+        self._wake: Optional[asyncio.Event] = None
+        self._started = threading.Event()
+        self._stopping = False
+        self._waiting = False  # waiting for a free slot: wake() must signal
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except asyncio.CancelledError:  # stopped while closing its connections
+            pass
+        except Exception:  # pragma: no cover - a bug: make it visible and stop the worker
+            log.exception("the claim loop failed")
+            self._worker._claimer_failed(BatonError(None, "internal", "the claim loop failed"))
+        finally:
+            self._started.set()
+
+    def wake(self) -> None:
+        """Tell the claim loop that a slot is free (thread-safe; only when it waits for one)."""
+        loop, event = self._loop, self._wake
+        if self._waiting and loop is not None and event is not None:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:
+                pass
+
+    def stop(self) -> None:
+        """Stop claiming; an outstanding long-poll is abandoned (thread-safe)."""
+        self._stopping = True
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:
+                pass
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._task = asyncio.current_task()
+        self._started.set()
+        if self._stopping:
+            return
+        worker = self._worker
+        batch = max(1, min(_MAX_CLAIM, worker.concurrency // 4))
+        backoff = _Backoff()
+        limits = httpx.Limits(max_connections=4, max_keepalive_connections=4)
+        async with httpx.AsyncClient(timeout=10.0, limits=limits) as client:
+            try:
+                while not self._stopping:
+                    free = worker._free_slots()
+                    if free <= 0:
+                        self._wake.clear()
+                        self._waiting = True
+                        if worker._free_slots() <= 0:
+                            await self._wake.wait()
+                        self._waiting = False
+                        continue
+                    if free < batch and free < worker.concurrency:
+                        # Jobs are running and few slots are free: wait a moment for more to
+                        # free up, so that claims come in batches rather than one per job.
+                        await asyncio.sleep(_CLAIM_LINGER)
+                        free = worker._free_slots()
+                    sent = time.monotonic()
+                    try:
+                        response = await client.post(
+                            self._url,
+                            content=dumps({"max": min(free, _MAX_CLAIM), "wait": self._wait}),
+                            headers=self._headers,
+                            timeout=self._wait_seconds + 30.0,
+                        )
+                    except httpx.HTTPError as exc:
+                        delay = backoff.next()
+                        log.warning("claim failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
+                        await asyncio.sleep(delay)
+                        continue
+                    if response.status_code >= 400:
+                        err = error_of(response)
+                        if response.status_code in (400, 401, 403, 404):
+                            log.error("claim refused: %s; the worker stops", err)
+                            worker._claimer_failed(err)
+                            return
+                        delay = err.retry_after if err.retry_after is not None else backoff.next()
+                        log.warning("claim failed (%s); retrying in %.1fs", err, delay)
+                        await asyncio.sleep(delay)
+                        continue
+                    backoff.reset()
+                    try:
+                        leases = [Lease(item) for item in decode(response).get("leases", [])]
+                    except (BatonError, KeyError, TypeError, ValueError) as exc:
+                        log.error("claim answered something unexpected (%s); retrying", exc)
+                        await asyncio.sleep(backoff.next())
+                        continue
+                    if not leases:
+                        if time.monotonic() - sent < 0.05:
+                            await asyncio.sleep(0.2)  # e.g. the server is shutting down
+                        continue
+                    jobs = [Job(lease, worker.queue, worker.name, sent) for lease in leases]
+                    worker._renewer.add(jobs)
+                    if self._stopping or not worker._hand_over(jobs):
+                        self._release(jobs)  # blocking (a rare path): not cut short by a cancel
+            except asyncio.CancelledError:
+                pass
+
+    def _release(self, jobs: List[Job]) -> None:
+        with httpx.Client(timeout=5.0) as client:
+            for job in jobs:
+                try:
+                    client.post(
+                        self._release_url,
+                        content=dumps({"lease": job.lease, "outcome": "release"}),
+                        headers=self._headers,
+                    )
+                except httpx.HTTPError as exc:
+                    log.warning("releasing command %s failed: %s", job.id, exc)
+                self._worker._renewer.remove(job)
+
+
+class _Settler:
+    """Settles finished jobs from a few threads, each with its own synchronous
+    ``httpx.Client`` (cheaper per request than the async client, and independent of the
+    worker's event loop). Retries transient failures with backoff until the lease is lost."""
+
+    def __init__(self, worker: "Worker", threads: int) -> None:
+        self._worker = worker
+        self._url = f"{worker.url}/v1/queues/{seg(worker.queue)}/workers/{seg(worker.name)}/settle"
+        self._headers = {**base_headers(worker._token), **JSON_HEADERS}
+        self._queue: "queue.SimpleQueue[Optional[Tuple[Job, Tuple[Dict[str, Any], str], asyncio.Future[None]]]]"
+        self._queue = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"baton-settle-{worker.name}-{i}", daemon=True)
+            for i in range(threads)
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def put(self, job: Job, settlement: Tuple[Dict[str, Any], str], done: "asyncio.Future[None]") -> None:
+        self._queue.put((job, settlement, done))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=self._worker._timeout) as client:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                job, settlement, done = item
+                try:
+                    self._settle(client, job, settlement)
+                except Exception:  # pragma: no cover - a bug in the SDK: keep settling others
+                    log.exception("internal error while settling command %s", job.id)
+                loop = done.get_loop()
+                try:
+                    loop.call_soon_threadsafe(_resolve, done)
+                except RuntimeError:  # the loop is closed
+                    pass
+
+    def _settle(self, client: httpx.Client, job: Job, settlement: Tuple[Dict[str, Any], str]) -> None:
+        fields, what = settlement
+        body = _settle_body(job.lease, fields)
+        backoff = _Backoff()
+        attempt = 0
+        while True:
+            attempt += 1
+            if job._lost:
+                log.warning("command %s: gave up settling (%s): the lease's deadline passed", job.id, what)
+                return
+            try:
+                response = client.post(self._url, content=body, headers=self._headers)
+            except httpx.HTTPError as exc:
+                delay = backoff.next()
+                log.warning(
+                    "settling command %s failed (%s: %s); retrying in %.1fs", job.id, type(exc).__name__, exc, delay
+                )
+                time.sleep(delay)
+                continue
+            status = response.status_code
+            if status == 200:
+                try:
+                    applied = decode(response).get("applied")
+                except BatonError:
+                    applied = None
+                log.debug("command %s settled: %s (applied: %s)", job.id, what, applied)
+                return
+            err = error_of(response)
+            if status == 409 and err.code == "lease_lost":
+                if attempt > 1:
+                    log.debug("command %s: a retried settlement answered lease_lost (the first was applied)", job.id)
+                else:
+                    log.warning("command %s: settling refused, the lease is lost (%s)", job.id, err.message)
+                return
+            if status in (408, 429) or status >= 500:
+                delay = err.retry_after if err.retry_after is not None else backoff.next()
+                log.warning("settling command %s failed (%s); retrying in %.1fs", job.id, err, delay)
+                time.sleep(delay)
+                continue
+            if fields.get("outcome") == "succeeded" and status in (400, 413):
+                log.error("command %s: the server refused the result (%s); settling it as an error", job.id, err)
+                fields = {"outcome": "error", "error": f"the server refused the handler's result: {err}"}
+                what = "error (result refused)"
+                body = _settle_body(job.lease, fields)
+                continue
+            log.error("command %s: settling %s refused: %s", job.id, what, err)
+            return
+
+
+def _resolve(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+# What a job ended with: (body fields without "lease", description) or None (do not settle).
+_Settlement = Optional[Tuple[Dict[str, Any], str]]
+
+
+class Worker:
+    """Runs handlers for the commands of one queue, as a remote worker of ``baton serve``.
+
+    Args:
+        url: the server's base URL (``http://127.0.0.1:7700``).
+        queue: the queue to work on.
+        handler: ``def handler(job)`` or ``async def handler(job)``, or a dict
+            ``{command type: handler}`` (a command of a type without a handler ends ``FAILED``
+            with a message naming the types handled). A plain ``def`` runs in its own thread
+            and may block; an ``async def`` runs in the worker's event loop. What the handler
+            does decides the outcome:
+
+            - returns a value → ``SUCCEEDED`` with it as ``result`` (JSON-serializable, or
+              :class:`RawJSON`; a value that is not is settled as a handler error);
+            - raises (or returns) :class:`Failed` → ``FAILED`` with its message;
+            - raises anything else → a handler error: retried with backoff by the server,
+              up to the queue's ``retry.max_attempts``, then ``FAILED``;
+            - returns :class:`Running` → ``RUNNING``: a ``check_status`` call comes later;
+            - returns :class:`HandOff` → ``RUNNING`` on another queue;
+            - returns :class:`Release` → handed back unrun.
+        concurrency: handlers running at once (claims ask for the free slots only).
+        name: the worker's name (1–128 bytes); default ``<host>-<pid>-<random>``.
+        token: a bearer token with ``work`` on the queue.
+        claim_wait: how long one claim long-polls when nothing is ready (seconds or ``"20s"``;
+            at most the server's ``--long-poll-timeout``, 30 s by default).
+        shutdown_grace: seconds in-flight handlers get to finish after :meth:`stop` before their
+            cancellation signal fires (reason ``SHUTDOWN``).
+        cancel_grace: seconds a handler signalled for shutdown gets to end before its lease is
+            released anyway; a handler that ends by returning an outcome in that time has it
+            settled, one that raises has its lease released.
+        handle_signals: install ``SIGTERM``/``SIGINT`` handlers in :meth:`run` (main thread
+            only): the first calls :meth:`stop`, a second one skips the grace period.
+        timeout: the HTTP timeout of settle requests, seconds.
+
+    Leases are renewed for all held commands in one request every third of the queue's
+    claim timeout, from a dedicated thread with its own HTTP client, so a lease holds whatever
+    the handler does (even an ``async def`` that blocks the event loop). Claims also run in a
+    thread of their own. On a renewal saying the command was cancelled, the job's signal
+    fires (``CancelReason.CANCELLED``), an async handler's task is cancelled, and ``cancelled``
+    is settled when the handler ends. On a lost lease, the signal fires
+    (``CancelReason.LEASE_LOST``) and nothing is ever settled for it.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        handler: Union[Handler, Mapping[str, Handler]],
+        *,
+        concurrency: int = 16,
+        name: Optional[str] = None,
+        token: Optional[str] = None,
+        claim_wait: Duration = "20s",
+        shutdown_grace: float = 10.0,
+        cancel_grace: float = 2.0,
+        handle_signals: bool = False,
+        timeout: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.url = url.rstrip("/")
+        self.queue = queue
+        self.name = name if name is not None else default_worker_name()
+        if not 1 <= len(self.name.encode()) <= 128:
+            raise ValueError("a worker name is 1 to 128 bytes")
+        self.concurrency = concurrency
+        self.shutdown_grace = shutdown_grace
+        self.cancel_grace = cancel_grace
+        self.handle_signals = handle_signals
+        self._token = token
+        self._timeout = timeout
+        self._claim_wait = format_duration(claim_wait)
+        self._claim_wait_seconds = duration_seconds(claim_wait)
+        self._handlers: Optional[Dict[str, Tuple[Handler, bool]]]
+        self._handler: Optional[Tuple[Handler, bool]]
+        if isinstance(handler, Mapping):
+            self._handlers = {str(t): (h, _is_async(h)) for t, h in handler.items()}
+            self._handler = None
+        elif callable(handler):
+            self._handlers = None
+            self._handler = (handler, _is_async(handler))
+        else:
+            raise TypeError("handler must be a callable or a dict {command type: callable}")
+        self._slots = threading.Lock()
+        self._busy = 0
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._stop_requested: Optional[asyncio.Event] = None
+        self._stop_now = False
+        self._stopping = False
+        self._pending_stop = 0
+        self._fatal: Optional[BatonError] = None
+        self._tasks: Dict[str, "asyncio.Task[None]"] = {}
+        self._jobs: Dict[str, Job] = {}
+        self._renewer: _Renewer
+        self._claimer: _Claimer
+        self._settler: _Settler
+        self._running = False
+        self._loop_thread = 0
+
+    # --- public ---
+
+    def stop(self, now: bool = False) -> None:
+        """Ask the worker to stop (thread-safe; also safe before :meth:`run` starts).
+
+        It stops claiming, lets in-flight handlers run for ``shutdown_grace`` seconds, then
+        signals them (``CancelReason.SHUTDOWN``) and releases the leases of those that do not
+        end with an outcome within ``cancel_grace``. ``now=True`` (or a second call) skips
+        the grace period.
+        """
+        loop = self._loop
+        if loop is None or not self._running:
+            self._pending_stop += 2 if now else 1
+            return
+        try:
+            if threading.get_ident() == self._loop_thread:
+                self._request_stop(now)
+            else:
+                loop.call_soon_threadsafe(self._request_stop, now)
+        except RuntimeError:
+            pass
+
+    @property
+    def active_jobs(self) -> List[Job]:
+        """The jobs being worked on (a snapshot)."""
+        return list(self._jobs.values())
+
+    def run_sync(self) -> None:
+        """``asyncio.run(self.run())``: run in a new event loop until stopped."""
+        asyncio.run(self.run())
+
+    async def run(self) -> None:
+        """Claim and run commands until :meth:`stop` (or ``SIGTERM``/``SIGINT`` with
+        ``handle_signals``); returns after the graceful shutdown.
+
+        Raises:
+            BatonError: the server refused the claims for good (``404 unknown_queue``,
+                ``401``/``403``, ``400``); raised after in-flight jobs were shut down.
+            RuntimeError: the worker is already running.
+        """
+        if self._running:
+            raise RuntimeError("this worker is already running")
+        self._running = True
+        self._stopping = False
+        self._stop_now = False
+        self._fatal = None
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._stop_requested = asyncio.Event()
+        self._settler = _Settler(self, min(self.concurrency, 4))
+        self._renewer = _Renewer(self)
+        self._claimer = _Claimer(self, self._claim_wait, self._claim_wait_seconds)
+        installed: List[int] = []
+        if self.handle_signals:
+            installed = self._install_signals()
+        try:
+            if self._pending_stop:
+                self._request_stop(self._pending_stop > 1)
+                self._pending_stop = 0
+            self._renewer.start()
+            self._settler.start()
+            self._claimer.start()
+            log.info("worker %s on queue %s (concurrency %d) started", self.name, self.queue, self.concurrency)
+            try:
+                await self._stop_requested.wait()
+            except asyncio.CancelledError:
+                # run() itself was cancelled: shut down without the grace period, then re-raise.
+                self._request_stop(True)
+                await self._shutdown()
+                raise
+            await self._shutdown()
+        finally:
+            for sig in installed:
+                try:
+                    self._loop.remove_signal_handler(sig)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    pass
+            self._claimer.stop()
+            self._renewer.stop()
+            await asyncio.get_running_loop().run_in_executor(None, self._settler.stop)
+            self._running = False
+            self._loop = None
+        if self._fatal is not None:
+            raise self._fatal
+
+    # --- shutdown ---
+
+    def _install_signals(self) -> List[int]:
+        assert self._loop is not None
+        installed: List[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._loop.add_signal_handler(sig, self._on_signal, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError) as exc:
+                log.warning("cannot handle %s here (%s): stop the worker with stop()", sig.name, exc)
+        return installed
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("%s: stopping (again to skip the grace period)", signal.Signals(sig).name)
+        self._request_stop(self._stopping)
+
+    def _request_stop(self, now: bool) -> None:
+        if now:
+            self._stop_now = True
+        self._stopping = True
+        if self._stop_requested is not None:
+            self._stop_requested.set()
+        if self._stop_now and self._grace_waiter is not None and not self._grace_waiter.done():
+            self._grace_waiter.cancel()
+
+    _grace_waiter: Optional["asyncio.Future[Any]"] = None
+
+    async def _shutdown(self) -> None:
+        self._claimer.stop()
+        await asyncio.get_running_loop().run_in_executor(None, self._claimer.join, 5.0)
+        await asyncio.sleep(0)  # jobs the claimer handed over before it stopped are released
+        tasks = set(self._tasks.values())
+        if tasks:
+            if not self._stop_now:
+                log.info("stopping: waiting up to %.1fs for %d handler(s)", self.shutdown_grace, len(tasks))
+                self._grace_waiter = asyncio.ensure_future(asyncio.wait(tasks, timeout=self.shutdown_grace))
+                try:
+                    await self._grace_waiter
+                except asyncio.CancelledError:
+                    if not self._stop_now:
+                        raise
+                finally:
+                    self._grace_waiter = None
+            remaining = [self._jobs[lease] for lease, task in self._tasks.items() if not task.done()]
+            for job in remaining:
+                job._signal(CancelReason.SHUTDOWN)
+            tasks = {t for t in self._tasks.values() if not t.done()}
+            if tasks:
+                await asyncio.wait(tasks, timeout=self.cancel_grace)
+            for lease, task in list(self._tasks.items()):
+                if not task.done():
+                    abandon = self._jobs[lease]._abandon
+                    if abandon is not None and not abandon.done():
+                        abandon.set_result(None)
+            tasks = set(self._tasks.values())
+            if tasks:
+                await asyncio.wait(tasks)
+        log.info("worker %s stopped", self.name)
+
+    # --- slots (shared with the claim thread) ---
+
+    def _free_slots(self) -> int:
+        with self._slots:
+            return self.concurrency - self._busy
+
+    def _claimer_failed(self, err: BatonError) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+
+        def fail() -> None:
+            if self._fatal is None:
+                self._fatal = err
+            self._request_stop(False)
+
+        try:
+            loop.call_soon_threadsafe(fail)
+        except RuntimeError:
+            pass
+
+    def _hand_over(self, jobs: List[Job]) -> bool:
+        """From the claim thread: take the slots and start the jobs in the worker's loop.
+        ``False`` when the loop is gone (the caller releases the leases)."""
+        loop = self._loop
+        if loop is None:
+            return False
+        with self._slots:
+            self._busy += len(jobs)
+        try:
+            loop.call_soon_threadsafe(self._start_jobs, jobs)
+        except RuntimeError:
+            with self._slots:
+                self._busy -= len(jobs)
+            return False
+        return True
+
+    def _start_jobs(self, jobs: List[Job]) -> None:
+        for job in jobs:
+            job._loop = self._loop
+            if job._cancelled.is_set() and job._async_event is not None:
+                job._async_event.set()
+            self._jobs[job.lease] = job
+            self._tasks[job.lease] = asyncio.ensure_future(self._run_job(job))
+
+    def _job_done(self, job: Job) -> None:
+        self._renewer.remove(job)
+        self._jobs.pop(job.lease, None)
+        self._tasks.pop(job.lease, None)
+        with self._slots:
+            self._busy -= 1
+        self._claimer.wake()
+
+    # --- running a job ---
+
+    async def _run_job(self, job: Job) -> None:
+        try:
+            if self._stopping:
+                settlement: _Settlement = ({"outcome": "release"}, "released (the worker is stopping)")
+            else:
+                settlement = await self._execute(job)
+            await self._settle(job, settlement)
+        except Exception:  # pragma: no cover - a bug in the SDK: keep the worker alive
+            log.exception("internal error while running command %s", job.id)
+        finally:
+            self._job_done(job)
+
+    def _handler_for(self, job: Job) -> Optional[Tuple[Handler, bool]]:
+        if self._handlers is None:
+            return self._handler
+        return self._handlers.get(job.type)
+
+    async def _execute(self, job: Job) -> _Settlement:
+        loop = asyncio.get_running_loop()
+        if job._reason is not None:  # signalled before it started
+            return self._settlement_for_signal(job, None)
+        found = self._handler_for(job)
+        if found is None:
+            types = ", ".join(sorted(self._handlers or {})) or "none"
+            msg = f"no handler for command type {job.type!r} in worker {self.name} (it handles: {types})"
+            return {"outcome": "failed", "error": msg}, "failed (no handler)"
+        handler, is_async = found
+        fut: "asyncio.Future[Any]"
+        if is_async:
+            fut = job._task = asyncio.ensure_future(_call_async(handler, job))
+        else:
+            fut = _run_in_thread(loop, handler, job)
+        abandon: "asyncio.Future[None]" = loop.create_future()
+        job._abandon = abandon
+        await asyncio.wait({fut, abandon}, return_when=asyncio.FIRST_COMPLETED)
+        if not fut.done():
+            # Shutdown gave up on the handler: hand the command back.
+            if is_async:
+                fut.cancel()
+            else:
+                fut.add_done_callback(_drain)
+            log.warning("command %s: the handler did not end after the shutdown signal; releasing it", job.id)
+            return {"outcome": "release"}, "released (shutdown)"
+        return self._settlement_of(job, fut)
+
+    def _settlement_for_signal(self, job: Job, exc: Optional[BaseException]) -> _Settlement:
+        reason = job._reason
+        if reason is CancelReason.LEASE_LOST or job._lost:
+            return None
+        if reason is CancelReason.CANCELLED:
+            return {"outcome": "cancelled"}, "cancelled"
+        return {"outcome": "release"}, "released (shutdown)"
+
+    def _settlement_of(self, job: Job, fut: "asyncio.Future[Any]") -> _Settlement:
+        exc: Optional[BaseException]
+        if fut.cancelled():
+            exc = asyncio.CancelledError()
+        else:
+            exc = fut.exception()
+        reason = job._reason
+        if reason is CancelReason.LEASE_LOST or job._lost or reason is CancelReason.CANCELLED:
+            return self._settlement_for_signal(job, exc)
+        if exc is not None:
+            if reason is CancelReason.SHUTDOWN:
+                return {"outcome": "release"}, "released (shutdown)"
+            if isinstance(exc, Failed):
+                return {"outcome": "failed", "error": exc.message}, "failed"
+            message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            log.warning("command %s: the handler raised %s", job.id, message, exc_info=exc)
+            return {"outcome": "error", "error": message}, "error"
+        return _settlement_of_value(job, fut.result())
+
+    async def _settle(self, job: Job, settlement: _Settlement) -> None:
+        if settlement is None:
+            log.info("command %s: lease lost; not settling", job.id)
+            return
+        with job._lock:
+            if job._lost:
+                return
+            job._settling = True
+        done: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+        self._settler.put(job, settlement, done)
+        await done
+
+
+def _settle_body(lease: str, fields: Dict[str, Any]) -> bytes:
+    result = fields.get("result")
+    if isinstance(result, RawJSON):
+        rest = dict(fields)
+        del rest["result"]
+        head = dumps({"lease": lease, **rest})
+        return head[:-1] + b',"result":' + result.text.encode() + b"}"
+    return dumps({"lease": lease, **fields})
+
+
+def _settlement_of_value(job: Job, value: Any) -> _Settlement:
+    if isinstance(value, Running):
+        fields: Dict[str, Any] = {"outcome": "running"}
+        if value.next_check is not None:
+            fields["next_check"] = format_duration(value.next_check)
+        return fields, "running"
+    if isinstance(value, HandOff):
+        return {"outcome": "handed_off", "queue": value.queue}, f"handed off to {value.queue}"
+    if isinstance(value, Release):
+        return {"outcome": "release"}, "released"
+    if isinstance(value, Failed):
+        return {"outcome": "failed", "error": value.message}, "failed"
+    if isinstance(value, RawJSON):
+        return {"outcome": "succeeded", "result": value}, "succeeded"
+    try:
+        dumps(value)
+    except (TypeError, ValueError) as exc:
+        msg = f"the handler's result is not JSON-serializable: {type(exc).__name__}: {exc}"
+        log.error("command %s: %s", job.id, msg)
+        return {"outcome": "error", "error": msg}, "error (result not JSON)"
+    return {"outcome": "succeeded", "result": value}, "succeeded"
+
+
+async def _call_async(handler: Handler, job: Job) -> Any:
+    value = handler(job)
+    while inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+def _drain(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled():
+        fut.exception()  # retrieve it, so asyncio does not log "never retrieved"
+
+
+def _run_in_thread(loop: asyncio.AbstractEventLoop, handler: Handler, job: Job) -> "asyncio.Future[Any]":
+    """Run a plain handler in a daemon thread of its own (so a handler that ignores its
+    cancellation cannot keep the process alive); the future resolves in ``loop``."""
+    fut: "asyncio.Future[Any]" = loop.create_future()
+
+    def resolve(ok: bool, value: Any) -> None:
+        if fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def target() -> None:
+        try:
+            value = handler(job)
+            if inspect.isawaitable(value):  # a plain callable that returned a coroutine
+                value = asyncio.run_coroutine_threadsafe(_await(value), loop).result()
+            ok, out = True, value
+        except BaseException as exc:  # noqa: BLE001 - handed to the loop as the outcome
+            ok, out = False, exc
+        try:
+            loop.call_soon_threadsafe(resolve, ok, out)
+        except RuntimeError:  # the loop is closed: the worker has stopped
+            pass
+
+    threading.Thread(target=target, name=f"baton-job-{job.id}", daemon=True).start()
+    return fut
+
+
+async def _await(value: Awaitable[Any]) -> Any:
+    return await value
+

@@ -1,0 +1,509 @@
+"""Worker against a real ``baton serve`` (claim timeout 1 s): outcomes, leases that hold
+whatever the handler does, crashes, cancellation, shutdown, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import httpx
+import pytest
+from baton_client import (
+    CancelReason,
+    CommandStatus,
+    Failed,
+    HandOff,
+    Job,
+    NotFoundError,
+    RawJSON,
+    Release,
+    Running,
+    Worker,
+)
+from support import CLAIM_TIMEOUT, BatonServer, client, run, running, wait_until
+
+HERE = Path(__file__).resolve().parent
+
+
+def make_worker(server: BatonServer, handler: Any, queue: str = "jobs", **kwargs: Any) -> Worker:
+    kwargs.setdefault("claim_wait", "2s")
+    kwargs.setdefault("shutdown_grace", 2.0)
+    return Worker(server.url, queue, handler, **kwargs)
+
+
+# --- outcomes ---
+
+
+def test_result_is_stored_exactly(server: BatonServer) -> None:
+    value = {"big": 12345678901234567890, "f": 0.1, "s": "é ✓", "list": [1, None, True, {"k": [2.5]}]}
+    raw_text = '{"n":18446744073709551615,"x":1.10,"e":"\\u00e9"}'
+
+    def plain(job: Job) -> Any:
+        return value
+
+    async def raw(job: Job) -> Any:
+        return RawJSON(raw_text)
+
+    async def main() -> None:
+        async with client(server) as c:
+            await c.submit("jobs", "plain", {"a": 1}, id="r-1")
+            await c.submit("jobs", "raw", id="r-2")
+            async with running(make_worker(server, {"plain": plain, "raw": raw})):
+                s1 = await c.wait("r-1", timeout=10)
+                s2 = await c.wait("r-2", timeout=10)
+            assert s1.status is CommandStatus.SUCCEEDED
+            assert s1.result == value
+            assert s1.attempts == 1 and s1.error is None
+            assert s2.status is CommandStatus.SUCCEEDED
+            text = httpx.get(f"{server.url}/v1/commands/r-2").text
+            assert f'"result":{raw_text}' in text  # byte for byte
+
+    run(main())
+
+
+def test_failed_ends_the_command_failed_with_the_message(server: BatonServer) -> None:
+    calls = Counter()
+
+    def handler(job: Job) -> Any:
+        calls[job.id] += 1
+        raise Failed(f"bad input: {job.params['image']}")
+
+    async def main() -> None:
+        async with client(server) as c:
+            await c.submit("jobs", "resize", {"image": "a.png"}, id="f-1")
+            async with running(make_worker(server, handler)):
+                state = await c.wait("f-1", timeout=10)
+            assert state.status is CommandStatus.FAILED
+            assert state.error == "bad input: a.png"
+            assert state.result is None
+            assert state.attempts == 1
+            assert calls == {"f-1": 1}  # not retried
+
+    run(main())
+
+
+def test_exception_is_retried_by_the_server(server: BatonServer) -> None:
+    """Queue ``jobs`` retries errors up to 3 attempts, 100 ms apart."""
+    calls: List[Tuple[str, int, int]] = []
+
+    async def handler(job: Job) -> Any:
+        calls.append((job.id, job.attempts, job.deliveries))
+        if job.id == "e-always" or len([c for c in calls if c[0] == job.id]) < 3:
+            raise RuntimeError(f"boom {job.id}")
+        return "third time lucky"
+
+    async def main() -> None:
+        async with client(server) as c:
+            await c.submit("jobs", "t", id="e-1")
+            await c.submit("jobs", "t", id="e-always")
+            async with running(make_worker(server, handler)):
+                ok = await c.wait("e-1", timeout=15)
+                bad = await c.wait("e-always", timeout=15)
+            assert ok.status is CommandStatus.SUCCEEDED
+            assert ok.result == "third time lucky"
+            assert ok.attempts == 3
+            assert ok.errors_count == 0
+            assert [a for (i, a, _) in calls if i == "e-1"] == [0, 1, 2]
+            assert bad.status is CommandStatus.FAILED
+            assert bad.error == "RuntimeError: boom e-always"
+            assert bad.attempts == 3
+            assert bad.errors_count == 3
+            assert len([c for c in calls if c[0] == "e-always"]) == 3
+
+    run(main())
+
+
+def test_running_then_check_status_finishes_it(server: BatonServer) -> None:
+    calls: List[Tuple[str, str]] = []
+
+    def handler(job: Job) -> Any:
+        calls.append((job.call, str(job.command.status)))
+        if job.call == "execute":
+            return Running(next_check=0.2)
+        return {"checked": True, "params": job.params}
+
+    async def main() -> None:
+        async with client(server) as c:
+            await c.submit("jobs", "long", {"n": 1}, id="cs-1")
+            async with running(make_worker(server, handler)):
+                await wait_until(lambda: len(calls) >= 1)
+                await asyncio.sleep(0.05)
+                mid = await c.get("cs-1")
+                final = await c.wait("cs-1", timeout=10)
+            assert mid.status in (CommandStatus.RUNNING, CommandStatus.SUCCEEDED)
+            assert calls == [("execute", "SUBMITTED"), ("check_status", "RUNNING")]
+            assert final.status is CommandStatus.SUCCEEDED
+            assert final.result == {"checked": True, "params": {"n": 1}}
+            assert final.attempts == 1
+
+    run(main())
+
+
+def test_hand_off_to_a_second_queue(server: BatonServer) -> None:
+    seen: List[Tuple[str, str, str]] = []
+
+    async def first(job: Job) -> Any:
+        seen.append(("jobs", job.call, str(job.command.status)))
+        return HandOff("other")
+
+    def second(job: Job) -> Any:
+        seen.append(("other", job.call, str(job.command.status)))
+        return {"finished_on": "other"}
+
+    async def main() -> None:
+        async with client(server) as c:
+            await c.submit("jobs", "deploy", id="h-1")
+            async with running(make_worker(server, first)), running(make_worker(server, second, queue="other")):
+                state = await c.wait("h-1", timeout=10)
+            assert seen == [("jobs", "execute", "SUBMITTED"), ("other", "check_status", "RUNNING")]
+            assert state.status is CommandStatus.SUCCEEDED
+            assert state.result == {"finished_on": "other"}
+            assert state.handed_off_to == "other"
+            assert state.queue == "jobs"
+
+    run(main())
+
+
+def test_type_without_a_handler_fails_clearly(server: BatonServer) -> None:
+    async def main() -> None:
+        async with client(server) as c:
+            await c.submit("jobs", "mystery", id="u-1")
+            worker = make_worker(server, {"a": lambda job: 1, "b": lambda job: 2}, name="typed-worker")
+            async with running(worker):
+                state = await c.wait("u-1", timeout=10)
+            assert state.status is CommandStatus.FAILED
+            assert state.error == "no handler for command type 'mystery' in worker typed-worker (it handles: a, b)"
+
+    run(main())
+
+
+def test_release_hands_it_back_unrun(server: BatonServer) -> None:
+    seen: List[int] = []
+
+    def handler(job: Job) -> Any:
+        seen.append(job.deliveries)
+        return Release() if job.deliveries == 1 else "second delivery"
+
+    async def main() -> None:
+        async with client(server) as c:
+            await c.submit("jobs", "t", id="rel-1")
+            async with running(make_worker(server, handler)):
+                state = await c.wait("rel-1", timeout=10)
+            assert seen == [1, 2]
+            assert state.status is CommandStatus.SUCCEEDED
+            assert state.result == "second delivery"
+            assert state.attempts == 1  # a release is a delivery, not an attempt
+
+    run(main())
+
+
+def test_unknown_queue_stops_the_worker_with_the_error(server: BatonServer) -> None:
+    async def main() -> None:
+        worker = make_worker(server, lambda job: None, queue="nope")
+        with pytest.raises(NotFoundError) as info:
+            await asyncio.wait_for(worker.run(), 10)
+        assert info.value.code == "unknown_queue"
+
+    run(main())
+
+
+# --- leases hold whatever the handler does ---
+
+
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_blocking_handler_runs_exactly_once(server: BatonServer, kind: str) -> None:
+    """The handler blocks (``time.sleep``) for 5× the claim timeout; an ``async def`` one blocks
+    the event loop itself. The renewal thread keeps the lease: one execution, one delivery.
+    (With a lost lease the free second slot would claim the redelivery and run it again.)"""
+    executions: List[Tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def work(job: Job) -> Any:
+        with lock:
+            executions.append((job.id, job.deliveries))
+        time.sleep(5 * CLAIM_TIMEOUT)
+        return {"slept": 5 * CLAIM_TIMEOUT}
+
+    if kind == "def":
+        handler: Any = work
+    else:
+
+        async def handler(job: Job) -> Any:
+            return work(job)  # blocks the loop
+
+    async def main() -> None:
+        async with client(server) as c:
+            await c.submit("jobs", "block", id="b-1")
+            async with running(make_worker(server, handler, concurrency=2, claim_wait="1s")):
+                state = await c.wait("b-1", timeout=30)
+                await asyncio.sleep(0.2)  # a duplicate started at the end would show now
+            assert state.status is CommandStatus.SUCCEEDED
+            assert state.result == {"slept": 5 * CLAIM_TIMEOUT}
+            assert state.attempts == 1
+            assert executions == [("b-1", 1)]
+
+    run(main())
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_killed_worker_process_command_finished_by_another(server: BatonServer, tmp_path: Path, how: str) -> None:
+    """A worker process dies (SIGKILL) or is stopped (SIGTERM: it releases the lease) while its
+    handler runs; a second worker finishes the command after the claim timeout."""
+    marker = tmp_path / "marker"
+    log = open(tmp_path / "worker_proc.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "worker_proc.py"), server.url, "jobs", str(marker)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    second: List[Tuple[str, int, float]] = []
+
+    def lines() -> List[str]:
+        return marker.read_text().splitlines() if marker.exists() else []
+
+    async def main() -> None:
+        async with client(server) as c:
+            await c.submit("jobs", "t", {"k": 1}, id="k-1")
+            await wait_until(lambda: len(lines()) >= 1, timeout=20)
+            proc.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM)
+            code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 10)
+            stopped_at = time.monotonic()
+            if how == "SIGKILL":
+                assert code == -signal.SIGKILL
+            else:
+                assert code == 0, (tmp_path / "worker_proc.log").read_text()
+                assert lines()[-1] == "exited"
+
+            def handler(job: Job) -> Any:
+                second.append((job.id, job.deliveries, time.monotonic() - stopped_at))
+                return {"by": "second"}
+
+            async with running(make_worker(server, handler, claim_wait="1s")):
+                state = await c.wait("k-1", timeout=20)
+            assert state.status is CommandStatus.SUCCEEDED
+            assert state.result == {"by": "second"}
+            assert state.attempts == 1
+            assert lines()[0] == "k-1 1"
+            assert [(i, d) for (i, d, _) in second] == [("k-1", 2)]
+
+    try:
+        run(main())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+# --- cancellation ---
+
+
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_cancel_signals_the_running_handler(
+    server: BatonServer, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    started = threading.Event()
+    seen: Dict[str, Any] = {}
+
+    if kind == "def":
+
+        def handler(job: Job) -> Any:
+            started.set()
+            fired = job.cancelled.wait(20)
+            seen.update(at=time.monotonic(), fired=fired, reason=job.cancel_reason)
+            return {"late": "result"}  # must not be stored
+
+    else:
+
+        async def handler(job: Job) -> Any:
+            started.set()
+            try:
+                await asyncio.sleep(20)
+            except asyncio.CancelledError:  # the task is cancelled too
+                reason = await job.wait_cancelled()
+                seen.update(at=time.monotonic(), fired=job.cancelled.is_set(), reason=reason)
+            return {"late": "result"}
+
+    async def main() -> None:
+        caplog.set_level(logging.DEBUG, logger="baton_client.worker")
+        async with client(server) as c:
+            await c.submit("jobs", "t", id="x-1")
+            worker = make_worker(server, handler)
+            async with running(worker):
+                await wait_until(started.is_set)
+                cancelled_at = time.monotonic()
+                assert (await c.cancel("x-1")).status is CommandStatus.CANCELLED
+                await wait_until(lambda: "at" in seen, timeout=5)
+                await wait_until(lambda: not worker.active_jobs, timeout=5)  # settled
+            # Signalled within about one renewal interval (a third of the 1 s claim timeout;
+            # the bound leaves room for a loaded machine).
+            assert seen["at"] - cancelled_at < 1.5 * CLAIM_TIMEOUT, seen["at"] - cancelled_at
+            assert seen["fired"] is True
+            assert seen["reason"] is CancelReason.CANCELLED
+            state = await c.get("x-1")
+            assert state.status is CommandStatus.CANCELLED
+            assert state.result is None
+            settled = [r.getMessage() for r in caplog.records if "settled" in r.getMessage()]
+            assert settled == ["command x-1 settled: cancelled (applied: False)"]
+
+    run(main())
+
+
+# --- graceful shutdown ---
+
+
+def test_graceful_shutdown_releases_unfinished_leases(server: BatonServer) -> None:
+    started: Dict[str, int] = {}
+    reasons: Dict[str, Any] = {}
+
+    def handler(job: Job) -> Any:
+        started[job.id] = job.deliveries
+        if job.params == "quick":
+            time.sleep(0.3)  # ends within the grace period: settled normally
+            return {"by": "A"}
+        job.cancelled.wait(30)
+        reasons[job.id] = job.cancel_reason
+        job.raise_if_cancelled()
+        return {"by": "A"}
+
+    second: List[Tuple[str, int]] = []
+
+    def handler_b(job: Job) -> Any:
+        second.append((job.id, job.deliveries))
+        return {"by": "B"}
+
+    async def main() -> None:
+        async with client(server) as c:
+            for cid, params in (("s-1", "slow"), ("s-2", "slow"), ("s-3", "quick")):
+                await c.submit("jobs", "t", params, id=cid)
+            a = make_worker(server, handler, concurrency=3, shutdown_grace=0.6, cancel_grace=1.0)
+            task = asyncio.ensure_future(a.run())
+            await wait_until(lambda: len(started) == 3)
+            stop_at = time.monotonic()
+            a.stop()
+            await asyncio.wait_for(task, 10)
+            stopped_in = time.monotonic() - stop_at
+            assert 0.6 <= stopped_in < 3.0, stopped_in  # the 0.6 s grace, then the signal
+            assert reasons == {"s-1": CancelReason.SHUTDOWN, "s-2": CancelReason.SHUTDOWN}
+            quick = await c.get("s-3")
+            assert quick.status is CommandStatus.SUCCEEDED and quick.result == {"by": "A"}
+            for cid in ("s-1", "s-2"):
+                state = await c.get(cid)
+                assert state.status is CommandStatus.SUBMITTED and state.attempts == 0
+
+            async with running(make_worker(server, handler_b, concurrency=2, claim_wait="1s")):
+                s1 = await c.wait("s-1", timeout=10)
+                s2 = await c.wait("s-2", timeout=10)
+            for state in (s1, s2):
+                assert state.status is CommandStatus.SUCCEEDED
+                assert state.result == {"by": "B"}
+                assert state.attempts == 1
+            assert sorted(second) == [("s-1", 2), ("s-2", 2)]
+
+    run(main())
+
+
+# --- concurrency ---
+
+
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_concurrency_limit_and_exactly_once(server: BatonServer, kind: str) -> None:
+    n, k = 12, 3
+    lock = threading.Lock()
+    current = [0]
+    peak = [0]
+    runs: Counter = Counter()
+
+    def enter(job: Job) -> None:
+        with lock:
+            current[0] += 1
+            peak[0] = max(peak[0], current[0])
+            runs[job.id] += 1
+
+    def leave() -> None:
+        with lock:
+            current[0] -= 1
+
+    if kind == "def":
+
+        def handler(job: Job) -> Any:
+            enter(job)
+            time.sleep(0.15)
+            leave()
+            return {"n": job.params["n"]}
+
+    else:
+
+        async def handler(job: Job) -> Any:  # type: ignore[misc]
+            enter(job)
+            await asyncio.sleep(0.15)
+            leave()
+            return {"n": job.params["n"]}
+
+    async def main() -> None:
+        async with client(server) as c:
+            ids = [f"n-{i}" for i in range(n)]
+            await asyncio.gather(*(c.submit("jobs", "t", {"n": i}, id=cid) for i, cid in enumerate(ids)))
+            async with running(make_worker(server, handler, concurrency=k)):
+                states = await asyncio.gather(*(c.wait(cid, timeout=20) for cid in ids))
+            for i, state in enumerate(states):
+                assert state.status is CommandStatus.SUCCEEDED
+                assert state.result == {"n": i}
+                assert state.attempts == 1
+            assert runs == {cid: 1 for cid in ids}
+            assert peak[0] == k
+
+    run(main())
+
+
+def test_worker_name_default_is_host_pid_random() -> None:
+    w = Worker("http://127.0.0.1:1", "jobs", lambda job: None)
+    assert f"-{os.getpid()}-" in w.name
+    assert 1 <= len(w.name.encode()) <= 128
+    assert Worker("http://127.0.0.1:1", "jobs", lambda job: None).name != w.name
+
+
+def test_renewals_failing_past_the_deadline_lose_the_lease(
+    server: BatonServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server freezes (SIGSTOP) for longer than the claim timeout: renewals fail until the
+    lease's deadline passes, so the handler is signalled ``LEASE_LOST`` and nothing is settled
+    for that delivery; once the server is back the command is delivered again and finishes."""
+    seen: List[Tuple[int, Any]] = []
+
+    def handler(job: Job) -> Any:
+        if job.deliveries == 1:
+            job.cancelled.wait(20)
+            seen.append((job.deliveries, job.cancel_reason))
+            return "first"  # must not be settled
+        seen.append((job.deliveries, job.cancel_reason))
+        return "second"
+
+    async def main() -> None:
+        caplog.set_level(logging.INFO, logger="baton_client.worker")
+        async with client(server) as c:
+            await c.submit("jobs", "t", id="lost-1")
+            async with running(make_worker(server, handler, concurrency=2, claim_wait="1s")) as worker:
+                await wait_until(lambda: len(worker.active_jobs) == 1)
+                os.kill(server.proc.pid, signal.SIGSTOP)
+                try:
+                    await wait_until(lambda: len(seen) == 1, timeout=10)
+                finally:
+                    os.kill(server.proc.pid, signal.SIGCONT)
+                state = await c.wait("lost-1", timeout=20)
+            assert seen == [(1, CancelReason.LEASE_LOST), (2, None)]
+            assert state.status is CommandStatus.SUCCEEDED
+            assert state.result == "second"
+            messages = [r.getMessage() for r in caplog.records]
+            assert "command lost-1: lease lost; not settling" in messages
+
+    run(main())
