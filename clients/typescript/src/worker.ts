@@ -175,7 +175,7 @@ export class Worker {
    *   the worker stops (as `stop()` does) and `run()` rejects with that error.
    */
   run(): Promise<void> {
-    if (this.#state !== "idle") throw new Error("Worker.run: already started (a Worker runs once)");
+    if (this.#state !== "idle") throw new Error("Worker.run: this worker was already started or stopped (a Worker runs once)");
     this.#state = "running";
     const config: LeaseThreadConfig = {
       url: this.#endpoint.url,
