@@ -263,7 +263,9 @@ export class Worker {
   async #abandon(r: Running_): Promise<void> {
     r.abandoned = true;
     this.#abort(r, "shutdown", "the worker is shutting down and the grace period is over");
-    if (!r.lost) await this.#settle(r, { outcome: "release" });
+    // A release is a courtesy (without it the command goes elsewhere after the claim timeout
+    // anyway): a short budget keeps a shutdown short when the server is unreachable.
+    if (!r.lost) await this.#settle(r, { outcome: "release" }, 3_000);
     this.#post({ t: "remove", lease: r.job.lease });
   }
 
@@ -352,7 +354,7 @@ export class Worker {
     if (this.#state !== "running") {
       // Claimed while stopping: hand it back unrun.
       r.abandoned = true;
-      r.release = r.done = this.#settle(r, { outcome: "release" }).finally(() => this.#finishJob(r));
+      r.release = r.done = this.#settle(r, { outcome: "release" }, 3_000).finally(() => this.#finishJob(r));
       return;
     }
     r.done = this.#runJob(r).finally(() => this.#finishJob(r));
@@ -394,12 +396,15 @@ export class Worker {
   }
 
   /**
-   * Settles with retries: transient failures (no answer, 503, …) are retried with backoff while
-   * the lease is held; `409 lease_lost` ends it (taken over, or an earlier try was applied); a
-   * `400` for an outcome the server refuses (an unknown hand-off queue, …) is settled as `error`.
+   * Settles with retries: transient failures (no answer, 5xx) are retried with backoff (100 ms
+   * doubling to 5 s) while the lease is held, for at most `budgetMs` (then the lease is dropped
+   * and the command goes to another worker after the claim timeout); `409 lease_lost` ends it
+   * (taken over, or an earlier try was applied); a `400` for an outcome the server refuses (an
+   * unknown hand-off queue, …) is settled as `error` instead.
    */
-  async #settle(r: Running_, body: SettleBody): Promise<void> {
+  async #settle(r: Running_, body: SettleBody, budgetMs = 60_000): Promise<void> {
     let backoff = 100;
+    const giveUpAt = Date.now() + budgetMs;
     for (;;) {
       if (r.lost) return;
       let text = `{"lease":${JSON.stringify(r.job.lease)}`;
@@ -420,6 +425,10 @@ export class Worker {
         if (err.status === 409) return; // lease_lost: not ours any more, or an earlier try was applied
         if (err.transient || err.status >= 500) {
           const delay = err.retryAfterMs ?? backoff;
+          if (Date.now() + delay > giveUpAt) {
+            this.#onError(err, `settle ${body.outcome} of command ${r.job.id}: giving up after ${budgetMs} ms (the command goes to another worker after the claim timeout)`);
+            return;
+          }
           backoff = Math.min(backoff * 2, 5_000);
           this.#onError(err, `settle ${body.outcome} of command ${r.job.id} (retrying in ${delay} ms)`);
           await sleep(delay);
