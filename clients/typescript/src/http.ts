@@ -47,9 +47,21 @@ export async function requestJson(
   if (options.body !== undefined) headers["content-type"] = "application/json";
   if (endpoint.token) headers.authorization = `Bearer ${endpoint.token}`;
   let signal = options.signal;
+  let timer: NodeJS.Timeout | undefined;
+  let unlink = () => {};
   if (options.timeoutMs !== undefined) {
-    const timeout = AbortSignal.timeout(Math.max(1, Math.ceil(options.timeoutMs)));
-    signal = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    // (AbortSignal.any is Node >= 20.3: combined by hand.)
+    const combined = new AbortController();
+    const outer = options.signal;
+    const forward = () => combined.abort(outer!.reason);
+    if (outer?.aborted) forward();
+    else if (outer) {
+      outer.addEventListener("abort", forward, { once: true });
+      unlink = () => outer.removeEventListener("abort", forward);
+    }
+    const ms = Math.max(1, Math.ceil(options.timeoutMs));
+    timer = setTimeout(() => combined.abort(new Error(`no answer within ${ms} ms`)), ms);
+    signal = combined.signal;
   }
   let response: Response;
   let text: string;
@@ -58,7 +70,11 @@ export async function requestJson(
     text = await response.text();
   } catch (err) {
     if (options.signal?.aborted) throw options.signal.reason;
-    throw new BatonError(0, "network_error", `${method} ${path}: no answer (${describe(err)})`, { cause: err });
+    const why = signal?.aborted ? describe(signal.reason) : describe(err);
+    throw new BatonError(0, "network_error", `${method} ${path}: no answer (${why})`, { cause: err });
+  } finally {
+    clearTimeout(timer);
+    unlink();
   }
   let body: unknown = text;
   if (text !== "") {
