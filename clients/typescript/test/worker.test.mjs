@@ -2,7 +2,7 @@
 // graceful shutdown. Every queue has claim_timeout 1s, so leases are renewed every ~333 ms.
 import assert from "node:assert/strict";
 import { afterEach, test } from "node:test";
-import { BatonClient, Failed, HandOff, RawJson, Running, Worker } from "../dist/index.js";
+import { BatonClient, Failed, HandOff, RawJson, Release, Running, Worker } from "../dist/index.js";
 import { collectErrors, forEachBackend, sleep, uid, until } from "./helpers.mjs";
 
 const queues = [
@@ -18,6 +18,8 @@ const queues = [
   "concurrency",
   "graceful",
   "release",
+  "give-back",
+  "handoff-bad",
 ];
 const CONFIG = queues
   .map(
@@ -194,6 +196,46 @@ forEachBackend("Worker", { config: CONFIG }, (ctx) => {
     assert.equal(state.handed_off_to, "handoff-b");
     assert.deepEqual(seenA, ["execute"]);
     assert.deepEqual(seenB, [{ call: "check_status", queue: "handoff-b", params: { x: 1 } }]);
+  });
+
+  test("Release hands the command back unrun: the next delivery runs it (deliveries 2, attempts 1)", async () => {
+    const baton = client();
+    const seen = [];
+    startWorker({
+      queue: "give-back",
+      handler: (job) => {
+        seen.push(job.deliveries);
+        return job.deliveries === 1 ? new Release() : { second: true };
+      },
+    });
+    const id = uid("give-back");
+    await baton.submit("give-back", "t", {}, { id });
+    const state = await baton.wait(id, { timeoutMs: 10_000 });
+    assert.equal(state.status, "SUCCEEDED");
+    assert.deepEqual(state.result, { second: true });
+    assert.equal(state.attempts, 1);
+    assert.deepEqual(seen, [1, 2]);
+  });
+
+  test("HandOff to a queue the server does not have: the server fails the command, saying why", async () => {
+    const baton = client();
+    let calls = 0;
+    const { errors } = startWorker({
+      queue: "handoff-bad",
+      handler: () => {
+        calls++;
+        return new HandOff("no-such-queue");
+      },
+    });
+    const id = uid("handoff-bad");
+    await baton.submit("handoff-bad", "t", {}, { id });
+    const state = await baton.wait(id, { timeoutMs: 10_000 });
+    assert.equal(state.status, "FAILED");
+    assert.equal(state.attempts, 1);
+    assert.equal(state.handed_off_to, null);
+    assert.match(state.error, /hand-off to unknown queue "no-such-queue"/);
+    assert.equal(calls, 1);
+    assert.deepEqual(errors, []);
   });
 
   test("a map of handlers: a type without one is FAILED, naming the types handled", async () => {
