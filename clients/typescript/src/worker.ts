@@ -241,7 +241,12 @@ export class Worker {
     const first = await Promise.race([all().then(() => "done" as const), graceOver]);
     clearTimeout(timer);
     if (first === "grace") {
-      for (const r of this.#jobs.values()) if (!r.abandoned) r.release = this.#abandon(r);
+      for (const r of this.#jobs.values()) {
+        if (r.abandoned) continue;
+        // A handler that has ended is being settled: let that settlement finish (a release
+        // racing it could win and throw the result away).
+        r.release = r.settling ? r.done : this.#abandon(r);
+      }
     }
     // The claim loop ends promptly once told (its claim is aborted); wait for it so that no
     // lease is claimed unseen, then for the releases (a handler that ignores its signal is not
