@@ -1,0 +1,18 @@
+/**
+ * `@baton/client`: the commands API of Baton's `baton serve` ({@link BatonClient}) and a remote
+ * worker speaking its HTTP worker protocol ({@link Worker}).
+ *
+ * @packageDocumentation
+ */
+export { BatonClient, type BatonClientOptions, type SubmitOptions, type SubmitResult, type WaitOptions } from "./client.js";
+export { BatonError } from "./errors.js";
+export { Failed, HandOff, JobAborted, Release, Running, type AbortKind } from "./outcomes.js";
+export {
+  RawJson,
+  TERMINAL_STATUSES,
+  isTerminal,
+  type CommandState,
+  type CommandStatus,
+  type JsonValue,
+} from "./types.js";
+export { Worker, type Handler, type Job, type WorkerOptions } from "./worker.js";

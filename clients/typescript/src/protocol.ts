@@ -1,0 +1,43 @@
+// Messages between a Worker (main thread) and its lease thread (renewer.ts). Internal.
+import type { CommandState } from "./types.js";
+
+/** One lease of a claim answer, as the server sends it. */
+export interface ClaimedLease {
+  lease: string;
+  call: "execute" | "check_status";
+  command: CommandState;
+  deliveries: number;
+  lease_timeout_ms: number;
+}
+
+/** `workerData` of the lease thread. */
+export interface LeaseThreadConfig {
+  url: string;
+  token: string | undefined;
+  queue: string;
+  name: string;
+  concurrency: number;
+  claimWaitMs: number;
+}
+
+/** Main thread → lease thread. */
+export type ToLeaseThread =
+  /** The handler of this lease ended and its settlement is done (or given up): stop renewing it, free its slot. */
+  | { t: "remove"; lease: string }
+  /** Claim no more (an in-flight claim is abandoned). */
+  | { t: "stop-claiming" };
+
+/** Lease thread → main thread. */
+export type FromLeaseThread =
+  /** Newly claimed leases, already renewed from now on. */
+  | { t: "leases"; leases: ClaimedLease[] }
+  /** A renewal said `cancelled: true` (sent once per lease). */
+  | { t: "cancelled"; lease: string }
+  /** The lease is not held any more: `lost`, `gone`, or `expired` (renewals failed until its deadline). No longer renewed. */
+  | { t: "lost"; lease: string; why: "lost" | "gone" | "expired" }
+  /** A claim failed for good (e.g. 404 unknown_queue, 401, 403): the worker cannot work. */
+  | { t: "fatal"; status: number; code: string; message: string }
+  /** A transient problem, for the worker's `onError`. */
+  | { t: "warn"; context: string; message: string }
+  /** The claim loop ended (after stop-claiming or fatal). */
+  | { t: "claiming-stopped" };

@@ -1,0 +1,189 @@
+// The lease thread of a Worker: a `worker_threads` Worker with its own event loop and its own
+// fetch. It claims commands (so a lease is renewed from the moment the server hands it out, even
+// while the main thread is blocked) and renews every held lease in one `renew` request every
+// `lease_timeout_ms / 3`. It tells the main thread about new leases, cancellations and lost leases;
+// the main thread runs the handlers and settles.
+import { parentPort, workerData } from "node:worker_threads";
+import { BatonError } from "./errors.js";
+import { describe, duration, requestJson, sleep, type Endpoint } from "./http.js";
+import type { ClaimedLease, FromLeaseThread, LeaseThreadConfig, ToLeaseThread } from "./protocol.js";
+
+interface Held {
+  /** Still renewed (false once lost, gone or expired; the slot stays taken until "remove"). */
+  renew: boolean;
+  /** After this (ms since epoch), without a successful renewal, the lease is taken for lost. */
+  deadline: number;
+  timeoutMs: number;
+  cancelledSent: boolean;
+}
+
+const config = workerData as LeaseThreadConfig;
+const port = parentPort!;
+const endpoint: Endpoint = { url: config.url, token: config.token };
+const base = `/v1/queues/${encodeURIComponent(config.queue)}/workers/${encodeURIComponent(config.name)}`;
+const held = new Map<string, Held>();
+let claiming = true;
+let claimAbort: AbortController | undefined;
+/** Wakes the claim loop (a slot freed, or stop) and the renew loop (a lease added). */
+let wakeClaim: () => void = () => {};
+let wakeRenew: () => void = () => {};
+
+const RENEW_BATCH = 1000;
+const DEFAULT_INTERVAL_MS = 10_000;
+
+function post(message: FromLeaseThread): void {
+  port.postMessage(message);
+}
+
+port.on("message", (message: ToLeaseThread) => {
+  switch (message.t) {
+    case "remove":
+      held.delete(message.lease);
+      wakeClaim();
+      break;
+    case "stop-claiming":
+      claiming = false;
+      claimAbort?.abort();
+      wakeClaim();
+      break;
+  }
+});
+
+function waitFor(set: (wake: () => void) => void, ms?: number): Promise<void> {
+  return new Promise((resolve) => {
+    let timer: NodeJS.Timeout | undefined;
+    const done = () => {
+      if (timer) clearTimeout(timer);
+      set(() => {});
+      resolve();
+    };
+    set(done);
+    if (ms !== undefined) timer = setTimeout(done, Math.max(0, ms));
+  });
+}
+
+async function claimLoop(): Promise<void> {
+  let backoff = 0;
+  let claimWaitMs = config.claimWaitMs;
+  while (claiming) {
+    const free = config.concurrency - held.size;
+    if (free <= 0) {
+      await waitFor((w) => (wakeClaim = w));
+      continue;
+    }
+    const abort = new AbortController();
+    claimAbort = abort;
+    let leases: ClaimedLease[];
+    try {
+      const res = await requestJson(endpoint, "POST", `${base}/claim`, {
+        body: JSON.stringify({ max: Math.min(free, 100), wait: duration(claimWaitMs) }),
+        signal: abort.signal,
+        timeoutMs: claimWaitMs + 30_000,
+      });
+      leases = ((res.body as { leases?: ClaimedLease[] }).leases ?? []) as ClaimedLease[];
+      backoff = 0;
+    } catch (err) {
+      if (!claiming) break;
+      if (err instanceof BatonError && err.status === 400 && /"wait"/.test(err.message) && claimWaitMs > 0) {
+        // A server with a shorter --long-poll-timeout than our wait: wait less.
+        const shorter = claimWaitMs >= 200 ? Math.floor(claimWaitMs / 2) : 0;
+        post({ t: "warn", context: "claim", message: `${err.message}; waiting ${shorter} ms per claim from now on` });
+        claimWaitMs = shorter;
+        continue;
+      }
+      if (err instanceof BatonError && !err.transient && err.status !== 500) {
+        post({ t: "fatal", status: err.status, code: err.code, message: err.message });
+        break;
+      }
+      backoff = Math.min(backoff === 0 ? 250 : backoff * 2, 10_000);
+      const delay = err instanceof BatonError && err.retryAfterMs !== undefined ? err.retryAfterMs : backoff;
+      post({ t: "warn", context: "claim", message: `${describe(err)}; retrying in ${delay} ms` });
+      await waitFor((w) => (wakeClaim = w), delay);
+      continue;
+    } finally {
+      claimAbort = undefined;
+    }
+    if (leases.length === 0) continue;
+    const now = Date.now();
+    for (const lease of leases) {
+      held.set(lease.lease, {
+        renew: true,
+        deadline: now + lease.lease_timeout_ms,
+        timeoutMs: lease.lease_timeout_ms,
+        cancelledSent: false,
+      });
+    }
+    post({ t: "leases", leases });
+    wakeRenew();
+  }
+  post({ t: "claiming-stopped" });
+}
+
+function expire(now: number): void {
+  for (const [lease, h] of held) {
+    if (h.renew && now > h.deadline) {
+      h.renew = false;
+      post({ t: "lost", lease, why: "expired" });
+    }
+  }
+}
+
+async function renewOnce(interval: number): Promise<boolean> {
+  const leases = [...held].filter(([, h]) => h.renew).map(([lease]) => lease);
+  if (leases.length === 0) return true;
+  const started = Date.now();
+  let ok = true;
+  for (let i = 0; i < leases.length; i += RENEW_BATCH) {
+    const batch = leases.slice(i, i + RENEW_BATCH);
+    try {
+      const res = await requestJson(endpoint, "POST", `${base}/renew`, {
+        body: JSON.stringify({ leases: batch }),
+        timeoutMs: Math.max(2 * interval, 500),
+      });
+      const answers = (res.body as { leases?: { lease: string; state: string; cancelled: boolean }[] }).leases ?? [];
+      for (const answer of answers) {
+        const h = held.get(answer.lease);
+        if (!h || !h.renew) continue;
+        if (answer.state === "held") {
+          h.deadline = started + h.timeoutMs;
+          if (answer.cancelled && !h.cancelledSent) {
+            h.cancelledSent = true;
+            post({ t: "cancelled", lease: answer.lease });
+          }
+        } else {
+          h.renew = false;
+          post({ t: "lost", lease: answer.lease, why: answer.state === "lost" ? "lost" : "gone" });
+        }
+      }
+    } catch (err) {
+      ok = false;
+      post({ t: "warn", context: "renew", message: describe(err) });
+    }
+  }
+  expire(Date.now());
+  return ok;
+}
+
+async function renewLoop(): Promise<void> {
+  let retrying = false;
+  for (;;) {
+    let interval = DEFAULT_INTERVAL_MS;
+    let any = false;
+    for (const h of held.values()) {
+      if (!h.renew) continue;
+      any = true;
+      interval = Math.min(interval, h.timeoutMs / 3);
+    }
+    if (!any) {
+      retrying = false;
+      await waitFor((w) => (wakeRenew = w));
+      continue;
+    }
+    // After a failure, try again sooner (renewOnce ends the leases whose deadline passed).
+    await sleep(retrying ? interval / 3 : interval);
+    retrying = !(await renewOnce(interval));
+  }
+}
+
+void claimLoop();
+void renewLoop();

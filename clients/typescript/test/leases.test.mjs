@@ -1,0 +1,124 @@
+// Leases hold whatever the handler does: they are renewed from the worker's lease thread, so a
+// handler that blocks the main thread (a busy loop, Atomics.wait) for 5x the claim timeout keeps
+// its lease and runs exactly once. A second Worker in the same process competes for the queue:
+// its lease thread would claim the command if the lease were lost (it is not blocked either).
+import assert from "node:assert/strict";
+import { afterEach, test } from "node:test";
+import { BatonClient, Worker } from "../dist/index.js";
+import { collectErrors, forEachBackend, startBaton, uid, until } from "./helpers.mjs";
+
+const CONFIG = `
+[queues.busy]
+claim_timeout = "1s"
+
+[queues.atomics]
+claim_timeout = "1s"
+`;
+const BLOCK_MS = 5_000; // 5x the claim timeout
+
+forEachBackend("Leases", { config: CONFIG }, (ctx) => {
+  const started = [];
+  function startWorker(options) {
+    const { errors, onError } = collectErrors();
+    const worker = new Worker({ url: ctx.url, claimWaitMs: 5_000, onError, ...options });
+    const running = worker.run();
+    started.push({ worker, running });
+    return { worker, running, errors };
+  }
+  afterEach(async () => {
+    for (const { worker, running } of started.splice(0)) {
+      await worker.stop({ graceMs: 0 });
+      await running.catch(() => {});
+    }
+  });
+
+  for (const [queue, block] of [
+    [
+      "busy",
+      () => {
+        const end = Date.now() + BLOCK_MS;
+        let spins = 0;
+        while (Date.now() < end) spins++;
+        return spins;
+      },
+    ],
+    [
+      "atomics",
+      () => {
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, BLOCK_MS);
+        return 1;
+      },
+    ],
+  ]) {
+    test(`a handler blocking the main thread for 5x the claim timeout (${queue}) runs once and SUCCEEDS`, async () => {
+      const baton = new BatonClient({ url: ctx.url });
+      const calls = [];
+      const handler = (name) => (job) => {
+        calls.push({ worker: name, id: job.id, deliveries: job.deliveries });
+        const t0 = Date.now();
+        block();
+        return { blocked_ms: Date.now() - t0 >= BLOCK_MS, by: name };
+      };
+      const a = startWorker({ queue, handler: handler("a"), name: `a-${queue}` });
+      const b = startWorker({ queue, handler: handler("b"), name: `b-${queue}` });
+      const id = uid(queue);
+      await baton.submit(queue, "block", {}, { id });
+      const state = await baton.wait(id, { timeoutMs: 20_000 });
+      assert.equal(state.status, "SUCCEEDED");
+      assert.equal(state.result.blocked_ms, true);
+      assert.equal(state.attempts, 1);
+      // Give a stolen delivery time to show up.
+      await new Promise((r) => setTimeout(r, 1_500));
+      assert.equal(calls.length, 1, JSON.stringify(calls));
+      assert.equal(calls[0].deliveries, 1);
+      assert.equal(calls[0].id, id);
+      assert.equal(state.result.by, calls[0].worker);
+      assert.deepEqual([...a.errors, ...b.errors], []);
+    });
+  }
+});
+
+let extra;
+afterEach(async () => {
+  await extra?.worker.stop({ graceMs: 0 });
+  await extra?.running.catch(() => {});
+  await extra?.server.stop();
+  extra = undefined;
+});
+
+test("renewals failing until the lease deadline abort the handler with lease_lost; nothing is settled", async () => {
+  const server = await startBaton({ config: `[queues.jobs]\nclaim_timeout = "1s"\n` });
+  const { errors, onError } = collectErrors();
+  let reason;
+  let abortedAt = 0;
+  const worker = new Worker({
+    url: server.url,
+    queue: "jobs",
+    claimWaitMs: 5_000,
+    onError,
+    handler: (job, signal) =>
+      new Promise((resolve) =>
+        signal.addEventListener("abort", () => {
+          reason = signal.reason;
+          abortedAt = Date.now();
+          resolve("late");
+        }),
+      ),
+  });
+  const running = worker.run();
+  extra = { worker, running, server };
+  const baton = new BatonClient({ url: server.url });
+  const id = uid("lost");
+  await baton.submit("jobs", "t", {}, { id });
+  await until(() => worker.inFlight === 1, 5_000, "handler start");
+  const stoppedAt = Date.now();
+  await server.stop(); // renewals fail from now on
+  await until(() => abortedAt > 0, 5_000, "abort");
+  assert.equal(reason.kind, "lease_lost");
+  const after = abortedAt - stoppedAt;
+  assert.ok(after <= 2_000, `aborted ${after} ms after the server went away`);
+  assert.ok(errors.some((e) => /lease lost \(renewal said expired\)/.test(e)), errors.join("\n"));
+  assert.ok(!errors.some((e) => /settle/.test(e)), errors.join("\n")); // never tried to settle
+  await worker.stop({ graceMs: 0 });
+  await running;
+});

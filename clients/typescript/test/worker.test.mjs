@@ -1,0 +1,404 @@
+// Worker against a real `baton serve` (memory and Redis): outcomes, cancellation, concurrency,
+// graceful shutdown. Every queue has claim_timeout 1s, so leases are renewed every ~333 ms.
+import assert from "node:assert/strict";
+import { afterEach, test } from "node:test";
+import { BatonClient, Failed, HandOff, RawJson, Release, Running, Worker } from "../dist/index.js";
+import { collectErrors, forEachBackend, sleep, uid, until } from "./helpers.mjs";
+
+const queues = [
+  "result",
+  "failed",
+  "retry",
+  "retry-out",
+  "running",
+  "handoff-a",
+  "handoff-b",
+  "types",
+  "cancel",
+  "concurrency",
+  "graceful",
+  "release",
+  "give-back",
+  "handoff-bad",
+];
+const CONFIG = queues
+  .map(
+    (q) => `[queues.${q}]
+claim_timeout = "1s"
+check_status_interval = "5s"
+retry = { max_attempts = 3, initial_backoff = "50ms", backoff_factor = 1.0, max_backoff = "50ms" }
+`,
+  )
+  .join("\n");
+
+/** Raw GET of a command: the exact text of the answer. */
+async function rawState(url, id) {
+  const res = await fetch(`${url}/v1/commands/${encodeURIComponent(id)}`);
+  assert.equal(res.status, 200);
+  return res.text();
+}
+
+forEachBackend("Worker", { config: CONFIG }, (ctx) => {
+  const started = [];
+  /** Starts a worker (stopped after the test unless the test stopped it). */
+  function startWorker(options) {
+    const { errors, onError } = collectErrors();
+    const worker = new Worker({ url: ctx.url, claimWaitMs: 5_000, onError, ...options });
+    const running = worker.run();
+    const entry = { worker, running, errors };
+    started.push(entry);
+    return entry;
+  }
+  afterEach(async () => {
+    for (const { worker, running } of started.splice(0)) {
+      await worker.stop({ graceMs: 0 });
+      await running.catch(() => {});
+    }
+  });
+  const client = () => new BatonClient({ url: ctx.url });
+
+  test("a returned value is stored as the result, exactly", async () => {
+    const baton = client();
+    const calls = [];
+    startWorker({
+      queue: "result",
+      handler: (job) => {
+        calls.push({ id: job.id, call: job.call, deliveries: job.deliveries, type: job.type });
+        if (job.type === "raw") return new RawJson('{"big": 18446744073709551615, "z": 1, "a": 0.10}');
+        return { echo: job.params, n: 1.5, s: "é", list: [1, null, true] };
+      },
+    });
+    const id = uid("result");
+    await baton.submit("result", "plain", { image: "a.png" }, { id });
+    const state = await baton.wait(id, { timeoutMs: 10_000 });
+    assert.equal(state.status, "SUCCEEDED");
+    assert.deepEqual(state.result, { echo: { image: "a.png" }, n: 1.5, s: "é", list: [1, null, true] });
+    assert.equal(state.attempts, 1);
+    assert.equal(state.error, null);
+
+    const rawId = uid("raw");
+    await baton.submit("result", "raw", null, { id: rawId });
+    assert.equal((await baton.wait(rawId, { timeoutMs: 10_000 })).status, "SUCCEEDED");
+    const text = await rawState(ctx.url, rawId);
+    assert.ok(text.includes('"result":{"big": 18446744073709551615, "z": 1, "a": 0.10}'), text);
+    assert.deepEqual(calls, [
+      { id, call: "execute", deliveries: 1, type: "plain" },
+      { id: rawId, call: "execute", deliveries: 1, type: "raw" },
+    ]);
+  });
+
+  test("throwing Failed makes the command FAILED with the message, not retried", async () => {
+    const baton = client();
+    let calls = 0;
+    startWorker({
+      queue: "failed",
+      handler: () => {
+        calls++;
+        throw new Failed("the image is too large: 9000 x 9000");
+      },
+    });
+    const id = uid("failed");
+    await baton.submit("failed", "resize", {}, { id });
+    const state = await baton.wait(id, { timeoutMs: 10_000 });
+    assert.equal(state.status, "FAILED");
+    assert.equal(state.error, "the image is too large: 9000 x 9000");
+    assert.equal(state.attempts, 1);
+    await sleep(300);
+    assert.equal(calls, 1);
+  });
+
+  test("another thrown error is retried by the server (attempts counted)", async () => {
+    const baton = client();
+    const calls = [];
+    startWorker({
+      queue: "retry",
+      handler: (job) => {
+        calls.push(job.call);
+        if (calls.length < 3) throw new Error(`transient ${calls.length}`);
+        return { ok: calls.length };
+      },
+    });
+    const id = uid("retry");
+    await baton.submit("retry", "flaky", {}, { id });
+    const state = await baton.wait(id, { timeoutMs: 15_000 });
+    assert.equal(state.status, "SUCCEEDED");
+    assert.deepEqual(state.result, { ok: 3 });
+    assert.equal(state.attempts, 3);
+    assert.equal(state.errors_count, 0);
+    assert.deepEqual(calls, ["execute", "execute", "execute"]);
+  });
+
+  test("an error every time ends FAILED after retry.max_attempts with the last message", async () => {
+    const baton = client();
+    let calls = 0;
+    startWorker({
+      queue: "retry-out",
+      handler: () => {
+        calls++;
+        throw new TypeError(`broken ${calls}`);
+      },
+    });
+    const id = uid("retry-out");
+    await baton.submit("retry-out", "broken", {}, { id });
+    const state = await baton.wait(id, { timeoutMs: 15_000 });
+    assert.equal(state.status, "FAILED");
+    assert.equal(state.attempts, 3);
+    assert.equal(calls, 3);
+    assert.match(state.error, /TypeError: broken 3/);
+  });
+
+  test("Running, then check_status calls until one returns a result", async () => {
+    const baton = client();
+    const calls = [];
+    const statuses = [];
+    startWorker({
+      queue: "running",
+      handler: async (job) => {
+        calls.push(job.call);
+        statuses.push(job.command.status);
+        if (calls.length < 3) return new Running({ nextCheckMs: 200 });
+        return { finished_after: calls.length };
+      },
+    });
+    const id = uid("running");
+    await baton.submit("running", "long", { n: 1 }, { id });
+    await until(async () => (await baton.get(id)).status === "RUNNING", 5_000, "RUNNING");
+    const state = await baton.wait(id, { timeoutMs: 10_000 });
+    assert.equal(state.status, "SUCCEEDED");
+    assert.deepEqual(state.result, { finished_after: 3 });
+    assert.deepEqual(calls, ["execute", "check_status", "check_status"]);
+    assert.deepEqual(statuses, ["SUBMITTED", "RUNNING", "RUNNING"]);
+  });
+
+  test("HandOff: the second queue's worker gets check_status and finishes it", async () => {
+    const baton = client();
+    const seenA = [];
+    const seenB = [];
+    startWorker({
+      queue: "handoff-a",
+      handler: (job) => {
+        seenA.push(job.call);
+        return new HandOff("handoff-b");
+      },
+    });
+    startWorker({
+      queue: "handoff-b",
+      handler: (job) => {
+        seenB.push({ call: job.call, queue: job.queue, params: job.params });
+        return { finished_by: "b" };
+      },
+    });
+    const id = uid("handoff");
+    await baton.submit("handoff-a", "move", { x: 1 }, { id });
+    const state = await baton.wait(id, { timeoutMs: 10_000 });
+    assert.equal(state.status, "SUCCEEDED");
+    assert.deepEqual(state.result, { finished_by: "b" });
+    assert.equal(state.handed_off_to, "handoff-b");
+    assert.deepEqual(seenA, ["execute"]);
+    assert.deepEqual(seenB, [{ call: "check_status", queue: "handoff-b", params: { x: 1 } }]);
+  });
+
+  test("Release hands the command back unrun: the next delivery runs it (deliveries 2, attempts 1)", async () => {
+    const baton = client();
+    const seen = [];
+    startWorker({
+      queue: "give-back",
+      handler: (job) => {
+        seen.push(job.deliveries);
+        return job.deliveries === 1 ? new Release() : { second: true };
+      },
+    });
+    const id = uid("give-back");
+    await baton.submit("give-back", "t", {}, { id });
+    const state = await baton.wait(id, { timeoutMs: 10_000 });
+    assert.equal(state.status, "SUCCEEDED");
+    assert.deepEqual(state.result, { second: true });
+    assert.equal(state.attempts, 1);
+    assert.deepEqual(seen, [1, 2]);
+  });
+
+  test("HandOff to a queue the server does not have: the server fails the command, saying why", async () => {
+    const baton = client();
+    let calls = 0;
+    const { errors } = startWorker({
+      queue: "handoff-bad",
+      handler: () => {
+        calls++;
+        return new HandOff("no-such-queue");
+      },
+    });
+    const id = uid("handoff-bad");
+    await baton.submit("handoff-bad", "t", {}, { id });
+    const state = await baton.wait(id, { timeoutMs: 10_000 });
+    assert.equal(state.status, "FAILED");
+    assert.equal(state.attempts, 1);
+    assert.equal(state.handed_off_to, null);
+    assert.match(state.error, /hand-off to unknown queue "no-such-queue"/);
+    assert.equal(calls, 1);
+    assert.deepEqual(errors, []);
+  });
+
+  test("a map of handlers: a type without one is FAILED, naming the types handled", async () => {
+    const baton = client();
+    startWorker({ queue: "types", handler: { add: (job) => job.params.a + job.params.b, noop: () => undefined } });
+    const [add, noop, other] = [uid("add"), uid("noop"), uid("other")];
+    await baton.submit("types", "add", { a: 2, b: 3 }, { id: add });
+    await baton.submit("types", "noop", null, { id: noop });
+    await baton.submit("types", "zzz", {}, { id: other });
+    assert.deepEqual((await baton.wait(add, { timeoutMs: 10_000 })).result, 5);
+    const n = await baton.wait(noop, { timeoutMs: 10_000 });
+    assert.equal(n.status, "SUCCEEDED");
+    assert.equal(n.result, null);
+    const o = await baton.wait(other, { timeoutMs: 10_000 });
+    assert.equal(o.status, "FAILED");
+    assert.match(o.error, /no handler for command type "zzz" .*\(it handles: add, noop\)/);
+  });
+
+  test("cancel: the handler's signal aborts within about a renewal interval; CANCELLED", async () => {
+    const baton = client();
+    let startedAt = 0;
+    let abortedAt = 0;
+    let reason;
+    let calls = 0;
+    const { errors } = startWorker({
+      queue: "cancel",
+      handler: (job, signal) => {
+        calls++;
+        startedAt = Date.now();
+        return new Promise((resolve) => {
+          signal.addEventListener("abort", () => {
+            abortedAt = Date.now();
+            reason = signal.reason;
+            resolve({ stopped: true }); // ignored: a cancelled command settles `cancelled`
+          });
+        });
+      },
+    });
+    const id = uid("cancel");
+    await baton.submit("cancel", "long", {}, { id });
+    await until(() => startedAt > 0, 5_000, "handler start");
+    await sleep(100);
+    const cancelledAt = Date.now();
+    const cancelled = await baton.cancel(id);
+    assert.equal(cancelled.status, "CANCELLED");
+    await until(() => abortedAt > 0, 3_000, "abort");
+    const delay = abortedAt - cancelledAt;
+    assert.ok(delay <= 1_000, `aborted ${delay} ms after the cancel (renewal interval 333 ms)`);
+    assert.equal(reason.kind, "cancelled");
+    assert.equal(reason.name, "AbortError");
+    await sleep(500);
+    const state = await baton.get(id);
+    assert.equal(state.status, "CANCELLED");
+    assert.equal(state.result, null);
+    assert.equal(calls, 1);
+    assert.deepEqual(errors, []);
+  });
+
+  test("concurrency k: at most k handlers at once, every command once", async () => {
+    const baton = client();
+    const k = 3;
+    const n = 12;
+    let current = 0;
+    let max = 0;
+    const counts = new Map();
+    startWorker({
+      queue: "concurrency",
+      concurrency: k,
+      handler: async (job) => {
+        counts.set(job.id, (counts.get(job.id) ?? 0) + 1);
+        current++;
+        max = Math.max(max, current);
+        await sleep(150);
+        current--;
+        return { i: job.params.i };
+      },
+    });
+    const ids = [];
+    for (let i = 0; i < n; i++) {
+      const id = uid("conc");
+      ids.push(id);
+      await baton.submit("concurrency", "work", { i }, { id });
+    }
+    const states = await Promise.all(ids.map((id) => baton.wait(id, { timeoutMs: 20_000 })));
+    states.forEach((s, i) => {
+      assert.equal(s.status, "SUCCEEDED");
+      assert.deepEqual(s.result, { i });
+    });
+    assert.equal(max, k);
+    assert.equal(counts.size, n);
+    for (const id of ids) assert.equal(counts.get(id), 1, id);
+  });
+
+  test("stop(): claims no more, lets the running handler finish, run() resolves", async () => {
+    const baton = client();
+    let aborted = false;
+    let finished = false;
+    const entry = startWorker({
+      queue: "graceful",
+      handler: async (job, signal) => {
+        signal.addEventListener("abort", () => (aborted = true));
+        await sleep(800);
+        finished = true;
+        return { done: job.id };
+      },
+    });
+    const id = uid("graceful");
+    await baton.submit("graceful", "slow", {}, { id });
+    await until(() => entry.worker.inFlight === 1, 5_000, "handler start");
+    const t0 = Date.now();
+    const stopped = entry.worker.stop({ graceMs: 5_000 });
+    const later = uid("later");
+    await baton.submit("graceful", "slow", {}, { id: later });
+    await stopped;
+    await entry.running;
+    assert.equal(finished, true);
+    assert.equal(aborted, false);
+    assert.ok(Date.now() - t0 < 3_000);
+    const state = await baton.get(id);
+    assert.equal(state.status, "SUCCEEDED");
+    assert.deepEqual(state.result, { done: id });
+    await sleep(300);
+    assert.equal((await baton.get(later)).status, "SUBMITTED"); // not claimed after stop()
+  });
+
+  test("stop() with a short grace aborts and releases; another worker gets it after the claim timeout", async () => {
+    const baton = client();
+    let reason;
+    const first = startWorker({
+      queue: "release",
+      handler: (job, signal) =>
+        new Promise((_, reject) =>
+          signal.addEventListener("abort", () => {
+            reason = signal.reason;
+            reject(signal.reason);
+          }),
+        ),
+    });
+    const id = uid("release");
+    await baton.submit("release", "slow", { v: 1 }, { id });
+    await until(() => first.worker.inFlight === 1, 5_000, "handler start");
+    await first.worker.stop({ graceMs: 200 });
+    await first.running;
+    const releasedAt = Date.now();
+    assert.equal(reason?.kind, "shutdown");
+    const after = await baton.get(id);
+    assert.equal(after.status, "SUBMITTED");
+    assert.equal(after.attempts, 0);
+
+    const seen = [];
+    startWorker({
+      queue: "release",
+      handler: (job) => {
+        seen.push({ deliveries: job.deliveries, call: job.call, at: Date.now() - releasedAt });
+        return { by: "second" };
+      },
+    });
+    const state = await baton.wait(id, { timeoutMs: 10_000 });
+    assert.equal(state.status, "SUCCEEDED");
+    assert.deepEqual(state.result, { by: "second" });
+    assert.equal(seen.length, 1);
+    assert.equal(seen[0].deliveries, 2);
+    assert.equal(seen[0].call, "execute");
+    assert.ok(seen[0].at >= 500, `picked up ${seen[0].at} ms after the release (claim timeout 1 s)`);
+  });
+});
