@@ -11,7 +11,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 
-bin="${BATON_BIN:-$root/target/debug/baton}"
+bin="${BATON_BIN:-${CARGO_TARGET_DIR:-$root/target}/debug/baton}"
 if [ ! -x "$bin" ]; then
     echo "run-tests.sh: no baton binary at $bin: run 'cargo build -p baton' (or 'cargo test') first, or set BATON_BIN" >&2
     exit 1
@@ -21,7 +21,14 @@ export BATON_BIN="$bin"
 python="${PYTHON:-python3}"
 venv="$root/target/python-venv"
 if [ ! -x "$venv/bin/python" ]; then
-    "$python" -m venv "$venv"
+    if ! "$python" -m venv "$venv"; then
+        # Debian's python3 has venv in a package of its own.
+        echo "run-tests.sh: $python -m venv failed; installing python3-venv" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update && apt-get install -y python3-venv </dev/null
+        rm -rf "$venv"
+        "$python" -m venv "$venv"
+    fi
 fi
 
 # Install (again) only when pyproject.toml or the checkout's path changed since the last install.

@@ -251,6 +251,20 @@ impl RemoteWorkers {
         }
     }
 
+    /// Hands the commands of `leases` (claimed by `worker`, never worked on: the claim's answer
+    /// did not reach it) back at once, in one call: any worker of the queue may claim them now,
+    /// and the delivery is not counted. Malformed leases and leases `worker` does not hold are
+    /// skipped.
+    pub async fn hand_back(&self, worker: &str, leases: &[String]) -> Result<(), CommandError> {
+        let c = self.consumer(worker).await?;
+        let ids: Vec<MessageId> = leases.iter().filter_map(|l| LeaseToken::decode(l)).map(|(m, _, _)| m).collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        c.hand_back(&ids).await?;
+        Ok(())
+    }
+
     /// Renews `worker`'s leases (one call for all) and tells, for each, whether its command has
     /// ended meanwhile (cancelled). A malformed lease token is `Gone`. A lease claimed more than
     /// the queue's `max_processing_time` ago is not renewed but handed back (any consumer takes

@@ -198,6 +198,14 @@ impl RemoteConsumer {
         self.backend.redis_target()
     }
 
+    /// Puts messages the worker never saw back at the queue's tail at once (any consumer's
+    /// read takes them now, not after the claim timeout), in one atomic call; the delivery that
+    /// did not reach the worker is not counted. Those this consumer does not own are left
+    /// alone. For a claim whose answer could not reach the worker. Returns how many went back.
+    pub async fn hand_back(&self, ids: &[MessageId]) -> Result<u64, QueueError> {
+        self.backend.requeue(ids).await
+    }
+
     /// Acknowledges (deletes) a message. Errors: [`QueueError::LeaseLost`] when another
     /// consumer owns it now.
     pub async fn ack(&self, id: MessageId) -> Result<Settled, QueueError> {

@@ -3,7 +3,9 @@
 //! second settlement refused `409 lease_lost`; a silent worker's command taken over by another
 //! after the claim timeout (deliveries 2) and the silent one's settlement refused; a cancel seen
 //! on the next renewal; malformed bodies named; auth (`work` claims but cannot submit, `write`
-//! cannot claim); a long-poll claim ended by the server's shutdown.
+//! cannot claim); a long-poll claim ended by the server's shutdown; a claim's wait cut to the
+//! long-poll timeout; many settlements in one request; a hand-off to an unknown queue refused;
+//! a claim abandoned by its worker hands back what it got at once.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -35,10 +37,16 @@ mod tempdir {
 
 impl Serve {
     async fn spawn(redis: Option<&str>, tokens: bool) -> Serve {
+        Serve::spawn_with(redis, tokens, &[]).await
+    }
+
+    /// With more `baton serve` arguments.
+    async fn spawn_with(redis: Option<&str>, tokens: bool, extra: &[&str]) -> Serve {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("baton-workers-http-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut config = String::from("[queues.jobs]\nclaim_timeout = \"1s\"\n");
+        let mut config =
+            String::from("[queues.jobs]\nclaim_timeout = \"1s\"\n[queues.other]\nclaim_timeout = \"1s\"\n");
         if tokens {
             config.push_str(&format!(
                 "[[tokens]]\nname = \"worker\"\ntoken = \"{WORK}\"\noperations = [\"work\"]\nqueues = [\"jobs\"]\n\
@@ -52,6 +60,7 @@ impl Serve {
         if let Some(r) = redis {
             cmd.args(["--redis", r]);
         }
+        cmd.args(extra);
         cmd.env_remove("BATON_REDIS")
             .env_remove("BATON_REDIS_CLUSTER")
             .env_remove("BATON_ADMIN_TOKEN")
@@ -187,9 +196,6 @@ async fn claim_renew_settle_with_exact_result_then_lease_lost() {
         let (st, v) = post_json(&s.worker("w1", "claim"), json!({ "max": 0 })).await;
         assert_eq!(st, StatusCode::BAD_REQUEST);
         assert!(v["message"].as_str().unwrap().contains("\"max\""), "{v}");
-        let (st, v) = post_json(&s.worker("w1", "claim"), json!({ "wait": "10m" })).await;
-        assert_eq!(st, StatusCode::BAD_REQUEST);
-        assert!(v["message"].as_str().unwrap().contains("long-poll timeout"), "{v}");
         let (st, v) = post_json(&s.worker(&"x".repeat(129), "claim"), json!({})).await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
         assert!(v["message"].as_str().unwrap().contains("worker name"), "{v}");
@@ -285,4 +291,156 @@ async fn shutdown_ends_a_long_poll_claim() {
     let (st, text) = held.await.unwrap();
     assert_eq!((st, text.as_str()), (StatusCode::OK, r#"{"leases":[]}"#));
     assert!(t.elapsed() < Duration::from_secs(10), "the claim ended at shutdown, not after its wait");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claims_wait_beyond_the_long_poll_timeout_is_cut_to_it() {
+    let s = Serve::spawn_with(None, false, &["--long-poll-timeout", "1s"]).await;
+    let t = Instant::now();
+    let (st, v) = post_json(&s.worker("w1", "claim"), json!({ "wait": "10m" })).await;
+    assert_eq!((st, v), (StatusCode::OK, json!({ "leases": [] })));
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "waited {took:?}");
+}
+
+/// `{"settlements": [...]}`: each item decided as alone, answers in order; a stale lease is a
+/// per-item `lease_lost`; a bad item refuses the whole request (naming its index) and settles
+/// nothing; a hand-off to a queue the server does not have is refused, not a FAILED command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_settlements_in_one_request() {
+    for (name, redis) in backends() {
+        let url = redis.as_ref().map(|r| r.url());
+        let s = Serve::spawn(url.as_deref(), false).await;
+        for id in ["b1", "b2", "b3", "b4"] {
+            submit(&s, id, "{}").await;
+        }
+        let (st, v) = post_json(&s.worker("w1", "claim"), json!({ "max": 4, "wait": "2s" })).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        let mut leases = std::collections::BTreeMap::new();
+        for l in v["leases"].as_array().unwrap() {
+            leases.insert(l["command"]["id"].as_str().unwrap().to_string(), l["lease"].as_str().unwrap().to_string());
+        }
+        assert_eq!(leases.len(), 4, "{name}: {v}");
+        // b4 is settled alone first: its lease is stale in the batch.
+        let (st, _) =
+            post_json(&s.worker("w1", "settle"), json!({ "lease": leases["b4"], "outcome": "cancelled" })).await;
+        assert_eq!(st, StatusCode::OK);
+
+        // Refused as a whole: an unknown hand-off target, then a bad field, then a duplicate.
+        for (bad, says) in [
+            (
+                json!({ "lease": leases["b2"], "outcome": "handed_off", "queue": "nowhere" }),
+                "settlements[1]: outcome \"handed_off\": no queue \"nowhere\"",
+            ),
+            (
+                json!({ "lease": leases["b2"], "outcome": "failed", "result": 1 }),
+                "settlements[1]: field \"result\" does not go with outcome \"failed\"",
+            ),
+            (
+                json!({ "lease": leases["b1"], "outcome": "release" }),
+                "settlements[1]: this lease is settled by an earlier item",
+            ),
+        ] {
+            let body = json!({ "settlements": [{ "lease": leases["b1"], "outcome": "succeeded", "result": 1 }, bad] });
+            let (st, v) = post_json(&s.worker("w1", "settle"), body).await;
+            assert_eq!(st, StatusCode::BAD_REQUEST, "{name}: {v}");
+            assert!(v["message"].as_str().unwrap().starts_with(says), "{name}: {v}");
+        }
+        for id in ["b1", "b2", "b3"] {
+            assert_eq!(get_command(&s, id).await.0["status"], "SUBMITTED", "{name}: nothing settled");
+        }
+
+        let body = format!(
+            r#"{{"settlements": [
+                {{"lease": "{}", "outcome": "succeeded", "result": {{"x": 1.50}}}},
+                {{"lease": "{}", "outcome": "handed_off", "queue": "other"}},
+                {{"lease": "{}", "outcome": "release"}},
+                {{"lease": "{}", "outcome": "succeeded"}}]}}"#,
+            leases["b1"], leases["b2"], leases["b3"], leases["b4"]
+        );
+        let (st, text) = post(&s.worker("w1", "settle"), &body, None).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {text}");
+        assert!(text.contains(r#""result":{"x": 1.50}"#), "{name}: result bytes kept: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let items = v["settlements"].as_array().unwrap();
+        let summary: Vec<(String, Value, Value)> = items
+            .iter()
+            .map(|i| (i["lease"].as_str().unwrap().to_string(), i["applied"].clone(), i["command"]["status"].clone()))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (leases["b1"].clone(), json!(true), json!("SUCCEEDED")),
+                (leases["b2"].clone(), json!(true), json!("RUNNING")),
+                (leases["b3"].clone(), json!(true), json!("SUBMITTED")),
+                (leases["b4"].clone(), Value::Null, Value::Null),
+            ],
+            "{name}: {text}"
+        );
+        assert_eq!(items[3]["error"], "lease_lost", "{name}: {text}");
+        assert_eq!(get_command(&s, "b4").await.0["status"], "CANCELLED", "{name}");
+        // The hand-off reached `other`: claimed there as a check_status call.
+        let (st, v) = post_json(&s.url("/v1/queues/other/workers/w9/claim"), json!({ "wait": "3s" })).await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(
+            (v["leases"][0]["command"]["id"].clone(), v["leases"][0]["call"].clone()),
+            (json!("b2"), json!("check_status")),
+            "{name}: {v}"
+        );
+        // Empty and oversized batches are refused.
+        let (st, v) = post_json(&s.worker("w1", "settle"), json!({ "settlements": [] })).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+        let (st, v) = post_json(&s.worker("w1", "settle"), json!({ "settlements": 3 })).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+        // Single settlements refuse the unknown hand-off target too, changing nothing.
+        let (lease, _) = claim_one(&s, "w1", "3s").await;
+        let (st, v) = post_json(
+            &s.worker("w1", "settle"),
+            json!({ "lease": lease["lease"], "outcome": "handed_off", "queue": "jobs" }),
+        )
+        .await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{name}: {v}");
+        assert!(v["message"].as_str().unwrap().contains("own queue"), "{v}");
+        assert_eq!(get_command(&s, lease["command"]["id"].as_str().unwrap()).await.0["status"], "SUBMITTED");
+    }
+}
+
+/// A worker that hangs up during a long-poll claim: a command submitted meanwhile is not lost to
+/// it (taken, unseen, for a claim timeout and counted as a delivery) but goes to the next
+/// worker at once with deliveries 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_claim_hands_back_what_it_got() {
+    for (name, redis) in backends() {
+        let url = redis.as_ref().map(|r| r.url());
+        let s = Serve::spawn(url.as_deref(), false).await;
+        for round in 0..3 {
+            // It hangs up while the claim's second 250 ms slice is in flight (a read that Redis
+            // still completes for the worker's consumer when the request goes away).
+            let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+            let r = impatient
+                .post(s.worker("gone", "claim"))
+                .header("content-type", "application/json")
+                .body(r#"{"wait": "20s"}"#)
+                .send()
+                .await;
+            assert!(r.is_err(), "{name}: the impatient client gave up");
+            drop(impatient);
+            // The server sees the connection close first.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let id = format!("a{round}");
+            submit(&s, &id, "{}").await;
+            let t = Instant::now();
+            let (lease, text) = claim_one(&s, "w2", "5s").await;
+            assert_eq!(
+                (lease["command"]["id"].as_str(), lease["deliveries"].as_u64()),
+                (Some(id.as_str()), Some(1)),
+                "{name}: after {:?}: {text}",
+                t.elapsed()
+            );
+            assert!(t.elapsed() < Duration::from_millis(900), "{name}: handed to w2 after {:?}", t.elapsed());
+            let (st, _) =
+                post_json(&s.worker("w2", "settle"), json!({ "lease": lease["lease"], "outcome": "succeeded" })).await;
+            assert_eq!(st, StatusCode::OK);
+        }
+    }
 }

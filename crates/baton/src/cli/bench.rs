@@ -15,12 +15,14 @@
 //! - `workers`: open loop, in-process handlers against the HTTP worker protocol on the same
 //!   Redis, in interleaved rounds (`--rounds`, default 3) at each concurrency (64): `--count`
 //!   no-op commands are submitted first (through the library, not timed), then drained, once by a
-//!   command service in this process (`concurrency` handlers) and once by `concurrency` HTTP
-//!   workers of `--server` (a `baton serve --no-workers` on the same Redis with the queue
-//!   `--queue`, default `bench`, configured without handlers), each a loop of claim (`max` 1)
-//!   and settle `succeeded`. Throughput: commands `SUCCEEDED` per second from the start of the
-//!   drain until the queue's count of `SUCCEEDED` reaches the target; latency (HTTP only): of a
-//!   worker's claim + settle round.
+//!   command service in this process (`concurrency` handlers) and once through the HTTP worker
+//!   protocol of `--server` (a `baton serve --no-workers` on the same Redis with the queue
+//!   `--queue`, default `bench`, configured without handlers) by 8 workers, each a loop that
+//!   claims its share of the concurrency at once (`max` = `concurrency / 8`) and settles every
+//!   claimed command `succeeded`, concurrently, one request each. Throughput: commands
+//!   `SUCCEEDED` per second from the start of the drain until the queue's count of `SUCCEEDED`
+//!   reaches the target; latency (HTTP only): from a claim's request to each of its commands'
+//!   settled answers.
 //!
 //! Every number printed comes from the run it reports. Names are unique per run (`bench-<ms>-…`);
 //! on Redis the data is left behind (streams are deleted; queue entries are acknowledged), so use
@@ -564,8 +566,10 @@ async fn until_succeeded(store: &CommandStore, queue: &str, target: u64, pb: &Pr
     }
 }
 
-/// The load generator's claim: one command, waiting up to 1 s.
-const CLAIM: &str = r#"{"max": 1, "wait": "1s"}"#;
+/// HTTP workers of the load generator: each claims its share of the concurrency at once (up to
+/// `concurrency / WORKERS` commands, waiting up to 1 s) and settles them concurrently, as an SDK
+/// worker with that many free slots does.
+const WORKERS: u64 = 8;
 
 async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec<Row>, CliError> {
     if rc.is_none() {
@@ -635,9 +639,13 @@ async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
             let settled = Arc::new(AtomicU64::new(0));
             let start = Instant::now();
             let mut tasks = Vec::new();
-            for w in 0..c {
+            let workers = c.min(WORKERS);
+            for w in 0..workers {
                 let (http, queue, settled) = (http.clone(), queue.clone(), settled.clone());
                 let worker = format!("{id}-w{w}");
+                // This worker's share of the concurrency: claimed together, settled concurrently.
+                let slots = c / workers + u64::from(w < c % workers);
+                let claim = json!({"max": slots, "wait": "1s"}).to_string();
                 tasks.push(tokio::spawn(async move {
                     let mut lat = Vec::new();
                     while settled.load(Ordering::Relaxed) < count {
@@ -645,7 +653,7 @@ async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
                         let claimed: Value = http
                             .request(reqwest::Method::POST, &format!("/v1/queues/{queue}/workers/{worker}/claim"))
                             .header("content-type", "application/json")
-                            .body(CLAIM)
+                            .body(claim.clone())
                             .send()
                             .await
                             .map_err(|e| format!("claim: {e}"))?
@@ -655,17 +663,31 @@ async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
                             .await
                             .map_err(|e| format!("claim: {e}"))
                             .and_then(|b| serde_json::from_slice(&b).map_err(|e| format!("claim: {e}")))?;
-                        let Some(lease) = claimed["leases"].get(0).and_then(|l| l["lease"].as_str()) else { continue };
-                        http.request(reqwest::Method::POST, &format!("/v1/queues/{queue}/workers/{worker}/settle"))
-                            .header("content-type", "application/json")
-                            .body(json!({"lease": lease, "outcome": "succeeded", "result": null}).to_string())
-                            .send()
-                            .await
-                            .map_err(|e| format!("settle: {e}"))?
-                            .error_for_status()
-                            .map_err(|e| format!("settle: {e}"))?;
-                        settled.fetch_add(1, Ordering::Relaxed);
-                        lat.push(t.elapsed());
+                        let leases: Vec<String> = claimed["leases"]
+                            .as_array()
+                            .map(|a| a.iter().filter_map(|l| l["lease"].as_str().map(str::to_string)).collect())
+                            .unwrap_or_default();
+                        let settles = leases.iter().map(|lease| {
+                            let (http, queue, worker) = (&http, &queue, &worker);
+                            async move {
+                                http.request(
+                                    reqwest::Method::POST,
+                                    &format!("/v1/queues/{queue}/workers/{worker}/settle"),
+                                )
+                                .header("content-type", "application/json")
+                                .body(json!({"lease": lease, "outcome": "succeeded", "result": null}).to_string())
+                                .send()
+                                .await
+                                .map_err(|e| format!("settle: {e}"))?
+                                .error_for_status()
+                                .map_err(|e| format!("settle: {e}"))?;
+                                Ok::<_, String>(t.elapsed())
+                            }
+                        });
+                        for r in futures::future::join_all(settles).await {
+                            lat.push(r?);
+                            settled.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     Ok::<_, String>(lat)
                 }));
@@ -685,7 +707,7 @@ async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
                 ops: count,
                 elapsed,
                 latencies: lat,
-                latency_of: "claim + settle",
+                latency_of: "claim → settled",
             });
         }
     }

@@ -6,9 +6,9 @@
 //!
 //! | Route | Body | Success | Errors |
 //! |---|---|---|---|
-//! | `POST /v1/queues/{queue}/workers/{worker}/claim` | `{"max"?: 1..=100 (1), "wait"?: duration ("0s"), at most the long-poll timeout}` | `200 {"leases": [{"lease", "call": "execute"\|"check_status", "command": state, "deliveries", "lease_timeout_ms"}]}` (empty when nothing came within `wait`, or the server shuts down) | `400` body / worker name, `404` queue, `503` all live-reader slots taken (a `wait` holds one) |
+//! | `POST /v1/queues/{queue}/workers/{worker}/claim` | `{"max"?: 1..=100 (1), "wait"?: duration ("0s"), cut to the long-poll timeout}` | `200 {"leases": [{"lease", "call": "execute"\|"check_status", "command": state, "deliveries", "lease_timeout_ms"}]}` (empty when nothing came within `wait`, or the server shuts down) | `400` body / worker name, `404` queue, `503` all live-reader slots taken (a `wait` holds one) |
 //! | `POST /v1/queues/{queue}/workers/{worker}/renew` | `{"leases": [lease…]}` (at most 1000) | `200 {"leases": [{"lease", "state": "held"\|"lost"\|"gone", "cancelled": bool}]}`, in the request's order | `400`, `404` |
-//! | `POST /v1/queues/{queue}/workers/{worker}/settle` | `{"lease", "outcome", "result"?, "error"?, "next_check"?, "queue"?}` | `200 {"applied": bool, "command": state\|null}` | `400` body / lease token, `404`, `409 lease_lost` |
+//! | `POST /v1/queues/{queue}/workers/{worker}/settle` | `{"lease", "outcome", "result"?, "error"?, "next_check"?, "queue"?}`, or `{"settlements": [that…]}` (1..=1000) | `200 {"applied": bool, "command": state\|null}`; many: `200 {"settlements": [{"lease", "applied", "command"} \| {"lease", "error", "message"}]}` | `400` body (naming the item) / lease token / hand-off target, `404`, `409 lease_lost` (one settlement) |
 //!
 //! `outcome` is `succeeded` (`result`: any JSON, kept byte for byte; default `null`), `failed`
 //! (`error`), `cancelled`, `running` (`next_check`: a duration; default the queue's
@@ -38,6 +38,10 @@ use super::state::AppState;
 
 /// Most commands one claim hands out.
 pub const MAX_CLAIM: usize = 100;
+
+/// The longest single claim call of a long-poll: the claim task notices an abandoned request
+/// within this long.
+const CLAIM_SLICE: Duration = Duration::from_millis(250);
 
 /// Most leases one renewal names.
 pub const MAX_RENEW: usize = 1000;
@@ -166,23 +170,44 @@ pub async fn claim(
             }
         },
     };
-    let wait = duration_field(&m, "wait")?.unwrap_or_default();
-    let most = st.cfg.long_poll_timeout;
-    if wait > most {
-        return Err(ApiError::invalid(
-            "invalid_body",
-            format!(
-                "\"wait\" is at most this server's long-poll timeout, {}; got {}",
-                humantime::format_duration(most),
-                humantime::format_duration(wait)
-            ),
-        ));
-    }
+    // Longer waits are cut to this server's long-poll timeout (a long-poll's bound).
+    let wait = duration_field(&m, "wait")?.unwrap_or_default().min(st.cfg.long_poll_timeout);
     // A held claim is a live reader (bounded by --max-live-readers like other long-polls).
     let _permit = (!wait.is_zero()).then(|| st.live_permit()).transpose()?;
+    // The claim runs on a task of its own: when this request is abandoned (the worker hung up,
+    // or the server shuts down), what it claimed after that is handed back at once for another
+    // worker, instead of waiting a claim timeout under a worker that never saw it.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    {
+        let (remote, worker) = (remote.clone(), worker.clone());
+        tokio::spawn(async move {
+            // In slices, each run to its end (a read cut off midway would still be delivered to
+            // the worker's consumer, unseen): it stops within a slice of the request going away.
+            let deadline = tokio::time::Instant::now() + wait;
+            let r = loop {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let r = remote.claim(&worker, max, left.min(CLAIM_SLICE)).await;
+                match &r {
+                    Ok(got) if got.is_empty() && !left.is_zero() && left > CLAIM_SLICE && !tx.is_closed() => continue,
+                    _ => break r,
+                }
+            };
+            if let Err(Ok(claims)) = tx.send(r) {
+                let leases: Vec<String> = claims.into_iter().map(|c| c.lease).collect();
+                if !leases.is_empty() {
+                    if let Err(e) = remote.hand_back(&worker, &leases).await {
+                        tracing::warn!(queue = %remote.queue(), worker, error = %e, "claim abandoned by its request: handing its commands back failed; they are taken over after the claim timeout");
+                    }
+                }
+            }
+        });
+    }
     let claims = tokio::select! {
-        r = remote.claim(&worker, max, wait) => r.map_err(|e| engine_error(e, &worker))?,
-        // Shutting down: nothing. A command claimed meanwhile is taken over after the claim timeout.
+        r = rx => match r {
+            Ok(r) => r.map_err(|e| engine_error(e, &worker))?,
+            Err(_) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the claim task ended without an answer")),
+        },
+        // Shutting down: nothing (the claim task hands back what it still gets).
         _ = st.shutdown.cancelled() => Vec::new(),
     };
     let timeout_ms = remote.claim_timeout().as_millis() as u64;
@@ -321,6 +346,46 @@ fn parse_settle(body: &[u8]) -> Result<(String, RemoteOutcome), ApiError> {
     Ok((lease, out))
 }
 
+/// Most settlements one request carries.
+pub const MAX_SETTLE: usize = 1000;
+
+const BATCH_SHAPE: &str =
+    "{\"settlements\": [{\"lease\": \"<lease>\", \"outcome\": \"succeeded\", \"result\": {…}}, …]}";
+
+/// A hand-off's target must be a queue of this server (and not the command's own).
+fn check_handoff(st: &AppState, own: &str, outcome: &RemoteOutcome) -> Result<(), ApiError> {
+    if let RemoteOutcome::Result(CommandResult::HandedOff { queue }) = outcome {
+        if queue == own {
+            return Err(ApiError::invalid(
+                "invalid_body",
+                format!(
+                    "outcome \"handed_off\" names {}, the command's own queue; hand off to another queue",
+                    echo(queue)
+                ),
+            ));
+        }
+        if let Err(mut e) = st.commands.queue(queue) {
+            e.status = StatusCode::BAD_REQUEST;
+            e.message = format!("outcome \"handed_off\": {}; nothing was changed", e.message);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Settled<'a> {
+    applied: bool,
+    command: Option<&'a CommandState>,
+}
+
+fn settled_view(s: &RemoteSettled) -> Settled<'_> {
+    match s {
+        RemoteSettled::Applied(s) => Settled { applied: true, command: Some(s) },
+        RemoteSettled::Finished(s) => Settled { applied: false, command: s.as_ref() },
+    }
+}
+
 pub async fn settle(
     State(st): State<AppState>,
     QueueName(queue): QueueName,
@@ -328,18 +393,99 @@ pub async fn settle(
     req: Request,
 ) -> Result<Response, ApiError> {
     let (remote, worker, body) = parts(&st, &queue, req).await?;
+    if let Some(items) = batch_items(&body)? {
+        return settle_many(&st, &queue, &remote, &worker, items).await;
+    }
     let (lease, outcome) = parse_settle(&body)?;
+    check_handoff(&st, &queue, &outcome)?;
     let settled = remote.settle(&worker, &lease, outcome).await.map_err(|e| engine_error(e, &worker))?;
+    Ok(serialized_response(&settled_view(&settled)))
+}
+
+/// The items of a batch body `{"settlements": [...]}`, or `None` for a single settlement.
+fn batch_items(body: &[u8]) -> Result<Option<Vec<&RawValue>>, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Probe<'a> {
+        #[serde(borrow)]
+        settlements: Option<&'a RawValue>,
+    }
+    let Ok(Probe { settlements: Some(raw) }) = serde_json::from_slice::<Probe>(body) else { return Ok(None) };
+    fields(body, &["settlements"], BATCH_SHAPE)?;
+    match serde_json::from_str::<Vec<&RawValue>>(raw.get()) {
+        Ok(items) if items.is_empty() => {
+            Err(ApiError::invalid("invalid_body", format!("\"settlements\" is empty; send {BATCH_SHAPE}")))
+        }
+        Ok(items) if items.len() > MAX_SETTLE => Err(ApiError::invalid(
+            "invalid_body",
+            format!("\"settlements\" has {} items; settle at most {MAX_SETTLE} per request", items.len()),
+        )),
+        Ok(items) => Ok(Some(items)),
+        Err(_) => Err(ApiError::invalid(
+            "invalid_body",
+            format!("\"settlements\" must be an array of settlements like {BATCH_SHAPE}"),
+        )),
+    }
+}
+
+/// Many settlements in one request, each decided as alone (concurrently): every item is checked
+/// first (a bad one refuses the request, naming its index, and nothing is settled), then each
+/// answers in order `{"lease", "applied", "command"}` or `{"lease", "error", "message"}`
+/// (`lease_lost`, or a backend failure: retry that item).
+async fn settle_many(
+    st: &AppState,
+    queue: &str,
+    remote: &RemoteWorkers,
+    worker: &str,
+    items: Vec<&RawValue>,
+) -> Result<Response, ApiError> {
+    let mut parsed = Vec::with_capacity(items.len());
+    let mut seen = std::collections::HashSet::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = |mut e: ApiError| {
+            e.message = format!("settlements[{i}]: {}", e.message);
+            e
+        };
+        let (lease, outcome) = parse_settle(item.get().as_bytes()).map_err(at)?;
+        check_handoff(st, queue, &outcome).map_err(at)?;
+        if !seen.insert(lease.clone()) {
+            return Err(at(ApiError::invalid(
+                "invalid_body",
+                "this lease is settled by an earlier item of the request",
+            )));
+        }
+        parsed.push((lease, outcome));
+    }
+    let results = futures::future::join_all(parsed.into_iter().map(|(lease, outcome)| async move {
+        let r = remote.settle(worker, &lease, outcome).await.map_err(|e| engine_error(e, worker));
+        (lease, r)
+    }))
+    .await;
+    #[derive(Serialize)]
+    #[serde(untagged)]
+    enum Item<'a> {
+        Done {
+            lease: &'a str,
+            #[serde(flatten)]
+            settled: Settled<'a>,
+        },
+        Refused {
+            lease: &'a str,
+            error: &'static str,
+            message: String,
+        },
+    }
+    let out: Vec<Item> = results
+        .iter()
+        .map(|(lease, r)| match r {
+            Ok(s) => Item::Done { lease, settled: settled_view(s) },
+            Err(e) => Item::Refused { lease, error: e.code, message: e.message.clone() },
+        })
+        .collect();
     #[derive(Serialize)]
     struct Out<'a> {
-        applied: bool,
-        command: Option<&'a CommandState>,
+        settlements: Vec<Item<'a>>,
     }
-    let out = match &settled {
-        RemoteSettled::Applied(s) => Out { applied: true, command: Some(s) },
-        RemoteSettled::Finished(s) => Out { applied: false, command: s.as_ref() },
-    };
-    Ok(serialized_response(&out))
+    Ok(serialized_response(&Out { settlements: out }))
 }
 
 #[cfg(test)]

@@ -975,6 +975,16 @@ fn worker_routes(d: &Docs) -> Vec<Route> {
     };
     let body = |schema: Value, example: Value| json!({ "required": true, "content": { "application/json": { "schema": schema, "examples": { "example": { "value": example } } } } });
     let lease_states = json!({ "type": "string", "enum": ["held", "lost", "gone"] });
+    let settlement = json!({ "type": "object", "required": ["lease", "outcome"], "additionalProperties": false, "properties": {
+        "lease": { "type": "string" },
+        "outcome": { "type": "string", "enum": ["succeeded", "failed", "cancelled", "running", "handed_off", "error", "release"] },
+        "result": { "description": "`succeeded`: the result, any JSON, kept byte for byte (default null)." },
+        "error": { "type": "string", "description": "`failed` / `error`: the message." },
+        "next_check": { "type": "string", "description": "`running`: when to call check_status (`10s`; default the queue's check_status_interval)." },
+        "queue": { "type": "string", "description": "`handed_off`: the queue the command continues on (one of this server's, not the command's own)." } } });
+    let settled = json!({ "type": "object", "required": ["applied", "command"], "properties": {
+        "applied": { "type": "boolean" },
+        "command": { "oneOf": [r("CommandState"), { "type": "null" }] } } });
     let route = |path: &'static str,
                  summary: &str,
                  doc_body: Value,
@@ -1002,7 +1012,7 @@ fn worker_routes(d: &Docs) -> Vec<Route> {
             body(
                 json!({ "type": "object", "additionalProperties": false, "properties": {
                     "max": { "type": "integer", "minimum": 1, "maximum": 100, "description": "At most this many commands (default 1)." },
-                    "wait": { "type": "string", "description": "Wait this long for the first command when none is ready (`30s`, `500ms`; default `0s`; at most the server's long-poll timeout)." } } }),
+                    "wait": { "type": "string", "description": "Wait this long for the first command when none is ready (`30s`, `500ms`; default `0s`; a longer wait is cut to the server's long-poll timeout)." } } }),
                 json!({ "max": 10, "wait": "30s" }),
             ),
             json_resp(
@@ -1044,26 +1054,25 @@ fn worker_routes(d: &Docs) -> Vec<Route> {
         ),
         route(
             "/v1/queues/{queue}/workers/{worker}/settle",
-            "Settle a claimed command",
+            "Settle claimed commands (one, or many at once)",
             body(
-                json!({ "type": "object", "required": ["lease", "outcome"], "additionalProperties": false, "properties": {
-                    "lease": { "type": "string" },
-                    "outcome": { "type": "string", "enum": ["succeeded", "failed", "cancelled", "running", "handed_off", "error", "release"] },
-                    "result": { "description": "`succeeded`: the result, any JSON, kept byte for byte (default null)." },
-                    "error": { "type": "string", "description": "`failed` / `error`: the message." },
-                    "next_check": { "type": "string", "description": "`running`: when to call check_status (`10s`; default the queue's check_status_interval)." },
-                    "queue": { "type": "string", "description": "`handed_off`: the queue the command continues on." } } }),
+                json!({ "oneOf": [settlement.clone(), { "type": "object", "required": ["settlements"], "additionalProperties": false, "properties": {
+                    "settlements": { "type": "array", "minItems": 1, "maxItems": 1000, "items": settlement } } }] }),
                 json!({ "lease": "<lease>", "outcome": "succeeded", "result": { "ok": true } }),
             ),
             json_resp(
-                "Settled. `applied` is false when the command had already ended or moved on (cancelled): nothing was written.",
-                json!({ "type": "object", "required": ["applied", "command"], "properties": {
-                    "applied": { "type": "boolean" },
-                    "command": { "oneOf": [r("CommandState"), { "type": "null" }] } } }),
+                "Settled. One settlement: `applied` is false when the command had already ended or moved on (cancelled): nothing was written. Many: one entry per settlement, in order, each as one settlement's answer with its `lease`, or `error` and `message` (`lease_lost`: stop, do not retry it; another code: retry that one).",
+                json!({ "oneOf": [settled.clone(), { "type": "object", "required": ["settlements"], "properties": {
+                    "settlements": { "type": "array", "items": { "oneOf": [
+                        { "type": "object", "required": ["lease", "applied", "command"], "properties": {
+                            "lease": { "type": "string" }, "applied": { "type": "boolean" },
+                            "command": { "oneOf": [r("CommandState"), { "type": "null" }] } } },
+                        { "type": "object", "required": ["lease", "error", "message"], "properties": {
+                            "lease": { "type": "string" }, "error": { "type": "string" }, "message": { "type": "string" } } }] } } } }] }),
             ),
             vec![
-                ("400", err_resp("Malformed body (the message names the field), lease token or worker name.")),
-                ("409", err_resp("`lease_lost`: the lease is not this worker's any more; nothing changed. Stop; do not retry.")),
+                ("400", err_resp("Malformed body (the message names the field, and for many settlements the item: `settlements[2]: …`; nothing was settled), lease token, worker name, or a hand-off to a queue this server does not have (`unknown_queue`) or to the command's own.")),
+                ("409", err_resp("`lease_lost` (one settlement): the lease is not this worker's any more; nothing changed. Stop; do not retry.")),
             ],
             post(remote::settle),
         ),
