@@ -17,7 +17,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Coroutine, Optional, TypeVar
+from typing import Any, AsyncIterator, Coroutine, Optional, Sequence, TypeVar
 
 import httpx
 from baton_client import BatonClient, Worker
@@ -128,12 +128,14 @@ class BatonServer:
         return self.log.read_text(errors="replace")
 
 
-def start_baton(tmp: Path, backend: str, redis: Optional[RedisServer], config: str = CONFIG) -> BatonServer:
+def start_baton(
+    tmp: Path, backend: str, redis: Optional[RedisServer], config: str = CONFIG, extra_args: Sequence[str] = ()
+) -> BatonServer:
     binary = baton_binary()
     cfg = tmp / "baton.toml"
     cfg.write_text(config)
     port = free_port()
-    args = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--config", str(cfg), "--no-workers"]
+    args = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--config", str(cfg), "--no-workers", *extra_args]
     if backend == "redis":
         assert redis is not None
         redis.flush()

@@ -173,6 +173,101 @@ def test_hand_off_to_a_second_queue(server: BatonServer) -> None:
     run(main())
 
 
+@pytest.mark.parametrize("target", ["no-such-queue", "jobs"])
+def test_hand_off_the_server_refuses_fails_the_command_naming_the_queue(
+    server: BatonServer, target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hand-off to a queue the server does not have, or to the command's own queue, is
+    refused (400, nothing changed): the worker settles the command FAILED, naming the queue,
+    so that it does not come back after every claim timeout."""
+    calls: List[int] = []
+
+    def handler(job: Job) -> Any:
+        calls.append(job.deliveries)
+        return HandOff(target)
+
+    async def main() -> None:
+        caplog.set_level(logging.INFO, logger="baton_client.worker")
+        async with client(server) as c:
+            await c.submit("jobs", "t", id="hb-1")
+            async with running(make_worker(server, handler)):
+                state = await c.wait("hb-1", timeout=10)
+                await asyncio.sleep(1.5 * CLAIM_TIMEOUT)  # no redelivery
+            assert state.status is CommandStatus.FAILED
+            assert state.handed_off_to is None
+            assert state.attempts == 1
+            assert f"the handler handed the command off to queue {target!r}, which the server refused" in state.error
+            assert calls == [1]
+            refused = [r for r in caplog.records if "refused the hand-off" in r.getMessage()]
+            assert len(refused) == 1 and refused[0].levelno == logging.ERROR
+            assert repr(target) in refused[0].getMessage()
+
+    run(main())
+
+
+def test_settlements_ready_together_go_in_one_request(
+    server: BatonServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Handlers ending at the same moment: their settlements share requests
+    (``{"settlements": [...]}``), each applied as if alone."""
+    n = 40
+    gate = asyncio.Event()
+    started: List[str] = []
+
+    async def handler(job: Job) -> Any:
+        started.append(job.id)
+        if len(started) == n:
+            gate.set()
+        await gate.wait()
+        if job.params["i"] % 10 == 0:
+            raise Failed(f"no {job.params['i']}")
+        return {"i": job.params["i"]}
+
+    async def main() -> None:
+        caplog.set_level(logging.DEBUG, logger="baton_client.worker")
+        async with client(server) as c:
+            ids = [f"bt-{i}" for i in range(n)]
+            await asyncio.gather(*(c.submit("jobs", "t", {"i": i}, id=cid) for i, cid in enumerate(ids)))
+            async with running(make_worker(server, handler, concurrency=n)):
+                states = await asyncio.gather(*(c.wait(cid, timeout=20) for cid in ids))
+            for i, state in enumerate(states):
+                if i % 10 == 0:
+                    assert state.status is CommandStatus.FAILED and state.error == f"no {i}"
+                else:
+                    assert state.status is CommandStatus.SUCCEEDED and state.result == {"i": i}
+                assert state.attempts == 1
+            sizes = [int(r.args[0]) for r in caplog.records if r.msg == "settle request: %d settlement(s)"]
+            assert sum(sizes) == n, sizes
+            assert len(sizes) < n / 4, sizes  # together, not one request per command
+
+    run(main())
+
+
+def test_claim_wait_above_the_servers_long_poll_timeout_is_cut_to_it(tmp_path: Path) -> None:
+    """``claim_wait`` 20 s against ``--long-poll-timeout 1s``: the server cuts each claim's wait
+    to 1 s (it used to refuse it with 400); the worker claims and runs commands as usual."""
+    from support import start_baton, stop_process
+
+    srv = start_baton(tmp_path, "memory", None, extra_args=["--long-poll-timeout", "1s"])
+    try:
+
+        async def main() -> None:
+            async with client(srv) as c:
+                sent = time.monotonic()
+                got = await c.request("POST", "/v1/queues/jobs/workers/probe/claim", {"wait": "20s"})
+                assert got == {"leases": []}
+                assert 0.8 < time.monotonic() - sent < 5.0
+                async with running(make_worker(srv, lambda job: "ok", claim_wait="20s")):
+                    await asyncio.sleep(1.5)  # a claim or two came back empty meanwhile
+                    await c.submit("jobs", "t", id="lp-1")
+                    state = await c.wait("lp-1", timeout=10)
+                assert state.status is CommandStatus.SUCCEEDED and state.result == "ok"
+
+        run(main())
+    finally:
+        stop_process(srv.proc, graceful=False)
+
+
 def test_type_without_a_handler_fails_clearly(server: BatonServer) -> None:
     async def main() -> None:
         async with client(server) as c:

@@ -64,7 +64,8 @@ function waitFor(set: (wake: () => void) => void, ms?: number): Promise<void> {
 
 async function claimLoop(): Promise<void> {
   let backoff = 0;
-  let claimWaitMs = config.claimWaitMs;
+  // A wait beyond the server's --long-poll-timeout is cut to it by the server.
+  const claimWaitMs = config.claimWaitMs;
   while (claiming) {
     const free = config.concurrency - held.size;
     if (free <= 0) {
@@ -84,13 +85,6 @@ async function claimLoop(): Promise<void> {
       backoff = 0;
     } catch (err) {
       if (!claiming) break;
-      if (err instanceof BatonError && err.status === 400 && /"wait"/.test(err.message) && claimWaitMs > 0) {
-        // A server with a shorter --long-poll-timeout than our wait: wait less.
-        const shorter = claimWaitMs >= 200 ? Math.floor(claimWaitMs / 2) : 0;
-        post({ t: "warn", context: "claim", message: `${err.message}; waiting ${shorter} ms per claim from now on` });
-        claimWaitMs = shorter;
-        continue;
-      }
       if (err instanceof BatonError && !err.transient && err.status !== 500) {
         post({ t: "fatal", status: err.status, code: err.code, message: err.message });
         break;

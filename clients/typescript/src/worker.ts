@@ -59,7 +59,7 @@ export interface WorkerOptions {
   name?: string;
   /** Bearer token with the `work` operation on the queue. */
   token?: string;
-  /** Long-poll wait of one claim, in milliseconds (default 20000; at most the server's `--long-poll-timeout`, 30 s by default). */
+  /** Long-poll wait of one claim, in milliseconds (default 20000; the server cuts a longer wait than its `--long-poll-timeout`, 30 s by default, to it). */
   claimWaitMs?: number;
   /** Default grace period of {@link Worker.stop}, in milliseconds (default 10000). */
   shutdownGraceMs?: number;
@@ -90,6 +90,37 @@ interface Running_ {
 }
 
 type SettleBody = Record<string, unknown> & { outcome: string };
+
+/** One settlement on its way (see Worker#settle). */
+interface Settlement {
+  r: Running_;
+  body: SettleBody;
+  /** The item's JSON text. */
+  item: string;
+  giveUpAt: number;
+  budgetMs: number;
+  /** Next delay after an item-level backend error, ms. */
+  backoff: number;
+  /** Refused as part of a batch without the item at fault named (413): sent on its own. */
+  alone: boolean;
+  finish: () => void;
+}
+
+/** The server's limit of settlements in one request. */
+const MAX_SETTLE = 1000;
+/** A batch's body stays well under the server's `--max-command-body` (1 MiB by default). */
+const SETTLE_BATCH_BYTES = 256 * 1024;
+/** Settle requests in flight at once. */
+const SETTLES_IN_FLIGHT = 2;
+
+/** One settlement's JSON text (`result` is already JSON text). */
+function settleItem(lease: string, body: SettleBody): string {
+  let text = `{"lease":${JSON.stringify(lease)}`;
+  for (const [key, value] of Object.entries(body)) {
+    text += `,${JSON.stringify(key)}:${key === "result" ? (value as string) : JSON.stringify(value)}`;
+  }
+  return text + "}";
+}
 
 /** Default worker name: host, pid and a random suffix. */
 function defaultName(): string {
@@ -401,51 +432,211 @@ export class Worker {
   }
 
   /**
-   * Settles with retries: transient failures (no answer, 5xx) are retried with backoff (100 ms
-   * doubling to 5 s) while the lease is held, for at most `budgetMs` (then the lease is dropped
-   * and the command goes to another worker after the claim timeout); `409 lease_lost` ends it
-   * (taken over, or an earlier try was applied); a `400` for an outcome the server refuses (an
-   * unknown hand-off queue, …) is settled as `error` instead.
+   * Settles `r` with `body`; resolves when that is done or given up. Settlements ready at the
+   * same time go out together in one request (`{"settlements": [...]}`, see #pumpSettlements).
+   * Transient failures (no answer, `408`/`429`/`5xx`, an item's backend error) are retried with
+   * backoff (100 ms doubling to 5 s) while the lease is held, for at most `budgetMs` (then the
+   * lease is dropped and the command goes to another worker after the claim timeout); an item's
+   * `lease_lost` ends it (taken over, or an earlier try was applied). A body the server refuses
+   * (`400`) is replaced: a hand-off to a queue the server does not have (or to the command's
+   * own) by `failed` naming the queue, a refused result (`400`/`413`) or another refused
+   * outcome by `error`.
    */
-  async #settle(r: Running_, body: SettleBody, budgetMs = 60_000): Promise<void> {
-    let backoff = 100;
-    const giveUpAt = Date.now() + budgetMs;
-    for (;;) {
-      if (r.lost) return;
-      let text = `{"lease":${JSON.stringify(r.job.lease)}`;
-      for (const [key, value] of Object.entries(body)) {
-        text += `,${JSON.stringify(key)}:${key === "result" ? (value as string) : JSON.stringify(value)}`;
-      }
-      text += "}";
-      try {
-        await requestJson(
-          this.#endpoint,
-          "POST",
-          `/v1/queues/${encodeURIComponent(this.#queue)}/workers/${encodeURIComponent(this.name)}/settle`,
-          { body: text, timeoutMs: 30_000 },
-        );
-        return;
-      } catch (err) {
-        if (!(err instanceof BatonError)) throw err;
-        if (err.status === 409) return; // lease_lost: not ours any more, or an earlier try was applied
-        if (err.transient || err.status >= 500) {
-          const delay = err.retryAfterMs ?? backoff;
-          if (Date.now() + delay > giveUpAt) {
-            this.#onError(err, `settle ${body.outcome} of command ${r.job.id}: giving up after ${budgetMs} ms (the command goes to another worker after the claim timeout)`);
-            return;
-          }
-          backoff = Math.min(backoff * 2, 5_000);
-          this.#onError(err, `settle ${body.outcome} of command ${r.job.id} (retrying in ${delay} ms)`);
-          await sleep(delay);
-          continue;
-        }
-        this.#onError(err, `settle ${body.outcome} of command ${r.job.id} refused`);
-        if (err.status === 400 && body.outcome !== "error" && body.outcome !== "release") {
-          body = { outcome: "error", error: `settling ${body.outcome} was refused: ${err.message}` };
-          continue;
-        }
-        return;
-      }
+  #settle(r: Running_, body: SettleBody, budgetMs = 60_000): Promise<void> {
+    return new Promise<void>((resolve) => {
+      this.#ready.push({
+        r,
+        body,
+        item: settleItem(r.job.lease, body),
+        giveUpAt: Date.now() + budgetMs,
+        budgetMs,
+        backoff: 100,
+        alone: false,
+        finish: resolve,
+      });
+      this.#schedulePump();
+    });
+  }
+
+  readonly #ready: Settlement[] = [];
+  #settlesInFlight = 0;
+  #pumpScheduled = false;
+  #requestBackoff = 100;
+
+  /** Pumps on the next turn, so that the settlements of handlers ending together share a request. */
+  #schedulePump(): void {
+    if (this.#pumpScheduled) return;
+    this.#pumpScheduled = true;
+    setImmediate(() => {
+      this.#pumpScheduled = false;
+      this.#pumpSettlements();
+    });
+  }
+
+  /** Sends what is ready, at most SETTLES_IN_FLIGHT requests at once; what becomes ready meanwhile waits for the next. */
+  #pumpSettlements(): void {
+    while (this.#settlesInFlight < SETTLES_IN_FLIGHT && this.#ready.length > 0) {
+      const batch = this.#takeBatch();
+      if (batch.length === 0) continue;
+      this.#settlesInFlight++;
+      this.#sendSettlements(batch)
+        .catch((err) => {
+          // A bug: do not leave the handlers' settlements hanging.
+          this.#onError(err instanceof Error ? err : new Error(String(err)), "settle (internal error)");
+          for (const s of batch) s.finish();
+        })
+        .finally(() => {
+          this.#settlesInFlight--;
+          this.#pumpSettlements();
+        });
     }
+  }
+
+  #takeBatch(): Settlement[] {
+    const batch: Settlement[] = [];
+    let bytes = 0;
+    while (this.#ready.length > 0 && batch.length < MAX_SETTLE) {
+      const s = this.#ready[0]!;
+      if (s.r.lost) {
+        // Not ours any more (or the renewal crossed our own settlement): nothing to send.
+        this.#ready.shift();
+        s.finish();
+        continue;
+      }
+      if (batch.length > 0 && (s.alone || bytes + s.item.length > SETTLE_BATCH_BYTES)) break;
+      this.#ready.shift();
+      batch.push(s);
+      bytes += s.item.length + 1;
+      if (s.alone) break;
+    }
+    return batch;
+  }
+
+  /** Back in line now (at the front), or after `delay` ms: those past their budget are given up. */
+  #again(items: Settlement[], delay = 0, err?: Error): void {
+    if (items.length === 0) return;
+    if (delay <= 0) {
+      this.#ready.unshift(...items);
+      this.#schedulePump();
+      return;
+    }
+    const now = Date.now();
+    const keep: Settlement[] = [];
+    for (const s of items) {
+      if (now + delay > s.giveUpAt) {
+        this.#onError(
+          err ?? new Error("settle failed"),
+          `settle ${s.body.outcome} of command ${s.r.job.id}: giving up after ${s.budgetMs} ms (the command goes to another worker after the claim timeout)`,
+        );
+        s.finish();
+      } else keep.push(s);
+    }
+    if (keep.length === 0) return;
+    if (err) {
+      const what = keep.length === 1 ? `settle ${keep[0]!.body.outcome} of command ${keep[0]!.r.job.id}` : `settle of ${keep.length} commands`;
+      this.#onError(err, `${what} (retrying in ${delay} ms)`);
+    }
+    setTimeout(() => {
+      this.#ready.push(...keep);
+      this.#schedulePump();
+    }, delay);
+  }
+
+  async #sendSettlements(batch: Settlement[]): Promise<void> {
+    let answers: unknown;
+    try {
+      const res = await requestJson(
+        this.#endpoint,
+        "POST",
+        `/v1/queues/${encodeURIComponent(this.#queue)}/workers/${encodeURIComponent(this.name)}/settle`,
+        { body: `{"settlements":[${batch.map((s) => s.item).join(",")}]}`, timeoutMs: 30_000 },
+      );
+      answers = (res.body as { settlements?: unknown } | null)?.settlements;
+    } catch (err) {
+      if (!(err instanceof BatonError)) throw err;
+      if (err.transient || err.status >= 500) {
+        const delay = err.retryAfterMs ?? this.#requestBackoff;
+        this.#requestBackoff = Math.min(this.#requestBackoff * 2, 5_000);
+        this.#again(batch, delay, err);
+        return;
+      }
+      if (err.status === 400 || err.status === 413) {
+        // The whole request is refused, nothing settled. A 400 names the item at fault; without
+        // that (413: too big together), each is sent on its own.
+        const m = /^settlements\[(\d+)\]: ?/.exec(err.message);
+        const index = m && err.status === 400 ? Number(m[1]) : batch.length === 1 ? 0 : undefined;
+        if (index === undefined || index >= batch.length) {
+          for (const s of batch) s.alone = true;
+          this.#again(batch);
+          return;
+        }
+        const bad = batch[index]!;
+        const rest = batch.filter((_, i) => i !== index);
+        const message = m ? err.message.slice(m[0].length) : err.message;
+        if (this.#refused(bad, err, message)) {
+          bad.finish();
+          this.#again(rest);
+        } else this.#again([bad, ...rest]);
+        return;
+      }
+      for (const s of batch) {
+        this.#onError(err, `settle ${s.body.outcome} of command ${s.r.job.id} refused`);
+        s.finish();
+      }
+      return;
+    }
+    this.#requestBackoff = 100;
+    if (!Array.isArray(answers) || answers.length !== batch.length) {
+      this.#again(batch, 1_000, new Error(`settle answered something unexpected: ${JSON.stringify(answers)?.slice(0, 200)}`));
+      return;
+    }
+    const retry: Settlement[] = [];
+    let delay = 0;
+    let why: Error | undefined;
+    batch.forEach((s, i) => {
+      const a = answers[i] as { applied?: boolean; error?: string; message?: string } | null;
+      if (a === null || typeof a !== "object" || "applied" in a || a.error === "lease_lost" || typeof a.error !== "string") {
+        s.finish(); // settled; or not ours any more, or an earlier try was applied
+        return;
+      }
+      // A backend failure for this one: retry it.
+      delay = Math.max(delay, s.backoff);
+      s.backoff = Math.min(s.backoff * 2, 5_000);
+      why = new BatonError(503, a.error, a.message ?? a.error);
+      retry.push(s);
+    });
+    this.#again(retry, delay, why);
+  }
+
+  /**
+   * The server refused this settlement's body: put one it takes in its place (`false`: send it
+   * again), or give up (`true`).
+   */
+  #refused(s: Settlement, err: BatonError, message: string): boolean {
+    const { outcome } = s.body;
+    const id = s.r.job.id;
+    s.alone = false;
+    let body: SettleBody | undefined;
+    if (outcome === "handed_off" && err.status === 400) {
+      const queue = s.body.queue as string;
+      this.#onError(err, `command ${id}: the server refused the hand-off to queue ${JSON.stringify(queue)}; settling it failed`);
+      body = {
+        outcome: "failed",
+        error: `the handler handed the command off to queue ${JSON.stringify(queue)}, which the server refused: ${message}`,
+      };
+    } else if (outcome === "succeeded" && (err.status === 400 || err.status === 413)) {
+      this.#onError(err, `command ${id}: the server refused the result; settling it as an error`);
+      body = { outcome: "error", error: `the server refused the handler's result: ${message}` };
+    } else if (err.status === 400 && outcome !== "error" && outcome !== "release") {
+      this.#onError(err, `settle ${outcome} of command ${id} refused`);
+      body = { outcome: "error", error: `settling ${outcome} was refused: ${message}` };
+    }
+    if (body === undefined) {
+      this.#onError(err, `settle ${outcome} of command ${id} refused`);
+      return true;
+    }
+    s.body = body;
+    s.item = settleItem(s.r.job.lease, body);
+    return false;
   }
 }

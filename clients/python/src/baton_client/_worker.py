@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import os
-import queue
 import random
+import re
 import signal
 import socket
 import threading
@@ -32,6 +33,9 @@ Handler = Callable[[Job], Any]
 
 _MAX_CLAIM = 100  # the server's limit of "max" in one claim
 _MAX_RENEW = 1000  # the server's limit of leases in one renewal
+_MAX_SETTLE = 1000  # the server's limit of settlements in one request
+_SETTLE_BATCH_BYTES = 256 * 1024  # a batch's body stays well under --max-command-body (1 MiB)
+_SETTLE_THREADS = 1  # settle requests in flight at once (a second one measured slower: the GIL)
 _CLAIM_LINGER = 0.02  # seconds a claim waits for a batch of free slots while jobs run
 
 
@@ -306,30 +310,67 @@ class _Claimer(threading.Thread):
                 pass
 
     def _release(self, jobs: List[Job]) -> None:
-        with httpx.Client(timeout=5.0) as client:
-            for job in jobs:
-                try:
-                    client.post(
-                        self._release_url,
-                        content=dumps({"lease": job.lease, "outcome": "release"}),
-                        headers=self._headers,
-                    )
-                except httpx.HTTPError as exc:
-                    log.warning("releasing command %s failed: %s", job.id, exc)
-                self._worker._renewer.remove(job)
+        """Hands back leases claimed while stopping, in one request (a courtesy: without it they
+        come back after the claim timeout)."""
+        body = dumps({"settlements": [{"lease": job.lease, "outcome": "release"} for job in jobs]})
+        try:
+            with httpx.Client(timeout=5.0) as client:
+                response = client.post(self._release_url, content=body, headers=self._headers)
+            if response.status_code >= 400:
+                log.warning("releasing %d command(s) failed: %s", len(jobs), error_of(response))
+        except httpx.HTTPError as exc:
+            log.warning("releasing %d command(s) failed: %s", len(jobs), exc)
+        for job in jobs:
+            self._worker._renewer.remove(job)
+
+
+class _Pending:
+    """One settlement on its way: the job, the body fields, and its retry state."""
+
+    __slots__ = ("job", "fields", "what", "item", "done", "not_before", "backoff", "retried", "alone")
+
+    def __init__(self, job: Job, fields: Dict[str, Any], what: str, done: "asyncio.Future[None]") -> None:
+        self.job = job
+        self.done = done
+        self.not_before = 0.0
+        self.backoff = _Backoff()
+        self.retried = False  # sent before without a definite answer: lease_lost then means applied
+        self.alone = False  # refused as part of a batch (413, a 400 naming no item): sent on its own
+        self.fields: Dict[str, Any] = {}
+        self.what = ""
+        self.item = b""
+        self.set(fields, what)
+
+    def set(self, fields: Dict[str, Any], what: str) -> None:
+        self.fields = fields
+        self.what = what
+        self.item = _settle_body(self.job.lease, fields)
+
+
+_ITEM_INDEX = re.compile(r"^settlements\[(\d+)\]: ?")
 
 
 class _Settler:
-    """Settles finished jobs from a few threads, each with its own synchronous
-    ``httpx.Client`` (cheaper per request than the async client, and independent of the
-    worker's event loop). Retries transient failures with backoff until the lease is lost."""
+    """Settles finished jobs, many per request: every settlement ready when a request goes
+    out is sent in it (``{"settlements": [...]}``, at most :data:`_MAX_SETTLE` and about
+    :data:`_SETTLE_BATCH_BYTES`), so under load one request settles many commands. A thread
+    sends (:data:`_SETTLE_THREADS`), with its own synchronous ``httpx.Client`` (cheaper per
+    request than the async client, and independent of the worker's event loop); while a
+    request is in flight the next settlements gather for the next one.
+
+    Transient failures (no answer, ``408``/``429``/``5xx``, an item's backend error) are
+    retried with backoff until the lease is lost; an item's ``lease_lost`` ends it (after a
+    retry it means the earlier try was applied)."""
 
     def __init__(self, worker: "Worker", threads: int) -> None:
         self._worker = worker
         self._url = f"{worker.url}/v1/queues/{seg(worker.queue)}/workers/{seg(worker.name)}/settle"
         self._headers = {**base_headers(worker._token), **JSON_HEADERS}
-        self._queue: "queue.SimpleQueue[Optional[Tuple[Job, Tuple[Dict[str, Any], str], asyncio.Future[None]]]]"
-        self._queue = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._ready: "collections.deque[_Pending]" = collections.deque()
+        self._later: List[_Pending] = []  # waiting for their retry time
+        self._stopping = False
+        self._backoff = _Backoff()  # of whole requests (no answer, 5xx)
         self._threads = [
             threading.Thread(target=self._run, name=f"baton-settle-{worker.name}-{i}", daemon=True)
             for i in range(threads)
@@ -340,85 +381,224 @@ class _Settler:
             t.start()
 
     def put(self, job: Job, settlement: Tuple[Dict[str, Any], str], done: "asyncio.Future[None]") -> None:
-        self._queue.put((job, settlement, done))
+        fields, what = settlement
+        pending = _Pending(job, fields, what, done)
+        with self._cond:
+            self._ready.append(pending)
+            self._cond.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
-        for _ in self._threads:
-            self._queue.put(None)
+        """Send what is pending (retrying for up to ``timeout`` seconds), then end the threads."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         deadline = time.monotonic() + timeout
         for t in self._threads:
             if t.is_alive():
                 t.join(max(0.0, deadline - time.monotonic()))
 
+    # --- the sending threads ---
+
+    def _take(self) -> Optional[List[_Pending]]:
+        """The next batch (waiting for one); ``None`` when stopping with nothing left."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if self._later:
+                    due = [p for p in self._later if p.not_before <= now]
+                    if due:
+                        self._later = [p for p in self._later if p.not_before > now]
+                        self._ready.extend(due)
+                if self._ready:
+                    return self._batch()
+                if self._stopping and not self._later:
+                    return None
+                wait = min(p.not_before for p in self._later) - now if self._later else None
+                self._cond.wait(wait)
+
+    def _batch(self) -> List[_Pending]:
+        ready = self._ready
+        first = ready.popleft()
+        batch = [first]
+        if first.alone:
+            return batch
+        size = len(first.item)
+        while ready and len(batch) < _MAX_SETTLE:
+            nxt = ready[0]
+            if nxt.alone or size + len(nxt.item) + 1 > _SETTLE_BATCH_BYTES:
+                break
+            size += len(nxt.item) + 1
+            batch.append(ready.popleft())
+        return batch
+
+    def _again(self, items: List[_Pending], delay: float = 0.0) -> None:
+        """Back in line: at the front now, or after ``delay`` seconds."""
+        if not items:
+            return
+        with self._cond:
+            if delay <= 0:
+                self._ready.extendleft(reversed(items))
+            else:
+                at = time.monotonic() + delay
+                for p in items:
+                    p.not_before = at
+                self._later.extend(items)
+            self._cond.notify()
+
     def _run(self) -> None:
         with httpx.Client(timeout=self._worker._timeout) as client:
             while True:
-                item = self._queue.get()
-                if item is None:
+                batch = self._take()
+                if batch is None:
                     return
-                job, settlement, done = item
+                finished: List[_Pending] = []
                 try:
-                    self._settle(client, job, settlement)
+                    finished = self._send(client, batch)
                 except Exception:  # pragma: no cover - a bug in the SDK: keep settling others
-                    log.exception("internal error while settling command %s", job.id)
-                loop = done.get_loop()
-                try:
-                    loop.call_soon_threadsafe(_resolve, done)
-                except RuntimeError:  # the loop is closed
-                    pass
+                    log.exception("internal error while settling %d command(s)", len(batch))
+                    finished = batch
+                if finished:
+                    loop = finished[0].done.get_loop()
+                    try:
+                        loop.call_soon_threadsafe(_resolve_all, [p.done for p in finished])
+                    except RuntimeError:  # the loop is closed
+                        pass
 
-    def _settle(self, client: httpx.Client, job: Job, settlement: Tuple[Dict[str, Any], str]) -> None:
-        fields, what = settlement
-        body = _settle_body(job.lease, fields)
-        backoff = _Backoff()
-        attempt = 0
-        while True:
-            attempt += 1
-            if job._lost:
-                log.warning("command %s: gave up settling (%s): the lease's deadline passed", job.id, what)
-                return
+    def _send(self, client: httpx.Client, batch: List[_Pending]) -> List[_Pending]:
+        """Sends one request for ``batch``; returns the settlements that are finished (the
+        others are back in line)."""
+        finished: List[_Pending] = []
+        live: List[_Pending] = []
+        for p in batch:
+            if p.job._lost:
+                log.warning("command %s: gave up settling (%s): the lease's deadline passed", p.job.id, p.what)
+                finished.append(p)
+            else:
+                live.append(p)
+        if not live:
+            return finished
+        body = b'{"settlements":[' + b",".join(p.item for p in live) + b"]}"
+        log.debug("settle request: %d settlement(s)", len(live))
+        try:
+            response = client.post(self._url, content=body, headers=self._headers)
+        except httpx.HTTPError as exc:
+            delay = self._backoff.next()
+            log.warning(
+                "settling %s failed (%s: %s); retrying in %.1fs", _which(live), type(exc).__name__, exc, delay
+            )
+            for p in live:
+                p.retried = True
+            self._again(live, delay)
+            return finished
+        status = response.status_code
+        if status == 200:
+            self._backoff.reset()
             try:
-                response = client.post(self._url, content=body, headers=self._headers)
-            except httpx.HTTPError as exc:
-                delay = backoff.next()
-                log.warning(
-                    "settling command %s failed (%s: %s); retrying in %.1fs", job.id, type(exc).__name__, exc, delay
-                )
-                time.sleep(delay)
-                continue
-            status = response.status_code
-            if status == 200:
-                try:
-                    applied = decode(response).get("applied")
-                except BatonError:
-                    applied = None
-                log.debug("command %s settled: %s (applied: %s)", job.id, what, applied)
-                return
-            err = error_of(response)
-            if status == 409 and err.code == "lease_lost":
-                if attempt > 1:
-                    log.debug("command %s: a retried settlement answered lease_lost (the first was applied)", job.id)
+                answers = decode(response)["settlements"]
+                if not isinstance(answers, list) or len(answers) != len(live):
+                    raise ValueError(f"{len(answers)} answers to {len(live)} settlements")
+            except (BatonError, KeyError, TypeError, ValueError) as exc:
+                delay = self._backoff.next()
+                log.error("settle answered something unexpected (%s); retrying in %.1fs", exc, delay)
+                for p in live:
+                    p.retried = True
+                self._again(live, delay)
+                return finished
+            retry: List[_Pending] = []
+            for p, answer in zip(live, answers):
+                if self._answered(p, answer):
+                    finished.append(p)
                 else:
-                    log.warning("command %s: settling refused, the lease is lost (%s)", job.id, err.message)
-                return
-            if status in (408, 429) or status >= 500:
-                delay = err.retry_after if err.retry_after is not None else backoff.next()
-                log.warning("settling command %s failed (%s); retrying in %.1fs", job.id, err, delay)
-                time.sleep(delay)
-                continue
-            if fields.get("outcome") == "succeeded" and status in (400, 413):
-                log.error("command %s: the server refused the result (%s); settling it as an error", job.id, err)
-                fields = {"outcome": "error", "error": f"the server refused the handler's result: {err}"}
-                what = "error (result refused)"
-                body = _settle_body(job.lease, fields)
-                continue
-            log.error("command %s: settling %s refused: %s", job.id, what, err)
-            return
+                    retry.append(p)
+            if retry:
+                delay = max(p.backoff.next() for p in retry)
+                self._again(retry, delay)
+            return finished
+        err = error_of(response)
+        if status in (408, 429) or status >= 500:
+            delay = err.retry_after if err.retry_after is not None else self._backoff.next()
+            log.warning("settling %s failed (%s); retrying in %.1fs", _which(live), err, delay)
+            for p in live:
+                p.retried = True
+            self._again(live, delay)
+            return finished
+        if status in (400, 413):
+            # The whole request is refused, nothing settled. A 400 names the item at fault;
+            # without one (413: too big together) each is sent on its own.
+            match = _ITEM_INDEX.match(err.message)
+            index = int(match.group(1)) if match and status == 400 else None
+            if index is None and len(live) == 1:
+                index = 0
+            if index is None or index >= len(live):
+                for p in live:
+                    p.alone = True
+                self._again(live)
+                return finished
+            bad = live[index]
+            if match:
+                err.message = err.message[match.end() :]
+            if self._refused(bad, status, err):
+                finished.append(bad)
+                self._again(live[:index] + live[index + 1 :])
+            else:
+                self._again(live)
+            return finished
+        for p in live:
+            log.error("command %s: settling %s refused: %s", p.job.id, p.what, err)
+        return batch
+
+    def _answered(self, p: _Pending, answer: Any) -> bool:
+        """One item's answer: ``True`` when that settlement is finished."""
+        job = p.job
+        if not isinstance(answer, dict) or answer.get("lease") not in (None, job.lease):
+            log.error("command %s: settle answered something unexpected (%r); not retrying", job.id, answer)
+            return True
+        if "applied" in answer:
+            log.debug("command %s settled: %s (applied: %s)", job.id, p.what, answer.get("applied"))
+            return True
+        code = answer.get("error")
+        message = answer.get("message", "")
+        if code == "lease_lost":
+            if p.retried:
+                log.debug("command %s: a retried settlement answered lease_lost (the first was applied)", job.id)
+            else:
+                log.warning("command %s: settling refused, the lease is lost (%s)", job.id, message)
+            return True
+        p.retried = True
+        log.warning("settling command %s failed (%s: %s); retrying", job.id, code, message)
+        return False
+
+    def _refused(self, p: _Pending, status: int, err: BatonError) -> bool:
+        """The server refused this settlement's body (``400``/``413``): settle something it
+        takes instead when there is one (``False``: send it again), else give up (``True``)."""
+        job, outcome = p.job, p.fields.get("outcome")
+        p.alone = False
+        if outcome == "handed_off":
+            target = p.fields.get("queue")
+            log.error(
+                "command %s: the server refused the hand-off to queue %r (%s); settling it failed", job.id, target, err
+            )
+            p.set(
+                {"outcome": "failed", "error": f"the handler handed the command off to queue {target!r}, which the server refused: {err.message}"},
+                "failed (hand-off refused)",
+            )
+            return False
+        if outcome == "succeeded" and status in (400, 413):
+            log.error("command %s: the server refused the result (%s); settling it as an error", job.id, err)
+            p.set({"outcome": "error", "error": f"the server refused the handler's result: {err}"}, "error (result refused)")
+            return False
+        log.error("command %s: settling %s refused: %s", job.id, p.what, err)
+        return True
 
 
-def _resolve(fut: "asyncio.Future[None]") -> None:
-    if not fut.done():
-        fut.set_result(None)
+def _which(items: List[_Pending]) -> str:
+    return f"command {items[0].job.id}" if len(items) == 1 else f"{len(items)} commands"
+
+
+def _resolve_all(futs: List["asyncio.Future[None]"]) -> None:
+    for fut in futs:
+        if not fut.done():
+            fut.set_result(None)
 
 
 # What a job ended with: (body fields without "lease", description) or None (do not settle).
@@ -443,13 +623,14 @@ class Worker:
             - raises anything else → a handler error: retried with backoff by the server,
               up to the queue's ``retry.max_attempts``, then ``FAILED``;
             - returns :class:`Running` → ``RUNNING``: a ``check_status`` call comes later;
-            - returns :class:`HandOff` → ``RUNNING`` on another queue;
+            - returns :class:`HandOff` → ``RUNNING`` on another queue (one the server does not
+              have, or the command's own, is refused: the worker settles ``FAILED`` naming it);
             - returns :class:`Release` → handed back unrun.
         concurrency: handlers running at once (claims ask for the free slots only).
         name: the worker's name (1–128 bytes); default ``<host>-<pid>-<random>``.
         token: a bearer token with ``work`` on the queue.
         claim_wait: how long one claim long-polls when nothing is ready (seconds or ``"20s"``;
-            at most the server's ``--long-poll-timeout``, 30 s by default).
+            the server cuts a longer wait than its ``--long-poll-timeout``, 30 s by default).
         shutdown_grace: seconds in-flight handlers get to finish after :meth:`stop` before their
             cancellation signal fires (reason ``SHUTDOWN``).
         cancel_grace: seconds a handler signalled for shutdown gets to end before its lease is
@@ -573,7 +754,7 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._stop_requested = asyncio.Event()
-        self._settler = _Settler(self, min(self.concurrency, 4))
+        self._settler = _Settler(self, min(self.concurrency, _SETTLE_THREADS))
         self._renewer = _Renewer(self)
         self._claimer = _Claimer(self, self._claim_wait, self._claim_wait_seconds)
         installed: List[int] = []
