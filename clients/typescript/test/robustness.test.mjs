@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import { after, before, test } from "node:test";
-import { BatonClient, BatonError, Failed, Worker } from "../dist/index.js";
+import { BatonClient, BatonError, Failed, HandOff, Worker } from "../dist/index.js";
 import { collectErrors, forEachBackend, sleep, uid, until } from "./helpers.mjs";
 
 const QUEUE = `[queues.jobs]\nclaim_timeout = "1s"\n`;
@@ -119,7 +119,7 @@ forEachBackend("Worker robustness", { config: QUEUE }, (ctx) => {
     }
   });
 
-  test("settlements ready together go in one request, each applied as alone", async () => {
+  test("settlements ready together go in one request, each applied as alone; a refused hand-off fails only its command", async () => {
     const baton = new BatonClient({ url: ctx.url });
     const { errors, onError } = collectErrors();
     const n = 40;
@@ -136,6 +136,7 @@ forEachBackend("Worker robustness", { config: QUEUE }, (ctx) => {
         if (++started === n) open();
         await gate;
         if (job.params.i % 10 === 0) throw new Failed(`no ${job.params.i}`);
+        if (job.params.i === 7) return new HandOff("no-such-queue");
         return { i: job.params.i };
       },
     });
@@ -154,16 +155,21 @@ forEachBackend("Worker robustness", { config: QUEUE }, (ctx) => {
         if (i % 10 === 0) {
           assert.equal(state.status, "FAILED");
           assert.equal(state.error, `no ${i}`);
+        } else if (i === 7) {
+          assert.equal(state.status, "FAILED");
+          assert.match(state.error, /off to queue "no-such-queue", which the server refused/);
         } else {
           assert.equal(state.status, "SUCCEEDED");
           assert.deepEqual(state.result, { i });
         }
         assert.equal(state.attempts, 1);
       });
-      assert.equal(proxy.settleRequests.reduce((a, b) => a + b, 0), n);
+      // The request with the hand-off was refused whole (400 naming it); its others went again.
+      assert.ok(proxy.settleRequests.reduce((a, b) => a + b, 0) > n, JSON.stringify(proxy.settleRequests));
       assert.ok(proxy.settleRequests.length < n / 4, JSON.stringify(proxy.settleRequests));
-      assert.deepEqual(proxy.settles, Array(n).fill("applied"));
-      assert.deepEqual(errors, []);
+      assert.deepEqual([...proxy.settles].sort(), [...Array(n).fill("applied"), 400].sort());
+      assert.equal(errors.length, 1, errors.join("\n"));
+      assert.match(errors[0], /refused the hand-off to queue "no-such-queue"/);
     } finally {
       await worker.stop({ graceMs: 0 });
       await running;
