@@ -330,20 +330,62 @@ impl RemoteWorkers {
         lease: &str,
         outcome: RemoteOutcome,
     ) -> Result<RemoteSettled, CommandError> {
-        let Some((mid, msg, claimed_ms)) = LeaseToken::decode(lease) else {
-            return Err(CommandError::InvalidSettings("lease: not a lease token of this server".into()));
-        };
+        let mut all = self.settle_many(worker, vec![(lease.to_string(), outcome)]).await?;
+        all.pop().expect("one answer per settlement")
+    }
+
+    /// Settles many claimed commands of `worker`, each as [`RemoteWorkers::settle`] would alone
+    /// (its own answer, in order), with one ownership check for them all and the writes run
+    /// concurrently (the store batches them). The outer error is a failure of the ownership
+    /// check (nothing was settled).
+    pub async fn settle_many(
+        &self,
+        worker: &str,
+        items: Vec<(String, RemoteOutcome)>,
+    ) -> Result<Vec<Result<RemoteSettled, CommandError>>, CommandError> {
         let c = self.consumer(worker).await?;
-        if self.expired(claimed_ms, Timestamp::now().millis()) {
-            self.hand_back_expired(&c, mid).await?;
-            return Err(CommandError::Queue(QueueError::LeaseLost(mid)));
+        let now = Timestamp::now().millis();
+        let mut checks: Vec<Result<(MessageId, CommandMsg, u64), CommandError>> = Vec::with_capacity(items.len());
+        for (lease, _) in &items {
+            checks.push(match LeaseToken::decode(lease) {
+                None => Err(CommandError::InvalidSettings("lease: not a lease token of this server".into())),
+                Some((mid, _, claimed)) if self.expired(claimed, now) => {
+                    self.hand_back_expired(&c, mid).await?;
+                    Err(CommandError::Queue(QueueError::LeaseLost(mid)))
+                }
+                Some(t) => Ok(t),
+            });
         }
-        if c.renew(&[mid]).await?.first() != Some(&LeaseState::Held) {
-            return Err(CommandError::Queue(QueueError::LeaseLost(mid)));
-        }
+        // One heartbeat checks (and renews) every lease still to settle.
+        let ids: Vec<MessageId> = checks.iter().flatten().map(|(m, _, _)| *m).collect();
+        let states = if ids.is_empty() { Vec::new() } else { c.renew(&ids).await? };
+        let held: HashMap<MessageId, LeaseState> = ids.into_iter().zip(states).collect();
+        let settles = checks.into_iter().zip(items).map(|(check, (_, outcome))| {
+            let c = &c;
+            let held = &held;
+            async move {
+                let (mid, msg, claimed_ms) = check?;
+                if held.get(&mid) != Some(&LeaseState::Held) {
+                    return Err(CommandError::Queue(QueueError::LeaseLost(mid)));
+                }
+                self.settle_held(c, mid, msg, claimed_ms, outcome).await
+            }
+        });
+        Ok(futures::future::join_all(settles).await)
+    }
+
+    /// Settles a delivery the worker was just found to hold.
+    async fn settle_held(
+        &self,
+        c: &RemoteConsumer,
+        mid: MessageId,
+        msg: CommandMsg,
+        claimed_ms: u64,
+        outcome: RemoteOutcome,
+    ) -> Result<RemoteSettled, CommandError> {
         let backend = &self.ctx.store.inner.backend;
         if outcome == RemoteOutcome::Release {
-            settle_message(&c, mid, 0, Decision::Retry).await?;
+            settle_message(c, mid, 0, Decision::Retry).await?;
             // Handed back: applied, unless the command is gone or ended meanwhile.
             return Ok(match backend.load(&msg.home, &msg.id).await? {
                 Some(s) if !s.status.is_terminal() && s.token == msg.token => RemoteSettled::Applied(s),
@@ -352,7 +394,7 @@ impl RemoteWorkers {
         }
         let (st, is_execute) = match prepare(&self.ctx, &msg).await? {
             Prepared::Settle(decision) => {
-                settle_message(&c, mid, 0, decision).await?;
+                settle_message(c, mid, 0, decision).await?;
                 return Ok(RemoteSettled::Finished(backend.load(&msg.home, &msg.id).await?));
             }
             Prepared::Call { st, is_execute } => (*st, is_execute),
@@ -364,10 +406,10 @@ impl RemoteWorkers {
             RemoteOutcome::Release => unreachable!("handled above"),
         };
         // A terminal write acks the delivery in the same atomic step where the backend can
-        // (Redis: same slot); the ownership check above made it this worker's to ack.
-        let holder = Holder::Remote(&c, mid);
+        // (Redis: same slot); the ownership check made it this worker's to ack.
+        let holder = Holder::Remote(c, mid);
         let done = apply(&self.ctx, st, &msg, Some(holder), is_execute, started, outcome).await?;
-        settle_message(&c, mid, 0, done.decision).await?;
+        settle_message(c, mid, 0, done.decision).await?;
         Ok(match done.state {
             Some(s) if done.written => RemoteSettled::Applied(s),
             other => RemoteSettled::Finished(other),

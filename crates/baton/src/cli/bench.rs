@@ -19,7 +19,8 @@
 //!   protocol of `--server` (a `baton serve --no-workers` on the same Redis with the queue
 //!   `--queue`, default `bench`, configured without handlers) by 8 workers, each a loop that
 //!   claims its share of the concurrency at once (`max` = `concurrency / 8`) and settles every
-//!   claimed command `succeeded`, concurrently, one request each. Throughput: commands
+//!   claimed command `succeeded`: once each in a request of its own (concurrently), once all of
+//!   a claim's commands in one request (`{"settlements": [...]}`). Throughput: commands
 //!   `SUCCEEDED` per second from the start of the drain until the queue's count of `SUCCEEDED`
 //!   reaches the target; latency (HTTP only): from a claim's request to each of its commands'
 //!   settled answers.
@@ -566,6 +567,103 @@ async fn until_succeeded(store: &CommandStore, queue: &str, target: u64, pb: &Pr
     }
 }
 
+/// Drains `count` no-op commands pre-submitted to the server's `queue` through the HTTP worker
+/// protocol: `WORKERS` workers, each claiming its share of `c` at once and settling them (each
+/// in its own request, or with `batch` all in one).
+#[allow(clippy::too_many_arguments)]
+async fn http_drain(
+    args: &BenchArgs,
+    store: &CommandStore,
+    http: &Arc<super::client::Client>,
+    queue: &str,
+    id: &str,
+    c: u64,
+    count: u64,
+    batch: bool,
+) -> Result<Row, CliError> {
+    let before = store.counts(queue).await.map_err(|e| failed("counts", e))?.succeeded;
+    let side = if batch { "settle batch" } else { "settle each" };
+    let prefix = format!("{id}-http-c{c}-{}", if batch { "batch" } else { "each" });
+    presubmit(store, queue, &prefix, count).await?;
+    let pb = progress(args.quiet, count, format!("http {side} c={c}"));
+    let settled = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    let workers = c.min(WORKERS);
+    for w in 0..workers {
+        let (http, queue, settled) = (http.clone(), queue.to_string(), settled.clone());
+        let worker = format!("{id}-w{w}");
+        // This worker's share of the concurrency: claimed together, settled concurrently.
+        let slots = c / workers + u64::from(w < c % workers);
+        let claim = json!({"max": slots, "wait": "1s"}).to_string();
+        tasks.push(tokio::spawn(async move {
+            let post = |op: &'static str, body: String| {
+                let url = format!("/v1/queues/{queue}/workers/{worker}/{op}");
+                let rb =
+                    http.request(reqwest::Method::POST, &url).header("content-type", "application/json").body(body);
+                async move {
+                    let r = rb.send().await.map_err(|e| format!("{op}: {e}"))?;
+                    let r = r.error_for_status().map_err(|e| format!("{op}: {e}"))?;
+                    let b = r.bytes().await.map_err(|e| format!("{op}: {e}"))?;
+                    serde_json::from_slice::<Value>(&b).map_err(|e| format!("{op}: {e}"))
+                }
+            };
+            let mut lat = Vec::new();
+            while settled.load(Ordering::Relaxed) < count {
+                let t = Instant::now();
+                let claimed = post("claim", claim.clone()).await?;
+                let leases: Vec<&str> = claimed["leases"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|l| l["lease"].as_str()).collect())
+                    .unwrap_or_default();
+                if leases.is_empty() {
+                    continue;
+                }
+                let one = |lease: &str| json!({"lease": lease, "outcome": "succeeded", "result": null});
+                if batch {
+                    let body = json!({"settlements": leases.iter().map(|l| one(l)).collect::<Vec<_>>()});
+                    let v = post("settle", body.to_string()).await?;
+                    if let Some(bad) =
+                        v["settlements"].as_array().and_then(|a| a.iter().find(|i| i.get("error").is_some()))
+                    {
+                        return Err(format!("settle: {bad}"));
+                    }
+                    for _ in &leases {
+                        lat.push(t.elapsed());
+                    }
+                } else {
+                    let settles = leases.iter().map(|l| {
+                        let r = post("settle", one(l).to_string());
+                        async move { r.await.map(|_| t.elapsed()) }
+                    });
+                    for r in futures::future::join_all(settles).await {
+                        lat.push(r?);
+                    }
+                }
+                settled.fetch_add(leases.len() as u64, Ordering::Relaxed);
+            }
+            Ok::<_, String>(lat)
+        }));
+    }
+    let done = until_succeeded(store, queue, before + count, &pb).await;
+    let elapsed = start.elapsed();
+    pb.finish_and_clear();
+    let mut lat = Vec::with_capacity(count as usize);
+    for t in tasks {
+        lat.extend(t.await.map_err(|e| failed("worker", e))?.map_err(|e| failed("http worker", e))?);
+    }
+    done?;
+    lat.sort();
+    Ok(Row {
+        name: format!("http, {side}"),
+        concurrency: c,
+        ops: count,
+        elapsed,
+        latencies: lat,
+        latency_of: "claim → settled",
+    })
+}
+
 /// HTTP workers of the load generator: each claims its share of the concurrency at once (up to
 /// `concurrency / WORKERS` commands, waiting up to 1 s) and settles them concurrently, as an SDK
 /// worker with that many free slots does.
@@ -631,84 +729,12 @@ async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
                 latency_of: "–",
             });
 
-            // B: HTTP workers of the server, on its queue.
-            let before = store.counts(&queue).await.map_err(|e| failed("counts", e))?.succeeded;
-            let prefix = format!("{id}-http-c{c}-r{round}");
-            presubmit(&store, &queue, &prefix, count).await?;
-            let pb = progress(args.quiet, count, format!("http worker c={c} r{round}"));
-            let settled = Arc::new(AtomicU64::new(0));
-            let start = Instant::now();
-            let mut tasks = Vec::new();
-            let workers = c.min(WORKERS);
-            for w in 0..workers {
-                let (http, queue, settled) = (http.clone(), queue.clone(), settled.clone());
-                let worker = format!("{id}-w{w}");
-                // This worker's share of the concurrency: claimed together, settled concurrently.
-                let slots = c / workers + u64::from(w < c % workers);
-                let claim = json!({"max": slots, "wait": "1s"}).to_string();
-                tasks.push(tokio::spawn(async move {
-                    let mut lat = Vec::new();
-                    while settled.load(Ordering::Relaxed) < count {
-                        let t = Instant::now();
-                        let claimed: Value = http
-                            .request(reqwest::Method::POST, &format!("/v1/queues/{queue}/workers/{worker}/claim"))
-                            .header("content-type", "application/json")
-                            .body(claim.clone())
-                            .send()
-                            .await
-                            .map_err(|e| format!("claim: {e}"))?
-                            .error_for_status()
-                            .map_err(|e| format!("claim: {e}"))?
-                            .bytes()
-                            .await
-                            .map_err(|e| format!("claim: {e}"))
-                            .and_then(|b| serde_json::from_slice(&b).map_err(|e| format!("claim: {e}")))?;
-                        let leases: Vec<String> = claimed["leases"]
-                            .as_array()
-                            .map(|a| a.iter().filter_map(|l| l["lease"].as_str().map(str::to_string)).collect())
-                            .unwrap_or_default();
-                        let settles = leases.iter().map(|lease| {
-                            let (http, queue, worker) = (&http, &queue, &worker);
-                            async move {
-                                http.request(
-                                    reqwest::Method::POST,
-                                    &format!("/v1/queues/{queue}/workers/{worker}/settle"),
-                                )
-                                .header("content-type", "application/json")
-                                .body(json!({"lease": lease, "outcome": "succeeded", "result": null}).to_string())
-                                .send()
-                                .await
-                                .map_err(|e| format!("settle: {e}"))?
-                                .error_for_status()
-                                .map_err(|e| format!("settle: {e}"))?;
-                                Ok::<_, String>(t.elapsed())
-                            }
-                        });
-                        for r in futures::future::join_all(settles).await {
-                            lat.push(r?);
-                            settled.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    Ok::<_, String>(lat)
-                }));
+            // B and C: HTTP workers of the server, on its queue; settling each command in a
+            // request of its own, then all of a claim's commands in one request.
+            for batch in [false, true] {
+                let run = format!("{id}-r{round}");
+                rows.push(http_drain(args, &store, &http, &queue, &run, c, count, batch).await?);
             }
-            let done = until_succeeded(&store, &queue, before + count, &pb).await;
-            let elapsed = start.elapsed();
-            pb.finish_and_clear();
-            let mut lat = Vec::with_capacity(count as usize);
-            for t in tasks {
-                lat.extend(t.await.map_err(|e| failed("worker", e))?.map_err(|e| failed("http worker", e))?);
-            }
-            done?;
-            lat.sort();
-            rows.push(Row {
-                name: "http worker".into(),
-                concurrency: c,
-                ops: count,
-                elapsed,
-                latencies: lat,
-                latency_of: "claim → settled",
-            });
         }
     }
     Ok(rows)

@@ -455,11 +455,10 @@ async fn settle_many(
         }
         parsed.push((lease, outcome));
     }
-    let results = futures::future::join_all(parsed.into_iter().map(|(lease, outcome)| async move {
-        let r = remote.settle(worker, &lease, outcome).await.map_err(|e| engine_error(e, worker));
-        (lease, r)
-    }))
-    .await;
+    let leases: Vec<String> = parsed.iter().map(|(l, _)| l.clone()).collect();
+    let settled = remote.settle_many(worker, parsed).await.map_err(|e| engine_error(e, worker))?;
+    let results: Vec<(String, Result<RemoteSettled, ApiError>)> =
+        leases.into_iter().zip(settled).map(|(l, r)| (l, r.map_err(|e| engine_error(e, worker)))).collect();
     #[derive(Serialize)]
     #[serde(untagged)]
     enum Item<'a> {

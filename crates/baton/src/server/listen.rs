@@ -36,7 +36,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -244,9 +244,17 @@ async fn connection(
         hyper::service::service_fn(move |req: Request<Incoming>| {
             let busy = Busy::begin(&watch);
             let app = app.clone();
-            let req = req.map(|body| Body::new(Receiving::new(body, body_timeout)));
+            let ended = Arc::new(AtomicBool::new(req.body().is_end_stream()));
+            let req = req.map(|body| Body::new(Receiving::new(body, body_timeout, ended.clone())));
             async move {
-                let Ok(res) = app.oneshot(req).await;
+                let Ok(mut res) = app.oneshot(req).await;
+                // Answered before its body was read to the end (an error found in the head, say):
+                // the rest of the body is still on the connection, so it cannot carry another
+                // request. Say so, or a client that sends its next request on it loses that one.
+                if !ended.load(Relaxed) {
+                    res.headers_mut()
+                        .insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+                }
                 Ok::<_, Infallible>(res.map(|body| Tracked { body, _busy: busy }))
             }
         })
@@ -403,11 +411,13 @@ struct Receiving {
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The sleep is set for the current wait.
     armed: bool,
+    /// Set once the body has been read to its end.
+    ended: Arc<AtomicBool>,
 }
 
 impl Receiving {
-    fn new(body: Incoming, timeout: Duration) -> Receiving {
-        Receiving { body, timeout, sleep: None, armed: false }
+    fn new(body: Incoming, timeout: Duration, ended: Arc<AtomicBool>) -> Receiving {
+        Receiving { body, timeout, sleep: None, armed: false, ended }
     }
 }
 
@@ -419,6 +429,9 @@ impl HttpBody for Receiving {
         let me = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut me.body).poll_frame(cx) {
             me.armed = false;
+            if frame.is_none() || me.body.is_end_stream() {
+                me.ended.store(true, Relaxed);
+            }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         let deadline = Instant::now() + me.timeout;
