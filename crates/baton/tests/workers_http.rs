@@ -343,7 +343,7 @@ async fn many_settlements_in_one_request() {
         ] {
             let body = json!({ "settlements": [{ "lease": leases["b1"], "outcome": "succeeded", "result": 1 }, bad] });
             let (st, v) = post_json(&s.worker("w1", "settle"), body).await;
-            assert_eq!(st, StatusCode::BAD_REQUEST, "{name}: {v}");
+            assert_eq!((st, v["index"].clone()), (StatusCode::BAD_REQUEST, json!(1)), "{name}: {v}");
             assert!(v["message"].as_str().unwrap().starts_with(says), "{name}: {v}");
         }
         for id in ["b1", "b2", "b3"] {

@@ -443,7 +443,7 @@ async fn settle_many(
     for (i, item) in items.iter().enumerate() {
         let at = |mut e: ApiError| {
             e.message = format!("settlements[{i}]: {}", e.message);
-            e
+            e.with_field("index", serde_json::json!(i))
         };
         let (lease, outcome) = parse_settle(item.get().as_bytes()).map_err(at)?;
         check_handoff(st, queue, &outcome).map_err(at)?;

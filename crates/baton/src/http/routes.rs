@@ -1071,7 +1071,7 @@ fn worker_routes(d: &Docs) -> Vec<Route> {
                             "lease": { "type": "string" }, "error": { "type": "string" }, "message": { "type": "string" } } }] } } } }] }),
             ),
             vec![
-                ("400", err_resp("Malformed body (the message names the field, and for many settlements the item: `settlements[2]: …`; nothing was settled), lease token, worker name, or a hand-off to a queue this server does not have (`unknown_queue`) or to the command's own.")),
+                ("400", err_resp("Malformed body (the message names the field, and for many settlements the item: `settlements[2]: …`, with its `index` in the body; nothing was settled), lease token, worker name, or a hand-off to a queue this server does not have (`unknown_queue`) or to the command's own.")),
                 ("409", err_resp("`lease_lost` (one settlement): the lease is not this worker's any more; nothing changed. Stop; do not retry.")),
             ],
             post(remote::settle),
