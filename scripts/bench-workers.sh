@@ -7,8 +7,10 @@
 # Starts its own redis-server (no persistence) and a release `baton serve --no-workers` with a
 # queue `bench` (no handlers) on it, then, ROUNDS times in turn:
 #   1. `baton bench workers --rounds 1`: COUNT no-op commands drained by a command service in
-#      the bench process (CONCURRENCY handlers), then COUNT more drained by CONCURRENCY HTTP
-#      workers (a Rust load generator: claim max 1, settle succeeded) of that `baton serve`;
+#      the bench process (CONCURRENCY handlers), then COUNT more drained twice through that
+#      `baton serve`'s HTTP worker protocol by a Rust load generator (8 workers, each claiming
+#      CONCURRENCY/8 at once; settling each command in its own request, then a claim's commands
+#      in one request);
 #   2. the Python SDK's worker (clients/python/bench.py, concurrency CONCURRENCY) draining COUNT
 #      commands of the same queue.
 # Prints each measurement as a JSON line, then a summary with the ratios to in-process.
@@ -92,10 +94,10 @@ by = {}
 for r in rows:
     by.setdefault(r["side"], []).append(r["per_second"])
 ref = statistics.median(by["in-process"])
-print("\nside            median/s   runs                      ratio to in-process")
-for side in ("in-process", "http worker", "python sdk"):
+print("\nside                 median/s   runs                      ratio to in-process")
+for side in ("in-process", "http, settle each", "http, settle batch", "python sdk"):
     v = by.get(side, [])
     if v:
         m = statistics.median(v)
-        print(f"{side:<15} {m:>9.0f}   {', '.join(f'{x:.0f}' for x in v):<25} {m / ref:.2f}")
+        print(f"{side:<20} {m:>9.0f}   {', '.join(f'{x:.0f}' for x in v):<25} {m / ref:.2f}")
 EOF
