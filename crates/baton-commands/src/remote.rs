@@ -95,13 +95,30 @@ struct LeaseToken {
     s: u64,
 }
 
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// The name of the store's shared secret that signs lease tokens.
+const LEASE_SECRET: &str = "remote-leases";
+
 impl LeaseToken {
-    fn encode(&self) -> String {
-        B64.encode(serde_json::to_vec(self).expect("serializes"))
+    /// `<base64url JSON>.<base64url HMAC-SHA256 of the JSON under key>`: a worker can give back
+    /// only what a server of this backend handed out (a forged or altered token does not decode).
+    fn encode(&self, key: &[u8]) -> String {
+        use hmac::Mac;
+        let body = serde_json::to_vec(self).expect("serializes");
+        let mut mac = HmacSha256::new_from_slice(key).expect("any key length");
+        mac.update(&body);
+        format!("{}.{}", B64.encode(&body), B64.encode(mac.finalize().into_bytes()))
     }
 
-    fn decode(s: &str) -> Option<(MessageId, CommandMsg, u64)> {
-        let t: LeaseToken = serde_json::from_slice(&B64.decode(s).ok()?).ok()?;
+    fn decode(s: &str, key: &[u8]) -> Option<(MessageId, CommandMsg, u64)> {
+        use hmac::Mac;
+        let (body, sig) = s.split_once('.')?;
+        let body = B64.decode(body).ok()?;
+        let mut mac = HmacSha256::new_from_slice(key).expect("any key length");
+        mac.update(&body);
+        mac.verify_slice(&B64.decode(sig).ok()?).ok()?;
+        let t: LeaseToken = serde_json::from_slice(&body).ok()?;
         let m: MessageId = t.m.parse().ok()?;
         Some((m, CommandMsg { id: t.i, home: t.h, token: t.t }, t.s))
     }
@@ -116,6 +133,13 @@ pub struct RemoteWorkers {
     /// When a claim of this process last looked for reclaimable entries, and how often one does.
     reclaimed: std::sync::Mutex<Option<Instant>>,
     reclaim_every: Duration,
+    /// The key that signs lease tokens (the store's shared secret: the same in every process on
+    /// the backend), read at first use.
+    key: tokio::sync::OnceCell<Vec<u8>>,
+    /// When a claim of this process last removed dead group members (workers that stopped:
+    /// each worker name is a member), so a queue served only by remote workers does not
+    /// collect them forever.
+    reaped: std::sync::Mutex<Option<Instant>>,
 }
 
 /// Longest slice of a long-poll claim between two looks for reclaimable messages.
@@ -145,7 +169,14 @@ impl RemoteWorkers {
             consumers: std::sync::Mutex::new(HashMap::new()),
             reclaimed: std::sync::Mutex::new(None),
             reclaim_every,
+            reaped: std::sync::Mutex::new(None),
+            key: tokio::sync::OnceCell::new(),
         })
+    }
+
+    async fn key(&self) -> Result<&[u8], CommandError> {
+        let key = self.key.get_or_try_init(|| self.ctx.store.inner.backend.shared_secret(LEASE_SECRET)).await?;
+        Ok(key.as_slice())
     }
 
     /// The queue served.
@@ -193,6 +224,18 @@ impl RemoteWorkers {
     /// ready (long-poll). Errors: [`CommandError::InvalidSettings`] (worker name), store errors.
     pub async fn claim(&self, worker: &str, max: usize, wait: Duration) -> Result<Vec<RemoteClaim>, CommandError> {
         let c = self.consumer(worker).await?;
+        let key = self.key().await?;
+        if let Some(window) = self.reap_due() {
+            match c.reap_idle_consumers(window).await {
+                Ok(n) if n > 0 => {
+                    tracing::info!(queue = %self.ctx.queue, removed = n, "dead consumers removed from the queue's group")
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(queue = %self.ctx.queue, error = %e, "removing dead consumers failed; tried again later")
+                }
+            }
+        }
         let deadline = tokio::time::Instant::now() + wait;
         let max = max.max(1);
         let mut out = Vec::new();
@@ -222,7 +265,7 @@ impl RemoteWorkers {
                             s: Timestamp::now().millis(),
                         };
                         out.push(RemoteClaim {
-                            lease: lease.encode(),
+                            lease: lease.encode(key),
                             call: if is_execute { RemoteCall::Execute } else { RemoteCall::CheckStatus },
                             command: *st,
                             deliveries: d.deliveries,
@@ -232,6 +275,22 @@ impl RemoteWorkers {
             }
             if !out.is_empty() || (empty && tokio::time::Instant::now() >= deadline) {
                 return Ok(out);
+            }
+        }
+    }
+
+    /// The queue's `reap_idle_consumers_after` when this claim should remove dead group members:
+    /// at most once per half of it (and at least once a minute) for all the workers this
+    /// process serves.
+    fn reap_due(&self) -> Option<Duration> {
+        let window = self.ctx.settings.reap_idle_consumers_after?;
+        let now = Instant::now();
+        let mut last = self.reaped.lock().expect("lock");
+        match *last {
+            Some(t) if now.duration_since(t) < (window / 2).min(Duration::from_secs(60)) => None,
+            _ => {
+                *last = Some(now);
+                Some(window)
             }
         }
     }
@@ -257,7 +316,8 @@ impl RemoteWorkers {
     /// skipped.
     pub async fn hand_back(&self, worker: &str, leases: &[String]) -> Result<(), CommandError> {
         let c = self.consumer(worker).await?;
-        let ids: Vec<MessageId> = leases.iter().filter_map(|l| LeaseToken::decode(l)).map(|(m, _, _)| m).collect();
+        let key = self.key().await?;
+        let ids: Vec<MessageId> = leases.iter().filter_map(|l| LeaseToken::decode(l, key)).map(|(m, _, _)| m).collect();
         if ids.is_empty() {
             return Ok(());
         }
@@ -272,7 +332,9 @@ impl RemoteWorkers {
     pub async fn renew(&self, worker: &str, leases: &[String]) -> Result<Vec<RemoteRenewal>, CommandError> {
         let c = self.consumer(worker).await?;
         let now = Timestamp::now().millis();
-        let decoded: Vec<Option<(MessageId, CommandMsg, u64)>> = leases.iter().map(|l| LeaseToken::decode(l)).collect();
+        let key = self.key().await?;
+        let decoded: Vec<Option<(MessageId, CommandMsg, u64)>> =
+            leases.iter().map(|l| LeaseToken::decode(l, key)).collect();
         // Leases past max_processing_time are handed back, not renewed (as an in-process
         // handler's): the worker is told `Lost`; any consumer may take the command after the
         // claim timeout.
@@ -344,10 +406,11 @@ impl RemoteWorkers {
         items: Vec<(String, RemoteOutcome)>,
     ) -> Result<Vec<Result<RemoteSettled, CommandError>>, CommandError> {
         let c = self.consumer(worker).await?;
+        let key = self.key().await?;
         let now = Timestamp::now().millis();
         let mut checks: Vec<Result<(MessageId, CommandMsg, u64), CommandError>> = Vec::with_capacity(items.len());
         for (lease, _) in &items {
-            checks.push(match LeaseToken::decode(lease) {
+            checks.push(match LeaseToken::decode(lease, key) {
                 None => Err(CommandError::InvalidSettings("lease: not a lease token of this server".into())),
                 Some((mid, _, claimed)) if self.expired(claimed, now) => {
                     self.hand_back_expired(&c, mid).await?;

@@ -20,7 +20,9 @@ baton_testkit::on_every_backend!(
     lifecycle,
     silent_worker_fails_over,
     shared_with_an_in_process_service,
-    max_processing_time_bounds_a_renewing_worker
+    max_processing_time_bounds_a_renewing_worker,
+    stopped_workers_leave_the_group,
+    altered_lease_tokens_change_nothing
 );
 
 fn lost(r: Result<RemoteSettled, CommandError>) -> bool {
@@ -207,4 +209,73 @@ async fn max_processing_time_bounds_a_renewing_worker(b: TestBackend) {
     w.settle("other", &c2[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("other")))).await.unwrap();
     let st = store.get(&cmd.id).await.unwrap().unwrap();
     assert_eq!((st.status, st.result.as_ref().map(|r| r.get())), (CommandStatus::Succeeded, Some(r#""other""#)));
+}
+
+/// Each worker name is a member of the queue's group; workers that stopped (a restarted SDK
+/// worker takes a new name) are removed after `reap_idle_consumers_after` by the claims of the
+/// workers still running, so a queue served only by remote workers does not collect them.
+async fn stopped_workers_leave_the_group(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("remote-reap");
+    let settings = QueueSettings { reap_idle_consumers_after: Some(Duration::from_secs(4)), ..fast() };
+    let w = RemoteWorkers::new(store.clone(), &q, settings).unwrap();
+    for name in ["gone-1", "gone-2", "gone-3"] {
+        assert!(w.claim(name, 1, Duration::ZERO).await.unwrap().is_empty());
+    }
+    assert_eq!(store.messages().stats(&q).await.unwrap().consumers, 3);
+    // `alive` keeps claiming; the others are silent past the window.
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(9) {
+        assert!(w.claim("alive", 1, Duration::from_millis(500)).await.unwrap().is_empty());
+        if store.messages().stats(&q).await.unwrap().consumers == 1 {
+            break;
+        }
+    }
+    let left = t.elapsed();
+    assert_eq!(store.messages().stats(&q).await.unwrap().consumers, 1, "only `alive` is left after {left:?}");
+    assert!(left >= Duration::from_millis(3500), "not before the window: {left:?}");
+}
+
+/// A lease token is signed by the servers of the backend: one whose content was altered (another
+/// command's id and token, a later claim time) or that is unsigned decodes as no lease at all —
+/// refused on settle, `Gone` on renew — and changes nothing: neither the command it names nor the
+/// worker's real delivery (which its real lease still settles). Before, the server acted on the
+/// altered content: it settled a command another worker held and acked the real delivery, losing
+/// its command.
+async fn altered_lease_tokens_change_nothing(b: TestBackend) {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let store = store_for(&b).await;
+    let q = queue_name("remote-forge");
+    let w = RemoteWorkers::new(store.clone(), &q, fast()).unwrap();
+    let a = store.submit(&q, Command::new("t", json!({"n": "a"}))).await.unwrap();
+    let c1 = w.claim("w1", 1, Duration::from_secs(1)).await.unwrap();
+    let victim = store.submit(&q, Command::new("t", json!({"n": "victim"}))).await.unwrap();
+    let c2 = w.claim("w2", 1, Duration::from_secs(1)).await.unwrap();
+    assert_eq!((c1[0].command.id.as_str(), c2[0].command.id.as_str()), (a.id.as_str(), victim.id.as_str()));
+    let (body, sig) = c1[0].lease.split_once('.').expect("signed");
+    let (vbody, _) = c2[0].lease.split_once('.').expect("signed");
+    let mut t: serde_json::Value = serde_json::from_slice(&b64.decode(body).unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&b64.decode(vbody).unwrap()).unwrap();
+    // w1's own message, but the victim's command id and token; then a claim time in the future.
+    t["i"] = v["i"].clone();
+    t["t"] = v["t"].clone();
+    let swapped = format!("{}.{sig}", b64.encode(serde_json::to_vec(&t).unwrap()));
+    let mut later = serde_json::from_slice::<serde_json::Value>(&b64.decode(body).unwrap()).unwrap();
+    later["s"] = json!(1_000_000_000_000_000u64);
+    let future = format!("{}.{sig}", b64.encode(serde_json::to_vec(&later).unwrap()));
+    let unsigned = body.to_string();
+    for forged in [&swapped, &future, &unsigned] {
+        let r = w.settle("w1", forged, RemoteOutcome::Result(CommandResult::succeeded(json!("forged")))).await;
+        assert!(matches!(r, Err(CommandError::InvalidSettings(_))), "{r:?}");
+        let renewed = w.renew("w1", std::slice::from_ref(forged)).await.unwrap();
+        assert_eq!(renewed[0].state, LeaseState::Gone);
+    }
+    assert_eq!(store.get(&victim.id).await.unwrap().unwrap().status, CommandStatus::Submitted);
+    // The real leases still hold and settle.
+    for (worker, c, r) in [("w1", &c1[0], "a"), ("w2", &c2[0], "victim")] {
+        let done = w.settle(worker, &c.lease, RemoteOutcome::Result(CommandResult::succeeded(json!(r)))).await.unwrap();
+        let RemoteSettled::Applied(st) = done else { panic!("{done:?}") };
+        assert_eq!(st.result.as_ref().map(|x| x.get().to_string()), Some(format!("\"{r}\"")));
+    }
 }

@@ -206,6 +206,14 @@ impl RemoteConsumer {
         self.backend.requeue(ids).await
     }
 
+    /// Removes the queue's group members that own no pending entry and whose liveness record is
+    /// at least `window` old (dead consumers, remote or in-process; as an in-process consumer's
+    /// `reap_idle_consumers_after` does); returns how many. `window` should be at least twice
+    /// the longest claim timeout of the queue's consumers.
+    pub async fn reap_idle_consumers(&self, window: Duration) -> Result<u64, QueueError> {
+        self.backend.reap_idle_consumers(window).await
+    }
+
     /// Acknowledges (deletes) a message. Errors: [`QueueError::LeaseLost`] when another
     /// consumer owns it now.
     pub async fn ack(&self, id: MessageId) -> Result<Settled, QueueError> {

@@ -81,6 +81,9 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     }
     /// The home queue of `id`, if known.
     async fn home_of(&self, id: &str) -> Result<Option<String>, CommandError>;
+    /// A random secret named `name` (32 bytes), the same for every store on this backend (every
+    /// process on the same Redis): created by the first that asks, kept forever.
+    async fn shared_secret(&self, name: &str) -> Result<Vec<u8>, CommandError>;
     /// CAS: replaces the state at version `new.version - 1` (whose status was `old`) by `new`.
     /// With `enqueue`, also enqueues the message on that queue in the same atomic step; only
     /// allowed when [`StateBackend::atomic_enqueue`] says so. With `ack` (only when

@@ -31,6 +31,8 @@ struct Inner {
     /// id → entry (ids are unique across queues).
     states: HashMap<String, Entry>,
     queues: HashMap<String, QueueIndex>,
+    /// `shared_secret`s by name.
+    secrets: HashMap<String, Vec<u8>>,
 }
 
 impl Inner {
@@ -124,6 +126,11 @@ impl StateBackend for MemoryStateBackend {
 
     async fn home_of(&self, id: &str) -> Result<Option<String>, CommandError> {
         Ok(self.inner.lock().unwrap().live(id).map(|e| e.state.queue.clone()))
+    }
+
+    async fn shared_secret(&self, name: &str) -> Result<Vec<u8>, CommandError> {
+        let mut g = self.inner.lock().unwrap();
+        Ok(g.secrets.entry(name.to_string()).or_insert_with(|| rand::random::<[u8; 32]>().to_vec()).clone())
     }
 
     async fn transition(

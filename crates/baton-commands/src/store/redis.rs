@@ -440,6 +440,19 @@ impl StateBackend for RedisStateBackend {
         Ok(redis::cmd("GET").arg(self.lookup_key(id)).query_async(&mut self.conn.clone()).await?)
     }
 
+    async fn shared_secret(&self, name: &str) -> Result<Vec<u8>, CommandError> {
+        // `SET NX` then `GET`: whoever sets first decides; every later reader sees that value.
+        let key = format!("{}:secret:{name}", self.prefix);
+        let mine = rand::random::<[u8; 32]>().to_vec();
+        let mut conn = self.conn.clone();
+        let _: Option<String> = redis::cmd("SET").arg(&key).arg(&mine).arg("NX").query_async(&mut conn).await?;
+        let v: Option<Vec<u8>> = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+        v.filter(|v| v.len() == 32).ok_or_else(|| CommandError::Corrupt {
+            id: key.clone(),
+            reason: "a shared secret that is not 32 bytes".into(),
+        })
+    }
+
     async fn transition(
         &self,
         old: CommandStatus,
