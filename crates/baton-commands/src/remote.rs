@@ -131,15 +131,37 @@ pub struct RemoteWorkers {
     options: RemoteOptions,
     consumers: std::sync::Mutex<HashMap<String, (RemoteConsumer, Instant)>>,
     /// When a claim of this process last looked for reclaimable entries, and how often one does.
-    reclaimed: std::sync::Mutex<Option<Instant>>,
+    reclaimed: Turn,
     reclaim_every: Duration,
     /// The key that signs lease tokens (the store's shared secret: the same in every process on
-    /// the backend), read at first use.
-    key: tokio::sync::OnceCell<Vec<u8>>,
+    /// the backend), read at first use and again when a token does not verify.
+    key: tokio::sync::RwLock<Option<Arc<[u8]>>>,
+    /// When the key was last read again for a token that did not verify.
+    key_reread: Turn,
     /// When a claim of this process last removed dead group members (workers that stopped:
     /// each worker name is a member), so a queue served only by remote workers does not
     /// collect them forever.
-    reaped: std::sync::Mutex<Option<Instant>>,
+    reaped: Turn,
+}
+
+/// A turn taken at most once per interval by whichever caller finds it due (shared by every
+/// worker a process serves).
+#[derive(Default)]
+struct Turn(std::sync::Mutex<Option<Instant>>);
+
+impl Turn {
+    /// True (and the turn is taken) when the last turn is at least `every` ago, or there was none.
+    fn take(&self, every: Duration) -> bool {
+        let now = Instant::now();
+        let mut last = self.0.lock().expect("lock");
+        match *last {
+            Some(t) if now.duration_since(t) < every => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
 }
 
 /// Longest slice of a long-poll claim between two looks for reclaimable messages.
@@ -167,16 +189,47 @@ impl RemoteWorkers {
             ctx,
             options,
             consumers: std::sync::Mutex::new(HashMap::new()),
-            reclaimed: std::sync::Mutex::new(None),
+            reclaimed: Turn::default(),
             reclaim_every,
-            reaped: std::sync::Mutex::new(None),
-            key: tokio::sync::OnceCell::new(),
+            key: tokio::sync::RwLock::new(None),
+            key_reread: Turn::default(),
+            reaped: Turn::default(),
         })
     }
 
-    async fn key(&self) -> Result<&[u8], CommandError> {
-        let key = self.key.get_or_try_init(|| self.ctx.store.inner.backend.shared_secret(LEASE_SECRET)).await?;
-        Ok(key.as_slice())
+    /// The key that signs lease tokens.
+    async fn key(&self) -> Result<Arc<[u8]>, CommandError> {
+        if let Some(k) = self.key.read().await.as_ref() {
+            return Ok(k.clone());
+        }
+        self.read_key().await
+    }
+
+    async fn read_key(&self) -> Result<Arc<[u8]>, CommandError> {
+        let k: Arc<[u8]> = self.ctx.store.inner.backend.shared_secret(LEASE_SECRET).await?.into();
+        *self.key.write().await = Some(k.clone());
+        Ok(k)
+    }
+
+    /// Decodes each lease token. When one does not verify, the key is read again (at most once
+    /// a second) and that token tried with it: a Redis that lost its data (restarted without
+    /// persistence, failed over before the key was replicated) makes the next process to start
+    /// create another key, which the processes running since then learn here.
+    async fn decode_all(&self, leases: &[String]) -> Result<Vec<Option<(MessageId, CommandMsg, u64)>>, CommandError> {
+        let key = self.key().await?;
+        let mut out: Vec<_> = leases.iter().map(|l| LeaseToken::decode(l, &key)).collect();
+        if out.iter().any(Option::is_none) && self.key_reread.take(Duration::from_secs(1)) {
+            let fresh = self.read_key().await?;
+            if fresh != key {
+                tracing::warn!(queue = %self.ctx.queue, "the lease signing key changed in the backend (its data was lost?): leases signed before are no longer accepted");
+                for (o, l) in out.iter_mut().zip(leases) {
+                    if o.is_none() {
+                        *o = LeaseToken::decode(l, &fresh);
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The queue served.
@@ -265,7 +318,7 @@ impl RemoteWorkers {
                             s: Timestamp::now().millis(),
                         };
                         out.push(RemoteClaim {
-                            lease: lease.encode(key),
+                            lease: lease.encode(&key),
                             call: if is_execute { RemoteCall::Execute } else { RemoteCall::CheckStatus },
                             command: *st,
                             deliveries: d.deliveries,
@@ -284,30 +337,14 @@ impl RemoteWorkers {
     /// process serves.
     fn reap_due(&self) -> Option<Duration> {
         let window = self.ctx.settings.reap_idle_consumers_after?;
-        let now = Instant::now();
-        let mut last = self.reaped.lock().expect("lock");
-        match *last {
-            Some(t) if now.duration_since(t) < (window / 2).min(Duration::from_secs(60)) => None,
-            _ => {
-                *last = Some(now);
-                Some(window)
-            }
-        }
+        self.reaped.take((window / 2).min(Duration::from_secs(60))).then_some(window)
     }
 
     /// Whether this claim should look for reclaimable entries (a dead worker's, handed back,
     /// due re-polls): once per reclaim interval for all the workers this process serves; the
     /// claim that finds it due takes the turn.
     fn reclaim_due(&self) -> bool {
-        let now = Instant::now();
-        let mut last = self.reclaimed.lock().expect("lock");
-        match *last {
-            Some(t) if now.duration_since(t) < self.reclaim_every => false,
-            _ => {
-                *last = Some(now);
-                true
-            }
-        }
+        self.reclaimed.take(self.reclaim_every)
     }
 
     /// Hands the commands of `leases` (claimed by `worker`, never worked on: the claim's answer
@@ -316,8 +353,7 @@ impl RemoteWorkers {
     /// skipped.
     pub async fn hand_back(&self, worker: &str, leases: &[String]) -> Result<(), CommandError> {
         let c = self.consumer(worker).await?;
-        let key = self.key().await?;
-        let ids: Vec<MessageId> = leases.iter().filter_map(|l| LeaseToken::decode(l, key)).map(|(m, _, _)| m).collect();
+        let ids: Vec<MessageId> = self.decode_all(leases).await?.into_iter().flatten().map(|(m, _, _)| m).collect();
         if ids.is_empty() {
             return Ok(());
         }
@@ -332,9 +368,7 @@ impl RemoteWorkers {
     pub async fn renew(&self, worker: &str, leases: &[String]) -> Result<Vec<RemoteRenewal>, CommandError> {
         let c = self.consumer(worker).await?;
         let now = Timestamp::now().millis();
-        let key = self.key().await?;
-        let decoded: Vec<Option<(MessageId, CommandMsg, u64)>> =
-            leases.iter().map(|l| LeaseToken::decode(l, key)).collect();
+        let decoded = self.decode_all(leases).await?;
         // Leases past max_processing_time are handed back, not renewed (as an in-process
         // handler's): the worker is told `Lost`; any consumer may take the command after the
         // claim timeout.
@@ -406,11 +440,11 @@ impl RemoteWorkers {
         items: Vec<(String, RemoteOutcome)>,
     ) -> Result<Vec<Result<RemoteSettled, CommandError>>, CommandError> {
         let c = self.consumer(worker).await?;
-        let key = self.key().await?;
         let now = Timestamp::now().millis();
+        let leases: Vec<String> = items.iter().map(|(l, _)| l.clone()).collect();
         let mut checks: Vec<Result<(MessageId, CommandMsg, u64), CommandError>> = Vec::with_capacity(items.len());
-        for (lease, _) in &items {
-            checks.push(match LeaseToken::decode(lease, key) {
+        for decoded in self.decode_all(&leases).await? {
+            checks.push(match decoded {
                 None => Err(CommandError::InvalidSettings("lease: not a lease token of this server".into())),
                 Some((mid, _, claimed)) if self.expired(claimed, now) => {
                     self.hand_back_expired(&c, mid).await?;

@@ -22,7 +22,8 @@ baton_testkit::on_every_backend!(
     shared_with_an_in_process_service,
     max_processing_time_bounds_a_renewing_worker,
     stopped_workers_leave_the_group,
-    altered_lease_tokens_change_nothing
+    altered_lease_tokens_change_nothing,
+    a_lost_signing_key_is_learnt_again
 );
 
 fn lost(r: Result<RemoteSettled, CommandError>) -> bool {
@@ -278,4 +279,34 @@ async fn altered_lease_tokens_change_nothing(b: TestBackend) {
         let RemoteSettled::Applied(st) = done else { panic!("{done:?}") };
         assert_eq!(st.result.as_ref().map(|x| x.get().to_string()), Some(format!("\"{r}\"")));
     }
+}
+
+/// Redis lost its data (restart without persistence): the signing key is gone, and the next
+/// process to start creates another. A process running since before learns it when a token does
+/// not verify, so it accepts the new process's leases (before, it refused them as not its
+/// server's, forever). Memory has one store per process: nothing to learn.
+async fn a_lost_signing_key_is_learnt_again(b: TestBackend) {
+    let url = match &b {
+        TestBackend::Memory => return,
+        TestBackend::Standalone(r) => r.url(),
+        TestBackend::Cluster(c) => c.urls()[0].clone(),
+    };
+    let store = store_for(&b).await;
+    let q = queue_name("remote-key");
+    let old = RemoteWorkers::new(store.clone(), &q, fast()).unwrap();
+    assert!(old.claim("w0", 1, Duration::ZERO).await.unwrap().is_empty(), "the old process read the key");
+    let del = std::process::Command::new("redis-cli")
+        .args(["-c", "-u", &url, "DEL", "baton:secret:remote-leases"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&del.stdout).trim(), "1", "{del:?}");
+    let store2 = other_store(&b, &store).await;
+    let new = RemoteWorkers::new(store2.clone(), &q, fast()).unwrap();
+    let cmd = store.submit(&q, Command::new("t", json!({}))).await.unwrap();
+    let c = new.claim("w1", 1, Duration::from_secs(2)).await.unwrap();
+    assert_eq!(c[0].command.id, cmd.id);
+    let r = old.renew("w1", std::slice::from_ref(&c[0].lease)).await.unwrap();
+    assert_eq!(r[0].state, LeaseState::Held);
+    let done = old.settle("w1", &c[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!(1)))).await.unwrap();
+    assert!(matches!(done, RemoteSettled::Applied(_)), "{done:?}");
 }
