@@ -2,15 +2,16 @@
 # Benchmark of the HTTP worker protocol against in-process handlers, on one Redis, in one run
 # (not part of CI's test run; results go to docs/benchmarks.md by hand).
 #
-#   bash scripts/bench-workers.sh          # ROUNDS=3 COUNT=5000 CONCURRENCY=64 override
+#   bash scripts/bench-workers.sh   # ROUNDS=3 COUNT=5000 CONCURRENCY=64 WORKERS=4 override
 #
 # Starts its own redis-server (no persistence) and a release `baton serve --no-workers` with a
 # queue `bench` (no handlers) on it, then, ROUNDS times in turn:
 #   1. `baton bench workers --rounds 1`: COUNT no-op commands drained by a command service in
 #      the bench process (CONCURRENCY handlers), then COUNT more drained twice through that
-#      `baton serve`'s HTTP worker protocol by a Rust load generator (8 workers, each claiming
-#      CONCURRENCY/8 at once; settling each command in its own request, then a claim's commands
-#      in one request);
+#      `baton serve`'s HTTP worker protocol by a Rust load generator playing WORKERS SDK-style
+#      workers that share CONCURRENCY slots (each claims up to its free slots and settles what
+#      finished while it claims again: each command in its own request, then everything
+#      finished since the last settlement in one request);
 #   2. the Python SDK's worker (clients/python/bench.py, concurrency CONCURRENCY) draining COUNT
 #      commands of the same queue.
 # Prints each measurement as a JSON line, then a summary with the ratios to in-process.
@@ -21,6 +22,7 @@ cd "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ROUNDS="${ROUNDS:-3}"
 COUNT="${COUNT:-5000}"
 CONCURRENCY="${CONCURRENCY:-64}"
+WORKERS="${WORKERS:-4}"
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 OUT="$TARGET_DIR/bench-workers"
 mkdir -p "$OUT"
@@ -67,7 +69,7 @@ RESULTS="$OUT/results.jsonl"
 for r in $(seq 1 "$ROUNDS"); do
   log "round $r/$ROUNDS: in-process, then the Rust HTTP worker"
   "$BATON" bench workers --redis "redis://127.0.0.1:$REDIS_PORT" --server "http://127.0.0.1:$PORT" \
-    --queue bench --count "$COUNT" --concurrency "$CONCURRENCY" --rounds 1 --quiet --json |
+    --queue bench --count "$COUNT" --concurrency "$CONCURRENCY" --workers "$WORKERS" --rounds 1 --quiet --json |
     python3 -c '
 import json, sys
 doc = json.load(sys.stdin)

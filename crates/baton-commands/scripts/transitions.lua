@@ -5,11 +5,13 @@
 -- home queue's own stream; the others go through transition.lua.
 -- KEYS[1] expiry zset, KEYS[2..6] the status indexes (see lib.lua), KEYS[7] the home queue's
 -- stream (the deliveries to ack), KEYS[7 + i] the state key of transition i.
--- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 8 per transition: expected
+-- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 10 per transition: expected
 -- header start `<version> <OLD STATUS> `, new stored state (header and JSON), TTL ms, id, index
--- of the old status (2..6 in KEYS), index of the new status, entry id to ack or '', the
--- announcement to publish or '' (only terminal writes are announced).
--- Returns N replies in order: {'ok', acked 0/1}, {'missing'} or {'conflict', current state}.
+-- of the old status (2..6 in KEYS), index of the new status, the delivery's entry id or '', the
+-- announcement to publish or '' (only terminal writes are announced), the consumer that must own
+-- the delivery for the write to happen or '' (as in transition.lua), '1' to ack the delivery.
+-- Returns N replies in order: {'ok', acked 0/1}, {'missing'}, {'conflict', current state} or
+-- {'lost'} (the owner check failed; nothing written).
 -- Acks: one XACK (no owner check, as in transition.lua) and one XDEL for the batch; `acked` is 1
 -- for every acked transition when XACK acknowledged them all, else 0 for all (the callers then
 -- ack their deliveries themselves: acking twice is harmless).
@@ -24,8 +26,15 @@ local ann = {}
 local b = 4
 for i = 1, n do
   local key = KEYS[7 + i]
-  local head = redis.call('GETRANGE', key, 0, HEAD_MAX)
-  if head == '' then
+  local owner, lost = ARGV[b + 8], false
+  if owner ~= '' then
+    local p = redis.call('XPENDING', KEYS[7], ARGV[3], ARGV[b + 6], ARGV[b + 6], 1)
+    lost = not p[1] or p[1][2] ~= owner
+  end
+  local head = lost or redis.call('GETRANGE', key, 0, HEAD_MAX)
+  if lost then
+    out[i] = { 'lost' }
+  elseif head == '' then
     out[i] = { 'missing' }
   else
     local _, s, c = string.match(head, '^(%d+) (%u+) (%d+) ')
@@ -47,7 +56,7 @@ for i = 1, n do
       end
       exp[#exp + 1] = tonumber(ARGV[b + 2])
       exp[#exp + 1] = id
-      if ARGV[b + 6] ~= '' then
+      if ARGV[b + 9] == '1' then
         acks[#acks + 1] = ARGV[b + 6]
         acked_at[#acked_at + 1] = i
       end
@@ -55,7 +64,7 @@ for i = 1, n do
       out[i] = { 'ok', 0 }
     end
   end
-  b = b + 8
+  b = b + 10
 end
 for k = 2, 6 do
   if rem[k] then

@@ -8,10 +8,12 @@
 //! another consumer of the queue, remote or in-process. A claim runs the same dispatch rules as
 //! an in-process service (crate docs, "Rules"): a message whose command is missing, finished,
 //! stale or moved on is settled at once and never handed to the worker; `SUBMITTED` is an
-//! `execute` call, `RUNNING` a `check_status` call. A settlement is checked against the
-//! worker's lease first (another owner → [`QueueError::LeaseLost`]) and then written exactly as
-//! a handler's result would be (compare-and-set; retries with backoff for errors; `running`
-//! re-delivers after its delay; hand-offs). Nothing is kept in the serving process but a cache
+//! `execute` call, `RUNNING` a `check_status` call. A settlement is written exactly as a
+//! handler's result would be (compare-and-set; retries with backoff for errors; `running`
+//! re-delivers after its delay; hand-offs), only while the worker holds its lease (another
+//! owner, or settled already → [`QueueError::LeaseLost`], nothing written): on Redis the state
+//! write checks it in the same atomic step (same slot), elsewhere (memory, a command homed in
+//! another slot of a Cluster) one heartbeat checks a request's leases first. Nothing is kept in the serving process but a cache
 //! of consumers: any process on the same store can serve any request of any worker.
 
 use std::collections::HashMap;
@@ -299,15 +301,20 @@ impl RemoteWorkers {
             let block = if out.is_empty() { left.min(POLL) } else { Duration::from_millis(1) };
             let got = c.claim_with(max - out.len(), block, self.reclaim_due()).await?;
             let empty = got.is_empty();
+            let mut msgs = Vec::with_capacity(got.len());
             for d in got {
-                let msg: CommandMsg = match serde_json::from_slice(&d.payload) {
-                    Ok(m) => m,
+                match serde_json::from_slice::<CommandMsg>(&d.payload) {
+                    Ok(m) => msgs.push((d, m)),
                     Err(e) => {
                         c.dead_letter(d.id, d.deliveries, &format!("not a command message: {e}")).await?;
-                        continue;
                     }
-                };
-                match prepare(&self.ctx, &msg).await? {
+                }
+            }
+            // The states are read concurrently: the store coalesces them into one read per home
+            // queue (store/batch.rs), not one round trip per command.
+            let prepared = futures::future::join_all(msgs.iter().map(|(_, m)| prepare(&self.ctx, m))).await;
+            for ((d, msg), prepared) in msgs.into_iter().zip(prepared) {
+                match prepared? {
                     Prepared::Settle(decision) => settle_message(&c, d.id, d.deliveries, decision).await?,
                     Prepared::Call { st, is_execute } => {
                         let lease = LeaseToken {
@@ -453,16 +460,26 @@ impl RemoteWorkers {
                 Some(t) => Ok(t),
             });
         }
-        // One heartbeat checks (and renews) every lease still to settle.
-        let ids: Vec<MessageId> = checks.iter().flatten().map(|(m, _, _)| *m).collect();
+        // Every write and settle of the queue's stream below checks that the worker owns the
+        // delivery in the same atomic step, except a state write that cannot (memory; Redis
+        // Cluster, a command homed in another slot: handed off to this queue): one heartbeat
+        // checks (and renews) those leases first.
+        let backend = &self.ctx.store.inner.backend;
+        let ids: Vec<MessageId> = checks
+            .iter()
+            .flatten()
+            .filter(|(m, msg, _)| !Holder::Remote(&c, *m).checked_in_write(&**backend, &msg.home, &self.ctx.queue))
+            .map(|(m, _, _)| *m)
+            .collect();
         let states = if ids.is_empty() { Vec::new() } else { c.renew(&ids).await? };
-        let held: HashMap<MessageId, LeaseState> = ids.into_iter().zip(states).collect();
+        let unheld: Vec<MessageId> =
+            ids.into_iter().zip(states).filter(|(_, s)| *s != LeaseState::Held).map(|(m, _)| m).collect();
         let settles = checks.into_iter().zip(items).map(|(check, (_, outcome))| {
             let c = &c;
-            let held = &held;
+            let unheld = &unheld;
             async move {
                 let (mid, msg, claimed_ms) = check?;
-                if held.get(&mid) != Some(&LeaseState::Held) {
+                if unheld.contains(&mid) {
                     return Err(CommandError::Queue(QueueError::LeaseLost(mid)));
                 }
                 self.settle_held(c, mid, msg, claimed_ms, outcome).await
@@ -471,7 +488,9 @@ impl RemoteWorkers {
         Ok(futures::future::join_all(settles).await)
     }
 
-    /// Settles a delivery the worker was just found to hold.
+    /// Settles a delivery of the worker: every step checks that it still holds it (a state write
+    /// atomically where it can, else the caller's heartbeat just did; each settle of the
+    /// delivery atomically, a delivery no longer pending counting as lost).
     async fn settle_held(
         &self,
         c: &RemoteConsumer,
@@ -482,7 +501,7 @@ impl RemoteWorkers {
     ) -> Result<RemoteSettled, CommandError> {
         let backend = &self.ctx.store.inner.backend;
         if outcome == RemoteOutcome::Release {
-            settle_message(c, mid, 0, Decision::Retry).await?;
+            settle_strict(c, mid, Decision::Retry).await?;
             // Handed back: applied, unless the command is gone or ended meanwhile.
             return Ok(match backend.load(&msg.home, &msg.id).await? {
                 Some(s) if !s.status.is_terminal() && s.token == msg.token => RemoteSettled::Applied(s),
@@ -491,7 +510,7 @@ impl RemoteWorkers {
         }
         let (st, is_execute) = match prepare(&self.ctx, &msg).await? {
             Prepared::Settle(decision) => {
-                settle_message(c, mid, 0, decision).await?;
+                settle_strict(c, mid, decision).await?;
                 return Ok(RemoteSettled::Finished(backend.load(&msg.home, &msg.id).await?));
             }
             Prepared::Call { st, is_execute } => (*st, is_execute),
@@ -506,7 +525,7 @@ impl RemoteWorkers {
         // (Redis: same slot); the ownership check made it this worker's to ack.
         let holder = Holder::Remote(c, mid);
         let done = apply(&self.ctx, st, &msg, Some(holder), is_execute, started, outcome).await?;
-        settle_message(c, mid, 0, done.decision).await?;
+        settle_strict(c, mid, done.decision).await?;
         Ok(match done.state {
             Some(s) if done.written => RemoteSettled::Applied(s),
             other => RemoteSettled::Finished(other),
@@ -538,6 +557,25 @@ impl RemoteWorkers {
             Ok(baton_queue::Settled::Gone) | Err(QueueError::LeaseLost(_)) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// Settles a delivery of a worker's settle with a dispatch decision: as [`settle_message`], and a
+/// delivery no longer pending (settled already, deleted) is [`QueueError::LeaseLost`] too: the
+/// worker's lease is gone.
+async fn settle_strict(c: &RemoteConsumer, id: MessageId, d: Decision) -> Result<(), CommandError> {
+    let r = match d {
+        // Deferred: the state write acked it already.
+        Decision::Deferred => return Ok(()),
+        Decision::Ack => c.ack(id).await,
+        Decision::Retry => c.release(id).await,
+        Decision::RetryAfter(delay) => c.retry_after(id, delay).await,
+        Decision::DeadLetter(reason) => c.dead_letter(id, 0, &reason).await,
+    };
+    match r {
+        Ok(baton_queue::Settled::Done) => Ok(()),
+        Ok(_) | Err(QueueError::LeaseLost(_)) => Err(CommandError::Queue(QueueError::LeaseLost(id))),
+        Err(e) => Err(e.into()),
     }
 }
 

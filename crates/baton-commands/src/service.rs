@@ -18,7 +18,7 @@ use baton_queue::{ConsumerOptions, Decision, Delivery, DrainReport, Lease};
 use futures::FutureExt;
 
 use crate::model::{new_token, CommandMsg};
-use crate::store::AckRef;
+use crate::store::DeliveryRef;
 use crate::{
     backoff, validate_queue, Command, CommandError, CommandHandler, CommandResult, CommandState, CommandStatus,
     CommandStore, HandlerError, Timestamp,
@@ -527,8 +527,9 @@ pub(crate) async fn apply(
             && (p.handoff.is_none() || atomic)
             && no_crash_test
             && backend.can_fold_ack(&cur.queue, &ctx.queue);
-        let ack = holder.as_ref().filter(|_| fold).and_then(Holder::ack_ref);
-        let (written, acked) = write_retrying(ctx, cur.status, next, enqueue, ack.as_ref()).await?;
+        let same_slot = backend.can_fold_ack(&cur.queue, &ctx.queue);
+        let delivery = holder.as_ref().and_then(|h| h.delivery_ref(fold, same_slot));
+        let (written, acked) = write_retrying(ctx, cur.status, next, enqueue, delivery.as_ref()).await?;
         if acked {
             if let Some((target, m)) = &p.handoff {
                 tracing::debug!(queue = %ctx.queue, command = %m.id, target, atomic, "command handed off");
@@ -576,12 +577,23 @@ pub(crate) enum Holder<'a> {
 }
 
 impl Holder<'_> {
-    /// Where the delivery lives, for a write that acks it (Redis only).
-    fn ack_ref(&self) -> Option<AckRef> {
-        match self {
-            Holder::Lease(l) => l.redis_target().map(|target| AckRef { id: l.id().to_string(), target }),
-            Holder::Remote(c, id) => c.redis_target().map(|target| AckRef { id: id.to_string(), target }),
-        }
+    /// The delivery a write is for (Redis only), when the write acks it (`ack`) or must check
+    /// that the holder still owns it: a remote worker's writes do wherever the backend can
+    /// (`same_slot`), so that a worker whose lease was taken over writes nothing (an in-process
+    /// lease's handler is told by its own heartbeat instead).
+    fn delivery_ref(&self, ack: bool, same_slot: bool) -> Option<DeliveryRef> {
+        let (id, target, owned) = match self {
+            Holder::Lease(l) => (l.id().to_string(), l.redis_target(), false),
+            Holder::Remote(c, id) => (id.to_string(), c.redis_target(), same_slot),
+        };
+        (ack || owned).then_some(())?;
+        target.map(|target| DeliveryRef { id, target, ack, owned })
+    }
+
+    /// Whether a write for this holder checks its ownership in the same atomic step (see
+    /// [`Holder::delivery_ref`]).
+    pub(crate) fn checked_in_write(&self, backend: &dyn crate::store::StateBackend, home: &str, queue: &str) -> bool {
+        matches!(self, Holder::Remote(c, _) if c.redis_target().is_some()) && backend.can_fold_ack(home, queue)
     }
 
     /// Tells the holder its delivery was acked by the write; false when a lease was already
@@ -644,13 +656,14 @@ async fn write_retrying(
     old: CommandStatus,
     next: CommandState,
     enqueue: Option<(&str, &CommandMsg)>,
-    ack: Option<&AckRef>,
+    delivery: Option<&DeliveryRef>,
 ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
     let mut delay = Duration::from_millis(100);
     let mut tries = 0;
     loop {
-        match ctx.store.write_acking(old, next.clone(), enqueue, ack).await {
+        match ctx.store.write_for(old, next.clone(), enqueue, delivery).await {
             Ok(r) => return Ok(r),
+            Err(e @ CommandError::Queue(baton_queue::QueueError::LeaseLost(_))) => return Err(e),
             Err(e) if tries < 5 => {
                 tracing::warn!(queue = %ctx.queue, command = %next.id, error = %e, "state write failed; retrying");
                 tries += 1;

@@ -5,14 +5,18 @@
 //! (`backend.rs`): what it owns is a lease it holds, renewed by [`RemoteConsumer::renew`]
 //! (which writes its liveness record, in backend time, and renews the ids it names, ownership
 //! checked); when its worker falls silent for `claim_timeout`, it is a dead consumer and any live
-//! consumer of the queue (in-process or remote) takes its entries over. Entries it owns but
-//! its worker no longer renews (say, the reply of a claim was lost) are handed to the parked
-//! owner after `claim_timeout / 2` by the next renewal or claim, as a lease thread's heartbeat
-//! does. Nothing is held in the process that serves the requests: any process on the same
-//! backend can serve any request of the worker.
+//! consumer of the queue (in-process or remote) takes its entries over. A claim writes the
+//! liveness record too, unless this process wrote it for the worker less than
+//! `claim_timeout / 10` ago (a worker claiming in a tight loop would otherwise pay a heartbeat
+//! per claim; entries a claim reads start idle, so they are safe for a claim timeout anyway).
+//! Entries it owns but its worker no longer renews (say, the reply of a claim was lost) are
+//! handed to the parked owner after `claim_timeout / 2` by the next renewal or heartbeating
+//! claim, as a lease thread's heartbeat does. Nothing is held in the process that serves the
+//! requests but that time: any process on the same backend can serve any request of the
+//! worker.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -74,6 +78,8 @@ pub struct RemoteConsumer {
     name: String,
     queue: String,
     claim_timeout: Duration,
+    /// When this process last wrote the worker's liveness record (shared by the clones).
+    last_beat: Arc<Mutex<Option<Instant>>>,
 }
 
 fn owned(id: MessageId, o: Owned) -> Result<Settled, QueueError> {
@@ -116,6 +122,7 @@ impl RemoteConsumer {
             name: name.to_string(),
             queue: queue.to_string(),
             claim_timeout: opts.claim_timeout,
+            last_beat: Arc::default(),
         })
     }
 
@@ -132,8 +139,8 @@ impl RemoteConsumer {
     /// Takes up to `max` messages for the worker (at least 1): entries of dead consumers and
     /// parked entries first (dead-lettering those past `max_deliveries`), then new ones, waiting
     /// up to `wait` for the first when none is ready. Writes the liveness record first (the
-    /// worker is alive), without renewing anything. Malformed entries are dead-lettered, never
-    /// returned.
+    /// worker is alive) unless this process wrote it less than `claim_timeout / 10` ago, without
+    /// renewing anything. Malformed entries are dead-lettered, never returned.
     pub async fn claim(&self, max: usize, wait: Duration) -> Result<Vec<RemoteDelivery>, QueueError> {
         self.claim_with(max, wait, true).await
     }
@@ -150,7 +157,10 @@ impl RemoteConsumer {
         reclaim: bool,
     ) -> Result<Vec<RemoteDelivery>, QueueError> {
         let max = max.max(1);
-        self.beat(&[]).await?;
+        let recent = self.last_beat.lock().expect("lock").is_some_and(|t| t.elapsed() < self.claim_timeout / 10);
+        if !recent {
+            self.beat(&[]).await?;
+        }
         let mut out = Vec::with_capacity(max);
         let mut raw = if reclaim { self.backend.reclaim(max, &[]).await?.deliveries } else { Vec::new() };
         if raw.len() < max {
@@ -170,7 +180,10 @@ impl RemoteConsumer {
 
     async fn beat(&self, renew: &[MessageId]) -> Result<crate::backend::Beat, QueueError> {
         let limit = renew.len() + 1_000;
-        self.backend.heartbeat(renew, &[], &[], self.claim_timeout / 2, limit).await
+        let started = Instant::now();
+        let beat = self.backend.heartbeat(renew, &[], &[], self.claim_timeout / 2, limit).await?;
+        *self.last_beat.lock().expect("lock") = Some(started);
+        Ok(beat)
     }
 
     /// Renews the leases of `ids` in one call (and writes the liveness record); one state per

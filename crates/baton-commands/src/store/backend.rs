@@ -64,6 +64,9 @@ pub(crate) enum Cas {
     Done(CommandState),
     /// The version moved on (the current state attached) or the state is gone (`None`).
     Conflict(Option<CommandState>),
+    /// Nothing written: the write required its delivery's consumer to own the delivery
+    /// ([`DeliveryRef::owned`]) and it does not any more (taken over, settled or handed back).
+    Lost,
 }
 
 /// A state backend. Writes are compare-and-set on `version`; a backend publishes each successful
@@ -86,21 +89,23 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     async fn shared_secret(&self, name: &str) -> Result<Vec<u8>, CommandError>;
     /// CAS: replaces the state at version `new.version - 1` (whose status was `old`) by `new`.
     /// With `enqueue`, also enqueues the message on that queue in the same atomic step; only
-    /// allowed when [`StateBackend::atomic_enqueue`] says so. With `ack` (only when
-    /// [`StateBackend::can_fold_ack`] says so), a successful write also acks that delivery in the
-    /// same atomic step if its consumer still owns it; the `bool` tells whether it did (the
-    /// caller then settles the lease with `mark_acked`, or skips the remote worker's ack).
+    /// allowed when [`StateBackend::atomic_enqueue`] says so. With `delivery` (only when
+    /// [`StateBackend::can_fold_ack`] says so): its `owned` check in the same atomic step
+    /// ([`Cas::Lost`] when it fails), and with its `ack`, a successful write also acks it; the
+    /// `bool` tells whether it did (the caller then settles the lease with `mark_acked`, or
+    /// skips the remote worker's ack).
     async fn transition(
         &self,
         old: CommandStatus,
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-        ack: Option<&AckRef>,
+        delivery: Option<&DeliveryRef>,
     ) -> Result<(Cas, bool), CommandError>;
     /// True when a transition of a state homed in `home` can enqueue on `target` atomically.
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool;
-    /// True when a transition of a state homed in `home` can ack a delivery of `queue` in the
-    /// same atomic step (Redis: same slot; memory acks are immediate anyway: never).
+    /// True when a transition of a state homed in `home` can ack (or check the owner of) a
+    /// delivery of `queue` in the same atomic step (Redis: same slot; memory: never, its acks
+    /// and owner checks are immediate anyway).
     fn can_fold_ack(&self, home: &str, queue: &str) -> bool;
     /// Enqueues a message on `queue` (non-atomic path).
     async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError>;
@@ -256,11 +261,15 @@ pub(crate) fn status_slot(s: Option<CommandStatus>) -> usize {
     s.map(|s| s.index() + 1).unwrap_or(0)
 }
 
-/// A delivery that a transition may ack in the same atomic step (Redis): its message id and
-/// where it lives ([`baton_queue::Lease::redis_target`] or
-/// [`baton_queue::RemoteConsumer::redis_target`]).
+/// The delivery a transition is written for (Redis): its message id and where it lives
+/// ([`baton_queue::Lease::redis_target`] or [`baton_queue::RemoteConsumer::redis_target`]); with
+/// `ack`, a successful write acks it in the same atomic step; with `owned`, the write happens only
+/// while the target's consumer owns the delivery ([`Cas::Lost`] otherwise), checked in the same
+/// atomic step.
 #[derive(Clone, Debug)]
-pub(crate) struct AckRef {
+pub(crate) struct DeliveryRef {
     pub id: String,
     pub target: baton_queue::RedisAckTarget,
+    pub ack: bool,
+    pub owned: bool,
 }

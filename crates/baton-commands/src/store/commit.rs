@@ -46,10 +46,14 @@ pub(crate) struct Transition {
     /// KEYS positions (2..=6) of the old and new status indexes.
     pub old_index: usize,
     pub new_index: usize,
-    /// Entry id of the delivery to ack on the home queue's stream, or empty.
-    pub ack_id: String,
+    /// Entry id of the delivery (on the home queue's stream) to check or ack, or empty.
+    pub entry: String,
     /// The announcement (terminal writes), or empty.
     pub announce: String,
+    /// The consumer that must own `entry` for the write to happen, or empty (no check).
+    pub owner: String,
+    /// Ack `entry` with a successful write.
+    pub ack: bool,
 }
 
 impl Batch for Transition {
@@ -62,9 +66,17 @@ impl Batch for Transition {
         let bytes = 256
             + batch
                 .iter()
-                .map(|t| t.state_key.len() + t.value.len() + t.expected.len() + t.id.len() + t.announce.len() + 64)
+                .map(|t| {
+                    t.state_key.len()
+                        + t.value.len()
+                        + t.expected.len()
+                        + t.id.len()
+                        + t.announce.len()
+                        + t.owner.len()
+                        + 72
+                })
                 .sum::<usize>();
-        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(7 + n, 6 + 7 + n * 9, bytes);
+        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(7 + n, 6 + 7 + n * 11, bytes);
         for k in &keys.index {
             cmd.arg(k);
         }
@@ -80,8 +92,10 @@ impl Batch for Transition {
                 .arg(&t.id)
                 .arg(t.old_index)
                 .arg(t.new_index)
-                .arg(&t.ack_id)
-                .arg(&t.announce);
+                .arg(&t.entry)
+                .arg(&t.announce)
+                .arg(&t.owner)
+                .arg(if t.ack { "1" } else { "" });
         }
         cmd
     }

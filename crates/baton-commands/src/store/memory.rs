@@ -138,7 +138,7 @@ impl StateBackend for MemoryStateBackend {
         old: CommandStatus,
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-        _ack: Option<&super::backend::AckRef>,
+        _delivery: Option<&super::backend::DeliveryRef>,
     ) -> Result<(Cas, bool), CommandError> {
         {
             let mut g = self.inner.lock().unwrap();

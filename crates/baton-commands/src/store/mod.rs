@@ -22,7 +22,7 @@ use crate::{
 };
 
 pub use self::backend::CommandStoreSettings;
-pub(crate) use self::backend::{AckRef, Cas, Hub, Peeked, StateBackend, SubmitOutcome, Unsub};
+pub(crate) use self::backend::{Cas, DeliveryRef, Hub, Peeked, StateBackend, SubmitOutcome, Unsub};
 pub use self::redis::RedisCommandStoreOptions;
 
 /// A service's id and the handlers it runs.
@@ -411,24 +411,34 @@ impl CommandStore {
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
     ) -> Result<Result<CommandState, Option<CommandState>>, CommandError> {
-        Ok(self.write_acking(old, new, enqueue, None).await?.0)
+        Ok(self.write_for(old, new, enqueue, None).await?.0)
     }
 
-    /// [`CommandStore::write`], also acking `ack`'s delivery in the same atomic step when the
-    /// backend can (see [`StateBackend::transition`]); the `bool` tells whether it did.
-    pub(crate) async fn write_acking(
+    /// [`CommandStore::write`] for `delivery` (see [`StateBackend::transition`]): checking that
+    /// its consumer owns it and acking it in the same atomic step as it asks and the backend can;
+    /// the `bool` tells whether it was acked. A failed owner check is
+    /// [`QueueError::LeaseLost`](baton_queue::QueueError::LeaseLost) (nothing written).
+    pub(crate) async fn write_for(
         &self,
         old: CommandStatus,
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-        ack: Option<&AckRef>,
+        delivery: Option<&DeliveryRef>,
     ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
-        match self.inner.backend.transition(old, new, enqueue, ack).await? {
+        match self.inner.backend.transition(old, new, enqueue, delivery).await? {
             (Cas::Done(stored), acked) => {
                 self.inner.hub.local(&stored);
                 Ok((Ok(stored), acked))
             }
             (Cas::Conflict(latest), _) => Ok((Err(latest), false)),
+            (Cas::Lost, _) => {
+                let id = delivery.map(|d| d.id.as_str()).unwrap_or_default();
+                let mid = id.parse().map_err(|_| CommandError::Corrupt {
+                    id: id.to_string(),
+                    reason: "the lost delivery's id is not a stream entry id".into(),
+                })?;
+                Err(CommandError::Queue(baton_queue::QueueError::LeaseLost(mid)))
+            }
         }
     }
 }

@@ -458,7 +458,7 @@ impl StateBackend for RedisStateBackend {
         old: CommandStatus,
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
-        ack: Option<&super::backend::AckRef>,
+        delivery: Option<&super::backend::DeliveryRef>,
     ) -> Result<(Cas, bool), CommandError> {
         let k = self.keys(&new.queue);
         let ttl = self.settings.ttl_for(new.status);
@@ -483,7 +483,9 @@ impl StateBackend for RedisStateBackend {
         }
         let value = stored(&st, &st.stored_json());
         let state_key = k.state(&st.id);
-        let target = ack.map(|a| (a.id.clone(), a.target.clone()));
+        let target = delivery.map(|a| (a.id.clone(), a.target.clone()));
+        let owner = delivery.filter(|d| d.owned).map(|d| d.target.consumer.clone()).unwrap_or_default();
+        let ack = delivery.is_some_and(|d| d.ack);
         // Only terminal writes are announced: waiters wait for one, and a cancel is one.
         // `<id> <STATUS> <version> <origin>`, read by `pubsub_task`.
         let announce = if st.status.is_terminal() {
@@ -504,8 +506,10 @@ impl StateBackend for RedisStateBackend {
                 id: st.id.clone(),
                 old_index: old.index() + 2,
                 new_index: st.status.index() + 2,
-                ack_id: target.map(|(id, _)| id).unwrap_or_default(),
+                entry: target.map(|(id, _)| id).unwrap_or_default(),
                 announce,
+                owner,
+                ack,
             };
             self.transitions.run(&k.batch, t).await?
         } else {
@@ -536,7 +540,9 @@ impl StateBackend for RedisStateBackend {
                 .arg(&msg_arg)
                 .arg(ack_id)
                 .arg(ack_group)
-                .arg(&announce);
+                .arg(&announce)
+                .arg(&owner)
+                .arg(if ack { "1" } else { "" });
             TRANSITION.query(&mut conn, &cmd).await?
         };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
@@ -546,6 +552,7 @@ impl StateBackend for RedisStateBackend {
                 Ok((Cas::Done(st), acked))
             }
             Some("missing") => Ok((Cas::Conflict(None), false)),
+            Some("lost") => Ok((Cas::Lost, false)),
             Some("conflict") => {
                 let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("transition", &v))?;
                 Ok((Cas::Conflict(Some(parse_stored(&st.id, raw)?)), false))

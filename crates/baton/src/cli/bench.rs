@@ -84,6 +84,10 @@ pub struct BenchArgs {
     /// `workers`: the server's queue to drain (configured there without handlers; `--no-workers`).
     #[arg(long, default_value = "bench")]
     pub queue: String,
+    /// `workers`: HTTP workers of the load generator, sharing the concurrency (each claims up to
+    /// its free slots, as an SDK worker does).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub workers: u64,
     /// `workers`: interleaved rounds of in-process then HTTP.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub rounds: u64,
@@ -568,8 +572,10 @@ async fn until_succeeded(store: &CommandStore, queue: &str, target: u64, pb: &Pr
 }
 
 /// Drains `count` no-op commands pre-submitted to the server's `queue` through the HTTP worker
-/// protocol: `WORKERS` workers, each claiming its share of `c` at once and settling them (each
-/// in its own request, or with `batch` all in one).
+/// protocol, as SDK workers do: `--workers` workers share the concurrency `c`; each claims up to
+/// its free slots (long-poll), hands every claimed command to its no-op handler at once, and
+/// settles finished ones while it claims again: each in a request of its own, or (`batch`)
+/// everything finished since the last settlement in one request.
 #[allow(clippy::too_many_arguments)]
 async fn http_drain(
     args: &BenchArgs,
@@ -586,63 +592,101 @@ async fn http_drain(
     let prefix = format!("{id}-http-c{c}-{}", if batch { "batch" } else { "each" });
     presubmit(store, queue, &prefix, count).await?;
     let pb = progress(args.quiet, count, format!("http {side} c={c}"));
-    let settled = Arc::new(AtomicU64::new(0));
+    let claimed_total = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
-    let workers = c.min(WORKERS);
+    let workers = c.min(args.workers);
     for w in 0..workers {
-        let (http, queue, settled) = (http.clone(), queue.to_string(), settled.clone());
+        let (http, queue, claimed_total) = (http.clone(), queue.to_string(), claimed_total.clone());
         let worker = format!("{id}-w{w}");
-        // This worker's share of the concurrency: claimed together, settled concurrently.
-        let slots = c / workers + u64::from(w < c % workers);
-        let claim = json!({"max": slots, "wait": "1s"}).to_string();
+        let slots = (c / workers + u64::from(w < c % workers)) as usize;
         tasks.push(tokio::spawn(async move {
-            let post = |op: &'static str, body: String| {
-                let url = format!("/v1/queues/{queue}/workers/{worker}/{op}");
-                let rb =
-                    http.request(reqwest::Method::POST, &url).header("content-type", "application/json").body(body);
-                async move {
-                    let r = rb.send().await.map_err(|e| format!("{op}: {e}"))?;
-                    let r = r.error_for_status().map_err(|e| format!("{op}: {e}"))?;
-                    let b = r.bytes().await.map_err(|e| format!("{op}: {e}"))?;
-                    serde_json::from_slice::<Value>(&b).map_err(|e| format!("{op}: {e}"))
+            let post = {
+                let (http, queue, worker) = (http.clone(), queue.clone(), worker.clone());
+                move |op: &'static str, body: String| {
+                    let url = format!("/v1/queues/{queue}/workers/{worker}/{op}");
+                    let rb = http
+                        .request(reqwest::Method::POST, &url)
+                        .header("content-type", "application/json")
+                        .body(body);
+                    async move {
+                        let r = rb.send().await.map_err(|e| format!("{op}: {e}"))?;
+                        let r = r.error_for_status().map_err(|e| format!("{op}: {e}"))?;
+                        let b = r.bytes().await.map_err(|e| format!("{op}: {e}"))?;
+                        serde_json::from_slice::<Value>(&b).map_err(|e| format!("{op}: {e}"))
+                    }
                 }
             };
-            let mut lat = Vec::new();
-            while settled.load(Ordering::Relaxed) < count {
-                let t = Instant::now();
-                let claimed = post("claim", claim.clone()).await?;
-                let leases: Vec<&str> = claimed["leases"]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(|l| l["lease"].as_str()).collect())
-                    .unwrap_or_default();
-                if leases.is_empty() {
-                    continue;
-                }
-                let one = |lease: &str| json!({"lease": lease, "outcome": "succeeded", "result": null});
-                if batch {
-                    let body = json!({"settlements": leases.iter().map(|l| one(l)).collect::<Vec<_>>()});
-                    let v = post("settle", body.to_string()).await?;
-                    if let Some(bad) =
-                        v["settlements"].as_array().and_then(|a| a.iter().find(|i| i.get("error").is_some()))
-                    {
-                        return Err(format!("settle: {bad}"));
+            let free = Arc::new(Semaphore::new(slots));
+            // Finished handlers' leases, with when each was claimed.
+            let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
+            let one = |lease: &str| json!({"lease": lease, "outcome": "succeeded", "result": null});
+            // The settling side: one request per lease, or everything finished so far in one.
+            let settler = {
+                let (post, free) = (post.clone(), free.clone());
+                tokio::spawn(async move {
+                    let mut lat = Vec::new();
+                    let mut inflight = futures::stream::FuturesUnordered::new();
+                    loop {
+                        use futures::StreamExt;
+                        tokio::select! {
+                            got = done_rx.recv() => {
+                                let Some(first) = got else { break };
+                                if batch {
+                                    let mut ready = vec![first];
+                                    while let Ok(more) = done_rx.try_recv() {
+                                        ready.push(more);
+                                    }
+                                    let body = json!({"settlements": ready.iter().map(|(l, _)| one(l)).collect::<Vec<_>>()});
+                                    let v = post("settle", body.to_string()).await?;
+                                    if let Some(bad) = v["settlements"]
+                                        .as_array()
+                                        .and_then(|a| a.iter().find(|i| i.get("error").is_some()))
+                                    {
+                                        return Err(format!("settle: {bad}"));
+                                    }
+                                    lat.extend(ready.iter().map(|(_, t)| t.elapsed()));
+                                    free.add_permits(ready.len());
+                                } else {
+                                    let (lease, t) = first;
+                                    let r = post("settle", one(&lease).to_string());
+                                    inflight.push(async move { r.await.map(|_| t.elapsed()) });
+                                }
+                            }
+                            Some(r) = inflight.next(), if !inflight.is_empty() => {
+                                lat.push(r?);
+                                free.add_permits(1);
+                            }
+                        }
                     }
-                    for _ in &leases {
-                        lat.push(t.elapsed());
-                    }
-                } else {
-                    let settles = leases.iter().map(|l| {
-                        let r = post("settle", one(l).to_string());
-                        async move { r.await.map(|_| t.elapsed()) }
-                    });
-                    for r in futures::future::join_all(settles).await {
+                    while let Some(r) = futures::StreamExt::next(&mut inflight).await {
                         lat.push(r?);
                     }
+                    Ok::<_, String>(lat)
+                })
+            };
+            // The claiming side: up to the free slots, each claimed command "handled" at once.
+            while claimed_total.load(Ordering::Relaxed) < count {
+                let Ok(first) = free.clone().acquire_many_owned(1).await else { break };
+                first.forget();
+                let mut n = 1;
+                while n < slots && free.try_acquire().map(|p| p.forget()).is_ok() {
+                    n += 1;
                 }
-                settled.fetch_add(leases.len() as u64, Ordering::Relaxed);
+                let t = Instant::now();
+                let claimed = post("claim", json!({"max": n, "wait": "1s"}).to_string()).await?;
+                let leases: Vec<String> = claimed["leases"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|l| l["lease"].as_str().map(String::from)).collect())
+                    .unwrap_or_default();
+                free.add_permits(n - leases.len());
+                claimed_total.fetch_add(leases.len() as u64, Ordering::Relaxed);
+                for l in leases {
+                    let _ = done_tx.send((l, t));
+                }
             }
-            Ok::<_, String>(lat)
+            drop(done_tx);
+            settler.await.map_err(|e| format!("settler: {e}"))?
         }));
     }
     let done = until_succeeded(store, queue, before + count, &pb).await;
@@ -663,11 +707,6 @@ async fn http_drain(
         latency_of: "claim → settled",
     })
 }
-
-/// HTTP workers of the load generator: each claims its share of the concurrency at once (up to
-/// `concurrency / WORKERS` commands, waiting up to 1 s) and settles them concurrently, as an SDK
-/// worker with that many free slots does.
-const WORKERS: u64 = 8;
 
 async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec<Row>, CliError> {
     if rc.is_none() {
