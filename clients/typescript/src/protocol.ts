@@ -33,11 +33,16 @@ export type FromLeaseThread =
   | { t: "leases"; leases: ClaimedLease[] }
   /** A renewal said `cancelled: true` (sent once per lease). */
   | { t: "cancelled"; lease: string }
-  /** The lease is not held any more: `lost`, `gone`, or `expired` (renewals failed until its deadline). No longer renewed. */
-  | { t: "lost"; lease: string; why: "lost" | "gone" | "expired" }
+  /**
+   * A renewal's answer said the lease is not held any more (`lost`: another worker owns it, or it
+   * ran past max_processing_time; `gone`: settled, or unknown to the server). No longer renewed.
+   * Only the server's answer ends a lease: renewals that fail in transit or with an error answer
+   * never do.
+   */
+  | { t: "lost"; lease: string; why: "lost" | "gone" }
   /** A claim failed for good (e.g. 404 unknown_queue, 401, 403): the worker cannot work. */
   | { t: "fatal"; status: number; code: string; message: string }
-  /** A transient problem, for the worker's `onError`. */
+  /** A transient problem (a claim or renewal that failed and is retried), for the worker's `onError`. */
   | { t: "warn"; context: string; message: string }
   /** The claim loop ended (after stop-claiming or fatal). */
   | { t: "claiming-stopped" };

@@ -3,16 +3,20 @@
 // while the main thread is blocked) and renews every held lease in one `renew` request every
 // `lease_timeout_ms / 3`. It tells the main thread about new leases, cancellations and lost leases;
 // the main thread runs the handlers and settles.
+//
+// Only the server's answer ends a lease: a renewal item saying `lost` or `gone`. A renewal that
+// gets no answer (connection refused or reset, a timeout) or an error answer (`5xx`, `429`, …)
+// says nothing about the leases: they are kept and renewed again soon, however long that lasts
+// (the server, not this thread, decides when a silent worker's lease is over; a renewal that
+// comes late is `held` unless another worker took the command meanwhile).
 import { parentPort, workerData } from "node:worker_threads";
 import { BatonError } from "./errors.js";
 import { describe, duration, requestJson, sleep, type Endpoint } from "./http.js";
 import type { ClaimedLease, FromLeaseThread, LeaseThreadConfig, ToLeaseThread } from "./protocol.js";
 
 interface Held {
-  /** Still renewed (false once lost, gone or expired; the slot stays taken until "remove"). */
+  /** Still renewed (false once the server said lost or gone; the slot stays taken until "remove"). */
   renew: boolean;
-  /** After this (ms since epoch), without a successful renewal, the lease is taken for lost. */
-  deadline: number;
   timeoutMs: number;
   cancelledSent: boolean;
 }
@@ -30,6 +34,8 @@ let wakeRenew: () => void = () => {};
 
 const RENEW_BATCH = 1000;
 const DEFAULT_INTERVAL_MS = 10_000;
+/** After a failed renewal, the next one comes after a third of the interval, at least this. */
+const MIN_RETRY_MS = 100;
 
 function post(message: FromLeaseThread): void {
   port.postMessage(message);
@@ -98,11 +104,9 @@ async function claimLoop(): Promise<void> {
       claimAbort = undefined;
     }
     if (leases.length === 0) continue;
-    const now = Date.now();
     for (const lease of leases) {
       held.set(lease.lease, {
         renew: true,
-        deadline: now + lease.lease_timeout_ms,
         timeoutMs: lease.lease_timeout_ms,
         cancelledSent: false,
       });
@@ -113,19 +117,13 @@ async function claimLoop(): Promise<void> {
   post({ t: "claiming-stopped" });
 }
 
-function expire(now: number): void {
-  for (const [lease, h] of held) {
-    if (h.renew && now > h.deadline) {
-      h.renew = false;
-      post({ t: "lost", lease, why: "expired" });
-    }
-  }
-}
-
-async function renewOnce(interval: number): Promise<boolean> {
+/**
+ * Renews every lease still renewed; false when a request failed (no answer, or an error answer):
+ * its leases are kept as they are, to be renewed again soon.
+ */
+async function renewOnce(interval: number, retryMs: number): Promise<boolean> {
   const leases = [...held].filter(([, h]) => h.renew).map(([lease]) => lease);
   if (leases.length === 0) return true;
-  const started = Date.now();
   let ok = true;
   for (let i = 0; i < leases.length; i += RENEW_BATCH) {
     const batch = leases.slice(i, i + RENEW_BATCH);
@@ -139,22 +137,26 @@ async function renewOnce(interval: number): Promise<boolean> {
         const h = held.get(answer.lease);
         if (!h || !h.renew) continue;
         if (answer.state === "held") {
-          h.deadline = started + h.timeoutMs;
           if (answer.cancelled && !h.cancelledSent) {
             h.cancelledSent = true;
             post({ t: "cancelled", lease: answer.lease });
           }
-        } else {
+        } else if (answer.state === "lost" || answer.state === "gone") {
           h.renew = false;
-          post({ t: "lost", lease: answer.lease, why: answer.state === "lost" ? "lost" : "gone" });
+          post({ t: "lost", lease: answer.lease, why: answer.state });
         }
+        // (Another state, from a newer server: not a definite end; renewed again.)
       }
     } catch (err) {
+      // No answer, or an error answer: nothing is known about these leases. They stay held.
       ok = false;
-      post({ t: "warn", context: "renew", message: describe(err) });
+      post({
+        t: "warn",
+        context: "renew",
+        message: `${describe(err)}; the ${batch.length === 1 ? "lease is" : `${batch.length} leases are`} kept (only the server's answer ends a lease), renewing again in ${Math.round(retryMs)} ms`,
+      });
     }
   }
-  expire(Date.now());
   return ok;
 }
 
@@ -173,9 +175,10 @@ async function renewLoop(): Promise<void> {
       await waitFor((w) => (wakeRenew = w));
       continue;
     }
-    // After a failure, try again sooner (renewOnce ends the leases whose deadline passed).
-    await sleep(retrying ? interval / 3 : interval);
-    retrying = !(await renewOnce(interval));
+    // After a failure, try again sooner: the server may be back before the claim timeout passes.
+    const retryMs = Math.max(interval / 3, MIN_RETRY_MS);
+    await sleep(retrying ? retryMs : interval);
+    retrying = !(await renewOnce(interval, retryMs));
   }
 }
 

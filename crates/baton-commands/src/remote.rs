@@ -144,6 +144,49 @@ pub struct RemoteWorkers {
     /// each worker name is a member), so a queue served only by remote workers does not
     /// collect them forever.
     reaped: Turn,
+    /// The states this process's claims read, until their leases are settled.
+    claimed: Claimed,
+}
+
+/// The states claims of this process read, by delivery, so that a settle served by the same
+/// process writes without reading the state again (a settle elsewhere, or after an eviction,
+/// reads it). Safe to be stale: the write is a compare-and-set on the state's version, as an
+/// in-process handler's is on the state it read at dispatch; a command that moved on meanwhile
+/// (cancelled, say) refuses the write and is answered with its current state.
+#[derive(Default)]
+struct Claimed(std::sync::Mutex<HashMap<MessageId, (u64, Box<CommandState>)>>);
+
+/// Entries of [`Claimed`] at most (about 1 KB each): past it, entries of leases already past
+/// `max_processing_time` (never settled: their worker died) are dropped, and if that is not
+/// enough, new claims are not remembered.
+const CLAIMED_MAX: usize = 65_536;
+
+impl Claimed {
+    /// Remembers the state a claim at `claimed_ms` read for `mid`.
+    fn put(&self, mid: MessageId, claimed_ms: u64, st: &CommandState, max_processing_time: Duration) {
+        let mut map = self.0.lock().expect("lock");
+        if map.len() >= CLAIMED_MAX {
+            let oldest = Timestamp::now().millis().saturating_sub(max_processing_time.as_millis() as u64);
+            map.retain(|_, (at, _)| *at >= oldest);
+            if map.len() >= CLAIMED_MAX {
+                return;
+            }
+        }
+        map.insert(mid, (claimed_ms, Box::new(st.clone())));
+    }
+
+    /// The state the claim at `claimed_ms` of `mid` read, if remembered (forgotten now).
+    fn take(&self, mid: MessageId, claimed_ms: u64) -> Option<Box<CommandState>> {
+        let mut map = self.0.lock().expect("lock");
+        match map.get(&mid) {
+            Some((at, _)) if *at == claimed_ms => map.remove(&mid).map(|(_, st)| st),
+            _ => None,
+        }
+    }
+
+    fn forget(&self, mid: MessageId) {
+        self.0.lock().expect("lock").remove(&mid);
+    }
 }
 
 /// A turn taken at most once per interval by whichever caller finds it due (shared by every
@@ -196,6 +239,7 @@ impl RemoteWorkers {
             key: tokio::sync::RwLock::new(None),
             key_reread: Turn::default(),
             reaped: Turn::default(),
+            claimed: Claimed::default(),
         })
     }
 
@@ -317,12 +361,14 @@ impl RemoteWorkers {
                 match prepared? {
                     Prepared::Settle(decision) => settle_message(&c, d.id, d.deliveries, decision).await?,
                     Prepared::Call { st, is_execute } => {
+                        let claimed_ms = Timestamp::now().millis();
+                        self.claimed.put(d.id, claimed_ms, &st, self.ctx.settings.max_processing_time);
                         let lease = LeaseToken {
                             m: d.id.to_string(),
                             i: msg.id.clone(),
                             h: msg.home.clone(),
                             t: msg.token.clone(),
-                            s: Timestamp::now().millis(),
+                            s: claimed_ms,
                         };
                         out.push(RemoteClaim {
                             lease: lease.encode(&key),
@@ -364,6 +410,9 @@ impl RemoteWorkers {
         if ids.is_empty() {
             return Ok(());
         }
+        for id in &ids {
+            self.claimed.forget(*id);
+        }
         c.hand_back(&ids).await?;
         Ok(())
     }
@@ -392,6 +441,11 @@ impl RemoteWorkers {
             decoded.iter().flatten().map(|(m, _, _)| *m).filter(|m| !expired.contains(m)).collect();
         let states = if ids.is_empty() { Vec::new() } else { c.renew(&ids).await? };
         let renewed: HashMap<MessageId, LeaseState> = ids.into_iter().zip(states).collect();
+        for (mid, state) in &renewed {
+            if *state != LeaseState::Held {
+                self.claimed.forget(*mid);
+            }
+        }
         let backend = &self.ctx.store.inner.backend;
         let with_state: Vec<(LeaseState, Option<CommandMsg>)> = decoded
             .into_iter()
@@ -500,6 +554,7 @@ impl RemoteWorkers {
         outcome: RemoteOutcome,
     ) -> Result<RemoteSettled, CommandError> {
         let backend = &self.ctx.store.inner.backend;
+        let remembered = self.claimed.take(mid, claimed_ms);
         if outcome == RemoteOutcome::Release {
             settle_strict(c, mid, Decision::Retry).await?;
             // Handed back: applied, unless the command is gone or ended meanwhile.
@@ -508,7 +563,16 @@ impl RemoteWorkers {
                 other => RemoteSettled::Finished(other),
             });
         }
-        let (st, is_execute) = match prepare(&self.ctx, &msg).await? {
+        let prepared = match remembered {
+            // The claim's checks held for this state; if it moved on since, the write's
+            // compare-and-set refuses it (and answers with the current state).
+            Some(st) => {
+                let is_execute = st.status == crate::CommandStatus::Submitted;
+                Prepared::Call { st, is_execute }
+            }
+            None => prepare(&self.ctx, &msg).await?,
+        };
+        let (st, is_execute) = match prepared {
             Prepared::Settle(decision) => {
                 settle_strict(c, mid, decision).await?;
                 return Ok(RemoteSettled::Finished(backend.load(&msg.home, &msg.id).await?));
@@ -543,6 +607,7 @@ impl RemoteWorkers {
     /// Hands an expired lease's message back (reclaimable by any consumer after the claim
     /// timeout), if the worker still owns it.
     async fn hand_back_expired(&self, c: &RemoteConsumer, mid: MessageId) -> Result<(), CommandError> {
+        self.claimed.forget(mid);
         match c.release(mid).await {
             Ok(baton_queue::Settled::Done) => {
                 tracing::warn!(

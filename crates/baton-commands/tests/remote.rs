@@ -94,6 +94,23 @@ async fn lifecycle(b: TestBackend) {
     assert!(r[0].finished, "{r:?}");
     let s = w.settle("w1", &c[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!(4)))).await.unwrap();
     assert!(matches!(s, RemoteSettled::Finished(Some(ref st)) if st.status == CommandStatus::Cancelled), "{s:?}");
+    // Settled through another process (which never saw the claim: it reads the state) and a
+    // cancel between a claim and its settle there too.
+    let other = RemoteWorkers::new(other_store(&b, &store).await, &q, fast()).unwrap();
+    let m = store.submit(&q, Command::new("t", json!({"n": 6}))).await.unwrap();
+    let n = store.submit(&q, Command::new("t", json!({"n": 7}))).await.unwrap();
+    let c = w.claim("w1", 2, Duration::from_secs(3)).await.unwrap();
+    assert_eq!(c.len(), 2);
+    let lease_of = |id: &str| c.iter().find(|x| x.command.id == id).unwrap().lease.clone();
+    let s = other.settle("w1", &lease_of(&m.id), RemoteOutcome::Result(CommandResult::succeeded(json!(6)))).await;
+    assert!(matches!(s, Ok(RemoteSettled::Applied(ref st)) if st.status == CommandStatus::Succeeded), "{s:?}");
+    store.cancel(&n.id).await.unwrap();
+    let s = other.settle("w1", &lease_of(&n.id), RemoteOutcome::Result(CommandResult::succeeded(json!(7)))).await;
+    assert!(matches!(s, Ok(RemoteSettled::Finished(Some(ref st))) if st.status == CommandStatus::Cancelled), "{s:?}");
+    // Settled, also for the process that claimed them.
+    assert!(lost(w.settle("w1", &lease_of(&m.id), RemoteOutcome::Result(CommandResult::failed("late"))).await));
+    assert_eq!(store.get(&m.id).await.unwrap().unwrap().status, CommandStatus::Succeeded);
+
     // Released: back to the queue, delivered again after the claim timeout.
     let r2 = store.submit(&q, Command::new("t", json!({"n": 5}))).await.unwrap();
     let c = w.claim("w1", 1, Duration::from_secs(3)).await.unwrap();
