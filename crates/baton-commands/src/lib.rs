@@ -185,9 +185,11 @@ pub use async_trait::async_trait;
 /// The Redis connection of [`CommandStore::redis`], re-exported from `baton-redis`.
 pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
-pub use model::{Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, StatusCounts, Timestamp};
+pub use model::{
+    Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, Progress, StatusCounts, Timestamp,
+};
 pub use remote::{
-    RemoteCall, RemoteClaim, RemoteOutcome, RemoteRenewal, RemoteSettled, RemoteWorkers, MAX_WORKER_NAME,
+    RemoteCall, RemoteClaim, RemoteOutcome, RemoteRenewal, RemoteReport, RemoteSettled, RemoteWorkers, MAX_WORKER_NAME,
 };
 pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
 pub use store::{CommandStore, CommandStoreSettings, RedisCommandStoreOptions};

@@ -329,10 +329,54 @@ pub struct CommandState {
     /// Redis: expiry (ms) of the id → queue lookup key, so it always outlives the state.
     #[serde(rename = "_lookup_exp", default)]
     pub(crate) lookup_expires_ms: u64,
+    /// What the handler last reported of its work in progress (a remote worker's renewal), kept
+    /// through later writes; `None` until it reports (and then absent from the public form).
+    #[serde(default)]
+    pub progress: Option<Progress>,
+    /// The handler's last checkpoint (a remote worker's renewal): any JSON of its own, handed to
+    /// the next delivery of the command (after a crash, a takeover or a `RUNNING` re-poll) so the
+    /// work resumes instead of starting over. `None` until reported (absent from the public form).
+    #[serde(default)]
+    pub details: Option<RawJson>,
     /// Redis: SHA-1 (hex) of the canonical submitted body, kept in the stored header (not in
     /// the JSON) for idempotent resubmits; carried here so a write can rebuild the header.
     #[serde(skip)]
     pub(crate) body_sha: BodySha,
+}
+
+/// What a handler reports of its work in progress: a fraction done and/or a short message
+/// (at least one of them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Done so far, 0.0 to 1.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// A short status line, at most [`Progress::MAX_MESSAGE`] bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl Progress {
+    /// Longest `message`, bytes.
+    pub const MAX_MESSAGE: usize = 1024;
+
+    /// Checks the ranges. Errors: a text that says what to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.fraction.is_none() && self.message.is_none() {
+            return Err("progress needs \"fraction\" (0 to 1) and/or \"message\" (a string)".into());
+        }
+        if let Some(f) = self.fraction {
+            if !(0.0..=1.0).contains(&f) {
+                return Err(format!("progress fraction {f} is outside 0 to 1"));
+            }
+        }
+        if let Some(m) = &self.message {
+            if m.len() > Self::MAX_MESSAGE {
+                return Err(format!("progress message is {} bytes; at most {} are kept", m.len(), Self::MAX_MESSAGE));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Storage bookkeeping that is not part of a state's value: any two compare equal (a state read
@@ -356,12 +400,16 @@ struct PublicState<'a> {
     attempts: u32,
     completed_at: &'a Option<Timestamp>,
     created_at: &'a Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: &'a Option<RawJson>,
     error: &'a Option<String>,
     errors_count: u32,
     handed_off_to: &'a Option<String>,
     id: &'a str,
     modified_at: &'a Timestamp,
     params: &'a RawJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    progress: &'a Option<Progress>,
     queue: &'a str,
     result: &'a Option<RawJson>,
     started_at: &'a Option<Timestamp>,
@@ -377,12 +425,14 @@ impl Serialize for CommandState {
             attempts: self.attempts,
             completed_at: &self.completed_at,
             created_at: &self.created_at,
+            details: &self.details,
             error: &self.error,
             errors_count: self.errors_count,
             handed_off_to: &self.handed_off_to,
             id: &self.id,
             modified_at: &self.modified_at,
             params: &self.params,
+            progress: &self.progress,
             queue: &self.queue,
             result: &self.result,
             started_at: &self.started_at,
@@ -414,6 +464,10 @@ pub(crate) struct StoredState<'a> {
     completed_at: &'a Option<Timestamp>,
     version: u64,
     handed_off_to: &'a Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    progress: &'a Option<Progress>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: &'a Option<RawJson>,
     #[serde(rename = "_token")]
     token: &'a str,
     #[serde(rename = "_prev_token", skip_serializing_if = "Option::is_none")]
@@ -440,6 +494,8 @@ impl<'a> From<&'a CommandState> for StoredState<'a> {
             completed_at: &st.completed_at,
             version: st.version,
             handed_off_to: &st.handed_off_to,
+            progress: &st.progress,
+            details: &st.details,
             token: &st.token,
             prev_token: st.prev_token.as_deref(),
             lookup_expires_ms: st.lookup_expires_ms,

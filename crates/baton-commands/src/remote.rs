@@ -27,7 +27,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::CommandMsg;
 use crate::service::{apply, prepare, Ctx, Holder, Outcome, Prepared};
-use crate::{validate_queue, CommandError, CommandResult, CommandState, CommandStore, QueueSettings, Timestamp};
+use crate::{
+    validate_queue, CommandError, CommandResult, CommandState, CommandStore, Progress, QueueSettings, RawJson,
+    Timestamp,
+};
 
 /// Which handler call a claimed command is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +64,39 @@ pub struct RemoteRenewal {
     /// The command was cancelled (or ended otherwise) meanwhile: stop the work; settling it
     /// changes nothing.
     pub finished: bool,
+}
+
+/// What a worker reports with a renewal about a command it works on (see
+/// [`RemoteWorkers::renew_reporting`]): its progress and/or a checkpoint of its own.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RemoteReport {
+    /// Replaces the state's `progress` (when given).
+    pub progress: Option<Progress>,
+    /// Replaces the state's `details` (when given).
+    pub details: Option<RawJson>,
+}
+
+impl RemoteReport {
+    /// Longest `details`, bytes of JSON.
+    pub const MAX_DETAILS: usize = 64 * 1024;
+
+    /// Checks `progress` ([`Progress::validate`]) and the size of `details`. Errors: a text
+    /// that says what to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(p) = &self.progress {
+            p.validate()?;
+        }
+        if let Some(d) = &self.details {
+            if d.get().len() > Self::MAX_DETAILS {
+                return Err(format!(
+                    "details are {} bytes of JSON; at most {} are kept (keep a checkpoint small, or store it elsewhere and keep its address)",
+                    d.get().len(),
+                    Self::MAX_DETAILS
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How a worker settles a claimed command.
@@ -181,6 +217,23 @@ impl Claimed {
         match map.get(&mid) {
             Some((at, _)) if *at == claimed_ms => map.remove(&mid).map(|(_, st)| st),
             _ => None,
+        }
+    }
+
+    /// A copy of the remembered state of the claim at `claimed_ms` of `mid` (kept).
+    fn peek(&self, mid: MessageId, claimed_ms: u64) -> Option<CommandState> {
+        let map = self.0.lock().expect("lock");
+        map.get(&mid).filter(|(at, _)| *at == claimed_ms).map(|(_, st)| (**st).clone())
+    }
+
+    /// Replaces the remembered state of the claim at `claimed_ms` of `mid` (if remembered) by
+    /// one written since.
+    fn replace(&self, mid: MessageId, claimed_ms: u64, st: &CommandState) {
+        let mut map = self.0.lock().expect("lock");
+        if let Some((at, old)) = map.get_mut(&mid) {
+            if *at == claimed_ms {
+                **old = st.clone();
+            }
         }
     }
 
@@ -422,9 +475,32 @@ impl RemoteWorkers {
     /// the queue's `max_processing_time` ago is not renewed but handed back (any consumer takes
     /// it after the claim timeout, as an in-process handler's past that bound): `Lost`.
     pub async fn renew(&self, worker: &str, leases: &[String]) -> Result<Vec<RemoteRenewal>, CommandError> {
+        let items: Vec<(String, Option<RemoteReport>)> = leases.iter().map(|l| (l.clone(), None)).collect();
+        self.renew_reporting(worker, &items).await
+    }
+
+    /// [`RemoteWorkers::renew`], writing each held lease's report (if any) into its command's
+    /// state: its `progress` and/or `details` replaced, the status and everything else kept, one
+    /// compare-and-set (`version` + 1) that happens only while the worker holds the lease (on
+    /// Redis checked in the same atomic step) and never on a finished command (that lease says
+    /// `finished`). The writes of one renewal are group-committed (one script call per home
+    /// queue, not one round trip per command). Reports are checked first
+    /// ([`RemoteReport::validate`]): a bad one is [`CommandError::InvalidParams`] and nothing is
+    /// renewed.
+    pub async fn renew_reporting(
+        &self,
+        worker: &str,
+        items: &[(String, Option<RemoteReport>)],
+    ) -> Result<Vec<RemoteRenewal>, CommandError> {
+        for (i, (_, report)) in items.iter().enumerate() {
+            if let Some(r) = report {
+                r.validate().map_err(|e| CommandError::InvalidParams(format!("leases[{i}]: {e}")))?;
+            }
+        }
+        let leases: Vec<String> = items.iter().map(|(l, _)| l.clone()).collect();
         let c = self.consumer(worker).await?;
         let now = Timestamp::now().millis();
-        let decoded = self.decode_all(leases).await?;
+        let decoded = self.decode_all(&leases).await?;
         // Leases past max_processing_time are handed back, not renewed (as an in-process
         // handler's): the worker is told `Lost`; any consumer may take the command after the
         // claim timeout.
@@ -447,6 +523,8 @@ impl RemoteWorkers {
             }
         }
         let backend = &self.ctx.store.inner.backend;
+        let decoded_ids: Vec<Option<(MessageId, u64)>> =
+            decoded.iter().map(|d| d.as_ref().map(|(m, _, s)| (*m, *s))).collect();
         let with_state: Vec<(LeaseState, Option<CommandMsg>)> = decoded
             .into_iter()
             .map(|d| match d {
@@ -458,22 +536,81 @@ impl RemoteWorkers {
             })
             .collect();
         // The held leases' states, read concurrently: the store coalesces them into one read
-        // per home queue (store/batch.rs), not one round trip per lease.
-        let reads = with_state.iter().map(|(state, msg)| async move {
-            match (state, msg) {
-                (LeaseState::Held, Some(msg)) => Ok(match backend.load(&msg.home, &msg.id).await? {
-                    None => true,
-                    Some(st) => st.status.is_terminal() || st.token != msg.token,
-                }),
-                _ => Ok::<_, CommandError>(false),
+        // per home queue (store/batch.rs), not one round trip per lease; and the reports
+        // written, group-committed the same way.
+        let reads = with_state.iter().zip(&decoded_ids).zip(items).map(|(((state, msg), ids), (_, report))| {
+            let c = &c;
+            async move {
+                match (state, msg, ids) {
+                    (LeaseState::Held, Some(msg), Some((mid, claimed_ms))) => match report {
+                        Some(r) => self.write_report(c, *mid, *claimed_ms, msg, r).await,
+                        None => Ok(match backend.load(&msg.home, &msg.id).await? {
+                            None => true,
+                            Some(st) => st.status.is_terminal() || st.token != msg.token,
+                        }),
+                    },
+                    _ => Ok::<_, CommandError>(false),
+                }
             }
         });
         let finished = futures::future::join_all(reads).await;
         with_state
             .iter()
             .zip(finished)
-            .map(|((state, _), finished)| Ok(RemoteRenewal { state: *state, finished: finished? }))
+            .map(|((state, _), finished)| match finished {
+                // The report's write found the lease taken over since the heartbeat.
+                Err(CommandError::Queue(QueueError::LeaseLost(_))) => {
+                    Ok(RemoteRenewal { state: LeaseState::Lost, finished: false })
+                }
+                finished => Ok(RemoteRenewal { state: *state, finished: finished? }),
+            })
             .collect()
+    }
+
+    /// Writes a held lease's report into its command's state (see
+    /// [`RemoteWorkers::renew_reporting`]); true when the command has finished instead (nothing
+    /// written). A lease lost meanwhile is [`QueueError::LeaseLost`].
+    async fn write_report(
+        &self,
+        c: &RemoteConsumer,
+        mid: MessageId,
+        claimed_ms: u64,
+        msg: &CommandMsg,
+        report: &RemoteReport,
+    ) -> Result<bool, CommandError> {
+        let backend = &self.ctx.store.inner.backend;
+        let holder = Holder::Remote(c, mid);
+        let same_slot = backend.can_fold_ack(&msg.home, &self.ctx.queue);
+        let delivery = holder.delivery_ref(false, same_slot);
+        let mut cur = match self.claimed.peek(mid, claimed_ms) {
+            Some(st) => Some(st),
+            None => backend.load(&msg.home, &msg.id).await?,
+        };
+        // A conflict with a write that kept the status (another report of this lease, sent
+        // concurrently) is retried on the latest state: only the lease's holder writes a
+        // claimed command's state without finishing it, so this ends.
+        loop {
+            let Some(st) = cur else { return Ok(true) };
+            if st.status.is_terminal() || st.token != msg.token {
+                return Ok(true);
+            }
+            let mut next = st.clone();
+            next.version += 1;
+            next.modified_at = Timestamp::now();
+            if let Some(p) = &report.progress {
+                next.progress = Some(p.clone());
+            }
+            if let Some(d) = &report.details {
+                next.details = Some(d.clone());
+            }
+            match self.ctx.store.write_for(st.status, next, None, delivery.as_ref()).await? {
+                (Ok(written), _) => {
+                    self.claimed.replace(mid, claimed_ms, &written);
+                    return Ok(false);
+                }
+                (Err(latest), _) => cur = latest,
+            }
+        }
     }
 
     /// Settles one claimed command of `worker`. Errors: [`QueueError::LeaseLost`] (as

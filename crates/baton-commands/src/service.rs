@@ -581,7 +581,7 @@ impl Holder<'_> {
     /// that the holder still owns it: a remote worker's writes do wherever the backend can
     /// (`same_slot`), so that a worker whose lease was taken over writes nothing (an in-process
     /// lease's handler is told by its own heartbeat instead).
-    fn delivery_ref(&self, ack: bool, same_slot: bool) -> Option<DeliveryRef> {
+    pub(crate) fn delivery_ref(&self, ack: bool, same_slot: bool) -> Option<DeliveryRef> {
         let (id, target, owned) = match self {
             Holder::Lease(l) => (l.id().to_string(), l.redis_target(), false),
             Holder::Remote(c, id) => (id.to_string(), c.redis_target(), same_slot),

@@ -12,7 +12,10 @@
 //!   different body conflicts; the same id on another queue conflicts;
 //! * transitions started together are group-committed per home queue (Redis: few script calls),
 //!   each decided exactly as alone: of two racing cancels one wins, the other is refused; indexes,
-//!   acks and announcements (one message per batch, read by another process) stay exact.
+//!   acks and announcements (one message per batch, read by another process) stay exact;
+//! * a transition that names the consumer which must own its delivery (a remote worker's
+//!   settle) writes nothing when another consumer owns it or nothing does (`transition.lua` and
+//!   `transitions.lua`), and writes (and acks) when it does.
 
 mod common;
 
@@ -34,8 +37,130 @@ baton_testkit::on_every_backend!(
     concurrent_reads_are_batched_per_queue,
     concurrent_transitions_are_group_committed,
     concurrent_submits_are_group_committed,
-    two_transitions_of_one_command_in_one_batch
+    two_transitions_of_one_command_in_one_batch,
+    owner_checked_transitions
 );
+
+/// Both transition scripts with an owner check: `{'lost'}` and nothing written (state, indexes,
+/// the pending entry) unless the named consumer owns the delivery; with it, written and acked.
+async fn owner_checked_transitions(b: TestBackend) {
+    let Some(config) = b.redis_config() else { return }; // Redis scripts
+    let mut conn = baton_redis::RedisClient::new(config).unwrap().shared().await.unwrap();
+    let one =
+        redis::Script::new(concat!(include_str!("../scripts/lib.lua"), include_str!("../scripts/transition.lua")));
+    let many =
+        redis::Script::new(concat!(include_str!("../scripts/lib.lua"), include_str!("../scripts/transitions.lua")));
+    let q = queue_name("owned");
+    let base = format!("t:cmd:{{{q}}}");
+    let idx = |s: &str| format!("{base}:s:{s}");
+    let stream = format!("t:q:{{{q}}}");
+    let sha = "0".repeat(40);
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg("g")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut entries = Vec::new();
+    for (i, id) in ["A", "B", "C", "D"].iter().enumerate() {
+        let state = format!("{base}:id:{id}");
+        let _: () = redis::cmd("SET")
+            .arg(&state)
+            .arg(format!("1 SUBMITTED 1000 {sha} {{}}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("ZADD").arg(idx("SUBMITTED")).arg(1000).arg(*id).query_async(&mut conn).await.unwrap();
+        let e: String = redis::cmd("XADD").arg(&stream).arg("*").arg("p").arg(i).query_async(&mut conn).await.unwrap();
+        entries.push(e);
+    }
+    // w1 reads A, B and C; D stays unread (not pending).
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("g")
+        .arg("w1")
+        .arg("COUNT")
+        .arg(3)
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let succeeded = format!("2 SUCCEEDED 1000 {sha} {{}}");
+    // transition.lua: A checked for w2 (w1 owns it): lost; then for w1: written and acked.
+    for (owner, want) in [("w2", "lost"), ("w1", "ok")] {
+        let mut inv = one.prepare_invoke();
+        inv.key(format!("{base}:exp"))
+            .key(idx("SUBMITTED"))
+            .key(idx("SUCCEEDED"))
+            .key(format!("{base}:id:A"))
+            .key(&stream);
+        inv.arg("1 SUBMITTED ")
+            .arg(&succeeded)
+            .arg(60_000)
+            .arg(format!("{base}:events"))
+            .arg("A")
+            .arg("")
+            .arg(&entries[0])
+            .arg("g")
+            .arg("")
+            .arg(owner)
+            .arg("1");
+        let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await.unwrap();
+        assert_eq!(reply.first(), Some(&redis::Value::BulkString(want.as_bytes().to_vec())), "A for {owner}");
+    }
+    // transitions.lua: B for w2 (lost), C for w1 (ok, acked), D for w1 (not pending: lost).
+    let mut inv = many.prepare_invoke();
+    inv.key(format!("{base}:exp"));
+    for s in ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] {
+        inv.key(idx(s));
+    }
+    inv.key(&stream);
+    for id in ["B", "C", "D"] {
+        inv.key(format!("{base}:id:{id}"));
+    }
+    inv.arg(3).arg(format!("{base}:events")).arg("g");
+    for (n, (id, owner)) in [("B", "w2"), ("C", "w1"), ("D", "w1")].into_iter().enumerate() {
+        inv.arg("1 SUBMITTED ")
+            .arg(&succeeded)
+            .arg(60_000)
+            .arg(id)
+            .arg(2)
+            .arg(4)
+            .arg(&entries[n + 1])
+            .arg("")
+            .arg(owner)
+            .arg("1");
+    }
+    let replies: Vec<Vec<redis::Value>> = inv.invoke_async(&mut conn).await.unwrap();
+    let heads: Vec<String> = replies
+        .iter()
+        .map(|r| match &r[0] {
+            redis::Value::BulkString(b) => String::from_utf8(b.clone()).unwrap(),
+            v => format!("{v:?}"),
+        })
+        .collect();
+    assert_eq!(heads, ["lost", "ok", "lost"]);
+    for (id, want) in [("A", "2 SUCCEEDED"), ("B", "1 SUBMITTED"), ("C", "2 SUCCEEDED"), ("D", "1 SUBMITTED")] {
+        let stored: String = redis::cmd("GET").arg(format!("{base}:id:{id}")).query_async(&mut conn).await.unwrap();
+        assert!(stored.starts_with(want), "{id}: {stored}");
+    }
+    for (s, n) in [("SUBMITTED", 2), ("SUCCEEDED", 2)] {
+        let card: u64 = redis::cmd("ZCARD").arg(idx(s)).query_async(&mut conn).await.unwrap();
+        assert_eq!(card, n, "{s} index");
+    }
+    // A and C acked; B still pending for w1.
+    let pending: Vec<(String, String, u64, u64)> =
+        redis::cmd("XPENDING").arg(&stream).arg("g").arg("-").arg("+").arg(10).query_async(&mut conn).await.unwrap();
+    assert_eq!(
+        pending.iter().map(|p| (p.0.clone(), p.1.clone())).collect::<Vec<_>>(),
+        [(entries[1].clone(), "w1".to_string())]
+    );
+}
 
 /// `transitions.lua` given two successive transitions of one command in one call (SUBMITTED →
 /// RUNNING → SUCCEEDED): the state ends SUCCEEDED and the command is in the SUCCEEDED index
@@ -68,6 +193,8 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .arg(2)
         .arg(3)
         .arg("")
+        .arg("")
+        .arg("")
         .arg("");
     inv.arg("2 RUNNING ")
         .arg(format!("3 SUCCEEDED 1000 {sha} {{}}"))
@@ -76,7 +203,9 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .arg(3)
         .arg(4)
         .arg("")
-        .arg("X SUCCEEDED 3 o");
+        .arg("X SUCCEEDED 3 o")
+        .arg("")
+        .arg("");
     let replies: Vec<Vec<redis::Value>> = inv.invoke_async(&mut conn).await.unwrap();
     assert_eq!(replies.len(), 2);
     let stored: String = redis::cmd("GET").arg(&state).query_async(&mut conn).await.unwrap();

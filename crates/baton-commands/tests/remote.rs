@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_commands::{
-    Command, CommandError, CommandResult, CommandService, CommandStatus, QueueSettings, RemoteCall, RemoteOutcome,
-    RemoteSettled, RemoteWorkers,
+    Command, CommandError, CommandResult, CommandService, CommandStatus, Progress, QueueSettings, RawJson, RemoteCall,
+    RemoteOutcome, RemoteReport, RemoteSettled, RemoteWorkers,
 };
 use baton_queue::{LeaseState, QueueError};
 use baton_testkit::TestBackend;
@@ -23,7 +23,8 @@ baton_testkit::on_every_backend!(
     max_processing_time_bounds_a_renewing_worker,
     stopped_workers_leave_the_group,
     altered_lease_tokens_change_nothing,
-    a_lost_signing_key_is_learnt_again
+    a_lost_signing_key_is_learnt_again,
+    renewals_report_progress_and_details
 );
 
 fn lost(r: Result<RemoteSettled, CommandError>) -> bool {
@@ -326,4 +327,86 @@ async fn a_lost_signing_key_is_learnt_again(b: TestBackend) {
     assert_eq!(r[0].state, LeaseState::Held);
     let done = old.settle("w1", &c[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!(1)))).await.unwrap();
     assert!(matches!(done, RemoteSettled::Applied(_)), "{done:?}");
+}
+
+/// A renewal's report (progress, details) is written into the command's state while the lease
+/// is held, kept by the settle (also when settled through another process), handed to the next
+/// delivery after a takeover, and refused from a worker whose lease is gone or whose command
+/// was cancelled.
+async fn renewals_report_progress_and_details(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("remote-progress");
+    let w = RemoteWorkers::new(store.clone(), &q, fast()).unwrap();
+    let other = RemoteWorkers::new(other_store(&b, &store).await, &q, fast()).unwrap();
+    let report = |fraction: f64, message: &str, details: &str| RemoteReport {
+        progress: Some(Progress { fraction: Some(fraction), message: Some(message.into()) }),
+        details: Some(RawJson::from_string(details.to_string()).unwrap()),
+    };
+    let one = |lease: &str, r: Option<RemoteReport>| vec![(lease.to_string(), r)];
+
+    // Reported, then settled by the process that claimed it.
+    let a = store.submit(&q, Command::new("t", json!({"n": 1}))).await.unwrap();
+    let c = w.claim("w1", 1, Duration::from_secs(3)).await.unwrap();
+    assert_eq!(c[0].command.id, a.id);
+    let r = w.renew_reporting("w1", &one(&c[0].lease, Some(report(0.5, "half", r#"{"page": 3}"#)))).await.unwrap();
+    assert_eq!((r[0].state, r[0].finished), (LeaseState::Held, false));
+    let st = store.get(&a.id).await.unwrap().unwrap();
+    assert_eq!((st.status, st.version), (CommandStatus::Submitted, 2));
+    assert_eq!(st.progress, Some(Progress { fraction: Some(0.5), message: Some("half".into()) }));
+    assert_eq!(st.details.as_ref().map(|d| d.get()), Some(r#"{"page": 3}"#));
+    // Only details: the progress stays.
+    let only = RemoteReport { progress: None, details: Some(RawJson::from_string("[4]".to_string()).unwrap()) };
+    w.renew_reporting("w1", &one(&c[0].lease, Some(only))).await.unwrap();
+    let s = w.settle("w1", &c[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("ok")))).await.unwrap();
+    let RemoteSettled::Applied(st) = s else { panic!("{s:?}") };
+    assert_eq!((st.status, st.version), (CommandStatus::Succeeded, 4));
+    assert_eq!(st.progress.as_ref().and_then(|p| p.message.as_deref()), Some("half"));
+    assert_eq!(st.details.as_ref().map(|d| d.get()), Some("[4]"));
+    assert_eq!(store.get(&a.id).await.unwrap().unwrap(), st);
+
+    // Reported through one process, settled through another.
+    let bb = store.submit(&q, Command::new("t", json!({"n": 2}))).await.unwrap();
+    let c = w.claim("w1", 1, Duration::from_secs(3)).await.unwrap();
+    other.renew_reporting("w1", &one(&c[0].lease, Some(report(0.2, "b", "1")))).await.unwrap();
+    w.renew_reporting("w1", &one(&c[0].lease, Some(report(0.9, "b2", "2")))).await.unwrap();
+    let s = other.settle("w1", &c[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!(2)))).await.unwrap();
+    assert!(
+        matches!(s, RemoteSettled::Applied(ref st) if st.status == CommandStatus::Succeeded && st.version == 4 && st.details.as_ref().map(|d| d.get()) == Some("2")),
+        "{s:?}"
+    );
+    assert_eq!(store.get(&bb.id).await.unwrap().unwrap().id, bb.id);
+
+    // A worker goes silent after a checkpoint: the next delivery carries it; the silent
+    // worker's later report is refused and changes nothing.
+    let k = store.submit(&q, Command::new("t", json!({"n": 3}))).await.unwrap();
+    let c1 = w.claim("silent", 1, Duration::from_secs(3)).await.unwrap();
+    w.renew_reporting("silent", &one(&c1[0].lease, Some(report(0.3, "at 3", r#"{"done": 3}"#)))).await.unwrap();
+    let c2 = w.claim("alive", 1, Duration::from_secs(6)).await.unwrap();
+    assert_eq!((c2[0].command.id.as_str(), c2[0].deliveries), (k.id.as_str(), 2));
+    assert_eq!(c2[0].command.details.as_ref().map(|d| d.get()), Some(r#"{"done": 3}"#));
+    let r = w.renew_reporting("silent", &one(&c1[0].lease, Some(report(0.9, "late", r#"{"done": 9}"#)))).await.unwrap();
+    assert_eq!(r[0].state, LeaseState::Lost);
+    let st = store.get(&k.id).await.unwrap().unwrap();
+    assert_eq!((st.version, st.details.as_ref().map(|d| d.get())), (2, Some(r#"{"done": 3}"#)));
+
+    // Cancelled: the report is not written, the renewal says finished.
+    let r = w.renew_reporting("alive", &one(&c2[0].lease, Some(report(0.4, "x", "4")))).await.unwrap();
+    assert_eq!((r[0].state, r[0].finished), (LeaseState::Held, false));
+    store.cancel(&k.id).await.unwrap();
+    let r = w.renew_reporting("alive", &one(&c2[0].lease, Some(report(0.5, "y", "5")))).await.unwrap();
+    assert_eq!((r[0].state, r[0].finished), (LeaseState::Held, true));
+    let st = store.get(&k.id).await.unwrap().unwrap();
+    assert_eq!((st.status, st.details.as_ref().map(|d| d.get())), (CommandStatus::Cancelled, Some("4")));
+
+    // Bad reports are refused whole, naming the item; nothing is renewed or written.
+    let bad = RemoteReport { progress: Some(Progress { fraction: Some(1.5), message: None }), details: None };
+    let e = w.renew_reporting("alive", &[(c2[0].lease.clone(), None), (c2[0].lease.clone(), Some(bad))]).await;
+    assert!(matches!(e, Err(CommandError::InvalidParams(ref m)) if m.starts_with("leases[1]: ")), "{e:?}");
+    let empty = RemoteReport { progress: Some(Progress { fraction: None, message: None }), details: None };
+    assert!(w.renew_reporting("alive", &one(&c2[0].lease, Some(empty))).await.is_err());
+    let big = RemoteReport {
+        progress: None,
+        details: Some(RawJson::from_string(format!("\"{}\"", "x".repeat(70_000))).unwrap()),
+    };
+    assert!(w.renew_reporting("alive", &one(&c2[0].lease, Some(big))).await.is_err());
 }

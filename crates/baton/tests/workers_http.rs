@@ -236,6 +236,59 @@ async fn a_silent_workers_command_goes_to_another_after_the_claim_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_carry_progress_and_details() {
+    for (name, redis) in backends() {
+        let url = redis.as_ref().map(|r| r.url());
+        let s = Serve::spawn(url.as_deref(), false).await;
+        submit(&s, "p1", "{}").await;
+        let (lease, _) = claim_one(&s, "w1", "5s").await;
+        let l = lease["lease"].clone();
+        // `details` come back byte for byte (key order and spacing kept).
+        let body = format!(
+            r#"{{"leases": [{{"lease": {l}, "progress": {{"fraction": 0.25, "message": "page 1 of 4"}}, "details": {{"page": 1, "ids": [7,8]}}}}, {l}]}}"#
+        );
+        let (st, v) = post(&s.worker("w1", "renew"), &body, None).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        let v: Value = serde_json::from_str(&v).unwrap();
+        assert_eq!(v["leases"][0], json!({ "lease": l, "state": "held", "cancelled": false }), "{name}");
+        let (cmd, raw) = get_command(&s, "p1").await;
+        assert_eq!(
+            (cmd["status"].clone(), cmd["version"].clone(), cmd["progress"].clone()),
+            (json!("SUBMITTED"), json!(2), json!({ "fraction": 0.25, "message": "page 1 of 4" })),
+            "{name}: {raw}"
+        );
+        assert!(raw.contains(r#""details":{"page": 1, "ids": [7,8]}"#), "{name}: {raw}");
+        // A bad item refuses the request, naming it; nothing is written.
+        for (bad, says) in [
+            (json!({ "lease": l, "progress": { "fraction": 2 } }), "leases[1]: progress fraction 2 is outside 0 to 1"),
+            (json!({ "lease": l, "progress": {} }), "leases[1]: progress needs"),
+            (json!({ "lease": l, "progress": { "done": 1 } }), "leases[1]: progress: unknown field \"done\""),
+            (json!({ "lease": l, "details": "x".repeat(70_000) }), "leases[1]: details are 70002 bytes of JSON"),
+            (json!({ "lease": l, "extra": 1 }), "leases[1]: unknown field \"extra\""),
+            (json!(3), "leases[1]: \"lease\" must be a lease string"),
+        ] {
+            let (st, v) = post_json(&s.worker("w1", "renew"), json!({ "leases": [l, bad] })).await;
+            assert_eq!(
+                (st, v["error"].clone(), v["index"].clone()),
+                (StatusCode::BAD_REQUEST, json!("invalid_body"), json!(1)),
+                "{name}: {v}"
+            );
+            assert!(v["message"].as_str().unwrap().starts_with(says), "{name}: {v}");
+        }
+        assert_eq!(get_command(&s, "p1").await.0["version"], 2, "{name}");
+        // Settled: the report stays in the final state.
+        let (st, v) =
+            post_json(&s.worker("w1", "settle"), json!({ "lease": l, "outcome": "succeeded", "result": 1 })).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        assert_eq!(
+            (v["command"]["status"].clone(), v["command"]["details"].clone()),
+            (json!("SUCCEEDED"), json!({ "ids": [7, 8], "page": 1 })),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_shows_on_the_next_renewal() {
     for (name, redis) in backends() {
         let url = redis.as_ref().map(|r| r.url());

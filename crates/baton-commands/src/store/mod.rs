@@ -196,6 +196,8 @@ impl CommandStore {
             completed_at: None,
             version: 1,
             handed_off_to: None,
+            progress: None,
+            details: None,
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,

@@ -189,7 +189,14 @@ fn schemas() -> Value {
                 "attempts": count(), "errors_count": count(),
                 "created_at": ts(), "started_at": opt_ts(), "modified_at": ts(), "completed_at": opt_ts(),
                 "version": { "type": "integer", "minimum": 1 },
-                "handed_off_to": { "type": ["string", "null"] } } },
+                "handed_off_to": { "type": ["string", "null"] },
+                "progress": r("Progress"),
+                "details": { "description": "The handler's last checkpoint (any JSON; an HTTP worker's renewal): handed to the next delivery. Absent until reported." } } },
+        "Progress": { "type": "object", "minProperties": 1, "additionalProperties": false,
+            "description": "What the handler last reported of its work (an HTTP worker's renewal). Absent from a state until reported.",
+            "properties": {
+                "fraction": { "type": "number", "minimum": 0, "maximum": 1 },
+                "message": { "type": "string", "description": "At most 1 KiB (UTF-8 bytes)." } } },
         "CommandPage": { "type": "object", "required": ["items", "next_cursor"], "properties": {
             "items": { "type": "array", "items": r("CommandState") },
             "next_cursor": { "type": ["string", "null"] } } },

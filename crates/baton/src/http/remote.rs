@@ -7,7 +7,7 @@
 //! | Route | Body | Success | Errors |
 //! |---|---|---|---|
 //! | `POST /v1/queues/{queue}/workers/{worker}/claim` | `{"max"?: 1..=100 (1), "wait"?: duration ("0s"), cut to the long-poll timeout}` | `200 {"leases": [{"lease", "call": "execute"\|"check_status", "command": state, "deliveries", "lease_timeout_ms"}]}` (empty when nothing came within `wait`, or the server shuts down) | `400` body / worker name, `404` queue, `503` all live-reader slots taken (a `wait` holds one) |
-//! | `POST /v1/queues/{queue}/workers/{worker}/renew` | `{"leases": [lease…]}` (at most 1000) | `200 {"leases": [{"lease", "state": "held"\|"lost"\|"gone", "cancelled": bool}]}`, in the request's order | `400`, `404` |
+//! | `POST /v1/queues/{queue}/workers/{worker}/renew` | `{"leases": [lease or {"lease", "progress"?: {"fraction"?: 0..=1, "message"?: string ≤ 1 KiB}, "details"?: any JSON ≤ 64 KiB}…]}` (at most 1000; a report is written into the command's state while the lease is held) | `200 {"leases": [{"lease", "state": "held"\|"lost"\|"gone", "cancelled": bool}]}`, in the request's order | `400`, `404` |
 //! | `POST /v1/queues/{queue}/workers/{worker}/settle` | `{"lease", "outcome", "result"?, "error"?, "next_check"?, "queue"?}`, or `{"settlements": [that…]}` (1..=1000) | `200 {"applied": bool, "command": state\|null}`; many: `200 {"settlements": [{"lease", "applied", "command"} \| {"lease", "error", "message"}]}` | `400` body (naming the item) / lease token / hand-off target, `404`, `409 lease_lost` (one settlement) |
 //!
 //! `outcome` is `succeeded` (`result`: any JSON, kept byte for byte; default `null`), `failed`
@@ -24,7 +24,8 @@ use axum::extract::{RawPathParams, Request, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use baton_commands::{
-    CommandError, CommandResult, CommandState, RawJson, RemoteCall, RemoteOutcome, RemoteSettled, RemoteWorkers,
+    CommandError, CommandResult, CommandState, Progress, RawJson, RemoteCall, RemoteOutcome, RemoteReport,
+    RemoteSettled, RemoteWorkers,
 };
 use baton_queue::{LeaseState, QueueError};
 use serde::Serialize;
@@ -234,7 +235,7 @@ pub async fn claim(
     Ok(serialized_response(&Out { leases }))
 }
 
-const RENEW_SHAPE: &str = "{\"leases\": [\"<lease>\", …]}";
+const RENEW_SHAPE: &str = "{\"leases\": [\"<lease>\" or {\"lease\": \"<lease>\", \"progress\"?: {\"fraction\"?: 0.5, \"message\"?: \"…\"}, \"details\"?: any}, …]}";
 
 pub async fn renew(
     State(st): State<AppState>,
@@ -244,28 +245,30 @@ pub async fn renew(
 ) -> Result<Response, ApiError> {
     let (remote, worker, body) = parts(&st, &queue, req).await?;
     let m = fields(&body, &["leases"], RENEW_SHAPE)?;
-    let what = "an array of lease strings (from claim), at most 1000";
-    let leases: Vec<String> = match value(&m, "leases") {
-        None => return Err(ApiError::invalid("invalid_body", format!("missing field \"leases\"; send {RENEW_SHAPE}"))),
-        Some(Value::Array(items)) => {
-            if items.len() > MAX_RENEW {
-                return Err(ApiError::invalid(
-                    "invalid_body",
-                    format!("\"leases\" names {} leases; renew at most {MAX_RENEW} per request", items.len()),
-                ));
-            }
-            let mut out = Vec::with_capacity(items.len());
-            for v in items {
-                match v {
-                    Value::String(s) => out.push(s),
-                    other => return Err(bad_field("leases", what, &other)),
-                }
-            }
-            out
-        }
-        Some(other) => return Err(bad_field("leases", what, &other)),
+    let what = "an array of leases (the strings from claim, or {\"lease\", \"progress\"?, \"details\"?} objects), at most 1000";
+    let Some(raw) = m.get("leases").filter(|r| r.get() != "null") else {
+        return Err(ApiError::invalid("invalid_body", format!("missing field \"leases\"; send {RENEW_SHAPE}")));
     };
-    let renewed = remote.renew(&worker, &leases).await.map_err(|e| engine_error(e, &worker))?;
+    let Ok(raw_items) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
+        let got = serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null);
+        return Err(bad_field("leases", what, &got));
+    };
+    if raw_items.len() > MAX_RENEW {
+        return Err(ApiError::invalid(
+            "invalid_body",
+            format!("\"leases\" names {} leases; renew at most {MAX_RENEW} per request", raw_items.len()),
+        ));
+    }
+    let mut items: Vec<(String, Option<RemoteReport>)> = Vec::with_capacity(raw_items.len());
+    for (i, item) in raw_items.iter().enumerate() {
+        let at = |mut e: ApiError| {
+            e.message = format!("leases[{i}]: {}", e.message);
+            e.with_field("index", serde_json::json!(i))
+        };
+        items.push(parse_renewal(item).map_err(at)?);
+    }
+    let leases: Vec<String> = items.iter().map(|(l, _)| l.clone()).collect();
+    let renewed = remote.renew_reporting(&worker, &items).await.map_err(|e| engine_error(e, &worker))?;
     let items: Vec<Value> = leases
         .iter()
         .zip(renewed)
@@ -295,6 +298,55 @@ const OUTCOMES: &[(&str, &[&str])] = &[
 ];
 
 /// Decodes a settle body into the lease and the outcome. Errors name the field.
+/// One item of a renewal: a lease string, or `{"lease", "progress"?, "details"?}`.
+fn parse_renewal(item: &RawValue) -> Result<(String, Option<RemoteReport>), ApiError> {
+    const ITEM: &str =
+        "{\"lease\": \"<lease>\", \"progress\"?: {\"fraction\"?: 0.5, \"message\"?: \"…\"}, \"details\"?: any}";
+    if let Ok(lease) = serde_json::from_str::<String>(item.get()) {
+        return Ok((lease, None));
+    }
+    if !item.get().trim_start().starts_with('{') {
+        let got = serde_json::from_str::<Value>(item.get()).unwrap_or(Value::Null);
+        return Err(bad_field(
+            "lease",
+            "a lease string (from claim) or an object like {\"lease\", \"progress\"?, \"details\"?}",
+            &got,
+        ));
+    }
+    let m = fields(item.get().as_bytes(), &["lease", "progress", "details"], ITEM)?;
+    let Some(lease) = string_field(&m, "lease", "the lease string from claim")? else {
+        return Err(ApiError::invalid("invalid_body", format!("missing field \"lease\"; send {ITEM}")));
+    };
+    let progress = match m.get("progress").filter(|r| r.get() != "null") {
+        None => None,
+        Some(p) => {
+            const PROGRESS: &str = "{\"fraction\"?: 0.5, \"message\"?: \"…\"}";
+            if !p.get().trim_start().starts_with('{') {
+                let got = serde_json::from_str::<Value>(p.get()).unwrap_or(Value::Null);
+                return Err(bad_field("progress", &format!("an object like {PROGRESS}"), &got));
+            }
+            let pm = fields(p.get().as_bytes(), &["fraction", "message"], PROGRESS).map_err(|mut e| {
+                e.message = format!("progress: {}", e.message);
+                e
+            })?;
+            let fraction = match value(&pm, "fraction") {
+                None => None,
+                Some(Value::Number(n)) => n.as_f64(),
+                Some(other) => return Err(bad_field("fraction", "a number from 0 to 1", &other)),
+            };
+            let message = string_field(&pm, "message", "a string")?;
+            Some(Progress { fraction, message })
+        }
+    };
+    let details = m.get("details").filter(|r| r.get() != "null").map(|r| RawJson::from((*r).to_owned()));
+    if progress.is_none() && details.is_none() {
+        return Ok((lease, None));
+    }
+    let report = RemoteReport { progress, details };
+    report.validate().map_err(|e| ApiError::invalid("invalid_body", e))?;
+    Ok((lease, Some(report)))
+}
+
 fn parse_settle(body: &[u8]) -> Result<(String, RemoteOutcome), ApiError> {
     let m = fields(body, &["lease", "outcome", "result", "error", "next_check", "queue"], SETTLE_SHAPE)?;
     let Some(lease) = string_field(&m, "lease", "the lease string from claim")? else {

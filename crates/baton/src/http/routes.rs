@@ -1037,8 +1037,15 @@ fn worker_routes(d: &Docs) -> Vec<Route> {
             "Renew leases; see cancellations",
             body(
                 json!({ "type": "object", "required": ["leases"], "additionalProperties": false, "properties": {
-                    "leases": { "type": "array", "maxItems": 1000, "items": { "type": "string" } } } }),
-                json!({ "leases": ["<lease>"] }),
+                    "leases": { "type": "array", "maxItems": 1000, "items": { "oneOf": [
+                        { "type": "string", "description": "A lease from claim." },
+                        { "type": "object", "required": ["lease"], "additionalProperties": false,
+                          "description": "A lease with a report, written into the command's state (`progress`, `details`) while the lease is held.",
+                          "properties": {
+                            "lease": { "type": "string" },
+                            "progress": r("Progress"),
+                            "details": { "description": "A checkpoint of the worker's own (any JSON, at most 64 KiB): handed to the command's next delivery." } } }] } } } }),
+                json!({ "leases": ["<lease>", { "lease": "<lease>", "progress": { "fraction": 0.5, "message": "page 3 of 6" }, "details": { "page": 3 } }] }),
             ),
             json_resp(
                 "One entry per lease, in the request's order.",
@@ -1049,7 +1056,7 @@ fn worker_routes(d: &Docs) -> Vec<Route> {
                         "state": lease_states,
                         "cancelled": { "type": "boolean", "description": "The command was cancelled (or ended otherwise): stop; a settlement changes nothing." } } } } } }),
             ),
-            vec![("400", err_resp("Malformed body or worker name."))],
+            vec![("400", err_resp("Malformed body (the message names the item: `leases[2]: …`, with its `index` in the body; nothing was renewed) or worker name."))],
             post(remote::renew),
         ),
         route(
