@@ -190,32 +190,71 @@ pub struct RemoteWorkers {
 /// in-process handler's is on the state it read at dispatch; a command that moved on meanwhile
 /// (cancelled, say) refuses the write and is answered with its current state.
 #[derive(Default)]
-struct Claimed(std::sync::Mutex<HashMap<MessageId, (u64, Box<CommandState>)>>);
+struct Claimed(std::sync::Mutex<ClaimedMap>);
 
-/// Entries of [`Claimed`] at most (about 1 KB each): past it, entries of leases already past
-/// `max_processing_time` (never settled: their worker died) are dropped, and if that is not
-/// enough, new claims are not remembered.
-const CLAIMED_MAX: usize = 65_536;
+#[derive(Default)]
+struct ClaimedMap {
+    /// Claim time (ms since the Unix epoch) and the state read, by delivery.
+    states: HashMap<MessageId, (u64, Box<CommandState>)>,
+    /// Their [`weight`]s, summed.
+    bytes: usize,
+}
+
+/// Bytes of remembered states at most, per queue and process (about 16,000 commands of small
+/// params): past it, states of leases already past `max_processing_time` (never settled here:
+/// their worker died, or settled through another process) are dropped, and if that is not
+/// enough, new claims are not remembered (their settles read the state).
+const CLAIMED_BYTES: usize = 16 << 20;
+
+/// What a remembered state counts against [`CLAIMED_BYTES`]: its JSON parts and an allowance
+/// for the rest.
+fn weight(st: &CommandState) -> usize {
+    st.params.get().len()
+        + st.details.as_ref().map_or(0, |d| d.get().len())
+        + st.result.as_ref().map_or(0, |r| r.get().len())
+        + st.id.len()
+        + 1024
+}
+
+impl ClaimedMap {
+    fn insert(&mut self, mid: MessageId, claimed_ms: u64, st: Box<CommandState>) {
+        self.bytes += weight(&st);
+        if let Some((_, old)) = self.states.insert(mid, (claimed_ms, st)) {
+            self.bytes -= weight(&old);
+        }
+    }
+
+    fn remove(&mut self, mid: MessageId) -> Option<(u64, Box<CommandState>)> {
+        let old = self.states.remove(&mid)?;
+        self.bytes -= weight(&old.1);
+        Some(old)
+    }
+}
 
 impl Claimed {
     /// Remembers the state a claim at `claimed_ms` read for `mid`.
     fn put(&self, mid: MessageId, claimed_ms: u64, st: &CommandState, max_processing_time: Duration) {
         let mut map = self.0.lock().expect("lock");
-        if map.len() >= CLAIMED_MAX {
+        let w = weight(st);
+        if map.bytes + w > CLAIMED_BYTES {
             let oldest = Timestamp::now().millis().saturating_sub(max_processing_time.as_millis() as u64);
-            map.retain(|_, (at, _)| *at >= oldest);
-            if map.len() >= CLAIMED_MAX {
+            let stale: Vec<MessageId> =
+                map.states.iter().filter(|(_, (at, _))| *at < oldest).map(|(m, _)| *m).collect();
+            for m in stale {
+                map.remove(m);
+            }
+            if map.bytes + w > CLAIMED_BYTES {
                 return;
             }
         }
-        map.insert(mid, (claimed_ms, Box::new(st.clone())));
+        map.insert(mid, claimed_ms, Box::new(st.clone()));
     }
 
     /// The state the claim at `claimed_ms` of `mid` read, if remembered (forgotten now).
     fn take(&self, mid: MessageId, claimed_ms: u64) -> Option<Box<CommandState>> {
         let mut map = self.0.lock().expect("lock");
-        match map.get(&mid) {
-            Some((at, _)) if *at == claimed_ms => map.remove(&mid).map(|(_, st)| st),
+        match map.states.get(&mid) {
+            Some((at, _)) if *at == claimed_ms => map.remove(mid).map(|(_, st)| st),
             _ => None,
         }
     }
@@ -223,22 +262,77 @@ impl Claimed {
     /// A copy of the remembered state of the claim at `claimed_ms` of `mid` (kept).
     fn peek(&self, mid: MessageId, claimed_ms: u64) -> Option<CommandState> {
         let map = self.0.lock().expect("lock");
-        map.get(&mid).filter(|(at, _)| *at == claimed_ms).map(|(_, st)| (**st).clone())
+        map.states.get(&mid).filter(|(at, _)| *at == claimed_ms).map(|(_, st)| (**st).clone())
     }
 
     /// Replaces the remembered state of the claim at `claimed_ms` of `mid` (if remembered) by
     /// one written since.
     fn replace(&self, mid: MessageId, claimed_ms: u64, st: &CommandState) {
         let mut map = self.0.lock().expect("lock");
-        if let Some((at, old)) = map.get_mut(&mid) {
-            if *at == claimed_ms {
-                **old = st.clone();
-            }
+        if map.states.get(&mid).is_some_and(|(at, _)| *at == claimed_ms) {
+            map.insert(mid, claimed_ms, Box::new(st.clone()));
         }
     }
 
     fn forget(&self, mid: MessageId) {
-        self.0.lock().expect("lock").remove(&mid);
+        self.0.lock().expect("lock").remove(mid);
+    }
+}
+
+#[cfg(test)]
+mod claimed_tests {
+    use super::*;
+
+    fn state(id: &str, params_len: usize) -> CommandState {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "queue": "q", "type": "t", "params": "x".repeat(params_len), "status": "SUBMITTED",
+            "result": null, "error": null, "attempts": 0, "errors_count": 0,
+            "created_at": "2026-12-02T00:00:00.000Z", "started_at": null,
+            "modified_at": "2026-12-02T00:00:00.000Z", "completed_at": null, "version": 1
+        }))
+        .unwrap()
+    }
+
+    /// The byte budget holds: stale entries (claimed past max_processing_time) make room, live
+    /// ones are never dropped (new claims are not remembered instead), and the count stays exact
+    /// through replace, take and forget.
+    #[test]
+    fn the_byte_budget_holds() {
+        let c = Claimed::default();
+        let now = Timestamp::now().millis();
+        let big = 1 << 20; // about 1 MiB of params each
+        let hour = Duration::from_secs(3600);
+        for i in 0..15u64 {
+            c.put(MessageId { ms: i, seq: 0 }, now - 7_200_000, &state("old", big), hour);
+        }
+        assert_eq!(c.0.lock().unwrap().states.len(), 15);
+        // Over the budget: the two-hour-old claims go, the new one is kept.
+        for i in 100..110u64 {
+            c.put(MessageId { ms: i, seq: 0 }, now, &state("new", big), hour);
+        }
+        let (n, bytes) = {
+            let m = c.0.lock().unwrap();
+            (m.states.len(), m.bytes)
+        };
+        assert!(bytes <= CLAIMED_BYTES, "{bytes}");
+        assert_eq!(n, 10, "the 15 stale claims made room for the 10 new ones");
+        // Full of live claims: a new one is not remembered; none is dropped.
+        for i in 200..220u64 {
+            c.put(MessageId { ms: i, seq: 0 }, now, &state("more", big), hour);
+        }
+        let m = c.0.lock().unwrap().states.len();
+        assert!((10..=16).contains(&m), "{m}");
+        assert!(c.0.lock().unwrap().bytes <= CLAIMED_BYTES);
+        for i in 100..110u64 {
+            assert!(c.peek(MessageId { ms: i, seq: 0 }, now).is_some(), "live claim {i} kept");
+        }
+        // Exact accounting.
+        c.replace(MessageId { ms: 100, seq: 0 }, now, &state("new", 10));
+        assert!(c.take(MessageId { ms: 101, seq: 0 }, now + 1).is_none(), "another claim of the delivery");
+        assert!(c.take(MessageId { ms: 101, seq: 0 }, now).is_some());
+        c.forget(MessageId { ms: 102, seq: 0 });
+        let expected: usize = c.0.lock().unwrap().states.values().map(|(_, st)| weight(st)).sum();
+        assert_eq!(c.0.lock().unwrap().bytes, expected);
     }
 }
 
