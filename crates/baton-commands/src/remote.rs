@@ -87,6 +87,13 @@ impl RemoteReport {
             p.validate()?;
         }
         if let Some(d) = &self.details {
+            // What the next delivery's handler must decode: a lone surrogate escape or nesting
+            // past serde_json's limit would make the command undeliverable.
+            if let Err(e) = serde_json::from_str::<serde_json::Value>(d.get()) {
+                return Err(format!(
+                    "details do not decode ({e}); send JSON without lone surrogate escapes, nested at most 127 deep"
+                ));
+            }
             if d.get().len() > Self::MAX_DETAILS {
                 return Err(format!(
                     "details are {} bytes of JSON; at most {} are kept (keep a checkpoint small, or store it elsewhere and keep its address)",

@@ -275,6 +275,20 @@ async fn renewals_carry_progress_and_details() {
             );
             assert!(v["message"].as_str().unwrap().starts_with(says), "{name}: {v}");
         }
+        // JSON that does not decode (a lone surrogate escape) is refused, naming what.
+        let lease = l.as_str().unwrap();
+        for (item, says) in [
+            (
+                format!(r#"{{"lease": "{lease}", "progress": {{"message": "\ud800"}}}}"#),
+                "leases[0]: \"message\" does not decode",
+            ),
+            (format!(r#"{{"lease": "{lease}", "details": {{"a": ["\udfff"]}}}}"#), "leases[0]: details do not decode"),
+        ] {
+            let (st, v) = post(&s.worker("w1", "renew"), &format!(r#"{{"leases": [{item}]}}"#), None).await;
+            let v: Value = serde_json::from_str(&v).unwrap();
+            assert_eq!((st, v["index"].clone()), (StatusCode::BAD_REQUEST, json!(0)), "{name}: {v}");
+            assert!(v["message"].as_str().unwrap().starts_with(says), "{name}: {v}");
+        }
         assert_eq!(get_command(&s, "p1").await.0["version"], 2, "{name}");
         // Settled: the report stays in the final state.
         let (st, v) =

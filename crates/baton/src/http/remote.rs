@@ -109,10 +109,12 @@ fn value(m: &BTreeMap<String, &RawValue>, name: &str) -> Option<Value> {
 }
 
 fn string_field(m: &BTreeMap<String, &RawValue>, name: &str, what: &str) -> Result<Option<String>, ApiError> {
-    match value(m, name) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(bad_field(name, what, &other)),
+    let Some(raw) = m.get(name).filter(|r| r.get() != "null") else { return Ok(None) };
+    match serde_json::from_str::<Value>(raw.get()) {
+        Ok(Value::String(s)) => Ok(Some(s)),
+        Ok(other) => Err(bad_field(name, what, &other)),
+        // Valid JSON that does not decode: a string with a lone surrogate escape.
+        Err(e) => Err(ApiError::invalid("invalid_body", format!("\"{name}\" does not decode ({e}); send {what}"))),
     }
 }
 
