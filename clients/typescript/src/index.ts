@@ -11,8 +11,9 @@ export {
   RawJson,
   TERMINAL_STATUSES,
   isTerminal,
+  type CommandProgress,
   type CommandState,
   type CommandStatus,
   type JsonValue,
 } from "./types.js";
-export { Worker, type Handler, type Job, type WorkerOptions } from "./worker.js";
+export { Worker, type Handler, type Job, type JobReport, type WorkerOptions } from "./worker.js";

@@ -53,8 +53,11 @@ export type AbortKind = "cancelled" | "lease_lost" | "shutdown";
  * `signal.reason` of an aborted handler. `kind`:
  * - `"cancelled"`: the command was cancelled (`POST /v1/commands/{id}/cancel`); the worker settles
  *   `cancelled` when the handler ends, whatever it returns.
- * - `"lease_lost"`: the lease is no longer this worker's (taken over after a silence, or renewals
- *   failed until its deadline); nothing the handler returns is settled.
+ * - `"lease_lost"`: the server said the lease is no longer this worker's (a renewal answered
+ *   `lost`: another worker took the command over after this one was silent for the claim timeout,
+ *   or it ran past `max_processing_time`; or `gone`); nothing the handler returns is settled.
+ *   Renewals that fail (no answer, a timeout, `5xx`) never abort a handler, however long: the
+ *   worker keeps renewing, and settles when the handler ends.
  * - `"shutdown"`: {@link Worker.stop}'s grace period ended; the lease is released (another worker
  *   runs the command) and nothing the handler returns is settled.
  */

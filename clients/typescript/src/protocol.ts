@@ -25,7 +25,17 @@ export type ToLeaseThread =
   /** The handler of this lease ended and its settlement is done (or given up): stop renewing it, free its slot. */
   | { t: "remove"; lease: string }
   /** Claim no more (an in-flight claim is abandoned). */
-  | { t: "stop-claiming" };
+  | { t: "stop-claiming" }
+  /**
+   * The handler reported progress and/or a checkpoint (JSON text, checked): merged into what
+   * this lease has not had written yet (latest wins per part) and sent with its next renewal.
+   */
+  | { t: "report"; lease: string; progress?: string; details?: string }
+  /**
+   * The handler ended: send what this lease has not had written yet now (a renewal of every
+   * lease at once) and answer "flushed" (at once when there is nothing to send).
+   */
+  | { t: "flush"; lease: string };
 
 /** Lease thread → main thread. */
 export type FromLeaseThread =
@@ -45,4 +55,6 @@ export type FromLeaseThread =
   /** A transient problem (a claim or renewal that failed and is retried), for the worker's `onError`. */
   | { t: "warn"; context: string; message: string }
   /** The claim loop ended (after stop-claiming or fatal). */
-  | { t: "claiming-stopped" };
+  | { t: "claiming-stopped" }
+  /** Answer to "flush": the renewal carrying the lease's report was answered or failed (or there was nothing to send). */
+  | { t: "flushed"; lease: string };

@@ -60,6 +60,25 @@ export interface CommandState {
   version: number;
   /** The queue it was handed off to, else `null`. */
   handed_off_to: string | null;
+  /**
+   * What a worker last reported of its work in progress (with a lease renewal: a remote worker's
+   * `job.progress(…)`); absent until one reports, then kept (the final state too).
+   */
+  progress?: CommandProgress;
+  /**
+   * The worker's last checkpoint (`job.checkpoint(…)`), parsed: any JSON of the worker's own,
+   * handed to the next delivery (`job.details`) so the work resumes instead of starting over.
+   * Absent until one is reported, then kept (the final state too).
+   */
+  details?: JsonValue;
+}
+
+/** Work in progress, as a worker reports it (at least one of the two). */
+export interface CommandProgress {
+  /** Done so far, from 0 to 1. */
+  fraction?: number;
+  /** A short status line, at most 1024 bytes of UTF-8. */
+  message?: string;
 }
 
 /**

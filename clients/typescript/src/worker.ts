@@ -5,7 +5,19 @@ import { BatonError } from "./errors.js";
 import { describe, duration, requestJson, sleep, type Endpoint } from "./http.js";
 import { Failed, HandOff, JobAborted, Release, Running, type AbortKind } from "./outcomes.js";
 import type { ClaimedLease, FromLeaseThread, LeaseThreadConfig, ToLeaseThread } from "./protocol.js";
-import { jsonText, type CommandState, type JsonValue } from "./types.js";
+import { encodeDetails, encodeProgress, encodeReport, type EncodedReport } from "./report.js";
+import { jsonText, type CommandProgress, type CommandState, type JsonValue } from "./types.js";
+
+/** What {@link Job.report} takes: progress and/or a checkpoint. */
+export interface JobReport {
+  /** Work in progress: `fraction` (0 to 1) and/or `message` (at most 1024 bytes of UTF-8). */
+  progress?: CommandProgress;
+  /**
+   * A checkpoint: any JSON value but `null` (or a {@link RawJson}), at most 64 KiB serialised;
+   * handed to the next delivery as {@link Job.details}.
+   */
+  details?: unknown;
+}
 
 /** One delivery of a command to this worker. */
 export interface Job {
@@ -30,6 +42,49 @@ export interface Job {
   leaseTimeoutMs: number;
   /** The queue it was claimed from. */
   queue: string;
+  /**
+   * The last checkpoint reported for this command before this delivery (by an earlier delivery,
+   * on this worker or another: one that crashed, was taken over, released, retried after an
+   * error, or returned {@link Running}), parsed (`command.details`); `undefined` when there is
+   * none. Resume from it instead of starting over. (It does not change when this delivery
+   * reports a checkpoint.)
+   */
+  details: JsonValue | undefined;
+  /**
+   * Reports work in progress and/or a checkpoint (see {@link Job.progress} and
+   * {@link Job.checkpoint}); `report({ progress, details })` is both in one.
+   *
+   * @throws {TypeError} for a report the server would refuse (see the two methods), checked
+   *   here so that it never reaches the renewal, which carries every lease of the worker.
+   */
+  report(report: JobReport): void;
+  /**
+   * Reports work in progress: written into the command's state (`progress`, shown by
+   * `GET /v1/commands/{id}` and kept in the final state) with the lease's next renewal, at most
+   * `leaseTimeoutMs / 3` from now (the renewal interval). Only the latest report of each kind
+   * goes out: a newer progress replaces an unsent one whole (fraction and message together).
+   * A report that has not been written when the handler ends is sent before the settlement.
+   * Nothing is written once the lease is over (lost, cancelled, or the handler ended): then the
+   * call does nothing.
+   *
+   * @param progress `fraction` from 0 to 1 and/or `message` (at most 1024 bytes of UTF-8).
+   * @throws {TypeError} when neither is given, `fraction` is not a finite number from 0 to 1,
+   *   `message` is not a string, is longer, or has a lone surrogate, or another field is given.
+   */
+  progress(progress: CommandProgress): void;
+  /**
+   * Records a checkpoint: `details` is written into the command's state (`details`) with the
+   * lease's next renewal, as {@link Job.progress} is, and handed to the next delivery of the
+   * command as {@link Job.details} (after a crash, a takeover, a release, a retried error or a
+   * {@link Running} re-poll), so the work resumes where it was. Serialised now: changing the
+   * object afterwards changes nothing. Only the latest unsent checkpoint goes out.
+   *
+   * @param details any JSON value but `null` (or {@link RawJson}, kept byte for byte), at most
+   *   64 KiB serialised.
+   * @throws {TypeError} when it is `undefined` or `null`, not representable as JSON (a BigInt,
+   *   a cycle, a function), or larger.
+   */
+  checkpoint(details: unknown): void;
 }
 
 /**
@@ -66,8 +121,9 @@ export interface WorkerOptions {
   /** Call {@link Worker.stop} on `SIGTERM` and `SIGINT` while running (default false). */
   handleSignals?: boolean;
   /**
-   * Called with problems the worker works around (a failed claim or renewal that is retried, a
-   * settlement refused, a lost lease). Default: `console.warn`.
+   * Called with problems the worker works around (a failed claim, renewal or settlement that is
+   * retried, a settlement refused, a lease the server said was lost). Default: `console.warn`.
+   * What it throws is ignored.
    */
   onError?: (error: Error, context: string) => void;
 }
@@ -77,12 +133,22 @@ interface Running_ {
   controller: AbortController;
   /** Set when the signal aborted. */
   aborted: AbortKind | undefined;
-  /** The renewer said lost/gone/expired: never settle. */
+  /**
+   * The server said the lease is over (a renewal answered `lost` or `gone`, or a settlement
+   * `lease_lost`): never settle (again). Nothing else ends a lease: not renewals or
+   * settlements failing in transit or with `5xx`, however long.
+   */
   lost: boolean;
+  /** A settle request with this job's settlement was sent (its renewals may cross it). */
+  settleSent: boolean;
   /** Released at the end of the grace period: never settle again. */
   abandoned: boolean;
   /** The handler has ended: its settlement is being sent. */
   settling: boolean;
+  /** The handler has ended (or the job was abandoned): reports are ignored from then on. */
+  ended: boolean;
+  /** A report was passed to the lease thread: flushed before settling. */
+  reported: boolean;
   /** Resolves when the handler has ended and its settlement is done. */
   done: Promise<void>;
   /** When released at shutdown (or claimed while stopping): resolves when the release is settled. */
@@ -97,8 +163,16 @@ interface Settlement {
   body: SettleBody;
   /** The item's JSON text. */
   item: string;
+  /** Given up after this (ms since epoch): `Infinity` but for releases and at the end of a shutdown. */
   giveUpAt: number;
   budgetMs: number;
+  /**
+   * An earlier try got no definite answer (no answer, `5xx`, an item's backend error): it may have
+   * been applied, so a `lease_lost` now most likely means that it was.
+   */
+  uncertain: boolean;
+  /** Finished (settled, refused, lost or given up): `finish` does nothing more. */
+  finished: boolean;
   /** Next delay after an item-level backend error, ms. */
   backoff: number;
   /** Refused as part of a batch without the item at fault named (413): sent on its own. */
@@ -112,6 +186,18 @@ const MAX_SETTLE = 1000;
 const SETTLE_BATCH_BYTES = 256 * 1024;
 /** Settle requests in flight at once. */
 const SETTLES_IN_FLIGHT = 2;
+/**
+ * At shutdown, once the grace period is over, settlements still being retried (the server
+ * unreachable or failing) get this much longer; so does a release. Then they are given up: the
+ * worker is going away, and the command goes to another worker after the claim timeout.
+ */
+const SHUTDOWN_SETTLE_MS = 3_000;
+
+/**
+ * When a handler ends with a report not written yet, the settlement waits at most this long for
+ * the renewal carrying it (it is normally one round trip).
+ */
+const FLUSH_WAIT_MS = 5_000;
 
 /** One settlement's JSON text (`result` is already JSON text). */
 function settleItem(lease: string, body: SettleBody): string {
@@ -120,6 +206,20 @@ function settleItem(lease: string, body: SettleBody): string {
     text += `,${JSON.stringify(key)}:${key === "result" ? (value as string) : JSON.stringify(value)}`;
   }
   return text + "}";
+}
+
+/**
+ * The process's Node options for the lease thread, but `--input-type` (a script run with
+ * `node --input-type=module -e …`): a thread inherits it and then cannot load its own file.
+ */
+function leaseThreadExecArgv(): string[] {
+  const out: string[] = [];
+  const argv = process.execArgv;
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === "--input-type") i++; // and its value
+    else if (!argv[i]!.startsWith("--input-type=")) out.push(argv[i]!);
+  }
+  return out;
 }
 
 /** Default worker name: host, pid and a random suffix. */
@@ -138,7 +238,10 @@ function errorMessage(err: unknown): string {
 /**
  * A remote worker of one queue (docs/workers.md): claims commands from `baton serve`, runs the
  * handler for each, keeps their leases renewed from a separate thread (so a handler that blocks
- * the main thread keeps its lease) and settles the outcome.
+ * the main thread keeps its lease) and settles the outcome. Only the server's answer ends a lease
+ * (a renewal saying `lost` or `gone`, a settlement `lease_lost`): while renewals or settlements
+ * fail in transit or with `5xx` (the server or its Redis unreachable or paused), handlers keep
+ * running and both are retried until the server answers.
  *
  * ```ts
  * const worker = new Worker({ url, queue: "jobs", handler: async (job, signal) => ({ done: job.id }) });
@@ -187,8 +290,15 @@ export class Worker {
     this.#claimWaitMs = claimWaitMs;
     this.#graceMs = options.shutdownGraceMs ?? 10_000;
     this.#handleSignals = options.handleSignals ?? false;
-    this.#onError =
+    const onError =
       options.onError ?? ((error, context) => console.warn(`[baton worker ${this.name}] ${context}: ${error.message}`));
+    this.#onError = (error, context) => {
+      try {
+        onError(error, context);
+      } catch {
+        // A throwing onError must not break the worker's loops.
+      }
+    };
   }
 
   /** Handlers running now. */
@@ -216,14 +326,16 @@ export class Worker {
       concurrency: this.#concurrency,
       claimWaitMs: this.#claimWaitMs,
     };
-    const thread = new LeaseThread(new URL("./renewer.js", import.meta.url), { workerData: config });
+    const thread = new LeaseThread(new URL("./renewer.js", import.meta.url), { workerData: config, execArgv: leaseThreadExecArgv() });
     this.#thread = thread;
     this.#claimingStopped = new Promise((resolve) => (this.#onClaimingStopped = resolve));
     thread.on("message", (message: FromLeaseThread) => this.#onMessage(message));
     thread.on("error", (err) => {
-      // The lease thread died: no lease can be renewed any more.
+      // The lease thread died (a bug): no lease can be renewed any more. Stop at once: running
+      // handlers are aborted (`shutdown`) and released; settlements under way are still sent
+      // (the server says whether the lease is still held).
       this.#fatal ??= new Error(`the lease thread failed: ${describe(err)}`, { cause: err });
-      for (const r of this.#jobs.values()) this.#markLost(r, "the lease thread failed");
+      this.#onError(this.#fatal, "lease thread; stopping");
       this.#onClaimingStopped?.();
       void this.stop({ graceMs: 0 });
     });
@@ -271,7 +383,13 @@ export class Worker {
     const graceOver = new Promise<"grace">((resolve) => (timer = setTimeout(() => resolve("grace"), graceMs)));
     const first = await Promise.race([all().then(() => "done" as const), graceOver]);
     clearTimeout(timer);
+    let giveUp: NodeJS.Timeout | undefined;
     if (first === "grace") {
+      // Settlements still being retried (the server unreachable or failing: they are retried
+      // until a definite answer while the worker runs) get a last SHUTDOWN_SETTLE_MS.
+      const deadline = Date.now() + SHUTDOWN_SETTLE_MS;
+      for (const s of this.#live) s.giveUpAt = Math.min(s.giveUpAt, deadline);
+      giveUp = setTimeout(() => this.#giveUpSettlements(), SHUTDOWN_SETTLE_MS);
       for (const r of this.#jobs.values()) {
         if (r.abandoned) continue;
         // A handler that has ended is being settled: let that settlement finish (a release
@@ -284,12 +402,14 @@ export class Worker {
     // waited for).
     await Promise.race([this.#claimingStopped, sleep(2_000)]);
     await Promise.all([...this.#jobs.values()].map((r) => r.release));
+    clearTimeout(giveUp);
     const thread = this.#thread;
     this.#thread = undefined;
     if (thread) {
       thread.unref();
       await thread.terminate();
     }
+    for (const done of [...this.#flushing.values()]) done();
     this.#state = "stopped";
     this.#finish?.();
     await this.#runPromise?.catch(() => {});
@@ -301,12 +421,48 @@ export class Worker {
     this.#abort(r, "shutdown", "the worker is shutting down and the grace period is over");
     // A release is a courtesy (without it the command goes elsewhere after the claim timeout
     // anyway): a short budget keeps a shutdown short when the server is unreachable.
-    if (!r.lost) await this.#settle(r, { outcome: "release" }, 3_000);
+    if (!r.lost) {
+      // Its last checkpoint first, for the worker that gets the command next (briefly: one
+      // renewal round trip when the server answers).
+      await this.#flush(r, 1_000);
+      await this.#settle(r, { outcome: "release" }, SHUTDOWN_SETTLE_MS);
+    }
     this.#post({ t: "remove", lease: r.job.lease });
   }
 
   #post(message: ToLeaseThread): void {
     this.#thread?.postMessage(message);
+  }
+
+  /** Flushes waiting for the lease thread's "flushed", by lease. */
+  readonly #flushing = new Map<string, () => void>();
+
+  /**
+   * Has the lease thread send `r`'s report not written yet (if any) now, with a renewal;
+   * resolves when that renewal is answered or failed, after at most `maxMs`.
+   */
+  #flush(r: Running_, maxMs = FLUSH_WAIT_MS): Promise<void> {
+    if (!r.reported || r.lost || !this.#thread) return Promise.resolve();
+    const lease = r.job.lease;
+    return new Promise<void>((resolve) => {
+      const previous = this.#flushing.get(lease);
+      const done = () => {
+        clearTimeout(timer);
+        if (this.#flushing.get(lease) === done) this.#flushing.delete(lease);
+        previous?.();
+        resolve();
+      };
+      const timer = setTimeout(done, maxMs);
+      this.#flushing.set(lease, done);
+      this.#post({ t: "flush", lease });
+    });
+  }
+
+  /** A report of `r`'s handler: checked (throws), then passed to the lease thread. */
+  #report(r: Running_, report: EncodedReport): void {
+    if (r.ended || r.lost || r.abandoned || !this.#thread) return;
+    r.reported = true;
+    this.#post({ t: "report", lease: r.job.lease, ...report });
   }
 
   #onMessage(message: FromLeaseThread): void {
@@ -321,7 +477,7 @@ export class Worker {
       }
       case "lost": {
         const r = this.#jobs.get(message.lease);
-        if (r) this.#markLost(r, `renewal said ${message.why}`);
+        if (r) this.#markLost(r, message.why);
         break;
       }
       case "fatal":
@@ -335,17 +491,30 @@ export class Worker {
       case "claiming-stopped":
         this.#onClaimingStopped?.();
         break;
+      case "flushed":
+        this.#flushing.get(message.lease)?.();
+        break;
     }
   }
 
-  #markLost(r: Running_, why: string): void {
+  /** A renewal answered `lost` or `gone`: the lease is over, said the server. */
+  #markLost(r: Running_, why: "lost" | "gone"): void {
     if (r.lost) return;
     r.lost = true;
-    // A renewal that crossed this worker's own settlement says `gone`: expected, not a loss
-    // (a settlement still being retried stops: the lease is not held any more either way).
-    if (r.settling || r.abandoned) return;
-    this.#abort(r, "lease_lost", `the lease of command ${r.job.id} was lost (${why})`);
-    this.#onError(new Error(`command ${r.job.id}: lease lost (${why}); not settling it`), "lease");
+    if (r.abandoned) return;
+    if (r.settling) {
+      // A settlement still being sent or retried stops: the lease is not held any more either
+      // way. A renewal that crossed this worker's own settlement (or an earlier try of it whose
+      // answer was lost) says `gone`: expected, not a loss.
+      if (why === "gone" && r.settleSent) return;
+      this.#onError(
+        new Error(`command ${r.job.id}: lease lost (renewal said ${why}) before its settlement got through; not settling it`),
+        "lease",
+      );
+      return;
+    }
+    this.#abort(r, "lease_lost", `the lease of command ${r.job.id} was lost (renewal said ${why})`);
+    this.#onError(new Error(`command ${r.job.id}: lease lost (renewal said ${why}); not settling it`), "lease");
   }
 
   #abort(r: Running_, kind: AbortKind, message: string): void {
@@ -365,6 +534,8 @@ export class Worker {
   }
 
   #start(lease: ClaimedLease): void {
+    // (Reports are checked in the handler's call, so that a bad one throws there.)
+    const report = (encoded: EncodedReport) => this.#report(r, encoded);
     const job: Job = {
       id: lease.command.id,
       type: lease.command.type,
@@ -375,14 +546,24 @@ export class Worker {
       lease: lease.lease,
       leaseTimeoutMs: lease.lease_timeout_ms,
       queue: this.#queue,
+      details: lease.command.details,
+      report: (value) => report(encodeReport(value, "job.report")),
+      progress: (value) => report({ progress: encodeProgress(value, "job.progress") }),
+      checkpoint: (value) => {
+        if (value === undefined) throw new TypeError("job.checkpoint: details are required (any JSON value but null)");
+        report({ details: encodeDetails(value, "job.checkpoint") });
+      },
     };
     const r: Running_ = {
       job,
       controller: new AbortController(),
       aborted: undefined,
       lost: false,
+      settleSent: false,
       abandoned: false,
       settling: false,
+      ended: false,
+      reported: false,
       done: Promise.resolve(),
       release: undefined,
     };
@@ -390,10 +571,12 @@ export class Worker {
     if (this.#state !== "running") {
       // Claimed while stopping: hand it back unrun.
       r.abandoned = true;
-      r.release = r.done = this.#settle(r, { outcome: "release" }, 3_000).finally(() => this.#finishJob(r));
+      r.release = r.done = this.#settle(r, { outcome: "release" }, SHUTDOWN_SETTLE_MS).finally(() => this.#finishJob(r));
       return;
     }
-    r.done = this.#runJob(r).finally(() => this.#finishJob(r));
+    // (A job released at shutdown is finished once its release is: until then its lease is
+    // renewed, its last report can go out first, and stop() waits for it.)
+    r.done = this.#runJob(r).finally(() => (r.abandoned && r.release ? r.release.finally(() => this.#finishJob(r)) : this.#finishJob(r)));
   }
 
   #finishJob(r: Running_): void {
@@ -409,9 +592,15 @@ export class Worker {
     } catch (err) {
       body = err instanceof Failed ? { outcome: "failed", error: err.message } : { outcome: "error", error: errorMessage(err) };
     }
+    r.ended = true;
     if (r.lost || r.abandoned) return;
     if (r.aborted === "cancelled") body = { outcome: "cancelled" };
     r.settling = true;
+    // The handler's last report first (a final progress, or the checkpoint a retry or a
+    // check_status call resumes from): it goes with a renewal, which must come before the
+    // settlement ends the lease.
+    if (r.aborted !== "cancelled") await this.#flush(r);
+    if (r.lost || r.abandoned) return;
     await this.#settle(r, body);
   }
 
@@ -434,28 +623,57 @@ export class Worker {
   /**
    * Settles `r` with `body`; resolves when that is done or given up. Settlements ready at the
    * same time go out together in one request (`{"settlements": [...]}`, see #pumpSettlements).
-   * Transient failures (no answer, `408`/`429`/`5xx`, an item's backend error) are retried with
-   * backoff (100 ms doubling to 5 s) while the lease is held, for at most `budgetMs` (then the
-   * lease is dropped and the command goes to another worker after the claim timeout); an item's
-   * `lease_lost` ends it (taken over, or an earlier try was applied). A body the server refuses
+   * Only a definite answer ends a settlement: failures that say nothing about it (no answer, a
+   * timeout, `408`/`429`/`5xx`, an item's backend error) are retried with backoff (100 ms
+   * doubling to 5 s) until one comes, the lease renewed meanwhile; only a release (`budgetMs`)
+   * and, at shutdown, what is left once the grace period is over (SHUTDOWN_SETTLE_MS) are given
+   * up. An item's `lease_lost` ends it: the lease was lost (taken over after a silence, or past
+   * max_processing_time), told to `onError`; or, after a try whose answer never came, that try
+   * was applied. A renewal saying `lost`/`gone` meanwhile ends it too. A body the server refuses
    * (`400`) is replaced: a hand-off to a queue the server does not have (or to the command's
    * own) by `failed` naming the queue, a refused result (`400`/`413`) or another refused
    * outcome by `error`.
    */
-  #settle(r: Running_, body: SettleBody, budgetMs = 60_000): Promise<void> {
+  #settle(r: Running_, body: SettleBody, budgetMs = Infinity): Promise<void> {
     return new Promise<void>((resolve) => {
-      this.#ready.push({
+      const s: Settlement = {
         r,
         body,
         item: settleItem(r.job.lease, body),
         giveUpAt: Date.now() + budgetMs,
         budgetMs,
+        uncertain: false,
+        finished: false,
         backoff: 100,
         alone: false,
-        finish: resolve,
-      });
+        finish: () => {
+          if (s.finished) return;
+          s.finished = true;
+          this.#live.delete(s);
+          resolve();
+        },
+      };
+      this.#live.add(s);
+      this.#ready.push(s);
       this.#schedulePump();
     });
+  }
+
+  /** Settlements not finished yet (ready, in flight, or waiting to be retried). */
+  readonly #live = new Set<Settlement>();
+  /** One per settle request in flight: aborted when the shutdown gives them up. */
+  readonly #settleRequests = new Set<AbortController>();
+
+  /** The shutdown's last SHUTDOWN_SETTLE_MS are over: give up what is still being settled. */
+  #giveUpSettlements(): void {
+    for (const s of [...this.#live]) {
+      this.#onError(
+        new Error("the worker is stopping"),
+        `settle ${s.body.outcome} of command ${s.r.job.id}: giving up (no definite answer from the server; the command goes to another worker after the claim timeout)`,
+      );
+      s.finish();
+    }
+    for (const c of this.#settleRequests) c.abort(new Error("given up at shutdown"));
   }
 
   readonly #ready: Settlement[] = [];
@@ -497,8 +715,8 @@ export class Worker {
     let bytes = 0;
     while (this.#ready.length > 0 && batch.length < MAX_SETTLE) {
       const s = this.#ready[0]!;
-      if (s.r.lost) {
-        // Not ours any more (or the renewal crossed our own settlement): nothing to send.
+      if (s.r.lost || s.finished) {
+        // Not ours any more (or the renewal crossed our own settlement), or given up: nothing to send.
         this.#ready.shift();
         s.finish();
         continue;
@@ -512,7 +730,10 @@ export class Worker {
     return batch;
   }
 
-  /** Back in line now (at the front), or after `delay` ms: those past their budget are given up. */
+  /**
+   * Back in line now (at the front), or after `delay` ms (cut to the earliest give-up time):
+   * those past their give-up time are given up.
+   */
   #again(items: Settlement[], delay = 0, err?: Error): void {
     if (items.length === 0) return;
     if (delay <= 0) {
@@ -523,38 +744,59 @@ export class Worker {
     const now = Date.now();
     const keep: Settlement[] = [];
     for (const s of items) {
-      if (now + delay > s.giveUpAt) {
+      if (s.finished) continue;
+      if (now >= s.giveUpAt) {
         this.#onError(
           err ?? new Error("settle failed"),
-          `settle ${s.body.outcome} of command ${s.r.job.id}: giving up after ${s.budgetMs} ms (the command goes to another worker after the claim timeout)`,
+          `settle ${s.body.outcome} of command ${s.r.job.id}: giving up ${
+            s.body.outcome === "release" ? `after ${s.budgetMs} ms` : "(the worker is stopping)"
+          } (the command goes to another worker after the claim timeout)`,
         );
         s.finish();
       } else keep.push(s);
     }
     if (keep.length === 0) return;
+    const wait = Math.max(0, Math.min(delay, ...keep.map((s) => s.giveUpAt - now)));
     if (err) {
       const what = keep.length === 1 ? `settle ${keep[0]!.body.outcome} of command ${keep[0]!.r.job.id}` : `settle of ${keep.length} commands`;
-      this.#onError(err, `${what} (retrying in ${delay} ms)`);
+      this.#onError(err, `${what} (retrying in ${Math.round(wait)} ms)`);
     }
+    // (Unref'd: while the worker runs, its lease thread keeps the process alive.)
     setTimeout(() => {
       this.#ready.push(...keep);
       this.#schedulePump();
-    }, delay);
+    }, wait).unref();
   }
 
   async #sendSettlements(batch: Settlement[]): Promise<void> {
     let answers: unknown;
+    const abort = new AbortController();
+    this.#settleRequests.add(abort);
+    for (const s of batch) s.r.settleSent = true;
     try {
       const res = await requestJson(
         this.#endpoint,
         "POST",
         `/v1/queues/${encodeURIComponent(this.#queue)}/workers/${encodeURIComponent(this.name)}/settle`,
-        { body: `{"settlements":[${batch.map((s) => s.item).join(",")}]}`, timeoutMs: 30_000 },
+        {
+          body: `{"settlements":[${batch.map((s) => s.item).join(",")}]}`,
+          // (A release's short budget bounds its request too.)
+          timeoutMs: Math.min(30_000, Math.max(1_000, Math.min(...batch.map((s) => s.giveUpAt)) - Date.now())),
+          signal: abort.signal,
+        },
       );
       answers = (res.body as { settlements?: unknown } | null)?.settlements;
     } catch (err) {
+      if (abort.signal.aborted) {
+        // Given up at the end of a shutdown (#giveUpSettlements).
+        for (const s of batch) s.finish();
+        return;
+      }
       if (!(err instanceof BatonError)) throw err;
       if (err.transient || err.status >= 500) {
+        // No definite answer: the request may or may not have been applied. Retried (until a
+        // definite answer; the lease is renewed meanwhile).
+        for (const s of batch) s.uncertain = true;
         const delay = err.retryAfterMs ?? this.#requestBackoff;
         this.#requestBackoff = Math.min(this.#requestBackoff * 2, 5_000);
         this.#again(batch, delay, err);
@@ -584,6 +826,8 @@ export class Worker {
         s.finish();
       }
       return;
+    } finally {
+      this.#settleRequests.delete(abort);
     }
     this.#requestBackoff = 100;
     if (!Array.isArray(answers) || answers.length !== batch.length) {
@@ -595,11 +839,27 @@ export class Worker {
     let why: Error | undefined;
     batch.forEach((s, i) => {
       const a = answers[i] as { applied?: boolean; error?: string; message?: string } | null;
-      if (a === null || typeof a !== "object" || "applied" in a || a.error === "lease_lost" || typeof a.error !== "string") {
-        s.finish(); // settled; or not ours any more, or an earlier try was applied
+      if (s.finished) return; // given up meanwhile (shutdown)
+      if (a !== null && typeof a === "object" && a.error === "lease_lost") {
+        // Definite: the lease is not this worker's (taken over after a silence, or past
+        // max_processing_time), and nothing was written. Unless an earlier try got no answer:
+        // then that try was most likely applied (the server answers a repeated settle so).
+        if (!s.uncertain && !s.r.lost && s.body.outcome !== "release") {
+          this.#onError(
+            new BatonError(409, "lease_lost", a.message ?? "lease lost"),
+            `command ${s.r.job.id}: lease lost before its settlement (${s.body.outcome}) got through; the outcome was not written`,
+          );
+        }
+        s.r.lost = true;
+        s.finish();
         return;
       }
-      // A backend failure for this one: retry it.
+      if (a === null || typeof a !== "object" || "applied" in a || typeof a.error !== "string") {
+        s.finish(); // settled
+        return;
+      }
+      // A backend failure for this one (it may have been applied): retry it.
+      s.uncertain = true;
       delay = Math.max(delay, s.backoff);
       s.backoff = Math.min(s.backoff * 2, 5_000);
       why = new BatonError(503, a.error, a.message ?? a.error);

@@ -212,3 +212,60 @@ export function collectErrors() {
   const onError = (error, context) => errors.push(`${context}: ${error.message}`);
   return { errors, onError };
 }
+
+/**
+ * An HTTP proxy to `upstream` for injecting transport failures. `proxy.fault(path)` (settable;
+ * default none) chooses, per request, what happens to it: `undefined` forwards it, `"503"`
+ * answers `503 backend_unavailable` without forwarding, `"drop"` destroys the connection without
+ * forwarding. `proxy.seen` records `{path, fault, status}` of every request (`status` as
+ * forwarded, `0` when not).
+ */
+export async function startFaultProxy(upstream) {
+  const { createServer } = await import("node:http");
+  const proxy = { fault: () => undefined, seen: [] };
+  const server = createServer(async (req, res) => {
+    const chunks = [];
+    for await (const c of req) chunks.push(c);
+    const path = req.url;
+    const fault = proxy.fault(path);
+    if (fault === "503") {
+      proxy.seen.push({ path, fault, status: 0 });
+      res.writeHead(503, { "content-type": "application/json" });
+      res.end(JSON.stringify({ error: "backend_unavailable", message: "injected by the test proxy" }));
+      return;
+    }
+    if (fault === "drop") {
+      proxy.seen.push({ path, fault, status: 0 });
+      req.socket.destroy();
+      return;
+    }
+    const headers = {};
+    for (const h of ["content-type", "authorization", "accept"]) if (req.headers[h]) headers[h] = req.headers[h];
+    let answer;
+    try {
+      answer = await fetch(upstream + path, {
+        method: req.method,
+        headers,
+        body: chunks.length ? Buffer.concat(chunks) : undefined,
+      });
+    } catch {
+      req.socket.destroy();
+      return;
+    }
+    const text = await answer.text();
+    proxy.seen.push({ path, fault: undefined, status: answer.status });
+    const out = { "content-type": answer.headers.get("content-type") ?? "application/json" };
+    const retryAfter = answer.headers.get("retry-after");
+    if (retryAfter) out["retry-after"] = retryAfter;
+    res.writeHead(answer.status, out);
+    res.end(text);
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  proxy.url = `http://127.0.0.1:${server.address().port}`;
+  proxy.close = () =>
+    new Promise((resolve) => {
+      server.closeAllConnections();
+      server.close(resolve);
+    });
+  return proxy;
+}

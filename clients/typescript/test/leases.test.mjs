@@ -2,10 +2,11 @@
 // handler that blocks the main thread (a busy loop, Atomics.wait) for 5x the claim timeout keeps
 // its lease and runs exactly once. A second Worker in the same process competes for the queue:
 // its lease thread would claim the command if the lease were lost (it is not blocked either).
+// (Renewals and settlements failing in transit: transport.test.mjs.)
 import assert from "node:assert/strict";
 import { afterEach, test } from "node:test";
 import { BatonClient, Worker } from "../dist/index.js";
-import { collectErrors, forEachBackend, startBaton, uid, until } from "./helpers.mjs";
+import { collectErrors, forEachBackend, uid } from "./helpers.mjs";
 
 const CONFIG = `
 [queues.busy]
@@ -76,49 +77,4 @@ forEachBackend("Leases", { config: CONFIG }, (ctx) => {
       assert.deepEqual([...a.errors, ...b.errors], []);
     });
   }
-});
-
-let extra;
-afterEach(async () => {
-  await extra?.worker.stop({ graceMs: 0 });
-  await extra?.running.catch(() => {});
-  await extra?.server.stop();
-  extra = undefined;
-});
-
-test("renewals failing until the lease deadline abort the handler with lease_lost; nothing is settled", async () => {
-  const server = await startBaton({ config: `[queues.jobs]\nclaim_timeout = "1s"\n` });
-  const { errors, onError } = collectErrors();
-  let reason;
-  let abortedAt = 0;
-  const worker = new Worker({
-    url: server.url,
-    queue: "jobs",
-    claimWaitMs: 5_000,
-    onError,
-    handler: (job, signal) =>
-      new Promise((resolve) =>
-        signal.addEventListener("abort", () => {
-          reason = signal.reason;
-          abortedAt = Date.now();
-          resolve("late");
-        }),
-      ),
-  });
-  const running = worker.run();
-  extra = { worker, running, server };
-  const baton = new BatonClient({ url: server.url });
-  const id = uid("lost");
-  await baton.submit("jobs", "t", {}, { id });
-  await until(() => worker.inFlight === 1, 5_000, "handler start");
-  const stoppedAt = Date.now();
-  await server.stop(); // renewals fail from now on
-  await until(() => abortedAt > 0, 5_000, "abort");
-  assert.equal(reason.kind, "lease_lost");
-  const after = abortedAt - stoppedAt;
-  assert.ok(after <= 2_000, `aborted ${after} ms after the server went away`);
-  assert.ok(errors.some((e) => /lease lost \(renewal said expired\)/.test(e)), errors.join("\n"));
-  assert.ok(!errors.some((e) => /settle/.test(e)), errors.join("\n")); // never tried to settle
-  await worker.stop({ graceMs: 0 });
-  await running;
 });
