@@ -14,17 +14,19 @@ import signal
 import socket
 import subprocess
 import time
+from collections import Counter
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Coroutine, Optional, Sequence, TypeVar
+from typing import Any, AsyncIterator, Coroutine, List, Optional, Sequence, Tuple, TypeVar
 
 import httpx
 from baton_client import BatonClient, Worker
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
-# The queues every test server has. claim_timeout 1s keeps takeovers fast; retries are quick.
+# The queues every test server has. claim_timeout 1s keeps takeovers fast; retries are quick;
+# "slow" leaves a loaded machine more room where a test needs renewals to keep up.
 CONFIG = """
 [queues.jobs]
 claim_timeout = "1s"
@@ -34,11 +36,21 @@ retry = { max_attempts = 3, initial_backoff = "100ms", backoff_factor = 1.0, max
 [queues.other]
 claim_timeout = "1s"
 check_status_interval = "200ms"
+
+[queues.slow]
+claim_timeout = "2s"
 """
 
 CLAIM_TIMEOUT = 1.0
+SLOW_CLAIM_TIMEOUT = 2.0  # queue "slow": tests that starve or cut off a worker for a while
 
 T = TypeVar("T")
+
+
+def backends() -> List[str]:
+    """The backends under test: ``$BATON_TEST_BACKENDS``, default ``memory,redis``."""
+    wanted = os.environ.get("BATON_TEST_BACKENDS", "memory,redis")
+    return [b.strip() for b in wanted.split(",") if b.strip()]
 
 
 def free_port() -> int:
@@ -190,3 +202,84 @@ async def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+class FaultProxy:
+    """An HTTP/1.1 proxy in front of ``baton serve``, run in the test's event loop, that answers
+    chosen requests itself. One request per connection (it answers ``Connection: close``).
+
+    A fault is a status (answered with a JSON error body) or ``"drop"`` (the connection is
+    closed without an answer). ``always[suffix]`` applies to every request whose path ends with
+    ``suffix`` (``"/renew"``, ``"/settle"``, ``"/claim"``); ``once[suffix]`` is a list applied to
+    the next such requests, one each, before ``always``. ``seen`` counts ``(suffix or path,
+    fault or "pass")``."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.split("://", 1)[1].rsplit(":", 1)
+        self._upstream = (host, int(port))
+        self.always: dict = {}
+        self.once: dict = {}
+        self.seen: "Counter[Tuple[str, Any]]" = Counter()
+        self.url = ""
+        self._server: Optional[asyncio.AbstractServer] = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def _fault(self, path: str) -> Tuple[str, Any]:
+        for suffix in set(self.once) | set(self.always):
+            if path.endswith(suffix):
+                queued = self.once.get(suffix)
+                if queued:
+                    return suffix, queued.pop(0)
+                if self.always.get(suffix) is not None:
+                    return suffix, self.always[suffix]
+                return suffix, None
+        return path, None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            path = lines[0].split(" ")[1]
+            headers = [line for line in lines[1:] if line]
+            length = 0
+            for line in headers:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value.strip())
+            body = await reader.readexactly(length) if length else b""
+            which, fault = self._fault(path)
+            self.seen[(which, fault if fault is not None else "pass")] += 1
+            if fault == "drop":
+                return
+            if fault is not None:
+                payload = b'{"error":"injected","message":"a fault injected by the test proxy"}'
+                writer.write(
+                    b"HTTP/1.1 %d Injected\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                    b"Connection: close\r\n\r\n%s" % (int(fault), len(payload), payload)
+                )
+                await writer.drain()
+                return
+            up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+            kept = [h for h in headers if h.split(":", 1)[0].strip().lower() != "connection"]
+            up_writer.write("\r\n".join([lines[0], *kept, "Connection: close", "", ""]).encode("latin-1") + body)
+            await up_writer.drain()
+            answer = await up_reader.read()
+            up_writer.close()
+            top, sep, rest = answer.partition(b"\r\n\r\n")
+            top_lines = [l for l in top.split(b"\r\n") if not l.lower().startswith(b"connection:")]
+            writer.write(b"\r\n".join(top_lines) + b"\r\nConnection: close" + sep + rest)
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, IndexError, ValueError):
+            pass
+        finally:
+            writer.close()

@@ -71,3 +71,37 @@ def test_tokens_are_sent_and_refusals_raise_auth_error(auth_server: BatonServer)
         assert info.value.status == 403
 
     run(main())
+
+
+def test_worker_renews_with_its_token(auth_server: BatonServer, caplog: pytest.LogCaptureFixture) -> None:
+    """The lease renewal process sends the worker's token too: a handler running 2.5× the claim
+    timeout keeps its lease (no renewal refused; the worker's free second slot never gets the
+    command again) and is settled once."""
+    import asyncio
+    import logging
+    import time
+
+    from support import CLAIM_TIMEOUT
+
+    calls = []
+
+    def handler(job: Job) -> Any:
+        calls.append(job.deliveries)
+        time.sleep(2.5 * CLAIM_TIMEOUT)
+        return {"ok": True}
+
+    async def main() -> None:
+        caplog.set_level(logging.DEBUG, logger="baton_client.worker")
+        async with BatonClient(auth_server.url, token=CLIENT_TOKEN) as c:
+            await c.submit("jobs", "t", id="auth-renew-1")
+            worker = Worker(auth_server.url, "jobs", handler, token=WORK_TOKEN, concurrency=2, claim_wait="1s")
+            async with running(worker):
+                state = await c.wait("auth-renew-1", timeout=15)
+                await asyncio.sleep(0.2)
+            assert state.status is CommandStatus.SUCCEEDED
+            assert state.attempts == 1
+            assert calls == [1]
+            failed = [r.getMessage() for r in caplog.records if "renewing" in r.getMessage()]
+            assert failed == []
+
+    run(main())

@@ -4,6 +4,7 @@ whatever the handler does, crashes, cancellation, shutdown, concurrency."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -29,7 +30,19 @@ from baton_client import (
     Running,
     Worker,
 )
-from support import CLAIM_TIMEOUT, BatonServer, client, run, running, wait_until
+from support import (
+    CLAIM_TIMEOUT,
+    SLOW_CLAIM_TIMEOUT,
+    BatonServer,
+    FaultProxy,
+    RedisServer,
+    client,
+    run,
+    running,
+    start_baton,
+    stop_process,
+    wait_until,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -323,7 +336,7 @@ def test_unknown_queue_stops_the_worker_with_the_error(server: BatonServer) -> N
 @pytest.mark.parametrize("kind", ["def", "async def"])
 def test_blocking_handler_runs_exactly_once(server: BatonServer, kind: str) -> None:
     """The handler blocks (``time.sleep``) for 5× the claim timeout; an ``async def`` one blocks
-    the event loop itself. The renewal thread keeps the lease: one execution, one delivery.
+    the event loop itself. The renewal process keeps the lease: one execution, one delivery.
     (With a lost lease the free second slot would claim the redelivery and run it again.)"""
     executions: List[Tuple[str, int]] = []
     lock = threading.Lock()
@@ -355,10 +368,207 @@ def test_blocking_handler_runs_exactly_once(server: BatonServer, kind: str) -> N
     run(main())
 
 
+def renewal_processes(parent: int) -> List[int]:
+    """The pids of ``parent``'s lease renewal processes (Linux: from ``/proc``; else none)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"baton_client._renewal" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _gil_holding_call(seconds: float) -> Any:
+    """A function that holds the GIL for about ``seconds`` in one C call: ``sum(range(n))``
+    (the builtin loops in C without ever letting another thread run), ``n`` calibrated here."""
+    n = 10**6
+    while True:
+        t0 = time.perf_counter()
+        sum(range(n))
+        took = time.perf_counter() - t0
+        if took >= 0.1:
+            break
+        n *= 4
+    big = int(n * seconds / took)
+    return lambda: sum(range(big))
+
+
+# Submits the command "victim-1" after DELAY seconds, then claims from QUEUE as worker
+# "competitor" for FOR seconds, settling what it gets; writes [[id, deliveries], ...] to OUT.
+COMPETITOR = """
+import json, sys, time
+import httpx
+url, queue, out, delay, until = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
+start = time.monotonic()
+got = []
+with httpx.Client(timeout=10) as c:
+    time.sleep(max(0.0, delay - (time.monotonic() - start)))
+    c.post(f"{url}/v1/queues/{queue}/commands", json={"id": "victim-1", "type": "victim"}).raise_for_status()
+    time.sleep(0.5)  # the worker's outstanding claim takes it first
+    while time.monotonic() - start < until:
+        answer = c.post(f"{url}/v1/queues/{queue}/workers/competitor/claim", json={"max": 10, "wait": "1s"})
+        for lease in answer.json()["leases"]:
+            got.append([lease["command"]["id"], lease["deliveries"]])
+            result = {"by": "competitor", "deliveries": lease["deliveries"]}
+            c.post(f"{url}/v1/queues/{queue}/workers/competitor/settle",
+                   json={"lease": lease["lease"], "outcome": "succeeded", "result": result})
+with open(out, "w") as f:
+    json.dump(got, f)
+"""
+
+
+def test_handler_holding_the_gil_keeps_its_lease(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A handler holds the GIL for 3× the claim timeout in one C call: no thread of the worker
+    process runs meanwhile (a ticking thread shows it), but renewals come from a process of
+    their own, so its lease holds: one execution, one delivery, SUCCEEDED. Another worker (a
+    process) claims all along and never gets it.
+
+    Meanwhile a second command reaches the worker's outstanding claim, whose answer the worker
+    cannot read until the GIL is free: that lease lapses and the other worker takes it over.
+    When the worker reads the claim's answer at last, it sees the lease came late and waits for
+    a renewal before starting the handler: the renewal says ``lost`` (or ``gone``, once the other
+    worker settled it), and the handler never runs (one run of the command, by the other one)."""
+
+    srv = start_baton(tmp_path, "memory", None)
+    hold = _gil_holding_call(3 * SLOW_CLAIM_TIMEOUT)
+    competitor_out = tmp_path / "competitor.json"
+    executions: List[Tuple[str, int]] = []
+    go = threading.Event()
+    held: Dict[str, float] = {}
+
+    def hog(job: Job) -> Any:
+        executions.append((job.id, job.deliveries))
+        go.wait(30)
+        t0 = time.monotonic()
+        hold()
+        held["start"], held["end"] = t0, time.monotonic()
+        return {"held": True}
+
+    def victim(job: Job) -> Any:
+        executions.append((job.id, job.deliveries))
+        return {"by": "worker"}
+
+    ticks: List[float] = []
+    ticking = threading.Event()
+
+    def tick() -> None:
+        while not ticking.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.005)
+
+    competitor = None
+
+    async def main() -> None:
+        nonlocal competitor
+        caplog.set_level(logging.INFO, logger="baton_client.worker")
+        async with client(srv) as c:
+            await c.submit("slow", "hog", id="hog-1")
+            # Concurrency 2: while the hog runs, a claim for the free slot waits (20 s) for more.
+            worker = make_worker(srv, {"hog": hog, "victim": victim}, queue="slow", concurrency=2, claim_wait="20s")
+            async with running(worker):
+                await wait_until(lambda: len(executions) == 1)
+                await asyncio.sleep(0.2)  # the next claim is on its way
+                ticker = threading.Thread(target=tick, daemon=True)
+                ticker.start()
+                # Submits victim-1 1 s into the GIL hold, then claims from 1.5 s to 5.5 s.
+                competitor = subprocess.Popen(
+                    [sys.executable, "-c", COMPETITOR, srv.url, "slow", str(competitor_out), "1.0",
+                     str(2.75 * SLOW_CLAIM_TIMEOUT)]
+                )
+                go.set()
+                state = await c.wait("hog-1", timeout=20)
+                ticking.set()
+                other = await c.wait("victim-1", timeout=20)
+                await wait_until(lambda: not worker.active_jobs, timeout=10)
+                await asyncio.sleep(0.2)  # a duplicate started at the end would show now
+            code = await asyncio.get_running_loop().run_in_executor(None, competitor.wait, 20)
+            assert code == 0
+            taken = json.loads(competitor_out.read_text())
+            assert state.status is CommandStatus.SUCCEEDED
+            assert state.result == {"held": True}
+            assert state.attempts == 1
+            assert executions == [("hog-1", 1)]  # victim-1 never ran here
+            assert taken == [["victim-1", 2]]  # the hog's lease held; victim-1 came to us first
+            assert other.status is CommandStatus.SUCCEEDED
+            assert other.result == {"by": "competitor", "deliveries": 2}
+            messages = [r.getMessage() for r in caplog.records]
+            lost = [m for m in messages if m.startswith("lease of command victim-1 is ")]
+            assert lost in (  # lost, or gone when the other worker settled it first
+                ["lease of command victim-1 is lost: another worker may run it; it will not be settled here"],
+                ["lease of command victim-1 is gone: another worker may run it; it will not be settled here"],
+            ), messages
+            # The GIL was really held: past the claim timeout, and no other thread ran meanwhile.
+            seconds = held["end"] - held["start"]
+            assert seconds >= 1.5 * SLOW_CLAIM_TIMEOUT, held
+            during = [t for t in ticks if held["start"] - 0.1 <= t <= held["end"] + 0.1]
+            gaps = [b - a for a, b in zip(during, during[1:])]
+            assert gaps and max(gaps) >= 0.9 * seconds, (held, max(gaps or [0]))
+
+    try:
+        run(main())
+    finally:
+        ticking.set()
+        if competitor is not None:
+            stop_process(competitor, graceful=False)
+        stop_process(srv.proc, graceful=False)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the renewal process in /proc")
+def test_killed_renewal_process_is_replaced(memory_server: BatonServer, caplog: pytest.LogCaptureFixture) -> None:
+    """The worker's lease renewal process is killed while a handler runs (3× the claim
+    timeout): the worker starts another at once and tells it its leases, which hold (the free
+    second slot never gets the command again). One execution, SUCCEEDED."""
+    server = memory_server
+    executions: List[int] = []
+    started = threading.Event()
+
+    def handler(job: Job) -> Any:
+        executions.append(job.deliveries)
+        started.set()
+        time.sleep(3 * CLAIM_TIMEOUT)
+        return "done"
+
+    async def main() -> None:
+        caplog.set_level(logging.INFO, logger="baton_client.worker")
+        async with client(server) as c:
+            await c.submit("jobs", "t", id="rk-1")
+            async with running(make_worker(server, handler, concurrency=2, claim_wait="1s")):
+                await wait_until(started.is_set)
+                [first] = renewal_processes(os.getpid())
+                os.kill(first, signal.SIGKILL)
+                await wait_until(lambda: [p for p in renewal_processes(os.getpid()) if p != first and alive(p)])
+                state = await c.wait("rk-1", timeout=15)
+                await asyncio.sleep(0.2)
+            assert state.status is CommandStatus.SUCCEEDED and state.result == "done"
+            assert state.attempts == 1
+            assert executions == [1]
+            messages = [r.getMessage() for r in caplog.records]
+            assert "the lease renewal process exited (code -9) while the worker runs: starting another" in messages
+            assert not any("lease lost" in m or "will not be settled" in m for m in messages), messages
+        assert not [p for p in renewal_processes(os.getpid()) if alive(p)]  # stopped with the worker
+
+    run(main())
+
+
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_killed_worker_process_command_finished_by_another(server: BatonServer, tmp_path: Path, how: str) -> None:
     """A worker process dies (SIGKILL) or is stopped (SIGTERM: it releases the lease) while its
-    handler runs; a second worker finishes the command after the claim timeout."""
+    handler runs; a second worker finishes the command after the claim timeout. Its lease
+    renewal process ends with it, at once (or the dead worker's lease would be renewed forever)."""
     marker = tmp_path / "marker"
     log = open(tmp_path / "worker_proc.log", "wb")
     proc = subprocess.Popen(
@@ -375,6 +585,9 @@ def test_killed_worker_process_command_finished_by_another(server: BatonServer, 
         async with client(server) as c:
             await c.submit("jobs", "t", {"k": 1}, id="k-1")
             await wait_until(lambda: len(lines()) >= 1, timeout=20)
+            renewers = renewal_processes(proc.pid)
+            if sys.platform.startswith("linux"):
+                assert len(renewers) == 1, renewers
             proc.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM)
             code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 10)
             stopped_at = time.monotonic()
@@ -383,6 +596,7 @@ def test_killed_worker_process_command_finished_by_another(server: BatonServer, 
             else:
                 assert code == 0, (tmp_path / "worker_proc.log").read_text()
                 assert lines()[-1] == "exited"
+            await wait_until(lambda: not any(alive(pid) for pid in renewers), timeout=1.0)
 
             def handler(job: Job) -> Any:
                 second.append((job.id, job.deliveries, time.monotonic() - stopped_at))
@@ -402,6 +616,44 @@ def test_killed_worker_process_command_finished_by_another(server: BatonServer, 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        log.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the renewal process sees a stopped worker in /proc")
+def test_stopped_worker_process_command_finished_by_another(memory_server: BatonServer, tmp_path: Path) -> None:
+    """A worker process is stopped (SIGSTOP) while its handler runs: it works on nothing, so its
+    renewal process (which runs on) renews nothing either, and a second worker finishes the
+    command after the claim timeout (a second delivery)."""
+    server = memory_server
+    marker = tmp_path / "marker"
+    log = open(tmp_path / "worker_proc.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "worker_proc.py"), server.url, "jobs", str(marker)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    second: List[Tuple[str, int]] = []
+
+    def handler(job: Job) -> Any:
+        second.append((job.id, job.deliveries))
+        return {"by": "second"}
+
+    async def main() -> None:
+        async with client(server) as c:
+            await c.submit("jobs", "t", id="st-1")
+            await wait_until(lambda: marker.exists() and marker.read_text() == "st-1 1\n", timeout=20)
+            proc.send_signal(signal.SIGSTOP)
+            async with running(make_worker(server, handler, claim_wait="1s")):
+                state = await c.wait("st-1", timeout=10)
+            assert state.status is CommandStatus.SUCCEEDED
+            assert state.result == {"by": "second"}
+            assert second == [("st-1", 2)]
+
+    try:
+        run(main())
+    finally:
+        proc.kill()
+        proc.wait()
         log.close()
 
 
@@ -573,38 +825,191 @@ def test_worker_name_default_is_host_pid_random() -> None:
     assert Worker("http://127.0.0.1:1", "jobs", lambda job: None).name != w.name
 
 
-def test_renewals_failing_past_the_deadline_lose_the_lease(
+def test_server_frozen_past_the_claim_timeout_does_not_end_the_lease(
     server: BatonServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The server freezes (SIGSTOP) for longer than the claim timeout: renewals fail until the
-    lease's deadline passes, so the handler is signalled ``LEASE_LOST`` and nothing is settled
-    for that delivery; once the server is back the command is delivered again and finishes."""
+    """The server freezes (SIGSTOP) for 3× the claim timeout while a handler runs: renewals get
+    no answer (timeouts), which says nothing about the lease. The handler is not signalled and
+    keeps running; once the server is back the renewals say ``held`` and the handler's result
+    is settled: one delivery, one attempt. (Concurrency 1: no claim of this worker's own could
+    take the command over when the server wakes up.)"""
     seen: List[Tuple[int, Any]] = []
+    finish = threading.Event()
 
     def handler(job: Job) -> Any:
-        if job.deliveries == 1:
-            job.cancelled.wait(20)
-            seen.append((job.deliveries, job.cancel_reason))
-            return "first"  # must not be settled
+        finish.wait(30)
         seen.append((job.deliveries, job.cancel_reason))
-        return "second"
+        return "first"
 
     async def main() -> None:
-        caplog.set_level(logging.INFO, logger="baton_client.worker")
+        caplog.set_level(logging.DEBUG, logger="baton_client.worker")
         async with client(server) as c:
-            await c.submit("jobs", "t", id="lost-1")
-            async with running(make_worker(server, handler, concurrency=2, claim_wait="1s")) as worker:
+            await c.submit("jobs", "t", id="frozen-1")
+            async with running(make_worker(server, handler, concurrency=1, claim_wait="1s")) as worker:
                 await wait_until(lambda: len(worker.active_jobs) == 1)
                 os.kill(server.proc.pid, signal.SIGSTOP)
                 try:
-                    await wait_until(lambda: len(seen) == 1, timeout=10)
+                    await asyncio.sleep(3 * CLAIM_TIMEOUT)
                 finally:
                     os.kill(server.proc.pid, signal.SIGCONT)
-                state = await c.wait("lost-1", timeout=20)
-            assert seen == [(1, CancelReason.LEASE_LOST), (2, None)]
+                await asyncio.sleep(CLAIM_TIMEOUT)  # renewals answered again
+                assert [j.cancel_reason for j in worker.active_jobs] == [None]
+                finish.set()
+                state = await c.wait("frozen-1", timeout=20)
+            assert seen == [(1, None)]
             assert state.status is CommandStatus.SUCCEEDED
-            assert state.result == "second"
+            assert state.result == "first"
+            assert state.attempts == 1
             messages = [r.getMessage() for r in caplog.records]
-            assert "command lost-1: lease lost; not settling" in messages
+            assert any(m.startswith("renewing 1 lease(s) failed (1 in a row") for m in messages), messages
+            assert not any("lease lost" in m or "will not be settled" in m for m in messages), messages
+            assert "command frozen-1 settled: succeeded (applied: True)" in messages
 
     run(main())
+
+
+def test_renewals_and_settlements_without_a_definite_answer_keep_the_lease(
+    memory_server: BatonServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through a proxy, the renewals are answered 503, then 500, then not at all (the connection
+    is closed), each for the claim timeout: none is an answer about the lease. The handler is
+    not signalled; its settlement, answered 503, 500 and dropped in turn, is retried until the
+    server answers: SUCCEEDED, one delivery, one attempt."""
+    server = memory_server
+    seen: List[Tuple[int, Any]] = []
+    finish = threading.Event()
+
+    def handler(job: Job) -> Any:
+        finish.wait(30)
+        seen.append((job.deliveries, job.cancel_reason))
+        return "kept"
+
+    async def main() -> None:
+        caplog.set_level(logging.DEBUG, logger="baton_client.worker")
+        proxy = FaultProxy(server.url)
+        await proxy.start()
+        try:
+            async with client(server) as c:
+                await c.submit("jobs", "t", id="faults-1")
+                worker = Worker(proxy.url, "jobs", handler, concurrency=1, claim_wait="1s", shutdown_grace=2.0)
+                async with running(worker):
+                    await wait_until(lambda: len(worker.active_jobs) == 1)
+                    for fault in (503, 500, "drop"):
+                        proxy.always["/renew"] = fault
+                        await asyncio.sleep(CLAIM_TIMEOUT)
+                    proxy.always["/renew"] = None
+                    await asyncio.sleep(CLAIM_TIMEOUT)  # renewals answered again
+                    assert [j.cancel_reason for j in worker.active_jobs] == [None]
+                    proxy.once["/settle"] = [503, 500, "drop"]
+                    finish.set()
+                    state = await c.wait("faults-1", timeout=20)
+        finally:
+            await proxy.close()
+        assert seen == [(1, None)]
+        assert state.status is CommandStatus.SUCCEEDED
+        assert state.result == "kept"
+        assert state.attempts == 1
+        for fault in (503, 500, "drop"):
+            assert proxy.seen[("/renew", fault)] >= 1, proxy.seen
+            assert proxy.seen[("/settle", fault)] == 1, proxy.seen
+        assert proxy.seen[("/settle", "pass")] == 1, proxy.seen
+        messages = [r.getMessage() for r in caplog.records]
+        assert not any("lease lost" in m or "will not be settled" in m for m in messages), messages
+        assert "command faults-1 settled: succeeded (applied: True)" in messages
+
+    run(main())
+
+
+def test_stopping_worker_gives_up_a_settlement_without_an_answer(
+    memory_server: BatonServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every settle request is answered 503: the settlement is retried while the worker runs,
+    and for ``_SETTLE_ON_STOP`` seconds (1 s here) once it stops after its handlers ended; then
+    the worker gives up, logs it and returns. Its renewals end with it: the lease lapses and
+    another worker runs the command (a second delivery)."""
+    server = memory_server
+    import baton_client._worker as worker_module
+
+    monkeypatch.setattr(worker_module, "_SETTLE_ON_STOP", 1.0, raising=False)
+    second: List[int] = []
+
+    def handler_b(job: Job) -> Any:
+        second.append(job.deliveries)
+        return "by b"
+
+    async def main() -> None:
+        caplog.set_level(logging.INFO, logger="baton_client.worker")
+        proxy = FaultProxy(server.url)
+        await proxy.start()
+        proxy.always["/settle"] = 503
+        try:
+            async with client(server) as c:
+                await c.submit("jobs", "t", id="gu-1")
+                a = Worker(proxy.url, "jobs", lambda job: "by a", claim_wait="1s", shutdown_grace=0.5, cancel_grace=0.5)
+                task = asyncio.ensure_future(a.run())
+                await wait_until(lambda: proxy.seen[("/settle", 503)] >= 2)
+                stop_at = time.monotonic()
+                a.stop()
+                await asyncio.wait_for(task, 10)
+                stopped_in = time.monotonic() - stop_at
+                assert stopped_in < 0.5 + 0.5 + 1.0 + 1.5, stopped_in
+                messages = [r.getMessage() for r in caplog.records]
+                gave_up = [m for m in messages if m.startswith("command gu-1: gave up settling it (succeeded)")]
+                assert len(gave_up) == 1, messages
+                assert (await c.get("gu-1")).status is CommandStatus.SUBMITTED
+                async with running(make_worker(server, handler_b, claim_wait="1s")):
+                    state = await c.wait("gu-1", timeout=10)
+                assert state.status is CommandStatus.SUCCEEDED and state.result == "by b"
+                assert second == [2]
+        finally:
+            await proxy.close()
+
+    run(main())
+
+
+def test_redis_paused_past_the_claim_timeout_does_not_end_the_lease(
+    redis_only: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis is paused (``CLIENT PAUSE … ALL``) for 2.5× the claim timeout while a handler runs:
+    the server cannot answer renewals in time (the requests time out), which says nothing about
+    the lease. The handler is not signalled, runs once, and its result is settled after the
+    pause. (Concurrency 1: no claim of this worker's own could take the command over when Redis
+    is back.)"""
+    redis_server = redis_only
+    srv = start_baton(tmp_path, "redis", redis_server)
+    seen: List[Tuple[int, Any]] = []
+    started = threading.Event()
+    finish = threading.Event()
+
+    def handler(job: Job) -> Any:
+        started.set()
+        finish.wait(30)
+        seen.append((job.deliveries, job.cancel_reason))
+        return {"after": "pause"}
+
+    async def main() -> None:
+        caplog.set_level(logging.DEBUG, logger="baton_client.worker")
+        async with client(srv) as c:
+            await c.submit("slow", "t", id="paused-1")
+            async with running(make_worker(srv, handler, queue="slow", concurrency=1, claim_wait="1s")) as worker:
+                await wait_until(started.is_set)
+                pause = 2.5 * SLOW_CLAIM_TIMEOUT
+                assert redis_server.command(b"CLIENT", b"PAUSE", b"%d" % int(pause * 1000), b"ALL") == b"+OK"
+                paused_at = time.monotonic()
+                await asyncio.sleep(pause + SLOW_CLAIM_TIMEOUT / 2)  # renewals answered again
+                assert [j.cancel_reason for j in worker.active_jobs] == [None]
+                finish.set()
+                state = await c.wait("paused-1", timeout=20)
+                assert time.monotonic() - paused_at >= pause
+            assert seen == [(1, None)]
+            assert state.status is CommandStatus.SUCCEEDED
+            assert state.result == {"after": "pause"}
+            assert state.attempts == 1
+            messages = [r.getMessage() for r in caplog.records]
+            assert any(m.startswith("renewing 1 lease(s) failed (1 in a row") for m in messages), messages
+            assert not any("lease lost" in m or "will not be settled" in m for m in messages), messages
+
+    try:
+        run(main())
+    finally:
+        stop_process(srv.proc, graceful=False)

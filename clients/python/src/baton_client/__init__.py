@@ -2,7 +2,7 @@
 
 - :class:`BatonClient`: submit, get, wait for and cancel commands.
 - :class:`Worker`: claim a queue's commands over HTTP and run a handler for each, with
-  leases renewed from a dedicated thread (see the README).
+  leases renewed from a process of its own (see the README).
 """
 
 from ._client import MAX_WAIT, BatonClient

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any, Dict, Optional
 
 from ._outcomes import CancelReason, JobCancelled
@@ -49,7 +48,7 @@ class Job:
         worker: the claiming worker's name.
         lease: the opaque lease token.
         lease_timeout: the queue's claim timeout in seconds; the worker renews the lease every
-            third of it, from its own thread.
+            third of it, from a process of its own.
         claimed_at: ``time.monotonic()`` when the claim request was sent.
 
     Cancellation: :attr:`cancelled` is a ``threading.Event`` (``is_set()``, ``wait(timeout)``)
@@ -76,10 +75,15 @@ class Job:
         self._async_event: Optional[asyncio.Event] = None
         self._task: Optional["asyncio.Future[Any]"] = None
         self._abandon: Optional["asyncio.Future[None]"] = None
-        # Bookkeeping shared with the renewal thread (under _lock):
-        self._lost = False  # the lease is not ours any more: never settle
+        self._wake: Optional[asyncio.Event] = None  # the worker's wait for _confirmed or a signal
+        # Bookkeeping shared with the renewals' reader thread (under _lock):
+        self._lost = False  # the server said the lease is not ours any more: never settle
         self._settling = False
-        self._deadline = claimed_at + lease.lease_timeout
+        self._renewal_end: Optional[str] = None  # "lost" or "gone" said by a renewal while settling
+        # Cleared for a lease that reached the worker late (it may have lapsed): set when a
+        # renewal says it is held. The handler does not start before.
+        self._confirmed = threading.Event()
+        self._confirmed.set()
 
     @property
     def id(self) -> str:
@@ -129,10 +133,6 @@ class Job:
         assert self._reason is not None
         return self._reason
 
-    def _seconds_left(self) -> float:
-        """Seconds until the lease's deadline, by the last successful renewal."""
-        return self._deadline - time.monotonic()
-
     # --- internal: signalled from any thread ---
 
     def _signal(self, reason: CancelReason) -> bool:
@@ -153,7 +153,24 @@ class Job:
                 pass
         return True
 
+    def _confirm(self) -> None:
+        """A renewal said the lease is held (thread-safe)."""
+        if self._confirmed.is_set():
+            return
+        self._confirmed.set()
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._wake_in_loop)
+            except RuntimeError:
+                pass
+
+    def _wake_in_loop(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
     def _on_signal_in_loop(self) -> None:
+        self._wake_in_loop()
         if self._async_event is not None:
             self._async_event.set()
         task = self._task

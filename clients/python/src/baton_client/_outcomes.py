@@ -70,9 +70,11 @@ class CancelReason(str, enum.Enum):
     #: renewal said ``cancelled: true``. The worker settles ``cancelled`` when the handler ends;
     #: whatever the handler returns is not stored.
     CANCELLED = "cancelled"
-    #: The lease is no longer this worker's: the renewal said ``lost`` or ``gone``, or renewals
-    #: failed until the lease's deadline passed. The command may already run elsewhere; the
-    #: worker never settles it.
+    #: The lease is no longer this worker's: the server said so, a renewal answering ``lost``
+    #: or ``gone``. The command may already run elsewhere; the worker never settles it. Only
+    #: the server's answer fires it: renewals that fail (no answer, a timeout, ``5xx``), even
+    #: past the claim timeout, leave the handler running and are retried (the server tells on
+    #: the first renewal that gets through whether the lease is still held).
     LEASE_LOST = "lease_lost"
     #: The worker is stopping and the shutdown grace period ended. The lease is released
     #: (another worker runs the command after the claim timeout) unless the handler still

@@ -5,18 +5,22 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
+import json
 import logging
 import os
 import random
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import httpx
 
+from . import _renewal
 from ._errors import BatonError
 from ._http import JSON_HEADERS, base_headers, decode, dumps, error_of, seg
 from ._job import Job, Lease
@@ -32,11 +36,11 @@ log = logging.getLogger("baton_client.worker")
 Handler = Callable[[Job], Any]
 
 _MAX_CLAIM = 100  # the server's limit of "max" in one claim
-_MAX_RENEW = 1000  # the server's limit of leases in one renewal
 _MAX_SETTLE = 1000  # the server's limit of settlements in one request
 _SETTLE_BATCH_BYTES = 256 * 1024  # a batch's body stays well under --max-command-body (1 MiB)
 _SETTLE_THREADS = 1  # settle requests in flight at once (a second one measured slower: the GIL)
 _CLAIM_LINGER = 0.02  # seconds a claim waits for a batch of free slots while jobs run
+_SETTLE_ON_STOP = 5.0  # seconds a stopping worker keeps retrying settlements without an answer
 
 
 def default_worker_name() -> str:
@@ -68,125 +72,213 @@ class _Backoff:
         self.current = 0.0
 
 
-class _Renewer(threading.Thread):
-    """Renews every held lease in one ``renew`` request every third of the lease timeout.
+class _Renewer:
+    """Keeps the worker's leases: renews them from a process of its own (:mod:`._renewal`),
+    every third of the lease timeout, all in one ``renew`` request.
 
-    It runs in its own thread with its own synchronous ``httpx.Client``, so leases hold even
-    while the worker's event loop is blocked by a handler.
+    A separate process has its own GIL: a handler that holds the worker's GIL for a long time
+    (one long C call, a C extension that does not release it), or blocks the event loop, does
+    not delay a renewal. The worker tells the process which leases it holds (``add`` when
+    claimed, ``remove`` when settled) through its stdin; the process writes back what the
+    server answered about them, read here by a thread of ours. Only a definite answer ends a
+    lease: ``lost`` or ``gone``; a failed request (no answer, a timeout, ``5xx``) leaves the
+    leases held and is tried again soon. The process exits when the worker process dies (so a
+    dead worker's leases lapse) and when :meth:`stop` closes its stdin; one that dies while
+    the worker runs is replaced, and told every held lease again.
     """
 
     def __init__(self, worker: "Worker") -> None:
-        super().__init__(name=f"baton-renew-{worker.name}", daemon=True)
         self._worker = worker
-        self._url = f"{worker.url}/v1/queues/{seg(worker.queue)}/workers/{seg(worker.name)}/renew"
-        self._headers = {**base_headers(worker._token), **JSON_HEADERS}
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # _held, _proc and writes to its stdin
         self._held: Dict[str, Job] = {}
+        self._proc: Optional["subprocess.Popen[bytes]"] = None
+        self._removed: List[str] = []  # by remove_soon, to send
+        self._ready = threading.Event()
         self._stopping = False
-        self._interval: Optional[float] = None
-        self._failures = 0
-        self._next_at = 0.0
+        self._restarts = 0
+
+    # --- the worker's calls ---
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Starts the renewal process and waits until it runs (blocking).
+
+        Raises:
+            RuntimeError: it did not start.
+        """
+        try:
+            with self._lock:
+                proc = self._spawn_locked()
+        except (OSError, RuntimeError) as exc:
+            self._stopping = True
+            raise RuntimeError(f"the worker's lease renewal process did not start: {exc}") from exc
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.05) and proc.poll() is None and time.monotonic() < deadline:
+            pass
+        if not self._ready.is_set() or proc.poll() is not None:
+            self.stop()
+            raise RuntimeError(
+                f"the worker's lease renewal process ({sys.executable} -c …) did not start "
+                f"(exit code {proc.poll()}); its errors are on stderr"
+            )
 
     def add(self, jobs: List[Job]) -> None:
-        with self._cond:
-            if not self._held and jobs:
-                # Idle until now: the first renewal of these is a third of their timeout away.
-                self._next_at = jobs[0].claimed_at + jobs[0].lease_timeout / 3.0
+        """Hold these leases (thread-safe). A lease whose claim took more than a third of its
+        timeout to reach us (a long-poll that waited, or a starved claim thread) may have lapsed
+        meanwhile: its job waits, before its handler starts, for a renewal saying it is held."""
+        now = time.monotonic()
+        items = []
+        for job in jobs:
+            age = now - job.claimed_at
+            confirm = age >= job.lease_timeout / 3.0
+            if confirm:
+                job._confirmed.clear()
+            items.append([job.lease, job.lease_timeout, age, confirm])
+        with self._lock:
             for job in jobs:
                 self._held[job.lease] = job
-                third = job.lease_timeout / 3.0
-                if self._interval is None or third < self._interval:
-                    self._interval = third
-            self._cond.notify()
+            self._send_locked({"add": items})
 
     def remove(self, job: Job) -> None:
-        with self._cond:
-            self._held.pop(job.lease, None)
+        """Stop renewing this lease (thread-safe)."""
+        with self._lock:
+            if self._held.pop(job.lease, None) is not None:
+                self._send_locked({"remove": [job.lease]})
 
-    def held_count(self) -> int:
-        with self._cond:
-            return len(self._held)
+    def remove_soon(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
+        """:meth:`remove`, from the worker's loop: the leases of the jobs that end in one turn
+        of the loop are sent in one message (one write, not one per job)."""
+        with self._lock:
+            if self._held.pop(job.lease, None) is None:
+                return
+            self._removed.append(job.lease)
+            if len(self._removed) > 1:
+                return  # a flush is on its way
+        loop.call_soon(self._flush_removed)
 
-    def stop(self) -> None:
-        with self._cond:
+    def _flush_removed(self) -> None:
+        with self._lock:
+            removed, self._removed = self._removed, []
+            if removed:
+                self._send_locked({"remove": removed})
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Ends the renewal process (it renews nothing more) and waits for it (blocking)."""
+        with self._lock:
             self._stopping = True
-            self._cond.notify()
+            proc = self._proc
+            self._held.clear()
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()  # end of file: it exits at once
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
-    def run(self) -> None:
-        with httpx.Client(timeout=10.0) as client:
-            while True:
-                with self._cond:
-                    while not self._stopping:
-                        now = time.monotonic()
-                        if self._held and now >= self._next_at:
-                            break
-                        self._cond.wait(timeout=None if not self._held else self._next_at - now)
-                    if self._stopping:
-                        return
-                    jobs = list(self._held.values())
-                    interval = self._interval or 1.0
-                sent = time.monotonic()
-                ok = self._renew(client, jobs, sent, interval)
-                self._expire(jobs)
-                # On failure retry sooner (the lease deadline is only three intervals away).
-                with self._cond:
-                    self._next_at = sent + (interval if ok else min(interval, 0.25))
+    # --- the process ---
 
-    def _renew(self, client: httpx.Client, jobs: List[Job], sent: float, interval: float) -> bool:
-        ok = True
-        for start in range(0, len(jobs), _MAX_RENEW):
-            chunk = jobs[start : start + _MAX_RENEW]
-            by_token = {job.lease: job for job in chunk}
+    def _spawn_locked(self) -> "subprocess.Popen[bytes]":
+        w = self._worker
+        proc = subprocess.Popen(
+            _renewal.spawn_args(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+            # Out of the terminal's process group: a Ctrl-C is the worker's to handle.
+            start_new_session=os.name == "posix",
+        )
+        self._proc = proc
+        assert proc.stdin is not None
+        try:
+            url = f"{w.url}/v1/queues/{seg(w.queue)}/workers/{seg(w.name)}/renew"
+            proc.stdin.write(_renewal.config(url, {**base_headers(w._token), **JSON_HEADERS}))
+            proc.stdin.flush()
+        except OSError:
+            pass  # it died at once: the reader sees the end of its output
+        threading.Thread(target=self._read, args=(proc,), name=f"baton-renewals-{w.name}", daemon=True).start()
+        return proc
+
+    def _send_locked(self, message: Dict[str, Any]) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None or self._stopping:
+            return
+        try:
+            proc.stdin.write(dumps(message) + b"\n")
+            proc.stdin.flush()
+        except (OSError, ValueError):
+            pass  # it died: the reader starts another, which is told every held lease
+
+    def _read(self, proc: "subprocess.Popen[bytes]") -> None:
+        """The reader thread of one renewal process: acts on its reports until it exits."""
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                try:
+                    message = json.loads(line)
+                    self._on_message(message)
+                except Exception:  # pragma: no cover - a bug: keep reading
+                    log.exception("internal error handling the renewal process's message %r", line[:200])
+        except (OSError, ValueError):
+            pass
+        code = proc.wait()
+        with self._lock:
+            if self._stopping or proc is not self._proc or not self._ready.is_set():
+                return  # (not started yet: start() fails)
+        # It died while the worker runs: the leases are not renewed. Start another at once.
+        self._restarts += 1
+        log.error("the lease renewal process exited (code %s) while the worker runs: starting another", code)
+        time.sleep(min(5.0, 0.1 * self._restarts))
+        with self._lock:
+            if self._stopping:
+                return
             try:
-                response = client.post(
-                    self._url,
-                    content=dumps({"leases": list(by_token)}),
-                    headers=self._headers,
-                    timeout=max(1.0, min(interval, 10.0)),
-                )
-                body = decode(response)
-            except (httpx.HTTPError, BatonError) as exc:
-                ok = False
-                self._failures += 1
-                level = logging.WARNING if self._failures in (1, 10) or self._failures % 100 == 0 else logging.DEBUG
-                log.log(level, "renewing %d lease(s) failed (%d in a row): %s", len(chunk), self._failures, exc)
-                continue
-            self._failures = 0
-            for item in body.get("leases", []):
-                job = by_token.get(item.get("lease"))
-                if job is None:
-                    continue
-                state = item.get("state")
-                if state == "held":
-                    with job._lock:
-                        job._deadline = max(job._deadline, sent + job.lease_timeout)
-                    if item.get("cancelled"):
-                        if job._signal(CancelReason.CANCELLED):
-                            log.info("command %s was cancelled: signalling its handler", job.id)
-                else:
-                    self.remove(job)
-                    with job._lock:
-                        settling = job._settling
-                    if not settling:
-                        job._signal(CancelReason.LEASE_LOST)
-                        log.warning(
-                            "lease of command %s is %s: another worker may run it; it will not be settled here",
-                            job.id,
-                            state,
-                        )
-        return ok
+                self._spawn_locked()
+            except (OSError, RuntimeError) as exc:
+                self._proc = None
+                msg = f"starting the lease renewal process again failed ({exc}): the worker stops"
+                log.error("%s", msg)
+                self._worker._claimer_failed(BatonError(None, "internal", msg))
+                return
+            now = time.monotonic()
+            # Renewed at once (age: a whole timeout), confirmed only where still awaited.
+            items = [[j.lease, j.lease_timeout, max(now - j.claimed_at, j.lease_timeout), not j._confirmed.is_set()]
+                     for j in self._held.values()]
+            if items:
+                self._send_locked({"add": items})
 
-    def _expire(self, jobs: List[Job]) -> None:
-        now = time.monotonic()
-        for job in jobs:
-            with job._lock:
-                expired = now > job._deadline and not job._lost
-            if expired:
-                self.remove(job)
-                job._signal(CancelReason.LEASE_LOST)
-                log.warning(
-                    "lease of command %s passed its deadline without a renewal: treated as lost, not settled", job.id
-                )
+    def _on_message(self, message: Dict[str, Any]) -> None:
+        if "leases" in message:
+            for lease, state, cancelled in message["leases"]:
+                self._on_lease(lease, state, cancelled)
+        elif "log" in message:
+            level, text = message["log"]
+            log.log(int(level), "%s", text)
+        elif "ready" in message:
+            self._ready.set()
+
+    def _on_lease(self, lease: str, state: str, cancelled: bool) -> None:
+        with self._lock:
+            job = self._held.get(lease) if state == "held" else self._held.pop(lease, None)
+        if job is None:  # settled meanwhile
+            return
+        if state == "held":
+            if cancelled and job._signal(CancelReason.CANCELLED):
+                log.info("command %s was cancelled: signalling its handler", job.id)
+            job._confirm()
+            return
+        with job._lock:
+            settling = job._settling
+            job._renewal_end = state
+        if not settling:
+            log.warning(
+                "lease of command %s is %s: another worker may run it; it will not be settled here", job.id, state
+            )
+            job._signal(CancelReason.LEASE_LOST)
 
 
 class _Claimer(threading.Thread):
@@ -327,7 +419,7 @@ class _Claimer(threading.Thread):
 class _Pending:
     """One settlement on its way: the job, the body fields, and its retry state."""
 
-    __slots__ = ("job", "fields", "what", "item", "done", "not_before", "backoff", "retried", "alone")
+    __slots__ = ("job", "fields", "what", "item", "done", "not_before", "backoff", "retried", "alone", "dropped")
 
     def __init__(self, job: Job, fields: Dict[str, Any], what: str, done: "asyncio.Future[None]") -> None:
         self.job = job
@@ -336,6 +428,7 @@ class _Pending:
         self.backoff = _Backoff()
         self.retried = False  # sent before without a definite answer: lease_lost then means applied
         self.alone = False  # refused as part of a batch (413, a 400 naming no item): sent on its own
+        self.dropped = False  # given up (the worker stops)
         self.fields: Dict[str, Any] = {}
         self.what = ""
         self.item = b""
@@ -358,9 +451,11 @@ class _Settler:
     request than the async client, and independent of the worker's event loop); while a
     request is in flight the next settlements gather for the next one.
 
-    Transient failures (no answer, ``408``/``429``/``5xx``, an item's backend error) are
-    retried with backoff until the lease is lost; an item's ``lease_lost`` ends it (after a
-    retry it means the earlier try was applied)."""
+    Transient failures (no answer, ``408``/``429``/``5xx``, an item's backend error) say
+    nothing about the lease: they are retried with backoff (the lease is renewed meanwhile)
+    until the server answers. An item's ``lease_lost`` ends it (after a retry it may mean the
+    earlier try was applied). A stopping worker gives up after :data:`_SETTLE_ON_STOP` seconds
+    (:meth:`give_up`)."""
 
     def __init__(self, worker: "Worker", threads: int) -> None:
         self._worker = worker
@@ -369,7 +464,9 @@ class _Settler:
         self._cond = threading.Condition()
         self._ready: "collections.deque[_Pending]" = collections.deque()
         self._later: List[_Pending] = []  # waiting for their retry time
+        self._inflight: List[List[_Pending]] = []  # the batches being sent
         self._stopping = False
+        self._given_up = False
         self._backoff = _Backoff()  # of whole requests (no answer, 5xx)
         self._threads = [
             threading.Thread(target=self._run, name=f"baton-settle-{worker.name}-{i}", daemon=True)
@@ -388,14 +485,29 @@ class _Settler:
             self._cond.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Send what is pending (retrying for up to ``timeout`` seconds), then end the threads."""
+        """Send what is pending (retrying for up to ``timeout`` seconds), then end the threads
+        (after :meth:`give_up`, a thread still waiting for an answer is left behind)."""
         with self._cond:
             self._stopping = True
+            if self._given_up:
+                timeout = min(timeout, 0.5)
             self._cond.notify_all()
         deadline = time.monotonic() + timeout
         for t in self._threads:
             if t.is_alive():
                 t.join(max(0.0, deadline - time.monotonic()))
+
+    def give_up(self) -> None:
+        """Drop the settlements still waiting for an answer (the worker stops; thread-safe)."""
+        with self._cond:
+            self._given_up = True
+            dropped = list(self._ready) + self._later + [p for batch in self._inflight for p in batch]
+            self._ready.clear()
+            self._later = []
+            for p in dropped:
+                p.dropped = True
+            self._cond.notify_all()
+        _drop(dropped)
 
     # --- the sending threads ---
 
@@ -435,8 +547,13 @@ class _Settler:
         """Back in line: at the front now, or after ``delay`` seconds."""
         if not items:
             return
+        dropped: List[_Pending] = []
         with self._cond:
-            if delay <= 0:
+            if self._given_up:  # the worker stops: what comes back is dropped
+                dropped = [p for p in items if not p.dropped]
+                for p in dropped:
+                    p.dropped = True
+            elif delay <= 0:
                 self._ready.extendleft(reversed(items))
             else:
                 at = time.monotonic() + delay
@@ -444,6 +561,7 @@ class _Settler:
                     p.not_before = at
                 self._later.extend(items)
             self._cond.notify()
+        _drop(dropped)
 
     def _run(self) -> None:
         with httpx.Client(timeout=self._worker._timeout) as client:
@@ -452,11 +570,16 @@ class _Settler:
                 if batch is None:
                     return
                 finished: List[_Pending] = []
+                with self._cond:
+                    self._inflight.append(batch)
                 try:
                     finished = self._send(client, batch)
                 except Exception:  # pragma: no cover - a bug in the SDK: keep settling others
                     log.exception("internal error while settling %d command(s)", len(batch))
                     finished = batch
+                finally:
+                    with self._cond:
+                        self._inflight.remove(batch)
                 if finished:
                     loop = finished[0].done.get_loop()
                     try:
@@ -471,7 +594,7 @@ class _Settler:
         live: List[_Pending] = []
         for p in batch:
             if p.job._lost:
-                log.warning("command %s: gave up settling (%s): the lease's deadline passed", p.job.id, p.what)
+                log.warning("command %s: not settling it (%s): the server said its lease is lost", p.job.id, p.what)
                 finished.append(p)
             else:
                 live.append(p)
@@ -559,10 +682,15 @@ class _Settler:
         code = answer.get("error")
         message = answer.get("message", "")
         if code == "lease_lost":
-            if p.retried:
+            if p.retried and job._renewal_end != "lost":
+                # An earlier try may have been applied (its answer did not reach us): a renewal
+                # said the lease is gone (settled), or said nothing either way.
                 log.debug("command %s: a retried settlement answered lease_lost (the first was applied)", job.id)
             else:
-                log.warning("command %s: settling refused, the lease is lost (%s)", job.id, message)
+                log.warning(
+                    "command %s: settling %s refused, the lease is lost (%s); another worker may run it",
+                    job.id, p.what, message,
+                )
             return True
         p.retried = True
         log.warning("settling command %s failed (%s: %s); retrying", job.id, code, message)
@@ -589,6 +717,21 @@ class _Settler:
             return False
         log.error("command %s: settling %s refused: %s", job.id, p.what, err)
         return True
+
+
+def _drop(items: List[_Pending]) -> None:
+    """Gives up on these settlements (the worker stops): their jobs end unsettled."""
+    for p in items:
+        log.warning(
+            "command %s: gave up settling it (%s): no answer from the server before the worker stopped; "
+            "its lease lapses and the command is delivered again",
+            p.job.id, p.what,
+        )
+    if items:
+        try:
+            items[0].done.get_loop().call_soon_threadsafe(_resolve_all, [p.done for p in items])
+        except RuntimeError:  # the loop is closed
+            pass
 
 
 def _which(items: List[_Pending]) -> str:
@@ -641,12 +784,16 @@ class Worker:
         timeout: the HTTP timeout of settle requests, seconds.
 
     Leases are renewed for all held commands in one request every third of the queue's
-    claim timeout, from a dedicated thread with its own HTTP client, so a lease holds whatever
-    the handler does (even an ``async def`` that blocks the event loop). Claims also run in a
-    thread of their own. On a renewal saying the command was cancelled, the job's signal
-    fires (``CancelReason.CANCELLED``), an async handler's task is cancelled, and ``cancelled``
-    is settled when the handler ends. On a lost lease, the signal fires
-    (``CancelReason.LEASE_LOST``) and nothing is ever settled for it.
+    claim timeout, from a process of its own (started by :meth:`run` with ``sys.executable``;
+    it has its own GIL), so a lease holds whatever the handler does: blocking the event loop
+    in an ``async def``, or holding the GIL in one long C call. That process exits when the
+    worker process dies, so a dead worker's leases lapse. Claims run in a thread of their own.
+    On a renewal saying the command was cancelled, the job's signal fires
+    (``CancelReason.CANCELLED``), an async handler's task is cancelled, and ``cancelled`` is
+    settled when the handler ends. Only the server ends a lease: on a renewal saying ``lost``
+    or ``gone`` the signal fires (``CancelReason.LEASE_LOST``) and nothing is ever settled for
+    it. Renewals and settlements that get no answer (a network failure, a timeout, ``5xx``)
+    say nothing about the lease: the handler keeps running and they are retried.
     """
 
     def __init__(
@@ -743,7 +890,8 @@ class Worker:
         Raises:
             BatonError: the server refused the claims for good (``404 unknown_queue``,
                 ``401``/``403``, ``400``); raised after in-flight jobs were shut down.
-            RuntimeError: the worker is already running.
+            RuntimeError: the worker is already running, or its lease renewal process
+                (``sys.executable``) did not start.
         """
         if self._running:
             raise RuntimeError("this worker is already running")
@@ -758,13 +906,20 @@ class Worker:
         self._renewer = _Renewer(self)
         self._claimer = _Claimer(self, self._claim_wait, self._claim_wait_seconds)
         installed: List[int] = []
+        try:
+            # The renewal process runs before anything is claimed (it takes a moment to start).
+            await self._loop.run_in_executor(None, self._renewer.start)
+        except BaseException:  # it did not start, or run() was cancelled meanwhile
+            threading.Thread(target=self._renewer.stop, daemon=True).start()
+            self._running = False
+            self._loop = None
+            raise
         if self.handle_signals:
             installed = self._install_signals()
         try:
             if self._pending_stop:
                 self._request_stop(self._pending_stop > 1)
                 self._pending_stop = 0
-            self._renewer.start()
             self._settler.start()
             self._claimer.start()
             log.info("worker %s on queue %s (concurrency %d) started", self.name, self.queue, self.concurrency)
@@ -783,8 +938,10 @@ class Worker:
                 except (NotImplementedError, RuntimeError, ValueError):
                     pass
             self._claimer.stop()
-            self._renewer.stop()
-            await asyncio.get_running_loop().run_in_executor(None, self._settler.stop)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._settler.stop)
+            # Last: leases are renewed while their settlements are on their way.
+            await loop.run_in_executor(None, self._renewer.stop)
             self._running = False
             self._loop = None
         if self._fatal is not None:
@@ -847,7 +1004,13 @@ class Worker:
                         abandon.set_result(None)
             tasks = set(self._tasks.values())
             if tasks:
-                await asyncio.wait(tasks)
+                # What is left is settling (retried while the server does not answer): it gets
+                # _SETTLE_ON_STOP seconds, then the worker gives up on it (the leases lapse when
+                # the worker is gone, and the commands run again elsewhere).
+                await asyncio.wait(tasks, timeout=_SETTLE_ON_STOP)
+                if any(not t.done() for t in tasks):
+                    self._settler.give_up()
+                    await asyncio.wait(tasks)
         log.info("worker %s stopped", self.name)
 
     # --- slots (shared with the claim thread) ---
@@ -896,7 +1059,7 @@ class Worker:
             self._tasks[job.lease] = asyncio.ensure_future(self._run_job(job))
 
     def _job_done(self, job: Job) -> None:
-        self._renewer.remove(job)
+        self._renewer.remove_soon(job, asyncio.get_running_loop())
         self._jobs.pop(job.lease, None)
         self._tasks.pop(job.lease, None)
         with self._slots:
@@ -924,6 +1087,14 @@ class Worker:
 
     async def _execute(self, job: Job) -> _Settlement:
         loop = asyncio.get_running_loop()
+        if not job._confirmed.is_set() and job._reason is None:
+            # The claim's answer reached us late: the lease may have lapsed and the command gone
+            # to another worker. Start only once a renewal says it is held (or not at all).
+            job._wake = asyncio.Event()
+            if not job._confirmed.is_set() and job._reason is None:
+                log.debug("command %s: claimed %.1fs ago; waiting for a renewal to hold it", job.id,
+                          time.monotonic() - job.claimed_at)
+                await job._wake.wait()
         if job._reason is not None:  # signalled before it started
             return self._settlement_for_signal(job, None)
         found = self._handler_for(job)
