@@ -19,7 +19,7 @@ from ._errors import (
 from ._http import __version__
 from ._job import Job, Lease
 from ._outcomes import CancelReason, Failed, HandOff, JobCancelled, RawJSON, Release, Running
-from ._state import CommandState, CommandStatus, Duration, duration_seconds, format_duration
+from ._state import CommandState, CommandStatus, Duration, Progress, duration_seconds, format_duration
 from ._worker import Handler, Worker, default_worker_name
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "LeaseLostError",
     "MAX_WAIT",
     "NotFoundError",
+    "Progress",
     "RawJSON",
     "Release",
     "Running",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from ._outcomes import CancelReason, JobCancelled
+from ._report import encode_details, encode_progress, encode_report
 from ._state import CommandState
 
 __all__ = ["Job", "Lease"]
@@ -55,6 +56,10 @@ class Job:
     for plain ``def`` handlers; ``await job.wait_cancelled()`` for ``async def`` ones (whose task
     is also cancelled: ``asyncio.CancelledError`` is raised at their next ``await``).
     :attr:`cancel_reason` says why (:class:`CancelReason`).
+
+    Progress and checkpoints: :meth:`progress`, :meth:`checkpoint` and :meth:`report` go with
+    the lease's next renewal (within ``lease_timeout / 3``); :attr:`details` is the checkpoint
+    an earlier delivery left, to resume from.
     """
 
     def __init__(self, lease: Lease, queue: str, worker: str, claimed_at: float) -> None:
@@ -84,6 +89,12 @@ class Job:
         # renewal says it is held. The handler does not start before.
         self._confirmed = threading.Event()
         self._confirmed.set()
+        # Progress and checkpoints: set by the worker before the handler starts. _report_to
+        # passes a checked report (JSON texts) to the renewal process; _ended (under _lock) once
+        # the handler ended: reports do nothing from then on.
+        self._report_to: Optional[Callable[["Job", Optional[str], Optional[str]], None]] = None
+        self._reported = False
+        self._ended = False
 
     @property
     def id(self) -> str:
@@ -104,6 +115,63 @@ class Job:
     def attempts(self) -> int:
         """``execute`` calls of the command that returned or errored before this one."""
         return self.command.attempts
+
+    @property
+    def details(self) -> Any:
+        """The last checkpoint reported for this command before this delivery (by an earlier
+        delivery whose worker died or went silent, released it, raised an error that is retried,
+        or returned :class:`Running`), parsed from JSON: the claim's ``command.details``.
+        ``None`` when no checkpoint was ever reported. It stays what this delivery started from
+        (a :meth:`checkpoint` of this handler does not change it)."""
+        return self.command.details
+
+    def progress(self, fraction: Optional[float] = None, message: Optional[str] = None) -> None:
+        """Reports how far the handler is: written into the command's state (``progress``) with
+        the lease's next renewal, at most ``lease_timeout / 3`` from now. Only the latest
+        progress goes out (a newer one replaces an unsent one whole). Thread-safe; does not block.
+
+        Args:
+            fraction: from 0 to 1.
+            message: a short text, at most 1024 bytes of UTF-8.
+
+        Raises:
+            TypeError: neither given, or a wrong type.
+            ValueError: ``fraction`` not finite or outside 0–1; ``message`` too long or not
+                valid Unicode.
+        """
+        self._report(encode_progress(fraction, message, "job.progress"), None)
+
+    def checkpoint(self, details: Any) -> None:
+        """Records a checkpoint: ``details`` is written into the command's state (``details``)
+        with the lease's next renewal and handed to the next delivery of the command as
+        :attr:`details` (after a crash, a takeover, a release, a retried error or a
+        ``check_status`` call). Serialized at the call (changing the object later changes
+        nothing); only the latest unsent checkpoint goes out. Thread-safe; does not block.
+
+        Args:
+            details: any JSON-serializable value but ``None`` (or :class:`RawJSON`, kept byte
+                for byte), at most 64 KiB of JSON.
+
+        Raises:
+            TypeError: ``None``, or not JSON-serializable.
+            ValueError: NaN or an infinity, a circular reference, over 64 KiB, a lone surrogate.
+        """
+        self._report(None, encode_details(details, "job.checkpoint"))
+
+    def report(self, progress: Any = None, details: Any = None) -> None:
+        """:meth:`progress` and :meth:`checkpoint` in one: ``progress`` is a :class:`Progress`
+        or a dict with ``fraction`` and/or ``message``; ``details`` any JSON value but ``None``.
+        At least one of them. Raises as those two do."""
+        encoded_progress, encoded_details = encode_report(progress, details, "job.report")
+        self._report(encoded_progress, encoded_details)
+
+    def _report(self, progress: Optional[str], details: Optional[str]) -> None:
+        with self._lock:
+            if self._ended or self._lost or self._report_to is None:
+                return  # the lease is over (or the handler ended): nothing can be written
+            self._reported = True
+            # Under the lock: a report and the end of the handler (then a flush) are ordered.
+            self._report_to(self, progress, details)
 
     @property
     def cancelled(self) -> threading.Event:

@@ -27,10 +27,21 @@ itself.
 Messages are JSON, one per line. To the child: first the configuration
 ``{"url" (of the renew route), "headers", "parent" (pid), "path" (sys.path), "module" (this
 file)}``, then ``{"add": [[lease, timeout
-seconds, age seconds, confirm], ...]}`` and ``{"remove": [lease, ...]}``. From the child:
-``{"ready": pid}``, ``{"leases": [[lease, state, cancelled], ...]}`` (``lost`` and ``gone``
-always; ``held`` when ``cancelled`` is first seen, or for the first answer about a lease added
-with ``confirm``) and ``{"log": [level, message]}``.
+seconds, age seconds, confirm], ...]}``, ``{"remove": [lease, ...]}``, ``{"report": [lease,
+progress, details]}`` (a handler's report, each part the JSON text of its renewal item field or
+``null``) and ``{"flush": lease}`` (renew at once if the lease has a report not written yet).
+From the child: ``{"ready": pid}``, ``{"leases": [[lease, state, cancelled], ...]}`` (``lost``
+and ``gone`` always; ``held`` when ``cancelled`` is first seen, or for the first answer about a
+lease added with ``confirm``), ``{"flushed": lease}`` (the renewal a ``flush`` asked for is
+over, or there was nothing to send) and ``{"log": [level, message]}``.
+
+Progress and checkpoints (docs/workers.md) ride on the renewals: the latest report of each
+lease, progress and details merged (the latest of each part wins), goes with its next renewal
+as ``{"lease", "progress"?, "details"?}``, and is done once that renewal answers ``held`` (a
+part reported again meanwhile is kept for the next one); a renewal that fails keeps it for the
+next try. Reports are checked by the worker before they get here (the server refuses a whole
+renewal for one malformed item); should the server refuse one all the same, the renewal is
+repeated at once without it, and a warning logged.
 """
 
 from __future__ import annotations
@@ -43,7 +54,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, BinaryIO, Dict, List
+from typing import Any, BinaryIO, Dict, List, Optional, Set, Tuple
 
 import httpx
 
@@ -63,11 +74,12 @@ BOOT = (
 )
 
 _MAX_RENEW = 1000  # the server's limit of leases in one renewal
+_RENEW_BATCH_BYTES = 256 * 1024  # a renewal's body stays well under --max-command-body (1 MiB)
 _PARENT_CHECK = 0.2  # seconds between checks that the worker process still lives
 
 
 class _Lease:
-    __slots__ = ("token", "timeout", "claimed_at", "confirm", "cancelled")
+    __slots__ = ("token", "timeout", "claimed_at", "confirm", "cancelled", "progress", "details")
 
     def __init__(self, token: str, timeout: float, claimed_at: float, confirm: bool) -> None:
         self.token = token
@@ -75,6 +87,23 @@ class _Lease:
         self.claimed_at = claimed_at
         self.confirm = confirm  # report the first answer, "held" included
         self.cancelled = False  # "cancelled: true" reported
+        self.progress: Optional[str] = None  # reported, not written yet (JSON text)
+        self.details: Optional[str] = None
+
+    def has_report(self) -> bool:
+        return self.progress is not None or self.details is not None
+
+    def item(self) -> str:
+        """Its renewal item: the lease, or ``{"lease", "progress"?, "details"?}``."""
+        token = json.dumps(self.token)
+        if not self.has_report():
+            return token
+        text = '{"lease":' + token
+        if self.progress is not None:
+            text += ',"progress":' + self.progress
+        if self.details is not None:
+            text += ',"details":' + self.details
+        return text + "}"
 
 
 class _Renewals:
@@ -90,6 +119,7 @@ class _Renewals:
         self._added_due = float("inf")  # the earliest due of the leases added during a renewal
         self._failures = 0
         self._backoff = 0.0
+        self._flush: Set[str] = set()  # leases whose worker waits for their report to go out
 
     # --- the worker's side of the pipes ---
 
@@ -138,6 +168,26 @@ class _Renewals:
                         self._added_due = min(self._added_due, due)
                     for token in message.get("remove", ()):
                         self._held.pop(token, None)
+                        if token in self._flush:
+                            self._flush.discard(token)
+                            self.send({"flushed": token})
+                    report = message.get("report")
+                    if report is not None:
+                        token, progress, details = report
+                        lease = self._held.get(token)
+                        if lease is not None:  # else: the lease is over, nothing can be written
+                            if progress is not None:
+                                lease.progress = str(progress)
+                            if details is not None:
+                                lease.details = str(details)
+                    token = message.get("flush")
+                    if token is not None:
+                        lease = self._held.get(token)
+                        if lease is not None and lease.has_report():
+                            self._flush.add(token)
+                            self._next_at = time.monotonic()  # renew now
+                        else:
+                            self.send({"flushed": token})
                     self._cond.notify()
         except Exception as exc:  # noqa: BLE001 - a bug, or a broken pipe: nothing to renew for
             try:
@@ -155,6 +205,7 @@ class _Renewals:
                     while True:
                         if not self.parent_alive():
                             os._exit(0)
+                        self._flush_done(lambda lease: lease is None or not lease.has_report())
                         now = time.monotonic()
                         if not self._held:
                             wait = _PARENT_CHECK
@@ -166,14 +217,19 @@ class _Renewals:
                             break
                         self._cond.wait(wait)
                     leases = list(self._held.values())
+                    flushing = set(self._flush)
                     self._added_due = float("inf")
                 interval = min(lease.timeout for lease in leases) / 3.0
                 sent = time.monotonic()
                 ok = True
-                for start in range(0, len(leases), _MAX_RENEW):
+                for batch in _batches(leases):
                     if not self.parent_alive():
                         os._exit(0)
-                    ok = self._renew(client, leases[start : start + _MAX_RENEW], interval) and ok
+                    ok = self._renew(client, batch, interval) and ok
+                with self._cond:
+                    # The renewal the flushes waited for is over (written, or failed: the
+                    # worker settles anyway; the report is kept for the next renewal).
+                    self._flush_done(lambda lease: True, flushing)
                 if ok:
                     self._backoff = 0.0
                     delay = interval
@@ -183,22 +239,68 @@ class _Renewals:
                     self._backoff = min(interval, self._backoff * 2) if self._backoff else min(interval, 0.1)
                     delay = self._backoff * random.uniform(0.8, 1.0)
                 with self._cond:
-                    # Leases added while this round was on its way keep their own due time.
+                    # Leases added while this round was on its way keep their own due time; a
+                    # flush asked for meanwhile renews again at once.
                     self._next_at = min(sent + delay, self._added_due)
+                    if self._flush:
+                        self._next_at = time.monotonic()
+
+    def _flush_done(self, done: Any, among: Optional[Set[str]] = None) -> None:
+        """Answer the flushes (of ``among``, else all) whose lease ``done(lease)`` says (under
+        the lock)."""
+        for token in list(self._flush if among is None else among & self._flush):
+            if done(self._held.get(token)):
+                self._flush.discard(token)
+                self.send({"flushed": token})
 
     def _renew(self, client: httpx.Client, leases: List[_Lease], interval: float) -> bool:
         """One request for ``leases``; ``False`` when it brought no answer about them."""
-        tokens = [lease.token for lease in leases]
-        try:
-            response = client.post(
-                self._url,
-                content=json.dumps({"leases": tokens}, separators=(",", ":")).encode(),
-                headers=self._headers,
-                timeout=max(1.0, min(interval, 10.0)),
-            )
-        except httpx.HTTPError as exc:
-            self._failed(len(leases), f"{type(exc).__name__}: {exc}")
-            return False
+        while True:
+            tokens = [lease.token for lease in leases]
+            with self._cond:
+                # What each lease's item carries (its report may change while the request is out).
+                sent: Dict[str, Tuple[Optional[str], Optional[str]]] = {
+                    lease.token: (lease.progress, lease.details) for lease in leases if lease.has_report()
+                }
+                body = '{"leases":[' + ",".join(lease.item() for lease in leases) + "]}"
+            try:
+                response = client.post(
+                    self._url,
+                    content=body.encode(),
+                    headers=self._headers,
+                    timeout=max(1.0, min(interval, 10.0)),
+                )
+            except httpx.HTTPError as exc:
+                self._failed(len(leases), f"{type(exc).__name__}: {exc}")
+                return False
+            if response.status_code in (400, 413) and sent:
+                # Refused whole, nothing renewed. Reports are checked when made, so this is a
+                # server that disagrees with those checks: drop the report it names (all of this
+                # request's when it names none) and renew again at once, so that the leases do
+                # not pay for it. Ends: every try has one report fewer.
+                named = _refused_index(response)
+                token = tokens[named] if named is not None and 0 <= named < len(tokens) else None
+                dropped = [token] if token in sent else list(sent)
+                with self._cond:
+                    for t in dropped:
+                        lease = self._held.get(t)
+                        if lease is not None:
+                            lease.progress = lease.details = None
+                self.log(
+                    logging.WARNING,
+                    f"renewal refused (HTTP {response.status_code}: {response.text[:300]}); dropped the "
+                    f"progress/details report of {len(dropped)} lease(s), renewing without it",
+                )
+                continue
+            return self._answered(response, leases, tokens, sent)
+
+    def _answered(
+        self,
+        response: httpx.Response,
+        leases: List[_Lease],
+        tokens: List[str],
+        sent: Dict[str, Tuple[Optional[str], Optional[str]]],
+    ) -> bool:
         if response.status_code != 200:
             self._failed(len(leases), f"HTTP {response.status_code}: {response.text[:300]}")
             return False
@@ -224,6 +326,13 @@ class _Renewals:
                 state = item.get("state")
                 cancelled = bool(item.get("cancelled"))
                 if state == "held":
+                    # Its report is written (or, cancelled, never will be): done, but for a part
+                    # reported again since.
+                    progress, details = sent.get(lease.token, (None, None))
+                    if progress is not None and lease.progress == progress:
+                        lease.progress = None
+                    if details is not None and lease.details == details:
+                        lease.details = None
                     if (cancelled and not lease.cancelled) or lease.confirm:
                         reports.append([lease.token, "held", cancelled])
                     lease.cancelled = lease.cancelled or cancelled
@@ -241,6 +350,47 @@ class _Renewals:
         n = self._failures
         level = logging.WARNING if n in (1, 10) or n % 100 == 0 else logging.DEBUG
         self.log(level, f"renewing {count} lease(s) failed ({n} in a row; they are kept, retrying): {what}")
+
+
+def _batches(leases: List[_Lease]) -> List[List[_Lease]]:
+    """``leases`` in renewals of at most :data:`_MAX_RENEW` leases and about
+    :data:`_RENEW_BATCH_BYTES` of body (reports included)."""
+    batches: List[List[_Lease]] = []
+    batch: List[_Lease] = []
+    size = 0
+    for lease in leases:
+        n = len(lease.token) + 4
+        if lease.progress is not None:
+            n += len(lease.progress) * 3 + 16
+        if lease.details is not None:
+            n += len(lease.details) * 3 + 16
+        if batch and (len(batch) >= _MAX_RENEW or size + n > _RENEW_BATCH_BYTES):
+            batches.append(batch)
+            batch, size = [], 0
+        batch.append(lease)
+        size += n
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def _refused_index(response: httpx.Response) -> Optional[int]:
+    """The renewal item a ``400`` names (its ``index``, or ``leases[i]: …`` in the message)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    index = body.get("index")
+    if isinstance(index, int) and not isinstance(index, bool):
+        return index
+    message = body.get("message")
+    if isinstance(message, str) and message.startswith("leases["):
+        digits = message[len("leases[") : message.find("]")]
+        if digits.isdigit():
+            return int(digits)
+    return None
 
 
 def main(cfg: Dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Dict, Optional, Union
 
-__all__ = ["CommandStatus", "CommandState", "Duration", "format_duration", "duration_seconds"]
+__all__ = ["CommandStatus", "CommandState", "Progress", "Duration", "format_duration", "duration_seconds"]
 
 #: A duration: seconds as a number (``1.5``), or a string in the server's syntax (``"1500ms"``,
 #: ``"30s"``, ``"2m"``), passed through unchanged.
@@ -75,6 +75,32 @@ def _status(value: Any) -> Union[CommandStatus, str]:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """How far a worker says it is with a command (the state's ``progress``), as its handler
+    reported it with ``job.progress(...)``.
+
+    Attributes:
+        fraction: from 0.0 to 1.0, or ``None`` when only a message was reported.
+        message: a short text (at most 1 KiB of UTF-8), or ``None``.
+    """
+
+    fraction: Optional[float] = None
+    message: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> Optional["Progress"]:
+        """The view of the state's ``progress`` object (``None`` for anything else)."""
+        if not isinstance(data, dict):
+            return None
+        fraction = data.get("fraction")
+        message = data.get("message")
+        return cls(
+            fraction=float(fraction) if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) else None,
+            message=message if isinstance(message, str) else None,
+        )
+
+
+@dataclass(frozen=True)
 class CommandState:
     """A command's state as ``GET /v1/commands/{id}`` answers it.
 
@@ -93,6 +119,11 @@ class CommandState:
             (``None`` where the server sends ``null``).
         version: the state's version, incremented at each change.
         handed_off_to: the queue the command was handed off to, else ``None``.
+        progress: the last :class:`Progress` a worker reported (``job.progress``), else
+            ``None``; kept in the final state.
+        details: the last checkpoint a worker reported (``job.checkpoint``), parsed from JSON,
+            else ``None``; kept in the final state, and handed to the next delivery
+            (``job.details``).
         raw: the whole JSON object as parsed, including fields this SDK does not model.
         created: for :meth:`BatonClient.submit` only: ``True`` when the submit created the
             command (``202``), ``False`` when the same id, type and params were already
@@ -116,6 +147,8 @@ class CommandState:
     handed_off_to: Optional[str]
     raw: Dict[str, Any] = field(repr=False, compare=False)
     created: Optional[bool] = field(default=None, compare=False)
+    progress: Optional[Progress] = None
+    details: Any = None
 
     @property
     def terminal(self) -> bool:
@@ -149,6 +182,8 @@ class CommandState:
             handed_off_to=data.get("handed_off_to"),
             raw=data,
             created=created,
+            progress=Progress.from_json(data.get("progress")),
+            details=data.get("details"),
         )
 
 

@@ -41,6 +41,8 @@ _SETTLE_BATCH_BYTES = 256 * 1024  # a batch's body stays well under --max-comman
 _SETTLE_THREADS = 1  # settle requests in flight at once (a second one measured slower: the GIL)
 _CLAIM_LINGER = 0.02  # seconds a claim waits for a batch of free slots while jobs run
 _SETTLE_ON_STOP = 5.0  # seconds a stopping worker keeps retrying settlements without an answer
+_FLUSH_WAIT = 5.0  # seconds a settlement waits for the handler's last report to go out
+_FLUSH_WAIT_ON_STOP = 1.0  # the same, while the worker stops
 
 
 def default_worker_name() -> str:
@@ -93,6 +95,7 @@ class _Renewer:
         self._held: Dict[str, Job] = {}
         self._proc: Optional["subprocess.Popen[bytes]"] = None
         self._removed: List[str] = []  # by remove_soon, to send
+        self._flushing: Dict[str, Callable[[], None]] = {}  # lease -> wakes its flush's waiter
         self._ready = threading.Event()
         self._stopping = False
         self._restarts = 0
@@ -154,6 +157,40 @@ class _Renewer:
             if len(self._removed) > 1:
                 return  # a flush is on its way
         loop.call_soon(self._flush_removed)
+
+    def report(self, job: Job, progress: Optional[str], details: Optional[str]) -> None:
+        """A handler's checked report (JSON texts, ``None`` for a part not given): the renewal
+        process sends it with the lease's next renewal (thread-safe)."""
+        with self._lock:
+            if job.lease in self._held:
+                self._send_locked({"report": [job.lease, progress, details]})
+
+    async def flush(self, job: Job, timeout: float) -> None:
+        """Has the renewal process send ``job``'s report not written yet (if any) now, with a
+        renewal, and waits for that renewal (at most ``timeout`` seconds). From the worker's loop."""
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+
+        def wake() -> None:
+            try:
+                loop.call_soon_threadsafe(done.set)
+            except RuntimeError:
+                pass
+
+        with self._lock:
+            if job.lease not in self._held or self._proc is None or self._stopping:
+                return
+            self._flushing[job.lease] = wake
+            self._send_locked({"flush": job.lease})
+        try:
+            await asyncio.wait_for(done.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("command %s: its last progress/checkpoint report did not go out within %.1fs; settling",
+                        job.id, timeout)
+        finally:
+            with self._lock:
+                if self._flushing.get(job.lease) is wake:
+                    del self._flushing[job.lease]
 
     def _flush_removed(self) -> None:
         with self._lock:
@@ -255,6 +292,11 @@ class _Renewer:
         if "leases" in message:
             for lease, state, cancelled in message["leases"]:
                 self._on_lease(lease, state, cancelled)
+        elif "flushed" in message:
+            with self._lock:
+                wake = self._flushing.pop(message["flushed"], None)
+            if wake is not None:
+                wake()
         elif "log" in message:
             level, text = message["log"]
             log.log(int(level), "%s", text)
@@ -1053,6 +1095,7 @@ class Worker:
     def _start_jobs(self, jobs: List[Job]) -> None:
         for job in jobs:
             job._loop = self._loop
+            job._report_to = self._renewer.report
             if job._cancelled.is_set() and job._async_event is not None:
                 job._async_event.set()
             self._jobs[job.lease] = job
@@ -1149,9 +1192,17 @@ class Worker:
         return _settlement_of_value(job, fut.result())
 
     async def _settle(self, job: Job, settlement: _Settlement) -> None:
+        with job._lock:
+            job._ended = True  # reports do nothing from now on
+            reported = job._reported
         if settlement is None:
             log.info("command %s: lease lost; not settling", job.id)
             return
+        if reported and settlement[0]["outcome"] != "cancelled" and not job._lost:
+            # The handler's last report first (a final progress, or the checkpoint a retry, a
+            # release or a check_status call resumes from): it goes with a renewal, which must
+            # come before the settlement ends the lease.
+            await self._renewer.flush(job, _FLUSH_WAIT_ON_STOP if self._stopping else _FLUSH_WAIT)
         with job._lock:
             if job._lost:
                 return
