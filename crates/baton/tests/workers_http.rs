@@ -283,6 +283,15 @@ async fn renewals_carry_progress_and_details() {
                 "leases[0]: \"message\" does not decode",
             ),
             (format!(r#"{{"lease": "{lease}", "details": {{"a": ["\udfff"]}}}}"#), "leases[0]: details do not decode"),
+            // Past f64's range: refused as out of range (was read as absent, erasing the fraction).
+            (
+                format!(r#"{{"lease": "{lease}", "progress": {{"fraction": 1e400, "message": "m"}}}}"#),
+                "leases[0]: progress fraction 1e400 is outside 0 to 1",
+            ),
+            (
+                format!(r#"{{"lease": "{lease}", "progress": {{"fraction": -1e400}}}}"#),
+                "leases[0]: progress fraction -1e400 is outside",
+            ),
         ] {
             let (st, v) = post(&s.worker("w1", "renew"), &format!(r#"{{"leases": [{item}]}}"#), None).await;
             let v: Value = serde_json::from_str(&v).unwrap();

@@ -331,10 +331,20 @@ fn parse_renewal(item: &RawValue) -> Result<(String, Option<RemoteReport>), ApiE
                 e.message = format!("progress: {}", e.message);
                 e
             })?;
-            let fraction = match value(&pm, "fraction") {
+            let fraction = match pm.get("fraction").filter(|r| r.get() != "null") {
                 None => None,
-                Some(Value::Number(n)) => n.as_f64(),
-                Some(other) => return Err(bad_field("fraction", "a number from 0 to 1", &other)),
+                Some(raw) => match serde_json::from_str::<Value>(raw.get()) {
+                    // -0 is 0.
+                    Ok(Value::Number(n)) => n.as_f64().map(|f| if f == 0.0 { 0.0 } else { f }),
+                    Ok(other) => return Err(bad_field("fraction", "a number from 0 to 1", &other)),
+                    // A number past f64's range (1e400).
+                    Err(_) => {
+                        return Err(ApiError::invalid(
+                            "invalid_body",
+                            format!("progress fraction {} is outside 0 to 1", raw.get()),
+                        ))
+                    }
+                },
             };
             let message = string_field(&pm, "message", "a string")?;
             Some(Progress { fraction, message })
