@@ -10,6 +10,7 @@ import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, before, describe } from "node:test";
+import { Worker } from "../dist/index.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
 export const REPO_ROOT = resolve(here, "../../..");
@@ -207,6 +208,31 @@ export function uid(prefix = "cmd") {
 }
 
 /** An onError for workers under test: collects instead of printing. */
+/**
+ * Workers a test file starts against `ctx.url`: `start(options)` runs one (5 s claim waits,
+ * errors collected) and returns `{ worker, running, errors }`; `stopAll()` (call it in
+ * `afterEach`) stops every one started since, at once (grace 0).
+ */
+export function workerPool(ctx) {
+  const started = [];
+  return {
+    start(options) {
+      const { errors, onError } = collectErrors();
+      const worker = new Worker({ url: ctx.url, claimWaitMs: 5_000, onError, ...options });
+      const running = worker.run();
+      const entry = { worker, running, errors };
+      started.push(entry);
+      return entry;
+    },
+    async stopAll() {
+      for (const { worker, running } of started.splice(0)) {
+        await worker.stop({ graceMs: 0 });
+        await running.catch(() => {});
+      }
+    },
+  };
+}
+
 export function collectErrors() {
   const errors = [];
   const onError = (error, context) => errors.push(`${context}: ${error.message}`);

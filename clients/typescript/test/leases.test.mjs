@@ -5,8 +5,8 @@
 // (Renewals and settlements failing in transit: transport.test.mjs.)
 import assert from "node:assert/strict";
 import { afterEach, test } from "node:test";
-import { BatonClient, Worker } from "../dist/index.js";
-import { collectErrors, forEachBackend, uid } from "./helpers.mjs";
+import { BatonClient } from "../dist/index.js";
+import { forEachBackend, uid, workerPool } from "./helpers.mjs";
 
 const CONFIG = `
 [queues.busy]
@@ -18,19 +18,10 @@ claim_timeout = "1s"
 const BLOCK_MS = 5_000; // 5x the claim timeout
 
 forEachBackend("Leases", { config: CONFIG }, (ctx) => {
-  const started = [];
-  function startWorker(options) {
-    const { errors, onError } = collectErrors();
-    const worker = new Worker({ url: ctx.url, claimWaitMs: 5_000, onError, ...options });
-    const running = worker.run();
-    started.push({ worker, running });
-    return { worker, running, errors };
-  }
+  const pool = workerPool(ctx);
+  const startWorker = (options) => pool.start(options);
   afterEach(async () => {
-    for (const { worker, running } of started.splice(0)) {
-      await worker.stop({ graceMs: 0 });
-      await running.catch(() => {});
-    }
+    await pool.stopAll();
   });
 
   for (const [queue, block] of [

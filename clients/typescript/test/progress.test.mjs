@@ -10,8 +10,8 @@ import { createServer } from "node:http";
 import { dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { afterEach, test } from "node:test";
-import { BatonClient, RawJson, Release, Running, Worker } from "../dist/index.js";
-import { collectErrors, forEachBackend, sleep, startFaultProxy, uid, until } from "./helpers.mjs";
+import { BatonClient, RawJson, Release, Running } from "../dist/index.js";
+import { forEachBackend, sleep, startFaultProxy, uid, until, workerPool } from "./helpers.mjs";
 
 const CONFIG = ["report", "resume", "killed", "stopped", "bad", "transit:2s", "refused"]
   .map((q) => {
@@ -34,20 +34,11 @@ function gate() {
 }
 
 forEachBackend("Progress and checkpoints", { config: CONFIG }, (ctx) => {
-  const started = [];
+  const pool = workerPool(ctx);
+  const startWorker = (options) => pool.start(options);
   const cleanups = [];
-  function startWorker(options) {
-    const { errors, onError } = collectErrors();
-    const worker = new Worker({ url: ctx.url, claimWaitMs: 5_000, onError, ...options });
-    const running = worker.run();
-    started.push({ worker, running });
-    return { worker, running, errors };
-  }
   afterEach(async () => {
-    for (const { worker, running } of started.splice(0)) {
-      await worker.stop({ graceMs: 0 });
-      await running.catch(() => {});
-    }
+    await pool.stopAll();
     for (const f of cleanups.splice(0)) await f();
   });
   const client = () => new BatonClient({ url: ctx.url });

@@ -7,8 +7,8 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { afterEach, test } from "node:test";
-import { BatonClient, Worker } from "../dist/index.js";
-import { collectErrors, forEachBackend, sleep, startFaultProxy, uid, until } from "./helpers.mjs";
+import { BatonClient } from "../dist/index.js";
+import { forEachBackend, sleep, startFaultProxy, uid, until, workerPool } from "./helpers.mjs";
 
 const CONFIG = ["paused:2s", "flaky:1s", "takeover:1s", "late:1s", "stopping:1s"]
   .map((q) => {
@@ -18,15 +18,9 @@ const CONFIG = ["paused:2s", "flaky:1s", "takeover:1s", "late:1s", "stopping:1s"
   .join("\n");
 
 forEachBackend("Leases vs transport failures", { config: CONFIG }, (ctx) => {
-  const started = [];
+  const pool = workerPool(ctx);
+  const startWorker = (options) => pool.start(options);
   const proxies = [];
-  function startWorker(options) {
-    const { errors, onError } = collectErrors();
-    const worker = new Worker({ url: ctx.url, claimWaitMs: 5_000, onError, ...options });
-    const running = worker.run();
-    started.push({ worker, running });
-    return { worker, running, errors };
-  }
   /** A fault-injecting proxy to this backend's server (closed after the test). */
   async function proxy() {
     const p = await startFaultProxy(ctx.url);
@@ -34,10 +28,7 @@ forEachBackend("Leases vs transport failures", { config: CONFIG }, (ctx) => {
     return p;
   }
   afterEach(async () => {
-    for (const { worker, running } of started.splice(0)) {
-      await worker.stop({ graceMs: 0 });
-      await running.catch(() => {});
-    }
+    await pool.stopAll();
     for (const p of proxies.splice(0)) await p.close();
   });
   const isRenewOrSettle = (path) => /\/(renew|settle)$/.test(path);
