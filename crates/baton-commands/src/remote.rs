@@ -189,6 +189,8 @@ pub struct RemoteWorkers {
     reaped: Turn,
     /// The states this process's claims read, until their leases are settled.
     claimed: Claimed,
+    /// When idle consumers were last forgotten.
+    swept: Turn,
 }
 
 /// The states claims of this process read, by delivery, so that a settle served by the same
@@ -287,6 +289,26 @@ impl Claimed {
 }
 
 #[cfg(test)]
+mod consumer_cache_tests {
+    use super::*;
+
+    /// However many worker names claim, a process keeps at most MAX_CONSUMERS consumers (each
+    /// with connections of its own) of a queue open; the most recent ones stay.
+    #[tokio::test]
+    async fn open_consumers_are_bounded() {
+        let store = CommandStore::memory();
+        let w = RemoteWorkers::new(store, "bounded", QueueSettings::default()).unwrap();
+        for i in 0..MAX_CONSUMERS + 200 {
+            w.claim(&format!("worker-{i}"), 1, Duration::ZERO).await.unwrap();
+        }
+        let map = w.consumers.lock().unwrap();
+        assert_eq!(map.len(), MAX_CONSUMERS);
+        assert!(map.contains_key(&format!("worker-{}", MAX_CONSUMERS + 199)));
+        assert!(!map.contains_key("worker-0"));
+    }
+}
+
+#[cfg(test)]
 mod claimed_tests {
     use super::*;
 
@@ -369,6 +391,11 @@ const POLL: Duration = Duration::from_millis(250);
 /// Longest worker name, bytes.
 pub const MAX_WORKER_NAME: usize = 128;
 
+/// Workers of a queue whose consumers (each with Redis connections of its own) one process keeps
+/// open at most; past it the least recently heard of is closed (and opened again on its next
+/// request).
+const MAX_CONSUMERS: usize = 1024;
+
 impl RemoteWorkers {
     /// Serves `queue` of `store` to remote workers, with the queue's `settings` (its claim
     /// timeout, retry policy, `check_status_interval`). The queue becomes known to the store
@@ -394,6 +421,7 @@ impl RemoteWorkers {
             key_reread: Turn::default(),
             reaped: Turn::default(),
             claimed: Claimed::default(),
+            swept: Turn::default(),
         })
     }
 
@@ -453,9 +481,13 @@ impl RemoteWorkers {
             // Never held across an await: opening a consumer (a Redis round trip and a connection)
             // must not hold up the requests of every other worker.
             let mut map = self.consumers.lock().expect("lock");
-            // Forget consumers of workers not heard of for a while (they are opened again on demand).
-            let idle = self.options.claim_timeout * 4;
-            map.retain(|_, (_, last)| now.duration_since(*last) < idle);
+            // Forget consumers of workers not heard of for two claim timeouts (a working worker
+            // renews every third of one; forgotten ones are opened again on demand): each holds
+            // Redis connections of its own.
+            if self.swept.take(Duration::from_secs(1)) {
+                let idle = self.options.claim_timeout * 2;
+                map.retain(|_, (_, last)| now.duration_since(*last) < idle);
+            }
             if let Some((c, last)) = map.get_mut(worker) {
                 *last = now;
                 return Ok(c.clone());
@@ -470,6 +502,13 @@ impl RemoteWorkers {
         // Two first requests of one worker may both open it: the same group member either way
         // (opening is idempotent); the first one stored is kept.
         let mut map = self.consumers.lock().expect("lock");
+        if !map.contains_key(worker) && map.len() >= MAX_CONSUMERS {
+            // Full (many worker names at once): the least recently heard of is forgotten, so the
+            // connections a process holds stay bounded whatever names workers choose.
+            if let Some(oldest) = map.iter().min_by_key(|(_, (_, last))| *last).map(|(k, _)| k.clone()) {
+                map.remove(&oldest);
+            }
+        }
         Ok(map.entry(worker.to_string()).or_insert((c, now)).0.clone())
     }
 
