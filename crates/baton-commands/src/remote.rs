@@ -552,7 +552,9 @@ impl RemoteWorkers {
             let prepared = futures::future::join_all(msgs.iter().map(|(_, m)| prepare(&self.ctx, m))).await;
             for ((d, msg), prepared) in msgs.into_iter().zip(prepared) {
                 match prepared? {
-                    Prepared::Settle(decision) => settle_message(&c, d.id, d.deliveries, decision).await?,
+                    Prepared::Settle(decision) => {
+                        settle_message(&c, d.id, d.deliveries, decision).await?;
+                    }
                     Prepared::Call { st, is_execute } => {
                         let claimed_ms = Timestamp::now().millis();
                         self.claimed.put(d.id, claimed_ms, &st, self.ctx.settings.max_processing_time);
@@ -902,37 +904,32 @@ impl RemoteWorkers {
     }
 }
 
-/// Settles a delivery of a worker's settle with a dispatch decision: as [`settle_message`], and a
-/// delivery no longer pending (settled already, deleted) is [`QueueError::LeaseLost`] too: the
-/// worker's lease is gone.
+/// [`settle_message`] for a worker's settle: a delivery no longer pending (settled already,
+/// deleted) is [`QueueError::LeaseLost`] too: the worker's lease is gone.
 async fn settle_strict(c: &RemoteConsumer, id: MessageId, d: Decision) -> Result<(), CommandError> {
-    let r = match d {
-        // Deferred: the state write acked it already.
-        Decision::Deferred => return Ok(()),
-        Decision::Ack => c.ack(id).await,
-        Decision::Retry => c.release(id).await,
-        Decision::RetryAfter(delay) => c.retry_after(id, delay).await,
-        Decision::DeadLetter(reason) => c.dead_letter(id, 0, &reason).await,
-    };
-    match r {
-        Ok(baton_queue::Settled::Done) => Ok(()),
-        Ok(_) | Err(QueueError::LeaseLost(_)) => Err(CommandError::Queue(QueueError::LeaseLost(id))),
-        Err(e) => Err(e.into()),
+    match settle_message(c, id, 0, d).await? {
+        baton_queue::Settled::Done => Ok(()),
+        baton_queue::Settled::Gone => Err(CommandError::Queue(QueueError::LeaseLost(id))),
     }
 }
 
-/// Settles a delivery with a dispatch decision.
-async fn settle_message(c: &RemoteConsumer, id: MessageId, deliveries: u32, d: Decision) -> Result<(), CommandError> {
+/// What it found: `Gone` when the delivery was not pending any more.
+async fn settle_message(
+    c: &RemoteConsumer,
+    id: MessageId,
+    deliveries: u32,
+    d: Decision,
+) -> Result<baton_queue::Settled, CommandError> {
     let r = match d {
         // Deferred: the state write acked it already.
-        Decision::Deferred => return Ok(()),
+        Decision::Deferred => return Ok(baton_queue::Settled::Done),
         Decision::Ack => c.ack(id).await,
         Decision::Retry => c.release(id).await,
         Decision::RetryAfter(delay) => c.retry_after(id, delay).await,
         Decision::DeadLetter(reason) => c.dead_letter(id, deliveries, &reason).await,
     };
     match r {
-        Ok(_) => Ok(()),
+        Ok(settled) => Ok(settled),
         Err(QueueError::LeaseLost(_)) => Err(CommandError::Queue(QueueError::LeaseLost(id))),
         Err(e) => Err(e.into()),
     }
