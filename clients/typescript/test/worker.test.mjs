@@ -2,8 +2,8 @@
 // graceful shutdown. Every queue has claim_timeout 1s, so leases are renewed every ~333 ms.
 import assert from "node:assert/strict";
 import { afterEach, test } from "node:test";
-import { BatonClient, Failed, HandOff, RawJson, Release, Running, Worker } from "../dist/index.js";
-import { collectErrors, forEachBackend, sleep, uid, until } from "./helpers.mjs";
+import { BatonClient, Failed, HandOff, RawJson, Release, Running } from "../dist/index.js";
+import { forEachBackend, sleep, uid, until, workerPool } from "./helpers.mjs";
 
 const queues = [
   "result",
@@ -39,22 +39,10 @@ async function rawState(url, id) {
 }
 
 forEachBackend("Worker", { config: CONFIG }, (ctx) => {
-  const started = [];
+  const pool = workerPool(ctx);
   /** Starts a worker (stopped after the test unless the test stopped it). */
-  function startWorker(options) {
-    const { errors, onError } = collectErrors();
-    const worker = new Worker({ url: ctx.url, claimWaitMs: 5_000, onError, ...options });
-    const running = worker.run();
-    const entry = { worker, running, errors };
-    started.push(entry);
-    return entry;
-  }
-  afterEach(async () => {
-    for (const { worker, running } of started.splice(0)) {
-      await worker.stop({ graceMs: 0 });
-      await running.catch(() => {});
-    }
-  });
+  const startWorker = (options) => pool.start(options);
+  afterEach(() => pool.stopAll());
   const client = () => new BatonClient({ url: ctx.url });
 
   test("a returned value is stored as the result, exactly", async () => {
