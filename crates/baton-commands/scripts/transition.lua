@@ -1,13 +1,16 @@
 -- Transition: compare-and-set of a state on its version; the first terminal write wins.
 -- KEYS[1] expiry zset, KEYS[2] index of the old status, KEYS[3] index of the new status (see
 -- lib.lua), KEYS[4] state key, KEYS[5] target queue stream (only with ARGV[6]: an atomic
--- hand-off, same slot), KEYS[#KEYS] the stream of the delivery (only with ARGV[7]).
+-- hand-off, same slot), KEYS[#KEYS - 1] the stream of the delivery and KEYS[#KEYS] its fence
+-- hash (baton_queue::keys::fences; both only with ARGV[7]).
 -- ARGV[1] expected header start `<version> <OLD STATUS> `, ARGV[2] new stored state (header
 -- and JSON, see lib.lua), ARGV[3] TTL ms, ARGV[4] pub/sub channel, ARGV[5] id, ARGV[6] message
 -- JSON for KEYS[5] or '', ARGV[7] the delivery's entry id or '', ARGV[8] its group, ARGV[9] the
 -- announcement to publish ('' for none: only terminal writes are announced), ARGV[10] the
 -- consumer that must own the delivery for the write to happen ('' for no check), ARGV[11] '1'
--- to ack the delivery with a successful write.
+-- to ack the delivery with a successful write, ARGV[12] the delivery's fence ('' for none; with
+-- ARGV[10], the entry's fence must be this one: a later delivery of the same entry to the same
+-- consumer is not this writer's, see baton-queue's reclaim.lua).
 -- The owner check makes "the writer still holds its lease" and the write one atomic step (a
 -- remote worker's settle: a takeover between a separate check and the write would let a worker
 -- whose lease is gone write its outcome).
@@ -17,8 +20,9 @@
 -- Returns {'ok', acked 0/1}, {'missing'}, {'conflict', current stored state} or {'lost'} (the
 -- owner check failed; nothing written).
 if ARGV[10] ~= '' then
-  local p = redis.call('XPENDING', KEYS[#KEYS], ARGV[8], ARGV[7], ARGV[7], 1)
+  local p = redis.call('XPENDING', KEYS[#KEYS - 1], ARGV[8], ARGV[7], ARGV[7], 1)
   if not p[1] or p[1][2] ~= ARGV[10] then return { 'lost' } end
+  if ARGV[12] ~= '' and (redis.call('HGET', KEYS[#KEYS], ARGV[7]) or '0') ~= ARGV[12] then return { 'lost' } end
 end
 local head = redis.call('GETRANGE', KEYS[4], 0, HEAD_MAX)
 if head == '' then return { 'missing' } end
@@ -40,9 +44,12 @@ redis.call('ZADD', KEYS[1], 'LT', now_ms() + tonumber(ARGV[3]), id)
 if ARGV[6] ~= '' then redis.call('XADD', KEYS[5], '*', 'p', ARGV[6]) end
 local acked = 0
 if ARGV[11] == '1' then
-  local stream, mid = KEYS[#KEYS], ARGV[7]
+  local stream, mid = KEYS[#KEYS - 1], ARGV[7]
   acked = redis.call('XACK', stream, ARGV[8], mid)
-  if acked == 1 then redis.call('XDEL', stream, mid) end
+  if acked == 1 then
+    redis.call('XDEL', stream, mid)
+    redis.call('HDEL', KEYS[#KEYS], mid)
+  end
 end
 if ARGV[9] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[9]) end
 return { 'ok', acked }

@@ -4,12 +4,14 @@
 -- Used for every transition without a hand-off enqueue whose delivery to ack (if any) is on the
 -- home queue's own stream; the others go through transition.lua.
 -- KEYS[1] expiry zset, KEYS[2..6] the status indexes (see lib.lua), KEYS[7] the home queue's
--- stream (the deliveries to ack), KEYS[7 + i] the state key of transition i.
--- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 10 per transition: expected
+-- stream (the deliveries to ack), KEYS[8] its fence hash (baton_queue::keys::fences), KEYS[8 + i]
+-- the state key of transition i.
+-- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 11 per transition: expected
 -- header start `<version> <OLD STATUS> `, new stored state (header and JSON), TTL ms, id, index
 -- of the old status (2..6 in KEYS), index of the new status, the delivery's entry id or '', the
 -- announcement to publish or '' (only terminal writes are announced), the consumer that must own
--- the delivery for the write to happen or '' (as in transition.lua), '1' to ack the delivery.
+-- the delivery for the write to happen or '' (as in transition.lua), '1' to ack the delivery, the
+-- delivery's fence or '' (checked with the owner, as in transition.lua).
 -- Returns N replies in order: {'ok', acked 0/1}, {'missing'}, {'conflict', current state} or
 -- {'lost'} (the owner check failed; nothing written).
 -- Acks: one XACK (no owner check, as in transition.lua) and one XDEL for the batch; `acked` is 1
@@ -25,11 +27,13 @@ local acks, acked_at = {}, {} -- entry ids; positions of their replies
 local ann = {}
 local b = 4
 for i = 1, n do
-  local key = KEYS[7 + i]
+  local key = KEYS[8 + i]
   local owner, lost = ARGV[b + 8], false
   if owner ~= '' then
     local p = redis.call('XPENDING', KEYS[7], ARGV[3], ARGV[b + 6], ARGV[b + 6], 1)
     lost = not p[1] or p[1][2] ~= owner
+    local fence = ARGV[b + 10]
+    if not lost and fence ~= '' then lost = (redis.call('HGET', KEYS[8], ARGV[b + 6]) or '0') ~= fence end
   end
   local head = lost or redis.call('GETRANGE', key, 0, HEAD_MAX)
   if lost then
@@ -64,7 +68,7 @@ for i = 1, n do
       out[i] = { 'ok', 0 }
     end
   end
-  b = b + 10
+  b = b + 11
 end
 for k = 2, 6 do
   if rem[k] then
@@ -96,6 +100,7 @@ end
 if #acks > 0 then
   local a = redis.call('XACK', KEYS[7], ARGV[3], unpack(acks))
   redis.call('XDEL', KEYS[7], unpack(acks))
+  redis.call('HDEL', KEYS[8], unpack(acks))
   if a == #acks then
     for _, i in ipairs(acked_at) do out[i][2] = 1 end
   end

@@ -138,6 +138,29 @@ struct LeaseToken {
     t: String,
     /// When it was claimed, ms since the Unix epoch (the `execute` call's start).
     s: u64,
+    /// The delivery's fence ([`baton_queue::RemoteDelivery::fence`]; absent in tokens signed
+    /// before fences existed: 0, a first delivery's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    f: u64,
+}
+
+fn is_zero(f: &u64) -> bool {
+    *f == 0
+}
+
+/// What a lease token names: the delivery (message id and fence), its command message and when
+/// it was claimed (ms since the Unix epoch).
+struct Decoded {
+    mid: MessageId,
+    fence: u64,
+    msg: CommandMsg,
+    claimed_ms: u64,
+}
+
+impl Decoded {
+    fn delivery(&self) -> (MessageId, u64) {
+        (self.mid, self.fence)
+    }
 }
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -156,7 +179,7 @@ impl LeaseToken {
         format!("{}.{}", B64.encode(&body), B64.encode(mac.finalize().into_bytes()))
     }
 
-    fn decode(s: &str, key: &[u8]) -> Option<(MessageId, CommandMsg, u64)> {
+    fn decode(s: &str, key: &[u8]) -> Option<Decoded> {
         use hmac::Mac;
         let (body, sig) = s.split_once('.')?;
         let body = B64.decode(body).ok()?;
@@ -165,7 +188,7 @@ impl LeaseToken {
         mac.verify_slice(&B64.decode(sig).ok()?).ok()?;
         let t: LeaseToken = serde_json::from_slice(&body).ok()?;
         let m: MessageId = t.m.parse().ok()?;
-        Some((m, CommandMsg { id: t.i, home: t.h, token: t.t }, t.s))
+        Some(Decoded { mid: m, fence: t.f, msg: CommandMsg { id: t.i, home: t.h, token: t.t }, claimed_ms: t.s })
     }
 }
 
@@ -443,7 +466,7 @@ impl RemoteWorkers {
     /// a second) and that token tried with it: a Redis that lost its data (restarted without
     /// persistence, failed over before the key was replicated) makes the next process to start
     /// create another key, which the processes running since then learn here.
-    async fn decode_all(&self, leases: &[String]) -> Result<Vec<Option<(MessageId, CommandMsg, u64)>>, CommandError> {
+    async fn decode_all(&self, leases: &[String]) -> Result<Vec<Option<Decoded>>, CommandError> {
         let key = self.key().await?;
         let mut out: Vec<_> = leases.iter().map(|l| LeaseToken::decode(l, &key)).collect();
         if out.iter().any(Option::is_none) && self.key_reread.take(Duration::from_secs(1)) {
@@ -543,7 +566,7 @@ impl RemoteWorkers {
                 match serde_json::from_slice::<CommandMsg>(&d.payload) {
                     Ok(m) => msgs.push((d, m)),
                     Err(e) => {
-                        c.dead_letter(d.id, d.deliveries, &format!("not a command message: {e}")).await?;
+                        c.dead_letter(d.id, d.fence, d.deliveries, &format!("not a command message: {e}")).await?;
                     }
                 }
             }
@@ -553,7 +576,7 @@ impl RemoteWorkers {
             for ((d, msg), prepared) in msgs.into_iter().zip(prepared) {
                 match prepared? {
                     Prepared::Settle(decision) => {
-                        settle_message(&c, d.id, d.deliveries, decision).await?;
+                        settle_message(&c, (d.id, d.fence), d.deliveries, decision).await?;
                     }
                     Prepared::Call { st, is_execute } => {
                         let claimed_ms = Timestamp::now().millis();
@@ -564,6 +587,7 @@ impl RemoteWorkers {
                             h: msg.home.clone(),
                             t: msg.token.clone(),
                             s: claimed_ms,
+                            f: d.fence,
                         };
                         out.push(RemoteClaim {
                             lease: lease.encode(&key),
@@ -601,11 +625,12 @@ impl RemoteWorkers {
     /// skipped.
     pub async fn hand_back(&self, worker: &str, leases: &[String]) -> Result<(), CommandError> {
         let c = self.consumer(worker).await?;
-        let ids: Vec<MessageId> = self.decode_all(leases).await?.into_iter().flatten().map(|(m, _, _)| m).collect();
+        let ids: Vec<(MessageId, u64)> =
+            self.decode_all(leases).await?.into_iter().flatten().map(|d| d.delivery()).collect();
         if ids.is_empty() {
             return Ok(());
         }
-        for id in &ids {
+        for (id, _) in &ids {
             self.claimed.forget(*id);
         }
         c.hand_back(&ids).await?;
@@ -647,33 +672,34 @@ impl RemoteWorkers {
         // handler's): the worker is told `Lost`; any consumer may take the command after the
         // claim timeout.
         let mut expired = Vec::new();
-        for (mid, _, claimed) in decoded.iter().flatten() {
-            if self.expired(*claimed, now) && !expired.contains(mid) {
-                expired.push(*mid);
+        for d in decoded.iter().flatten() {
+            if self.expired(d.claimed_ms, now) && !expired.contains(&d.delivery()) {
+                expired.push(d.delivery());
             }
         }
-        for mid in &expired {
-            self.hand_back_expired(&c, *mid).await?;
+        for delivery in &expired {
+            self.hand_back_expired(&c, *delivery).await?;
         }
-        let ids: Vec<MessageId> =
-            decoded.iter().flatten().map(|(m, _, _)| *m).filter(|m| !expired.contains(m)).collect();
+        let ids: Vec<(MessageId, u64)> =
+            decoded.iter().flatten().map(Decoded::delivery).filter(|d| !expired.contains(d)).collect();
         let states = if ids.is_empty() { Vec::new() } else { c.renew(&ids).await? };
-        let renewed: HashMap<MessageId, LeaseState> = ids.into_iter().zip(states).collect();
-        for (mid, state) in &renewed {
+        let renewed: HashMap<(MessageId, u64), LeaseState> = ids.into_iter().zip(states).collect();
+        for ((mid, _), state) in &renewed {
             if *state != LeaseState::Held {
                 self.claimed.forget(*mid);
             }
         }
         let backend = &self.ctx.store.inner.backend;
-        let decoded_ids: Vec<Option<(MessageId, u64)>> =
-            decoded.iter().map(|d| d.as_ref().map(|(m, _, s)| (*m, *s))).collect();
+        // Delivery and claim time of each lease.
+        let decoded_ids: Vec<Option<((MessageId, u64), u64)>> =
+            decoded.iter().map(|d| d.as_ref().map(|d| (d.delivery(), d.claimed_ms))).collect();
         let with_state: Vec<(LeaseState, Option<CommandMsg>)> = decoded
             .into_iter()
             .map(|d| match d {
                 None => (LeaseState::Gone, None),
-                Some((mid, msg, _)) => match renewed.get(&mid) {
-                    Some(state) => (*state, Some(msg)),
-                    None => (LeaseState::Lost, Some(msg)),
+                Some(d) => match renewed.get(&d.delivery()) {
+                    Some(state) => (*state, Some(d.msg)),
+                    None => (LeaseState::Lost, Some(d.msg)),
                 },
             })
             .collect();
@@ -684,8 +710,8 @@ impl RemoteWorkers {
             let c = &c;
             async move {
                 match (state, msg, ids) {
-                    (LeaseState::Held, Some(msg), Some((mid, claimed_ms))) => match report {
-                        Some(r) => self.write_report(c, *mid, *claimed_ms, msg, r).await,
+                    (LeaseState::Held, Some(msg), Some((delivery, claimed_ms))) => match report {
+                        Some(r) => self.write_report(c, *delivery, *claimed_ms, msg, r).await,
                         None => Ok(match backend.load(&msg.home, &msg.id).await? {
                             None => true,
                             Some(st) => st.status.is_terminal() || st.token != msg.token,
@@ -715,13 +741,13 @@ impl RemoteWorkers {
     async fn write_report(
         &self,
         c: &RemoteConsumer,
-        mid: MessageId,
+        (mid, fence): (MessageId, u64),
         claimed_ms: u64,
         msg: &CommandMsg,
         report: &RemoteReport,
     ) -> Result<bool, CommandError> {
         let backend = &self.ctx.store.inner.backend;
-        let holder = Holder::Remote(c, mid);
+        let holder = Holder::Remote(c, mid, fence);
         let same_slot = backend.can_fold_ack(&msg.home, &self.ctx.queue);
         let delivery = holder.delivery_ref(false, same_slot);
         let mut cur = match self.claimed.peek(mid, claimed_ms) {
@@ -782,15 +808,15 @@ impl RemoteWorkers {
         let c = self.consumer(worker).await?;
         let now = Timestamp::now().millis();
         let leases: Vec<String> = items.iter().map(|(l, _)| l.clone()).collect();
-        let mut checks: Vec<Result<(MessageId, CommandMsg, u64), CommandError>> = Vec::with_capacity(items.len());
+        let mut checks: Vec<Result<Decoded, CommandError>> = Vec::with_capacity(items.len());
         for decoded in self.decode_all(&leases).await? {
             checks.push(match decoded {
                 None => Err(CommandError::InvalidSettings("lease: not a lease token of this server".into())),
-                Some((mid, _, claimed)) if self.expired(claimed, now) => {
-                    self.hand_back_expired(&c, mid).await?;
-                    Err(CommandError::Queue(QueueError::LeaseLost(mid)))
+                Some(d) if self.expired(d.claimed_ms, now) => {
+                    self.hand_back_expired(&c, d.delivery()).await?;
+                    Err(CommandError::Queue(QueueError::LeaseLost(d.mid)))
                 }
-                Some(t) => Ok(t),
+                Some(d) => Ok(d),
             });
         }
         // Every write and settle of the queue's stream below checks that the worker owns the
@@ -798,24 +824,24 @@ impl RemoteWorkers {
         // Cluster, a command homed in another slot: handed off to this queue): one heartbeat
         // checks (and renews) those leases first.
         let backend = &self.ctx.store.inner.backend;
-        let ids: Vec<MessageId> = checks
+        let ids: Vec<(MessageId, u64)> = checks
             .iter()
             .flatten()
-            .filter(|(m, msg, _)| !Holder::Remote(&c, *m).checked_in_write(&**backend, &msg.home, &self.ctx.queue))
-            .map(|(m, _, _)| *m)
+            .filter(|d| !Holder::Remote(&c, d.mid, d.fence).checked_in_write(&**backend, &d.msg.home, &self.ctx.queue))
+            .map(Decoded::delivery)
             .collect();
         let states = if ids.is_empty() { Vec::new() } else { c.renew(&ids).await? };
-        let unheld: Vec<MessageId> =
-            ids.into_iter().zip(states).filter(|(_, s)| *s != LeaseState::Held).map(|(m, _)| m).collect();
+        let unheld: Vec<(MessageId, u64)> =
+            ids.into_iter().zip(states).filter(|(_, s)| *s != LeaseState::Held).map(|(d, _)| d).collect();
         let settles = checks.into_iter().zip(items).map(|(check, (_, outcome))| {
             let c = &c;
             let unheld = &unheld;
             async move {
-                let (mid, msg, claimed_ms) = check?;
-                if unheld.contains(&mid) {
-                    return Err(CommandError::Queue(QueueError::LeaseLost(mid)));
+                let d = check?;
+                if unheld.contains(&d.delivery()) {
+                    return Err(CommandError::Queue(QueueError::LeaseLost(d.mid)));
                 }
-                self.settle_held(c, mid, msg, claimed_ms, outcome).await
+                self.settle_held(c, d.delivery(), d.msg, d.claimed_ms, outcome).await
             }
         });
         Ok(futures::future::join_all(settles).await)
@@ -827,15 +853,16 @@ impl RemoteWorkers {
     async fn settle_held(
         &self,
         c: &RemoteConsumer,
-        mid: MessageId,
+        delivery: (MessageId, u64),
         msg: CommandMsg,
         claimed_ms: u64,
         outcome: RemoteOutcome,
     ) -> Result<RemoteSettled, CommandError> {
         let backend = &self.ctx.store.inner.backend;
+        let (mid, fence) = delivery;
         let remembered = self.claimed.take(mid, claimed_ms);
         if outcome == RemoteOutcome::Release {
-            settle_strict(c, mid, Decision::Retry).await?;
+            settle_strict(c, delivery, Decision::Retry).await?;
             // Handed back: applied, unless the command is gone or ended meanwhile.
             return Ok(match backend.load(&msg.home, &msg.id).await? {
                 Some(s) if !s.status.is_terminal() && s.token == msg.token => RemoteSettled::Applied(s),
@@ -853,7 +880,7 @@ impl RemoteWorkers {
         };
         let (st, is_execute) = match prepared {
             Prepared::Settle(decision) => {
-                settle_strict(c, mid, decision).await?;
+                settle_strict(c, delivery, decision).await?;
                 return Ok(RemoteSettled::Finished(backend.load(&msg.home, &msg.id).await?));
             }
             Prepared::Call { st, is_execute } => (*st, is_execute),
@@ -866,9 +893,9 @@ impl RemoteWorkers {
         };
         // A terminal write acks the delivery in the same atomic step where the backend can
         // (Redis: same slot); the ownership check made it this worker's to ack.
-        let holder = Holder::Remote(c, mid);
+        let holder = Holder::Remote(c, mid, fence);
         let done = apply(&self.ctx, st, &msg, Some(holder), is_execute, started, outcome).await?;
-        settle_strict(c, mid, done.decision).await?;
+        settle_strict(c, delivery, done.decision).await?;
         Ok(match done.state {
             Some(s) if done.written => RemoteSettled::Applied(s),
             other => RemoteSettled::Finished(other),
@@ -885,9 +912,9 @@ impl RemoteWorkers {
 
     /// Hands an expired lease's message back (reclaimable by any consumer after the claim
     /// timeout), if the worker still owns it.
-    async fn hand_back_expired(&self, c: &RemoteConsumer, mid: MessageId) -> Result<(), CommandError> {
+    async fn hand_back_expired(&self, c: &RemoteConsumer, (mid, fence): (MessageId, u64)) -> Result<(), CommandError> {
         self.claimed.forget(mid);
-        match c.release(mid).await {
+        match c.release(mid, fence).await {
             Ok(baton_queue::Settled::Done) => {
                 tracing::warn!(
                     queue = %self.ctx.queue,
@@ -906,27 +933,28 @@ impl RemoteWorkers {
 
 /// [`settle_message`] for a worker's settle: a delivery no longer pending (settled already,
 /// deleted) is [`QueueError::LeaseLost`] too: the worker's lease is gone.
-async fn settle_strict(c: &RemoteConsumer, id: MessageId, d: Decision) -> Result<(), CommandError> {
-    match settle_message(c, id, 0, d).await? {
+async fn settle_strict(c: &RemoteConsumer, delivery: (MessageId, u64), d: Decision) -> Result<(), CommandError> {
+    let id = delivery.0;
+    match settle_message(c, delivery, 0, d).await? {
         baton_queue::Settled::Done => Ok(()),
         baton_queue::Settled::Gone => Err(CommandError::Queue(QueueError::LeaseLost(id))),
     }
 }
 
-/// What it found: `Gone` when the delivery was not pending any more.
+/// What it found: `Gone` when the delivery (message id and fence) was not pending any more.
 async fn settle_message(
     c: &RemoteConsumer,
-    id: MessageId,
+    (id, fence): (MessageId, u64),
     deliveries: u32,
     d: Decision,
 ) -> Result<baton_queue::Settled, CommandError> {
     let r = match d {
         // Deferred: the state write acked it already.
         Decision::Deferred => return Ok(baton_queue::Settled::Done),
-        Decision::Ack => c.ack(id).await,
-        Decision::Retry => c.release(id).await,
-        Decision::RetryAfter(delay) => c.retry_after(id, delay).await,
-        Decision::DeadLetter(reason) => c.dead_letter(id, deliveries, &reason).await,
+        Decision::Ack => c.ack(id, fence).await,
+        Decision::Retry => c.release(id, fence).await,
+        Decision::RetryAfter(delay) => c.retry_after(id, fence, delay).await,
+        Decision::DeadLetter(reason) => c.dead_letter(id, fence, deliveries, &reason).await,
     };
     match r {
         Ok(settled) => Ok(settled),

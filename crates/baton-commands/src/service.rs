@@ -570,10 +570,11 @@ pub(crate) struct Applied {
 }
 
 /// Who holds the delivery an outcome settles: an in-process lease, or a remote worker's
-/// consumer with the message id. A terminal write may ack it in the same atomic step.
+/// consumer with the message id and the delivery's fence. A terminal write may ack it in the
+/// same atomic step.
 pub(crate) enum Holder<'a> {
     Lease(&'a Lease),
-    Remote(&'a baton_queue::RemoteConsumer, baton_queue::MessageId),
+    Remote(&'a baton_queue::RemoteConsumer, baton_queue::MessageId, u64),
 }
 
 impl Holder<'_> {
@@ -582,18 +583,18 @@ impl Holder<'_> {
     /// (`same_slot`), so that a worker whose lease was taken over writes nothing (an in-process
     /// lease's handler is told by its own heartbeat instead).
     pub(crate) fn delivery_ref(&self, ack: bool, same_slot: bool) -> Option<DeliveryRef> {
-        let (id, target, owned) = match self {
-            Holder::Lease(l) => (l.id().to_string(), l.redis_target(), false),
-            Holder::Remote(c, id) => (id.to_string(), c.redis_target(), same_slot),
+        let (id, target, owned, fence) = match self {
+            Holder::Lease(l) => (l.id().to_string(), l.redis_target(), false, None),
+            Holder::Remote(c, id, fence) => (id.to_string(), c.redis_target(), same_slot, Some(*fence)),
         };
         (ack || owned).then_some(())?;
-        target.map(|target| DeliveryRef { id, target, ack, owned })
+        target.map(|target| DeliveryRef { id, target, ack, owned, fence })
     }
 
     /// Whether a write for this holder checks its ownership in the same atomic step (see
     /// [`Holder::delivery_ref`]).
     pub(crate) fn checked_in_write(&self, backend: &dyn crate::store::StateBackend, home: &str, queue: &str) -> bool {
-        matches!(self, Holder::Remote(c, _) if c.redis_target().is_some()) && backend.can_fold_ack(home, queue)
+        matches!(self, Holder::Remote(c, ..) if c.redis_target().is_some()) && backend.can_fold_ack(home, queue)
     }
 
     /// Tells the holder its delivery was acked by the write; false when a lease was already

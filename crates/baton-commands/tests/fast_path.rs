@@ -42,7 +42,8 @@ baton_testkit::on_every_backend!(
 );
 
 /// Both transition scripts with an owner check: `{'lost'}` and nothing written (state, indexes,
-/// the pending entry) unless the named consumer owns the delivery; with it, written and acked.
+/// the pending entry) unless the named consumer owns the delivery, of the fence given (if one
+/// is); with it, written and acked, and the entry's fence removed.
 async fn owner_checked_transitions(b: TestBackend) {
     let Some(config) = b.redis_config() else { return }; // Redis scripts
     let mut conn = baton_redis::RedisClient::new(config).unwrap().shared().await.unwrap();
@@ -91,14 +92,27 @@ async fn owner_checked_transitions(b: TestBackend) {
         .await
         .unwrap();
     let succeeded = format!("2 SUCCEEDED 1000 {sha} {{}}");
-    // transition.lua: A checked for w2 (w1 owns it): lost; then for w1: written and acked.
-    for (owner, want) in [("w2", "lost"), ("w1", "ok")] {
+    // A and C were delivered again by reclaims (fences 1 and 2).
+    let fences = format!("t:q:{{{q}}}:fences");
+    let _: () = redis::cmd("HSET")
+        .arg(&fences)
+        .arg(&entries[0])
+        .arg(1)
+        .arg(&entries[2])
+        .arg(2)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // transition.lua: A checked for w2 (w1 owns it): lost; for w1's first delivery (fence 0, an
+    // earlier one): lost; for w1's latest: written and acked.
+    for (owner, fence, want) in [("w2", "1", "lost"), ("w1", "0", "lost"), ("w1", "1", "ok")] {
         let mut inv = one.prepare_invoke();
         inv.key(format!("{base}:exp"))
             .key(idx("SUBMITTED"))
             .key(idx("SUCCEEDED"))
             .key(format!("{base}:id:A"))
-            .key(&stream);
+            .key(&stream)
+            .key(&fences);
         inv.arg("1 SUBMITTED ")
             .arg(&succeeded)
             .arg(60_000)
@@ -109,22 +123,24 @@ async fn owner_checked_transitions(b: TestBackend) {
             .arg("g")
             .arg("")
             .arg(owner)
-            .arg("1");
+            .arg("1")
+            .arg(fence);
         let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await.unwrap();
-        assert_eq!(reply.first(), Some(&redis::Value::BulkString(want.as_bytes().to_vec())), "A for {owner}");
+        assert_eq!(reply.first(), Some(&redis::Value::BulkString(want.as_bytes().to_vec())), "A for {owner} {fence}");
     }
-    // transitions.lua: B for w2 (lost), C for w1 (ok, acked), D for w1 (not pending: lost).
+    // transitions.lua: B for w2 (lost), C for w1 (ok, acked; of fence 2, the latest), D for w1
+    // (not pending: lost).
     let mut inv = many.prepare_invoke();
     inv.key(format!("{base}:exp"));
     for s in ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] {
         inv.key(idx(s));
     }
-    inv.key(&stream);
+    inv.key(&stream).key(&fences);
     for id in ["B", "C", "D"] {
         inv.key(format!("{base}:id:{id}"));
     }
     inv.arg(3).arg(format!("{base}:events")).arg("g");
-    for (n, (id, owner)) in [("B", "w2"), ("C", "w1"), ("D", "w1")].into_iter().enumerate() {
+    for (n, (id, owner, fence)) in [("B", "w2", ""), ("C", "w1", "2"), ("D", "w1", "")].into_iter().enumerate() {
         inv.arg("1 SUBMITTED ")
             .arg(&succeeded)
             .arg(60_000)
@@ -134,7 +150,8 @@ async fn owner_checked_transitions(b: TestBackend) {
             .arg(&entries[n + 1])
             .arg("")
             .arg(owner)
-            .arg("1");
+            .arg("1")
+            .arg(fence);
     }
     let replies: Vec<Vec<redis::Value>> = inv.invoke_async(&mut conn).await.unwrap();
     let heads: Vec<String> = replies
@@ -160,6 +177,8 @@ async fn owner_checked_transitions(b: TestBackend) {
         pending.iter().map(|p| (p.0.clone(), p.1.clone())).collect::<Vec<_>>(),
         [(entries[1].clone(), "w1".to_string())]
     );
+    let left: u64 = redis::cmd("HLEN").arg(&fences).query_async(&mut conn).await.unwrap();
+    assert_eq!(left, 0, "the acked entries' fences are removed");
 }
 
 /// `transitions.lua` given two successive transitions of one command in one call (SUBMITTED →
@@ -184,7 +203,7 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
     for s in ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] {
         inv.key(idx(s));
     }
-    inv.key(format!("t:q:{{{q}}}")).key(&state).key(&state);
+    inv.key(format!("t:q:{{{q}}}")).key(format!("t:q:{{{q}}}:fences")).key(&state).key(&state);
     inv.arg(2).arg(format!("{base}:events")).arg("g");
     inv.arg("1 SUBMITTED ")
         .arg(format!("2 RUNNING 1000 {sha} {{}}"))
@@ -192,6 +211,7 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .arg("X")
         .arg(2)
         .arg(3)
+        .arg("")
         .arg("")
         .arg("")
         .arg("")
@@ -204,6 +224,7 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .arg(4)
         .arg("")
         .arg("X SUCCEEDED 3 o")
+        .arg("")
         .arg("")
         .arg("");
     let replies: Vec<Vec<redis::Value>> = inv.invoke_async(&mut conn).await.unwrap();

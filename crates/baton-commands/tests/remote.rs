@@ -24,7 +24,8 @@ baton_testkit::on_every_backend!(
     stopped_workers_leave_the_group,
     altered_lease_tokens_change_nothing,
     a_lost_signing_key_is_learnt_again,
-    renewals_report_progress_and_details
+    renewals_report_progress_and_details,
+    a_lapsed_lease_back_to_the_same_worker_is_fenced
 );
 
 fn lost(r: Result<RemoteSettled, CommandError>) -> bool {
@@ -409,4 +410,39 @@ async fn renewals_report_progress_and_details(b: TestBackend) {
         details: Some(RawJson::from_string(format!("\"{}\"", "x".repeat(70_000))).unwrap()),
     };
     assert!(w.renew_reporting("alive", &one(&c2[0].lease, Some(big))).await.is_err());
+}
+
+/// A worker that lets its lease lapse and claims again gets the same command back, as the same
+/// group member: the first lease is over (renewal lost, report, settle and hand-back refused and
+/// without effect), the second one works.
+async fn a_lapsed_lease_back_to_the_same_worker_is_fenced(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("remote-fence");
+    let w = RemoteWorkers::new(store.clone(), &q, fast()).unwrap();
+    let k = store.submit(&q, Command::new("t", json!({}))).await.unwrap();
+    let c1 = w.claim("w", 1, Duration::from_secs(3)).await.unwrap();
+    assert_eq!((c1[0].command.id.as_str(), c1[0].deliveries), (k.id.as_str(), 1));
+    // Silent past the claim timeout (2 s), then claiming again: the same command, delivered again.
+    let c2 = w.claim("w", 1, Duration::from_secs(8)).await.unwrap();
+    assert_eq!((c2[0].command.id.as_str(), c2[0].deliveries), (k.id.as_str(), 2));
+    assert_ne!(c1[0].lease, c2[0].lease);
+
+    let r = w.renew("w", &[c1[0].lease.clone(), c2[0].lease.clone()]).await.unwrap();
+    assert_eq!(r.iter().map(|x| x.state).collect::<Vec<_>>(), vec![LeaseState::Lost, LeaseState::Held]);
+    let report = RemoteReport { progress: None, details: Some(RawJson::from_string("1".to_string()).unwrap()) };
+    let r = w.renew_reporting("w", &[(c1[0].lease.clone(), Some(report))]).await.unwrap();
+    assert_eq!(r[0].state, LeaseState::Lost);
+    assert!(lost(w.settle("w", &c1[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("stale")))).await));
+    assert!(lost(w.settle("w", &c1[0].lease, RemoteOutcome::Release).await));
+    w.hand_back("w", std::slice::from_ref(&c1[0].lease)).await.unwrap();
+    let st = store.get(&k.id).await.unwrap().unwrap();
+    assert_eq!((st.status, st.version, st.details.is_none()), (CommandStatus::Submitted, 1, true), "{st:?}");
+    assert_eq!(w.renew("w", std::slice::from_ref(&c2[0].lease)).await.unwrap()[0].state, LeaseState::Held);
+
+    let s = w.settle("w", &c2[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("fresh")))).await;
+    assert!(matches!(s, Ok(RemoteSettled::Applied(ref st)) if st.status == CommandStatus::Succeeded), "{s:?}");
+    let st = store.get(&k.id).await.unwrap().unwrap();
+    assert_eq!(st.result.as_ref().map(|r| r.get()), Some(r#""fresh""#));
+    let stats = store.messages().stats(&q).await.unwrap();
+    assert_eq!((stats.pending, stats.length), (0, 0));
 }

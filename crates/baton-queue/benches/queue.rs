@@ -154,16 +154,21 @@ async fn renewal_tick(server: &RedisServer, leases: usize) -> (usize, f64, f64) 
         n.to_string(),
     ];
     args.extend(ids);
+    // No fences (an in-process consumer's), no quiet ids.
+    args.push("0".into());
     args.push("0".into());
     let refs: Vec<&dyn baton_redis::ArgLike> = args.iter().map(|a| a as &dyn baton_redis::ArgLike).collect();
-    let keys = [key.as_str(), liveness.as_str()];
+    let fences = keys::fences(keys::DEFAULT_PREFIX, "renewbench");
+    let keys = [key.as_str(), liveness.as_str(), fences.as_str()];
     // Warm up (loads the script).
-    let (lost, gone, orphans): (Vec<String>, Vec<String>, u64) = HEARTBEAT.run(&mut conn, &keys, &refs).await.unwrap();
-    assert!(lost.is_empty() && gone.is_empty() && orphans == 0);
+    let (lost, gone, orphans, stale): (Vec<String>, Vec<String>, u64, Vec<u64>) =
+        HEARTBEAT.run(&mut conn, &keys, &refs).await.unwrap();
+    assert!(lost.is_empty() && gone.is_empty() && orphans == 0 && stale.is_empty());
     let mut ms = Vec::new();
     for _ in 0..20 {
         let t = Instant::now();
-        let (lost, gone, _): (Vec<String>, Vec<String>, u64) = HEARTBEAT.run(&mut conn, &keys, &refs).await.unwrap();
+        let (lost, gone, _, _): (Vec<String>, Vec<String>, u64, Vec<u64>) =
+            HEARTBEAT.run(&mut conn, &keys, &refs).await.unwrap();
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
         assert!(lost.is_empty() && gone.is_empty());
     }

@@ -1,9 +1,12 @@
 -- Heartbeat of one consumer, atomically, in one call per tick whatever the number of leases.
--- KEYS[1] queue stream, KEYS[2] liveness hash (consumer -> ms of its last heartbeat)
+-- KEYS[1] queue stream, KEYS[2] liveness hash (consumer -> ms of its last heartbeat), KEYS[3]
+-- fence hash (reclaim.lua)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
 -- ARGV[5] orphan idle (ms), ARGV[6] how many of this consumer's pending entries to look at,
 -- ARGV[7] outage gap (ms; see reclaim.lua), ARGV[8] r = number of ids to renew, then the r ids;
--- then q = number of quiet ids, then the q ids; then the ids to release.
+-- then f = 0 or r, then f fences (of the ids to renew, in order: an id whose entry has another
+-- fence is a later delivery's, so stale: not renewed, not held); then q = number of quiet ids,
+-- then the q ids; then the ids to release.
 -- 1. The liveness record `<now ms>:<claim timeout ms>`, in server time (the reaper and the
 --    reclaim tick of every process read it; no clock of a client is involved), and the queue's
 --    `~clock` stamp (reclaim.lua).
@@ -16,7 +19,8 @@
 -- 4. Orphans: every other entry this consumer owns, idle at least the orphan idle, is handed to
 --    the parked owner with its idle time kept, so that an entry it does not hold can never stay
 --    pending forever under a live consumer.
--- Returns {lost ids, gone ids, orphans parked}.
+-- Returns {lost ids, gone ids, orphans parked, stale: positions (1-based) in the renew list of
+-- the ids whose fence is not their entry's}.
 local stream, group, me, parked = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local claim_ms, orphan_ms, limit = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local t = redis.call('TIME')
@@ -48,14 +52,20 @@ end
 
 -- Renew and quiet ids alike: ours → renewed; another consumer's → lost; the parked owner's or
 -- not pending → gone (settled, handed back or deleted: nothing to renew, nobody took it).
-local held, mine, lost, gone = {}, {}, {}, {}
+local held, mine, lost, gone, stale = {}, {}, {}, {}, {}
 local r = tonumber(ARGV[8])
-local qpos = 9 + r
+local fpos = 9 + r
+local f = tonumber(ARGV[fpos])
+local qpos = fpos + f + 1
 local q = tonumber(ARGV[qpos])
-local function classify(i)
+local function classify(i, fence)
   local id = ARGV[i]
-  held[id] = true
   local o = owner_of(id)
+  if o == me and fence and (redis.call('HGET', KEYS[3], id) or '0') ~= fence then
+    stale[#stale + 1] = i - 8
+    return
+  end
+  held[id] = true
   if o == me then
     mine[#mine + 1] = id
   elseif o and o ~= parked then
@@ -64,8 +74,12 @@ local function classify(i)
     gone[#gone + 1] = id
   end
 end
-for i = 9, 8 + r do classify(i) end
-for i = qpos + 1, qpos + q do classify(i) end
+for i = 9, 8 + r do
+  local fence = nil
+  if f > 0 then fence = ARGV[fpos + i - 8] end
+  classify(i, fence)
+end
+for i = qpos + 1, qpos + q do classify(i, nil) end
 xclaim(mine, me, {})
 
 local release = {}
@@ -83,4 +97,4 @@ for id, idle in pairs(owned) do
     orphans = orphans + 1
   end
 end
-return {lost, gone, orphans}
+return {lost, gone, orphans, stale}

@@ -1,7 +1,8 @@
 -- Reclaim tick: promote due delayed entries, then take over reclaimable entries.
 -- KEYS[1] queue stream, KEYS[2] dead-letter stream, KEYS[3] delayed zset (member = original id,
 -- score = due ms, server time), KEYS[4] delayed payload hash (<id> -> payload, <id>:dc -> prior
--- deliveries), KEYS[5] liveness hash (consumer -> ms of its last heartbeat, server time)
+-- deliveries), KEYS[5] liveness hash (consumer -> ms of its last heartbeat, server time),
+-- KEYS[6] fence hash (id -> fence of its latest delivery, see below)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
 -- ARGV[5] count (0 = promote, and tell whether reclaimable entries exist), ARGV[6] max
 -- deliveries (0 = unlimited), ARGV[7] max entries to promote, ARGV[8] outage gap (ms),
@@ -18,9 +19,14 @@
 -- When Redis sees no stamp for the outage gap (Redis paused, restarted or failed over, or every
 -- consumer gone), idle times and liveness records say nothing about who is alive: reclaims hold
 -- off for one claim timeout (`~hold`), in which every live consumer renews its leases.
--- Returns {{{id, payload or false, deliveries}, …}, dead-lettered, deleted, promoted, more (0/1),
--- ms until the next delayed entry is due (-1: none)}.
-local stream, dead, zdelayed, hdelayed, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- Fences: every entry delivered by this reclaim gets a new fence (its field in KEYS[6] raised by
+-- one; a first delivery, by a read, has fence 0 and no field), so that this delivery can be told
+-- from an earlier one of the same entry, which may have been this very consumer's (its orphan
+-- parked by its heartbeat, a re-poll, or taken by a peer that died since). The fields of entries
+-- dead-lettered or found deleted here are removed.
+-- Returns {{{id, payload or false, deliveries, fence}, …}, dead-lettered, deleted, promoted,
+-- more (0/1), ms until the next delayed entry is due (-1: none)}.
+local stream, dead, zdelayed, hdelayed, live, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local group, me, parked = ARGV[1], ARGV[2], ARGV[3]
 local claim_ms, count, maxd = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local t = redis.call('TIME')
@@ -102,6 +108,13 @@ if #ids > 0 then
   for _, id in ipairs(ids) do args[#args + 1] = id end
   local claimed = redis.call(unpack(args))
   ndeleted = #ids - #claimed
+  if ndeleted > 0 then
+    local got = {}
+    for _, e in ipairs(claimed) do got[e[1]] = true end
+    for _, id in ipairs(ids) do
+      if not got[id] then redis.call('HDEL', fences, id) end
+    end
+  end
   -- A stopped consumer whose last entries were just taken leaves the group now.
   for name in pairs(stopped) do
     if #redis.call('XPENDING', stream, group, '-', '+', 1, name) == 0 then
@@ -124,9 +137,10 @@ if #ids > 0 then
       redis.call('XADD', dead, '*', 'id', id, 'p', payload or '', 'dc', total - 1, 'reason', reason, 'at', now)
       redis.call('XACK', stream, group, id)
       redis.call('XDEL', stream, id)
+      redis.call('HDEL', fences, id)
       ndead = ndead + 1
     else
-      out[#out + 1] = {id, payload, total}
+      out[#out + 1] = {id, payload, total, redis.call('HINCRBY', fences, id, 1)}
     end
   end
 end

@@ -2,14 +2,16 @@
 -- go back to the tail of the stream as new entries, so that any consumer's read takes them at once
 -- (a consumer blocked in XREADGROUP is served by the XADD). The delivery that did not run is not
 -- counted: the copy carries the deliveries made before it (`dc`). Atomic per call.
--- KEYS[1] queue stream; ARGV[1] group, ARGV[2] consumer, ARGV[3..] ids
--- Returns how many were requeued (ids no longer owned by this consumer are left alone).
+-- KEYS[1] queue stream, KEYS[2] fence hash (reclaim.lua); ARGV[1] group, ARGV[2] consumer,
+-- ARGV[3..] pairs (id, fence of the delivery or '' for any this consumer owns)
+-- Returns how many were requeued (ids no longer owned by this consumer, or by a later delivery
+-- of it, are left alone). The old entries' fences are removed.
 local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
 local n = 0
-for i = 3, #ARGV do
-  local id = ARGV[i]
+for i = 3, #ARGV, 2 do
+  local id, fence = ARGV[i], ARGV[i + 1]
   local p = redis.call('XPENDING', stream, group, id, id, 1)
-  if p[1] and p[1][2] == me then
+  if p[1] and p[1][2] == me and (fence == '' or (redis.call('HGET', KEYS[2], id) or '0') == fence) then
     local e = redis.call('XRANGE', stream, id, id)
     if e[1] then
       local fields, payload, prior = e[1][2], nil, 0
@@ -23,6 +25,7 @@ for i = 3, #ARGV do
     end
     redis.call('XACK', stream, group, id)
     redis.call('XDEL', stream, id)
+    redis.call('HDEL', KEYS[2], id)
     n = n + 1
   end
 end

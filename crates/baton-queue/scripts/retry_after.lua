@@ -1,8 +1,10 @@
 -- Retry after a delay, if this consumer still owns the entry (or, for a released lease, the
 -- parked owner does).
--- KEYS[1] queue stream, KEYS[2] delayed zset, KEYS[3] delayed payload hash
+-- KEYS[1] queue stream, KEYS[2] delayed zset, KEYS[3] delayed payload hash, KEYS[4] fence hash
+-- (reclaim.lua)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] id, ARGV[5] claim timeout
--- (ms), ARGV[6] delay (ms), ARGV[7] '1' for a released lease
+-- (ms), ARGV[6] delay (ms), ARGV[7] '1' for a released lease, ARGV[8] the delivery's fence or ''
+-- (any delivery this consumer owns; a fence that is not the entry's counts as another owner)
 -- delay < claim timeout: hand the entry to the parked owner with idle (claim timeout - delay), so
 -- that a reclaim tick takes it once the delay has passed. Otherwise (XCLAIM clamps idle times to
 -- the past, so a later time cannot be set): move it to the delayed set (due time in server time),
@@ -15,6 +17,7 @@ local claim_ms, delay = tonumber(ARGV[5]), tonumber(ARGV[6])
 local p = redis.call('XPENDING', stream, group, id, id, 1)
 if not p[1] then return 0 end
 if not (p[1][2] == me or (ARGV[7] == '1' and p[1][2] == parked)) then return -1 end
+if ARGV[8] ~= '' and (redis.call('HGET', KEYS[4], id) or '0') ~= ARGV[8] then return -1 end
 if delay < claim_ms then
   redis.call('XCLAIM', stream, group, parked, 0, id, 'IDLE', claim_ms - delay, 'RETRYCOUNT', p[1][4] - 1, 'JUSTID')
   return 1
@@ -34,4 +37,5 @@ if e[1] then
 end
 redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
+redis.call('HDEL', KEYS[4], id)
 return 1

@@ -203,4 +203,8 @@ pub struct RedisAckTarget {
     pub group: String,
     /// This consumer's name in the group (the owner an ack must check).
     pub consumer: String,
+    /// The queue's fence hash ([`crate::keys::fences`], e.g. `baton:q:{orders}:fences`): an ack
+    /// of a delivery whose fence is known checks that the entry's fence (its field, absent = 0)
+    /// is still that one, and removes the field with the entry.
+    pub fences: String,
 }

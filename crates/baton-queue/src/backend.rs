@@ -9,6 +9,14 @@
 //!   liveness record (written by its heartbeat, in backend time) is at least `claim_timeout` old.
 //! * A consumer never reclaims its own entries: everything it owns is a lease it holds (renewed
 //!   every heartbeat), so a live consumer's work is never delivered twice by itself or a peer.
+//! * Every delivery of an entry has a *fence*: 0 for its first (a read), raised by one by every
+//!   reclaim that delivers it again. An entry can come back to the consumer that held it (parked
+//!   as its orphan, a re-poll, or taken by a peer that died since), so the owner alone does not
+//!   tell one delivery from another; a caller that keeps a delivery outside the process (a remote
+//!   worker's lease token) gives its fence back with each operation (`Some(fence)`), and the
+//!   operation applies only if the entry's fence is still that one ([`Owned::Other`] otherwise:
+//!   a later delivery holds it). `None` checks the owner only. On Redis the fences are a hash in
+//!   the queue's slot ([`crate::keys::fences`]); the field goes with the entry.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +38,8 @@ pub(crate) struct RawDelivery {
     pub payload: Option<Bytes>,
     /// Deliveries including this one.
     pub deliveries: u32,
+    /// This delivery's fence (module docs): 0 for a read, raised by each reclaim.
+    pub fence: u64,
 }
 
 /// Result of one reclaim call.
@@ -61,12 +71,13 @@ pub(crate) struct ConsumerSpec {
 /// What a backend found for one id of a settlement or renewal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Owned {
-    /// Applied: the entry was this consumer's (or [`PARKED`] where allowed).
+    /// Applied: the entry was this consumer's (or [`PARKED`] where allowed), of the fence
+    /// given, if one was.
     Done,
     /// Not pending at all: acknowledged (possibly by an earlier attempt of this very call) or
     /// deleted.
     Gone,
-    /// Another consumer owns the entry now.
+    /// Another consumer owns the entry now, or a later delivery of it (another fence).
     Other,
 }
 
@@ -86,12 +97,15 @@ pub(crate) struct Settle {
     pub id: MessageId,
     pub op: SettleOp,
     pub released: bool,
+    /// The delivery's fence, when the settlement is for that delivery only (module docs).
+    pub fence: Option<u64>,
 }
 
 /// What one heartbeat found.
 #[derive(Debug, Default)]
 pub(crate) struct Beat {
-    /// Ids to renew (or quiet) that another consumer owns now.
+    /// Ids to renew (or quiet) that another consumer owns now (or a later delivery of: another
+    /// fence).
     pub lost: Vec<MessageId>,
     /// Ids to renew (or quiet) that are not pending any more (acked or deleted) or belong to
     /// [`PARKED`] (handed back): nobody took them.
@@ -99,6 +113,9 @@ pub(crate) struct Beat {
     /// Entries this consumer owned without holding them (idle past the orphan threshold), now
     /// handed to [`PARKED`] with their idle time kept.
     pub orphans: u64,
+    /// Positions in the renew list of ids this consumer owns under another fence than the one
+    /// given (a later delivery of the entry): not renewed, and not counted as held.
+    pub stale: Vec<usize>,
 }
 
 /// Queue-level operations of a backend.
@@ -152,24 +169,37 @@ pub(crate) trait ConsumerBackend: Send + Sync {
     /// Schedules redelivery after `delay` (ownership as for [`Settle::released`]): below
     /// `claim_timeout` the entry goes to [`PARKED`] with idle `claim_timeout - delay`, else to the
     /// delayed set. The delivery count is set back by one: a scheduled re-poll is not a delivery.
-    async fn retry_after(&self, id: MessageId, delay: Duration, released: bool) -> Result<Owned, QueueError>;
-    /// Moves the entry to dead letters (ownership as for [`Settle::released`]).
+    /// `fence`: as [`Settle::fence`].
+    async fn retry_after(
+        &self,
+        id: MessageId,
+        delay: Duration,
+        released: bool,
+        fence: Option<u64>,
+    ) -> Result<Owned, QueueError>;
+    /// Moves the entry to dead letters (ownership as for [`Settle::released`], `fence` as
+    /// [`Settle::fence`]).
     async fn dead_letter(
         &self,
         id: MessageId,
         deliveries: u32,
         reason: &str,
         released: bool,
+        fence: Option<u64>,
     ) -> Result<Owned, QueueError>;
     /// One heartbeat, atomically: writes this consumer's liveness record; renews each id of
     /// `renew` and of `quiet` (settlements in flight) this consumer owns (idle 0); reports the
     /// others: owned by another consumer (lost), or by [`PARKED`] or not pending (gone); hands each id of `release` it
     /// owns to [`PARKED`] reclaimable at once (idle = claim timeout); hands every other entry it
     /// owns idle at least `orphan_idle` to [`PARKED`], idle kept. `pel_limit` bounds how many of
-    /// its pending entries are looked at.
+    /// its pending entries are looked at. `fences`: empty, or the fence of each id of `renew`
+    /// (in order): an id this consumer owns under another fence is [`Beat::stale`] (not
+    /// renewed, not held).
+    #[allow(clippy::too_many_arguments)]
     async fn heartbeat(
         &self,
         renew: &[MessageId],
+        fences: &[u64],
         quiet: &[MessageId],
         release: &[MessageId],
         orphan_idle: Duration,
@@ -180,8 +210,9 @@ pub(crate) trait ConsumerBackend: Send + Sync {
     async fn reap_idle_consumers(&self, window: Duration) -> Result<u64, QueueError>;
     /// Puts entries this consumer owns back at the stream's tail as new entries (new ids, the
     /// delivery that did not run not counted), for entries acquired while stopping; returns how
-    /// many.
-    async fn requeue(&self, ids: &[MessageId]) -> Result<u64, QueueError>;
+    /// many. `fences`: empty, or the fence of each id (in order): those of another fence are left
+    /// alone.
+    async fn requeue(&self, ids: &[MessageId], fences: &[u64]) -> Result<u64, QueueError>;
     /// Leaves the group if this consumer owns no pending entry (checked atomically); `true` if it
     /// left. Otherwise marks its liveness record stopped: the reclaim that takes its last entry
     /// removes it.

@@ -154,7 +154,7 @@ async fn run(
             let _ = redeliver.await;
             // Waiting leases go back to the backend, due when they would have been here.
             for (id, left) in shared.take_waiting() {
-                if let Err(e) = shared.backend.retry_after(id, left, false).await {
+                if let Err(e) = shared.backend.retry_after(id, left, false, None).await {
                     tracing::warn!(queue = %shared.queue, message_id = %id, error = %e, "handing back a waiting lease failed; it fails over after claim_timeout");
                 }
             }
@@ -361,7 +361,7 @@ async fn accept(
         let sh = sh.clone();
         tokio::spawn(async move {
             let decision = Decision::DeadLetter(reason.to_string());
-            match sh.backend.dead_letter(id, deliveries, reason, false).await {
+            match sh.backend.dead_letter(id, deliveries, reason, false, None).await {
                 Ok(found) => {
                     if sh.finish(id, seq, &decision, Some(found)).is_ok() {
                         sh.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
@@ -376,7 +376,7 @@ async fn accept(
         });
     }
     if !hand_back.is_empty() {
-        if let Err(e) = sh.backend.requeue(&hand_back).await {
+        if let Err(e) = sh.backend.requeue(&hand_back, &[]).await {
             tracing::warn!(queue = %sh.queue, count = hand_back.len(), error = %e, "requeueing entries read while stopping failed; they fail over after claim_timeout");
         }
     }
@@ -439,7 +439,7 @@ async fn heartbeat(sh: Arc<Shared>, options: ConsumerOptions, stop: Cancellation
         let plan = sh.beat_plan();
         let limit = plan.renew.len() + plan.quiet.len() + plan.release.len() + sh.concurrency + 100;
         let sent = std::time::Instant::now();
-        let call = sh.backend.heartbeat(&plan.renew, &plan.quiet, &plan.release, orphan_idle, limit);
+        let call = sh.backend.heartbeat(&plan.renew, &[], &plan.quiet, &plan.release, orphan_idle, limit);
         match tokio::time::timeout(interval, call).await {
             Ok(Ok(beat)) => {
                 sh.apply_beat(&plan, &beat, sent);
@@ -537,7 +537,7 @@ async fn settler(sh: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<SettleReq>) {
                 }
                 Decision::Ack | Decision::Retry => {
                     let op = if matches!(req.decision, Decision::Ack) { SettleOp::Ack } else { SettleOp::Park };
-                    batch.push((Settle { id: req.id, op, released: ctx.released }, req));
+                    batch.push((Settle { id: req.id, op, released: ctx.released, fence: None }, req));
                 }
                 Decision::RetryAfter(d)
                     if *d < sh.claim_timeout && ctx.stopped.is_none() && sh.make_waiting(req.id, req.seq, *d) =>
@@ -610,10 +610,10 @@ async fn settle_one(sh: &Arc<Shared>, req: SettleReq, released: bool) {
     let mut attempt = 0;
     let found = loop {
         let r = match &req.decision {
-            Decision::RetryAfter(d) => sh.backend.retry_after(req.id, *d, released).await,
+            Decision::RetryAfter(d) => sh.backend.retry_after(req.id, *d, released, None).await,
             Decision::DeadLetter(reason) => {
                 let deliveries = sh.lock().slots.get(&req.id).map_or(1, |s| s.deliveries);
-                sh.backend.dead_letter(req.id, deliveries, reason, released).await
+                sh.backend.dead_letter(req.id, deliveries, reason, released, None).await
             }
             _ => Ok(Owned::Done),
         };

@@ -13,6 +13,7 @@
 //! | `p:q:{q}:delayed`    | [`delayed`]            | zset   | entries of a long `RetryAfter`, by due time |
 //! | `p:q:{q}:delayed:p`  | [`delayed_payloads`]   | hash   | their payloads and prior deliveries    |
 //! | `p:q:{q}:consumers`  | [`consumers`]          | hash   | each consumer's liveness record        |
+//! | `p:q:{q}:fences`     | [`fences`]             | hash   | the fence of each entry delivered again by a reclaim |
 //!
 //! What each key holds in detail: the `redis` module of this crate and `docs/architecture.md`
 //! ("Redis keys"). The prefix and the group are [`RedisQueueOptions`](crate::RedisQueueOptions)
@@ -69,6 +70,13 @@ pub fn consumers(prefix: &str, queue: &str) -> String {
     format!("{prefix}:q:{{{queue}}}:consumers")
 }
 
+/// The fences of the queue's pending entries that a reclaim delivered again (a hash, entry id →
+/// how many times reclaims delivered it), `<prefix>:q:{<queue>}:fences`. A first delivery's fence
+/// is 0 (no field); acks, dead letters and requeues remove the field with the entry.
+pub fn fences(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:fences")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,11 +88,16 @@ mod tests {
         assert_eq!(delayed("p", "q"), "p:q:{q}:delayed");
         assert_eq!(delayed_payloads("p", "q"), "p:q:{q}:delayed:p");
         assert_eq!(consumers("p", "q"), "p:q:{q}:consumers");
+        assert_eq!(fences("p", "q"), "p:q:{q}:fences");
         // One hash tag for all of a queue's keys: one Cluster slot.
         let slot = baton_redis::key_slot(stream("p", "orders").as_bytes());
-        for k in
-            [dead("p", "orders"), delayed("p", "orders"), delayed_payloads("p", "orders"), consumers("p", "orders")]
-        {
+        for k in [
+            dead("p", "orders"),
+            delayed("p", "orders"),
+            delayed_payloads("p", "orders"),
+            consumers("p", "orders"),
+            fences("p", "orders"),
+        ] {
             assert_eq!(baton_redis::key_slot(k.as_bytes()), slot, "{k}");
         }
     }

@@ -39,6 +39,8 @@ struct Pel {
     consumer: Arc<str>,
     delivered_at: Instant,
     deliveries: u32,
+    /// The fence of the latest delivery: 0 for a read, raised by each reclaim (`backend` docs).
+    fence: u64,
 }
 
 /// A consumer's liveness record: its last heartbeat (`None`: it stopped while owning entries, and
@@ -91,10 +93,12 @@ impl QState {
         id
     }
 
-    /// Who owns `id` from the point of view of `me` (see [`Settle::released`]).
-    fn owner(&self, id: &MessageId, me: &str, released: bool) -> Owned {
+    /// Who owns `id` from the point of view of `me` (see [`Settle::released`]); a delivery of
+    /// another fence than `fence` (when given) counts as another owner's.
+    fn owner(&self, id: &MessageId, me: &str, released: bool, fence: Option<u64>) -> Owned {
         match self.pending.get(id) {
             None => Owned::Gone,
+            Some(p) if fence.is_some_and(|f| f != p.fence) => Owned::Other,
             Some(p) if &*p.consumer == me || (released && &*p.consumer == PARKED) => Owned::Done,
             Some(_) => Owned::Other,
         }
@@ -225,16 +229,16 @@ impl MemConsumer {
         let now = Instant::now();
         for (id, _, _) in &picked {
             st.last_delivered = *id;
-            st.pending.insert(*id, Pel { consumer: self.me.clone(), delivered_at: now, deliveries: 1 });
+            st.pending.insert(*id, Pel { consumer: self.me.clone(), delivered_at: now, deliveries: 1, fence: 0 });
         }
         picked
             .into_iter()
-            .map(|(id, payload, deliveries)| RawDelivery { id, payload: Some(payload), deliveries })
+            .map(|(id, payload, deliveries)| RawDelivery { id, payload: Some(payload), deliveries, fence: 0 })
             .collect()
     }
 
-    fn ack_locked(&self, st: &mut QState, id: &MessageId, released: bool) -> Owned {
-        let o = st.owner(id, self.me(), released);
+    fn ack_locked(&self, st: &mut QState, id: &MessageId, released: bool, fence: Option<u64>) -> Owned {
+        let o = st.owner(id, self.me(), released, fence);
         if o == Owned::Done {
             st.remove(id);
         }
@@ -319,7 +323,9 @@ impl ConsumerBackend for MemConsumer {
                 p.consumer = self.me.clone();
                 p.delivered_at = now;
                 p.deliveries = deliveries_in_pel;
-                out.deliveries.push(RawDelivery { id, payload: Some(payload), deliveries: total });
+                p.fence += 1;
+                let fence = p.fence;
+                out.deliveries.push(RawDelivery { id, payload: Some(payload), deliveries: total, fence });
             }
         }
         {
@@ -340,9 +346,9 @@ impl ConsumerBackend for MemConsumer {
         Ok(items
             .iter()
             .map(|s| match s.op {
-                SettleOp::Ack => self.ack_locked(&mut st, &s.id, s.released),
+                SettleOp::Ack => self.ack_locked(&mut st, &s.id, s.released, s.fence),
                 SettleOp::Park => {
-                    let o = st.owner(&s.id, self.me(), s.released);
+                    let o = st.owner(&s.id, self.me(), s.released, s.fence);
                     if o == Owned::Done {
                         let p = st.pending.get_mut(&s.id).expect("owned");
                         if &*p.consumer != PARKED {
@@ -362,12 +368,18 @@ impl ConsumerBackend for MemConsumer {
 
     fn ack_now(&self, id: MessageId, released: bool) -> Option<Owned> {
         let mut st = self.q.state.lock().unwrap();
-        Some(self.ack_locked(&mut st, &id, released))
+        Some(self.ack_locked(&mut st, &id, released, None))
     }
 
-    async fn retry_after(&self, id: MessageId, delay: Duration, released: bool) -> Result<Owned, QueueError> {
+    async fn retry_after(
+        &self,
+        id: MessageId,
+        delay: Duration,
+        released: bool,
+        fence: Option<u64>,
+    ) -> Result<Owned, QueueError> {
         let mut st = self.q.state.lock().unwrap();
-        let o = st.owner(&id, self.me(), released);
+        let o = st.owner(&id, self.me(), released, fence);
         if o != Owned::Done {
             return Ok(o);
         }
@@ -395,9 +407,10 @@ impl ConsumerBackend for MemConsumer {
         deliveries: u32,
         reason: &str,
         released: bool,
+        fence: Option<u64>,
     ) -> Result<Owned, QueueError> {
         let mut st = self.q.state.lock().unwrap();
-        let o = st.owner(&id, self.me(), released);
+        let o = st.owner(&id, self.me(), released, fence);
         if o == Owned::Done {
             let e = st.remove(&id).expect("owned entries exist");
             st.bury(id, e.payload, deliveries, reason);
@@ -408,6 +421,7 @@ impl ConsumerBackend for MemConsumer {
     async fn heartbeat(
         &self,
         renew: &[MessageId],
+        fences: &[u64],
         quiet: &[MessageId],
         release: &[MessageId],
         orphan_idle: Duration,
@@ -418,8 +432,11 @@ impl ConsumerBackend for MemConsumer {
         let me = self.spec.consumer.clone();
         st.consumers.insert(me.clone(), Live { seen: Some(now), claim: self.spec.claim_timeout });
         let mut beat = Beat::default();
-        for id in renew.iter().chain(quiet) {
+        // A renewal of another delivery than the entry's latest is stale: it does not hold it.
+        for (i, id) in renew.iter().chain(quiet).enumerate() {
+            let fence = if i < renew.len() { fences.get(i).copied() } else { None };
             match st.pending.get_mut(id) {
+                Some(p) if *p.consumer == *me && fence.is_some_and(|f| f != p.fence) => beat.stale.push(i),
                 Some(p) if *p.consumer == *me => p.delivered_at = now,
                 Some(p) if &*p.consumer != PARKED => beat.lost.push(*id),
                 _ => beat.gone.push(*id),
@@ -432,7 +449,14 @@ impl ConsumerBackend for MemConsumer {
                 p.delivered_at = now.checked_sub(claim).unwrap_or(now);
             }
         }
-        let held: std::collections::HashSet<&MessageId> = renew.iter().chain(quiet).chain(release).collect();
+        let held: std::collections::HashSet<&MessageId> = renew
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !beat.stale.contains(i))
+            .map(|(_, id)| id)
+            .chain(quiet)
+            .chain(release)
+            .collect();
         for (id, p) in st.pending.iter_mut() {
             if *p.consumer == *me && !held.contains(id) && now.duration_since(p.delivered_at) >= orphan_idle {
                 p.consumer = self.parked.clone();
@@ -454,12 +478,12 @@ impl ConsumerBackend for MemConsumer {
         Ok((before - st.consumers.len()) as u64)
     }
 
-    async fn requeue(&self, ids: &[MessageId]) -> Result<u64, QueueError> {
+    async fn requeue(&self, ids: &[MessageId], fences: &[u64]) -> Result<u64, QueueError> {
         let n = {
             let mut st = self.q.state.lock().unwrap();
             let mut n = 0;
-            for id in ids {
-                if st.owner(id, self.me(), false) != Owned::Done {
+            for (i, id) in ids.iter().enumerate() {
+                if st.owner(id, self.me(), false, fences.get(i).copied()) != Owned::Done {
                     continue;
                 }
                 let deliveries = st.pending[id].deliveries;

@@ -10,6 +10,7 @@
 //! | `p:q:{q}:delayed`        | zset   | original id → due time (ms) of a long `RetryAfter`     |
 //! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries    |
 //! | `p:q:{q}:consumers`      | hash   | consumer → `<ms of its last heartbeat>:<its claim timeout ms>` (server time; `0:…` stopped with entries); `~clock`, `~hold`: the queue's outage stamps |
+//! | `p:q:{q}:fences`         | hash   | entry id → fence of its latest delivery, for entries a reclaim delivered again (none: 0) |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
@@ -70,6 +71,7 @@ struct Keys {
     delayed: String,
     delayed_payloads: String,
     liveness: String,
+    fences: String,
 }
 
 impl Keys {
@@ -80,6 +82,7 @@ impl Keys {
             delayed: keys::delayed(prefix, queue),
             delayed_payloads: keys::delayed_payloads(prefix, queue),
             liveness: keys::consumers(prefix, queue),
+            fences: keys::fences(prefix, queue),
         }
     }
 }
@@ -137,6 +140,11 @@ async fn join(conn: &mut RedisConn, keys: &Keys, group: &str, spec: &ConsumerSpe
     let claim_ms = spec.claim_timeout.as_millis() as u64;
     let _: i64 = JOIN.run(conn, &[&keys.stream, &keys.liveness], &[&group, &spec.consumer, &claim_ms]).await?;
     Ok(())
+}
+
+/// A fence argument of the scripts: the number, or `''` for any delivery this consumer owns.
+fn fence_arg(fence: Option<u64>) -> String {
+    fence.map(|f| f.to_string()).unwrap_or_default()
 }
 
 /// What the settle, retry_after and dead_letter scripts reply for one id.
@@ -333,7 +341,7 @@ impl RedisConsumer {
                         _ => {}
                     }
                 }
-                out.push(RawDelivery { id, payload, deliveries: prior + 1 });
+                out.push(RawDelivery { id, payload, deliveries: prior + 1, fence: 0 });
             }
         }
         Ok(out)
@@ -391,12 +399,13 @@ impl ConsumerBackend for RedisConsumer {
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError> {
         let max = self.spec.max_deliveries.unwrap_or(0);
         let claim_ms = self.spec.claim_timeout.as_millis() as u64;
-        let mut cmd = RECLAIM.evalsha_cmd(5);
+        let mut cmd = RECLAIM.evalsha_cmd(6);
         cmd.arg(&self.keys.stream)
             .arg(&self.keys.dead)
             .arg(&self.keys.delayed)
             .arg(&self.keys.delayed_payloads)
             .arg(&self.keys.liveness)
+            .arg(&self.keys.fences)
             .arg(&self.group)
             .arg(&self.spec.consumer)
             .arg(PARKED)
@@ -435,17 +444,25 @@ impl ConsumerBackend for RedisConsumer {
         if let Value::Array(items) = &parts[0] {
             for it in items {
                 let Value::Array(t) = it else { return Err(unexpected("reclaim entry", it)) };
+                if t.len() != 4 {
+                    return Err(unexpected("reclaim entry", it));
+                }
                 let id = parse_id(&as_string(&t[0]).unwrap_or_default())?;
                 let payload = bytes_of(&t[1]);
-                out.deliveries.push(RawDelivery { id, payload, deliveries: as_u64(&t[2]) as u32 });
+                out.deliveries.push(RawDelivery {
+                    id,
+                    payload,
+                    deliveries: as_u64(&t[2]) as u32,
+                    fence: as_u64(&t[3]),
+                });
             }
         }
         Ok(out)
     }
 
     async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError> {
-        let mut cmd = SETTLE.evalsha_cmd_with_capacity(1, 7 + 2 * items.len(), 128 + 32 * items.len());
-        cmd.arg(&self.keys.stream).arg(&self.group).arg(&self.spec.consumer).arg(PARKED);
+        let mut cmd = SETTLE.evalsha_cmd_with_capacity(2, 8 + 3 * items.len(), 128 + 40 * items.len());
+        cmd.arg(&self.keys.stream).arg(&self.keys.fences).arg(&self.group).arg(&self.spec.consumer).arg(PARKED);
         for s in items {
             let op = match (s.op, s.released) {
                 (SettleOp::Ack, false) => "a",
@@ -453,7 +470,7 @@ impl ConsumerBackend for RedisConsumer {
                 (SettleOp::Park, false) => "p",
                 (SettleOp::Park, true) => "P",
             };
-            cmd.arg(op).arg(s.id.to_string());
+            cmd.arg(op).arg(s.id.to_string()).arg(fence_arg(s.fence));
         }
         match SETTLE.query::<Vec<i64>, _>(&mut self.conn.clone(), &cmd).await {
             Ok(v) => Ok(v.into_iter().map(owned).collect()),
@@ -468,14 +485,21 @@ impl ConsumerBackend for RedisConsumer {
             stream: self.keys.stream.clone(),
             group: self.group.clone(),
             consumer: self.spec.consumer.clone(),
+            fences: self.keys.fences.clone(),
         })
     }
 
-    async fn retry_after(&self, id: MessageId, delay: Duration, released: bool) -> Result<Owned, QueueError> {
+    async fn retry_after(
+        &self,
+        id: MessageId,
+        delay: Duration,
+        released: bool,
+        fence: Option<u64>,
+    ) -> Result<Owned, QueueError> {
         let r: redis::RedisResult<i64> = RETRY_AFTER
             .run(
                 &mut self.conn.clone(),
-                &[&self.keys.stream, &self.keys.delayed, &self.keys.delayed_payloads],
+                &[&self.keys.stream, &self.keys.delayed, &self.keys.delayed_payloads, &self.keys.fences],
                 &[
                     &self.group,
                     &self.spec.consumer,
@@ -484,6 +508,7 @@ impl ConsumerBackend for RedisConsumer {
                     &(self.spec.claim_timeout.as_millis() as u64),
                     &(delay.as_millis() as u64),
                     &(if released { "1" } else { "0" }),
+                    &fence_arg(fence),
                 ],
             )
             .await;
@@ -500,11 +525,12 @@ impl ConsumerBackend for RedisConsumer {
         deliveries: u32,
         reason: &str,
         released: bool,
+        fence: Option<u64>,
     ) -> Result<Owned, QueueError> {
         let r: redis::RedisResult<i64> = DEAD_LETTER
             .run(
                 &mut self.conn.clone(),
-                &[&self.keys.stream, &self.keys.dead],
+                &[&self.keys.stream, &self.keys.dead, &self.keys.fences],
                 &[
                     &self.group,
                     &self.spec.consumer,
@@ -513,6 +539,7 @@ impl ConsumerBackend for RedisConsumer {
                     &deliveries,
                     &reason,
                     &(if released { "1" } else { "0" }),
+                    &fence_arg(fence),
                 ],
             )
             .await;
@@ -526,15 +553,19 @@ impl ConsumerBackend for RedisConsumer {
     async fn heartbeat(
         &self,
         renew: &[MessageId],
+        fences: &[u64],
         quiet: &[MessageId],
         release: &[MessageId],
         orphan_idle: Duration,
         pel_limit: usize,
     ) -> Result<Beat, QueueError> {
-        let n = renew.len() + quiet.len() + release.len();
-        let mut cmd = HEARTBEAT.evalsha_cmd_with_capacity(2, 14 + n, 256 + 24 * n);
+        debug_assert!(fences.is_empty() || fences.len() == renew.len());
+        let fences = if fences.len() == renew.len() { fences } else { &[] };
+        let n = renew.len() + fences.len() + quiet.len() + release.len();
+        let mut cmd = HEARTBEAT.evalsha_cmd_with_capacity(3, 16 + n, 256 + 24 * n);
         cmd.arg(&self.keys.stream)
             .arg(&self.keys.liveness)
+            .arg(&self.keys.fences)
             .arg(&self.group)
             .arg(&self.spec.consumer)
             .arg(PARKED)
@@ -545,6 +576,10 @@ impl ConsumerBackend for RedisConsumer {
             .arg(renew.len());
         for id in renew {
             cmd.arg(id.to_string());
+        }
+        cmd.arg(fences.len());
+        for f in fences {
+            cmd.arg(*f);
         }
         cmd.arg(quiet.len());
         for id in quiet {
@@ -561,10 +596,14 @@ impl ConsumerBackend for RedisConsumer {
             Err(e) => return Err(e.into()),
         };
         let Value::Array(parts) = &v else { return Err(unexpected("heartbeat", &v)) };
-        if parts.len() != 3 {
+        if parts.len() != 4 {
             return Err(unexpected("heartbeat", &v));
         }
-        Ok(Beat { lost: Self::ids_of(&parts[0])?, gone: Self::ids_of(&parts[1])?, orphans: as_u64(&parts[2]) })
+        let stale = match &parts[3] {
+            Value::Array(p) => p.iter().map(|i| (as_u64(i) as usize).saturating_sub(1)).collect(),
+            _ => Vec::new(),
+        };
+        Ok(Beat { lost: Self::ids_of(&parts[0])?, gone: Self::ids_of(&parts[1])?, orphans: as_u64(&parts[2]), stale })
     }
 
     async fn reap_idle_consumers(&self, window: Duration) -> Result<u64, QueueError> {
@@ -582,11 +621,12 @@ impl ConsumerBackend for RedisConsumer {
         }
     }
 
-    async fn requeue(&self, ids: &[MessageId]) -> Result<u64, QueueError> {
-        let mut cmd = REQUEUE.evalsha_cmd(1);
-        cmd.arg(&self.keys.stream).arg(&self.group).arg(&self.spec.consumer);
-        for id in ids {
-            cmd.arg(id.to_string());
+    async fn requeue(&self, ids: &[MessageId], fences: &[u64]) -> Result<u64, QueueError> {
+        debug_assert!(fences.is_empty() || fences.len() == ids.len());
+        let mut cmd = REQUEUE.evalsha_cmd(2);
+        cmd.arg(&self.keys.stream).arg(&self.keys.fences).arg(&self.group).arg(&self.spec.consumer);
+        for (i, id) in ids.iter().enumerate() {
+            cmd.arg(id.to_string()).arg(fence_arg(fences.get(i).copied()));
         }
         match REQUEUE.query::<u64, _>(&mut self.conn.clone(), &cmd).await {
             Ok(n) => Ok(n),

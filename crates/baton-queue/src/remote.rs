@@ -14,6 +14,13 @@
 //! claim, as a lease thread's heartbeat does. Nothing is held in the process that serves the
 //! requests but that time: any process on the same backend can serve any request of the
 //! worker.
+//!
+//! The same message can come back to the same worker: a lease it let lapse is parked by its own
+//! next renewal (or taken by a peer that died since) and a later claim delivers it again. Each
+//! delivery therefore carries a *fence* ([`RemoteDelivery::fence`], raised by every redelivery),
+//! and every operation on a delivery names it with its fence: one of an earlier delivery is
+//! refused as another consumer's ([`LeaseState::Lost`], [`QueueError::LeaseLost`]), never
+//! applied to the later one.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,6 +54,9 @@ pub struct RemoteDelivery {
     pub payload: Bytes,
     /// Deliveries including this one (as [`Delivery::deliveries`](crate::Delivery::deliveries)).
     pub deliveries: u32,
+    /// This delivery's fence (module docs): 0 for a first delivery, raised by one by each
+    /// redelivery of the same message. Give it back with every operation on the delivery.
+    pub fence: u64,
 }
 
 /// What a renewal found for one id.
@@ -54,7 +64,8 @@ pub struct RemoteDelivery {
 pub enum LeaseState {
     /// Renewed: the worker still holds it, for another `claim_timeout`.
     Held,
-    /// Another consumer owns it now: the worker must stop (its settlement would be refused).
+    /// Another consumer owns it now, or a later delivery of it does (another fence, possibly to
+    /// this very worker): the worker must stop (its settlement would be refused).
     Lost,
     /// Not pending any more (settled, or handed back): the worker holds nothing.
     Gone,
@@ -159,7 +170,7 @@ impl RemoteConsumer {
         let max = max.max(1);
         let recent = self.last_beat.lock().expect("lock").is_some_and(|t| t.elapsed() < self.claim_timeout / 10);
         if !recent {
-            self.beat(&[]).await?;
+            self.beat(&[], &[]).await?;
         }
         let mut out = Vec::with_capacity(max);
         let mut raw = if reclaim { self.backend.reclaim(max, &[]).await?.deliveries } else { Vec::new() };
@@ -169,31 +180,35 @@ impl RemoteConsumer {
         }
         for d in raw {
             match d.payload {
-                Some(payload) => out.push(RemoteDelivery { id: d.id, payload, deliveries: d.deliveries }),
+                Some(payload) => {
+                    out.push(RemoteDelivery { id: d.id, payload, deliveries: d.deliveries, fence: d.fence })
+                }
                 None => {
-                    self.backend.dead_letter(d.id, d.deliveries, "malformed entry", false).await?;
+                    self.backend.dead_letter(d.id, d.deliveries, "malformed entry", false, Some(d.fence)).await?;
                 }
             }
         }
         Ok(out)
     }
 
-    async fn beat(&self, renew: &[MessageId]) -> Result<crate::backend::Beat, QueueError> {
+    async fn beat(&self, renew: &[MessageId], fences: &[u64]) -> Result<crate::backend::Beat, QueueError> {
         let limit = renew.len() + 1_000;
         let started = Instant::now();
-        let beat = self.backend.heartbeat(renew, &[], &[], self.claim_timeout / 2, limit).await?;
+        let beat = self.backend.heartbeat(renew, fences, &[], &[], self.claim_timeout / 2, limit).await?;
         *self.last_beat.lock().expect("lock") = Some(started);
         Ok(beat)
     }
 
-    /// Renews the leases of `ids` in one call (and writes the liveness record); one state per
-    /// id, in order.
-    pub async fn renew(&self, ids: &[MessageId]) -> Result<Vec<LeaseState>, QueueError> {
-        let beat = self.beat(ids).await?;
+    /// Renews the leases of `leases` (id and fence of each delivery) in one call (and writes the
+    /// liveness record); one state per lease, in order.
+    pub async fn renew(&self, leases: &[(MessageId, u64)]) -> Result<Vec<LeaseState>, QueueError> {
+        let (ids, fences): (Vec<MessageId>, Vec<u64>) = leases.iter().copied().unzip();
+        let beat = self.beat(&ids, &fences).await?;
         Ok(ids
             .iter()
-            .map(|id| {
-                if beat.lost.contains(id) {
+            .enumerate()
+            .map(|(i, id)| {
+                if beat.stale.contains(&i) || beat.lost.contains(id) {
                     LeaseState::Lost
                 } else if beat.gone.contains(id) {
                     LeaseState::Gone
@@ -214,9 +229,11 @@ impl RemoteConsumer {
     /// Puts messages the worker never saw back at the queue's tail at once (any consumer's
     /// read takes them now, not after the claim timeout), in one atomic call; the delivery that
     /// did not reach the worker is not counted. Those this consumer does not own are left
-    /// alone. For a claim whose answer could not reach the worker. Returns how many went back.
-    pub async fn hand_back(&self, ids: &[MessageId]) -> Result<u64, QueueError> {
-        self.backend.requeue(ids).await
+    /// alone, and so are those of another delivery than the fence given (id and fence of each).
+    /// For a claim whose answer could not reach the worker. Returns how many went back.
+    pub async fn hand_back(&self, leases: &[(MessageId, u64)]) -> Result<u64, QueueError> {
+        let (ids, fences): (Vec<MessageId>, Vec<u64>) = leases.iter().copied().unzip();
+        self.backend.requeue(&ids, &fences).await
     }
 
     /// Removes the queue's group members that own no pending entry and whose liveness record is
@@ -227,29 +244,35 @@ impl RemoteConsumer {
         self.backend.reap_idle_consumers(window).await
     }
 
-    /// Acknowledges (deletes) a message. Errors: [`QueueError::LeaseLost`] when another
-    /// consumer owns it now.
-    pub async fn ack(&self, id: MessageId) -> Result<Settled, QueueError> {
-        let r = self.backend.settle(&[Settle { id, op: SettleOp::Ack, released: false }]).await?;
+    /// Acknowledges (deletes) the delivery `id` of fence `fence`. Errors:
+    /// [`QueueError::LeaseLost`] when another consumer, or a later delivery, owns it now.
+    pub async fn ack(&self, id: MessageId, fence: u64) -> Result<Settled, QueueError> {
+        let r = self.backend.settle(&[Settle { id, op: SettleOp::Ack, released: false, fence: Some(fence) }]).await?;
         owned(id, r.first().copied().unwrap_or(Owned::Gone))
     }
 
     /// Hands a message back: any consumer takes it after `claim_timeout` (counts as a delivery).
     /// Errors: [`QueueError::LeaseLost`].
-    pub async fn release(&self, id: MessageId) -> Result<Settled, QueueError> {
-        let r = self.backend.settle(&[Settle { id, op: SettleOp::Park, released: false }]).await?;
+    pub async fn release(&self, id: MessageId, fence: u64) -> Result<Settled, QueueError> {
+        let r = self.backend.settle(&[Settle { id, op: SettleOp::Park, released: false, fence: Some(fence) }]).await?;
         owned(id, r.first().copied().unwrap_or(Owned::Gone))
     }
 
     /// Delivers the message again after `delay`, not counted as a delivery
     /// ([`Decision::RetryAfter`](crate::Decision::RetryAfter)). Errors: [`QueueError::LeaseLost`].
-    pub async fn retry_after(&self, id: MessageId, delay: Duration) -> Result<Settled, QueueError> {
-        owned(id, self.backend.retry_after(id, delay, false).await?)
+    pub async fn retry_after(&self, id: MessageId, fence: u64, delay: Duration) -> Result<Settled, QueueError> {
+        owned(id, self.backend.retry_after(id, delay, false, Some(fence)).await?)
     }
 
     /// Moves the message to dead letters with `reason` (`deliveries`: as claimed). Errors:
     /// [`QueueError::LeaseLost`].
-    pub async fn dead_letter(&self, id: MessageId, deliveries: u32, reason: &str) -> Result<Settled, QueueError> {
-        owned(id, self.backend.dead_letter(id, deliveries, reason, false).await?)
+    pub async fn dead_letter(
+        &self,
+        id: MessageId,
+        fence: u64,
+        deliveries: u32,
+        reason: &str,
+    ) -> Result<Settled, QueueError> {
+        owned(id, self.backend.dead_letter(id, deliveries, reason, false, Some(fence)).await?)
     }
 }

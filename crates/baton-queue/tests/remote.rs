@@ -10,7 +10,11 @@ use baton_queue::{Decision, Delivery, LeaseState, QueueError, RemoteOptions, Set
 use baton_testkit::TestBackend;
 use common::*;
 
-baton_testkit::on_every_backend!(claim_renew_settle, silent_worker_fails_over_renewing_one_never_does);
+baton_testkit::on_every_backend!(
+    claim_renew_settle,
+    silent_worker_fails_over_renewing_one_never_does,
+    lapsed_lease_back_to_the_same_worker_is_fenced
+);
 
 fn opts(ct: Duration) -> RemoteOptions {
     RemoteOptions { claim_timeout: ct, max_deliveries: Some(5) }
@@ -41,17 +45,17 @@ async fn claim_renew_settle(b: TestBackend) {
     let m3 = s.offer(&q, "three").await.unwrap();
     let got = a.claim(5, Duration::from_millis(10)).await.unwrap();
     assert_eq!(got.iter().map(|d| d.id).collect::<Vec<_>>(), vec![m2, m3]);
-    assert_eq!(a.renew(&[m1, m2, m3]).await.unwrap(), vec![LeaseState::Held; 3]);
+    assert_eq!(a.renew(&[(m1, 0), (m2, 0), (m3, 0)]).await.unwrap(), vec![LeaseState::Held; 3]);
     // Another worker cannot settle what `a` holds.
     let bw = s.remote_consumer(&q, "worker-b", opts(ct)).await.unwrap();
-    assert!(matches!(bw.ack(m3).await, Err(QueueError::LeaseLost(id)) if id == m3));
-    assert!(matches!(bw.release(m3).await, Err(QueueError::LeaseLost(id)) if id == m3));
-    assert_eq!(a.ack(m3).await.unwrap(), Settled::Done);
-    assert_eq!(a.ack(m1).await.unwrap(), Settled::Done);
-    assert_eq!(a.ack(m1).await.unwrap(), Settled::Gone, "a repeated ack applies nothing");
-    assert_eq!(a.renew(&[m1]).await.unwrap(), vec![LeaseState::Gone]);
+    assert!(matches!(bw.ack(m3, 0).await, Err(QueueError::LeaseLost(id)) if id == m3));
+    assert!(matches!(bw.release(m3, 0).await, Err(QueueError::LeaseLost(id)) if id == m3));
+    assert_eq!(a.ack(m3, 0).await.unwrap(), Settled::Done);
+    assert_eq!(a.ack(m1, 0).await.unwrap(), Settled::Done);
+    assert_eq!(a.ack(m1, 0).await.unwrap(), Settled::Gone, "a repeated ack applies nothing");
+    assert_eq!(a.renew(&[(m1, 0)]).await.unwrap(), vec![LeaseState::Gone]);
     // A released message goes to any consumer after the claim timeout, one delivery more.
-    assert_eq!(a.release(m2).await.unwrap(), Settled::Done);
+    assert_eq!(a.release(m2, 0).await.unwrap(), Settled::Done);
     assert!(bw.claim(5, Duration::from_millis(10)).await.unwrap().is_empty(), "not before the claim timeout");
     let again = eventually(Duration::from_secs(5), || async {
         let v = bw.claim(5, Duration::from_millis(10)).await.unwrap();
@@ -59,17 +63,17 @@ async fn claim_renew_settle(b: TestBackend) {
     })
     .await
     .expect("released message redelivered");
-    assert_eq!((again[0].id, again[0].deliveries), (m2, 2));
+    assert_eq!((again[0].id, again[0].deliveries, again[0].fence), (m2, 2, 1));
     // RetryAfter: redelivered after the delay, not counted.
-    assert_eq!(bw.retry_after(m2, Duration::from_millis(300)).await.unwrap(), Settled::Done);
+    assert_eq!(bw.retry_after(m2, 1, Duration::from_millis(300)).await.unwrap(), Settled::Done);
     let later = eventually(Duration::from_secs(5), || async {
         let v = bw.claim(5, Duration::from_millis(10)).await.unwrap();
         (!v.is_empty()).then_some(v)
     })
     .await
     .expect("retry_after redelivered");
-    assert_eq!((later[0].id, later[0].deliveries), (m2, 2));
-    assert_eq!(bw.dead_letter(m2, 2, "poison").await.unwrap(), Settled::Done);
+    assert_eq!((later[0].id, later[0].deliveries, later[0].fence), (m2, 2, 2));
+    assert_eq!(bw.dead_letter(m2, 2, 2, "poison").await.unwrap(), Settled::Done);
     assert_eq!(s.dead_letters(&q, 10).await.unwrap()[0].reason, "poison");
 }
 
@@ -104,15 +108,61 @@ async fn silent_worker_fails_over_renewing_one_never_does(b: TestBackend) {
     // `busy` renews at a third of the claim timeout for three claim timeouts: never taken.
     let until = Instant::now() + 3 * ct;
     while Instant::now() < until {
-        assert_eq!(busy.renew(&[m_busy]).await.unwrap(), vec![LeaseState::Held]);
+        assert_eq!(busy.renew(&[(m_busy, 0)]).await.unwrap(), vec![LeaseState::Held]);
         tokio::time::sleep(ct / 3).await;
     }
     let got = seen.lock().unwrap().clone();
     assert_eq!(got, vec![("s".to_string(), 2)], "only the silent worker's message failed over");
-    assert_eq!(busy.ack(m_busy).await.unwrap(), Settled::Done);
+    assert_eq!(busy.ack(m_busy, 0).await.unwrap(), Settled::Done);
     // The silent worker learns it lost the lease; its ack is refused or finds nothing.
-    let st = silent.renew(&[m_silent]).await.unwrap();
+    let st = silent.renew(&[(m_silent, 0)]).await.unwrap();
     assert_ne!(st, vec![LeaseState::Held]);
-    assert!(!matches!(silent.ack(m_silent).await, Ok(Settled::Done)));
+    assert!(!matches!(silent.ack(m_silent, 0).await, Ok(Settled::Done)));
     c.close().await;
+}
+
+/// A worker that lets its lease lapse and claims again gets the same message back, as the same
+/// group member: only the fence tells the two deliveries apart. Every operation naming the first
+/// one is refused; none of them touches the second.
+async fn lapsed_lease_back_to_the_same_worker_is_fenced(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("remote-fence");
+    let ct = Duration::from_secs(1);
+    let w = s.remote_consumer(&q, "w", opts(ct)).await.unwrap();
+    let m = s.offer(&q, "job").await.unwrap();
+    let first = w.claim(1, Duration::from_millis(10)).await.unwrap();
+    assert_eq!((first[0].id, first[0].deliveries, first[0].fence), (m, 1, 0));
+    // Silent past the claim timeout: its next claim parks the unrenewed entry as its orphan and
+    // takes it back as a new delivery.
+    tokio::time::sleep(ct + Duration::from_millis(300)).await;
+    let second = eventually(Duration::from_secs(5), || async {
+        let v = w.claim(1, Duration::from_millis(10)).await.unwrap();
+        (!v.is_empty()).then_some(v)
+    })
+    .await
+    .expect("redelivered");
+    assert_eq!((second[0].id, second[0].deliveries, second[0].fence), (m, 2, 1));
+
+    assert_eq!(w.renew(&[(m, 0)]).await.unwrap(), vec![LeaseState::Lost], "the first delivery is over");
+    assert_eq!(w.renew(&[(m, 1)]).await.unwrap(), vec![LeaseState::Held]);
+    assert_eq!(w.renew(&[(m, 0), (m, 1)]).await.unwrap(), vec![LeaseState::Lost, LeaseState::Held]);
+    assert!(matches!(w.ack(m, 0).await, Err(QueueError::LeaseLost(id)) if id == m));
+    assert!(matches!(w.release(m, 0).await, Err(QueueError::LeaseLost(_))));
+    assert!(matches!(w.retry_after(m, 0, Duration::from_millis(10)).await, Err(QueueError::LeaseLost(_))));
+    assert!(matches!(w.dead_letter(m, 0, 1, "stale").await, Err(QueueError::LeaseLost(_))));
+    assert_eq!(w.hand_back(&[(m, 0)]).await.unwrap(), 0, "a stale hand-back leaves the message alone");
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.pending, st.delayed, st.dead_letters, st.length), (1, 0, 0, 1), "nothing applied: {st:?}");
+    assert_eq!(w.ack(m, 1).await.unwrap(), Settled::Done);
+    assert_eq!(w.ack(m, 1).await.unwrap(), Settled::Gone);
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.pending, st.length), (0, 0));
+    if let Some(mut conn) = conn_for(&b).await {
+        let n: u64 = baton_redis::redis::cmd("HLEN")
+            .arg(baton_queue::keys::fences(baton_queue::keys::DEFAULT_PREFIX, &q))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "the ack removed the entry's fence");
+    }
 }

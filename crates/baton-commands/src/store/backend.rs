@@ -264,12 +264,14 @@ pub(crate) fn status_slot(s: Option<CommandStatus>) -> usize {
 /// The delivery a transition is written for (Redis): its message id and where it lives
 /// ([`baton_queue::Lease::redis_target`] or [`baton_queue::RemoteConsumer::redis_target`]); with
 /// `ack`, a successful write acks it in the same atomic step; with `owned`, the write happens only
-/// while the target's consumer owns the delivery ([`Cas::Lost`] otherwise), checked in the same
-/// atomic step.
+/// while the target's consumer owns the delivery ([`Cas::Lost`] otherwise), and, with `fence`,
+/// while the entry's fence is still that delivery's ([`baton_queue::RemoteDelivery::fence`]: a
+/// later delivery to the same consumer is not this writer's), checked in the same atomic step.
 #[derive(Clone, Debug)]
 pub(crate) struct DeliveryRef {
     pub id: String,
     pub target: baton_queue::RedisAckTarget,
     pub ack: bool,
     pub owned: bool,
+    pub fence: Option<u64>,
 }

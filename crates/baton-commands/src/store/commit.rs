@@ -54,6 +54,8 @@ pub(crate) struct Transition {
     pub owner: String,
     /// Ack `entry` with a successful write.
     pub ack: bool,
+    /// With `owner`: the fence `entry`'s delivery must still have (its number), or empty (any).
+    pub fence: String,
 }
 
 impl Batch for Transition {
@@ -76,11 +78,11 @@ impl Batch for Transition {
                         + 72
                 })
                 .sum::<usize>();
-        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(7 + n, 6 + 7 + n * 11, bytes);
+        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(8 + n, 6 + 8 + n * 12, bytes);
         for k in &keys.index {
             cmd.arg(k);
         }
-        cmd.arg(&keys.stream);
+        cmd.arg(&keys.stream).arg(&keys.fences);
         for t in batch {
             cmd.arg(&t.state_key);
         }
@@ -95,7 +97,8 @@ impl Batch for Transition {
                 .arg(&t.entry)
                 .arg(&t.announce)
                 .arg(&t.owner)
-                .arg(if t.ack { "1" } else { "" });
+                .arg(if t.ack { "1" } else { "" })
+                .arg(&t.fence);
         }
         cmd
     }
@@ -166,6 +169,8 @@ pub(crate) struct BatchKeys {
     pub index: [String; 6],
     /// The home queue's stream.
     pub stream: String,
+    /// Its fence hash (`baton_queue::keys::fences`).
+    pub fences: String,
     pub channel: String,
     pub group: String,
 }

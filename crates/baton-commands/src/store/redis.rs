@@ -102,6 +102,7 @@ impl QKeys {
             queue: queue.to_string(),
             index,
             stream: baton_queue::keys::stream(prefix, queue),
+            fences: baton_queue::keys::fences(prefix, queue),
             channel: format!("{base}:events"),
             group: group.to_string(),
         };
@@ -486,6 +487,7 @@ impl StateBackend for RedisStateBackend {
         let target = delivery.map(|a| (a.id.clone(), a.target.clone()));
         let owner = delivery.filter(|d| d.owned).map(|d| d.target.consumer.clone()).unwrap_or_default();
         let ack = delivery.is_some_and(|d| d.ack);
+        let fence = delivery.filter(|d| d.owned).and_then(|d| d.fence).map(|f| f.to_string()).unwrap_or_default();
         // Only terminal writes are announced: waiters wait for one, and a cancel is one.
         // `<id> <STATUS> <version> <origin>`, read by `pubsub_task`.
         let announce = if st.status.is_terminal() {
@@ -510,6 +512,7 @@ impl StateBackend for RedisStateBackend {
                 announce,
                 owner,
                 ack,
+                fence,
             };
             self.transitions.run(&k.batch, t).await?
         } else {
@@ -524,6 +527,7 @@ impl StateBackend for RedisStateBackend {
             let (ack_id, ack_group) = match &target {
                 Some((id, t)) => {
                     keys.push(&t.stream);
+                    keys.push(&t.fences);
                     (id.as_str(), t.group.as_str())
                 }
                 None => ("", ""),
@@ -542,7 +546,8 @@ impl StateBackend for RedisStateBackend {
                 .arg(ack_group)
                 .arg(&announce)
                 .arg(&owner)
-                .arg(if ack { "1" } else { "" });
+                .arg(if ack { "1" } else { "" })
+                .arg(&fence);
             TRANSITION.query(&mut conn, &cmd).await?
         };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
