@@ -155,6 +155,10 @@ async function mainFlow(mode) {
     await page.locator(`#commands-table tr[data-id="${prefix}sleepy"]`).click()
     await page.locator("#detail-json", { hasText: '"status": "SUBMITTED"' }).waitFor()
     check(await page.locator("#cancel-btn").isEnabled(), "cancel is enabled for a command not yet ended")
+    // What runs now and how far it is (sleep reports its progress; written about once a second).
+    await page.locator("#detail-facts", { hasText: "execute on " }).waitFor({ timeout: 10000 })
+    await page.locator("#detail-facts", { hasText: "% slept " }).waitFor({ timeout: 10000 })
+    await page.locator(`#commands-table tr[data-id="${prefix}sleepy"] .running`).waitFor({ timeout: 10000 })
     await page.screenshot({ path: join(SHOTS, `${mode}-2-commands-running.png`), fullPage: true })
     await page.locator("#cancel-btn").click()
     await page.locator("#detail-json", { hasText: '"status": "CANCELLED"' }).waitFor()

@@ -105,6 +105,27 @@
 //! * **Message fencing**: each state names the one queue message that drives it (an internal
 //!   token carried in the message). A message whose token is not the state's — a duplicate left
 //!   by a crash during a hand-off — is acked without running anything.
+//! * **What runs now, progress and checkpoints**: a handler call that runs for a second or more
+//!   ([`REPORT_INTERVAL`]) shows in its state's [`CommandState::execution`] (worker, call, since,
+//!   delivery, deadline) until its outcome is written. A handler reports with
+//!   [`Command::progress`] and [`Command::checkpoint`]; the latest report is written about once
+//!   a second in the queue's batched writes (a compare-and-set keeping the status, while the
+//!   lease is held) and goes with the outcome; the next delivery of the command gets the last
+//!   checkpoint as [`Command::details`], so the work resumes:
+//!
+//! ```
+//! # use baton_commands::{Command, CommandResult, HandlerError};
+//! # use serde_json::json;
+//! async fn execute(command: Command) -> Result<CommandResult, HandlerError> {
+//!     let first = command.details().and_then(|d| d.parse::<u64>().ok()).unwrap_or(0);
+//!     for page in first..10 {
+//!         // … fetch and store `page` …
+//!         command.progress(Some(page as f64 / 10.0), Some(&format!("page {page} of 10")))?;
+//!         command.checkpoint(&(page + 1))?;
+//!     }
+//!     Ok(CommandResult::succeeded(json!({ "pages": 10 })))
+//! }
+//! ```
 //!
 //! ## Redis key layout and hash slots
 //!
@@ -186,12 +207,13 @@ pub use async_trait::async_trait;
 pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{
-    Command, CommandPage, CommandResult, CommandState, CommandStatus, ListQuery, Progress, StatusCounts, Timestamp,
+    Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall, ListQuery, Progress,
+    StatusCounts, Timestamp,
 };
 pub use remote::{
     RemoteCall, RemoteClaim, RemoteOutcome, RemoteRenewal, RemoteReport, RemoteSettled, RemoteWorkers, MAX_WORKER_NAME,
 };
-pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy};
+pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy, REPORT_INTERVAL};
 pub use store::{CommandStore, CommandStoreSettings, RedisCommandStoreOptions};
 
 /// The error a handler returns for a *transient* problem (retried with backoff); a real failure

@@ -32,6 +32,12 @@ pub struct Command {
     pub params: RawJson,
     #[serde(skip)]
     pub(crate) cancel: CancellationToken,
+    /// The last checkpoint of the command's handler (see [`Command::details`]).
+    #[serde(skip)]
+    pub(crate) details: Option<RawJson>,
+    /// Where [`Command::report`] puts reports (a handler's delivery only).
+    #[serde(skip)]
+    pub(crate) reports: Option<std::sync::Arc<crate::service::Reports>>,
 }
 
 impl Command {
@@ -48,6 +54,8 @@ impl Command {
             command_type: command_type.into(),
             params: params.into(),
             cancel: CancellationToken::new(),
+            details: None,
+            reports: None,
         }
     }
 
@@ -73,6 +81,46 @@ impl Command {
     /// Resolves when the command is cancelled (cooperative: the handler decides to stop).
     pub async fn cancelled(&self) {
         self.cancel.cancelled().await
+    }
+
+    /// The last checkpoint a handler of this command reported ([`Command::checkpoint`], or a
+    /// remote worker's renewal), handed to every later delivery (after a crash, a takeover or a
+    /// `RUNNING` re-poll) so the work resumes where it was instead of starting over. `None` when
+    /// none was reported, and on a command that is not a handler's delivery.
+    pub fn details(&self) -> Option<&RawJson> {
+        self.details.as_ref()
+    }
+
+    /// Reports the handler's progress (a fraction done, 0 to 1, and/or a short message, at most
+    /// [`Progress::MAX_MESSAGE`] bytes). Not written at once: the latest report of each command
+    /// is written into its state about once a second
+    /// ([`REPORT_INTERVAL`](crate::REPORT_INTERVAL)), in the queue's batched state writes, while
+    /// the handler holds the command's lease; the last one also goes with the handler's outcome.
+    /// A no-op on a command that is not a handler's delivery. Errors:
+    /// [`CommandError::InvalidParams`] saying what to fix (nothing is kept).
+    pub fn progress(&self, fraction: Option<f64>, message: Option<&str>) -> Result<(), CommandError> {
+        let p = Progress { fraction, message: message.map(str::to_string) };
+        self.report(Some(p), None)
+    }
+
+    /// Reports a checkpoint of the handler's own (any JSON value, at most
+    /// [`RemoteReport::MAX_DETAILS`](crate::RemoteReport::MAX_DETAILS) bytes), written as
+    /// [`Command::progress`] is and handed to later deliveries as [`Command::details`]. Errors:
+    /// [`CommandError::InvalidParams`] (a value that does not serialize, or too large).
+    pub fn checkpoint<T: Serialize + ?Sized>(&self, details: &T) -> Result<(), CommandError> {
+        let v = RawJson::to_json(details).map_err(|e| CommandError::InvalidParams(e.to_string()))?;
+        self.report(None, Some(v))
+    }
+
+    /// [`Command::progress`] and [`Command::checkpoint`] together (each `None` keeps what was
+    /// reported before). Errors: [`CommandError::InvalidParams`].
+    pub fn report(&self, progress: Option<Progress>, details: Option<RawJson>) -> Result<(), CommandError> {
+        let report = crate::RemoteReport { progress, details };
+        report.validate().map_err(CommandError::InvalidParams)?;
+        if let Some(r) = &self.reports {
+            r.put(report);
+        }
+        Ok(())
     }
 
     /// The cancellation token itself, to hand to code that takes one.
@@ -338,6 +386,10 @@ pub struct CommandState {
     /// work resumes instead of starting over. `None` until reported (absent from the public form).
     #[serde(default)]
     pub details: Option<RawJson>,
+    /// The handler call working on the command now, if one has run for a second or more
+    /// ([`Execution`]); `None` otherwise (absent from the public form).
+    #[serde(default)]
+    pub execution: Option<Execution>,
     /// Redis: SHA-1 (hex) of the canonical submitted body, kept in the stored header (not in
     /// the JSON) for idempotent resubmits; carried here so a write can rebuild the header.
     #[serde(skip)]
@@ -379,6 +431,35 @@ impl Progress {
     }
 }
 
+/// Which handler call is running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionCall {
+    /// `execute` of a `SUBMITTED` command.
+    Execute,
+    /// `check_status` of a `RUNNING` one.
+    CheckStatus,
+}
+
+/// A handler call working on a command now (the state's `execution`): written about a second
+/// after the call starts ([`REPORT_INTERVAL`](crate::REPORT_INTERVAL); shorter calls never
+/// show one), kept while the call runs, removed by the call's outcome (and by any other write
+/// that ends or moves the command: cancel, hand-off). A call whose process died leaves it until
+/// the next delivery's call replaces it; `deadline` says until when it can be believed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Execution {
+    /// The queue consumer that holds the delivery's lease: an in-process consumer's name, or
+    /// `remote-<worker>` for a remote worker.
+    pub worker: String,
+    pub call: ExecutionCall,
+    /// When the call started.
+    pub since: Timestamp,
+    /// Deliveries of the command's message, this one included.
+    pub deliveries: u32,
+    /// `since` + the queue's `max_processing_time`: the latest the call can hold its lease.
+    pub deadline: Timestamp,
+}
+
 /// Storage bookkeeping that is not part of a state's value: any two compare equal (a state read
 /// back from Redis equals the one that was written, whether or not the reader saw the header).
 #[derive(Clone, Debug, Default)]
@@ -404,6 +485,8 @@ struct PublicState<'a> {
     details: &'a Option<RawJson>,
     error: &'a Option<String>,
     errors_count: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    execution: &'a Option<Execution>,
     handed_off_to: &'a Option<String>,
     id: &'a str,
     modified_at: &'a Timestamp,
@@ -428,6 +511,7 @@ impl Serialize for CommandState {
             details: &self.details,
             error: &self.error,
             errors_count: self.errors_count,
+            execution: &self.execution,
             handed_off_to: &self.handed_off_to,
             id: &self.id,
             modified_at: &self.modified_at,
@@ -468,6 +552,8 @@ pub(crate) struct StoredState<'a> {
     progress: &'a Option<Progress>,
     #[serde(skip_serializing_if = "Option::is_none")]
     details: &'a Option<RawJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    execution: &'a Option<Execution>,
     #[serde(rename = "_token")]
     token: &'a str,
     #[serde(rename = "_prev_token", skip_serializing_if = "Option::is_none")]
@@ -496,6 +582,7 @@ impl<'a> From<&'a CommandState> for StoredState<'a> {
             handed_off_to: &st.handed_off_to,
             progress: &st.progress,
             details: &st.details,
+            execution: &st.execution,
             token: &st.token,
             prev_token: st.prev_token.as_deref(),
             lookup_expires_ms: st.lookup_expires_ms,
@@ -523,9 +610,11 @@ impl CommandState {
         self.handed_off_to.as_deref().unwrap_or(&self.queue)
     }
 
-    /// The command this state was created from.
+    /// The command this state was created from (with its last checkpoint, [`Command::details`]).
     pub fn command(&self) -> Command {
-        Command::with_id(self.id.clone(), self.command_type.clone(), self.params.clone())
+        let mut c = Command::with_id(self.id.clone(), self.command_type.clone(), self.params.clone());
+        c.details = self.details.clone();
+        c
     }
 }
 

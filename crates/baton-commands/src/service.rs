@@ -21,7 +21,7 @@ use crate::model::{new_token, CommandMsg};
 use crate::store::DeliveryRef;
 use crate::{
     backoff, validate_queue, Command, CommandError, CommandHandler, CommandResult, CommandState, CommandStatus,
-    CommandStore, HandlerError, Timestamp,
+    CommandStore, Execution, ExecutionCall, HandlerError, RemoteReport, Timestamp,
 };
 
 /// Retries of handler errors (`Err` or panic) with exponential backoff.
@@ -302,7 +302,7 @@ async fn dispatch(ctx: Arc<Ctx>, d: Delivery) -> Decision {
         Ok(m) => m,
         Err(e) => return Decision::DeadLetter(format!("not a command message: {e}")),
     };
-    match run(&ctx, &msg, &d.lease).await {
+    match run(&ctx, &msg, &d.lease, d.deliveries).await {
         Ok(decision) => decision,
         Err(e) => {
             tracing::warn!(queue = %ctx.queue, command = %msg.id, error = %e, "command store unavailable; retrying the delivery");
@@ -348,7 +348,7 @@ pub(crate) async fn prepare(ctx: &Ctx, msg: &CommandMsg) -> Result<Prepared, Com
     Ok(Prepared::Call { st: Box::new(st), is_execute })
 }
 
-async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, CommandError> {
+async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -> Result<Decision, CommandError> {
     let backend = &ctx.store.inner.backend;
     let (st, is_execute) = match prepare(ctx, msg).await? {
         Prepared::Settle(d) => return Ok(d),
@@ -361,15 +361,39 @@ async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, Com
     };
     // Remote cancels reach this process through the home queue's notifications.
     backend.watch_home(&msg.home).await?;
-    let command: Command = st.command();
+    let mut command: Command = st.command();
+    let reports = Arc::new(Reports::default());
+    command.reports = Some(reports.clone());
     let _running = ctx.store.inner.hub.running(&st.id, command.cancel.clone());
     // When this `execute` starts: the command's `started_at` unless an earlier call set it.
-    let started = is_execute.then(Timestamp::now);
+    let now = Timestamp::now();
+    let started = is_execute.then_some(now);
+    let execution = Execution {
+        worker: lease.consumer().to_string(),
+        call: if is_execute { ExecutionCall::Execute } else { ExecutionCall::CheckStatus },
+        since: now,
+        deliveries,
+        deadline: Timestamp::from_millis(now.millis() + ctx.settings.max_processing_time.as_millis() as u64),
+    };
+    let check_state = (!is_execute).then(|| st.clone());
+    let latest = Arc::new(std::sync::Mutex::new(st));
+    let stop = tokio_util::sync::CancellationToken::new();
+    // Also when this future is dropped mid-call: the writer never outlives the call.
+    let _stop_on_drop = stop.clone().drop_guard();
+    let writer = tokio::spawn(write_reports(
+        ctx.clone(),
+        msg.clone(),
+        lease.clone(),
+        execution,
+        reports.clone(),
+        latest.clone(),
+        stop.clone(),
+    ));
     let call = async {
         if is_execute {
             handler.execute(command).await
         } else {
-            handler.check_status(command, st.clone()).await
+            handler.check_status(command, check_state.expect("a check_status call")).await
         }
     };
     let outcome = match std::panic::AssertUnwindSafe(call).catch_unwind().await {
@@ -378,7 +402,138 @@ async fn run(ctx: &Ctx, msg: &CommandMsg, lease: &Lease) -> Result<Decision, Com
         Err(p) => Outcome::Error(format!("handler panicked: {}", panic_text(&*p))),
     };
     drop(_running);
+    // The report writer ends after its write in flight (if any), so that the outcome is written
+    // on the latest state, with the last report.
+    stop.cancel();
+    let _ = writer.await;
+    let mut st = match Arc::try_unwrap(latest) {
+        Ok(m) => m.into_inner().expect("lock"),
+        Err(shared) => shared.lock().expect("lock").clone(),
+    };
+    if let Some(r) = reports.take() {
+        r.apply_to(&mut st);
+    }
     Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), is_execute, started, outcome).await?.decision)
+}
+
+/// How often a running in-process handler's reports ([`Command::progress`],
+/// [`Command::checkpoint`]) are written into its command's state, and how long a call runs
+/// before its [`Execution`] is written: about once a second, in the queue's batched state
+/// writes (one script call per home queue for all the commands written together, not one per
+/// command). Calls shorter than this write nothing before their outcome.
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A running handler's reports not written yet: the latest progress and the latest details.
+#[derive(Debug, Default)]
+pub(crate) struct Reports(std::sync::Mutex<Option<RemoteReport>>);
+
+impl Reports {
+    /// Keeps `r`'s parts over the ones not written yet.
+    pub(crate) fn put(&self, r: RemoteReport) {
+        let mut g = self.0.lock().expect("lock");
+        match &mut *g {
+            None => *g = Some(r),
+            Some(p) => {
+                if r.progress.is_some() {
+                    p.progress = r.progress;
+                }
+                if r.details.is_some() {
+                    p.details = r.details;
+                }
+            }
+        }
+    }
+
+    /// Puts back the parts of a report whose write failed, under any reported since.
+    fn restore(&self, r: RemoteReport) {
+        let mut g = self.0.lock().expect("lock");
+        let p = g.get_or_insert(RemoteReport { progress: None, details: None });
+        if p.progress.is_none() {
+            p.progress = r.progress;
+        }
+        if p.details.is_none() {
+            p.details = r.details;
+        }
+    }
+
+    fn take(&self) -> Option<RemoteReport> {
+        self.0.lock().expect("lock").take()
+    }
+}
+
+impl RemoteReport {
+    /// Replaces `st`'s progress and/or details by this report's.
+    pub(crate) fn apply_to(self, st: &mut CommandState) {
+        if self.progress.is_some() {
+            st.progress = self.progress;
+        }
+        if self.details.is_some() {
+            st.details = self.details;
+        }
+    }
+}
+
+/// Writes a running in-process handler's [`Execution`] (after [`REPORT_INTERVAL`]) and its
+/// reports (every [`REPORT_INTERVAL`] when there are new ones) into its command's state, until
+/// `stop`: compare-and-sets that keep the status, owner-checked in the same step where the
+/// backend can (Redis, the delivery in the home queue's slot), never after the lease is lost or
+/// the command moved on. `latest` holds the state last written (the outcome is written on it).
+async fn write_reports(
+    ctx: Arc<Ctx>,
+    msg: CommandMsg,
+    lease: Lease,
+    execution: Execution,
+    reports: Arc<Reports>,
+    latest: Arc<std::sync::Mutex<CommandState>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let backend = &ctx.store.inner.backend;
+    let delivery = lease
+        .redis_target()
+        .filter(|_| backend.can_fold_ack(&msg.home, &ctx.queue))
+        .map(|target| DeliveryRef { id: lease.id().to_string(), target, ack: false, owned: true, fence: None });
+    let mut shown = false;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(REPORT_INTERVAL) => {}
+            _ = stop.cancelled() => return,
+        }
+        if lease.is_lost() {
+            return;
+        }
+        let report = reports.take();
+        if shown && report.is_none() {
+            continue;
+        }
+        let cur = latest.lock().expect("lock").clone();
+        let mut next = cur.clone();
+        next.version += 1;
+        next.modified_at = Timestamp::now();
+        next.execution = Some(execution.clone());
+        if let Some(r) = report.clone() {
+            r.apply_to(&mut next);
+        }
+        match ctx.store.write_for(cur.status, next, None, delivery.as_ref()).await {
+            Ok((Ok(written), _)) => {
+                *latest.lock().expect("lock") = written;
+                shown = true;
+            }
+            // Another write kept the status (a cancel or an outcome would not): write again on it.
+            Ok((Err(Some(l)), _)) if !l.status.is_terminal() && l.token == msg.token && l.status == cur.status => {
+                *latest.lock().expect("lock") = l;
+                if let Some(r) = report {
+                    reports.restore(r);
+                }
+            }
+            Ok((Err(_), _)) | Err(CommandError::Queue(baton_queue::QueueError::LeaseLost(_))) => return,
+            Err(e) => {
+                tracing::warn!(queue = %ctx.queue, command = %msg.id, error = %e, "writing a handler's progress failed; tried again in a second");
+                if let Some(r) = report {
+                    reports.restore(r);
+                }
+            }
+        }
+    }
 }
 
 fn error_text(e: &HandlerError) -> String {
@@ -423,6 +578,8 @@ fn plan(
     let mut next = cur.clone();
     next.version += 1;
     next.modified_at = now;
+    // The call is over: whatever comes next, it is not working on the command any more.
+    next.execution = None;
     if is_execute {
         next.attempts += 1;
     }
@@ -632,6 +789,7 @@ async fn finish_handoff(ctx: &Ctx, st: CommandState) -> Result<Decision, Command
     next.version += 1;
     next.modified_at = Timestamp::now();
     next.token = new_token();
+    next.execution = None;
     let m = CommandMsg { id: st.id.clone(), home: st.queue.clone(), token: next.token.clone() };
     let atomic = ctx.store.inner.backend.atomic_enqueue(&st.queue, &target);
     let enqueue = if atomic { Some((target.as_str(), &m)) } else { None };

@@ -715,6 +715,13 @@ impl Lease {
         self.inner.id
     }
 
+    /// The name of the consumer holding the lease (its member name in the queue's consumer
+    /// group on Redis: the consumer prefix and a unique suffix, see
+    /// [`ConsumerOptions::with_consumer_prefix`](crate::ConsumerOptions::with_consumer_prefix)).
+    pub fn consumer(&self) -> &str {
+        &self.inner.shared.consumer
+    }
+
     /// True once the lease is lost, released or no longer renewed (see the type's docs).
     pub fn is_lost(&self) -> bool {
         self.inner.lost.is_cancelled()

@@ -166,6 +166,21 @@ fn commands_submit_status_wait_cancel_list() {
     let out = s.run(&["commands", "wait", "s1", "--timeout", "300ms"]).code(6);
     assert!(t.elapsed() < Duration::from_secs(5));
     assert!(out.stdout.starts_with("s1 is still "), "{out:?}");
+    // While it sleeps: which call runs where, and its progress (written about once a second).
+    let mut shown = String::new();
+    for _ in 0..100 {
+        shown = s.run(&["commands", "status", "s1"]).ok().stdout;
+        if shown.contains("progress:") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let line = |k: &str| shown.lines().find(|l| l.starts_with(k)).unwrap_or_default().to_string();
+    assert!(line("execution:").contains("execute on "), "{shown}");
+    assert!(line("execution:").contains(", delivery 1, deadline "), "{shown}");
+    assert!(line("progress:").contains("% slept "), "{shown}");
+    assert!(line("progress:").ends_with(" of 600000 ms"), "{shown}");
+    assert!(line("status:").contains("SUBMITTED"), "{shown}");
     let out = s.run(&["commands", "cancel", "s1"]).ok();
     assert_eq!(out.stdout, "cancelled s1\n");
     let out = s.run(&["commands", "cancel", "s1"]).code(4);

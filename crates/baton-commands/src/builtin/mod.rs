@@ -3,7 +3,7 @@
 //!
 //! | kind    | handler            | params                 | outcome |
 //! |---------|--------------------|------------------------|---------|
-//! | `sleep` | [`SleepHandler`]   | `{"ms": n}`, 0 ≤ n ≤ 86 400 000 | `SUCCEEDED` with `{"slept_ms": n}` after `n` ms; `CANCELLED` at once when cancelled |
+//! | `sleep` | [`SleepHandler`]   | `{"ms": n}`, 0 ≤ n ≤ 86 400 000 | `SUCCEEDED` with `{"slept_ms": n}` after `n` ms; `CANCELLED` at once when cancelled; progress reported every second |
 //! | `echo`  | [`EchoHandler`]    | any JSON               | `SUCCEEDED` with the params |
 //! | `fail`  | [`FailHandler`]    | `{"error": text}`      | `FAILED` with `text` |
 //! | `http`  | [`HttpHandler`]    | any JSON               | POSTs the command to a webhook; its reply decides (see [`HttpHandler`]) |

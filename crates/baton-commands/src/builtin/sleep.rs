@@ -17,7 +17,9 @@ pub const MAX_SLEEP_MS: u64 = 24 * 60 * 60 * 1000;
 ///   params that are not an object — is refused by `validate` (so at submit) with a message
 ///   saying what to fix.
 /// * `execute`: waits `n` ms, then succeeds with `{"slept_ms": n}`. When the command is
-///   cancelled meanwhile it stops at once and returns [`CommandResult::cancelled`].
+///   cancelled meanwhile it stops at once and returns [`CommandResult::cancelled`]. While it
+///   waits it reports its progress ([`Command::progress`]) every
+///   [`REPORT_INTERVAL`](crate::REPORT_INTERVAL): the fraction slept and `"slept <x> of <n> ms"`.
 /// * `check_status` is never needed (`execute` never returns `running`).
 ///
 /// A sleep longer than the queue's `max_processing_time` (default 15 min) loses its lease like
@@ -63,9 +65,20 @@ impl CommandHandler for SleepHandler {
         if command.is_cancelled() {
             return Ok(CommandResult::cancelled());
         }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(ms)) => Ok(CommandResult::succeeded(json!({ "slept_ms": ms }))),
-            _ = command.cancelled() => Ok(CommandResult::cancelled()),
+        let start = tokio::time::Instant::now();
+        let end = start + Duration::from_millis(ms);
+        loop {
+            let tick = (tokio::time::Instant::now() + crate::REPORT_INTERVAL).min(end);
+            tokio::select! {
+                _ = tokio::time::sleep_until(tick) => {}
+                _ = command.cancelled() => return Ok(CommandResult::cancelled()),
+            }
+            if tick >= end {
+                return Ok(CommandResult::succeeded(json!({ "slept_ms": ms })));
+            }
+            let slept = start.elapsed().as_millis() as u64;
+            let fraction = (slept as f64 / ms as f64).min(1.0);
+            let _ = command.progress(Some(fraction), Some(&format!("slept {slept} of {ms} ms")));
         }
     }
 

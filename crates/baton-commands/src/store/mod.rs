@@ -198,6 +198,7 @@ impl CommandStore {
             handed_off_to: None,
             progress: None,
             details: None,
+            execution: None,
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,
@@ -283,6 +284,7 @@ impl CommandStore {
             let now = Timestamp::now();
             let mut next = st.clone();
             next.status = CommandStatus::Cancelled;
+            next.execution = None;
             next.completed_at = Some(now);
             next.modified_at = now;
             next.version += 1;

@@ -229,13 +229,18 @@ fn print_state(s: &Value, text: &str) {
         "modified_at",
         "completed_at",
         "handed_off_to",
+        "execution",
+        "progress",
+        "details",
     ] {
         if let Some(v) = s.get(k) {
             if k == "handed_off_to" && v.is_null() {
                 continue;
             }
             let shown = match (k, raw_field(text, k)) {
-                ("params" | "result", Some(raw)) if !v.is_null() => raw.to_string(),
+                ("params" | "result" | "details", Some(raw)) if !v.is_null() => raw.to_string(),
+                ("execution", _) => execution_text(v),
+                ("progress", _) => progress_text(v),
                 _ => cell(Some(v)),
             };
             t.row(vec![format!("{k}:"), shown]);
@@ -246,6 +251,26 @@ fn print_state(s: &Value, text: &str) {
     for line in text.lines().skip(1) {
         println!("{line}");
     }
+}
+
+/// `execute on <worker> since <time>, delivery <n>, deadline <time>`.
+fn execution_text(v: &Value) -> String {
+    let f = |k: &str| cell(v.get(k));
+    format!(
+        "{} on {} since {}, delivery {}, deadline {}",
+        f("call"),
+        f("worker"),
+        f("since"),
+        f("deliveries"),
+        f("deadline")
+    )
+}
+
+/// `42% <message>` (either part alone when the other is absent).
+fn progress_text(v: &Value) -> String {
+    let pct = v.get("fraction").and_then(Value::as_f64).map(|f| format!("{}%", (f * 100.0).round()));
+    let msg = v.get("message").and_then(Value::as_str).map(str::to_string);
+    [pct, msg].into_iter().flatten().collect::<Vec<_>>().join(" ")
 }
 
 /// Waits (in steps of at most [`WAIT_STEP`]) until the command ends or `timeout` passes.

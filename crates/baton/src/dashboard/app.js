@@ -205,7 +205,8 @@
         onclick: () => select(c.id),
         onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); select(c.id); } },
       },
-      h("td", { class: "mono" }, c.id), h("td", {}, c.queue), h("td", {}, c.type), h("td", {}, badge(c.status)),
+      h("td", { class: "mono" }, c.id), h("td", {}, c.queue), h("td", {}, c.type),
+      h("td", {}, badge(c.status), c.execution ? h("span", { class: "muted running", title: executionText(c.execution) }, " running" + (progressPct(c.progress) ? " " + progressPct(c.progress) : "")) : null),
       h("td", { class: "num" }, num(c.attempts)), timeCell(c.created_at), timeCell(c.modified_at));
       body.append(tr);
     }
@@ -244,11 +245,23 @@
     if (!r.ok) { toast(`Cannot load ${id}: ${r.message}`, true); return; }
     showDetail(r.body);
   }
+  // "42%" from a state's progress, or "" without a fraction.
+  function progressPct(p) {
+    return p && typeof p.fraction === "number" ? Math.round(p.fraction * 100) + "%" : "";
+  }
+  function progressText(p) {
+    return [progressPct(p), p && p.message].filter(Boolean).join(" ");
+  }
+  function executionText(e) {
+    return `${e.call} on ${e.worker} since ${e.since}, delivery ${e.deliveries}, deadline ${e.deadline}`;
+  }
   function showDetail(c) {
     state.detail = c;
     $("detail-title").textContent = "Command " + c.id;
     const facts = [["Status", badge(c.status)], ["Queue", c.queue], ["Type", c.type], ["Attempts", String(c.attempts)],
       ["Created", c.created_at], ["Completed", c.completed_at || "–"]];
+    if (c.execution) facts.push(["Running", executionText(c.execution)]);
+    if (c.progress) facts.push(["Progress", progressText(c.progress)]);
     if (c.error) facts.push(["Error", c.error]);
     $("detail-facts").replaceChildren(...facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     $("detail-json").textContent = JSON.stringify(c, null, 2);
