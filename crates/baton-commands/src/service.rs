@@ -380,15 +380,6 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     let stop = tokio_util::sync::CancellationToken::new();
     // Also when this future is dropped mid-call: the writer never outlives the call.
     let _stop_on_drop = stop.clone().drop_guard();
-    let writer = tokio::spawn(write_reports(
-        ctx.clone(),
-        msg.clone(),
-        lease.clone(),
-        execution,
-        reports.clone(),
-        latest.clone(),
-        stop.clone(),
-    ));
     let call = async {
         if is_execute {
             handler.execute(command).await
@@ -396,7 +387,26 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
             handler.check_status(command, check_state.expect("a check_status call")).await
         }
     };
-    let outcome = match std::panic::AssertUnwindSafe(call).catch_unwind().await {
+    let call = std::panic::AssertUnwindSafe(call).catch_unwind();
+    tokio::pin!(call);
+    // Most calls end within the first interval: they never start a writer (one timer each).
+    let mut writer = None;
+    let result = match tokio::time::timeout(REPORT_INTERVAL, &mut call).await {
+        Ok(r) => r,
+        Err(_) => {
+            writer = Some(tokio::spawn(write_reports(
+                ctx.clone(),
+                msg.clone(),
+                lease.clone(),
+                execution,
+                reports.clone(),
+                latest.clone(),
+                stop.clone(),
+            )));
+            call.await
+        }
+    };
+    let outcome = match result {
         Ok(Ok(r)) => Outcome::Result(r),
         Ok(Err(e)) => Outcome::Error(error_text(&e)),
         Err(p) => Outcome::Error(format!("handler panicked: {}", panic_text(&*p))),
@@ -405,7 +415,9 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     // The report writer ends after its write in flight (if any), so that the outcome is written
     // on the latest state, with the last report.
     stop.cancel();
-    let _ = writer.await;
+    if let Some(w) = writer {
+        let _ = w.await;
+    }
     let mut st = match Arc::try_unwrap(latest) {
         Ok(m) => m.into_inner().expect("lock"),
         Err(shared) => shared.lock().expect("lock").clone(),
@@ -473,8 +485,9 @@ impl RemoteReport {
     }
 }
 
-/// Writes a running in-process handler's [`Execution`] (after [`REPORT_INTERVAL`]) and its
-/// reports (every [`REPORT_INTERVAL`] when there are new ones) into its command's state, until
+/// Writes a running in-process handler's [`Execution`] (at once: it is started once the call
+/// has run [`REPORT_INTERVAL`]) and its reports (then every [`REPORT_INTERVAL`] when there are
+/// new ones) into its command's state, until
 /// `stop`: compare-and-sets that keep the status, owner-checked in the same step where the
 /// backend can (Redis, the delivery in the home queue's slot), never after the lease is lost or
 /// the command moved on. `latest` holds the state last written (the outcome is written on it).
@@ -493,12 +506,16 @@ async fn write_reports(
         .filter(|_| backend.can_fold_ack(&msg.home, &ctx.queue))
         .map(|target| DeliveryRef { id: lease.id().to_string(), target, ack: false, owned: true, fence: None });
     let mut shown = false;
+    let mut wait = false;
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(REPORT_INTERVAL) => {}
-            _ = stop.cancelled() => return,
+        if wait {
+            tokio::select! {
+                _ = tokio::time::sleep(REPORT_INTERVAL) => {}
+                _ = stop.cancelled() => return,
+            }
         }
-        if lease.is_lost() {
+        wait = true;
+        if stop.is_cancelled() || lease.is_lost() {
             return;
         }
         let report = reports.take();
