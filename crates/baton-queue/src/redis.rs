@@ -138,7 +138,8 @@ fn bytes_of(v: &Value) -> Option<Bytes> {
 /// liveness record (`join.lua`).
 async fn join(conn: &mut RedisConn, keys: &Keys, group: &str, spec: &ConsumerSpec) -> Result<(), QueueError> {
     let claim_ms = spec.claim_timeout.as_millis() as u64;
-    let _: i64 = JOIN.run(conn, &[&keys.stream, &keys.liveness], &[&group, &spec.consumer, &claim_ms]).await?;
+    let _: i64 =
+        JOIN.run(conn, &[&keys.stream, &keys.liveness, &keys.fences], &[&group, &spec.consumer, &claim_ms]).await?;
     Ok(())
 }
 

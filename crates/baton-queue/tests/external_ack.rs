@@ -34,7 +34,8 @@ async fn redis_target_and_mark_acked(b: TestBackend) {
                         seen.lock().unwrap().push((None, None));
                         return Decision::Ack;
                     };
-                    // What a caller's script does: ownership check, then XACK + XDEL.
+                    // What a caller's script does: ownership check, then XACK + XDEL + HDEL of the
+                    // entry's fence.
                     let mut conn = conn.expect("redis");
                     let id = d.id.to_string();
                     let p: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
@@ -57,6 +58,10 @@ async fn redis_target_and_mark_acked(b: TestBackend) {
                         .cmd("XDEL")
                         .arg(&t.stream)
                         .arg(&id)
+                        .cmd("HDEL")
+                        .arg(&t.fences)
+                        .arg(&id)
+                        .ignore()
                         .query_async(&mut conn)
                         .await
                         .unwrap();

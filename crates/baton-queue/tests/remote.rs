@@ -13,7 +13,8 @@ use common::*;
 baton_testkit::on_every_backend!(
     claim_renew_settle,
     silent_worker_fails_over_renewing_one_never_does,
-    lapsed_lease_back_to_the_same_worker_is_fenced
+    lapsed_lease_back_to_the_same_worker_is_fenced,
+    a_recreated_group_starts_its_fences_anew
 );
 
 fn opts(ct: Duration) -> RemoteOptions {
@@ -165,4 +166,47 @@ async fn lapsed_lease_back_to_the_same_worker_is_fenced(b: TestBackend) {
             .unwrap();
         assert_eq!(n, 0, "the ack removed the entry's fence");
     }
+}
+
+/// A consumer group lost while its stream stays (`XGROUP DESTROY`) is recreated and delivers every
+/// entry anew, with fence 0: the fences of the old group are gone with it, so the new deliveries
+/// settle (breaker: they were refused as lost until a reclaim raised the fence again).
+async fn a_recreated_group_starts_its_fences_anew(b: TestBackend) {
+    let Some(mut conn) = conn_for(&b).await else { return }; // Redis only
+    let s = stream_for(&b).await;
+    let q = queue_name("remote-regroup");
+    let ct = Duration::from_secs(1);
+    let w = s.remote_consumer(&q, "w", opts(ct)).await.unwrap();
+    let m = s.offer(&q, "job").await.unwrap();
+    assert_eq!(w.claim(1, Duration::from_millis(10)).await.unwrap()[0].fence, 0);
+    assert_eq!(w.release(m, 0).await.unwrap(), Settled::Done);
+    let again = eventually(Duration::from_secs(5), || async {
+        let v = w.claim(1, Duration::from_millis(10)).await.unwrap();
+        (!v.is_empty()).then_some(v)
+    })
+    .await
+    .expect("redelivered");
+    assert_eq!(again[0].fence, 1);
+    let stream = baton_queue::keys::stream(baton_queue::keys::DEFAULT_PREFIX, &q);
+    let _: i64 = baton_redis::redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(&stream)
+        .arg(baton_queue::keys::DEFAULT_GROUP)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let anew = eventually(Duration::from_secs(5), || async {
+        let v = w.claim(1, Duration::from_millis(10)).await.unwrap();
+        (!v.is_empty()).then_some(v)
+    })
+    .await
+    .expect("delivered by the recreated group");
+    assert_eq!((anew[0].id, anew[0].fence), (m, 0));
+    assert_eq!(w.ack(m, 0).await.unwrap(), Settled::Done);
+    let n: u64 = baton_redis::redis::cmd("HLEN")
+        .arg(baton_queue::keys::fences(baton_queue::keys::DEFAULT_PREFIX, &q))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
 }
