@@ -471,7 +471,7 @@ impl PartialEq for BodySha {
     }
 }
 
-fn is_zero(v: &u64) -> bool {
+pub(crate) fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 

@@ -140,12 +140,8 @@ struct LeaseToken {
     s: u64,
     /// The delivery's fence ([`baton_queue::RemoteDelivery::fence`]; absent in tokens signed
     /// before fences existed: 0, a first delivery's).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::model::is_zero")]
     f: u64,
-}
-
-fn is_zero(f: &u64) -> bool {
-    *f == 0
 }
 
 /// What a lease token names: the delivery (message id and fence), its command message and when
@@ -765,12 +761,7 @@ impl RemoteWorkers {
             let mut next = st.clone();
             next.version += 1;
             next.modified_at = Timestamp::now();
-            if let Some(p) = &report.progress {
-                next.progress = Some(p.clone());
-            }
-            if let Some(d) = &report.details {
-                next.details = Some(d.clone());
-            }
+            report.clone().apply_to(&mut next);
             match self.ctx.store.write_for(st.status, next, None, delivery.as_ref()).await? {
                 (Ok(written), _) => {
                     self.claimed.replace(mid, claimed_ms, &written);

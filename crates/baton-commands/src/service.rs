@@ -368,13 +368,6 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     // When this `execute` starts: the command's `started_at` unless an earlier call set it.
     let now = Timestamp::now();
     let started = is_execute.then_some(now);
-    let execution = Execution {
-        worker: lease.consumer().to_string(),
-        call: if is_execute { ExecutionCall::Execute } else { ExecutionCall::CheckStatus },
-        since: now,
-        deliveries,
-        deadline: Timestamp::from_millis(now.millis() + ctx.settings.max_processing_time.as_millis() as u64),
-    };
     let check_state = (!is_execute).then(|| st.clone());
     let latest = Arc::new(std::sync::Mutex::new(st));
     let stop = tokio_util::sync::CancellationToken::new();
@@ -394,6 +387,13 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     let result = match tokio::time::timeout(REPORT_INTERVAL, &mut call).await {
         Ok(r) => r,
         Err(_) => {
+            let execution = Execution {
+                worker: lease.consumer().to_string(),
+                call: if is_execute { ExecutionCall::Execute } else { ExecutionCall::CheckStatus },
+                since: now,
+                deliveries,
+                deadline: Timestamp::from_millis(now.millis() + ctx.settings.max_processing_time.as_millis() as u64),
+            };
             writer = Some(tokio::spawn(write_reports(
                 ctx.clone(),
                 msg.clone(),
@@ -443,29 +443,17 @@ impl Reports {
     /// Keeps `r`'s parts over the ones not written yet.
     pub(crate) fn put(&self, r: RemoteReport) {
         let mut g = self.0.lock().expect("lock");
-        match &mut *g {
-            None => *g = Some(r),
-            Some(p) => {
-                if r.progress.is_some() {
-                    p.progress = r.progress;
-                }
-                if r.details.is_some() {
-                    p.details = r.details;
-                }
-            }
-        }
+        let p = g.get_or_insert(RemoteReport { progress: None, details: None });
+        p.progress = r.progress.or(p.progress.take());
+        p.details = r.details.or(p.details.take());
     }
 
     /// Puts back the parts of a report whose write failed, under any reported since.
     fn restore(&self, r: RemoteReport) {
         let mut g = self.0.lock().expect("lock");
         let p = g.get_or_insert(RemoteReport { progress: None, details: None });
-        if p.progress.is_none() {
-            p.progress = r.progress;
-        }
-        if p.details.is_none() {
-            p.details = r.details;
-        }
+        p.progress = p.progress.take().or(r.progress);
+        p.details = p.details.take().or(r.details);
     }
 
     fn take(&self) -> Option<RemoteReport> {
@@ -476,12 +464,8 @@ impl Reports {
 impl RemoteReport {
     /// Replaces `st`'s progress and/or details by this report's.
     pub(crate) fn apply_to(self, st: &mut CommandState) {
-        if self.progress.is_some() {
-            st.progress = self.progress;
-        }
-        if self.details.is_some() {
-            st.details = self.details;
-        }
+        st.progress = self.progress.or(st.progress.take());
+        st.details = self.details.or(st.details.take());
     }
 }
 
