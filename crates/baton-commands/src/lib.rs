@@ -192,6 +192,7 @@
 //! checks each entry whose score has passed and re-scores live ones to their `PEXPIRETIME`.
 
 pub mod builtin;
+mod feed;
 mod json;
 mod model;
 mod remote;
@@ -205,6 +206,7 @@ use std::time::Duration;
 pub use async_trait::async_trait;
 /// The Redis connection of [`CommandStore::redis`], re-exported from `baton-redis`.
 pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
+pub use feed::{CommandEvent, EventFrom, EventKind, EventOffset, EventPage, FeedSettings, READ_MAX, SCAN_MAX};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{
     Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall, ListQuery, Progress,
@@ -274,6 +276,9 @@ pub enum CommandError {
     /// A listing cursor not returned by a previous page.
     #[error("invalid cursor {0:?}")]
     InvalidCursor(String),
+    /// An event feed offset that is not `-1`, `now` or one returned by a read.
+    #[error("invalid offset {0:?}: use -1 (the start), now (the tail) or an offset returned by a read")]
+    InvalidOffset(String),
     /// A setting out of range; the message names it.
     #[error("invalid setting: {0}")]
     InvalidSettings(String),

@@ -762,7 +762,8 @@ impl RemoteWorkers {
             next.version += 1;
             next.modified_at = Timestamp::now();
             report.clone().apply_to(&mut next);
-            match self.ctx.store.write_for(st.status, next, None, delivery.as_ref()).await? {
+            let event = Some((crate::EventKind::Progress, None));
+            match self.ctx.store.write_for(st.status, next, None, delivery.as_ref(), event).await? {
                 (Ok(written), _) => {
                     self.claimed.replace(mid, claimed_ms, &written);
                     return Ok(false);

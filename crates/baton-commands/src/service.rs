@@ -21,7 +21,7 @@ use crate::model::{new_token, CommandMsg};
 use crate::store::DeliveryRef;
 use crate::{
     backoff, validate_queue, Command, CommandError, CommandHandler, CommandResult, CommandState, CommandStatus,
-    CommandStore, Execution, ExecutionCall, HandlerError, RemoteReport, Timestamp,
+    CommandStore, EventKind, Execution, ExecutionCall, HandlerError, RemoteReport, Timestamp,
 };
 
 /// Retries of handler errors (`Err` or panic) with exponential backoff.
@@ -511,10 +511,17 @@ async fn write_reports(
         next.version += 1;
         next.modified_at = Timestamp::now();
         next.execution = Some(execution.clone());
+        // The first write of an `execute` call is its start; later ones (and a long
+        // `check_status` call's) are its reports.
+        let event = if !shown && execution.call == ExecutionCall::Execute {
+            Some((EventKind::Started, None))
+        } else {
+            report.is_some().then_some((EventKind::Progress, None))
+        };
         if let Some(r) = report.clone() {
             r.apply_to(&mut next);
         }
-        match ctx.store.write_for(cur.status, next, None, delivery.as_ref()).await {
+        match ctx.store.write_for(cur.status, next, None, delivery.as_ref(), event).await {
             Ok((Ok(written), _)) => {
                 *latest.lock().expect("lock") = written;
                 shown = true;
@@ -560,6 +567,8 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 struct Plan {
     /// The state to write; `None`: nothing to write.
     next: Option<CommandState>,
+    /// The feed event of the write (and a retry's delay, ms).
+    event: Option<(EventKind, Option<u64>)>,
     decision: Decision,
     /// A hand-off: (target queue, message).
     handoff: Option<(String, CommandMsg)>,
@@ -589,7 +598,12 @@ fn plan(
         n.status = status;
         n.completed_at = Some(now);
         n.errors_count = 0;
-        Plan { next: Some(n), decision: Decision::Ack, handoff: None }
+        let kind = match status {
+            CommandStatus::Succeeded => EventKind::Succeeded,
+            CommandStatus::Cancelled => EventKind::Cancelled,
+            _ => EventKind::Failed,
+        };
+        Plan { next: Some(n), event: Some((kind, None)), decision: Decision::Ack, handoff: None }
     };
     match outcome {
         Outcome::Result(CommandResult::Succeeded(v)) => {
@@ -606,14 +620,17 @@ fn plan(
             let delay = next_check.unwrap_or(ctx.settings.check_status_interval);
             let refresh_due = now.millis().saturating_sub(cur.modified_at.millis())
                 > (ctx.store.inner.settings.state_ttl / 2).as_millis() as u64;
-            if cur.status == CommandStatus::Running && cur.errors_count == 0 && !refresh_due {
-                return Plan { next: None, decision: Decision::RetryAfter(delay), handoff: None };
+            let unchanged = cur.status == CommandStatus::Running && cur.errors_count == 0;
+            if unchanged && !refresh_due {
+                return Plan { next: None, event: None, decision: Decision::RetryAfter(delay), handoff: None };
             }
             next.status = CommandStatus::Running;
             next.started_at = next.started_at.or(Some(now));
             next.errors_count = 0;
             next.error = None;
-            Plan { next: Some(next), decision: Decision::RetryAfter(delay), handoff: None }
+            // A refresh of the state's lifetime is not an event.
+            let event = (!unchanged).then_some((EventKind::Running, None));
+            Plan { next: Some(next), event, decision: Decision::RetryAfter(delay), handoff: None }
         }
         Outcome::Result(CommandResult::HandedOff { queue: target }) => {
             let refuse = if target == &ctx.queue {
@@ -636,7 +653,12 @@ fn plan(
             next.prev_token = Some(msg.token.clone());
             next.token = token.clone();
             let m = CommandMsg { id: cur.id.clone(), home: cur.queue.clone(), token };
-            Plan { next: Some(next), decision: Decision::Ack, handoff: Some((target.clone(), m)) }
+            Plan {
+                next: Some(next),
+                event: Some((EventKind::HandedOff, None)),
+                decision: Decision::Ack,
+                handoff: Some((target.clone(), m)),
+            }
         }
         Outcome::Error(e) => {
             let errors = cur.errors_count + 1;
@@ -649,9 +671,11 @@ fn plan(
                 }
                 return n;
             }
+            let delay = backoff(&ctx.settings.retry, errors);
             Plan {
                 next: Some(next),
-                decision: Decision::RetryAfter(backoff(&ctx.settings.retry, errors)),
+                event: Some((EventKind::RetryScheduled, Some(delay.as_millis() as u64))),
+                decision: Decision::RetryAfter(delay),
                 handoff: None,
             }
         }
@@ -687,7 +711,7 @@ pub(crate) async fn apply(
             && backend.can_fold_ack(&cur.queue, &ctx.queue);
         let same_slot = backend.can_fold_ack(&cur.queue, &ctx.queue);
         let delivery = holder.as_ref().and_then(|h| h.delivery_ref(fold, same_slot));
-        let (written, acked) = write_retrying(ctx, cur.status, next, enqueue, delivery.as_ref()).await?;
+        let (written, acked) = write_retrying(ctx, cur.status, next, enqueue, delivery.as_ref(), p.event).await?;
         if acked {
             if let Some((target, m)) = &p.handoff {
                 tracing::debug!(queue = %ctx.queue, command = %m.id, target, atomic, "command handed off");
@@ -794,7 +818,7 @@ async fn finish_handoff(ctx: &Ctx, st: CommandState) -> Result<Decision, Command
     let m = CommandMsg { id: st.id.clone(), home: st.queue.clone(), token: next.token.clone() };
     let atomic = ctx.store.inner.backend.atomic_enqueue(&st.queue, &target);
     let enqueue = if atomic { Some((target.as_str(), &m)) } else { None };
-    match write_retrying(ctx, st.status, next, enqueue, None).await?.0 {
+    match write_retrying(ctx, st.status, next, enqueue, None, None).await?.0 {
         Ok(_) => {
             if !atomic {
                 ctx.store.inner.backend.enqueue(&target, &m).await?;
@@ -817,11 +841,12 @@ async fn write_retrying(
     next: CommandState,
     enqueue: Option<(&str, &CommandMsg)>,
     delivery: Option<&DeliveryRef>,
+    event: Option<(EventKind, Option<u64>)>,
 ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
     let mut delay = Duration::from_millis(100);
     let mut tries = 0;
     loop {
-        match ctx.store.write_for(old, next.clone(), enqueue, delivery).await {
+        match ctx.store.write_for(old, next.clone(), enqueue, delivery, event).await {
             Ok(r) => return Ok(r),
             Err(e @ CommandError::Queue(baton_queue::QueueError::LeaseLost(_))) => return Err(e),
             Err(e) if tries < 5 => {

@@ -39,7 +39,11 @@ async fn background_prune_reaches_every_queue_of_a_store(b: TestBackend) {
     if b.redis_config().is_none() {
         return; // memory has no index keys
     }
-    let settings = CommandStoreSettings { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
+    let settings = CommandStoreSettings {
+        state_ttl: Duration::from_secs(60),
+        retention: Duration::from_secs(1),
+        ..Default::default()
+    };
     let store = store_with(&b, settings).await;
     let qa = queue_name("prune-a");
     let qb = queue_name("prune-b");
@@ -253,7 +257,11 @@ async fn large_and_unicode_params_round_trip(b: TestBackend) {
 /// commands share a created ms; pages must then follow (created desc, id desc) exactly, with
 /// no duplicates and no gaps, whatever the page size.
 async fn list_pages_merge_statuses_with_equal_created_ms(b: TestBackend) {
-    let settings = CommandStoreSettings { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
+    let settings = CommandStoreSettings {
+        state_ttl: Duration::from_secs(60),
+        retention: Duration::from_secs(1),
+        ..Default::default()
+    };
     let store = store_with(&b, settings).await;
     let q = queue_name("list");
     let subs = (0..90).map(|i| {
@@ -336,7 +344,11 @@ async fn counts_stay_exact_when_stores_have_different_lifetimes(b: TestBackend) 
         return; // one store per memory backend
     }
     let submitter = store_for(&b).await; // 7 days / 24 h
-    let short = CommandStoreSettings { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
+    let short = CommandStoreSettings {
+        state_ttl: Duration::from_secs(60),
+        retention: Duration::from_secs(1),
+        ..Default::default()
+    };
     let worker = store_with(&b, short).await;
     let q = queue_name("mixed");
     submitter.submit(&q, Command::with_id("m-1", "t", json!(1))).await.unwrap();
@@ -354,7 +366,11 @@ async fn counts_stay_exact_when_stores_have_different_lifetimes(b: TestBackend) 
 /// expiry (now + state_ttl). A cancel then gives it `retention` only: the score must come down,
 /// or the expired command is counted until the state_ttl-based score passes.
 async fn counts_stay_exact_after_a_live_entry_was_rescored(b: TestBackend) {
-    let settings = CommandStoreSettings { state_ttl: Duration::from_secs(4), retention: Duration::from_secs(1) };
+    let settings = CommandStoreSettings {
+        state_ttl: Duration::from_secs(4),
+        retention: Duration::from_secs(1),
+        ..Default::default()
+    };
     let store = store_with(&b, settings).await;
     let q = queue_name("rescore");
     store.submit(&q, Command::with_id("r-1", "t", json!(1))).await.unwrap();

@@ -476,7 +476,11 @@ async fn listing_is_newest_first_with_cursor_pagination_and_exact_counts(b: Test
 }
 
 async fn terminal_states_expire_after_retention(b: TestBackend) {
-    let settings = CommandStoreSettings { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
+    let settings = CommandStoreSettings {
+        state_ttl: Duration::from_secs(60),
+        retention: Duration::from_secs(1),
+        ..Default::default()
+    };
     let store = store_with(&b, settings).await;
     let q = queue_name("retention");
     store.submit(&q, Command::with_id("keep", "t", json!(1))).await.unwrap();

@@ -111,6 +111,7 @@ async fn owner_checked_transitions(b: TestBackend) {
             .key(idx("SUBMITTED"))
             .key(idx("SUCCEEDED"))
             .key(format!("{base}:id:A"))
+            .key(format!("{base}:feed"))
             .key(&stream)
             .key(&fences);
         inv.arg("1 SUBMITTED ")
@@ -124,7 +125,9 @@ async fn owner_checked_transitions(b: TestBackend) {
             .arg("")
             .arg(owner)
             .arg("1")
-            .arg(fence);
+            .arg(fence)
+            .arg("event-A")
+            .arg(100);
         let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await.unwrap();
         assert_eq!(reply.first(), Some(&redis::Value::BulkString(want.as_bytes().to_vec())), "A for {owner} {fence}");
     }
@@ -135,7 +138,7 @@ async fn owner_checked_transitions(b: TestBackend) {
     for s in ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] {
         inv.key(idx(s));
     }
-    inv.key(&stream).key(&fences);
+    inv.key(&stream).key(&fences).key(format!("{base}:feed"));
     for id in ["B", "C", "D"] {
         inv.key(format!("{base}:id:{id}"));
     }
@@ -151,7 +154,9 @@ async fn owner_checked_transitions(b: TestBackend) {
             .arg("")
             .arg(owner)
             .arg("1")
-            .arg(fence);
+            .arg(fence)
+            .arg(format!("event-{id}"))
+            .arg(100);
     }
     let replies: Vec<Vec<redis::Value>> = inv.invoke_async(&mut conn).await.unwrap();
     let heads: Vec<String> = replies
@@ -179,6 +184,11 @@ async fn owner_checked_transitions(b: TestBackend) {
     );
     let left: u64 = redis::cmd("HLEN").arg(&fences).query_async(&mut conn).await.unwrap();
     assert_eq!(left, 0, "the acked entries' fences are removed");
+    // Only the writes that happened appended their events (A once of three tries, then C).
+    let feed: Vec<(String, Vec<String>)> =
+        redis::cmd("XRANGE").arg(format!("{base}:feed")).arg("-").arg("+").query_async(&mut conn).await.unwrap();
+    let appended: Vec<Vec<String>> = feed.into_iter().map(|(_, f)| f).collect();
+    assert_eq!(appended, [["i", "A", "e", "event-A"], ["i", "C", "e", "event-C"]]);
 }
 
 /// `transitions.lua` given two successive transitions of one command in one call (SUBMITTED →
@@ -203,7 +213,11 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
     for s in ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] {
         inv.key(idx(s));
     }
-    inv.key(format!("t:q:{{{q}}}")).key(format!("t:q:{{{q}}}:fences")).key(&state).key(&state);
+    inv.key(format!("t:q:{{{q}}}"))
+        .key(format!("t:q:{{{q}}}:fences"))
+        .key(format!("{base}:feed"))
+        .key(&state)
+        .key(&state);
     inv.arg(2).arg(format!("{base}:events")).arg("g");
     inv.arg("1 SUBMITTED ")
         .arg(format!("2 RUNNING 1000 {sha} {{}}"))
@@ -211,6 +225,8 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .arg("X")
         .arg(2)
         .arg(3)
+        .arg("")
+        .arg("")
         .arg("")
         .arg("")
         .arg("")
@@ -224,6 +240,8 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .arg(4)
         .arg("")
         .arg("X SUCCEEDED 3 o")
+        .arg("")
+        .arg("")
         .arg("")
         .arg("")
         .arg("");
@@ -396,8 +414,11 @@ async fn concurrent_transitions_are_group_committed(b: TestBackend) {
 
 async fn submits_prune_expired_index_entries(b: TestBackend) {
     let Some(config) = b.redis_config() else { return }; // memory has no index keys
-    let settings =
-        baton_commands::CommandStoreSettings { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
+    let settings = baton_commands::CommandStoreSettings {
+        state_ttl: Duration::from_secs(60),
+        retention: Duration::from_secs(1),
+        ..Default::default()
+    };
     let store = store_with(&b, settings).await;
     let q = queue_name("prune");
     for i in 0..5 {

@@ -180,7 +180,11 @@ async fn stale_lookup_takeover_race(b: TestBackend) {
     if b.redis_config().is_none() {
         return;
     }
-    let settings = CommandStoreSettings { state_ttl: Duration::from_secs(1), retention: Duration::from_secs(1) };
+    let settings = CommandStoreSettings {
+        state_ttl: Duration::from_secs(1),
+        retention: Duration::from_secs(1),
+        ..Default::default()
+    };
     let a = store_with(&b, settings.clone()).await;
     let c = store_with(&b, settings.clone()).await;
     let d = store_with(&b, settings).await;

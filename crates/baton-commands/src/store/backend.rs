@@ -10,8 +10,17 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::feed::{EventFrom, EventOffset, EventPage, FeedSettings};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
+
+/// An event to append to the home queue's feed with a write (see `feed.rs`): its stored JSON
+/// and the queue's retention.
+#[derive(Clone, Debug)]
+pub(crate) struct FeedAppend {
+    pub json: String,
+    pub max_len: u64,
+}
 
 /// Lifetimes of stored command states: the settings of a [`CommandStore`](crate::CommandStore) (given to
 /// [`CommandStore::memory_with`](crate::CommandStore::memory_with), or as [`RedisCommandStoreOptions::settings`](crate::RedisCommandStoreOptions::settings)).
@@ -21,11 +30,18 @@ pub struct CommandStoreSettings {
     pub state_ttl: Duration,
     /// A terminal state is kept this long after completion. Default 24 h; at least 1 s.
     pub retention: Duration,
+    /// The event feed of every queue without its own ([`CommandStore::set_feed`](crate::CommandStore::set_feed)).
+    /// Default: on, the newest 100,000 events per queue.
+    pub feed: FeedSettings,
 }
 
 impl Default for CommandStoreSettings {
     fn default() -> Self {
-        Self { state_ttl: Duration::from_secs(7 * 24 * 3600), retention: Duration::from_secs(24 * 3600) }
+        Self {
+            state_ttl: Duration::from_secs(7 * 24 * 3600),
+            retention: Duration::from_secs(24 * 3600),
+            feed: FeedSettings::default(),
+        }
     }
 }
 
@@ -34,7 +50,7 @@ impl CommandStoreSettings {
         if self.state_ttl < Duration::from_secs(1) || self.retention < Duration::from_secs(1) {
             return Err(CommandError::InvalidSettings("state_ttl and retention must be at least 1s".into()));
         }
-        Ok(())
+        self.feed.validate()
     }
     /// The TTL a state gets when written with `status`.
     pub(crate) fn ttl_for(&self, status: CommandStatus) -> Duration {
@@ -73,8 +89,15 @@ pub(crate) enum Cas {
 /// write to the hub (locally) and, on Redis, to the home queue's channel.
 #[async_trait]
 pub(crate) trait StateBackend: Send + Sync + 'static {
-    /// Stores `state` (version 1) and enqueues `msg` on its queue, atomically (see crate docs).
-    async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError>;
+    /// Stores `state` (version 1) and enqueues `msg` on its queue, atomically (see crate docs);
+    /// a created state also appends `event` to the queue's feed in the same step.
+    async fn submit(
+        &self,
+        state: &CommandState,
+        body: &str,
+        msg: &CommandMsg,
+        event: Option<&FeedAppend>,
+    ) -> Result<SubmitOutcome, CommandError>;
     /// The state of `id` in `home`'s storage.
     async fn load(&self, home: &str, id: &str) -> Result<Option<CommandState>, CommandError>;
     /// Version and status of `id`'s state, its document decoded only when asked for (waiters
@@ -93,13 +116,15 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     /// [`StateBackend::can_fold_ack`] says so): its `owned` check in the same atomic step
     /// ([`Cas::Lost`] when it fails), and with its `ack`, a successful write also acks it; the
     /// `bool` tells whether it did (the caller then settles the lease with `mark_acked`, or
-    /// skips the remote worker's ack).
+    /// skips the remote worker's ack). A successful write appends `event` to the home queue's
+    /// feed in the same atomic step.
     async fn transition(
         &self,
         old: CommandStatus,
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
         delivery: Option<&DeliveryRef>,
+        event: Option<&FeedAppend>,
     ) -> Result<(Cas, bool), CommandError>;
     /// True when a transition of a state homed in `home` can enqueue on `target` atomically.
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool;
@@ -121,6 +146,20 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError>;
     /// Makes sure remote writes to `home`'s commands reach the hub (Redis pub/sub).
     async fn watch_home(&self, home: &str) -> Result<(), CommandError>;
+    /// Events of `queue`'s feed from `from`, at most `limit`; with `id`, only that command's,
+    /// looking at most at `scan` entries. `next_offset` is after the last entry looked at (the
+    /// tail for an empty read from [`EventFrom::Now`]).
+    async fn feed_read(
+        &self,
+        queue: &str,
+        from: EventFrom,
+        id: Option<&str>,
+        limit: usize,
+        scan: usize,
+    ) -> Result<EventPage, CommandError>;
+    /// Makes sure appends after `after` to `queue`'s feed by any process wake the hub's feed
+    /// waiters of `queue` ([`Hub::feed`]); the memory backend's appends wake them directly.
+    async fn feed_watch(&self, queue: &str, after: EventOffset) -> Result<(), CommandError>;
 }
 
 /// A state seen by [`StateBackend::peek`].
@@ -165,6 +204,17 @@ pub(crate) struct Hub {
     /// Ids cancelled lately, so a handler that registers *after* the cancel (its dispatch read
     /// the state just before the cancel was written) is signalled at once.
     recent_cancels: Mutex<HashMap<String, std::time::Instant>>,
+    /// Per queue: woken on every append to its feed seen by this process.
+    feeds: Mutex<HashMap<String, Arc<FeedWaiters>>>,
+}
+
+/// The readers of a queue's feed waiting for its next event (see [`StateBackend::feed_watch`]).
+#[derive(Default)]
+pub(crate) struct FeedWaiters {
+    /// Woken (`notify_waiters`) on every append this process sees.
+    pub notify: tokio::sync::Notify,
+    /// Readers waiting now (a Redis tail watcher stops when there are none).
+    pub waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// How long a cancel is remembered for handlers that register late.
@@ -212,6 +262,18 @@ impl Hub {
         }
         if let Some(t) = self.running.lock().unwrap().get(id) {
             t.cancel();
+        }
+    }
+
+    /// The notifier of `queue`'s feed appends (see [`StateBackend::feed_watch`]).
+    pub(crate) fn feed(&self, queue: &str) -> Arc<FeedWaiters> {
+        self.feeds.lock().unwrap().entry(queue.to_string()).or_default().clone()
+    }
+
+    /// Wakes the waiters of `queue`'s feed, if any.
+    pub(crate) fn feed_appended(&self, queue: &str) {
+        if let Some(n) = self.feeds.lock().unwrap().get(queue) {
+            n.notify.notify_waiters();
         }
     }
 

@@ -56,6 +56,9 @@ pub(crate) struct Transition {
     pub ack: bool,
     /// With `owner`: the fence `entry`'s delivery must still have (its number), or empty (any).
     pub fence: String,
+    /// The event to append to the feed with the write (stored JSON), or empty; the feed's length.
+    pub event: String,
+    pub feed_max: u64,
 }
 
 impl Batch for Transition {
@@ -75,14 +78,15 @@ impl Batch for Transition {
                         + t.id.len()
                         + t.announce.len()
                         + t.owner.len()
-                        + 72
+                        + t.event.len()
+                        + 88
                 })
                 .sum::<usize>();
-        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(8 + n, 6 + 8 + n * 12, bytes);
+        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(9 + n, 6 + 9 + n * 14, bytes);
         for k in &keys.index {
             cmd.arg(k);
         }
-        cmd.arg(&keys.stream).arg(&keys.fences);
+        cmd.arg(&keys.stream).arg(&keys.fences).arg(&keys.feed);
         for t in batch {
             cmd.arg(&t.state_key);
         }
@@ -98,7 +102,9 @@ impl Batch for Transition {
                 .arg(&t.announce)
                 .arg(&t.owner)
                 .arg(if t.ack { "1" } else { "" })
-                .arg(&t.fence);
+                .arg(&t.fence)
+                .arg(&t.event)
+                .arg(t.feed_max);
         }
         cmd
     }
@@ -122,6 +128,10 @@ pub(crate) struct Submit {
     pub lookup_ttl_ms: u64,
     /// The shortest lifetime a state of this store can have (ms).
     pub min_lifetime_ms: u64,
+    /// The `submitted` event to append to the feed when created (stored JSON), or empty; the
+    /// feed's length.
+    pub event: Arc<str>,
+    pub feed_max: u64,
 }
 
 impl Batch for Submit {
@@ -135,11 +145,11 @@ impl Batch for Submit {
         let bytes = 256
             + batch
                 .iter()
-                .map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + 96)
+                .map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + s.event.len() + 112)
                 .sum::<usize>();
         let per = if lookups { 2 } else { 1 };
-        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(3 + per * n, 16 + n * 8, bytes);
-        cmd.arg(&keys.index[0]).arg(&keys.index[1]).arg(&keys.stream);
+        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(4 + per * n, 16 + n * 10, bytes);
+        cmd.arg(&keys.index[0]).arg(&keys.index[1]).arg(&keys.stream).arg(&keys.feed);
         for s in batch {
             cmd.arg(&s.state_key);
             if let (true, Some(l)) = (lookups, &s.lookup_key) {
@@ -155,7 +165,14 @@ impl Batch for Submit {
             .arg(first.lookup_ttl_ms)
             .arg(first.min_lifetime_ms);
         for s in batch {
-            cmd.arg(&*s.value).arg(&s.body_sha).arg(s.created_ms).arg(&*s.msg).arg(&s.id).arg(&s.takeover);
+            cmd.arg(&*s.value)
+                .arg(&s.body_sha)
+                .arg(s.created_ms)
+                .arg(&*s.msg)
+                .arg(&s.id)
+                .arg(&s.takeover)
+                .arg(&*s.event)
+                .arg(s.feed_max);
         }
         cmd
     }
@@ -171,6 +188,8 @@ pub(crate) struct BatchKeys {
     pub stream: String,
     /// Its fence hash (`baton_queue::keys::fences`).
     pub fences: String,
+    /// Its event feed (see `feed.rs`).
+    pub feed: String,
     pub channel: String,
     pub group: String,
 }

@@ -3,13 +3,14 @@
 //! held in process memory. Submit holds the store lock while it enqueues, so no reader ever sees
 //! a command without its message.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::backend::{status_slot, Cas, CommandStoreSettings, StateBackend, SubmitOutcome};
+use super::backend::{status_slot, Cas, CommandStoreSettings, FeedAppend, Hub, StateBackend, SubmitOutcome};
+use crate::feed::{CommandEvent, EventFrom, EventOffset, EventPage};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
@@ -33,6 +34,29 @@ struct Inner {
     queues: HashMap<String, QueueIndex>,
     /// `shared_secret`s by name.
     secrets: HashMap<String, Vec<u8>>,
+    /// Per queue: its feed, oldest first (offset, command id, stored JSON), and the last offset
+    /// given out (offsets never go back, even when the feed is emptied by trimming).
+    feeds: HashMap<String, Feed>,
+}
+
+#[derive(Default)]
+struct Feed {
+    events: VecDeque<(EventOffset, String, String)>,
+    last: EventOffset,
+}
+
+impl Feed {
+    /// Appends `e` for `id` at the next offset (as Redis makes stream ids: the clock's ms, or
+    /// the last ms with the next seq), keeping the newest `max_len`.
+    fn append(&mut self, id: &str, e: &FeedAppend) {
+        let ms = crate::Timestamp::now().millis();
+        self.last =
+            if ms > self.last.ms { EventOffset::new(ms, 0) } else { EventOffset::new(self.last.ms, self.last.seq + 1) };
+        self.events.push_back((self.last, id.to_string(), e.json.clone()));
+        while self.events.len() as u64 > e.max_len {
+            self.events.pop_front();
+        }
+    }
 }
 
 impl Inner {
@@ -77,21 +101,24 @@ pub(crate) struct MemoryStateBackend {
     inner: Mutex<Inner>,
     stream: baton_queue::MessageStream,
     settings: CommandStoreSettings,
+    hub: Arc<Hub>,
 }
 
 impl MemoryStateBackend {
-    pub fn new(
-        stream: baton_queue::MessageStream,
-        _hub: std::sync::Arc<super::backend::Hub>,
-        settings: CommandStoreSettings,
-    ) -> Self {
-        Self { inner: Mutex::new(Inner::default()), stream, settings }
+    pub fn new(stream: baton_queue::MessageStream, hub: Arc<Hub>, settings: CommandStoreSettings) -> Self {
+        Self { inner: Mutex::new(Inner::default()), stream, settings, hub }
     }
 }
 
 #[async_trait]
 impl StateBackend for MemoryStateBackend {
-    async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError> {
+    async fn submit(
+        &self,
+        state: &CommandState,
+        body: &str,
+        msg: &CommandMsg,
+        event: Option<&FeedAppend>,
+    ) -> Result<SubmitOutcome, CommandError> {
         {
             let mut g = self.inner.lock().unwrap();
             if let Some(e) = g.live(&state.id) {
@@ -116,6 +143,12 @@ impl StateBackend for MemoryStateBackend {
                 },
             );
             offer_now(&self.stream, &state.queue, msg)?;
+            if let Some(e) = event {
+                g.feeds.entry(state.queue.clone()).or_default().append(&state.id, e);
+            }
+        }
+        if event.is_some() {
+            self.hub.feed_appended(&state.queue);
         }
         Ok(SubmitOutcome::Created(state.clone()))
     }
@@ -139,6 +172,7 @@ impl StateBackend for MemoryStateBackend {
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
         _delivery: Option<&super::backend::DeliveryRef>,
+        event: Option<&FeedAppend>,
     ) -> Result<(Cas, bool), CommandError> {
         {
             let mut g = self.inner.lock().unwrap();
@@ -157,6 +191,9 @@ impl StateBackend for MemoryStateBackend {
             }
             if let Some((queue, msg)) = enqueue {
                 offer_now(&self.stream, queue, msg)?;
+            }
+            if let Some(e) = event {
+                g.feeds.entry(new.queue.clone()).or_default().append(&new.id, e);
             }
         }
         Ok((Cas::Done(new), false))
@@ -206,6 +243,50 @@ impl StateBackend for MemoryStateBackend {
     }
 
     async fn watch_home(&self, _home: &str) -> Result<(), CommandError> {
+        Ok(())
+    }
+
+    async fn feed_read(
+        &self,
+        queue: &str,
+        from: EventFrom,
+        id: Option<&str>,
+        limit: usize,
+        scan: usize,
+    ) -> Result<EventPage, CommandError> {
+        let g = self.inner.lock().unwrap();
+        let Some(feed) = g.feeds.get(queue) else {
+            let next_offset = match from {
+                EventFrom::After(o) => o,
+                _ => EventOffset::ZERO,
+            };
+            return Ok(EventPage { events: Vec::new(), next_offset, up_to_date: true });
+        };
+        let after = match from {
+            EventFrom::Start => None,
+            EventFrom::Now => return Ok(EventPage { events: Vec::new(), next_offset: feed.last, up_to_date: true }),
+            EventFrom::After(o) => Some(o),
+        };
+        let first = after.map_or(0, |o| feed.events.partition_point(|(at, ..)| *at <= o));
+        let mut events = Vec::new();
+        let mut next_offset = after.unwrap_or(EventOffset::ZERO);
+        let mut looked = 0;
+        let mut up_to_date = true;
+        for (at, of, json) in feed.events.range(first..) {
+            if events.len() >= limit || looked >= scan {
+                up_to_date = false;
+                break;
+            }
+            looked += 1;
+            next_offset = *at;
+            if id.is_none_or(|id| id == of) {
+                events.push(CommandEvent::parse(*at, json.as_bytes())?);
+            }
+        }
+        Ok(EventPage { events, next_offset, up_to_date })
+    }
+
+    async fn feed_watch(&self, _queue: &str, _after: EventOffset) -> Result<(), CommandError> {
         Ok(())
     }
 }

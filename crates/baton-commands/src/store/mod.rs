@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::feed::{CommandEvent, EventFrom, EventKind, EventOffset, EventPage, FeedSettings, READ_MAX, SCAN_MAX};
 use crate::json::canonical_body;
 use crate::model::{new_token, CommandMsg, Cursor};
 use crate::{
@@ -22,7 +23,7 @@ use crate::{
 };
 
 pub use self::backend::CommandStoreSettings;
-pub(crate) use self::backend::{Cas, DeliveryRef, Hub, Peeked, StateBackend, SubmitOutcome, Unsub};
+pub(crate) use self::backend::{Cas, DeliveryRef, FeedAppend, Hub, Peeked, StateBackend, SubmitOutcome, Unsub};
 pub use self::redis::RedisCommandStoreOptions;
 
 /// A service's id and the handlers it runs.
@@ -42,9 +43,19 @@ pub(crate) struct StoreInner {
     /// bounded: cleared past [`HOME_CACHE_MAX`] entries; a miss or a stale entry falls back to
     /// the backend's lookup).
     homes: Mutex<HashMap<String, String>>,
+    /// Feed settings of queues set apart from the default ([`CommandStore::set_feed`]).
+    feeds: Mutex<HashMap<String, FeedSettings>>,
 }
 
 const HOME_CACHE_MAX: usize = 100_000;
+
+/// A read's event limit: 0 means 100; at most [`READ_MAX`].
+fn read_limit(limit: usize) -> usize {
+    match limit {
+        0 => 100,
+        n => n.min(READ_MAX),
+    }
+}
 
 /// The command state store shared by every [`crate::CommandService`] of a process (one per
 /// backend). Cheap to clone. Submits, reads, cancels, waits for, lists and counts commands.
@@ -107,6 +118,7 @@ impl CommandStore {
                 queues: Mutex::new(HashMap::new()),
                 next_service: std::sync::atomic::AtomicU64::new(1),
                 homes: Mutex::new(HashMap::new()),
+                feeds: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -121,6 +133,30 @@ impl CommandStore {
         validate_queue(queue)?;
         self.inner.queues.lock().unwrap().entry(queue.to_string()).or_default();
         Ok(())
+    }
+
+    /// Sets `queue`'s event feed (see the [`feed`](crate::CommandEvent) docs), in place of the
+    /// store's default [`CommandStoreSettings::feed`], for this store's writes from now on.
+    /// Errors: [`CommandError::Queue`] (bad name), [`CommandError::InvalidSettings`] (`max_len` 0).
+    pub fn set_feed(&self, queue: &str, feed: FeedSettings) -> Result<(), CommandError> {
+        validate_queue(queue)?;
+        feed.validate()?;
+        self.inner.feeds.lock().unwrap().insert(queue.to_string(), feed);
+        Ok(())
+    }
+
+    /// The event feed settings this store writes `queue`'s commands with.
+    pub fn feed_settings(&self, queue: &str) -> FeedSettings {
+        self.inner.feeds.lock().unwrap().get(queue).copied().unwrap_or(self.inner.settings.feed)
+    }
+
+    /// The feed append of an event `kind` of the write storing `st` (none when its home queue's
+    /// feed is off).
+    fn feed_append(&self, kind: Option<(EventKind, Option<u64>)>, st: &CommandState) -> Option<FeedAppend> {
+        let (kind, retry_in_ms) = kind?;
+        let feed = self.feed_settings(&st.queue);
+        feed.enabled
+            .then(|| FeedAppend { json: CommandEvent::of(kind, st, retry_in_ms).stored_json(), max_len: feed.max_len })
     }
 
     /// True when `queue` has (or had) a service in this store, or was declared.
@@ -212,7 +248,8 @@ impl CommandStore {
             }
             h.insert(s.id.clone(), s.queue.clone());
         };
-        match self.inner.backend.submit(&state, &body, &msg).await? {
+        let event = self.feed_append(Some((EventKind::Submitted, None)), &state);
+        match self.inner.backend.submit(&state, &body, &msg, event.as_ref()).await? {
             SubmitOutcome::Created(s) => {
                 remember(&s);
                 Ok((s, true))
@@ -288,7 +325,7 @@ impl CommandStore {
             next.completed_at = Some(now);
             next.modified_at = now;
             next.version += 1;
-            match self.write(st.status, next, None).await? {
+            match self.write_for(st.status, next, None, None, Some((EventKind::Cancelled, None))).await?.0 {
                 Ok(done) => return Ok(done),
                 Err(latest) => current = latest,
             }
@@ -402,35 +439,136 @@ impl CommandStore {
         Ok(CommandPage { items, next_cursor: next.map(|c| c.encode()) })
     }
 
+    /// Events of `queue`'s feed (its commands' transitions, see [`CommandEvent`]) from `from`,
+    /// oldest first, at most `limit` (0: 100; at most [`READ_MAX`]).
+    ///
+    /// Errors: [`CommandError::Queue`] (bad queue name), backend errors.
+    pub async fn events(&self, queue: &str, from: EventFrom, limit: usize) -> Result<EventPage, CommandError> {
+        validate_queue(queue)?;
+        self.inner.backend.feed_read(queue, from, None, read_limit(limit), SCAN_MAX).await
+    }
+
+    /// [`CommandStore::events`], waiting up to `timeout` for an event when there is none yet
+    /// (a long poll): returns as soon as one is appended by any process, or an empty page at
+    /// the timeout (its `next_offset` the tail).
+    pub async fn events_wait(
+        &self,
+        queue: &str,
+        from: EventFrom,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<EventPage, CommandError> {
+        validate_queue(queue)?;
+        self.feed_wait(queue, from, None, read_limit(limit), timeout).await
+    }
+
+    /// The events of command `id` (from its home queue's feed) from `from`, oldest first, at most
+    /// `limit` (0: 100; at most [`READ_MAX`]). One call looks at most at [`SCAN_MAX`] entries of
+    /// the queue's feed; `up_to_date` false then says to read on from `next_offset`. From
+    /// [`EventFrom::Start`], the scan begins at the command's creation (less 2 s, for clocks
+    /// apart), not at the feed's start.
+    ///
+    /// Errors: [`CommandError::NotFound`] (no such command now: never submitted, or expired;
+    /// its events may still be in its queue's feed), [`CommandError::InvalidId`], backend errors.
+    pub async fn command_events(&self, id: &str, from: EventFrom, limit: usize) -> Result<EventPage, CommandError> {
+        let (home, from) = self.command_feed(id, from).await?;
+        self.inner.backend.feed_read(&home, from, Some(id), read_limit(limit), SCAN_MAX).await
+    }
+
+    /// [`CommandStore::command_events`], waiting up to `timeout` for one of its events when there
+    /// is none yet (see [`CommandStore::events_wait`]).
+    pub async fn command_events_wait(
+        &self,
+        id: &str,
+        from: EventFrom,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<EventPage, CommandError> {
+        let (home, from) = self.command_feed(id, from).await?;
+        self.feed_wait(&home, from, Some(id), read_limit(limit), timeout).await
+    }
+
+    /// The home queue of `id` and where its events start.
+    async fn command_feed(&self, id: &str, from: EventFrom) -> Result<(String, EventFrom), CommandError> {
+        validate_id(id)?;
+        let Some((home, st)) = self.locate(id).await? else { return Err(CommandError::NotFound(id.to_string())) };
+        let from = match from {
+            EventFrom::Start => EventFrom::After(EventOffset::new(st.created_at.millis().saturating_sub(2_000), 0)),
+            other => other,
+        };
+        Ok((home, from))
+    }
+
+    async fn feed_wait(
+        &self,
+        queue: &str,
+        mut from: EventFrom,
+        id: Option<&str>,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<EventPage, CommandError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let waiters = self.inner.hub.feed(queue);
+        waiters.waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let _waiting = Waiting(&waiters.waiting);
+        let mut watched = false;
+        loop {
+            // Armed before the read: an append after the read wakes this wait.
+            let woken = waiters.notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let page = self.inner.backend.feed_read(queue, from, id, limit, SCAN_MAX).await?;
+            if !page.events.is_empty() || !page.up_to_date || tokio::time::Instant::now() >= deadline {
+                return Ok(page);
+            }
+            from = EventFrom::After(page.next_offset);
+            if !watched {
+                self.inner.backend.feed_watch(queue, page.next_offset).await?;
+                watched = true;
+            }
+            // A fallback re-read every second, in case a wake-up was missed (a reconnect).
+            let fallback = (tokio::time::Instant::now() + WAIT_FALLBACK).min(deadline);
+            tokio::select! {
+                _ = woken => {}
+                _ = tokio::time::sleep_until(fallback) => {}
+            }
+        }
+    }
+
     /// Exact counts of `queue`'s commands (by home queue) per status.
     pub async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError> {
         validate_queue(queue)?;
         self.inner.backend.counts(queue).await
     }
 
-    /// One CAS write; on success the hub hears of it. `Err(latest)` on a conflict.
-    pub(crate) async fn write(
-        &self,
-        old: CommandStatus,
-        new: CommandState,
-        enqueue: Option<(&str, &CommandMsg)>,
-    ) -> Result<Result<CommandState, Option<CommandState>>, CommandError> {
-        Ok(self.write_for(old, new, enqueue, None).await?.0)
-    }
-
-    /// [`CommandStore::write`] for `delivery` (see [`StateBackend::transition`]): checking that
-    /// its consumer owns it and acking it in the same atomic step as it asks and the backend can;
-    /// the `bool` tells whether it was acked. A failed owner check is
-    /// [`QueueError::LeaseLost`](baton_queue::QueueError::LeaseLost) (nothing written).
+    /// One CAS write (see [`StateBackend::transition`]), for `delivery` when given: checking
+    /// that its consumer owns it and acking it in the same atomic step as it asks and the backend
+    /// can; the `bool` tells whether it was acked. A failed owner check is
+    /// [`QueueError::LeaseLost`](baton_queue::QueueError::LeaseLost) (nothing written). With
+    /// `event` (its kind, and for `retry_scheduled` the delay in ms), a successful write appends
+    /// it to the home queue's feed in the same step, unless that feed is off. On success the
+    /// hub hears of it; `Err(latest)` on a conflict.
     pub(crate) async fn write_for(
         &self,
         old: CommandStatus,
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
         delivery: Option<&DeliveryRef>,
+        event: Option<(EventKind, Option<u64>)>,
     ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
-        match self.inner.backend.transition(old, new, enqueue, delivery).await? {
+        let append = self.feed_append(event, &new);
+        let home = append.as_ref().map(|_| new.queue.clone());
+        match self.inner.backend.transition(old, new, enqueue, delivery, append.as_ref()).await? {
             (Cas::Done(stored), acked) => {
+                if let Some(home) = home {
+                    self.inner.hub.feed_appended(&home);
+                }
                 self.inner.hub.local(&stored);
                 Ok((Ok(stored), acked))
             }

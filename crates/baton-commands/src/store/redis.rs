@@ -13,8 +13,9 @@ use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use super::backend::{status_slot, Cas, CommandStoreSettings, Hub, Peeked, StateBackend, SubmitOutcome};
+use super::backend::{status_slot, Cas, CommandStoreSettings, FeedAppend, Hub, Peeked, StateBackend, SubmitOutcome};
 use super::commit::{BatchKeys, GroupCommit, Submit, Transition};
+use crate::feed::{CommandEvent, EventFrom, EventOffset, EventPage};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
@@ -28,6 +29,7 @@ static LIST: LuaScript =
     LuaScript::new("list", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/list.lua")));
 static PRUNE: LuaScript =
     LuaScript::new("prune", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/prune.lua")));
+static FEED_READ: LuaScript = LuaScript::new("feed_read", include_str!("../../scripts/feed_read.lua"));
 static COUNTS: LuaScript =
     LuaScript::new("counts", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/counts.lua")));
 
@@ -103,6 +105,7 @@ impl QKeys {
             index,
             stream: baton_queue::keys::stream(prefix, queue),
             fences: baton_queue::keys::fences(prefix, queue),
+            feed: format!("{base}:feed"),
             channel: format!("{base}:events"),
             group: group.to_string(),
         };
@@ -145,7 +148,14 @@ pub(crate) struct RedisStateBackend {
     /// Transitions and submits, group-committed per home queue (see `commit.rs`).
     transitions: GroupCommit<Transition>,
     submits: GroupCommit<Submit>,
+    client: RedisClient,
+    hub: Arc<Hub>,
+    /// Queues whose feed a tail watcher follows now (see [`StateBackend::feed_watch`]).
+    tails: Arc<Mutex<HashSet<String>>>,
 }
+
+/// A tail watcher's `XREAD BLOCK` slice, ms.
+const TAIL_BLOCK_MS: u64 = 2_000;
 
 const QKEYS_MAX: usize = 10_000;
 
@@ -229,7 +239,7 @@ impl RedisStateBackend {
         let reads = super::batch::ReadBatcher::new(conn.clone());
         let (transitions, submits) = (GroupCommit::new(conn.clone()), GroupCommit::new(conn.clone()));
         let origin: Arc<str> = uuid::Uuid::now_v7().simple().to_string().into();
-        let pubsub = PubSubHandle::start(client.config().clone(), hub, origin.clone());
+        let pubsub = PubSubHandle::start(client.config().clone(), hub.clone(), origin.clone());
         Ok(Self {
             conn,
             cluster: client.is_cluster(),
@@ -243,6 +253,9 @@ impl RedisStateBackend {
             group: options.group,
             transitions,
             submits,
+            client,
+            hub,
+            tails: Arc::default(),
         })
     }
 
@@ -294,7 +307,13 @@ impl RedisStateBackend {
 
 #[async_trait]
 impl StateBackend for RedisStateBackend {
-    async fn submit(&self, state: &CommandState, body: &str, msg: &CommandMsg) -> Result<SubmitOutcome, CommandError> {
+    async fn submit(
+        &self,
+        state: &CommandState,
+        body: &str,
+        msg: &CommandMsg,
+        event: Option<&FeedAppend>,
+    ) -> Result<SubmitOutcome, CommandError> {
         let k = self.keys(&state.queue);
         let lookup = self.lookup_key(&state.id);
         let ttl = self.settings.ttl_for(state.status);
@@ -350,6 +369,10 @@ impl StateBackend for RedisStateBackend {
         let state_key = k.state(&state.id);
         // Shared, so that a retried submit does not copy them again.
         let (value, msg): (Arc<[u8]>, Arc<[u8]>) = (value.into(), msg.to_bytes().into());
+        let (feed_event, feed_max): (Arc<str>, u64) = match event {
+            Some(e) => (e.json.as_str().into(), e.max_len),
+            None => ("".into(), 0),
+        };
         if k.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed).is_multiple_of(PRUNE_EVERY) {
             // In the background: this submit does not wait for it.
             let (mut conn, k) = (conn.clone(), k.clone());
@@ -374,6 +397,8 @@ impl StateBackend for RedisStateBackend {
                 ttl_ms: ttl.as_millis() as u64,
                 lookup_ttl_ms: lookup_ttl.as_millis() as u64,
                 min_lifetime_ms: self.min_lifetime_ms(),
+                event: feed_event.clone(),
+                feed_max,
             };
             // A submit is idempotent (same id and body: the stored state), so it is sent once
             // more after a dropped connection (e.g. the first command after a Redis restart);
@@ -460,8 +485,10 @@ impl StateBackend for RedisStateBackend {
         new: CommandState,
         enqueue: Option<(&str, &CommandMsg)>,
         delivery: Option<&super::backend::DeliveryRef>,
+        event: Option<&FeedAppend>,
     ) -> Result<(Cas, bool), CommandError> {
         let k = self.keys(&new.queue);
+        let (feed_event, feed_max) = event.map_or(("", 0), |e| (e.json.as_str(), e.max_len));
         let ttl = self.settings.ttl_for(new.status);
         let mut conn = self.conn.clone();
         let mut st = new;
@@ -513,10 +540,13 @@ impl StateBackend for RedisStateBackend {
                 owner,
                 ack,
                 fence,
+                event: feed_event.to_string(),
+                feed_max,
             };
             self.transitions.run(&k.batch, t).await?
         } else {
-            let mut keys: Vec<&str> = vec![k.exp(), k.status_index(old), k.status_index(st.status), &state_key];
+            let mut keys: Vec<&str> =
+                vec![k.exp(), k.status_index(old), k.status_index(st.status), &state_key, &k.batch.feed];
             let target_stream;
             let mut msg_arg: Vec<u8> = Vec::new();
             if let Some((queue, msg)) = enqueue {
@@ -547,7 +577,9 @@ impl StateBackend for RedisStateBackend {
                 .arg(&announce)
                 .arg(&owner)
                 .arg(if ack { "1" } else { "" })
-                .arg(&fence);
+                .arg(&fence)
+                .arg(feed_event)
+                .arg(feed_max);
             TRANSITION.query(&mut conn, &cmd).await?
         };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
@@ -634,6 +666,126 @@ impl StateBackend for RedisStateBackend {
     async fn watch_home(&self, home: &str) -> Result<(), CommandError> {
         self.pubsub.ensure(&self.keys(home).batch.channel).await;
         Ok(())
+    }
+
+    async fn feed_read(
+        &self,
+        queue: &str,
+        from: EventFrom,
+        id: Option<&str>,
+        limit: usize,
+        scan: usize,
+    ) -> Result<EventPage, CommandError> {
+        let k = self.keys(queue);
+        let mut conn = self.conn.clone();
+        let after = match from {
+            EventFrom::Start => None,
+            EventFrom::After(o) => Some(o),
+            EventFrom::Now => {
+                let last: Vec<(String, HashMap<String, Value>)> = redis::cmd("XREVRANGE")
+                    .arg(&k.batch.feed)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(1)
+                    .query_async(&mut conn)
+                    .await?;
+                let next_offset =
+                    last.first().and_then(|(entry, _)| EventOffset::from_entry_id(entry)).unwrap_or(EventOffset::ZERO);
+                return Ok(EventPage { events: Vec::new(), next_offset, up_to_date: true });
+            }
+        };
+        let start = after.map_or_else(|| "-".to_string(), |o| o.entry_id());
+        let v: Value = FEED_READ.run(&mut conn, &[&k.batch.feed], &[&start, &id.unwrap_or(""), &limit, &scan]).await?;
+        let Value::Array(parts) = &v else { return Err(unexpected("feed_read", &v)) };
+        let bad = || unexpected("feed_read", &v);
+        let last = parts.first().and_then(string).ok_or_else(bad)?;
+        let up_to_date = matches!(parts.get(1), Some(Value::Int(1)));
+        let next_offset = match last.as_str() {
+            "" => after.unwrap_or(EventOffset::ZERO),
+            entry => EventOffset::from_entry_id(entry).ok_or_else(bad)?,
+        };
+        let mut events = Vec::with_capacity(parts.len().saturating_sub(2) / 2);
+        for pair in parts[2..].chunks(2) {
+            let [entry, json] = pair else { return Err(bad()) };
+            let offset = string(entry).as_deref().and_then(EventOffset::from_entry_id).ok_or_else(bad)?;
+            events.push(CommandEvent::parse(offset, bytes(json).ok_or_else(bad)?)?);
+        }
+        Ok(EventPage { events, next_offset, up_to_date })
+    }
+
+    async fn feed_watch(&self, queue: &str, after: EventOffset) -> Result<(), CommandError> {
+        if !self.tails.lock().unwrap().insert(queue.to_string()) {
+            return Ok(());
+        }
+        let key = self.keys(queue).batch.feed.clone();
+        let (client, hub, tails, queue) =
+            (self.client.clone(), self.hub.clone(), self.tails.clone(), queue.to_string());
+        tokio::spawn(tail_feed(client, hub, tails, queue, key, after));
+        Ok(())
+    }
+}
+
+/// Follows `queue`'s feed (stream `key`) from `after` while readers wait for it, on a
+/// connection of its own (`XREAD BLOCK`), and wakes them on every append by any process. Stops
+/// (and leaves `tails`) at a slice's end with no reader waiting; the decision and the removal are
+/// made under `tails`' lock, after which a new waiter starts a new watcher
+/// ([`StateBackend::feed_watch`] inserts under the same lock).
+async fn tail_feed(
+    client: RedisClient,
+    hub: Arc<Hub>,
+    tails: Arc<Mutex<HashSet<String>>>,
+    queue: String,
+    key: String,
+    after: EventOffset,
+) {
+    let waiters = hub.feed(&queue);
+    let mut last = after.entry_id();
+    let mut conn = None;
+    loop {
+        if conn.is_none() {
+            match client.dedicated().await {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    tracing::debug!(queue = %queue, error = %e, "feed watcher cannot connect; waiters re-read every second");
+                }
+            }
+        }
+        let read: Result<Option<redis::streams::StreamReadReply>, CommandError> = match conn.as_mut() {
+            Some(c) => redis::cmd("XREAD")
+                .arg("BLOCK")
+                .arg(TAIL_BLOCK_MS)
+                .arg("COUNT")
+                .arg(100)
+                .arg("STREAMS")
+                .arg(&key)
+                .arg(&last)
+                .query_async(c)
+                .await
+                .map_err(CommandError::from),
+            None => {
+                tokio::time::sleep(Duration::from_millis(TAIL_BLOCK_MS)).await;
+                Ok(None)
+            }
+        };
+        match read {
+            Ok(Some(reply)) => {
+                if let Some(id) = reply.keys.iter().flat_map(|k| k.ids.last()).next_back() {
+                    last = id.id.clone();
+                }
+                waiters.notify.notify_waiters();
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(queue = %queue, error = %e, "feed watcher read failed; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let mut t = tails.lock().unwrap();
+        if waiters.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            t.remove(&queue);
+            return;
+        }
     }
 }
 
@@ -771,7 +923,12 @@ mod tests {
     fn enqueues_use_the_queue_payload_field() {
         let field = format!("'*', '{}', ", baton_queue::keys::PAYLOAD_FIELD);
         let scripts = [include_str!("../../scripts/submits.lua"), include_str!("../../scripts/transition.lua")];
-        let xadds: Vec<&str> = scripts.iter().flat_map(|s| s.lines()).filter(|l| l.contains("'XADD'")).collect();
+        // (Feed appends, `'i', id, 'e', …`, are not work queue messages.)
+        let xadds: Vec<&str> = scripts
+            .iter()
+            .flat_map(|s| s.lines())
+            .filter(|l| l.contains("'XADD'") && !l.contains("'i', id, 'e'"))
+            .collect();
         assert_eq!(xadds.len(), 2, "{xadds:?}");
         for line in xadds {
             assert!(line.contains(&field), "{line:?} does not write the work queue's payload field {field:?}");

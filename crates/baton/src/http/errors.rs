@@ -226,7 +226,7 @@ impl From<CommandError> for ApiError {
     fn from(e: CommandError) -> Self {
         use CommandError::*;
         let msg = match &e {
-            InvalidId(v) | InvalidType(v) | InvalidStatus(v) | InvalidCursor(v) | NotFound(v) => {
+            InvalidId(v) | InvalidType(v) | InvalidStatus(v) | InvalidCursor(v) | InvalidOffset(v) | NotFound(v) => {
                 cut_values(e.to_string(), &[v])
             }
             Conflict { id, .. } => cut_values(e.to_string(), &[id]),
@@ -242,6 +242,7 @@ impl From<CommandError> for ApiError {
                 "invalid_cursor",
                 format!("{msg}: pass a next_cursor returned by this endpoint, or omit cursor to start from the newest"),
             ),
+            InvalidOffset(_) => ApiError::invalid("invalid_offset", msg),
             InvalidSettings(_) => ApiError::invalid("invalid_request", msg),
             Conflict { .. } => ApiError::new(
                 StatusCode::CONFLICT,
