@@ -270,14 +270,12 @@ impl StateBackend for MemoryStateBackend {
         let first = after.map_or(0, |o| feed.events.partition_point(|(at, ..)| *at <= o));
         let mut events = Vec::new();
         let mut next_offset = after.unwrap_or(EventOffset::ZERO);
-        let mut looked = 0;
         let mut up_to_date = true;
-        for (at, of, json) in feed.events.range(first..) {
+        for (looked, (at, of, json)) in feed.events.range(first..).enumerate() {
             if events.len() >= limit || looked >= scan {
                 up_to_date = false;
                 break;
             }
-            looked += 1;
             next_offset = *at;
             if id.is_none_or(|id| id == of) {
                 events.push(CommandEvent::parse(*at, json.as_bytes())?);
