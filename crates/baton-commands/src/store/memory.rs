@@ -4,12 +4,12 @@
 //! a command without its message.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::backend::{status_slot, Cas, CommandStoreSettings, FeedAppend, Hub, StateBackend, SubmitOutcome};
+use super::backend::{status_slot, Cas, CommandStoreSettings, FeedAppend, StateBackend, SubmitOutcome};
 use crate::feed::{CommandEvent, EventFrom, EventOffset, EventPage};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
@@ -101,12 +101,11 @@ pub(crate) struct MemoryStateBackend {
     inner: Mutex<Inner>,
     stream: baton_queue::MessageStream,
     settings: CommandStoreSettings,
-    hub: Arc<Hub>,
 }
 
 impl MemoryStateBackend {
-    pub fn new(stream: baton_queue::MessageStream, hub: Arc<Hub>, settings: CommandStoreSettings) -> Self {
-        Self { inner: Mutex::new(Inner::default()), stream, settings, hub }
+    pub fn new(stream: baton_queue::MessageStream, settings: CommandStoreSettings) -> Self {
+        Self { inner: Mutex::new(Inner::default()), stream, settings }
     }
 }
 
@@ -146,9 +145,6 @@ impl StateBackend for MemoryStateBackend {
             if let Some(e) = event {
                 g.feeds.entry(state.queue.clone()).or_default().append(&state.id, e);
             }
-        }
-        if event.is_some() {
-            self.hub.feed_appended(&state.queue);
         }
         Ok(SubmitOutcome::Created(state.clone()))
     }

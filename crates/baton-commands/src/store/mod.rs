@@ -78,7 +78,7 @@ impl CommandStore {
         settings.validate()?;
         let hub = Arc::new(Hub::default());
         let stream = baton_queue::MessageStream::memory();
-        let backend = Arc::new(memory::MemoryStateBackend::new(stream.clone(), hub.clone(), settings.clone()));
+        let backend = Arc::new(memory::MemoryStateBackend::new(stream.clone(), settings.clone()));
         Ok(Self::assemble(backend, stream, hub, settings))
     }
 
@@ -252,6 +252,9 @@ impl CommandStore {
         match self.inner.backend.submit(&state, &body, &msg, event.as_ref()).await? {
             SubmitOutcome::Created(s) => {
                 remember(&s);
+                if event.is_some() {
+                    self.inner.hub.feed_appended(queue);
+                }
                 Ok((s, true))
             }
             SubmitOutcome::Existing(s) => {
