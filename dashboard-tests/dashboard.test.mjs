@@ -163,11 +163,19 @@ async function mainFlow(mode) {
     await page.locator("#cancel-btn").click()
     await page.locator("#detail-json", { hasText: '"status": "CANCELLED"' }).waitFor()
     check((await api.get(`${prefix}sleepy`)).status === "CANCELLED", "the server says CANCELLED")
+    // Its timeline, from the queue's event feed: submitted, started (a call past a second), then
+    // progress reports, and cancelled last.
+    await page.locator('#detail-timeline li[data-event="cancelled"]').waitFor({ timeout: 10000 })
+    const timeline = await page.locator("#detail-timeline li").evaluateAll((ls) => ls.map((l) => l.dataset.event))
+    check(timeline[0] === "submitted" && timeline[1] === "started" && timeline[timeline.length - 1] === "cancelled",
+      `the timeline runs submitted, started … cancelled: ${timeline}`)
+    check(timeline.slice(2, -1).every((e) => e === "progress"), `only progress between: ${timeline}`)
     check(await page.locator("#cancel-btn").isDisabled(), "cancel is disabled once terminal")
     await page.selectOption("#filter-status", "")
     await page.locator(`#commands-table tr[data-id="${prefix}sleepy"][data-status="CANCELLED"]`).waitFor()
     await page.locator(`#commands-table tr[data-id="${prefix}fail"]`).click()
     await page.locator("#detail-facts", { hasText: "disk full" }).waitFor()
+    await page.locator('#detail-timeline li[data-event="failed"]', { hasText: "disk full" }).waitFor()
     await page.screenshot({ path: join(SHOTS, `${mode}-3-commands-detail.png`), fullPage: true })
 
     // Dead letters (a command queue dead-letters only malformed entries: inject one on Redis).

@@ -8,7 +8,8 @@
 //! `submit` then `wait` instead (one Redis read more per command).
 //!
 //! Environment: `BATON_BENCH_ONLY=memory|redis` runs one backend; `BATON_BENCH_C=64,256` sets the
-//! concurrencies. For Redis runs it also prints, per command, the Redis calls by command name
+//! concurrencies; `BATON_BENCH_FEED=off` turns the queues' event feed off (default on: every
+//! command appends `submitted` and `succeeded`). For Redis runs it also prints, per command, the Redis calls by command name
 //! (`INFO commandstats` deltas) and the CPU time Redis and this process used (`INFO cpu`,
 //! `getrusage`), to show where the time goes.
 
@@ -25,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use baton_commands::{
-    Command, CommandHandler, CommandResult, CommandService, CommandStore, HandlerError, QueueSettings,
-    RedisCommandStoreOptions,
+    Command, CommandHandler, CommandResult, CommandService, CommandStore, CommandStoreSettings, FeedSettings,
+    HandlerError, QueueSettings, RedisCommandStoreOptions,
 };
 use baton_redis::RedisClient;
 use baton_testkit::RedisServer;
@@ -132,19 +133,25 @@ fn main() {
         .unwrap_or_else(|| vec![64, 256]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (mem_n, redis_n) = if quick { (20_000, 5_000) } else { (200_000, 60_000) };
+    let feed = match std::env::var("BATON_BENCH_FEED").as_deref() {
+        Ok("off") => FeedSettings::OFF,
+        _ => FeedSettings::default(),
+    };
+    let settings = CommandStoreSettings { feed, ..CommandStoreSettings::default() };
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     rt.block_on(async {
         if only.is_empty() || only == "memory" {
             for &c in &levels {
-                rows.push(run(CommandStore::memory(), "memory", c, mem_n).await);
+                rows.push(run(CommandStore::memory_with(settings.clone()).unwrap(), "memory", c, mem_n).await);
             }
         }
         if only.is_empty() || only == "redis" {
             let server = RedisServer::start();
             for &c in &levels {
                 let client = RedisClient::new(server.config()).unwrap();
-                let store = CommandStore::redis(client, RedisCommandStoreOptions::default()).await.unwrap();
+                let options = RedisCommandStoreOptions { settings: settings.clone(), ..Default::default() };
+                let store = CommandStore::redis(client, options).await.unwrap();
                 let (cpu0, calls0) = redis_snapshot(&server);
                 let own0 = baton_testkit::process_cpu_seconds();
                 let t0 = Instant::now();
@@ -177,7 +184,10 @@ fn main() {
         }
     });
     println!();
-    println!("submit → no-op execute → SUCCEEDED (client waits for the terminal state)");
+    println!(
+        "submit → no-op execute → SUCCEEDED (client waits for the terminal state); event feed {}",
+        if feed.enabled { "on" } else { "off" }
+    );
     println!("| backend | concurrency | commands | commands/s | p50 | p99 |");
     println!("|---------|-------------|----------|------------|-----|-----|");
     for r in rows {

@@ -127,6 +127,28 @@
 //! }
 //! ```
 //!
+//! * **The event feed**: every transition of a command (submitted, started, progress, running,
+//!   retry scheduled, handed off, succeeded, failed, cancelled) is appended to its home queue's
+//!   feed in the same atomic step as the write ([`CommandEvent`]; the rules: [`feed`]), read per queue ([`CommandStore::events`]) or per command
+//!   ([`CommandStore::command_events`]) from any [`EventOffset`], or waited for
+//!   ([`CommandStore::events_wait`]); bounded per queue and off per queue ([`FeedSettings`]).
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use baton_commands::{Command, CommandStore, EventFrom, EventKind};
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), baton_commands::CommandError> {
+//! let store = CommandStore::memory();
+//! let st = store.submit("builds", Command::new("build", serde_json::json!({}))).await?;
+//! let page = store.command_events(&st.id, EventFrom::Start, 100).await?;
+//! assert_eq!(page.events[0].event, EventKind::Submitted);
+//! // Resume after the last one seen; wait up to 10 ms for more.
+//! let next = store.events_wait("builds", EventFrom::After(page.next_offset), 100, Duration::from_millis(10)).await?;
+//! assert!(next.events.is_empty() && next.up_to_date);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Redis key layout and hash slots
 //!
 //! With key prefix `p` (default `baton`, the same as the work queue's), a command `id` submitted
@@ -139,6 +161,7 @@
 //! | `p:cmd:{q}:s:<STATUS>`     | zset   | id → created ms, per status (listing every status merges the five) |
 //! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning: every 64th submit to `q` by a store, and every list and count) |
 //! | `p:cmdid:{<id>}`           | string | the home queue of `id` (lookup by id alone)                    |
+//! | `p:cmd:{q}:feed`           | stream | the queue's event feed: `i <id> e <event JSON>` per transition, `XADD MAXLEN ~` (see [`FeedSettings`]) |
 //! | channel `p:cmd:{q}:events` | pubsub | `<id> <STATUS> <version> <origin>` per terminal write          |
 //!
 //! **Why the queue's slot.** Submit is then ONE script (state + indexes + `XADD` to the queue's
@@ -192,7 +215,7 @@
 //! checks each entry whose score has passed and re-scores live ones to their `PEXPIRETIME`.
 
 pub mod builtin;
-mod feed;
+pub mod feed;
 mod json;
 mod model;
 mod remote;

@@ -135,7 +135,7 @@ impl CommandStore {
         Ok(())
     }
 
-    /// Sets `queue`'s event feed (see the [`feed`](crate::CommandEvent) docs), in place of the
+    /// Sets `queue`'s event feed (see [`feed`](crate::feed)), in place of the
     /// store's default [`CommandStoreSettings::feed`], for this store's writes from now on.
     /// Errors: [`CommandError::Queue`] (bad name), [`CommandError::InvalidSettings`] (`max_len` 0).
     pub fn set_feed(&self, queue: &str, feed: FeedSettings) -> Result<(), CommandError> {

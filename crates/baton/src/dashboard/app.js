@@ -14,6 +14,7 @@
     es: null,
     selected: null, // command id
     detail: null, // its state
+    timeline: null, // {id, offset, events, busy, again}: its events read so far
     streamEs: null,
     stream: null, // {path, url, contentType, offset}
   };
@@ -255,8 +256,48 @@
   function executionText(e) {
     return `${e.call} on ${e.worker} since ${e.since}, delivery ${e.deliveries}, deadline ${e.deadline}`;
   }
+  // The command's events (GET /v1/commands/{id}/events, the queue's durable feed), read on from
+  // the last offset each time the detail is shown again.
+  async function loadTimeline(id) {
+    let tl = state.timeline;
+    if (!tl || tl.id !== id) tl = state.timeline = { id, offset: "-1", events: [], busy: false, again: false };
+    if (tl.busy) { tl.again = true; return; }
+    tl.busy = true;
+    try {
+      for (let page = 0; page < 20; page++) {
+        const r = await api("GET", `/v1/commands/${enc(id)}/events?offset=${enc(tl.offset)}`);
+        if (state.timeline !== tl) return;
+        if (!r.ok) {
+          $("detail-timeline").replaceChildren(h("li", { class: "muted" }, `Events unavailable: ${r.message}`));
+          return;
+        }
+        tl.events.push(...(Array.isArray(r.body) ? r.body : []));
+        tl.offset = r.res.headers.get("Stream-Next-Offset") || tl.offset;
+        if (r.res.headers.get("Stream-Up-To-Date") === "true") break;
+      }
+      renderTimeline(tl);
+    } finally {
+      tl.busy = false;
+      if (tl.again && state.timeline === tl) { tl.again = false; loadTimeline(id); }
+    }
+  }
+  function eventText(e) {
+    const parts = [e.event.replace(/_/g, " ")];
+    if (e.progress) parts.push(progressText(e.progress));
+    if (e.error) parts.push(e.error);
+    if (typeof e.retry_in_ms === "number") parts.push(`retry in ${e.retry_in_ms} ms`);
+    if (e.handed_off_to) parts.push(`to ${e.handed_off_to}`);
+    if (e.worker) parts.push(`on ${e.worker}`);
+    return parts.join(" · ");
+  }
+  function renderTimeline(tl) {
+    const items = tl.events.map((e) => h("li", { "data-event": e.event }, h("time", { datetime: e.at }, e.at), " ", eventText(e)));
+    $("detail-timeline").replaceChildren(...(items.length ? items : [h("li", { class: "muted" }, "No events (this queue's feed may be off)")]));
+  }
   function showDetail(c) {
+    if (!state.detail || state.detail.id !== c.id) $("detail-timeline").replaceChildren();
     state.detail = c;
+    loadTimeline(c.id);
     $("detail-title").textContent = "Command " + c.id;
     const facts = [["Status", badge(c.status)], ["Queue", c.queue], ["Type", c.type], ["Attempts", String(c.attempts)],
       ["Created", c.created_at], ["Completed", c.completed_at || "–"]];
@@ -279,7 +320,7 @@
   }
   $("detail-close").addEventListener("click", () => {
     const id = state.selected;
-    state.selected = null; state.detail = null; $("detail").hidden = true;
+    state.selected = null; state.detail = null; state.timeline = null; $("detail").hidden = true;
     document.querySelector(`#commands-table tr[data-id="${CSS.escape(id || "")}"]`)?.focus();
   });
   $("cancel-btn").addEventListener("click", async () => {
