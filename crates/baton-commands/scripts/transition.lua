@@ -12,7 +12,9 @@
 -- to ack the delivery with a successful write, ARGV[12] the delivery's fence ('' for none; with
 -- ARGV[10], the entry's fence must be this one: a later delivery of the same entry to the same
 -- consumer is not this writer's, see baton-queue's reclaim.lua), ARGV[13] the event to append
--- to the feed with a successful write ('' none), ARGV[14] the feed's length (XADD MAXLEN ~).
+-- to the feed with a successful write ('' none), ARGV[14] the feed's length (XADD MAXLEN ~),
+-- ARGV[15] '1' for a re-run: the expected (old) status may be terminal (only then; every other
+-- write to a terminal state is a conflict).
 -- The owner check makes "the writer still holds its lease" and the write one atomic step (a
 -- remote worker's settle: a takeover between a separate check and the write would let a worker
 -- whose lease is gone write its outcome).
@@ -29,7 +31,7 @@ end
 local head = redis.call('GETRANGE', KEYS[4], 0, HEAD_MAX)
 if head == '' then return { 'missing' } end
 local _, s, c = string.match(head, '^(%d+) (%u+) (%d+) ')
-if string.sub(head, 1, #ARGV[1]) ~= ARGV[1] or TERMINAL[s] then
+if string.sub(head, 1, #ARGV[1]) ~= ARGV[1] or (TERMINAL[s] and ARGV[15] ~= '1') then
   return { 'conflict', redis.call('GET', KEYS[4]) }
 end
 local id = ARGV[5]

@@ -8,7 +8,10 @@
 //!   written: shorter calls show only as their outcome, whose `started_at` is in the state);
 //!   `progress` (a report written while the call runs); `running` (the state became `RUNNING`,
 //!   or is `RUNNING` again after an error); `retry_scheduled` (a handler error, retried after
-//!   `retry_in_ms`); `handed_off`; `succeeded`; `failed`; `cancelled`. A write the
+//!   `retry_in_ms`); `handed_off`; `succeeded`; `failed`; `cancelled`; `rerun` (a `FAILED` or
+//!   `CANCELLED` command submitted again, [`CommandStore::retry`](crate::CommandStore::retry)).
+//!   Command messages are never dead-lettered (command queues run without `max_deliveries`; a
+//!   command that keeps failing ends `failed` after its retries), so there is no such kind. A write the
 //!   compare-and-set refuses appends nothing; nor does a `check_status` poll that changes nothing.
 //! * **Atomic**: on Redis the append is an `XADD` in the script that writes the state (same hash
 //!   slot: the feed key `<prefix>:cmd:{<queue>}:feed`); in memory, under the store's lock.
@@ -83,11 +86,12 @@ pub enum EventKind {
     Succeeded,
     Failed,
     Cancelled,
+    Rerun,
 }
 
 impl EventKind {
     /// Every kind, in lifecycle order.
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 10] = [
         EventKind::Submitted,
         EventKind::Started,
         EventKind::Progress,
@@ -97,6 +101,7 @@ impl EventKind {
         EventKind::Succeeded,
         EventKind::Failed,
         EventKind::Cancelled,
+        EventKind::Rerun,
     ];
 
     /// The JSON name (`"retry_scheduled"`).
@@ -111,6 +116,7 @@ impl EventKind {
             EventKind::Succeeded => "succeeded",
             EventKind::Failed => "failed",
             EventKind::Cancelled => "cancelled",
+            EventKind::Rerun => "rerun",
         }
     }
 }

@@ -314,6 +314,10 @@ pub enum CommandError {
     /// The command is already terminal, so the cancel was refused; its state is attached.
     #[error("command {} is already {}", .0.id, .0.status)]
     AlreadyTerminal(Box<CommandState>),
+    /// The command has not ended `FAILED` or `CANCELLED`, so the re-run was refused; its state
+    /// is attached ([`CommandStore::retry`]).
+    #[error("command {} is {}: only FAILED or CANCELLED commands can be re-run", .0.id, .0.status)]
+    NotRetryable(Box<CommandState>),
     /// A stored state that does not decode (corrupt or foreign data).
     #[error("corrupt state for command {id}: {reason}")]
     Corrupt { id: String, reason: String },

@@ -364,7 +364,7 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     let mut command: Command = st.command();
     let reports = Arc::new(Reports::default());
     command.reports = Some(reports.clone());
-    let _running = ctx.store.inner.hub.running(&st.id, command.cancel.clone());
+    let _running = ctx.store.inner.hub.running(&st.id, st.version, command.cancel.clone());
     // When this `execute` starts: the command's `started_at` unless an earlier call set it.
     let now = Timestamp::now();
     let started = is_execute.then_some(now);

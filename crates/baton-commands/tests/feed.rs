@@ -21,7 +21,8 @@ baton_testkit::on_every_backend!(
     reads_resume_from_any_offset,
     a_long_poll_wakes_on_another_process_append,
     the_feed_keeps_the_newest_events,
-    a_queue_with_its_feed_off_appends_nothing
+    a_queue_with_its_feed_off_appends_nothing,
+    a_failed_or_cancelled_command_reruns
 );
 
 fn kinds(events: &[CommandEvent]) -> Vec<EventKind> {
@@ -289,5 +290,84 @@ async fn a_queue_with_its_feed_off_appends_nothing(b: TestBackend) {
     let page = store.events(&q, EventFrom::Start, 100).await.unwrap();
     assert!(page.events.is_empty() && page.up_to_date);
     assert!(store.command_events(&st.id, EventFrom::Start, 10).await.unwrap().events.is_empty());
+    svc.close().await;
+}
+
+/// A FAILED or CANCELLED command re-runs from the start (one compare-and-set and a new message),
+/// its history kept in the feed; anything else is refused with its state; a cancel from before
+/// the re-run does not reach the re-run's handler.
+async fn a_failed_or_cancelled_command_reruns(b: TestBackend) {
+    use EventKind::*;
+    let store = store_for(&b).await;
+    let other = other_store(&b, &store).await;
+    let q = queue_name("rerun");
+    let calls = Arc::new(AtomicU32::new(0));
+    let c2 = calls.clone();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "twice",
+            on_execute(move |c: Command| {
+                let n = c2.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    match n {
+                        0 => Ok(CommandResult::failed("first run fails")),
+                        1 => {
+                            // The second run waits to be cancelled.
+                            c.cancelled().await;
+                            Ok(CommandResult::cancelled())
+                        }
+                        _ => {
+                            // The third: not signalled by the earlier cancel.
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            if c.is_cancelled() {
+                                return Ok(CommandResult::failed("signalled by an old cancel"));
+                            }
+                            Ok(CommandResult::succeeded(json!("third time")))
+                        }
+                    }
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let st = store.submit(&q, Command::new("twice", json!({}))).await.unwrap();
+    let failed = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((failed.status, failed.error.as_deref()), (CommandStatus::Failed, Some("first run fails")));
+
+    let rerun = other.retry(&st.id).await.unwrap();
+    assert_eq!(
+        (rerun.status, rerun.version, rerun.error.as_deref()),
+        (CommandStatus::Submitted, failed.version + 1, None)
+    );
+    assert_eq!((rerun.completed_at, rerun.attempts), (None, 1));
+    // A second re-run now is refused with the state.
+    match store.retry(&st.id).await {
+        Err(baton_commands::CommandError::NotRetryable(s)) => assert_eq!(s.status, CommandStatus::Submitted),
+        other => panic!("{other:?}"),
+    }
+    eventually(Duration::from_secs(5), || async { (calls.load(Ordering::SeqCst) == 2).then_some(()) })
+        .await
+        .expect("the re-run executes");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    other.cancel(&st.id).await.unwrap();
+    let cancelled = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(cancelled.status, CommandStatus::Cancelled);
+    store.retry(&st.id).await.unwrap();
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(
+        (done.status, done.result.as_ref().map(|r| r.get())),
+        (CommandStatus::Succeeded, Some(r#""third time""#))
+    );
+    // Three execute calls; the cancelled run's outcome was refused (the cancel won), so it is
+    // not a recorded attempt.
+    assert_eq!((done.attempts, calls.load(Ordering::SeqCst)), (2, 3));
+    match store.retry(&st.id).await {
+        Err(baton_commands::CommandError::NotRetryable(s)) => assert_eq!(s.status, CommandStatus::Succeeded),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(store.retry("no-such-command").await, Err(baton_commands::CommandError::NotFound(_))));
+    assert_eq!(kinds(&all_of(&store, &st.id).await), [Submitted, Failed, Rerun, Cancelled, Rerun, Succeeded]);
     svc.close().await;
 }

@@ -111,6 +111,8 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     /// process on the same Redis): created by the first that asks, kept forever.
     async fn shared_secret(&self, name: &str) -> Result<Vec<u8>, CommandError>;
     /// CAS: replaces the state at version `new.version - 1` (whose status was `old`) by `new`.
+    /// A terminal state is replaced only by a re-run: `old` terminal, `new` not, with `enqueue`
+    /// (every other write to a terminal state is a conflict: the first terminal write wins).
     /// With `enqueue`, also enqueues the message on that queue in the same atomic step; only
     /// allowed when [`StateBackend::atomic_enqueue`] says so. With `delivery` (only when
     /// [`StateBackend::can_fold_ack`] says so): its `owned` check in the same atomic step
@@ -200,10 +202,12 @@ impl From<CommandState> for Peeked {
 #[derive(Default)]
 pub(crate) struct Hub {
     waiters: Mutex<HashMap<String, watch::Sender<Option<CommandState>>>>,
-    running: Mutex<HashMap<String, CancellationToken>>,
-    /// Ids cancelled lately, so a handler that registers *after* the cancel (its dispatch read
-    /// the state just before the cancel was written) is signalled at once.
-    recent_cancels: Mutex<HashMap<String, std::time::Instant>>,
+    /// Running handlers: id → (version of the state they run, cancellation token).
+    running: Mutex<HashMap<String, (u64, CancellationToken)>>,
+    /// Ids cancelled lately (when, at which version), so a handler that registers *after* the
+    /// cancel (its dispatch read the state just before the cancel was written) is signalled at
+    /// once.
+    recent_cancels: Mutex<HashMap<String, (std::time::Instant, u64)>>,
     /// Per queue: woken on every append to its feed seen by this process.
     feeds: Mutex<HashMap<String, Arc<FeedWaiters>>>,
 }
@@ -226,20 +230,20 @@ impl Hub {
     /// A write made by this process.
     pub fn local(&self, state: &CommandState) {
         if state.status == CommandStatus::Cancelled {
-            self.cancel_running(&state.id);
+            self.cancel_running(&state.id, state.version);
         }
         if let Some(tx) = self.waiters.lock().unwrap().get(&state.id) {
             tx.send_replace(Some(state.clone()));
         }
     }
 
-    /// A write announced by Redis (only terminal ones are). `own`: written by this store, so
-    /// [`Hub::local`] has already told (or is about to tell) the waiters, with the state; they
-    /// are not woken a second time to re-read it. A cancel still signals (idempotent), in case
-    /// the writer's reply was lost.
-    pub fn remote(&self, id: &str, status: CommandStatus, own: bool) {
+    /// A write announced by Redis (only terminal ones are), at `version`. `own`: written by this
+    /// store, so [`Hub::local`] has already told (or is about to tell) the waiters, with the
+    /// state; they are not woken a second time to re-read it. A cancel still signals
+    /// (idempotent), in case the writer's reply was lost.
+    pub fn remote(&self, id: &str, status: CommandStatus, version: u64, own: bool) {
         if status == CommandStatus::Cancelled {
-            self.cancel_running(id);
+            self.cancel_running(id, version);
         }
         if own {
             return;
@@ -250,18 +254,27 @@ impl Hub {
         }
     }
 
-    pub(crate) fn cancel_running(&self, id: &str) {
+    /// A cancel of `id` written at `version`: signals a handler running a state read before it
+    /// (a lower version), now or when it registers later. A handler of a later state (the
+    /// command re-run after the cancel, [`CommandStore::retry`](crate::CommandStore::retry)) is
+    /// not signalled, however late the announcement comes.
+    pub(crate) fn cancel_running(&self, id: &str, version: u64) {
         {
             // Remember first, then look for a running handler; `running` does the reverse, so
             // one of the two always sees the other.
             let mut recent = self.recent_cancels.lock().unwrap();
             if recent.len() >= RECENT_CANCEL_PRUNE_AT {
-                recent.retain(|_, at| at.elapsed() < RECENT_CANCEL_TTL);
+                recent.retain(|_, (at, _)| at.elapsed() < RECENT_CANCEL_TTL);
             }
-            recent.insert(id.to_string(), std::time::Instant::now());
+            let e = recent.entry(id.to_string()).or_insert((std::time::Instant::now(), version));
+            if e.1 <= version {
+                *e = (std::time::Instant::now(), version);
+            }
         }
-        if let Some(t) = self.running.lock().unwrap().get(id) {
-            t.cancel();
+        if let Some((read, t)) = self.running.lock().unwrap().get(id) {
+            if *read < version {
+                t.cancel();
+            }
         }
     }
 
@@ -288,10 +301,12 @@ impl Hub {
         }
     }
 
-    /// Registers a running handler's cancellation token (removed by the guard's drop).
-    pub fn running(self: &Arc<Self>, id: &str, token: CancellationToken) -> RunningGuard {
-        self.running.lock().unwrap().insert(id.to_string(), token.clone());
-        if self.recent_cancels.lock().unwrap().get(id).is_some_and(|at| at.elapsed() < RECENT_CANCEL_TTL) {
+    /// Registers the cancellation token of a handler running `id`'s state of `version`
+    /// (removed by the guard's drop).
+    pub fn running(self: &Arc<Self>, id: &str, version: u64, token: CancellationToken) -> RunningGuard {
+        self.running.lock().unwrap().insert(id.to_string(), (version, token.clone()));
+        let cancelled = self.recent_cancels.lock().unwrap().get(id).copied();
+        if cancelled.is_some_and(|(at, v)| at.elapsed() < RECENT_CANCEL_TTL && v > version) {
             token.cancel();
         }
         RunningGuard { hub: self.clone(), id: id.to_string() }

@@ -173,7 +173,8 @@ impl StateBackend for MemoryStateBackend {
         {
             let mut g = self.inner.lock().unwrap();
             let Some(e) = g.live(&new.id) else { return Ok((Cas::Conflict(None), false)) };
-            if e.state.version + 1 != new.version || e.state.status.is_terminal() || e.state.status != old {
+            let rerun = old.is_terminal() && !new.status.is_terminal() && enqueue.is_some();
+            if e.state.version + 1 != new.version || (e.state.status.is_terminal() && !rerun) || e.state.status != old {
                 return Ok((Cas::Conflict(Some((*e.state).clone())), false));
             }
             *e.state = new.clone();

@@ -335,6 +335,46 @@ impl CommandStore {
         }
     }
 
+    /// Re-runs `id`, a `FAILED` or `CANCELLED` command: one compare-and-set back to `SUBMITTED`
+    /// (result, error, completion and hand-off cleared; `attempts`, the last checkpoint
+    /// ([`Command::details`]) and the progress kept) that enqueues a new message on its home
+    /// queue in the same atomic step, so `execute` runs again from the start of the command's
+    /// life. The history stays in the event feed (a `rerun` event follows the old outcome).
+    /// Concurrent re-runs of one command: one wins, the others see it `SUBMITTED` and are refused.
+    ///
+    /// Errors: [`CommandError::NotFound`], [`CommandError::NotRetryable`] (not FAILED or
+    /// CANCELLED; the state attached, unchanged), backend errors.
+    pub async fn retry(&self, id: &str) -> Result<CommandState, CommandError> {
+        validate_id(id)?;
+        let mut current = self.locate(id).await?.map(|(_, st)| st);
+        loop {
+            let Some(st) = current else { return Err(CommandError::NotFound(id.to_string())) };
+            if !matches!(st.status, CommandStatus::Failed | CommandStatus::Cancelled) {
+                return Err(CommandError::NotRetryable(Box::new(st)));
+            }
+            let now = Timestamp::now();
+            let mut next = st.clone();
+            next.status = CommandStatus::Submitted;
+            next.result = None;
+            next.error = None;
+            next.errors_count = 0;
+            next.completed_at = None;
+            next.started_at = None;
+            next.execution = None;
+            next.handed_off_to = None;
+            next.prev_token = None;
+            next.token = new_token();
+            next.modified_at = now;
+            next.version += 1;
+            let msg = CommandMsg { id: st.id.clone(), home: st.queue.clone(), token: next.token.clone() };
+            let home = st.queue.clone();
+            match self.write_for(st.status, next, Some((&home, &msg)), None, Some((EventKind::Rerun, None))).await?.0 {
+                Ok(done) => return Ok(done),
+                Err(latest) => current = latest,
+            }
+        }
+    }
+
     /// Waits until `id` is terminal or `timeout` passes, and returns its state then (check
     /// `status.is_terminal()`). Wakes on this process's writes and on Redis notifications; no
     /// polling except a fallback re-read every second. Errors: [`CommandError::NotFound`].
@@ -598,17 +638,32 @@ mod hub_tests {
     #[test]
     fn a_handler_registering_after_its_cancel_is_signalled() {
         let hub = Arc::new(Hub::default());
-        hub.remote("cmd-1", CommandStatus::Cancelled, false);
+        hub.remote("cmd-1", CommandStatus::Cancelled, 4, false);
         let token = CancellationToken::new();
-        let _guard = hub.running("cmd-1", token.clone());
+        let _guard = hub.running("cmd-1", 3, token.clone());
         assert!(token.is_cancelled());
         // Another command is not affected.
         let other = CancellationToken::new();
-        let _g2 = hub.running("cmd-2", other.clone());
+        let _g2 = hub.running("cmd-2", 1, other.clone());
         assert!(!other.is_cancelled());
         // The usual order still works, also for this store's own (echoed) cancel.
-        hub.remote("cmd-2", CommandStatus::Cancelled, true);
+        hub.remote("cmd-2", CommandStatus::Cancelled, 2, true);
         assert!(other.is_cancelled());
+    }
+
+    /// A command re-run after a cancel (a later version) is not signalled by that cancel, whether
+    /// its announcement comes before the re-run's handler registers or while it runs.
+    #[test]
+    fn a_cancel_does_not_reach_a_later_run() {
+        let hub = Arc::new(Hub::default());
+        hub.remote("cmd-1", CommandStatus::Cancelled, 4, false);
+        let rerun = CancellationToken::new();
+        let _guard = hub.running("cmd-1", 5, rerun.clone());
+        assert!(!rerun.is_cancelled(), "remembered cancel of version 4, run of version 5");
+        hub.remote("cmd-1", CommandStatus::Cancelled, 4, false);
+        assert!(!rerun.is_cancelled(), "a late echo of the old cancel");
+        hub.remote("cmd-1", CommandStatus::Cancelled, 7, false);
+        assert!(rerun.is_cancelled(), "a cancel of the re-run itself");
     }
 
     /// A waiter is woken to re-read by another process's terminal write, not by the echo of this
@@ -617,9 +672,9 @@ mod hub_tests {
     fn own_announcements_do_not_wake_waiters() {
         let hub = Hub::default();
         let mut rx = hub.subscribe("cmd-3");
-        hub.remote("cmd-3", CommandStatus::Succeeded, true);
+        hub.remote("cmd-3", CommandStatus::Succeeded, 2, true);
         assert!(!rx.has_changed().unwrap(), "own echo ignored");
-        hub.remote("cmd-3", CommandStatus::Succeeded, false);
+        hub.remote("cmd-3", CommandStatus::Succeeded, 2, false);
         assert!(rx.has_changed().unwrap(), "another process's write wakes the waiter");
         assert!(rx.borrow_and_update().is_none(), "with no state: the waiter re-reads");
     }

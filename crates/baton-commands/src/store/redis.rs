@@ -523,6 +523,7 @@ impl StateBackend for RedisStateBackend {
             String::new()
         };
         let expected = format!("{} {} ", st.version - 1, old.as_str());
+        let rerun = old.is_terminal() && !st.status.is_terminal() && enqueue.is_some();
         // No hand-off enqueue and no ack on another queue's stream: group-committed.
         let batched = enqueue.is_none()
             && target.as_ref().is_none_or(|(_, t)| t.stream == k.batch.stream && t.group == self.group);
@@ -579,7 +580,8 @@ impl StateBackend for RedisStateBackend {
                 .arg(if ack { "1" } else { "" })
                 .arg(&fence)
                 .arg(feed_event)
-                .arg(feed_max);
+                .arg(feed_max)
+                .arg(if rerun { "1" } else { "" });
             TRANSITION.query(&mut conn, &cmd).await?
         };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
@@ -885,10 +887,10 @@ async fn pubsub_task(
                         let payload = String::from_utf8_lossy(msg.get_payload_bytes());
                         for line in payload.split('\n') {
                             let mut it = line.split(' ');
-                            if let (Some(id), Some(status)) = (it.next(), it.next()) {
-                                let own = it.nth(1) == Some(&*origin);
-                                if let Ok(s) = status.parse::<CommandStatus>() {
-                                    hub.remote(id, s, own);
+                            if let (Some(id), Some(status), Some(version)) = (it.next(), it.next(), it.next()) {
+                                let own = it.next() == Some(&*origin);
+                                if let (Ok(s), Ok(v)) = (status.parse::<CommandStatus>(), version.parse::<u64>()) {
+                                    hub.remote(id, s, v, own);
                                 }
                             }
                         }

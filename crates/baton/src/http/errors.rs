@@ -253,6 +253,9 @@ impl From<CommandError> for ApiError {
             AlreadyTerminal(st) => {
                 ApiError::new(StatusCode::CONFLICT, "already_terminal", msg).with_serialized_field("state", &st)
             }
+            NotRetryable(st) => {
+                ApiError::new(StatusCode::CONFLICT, "not_retryable", msg).with_serialized_field("state", &st)
+            }
             Queue(QueueError::InvalidQueueName(_)) => ApiError::invalid("invalid_queue", msg),
             Corrupt { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_state", msg),
             Queue(_) | Redis(_) | Connect(_) => ApiError::unavailable(msg),
