@@ -1,7 +1,8 @@
 -- List: ids newest first (score = created ms desc, then id desc), after a cursor.
 -- KEYS[1..6] indexes (see lib.lua)
 -- ARGV[1] index position in KEYS (2..6 a status; 0 = every status: the five merged),
--- ARGV[2] how many, ARGV[3] cursor score ('' for the first page), ARGV[4] cursor id
+-- ARGV[2] how many, ARGV[3] cursor score ('' for the first page), ARGV[4] cursor id ('' with a
+-- score: every id of that score is after it), ARGV[5] the lowest score (created ms) listed
 -- Returns {id, score, id, score, ...}.
 -- Byte order (not strcoll, which follows the server's locale), as Redis orders equal scores.
 local function bytes_less(a, b)
@@ -18,14 +19,14 @@ local want = tonumber(ARGV[2])
 local function page(key)
   local out = {}
   if ARGV[3] == '' then
-    local flat = redis.call('ZREVRANGEBYSCORE', key, '+inf', '-inf', 'WITHSCORES', 'LIMIT', 0, want)
+    local flat = redis.call('ZREVRANGEBYSCORE', key, '+inf', ARGV[5], 'WITHSCORES', 'LIMIT', 0, want)
     for i = 1, #flat, 2 do out[#out + 1] = { flat[i], tonumber(flat[i + 1]) } end
     return out
   end
   local cs, cid = tonumber(ARGV[3]), ARGV[4]
   local off = 0
   while #out < want do
-    local batch = redis.call('ZREVRANGEBYSCORE', key, ARGV[3], '-inf', 'WITHSCORES', 'LIMIT', off, 200)
+    local batch = redis.call('ZREVRANGEBYSCORE', key, ARGV[3], ARGV[5], 'WITHSCORES', 'LIMIT', off, 200)
     if #batch == 0 then break end
     for i = 1, #batch, 2 do
       local m, s = batch[i], tonumber(batch[i + 1])

@@ -642,7 +642,10 @@ impl StatusCounts {
     }
 }
 
-/// A listing request: newest first (by `created_at`, then id descending).
+/// A listing request: newest first (by `created_at`, then id descending), every filter given
+/// applied (all of them). With `command_type` or `id_prefix`, one page looks at most at
+/// [`ListQuery::SCAN_MAX`] commands: a page can then hold fewer than `limit` items (even none)
+/// and still have a `next_cursor` to read on from.
 #[derive(Clone, Debug, Default)]
 pub struct ListQuery {
     /// Only this status; `None`: every status.
@@ -651,6 +654,19 @@ pub struct ListQuery {
     pub limit: usize,
     /// `next_cursor` of the previous page; `None` for the first.
     pub cursor: Option<String>,
+    /// Only commands of this type.
+    pub command_type: Option<String>,
+    /// Only ids that start with this.
+    pub id_prefix: Option<String>,
+    /// Only commands created at this time or later.
+    pub created_after: Option<Timestamp>,
+    /// Only commands created before this time.
+    pub created_before: Option<Timestamp>,
+}
+
+impl ListQuery {
+    /// Most commands one filtered page looks at (see the type docs).
+    pub const SCAN_MAX: usize = 5_000;
 }
 
 /// One page of a listing.

@@ -297,7 +297,10 @@ async fn list_pages_merge_statuses_with_equal_created_ms(b: TestBackend) {
         let mut cursor = None;
         let mut pages = 0;
         loop {
-            let page = store.list(&q, ListQuery { status: None, limit, cursor: cursor.clone() }).await.unwrap();
+            let page = store
+                .list(&q, ListQuery { status: None, limit, cursor: cursor.clone(), ..Default::default() })
+                .await
+                .unwrap();
             got.extend(page.items.iter().map(|s| s.id.clone()));
             pages += 1;
             assert!(pages < 500);
@@ -322,7 +325,10 @@ async fn list_pages_merge_statuses_with_equal_created_ms(b: TestBackend) {
         let mut got = Vec::new();
         let mut cursor = None;
         loop {
-            let page = store.list(&q, ListQuery { status: Some(status), limit: 4, cursor }).await.unwrap();
+            let page = store
+                .list(&q, ListQuery { status: Some(status), limit: 4, cursor, ..Default::default() })
+                .await
+                .unwrap();
             got.extend(page.items.iter().map(|s| s.id.clone()));
             match page.next_cursor {
                 Some(c) => cursor = Some(c),

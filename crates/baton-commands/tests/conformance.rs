@@ -27,6 +27,7 @@ baton_testkit::on_every_backend!(
     submit_is_idempotent_and_conflicts_are_refused,
     malformed_params_are_rejected_before_anything_is_stored,
     listing_is_newest_first_with_cursor_pagination_and_exact_counts,
+    listing_filters_by_type_id_prefix_and_creation_time,
     terminal_states_expire_after_retention,
     wait_wakes_on_writes_from_another_store,
     cancel_from_another_store_signals_the_running_handler,
@@ -427,6 +428,67 @@ async fn malformed_params_are_rejected_before_anything_is_stored(b: TestBackend)
     svc.close().await;
 }
 
+async fn listing_filters_by_type_id_prefix_and_creation_time(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("search");
+    let mut made = Vec::new();
+    for (prefix, t) in [("a", "x"), ("b", "y")] {
+        // The halves are created in distinct milliseconds.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        for i in 0..6 {
+            made.push(store.submit(&q, Command::with_id(format!("{prefix}-{i}"), t, json!(i))).await.unwrap());
+        }
+    }
+    store.cancel("a-1").await.unwrap();
+    let newest_first = |pred: &dyn Fn(&baton_commands::CommandState) -> bool| {
+        let mut v: Vec<(u64, String)> =
+            made.iter().filter(|s| pred(s)).map(|s| (s.created_at.millis(), s.id.clone())).collect();
+        v.sort();
+        v.reverse();
+        v.into_iter().map(|(_, id)| id).collect::<Vec<_>>()
+    };
+    let ids = |p: &baton_commands::CommandPage| p.items.iter().map(|s| s.id.clone()).collect::<Vec<_>>();
+    let all = |query: ListQuery| {
+        let store = store.clone();
+        let q = q.clone();
+        async move {
+            let mut out = Vec::new();
+            let mut query = query;
+            loop {
+                let page = store.list(&q, query.clone()).await.unwrap();
+                out.extend(page.items.iter().map(|s| s.id.clone()));
+                match page.next_cursor {
+                    Some(c) => query.cursor = Some(c),
+                    None => return out,
+                }
+            }
+        }
+    };
+    let by_type = ListQuery { command_type: Some("y".into()), ..Default::default() };
+    let page = store.list(&q, by_type.clone()).await.unwrap();
+    assert_eq!((ids(&page), page.next_cursor), (newest_first(&|s| s.command_type == "y"), None));
+    // Paged by 2: the same, in 3 pages.
+    assert_eq!(all(ListQuery { limit: 2, ..by_type.clone() }).await, newest_first(&|s| s.command_type == "y"));
+    let by_prefix = ListQuery { id_prefix: Some("a-".into()), ..Default::default() };
+    assert_eq!(ids(&store.list(&q, by_prefix).await.unwrap()), newest_first(&|s| s.id.starts_with("a-")));
+    let none = store
+        .list(&q, ListQuery { command_type: Some("x".into()), id_prefix: Some("b-".into()), ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!((none.items.len(), none.next_cursor), (0, None));
+    let b0 = made.iter().find(|s| s.id == "b-0").unwrap().created_at;
+    let after = store.list(&q, ListQuery { created_after: Some(b0), ..Default::default() }).await.unwrap();
+    assert_eq!(ids(&after), newest_first(&|s| s.created_at >= b0));
+    assert_eq!(ids(&after), newest_first(&|s| s.id.starts_with("b-")));
+    let before = ListQuery { created_before: Some(b0), limit: 4, ..Default::default() };
+    assert_eq!(all(before).await, newest_first(&|s| s.id.starts_with("a-")));
+    let cancelled_x =
+        ListQuery { status: Some(CommandStatus::Cancelled), command_type: Some("x".into()), ..Default::default() };
+    assert_eq!(ids(&store.list(&q, cancelled_x).await.unwrap()), ["a-1"]);
+    let empty_range = ListQuery { created_after: Some(b0), created_before: Some(b0), ..Default::default() };
+    assert!(store.list(&q, empty_range).await.unwrap().items.is_empty());
+}
+
 async fn listing_is_newest_first_with_cursor_pagination_and_exact_counts(b: TestBackend) {
     let store = store_for(&b).await;
     let q = queue_name("list");
@@ -448,7 +510,10 @@ async fn listing_is_newest_first_with_cursor_pagination_and_exact_counts(b: Test
     let mut cursor = None;
     let mut pages = 0;
     loop {
-        let page = store.list(&q, ListQuery { status: None, limit: 3, cursor: cursor.clone() }).await.unwrap();
+        let page = store
+            .list(&q, ListQuery { status: None, limit: 3, cursor: cursor.clone(), ..Default::default() })
+            .await
+            .unwrap();
         pages += 1;
         assert!(page.items.len() <= 3);
         got.extend(page.items.iter().map(|s| s.id.clone()));
@@ -459,14 +524,18 @@ async fn listing_is_newest_first_with_cursor_pagination_and_exact_counts(b: Test
     }
     assert_eq!(got, expected);
     assert_eq!(pages, 3);
-    let cancelled =
-        store.list(&q, ListQuery { status: Some(CommandStatus::Cancelled), limit: 10, cursor: None }).await.unwrap();
+    let cancelled = store
+        .list(&q, ListQuery { status: Some(CommandStatus::Cancelled), limit: 10, cursor: None, ..Default::default() })
+        .await
+        .unwrap();
     let want: Vec<String> = expected.iter().filter(|i| *i == "l-1" || *i == "l-4").cloned().collect();
     assert_eq!(cancelled.items.iter().map(|s| s.id.clone()).collect::<Vec<_>>(), want);
     assert!(cancelled.items.iter().all(|s| s.status == CommandStatus::Cancelled));
     assert_eq!(cancelled.next_cursor, None);
-    let submitted =
-        store.list(&q, ListQuery { status: Some(CommandStatus::Submitted), limit: 100, cursor: None }).await.unwrap();
+    let submitted = store
+        .list(&q, ListQuery { status: Some(CommandStatus::Submitted), limit: 100, cursor: None, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(submitted.items.len(), 5);
     assert_eq!(store.counts(&q).await.unwrap(), StatusCounts { submitted: 5, cancelled: 2, ..Default::default() });
     assert!(matches!(

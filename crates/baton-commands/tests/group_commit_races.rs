@@ -19,7 +19,7 @@ async fn all_listed(store: &CommandStore, q: &str, status: Option<CommandStatus>
     let mut out = Vec::new();
     let mut cursor = None;
     loop {
-        let page = store.list(q, ListQuery { status, limit: 1000, cursor }).await.unwrap();
+        let page = store.list(q, ListQuery { status, limit: 1000, cursor, ..Default::default() }).await.unwrap();
         out.extend(page.items.into_iter().map(|s| (s.id, s.status)));
         match page.next_cursor {
             Some(c) => cursor = Some(c),

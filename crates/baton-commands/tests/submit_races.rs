@@ -33,7 +33,7 @@ async fn listed(store: &CommandStore, q: &str) -> usize {
     let mut n = 0;
     let mut cursor = None;
     loop {
-        let page = store.list(q, ListQuery { status: None, limit: 1000, cursor }).await.unwrap();
+        let page = store.list(q, ListQuery { status: None, limit: 1000, cursor, ..Default::default() }).await.unwrap();
         n += page.items.len();
         match page.next_cursor {
             Some(c) => cursor = Some(c),

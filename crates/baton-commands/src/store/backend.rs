@@ -136,14 +136,16 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     fn can_fold_ack(&self, home: &str, queue: &str) -> bool;
     /// Enqueues a message on `queue` (non-atomic path).
     async fn enqueue(&self, queue: &str, msg: &CommandMsg) -> Result<(), CommandError>;
-    /// Ids of `queue`'s commands, newest first, after `cursor`, at most `limit`, and the cursor
-    /// of the last returned item when more may follow.
+    /// `queue`'s commands, newest first, after `cursor`, created at `min_ms` or later, at most
+    /// `limit`, and the cursor of the last id looked at when more may follow (states gone
+    /// meanwhile are skipped, the cursor still passes them).
     async fn list(
         &self,
         queue: &str,
         status: Option<CommandStatus>,
         limit: usize,
         cursor: Option<Cursor>,
+        min_ms: u64,
     ) -> Result<(Vec<CommandState>, Option<Cursor>), CommandError>;
     async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError>;
     /// Makes sure remote writes to `home`'s commands reach the hub (Redis pub/sub).

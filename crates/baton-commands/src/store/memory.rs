@@ -215,14 +215,17 @@ impl StateBackend for MemoryStateBackend {
         status: Option<CommandStatus>,
         limit: usize,
         cursor: Option<Cursor>,
+        min_ms: u64,
     ) -> Result<(Vec<CommandState>, Option<Cursor>), CommandError> {
         let mut g = self.inner.lock().unwrap();
         g.prune();
         let Some(q) = g.queues.get(queue) else { return Ok((Vec::new(), None)) };
         let set = &q.by_status[status_slot(status)];
+        let from = (min_ms, String::new());
         let keys: Vec<(u64, String)> = match &cursor {
-            Some(c) => set.range(..(c.created_ms, c.id.clone())).rev().take(limit + 1).cloned().collect(),
-            None => set.iter().rev().take(limit + 1).cloned().collect(),
+            Some(c) if (c.created_ms, c.id.as_str()) <= (min_ms, "") => Vec::new(),
+            Some(c) => set.range(from..(c.created_ms, c.id.clone())).rev().take(limit + 1).cloned().collect(),
+            None => set.range(from..).rev().take(limit + 1).cloned().collect(),
         };
         let more = keys.len() > limit;
         let keys = &keys[..keys.len().min(limit)];

@@ -468,7 +468,8 @@ impl CommandStore {
         Ok(self.inner.backend.peek(&home, id).await?.map(|p| (home, p)))
     }
 
-    /// Lists `queue`'s commands (by home queue) newest first, one page at a time.
+    /// Lists `queue`'s commands (by home queue) newest first, one page at a time, with the
+    /// filters of `query` (see [`ListQuery`]).
     ///
     /// Errors: [`CommandError::InvalidCursor`], [`CommandError::Queue`] (bad queue name).
     pub async fn list(&self, queue: &str, query: ListQuery) -> Result<CommandPage, CommandError> {
@@ -477,9 +478,44 @@ impl CommandStore {
             0 => 100,
             n => n.min(1000),
         };
-        let cursor = query.cursor.as_deref().map(Cursor::decode).transpose()?;
-        let (items, next) = self.inner.backend.list(queue, query.status, limit, cursor).await?;
-        Ok(CommandPage { items, next_cursor: next.map(|c| c.encode()) })
+        let mut cursor = query.cursor.as_deref().map(Cursor::decode).transpose()?;
+        if let (None, Some(before)) = (&cursor, query.created_before) {
+            // Every id created at `before` ms or later is "after" this position.
+            cursor = Some(Cursor { created_ms: before.millis(), id: String::new() });
+        }
+        let min_ms = query.created_after.map_or(0, |t| t.millis());
+        let backend = &self.inner.backend;
+        if query.command_type.is_none() && query.id_prefix.is_none() {
+            let (items, next) = backend.list(queue, query.status, limit, cursor, min_ms).await?;
+            return Ok(CommandPage { items, next_cursor: next.map(|c| c.encode()) });
+        }
+        let wanted = |st: &CommandState| {
+            query.command_type.as_ref().is_none_or(|t| &st.command_type == t)
+                && query.id_prefix.as_ref().is_none_or(|p| st.id.starts_with(p.as_str()))
+        };
+        let mut items = Vec::new();
+        let mut looked = 0;
+        loop {
+            let batch = (ListQuery::SCAN_MAX - looked).min(500);
+            let (page, next) = backend.list(queue, query.status, batch, cursor.clone(), min_ms).await?;
+            looked += batch;
+            for st in page {
+                let at = Cursor { created_ms: st.created_at.millis(), id: st.id.clone() };
+                if wanted(&st) {
+                    items.push(st);
+                    if items.len() == limit {
+                        return Ok(CommandPage { items, next_cursor: Some(at.encode()) });
+                    }
+                }
+            }
+            match next {
+                None => return Ok(CommandPage { items, next_cursor: None }),
+                Some(c) if looked >= ListQuery::SCAN_MAX => {
+                    return Ok(CommandPage { items, next_cursor: Some(c.encode()) })
+                }
+                Some(c) => cursor = Some(c),
+            }
+        }
     }
 
     /// Events of `queue`'s feed (its commands' transitions, see [`CommandEvent`]) from `from`,

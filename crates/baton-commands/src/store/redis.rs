@@ -622,6 +622,7 @@ impl StateBackend for RedisStateBackend {
         status: Option<CommandStatus>,
         limit: usize,
         cursor: Option<Cursor>,
+        min_ms: u64,
     ) -> Result<(Vec<CommandState>, Option<Cursor>), CommandError> {
         let k = self.keys(queue);
         let keys: Vec<&str> = k.batch.index.iter().map(|s| s.as_str()).collect();
@@ -631,7 +632,7 @@ impl StateBackend for RedisStateBackend {
         };
         // KEYS position of the status index (2..6), or 0: every status, merged by the script.
         let which = if status.is_some() { status_slot(status) + 1 } else { 0 };
-        let args: [&dyn baton_redis::ArgLike; 4] = [&which, &(limit + 1), &cs, &cid];
+        let args: [&dyn baton_redis::ArgLike; 5] = [&which, &(limit + 1), &cs, &cid, &min_ms];
         let flat: Vec<String> = LIST.run(&mut self.conn.clone(), &keys, &args).await?;
         let mut ids: Vec<(u64, String)> =
             flat.chunks(2).filter_map(|c| Some((c.get(1)?.parse::<f64>().ok()? as u64, c[0].clone()))).collect();

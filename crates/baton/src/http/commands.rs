@@ -229,7 +229,7 @@ pub async fn list(
     let status = status_param(&q)?;
     let limit = limit_param(&q, 100, 1000)?;
     let cursor = q.get("cursor").filter(|c| !c.is_empty()).cloned();
-    let page = st.commands.store().list(&queue, ListQuery { status, limit, cursor }).await?;
+    let page = st.commands.store().list(&queue, ListQuery { status, limit, cursor, ..Default::default() }).await?;
     // `{"items": [state…], "next_cursor": …}`, the states written exactly (see `serialized_response`).
     Ok(serialized_response(&page))
 }

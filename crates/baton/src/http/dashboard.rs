@@ -174,7 +174,11 @@ async fn snapshot(st: &AppState, who: &Principal, f: &Filter) -> Value {
         if f.queue.as_deref().is_some_and(|q| q != name) {
             continue;
         }
-        match api.store().list(name, ListQuery { status: f.status, limit: f.limit, cursor: None }).await {
+        match api
+            .store()
+            .list(name, ListQuery { status: f.status, limit: f.limit, cursor: None, ..Default::default() })
+            .await
+        {
             Ok(page) => commands.extend(page.items.iter().map(state_json)),
             Err(e) => errors.push(format!("commands of {name}: {e}")),
         }
