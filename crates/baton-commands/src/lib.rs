@@ -239,7 +239,7 @@ pub use remote::{
     RemoteCall, RemoteClaim, RemoteOutcome, RemoteRenewal, RemoteReport, RemoteSettled, RemoteWorkers, MAX_WORKER_NAME,
 };
 pub use service::{CommandService, CommandServiceBuilder, QueueSettings, RetryPolicy, REPORT_INTERVAL};
-pub use store::{CommandStore, CommandStoreSettings, RedisCommandStoreOptions};
+pub use store::{CommandStore, CommandStoreSettings, Lifetimes, RedisCommandStoreOptions};
 
 /// The error a handler returns for a *transient* problem (retried with backoff); a real failure
 /// is `Ok(CommandResult::failed(..))`.

@@ -619,7 +619,7 @@ fn plan(
         Outcome::Result(CommandResult::Running { next_check }) => {
             let delay = next_check.unwrap_or(ctx.settings.check_status_interval);
             let refresh_due = now.millis().saturating_sub(cur.modified_at.millis())
-                > (ctx.store.inner.settings.state_ttl / 2).as_millis() as u64;
+                > (ctx.store.inner.settings.lifetimes_of(&cur.queue).state_ttl / 2).as_millis() as u64;
             let unchanged = cur.status == CommandStatus::Running && cur.errors_count == 0;
             if unchanged && !refresh_due {
                 return Plan { next: None, event: None, decision: Decision::RetryAfter(delay), handoff: None };

@@ -29,6 +29,7 @@ baton_testkit::on_every_backend!(
     listing_is_newest_first_with_cursor_pagination_and_exact_counts,
     listing_filters_by_type_id_prefix_and_creation_time,
     terminal_states_expire_after_retention,
+    retention_is_set_per_queue,
     wait_wakes_on_writes_from_another_store,
     cancel_from_another_store_signals_the_running_handler,
     cancel_racing_completion_keeps_exactly_the_winner,
@@ -565,6 +566,34 @@ async fn terminal_states_expire_after_retention(b: TestBackend) {
     // The id can be used again once expired.
     let again = store.submit(&q, Command::with_id("gone", "t", json!(3))).await.unwrap();
     assert_eq!((again.version, again.status), (1, CommandStatus::Submitted));
+}
+
+async fn retention_is_set_per_queue(b: TestBackend) {
+    let short = queue_name("short-retention");
+    let long = queue_name("default-retention");
+    let mut settings = CommandStoreSettings::default();
+    let one_second =
+        baton_commands::Lifetimes { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(1) };
+    settings.lifetimes.insert(short.clone(), one_second);
+    assert_eq!(settings.lifetimes_of(&short), one_second);
+    assert_eq!(settings.lifetimes_of(&long).retention, Duration::from_secs(24 * 3600));
+    let store = store_with(&b, settings.clone()).await;
+    for q in [&short, &long] {
+        let id = format!("{q}-done");
+        store.submit(q, Command::with_id(&id, "t", json!(1))).await.unwrap();
+        store.cancel(&id).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(store.get(&format!("{short}-done")).await.unwrap(), None, "the short queue's retention");
+    assert_eq!(store.counts(&short).await.unwrap(), StatusCounts::default());
+    let kept = store.get(&format!("{long}-done")).await.unwrap().expect("the store's retention (24 h)");
+    assert_eq!(kept.status, CommandStatus::Cancelled);
+    // A lifetime under a second is refused, naming the queue.
+    settings.lifetimes.insert("bad".into(), baton_commands::Lifetimes { retention: Duration::ZERO, ..one_second });
+    match baton_commands::CommandStore::memory_with(settings) {
+        Err(CommandError::InvalidSettings(m)) => assert!(m.contains("\"bad\""), "{m}"),
+        other => panic!("{:?}", other.err()),
+    }
 }
 
 async fn wait_wakes_on_writes_from_another_store(b: TestBackend) {

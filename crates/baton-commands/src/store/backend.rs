@@ -33,6 +33,18 @@ pub struct CommandStoreSettings {
     /// The event feed of every queue without its own ([`CommandStore::set_feed`](crate::CommandStore::set_feed)).
     /// Default: on, the newest 100,000 events per queue.
     pub feed: FeedSettings,
+    /// Per home queue: its states' lifetimes in place of `state_ttl` and `retention` (every
+    /// process writing the queue's commands should have the same). Default: none.
+    pub lifetimes: HashMap<String, Lifetimes>,
+}
+
+/// The lifetimes of one queue's command states ([`CommandStoreSettings::lifetimes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetimes {
+    /// A non-terminal state expires this long after its last write; at least 1 s.
+    pub state_ttl: Duration,
+    /// A terminal state is kept this long after completion; at least 1 s.
+    pub retention: Duration,
 }
 
 impl Default for CommandStoreSettings {
@@ -41,23 +53,37 @@ impl Default for CommandStoreSettings {
             state_ttl: Duration::from_secs(7 * 24 * 3600),
             retention: Duration::from_secs(24 * 3600),
             feed: FeedSettings::default(),
+            lifetimes: HashMap::new(),
         }
     }
 }
 
 impl CommandStoreSettings {
     pub(crate) fn validate(&self) -> Result<(), CommandError> {
-        if self.state_ttl < Duration::from_secs(1) || self.retention < Duration::from_secs(1) {
+        let short = |l: &Lifetimes| l.state_ttl < Duration::from_secs(1) || l.retention < Duration::from_secs(1);
+        if short(&Lifetimes { state_ttl: self.state_ttl, retention: self.retention }) {
             return Err(CommandError::InvalidSettings("state_ttl and retention must be at least 1s".into()));
+        }
+        if let Some((q, _)) = self.lifetimes.iter().find(|(_, l)| short(l)) {
+            return Err(CommandError::InvalidSettings(format!(
+                "queue {q:?}: state_ttl and retention must be at least 1s"
+            )));
         }
         self.feed.validate()
     }
-    /// The TTL a state gets when written with `status`.
-    pub(crate) fn ttl_for(&self, status: CommandStatus) -> Duration {
+
+    /// The lifetimes of `queue`'s states.
+    pub fn lifetimes_of(&self, queue: &str) -> Lifetimes {
+        self.lifetimes.get(queue).copied().unwrap_or(Lifetimes { state_ttl: self.state_ttl, retention: self.retention })
+    }
+
+    /// The TTL a state of home queue `queue` gets when written with `status`.
+    pub(crate) fn ttl_for(&self, queue: &str, status: CommandStatus) -> Duration {
+        let l = self.lifetimes_of(queue);
         if status.is_terminal() {
-            self.retention
+            l.retention
         } else {
-            self.state_ttl
+            l.state_ttl
         }
     }
 }

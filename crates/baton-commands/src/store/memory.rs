@@ -138,7 +138,7 @@ impl StateBackend for MemoryStateBackend {
                 Entry {
                     state: Box::new(state.clone()),
                     body: body.to_string(),
-                    expires: Instant::now() + self.settings.ttl_for(state.status),
+                    expires: Instant::now() + self.settings.ttl_for(&state.queue, state.status),
                 },
             );
             offer_now(&self.stream, &state.queue, msg)?;
@@ -178,7 +178,7 @@ impl StateBackend for MemoryStateBackend {
                 return Ok((Cas::Conflict(Some((*e.state).clone())), false));
             }
             *e.state = new.clone();
-            e.expires = Instant::now() + self.settings.ttl_for(new.status);
+            e.expires = Instant::now() + self.settings.ttl_for(&new.queue, new.status);
             if old != new.status {
                 let k = (new.created_at.millis(), new.id.clone());
                 if let Some(q) = g.queues.get_mut(&new.queue) {

@@ -22,8 +22,8 @@ use crate::{
     CommandStatus, ListQuery, RawJson, StatusCounts, Timestamp,
 };
 
-pub use self::backend::CommandStoreSettings;
 pub(crate) use self::backend::{Cas, DeliveryRef, FeedAppend, Hub, Peeked, StateBackend, SubmitOutcome, Unsub};
+pub use self::backend::{CommandStoreSettings, Lifetimes};
 pub use self::redis::RedisCommandStoreOptions;
 
 /// A service's id and the handlers it runs.

@@ -274,8 +274,9 @@ impl RedisStateBackend {
 
     /// The shortest lifetime a state written by this store can have: its expiry-index score at
     /// submit (a lower bound of every later expiry, see `scripts/lib.lua`).
-    fn min_lifetime_ms(&self) -> u64 {
-        self.settings.state_ttl.min(self.settings.retention).as_millis() as u64
+    fn min_lifetime_ms(&self, queue: &str) -> u64 {
+        let l = self.settings.lifetimes_of(queue);
+        l.state_ttl.min(l.retention).as_millis() as u64
     }
 
     fn lookup_key(&self, id: &str) -> String {
@@ -316,7 +317,7 @@ impl StateBackend for RedisStateBackend {
     ) -> Result<SubmitOutcome, CommandError> {
         let k = self.keys(&state.queue);
         let lookup = self.lookup_key(&state.id);
-        let ttl = self.settings.ttl_for(state.status);
+        let ttl = self.settings.ttl_for(&state.queue, state.status);
         let lookup_ttl = ttl + LOOKUP_MARGIN;
         let mut st = state.clone();
         st.lookup_expires_ms = now_ms() + lookup_ttl.as_millis() as u64;
@@ -396,7 +397,7 @@ impl StateBackend for RedisStateBackend {
                 takeover: takeover.clone(),
                 ttl_ms: ttl.as_millis() as u64,
                 lookup_ttl_ms: lookup_ttl.as_millis() as u64,
-                min_lifetime_ms: self.min_lifetime_ms(),
+                min_lifetime_ms: self.min_lifetime_ms(&state.queue),
                 event: feed_event.clone(),
                 feed_max,
             };
@@ -489,7 +490,7 @@ impl StateBackend for RedisStateBackend {
     ) -> Result<(Cas, bool), CommandError> {
         let k = self.keys(&new.queue);
         let (feed_event, feed_max) = event.map_or(("", 0), |e| (e.json.as_str(), e.max_len));
-        let ttl = self.settings.ttl_for(new.status);
+        let ttl = self.settings.ttl_for(&new.queue, new.status);
         let mut conn = self.conn.clone();
         let mut st = new;
         let now = now_ms();
