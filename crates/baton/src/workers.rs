@@ -17,10 +17,20 @@ use baton_queue::QueueError;
 
 use crate::settings::{QueueConfig, Storage};
 
-/// The command store of a backend (the same Redis as the streams, or a new in-memory store).
+/// The command store of a backend (the same Redis as the streams, or a new in-memory store),
+/// writing each of `queues` with its event feed settings (`events = { … }`).
 /// Errors: Redis cannot be reached (`cannot connect to Redis at redis://…: <why>`), a bad URL,
-/// or another Redis failure (`cannot use Redis redis://…: <error>`).
-pub async fn command_store(backend: &Storage) -> Result<CommandStore, String> {
+/// or another Redis failure (`cannot use Redis redis://…: <error>`); a refused feed setting
+/// (`queue <name>: …`).
+pub async fn command_store(backend: &Storage, queues: &[QueueConfig]) -> Result<CommandStore, String> {
+    let store = connect(backend).await?;
+    for q in queues {
+        store.set_feed(&q.name, q.feed).map_err(|e| format!("queue {}: {e}", q.name))?;
+    }
+    Ok(store)
+}
+
+async fn connect(backend: &Storage) -> Result<CommandStore, String> {
     match backend {
         Storage::Memory => Ok(CommandStore::memory()),
         Storage::Redis(rc) => {

@@ -474,6 +474,94 @@ fn queues_list_pending_dead_replay_and_errors() {
     Out::from(Command::new(BIN).args(["queues", "frobnicate"]).output().unwrap()).code(2);
 }
 
+/// `commands watch` follows a 2 s sleep from submitted to succeeded and exits 0 (a failed one
+/// exits 1; `--json` prints each event as one line); `queues events` prints the queue's events
+/// from an offset and where to read next.
+fn watch_and_events(s: Serve) {
+    s.run(&["commands", "submit", "default", "sleep", r#"{"ms":2000}"#, "--id", "nap"]).ok();
+    let t = Instant::now();
+    let out = s.run(&["commands", "watch", "nap"]).ok();
+    assert!(t.elapsed() >= Duration::from_millis(1500), "{:?}", t.elapsed());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    // `<at> <event> <status>[ <progress>]`: submitted, started (about a second in), maybe
+    // progress reports, succeeded.
+    let words: Vec<Vec<&str>> = lines.iter().map(|l| l.split(' ').collect()).collect();
+    assert!(words.iter().all(|w| w[0].len() == 24 && w[0].ends_with('Z')), "{out:?}");
+    assert_eq!(lines[0][24..], *" submitted SUBMITTED", "{out:?}");
+    assert_eq!(words[1][1..3], ["started", "SUBMITTED"], "{out:?}");
+    for w in &words[2..lines.len() - 1] {
+        assert_eq!(w[1..3], ["progress", "SUBMITTED"], "{out:?}");
+    }
+    assert_eq!(words[lines.len() - 1][1..3], ["succeeded", "SUCCEEDED"], "{out:?}");
+
+    s.run(&["commands", "submit", "default", "fail", r#"{"error":"disk full"}"#, "--id", "bad"]).ok();
+    let out = s.run(&["commands", "watch", "bad"]).code(1);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{out:?}");
+    assert_eq!(lines[0][24..], *" submitted SUBMITTED", "{out:?}");
+    assert_eq!(lines[1][24..], *" failed FAILED error: disk full", "{out:?}");
+    let out = s.run(&["commands", "watch", "bad", "--json"]).code(1);
+    let events: Vec<Value> = out.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let short: Vec<(&str, &str, u64)> = events
+        .iter()
+        .map(|e| (e["event"].as_str().unwrap(), e["status"].as_str().unwrap(), e["version"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(short, [("submitted", "SUBMITTED", 1), ("failed", "FAILED", 2)]);
+    assert_eq!(events[1]["error"], "disk full");
+    let out = s.run(&["commands", "watch", "nope"]).code(3);
+    assert_eq!(out.stderr, "baton: no command nope (never submitted, or expired) [404 Not Found (not_found)]\n");
+
+    // The queue's events: both commands, with their ids; then from the last offset, none.
+    let out = s.run(&["queues", "events", "default"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let kinds: Vec<(&str, &str)> =
+        lines[..lines.len() - 1].iter().map(|l| l.split(' ').collect::<Vec<_>>()).map(|w| (w[1], w[2])).collect();
+    let n = kinds.len();
+    assert_eq!(kinds[..2], [("nap", "submitted"), ("nap", "started")], "{out:?}");
+    assert_eq!(kinds[n - 3..], [("nap", "succeeded"), ("bad", "submitted"), ("bad", "failed")], "{out:?}");
+    let next = lines[n].strip_prefix("next: --offset ").expect("the next offset");
+    let out = s.run(&["queues", "events", "default", "--offset", next]).ok();
+    assert_eq!(out.stdout, format!("next: --offset {next}\n"));
+    let out = s.run(&["queues", "events", "default", "--offset", "now", "--json"]).ok();
+    assert_eq!(out.stdout, "");
+    let out = s.run(&["queues", "events", "default", "--offset", "x"]).code(2);
+    assert_eq!(
+        out.stderr,
+        "baton: invalid offset \"x\": use -1 (the start), now (the tail) or an offset returned by a read [400 Bad \
+         Request (invalid_offset)]\n"
+    );
+    s.run(&["queues", "events", "nosuchqueue"]).code(3);
+
+    // --follow: a command submitted while it waits is printed.
+    let mut child = Command::new(BIN)
+        .args(["queues", "events", "default", "--offset", next, "--follow"])
+        .env("BATON_SERVER", &s.base)
+        .env_remove("BATON_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    s.run(&["commands", "submit", "default", "echo", "--id", "late"]).ok();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(line[24..], *" late submitted SUBMITTED\n", "{line:?}");
+}
+
+#[test]
+fn commands_watch_and_queues_events() {
+    watch_and_events(Serve::start());
+}
+
+#[test]
+fn commands_watch_and_queues_events_on_redis() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    watch_and_events(Serve::start_env(&[("BATON_REDIS", &redis.url())]));
+}
+
 /// A bare HTTP/1.1 request to `base` (`Connection: close`): the status and the body.
 fn http(base: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
     let addr = base.trim_start_matches("http://");

@@ -33,6 +33,7 @@ const INSIDE: &[(&str, &[&str])] = &[
             "commands",
             "remote",
             "queues",
+            "feed",
             "dashboard",
             "ops",
             "access",

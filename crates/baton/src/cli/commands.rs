@@ -1,4 +1,5 @@
-//! `baton commands submit|status|wait|cancel|list`: the command API from the command line.
+//! `baton commands submit|status|wait|watch|cancel|list`: the command API from the command line,
+//! and the event feed reader `baton queues events` shares with `watch` ([`read_events`]).
 
 use std::time::{Duration, Instant};
 
@@ -42,6 +43,9 @@ pub enum CommandsOp {
         #[arg(long, value_parser = duration_arg)]
         timeout: Option<Duration>,
     },
+    /// Follow a command's events (long-polls of its event feed), one line each, until it ends;
+    /// exit 0 when it SUCCEEDED, 1 when it FAILED or was CANCELLED.
+    Watch { id: String },
     /// Cancel a command (refused with exit code 4 when it has already ended).
     Cancel { id: String },
     /// List a queue's commands, newest first.
@@ -121,6 +125,18 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             Ok(exit::OK)
         }
         CommandsOp::Wait { id, timeout } => wait_for(cl, &id, timeout).await,
+        CommandsOp::Watch { id } => {
+            let path = format!("{}/events", command_path(&id));
+            let read = read_events(cl, &path, "-1", Follow::UntilTerminal, false);
+            let end = tokio::select! {
+                r = read => r?,
+                _ = tokio::signal::ctrl_c() => return Err(CliError { code: exit::TIMEOUT, message: format!("interrupted while watching {id}") }),
+            };
+            Ok(match end.terminal.as_deref() {
+                Some("succeeded") => exit::OK,
+                _ => exit::UNSUCCESSFUL,
+            })
+        }
         CommandsOp::Cancel { id } => {
             let res = cl.send(cl.request(Method::POST, &format!("{}/cancel", command_path(&id)))).await?;
             if res.status() == reqwest::StatusCode::CONFLICT {
@@ -271,6 +287,97 @@ fn progress_text(v: &Value) -> String {
     let pct = v.get("fraction").and_then(Value::as_f64).map(|f| format!("{}%", (f * 100.0).round()));
     let msg = v.get("message").and_then(Value::as_str).map(str::to_string);
     [pct, msg].into_iter().flatten().collect::<Vec<_>>().join(" ")
+}
+
+/// How far [`read_events`] reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Follow {
+    /// Catch-up reads until the feed's tail.
+    No,
+    /// Long-polls without end.
+    Forever,
+    /// Long-polls until a terminal event (`succeeded`, `failed`, `cancelled`).
+    UntilTerminal,
+}
+
+/// Where [`read_events`] stopped.
+pub struct EventsEnd {
+    /// The offset to read on from.
+    pub next_offset: String,
+    /// The terminal event seen (`succeeded`, `failed` or `cancelled`), with
+    /// [`Follow::UntilTerminal`].
+    pub terminal: Option<String>,
+}
+
+/// Reads the event feed at `path` (`/v1/commands/{id}/events`, `/v1/queues/{queue}/events`)
+/// from `offset`, printing each event as it comes: one line of text ([`event_line`], with the
+/// command id when `with_id`), or with `--json` the event's JSON as the server sent it, one per
+/// line.
+pub async fn read_events(
+    cl: &Client,
+    path: &str,
+    offset: &str,
+    follow: Follow,
+    with_id: bool,
+) -> Result<EventsEnd, CliError> {
+    let mut offset = offset.to_string();
+    loop {
+        let live = if follow == Follow::No { "" } else { "&live=long-poll" };
+        let url = format!("{path}?offset={}{live}", encode_query(&offset));
+        let res = cl.send_ok(cl.request(Method::GET, &url)).await?;
+        let header = |name: &str| res.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let next = header("stream-next-offset")
+            .ok_or_else(|| CliError::server(format!("the server's reply to GET {url} has no Stream-Next-Offset")))?;
+        let up_to_date = header("stream-up-to-date").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let mut terminal = None;
+        if res.status() != reqwest::StatusCode::NO_CONTENT {
+            let (text, _) = read_json_text(res).await?;
+            let events: Vec<&RawValue> = serde_json::from_str(&text)
+                .map_err(|e| CliError::server(format!("the server's events are not a JSON array ({e})")))?;
+            for raw in events {
+                let e: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+                if cl.json {
+                    println!("{}", raw.get());
+                } else {
+                    println!("{}", event_line(&e, with_id));
+                }
+                let kind = cell(e.get("event"));
+                if follow == Follow::UntilTerminal && matches!(kind.as_str(), "succeeded" | "failed" | "cancelled") {
+                    terminal = Some(kind);
+                    break;
+                }
+            }
+        }
+        offset = next;
+        if terminal.is_some() || (follow == Follow::No && up_to_date) {
+            return Ok(EventsEnd { next_offset: offset, terminal });
+        }
+    }
+}
+
+/// One event as a line: `<at> [<id>] <event> <status>`, then what it carries: the progress
+/// (`67% slept 1000 of 2000 ms`), `error: <error>`, `retry in <n>ms`, `to <queue>` (a hand-off).
+pub fn event_line(e: &Value, with_id: bool) -> String {
+    let mut line = cell(e.get("at"));
+    if with_id {
+        line.push(' ');
+        line.push_str(&cell(e.get("id")));
+    }
+    line.push_str(&format!(" {} {}", cell(e.get("event")), cell(e.get("status"))));
+    if let Some(p) = e.get("progress").filter(|p| !p.is_null()) {
+        line.push(' ');
+        line.push_str(&progress_text(p));
+    }
+    if let Some(err) = e.get("error").and_then(Value::as_str) {
+        line.push_str(&format!(" error: {err}"));
+    }
+    if let Some(ms) = e.get("retry_in_ms").and_then(Value::as_u64) {
+        line.push_str(&format!(" retry in {ms}ms"));
+    }
+    if let Some(q) = e.get("handed_off_to").and_then(Value::as_str) {
+        line.push_str(&format!(" to {q}"));
+    }
+    line
 }
 
 /// Waits (in steps of at most [`WAIT_STEP`]) until the command ends or `timeout` passes.

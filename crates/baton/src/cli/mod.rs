@@ -8,7 +8,7 @@
 //! | Code | Meaning |
 //! |---|---|
 //! | 0 | success |
-//! | 1 | the command waited for ended `FAILED` or `CANCELLED` (`commands wait`, `submit --wait`) |
+//! | 1 | the command waited for ended `FAILED` or `CANCELLED` (`commands wait`, `submit --wait`, `commands watch`) |
 //! | 2 | usage error: bad arguments, or input the server refused as malformed (400, 413, 415, 422, 431) |
 //! | 3 | not found: unknown stream, command, queue, dead letter or subscription (404, 410) |
 //! | 4 | conflict or refused: 409 (e.g. cancelling a finished command), 401, 403 |
@@ -118,9 +118,9 @@ pub async fn worker(args: WorkerArgs) -> Result<(), String> {
 pub enum ClientCommand {
     /// Durable streams on a server: create, append, read, tail, close, delete.
     Streams(StreamsCmd),
-    /// Commands on a server: submit, status, wait, cancel, list.
+    /// Commands on a server: submit, status, wait, watch, cancel, list.
     Commands(CommandsCmd),
-    /// Queues on a server: list, pending, dead (letters), replay.
+    /// Queues on a server: list, pending, dead (letters), replay, events.
     Queues(QueuesCmd),
     /// Durable Streams subscriptions on a server: rotate-key (the webhook signing key), get.
     Subscriptions(SubscriptionsCmd),

@@ -1,10 +1,11 @@
-//! `baton queues list|pending|dead|replay`: queue inspection from the command line.
+//! `baton queues list|pending|dead|replay|events`: queue inspection from the command line.
 
 use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::client::{encode_segment, CliError, Client};
+use super::commands::{read_events, Follow};
 use super::exit;
 use super::output::{cell, clip, count, print_json, Table};
 
@@ -35,6 +36,17 @@ pub enum QueuesOp {
         /// Replay every dead letter (oldest first).
         #[arg(long)]
         all: bool,
+    },
+    /// A queue's command events (its event feed), oldest first, one line each; with --follow,
+    /// then the new ones as they happen (until ctrl-c).
+    Events {
+        queue: String,
+        /// `-1` (the oldest kept), `now` (only new events), or an offset printed before.
+        #[arg(long, default_value = "-1", allow_hyphen_values = true)]
+        offset: String,
+        /// Keep waiting for new events.
+        #[arg(long)]
+        follow: bool,
     },
 }
 
@@ -170,6 +182,21 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
                 println!("replayed {} onto {queue}", count(&cell(v.get("replayed")), "dead letter", "dead letters"));
             } else {
                 println!("replayed {} onto {queue} as {}", cell(v.get("replayed")), cell(v.get("id")));
+            }
+            Ok(exit::OK)
+        }
+        QueuesOp::Events { queue, offset, follow } => {
+            let path = format!("/v1/queues/{}/events", encode_segment(&queue));
+            if follow {
+                tokio::select! {
+                    r = read_events(cl, &path, &offset, Follow::Forever, true) => r?,
+                    _ = tokio::signal::ctrl_c() => return Ok(exit::OK),
+                };
+                return Ok(exit::OK);
+            }
+            let end = read_events(cl, &path, &offset, Follow::No, true).await?;
+            if !cl.json {
+                println!("next: --offset {}", end.next_offset);
             }
             Ok(exit::OK)
         }

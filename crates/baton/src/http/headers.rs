@@ -1,13 +1,15 @@
 //! The Durable Streams protocol's request headers, stream paths and read queries, parsed (the
-//! header names are in [`super::names`], re-exported here).
+//! header names are in [`super::names`], re-exported here), and the response headers its reads
+//! share (streams and command event feeds alike).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use baton_streams::{EndReason, Expiry, Offset, ProducerStamp, ReadFrom, RunLimits, StreamPath};
 
 use super::errors::{echo, ApiError};
 pub use super::names::*;
+use crate::settings::CacheMode;
 
 const MAX_SAFE_INT: u64 = (1 << 53) - 1;
 
@@ -234,31 +236,69 @@ pub fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
                 }
                 offset = Some(v);
             }
-            "live" => {
-                live = match v.as_str() {
-                    "long-poll" => Live::LongPoll,
-                    "sse" => Live::Sse,
-                    "" | "false" => Live::No,
-                    other => {
-                        return Err(ApiError::bad_request(format!(
-                            "live must be `long-poll` or `sse`, not {}",
-                            echo(other)
-                        )))
-                    }
-                }
-            }
-            "cursor" => cursor = v.parse::<u64>().ok(),
+            "live" => live = live_param(&v)?,
+            "cursor" => cursor = cursor_param(&v),
             _ => {}
         }
     }
-    if live != Live::No && offset.is_none() {
+    live_needs_offset(live, offset.is_some())?;
+    let offset_text = offset.unwrap_or_else(|| "-1".to_string());
+    let from = ReadFrom::parse(&offset_text).map_err(ApiError::from)?;
+    Ok(ReadQuery { offset_text, from, live, cursor })
+}
+
+/// The `live` query parameter: `long-poll`, `sse`, or catch-up (empty or `false`).
+pub fn live_param(v: &str) -> Result<Live, ApiError> {
+    match v {
+        "long-poll" => Ok(Live::LongPoll),
+        "sse" => Ok(Live::Sse),
+        "" | "false" => Ok(Live::No),
+        other => Err(ApiError::bad_request(format!("live must be `long-poll` or `sse`, not {}", echo(other)))),
+    }
+}
+
+/// The `cursor` query parameter (§10.1): the client's echo of `Stream-Cursor`; anything that is
+/// not a number counts as absent.
+pub fn cursor_param(v: &str) -> Option<u64> {
+    v.parse::<u64>().ok()
+}
+
+/// Live reads need an explicit `offset` (a 400 otherwise).
+pub fn live_needs_offset(live: Live, has_offset: bool) -> Result<(), ApiError> {
+    if live != Live::No && !has_offset {
         return Err(ApiError::bad_request(
             "live reads need an offset: use offset=-1 (start), offset=now (tail) or a returned offset",
         ));
     }
-    let offset_text = offset.unwrap_or_else(|| "-1".to_string());
-    let from = ReadFrom::parse(&offset_text).map_err(ApiError::from)?;
-    Ok(ReadQuery { offset_text, from, live, cursor })
+    Ok(())
+}
+
+/// Sets a response header from any displayable value: the text is formatted once and becomes
+/// the header value without another copy. Values that are not valid header text are skipped.
+pub fn set(headers: &mut HeaderMap, name: HeaderName, value: impl std::fmt::Display) {
+    use std::fmt::Write;
+    let mut text = String::with_capacity(40);
+    let _ = write!(text, "{value}");
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(text)) {
+        headers.insert(name, v);
+    }
+}
+
+/// Sets a response header to a constant.
+pub fn set_static(headers: &mut HeaderMap, name: HeaderName, value: &'static str) {
+    headers.insert(name, HeaderValue::from_static(value));
+}
+
+/// `Cache-Control` of a read: `no-store` for a read at the tail (`offset=now`) or one that
+/// returned nothing, else cacheable for a minute (`--cache private|public`).
+pub fn read_cache_control(cache: CacheMode, tail_or_empty: bool) -> &'static str {
+    if tail_or_empty {
+        return "no-store";
+    }
+    match cache {
+        CacheMode::Private => "private, max-age=60, stale-while-revalidate=300",
+        CacheMode::Public => "public, max-age=60, stale-while-revalidate=300",
+    }
 }
 
 /// Start of the cursor epoch (2024-10-09T00:00:00Z) and its interval (§10.1).

@@ -8,8 +8,8 @@
 //! before it (tests/layers.rs):
 //!
 //! `json` → `names` → `errors` → `headers` → `state` → `plumbing` → `openapi` → `edge` →
-//! `sse` → `streams` → `subscriptions` → `commands` → `remote` → `queues` → `dashboard` → `ops` → `access` → `routes` →
-//! this file ([`router`]).
+//! `sse` → `streams` → `subscriptions` → `commands` → `remote` → `queues` → `feed` → `dashboard` → `ops` →
+//! `access` → `routes` → this file ([`router`]).
 
 // Errors are on cold paths; boxing them buys nothing measurable.
 #![allow(clippy::result_large_err)]
@@ -19,6 +19,7 @@ mod commands;
 mod dashboard;
 mod edge;
 pub mod errors;
+mod feed;
 pub mod headers;
 mod json;
 pub mod names;

@@ -206,6 +206,21 @@ fn schemas() -> Value {
             "properties": {
                 "fraction": { "type": "number", "minimum": 0, "maximum": 1 },
                 "message": { "type": "string", "description": "At most 1 KiB (UTF-8 bytes)." } } },
+        "CommandEvent": { "type": "object",
+            "required": ["offset", "event", "id", "type", "status", "version", "at", "attempts"], "additionalProperties": false,
+            "description": "One transition of a command, from its home queue's event feed.",
+            "properties": {
+                "offset": { "type": "string", "description": "Where the event is in its queue's feed (`<ms, 15 digits>_<seq, 10 digits>`): read after it for the next ones." },
+                "event": { "type": "string", "enum": ["submitted", "started", "progress", "running", "retry_scheduled", "handed_off", "succeeded", "failed", "cancelled"] },
+                "id": { "type": "string" }, "type": { "type": "string" }, "status": r("CommandStatus"),
+                "version": { "type": "integer", "minimum": 1, "description": "The state's version after the event." },
+                "at": { "allOf": [ts()], "description": "When it happened (for `started`, when the call began)." },
+                "attempts": count(),
+                "worker": { "type": "string", "description": "`started`, `progress`: the consumer running the call." },
+                "progress": r("Progress"),
+                "error": { "type": "string", "description": "`retry_scheduled`, `failed`: the error." },
+                "retry_in_ms": { "type": "integer", "minimum": 0, "description": "`retry_scheduled`: the delay before the next attempt." },
+                "handed_off_to": { "type": "string", "description": "`handed_off`: the queue the command went to." } } },
         "CommandPage": { "type": "object", "required": ["items", "next_cursor"], "properties": {
             "items": { "type": "array", "items": r("CommandState") },
             "next_cursor": { "type": ["string", "null"] } } },

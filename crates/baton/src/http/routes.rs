@@ -21,7 +21,7 @@ use super::openapi::{
     r, text_resp, with_body, with_links, Docs,
 };
 use super::state::AppState;
-use super::{commands, dashboard, edge, ops, plumbing, queues, remote, streams, subscriptions};
+use super::{commands, dashboard, edge, feed, ops, plumbing, queues, remote, streams, subscriptions};
 use crate::auth::Access;
 use crate::settings::Op::{Admin, Read, Work, Write};
 
@@ -686,6 +686,50 @@ fn operation_routes() -> Vec<Route> {
     ]
 }
 
+/// The OpenAPI operation of an event feed read (`feed.rs`): `first` is its path parameter.
+fn feed_op(summary: &str, first: Value, missing: &str) -> Value {
+    op(
+        summary,
+        "commands",
+        json!([
+            first,
+            query(
+                "offset",
+                "`-1` (the oldest event kept; the default of a catch-up read), `now` (the tail) or an offset \
+                 returned before (`Stream-Next-Offset`, an event's `offset`, SSE `streamNextOffset`). Live reads \
+                 need one.",
+                json!({ "type": "string" })
+            ),
+            query("live", "`long-poll` or `sse` (absent: catch-up).", json!({ "type": "string", "enum": ["long-poll", "sse"] })),
+            query(
+                "limit",
+                "Most events per response (per SSE `data` event), 1 to 1000 (default 100).",
+                json!({ "type": "integer", "minimum": 1, "maximum": 1000 })
+            ),
+            query("cursor", "The last `Stream-Cursor` (CDN collapsing).", json!({ "type": "string" })),
+        ]),
+        protected(map(vec![
+            (
+                "200",
+                json!({ "description": "Events, oldest first (`Stream-Next-Offset`: where to read next; \
+                         `Stream-Up-To-Date: true` once the tail is reached), or an SSE stream (`text/event-stream`: \
+                         `event: data` with the events' JSON array, then `event: control` with `streamNextOffset`, \
+                         `streamCursor` and `upToDate`, its `id:` the offset; `event: error` when the command \
+                         expires under the connection).",
+                    "content": { "application/json": { "schema": { "type": "array", "items": r("CommandEvent") } },
+                                 "text/event-stream": { "schema": { "type": "string" } } } }),
+            ),
+            ("204", bare("Long-poll: no event within the server's long-poll timeout (`Stream-Next-Offset`).")),
+            (
+                "400",
+                err_resp("Bad offset (`invalid_offset`) or Last-Event-ID, live, limit (`invalid_limit`) or query parameter (`invalid_query`); a live read without offset."),
+            ),
+            ("404", err_resp(missing)),
+            ("503", err_resp("Too many live readers (Retry-After), or backend unavailable.")),
+        ])),
+    )
+}
+
 /// Submit, list, read (and wait for) and cancel commands.
 fn command_routes(d: &Docs) -> Vec<Route> {
     let id = || path_param("id", "Command id.");
@@ -807,6 +851,16 @@ fn command_routes(d: &Docs) -> Vec<Route> {
             ),
             post(commands::cancel),
         ),
+        Route::json("/v1/commands/{id}/events", Access::Token).on(
+            Method::GET,
+            Access::Token,
+            feed_op(
+                "A command's events (Durable Streams read: catch-up, long-poll or SSE)",
+                id(),
+                "Unknown or expired command (`not_found`).",
+            ),
+            get(feed::command_events),
+        ),
     ]
 }
 
@@ -850,6 +904,16 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
                 protected(map(vec![("200", json_resp("The queue.", r("Queue"))), ("404", err_resp("Unknown queue."))])),
             ),
             get(queues::one_queue),
+        ),
+        Route::json("/v1/queues/{queue}/events", Access::Queue(Write)).on(
+            Method::GET,
+            Access::Queue(Read),
+            feed_op(
+                "A queue's command events (Durable Streams read: catch-up, long-poll or SSE)",
+                d.queue(),
+                "Unknown queue (`unknown_queue`).",
+            ),
+            get(feed::queue_events),
         ),
         Route::json("/v1/queues/{queue}/dead-letters", Access::Queue(Admin))
             .on(

@@ -17,14 +17,16 @@
 //! `event: error` with `data:{"error": "<what happened>"}`, then the connection closes.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{header, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use base64::Engine as _;
 use baton_streams::{is_json, normalize_content_type, OffsetTag, ReadChunk, ReadFrom, StreamPath};
 use bytes::{BufMut, Bytes, BytesMut};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::errors::{echo, ApiError};
 use super::headers::{self as h, ReadQuery};
@@ -51,6 +53,13 @@ fn is_utf8(chunk: &ReadChunk) -> bool {
     chunk.records.iter().all(|r| r.data.is_ascii()) || std::str::from_utf8(&chunk.body()).is_ok()
 }
 
+/// The `Last-Event-ID` of a reconnecting `EventSource` (trimmed; empty counts as absent): the
+/// last event id it saw, which wins over the URL's offset.
+pub fn last_event_id(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    Ok(h::text(headers, &HeaderName::from_static("last-event-id"))?.filter(|s| !s.is_empty()))
+}
+
+/// `GET /v1/stream/{path}?live=sse`; `last_event_id` as [`last_event_id`] reads it.
 pub async fn serve(
     st: AppState,
     path: StreamPath,
@@ -58,8 +67,7 @@ pub async fn serve(
     last_event_id: Option<&str>,
 ) -> Result<Response, ApiError> {
     let permit = st.live_permit()?;
-    // A reconnecting `EventSource` names the last offset it saw; it wins over the URL's offset.
-    let resumed = last_event_id.map(str::trim).filter(|s| !s.is_empty());
+    let resumed = last_event_id;
     let (resumed, saw_end) = match resumed.map(|id| id.strip_suffix(END_ID_SUFFIX)) {
         Some(Some(id)) => (Some(id), true),
         Some(None) => (resumed, false),
@@ -93,12 +101,27 @@ pub async fn serve(
     // event now.
     let first = st.store.read(&path, from).await?;
     let text = is_text(&first.content_type) && is_utf8(&first);
-    let (tx, mut rx) = mpsc::channel::<Bytes>(16);
     let cursor = q.cursor;
+    let mut res = open(permit, move |tx| run(st, path, first, text, cursor, tx));
+    if !text {
+        res.headers_mut().insert(h::stream_sse_data_encoding(), HeaderValue::from_static("base64"));
+    }
+    Ok(res)
+}
+
+/// The response of an SSE connection whose events `run` writes into its sender (it ends the
+/// connection by returning); `run` runs in a task of its own holding the live-reader `permit`.
+pub fn open<F, Fut>(permit: OwnedSemaphorePermit, run: F) -> Response
+where
+    F: FnOnce(mpsc::Sender<Bytes>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+    let task = run(tx);
     tokio::spawn(async move {
         let _permit = permit;
         metrics::gauge!("baton_sse_connections").increment(1.0);
-        run(st, path, first, text, cursor, tx).await;
+        task.await;
         metrics::gauge!("baton_sse_connections").decrement(1.0);
     });
     let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)));
@@ -107,10 +130,7 @@ pub async fn serve(
     out.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     out.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    if !text {
-        out.insert(h::stream_sse_data_encoding(), HeaderValue::from_static("base64"));
-    }
-    Ok(res)
+    res
 }
 
 /// Appended to the event id of the final control event (`<offset>.end`), so that a browser
@@ -131,11 +151,8 @@ async fn run(
     cursor: Option<u64>,
     tx: mpsc::Sender<Bytes>,
 ) {
-    let deadline = tokio::time::Instant::now() + st.cfg.sse_cycle;
-    let heartbeat = st.cfg.sse_heartbeat;
-    // Browsers wait about 3 s before reconnecting an EventSource unless told otherwise; connections
-    // are cycled every `--sse-cycle`, so ask for a quick reconnect (SSE `retry:` field, ms).
-    if tx.send(Bytes::from_static(SSE_RETRY)).await.is_err() {
+    let deadline = cycle_end(&st);
+    if !start(&tx).await {
         return;
     }
     // Catch-up: keep reading while the store says there is more.
@@ -157,42 +174,100 @@ async fn run(
         }
     }
     // Live: wait on the shared tail from where catch-up stopped.
-    let mut sub = st.store.subscribe(&path, ReadFrom::At(chunk.next_offset));
-    loop {
-        let now = tokio::time::Instant::now();
-        if now >= deadline {
-            return; // cycle the connection; the client resumes from the last control event
-        }
-        let wait = heartbeat.min(deadline - now);
-        let next = tokio::select! {
-            r = sub.next(wait) => r,
-            _ = tx.closed() => return,
-            _ = st.shutdown.cancelled() => return,
-        };
-        match next {
+    let sub = st.store.subscribe(&path, ReadFrom::At(chunk.next_offset));
+    live(&st, &tx, deadline, StreamTail { sub, text, cursor }).await
+}
+
+/// The live phase of a stream's connection: its shared tail.
+struct StreamTail {
+    sub: baton_streams::Subscription,
+    text: bool,
+    cursor: Option<u64>,
+}
+
+impl Tail for StreamTail {
+    async fn next(&mut self, wait: Duration) -> Next {
+        match self.sub.next(wait).await {
             Ok(Some(c)) if !c.records.is_empty() || c.end.is_some() => {
-                if text && !is_utf8(&c) {
-                    return; // as above: the next connection carries it base64
+                if self.text && !is_utf8(&c) {
+                    return Next::End; // as in catch-up: the next connection carries it base64
                 }
-                let (frame, done) = events(&c, text, cursor);
-                if tx.send(frame).await.is_err() || done {
-                    return;
-                }
+                let (frame, done) = events(&c, self.text, self.cursor);
+                Next::Frame(frame, done)
             }
-            Ok(Some(_)) => {
-                // Nothing new within `wait`: a heartbeat comment keeps proxies from timing out.
-                if tx.send(Bytes::from_static(b":\n\n")).await.is_err() {
-                    return;
-                }
-            }
-            Ok(None) => return,
-            Err(e) => return send_error(&tx, &e.to_string()).await,
+            Ok(Some(_)) => Next::Idle,
+            Ok(None) => Next::End,
+            Err(e) => Next::Error(e.to_string()),
         }
     }
 }
 
-/// A stream that disappears mid-connection: one `event: error` then the connection closes.
-async fn send_error(tx: &mpsc::Sender<Bytes>, message: &str) {
+/// When a connection opened now is cycled: `--sse-cycle` from now.
+pub fn cycle_end(st: &AppState) -> tokio::time::Instant {
+    tokio::time::Instant::now() + st.cfg.sse_cycle
+}
+
+/// Starts a connection's body: `retry: 500` (browsers wait about 3 s before reconnecting an
+/// EventSource unless told otherwise, and connections are cycled every `--sse-cycle`). False
+/// when the client has left.
+pub async fn start(tx: &mpsc::Sender<Bytes>) -> bool {
+    tx.send(Bytes::from_static(SSE_RETRY)).await.is_ok()
+}
+
+/// What a connection's live phase got from one wait of its [`Tail`].
+pub enum Next {
+    /// Events to send; `true` when the connection must end after them.
+    Frame(Bytes, bool),
+    /// Nothing new within the wait (a heartbeat is sent).
+    Idle,
+    /// The connection ends cleanly (the client reconnects from its last control event).
+    End,
+    /// The source is gone: one `event: error` with this message, then the connection ends.
+    Error(String),
+}
+
+/// The source a connection's live phase waits on.
+pub trait Tail: Send {
+    /// Waits up to `wait` for what comes next.
+    fn next(&mut self, wait: Duration) -> impl Future<Output = Next> + Send;
+}
+
+/// The live phase of every SSE connection: waits on `tail` in steps of at most
+/// `--sse-heartbeat`, sends what it gives, a `:` comment heartbeat after each idle step (so
+/// proxies keep the connection), and ends at `deadline` (the cycle: the client resumes from its
+/// last control event), when the client leaves, or at server shutdown.
+pub async fn live(st: &AppState, tx: &mpsc::Sender<Bytes>, deadline: tokio::time::Instant, mut tail: impl Tail) {
+    let heartbeat = st.cfg.sse_heartbeat;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        let wait = heartbeat.min(deadline - now);
+        let next = tokio::select! {
+            n = tail.next(wait) => n,
+            _ = tx.closed() => return,
+            _ = st.shutdown.cancelled() => return,
+        };
+        match next {
+            Next::Frame(frame, done) => {
+                if tx.send(frame).await.is_err() || done {
+                    return;
+                }
+            }
+            Next::Idle => {
+                if tx.send(Bytes::from_static(b":\n\n")).await.is_err() {
+                    return;
+                }
+            }
+            Next::End => return,
+            Next::Error(message) => return send_error(tx, &message).await,
+        }
+    }
+}
+
+/// A source that disappears mid-connection: one `event: error` then the connection closes.
+pub async fn send_error(tx: &mpsc::Sender<Bytes>, message: &str) {
     let payload = serde_json::json!({ "error": message }).to_string();
     let _ = tx.send(Bytes::from(format!("event: error\ndata:{payload}\n\n"))).await;
 }
@@ -207,12 +282,7 @@ pub fn events(chunk: &ReadChunk, text: bool, cursor: Option<u64>) -> (Bytes, boo
         out.put_slice(b"event: data\n");
         let body = chunk.body();
         if text {
-            let s = String::from_utf8_lossy(&body);
-            for line in s.split("\r\n").flat_map(|l| l.split(['\r', '\n'])) {
-                out.put_slice(b"data:");
-                out.put_slice(line.as_bytes());
-                out.put_u8(b'\n');
-            }
+            data_lines(&mut out, &String::from_utf8_lossy(&body));
         } else {
             out.put_slice(b"data:");
             out.put_slice(base64::engine::general_purpose::STANDARD.encode(&body).as_bytes());
@@ -235,14 +305,28 @@ pub fn events(chunk: &ReadChunk, text: bool, cursor: Option<u64>) -> (Bytes, boo
             control.insert("upToDate".into(), true.into());
         }
     }
+    let id = if closed { format!("{id}{END_ID_SUFFIX}") } else { id };
+    control_event(&mut out, control, &id);
+    (out.freeze(), closed)
+}
+
+/// `text` as `data:` lines, split at every `\r\n`, `\r` or `\n` (so data can never inject
+/// fields or events).
+pub fn data_lines(out: &mut BytesMut, text: &str) {
+    for line in text.split("\r\n").flat_map(|l| l.split(['\r', '\n'])) {
+        out.put_slice(b"data:");
+        out.put_slice(line.as_bytes());
+        out.put_u8(b'\n');
+    }
+}
+
+/// One `event: control` with `control` as its JSON data and `id` as its event id (what a
+/// reconnecting `EventSource` sends back as `Last-Event-ID`).
+pub fn control_event(out: &mut BytesMut, control: serde_json::Map<String, serde_json::Value>, id: &str) {
     out.put_slice(b"event: control\ndata:");
     out.put_slice(serde_json::Value::Object(control).to_string().as_bytes());
     out.put_slice(b"\nid:");
     out.put_slice(id.as_bytes());
-    if closed {
-        out.put_slice(END_ID_SUFFIX.as_bytes());
-    }
     out.put_slice(b"\n\n");
     metrics::counter!("baton_sse_events_total").increment(1);
-    (out.freeze(), closed)
 }

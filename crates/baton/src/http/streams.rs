@@ -9,13 +9,11 @@ use axum::response::{IntoResponse, Response};
 use baton_streams::{
     AppendRequest, CreateOptions, Expiry, ForkFrom, ReadChunk, ReadFrom, StreamError, StreamInfo, StreamPath,
 };
-use bytes::Bytes;
 
 use super::errors::{echo, ApiError};
-use super::headers::{self as h, Live, ReadQuery};
+use super::headers::{self as h, set, set_static, Live, ReadQuery};
 use super::plumbing::{read_body, BodyLimit};
 use super::state::AppState;
-use crate::settings::CacheMode;
 
 /// Every method of `/v1/stream/{*path}` (those it does not serve get a 405).
 pub async fn handle(State(st): State<AppState>, req: Request) -> Response {
@@ -48,7 +46,7 @@ async fn dispatch(st: AppState, req: Request) -> Result<Response, ApiError> {
                 Live::No => catch_up(&st, &parts, path, q).await,
                 Live::LongPoll => long_poll(&st, path, q).await,
                 Live::Sse => {
-                    let last = h::text(&parts.headers, &header::HeaderName::from_static("last-event-id"))?;
+                    let last = super::sse::last_event_id(&parts.headers)?;
                     super::sse::serve(st.clone(), path, q, last).await
                 }
             }
@@ -73,22 +71,6 @@ fn body_limit(st: &AppState) -> BodyLimit {
         },
         unreadable: "bad_request",
     }
-}
-
-/// Sets a header from any displayable value: the text is formatted once and becomes the
-/// header value without another copy. Values that are not valid header text are skipped.
-fn set(headers: &mut HeaderMap, name: header::HeaderName, value: impl std::fmt::Display) {
-    use std::fmt::Write;
-    let mut text = String::with_capacity(40);
-    let _ = write!(text, "{value}");
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
-        headers.insert(name, v);
-    }
-}
-
-/// Sets a header to a constant.
-fn set_static(headers: &mut HeaderMap, name: header::HeaderName, value: &'static str) {
-    headers.insert(name, HeaderValue::from_static(value));
 }
 
 /// `Stream-Closed` and the Baton end reason, when the chunk or stream is at its end.
@@ -260,13 +242,7 @@ fn etag(chunk: &ReadChunk, start: &str) -> String {
 }
 
 fn cache_control(st: &AppState, chunk: &ReadChunk, from: ReadFrom) -> &'static str {
-    if matches!(from, ReadFrom::Now) || chunk.records.is_empty() {
-        return "no-store";
-    }
-    match st.cfg.cache {
-        CacheMode::Private => "private, max-age=60, stale-while-revalidate=300",
-        CacheMode::Public => "public, max-age=60, stale-while-revalidate=300",
-    }
+    h::read_cache_control(st.cfg.cache, matches!(from, ReadFrom::Now) || chunk.records.is_empty())
 }
 
 /// Headers shared by catch-up and long-poll responses.

@@ -35,7 +35,7 @@ impl Server {
     /// be reached, or the address cannot be bound.
     pub async fn start(cfg: ServeConfig) -> Result<Server, String> {
         // The command store first: an unreachable Redis is reported by it, once, by name.
-        let command_store = workers::command_store(&cfg.backend).await?;
+        let command_store = workers::command_store(&cfg.backend, &cfg.queues).await?;
         let settings = StreamStoreSettings { default_limits: cfg.default_limits, ..StreamStoreSettings::default() };
         let store = match &cfg.backend {
             Storage::Memory => StreamStore::memory(settings),
@@ -162,7 +162,7 @@ impl Worker {
     /// behind. Errors: the backend cannot be reached, the address cannot be bound, a queue is
     /// refused.
     pub async fn start(cfg: &WorkerConfig) -> Result<Worker, String> {
-        let store = workers::command_store(&cfg.backend).await?;
+        let store = workers::command_store(&cfg.backend, &cfg.queues).await?;
         let health = match cfg.listen {
             None => None,
             Some(addr) => {

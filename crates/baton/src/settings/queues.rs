@@ -11,6 +11,7 @@
 //! poll_interval = "1s"             # reclaim cadence (default: the work queue's)
 //! reap_idle_consumers_after = "1h" # dead group members (no heartbeat this long, nothing pending) are removed, or "never"
 //! retry = { max_attempts = 5, initial_backoff = "1s", backoff_factor = 2.0, max_backoff = "5m" }
+//! events = { enabled = true, max_len = 100000 }  # the queue's event feed: on, the newest 100,000 kept
 //!
 //! [queues.default.handlers]        # command type → built-in handler
 //! sleep = "sleep"                  # shorthand: the kind alone
@@ -21,13 +22,19 @@
 //! With no `[queues]` at all, one queue `default` with `sleep`, `echo` and `fail` is configured
 //! ([`default_queues`]) so a fresh `baton serve` can run commands out of the box.
 //!
+//! `events` is the queue's durable event feed (`GET /v1/queues/<name>/events`, and its commands'
+//! `GET /v1/commands/{id}/events`): `enabled` (default true) appends its commands' transitions,
+//! `max_len` (default 100,000, at least 1) is how many of the newest are kept (on Redis about that
+//! many: `XADD MAXLEN ~`). Every process writing the queue's commands (`baton serve`, `baton
+//! worker`) should say the same: each applies its own to its writes.
+//!
 //! The `workers` module runs them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_commands::{builtin, CommandHandler, QueueSettings, RetryPolicy};
+use baton_commands::{builtin, CommandHandler, FeedSettings, QueueSettings, RetryPolicy};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -45,6 +52,8 @@ pub struct QueueFile {
     /// A duration, or `"never"` (also `"none"`, `"off"`).
     pub reap_idle_consumers_after: Option<String>,
     pub retry: Option<RetryFile>,
+    /// `events = { … }`: the queue's event feed.
+    pub events: Option<EventsFile>,
     /// Command type → kind name (`"sleep"`) or a table with `kind` and the kind's options.
     #[serde(default)]
     pub handlers: BTreeMap<String, toml::Value>,
@@ -58,6 +67,14 @@ pub struct RetryFile {
     pub initial_backoff: Option<String>,
     pub backoff_factor: Option<f64>,
     pub max_backoff: Option<String>,
+}
+
+/// `events = { … }` of a queue: its event feed ([`FeedSettings`]; absent keys are its defaults).
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct EventsFile {
+    pub enabled: Option<bool>,
+    pub max_len: Option<u64>,
 }
 
 /// One handler of a queue: commands of `command_type` run the built-in `kind` with `options`.
@@ -75,6 +92,8 @@ pub struct HandlerConfig {
 pub struct QueueConfig {
     pub name: String,
     pub settings: QueueSettings,
+    /// Its event feed (`events = { … }`).
+    pub feed: FeedSettings,
     pub handlers: Vec<HandlerConfig>,
 }
 
@@ -85,6 +104,7 @@ impl QueueConfig {
         QueueConfig {
             name: name.to_string(),
             settings: QueueSettings::default(),
+            feed: FeedSettings::default(),
             handlers: kinds
                 .iter()
                 .map(|k| HandlerConfig { command_type: k.to_string(), kind: k.to_string(), options: Value::Null })
@@ -158,6 +178,7 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
                 ));
             }
         }
+        let feed = feed_settings(f.events.as_ref()).map_err(|e| format!("{}: {e}", key("events.max_len")))?;
         let mut handlers = Vec::new();
         for (command_type, v) in f.handlers {
             let hkey = key(&format!("handlers.{command_type}"));
@@ -180,11 +201,22 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
             };
             handlers.push(HandlerConfig { command_type, kind, options });
         }
-        let q = QueueConfig { name: name.clone(), settings, handlers };
+        let q = QueueConfig { name: name.clone(), settings, feed, handlers };
         q.build_handlers()?;
         out.push(q);
     }
     Ok(out)
+}
+
+/// `events = { enabled, max_len }` over the defaults; a `max_len` of 0 is refused.
+fn feed_settings(f: Option<&EventsFile>) -> Result<FeedSettings, String> {
+    let d = FeedSettings::default();
+    let Some(f) = f else { return Ok(d) };
+    let feed = FeedSettings { enabled: f.enabled.unwrap_or(d.enabled), max_len: f.max_len.unwrap_or(d.max_len) };
+    if feed.max_len == 0 {
+        return Err("0 would keep no events; give at least 1 (default 100000), or enabled = false for no feed".into());
+    }
+    Ok(feed)
 }
 
 /// `reap_idle_consumers_after`: a duration (`"2h"`), or `"never"` / `"none"` / `"off"` for `None`.
@@ -349,6 +381,7 @@ mod tests {
         let docs = block(include_str!("../../../../docs/configuration.md"), "[queues.lifecycle]");
         let q = parse(&docs).unwrap();
         assert_eq!(q[0].settings.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
+        assert_eq!(q[0].feed, FeedSettings { enabled: true, max_len: 50_000 });
         assert_eq!(q[0].settings.claim_timeout, Duration::from_secs(120));
         let module: String = include_str!("queues.rs")
             .lines()
@@ -358,6 +391,32 @@ mod tests {
         let q = parse(&block(&module, "[queues.default]")).unwrap();
         assert_eq!(q[0].settings.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
         assert_eq!(q[0].handlers.len(), 3);
+        assert_eq!(q[0].feed, FeedSettings { enabled: true, max_len: 100_000 });
+    }
+
+    #[test]
+    fn events_from_toml() {
+        let q = parse("[queues.a]\nevents = { enabled = false }\n[queues.b]\nevents = { max_len = 7 }\n[queues.c]\n")
+            .unwrap();
+        let got: Vec<(&str, FeedSettings)> = q.iter().map(|q| (q.name.as_str(), q.feed)).collect();
+        assert_eq!(
+            got,
+            [
+                ("a", FeedSettings { enabled: false, max_len: 100_000 }),
+                ("b", FeedSettings { enabled: true, max_len: 7 }),
+                ("c", FeedSettings { enabled: true, max_len: 100_000 }),
+            ]
+        );
+        let e = parse("[queues.a]\nevents = { max_len = 0 }\n").unwrap_err();
+        assert_eq!(
+            e,
+            "queues.a.events.max_len: 0 would keep no events; give at least 1 (default 100000), or enabled = false \
+             for no feed"
+        );
+        let e = parse("[queues.a]\nevents = { max_len = -1 }\n").unwrap_err();
+        assert!(e.contains("invalid value: integer `-1`, expected u64") && e.contains("max_len"), "{e}");
+        let e = parse("[queues.a]\nevents = { keep = 3 }\n").unwrap_err();
+        assert!(e.contains("unknown field `keep`, expected `enabled` or `max_len`"), "{e}");
     }
 
     #[test]
