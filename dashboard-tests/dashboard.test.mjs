@@ -160,6 +160,11 @@ async function mainFlow(mode) {
     await page.locator("#detail-facts", { hasText: "% slept " }).waitFor({ timeout: 10000 })
     await page.locator(`#commands-table tr[data-id="${prefix}sleepy"] .running`).waitFor({ timeout: 10000 })
     await page.screenshot({ path: join(SHOTS, `${mode}-2-commands-running.png`), fullPage: true })
+    check(await page.locator("#retry-btn").isDisabled(), "retry is disabled while the command runs")
+    // Cancel asks to confirm: the first click arms it, the second cancels.
+    await page.locator("#cancel-btn").click()
+    await page.locator("#cancel-btn", { hasText: "Confirm cancel?" }).waitFor()
+    check((await api.get(`${prefix}sleepy`)).status !== "CANCELLED", "one click does not cancel")
     await page.locator("#cancel-btn").click()
     await page.locator("#detail-json", { hasText: '"status": "CANCELLED"' }).waitFor()
     check((await api.get(`${prefix}sleepy`)).status === "CANCELLED", "the server says CANCELLED")
@@ -176,6 +181,16 @@ async function mainFlow(mode) {
     await page.locator(`#commands-table tr[data-id="${prefix}fail"]`).click()
     await page.locator("#detail-facts", { hasText: "disk full" }).waitFor()
     await page.locator('#detail-timeline li[data-event="failed"]', { hasText: "disk full" }).waitFor()
+    // Retry (confirmed) re-runs it: it fails again, and the timeline shows both runs.
+    check(await page.locator("#retry-btn").isEnabled(), "retry is enabled for a FAILED command")
+    await page.locator("#retry-btn").click()
+    await page.locator("#retry-btn", { hasText: "Confirm retry?" }).waitFor()
+    await page.locator("#retry-btn").click()
+    await page.locator('#detail-timeline li[data-event="rerun"]').waitFor({ timeout: 10000 })
+    await until("the re-run fails again", async () => (await api.get(`${prefix}fail`)).version === 4)
+    await page.locator("#detail-timeline li:nth-child(4)[data-event=\"failed\"]").waitFor({ timeout: 10000 })
+    const runs = await page.locator("#detail-timeline li").evaluateAll((ls) => ls.map((l) => l.dataset.event))
+    check(JSON.stringify(runs) === JSON.stringify(["submitted", "failed", "rerun", "failed"]), `two runs: ${runs}`)
     await page.screenshot({ path: join(SHOTS, `${mode}-3-commands-detail.png`), fullPage: true })
 
     // Dead letters (a command queue dead-letters only malformed entries: inject one on Redis).

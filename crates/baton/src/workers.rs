@@ -11,32 +11,37 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use baton_commands::{
-    Command, CommandError, CommandHandler, CommandResult, CommandService, CommandState, CommandStore, HandlerError,
+    Command, CommandError, CommandHandler, CommandResult, CommandService, CommandState, CommandStore,
+    CommandStoreSettings, HandlerError,
 };
 use baton_queue::QueueError;
 
 use crate::settings::{QueueConfig, Storage};
 
 /// The command store of a backend (the same Redis as the streams, or a new in-memory store),
-/// writing each of `queues` with its event feed settings (`events = { … }`).
+/// writing each of `queues` with its event feed settings (`events = { … }`) and its states'
+/// lifetimes (`state_ttl`, `retention`).
 /// Errors: Redis cannot be reached (`cannot connect to Redis at redis://…: <why>`), a bad URL,
 /// or another Redis failure (`cannot use Redis redis://…: <error>`); a refused feed setting
 /// (`queue <name>: …`).
 pub async fn command_store(backend: &Storage, queues: &[QueueConfig]) -> Result<CommandStore, String> {
-    let store = connect(backend).await?;
+    let mut settings = CommandStoreSettings::default();
+    settings.lifetimes = queues.iter().filter_map(|q| Some((q.name.clone(), q.lifetimes?))).collect();
+    let store = connect(backend, settings).await?;
     for q in queues {
         store.set_feed(&q.name, q.feed).map_err(|e| format!("queue {}: {e}", q.name))?;
     }
     Ok(store)
 }
 
-async fn connect(backend: &Storage) -> Result<CommandStore, String> {
+async fn connect(backend: &Storage, settings: CommandStoreSettings) -> Result<CommandStore, String> {
     match backend {
-        Storage::Memory => Ok(CommandStore::memory()),
+        Storage::Memory => CommandStore::memory_with(settings).map_err(|e| e.to_string()),
         Storage::Redis(rc) => {
             // A connect error names the Redis it could not reach: said once, not prefixed again.
             let client = baton_redis::RedisClient::new(rc.clone()).map_err(|e| e.to_string())?;
-            CommandStore::redis(client, Default::default()).await.map_err(|e| match e {
+            let options = baton_commands::RedisCommandStoreOptions { settings, ..Default::default() };
+            CommandStore::redis(client, options).await.map_err(|e| match e {
                 CommandError::Connect(c) | CommandError::Queue(QueueError::Connect(c)) => c.to_string(),
                 other => format!("cannot use {rc}: {other}"),
             })

@@ -508,6 +508,22 @@ fn watch_and_events(s: Serve) {
         .collect();
     assert_eq!(short, [("submitted", "SUBMITTED", 1), ("failed", "FAILED", 2)]);
     assert_eq!(events[1]["error"], "disk full");
+    // A re-run: refused while not FAILED or CANCELLED (exit 4); watch goes on past the first
+    // outcome to the last.
+    let out = s.run(&["commands", "retry", "nap"]).code(4);
+    assert!(out.stderr.contains("nap is SUCCEEDED; only FAILED or CANCELLED commands can be re-run"), "{out:?}");
+    let out = s.run(&["commands", "retry", "bad"]).ok();
+    assert_eq!(out.stdout, "re-running bad (SUBMITTED)\n");
+    s.run(&["commands", "wait", "bad"]).code(1);
+    let out = s.run(&["commands", "watch", "bad"]).code(1);
+    let kinds: Vec<&str> = out.stdout.lines().map(|l| l.split(' ').nth(1).unwrap()).collect();
+    assert_eq!(kinds, ["submitted", "failed", "rerun", "failed"], "{out:?}");
+    let out = s.run(&["commands", "list", "default", "--type", "fail", "--json"]).ok();
+    let page: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["bad"]
+    );
     let out = s.run(&["commands", "watch", "nope"]).code(3);
     assert_eq!(out.stderr, "baton: no command nope (never submitted, or expired) [404 Not Found (not_found)]\n");
 
@@ -518,7 +534,11 @@ fn watch_and_events(s: Serve) {
         lines[..lines.len() - 1].iter().map(|l| l.split(' ').collect::<Vec<_>>()).map(|w| (w[1], w[2])).collect();
     let n = kinds.len();
     assert_eq!(kinds[..2], [("nap", "submitted"), ("nap", "started")], "{out:?}");
-    assert_eq!(kinds[n - 3..], [("nap", "succeeded"), ("bad", "submitted"), ("bad", "failed")], "{out:?}");
+    assert_eq!(
+        kinds[n - 5..],
+        [("nap", "succeeded"), ("bad", "submitted"), ("bad", "failed"), ("bad", "rerun"), ("bad", "failed")],
+        "{out:?}"
+    );
     let next = lines[n].strip_prefix("next: --offset ").expect("the next offset");
     let out = s.run(&["queues", "events", "default", "--offset", next]).ok();
     assert_eq!(out.stdout, format!("next: --offset {next}\n"));

@@ -350,7 +350,62 @@ async fn params_come_back_exactly(backend: TestBackend) {
     srv.stop().await;
 }
 
-on_every_backend!(submit_state_wait_cancel, dead_letters, params_come_back_exactly);
+/// `POST /v1/commands/{id}/retry` re-runs a FAILED or CANCELLED command; anything else is a 409
+/// with the state; the list filters (type, id prefix, creation time) and their bad values.
+async fn retry_and_list_filters(backend: TestBackend) {
+    let srv = serve(backend, |_| {}).await;
+    let (s, _) = post(
+        &srv,
+        "/v1/queues/default/commands",
+        json!({"id": "r-f", "type": "fail", "params": {"error": "disk full"}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (_, failed) = get(&srv, "/v1/commands/r-f?wait=10s").await;
+    assert_eq!((failed["status"].as_str(), failed["version"].as_u64()), (Some("FAILED"), Some(2)));
+    let (s, again) = post(&srv, "/v1/commands/r-f/retry", json!(null)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        (again["status"].as_str(), again["version"].as_u64(), &again["error"]),
+        (Some("SUBMITTED"), Some(3), &Value::Null)
+    );
+    let (_, refailed) = get(&srv, "/v1/commands/r-f?wait=10s").await;
+    assert_eq!((refailed["status"].as_str(), refailed["version"].as_u64()), (Some("FAILED"), Some(4)));
+    let (_, events) = get(&srv, "/v1/commands/r-f/events?offset=-1").await;
+    let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["submitted", "failed", "rerun", "failed"]);
+    // Not FAILED or CANCELLED: 409 with the state; unknown: 404.
+    let (s, _) = post(&srv, "/v1/queues/default/commands", json!({"id": "r-ok", "type": "echo", "params": 1})).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    get(&srv, "/v1/commands/r-ok?wait=10s").await;
+    let (s, e) = post(&srv, "/v1/commands/r-ok/retry", json!(null)).await;
+    assert_eq!(
+        (s, e["error"].as_str(), e["state"]["status"].as_str()),
+        (StatusCode::CONFLICT, Some("not_retryable"), Some("SUCCEEDED"))
+    );
+    assert_eq!(e["message"], "command r-ok is SUCCEEDED: only FAILED or CANCELLED commands can be re-run");
+    let (s, e) = post(&srv, "/v1/commands/nope/retry", json!(null)).await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+
+    let ids = |v: &Value| {
+        v["items"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    let (_, by_type) = get(&srv, "/v1/queues/default/commands?type=fail").await;
+    assert_eq!(ids(&by_type), ["r-f"]);
+    let (_, by_prefix) = get(&srv, "/v1/queues/default/commands?id_prefix=r-o").await;
+    assert_eq!(ids(&by_prefix), ["r-ok"]);
+    let created = refailed["created_at"].as_str().unwrap().to_string();
+    let (_, after) = get(&srv, &format!("/v1/queues/default/commands?created_after={created}&type=echo")).await;
+    assert_eq!(ids(&after), ["r-ok"]);
+    let (_, before) = get(&srv, &format!("/v1/queues/default/commands?created_before={created}")).await;
+    assert_eq!(ids(&before), Vec::<String>::new());
+    let (s, e) = get(&srv, "/v1/queues/default/commands?created_after=yesterday").await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_query")));
+    assert_eq!(e["message"], "created_after \"yesterday\" is not an RFC 3339 time such as 2026-12-04T10:00:00Z");
+    srv.stop().await;
+}
+
+on_every_backend!(submit_state_wait_cancel, dead_letters, params_come_back_exactly, retry_and_list_filters);
 
 mod listing {
     use super::*;

@@ -1,4 +1,4 @@
-//! `baton commands submit|status|wait|watch|cancel|list`: the command API from the command line,
+//! `baton commands submit|status|wait|watch|cancel|retry|list`: the command API from the command line,
 //! and the event feed reader `baton queues events` shares with `watch` ([`read_events`]).
 
 use std::time::{Duration, Instant};
@@ -48,6 +48,8 @@ pub enum CommandsOp {
     Watch { id: String },
     /// Cancel a command (refused with exit code 4 when it has already ended).
     Cancel { id: String },
+    /// Re-run a FAILED or CANCELLED command from the start (refused with exit code 4 otherwise).
+    Retry { id: String },
     /// List a queue's commands, newest first.
     List {
         queue: String,
@@ -60,6 +62,18 @@ pub enum CommandsOp {
         /// The next_cursor printed by the previous page.
         #[arg(long)]
         cursor: Option<String>,
+        /// Only commands of this type.
+        #[arg(long = "type")]
+        command_type: Option<String>,
+        /// Only ids starting with this.
+        #[arg(long)]
+        id_prefix: Option<String>,
+        /// Only commands created at this RFC 3339 time or later, e.g. 2026-12-04T10:00:00Z.
+        #[arg(long)]
+        created_after: Option<String>,
+        /// Only commands created before this RFC 3339 time.
+        #[arg(long)]
+        created_before: Option<String>,
     },
 }
 
@@ -158,13 +172,42 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             }
             Ok(exit::OK)
         }
-        CommandsOp::List { queue, status, limit, cursor } => {
+        CommandsOp::Retry { id } => {
+            let res = cl.send(cl.request(Method::POST, &format!("{}/retry", command_path(&id)))).await?;
+            if res.status() == reqwest::StatusCode::CONFLICT {
+                let v = super::client::read_json(res).await.unwrap_or(Value::Null);
+                let status = v.get("state").map(|s| cell(s.get("status"))).unwrap_or_else(|| "not ended".into());
+                return Err(CliError {
+                    code: exit::REFUSED,
+                    message: format!("{id} is {status}; only FAILED or CANCELLED commands can be re-run"),
+                });
+            }
+            if !res.status().is_success() {
+                return Err(super::client::error_from(res).await);
+            }
+            let (text, _) = read_json_text(res).await?;
+            if cl.json {
+                print_json_exact(&text);
+            } else {
+                println!("re-running {id} (SUBMITTED)");
+            }
+            Ok(exit::OK)
+        }
+        CommandsOp::List { queue, status, limit, cursor, command_type, id_prefix, created_after, created_before } => {
             let mut url = format!("/v1/queues/{}/commands?limit={limit}", encode_segment(&queue));
             if let Some(s) = &status {
                 url.push_str(&format!("&status={s}"));
             }
-            if let Some(c) = &cursor {
-                url.push_str(&format!("&cursor={}", encode_query(c)));
+            for (name, v) in [
+                ("cursor", &cursor),
+                ("type", &command_type),
+                ("id_prefix", &id_prefix),
+                ("created_after", &created_after),
+                ("created_before", &created_before),
+            ] {
+                if let Some(v) = v {
+                    url.push_str(&format!("&{name}={}", encode_query(v)));
+                }
             }
             let (text, page) = json_text_ok(cl, cl.request(Method::GET, &url)).await?;
             if cl.json {
@@ -341,15 +384,14 @@ pub async fn read_events(
                 } else {
                     println!("{}", event_line(&e, with_id));
                 }
+                // An outcome ends the watch only when nothing follows it (a re-run does).
                 let kind = cell(e.get("event"));
-                if follow == Follow::UntilTerminal && matches!(kind.as_str(), "succeeded" | "failed" | "cancelled") {
-                    terminal = Some(kind);
-                    break;
-                }
+                terminal = matches!(kind.as_str(), "succeeded" | "failed" | "cancelled").then_some(kind);
             }
         }
         offset = next;
-        if terminal.is_some() || (follow == Follow::No && up_to_date) {
+        let ended = follow == Follow::UntilTerminal && terminal.is_some() && up_to_date;
+        if ended || (follow == Follow::No && up_to_date) {
             return Ok(EventsEnd { next_offset: offset, terminal });
         }
     }

@@ -309,6 +309,9 @@
     const btn = $("cancel-btn");
     btn.disabled = TERMINAL.has(c.status);
     btn.title = btn.disabled ? `Already ${c.status.toLowerCase()}` : "";
+    const retry = $("retry-btn");
+    retry.disabled = !(c.status === "FAILED" || c.status === "CANCELLED");
+    retry.title = retry.disabled ? "Only a FAILED or CANCELLED command can be re-run" : "Run it again from the start";
   }
   function refreshDetail(s) {
     const inList = s.commands.find((c) => c.id === state.selected);
@@ -323,7 +326,22 @@
     state.selected = null; state.detail = null; state.timeline = null; $("detail").hidden = true;
     document.querySelector(`#commands-table tr[data-id="${CSS.escape(id || "")}"]`)?.focus();
   });
-  $("cancel-btn").addEventListener("click", async () => {
+  // Two clicks act: the first arms the button ("Confirm …?") for 4 seconds, the second acts.
+  function confirmed(btn, label, ask, act) {
+    let timer = null;
+    const disarm = () => { clearTimeout(timer); btn.dataset.armed = ""; btn.textContent = label; };
+    btn.addEventListener("click", async () => {
+      if (btn.dataset.armed !== "1") {
+        btn.dataset.armed = "1";
+        btn.textContent = ask;
+        timer = setTimeout(disarm, 4000);
+        return;
+      }
+      disarm();
+      await act();
+    });
+  }
+  confirmed($("cancel-btn"), "Cancel command", "Confirm cancel?", async () => {
     const id = state.selected;
     if (!id) return;
     $("cancel-btn").disabled = true;
@@ -333,6 +351,18 @@
       if (r.body && r.body.state) showDetail(r.body.state);
       else $("cancel-btn").disabled = false;
       toast(`Cannot cancel ${id}: ${r.message}`, true);
+    }
+  });
+  confirmed($("retry-btn"), "Retry command", "Confirm retry?", async () => {
+    const id = state.selected;
+    if (!id) return;
+    $("retry-btn").disabled = true;
+    const r = await api("POST", `/v1/commands/${enc(id)}/retry`);
+    if (r.ok) { showDetail(r.body); toast(`Re-running ${id}`); }
+    else {
+      if (r.body && r.body.state) showDetail(r.body.state);
+      else $("retry-btn").disabled = false;
+      toast(`Cannot retry ${id}: ${r.message}`, true);
     }
   });
 

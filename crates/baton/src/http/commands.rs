@@ -6,7 +6,8 @@
 //! | `POST /v1/queues/{queue}/commands` body `{"id"?: string, "type": string, "params"?: any}` | `202` + state (new), `200` + state (same id and body) | `400` bad JSON / body shape / id / type / params, `404` unknown queue, `409` same id with another body, `413` body over `max_command_body` |
 //! | `GET /v1/commands/{id}?wait=30s` | `200` + state (after at most `wait`, earlier once terminal) | `400` bad id or wait, `404` unknown id, `503` all live-reader slots taken (a wait holds one) |
 //! | `POST /v1/commands/{id}/cancel` | `200` + state (`CANCELLED`) | `400` bad id, `404` unknown id, `409` already terminal (with `state`) |
-//! | `GET /v1/queues/{queue}/commands?status=&cursor=&limit=` | `200` `{"items": [state…], "next_cursor": string\|null}`, newest first | `400` bad status / cursor / limit, `404` unknown queue |
+//! | `POST /v1/commands/{id}/retry` | `200` + state (`SUBMITTED` again) | `400` bad id, `404` unknown id, `409` not FAILED or CANCELLED (`not_retryable`, with `state`) |
+//! | `GET /v1/queues/{queue}/commands?status=&type=&id_prefix=&created_after=&created_before=&cursor=&limit=` | `200` `{"items": [state…], "next_cursor": string\|null}`, newest first | `400` bad status / cursor / limit / time, `404` unknown queue |
 //!
 //! A state is the command service's JSON (`id, queue, type, params, status, result, error,
 //! attempts, errors_count, created_at, started_at, modified_at, completed_at, version,
@@ -23,7 +24,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use std::collections::BTreeMap;
 
-use baton_commands::{validate_id, Command, CommandError, ListQuery, RawJson};
+use baton_commands::{validate_id, Command, CommandError, ListQuery, RawJson, Timestamp};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -221,6 +222,37 @@ pub async fn cancel(
     Ok(serialized_response(&state))
 }
 
+/// `POST /v1/commands/{id}/retry`: re-runs a FAILED or CANCELLED command (write access to its
+/// home queue, as a cancel).
+pub async fn retry(
+    State(st): State<AppState>,
+    IdParam(id): IdParam,
+    _: Query,
+    req: Request,
+) -> Result<Response, ApiError> {
+    validate_id(&id)?;
+    let who = principal(req.extensions())?;
+    let store = st.commands.store();
+    let state = store.get(&id).await?.ok_or_else(|| CommandError::NotFound(id.clone()))?;
+    who.check_queue(Op::Write, &state.queue).map_err(ApiError::forbidden)?;
+    let state = store.retry(&id).await?;
+    metrics::counter!("baton_commands_retried_total", "queue" => state.queue.clone()).increment(1);
+    Ok(serialized_response(&state))
+}
+
+/// An RFC 3339 time of a list query (`created_after`, `created_before`).
+fn time_param(q: &std::collections::BTreeMap<String, String>, name: &str) -> Result<Option<Timestamp>, ApiError> {
+    match q.get(name).map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        None => Ok(None),
+        Some(s) => humantime::parse_rfc3339_weak(s).map(|t| Some(Timestamp(t))).map_err(|_| {
+            ApiError::invalid(
+                "invalid_query",
+                format!("{name} {} is not an RFC 3339 time such as 2026-12-04T10:00:00Z", echo(s)),
+            )
+        }),
+    }
+}
+
 pub async fn list(
     State(st): State<AppState>,
     QueueName(queue): QueueName,
@@ -229,7 +261,17 @@ pub async fn list(
     let status = status_param(&q)?;
     let limit = limit_param(&q, 100, 1000)?;
     let cursor = q.get("cursor").filter(|c| !c.is_empty()).cloned();
-    let page = st.commands.store().list(&queue, ListQuery { status, limit, cursor, ..Default::default() }).await?;
+    let text = |name: &str| q.get(name).filter(|v| !v.is_empty()).cloned();
+    let query = ListQuery {
+        status,
+        limit,
+        cursor,
+        command_type: text("type"),
+        id_prefix: text("id_prefix"),
+        created_after: time_param(&q, "created_after")?,
+        created_before: time_param(&q, "created_before")?,
+    };
+    let page = st.commands.store().list(&queue, query).await?;
     // `{"items": [state…], "next_cursor": …}`, the states written exactly (see `serialized_response`).
     Ok(serialized_response(&page))
 }

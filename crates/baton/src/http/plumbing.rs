@@ -221,7 +221,8 @@ impl QuerySpec for LimitQuery {
 /// `?status=&cursor=&limit=`.
 pub struct ListQueryParams;
 impl QuerySpec for ListQueryParams {
-    const ALLOWED: &'static [&'static str] = &["status", "cursor", "limit"];
+    const ALLOWED: &'static [&'static str] =
+        &["status", "cursor", "limit", "type", "id_prefix", "created_after", "created_before"];
 }
 
 /// `?queue=&status=&limit=`.

@@ -764,10 +764,28 @@ fn command_routes(d: &Docs) -> Vec<Route> {
                             "Page size, 1 to 1000 (default 100).",
                             json!({ "type": "integer", "minimum": 1, "maximum": 1000 })
                         ),
+                        query("type", "Only commands of this type.", json!({ "type": "string" })),
+                        query("id_prefix", "Only ids starting with this.", json!({ "type": "string" })),
+                        query(
+                            "created_after",
+                            "Only commands created at this time or later (RFC 3339).",
+                            json!({ "type": "string", "format": "date-time" })
+                        ),
+                        query(
+                            "created_before",
+                            "Only commands created before this time (RFC 3339).",
+                            json!({ "type": "string", "format": "date-time" })
+                        ),
                     ]),
                     protected(map(vec![
-                        ("200", json_resp("One page.", r("CommandPage"))),
-                        ("400", err_resp("Bad status, cursor or limit.")),
+                        (
+                            "200",
+                            json_resp(
+                                "One page. With `type` or `id_prefix`, a page looks at most at 5,000 commands: it may hold fewer than `limit` (even none) and still have a `next_cursor`.",
+                                r("CommandPage"),
+                            ),
+                        ),
+                        ("400", err_resp("Bad status, cursor, limit or time.")),
                         ("404", err_resp("Unknown queue.")),
                     ])),
                 ),
@@ -850,6 +868,22 @@ fn command_routes(d: &Docs) -> Vec<Route> {
                 ])),
             ),
             post(commands::cancel),
+        ),
+        Route::json("/v1/commands/{id}/retry", Access::Token).on(
+            Method::POST,
+            Access::Token,
+            op(
+                "Re-run a FAILED or CANCELLED command",
+                "commands",
+                json!([id()]),
+                protected(map(vec![
+                    ("200", json_resp("Submitted again: the state (`SUBMITTED`; its history is in its events).", r("CommandState"))),
+                    ("400", err_resp("Bad id.")),
+                    ("404", err_resp("Unknown command.")),
+                    ("409", err_resp("Not FAILED or CANCELLED (`not_retryable`); `state` holds it.")),
+                ])),
+            ),
+            post(commands::retry),
         ),
         Route::json("/v1/commands/{id}/events", Access::Token).on(
             Method::GET,

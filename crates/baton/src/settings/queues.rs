@@ -12,6 +12,8 @@
 //! reap_idle_consumers_after = "1h" # dead group members (no heartbeat this long, nothing pending) are removed, or "never"
 //! retry = { max_attempts = 5, initial_backoff = "1s", backoff_factor = 2.0, max_backoff = "5m" }
 //! events = { enabled = true, max_len = 100000 }  # the queue's event feed: on, the newest 100,000 kept
+//! state_ttl = "7d"                 # an unfinished command's state expires this long after its last write
+//! retention = "24h"                # a finished command's state is kept this long
 //!
 //! [queues.default.handlers]        # command type → built-in handler
 //! sleep = "sleep"                  # shorthand: the kind alone
@@ -28,13 +30,18 @@
 //! many: `XADD MAXLEN ~`). Every process writing the queue's commands (`baton serve`, `baton
 //! worker`) should say the same: each applies its own to its writes.
 //!
+//! `state_ttl` and `retention` (each at least 1 s; defaults 7 days and 24 hours) are the lifetimes
+//! of the queue's command states: every process writing them should say the same, as for `events`.
+//!
 //! The `workers` module runs them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_commands::{builtin, CommandHandler, FeedSettings, QueueSettings, RetryPolicy};
+use baton_commands::{
+    builtin, CommandHandler, CommandStoreSettings, FeedSettings, Lifetimes, QueueSettings, RetryPolicy,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -54,6 +61,9 @@ pub struct QueueFile {
     pub retry: Option<RetryFile>,
     /// `events = { … }`: the queue's event feed.
     pub events: Option<EventsFile>,
+    /// Lifetimes of the queue's command states (durations).
+    pub state_ttl: Option<String>,
+    pub retention: Option<String>,
     /// Command type → kind name (`"sleep"`) or a table with `kind` and the kind's options.
     #[serde(default)]
     pub handlers: BTreeMap<String, toml::Value>,
@@ -94,6 +104,8 @@ pub struct QueueConfig {
     pub settings: QueueSettings,
     /// Its event feed (`events = { … }`).
     pub feed: FeedSettings,
+    /// Its states' lifetimes (`state_ttl`, `retention`), when either is set.
+    pub lifetimes: Option<Lifetimes>,
     pub handlers: Vec<HandlerConfig>,
 }
 
@@ -105,6 +117,7 @@ impl QueueConfig {
             name: name.to_string(),
             settings: QueueSettings::default(),
             feed: FeedSettings::default(),
+            lifetimes: None,
             handlers: kinds
                 .iter()
                 .map(|k| HandlerConfig { command_type: k.to_string(), kind: k.to_string(), options: Value::Null })
@@ -179,6 +192,26 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
             }
         }
         let feed = feed_settings(f.events.as_ref()).map_err(|e| format!("{}: {e}", key("events.max_len")))?;
+        let defaults = CommandStoreSettings::default();
+        let life = |v: &Option<String>, name: &str, default: Duration| -> Result<Duration, String> {
+            let d = dur(v, name)?.unwrap_or(default);
+            if d < Duration::from_secs(1) {
+                return Err(format!(
+                    "{}: {} is under the least lifetime, 1s",
+                    key(name),
+                    humantime::format_duration(d)
+                ));
+            }
+            Ok(d)
+        };
+        let lifetimes = (f.state_ttl.is_some() || f.retention.is_some())
+            .then(|| -> Result<Lifetimes, String> {
+                Ok(Lifetimes {
+                    state_ttl: life(&f.state_ttl, "state_ttl", defaults.state_ttl)?,
+                    retention: life(&f.retention, "retention", defaults.retention)?,
+                })
+            })
+            .transpose()?;
         let mut handlers = Vec::new();
         for (command_type, v) in f.handlers {
             let hkey = key(&format!("handlers.{command_type}"));
@@ -201,7 +234,7 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
             };
             handlers.push(HandlerConfig { command_type, kind, options });
         }
-        let q = QueueConfig { name: name.clone(), settings, feed, handlers };
+        let q = QueueConfig { name: name.clone(), settings, feed, lifetimes, handlers };
         q.build_handlers()?;
         out.push(q);
     }
@@ -392,6 +425,18 @@ mod tests {
         assert_eq!(q[0].settings.reap_idle_consumers_after, Some(Duration::from_secs(3600)));
         assert_eq!(q[0].handlers.len(), 3);
         assert_eq!(q[0].feed, FeedSettings { enabled: true, max_len: 100_000 });
+        let week = Duration::from_secs(7 * 24 * 3600);
+        assert_eq!(q[0].lifetimes, Some(Lifetimes { state_ttl: week, retention: Duration::from_secs(24 * 3600) }));
+    }
+
+    #[test]
+    fn lifetimes_from_toml() {
+        let q = parse("[queues.a]\nretention = \"1h\"\n[queues.b]\n").unwrap();
+        let week = Duration::from_secs(7 * 24 * 3600);
+        assert_eq!(q[0].lifetimes, Some(Lifetimes { state_ttl: week, retention: Duration::from_secs(3600) }));
+        assert_eq!(q[1].lifetimes, None);
+        let e = parse("[queues.a]\nretention = \"500ms\"\n").unwrap_err();
+        assert_eq!(e, "queues.a.retention: 500ms is under the least lifetime, 1s");
     }
 
     #[test]
