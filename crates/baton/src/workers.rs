@@ -25,8 +25,10 @@ use crate::settings::{QueueConfig, Storage};
 /// or another Redis failure (`cannot use Redis redis://…: <error>`); a refused feed setting
 /// (`queue <name>: …`).
 pub async fn command_store(backend: &Storage, queues: &[QueueConfig]) -> Result<CommandStore, String> {
-    let mut settings = CommandStoreSettings::default();
-    settings.lifetimes = queues.iter().filter_map(|q| Some((q.name.clone(), q.lifetimes?))).collect();
+    let settings = CommandStoreSettings {
+        lifetimes: queues.iter().filter_map(|q| Some((q.name.clone(), q.lifetimes?))).collect(),
+        ..CommandStoreSettings::default()
+    };
     let store = connect(backend, settings).await?;
     for q in queues {
         store.set_feed(&q.name, q.feed).map_err(|e| format!("queue {}: {e}", q.name))?;
