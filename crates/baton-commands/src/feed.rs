@@ -168,32 +168,9 @@ pub struct CommandEvent {
 }
 
 impl CommandEvent {
-    /// The event `kind` of the write that stored `st` (its offset filled in when read).
-    pub(crate) fn of(kind: EventKind, st: &CommandState, retry_in_ms: Option<u64>) -> Self {
-        let running = matches!(kind, EventKind::Started | EventKind::Progress);
-        let at = match (kind, &st.execution) {
-            (EventKind::Started, Some(e)) => e.since,
-            _ => st.modified_at,
-        };
-        CommandEvent {
-            offset: EventOffset::default(),
-            event: kind,
-            id: st.id.clone(),
-            command_type: st.command_type.clone(),
-            status: st.status,
-            version: st.version,
-            at,
-            attempts: st.attempts,
-            worker: if running { st.execution.as_ref().map(|e| e.worker.clone()) } else { None },
-            progress: st.progress.clone(),
-            error: if matches!(kind, EventKind::RetryScheduled | EventKind::Failed) { st.error.clone() } else { None },
-            retry_in_ms,
-            handed_off_to: if kind == EventKind::HandedOff { st.handed_off_to.clone() } else { None },
-        }
-    }
-
-    /// The stored JSON (without the offset, which is where it is stored).
-    pub(crate) fn stored_json(&self) -> String {
+    /// The stored JSON (without the offset: that is where it is stored) of the event `kind` of
+    /// the write that stores `st`, serialized straight from the state (no copies).
+    pub(crate) fn stored_json_of(kind: EventKind, st: &CommandState, retry_in_ms: Option<u64>) -> String {
         #[derive(Serialize)]
         struct Stored<'a> {
             event: EventKind,
@@ -205,29 +182,35 @@ impl CommandEvent {
             at: Timestamp,
             attempts: u32,
             #[serde(skip_serializing_if = "Option::is_none")]
-            worker: &'a Option<String>,
+            worker: Option<&'a str>,
             #[serde(skip_serializing_if = "Option::is_none")]
-            progress: &'a Option<Progress>,
+            progress: Option<&'a Progress>,
             #[serde(skip_serializing_if = "Option::is_none")]
-            error: &'a Option<String>,
+            error: Option<&'a str>,
             #[serde(skip_serializing_if = "Option::is_none")]
             retry_in_ms: Option<u64>,
             #[serde(skip_serializing_if = "Option::is_none")]
-            handed_off_to: &'a Option<String>,
+            handed_off_to: Option<&'a str>,
         }
+        let running = matches!(kind, EventKind::Started | EventKind::Progress);
+        let at = match (kind, &st.execution) {
+            (EventKind::Started, Some(e)) => e.since,
+            _ => st.modified_at,
+        };
+        let errs = matches!(kind, EventKind::RetryScheduled | EventKind::Failed);
         serde_json::to_string(&Stored {
-            event: self.event,
-            id: &self.id,
-            command_type: &self.command_type,
-            status: self.status,
-            version: self.version,
-            at: self.at,
-            attempts: self.attempts,
-            worker: &self.worker,
-            progress: &self.progress,
-            error: &self.error,
-            retry_in_ms: self.retry_in_ms,
-            handed_off_to: &self.handed_off_to,
+            event: kind,
+            id: &st.id,
+            command_type: &st.command_type,
+            status: st.status,
+            version: st.version,
+            at,
+            attempts: st.attempts,
+            worker: st.execution.as_ref().filter(|_| running).map(|e| e.worker.as_str()),
+            progress: st.progress.as_ref(),
+            error: st.error.as_deref().filter(|_| errs),
+            retry_in_ms,
+            handed_off_to: st.handed_off_to.as_deref().filter(|_| kind == EventKind::HandedOff),
         })
         .expect("an event serializes")
     }

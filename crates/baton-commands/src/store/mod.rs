@@ -156,7 +156,7 @@ impl CommandStore {
         let (kind, retry_in_ms) = kind?;
         let feed = self.feed_settings(&st.queue);
         feed.enabled
-            .then(|| FeedAppend { json: CommandEvent::of(kind, st, retry_in_ms).stored_json(), max_len: feed.max_len })
+            .then(|| FeedAppend { json: CommandEvent::stored_json_of(kind, st, retry_in_ms), max_len: feed.max_len })
     }
 
     /// True when `queue` has (or had) a service in this store, or was declared.
