@@ -237,7 +237,7 @@ pub(crate) struct Hub {
     /// once.
     recent_cancels: Mutex<HashMap<String, (std::time::Instant, u64)>>,
     /// Per queue: woken on every append to its feed seen by this process.
-    feeds: Mutex<HashMap<String, Arc<FeedWaiters>>>,
+    feeds: std::sync::RwLock<HashMap<String, Arc<FeedWaiters>>>,
 }
 
 /// The readers of a queue's feed waiting for its next event (see [`StateBackend::feed_watch`]).
@@ -308,13 +308,19 @@ impl Hub {
 
     /// The notifier of `queue`'s feed appends (see [`StateBackend::feed_watch`]).
     pub(crate) fn feed(&self, queue: &str) -> Arc<FeedWaiters> {
-        self.feeds.lock().unwrap().entry(queue.to_string()).or_default().clone()
+        if let Some(w) = self.feeds.read().unwrap().get(queue) {
+            return w.clone();
+        }
+        self.feeds.write().unwrap().entry(queue.to_string()).or_default().clone()
     }
 
-    /// Wakes the waiters of `queue`'s feed, if any.
+    /// Wakes the waiters of `queue`'s feed, if any (a read lock and an atomic load when there
+    /// are none: every write with an event calls it).
     pub(crate) fn feed_appended(&self, queue: &str) {
-        if let Some(n) = self.feeds.lock().unwrap().get(queue) {
-            n.notify.notify_waiters();
+        if let Some(w) = self.feeds.read().unwrap().get(queue) {
+            if w.waiting.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                w.notify.notify_waiters();
+            }
         }
     }
 

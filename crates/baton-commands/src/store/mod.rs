@@ -44,7 +44,7 @@ pub(crate) struct StoreInner {
     /// the backend's lookup).
     homes: Mutex<HashMap<String, String>>,
     /// Feed settings of queues set apart from the default ([`CommandStore::set_feed`]).
-    feeds: Mutex<HashMap<String, FeedSettings>>,
+    feeds: std::sync::RwLock<HashMap<String, FeedSettings>>,
 }
 
 const HOME_CACHE_MAX: usize = 100_000;
@@ -118,7 +118,7 @@ impl CommandStore {
                 queues: Mutex::new(HashMap::new()),
                 next_service: std::sync::atomic::AtomicU64::new(1),
                 homes: Mutex::new(HashMap::new()),
-                feeds: Mutex::new(HashMap::new()),
+                feeds: std::sync::RwLock::new(HashMap::new()),
             }),
         }
     }
@@ -141,13 +141,13 @@ impl CommandStore {
     pub fn set_feed(&self, queue: &str, feed: FeedSettings) -> Result<(), CommandError> {
         validate_queue(queue)?;
         feed.validate()?;
-        self.inner.feeds.lock().unwrap().insert(queue.to_string(), feed);
+        self.inner.feeds.write().unwrap().insert(queue.to_string(), feed);
         Ok(())
     }
 
     /// The event feed settings this store writes `queue`'s commands with.
     pub fn feed_settings(&self, queue: &str) -> FeedSettings {
-        self.inner.feeds.lock().unwrap().get(queue).copied().unwrap_or(self.inner.settings.feed)
+        self.inner.feeds.read().unwrap().get(queue).copied().unwrap_or(self.inner.settings.feed)
     }
 
     /// The feed append of an event `kind` of the write storing `st` (none when its home queue's
