@@ -152,46 +152,12 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             })
         }
         CommandsOp::Cancel { id } => {
-            let res = cl.send(cl.request(Method::POST, &format!("{}/cancel", command_path(&id)))).await?;
-            if res.status() == reqwest::StatusCode::CONFLICT {
-                let v = super::client::read_json(res).await.unwrap_or(Value::Null);
-                let status = v.get("state").map(|s| cell(s.get("status"))).unwrap_or_else(|| "ended".into());
-                return Err(CliError {
-                    code: exit::REFUSED,
-                    message: format!("{id} has already ended ({status}); it cannot be cancelled"),
-                });
-            }
-            if !res.status().is_success() {
-                return Err(super::client::error_from(res).await);
-            }
-            let (text, _) = read_json_text(res).await?;
-            if cl.json {
-                print_json_exact(&text);
-            } else {
-                println!("cancelled {id}");
-            }
-            Ok(exit::OK)
+            let refused = |status: &str| format!("{id} has already ended ({status}); it cannot be cancelled");
+            act(cl, &id, "cancel", refused, &format!("cancelled {id}")).await
         }
         CommandsOp::Retry { id } => {
-            let res = cl.send(cl.request(Method::POST, &format!("{}/retry", command_path(&id)))).await?;
-            if res.status() == reqwest::StatusCode::CONFLICT {
-                let v = super::client::read_json(res).await.unwrap_or(Value::Null);
-                let status = v.get("state").map(|s| cell(s.get("status"))).unwrap_or_else(|| "not ended".into());
-                return Err(CliError {
-                    code: exit::REFUSED,
-                    message: format!("{id} is {status}; only FAILED or CANCELLED commands can be re-run"),
-                });
-            }
-            if !res.status().is_success() {
-                return Err(super::client::error_from(res).await);
-            }
-            let (text, _) = read_json_text(res).await?;
-            if cl.json {
-                print_json_exact(&text);
-            } else {
-                println!("re-running {id} (SUBMITTED)");
-            }
-            Ok(exit::OK)
+            let refused = |status: &str| format!("{id} is {status}; only FAILED or CANCELLED commands can be re-run");
+            act(cl, &id, "retry", refused, &format!("re-running {id} (SUBMITTED)")).await
         }
         CommandsOp::List { queue, status, limit, cursor, command_type, id_prefix, created_after, created_before } => {
             let mut url = format!("/v1/queues/{}/commands?limit={limit}", encode_segment(&queue));
@@ -248,6 +214,33 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             Ok(exit::OK)
         }
     }
+}
+
+/// `POST /v1/commands/{id}/<action>` (cancel, retry): prints `done` (or the state with
+/// `--json`); a `409` is exit 4 with `refused(<the state's status>)`.
+async fn act(
+    cl: &Client,
+    id: &str,
+    action: &str,
+    refused: impl Fn(&str) -> String,
+    done: &str,
+) -> Result<u8, CliError> {
+    let res = cl.send(cl.request(Method::POST, &format!("{}/{action}", command_path(id)))).await?;
+    if res.status() == reqwest::StatusCode::CONFLICT {
+        let v = super::client::read_json(res).await.unwrap_or(Value::Null);
+        let status = v.get("state").map(|s| cell(s.get("status"))).unwrap_or_else(|| "?".into());
+        return Err(CliError { code: exit::REFUSED, message: refused(&status) });
+    }
+    if !res.status().is_success() {
+        return Err(super::client::error_from(res).await);
+    }
+    let (text, _) = read_json_text(res).await?;
+    if cl.json {
+        print_json_exact(&text);
+    } else {
+        println!("{done}");
+    }
+    Ok(exit::OK)
 }
 
 fn command_path(id: &str) -> String {

@@ -24,7 +24,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use std::collections::BTreeMap;
 
-use baton_commands::{validate_id, Command, CommandError, ListQuery, RawJson, Timestamp};
+use baton_commands::{validate_id, Command, CommandError, CommandState, CommandStore, ListQuery, RawJson, Timestamp};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -212,12 +212,8 @@ pub async fn cancel(
     _: Query,
     req: Request,
 ) -> Result<Response, ApiError> {
-    validate_id(&id)?;
     let who = principal(req.extensions())?;
-    let store = st.commands.store();
-    let state = store.get(&id).await?.ok_or_else(|| CommandError::NotFound(id.clone()))?;
-    who.check_queue(Op::Write, &state.queue).map_err(ApiError::forbidden)?;
-    let state = store.cancel(&id).await?;
+    let state = act(&st, &id, who, |store, id| Box::pin(store.cancel(id))).await?;
     metrics::counter!("baton_commands_cancelled_total", "queue" => state.queue.clone()).increment(1);
     Ok(serialized_response(&state))
 }
@@ -230,14 +226,26 @@ pub async fn retry(
     _: Query,
     req: Request,
 ) -> Result<Response, ApiError> {
-    validate_id(&id)?;
     let who = principal(req.extensions())?;
-    let store = st.commands.store();
-    let state = store.get(&id).await?.ok_or_else(|| CommandError::NotFound(id.clone()))?;
-    who.check_queue(Op::Write, &state.queue).map_err(ApiError::forbidden)?;
-    let state = store.retry(&id).await?;
+    let state = act(&st, &id, who, |store, id| Box::pin(store.retry(id))).await?;
     metrics::counter!("baton_commands_retried_total", "queue" => state.queue.clone()).increment(1);
     Ok(serialized_response(&state))
+}
+
+type Acted<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<CommandState, CommandError>> + Send + 'a>>;
+
+/// An operation on one command (cancel, retry) by a caller with write access to its home queue.
+async fn act(
+    st: &AppState,
+    id: &str,
+    who: crate::auth::Principal,
+    op: impl for<'a> FnOnce(&'a CommandStore, &'a str) -> Acted<'a>,
+) -> Result<CommandState, ApiError> {
+    validate_id(id)?;
+    let store = st.commands.store();
+    let state = store.get(id).await?.ok_or_else(|| CommandError::NotFound(id.to_string()))?;
+    who.check_queue(Op::Write, &state.queue).map_err(ApiError::forbidden)?;
+    Ok(op(store, id).await?)
 }
 
 /// An RFC 3339 time of a list query (`created_after`, `created_before`).
