@@ -232,8 +232,8 @@ pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
 pub use feed::{CommandEvent, EventFrom, EventKind, EventOffset, EventPage, FeedSettings, READ_MAX, SCAN_MAX};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{
-    Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall, ListQuery, Progress,
-    StatusCounts, Timestamp,
+    BulkAction, BulkReport, Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall,
+    ListQuery, Progress, StatusCounts, Timestamp,
 };
 pub use remote::{
     RemoteCall, RemoteClaim, RemoteOutcome, RemoteRenewal, RemoteReport, RemoteSettled, RemoteWorkers, MAX_WORKER_NAME,

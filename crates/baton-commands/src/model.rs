@@ -669,6 +669,44 @@ impl ListQuery {
     pub const SCAN_MAX: usize = 5_000;
 }
 
+/// What [`CommandStore::bulk`](crate::CommandStore::bulk) does to each command it selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BulkAction {
+    /// Cancel every selected command not ended yet ([`CommandStore::cancel`](crate::CommandStore::cancel)).
+    Cancel,
+    /// Re-run every selected FAILED or CANCELLED command ([`CommandStore::retry`](crate::CommandStore::retry)).
+    Retry,
+}
+
+impl BulkAction {
+    /// Whether a command in `status` is one this action applies to.
+    pub fn applies_to(self, status: CommandStatus) -> bool {
+        match self {
+            BulkAction::Cancel => !status.is_terminal(),
+            BulkAction::Retry => matches!(status, CommandStatus::Failed | CommandStatus::Cancelled),
+        }
+    }
+}
+
+/// What a [`CommandStore::bulk`](crate::CommandStore::bulk) call did. JSON:
+/// `{"looked_at", "eligible", "applied", "refused", "next_cursor"}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BulkReport {
+    /// Commands the filter selected and this call looked at.
+    pub looked_at: u64,
+    /// Of those, the ones the action applies to (their status when listed).
+    pub eligible: u64,
+    /// Acted on (0 for a dry run).
+    pub applied: u64,
+    /// Eligible when listed, refused when acted on: their status changed meanwhile (a command
+    /// that ended before its cancel, one re-run by someone else), or they expired.
+    pub refused: u64,
+    /// Where this call stopped at its `max` (pass it as the query's cursor to go on); `None`
+    /// when every selected command was looked at.
+    pub next_cursor: Option<String>,
+}
+
 /// One page of a listing.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CommandPage {

@@ -28,6 +28,7 @@ baton_testkit::on_every_backend!(
     malformed_params_are_rejected_before_anything_is_stored,
     listing_is_newest_first_with_cursor_pagination_and_exact_counts,
     listing_filters_by_type_id_prefix_and_creation_time,
+    bulk_cancel_and_retry_by_filter,
     terminal_states_expire_after_retention,
     retention_is_set_per_queue,
     wait_wakes_on_writes_from_another_store,
@@ -488,6 +489,40 @@ async fn listing_filters_by_type_id_prefix_and_creation_time(b: TestBackend) {
     assert_eq!(ids(&store.list(&q, cancelled_x).await.unwrap()), ["a-1"]);
     let empty_range = ListQuery { created_after: Some(b0), created_before: Some(b0), ..Default::default() };
     assert!(store.list(&q, empty_range).await.unwrap().items.is_empty());
+}
+
+async fn bulk_cancel_and_retry_by_filter(b: TestBackend) {
+    use baton_commands::{BulkAction, BulkReport};
+    let store = store_for(&b).await;
+    let q = queue_name("bulk");
+    for i in 0..6 {
+        store.submit(&q, Command::with_id(format!("{q}-x{i}"), "x", json!(i))).await.unwrap();
+    }
+    store.submit(&q, Command::with_id(format!("{q}-y"), "y", json!(null))).await.unwrap();
+    for i in 0..3 {
+        store.cancel(&format!("{q}-x{i}")).await.unwrap();
+    }
+    let xs = || ListQuery { command_type: Some("x".into()), ..Default::default() };
+    let report = |looked_at, eligible, applied, next: bool| (looked_at, eligible, applied, 0, next);
+    let short = |r: BulkReport| (r.looked_at, r.eligible, r.applied, r.refused, r.next_cursor.is_some());
+    // A dry run counts and changes nothing.
+    let dry = store.bulk(&q, BulkAction::Retry, xs(), true, 0).await.unwrap();
+    assert_eq!(short(dry), report(6, 3, 0, false));
+    assert_eq!(store.counts(&q).await.unwrap(), StatusCounts { submitted: 4, cancelled: 3, ..Default::default() });
+    // Cancel the SUBMITTED x's two at a time: a cursor to go on, then the last.
+    let submitted_xs = ListQuery { status: Some(CommandStatus::Submitted), ..xs() };
+    let first = store.bulk(&q, BulkAction::Cancel, submitted_xs.clone(), false, 2).await.unwrap();
+    let cursor = first.next_cursor.clone();
+    assert_eq!(short(first), report(2, 2, 2, true));
+    let rest = store.bulk(&q, BulkAction::Cancel, ListQuery { cursor, ..submitted_xs }, false, 2).await.unwrap();
+    assert_eq!(short(rest), report(1, 1, 1, false));
+    assert_eq!(store.counts(&q).await.unwrap(), StatusCounts { submitted: 1, cancelled: 6, ..Default::default() });
+    // Re-run every x; y is not selected; nothing is left to re-run after.
+    let all = store.bulk(&q, BulkAction::Retry, xs(), false, 0).await.unwrap();
+    assert_eq!(short(all), report(6, 6, 6, false));
+    assert_eq!(store.counts(&q).await.unwrap(), StatusCounts { submitted: 7, ..Default::default() });
+    let none = store.bulk(&q, BulkAction::Retry, ListQuery::default(), false, 0).await.unwrap();
+    assert_eq!(short(none), report(7, 0, 0, false));
 }
 
 async fn listing_is_newest_first_with_cursor_pagination_and_exact_counts(b: TestBackend) {

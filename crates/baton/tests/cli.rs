@@ -518,6 +518,11 @@ fn watch_and_events(s: Serve) {
     let out = s.run(&["commands", "watch", "bad"]).code(1);
     let kinds: Vec<&str> = out.stdout.lines().map(|l| l.split(' ').nth(1).unwrap()).collect();
     assert_eq!(kinds, ["submitted", "failed", "rerun", "failed"], "{out:?}");
+    let out = s.run(&["commands", "bulk", "retry", "default", "--type", "fail", "--dry-run"]).ok();
+    assert_eq!(out.stdout, "would re-run 1 of 1 commands looked at (dry run)\n");
+    let out = s.run(&["commands", "bulk", "cancel", "default", "--status", "succeeded", "--max", "1"]).ok();
+    assert_eq!(out.stdout, "cancelled 0 of 1 commands looked at (0 eligible, 0 refused: changed meanwhile)\n");
+    s.run(&["commands", "bulk", "delete", "default"]).code(2);
     let out = s.run(&["commands", "list", "default", "--type", "fail", "--json"]).ok();
     let page: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(

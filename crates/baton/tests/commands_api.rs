@@ -399,6 +399,27 @@ async fn retry_and_list_filters(backend: TestBackend) {
     assert_eq!(ids(&after), ["r-ok"]);
     let (_, before) = get(&srv, &format!("/v1/queues/default/commands?created_before={created}")).await;
     assert_eq!(ids(&before), Vec::<String>::new());
+    // Bulk: a dry run counts; an action on what the filter selects; a bad body.
+    let (s, r) =
+        post(&srv, "/v1/queues/default/commands/bulk", json!({"action": "retry", "type": "fail", "dry_run": true}))
+            .await;
+    assert_eq!(
+        (s, r),
+        (StatusCode::OK, json!({"looked_at": 1, "eligible": 1, "applied": 0, "refused": 0, "next_cursor": null}))
+    );
+    let (_, r) =
+        post(&srv, "/v1/queues/default/commands/bulk", json!({"action": "cancel", "status": "succeeded"})).await;
+    assert_eq!(r, json!({"looked_at": 1, "eligible": 0, "applied": 0, "refused": 0, "next_cursor": null}));
+    let (_, r) = post(&srv, "/v1/queues/default/commands/bulk", json!({"action": "retry", "max": 1})).await;
+    assert_eq!((r["looked_at"].as_u64(), r["next_cursor"].is_string()), (Some(1), true));
+    let (s, e) = post(&srv, "/v1/queues/default/commands/bulk", json!({"action": "delete"})).await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_body")));
+    assert!(
+        e["message"].as_str().unwrap().starts_with("unknown variant `delete`, expected `cancel` or `retry`"),
+        "{e}"
+    );
+    let (s, e) = post(&srv, "/v1/queues/default/commands/bulk", json!({"action": "cancel", "max": 10001})).await;
+    assert_eq!((s, e["message"].as_str()), (StatusCode::BAD_REQUEST, Some("max 10001 is above 10000")));
     let (s, e) = get(&srv, "/v1/queues/default/commands?created_after=yesterday").await;
     assert_eq!((s, e["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_query")));
     assert_eq!(e["message"], "created_after \"yesterday\" is not an RFC 3339 time such as 2026-12-04T10:00:00Z");

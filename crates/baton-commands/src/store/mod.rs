@@ -18,8 +18,8 @@ use crate::feed::{CommandEvent, EventFrom, EventKind, EventOffset, EventPage, Fe
 use crate::json::canonical_body;
 use crate::model::{new_token, CommandMsg, Cursor};
 use crate::{
-    validate_id, validate_queue, validate_type, Command, CommandError, CommandHandler, CommandPage, CommandState,
-    CommandStatus, ListQuery, RawJson, StatusCounts, Timestamp,
+    validate_id, validate_queue, validate_type, BulkAction, BulkReport, Command, CommandError, CommandHandler,
+    CommandPage, CommandState, CommandStatus, ListQuery, RawJson, StatusCounts, Timestamp,
 };
 
 pub(crate) use self::backend::{Cas, DeliveryRef, FeedAppend, Hub, Peeked, StateBackend, SubmitOutcome, Unsub};
@@ -374,6 +374,72 @@ impl CommandStore {
             }
         }
     }
+
+    /// Cancels or re-runs ([`BulkAction`]) `queue`'s commands that `query` selects (its filters
+    /// and cursor; its limit is ignored), looking at most at `max` of them (1 to
+    /// [`CommandStore::BULK_MAX`]; 0 means 1,000): each eligible one by its own compare-and-set,
+    /// as [`CommandStore::cancel`] / [`CommandStore::retry`] alone (32 at a time), or with
+    /// `dry_run` only counted. Not one atomic step: commands that change meanwhile are counted as
+    /// `refused`; a command re-run here is not selected again by the same call.
+    ///
+    /// Errors: those of [`CommandStore::list`]; backend errors (some commands may have been
+    /// acted on already).
+    pub async fn bulk(
+        &self,
+        queue: &str,
+        action: BulkAction,
+        query: ListQuery,
+        dry_run: bool,
+        max: usize,
+    ) -> Result<BulkReport, CommandError> {
+        use futures::StreamExt;
+        let max = match max {
+            0 => 1_000,
+            n => n.min(Self::BULK_MAX),
+        };
+        let mut report = BulkReport::default();
+        let mut query = ListQuery { limit: 500, ..query };
+        loop {
+            query.limit = 500.min(max - report.looked_at as usize);
+            let page = self.list(queue, query.clone()).await?;
+            report.looked_at += page.items.len() as u64;
+            let ids: Vec<String> =
+                page.items.iter().filter(|st| action.applies_to(st.status)).map(|st| st.id.clone()).collect();
+            report.eligible += ids.len() as u64;
+            if !dry_run {
+                let mut acts = futures::stream::iter(ids)
+                    .map(|id| async move {
+                        match action {
+                            BulkAction::Cancel => self.cancel(&id).await,
+                            BulkAction::Retry => self.retry(&id).await,
+                        }
+                    })
+                    .buffer_unordered(32);
+                while let Some(r) = acts.next().await {
+                    match r {
+                        Ok(_) => report.applied += 1,
+                        Err(
+                            CommandError::AlreadyTerminal(_)
+                            | CommandError::NotRetryable(_)
+                            | CommandError::NotFound(_),
+                        ) => report.refused += 1,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            match page.next_cursor {
+                None => return Ok(report),
+                Some(c) if report.looked_at as usize >= max => {
+                    report.next_cursor = Some(c);
+                    return Ok(report);
+                }
+                Some(c) => query.cursor = Some(c),
+            }
+        }
+    }
+
+    /// Most commands one [`CommandStore::bulk`] call looks at.
+    pub const BULK_MAX: usize = 10_000;
 
     /// Waits until `id` is terminal or `timeout` passes, and returns its state then (check
     /// `status.is_terminal()`). Wakes on this process's writes and on Redis notifications; no

@@ -1,4 +1,4 @@
-//! `baton commands submit|status|wait|watch|cancel|retry|list`: the command API from the command line,
+//! `baton commands submit|status|wait|watch|cancel|retry|bulk|list`: the command API from the command line,
 //! and the event feed reader `baton queues events` shares with `watch` ([`read_events`]).
 
 use std::time::{Duration, Instant};
@@ -50,6 +50,38 @@ pub enum CommandsOp {
     Cancel { id: String },
     /// Re-run a FAILED or CANCELLED command from the start (refused with exit code 4 otherwise).
     Retry { id: String },
+    /// Cancel or re-run a queue's commands that the filters select, each by itself (cancel: those
+    /// not ended; retry: the FAILED and CANCELLED ones); --dry-run only counts them.
+    Bulk {
+        /// cancel or retry.
+        #[arg(value_parser = ["cancel", "retry"])]
+        action: String,
+        queue: String,
+        /// Only this status: submitted, running, succeeded, failed or cancelled.
+        #[arg(long, value_parser = parse_status)]
+        status: Option<String>,
+        /// Only commands of this type.
+        #[arg(long = "type")]
+        command_type: Option<String>,
+        /// Only ids starting with this.
+        #[arg(long)]
+        id_prefix: Option<String>,
+        /// Only commands created at this RFC 3339 time or later.
+        #[arg(long)]
+        created_after: Option<String>,
+        /// Only commands created before this RFC 3339 time.
+        #[arg(long)]
+        created_before: Option<String>,
+        /// Count, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Look at most at this many commands (1 to 10000); prints `more: --cursor …` to go on.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        max: u32,
+        /// The cursor printed by the previous call (with the same filters).
+        #[arg(long)]
+        cursor: Option<String>,
+    },
     /// List a queue's commands, newest first.
     List {
         queue: String,
@@ -158,6 +190,48 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
         CommandsOp::Retry { id } => {
             let refused = |status: &str| format!("{id} is {status}; only FAILED or CANCELLED commands can be re-run");
             act(cl, &id, "retry", refused, &format!("re-running {id} (SUBMITTED)")).await
+        }
+        CommandsOp::Bulk {
+            action,
+            queue,
+            status,
+            command_type,
+            id_prefix,
+            created_after,
+            created_before,
+            dry_run,
+            max,
+            cursor,
+        } => {
+            let body = serde_json::json!({
+                "action": action, "dry_run": dry_run, "max": max, "status": status, "type": command_type,
+                "id_prefix": id_prefix, "created_after": created_after, "created_before": created_before, "cursor": cursor,
+            });
+            let url = format!("/v1/queues/{}/commands/bulk", encode_segment(&queue));
+            let rb = cl.request(Method::POST, &url).header("content-type", "application/json").body(body.to_string());
+            let (text, r) = json_text_ok(cl, rb).await?;
+            if cl.json {
+                print_json_exact(&text);
+                return Ok(exit::OK);
+            }
+            let n = |k: &str| r.get(k).and_then(Value::as_u64).unwrap_or(0);
+            let verb = if action == "cancel" { "cancel" } else { "re-run" };
+            if dry_run {
+                println!("would {verb} {} of {} commands looked at (dry run)", n("eligible"), n("looked_at"));
+            } else {
+                let done = if action == "cancel" { "cancelled" } else { "re-ran" };
+                println!(
+                    "{done} {} of {} commands looked at ({} eligible, {} refused: changed meanwhile)",
+                    n("applied"),
+                    n("looked_at"),
+                    n("eligible"),
+                    n("refused")
+                );
+            }
+            if let Some(c) = r.get("next_cursor").and_then(Value::as_str) {
+                println!("more: --cursor {c}");
+            }
+            Ok(exit::OK)
         }
         CommandsOp::List { queue, status, limit, cursor, command_type, id_prefix, created_after, created_before } => {
             let mut url = format!("/v1/queues/{}/commands?limit={limit}", encode_segment(&queue));

@@ -248,6 +248,62 @@ async fn act(
     Ok(op(store, id).await?)
 }
 
+/// The body of `POST /v1/queues/{queue}/commands/bulk`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkBody {
+    action: baton_commands::BulkAction,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(default)]
+    max: usize,
+    status: Option<String>,
+    #[serde(rename = "type")]
+    command_type: Option<String>,
+    id_prefix: Option<String>,
+    created_after: Option<String>,
+    created_before: Option<String>,
+    cursor: Option<String>,
+}
+
+/// `POST /v1/queues/{queue}/commands/bulk`: cancel or re-run the queue's commands a filter
+/// selects (or, with `dry_run`, count them): [`CommandStore::bulk`].
+pub async fn bulk(
+    State(st): State<AppState>,
+    QueueName(queue): QueueName,
+    _: Query,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let body = read_body(body, &parts.headers, &body_limit(st.commands.max_body())).await?;
+    let b: BulkBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid(
+            "invalid_body",
+            format!("{e}; a bulk body is {{\"action\": \"cancel\" or \"retry\", and optionally \"dry_run\", \"max\" (1 to 10000), \"status\", \"type\", \"id_prefix\", \"created_after\", \"created_before\", \"cursor\"}}"),
+        )
+    })?;
+    if b.max > CommandStore::BULK_MAX {
+        return Err(ApiError::invalid("invalid_body", format!("max {} is above {}", b.max, CommandStore::BULK_MAX)));
+    }
+    let mut filters = std::collections::BTreeMap::new();
+    for (k, v) in [("status", &b.status), ("created_after", &b.created_after), ("created_before", &b.created_before)] {
+        if let Some(v) = v {
+            filters.insert(k.to_string(), v.clone());
+        }
+    }
+    let query = ListQuery {
+        status: status_param(&filters)?,
+        limit: 0,
+        cursor: b.cursor.filter(|c| !c.is_empty()),
+        command_type: b.command_type.filter(|t| !t.is_empty()),
+        id_prefix: b.id_prefix.filter(|p| !p.is_empty()),
+        created_after: time_param(&filters, "created_after")?,
+        created_before: time_param(&filters, "created_before")?,
+    };
+    let report = st.commands.store().bulk(&queue, b.action, query, b.dry_run, b.max).await?;
+    Ok(serialized_response(&report))
+}
+
 /// An RFC 3339 time of a list query (`created_after`, `created_before`).
 fn time_param(q: &std::collections::BTreeMap<String, String>, name: &str) -> Result<Option<Timestamp>, ApiError> {
     match q.get(name).map(|s| s.trim()).filter(|s| !s.is_empty()) {

@@ -211,7 +211,7 @@ fn schemas() -> Value {
             "description": "One transition of a command, from its home queue's event feed.",
             "properties": {
                 "offset": { "type": "string", "description": "Where the event is in its queue's feed (`<ms, 15 digits>_<seq, 10 digits>`): read after it for the next ones." },
-                "event": { "type": "string", "enum": ["submitted", "started", "progress", "running", "retry_scheduled", "handed_off", "succeeded", "failed", "cancelled"] },
+                "event": { "type": "string", "enum": ["submitted", "started", "progress", "running", "retry_scheduled", "handed_off", "succeeded", "failed", "cancelled", "rerun"] },
                 "id": { "type": "string" }, "type": { "type": "string" }, "status": r("CommandStatus"),
                 "version": { "type": "integer", "minimum": 1, "description": "The state's version after the event." },
                 "at": { "allOf": [ts()], "description": "When it happened (for `started`, when the call began)." },
@@ -221,6 +221,16 @@ fn schemas() -> Value {
                 "error": { "type": "string", "description": "`retry_scheduled`, `failed`: the error." },
                 "retry_in_ms": { "type": "integer", "minimum": 0, "description": "`retry_scheduled`: the delay before the next attempt." },
                 "handed_off_to": { "type": "string", "description": "`handed_off`: the queue the command went to." } } },
+        "BulkRequest": { "type": "object", "required": ["action"], "additionalProperties": false, "properties": {
+            "action": { "type": "string", "enum": ["cancel", "retry"], "description": "Cancel the selected commands not ended yet, or re-run the FAILED and CANCELLED ones." },
+            "dry_run": { "type": "boolean", "description": "Only count (default false)." },
+            "max": { "type": "integer", "minimum": 0, "maximum": 10000, "description": "Most commands looked at (0 or absent: 1,000); `next_cursor` goes on." },
+            "status": { "type": "string" }, "type": { "type": "string" }, "id_prefix": { "type": "string" },
+            "created_after": { "type": "string", "format": "date-time" }, "created_before": { "type": "string", "format": "date-time" },
+            "cursor": { "type": "string", "description": "`next_cursor` of an earlier call with the same filters." } } },
+        "BulkReport": { "type": "object", "required": ["looked_at", "eligible", "applied", "refused", "next_cursor"], "properties": {
+            "looked_at": count(), "eligible": count(), "applied": count(), "refused": count(),
+            "next_cursor": { "type": ["string", "null"] } } },
         "CommandPage": { "type": "object", "required": ["items", "next_cursor"], "properties": {
             "items": { "type": "array", "items": r("CommandState") },
             "next_cursor": { "type": ["string", "null"] } } },

@@ -869,6 +869,24 @@ fn command_routes(d: &Docs) -> Vec<Route> {
             ),
             post(commands::cancel),
         ),
+        Route::json("/v1/queues/{queue}/commands/bulk", Access::Queue(Write)).on(
+            Method::POST,
+            Access::Queue(Write),
+            with_body(
+                op(
+                    "Cancel or re-run the commands a filter selects (or count them: dry_run)",
+                    "commands",
+                    json!([d.queue()]),
+                    protected(map(vec![
+                        ("200", json_resp("What was done.", r("BulkReport"))),
+                        ("400", err_resp("Bad body (`invalid_body`), status, time or cursor.")),
+                        ("404", err_resp("Unknown queue.")),
+                    ])),
+                ),
+                json!({ "required": true, "content": { "application/json": { "schema": r("BulkRequest") } } }),
+            ),
+            post(commands::bulk),
+        ),
         Route::json("/v1/commands/{id}/retry", Access::Token).on(
             Method::POST,
             Access::Token,
