@@ -233,7 +233,7 @@ pub use feed::{CommandEvent, EventFrom, EventKind, EventOffset, EventPage, FeedS
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{
     BulkAction, BulkReport, Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall,
-    ListQuery, Progress, StatusCounts, Timestamp,
+    ListQuery, Progress, StatusCounts, Timestamp, Worker,
 };
 pub use remote::{
     RemoteCall, RemoteClaim, RemoteOutcome, RemoteRenewal, RemoteReport, RemoteSettled, RemoteWorkers, MAX_WORKER_NAME,

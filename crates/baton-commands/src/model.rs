@@ -669,6 +669,31 @@ impl ListQuery {
     pub const SCAN_MAX: usize = 5_000;
 }
 
+/// A worker of a command queue: one consumer of its group (an in-process service: one per
+/// process and queue, named `<consumer prefix>-<uuid v7>`; an HTTP worker: `remote-<its name>`), live or
+/// dead, and the commands it holds ([`CommandStore::workers`](crate::CommandStore::workers)).
+/// JSON: `{"name", "alive", "last_heartbeat", "claim_timeout_ms", "leases", "commands"}`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Worker {
+    pub name: String,
+    /// Its last heartbeat is younger than its claim timeout. A dead worker's commands are taken
+    /// over by live ones once they have been silent for the claim timeout.
+    pub alive: bool,
+    /// Its last heartbeat (Redis's clock), when it has a liveness record.
+    pub last_heartbeat: Option<Timestamp>,
+    /// The claim timeout it heartbeats with, ms.
+    pub claim_timeout_ms: Option<u64>,
+    /// Deliveries it holds (owned, not settled).
+    pub leases: u64,
+    /// The commands of its oldest leases (at most [`Worker::COMMANDS_MAX`]), oldest first.
+    pub commands: Vec<String>,
+}
+
+impl Worker {
+    /// Most command ids listed per worker.
+    pub const COMMANDS_MAX: usize = 100;
+}
+
 /// What [`CommandStore::bulk`](crate::CommandStore::bulk) does to each command it selects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -25,8 +25,39 @@ baton_testkit::on_every_backend!(
     altered_lease_tokens_change_nothing,
     a_lost_signing_key_is_learnt_again,
     renewals_report_progress_and_details,
-    a_lapsed_lease_back_to_the_same_worker_is_fenced
+    a_lapsed_lease_back_to_the_same_worker_is_fenced,
+    workers_are_listed_with_their_commands
 );
+
+/// `CommandStore::workers`: each worker of a queue with the commands it holds; one silent past
+/// its claim timeout is listed dead.
+async fn workers_are_listed_with_their_commands(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("remote-workers");
+    let w = RemoteWorkers::new(store.clone(), &q, fast()).unwrap();
+    let a = store.submit(&q, Command::with_id(format!("{q}-a"), "t", json!(1))).await.unwrap();
+    let b2 = store.submit(&q, Command::with_id(format!("{q}-b"), "t", json!(2))).await.unwrap();
+    let held = w.claim("holder", 1, Duration::from_millis(10)).await.unwrap();
+    assert_eq!(held[0].command.id, a.id);
+    assert_eq!(w.claim("other", 1, Duration::from_millis(10)).await.unwrap()[0].command.id, b2.id);
+    let listed = store.workers(&q).await.unwrap();
+    let short: Vec<_> = listed.iter().map(|x| (x.name.as_str(), x.alive, x.leases, x.commands.clone())).collect();
+    assert_eq!(short, [("remote-holder", true, 1, vec![a.id.clone()]), ("remote-other", true, 1, vec![b2.id.clone()])]);
+    assert_eq!(listed[0].claim_timeout_ms, Some(2000));
+    assert!(listed[0].last_heartbeat.is_some());
+    let json = serde_json::to_value(&listed[0]).unwrap();
+    assert_eq!(json["commands"], json!([a.id]));
+    // `holder` renews; `other` is silent past the claim timeout (2 s).
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_millis(2600) {
+        w.renew("holder", &[held[0].lease.clone()]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let alive: Vec<_> = store.workers(&q).await.unwrap().iter().map(|x| (x.name.clone(), x.alive)).collect();
+    assert_eq!(alive, [("remote-holder".to_string(), true), ("remote-other".to_string(), false)]);
+    let stats = store.messages().stats(&q).await.unwrap();
+    assert_eq!((stats.consumers, stats.dead_consumers), (1, 1));
+}
 
 fn lost(r: Result<RemoteSettled, CommandError>) -> bool {
     matches!(r, Err(CommandError::Queue(QueueError::LeaseLost(_))))
@@ -242,17 +273,19 @@ async fn stopped_workers_leave_the_group(b: TestBackend) {
     for name in ["gone-1", "gone-2", "gone-3"] {
         assert!(w.claim(name, 1, Duration::ZERO).await.unwrap().is_empty());
     }
-    assert_eq!(store.messages().stats(&q).await.unwrap().consumers, 3);
+    // Group members, live or dead (not reaped yet).
+    let members = || async { store.messages().stats(&q).await.map(|st| st.consumers + st.dead_consumers).unwrap() };
+    assert_eq!(members().await, 3);
     // `alive` keeps claiming; the others are silent past the window.
     let t = std::time::Instant::now();
     while t.elapsed() < Duration::from_secs(9) {
         assert!(w.claim("alive", 1, Duration::from_millis(500)).await.unwrap().is_empty());
-        if store.messages().stats(&q).await.unwrap().consumers == 1 {
+        if members().await == 1 {
             break;
         }
     }
     let left = t.elapsed();
-    assert_eq!(store.messages().stats(&q).await.unwrap().consumers, 1, "only `alive` is left after {left:?}");
+    assert_eq!(members().await, 1, "only `alive` is left after {left:?}");
     assert!(left >= Duration::from_millis(3500), "not before the window: {left:?}");
 }
 

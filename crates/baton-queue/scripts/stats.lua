@@ -1,8 +1,11 @@
 -- Queue statistics in one round trip.
--- KEYS[1] queue stream, KEYS[2] dead-letter stream, KEYS[3] delayed zset; ARGV[1] group,
--- ARGV[2] the parked owner (not a consumer: not counted)
--- Returns {length, pending, consumers, lag, delayed, dead letters}.
-local len, pending, consumers, lag = 0, 0, 0, 0
+-- KEYS[1] queue stream, KEYS[2] dead-letter stream, KEYS[3] delayed zset, KEYS[4] liveness hash
+-- (consumers.lua); ARGV[1] group, ARGV[2] the parked owner (not a consumer: not counted)
+-- Returns {length, pending, live consumers, lag, delayed, dead letters, dead consumers}: a
+-- consumer is live while its last heartbeat is younger than its claim timeout (its record
+-- `<ms>:<claim ms>`); a group member with an older record or none is dead (not reaped yet, or
+-- still owning entries after it stopped).
+local len, pending, consumers, lag, dead = 0, 0, 0, 0, 0
 if redis.call('EXISTS', KEYS[1]) == 1 then
   len = redis.call('XLEN', KEYS[1])
   lag = len -- until the group exists, nothing has been delivered
@@ -10,10 +13,21 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     local m = {}
     for i = 1, #g, 2 do m[g[i]] = g[i + 1] end
     if m['name'] == ARGV[1] then
-      pending, consumers = m['pending'], m['consumers']
-      if consumers > 0 then
+      pending = m['pending']
+      if m['consumers'] > 0 then
+        local t = redis.call('TIME')
+        local now = t[1] * 1000 + math.floor(t[2] / 1000)
         for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
-          if c[2] == ARGV[2] then consumers = consumers - 1 end
+          if c[2] ~= ARGV[2] then
+            local rec = redis.call('HGET', KEYS[4], c[2])
+            local seen, claim = nil, nil
+            if rec then seen, claim = string.match(rec, '^(%d+):(%d+)') end
+            if seen and now - tonumber(seen) < tonumber(claim) then
+              consumers = consumers + 1
+            else
+              dead = dead + 1
+            end
+          end
         end
       end
       lag = m['lag']
@@ -24,4 +38,4 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     end
   end
 end
-return {len, pending, consumers, lag, redis.call('ZCARD', KEYS[3]), redis.call('XLEN', KEYS[2])}
+return {len, pending, consumers, lag, redis.call('ZCARD', KEYS[3]), redis.call('XLEN', KEYS[2]), dead}

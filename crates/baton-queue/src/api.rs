@@ -85,8 +85,8 @@ pub struct QueueStats {
     pub length: u64,
     /// Entries delivered and not yet acknowledged (the group's pending entries list).
     pub pending: u64,
-    /// Consumers registered in the group: live ones, ones still owning entries after they
-    /// stopped, and dead ones not yet reaped (the reserved `~parked` owner is not counted).
+    /// Live consumers: group members whose last heartbeat is younger than their claim timeout
+    /// (the reserved `~parked` owner is not counted).
     pub consumers: u64,
     /// Entries never delivered to the group yet (Redis `XINFO GROUPS` lag).
     pub lag: u64,
@@ -94,6 +94,41 @@ pub struct QueueStats {
     pub delayed: u64,
     /// Entries in the dead-letter stream.
     pub dead_letters: u64,
+    /// Dead consumers: group members silent for their claim timeout or more (crashed, or stopped
+    /// while owning entries), not reaped yet. Their entries are reclaimed by live ones.
+    #[serde(default)]
+    pub dead_consumers: u64,
+}
+
+/// A consumer of a queue's group ([`MessageStream::consumers`](crate::MessageStream::consumers)).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ConsumerInfo {
+    /// Its name in the group (an in-process consumer: `<consumer_prefix>-<uuid v7>`, one per
+    /// process incarnation; a remote worker: the name it connected with).
+    pub name: String,
+    /// Its last heartbeat is younger than its claim timeout.
+    pub alive: bool,
+    /// Its last heartbeat, ms since the Unix epoch (Redis's clock), if it has a liveness record.
+    pub last_heartbeat_ms: Option<u64>,
+    /// The claim timeout it heartbeats with, ms (with its record).
+    pub claim_timeout_ms: Option<u64>,
+    /// Entries it owns (delivered to it, not settled).
+    pub pending: u64,
+    /// Its oldest owned entries, at most the number asked for.
+    pub leases: Vec<LeaseInfo>,
+}
+
+/// An entry a consumer owns ([`ConsumerInfo::leases`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LeaseInfo {
+    pub id: MessageId,
+    /// Since its last delivery or renewal, ms.
+    pub idle_ms: u64,
+    /// Deliveries so far.
+    pub deliveries: u32,
+    /// Its payload (`None`: the entry is gone, e.g. acked meanwhile).
+    #[serde(skip)]
+    pub payload: Option<Bytes>,
 }
 
 /// An entry of a queue's dead-letter stream.

@@ -127,6 +127,9 @@ pub(crate) trait QueueBackend: Send + Sync + 'static {
     /// liveness record. Called on the consumer's lease thread: connections it opens live there.
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError>;
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError>;
+    /// The group's consumers (the parked owner left out), each with at most `max_leases` of its
+    /// oldest owned entries.
+    async fn consumers(&self, queue: &str, max_leases: usize) -> Result<Vec<crate::ConsumerInfo>, QueueError>;
     /// Oldest first, at most `limit`.
     async fn dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>, QueueError>;
     /// Moves one dead letter back to the queue's tail (fresh delivery count); returns the new id.

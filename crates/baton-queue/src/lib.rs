@@ -224,6 +224,14 @@ impl MessageStream {
         self.backend.stats(queue).await
     }
 
+    /// The consumers of `queue`'s group, live and dead ([`ConsumerInfo::alive`]), each with at
+    /// most `max_leases` (up to 1,000) of its oldest owned entries, in the group's order.
+    /// Errors: [`QueueError::InvalidQueueName`], backend errors.
+    pub async fn consumers(&self, queue: &str, max_leases: usize) -> Result<Vec<ConsumerInfo>, QueueError> {
+        validate_queue_name(queue)?;
+        self.backend.consumers(queue, max_leases.min(1000)).await
+    }
+
     /// Dead letters of `queue`, oldest first, at most `limit`.
     pub async fn dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
         validate_queue_name(queue)?;

@@ -153,14 +153,51 @@ impl QueueBackend for MemoryQueueBackend {
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
         let q = self.queue(queue);
         let st = q.state.lock().unwrap();
+        let now = Instant::now();
+        let live = st.consumers.values().filter(|l| !l.silent_for(now, l.claim)).count() as u64;
         Ok(QueueStats {
             length: st.entries.len() as u64,
             pending: st.pending.len() as u64,
-            consumers: st.consumers.len() as u64,
+            consumers: live,
+            dead_consumers: st.consumers.len() as u64 - live,
             lag: st.entries.range(next_after(st.last_delivered)..).count() as u64,
             delayed: st.delayed.len() as u64,
             dead_letters: st.dead.len() as u64,
         })
+    }
+
+    async fn consumers(&self, queue: &str, max_leases: usize) -> Result<Vec<crate::ConsumerInfo>, QueueError> {
+        let q = self.queue(queue);
+        let st = q.state.lock().unwrap();
+        let (now, now_wall) = (Instant::now(), now_ms());
+        let mut names: Vec<&String> = st.consumers.keys().collect();
+        names.sort();
+        Ok(names
+            .into_iter()
+            .map(|name| {
+                let l = &st.consumers[name];
+                let owned = st.pending.iter().filter(|(_, p)| &*p.consumer == name.as_str());
+                let pending = owned.clone().count() as u64;
+                let leases = owned
+                    .take(max_leases)
+                    .map(|(id, p)| crate::LeaseInfo {
+                        id: *id,
+                        idle_ms: now.duration_since(p.delivered_at).as_millis() as u64,
+                        deliveries: p.deliveries,
+                        payload: st.entries.get(id).map(|e| e.payload.clone()),
+                    })
+                    .collect();
+                let seen = l.seen.map(|s| now_wall.saturating_sub(now.duration_since(s).as_millis() as u64));
+                crate::ConsumerInfo {
+                    name: name.clone(),
+                    alive: !l.silent_for(now, l.claim),
+                    last_heartbeat_ms: seen,
+                    claim_timeout_ms: Some(l.claim.as_millis() as u64),
+                    pending,
+                    leases,
+                }
+            })
+            .collect())
     }
 
     async fn dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {

@@ -45,6 +45,7 @@ static DEAD_LETTER: LuaScript = LuaScript::new("dead_letter", include_str!("../s
 static REPLAY: LuaScript = LuaScript::new("replay", include_str!("../scripts/replay.lua"));
 static REAP: LuaScript = LuaScript::new("reap", include_str!("../scripts/reap.lua"));
 static STATS: LuaScript = LuaScript::new("stats", include_str!("../scripts/stats.lua"));
+static CONSUMERS: LuaScript = LuaScript::new("consumers", include_str!("../scripts/consumers.lua"));
 
 /// Delayed entries promoted per reclaim tick at most.
 const PROMOTE_PER_TICK: u32 = 1000;
@@ -218,12 +219,63 @@ impl QueueBackend for RedisQueueBackend {
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
         let keys = self.keys(queue);
         let v: Vec<u64> = STATS
-            .run(&mut self.conn.clone(), &[&keys.stream, &keys.dead, &keys.delayed], &[&self.opts.group, &PARKED])
+            .run(
+                &mut self.conn.clone(),
+                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness],
+                &[&self.opts.group, &PARKED],
+            )
             .await?;
-        let [length, pending, consumers, lag, delayed, dead_letters] = v[..] else {
+        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers] = v[..] else {
             return Err(unexpected("stats", &Value::Nil));
         };
-        Ok(QueueStats { length, pending, consumers, lag, delayed, dead_letters })
+        Ok(QueueStats { length, pending, consumers, lag, delayed, dead_letters, dead_consumers })
+    }
+
+    async fn consumers(&self, queue: &str, max_leases: usize) -> Result<Vec<crate::ConsumerInfo>, QueueError> {
+        let keys = self.keys(queue);
+        let v: Value = CONSUMERS
+            .run(&mut self.conn.clone(), &[&keys.stream, &keys.liveness], &[&self.opts.group, &PARKED, &max_leases])
+            .await?;
+        let Value::Array(parts) = &v else { return Err(unexpected("consumers", &v)) };
+        let bad = || unexpected("consumers", &v);
+        let int = |x: &Value| match x {
+            Value::Int(i) => Some(*i as u64),
+            other => as_string(other)?.parse().ok(),
+        };
+        let mut it = parts.iter();
+        let now = it.next().and_then(int).ok_or_else(bad)?;
+        let mut out = Vec::new();
+        while let Some(name) = it.next() {
+            let name = as_string(name).ok_or_else(bad)?;
+            let pending = it.next().and_then(int).ok_or_else(bad)?;
+            let record = it.next().and_then(as_string).ok_or_else(bad)?;
+            let (seen, claim) = match record.split_once(':') {
+                Some((s, c)) => (s.parse::<u64>().ok(), c.parse::<u64>().ok()),
+                None => (None, None),
+            };
+            let n = it.next().and_then(int).ok_or_else(bad)?;
+            let mut leases = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                let id = parse_id(&it.next().and_then(as_string).ok_or_else(bad)?)?;
+                let idle_ms = it.next().and_then(int).ok_or_else(bad)?;
+                let deliveries = it.next().and_then(int).ok_or_else(bad)? as u32;
+                let payload = match it.next().ok_or_else(bad)? {
+                    Value::BulkString(b) if !b.is_empty() => Some(Bytes::from(b.clone())),
+                    _ => None,
+                };
+                leases.push(crate::LeaseInfo { id, idle_ms, deliveries, payload });
+            }
+            let alive = matches!((seen, claim), (Some(s), Some(c)) if now.saturating_sub(s) < c);
+            out.push(crate::ConsumerInfo {
+                name,
+                alive,
+                last_heartbeat_ms: seen,
+                claim_timeout_ms: claim,
+                pending,
+                leases,
+            });
+        }
+        Ok(out)
     }
 
     async fn dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {

@@ -14,8 +14,44 @@ baton_testkit::on_every_backend!(
     claim_renew_settle,
     silent_worker_fails_over_renewing_one_never_does,
     lapsed_lease_back_to_the_same_worker_is_fenced,
-    a_recreated_group_starts_its_fences_anew
+    a_recreated_group_starts_its_fences_anew,
+    consumers_are_listed_live_and_dead
 );
+
+/// `MessageStream::consumers` lists the group's consumers with their leases; one silent past its
+/// claim timeout is dead, and the queue's stats count it apart from the live ones.
+async fn consumers_are_listed_live_and_dead(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("remote-consumers");
+    let ct = Duration::from_secs(1);
+    let steady = s.remote_consumer(&q, "steady", opts(ct)).await.unwrap();
+    let silent = s.remote_consumer(&q, "silent", opts(ct)).await.unwrap();
+    let ids = [s.offer(&q, "m0").await.unwrap(), s.offer(&q, "m1").await.unwrap(), s.offer(&q, "m2").await.unwrap()];
+    let held: Vec<_> = steady.claim(2, Duration::from_millis(10)).await.unwrap();
+    assert_eq!(held.iter().map(|d| d.id).collect::<Vec<_>>(), ids[..2]);
+    assert_eq!(silent.claim(1, Duration::from_millis(10)).await.unwrap()[0].id, ids[2]);
+    let listed = s.consumers(&q, 10).await.unwrap();
+    let short: Vec<_> = listed.iter().map(|c| (c.name.as_str(), c.alive, c.pending, c.claim_timeout_ms)).collect();
+    assert_eq!(short, [("silent", true, 1, Some(1000)), ("steady", true, 2, Some(1000))]);
+    let leases: Vec<_> =
+        listed[1].leases.iter().map(|l| (l.id, l.deliveries, l.payload.as_deref().map(|p| p.to_vec()))).collect();
+    assert_eq!(leases, [(ids[0], 1, Some(b"m0".to_vec())), (ids[1], 1, Some(b"m1".to_vec()))]);
+    assert_eq!(s.consumers(&q, 1).await.unwrap()[1].leases.len(), 1, "at most the number asked for");
+    let stats = s.stats(&q).await.unwrap();
+    assert_eq!((stats.consumers, stats.dead_consumers), (2, 0));
+    // The steady one renews; the silent one does not.
+    let leases_of = |v: &[baton_queue::RemoteDelivery]| v.iter().map(|d| (d.id, d.fence)).collect::<Vec<_>>();
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        steady.renew(&leases_of(&held)).await.unwrap();
+    }
+    let listed = s.consumers(&q, 10).await.unwrap();
+    let short: Vec<_> = listed.iter().map(|c| (c.name.as_str(), c.alive, c.pending)).collect();
+    assert_eq!(short, [("silent", false, 1), ("steady", true, 2)]);
+    assert!(listed[0].last_heartbeat_ms < listed[1].last_heartbeat_ms);
+    let stats = s.stats(&q).await.unwrap();
+    assert_eq!((stats.consumers, stats.dead_consumers), (1, 1));
+}
 
 fn opts(ct: Duration) -> RemoteOptions {
     RemoteOptions { claim_timeout: ct, max_deliveries: Some(5) }

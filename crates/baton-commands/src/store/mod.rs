@@ -19,7 +19,7 @@ use crate::json::canonical_body;
 use crate::model::{new_token, CommandMsg, Cursor};
 use crate::{
     validate_id, validate_queue, validate_type, BulkAction, BulkReport, Command, CommandError, CommandHandler,
-    CommandPage, CommandState, CommandStatus, ListQuery, RawJson, StatusCounts, Timestamp,
+    CommandPage, CommandState, CommandStatus, ListQuery, RawJson, StatusCounts, Timestamp, Worker,
 };
 
 pub(crate) use self::backend::{Cas, DeliveryRef, FeedAppend, Hub, Peeked, StateBackend, SubmitOutcome, Unsub};
@@ -684,6 +684,30 @@ impl CommandStore {
                 _ = tokio::time::sleep_until(fallback) => {}
             }
         }
+    }
+
+    /// The workers of `queue` (the consumers of its group, live and dead, see [`Worker`]) with
+    /// the commands they hold.
+    ///
+    /// Errors: [`CommandError::Queue`] (bad name, backend errors).
+    pub async fn workers(&self, queue: &str) -> Result<Vec<Worker>, CommandError> {
+        let consumers = self.inner.stream.consumers(queue, Worker::COMMANDS_MAX).await?;
+        Ok(consumers
+            .into_iter()
+            .map(|c| Worker {
+                commands: c
+                    .leases
+                    .iter()
+                    .filter_map(|l| serde_json::from_slice::<CommandMsg>(l.payload.as_deref()?).ok())
+                    .map(|m| m.id)
+                    .collect(),
+                name: c.name,
+                alive: c.alive,
+                last_heartbeat: c.last_heartbeat_ms.map(Timestamp::from_millis),
+                claim_timeout_ms: c.claim_timeout_ms,
+                leases: c.pending,
+            })
+            .collect())
     }
 
     /// Exact counts of `queue`'s commands (by home queue) per status.
