@@ -529,6 +529,10 @@ fn watch_and_events(s: Serve) {
         page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect::<Vec<_>>(),
         ["bad"]
     );
+    let out = s.run(&["queues", "workers", "default"]).ok();
+    assert!(out.stdout.starts_with("WORKER"), "{out:?}");
+    assert!(out.stdout.contains(" alive "), "{out:?}");
+    assert!(out.stdout.ends_with("1 alive, 0 dead\n"), "{out:?}");
     let out = s.run(&["commands", "watch", "nope"]).code(3);
     assert_eq!(out.stderr, "baton: no command nope (never submitted, or expired) [404 Not Found (not_found)]\n");
 

@@ -426,7 +426,43 @@ async fn retry_and_list_filters(backend: TestBackend) {
     srv.stop().await;
 }
 
-on_every_backend!(submit_state_wait_cancel, dead_letters, params_come_back_exactly, retry_and_list_filters);
+/// `GET /v1/queues/{queue}/workers`: this server's worker of the queue, alive, holding the
+/// command it runs; the queue's JSON counts live and dead consumers apart.
+async fn workers_list(backend: TestBackend) {
+    let srv = serve(backend, |_| {}).await;
+    let (s, _) =
+        post(&srv, "/v1/queues/default/commands", json!({"id": "w-nap", "type": "sleep", "params": {"ms": 60000}}))
+            .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let listed = eventually(Duration::from_secs(10), || async {
+        let (_, v) = get(&srv, "/v1/queues/default/workers").await;
+        (v["workers"][0]["commands"] == json!(["w-nap"])).then_some(v)
+    })
+    .await
+    .expect("the worker holds the command");
+    assert_eq!((listed["alive"].as_u64(), listed["dead"].as_u64()), (Some(1), Some(0)));
+    let w = &listed["workers"][0];
+    assert_eq!(
+        (w["alive"].as_bool(), w["leases"].as_u64(), w["claim_timeout_ms"].as_u64()),
+        (Some(true), Some(1), Some(2000))
+    );
+    assert!(w["name"].as_str().unwrap().starts_with("baton-"), "{w}");
+    assert!(w["last_heartbeat"].as_str().unwrap().ends_with('Z'), "{w}");
+    let (_, q) = get(&srv, "/v1/queues/default").await;
+    assert_eq!((q["consumers"].as_u64(), q["dead_consumers"].as_u64()), (Some(1), Some(0)));
+    let (s, e) = get(&srv, "/v1/queues/nope/workers").await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::NOT_FOUND, Some("unknown_queue")));
+    post(&srv, "/v1/commands/w-nap/cancel", json!(null)).await;
+    srv.stop().await;
+}
+
+on_every_backend!(
+    submit_state_wait_cancel,
+    dead_letters,
+    params_come_back_exactly,
+    retry_and_list_filters,
+    workers_list
+);
 
 mod listing {
     use super::*;

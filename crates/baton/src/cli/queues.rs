@@ -20,6 +20,8 @@ pub enum QueuesOp {
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
     },
+    /// A queue's workers (the consumers of its group), live and dead, with the commands they hold.
+    Workers { queue: String },
     /// A queue's dead letters, oldest first.
     Dead {
         queue: String,
@@ -84,7 +86,11 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
                     cell(q.get("name")),
                     cell(q.get("length")),
                     cell(q.get("pending")),
-                    cell(q.get("consumers")),
+                    // Live consumers; dead ones (silent past their claim timeout) apart.
+                    match q.get("dead_consumers").and_then(Value::as_u64).unwrap_or(0) {
+                        0 => cell(q.get("consumers")),
+                        dead => format!("{} +{dead} dead", cell(q.get("consumers"))),
+                    },
                     cell(q.get("lag")),
                     n("submitted"),
                     n("running"),
@@ -95,6 +101,38 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
                 ]);
             }
             t.print();
+            Ok(exit::OK)
+        }
+        QueuesOp::Workers { queue } => {
+            let url = format!("/v1/queues/{}/workers", encode_segment(&queue));
+            let v = cl.json_ok(cl.request(Method::GET, &url)).await?;
+            if cl.json {
+                print_json(&v);
+                return Ok(exit::OK);
+            }
+            let workers = v.get("workers").and_then(Value::as_array).cloned().unwrap_or_default();
+            if workers.is_empty() {
+                println!("no workers on {queue}");
+                return Ok(exit::OK);
+            }
+            let mut t = Table::new(&["WORKER", "STATE", "LAST HEARTBEAT", "LEASES", "COMMANDS"]).right(&[3]);
+            for w in &workers {
+                let alive = w.get("alive").and_then(Value::as_bool).unwrap_or(false);
+                let ids: Vec<String> = w
+                    .get("commands")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().map(|i| cell(Some(i))).collect())
+                    .unwrap_or_default();
+                t.row(vec![
+                    cell(w.get("name")),
+                    if alive { "alive".into() } else { "dead".into() },
+                    cell(w.get("last_heartbeat")),
+                    cell(w.get("leases")),
+                    clip(&ids.join(" "), 60),
+                ]);
+            }
+            t.print();
+            println!("{} alive, {} dead", cell(v.get("alive")), cell(v.get("dead")));
             Ok(exit::OK)
         }
         QueuesOp::Pending { queue, limit } => {

@@ -175,7 +175,11 @@
       }
       body.append(h("tr", { "data-queue": q.name },
         h("th", { scope: "row" }, q.name),
-        n(q.length), n(q.pending), n(q.consumers), n(q.lag), n(q.delayed),
+        n(q.length), n(q.pending),
+        // Live consumers; dead ones (silent past their claim timeout, not reaped yet) apart.
+        h("td", { class: "num", "data-dead": q.dead_consumers || 0 }, num(q.consumers || 0),
+          q.dead_consumers ? h("span", { class: "muted" }, ` +${num(q.dead_consumers)} dead`) : null),
+        n(q.lag), n(q.delayed),
         n(c.submitted), n(c.running), n(c.succeeded), n(c.failed), n(c.cancelled), n(q.dead_letters),
         h("td", { class: "muted" }, (q.handlers || []).join(", ") + (q.workers ? "" : " (no workers here)")),
       ));

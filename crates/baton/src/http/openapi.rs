@@ -235,9 +235,11 @@ fn schemas() -> Value {
             "items": { "type": "array", "items": r("CommandState") },
             "next_cursor": { "type": ["string", "null"] } } },
         "Queue": { "type": "object",
-            "required": ["name", "length", "pending", "consumers", "lag", "delayed", "dead_letters", "commands", "handlers", "workers"],
+            "required": ["name", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "dead_letters", "commands", "handlers", "workers"],
             "properties": {
-                "name": { "type": "string" }, "length": count(), "pending": count(), "consumers": count(),
+                "name": { "type": "string" }, "length": count(), "pending": count(),
+                "consumers": { "type": "integer", "minimum": 0, "description": "Live consumers (heartbeat younger than their claim timeout)." },
+                "dead_consumers": { "type": "integer", "minimum": 0, "description": "Group members silent past their claim timeout, not reaped yet (their commands are taken over)." },
                 "lag": count(), "delayed": count(), "dead_letters": count(),
                 "commands": { "type": "object",
                     "required": ["submitted", "running", "succeeded", "failed", "cancelled", "total"],
@@ -245,6 +247,13 @@ fn schemas() -> Value {
                                     "failed": count(), "cancelled": count(), "total": count() } },
                 "handlers": { "type": "array", "items": { "type": "string" } },
                 "workers": { "type": "boolean" } } },
+        "Worker": { "type": "object", "required": ["name", "alive", "last_heartbeat", "claim_timeout_ms", "leases", "commands"], "properties": {
+            "name": { "type": "string", "description": "The consumer: `<prefix>-<uuid v7>` per process (baton serve, baton worker), `remote-<name>` for an HTTP worker." },
+            "alive": { "type": "boolean", "description": "Its last heartbeat is younger than its claim timeout." },
+            "last_heartbeat": { "type": ["string", "null"], "format": "date-time" },
+            "claim_timeout_ms": { "type": ["integer", "null"], "minimum": 0 },
+            "leases": count(),
+            "commands": { "type": "array", "items": { "type": "string" }, "description": "Ids of the commands of its oldest leases (at most 100)." } } },
         "DeadLetter": { "type": "object",
             "required": ["id", "original_id", "payload", "command_id", "deliveries", "reason", "dead_lettered_at"],
             "properties": {

@@ -114,6 +114,7 @@ async fn sample_metrics(api: &CommandsApi) {
                     g("baton_queue_length", s.length);
                     g("baton_queue_pending", s.pending);
                     g("baton_queue_consumers", s.consumers);
+                    g("baton_queue_dead_consumers", s.dead_consumers);
                     g("baton_queue_lag", s.lag);
                     g("baton_queue_delayed", s.delayed);
                     g("baton_queue_dead_letter_entries", s.dead_letters);

@@ -38,6 +38,7 @@ pub async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, ApiError
         "length": stats.length,
         "pending": stats.pending,
         "consumers": stats.consumers,
+        "dead_consumers": stats.dead_consumers,
         "lag": stats.lag,
         "delayed": stats.delayed,
         "dead_letters": stats.dead_letters,
@@ -67,6 +68,14 @@ pub async fn one_queue(
     _: Query,
 ) -> Result<Response, ApiError> {
     Ok(json_response(queue_json(&st.commands, &queue).await?))
+}
+
+/// `GET /v1/queues/{queue}/workers`: its workers (the consumers of its group), live and dead,
+/// with the commands they hold.
+pub async fn workers(State(st): State<AppState>, QueueName(queue): QueueName, _: Query) -> Result<Response, ApiError> {
+    let workers = st.commands.store().workers(&queue).await?;
+    let alive = workers.iter().filter(|w| w.alive).count();
+    Ok(json_response(json!({ "workers": workers, "alive": alive, "dead": workers.len() - alive })))
 }
 
 pub async fn dead_letters(

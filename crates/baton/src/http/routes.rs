@@ -967,6 +967,28 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
             ),
             get(feed::queue_events),
         ),
+        Route::json("/v1/queues/{queue}/workers", Access::Queue(Read)).on(
+            Method::GET,
+            Access::Queue(Read),
+            op(
+                "A queue's workers, live and dead, with the commands they hold",
+                "queues",
+                json!([d.queue()]),
+                protected(map(vec![
+                    (
+                        "200",
+                        json_resp(
+                            "Every consumer of the queue's group, in name order.",
+                            json!({ "type": "object", "required": ["workers", "alive", "dead"], "properties": {
+                                "workers": { "type": "array", "items": r("Worker") },
+                                "alive": { "type": "integer", "minimum": 0 }, "dead": { "type": "integer", "minimum": 0 } } }),
+                        ),
+                    ),
+                    ("404", err_resp("Unknown queue.")),
+                ])),
+            ),
+            get(queues::workers),
+        ),
         Route::json("/v1/queues/{queue}/dead-letters", Access::Queue(Admin))
             .on(
                 Method::GET,
