@@ -252,12 +252,13 @@ impl EventOffset {
         format!("{}-{}", self.ms, self.seq)
     }
 
-    /// Parses an offset as [`fmt::Display`] shows it. Errors: [`CommandError::InvalidOffset`].
+    /// Parses an offset as [`fmt::Display`] shows it: exactly 15 digits, `_`, then 10 digits (up
+    /// to 20 past 10^10 appends in one millisecond). Errors: [`CommandError::InvalidOffset`].
     pub fn parse(s: &str) -> Result<Self, CommandError> {
         let bad = || CommandError::InvalidOffset(s.to_string());
         let (ms, seq) = s.split_once('_').ok_or_else(bad)?;
-        let digits = |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
-        if !digits(ms) || !digits(seq) {
+        let digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+        if ms.len() != 15 || !(10..=20).contains(&seq.len()) || !digits(ms) || !digits(seq) {
             return Err(bad());
         }
         Ok(EventOffset { ms: ms.parse().map_err(|_| bad())?, seq: seq.parse().map_err(|_| bad())? })
@@ -337,11 +338,26 @@ mod tests {
 
     #[test]
     fn bad_offsets_are_refused() {
-        for s in ["", "_", "1_", "_1", "1-2", "x_1", "1_2_3", "-1_2", "123456789012345678901_1"] {
+        for s in [
+            "",
+            "_",
+            "1_",
+            "_1",
+            "1-2",
+            "x_1",
+            "1_2_3",
+            "-1_2",
+            "1_1",
+            "001796354733501_000000000",
+            "1796354733501_0000000000",
+            "000000000000001_0000000000_",
+            "000000000000001_123456789012345678901",
+        ] {
             assert!(matches!(EventOffset::parse(s), Err(CommandError::InvalidOffset(_))), "{s:?}");
         }
         assert_eq!(EventFrom::parse("-1").unwrap(), EventFrom::Start);
         assert_eq!(EventFrom::parse("now").unwrap(), EventFrom::Now);
+        assert_eq!(EventOffset::parse("000000000000001_0000000002").unwrap(), EventOffset::new(1, 2));
     }
 
     #[test]

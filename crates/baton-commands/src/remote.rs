@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use crate::model::CommandMsg;
 use crate::service::{apply, prepare, Ctx, Holder, Outcome, Prepared};
 use crate::{
-    validate_queue, CommandError, CommandResult, CommandState, CommandStore, Progress, QueueSettings, RawJson,
-    Timestamp,
+    validate_queue, CommandError, CommandResult, CommandState, CommandStore, Execution, ExecutionCall, Progress,
+    QueueSettings, RawJson, Timestamp,
 };
 
 /// Which handler call a claimed command is for.
@@ -142,6 +142,12 @@ struct LeaseToken {
     /// before fences existed: 0, a first delivery's).
     #[serde(default, skip_serializing_if = "crate::model::is_zero")]
     f: u64,
+    /// The call: 0 `execute`, 1 `check_status`, and the delivery count of the claim (both absent
+    /// in tokens signed before the state showed remote calls: then nothing is shown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    c: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    d: Option<u32>,
 }
 
 /// What a lease token names: the delivery (message id and fence), its command message and when
@@ -151,6 +157,8 @@ struct Decoded {
     fence: u64,
     msg: CommandMsg,
     claimed_ms: u64,
+    /// The call and the claim's delivery count, when the token says.
+    call: Option<(ExecutionCall, u32)>,
 }
 
 impl Decoded {
@@ -184,7 +192,12 @@ impl LeaseToken {
         mac.verify_slice(&B64.decode(sig).ok()?).ok()?;
         let t: LeaseToken = serde_json::from_slice(&body).ok()?;
         let m: MessageId = t.m.parse().ok()?;
-        Some(Decoded { mid: m, fence: t.f, msg: CommandMsg { id: t.i, home: t.h, token: t.t }, claimed_ms: t.s })
+        let call = match (t.c, t.d) {
+            (Some(0), Some(d)) => Some((ExecutionCall::Execute, d)),
+            (Some(1), Some(d)) => Some((ExecutionCall::CheckStatus, d)),
+            _ => None,
+        };
+        Some(Decoded { mid: m, fence: t.f, msg: CommandMsg { id: t.i, home: t.h, token: t.t }, claimed_ms: t.s, call })
     }
 }
 
@@ -584,6 +597,8 @@ impl RemoteWorkers {
                             t: msg.token.clone(),
                             s: claimed_ms,
                             f: d.fence,
+                            c: Some(if is_execute { 0 } else { 1 }),
+                            d: Some(d.deliveries),
                         };
                         out.push(RemoteClaim {
                             lease: lease.encode(&key),
@@ -685,10 +700,23 @@ impl RemoteWorkers {
                 self.claimed.forget(*mid);
             }
         }
-        let backend = &self.ctx.store.inner.backend;
-        // Delivery and claim time of each lease.
-        let decoded_ids: Vec<Option<((MessageId, u64), u64)>> =
-            decoded.iter().map(|d| d.as_ref().map(|d| (d.delivery(), d.claimed_ms))).collect();
+        // Delivery, claim time and what the call shows (its `execution`) of each lease.
+        let max = self.ctx.settings.max_processing_time.as_millis() as u64;
+        let decoded_ids: Vec<Option<((MessageId, u64), u64, Option<Execution>)>> = decoded
+            .iter()
+            .map(|d| {
+                d.as_ref().map(|d| {
+                    let execution = d.call.map(|(call, deliveries)| Execution {
+                        worker: c.name().to_string(),
+                        call,
+                        since: Timestamp::from_millis(d.claimed_ms),
+                        deliveries,
+                        deadline: Timestamp::from_millis(d.claimed_ms + max),
+                    });
+                    (d.delivery(), d.claimed_ms, execution)
+                })
+            })
+            .collect();
         let with_state: Vec<(LeaseState, Option<CommandMsg>)> = decoded
             .into_iter()
             .map(|d| match d {
@@ -706,13 +734,9 @@ impl RemoteWorkers {
             let c = &c;
             async move {
                 match (state, msg, ids) {
-                    (LeaseState::Held, Some(msg), Some((delivery, claimed_ms))) => match report {
-                        Some(r) => self.write_report(c, *delivery, *claimed_ms, msg, r).await,
-                        None => Ok(match backend.load(&msg.home, &msg.id).await? {
-                            None => true,
-                            Some(st) => st.status.is_terminal() || st.token != msg.token,
-                        }),
-                    },
+                    (LeaseState::Held, Some(msg), Some((delivery, claimed_ms, execution))) => {
+                        self.write_report(c, *delivery, *claimed_ms, msg, report.as_ref(), execution.as_ref()).await
+                    }
                     _ => Ok::<_, CommandError>(false),
                 }
             }
@@ -731,16 +755,19 @@ impl RemoteWorkers {
             .collect()
     }
 
-    /// Writes a held lease's report into its command's state (see
-    /// [`RemoteWorkers::renew_reporting`]); true when the command has finished instead (nothing
-    /// written). A lease lost meanwhile is [`QueueError::LeaseLost`].
+    /// Writes a held lease's report (if any) into its command's state (see
+    /// [`RemoteWorkers::renew_reporting`]), and `execution` (what the call shows, see
+    /// [`CommandState::execution`]) when the state does not show it yet: so the first renewal of
+    /// a call writes it, later ones write only reports. True when the command has finished
+    /// instead (nothing written). A lease lost meanwhile is [`QueueError::LeaseLost`].
     async fn write_report(
         &self,
         c: &RemoteConsumer,
         (mid, fence): (MessageId, u64),
         claimed_ms: u64,
         msg: &CommandMsg,
-        report: &RemoteReport,
+        report: Option<&RemoteReport>,
+        execution: Option<&Execution>,
     ) -> Result<bool, CommandError> {
         let backend = &self.ctx.store.inner.backend;
         let holder = Holder::Remote(c, mid, fence);
@@ -758,11 +785,24 @@ impl RemoteWorkers {
             if st.status.is_terminal() || st.token != msg.token {
                 return Ok(true);
             }
+            let show = execution.filter(|e| st.execution.as_ref() != Some(*e));
+            if report.is_none() && show.is_none() {
+                return Ok(false);
+            }
             let mut next = st.clone();
             next.version += 1;
             next.modified_at = Timestamp::now();
-            report.clone().apply_to(&mut next);
-            let event = Some((crate::EventKind::Progress, None));
+            if let Some(r) = report {
+                r.clone().apply_to(&mut next);
+            }
+            if let Some(e) = show {
+                next.execution = Some(e.clone());
+            }
+            // The first write of an `execute` call is its start; later ones are its reports.
+            let event = match show {
+                Some(e) if e.call == ExecutionCall::Execute => Some((crate::EventKind::Started, None)),
+                _ => report.map(|_| (crate::EventKind::Progress, None)),
+            };
             match self.ctx.store.write_for(st.status, next, None, delivery.as_ref(), event).await? {
                 (Ok(written), _) => {
                     self.claimed.replace(mid, claimed_ms, &written);

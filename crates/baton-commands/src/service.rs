@@ -507,6 +507,11 @@ async fn write_reports(
             continue;
         }
         let cur = latest.lock().expect("lock").clone();
+        // Shown already (also by a write whose reply was lost, found by the conflict it causes).
+        shown = shown || cur.execution.as_ref() == Some(&execution);
+        if shown && report.is_none() {
+            continue;
+        }
         let mut next = cur.clone();
         next.version += 1;
         next.modified_at = Timestamp::now();
@@ -833,7 +838,10 @@ async fn finish_handoff(ctx: &Ctx, st: CommandState) -> Result<Decision, Command
 }
 
 /// One CAS write, retried a few times on store errors (so a returned `execute` is recorded even
-/// through a short Redis hiccup).
+/// through a short Redis hiccup). A write whose reply was lost may have happened: a retry that
+/// then finds it (a conflict with `next` itself, or, for a write that also acked, the delivery
+/// gone) takes it as done instead of as another writer's step, so it is neither applied twice
+/// nor reported lost.
 #[allow(clippy::type_complexity)]
 async fn write_retrying(
     ctx: &Ctx,
@@ -847,8 +855,18 @@ async fn write_retrying(
     let mut tries = 0;
     loop {
         match ctx.store.write_for(old, next.clone(), enqueue, delivery, event).await {
+            Ok((Err(Some(latest)), _)) if tries > 0 && same_write(&latest, &next) => return Ok((Ok(latest), false)),
+            Err(e @ CommandError::Queue(baton_queue::QueueError::LeaseLost(_))) => {
+                if tries > 0 {
+                    if let Some(st) = ctx.store.inner.backend.load(&next.queue, &next.id).await? {
+                        if same_write(&st, &next) {
+                            return Ok((Ok(st), true));
+                        }
+                    }
+                }
+                return Err(e);
+            }
             Ok(r) => return Ok(r),
-            Err(e @ CommandError::Queue(baton_queue::QueueError::LeaseLost(_))) => return Err(e),
             Err(e) if tries < 5 => {
                 tracing::warn!(queue = %ctx.queue, command = %next.id, error = %e, "state write failed; retrying");
                 tries += 1;
@@ -858,6 +876,18 @@ async fn write_retrying(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Whether `stored` is the write of `next` (its version, written at the same millisecond with
+/// the same token, status and counts): a retry's own earlier attempt, not another writer's.
+pub(crate) fn same_write(stored: &CommandState, next: &CommandState) -> bool {
+    stored.version == next.version
+        && stored.modified_at == next.modified_at
+        && stored.token == next.token
+        && stored.status == next.status
+        && stored.attempts == next.attempts
+        && stored.errors_count == next.errors_count
+        && stored.execution == next.execution
 }
 
 #[cfg(test)]

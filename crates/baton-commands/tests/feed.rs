@@ -22,7 +22,8 @@ baton_testkit::on_every_backend!(
     a_long_poll_wakes_on_another_process_append,
     the_feed_keeps_the_newest_events,
     a_queue_with_its_feed_off_appends_nothing,
-    a_failed_or_cancelled_command_reruns
+    a_failed_or_cancelled_command_reruns,
+    an_offset_past_the_tail_is_refused
 );
 
 fn kinds(events: &[CommandEvent]) -> Vec<EventKind> {
@@ -370,4 +371,19 @@ async fn a_failed_or_cancelled_command_reruns(b: TestBackend) {
     assert!(matches!(store.retry("no-such-command").await, Err(baton_commands::CommandError::NotFound(_))));
     assert_eq!(kinds(&all_of(&store, &st.id).await), [Submitted, Failed, Rerun, Cancelled, Rerun, Succeeded]);
     svc.close().await;
+}
+
+/// An offset past the feed's tail (never handed out: a reset feed) is refused, not waited on.
+async fn an_offset_past_the_tail_is_refused(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("feed-ahead");
+    let st = store.submit(&q, Command::new("t", json!(1))).await.unwrap();
+    let tail = store.events(&q, EventFrom::Now, 1).await.unwrap().next_offset;
+    assert_eq!(store.events(&q, EventFrom::After(tail), 10).await.unwrap().events.len(), 0, "the tail itself is fine");
+    let ahead = EventFrom::parse("999999999999999_0000000000").unwrap();
+    let refused = |r: Result<baton_commands::EventPage, baton_commands::CommandError>| matches!(r, Err(baton_commands::CommandError::InvalidOffset(o)) if o == "999999999999999_0000000000");
+    assert!(refused(store.events(&q, ahead, 10).await));
+    assert!(refused(store.events_wait(&q, ahead, 10, Duration::from_secs(5)).await));
+    assert!(refused(store.command_events(&st.id, ahead, 10).await));
+    assert!(refused(store.command_events_wait(&st.id, ahead, 10, Duration::from_secs(5)).await));
 }

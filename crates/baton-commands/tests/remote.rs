@@ -26,8 +26,36 @@ baton_testkit::on_every_backend!(
     a_lost_signing_key_is_learnt_again,
     renewals_report_progress_and_details,
     a_lapsed_lease_back_to_the_same_worker_is_fenced,
-    workers_are_listed_with_their_commands
+    workers_are_listed_with_their_commands,
+    a_remote_call_shows_in_the_state
 );
+
+/// A remote worker's call shows in its command's `execution` from its first renewal (one write;
+/// later renewals without reports write nothing), with a `started` event; the outcome removes it.
+async fn a_remote_call_shows_in_the_state(b: TestBackend) {
+    use baton_commands::{EventFrom, EventKind, ExecutionCall};
+    let store = store_for(&b).await;
+    let q = queue_name("remote-execution");
+    let w = RemoteWorkers::new(store.clone(), &q, fast()).unwrap();
+    let a = store.submit(&q, Command::new("t", json!(1))).await.unwrap();
+    let before = baton_commands::Timestamp::now().millis();
+    let c = w.claim("w1", 1, Duration::from_secs(3)).await.unwrap();
+    assert_eq!(store.get(&a.id).await.unwrap().unwrap().execution, None, "a claim alone writes nothing");
+    w.renew("w1", &[c[0].lease.clone()]).await.unwrap();
+    let st = store.get(&a.id).await.unwrap().unwrap();
+    let e = st.execution.clone().expect("shown after the first renewal");
+    assert_eq!((e.worker.as_str(), e.call, e.deliveries, st.version), ("remote-w1", ExecutionCall::Execute, 1, 2));
+    assert!(e.since.millis() >= before && e.since.millis() <= baton_commands::Timestamp::now().millis());
+    assert_eq!(e.deadline.millis() - e.since.millis(), fast().max_processing_time.as_millis() as u64);
+    w.renew("w1", &[c[0].lease.clone()]).await.unwrap();
+    assert_eq!(store.get(&a.id).await.unwrap().unwrap().version, 2, "shown once");
+    let s = w.settle("w1", &c[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("ok")))).await.unwrap();
+    let RemoteSettled::Applied(done) = s else { panic!("{s:?}") };
+    assert_eq!((done.execution, done.version), (None, 3));
+    let kinds: Vec<EventKind> =
+        store.command_events(&a.id, EventFrom::Start, 10).await.unwrap().events.iter().map(|e| e.event).collect();
+    assert_eq!(kinds, [EventKind::Submitted, EventKind::Started, EventKind::Succeeded]);
+}
 
 /// `CommandStore::workers`: each worker of a queue with the commands it holds; one silent past
 /// its claim timeout is listed dead.
@@ -469,7 +497,10 @@ async fn a_lapsed_lease_back_to_the_same_worker_is_fenced(b: TestBackend) {
     assert!(lost(w.settle("w", &c1[0].lease, RemoteOutcome::Release).await));
     w.hand_back("w", std::slice::from_ref(&c1[0].lease)).await.unwrap();
     let st = store.get(&k.id).await.unwrap().unwrap();
-    assert_eq!((st.status, st.version, st.details.is_none()), (CommandStatus::Submitted, 1, true), "{st:?}");
+    // Version 2: the held lease's first renewal showed its call (`execution`, delivery 2);
+    // nothing of the stale lease was written.
+    assert_eq!((st.status, st.version, st.details.is_none()), (CommandStatus::Submitted, 2, true), "{st:?}");
+    assert_eq!(st.execution.as_ref().map(|e| e.deliveries), Some(2));
     assert_eq!(w.renew("w", std::slice::from_ref(&c2[0].lease)).await.unwrap()[0].state, LeaseState::Held);
 
     let s = w.settle("w", &c2[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("fresh")))).await;

@@ -338,23 +338,36 @@ impl Hub {
     /// Registers the cancellation token of a handler running `id`'s state of `version`
     /// (removed by the guard's drop).
     pub fn running(self: &Arc<Self>, id: &str, version: u64, token: CancellationToken) -> RunningGuard {
-        self.running.lock().unwrap().insert(id.to_string(), (version, token.clone()));
+        {
+            // The latest run's registration wins (an older run still ending keeps its token, and
+            // its guard leaves this one in place).
+            let mut running = self.running.lock().unwrap();
+            let e = running.entry(id.to_string()).or_insert((version, token.clone()));
+            if e.0 <= version {
+                *e = (version, token.clone());
+            }
+        }
         let cancelled = self.recent_cancels.lock().unwrap().get(id).copied();
         if cancelled.is_some_and(|(at, v)| at.elapsed() < RECENT_CANCEL_TTL && v > version) {
             token.cancel();
         }
-        RunningGuard { hub: self.clone(), id: id.to_string() }
+        RunningGuard { hub: self.clone(), id: id.to_string(), version }
     }
 }
 
 pub(crate) struct RunningGuard {
     hub: Arc<Hub>,
     id: String,
+    version: u64,
 }
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
-        self.hub.running.lock().unwrap().remove(&self.id);
+        // Only its own registration: a later run of the command (a re-run) may have replaced it.
+        let mut running = self.hub.running.lock().unwrap();
+        if running.get(&self.id).is_some_and(|(v, _)| *v == self.version) {
+            running.remove(&self.id);
+        }
     }
 }
 

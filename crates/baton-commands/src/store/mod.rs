@@ -336,8 +336,8 @@ impl CommandStore {
     }
 
     /// Re-runs `id`, a `FAILED` or `CANCELLED` command: one compare-and-set back to `SUBMITTED`
-    /// (result, error, completion and hand-off cleared; `attempts`, the last checkpoint
-    /// ([`Command::details`]) and the progress kept) that enqueues a new message on its home
+    /// (result, error, completion, progress and hand-off cleared; `attempts` and the last
+    /// checkpoint ([`Command::details`]) kept) that enqueues a new message on its home
     /// queue in the same atomic step, so `execute` runs again from the start of the command's
     /// life. The history stays in the event feed (a `rerun` event follows the old outcome).
     /// Concurrent re-runs of one command: one wins, the others see it `SUBMITTED` and are refused.
@@ -361,6 +361,7 @@ impl CommandStore {
             next.completed_at = None;
             next.started_at = None;
             next.execution = None;
+            next.progress = None;
             next.handed_off_to = None;
             next.prev_token = None;
             next.token = new_token();
@@ -590,7 +591,24 @@ impl CommandStore {
     /// Errors: [`CommandError::Queue`] (bad queue name), backend errors.
     pub async fn events(&self, queue: &str, from: EventFrom, limit: usize) -> Result<EventPage, CommandError> {
         validate_queue(queue)?;
-        self.inner.backend.feed_read(queue, from, None, read_limit(limit), SCAN_MAX).await
+        let page = self.inner.backend.feed_read(queue, from, None, read_limit(limit), SCAN_MAX).await?;
+        self.not_ahead(queue, from, &page).await?;
+        Ok(page)
+    }
+
+    /// An offset past the feed's tail was never handed out by this feed (it was reset, say by a
+    /// Redis without persistence restarting): refused, so a reader does not wait there forever.
+    /// Looked at only when a read from `from` found nothing after it.
+    async fn not_ahead(&self, queue: &str, from: EventFrom, page: &EventPage) -> Result<(), CommandError> {
+        let EventFrom::After(o) = from else { return Ok(()) };
+        if !page.events.is_empty() || !page.up_to_date || page.next_offset != o {
+            return Ok(());
+        }
+        let tail = self.inner.backend.feed_read(queue, EventFrom::Now, None, 1, 1).await?.next_offset;
+        if tail < o {
+            return Err(CommandError::InvalidOffset(o.to_string()));
+        }
+        Ok(())
     }
 
     /// [`CommandStore::events`], waiting up to `timeout` for an event when there is none yet
@@ -604,7 +622,12 @@ impl CommandStore {
         timeout: Duration,
     ) -> Result<EventPage, CommandError> {
         validate_queue(queue)?;
-        self.feed_wait(queue, from, None, read_limit(limit), timeout).await
+        let first = self.inner.backend.feed_read(queue, from, None, read_limit(limit), SCAN_MAX).await?;
+        self.not_ahead(queue, from, &first).await?;
+        if !first.events.is_empty() || !first.up_to_date {
+            return Ok(first);
+        }
+        self.feed_wait(queue, EventFrom::After(first.next_offset), None, read_limit(limit), timeout).await
     }
 
     /// The events of command `id` (from its home queue's feed) from `from`, oldest first, at most
@@ -616,8 +639,10 @@ impl CommandStore {
     /// Errors: [`CommandError::NotFound`] (no such command now: never submitted, or expired;
     /// its events may still be in its queue's feed), [`CommandError::InvalidId`], backend errors.
     pub async fn command_events(&self, id: &str, from: EventFrom, limit: usize) -> Result<EventPage, CommandError> {
-        let (home, from) = self.command_feed(id, from).await?;
-        self.inner.backend.feed_read(&home, from, Some(id), read_limit(limit), SCAN_MAX).await
+        let (home, start) = self.command_feed(id, from).await?;
+        let page = self.inner.backend.feed_read(&home, start, Some(id), read_limit(limit), SCAN_MAX).await?;
+        self.not_ahead(&home, from, &page).await?;
+        Ok(page)
     }
 
     /// [`CommandStore::command_events`], waiting up to `timeout` for one of its events when there
@@ -629,8 +654,13 @@ impl CommandStore {
         limit: usize,
         timeout: Duration,
     ) -> Result<EventPage, CommandError> {
-        let (home, from) = self.command_feed(id, from).await?;
-        self.feed_wait(&home, from, Some(id), read_limit(limit), timeout).await
+        let (home, start) = self.command_feed(id, from).await?;
+        let first = self.inner.backend.feed_read(&home, start, Some(id), read_limit(limit), SCAN_MAX).await?;
+        self.not_ahead(&home, from, &first).await?;
+        if !first.events.is_empty() || !first.up_to_date {
+            return Ok(first);
+        }
+        self.feed_wait(&home, EventFrom::After(first.next_offset), Some(id), read_limit(limit), timeout).await
     }
 
     /// The home queue of `id` and where its events start.
