@@ -702,7 +702,8 @@ impl RemoteWorkers {
         }
         // Delivery, claim time and what the call shows (its `execution`) of each lease.
         let max = self.ctx.settings.max_processing_time.as_millis() as u64;
-        let decoded_ids: Vec<Option<((MessageId, u64), u64, Option<Execution>)>> = decoded
+        type Held = ((MessageId, u64), u64, Option<Execution>);
+        let decoded_ids: Vec<Option<Held>> = decoded
             .iter()
             .map(|d| {
                 d.as_ref().map(|d| {
