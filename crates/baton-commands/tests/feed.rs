@@ -373,7 +373,7 @@ async fn a_failed_or_cancelled_command_reruns(b: TestBackend) {
     svc.close().await;
 }
 
-/// An offset past the feed's tail (never handed out: a reset feed) is refused, not waited on.
+/// An offset from the future (never handed out) is refused, not waited on.
 async fn an_offset_past_the_tail_is_refused(b: TestBackend) {
     let store = store_for(&b).await;
     let q = queue_name("feed-ahead");

@@ -49,6 +49,10 @@ pub(crate) struct StoreInner {
 
 const HOME_CACHE_MAX: usize = 100_000;
 
+/// How far ahead of this process's clock an event offset may be (clocks apart) before a read
+/// refuses it as never handed out: 5 minutes.
+pub(crate) const FUTURE_MAX: Duration = Duration::from_secs(300);
+
 /// A read's event limit: 0 means 100; at most [`READ_MAX`].
 fn read_limit(limit: usize) -> usize {
     match limit {
@@ -591,21 +595,17 @@ impl CommandStore {
     /// Errors: [`CommandError::Queue`] (bad queue name), backend errors.
     pub async fn events(&self, queue: &str, from: EventFrom, limit: usize) -> Result<EventPage, CommandError> {
         validate_queue(queue)?;
-        let page = self.inner.backend.feed_read(queue, from, None, read_limit(limit), SCAN_MAX).await?;
-        self.not_ahead(queue, from, &page).await?;
-        Ok(page)
+        Self::not_ahead(from)?;
+        self.inner.backend.feed_read(queue, from, None, read_limit(limit), SCAN_MAX).await
     }
 
-    /// An offset past the feed's tail was never handed out by this feed (it was reset, say by a
-    /// Redis without persistence restarting): refused, so a reader does not wait there forever.
-    /// Looked at only when a read from `from` found nothing after it.
-    async fn not_ahead(&self, queue: &str, from: EventFrom, page: &EventPage) -> Result<(), CommandError> {
+    /// An offset more than [`FUTURE_MAX`] ahead of this process's clock was never handed out
+    /// (offsets are the milliseconds of their append, Redis's clock): refused, so a reader does
+    /// not wait there forever. (A feed reset under a reader, by a Redis without persistence
+    /// restarting, goes on with later offsets: the reader sees them.)
+    fn not_ahead(from: EventFrom) -> Result<(), CommandError> {
         let EventFrom::After(o) = from else { return Ok(()) };
-        if !page.events.is_empty() || !page.up_to_date || page.next_offset != o {
-            return Ok(());
-        }
-        let tail = self.inner.backend.feed_read(queue, EventFrom::Now, None, 1, 1).await?.next_offset;
-        if tail < o {
+        if o.ms > Timestamp::now().millis() + FUTURE_MAX.as_millis() as u64 {
             return Err(CommandError::InvalidOffset(o.to_string()));
         }
         Ok(())
@@ -622,12 +622,8 @@ impl CommandStore {
         timeout: Duration,
     ) -> Result<EventPage, CommandError> {
         validate_queue(queue)?;
-        let first = self.inner.backend.feed_read(queue, from, None, read_limit(limit), SCAN_MAX).await?;
-        self.not_ahead(queue, from, &first).await?;
-        if !first.events.is_empty() || !first.up_to_date {
-            return Ok(first);
-        }
-        self.feed_wait(queue, EventFrom::After(first.next_offset), None, read_limit(limit), timeout).await
+        Self::not_ahead(from)?;
+        self.feed_wait(queue, from, None, read_limit(limit), timeout).await
     }
 
     /// The events of command `id` (from its home queue's feed) from `from`, oldest first, at most
@@ -639,10 +635,9 @@ impl CommandStore {
     /// Errors: [`CommandError::NotFound`] (no such command now: never submitted, or expired;
     /// its events may still be in its queue's feed), [`CommandError::InvalidId`], backend errors.
     pub async fn command_events(&self, id: &str, from: EventFrom, limit: usize) -> Result<EventPage, CommandError> {
+        Self::not_ahead(from)?;
         let (home, start) = self.command_feed(id, from).await?;
-        let page = self.inner.backend.feed_read(&home, start, Some(id), read_limit(limit), SCAN_MAX).await?;
-        self.not_ahead(&home, from, &page).await?;
-        Ok(page)
+        self.inner.backend.feed_read(&home, start, Some(id), read_limit(limit), SCAN_MAX).await
     }
 
     /// [`CommandStore::command_events`], waiting up to `timeout` for one of its events when there
@@ -654,13 +649,9 @@ impl CommandStore {
         limit: usize,
         timeout: Duration,
     ) -> Result<EventPage, CommandError> {
+        Self::not_ahead(from)?;
         let (home, start) = self.command_feed(id, from).await?;
-        let first = self.inner.backend.feed_read(&home, start, Some(id), read_limit(limit), SCAN_MAX).await?;
-        self.not_ahead(&home, from, &first).await?;
-        if !first.events.is_empty() || !first.up_to_date {
-            return Ok(first);
-        }
-        self.feed_wait(&home, EventFrom::After(first.next_offset), Some(id), read_limit(limit), timeout).await
+        self.feed_wait(&home, start, Some(id), read_limit(limit), timeout).await
     }
 
     /// The home queue of `id` and where its events start.

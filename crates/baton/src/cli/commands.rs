@@ -431,15 +431,24 @@ pub async fn read_events(
     with_id: bool,
 ) -> Result<EventsEnd, CliError> {
     let mut offset = offset.to_string();
+    // The last outcome seen with nothing after it (a re-run continues the watch).
+    let mut terminal = None;
+    // A watch begins with a catch-up read (an ended command whose feed holds nothing is then
+    // known at once), and ends with one once its state has ended (`ending`).
+    // Catch-up reads until the feed's tail, then long-polls.
+    let (mut first, mut ending, mut at_tail) = (true, false, false);
     loop {
-        let live = if follow == Follow::No { "" } else { "&live=long-poll" };
-        let url = format!("{path}?offset={}{live}", encode_query(&offset));
+        let live = follow != Follow::No && !first && !ending && at_tail;
+        first = false;
+        let mode = if live { "&live=long-poll" } else { "" };
+        let url = format!("{path}?offset={}{mode}", encode_query(&offset));
         let res = cl.send_ok(cl.request(Method::GET, &url)).await?;
         let header = |name: &str| res.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
         let next = header("stream-next-offset")
             .ok_or_else(|| CliError::server(format!("the server's reply to GET {url} has no Stream-Next-Offset")))?;
         let up_to_date = header("stream-up-to-date").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let mut terminal = None;
+        at_tail = up_to_date;
+        let mut printed = 0;
         if res.status() != reqwest::StatusCode::NO_CONTENT {
             let (text, _) = read_json_text(res).await?;
             let events: Vec<&RawValue> = serde_json::from_str(&text)
@@ -451,14 +460,34 @@ pub async fn read_events(
                 } else {
                     println!("{}", event_line(&e, with_id));
                 }
-                // An outcome ends the watch only when nothing follows it (a re-run does).
+                printed += 1;
                 let kind = cell(e.get("event"));
                 terminal = matches!(kind.as_str(), "succeeded" | "failed" | "cancelled").then_some(kind);
             }
         }
         offset = next;
-        let ended = follow == Follow::UntilTerminal && terminal.is_some() && up_to_date;
-        if ended || (follow == Follow::No && up_to_date) {
+        if follow == Follow::UntilTerminal && up_to_date {
+            if terminal.is_some() || ending {
+                return Ok(EventsEnd { next_offset: offset, terminal });
+            }
+            if printed == 0 {
+                // Nothing new for the command: if its state has ended, the feed does not hold its
+                // outcome (the queue's feed is off, or the events were trimmed): end with the
+                // state's, after one more catch-up read of what came meanwhile.
+                let state_path = path.strip_suffix("/events").unwrap_or(path);
+                let st = cl.json_ok(cl.request(Method::GET, state_path)).await?;
+                let status = cell(st.get("status"));
+                if matches!(status.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED") {
+                    eprintln!(
+                        "{} ended {status}; its queue's event feed holds no outcome for it (the feed is off, or its events were trimmed)",
+                        cell(st.get("id"))
+                    );
+                    terminal = Some(status.to_ascii_lowercase());
+                    ending = true;
+                }
+            }
+        }
+        if follow == Follow::No && up_to_date {
             return Ok(EventsEnd { next_offset: offset, terminal });
         }
     }

@@ -308,12 +308,21 @@ pub async fn bulk(
 fn time_param(q: &std::collections::BTreeMap<String, String>, name: &str) -> Result<Option<Timestamp>, ApiError> {
     match q.get(name).map(|s| s.trim()).filter(|s| !s.is_empty()) {
         None => Ok(None),
-        Some(s) => humantime::parse_rfc3339_weak(s).map(|t| Some(Timestamp(t))).map_err(|_| {
-            ApiError::invalid(
-                "invalid_query",
-                format!("{name} {} is not an RFC 3339 time such as 2026-12-04T10:00:00Z", echo(s)),
-            )
-        }),
+        Some(s) => {
+            let bad = || {
+                ApiError::invalid(
+                    "invalid_query",
+                    format!(
+                        "{name} {} is not an RFC 3339 time such as 2026-12-04T10:00:00Z or 2026-12-04T11:00:00+01:00 (a + in a URL is written %2B)",
+                        echo(s)
+                    ),
+                )
+            };
+            let t =
+                time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).map_err(|_| bad())?;
+            let ms = u64::try_from(t.unix_timestamp_nanos() / 1_000_000).map_err(|_| bad())?;
+            Ok(Some(Timestamp::from_millis(ms)))
+        }
     }
 }
 
