@@ -12,7 +12,9 @@
 //!   `CANCELLED` command submitted again, [`CommandStore::retry`](crate::CommandStore::retry)).
 //!   Command messages are never dead-lettered (command queues run without `max_deliveries`; a
 //!   command that keeps failing ends `failed` after its retries), so there is no such kind. A write the
-//!   compare-and-set refuses appends nothing; nor does a `check_status` poll that changes nothing.
+//!   compare-and-set refuses appends nothing; nor does a `check_status` poll that changes nothing,
+//!   nor a write a watcher has nothing to see in (a `RUNNING` state's lifetime refreshed, an
+//!   interrupted hand-off finished): the versions of a command's events may skip.
 //! * **Atomic**: on Redis the append is an `XADD` in the script that writes the state (same hash
 //!   slot: the feed key `<prefix>:cmd:{<queue>}:feed`); in memory, under the store's lock.
 //! * **Offsets** ([`EventOffset`]) are opaque, strictly increasing strings that sort as text

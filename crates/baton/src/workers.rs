@@ -58,7 +58,10 @@ pub struct Workers {
 
 impl Workers {
     /// Starts one command service per queue on `store`, each with its configured handlers
-    /// (wrapped for metrics). Every queue's settings and handlers are checked before the first
+    /// (wrapped for metrics). A queue without handlers gets none: its commands are run by workers
+    /// elsewhere (an application embedding `baton-commands`, HTTP workers), so this process
+    /// takes none of them (it would fail each for want of a handler); it is declared, so
+    /// hand-offs to it are accepted. Every queue's settings and handlers are checked before the first
     /// service starts; should a later start still fail (Redis), the services already started are
     /// closed before the error is returned.
     ///
@@ -68,6 +71,10 @@ impl Workers {
         let mut builders = Vec::new();
         for q in queues {
             q.settings.validate().map_err(|e| format!("queue {}: {e}", q.name))?;
+            if q.handlers.is_empty() {
+                store.declare_queue(&q.name).map_err(|e| format!("queue {}: {e}", q.name))?;
+                continue;
+            }
             let mut b = CommandService::builder(store.clone(), q.name.clone()).settings(q.settings.clone());
             for (t, h) in q.build_handlers()? {
                 let metered = Metered { inner: h, queue: q.name.clone(), command_type: t.clone() };
@@ -180,6 +187,21 @@ mod tests {
             "queue a: invalid setting: reap_idle_consumers_after (2s) must be at least twice claim_timeout (1.5s), or \
              None to never remove idle consumers"
         );
+    }
+
+    /// A queue without handlers gets no service here (its workers run elsewhere): its commands
+    /// stay SUBMITTED for them instead of failing for want of a handler.
+    #[tokio::test]
+    async fn a_queue_without_handlers_is_not_worked_here() {
+        let q = parse("[queues.a]\nretention = \"1h\"\n[queues.b.handlers]\ne = \"echo\"\n").unwrap();
+        let store = CommandStore::memory();
+        let w = Workers::start(&store, &q).await.unwrap();
+        assert_eq!(w.queues(), ["b"]);
+        assert!(store.knows_queue("a"), "declared: hand-offs to it are accepted");
+        let st = store.submit("a", Command::with_id("x", "sleep", serde_json::json!({"ms": 1}))).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(store.get(&st.id).await.unwrap().unwrap().status, baton_commands::CommandStatus::Submitted);
+        w.drain(Duration::from_secs(1)).await;
     }
 
     /// A refused queue is found before any service starts: the queues before it (in name order)

@@ -295,7 +295,8 @@
     return parts.join(" · ");
   }
   function renderTimeline(tl) {
-    const items = tl.events.map((e) => h("li", { "data-event": e.event }, h("time", { datetime: e.at }, e.at), " ", eventText(e)));
+    // `title` keeps the exact time when the page's clock shows it as "… ago".
+    const items = tl.events.map((e) => h("li", { "data-event": e.event }, h("time", { datetime: e.at, title: e.at }, e.at), " ", eventText(e)));
     $("detail-timeline").replaceChildren(...(items.length ? items : [h("li", { class: "muted" }, "No events (this queue's feed may be off)")]));
   }
   function showDetail(c) {

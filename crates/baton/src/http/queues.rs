@@ -47,7 +47,7 @@ pub async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, ApiError
             "failed": c.failed, "cancelled": c.cancelled, "total": c.total(),
         },
         "handlers": handlers,
-        "workers": api.workers_here(),
+        "workers": api.workers_here() && !entry.handlers.is_empty(),
     }))
 }
 

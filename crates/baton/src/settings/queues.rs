@@ -278,7 +278,11 @@ pub fn describe_queues(queues: &[QueueConfig]) -> String {
                         }
                     })
                     .collect();
-            format!("{} ({})", q.name, types.join(", "))
+            if types.is_empty() {
+                format!("{} (no handlers: its workers run elsewhere)", q.name)
+            } else {
+                format!("{} ({})", q.name, types.join(", "))
+            }
         })
         .collect::<Vec<_>>()
         .join("; ")
@@ -327,7 +331,10 @@ mod tests {
             HandlerConfig { command_type: "nap".into(), kind: "sleep".into(), options: Value::Null }
         );
         assert!(q[1].handlers.is_empty());
-        assert_eq!(describe_queues(&q), "lifecycle (hook=http, nap=sleep); quick ()");
+        assert_eq!(
+            describe_queues(&q),
+            "lifecycle (hook=http, nap=sleep); quick (no handlers: its workers run elsewhere)"
+        );
     }
 
     #[test]
