@@ -717,7 +717,12 @@ fn feed_op(summary: &str, first: Value, missing: &str) -> Value {
                          `streamCursor` and `upToDate`, its `id:` the offset; `event: error` when the command \
                          expires under the connection).",
                     "content": { "application/json": { "schema": { "type": "array", "items": r("CommandEvent") } },
-                                 "text/event-stream": { "schema": { "type": "string" } } } }),
+                                 "text/event-stream": { "schema": {
+                                     "description": "One event (OpenAPI 3.1 reading: the schema of each event).",
+                                     "type": "object", "required": ["data"],
+                                     "properties": { "event": { "type": "string", "enum": ["data", "control", "error"] },
+                                                     "data": { "type": "string", "contentMediaType": "application/json" },
+                                                     "id": { "type": "string" } } } } } }),
             ),
             ("204", bare("Long-poll: no event within the server's long-poll timeout (`Stream-Next-Offset`).")),
             (
