@@ -149,6 +149,53 @@
 //! # }
 //! ```
 //!
+//! ## Output streams
+//!
+//! A command can own a durable stream of `baton-streams` ([`Command::with_output`] at submit,
+//! on a store given a [`StreamStore`](baton_streams::StreamStore) with
+//! [`CommandStore::set_outputs`]): its state's [`CommandState::output`] links it
+//! ([`OutputLink`]: path, default `commands/<id>`, run, content type, limits), it is created at
+//! submit so readers can attach at once, its handler writes to it ([`Command::output`],
+//! [`Output::open`]: producer `command`, a new epoch per delivery fencing an earlier one), and
+//! it ends with the command: `SUCCEEDED` → `finished`, `CANCELLED` (a cancel from anywhere) →
+//! `cancelled`, `FAILED` → an error entry then `finished`. The other way, an output that ended
+//! first decides the command when a handler call ends: `cancelled` → `CANCELLED`,
+//! `producer_lost` → `FAILED`, `finished` → the handler's terminal result, else `SUCCEEDED`
+//! (or `FAILED` when its last entry is an error entry) — so a handler may spawn the producer and
+//! return `running`, and the command ends at the first `check_status` after the stream does.
+//! A re-run writes a new stream, `<path>/run-<n>`. The stream is deleted `state_ttl` after its
+//! creation and `retention` after its end (the home queue's [`Lifetimes`]).
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use baton_commands::{Command, CommandResult, CommandService, CommandStatus, CommandStore, OutputSpec};
+//! # use baton_streams::{EndReason, StreamStore, StreamStoreSettings};
+//! # use serde_json::json;
+//! # struct Write;
+//! # #[baton_commands::async_trait]
+//! # impl baton_commands::CommandHandler for Write {
+//! async fn execute(&self, command: Command) -> Result<CommandResult, baton_commands::HandlerError> {
+//!     let out = command.output().expect("submitted with an output").open().await?;
+//!     out.append_json(&json!({ "line": "compiling" })).await?;
+//!     Ok(CommandResult::succeeded(json!("built")))
+//! }
+//! # }
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = CommandStore::memory();
+//! let streams = StreamStore::memory(StreamStoreSettings::default());
+//! store.set_outputs(streams.clone())?;
+//! let svc = CommandService::builder(store.clone(), "builds").handler("build", Write).start().await?;
+//! let cmd = Command::new("build", json!({})).with_output(OutputSpec::default());
+//! let done = store.submit_and_wait("builds", cmd, Duration::from_secs(5)).await?;
+//! assert_eq!(done.status, CommandStatus::Succeeded);
+//! let info = streams.head(&done.output.unwrap().path()).await?;
+//! assert_eq!(info.end.map(|e| e.reason), Some(EndReason::Finished));
+//! # svc.close().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Redis key layout and hash slots
 //!
 //! With key prefix `p` (default `baton`, the same as the work queue's), a command `id` submitted
@@ -218,6 +265,7 @@ pub mod builtin;
 pub mod feed;
 mod json;
 mod model;
+mod output;
 mod remote;
 mod service;
 mod store;
@@ -235,6 +283,7 @@ pub use model::{
     BulkAction, BulkReport, Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall,
     ListQuery, Progress, StatusCounts, Timestamp, Worker,
 };
+pub use output::{Output, OutputLink, OutputSpec, OutputWriter, OUTPUT_PRODUCER};
 pub use remote::{
     RemoteCall, RemoteClaim, RemoteOutcome, RemoteRenewal, RemoteReport, RemoteSettled, RemoteWorkers, MAX_WORKER_NAME,
 };
@@ -330,6 +379,10 @@ pub enum CommandError {
     /// Could not connect to Redis.
     #[error(transparent)]
     Connect(#[from] baton_redis::ConnectError),
+    /// A command's output stream could not be created (see [`OutputSpec`]), or the store has no
+    /// output streams ([`CommandStore::set_outputs`]).
+    #[error("output stream: {0}")]
+    Output(String),
 }
 
 /// Validates a command id (rules on [`CommandError::InvalidId`]).

@@ -38,6 +38,12 @@ pub struct Command {
     /// Where [`Command::report`] puts reports (a handler's delivery only).
     #[serde(skip)]
     pub(crate) reports: Option<std::sync::Arc<crate::service::Reports>>,
+    /// What the submit asks of an output stream ([`Command::with_output`]).
+    #[serde(skip)]
+    pub(crate) output_spec: Option<crate::OutputSpec>,
+    /// The output stream (a handler's delivery of a command that has one).
+    #[serde(skip)]
+    pub(crate) output: Option<crate::Output>,
 }
 
 impl Command {
@@ -56,7 +62,24 @@ impl Command {
             cancel: CancellationToken::new(),
             details: None,
             reports: None,
+            output_spec: None,
+            output: None,
         }
+    }
+
+    /// Asks the submit for an output stream owned by the command (crate docs, "Output
+    /// streams"): created at submit, written by the handler ([`Command::output`]), ended with the
+    /// command. Needs a store with output streams ([`crate::CommandStore::set_outputs`]). Not part
+    /// of the command's body: a resubmit of the same id keeps the first submit's output.
+    pub fn with_output(mut self, spec: crate::OutputSpec) -> Self {
+        self.output_spec = Some(spec);
+        self
+    }
+
+    /// The command's output stream, on a handler's delivery of a command submitted with one
+    /// ([`Command::with_output`]); `None` otherwise.
+    pub fn output(&self) -> Option<&crate::Output> {
+        self.output.as_ref()
     }
 
     /// A command whose params are `params` serialized to JSON (generated id).
@@ -390,6 +413,10 @@ pub struct CommandState {
     /// ([`Execution`]); `None` otherwise (absent from the public form).
     #[serde(default)]
     pub execution: Option<Execution>,
+    /// The command's output stream, if it was submitted with one ([`Command::with_output`]);
+    /// absent from the public form otherwise.
+    #[serde(default)]
+    pub output: Option<crate::OutputLink>,
     /// Redis: SHA-1 (hex) of the canonical submitted body, kept in the stored header (not in
     /// the JSON) for idempotent resubmits; carried here so a write can rebuild the header.
     #[serde(skip)]
@@ -490,6 +517,8 @@ struct PublicState<'a> {
     handed_off_to: &'a Option<String>,
     id: &'a str,
     modified_at: &'a Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: &'a Option<crate::OutputLink>,
     params: &'a RawJson,
     #[serde(skip_serializing_if = "Option::is_none")]
     progress: &'a Option<Progress>,
@@ -515,6 +544,7 @@ impl Serialize for CommandState {
             handed_off_to: &self.handed_off_to,
             id: &self.id,
             modified_at: &self.modified_at,
+            output: &self.output,
             params: &self.params,
             progress: &self.progress,
             queue: &self.queue,
@@ -554,6 +584,8 @@ pub(crate) struct StoredState<'a> {
     details: &'a Option<RawJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     execution: &'a Option<Execution>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: &'a Option<crate::OutputLink>,
     #[serde(rename = "_token")]
     token: &'a str,
     #[serde(rename = "_prev_token", skip_serializing_if = "Option::is_none")]
@@ -583,6 +615,7 @@ impl<'a> From<&'a CommandState> for StoredState<'a> {
             progress: &st.progress,
             details: &st.details,
             execution: &st.execution,
+            output: &st.output,
             token: &st.token,
             prev_token: st.prev_token.as_deref(),
             lookup_expires_ms: st.lookup_expires_ms,

@@ -362,6 +362,10 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     // Remote cancels reach this process through the home queue's notifications.
     backend.watch_home(&msg.home).await?;
     let mut command: Command = st.command();
+    if let (Some(link), Some(streams)) = (&st.output, ctx.store.outputs()) {
+        command.output =
+            Some(crate::Output { streams: streams.clone(), link: link.clone(), cancel: command.cancel.clone() });
+    }
     let reports = Arc::new(Reports::default());
     command.reports = Some(reports.clone());
     let _running = ctx.store.inner.hub.running(&st.id, st.version, command.cancel.clone());
@@ -703,6 +707,20 @@ pub(crate) async fn apply(
     outcome: Outcome,
 ) -> Result<Applied, CommandError> {
     let backend = &ctx.store.inner.backend;
+    // An output stream that ended first decides (crate docs, "Output streams").
+    let outcome = match (&cur.output, ctx.store.outputs()) {
+        (Some(link), Some(streams)) => {
+            let result = match &outcome {
+                Outcome::Result(r) => Some(r),
+                Outcome::Error(_) => None,
+            };
+            match crate::output::decide(streams, link, result).await {
+                Some(r) => Outcome::Result(r),
+                None => outcome,
+            }
+        }
+        _ => outcome,
+    };
     let fp = &ctx.settings.fail_points;
     let no_crash_test = !fp.crash_after_handoff_state && !fp.crash_after_handoff_enqueue;
     loop {

@@ -45,6 +45,8 @@ pub(crate) struct StoreInner {
     homes: Mutex<HashMap<String, String>>,
     /// Feed settings of queues set apart from the default ([`CommandStore::set_feed`]).
     feeds: std::sync::RwLock<HashMap<String, FeedSettings>>,
+    /// Where commands' output streams live ([`CommandStore::set_outputs`]).
+    outputs: std::sync::OnceLock<baton_streams::StreamStore>,
 }
 
 const HOME_CACHE_MAX: usize = 100_000;
@@ -123,6 +125,7 @@ impl CommandStore {
                 next_service: std::sync::atomic::AtomicU64::new(1),
                 homes: Mutex::new(HashMap::new()),
                 feeds: std::sync::RwLock::new(HashMap::new()),
+                outputs: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -130,6 +133,22 @@ impl CommandStore {
     /// The work queues under this store (for queue stats, dead letters).
     pub fn messages(&self) -> &baton_queue::MessageStream {
         &self.inner.stream
+    }
+
+    /// Lets commands own output streams ([`Command::with_output`], crate docs "Output streams"),
+    /// kept in `streams` (on Redis, usually the same server). Once per store: every process
+    /// serving or submitting such commands sets the same one. Errors:
+    /// [`CommandError::InvalidSettings`] when it was set already.
+    pub fn set_outputs(&self, streams: baton_streams::StreamStore) -> Result<(), CommandError> {
+        self.inner
+            .outputs
+            .set(streams)
+            .map_err(|_| CommandError::InvalidSettings("the store's output streams are set already".into()))
+    }
+
+    /// The stream store of commands' output streams, once set ([`CommandStore::set_outputs`]).
+    pub fn outputs(&self) -> Option<&baton_streams::StreamStore> {
+        self.inner.outputs.get()
     }
 
     /// Declares a queue consumed by another process, so hand-offs to it are accepted here.
@@ -218,6 +237,18 @@ impl CommandStore {
         if let Some(h) = self.handler_for(queue, &command.command_type) {
             h.validate(&command.params).map_err(CommandError::InvalidParams)?;
         }
+        let output = match &command.output_spec {
+            None => None,
+            Some(spec) => {
+                if self.outputs().is_none() {
+                    return Err(CommandError::Output(
+                        "this store keeps no output streams (CommandStore::set_outputs)".into(),
+                    ));
+                }
+                let lifetimes = self.inner.settings.lifetimes_of(queue);
+                Some(crate::OutputLink::new(&command.id, spec, lifetimes)?)
+            }
+        };
         let now = Timestamp::now();
         let token = new_token();
         let state = CommandState {
@@ -239,6 +270,7 @@ impl CommandStore {
             progress: None,
             details: None,
             execution: None,
+            output,
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,
@@ -259,6 +291,7 @@ impl CommandStore {
                 if event.is_some() {
                     self.inner.hub.feed_appended(queue);
                 }
+                self.ensure_output(&s).await;
                 Ok((s, true))
             }
             SubmitOutcome::Existing(s) => {
@@ -371,10 +404,14 @@ impl CommandStore {
             next.token = new_token();
             next.modified_at = now;
             next.version += 1;
+            next.output = st.output.as_ref().map(crate::OutputLink::next_run);
             let msg = CommandMsg { id: st.id.clone(), home: st.queue.clone(), token: next.token.clone() };
             let home = st.queue.clone();
             match self.write_for(st.status, next, Some((&home, &msg)), None, Some((EventKind::Rerun, None))).await?.0 {
-                Ok(done) => return Ok(done),
+                Ok(done) => {
+                    self.ensure_output(&done).await;
+                    return Ok(done);
+                }
                 Err(latest) => current = latest,
             }
         }
@@ -737,6 +774,17 @@ impl CommandStore {
         self.inner.backend.counts(queue).await
     }
 
+    /// Creates `st`'s output stream, if it has one, so readers can attach before the handler
+    /// runs; a failure is logged only (the handler's [`crate::Output::open`] creates it too, and
+    /// meets the same error).
+    async fn ensure_output(&self, st: &CommandState) {
+        if let (Some(link), Some(streams)) = (&st.output, self.outputs()) {
+            if let Err(e) = crate::output::ensure(streams, link).await {
+                tracing::warn!(command = %st.id, stream = %link.stream, error = %e, "could not create the command's output stream");
+            }
+        }
+    }
+
     /// One CAS write (see [`StateBackend::transition`]), for `delivery` when given: checking
     /// that its consumer owns it and acking it in the same atomic step as it asks and the backend
     /// can; the `bool` tells whether it was acked. A failed owner check is
@@ -756,6 +804,13 @@ impl CommandStore {
         let home = append.as_ref().map(|_| new.queue.clone());
         match self.inner.backend.transition(old, new, enqueue, delivery, append.as_ref()).await? {
             (Cas::Done(stored), acked) => {
+                // The output ends before this process's waiters hear of the end (another
+                // process's may hear of it a moment before: the announcement is the write's).
+                if stored.status.is_terminal() {
+                    if let Some(streams) = self.outputs() {
+                        crate::output::end_with(streams, &stored).await;
+                    }
+                }
                 if let Some(home) = home {
                     self.inner.hub.feed_appended(&home);
                 }

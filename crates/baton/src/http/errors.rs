@@ -258,6 +258,7 @@ impl From<CommandError> for ApiError {
             }
             Queue(QueueError::InvalidQueueName(_)) => ApiError::invalid("invalid_queue", msg),
             Corrupt { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_state", msg),
+            Output(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "output_unavailable", msg),
             Queue(_) | Redis(_) | Connect(_) => ApiError::unavailable(msg),
         }
     }

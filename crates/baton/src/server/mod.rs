@@ -43,6 +43,8 @@ impl Server {
                 StreamStore::redis(rc.clone(), settings).await.map_err(|e| format!("cannot use {rc}: {e}"))?
             }
         };
+        // Commands' output streams live with the other streams (and end with their commands).
+        command_store.set_outputs(store.clone()).map_err(|e| e.to_string())?;
         let commands = CommandsApi::new(command_store.clone(), &cfg.queues, cfg.max_command_body, cfg.run_workers)?;
         let auth = Arc::new(Auth::new(cfg.tokens.clone()));
         let listener = listen::bind(cfg.listen, "--listen", "or BATON_LISTEN, or `listen` in the config file").await?;
@@ -163,6 +165,13 @@ impl Worker {
     /// refused.
     pub async fn start(cfg: &WorkerConfig) -> Result<Worker, String> {
         let store = workers::command_store(&cfg.backend, &cfg.queues).await?;
+        // The terminal writes of this process end commands' output streams too.
+        if let Storage::Redis(rc) = &cfg.backend {
+            let streams = StreamStore::redis(rc.clone(), StreamStoreSettings::default())
+                .await
+                .map_err(|e| format!("cannot use {rc}: {e}"))?;
+            store.set_outputs(streams).map_err(|e| e.to_string())?;
+        }
         let health = match cfg.listen {
             None => None,
             Some(addr) => {

@@ -1,0 +1,345 @@
+//! Output streams: a durable stream a command owns (its state's [`CommandState::output`]), that
+//! its handler writes to and that ends with the command (crate docs, "Output streams").
+//!
+//! The two directions, each applied once:
+//! * **command → stream**: the terminal write of a command ends its output, `SUCCEEDED` as
+//!   `finished`, `CANCELLED` (a cancel from anywhere included) as `cancelled`, `FAILED` as
+//!   `finished` after an error entry (`{"error": <error>}` on a JSON stream, `error: <error>`
+//!   otherwise: the convention of [`Producer::fail`]); an output that already ended is left as
+//!   it is.
+//! * **stream → command**: when a handler call ends (`execute` or `check_status`, in process or
+//!   remote) and the output has ended first, the stream's end decides: `cancelled` →
+//!   `CANCELLED`; `producer_lost` → `FAILED` (the handler's own failure text if it returned one);
+//!   `finished` → the handler's terminal result if it returned one, else `SUCCEEDED` (result
+//!   `null`), or `FAILED` when the stream's last entry is an error entry.
+
+use std::time::Duration;
+
+use baton_streams::{
+    CreateOptions, EndReason, Offset, OpenOptions, Producer, ReadFrom, RunLimits, StreamError, StreamPath, StreamStore,
+};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::{CommandError, CommandResult, CommandState, CommandStatus, Lifetimes};
+
+/// What a submit asks of a command's output stream ([`crate::Command::with_output`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutputSpec {
+    /// The stream's path; `None`: `commands/<id>`. A re-run writes to `<path>/run-<n>` (n = 2, 3, …).
+    pub path: Option<String>,
+    /// Content type; `None`: `application/json`.
+    pub content_type: Option<String>,
+    /// The stream ends `producer_lost` (and the command `FAILED`) after this long with no append
+    /// and no keepalive. `None` (the default): never. Set it when a producer outlives the handler
+    /// call that started it (a handler that spawns the producer and returns `running`): nothing
+    /// else notices that producer's death.
+    pub silence_timeout: Option<Duration>,
+}
+
+/// The producer id of every output stream's writer: each delivery's [`Output::open`] claims a
+/// new epoch of it, fencing the writer of an earlier delivery (a process taken for dead).
+pub const OUTPUT_PRODUCER: &str = "command";
+
+/// A command's output stream, as its state records it (`output` in the state's JSON). Its
+/// limits are fixed at submit (or re-run), so every open of the stream asks for the same ones.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputLink {
+    /// The stream's path (read it at `/v1/stream/<stream>` over HTTP).
+    pub stream: String,
+    /// The run of the command it belongs to: 1 for the submit, +1 per re-run.
+    pub run: u32,
+    pub content_type: String,
+    /// See [`OutputSpec::silence_timeout`]; ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silence_timeout_ms: Option<u64>,
+    /// The stream is deleted this long after its creation (the home queue's `state_ttl`); ms.
+    pub max_run_ms: u64,
+    /// The stream is kept this long after its end (the home queue's `retention`); ms.
+    pub done_ttl_ms: u64,
+}
+
+impl OutputLink {
+    /// The link of run 1 of command `id`, from `spec` and the home queue's lifetimes.
+    /// Errors: [`CommandError::InvalidParams`] for a bad path or a zero silence timeout.
+    pub(crate) fn new(id: &str, spec: &OutputSpec, lifetimes: Lifetimes) -> Result<Self, CommandError> {
+        let stream = spec.path.clone().unwrap_or_else(|| format!("commands/{id}"));
+        let path = StreamPath::new(&stream).map_err(|e| CommandError::InvalidParams(format!("output path: {e}")))?;
+        if spec.silence_timeout.is_some_and(|d| d < Duration::from_millis(1)) {
+            return Err(CommandError::InvalidParams("output silence_timeout must be at least 1 ms".into()));
+        }
+        Ok(Self {
+            stream: path.as_str().to_string(),
+            run: 1,
+            content_type: spec.content_type.clone().unwrap_or_else(|| "application/json".into()),
+            silence_timeout_ms: spec.silence_timeout.map(|d| d.as_millis() as u64),
+            max_run_ms: lifetimes.state_ttl.as_millis() as u64,
+            done_ttl_ms: lifetimes.retention.as_millis() as u64,
+        })
+    }
+
+    /// The link of the next run (a re-run): `<base>/run-<n>`.
+    pub(crate) fn next_run(&self) -> Self {
+        let base = match self.run {
+            1 => self.stream.as_str(),
+            n => self.stream.strip_suffix(&format!("/run-{n}")).unwrap_or(&self.stream),
+        };
+        let run = self.run + 1;
+        Self { stream: format!("{base}/run-{run}"), run, ..self.clone() }
+    }
+
+    /// The stream path (checked at submit).
+    pub fn path(&self) -> StreamPath {
+        StreamPath::new(&self.stream).expect("checked at submit")
+    }
+
+    /// The run limits every create and open of the stream gives.
+    pub fn limits(&self) -> RunLimits {
+        RunLimits {
+            silence_timeout: self.silence_timeout_ms.map(Duration::from_millis),
+            max_run: Some(Duration::from_millis(self.max_run_ms)),
+            done_ttl: Some(Duration::from_millis(self.done_ttl_ms)),
+            ..RunLimits::default()
+        }
+    }
+
+    /// How to open the stream as its writer (producer [`OUTPUT_PRODUCER`]), e.g. for
+    /// [`StreamStore::spawn`].
+    pub fn open_options(&self) -> OpenOptions {
+        OpenOptions {
+            content_type: Some(self.content_type.clone()),
+            limits: Some(self.limits()),
+            producer_id: Some(OUTPUT_PRODUCER.into()),
+            ..OpenOptions::default()
+        }
+    }
+
+    fn is_json(&self) -> bool {
+        baton_streams::is_json(&self.content_type)
+    }
+}
+
+/// A handler's access to its command's output stream ([`crate::Command::output`]).
+#[derive(Clone)]
+pub struct Output {
+    pub(crate) streams: StreamStore,
+    pub(crate) link: OutputLink,
+    pub(crate) cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Output").field("link", &self.link).finish_non_exhaustive()
+    }
+}
+
+impl Output {
+    /// The link, as the state records it.
+    pub fn link(&self) -> &OutputLink {
+        &self.link
+    }
+
+    /// The stream path.
+    pub fn path(&self) -> StreamPath {
+        self.link.path()
+    }
+
+    /// The stream store the output lives in.
+    pub fn streams(&self) -> &StreamStore {
+        &self.streams
+    }
+
+    /// Opens the stream as its writer: creates it if it is missing (idempotent) and claims a new
+    /// producer epoch, which fences the writer of an earlier delivery of the command. Errors:
+    /// those of [`StreamStore::open`]; `Closed` when the output already ended.
+    pub async fn open(&self) -> Result<OutputWriter, StreamError> {
+        let producer = self.streams.open(&self.path(), self.link.open_options()).await?;
+        Ok(OutputWriter { producer, cancel: self.cancel.clone() })
+    }
+}
+
+/// The writer of a command's output ([`Output::open`]). An append refused because the stream
+/// ended `cancelled` or `producer_lost` also fires the command's cancellation signal
+/// ([`crate::Command::cancelled`]): the command ends with the stream, so the handler should stop.
+#[derive(Clone)]
+pub struct OutputWriter {
+    producer: Producer,
+    cancel: CancellationToken,
+}
+
+impl OutputWriter {
+    /// Appends one event (see [`Producer::append`]). Errors: those of [`Producer::append`].
+    pub async fn append(&self, data: impl Into<Bytes>) -> Result<Offset, StreamError> {
+        let r = self.producer.append(data).await;
+        if let Err(StreamError::Closed { end }) = &r {
+            if end.reason != EndReason::Finished {
+                self.cancel.cancel();
+            }
+        }
+        r
+    }
+
+    /// Appends `value` as JSON. Errors: those of [`OutputWriter::append`].
+    pub async fn append_json<T: Serialize + ?Sized>(&self, value: &T) -> Result<Offset, StreamError> {
+        let body = serde_json::to_vec(value).map_err(|e| StreamError::InvalidJson { detail: e.to_string() })?;
+        self.append(body).await
+    }
+
+    /// The underlying producer (keepalives, an early `finish`).
+    pub fn producer(&self) -> &Producer {
+        &self.producer
+    }
+}
+
+/// Creates `link`'s stream if it is missing (idempotent; a stream that already ended is left).
+pub(crate) async fn ensure(streams: &StreamStore, link: &OutputLink) -> Result<(), StreamError> {
+    let opts = CreateOptions {
+        content_type: Some(link.content_type.clone()),
+        limits: Some(link.limits()),
+        ..CreateOptions::default()
+    };
+    match streams.create(&link.path(), opts).await {
+        Ok(_) => Ok(()),
+        // Ended already (a conflict on the closed state): nothing to create.
+        Err(StreamError::Conflict { .. }) if streams.head(&link.path()).await.is_ok_and(|i| i.end.is_some()) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Ends `st`'s output as its terminal status says (module docs). A no-op for a state without
+/// output or not terminal; an output already ended, or gone, is left.
+pub(crate) async fn end_with(streams: &StreamStore, st: &CommandState) {
+    let Some(link) = &st.output else { return };
+    let (reason, entry) = match st.status {
+        CommandStatus::Succeeded => (EndReason::Finished, None),
+        CommandStatus::Cancelled => (EndReason::Cancelled, None),
+        CommandStatus::Failed => {
+            let e = st.error.clone().unwrap_or_else(|| "failed".into());
+            let entry =
+                if link.is_json() { serde_json::json!({ "error": e }).to_string() } else { format!("error: {e}") };
+            (EndReason::Finished, Some(entry))
+        }
+        _ => return,
+    };
+    let path = link.path();
+    let mut delay = Duration::from_millis(50);
+    for attempt in 0..5 {
+        let r = match &entry {
+            None => streams.end(&path, reason).await.map(|_| ()),
+            Some(e) => {
+                let req = baton_streams::AppendRequest {
+                    data: Bytes::from(e.clone()),
+                    content_type: Some(link.content_type.clone()),
+                    stream_seq: None,
+                    producer: None,
+                    close: Some(reason),
+                    incarnation: None,
+                };
+                streams.append(&path, req).await.map(|_| ())
+            }
+        };
+        match r {
+            Ok(()) | Err(StreamError::Closed { .. } | StreamError::NotFound { .. } | StreamError::Gone { .. }) => {
+                return
+            }
+            Err(e) if attempt < 4 => {
+                tracing::debug!(command = %st.id, %path, error = %e, "ending the output failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(e) => {
+                tracing::warn!(command = %st.id, %path, error = %e, "could not end the command's output stream");
+            }
+        }
+    }
+}
+
+/// The stream → command direction of the module docs: `result` (the handler's, `None` for an
+/// error) as the output's end, if it ended, decides; `None`: the output has not ended (or
+/// cannot be read: the handler's outcome stands).
+pub(crate) async fn decide(
+    streams: &StreamStore,
+    link: &OutputLink,
+    result: Option<&CommandResult>,
+) -> Option<CommandResult> {
+    let path = link.path();
+    let info = match streams.head(&path).await {
+        Ok(i) => i,
+        Err(StreamError::NotFound { .. } | StreamError::Gone { .. }) => return None,
+        Err(e) => {
+            tracing::warn!(%path, error = %e, "could not read the command's output stream; the handler's outcome stands");
+            return None;
+        }
+    };
+    let end = info.end?;
+    let handler_failed = match result {
+        Some(CommandResult::Failed(e)) => Some(e.clone()),
+        _ => None,
+    };
+    Some(match end.reason {
+        EndReason::Cancelled => CommandResult::Cancelled,
+        EndReason::ProducerLost => CommandResult::Failed(handler_failed.unwrap_or_else(|| {
+            let silence = link.silence_timeout_ms.map(Duration::from_millis).unwrap_or_default();
+            format!(
+                "output stream {path} ended producer_lost: nothing was appended to it for {}",
+                humantime::format_duration(silence)
+            )
+        })),
+        EndReason::Finished => match result {
+            Some(r) if r.is_terminal() => r.clone(),
+            _ => match last_error(streams, link).await {
+                Some(e) => CommandResult::Failed(e),
+                None => CommandResult::Succeeded(crate::RawJson::null()),
+            },
+        },
+    })
+}
+
+/// The error of the output's last entry, if it is an error entry.
+async fn last_error(streams: &StreamStore, link: &OutputLink) -> Option<String> {
+    let path = link.path();
+    let mut from = ReadFrom::Start;
+    let mut last: Option<Bytes> = None;
+    loop {
+        let chunk = streams.read(&path, from).await.ok()?;
+        if let Some(r) = chunk.records.last() {
+            last = Some(r.data.clone());
+        }
+        if chunk.up_to_date || chunk.records.is_empty() {
+            break;
+        }
+        from = ReadFrom::At(chunk.next_offset);
+    }
+    let last = last?;
+    if link.is_json() {
+        let v: serde_json::Value = serde_json::from_slice(&last).ok()?;
+        let e = v.as_object().filter(|o| o.len() == 1)?.get("error")?;
+        Some(e.as_str().map(str::to_string).unwrap_or_else(|| e.to_string()))
+    } else {
+        std::str::from_utf8(&last).ok()?.strip_prefix("error: ").map(str::to_string)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_run_gets_its_own_path_on_the_base() {
+        let l = Lifetimes { state_ttl: Duration::from_secs(60), retention: Duration::from_secs(10) };
+        let first = OutputLink::new("c-1", &OutputSpec::default(), l).unwrap();
+        assert_eq!(
+            (first.stream.as_str(), first.run, first.max_run_ms, first.done_ttl_ms),
+            ("commands/c-1", 1, 60_000, 10_000)
+        );
+        let second = first.next_run();
+        assert_eq!((second.stream.as_str(), second.run), ("commands/c-1/run-2", 2));
+        let third = second.next_run();
+        assert_eq!((third.stream.as_str(), third.run), ("commands/c-1/run-3", 3));
+        let custom = OutputSpec { path: Some("/team/x".into()), ..OutputSpec::default() };
+        assert_eq!(OutputLink::new("c-1", &custom, l).unwrap().stream, "team/x");
+        let zero = OutputSpec { silence_timeout: Some(Duration::ZERO), ..OutputSpec::default() };
+        assert!(matches!(OutputLink::new("c-1", &zero, l), Err(CommandError::InvalidParams(_))));
+    }
+}

@@ -1,0 +1,310 @@
+//! Output streams owned by a command (crate docs, "Output streams"): created at submit, written
+//! by the handler, ended with the command, and their end deciding the command. Every backend.
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_commands::{Command, CommandError, CommandResult, CommandService, CommandStatus, CommandStore, OutputSpec};
+use baton_streams::{EndReason, ReadFrom, StreamPath, StreamStore, StreamStoreSettings};
+use baton_testkit::TestBackend;
+use common::*;
+use serde_json::json;
+
+baton_testkit::on_every_backend!(
+    the_output_ends_with_the_command,
+    a_failed_command_ends_its_output_with_an_error_entry,
+    a_cancel_ends_the_output_and_signals_the_handler,
+    an_output_cancelled_elsewhere_cancels_the_command,
+    a_detached_producer_decides_the_command,
+    a_silent_producer_fails_the_command,
+    a_rerun_writes_a_new_output
+);
+
+async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
+    let store = store_for(b).await;
+    let streams = match b.redis_config() {
+        None => StreamStore::memory(StreamStoreSettings::default()),
+        Some(cfg) => StreamStore::redis(cfg, StreamStoreSettings::default()).await.unwrap(),
+    };
+    store.set_outputs(streams.clone()).unwrap();
+    (store, streams)
+}
+
+/// Every record's data of the stream at `path`, as text.
+async fn records(streams: &StreamStore, path: &str) -> Vec<String> {
+    let path = StreamPath::new(path).unwrap();
+    let mut from = ReadFrom::Start;
+    let mut out = Vec::new();
+    loop {
+        let chunk = streams.read(&path, from).await.unwrap();
+        out.extend(chunk.records.iter().map(|r| String::from_utf8(r.data.to_vec()).unwrap()));
+        if chunk.up_to_date || chunk.records.is_empty() {
+            return out;
+        }
+        from = ReadFrom::At(chunk.next_offset);
+    }
+}
+
+async fn end_of(streams: &StreamStore, path: &str) -> Option<EndReason> {
+    streams.head(&StreamPath::new(path).unwrap()).await.unwrap().end.map(|e| e.reason)
+}
+
+async fn the_output_ends_with_the_command(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output");
+    let submitted =
+        store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let link = submitted.output.clone().expect("the state links its output");
+    assert_eq!(link.stream, format!("commands/{}", submitted.id));
+    assert_eq!((link.run, link.content_type.as_str()), (1, "application/json"));
+    // Readers can attach before any handler runs.
+    assert_eq!(end_of(&streams, &link.stream).await, None);
+    let public = serde_json::to_value(&submitted).unwrap();
+    assert_eq!(public["output"]["stream"], link.stream.as_str());
+
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                let out = c.output().expect("a delivery of a command with an output").open().await?;
+                for i in 0..3 {
+                    out.append_json(&json!({ "step": i })).await?;
+                }
+                Ok(CommandResult::succeeded(json!("done")))
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let done = store.wait(&submitted.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(done.status, CommandStatus::Succeeded);
+    assert_eq!(done.result.as_ref().map(|r| r.get()), Some(r#""done""#));
+    assert_eq!(end_of(&streams, &link.stream).await, Some(EndReason::Finished));
+    assert_eq!(records(&streams, &link.stream).await, vec![r#"{"step":0}"#, r#"{"step":1}"#, r#"{"step":2}"#]);
+    // A command without one has none, and its state's JSON says nothing of it.
+    let plain = store.submit(&q, Command::new("write", json!({}))).await.unwrap();
+    assert_eq!(plain.output, None);
+    assert!(serde_json::to_value(&plain).unwrap().get("output").is_none());
+    svc.close().await;
+
+    // A store without output streams refuses such a submit, storing nothing.
+    let bare = store_for(&b).await;
+    let cmd = Command::new("write", json!({})).with_output(OutputSpec::default());
+    let id = cmd.id.clone();
+    assert!(matches!(bare.submit(&q, cmd).await, Err(CommandError::Output(_))));
+    assert!(bare.get(&id).await.unwrap().is_none());
+    // A bad path is refused as well.
+    let bad = OutputSpec { path: Some("a//b".into()), ..OutputSpec::default() };
+    let e = store.submit(&q, Command::new("write", json!({})).with_output(bad)).await.unwrap_err();
+    assert!(matches!(e, CommandError::InvalidParams(_)), "{e:?}");
+}
+
+async fn a_failed_command_ends_its_output_with_an_error_entry(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-failed");
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                c.output().unwrap().open().await?.append_json(&json!({"line": "partial"})).await?;
+                Ok(CommandResult::failed("disk full"))
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let spec = OutputSpec { path: Some(format!("team-a/{q}")), ..OutputSpec::default() };
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(spec)).await.unwrap();
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((done.status, done.error.as_deref()), (CommandStatus::Failed, Some("disk full")));
+    let path = format!("team-a/{q}");
+    assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
+    assert_eq!(records(&streams, &path).await, vec![r#"{"line":"partial"}"#, r#"{"error":"disk full"}"#]);
+    svc.close().await;
+}
+
+async fn a_cancel_ends_the_output_and_signals_the_handler(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-cancel");
+    let stopped = Arc::new(AtomicU32::new(0));
+    let s2 = stopped.clone();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(move |c: Command| {
+                let stopped = s2.clone();
+                async move {
+                    let out = c.output().unwrap().open().await?;
+                    out.append_json(&json!("started")).await?;
+                    c.cancelled().await;
+                    stopped.fetch_add(1, Ordering::SeqCst);
+                    // Whatever it says now, the cancel was first.
+                    Ok(CommandResult::succeeded(json!("late")))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let path = st.output.unwrap().stream;
+    eventually(Duration::from_secs(5), || async { (records(&streams, &path).await.len() == 1).then_some(()) })
+        .await
+        .expect("the handler started writing");
+    let cancelled = store.cancel(&st.id).await.unwrap();
+    assert_eq!(cancelled.status, CommandStatus::Cancelled);
+    assert_eq!(end_of(&streams, &path).await, Some(EndReason::Cancelled), "ended by the cancel itself");
+    eventually(Duration::from_secs(5), || async { (stopped.load(Ordering::SeqCst) == 1).then_some(()) })
+        .await
+        .expect("the handler was signalled");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.get(&st.id).await.unwrap().unwrap().status, CommandStatus::Cancelled);
+    svc.close().await;
+}
+
+async fn an_output_cancelled_elsewhere_cancels_the_command(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-ended");
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                let out = c.output().unwrap().open().await?;
+                // Appends until one is refused: the stream was ended elsewhere.
+                loop {
+                    if out.append_json(&json!("tick")).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                assert!(c.is_cancelled(), "a refused append of a cancelled output signals the handler");
+                Ok(CommandResult::succeeded(json!("ignored")))
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let path = st.output.unwrap().stream;
+    eventually(Duration::from_secs(5), || async { (!records(&streams, &path).await.is_empty()).then_some(()) })
+        .await
+        .expect("the handler is writing");
+    streams.end(&StreamPath::new(&path).unwrap(), EndReason::Cancelled).await.unwrap();
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((done.status, done.result), (CommandStatus::Cancelled, None));
+    svc.close().await;
+}
+
+async fn a_detached_producer_decides_the_command(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-detached");
+    // `execute` starts a producer and returns `running`; the default `check_status` says
+    // `running` too: only the stream's end can finish the command.
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                let output = c.output().unwrap().clone();
+                let fail = c.params_as::<serde_json::Value>()?["fail"].as_bool().unwrap_or(false);
+                output.streams().clone().spawn(output.path(), output.link().open_options(), move |p| async move {
+                    p.append(json!("working").to_string()).await.map_err(|e| e.to_string())?;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    if fail {
+                        return Err("the analysis crashed".to_string());
+                    }
+                    Ok::<(), String>(())
+                });
+                Ok(CommandResult::running())
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let ok = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let bad = store
+        .submit(&q, Command::new("write", json!({"fail": true})).with_output(OutputSpec::default()))
+        .await
+        .unwrap();
+    let ok = store.wait(&ok.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((ok.status, ok.result.as_ref().map(|r| r.get())), (CommandStatus::Succeeded, Some("null")));
+    let bad = store.wait(&bad.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((bad.status, bad.error.as_deref()), (CommandStatus::Failed, Some("the analysis crashed")));
+    assert_eq!(records(&streams, &bad.output.unwrap().stream).await.len(), 2, "the failure entry stays the last");
+    svc.close().await;
+}
+
+async fn a_silent_producer_fails_the_command(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-silent");
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                // Opens, writes once, and is never heard of again (a producer whose process died).
+                c.output().unwrap().open().await?.append_json(&json!("hello")).await?;
+                Ok(CommandResult::running())
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let spec = OutputSpec { silence_timeout: Some(Duration::from_millis(400)), ..OutputSpec::default() };
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(spec)).await.unwrap();
+    let done = store.wait(&st.id, Duration::from_secs(15)).await.unwrap();
+    let path = st.output.unwrap().stream;
+    assert_eq!(done.status, CommandStatus::Failed);
+    assert_eq!(
+        done.error.as_deref(),
+        Some(format!("output stream {path} ended producer_lost: nothing was appended to it for 400ms").as_str())
+    );
+    assert_eq!(end_of(&streams, &path).await, Some(EndReason::ProducerLost));
+    svc.close().await;
+}
+
+async fn a_rerun_writes_a_new_output(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-rerun");
+    let calls = Arc::new(AtomicU32::new(0));
+    let c2 = calls.clone();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(move |c: Command| {
+                let n = c2.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    c.output().unwrap().open().await?.append_json(&json!({ "run": n })).await?;
+                    Ok(if n == 1 { CommandResult::failed("first") } else { CommandResult::succeeded(json!(n)) })
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let first = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(first.status, CommandStatus::Failed);
+    let rerun = store.retry(&st.id).await.unwrap();
+    let link = rerun.output.clone().unwrap();
+    assert_eq!((link.run, link.stream.clone()), (2, format!("commands/{}/run-2", st.id)));
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(done.status, CommandStatus::Succeeded);
+    assert_eq!(records(&streams, &link.stream).await, vec![r#"{"run":2}"#]);
+    assert_eq!(end_of(&streams, &link.stream).await, Some(EndReason::Finished));
+    let old = format!("commands/{}", st.id);
+    assert_eq!(
+        records(&streams, &old).await,
+        vec![r#"{"run":1}"#, r#"{"error":"first"}"#],
+        "the first run's output kept"
+    );
+    svc.close().await;
+}
