@@ -416,14 +416,17 @@ async fn deleted_pending_entries_are_cleaned() {
     })
     .await
     .expect("delivered once");
+    // Pending before the delete (checked before it: after it, a reclaim tick may already have
+    // dropped the entry, which is what this test waits for).
+    assert_eq!(s.stats(&q).await.unwrap().pending, 1, "in the pending list");
     let mut conn = client.shared().await.unwrap();
-    let _: i64 = redis::cmd("XDEL")
+    let deleted: i64 = redis::cmd("XDEL")
         .arg(keys::stream(keys::DEFAULT_PREFIX, &q))
         .arg(id.to_string())
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(s.stats(&q).await.unwrap().pending, 1, "still in the pending list");
+    assert_eq!(deleted, 1, "the entry was in the stream");
     eventually(Duration::from_secs(3), || {
         let s = s.clone();
         let q = q.clone();
