@@ -69,8 +69,10 @@ impl Command {
 
     /// Asks the submit for an output stream owned by the command (crate docs, "Output
     /// streams"): created at submit, written by the handler ([`Command::output`]), ended with the
-    /// command. Needs a store with output streams ([`crate::CommandStore::set_outputs`]). Not part
-    /// of the command's body: a resubmit of the same id keeps the first submit's output.
+    /// command. Needs a store with output streams ([`crate::CommandStore::set_outputs`]). Part of
+    /// what makes a resubmit of the same id idempotent: a resubmit asking for another output (or
+    /// none, where the first asked for one, or the reverse) is a [`crate::CommandError::Conflict`]
+    /// (`what` = `"output"`), as other params are.
     pub fn with_output(mut self, spec: crate::OutputSpec) -> Self {
         self.output_spec = Some(spec);
         self
@@ -518,7 +520,7 @@ struct PublicState<'a> {
     id: &'a str,
     modified_at: &'a Timestamp,
     #[serde(skip_serializing_if = "Option::is_none")]
-    output: &'a Option<crate::OutputLink>,
+    output: Option<crate::output::PublicOutput<'a>>,
     params: &'a RawJson,
     #[serde(skip_serializing_if = "Option::is_none")]
     progress: &'a Option<Progress>,
@@ -544,7 +546,7 @@ impl Serialize for CommandState {
             handed_off_to: &self.handed_off_to,
             id: &self.id,
             modified_at: &self.modified_at,
-            output: &self.output,
+            output: self.output.as_ref().map(|link| crate::output::PublicOutput { link, url: link.url() }),
             params: &self.params,
             progress: &self.progress,
             queue: &self.queue,

@@ -38,6 +38,17 @@ pub struct OutputSpec {
     pub silence_timeout: Option<Duration>,
 }
 
+impl OutputSpec {
+    /// The stream path a submit of command `id` with this spec gets (before any check):
+    /// [`OutputSpec::path`] without its leading `/`, else `commands/<id>`.
+    pub fn stream_for(&self, id: &str) -> String {
+        match &self.path {
+            Some(p) => p.trim_start_matches('/').to_string(),
+            None => format!("commands/{id}"),
+        }
+    }
+}
+
 /// The producer id of every output stream's writer: each delivery's [`Output::open`] claims a
 /// new epoch of it, fencing the writer of an earlier delivery (a process taken for dead).
 pub const OUTPUT_PRODUCER: &str = "command";
@@ -64,7 +75,7 @@ impl OutputLink {
     /// The link of run 1 of command `id`, from `spec` and the home queue's lifetimes.
     /// Errors: [`CommandError::InvalidParams`] for a bad path or a zero silence timeout.
     pub(crate) fn new(id: &str, spec: &OutputSpec, lifetimes: Lifetimes) -> Result<Self, CommandError> {
-        let stream = spec.path.clone().unwrap_or_else(|| format!("commands/{id}"));
+        let stream = spec.stream_for(id);
         let path = StreamPath::new(&stream).map_err(|e| CommandError::InvalidParams(format!("output path: {e}")))?;
         if spec.silence_timeout.is_some_and(|d| d < Duration::from_millis(1)) {
             return Err(CommandError::InvalidParams("output silence_timeout must be at least 1 ms".into()));
@@ -87,6 +98,36 @@ impl OutputLink {
         };
         let run = self.run + 1;
         Self { stream: format!("{base}/run-{run}"), run, ..self.clone() }
+    }
+
+    /// True when `other` (a submit's link, run 1) asks for the same output as this one, this
+    /// one's run aside: same base path, content type and silence timeout (the lifetimes come from
+    /// the queue's settings, not from the submit, so they are not compared).
+    pub(crate) fn same_request(&self, other: &OutputLink) -> bool {
+        let base = match self.run {
+            1 => self.stream.as_str(),
+            n => self.stream.strip_suffix(&format!("/run-{n}")).unwrap_or(&self.stream),
+        };
+        base == other.stream
+            && self.content_type == other.content_type
+            && self.silence_timeout_ms == other.silence_timeout_ms
+    }
+
+    /// The URL path that reads the stream over HTTP: `/v1/stream/<stream>`, each segment
+    /// percent-encoded (RFC 3986 unreserved characters kept).
+    pub fn url(&self) -> String {
+        let mut out = String::from("/v1/stream");
+        for seg in self.stream.split('/') {
+            out.push('/');
+            for b in seg.bytes() {
+                if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                    out.push(b as char);
+                } else {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+            }
+        }
+        out
     }
 
     /// The stream path (checked at submit).
@@ -118,6 +159,14 @@ impl OutputLink {
     fn is_json(&self) -> bool {
         baton_streams::is_json(&self.content_type)
     }
+}
+
+/// The public (HTTP) form of an [`OutputLink`]: its fields and `url` ([`OutputLink::url`]).
+#[derive(Serialize)]
+pub(crate) struct PublicOutput<'a> {
+    #[serde(flatten)]
+    pub link: &'a OutputLink,
+    pub url: String,
 }
 
 /// A handler's access to its command's output stream ([`crate::Command::output`]).
@@ -339,6 +388,9 @@ mod tests {
         assert_eq!((third.stream.as_str(), third.run), ("commands/c-1/run-3", 3));
         let custom = OutputSpec { path: Some("/team/x".into()), ..OutputSpec::default() };
         assert_eq!(OutputLink::new("c-1", &custom, l).unwrap().stream, "team/x");
+        let odd = OutputSpec { path: Some("a b/ü%/x".into()), ..OutputSpec::default() };
+        assert_eq!(OutputLink::new("c-1", &odd, l).unwrap().url(), "/v1/stream/a%20b/%C3%BC%25/x");
+        assert_eq!(first.url(), "/v1/stream/commands/c-1");
         let zero = OutputSpec { silence_timeout: Some(Duration::ZERO), ..OutputSpec::default() };
         assert!(matches!(OutputLink::new("c-1", &zero, l), Err(CommandError::InvalidParams(_))));
     }

@@ -20,7 +20,8 @@ baton_testkit::on_every_backend!(
     an_output_cancelled_elsewhere_cancels_the_command,
     a_detached_producer_decides_the_command,
     a_silent_producer_fails_the_command,
-    a_rerun_writes_a_new_output
+    a_rerun_writes_a_new_output,
+    a_resubmit_with_another_output_is_a_conflict
 );
 
 async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
@@ -64,6 +65,7 @@ async fn the_output_ends_with_the_command(b: TestBackend) {
     assert_eq!(end_of(&streams, &link.stream).await, None);
     let public = serde_json::to_value(&submitted).unwrap();
     assert_eq!(public["output"]["stream"], link.stream.as_str());
+    assert_eq!(public["output"]["url"], format!("/v1/stream/commands/{}", submitted.id));
 
     let svc = CommandService::builder(store.clone(), &q)
         .settings(fast())
@@ -300,6 +302,12 @@ async fn a_rerun_writes_a_new_output(b: TestBackend) {
     assert_eq!(done.status, CommandStatus::Succeeded);
     assert_eq!(records(&streams, &link.stream).await, vec![r#"{"run":2}"#]);
     assert_eq!(end_of(&streams, &link.stream).await, Some(EndReason::Finished));
+    // The re-run's link still answers a resubmit of the first request (the run aside).
+    let again = Command::with_id(st.id.clone(), "write", json!({})).with_output(OutputSpec::default());
+    assert_eq!(store.submit(&q, again).await.unwrap().output.unwrap().run, 2);
+    let other = Command::with_id(st.id.clone(), "write", json!({}))
+        .with_output(OutputSpec { path: Some(format!("commands/{}/run-2", st.id)), ..OutputSpec::default() });
+    assert!(matches!(store.submit(&q, other).await, Err(CommandError::Conflict { what: "output", .. })));
     let old = format!("commands/{}", st.id);
     assert_eq!(
         records(&streams, &old).await,
@@ -307,4 +315,50 @@ async fn a_rerun_writes_a_new_output(b: TestBackend) {
         "the first run's output kept"
     );
     svc.close().await;
+}
+
+async fn a_resubmit_with_another_output_is_a_conflict(b: TestBackend) {
+    let (store, _streams) = setup(&b).await;
+    let q = queue_name("output-idem");
+    let spec = OutputSpec {
+        path: Some("team/log-1".into()),
+        content_type: Some("text/plain".into()),
+        silence_timeout: Some(Duration::from_secs(30)),
+    };
+    let cmd = |spec: Option<OutputSpec>| {
+        let c = Command::with_id("idem-1", "write", json!({"a": 1}));
+        match spec {
+            Some(s) => c.with_output(s),
+            None => c,
+        }
+    };
+    let (first, created) = store.submit_created(&q, cmd(Some(spec.clone()))).await.unwrap();
+    assert!(created);
+    let link = first.output.clone().unwrap();
+    assert_eq!(
+        (link.stream.as_str(), link.content_type.as_str(), link.silence_timeout_ms),
+        ("team/log-1", "text/plain", Some(30_000))
+    );
+    // The same request (a leading `/` is the same path): the stored state.
+    let same = OutputSpec { path: Some("/team/log-1".into()), ..spec.clone() };
+    let (again, created) = store.submit_created(&q, cmd(Some(same))).await.unwrap();
+    assert_eq!((created, again.output), (false, Some(link)));
+    // Anything else is a conflict, and changes nothing.
+    let others = [
+        None,
+        Some(OutputSpec::default()),
+        Some(OutputSpec { path: Some("team/log-2".into()), ..spec.clone() }),
+        Some(OutputSpec { content_type: None, ..spec.clone() }),
+        Some(OutputSpec { silence_timeout: None, ..spec.clone() }),
+    ];
+    for other in others {
+        let e = store.submit(&q, cmd(other.clone())).await.unwrap_err();
+        assert!(matches!(&e, CommandError::Conflict { what: "output", .. }), "{other:?}: {e:?}");
+        assert_eq!(e.to_string(), "command idem-1 already exists with a different output");
+    }
+    // A command stored without an output conflicts with a resubmit asking for one.
+    store.submit(&q, Command::with_id("idem-2", "write", json!({}))).await.unwrap();
+    let e = store.submit(&q, Command::with_id("idem-2", "write", json!({})).with_output(OutputSpec::default())).await;
+    assert!(matches!(e, Err(CommandError::Conflict { what: "output", .. })), "{e:?}");
+    assert_eq!(store.get("idem-1").await.unwrap().unwrap().output.unwrap().stream, "team/log-1");
 }

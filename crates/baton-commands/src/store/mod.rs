@@ -207,8 +207,8 @@ impl CommandStore {
     }
 
     /// Submits `command` to `queue`: stores its state (`SUBMITTED`, version 1) and enqueues it,
-    /// atomically (see the crate docs). Idempotent on id: the same id with the same type and
-    /// params returns the stored state (whatever its status now). "The same params" means the
+    /// atomically (see the crate docs). Idempotent on id: the same id with the same type,
+    /// params and output ([`Command::with_output`]; a re-run's run aside) returns the stored state (whatever its status now). "The same params" means the
     /// same JSON meaning, not the same text: whitespace, key order and string escapes do not
     /// matter, numbers compare by exact decimal value and kind (`0.1` = `0.10`, `1` ≠ `1.0`; the
     /// full rule: [`RawJson`]). The stored params stay the text of the first submit.
@@ -220,7 +220,9 @@ impl CommandStore {
     /// [`CommandError::InvalidParams`] (refused by `validate`, or a string with a lone UTF-16
     /// surrogate escape, or arrays and objects nested more than [`crate::MAX_PARAMS_NESTING`]
     /// deep), [`CommandError::Queue`] (bad queue name),
-    /// [`CommandError::Conflict`] (same id, other type/params or other queue), backend errors.
+    /// [`CommandError::Conflict`] (same id, other type/params, other output or other queue),
+    /// [`CommandError::Output`] (an output asked of a store without output streams), backend
+    /// errors.
     pub async fn submit(&self, queue: &str, command: Command) -> Result<CommandState, CommandError> {
         self.submit_created(queue, command).await.map(|(state, _)| state)
     }
@@ -296,6 +298,16 @@ impl CommandStore {
             }
             SubmitOutcome::Existing(s) => {
                 remember(&s);
+                // The output is part of the request (Command::with_output): asked the same (the
+                // run aside: a re-run moves it to <path>/run-<n>) or a conflict, as params are.
+                let same_output = match (&s.output, &state.output) {
+                    (None, None) => true,
+                    (Some(stored), Some(asked)) => stored.same_request(asked),
+                    _ => false,
+                };
+                if !same_output {
+                    return Err(CommandError::Conflict { id: command.id, what: "output" });
+                }
                 Ok((s, false))
             }
             SubmitOutcome::Conflict => Err(CommandError::Conflict { id: command.id, what: "type or params" }),
