@@ -78,6 +78,11 @@ impl Command {
         self
     }
 
+    /// What this command asks of an output stream at submit ([`Command::with_output`]), if anything.
+    pub fn output_spec(&self) -> Option<&crate::OutputSpec> {
+        self.output_spec.as_ref()
+    }
+
     /// The command's output stream, on a handler's delivery of a command submitted with one
     /// ([`Command::with_output`]); `None` otherwise.
     pub fn output(&self) -> Option<&crate::Output> {

@@ -461,7 +461,8 @@ on_every_backend!(
     dead_letters,
     params_come_back_exactly,
     retry_and_list_filters,
-    workers_list
+    workers_list,
+    output_streams
 );
 
 mod listing {
@@ -475,6 +476,82 @@ mod listing {
         baton_testkit::require_redis();
         listing_and_queue_stats(TestBackend::Standalone(baton_testkit::RedisServer::start())).await
     }
+}
+
+/// A stream's whole body and its end (`Stream-Closed`, `Baton-End-Reason`) read at `url`.
+async fn read_stream(srv: &TestServer, url: &str) -> (StatusCode, String, Option<String>) {
+    let res = client().get(format!("{}{url}?offset=-1", srv.base)).send().await.unwrap();
+    let status = res.status();
+    let closed = header(&res, "stream-closed") == Some("true");
+    let reason = header(&res, "baton-end-reason").map(str::to_string);
+    let body = res.text().await.unwrap();
+    (status, body, if closed { Some(reason.unwrap_or_else(|| "finished".into())) } else { None })
+}
+
+/// A command submitted with `output` owns a stream, linked in its state, readable at its url,
+/// ended with the command (SUCCEEDED finished, FAILED an error entry, CANCELLED cancelled); a
+/// resubmit with another output is a 409.
+async fn output_streams(backend: TestBackend) {
+    let srv = serve(backend, |_| {}).await;
+    let submit = "/v1/queues/default/commands";
+    let (s, st) = post(&srv, &format!("{submit}?wait=10s"), json!({"id": "o-1", "type": "echo", "output": true})).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(st["status"], "SUCCEEDED");
+    assert_eq!(
+        st["output"],
+        json!({"stream": "commands/o-1", "url": "/v1/stream/commands/o-1", "run": 1,
+               "content_type": "application/json", "max_run_ms": 604_800_000u64, "done_ttl_ms": 86_400_000u64})
+    );
+    assert_eq!(
+        read_stream(&srv, "/v1/stream/commands/o-1").await,
+        (StatusCode::OK, "[]".into(), Some("finished".into()))
+    );
+    // The same request again is the same command; another output is a conflict.
+    let (s, again) = post(&srv, submit, json!({"type": "echo", "output": true, "id": "o-1"})).await;
+    assert_eq!((s, &again["output"]), (StatusCode::OK, &st["output"]));
+    for other in [json!({"id": "o-1", "type": "echo"}), json!({"id": "o-1", "type": "echo", "output": {"path": "x/y"}})]
+    {
+        let (s, e) = post(&srv, submit, other).await;
+        assert_eq!(s, StatusCode::CONFLICT);
+        assert_eq!(e["error"], "conflict");
+        assert_eq!(
+            e["message"],
+            "command o-1 already exists with a different output; resubmit the same body, or use a new id"
+        );
+    }
+
+    // A failure ends it with an error entry; a custom path, type and silence timeout are kept.
+    let body = json!({"id": "o-2", "type": "fail", "params": {"error": "no disk"},
+                      "output": {"path": "team/o 2", "content_type": "text/plain", "silence_timeout": "2m"}});
+    let (s, st) = post(&srv, &format!("{submit}?wait=10s"), body).await;
+    assert_eq!((s, &st["status"]), (StatusCode::ACCEPTED, &json!("FAILED")));
+    assert_eq!(st["output"]["url"], "/v1/stream/team/o%202");
+    assert_eq!(
+        (&st["output"]["content_type"], &st["output"]["silence_timeout_ms"]),
+        (&json!("text/plain"), &json!(120_000))
+    );
+    let (s, text, end) = read_stream(&srv, "/v1/stream/team/o%202").await;
+    assert_eq!((s, text.as_str(), end.as_deref()), (StatusCode::OK, "error: no disk", Some("finished")));
+
+    // A cancel ends it cancelled, whether or not its handler is running.
+    let (s, st) =
+        post(&srv, submit, json!({"id": "o-3", "type": "sleep", "params": {"ms": 60000}, "output": true})).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(read_stream(&srv, "/v1/stream/commands/o-3").await, (StatusCode::OK, "[]".into(), None));
+    let (s, st2) = post(&srv, "/v1/commands/o-3/cancel", json!({})).await;
+    assert_eq!((s, &st2["status"], &st2["output"]), (StatusCode::OK, &json!("CANCELLED"), &st["output"]));
+    assert_eq!(
+        read_stream(&srv, "/v1/stream/commands/o-3").await,
+        (StatusCode::OK, "[]".into(), Some("cancelled".into()))
+    );
+
+    // A re-run writes <path>/run-2.
+    let (s, st) = post(&srv, "/v1/commands/o-3/retry", json!({})).await;
+    assert_eq!(
+        (s, &st["output"]["url"], &st["output"]["run"]),
+        (StatusCode::OK, &json!("/v1/stream/commands/o-3/run-2"), &json!(2))
+    );
+    srv.stop().await;
 }
 
 fn urlencode(s: &str) -> String {

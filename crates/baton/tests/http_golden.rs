@@ -797,6 +797,34 @@ async fn commands(g: &mut Golden) {
     g.send(req("GET", "/v1/commands/nap-1/cancel")).await;
     g.send(req("DELETE", submit)).await;
     g.send(req("PATCH", submit)).await;
+
+    g.section("commands: output streams");
+    let with_output = r#"{"id": "out-1", "type": "echo", "params": {"n": 1}, "output": true}"#;
+    g.send(req("POST", format!("{submit}?wait=5s")).body(with_output)).await;
+    g.send(req("POST", submit).body(with_output)).await;
+    g.send(req("GET", "/v1/stream/commands/out-1?offset=-1")).await;
+    for other in [
+        r#"{"id": "out-1", "type": "echo", "params": {"n": 1}}"#,
+        r#"{"id": "out-1", "type": "echo", "params": {"n": 1}, "output": {"path": "commands/out-1", "content_type": "text/plain"}}"#,
+    ] {
+        g.send(req("POST", submit).body(other)).await;
+    }
+    let custom = r#"{"id": "out-2", "type": "echo", "output": {"path": "/team/out 2", "content_type": "text/plain", "silence_timeout": "90s"}}"#;
+    g.send(req("POST", submit).body(custom)).await;
+    for bad in [
+        r#"{"type": "echo", "output": 5}"#,
+        r#"{"type": "echo", "output": "yes"}"#,
+        r#"{"type": "echo", "output": {"path": ""}}"#,
+        r#"{"type": "echo", "output": {"path": "a//b"}}"#,
+        r#"{"type": "echo", "output": {"path": 7}}"#,
+        r#"{"type": "echo", "output": {"content_type": "text/\nplain"}}"#,
+        r#"{"type": "echo", "output": {"silence_timeout": "soon"}}"#,
+        r#"{"type": "echo", "output": {"silence_timeout": "0s"}}"#,
+        r#"{"type": "echo", "output": {"silence_timeout": "400d"}}"#,
+        r#"{"type": "echo", "output": {"lines": 3}}"#,
+    ] {
+        g.send(req("POST", submit).body(bad)).await;
+    }
 }
 
 fn url_encode(s: &str) -> String {
@@ -959,6 +987,11 @@ async fn secured(g: &mut Golden) {
     g.send(req("POST", submit).token(READER).body(nap)).await;
     g.send(req("POST", submit).token(WRITER).body(nap)).await;
     g.send(req("POST", "/v1/queues/other/commands").token(WRITER).body(r#"{"type": "echo"}"#)).await;
+    // An output stream is written by the command: its path must be the token's to write.
+    g.send(req("POST", submit).token(WRITER).body(r#"{"id": "c-2", "type": "echo", "output": true}"#)).await;
+    let own = r#"{"id": "c-3", "type": "echo", "output": {"path": "acme/w/c-3"}}"#;
+    g.send(req("POST", submit).token(WRITER).body(own)).await;
+    g.send(req("GET", "/v1/commands/c-2").token(READER)).await;
     g.send(req("POST", "/v1/queues/other/commands").token(ADMIN).body(r#"{"id": "o-1", "type": "echo"}"#)).await;
     g.send(req("GET", "/v1/commands/c-1").token(READER)).await;
     g.send(req("GET", "/v1/commands/o-1").token(READER)).await;

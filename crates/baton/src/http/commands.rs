@@ -3,7 +3,7 @@
 //!
 //! | Route | Success | Errors |
 //! |---|---|---|
-//! | `POST /v1/queues/{queue}/commands` body `{"id"?: string, "type": string, "params"?: any}` | `202` + state (new), `200` + state (same id and body) | `400` bad JSON / body shape / id / type / params, `404` unknown queue, `409` same id with another body, `413` body over `max_command_body` |
+//! | `POST /v1/queues/{queue}/commands` body `{"id"?: string, "type": string, "params"?: any, "output"?: true \| {"path"?, "content_type"?, "silence_timeout"?}}` | `202` + state (new), `200` + state (same id, body and output) | `400` bad JSON / body shape / id / type / params / output, `403` an output stream the token may not write, `404` unknown queue, `409` same id with another body or output, `413` body over `max_command_body` |
 //! | `GET /v1/commands/{id}?wait=30s` | `200` + state (after at most `wait`, earlier once terminal) | `400` bad id or wait, `404` unknown id, `503` all live-reader slots taken (a wait holds one) |
 //! | `POST /v1/commands/{id}/cancel` | `200` + state (`CANCELLED`) | `400` bad id, `404` unknown id, `409` already terminal (with `state`) |
 //! | `POST /v1/commands/{id}/retry` | `200` + state (`SUBMITTED` again) | `400` bad id, `404` unknown id, `409` not FAILED or CANCELLED (`not_retryable`, with `state`) |
@@ -11,7 +11,8 @@
 //!
 //! A state is the command service's JSON (`id, queue, type, params, status, result, error,
 //! attempts, errors_count, created_at, started_at, modified_at, completed_at, version,
-//! handed_off_to`; times RFC 3339 UTC with milliseconds). `params` come back exactly as
+//! handed_off_to`, and `output` `{stream, url, run, content_type, …}` for a command submitted with
+//! one; times RFC 3339 UTC with milliseconds). `params` come back exactly as
 //! submitted (byte for byte: numbers of any size and precision, escapes, key order) and `result`
 //! exactly as the handler wrote it. Backend failures are `503` with
 //! `Retry-After: 1`. Queue statistics and dead letters are in [`super::queues`], the routes in
@@ -24,7 +25,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use std::collections::BTreeMap;
 
-use baton_commands::{validate_id, Command, CommandError, CommandState, CommandStore, ListQuery, RawJson, Timestamp};
+use baton_commands::{
+    validate_id, Command, CommandError, CommandState, CommandStore, ListQuery, OutputSpec, RawJson, Timestamp,
+};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -61,10 +64,10 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
     let Ok(mut m) = serde_json::from_slice::<BTreeMap<String, &RawValue>>(body) else {
         return Err(body_error(body));
     };
-    if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "id" | "type" | "params")) {
+    if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "id" | "type" | "params" | "output")) {
         return Err(ApiError::invalid(
             "invalid_body",
-            format!("unknown field {}; a command body has only id, type and params", echo(k)),
+            format!("unknown field {}; a command body has only id, type, params and output", echo(k)),
         ));
     }
     let field = |raw: Option<&RawValue>| -> Result<Option<Value>, ApiError> {
@@ -83,14 +86,80 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
         }
     };
     let params = m.remove("params").map(|r| RawJson::from(r.to_owned())).unwrap_or_default();
-    match field(m.remove("id"))? {
-        None | Some(Value::Null) => Ok(Command::new(command_type, params)),
-        Some(Value::String(id)) => Ok(Command::with_id(id, command_type, params)),
-        Some(other) => Err(ApiError::invalid(
-            "invalid_body",
-            format!("\"id\" must be a string (1 to 200 bytes, no braces or whitespace); got {}", kind_of(&other)),
-        )),
+    let output = output_spec(field(m.remove("output"))?)?;
+    let command = match field(m.remove("id"))? {
+        None | Some(Value::Null) => Command::new(command_type, params),
+        Some(Value::String(id)) => Command::with_id(id, command_type, params),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "invalid_body",
+                format!("\"id\" must be a string (1 to 200 bytes, no braces or whitespace); got {}", kind_of(&other)),
+            ))
+        }
+    };
+    Ok(match output {
+        Some(spec) => command.with_output(spec),
+        None => command,
+    })
+}
+
+/// Longest `silence_timeout` of a submit's `output`.
+pub const MAX_SILENCE_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+const OUTPUT_SHAPE: &str =
+    "true, or {\"path\"?: \"a/stream/path\", \"content_type\"?: \"application/json\", \"silence_timeout\"?: \"60s\"}";
+
+/// The submit body's `output`: `true` or an object asks for an output stream, `false` or `null`
+/// (or no field) for none. Errors (`invalid_body`) say which part to fix: another kind of
+/// value, an unknown field, a path that is not a stream path, a content type that cannot be a
+/// header, a silence timeout that is not a positive duration.
+fn output_spec(v: Option<Value>) -> Result<Option<OutputSpec>, ApiError> {
+    let bad = |why: String| ApiError::invalid("invalid_body", format!("\"output\" must be {OUTPUT_SHAPE}; {why}"));
+    let mut o = match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => return Ok(None),
+        Some(Value::Bool(true)) => return Ok(Some(OutputSpec::default())),
+        Some(Value::Object(o)) => o,
+        Some(other) => return Err(bad(format!("got {}", kind_of(&other)))),
+    };
+    let mut text = |k: &str| -> Result<Option<String>, ApiError> {
+        match o.remove(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(bad(format!("\"{k}\" must be a string; got {}", kind_of(&other)))),
+        }
+    };
+    let path = text("path")?;
+    if let Some(p) = &path {
+        baton_streams::StreamPath::new(p).map_err(|e| bad(format!("\"path\" {}: {e}", echo(p))))?;
     }
+    let content_type = text("content_type")?;
+    if let Some(ct) = &content_type {
+        if ct.trim().is_empty() || ct.parse::<HeaderValue>().is_err() {
+            return Err(bad(format!("\"content_type\" {} is not a media type like text/plain", echo(ct))));
+        }
+    }
+    let silence = text("silence_timeout")?;
+    if let Some(k) = o.keys().next() {
+        return Err(bad(format!("unknown field {}", echo(k))));
+    }
+    let silence_timeout = match silence {
+        None => None,
+        Some(s) => {
+            let d = humantime::parse_duration(s.trim())
+                .map_err(|e| bad(format!("\"silence_timeout\" {}: {e}", echo(&s))))?;
+            if d < Duration::from_millis(1) {
+                return Err(bad(format!(
+                    "\"silence_timeout\" {} would end the stream at once; give a duration of at least 1ms",
+                    echo(&s)
+                )));
+            }
+            if d > MAX_SILENCE_TIMEOUT {
+                return Err(bad(format!("\"silence_timeout\" {} is over the most, 365d", echo(&s))));
+            }
+            Some(d)
+        }
+    };
+    Ok(Some(OutputSpec { path, content_type, silence_timeout }))
 }
 
 /// The error of a body that is not a JSON object of fields: invalid JSON (as serde_json names
@@ -136,6 +205,11 @@ pub async fn submit(
     }
     // A held request is a live reader (bounded by --max-live-readers like GET …?wait=): its
     // slot is taken before anything is stored, so a refusal stores nothing.
+    if let Some(spec) = command.output_spec() {
+        // The command creates its output stream: the caller must be allowed to write it.
+        let who = principal(&parts.extensions)?;
+        who.check_stream(Op::Write, &spec.stream_for(&command.id)).map_err(ApiError::forbidden)?;
+    }
     let permit = wait.map(|_| st.live_permit()).transpose()?;
     let (mut state, created) = api.store().submit_created(&queue, command).await?;
     if let (Some(d), Some(_permit)) = (wait, permit) {

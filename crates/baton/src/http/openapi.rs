@@ -177,7 +177,25 @@ fn schemas() -> Value {
             "id": { "type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^{}\\s]+$",
                     "description": "Client-chosen id (idempotency key); a UUIDv7 when absent." },
             "type": { "type": "string", "minLength": 1, "description": "A command type the queue has a handler for." },
-            "params": { "description": "Any JSON; the handler may refuse it (400)." } } },
+            "params": { "description": "Any JSON; the handler may refuse it (400)." },
+            "output": { "description": "An output stream owned by the command (`true`: defaults; `false`, `null` or absent: none): created at submit, written by its handler, ended with the command. Part of the request: a resubmit of the id with another `output` is a 409.",
+                "oneOf": [
+                    { "type": ["boolean", "null"] },
+                    { "type": "object", "additionalProperties": false, "properties": {
+                        "path": { "type": "string", "minLength": 1, "maxLength": 1024, "description": "Stream path (default `commands/<id>`); the token needs `write` on it. A re-run writes `<path>/run-<n>`." },
+                        "content_type": { "type": "string", "minLength": 1, "description": "The stream's content type (default `application/json`)." },
+                        "silence_timeout": { "type": "string", "description": "No append nor keepalive for this long (`30s`, `5m`; 1ms to 365d) ends the stream `producer_lost` and the command FAILED. Default: never." } } }
+                ] } } },
+        "OutputLink": { "type": "object", "required": ["stream", "url", "run", "content_type", "max_run_ms", "done_ttl_ms"], "additionalProperties": false,
+            "description": "The command's output stream (submitted with `output`); absent otherwise.",
+            "properties": {
+                "stream": { "type": "string", "description": "The stream path." },
+                "url": { "type": "string", "description": "Where to read it: `/v1/stream/<stream>` (segments percent-encoded)." },
+                "run": { "type": "integer", "minimum": 1, "description": "1 for the submit, +1 per re-run (each run writes `<path>/run-<n>`)." },
+                "content_type": { "type": "string" },
+                "silence_timeout_ms": { "type": "integer", "minimum": 1, "description": "Absent: no silence timeout." },
+                "max_run_ms": { "type": "integer", "minimum": 0, "description": "The stream is deleted this long after its creation (the queue's `state_ttl`)." },
+                "done_ttl_ms": { "type": "integer", "minimum": 0, "description": "The stream is kept this long after its end (the queue's `retention`)." } } },
         "CommandStatus": { "type": "string", "enum": ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] },
         "CommandState": { "type": "object",
             "required": ["id", "queue", "type", "params", "status", "result", "error", "attempts", "errors_count",
@@ -192,7 +210,8 @@ fn schemas() -> Value {
                 "handed_off_to": { "type": ["string", "null"] },
                 "progress": r("Progress"),
                 "details": { "description": "The handler's last checkpoint (any JSON; an HTTP worker's renewal, or `Command::checkpoint` of an in-process handler): handed to the next delivery. Absent until reported." },
-                "execution": r("Execution") } },
+                "execution": r("Execution"),
+                "output": r("OutputLink") } },
         "Execution": { "type": "object", "required": ["worker", "call", "since", "deliveries", "deadline"], "additionalProperties": false,
             "description": "The in-process handler call working on the command now, written about a second after it started (shorter calls never show one) and removed by its outcome. Absent otherwise.",
             "properties": {

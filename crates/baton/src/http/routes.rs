@@ -747,7 +747,8 @@ fn command_routes(d: &Docs) -> Vec<Route> {
     let submit_body = json!({ "required": true,
         "content": { "application/json": { "schema": r("SubmitRequest"),
             "examples": { "echo": { "value": { "type": "echo", "params": { "hello": "world" } } },
-                          "sleep": { "value": { "id": "nap-1", "type": "sleep", "params": { "ms": 100 } } } } } } });
+                          "sleep": { "value": { "id": "nap-1", "type": "sleep", "params": { "ms": 100 } } },
+                          "output": { "value": { "type": "echo", "params": { "hello": "world" }, "output": true } } } } } });
     vec![
         Route::json("/v1/queues/{queue}/commands", Access::Queue(Write))
             .on(
@@ -812,7 +813,7 @@ fn command_routes(d: &Docs) -> Vec<Route> {
                             (
                                 "200",
                                 with_links(
-                                    json_resp("Same id and body as an existing command: its state.", r("CommandState")),
+                                    json_resp("Same id, body and output as an existing command: its state.", r("CommandState")),
                                     by_id(),
                                 ),
                             ),
@@ -826,9 +827,9 @@ fn command_routes(d: &Docs) -> Vec<Route> {
                                     by_id(),
                                 ),
                             ),
-                            ("400", err_resp("Malformed JSON, wrong field types, bad id, unknown type, params the handler refuses, or a bad wait.")),
+                            ("400", err_resp("Malformed JSON, wrong field types, bad id, unknown type, params the handler refuses, a bad output, or a bad wait.")),
                             ("404", err_resp("Unknown queue.")),
-                            ("409", err_resp("The id exists with another body.")),
+                            ("409", err_resp("The id exists with another body or output.")),
                             ("413", err_resp("Body over max_command_body.")),
                             ("415", err_resp("`unsupported_media_type`: the Content-Type is not JSON; send `application/json` (a `+json` type, or no Content-Type, is read as JSON too).")),
                             ("503", err_resp("Backend unavailable, or a wait found every live-reader slot taken (Retry-After).")),
