@@ -718,3 +718,118 @@ fn bench_runs_each_workload_in_memory() {
     assert!(lines[2].starts_with("queue "), "{out:?}");
     Out::from(Command::new(BIN).args(["bench", "queue", "--concurrency", "0"]).output().unwrap()).code(2);
 }
+
+/// `commands submit --output…`, `status` showing the link, `output` reading it and `output
+/// --follow` following it until the command's cancel ends it.
+fn command_output(s: Serve) {
+    let out = s.run(&["commands", "submit", "default", "sleep", r#"{"ms":600000}"#, "--id", "o1", "--output"]).ok();
+    assert_eq!(
+        out.stdout,
+        "submitted o1 to default (SUBMITTED)\noutput: commands/o1 (run 1, application/json) at /v1/stream/commands/o1\n"
+    );
+    let out = s.run(&["commands", "status", "o1"]).ok();
+    let line = out.stdout.lines().find(|l| l.starts_with("output:")).unwrap_or_default().to_string();
+    assert_eq!(line, "output:        commands/o1 (run 1, application/json) at /v1/stream/commands/o1");
+    // Another output for the same id is a conflict (4).
+    let out = s
+        .run(&["commands", "submit", "default", "sleep", r#"{"ms":600000}"#, "--id", "o1", "--output-path", "x/o1"])
+        .code(4);
+    assert!(out.stderr.contains("already exists with a different output"), "{out:?}");
+
+    // The handler (here: a writer of our own) appends; `output` prints what is there.
+    s.run(&["streams", "append", "commands/o1", r#"{"line":1}"#]).ok();
+    let out = s.run(&["commands", "output", "o1"]).ok();
+    assert_eq!(out.stdout, "{\"line\":1}\n");
+    let mut follow = Command::new(BIN)
+        .args(["commands", "output", "o1", "--follow"])
+        .env("BATON_SERVER", &s.base)
+        .env_remove("BATON_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), r#"{"line":1}"#);
+    s.run(&["streams", "append", "commands/o1", r#"{"line":2}"#]).ok();
+    assert_eq!(lines.next().unwrap().unwrap(), r#"{"line":2}"#);
+    // Cancelling the command ends its output: the follow ends.
+    s.run(&["commands", "cancel", "o1"]).ok();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = follow.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "output --follow did not exit when the command was cancelled");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    let mut err = String::new();
+    follow.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(err.starts_with("baton: commands/o1 has ended (cancelled) at offset "), "{err:?}");
+    let out = s.run(&["commands", "output", "o1", "--json"]).ok();
+    let v = out.json();
+    assert_eq!(
+        (&v["messages"], &v["closed"], &v["end_reason"]),
+        (&json!([{"line": 1}, {"line": 2}]), &json!(true), &json!("cancelled"))
+    );
+
+    // Options: a path, a content type and a silence timeout; a failure's error ends the output.
+    let out = s
+        .run(&[
+            "commands",
+            "submit",
+            "default",
+            "fail",
+            r#"{"error":"no disk"}"#,
+            "--id",
+            "o2",
+            "--output-path",
+            "team/o2",
+            "--output-content-type",
+            "text/plain",
+            "--output-silence-timeout",
+            "2m",
+            "--json",
+        ])
+        .ok();
+    let o = &out.json()["output"];
+    assert_eq!(
+        (&o["stream"], &o["content_type"], &o["silence_timeout_ms"]),
+        (&json!("team/o2"), &json!("text/plain"), &json!(120_000))
+    );
+    s.run(&["commands", "wait", "o2", "--timeout", "10s"]).code(1);
+    let out = s.run(&["commands", "output", "o2", "--follow"]).ok();
+    assert_eq!(out.stdout, "error: no disk");
+    // Bad options are refused by the server with what to fix (2); no output: exit 3.
+    let out = s.run(&["commands", "submit", "default", "echo", "--output-path", "a//b"]).code(2);
+    assert_eq!(
+        out.stderr,
+        "baton: \"output\" must be true, or {\"path\"?: \"a/stream/path\", \"content_type\"?: \"application/json\", \"silence_timeout\"?: \"60s\"}; \"path\" \"a//b\": invalid request: a stream path has empty, `.` or `..` segments [400 Bad Request (invalid_body)]\n"
+    );
+    s.run(&["commands", "submit", "default", "echo", "--id", "plain"]).ok();
+    let out = s.run(&["commands", "output", "plain"]).code(3);
+    assert_eq!(
+        out.stderr,
+        "baton: command plain has no output stream (it was submitted without one: `baton commands submit … --output`)\n"
+    );
+    s.run(&["commands", "output", "nope"]).code(3);
+}
+
+#[test]
+fn commands_output() {
+    command_output(Serve::start());
+}
+
+#[test]
+fn commands_output_on_redis() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    command_output(Serve::start_env(&[("BATON_REDIS", &redis.url())]));
+}
+
+#[test]
+fn commands_output_on_redis_cluster() {
+    baton_testkit::require_redis();
+    let cluster = baton_testkit::RedisCluster::start();
+    command_output(Serve::start_env(&[("BATON_REDIS_CLUSTER", &cluster.urls().join(","))]));
+}

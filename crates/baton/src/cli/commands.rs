@@ -1,5 +1,6 @@
-//! `baton commands submit|status|wait|watch|cancel|retry|bulk|list`: the command API from the command line,
-//! and the event feed reader `baton queues events` shares with `watch` ([`read_events`]).
+//! `baton commands submit|status|wait|watch|output|cancel|retry|bulk|list`: the command API from the
+//! command line, and the event feed reader `baton queues events` shares with `watch`
+//! ([`read_events`]). `output` reads a command's output stream with the `streams` reader and tail.
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,20 @@ pub enum CommandsOp {
         /// Then wait up to this long for the command to end (exit code as `commands wait`).
         #[arg(long, value_parser = duration_arg)]
         wait: Option<Duration>,
+        /// Give the command an output stream (created now, written by its handler, ended with
+        /// the command); follow it with `baton commands output ID --follow`.
+        #[arg(long)]
+        output: bool,
+        /// The output stream's path [default: commands/<id>] (implies --output).
+        #[arg(long)]
+        output_path: Option<String>,
+        /// The output stream's content type [default: application/json] (implies --output).
+        #[arg(long)]
+        output_content_type: Option<String>,
+        /// End the output stream producer_lost, and the command FAILED, after this long with no
+        /// append nor keepalive [default: never] (implies --output).
+        #[arg(long, value_parser = duration_arg)]
+        output_silence_timeout: Option<Duration>,
     },
     /// Show a command's state.
     Status { id: String },
@@ -46,6 +61,18 @@ pub enum CommandsOp {
     /// Follow a command's events (long-polls of its event feed), one line each, until it ends;
     /// exit 0 when it SUCCEEDED, 1 when it FAILED or was CANCELLED.
     Watch { id: String },
+    /// Print a command's output stream (one line per JSON message, or its text) up to its current
+    /// end; with --follow, follow it live until it ends (exit 0 when it ended; `commands wait`
+    /// gives the command's outcome). Exit 3 when the command has no output stream.
+    Output {
+        id: String,
+        /// Follow it live (server-sent events) until it ends or ctrl-c.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// `-1` (the beginning), `now` (with --follow: only new data), or an offset.
+        #[arg(long, default_value = "-1", allow_hyphen_values = true)]
+        offset: String,
+    },
     /// Cancel a command (refused with exit code 4 when it has already ended).
     Cancel { id: String },
     /// Re-run a FAILED or CANCELLED command from the start (refused with exit code 4 otherwise).
@@ -121,7 +148,17 @@ fn parse_status(s: &str) -> Result<String, String> {
 
 pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
     match op {
-        CommandsOp::Submit { queue, command_type, params, id, wait } => {
+        CommandsOp::Submit {
+            queue,
+            command_type,
+            params,
+            id,
+            wait,
+            output,
+            output_path,
+            output_content_type,
+            output_silence_timeout,
+        } => {
             // The params are sent as their text, byte for byte (the server keeps them so).
             let params: &RawValue = match params.as_deref() {
                 None => serde_json::from_str("null").expect("null is JSON"),
@@ -129,7 +166,23 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
                     CliError::usage(format!("params {p:?} are not JSON ({e}); quote them, e.g. '{{\"ms\": 500}}'"))
                 })?,
             };
-            let body = SubmitBody { id: id.as_deref(), command_type: &command_type, params };
+            let detailed = output_path.is_some() || output_content_type.is_some() || output_silence_timeout.is_some();
+            let output = if detailed {
+                let mut o = serde_json::Map::new();
+                if let Some(p) = output_path {
+                    o.insert("path".into(), Value::String(p));
+                }
+                if let Some(ct) = output_content_type {
+                    o.insert("content_type".into(), Value::String(ct));
+                }
+                if let Some(d) = output_silence_timeout {
+                    o.insert("silence_timeout".into(), Value::String(format!("{}ms", d.as_millis())));
+                }
+                Some(Value::Object(o))
+            } else {
+                output.then_some(Value::Bool(true))
+            };
+            let body = SubmitBody { id: id.as_deref(), command_type: &command_type, params, output };
             let body = serde_json::to_string(&body).expect("serializable");
             let url = format!("/v1/queues/{}/commands", encode_segment(&queue));
             let res = cl
@@ -148,6 +201,9 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
                             println!("submitted {id} to {queue} ({status})");
                         } else {
                             println!("{id} was already submitted to {queue} ({status})");
+                        }
+                        if let Some(o) = state.get("output").filter(|o| o.is_object()) {
+                            println!("output: {}", output_text(o));
                         }
                     }
                     Ok(exit::OK)
@@ -182,6 +238,25 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
                 Some("succeeded") => exit::OK,
                 _ => exit::UNSUCCESSFUL,
             })
+        }
+        CommandsOp::Output { id, follow, offset } => {
+            let (_, state) = json_text_ok(cl, cl.request(Method::GET, &command_path(&id))).await?;
+            let Some(stream) = state.get("output").and_then(|o| o.get("stream")).and_then(Value::as_str) else {
+                return Err(CliError {
+                    code: exit::NOT_FOUND,
+                    message: format!(
+                        "command {id} has no output stream (it was submitted without one: `baton commands submit … --output`)"
+                    ),
+                });
+            };
+            if follow {
+                tokio::select! {
+                    r = super::streams::tail(cl, stream, &offset) => r,
+                    _ = tokio::signal::ctrl_c() => Ok(exit::OK),
+                }
+            } else {
+                super::streams::read(cl, stream, &offset).await
+            }
         }
         CommandsOp::Cancel { id } => {
             let refused = |status: &str| format!("{id} has already ended ({status}); it cannot be cancelled");
@@ -329,6 +404,8 @@ struct SubmitBody<'a> {
     #[serde(rename = "type")]
     command_type: &'a str,
     params: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<Value>,
 }
 
 /// Sends, requires a 2xx, and returns the JSON body as text and as a value.
@@ -358,6 +435,7 @@ fn print_state(s: &Value, text: &str) {
         "execution",
         "progress",
         "details",
+        "output",
     ] {
         if let Some(v) = s.get(k) {
             if k == "handed_off_to" && v.is_null() {
@@ -367,6 +445,7 @@ fn print_state(s: &Value, text: &str) {
                 ("params" | "result" | "details", Some(raw)) if !v.is_null() => raw.to_string(),
                 ("execution", _) => execution_text(v),
                 ("progress", _) => progress_text(v),
+                ("output", _) => output_text(v),
                 _ => cell(Some(v)),
             };
             t.row(vec![format!("{k}:"), shown]);
@@ -377,6 +456,12 @@ fn print_state(s: &Value, text: &str) {
     for line in text.lines().skip(1) {
         println!("{line}");
     }
+}
+
+/// `<stream> (run <n>, <content type>) at <url>`.
+fn output_text(v: &Value) -> String {
+    let f = |k: &str| cell(v.get(k));
+    format!("{} (run {}, {}) at {}", f("stream"), f("run"), f("content_type"), f("url"))
 }
 
 /// `execute on <worker> since <time>, delivery <n>, deadline <time>`.

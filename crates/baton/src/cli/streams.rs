@@ -242,7 +242,7 @@ fn is_text_type(ct: &str) -> bool {
 }
 
 /// Catch-up read to the current end.
-async fn read(cl: &Client, path: &str, offset: &str) -> Result<u8, CliError> {
+pub(super) async fn read(cl: &Client, path: &str, offset: &str) -> Result<u8, CliError> {
     let url = stream_url_path(path)?;
     let start = offset.to_string();
     let mut offset = offset.to_string();
@@ -377,7 +377,7 @@ fn take_events(buf: &mut String) -> Vec<Event> {
 
 /// Follows the stream over SSE, reconnecting from the last offset when the server cycles the
 /// connection, until the stream ends.
-async fn tail(cl: &Client, path: &str, offset: &str) -> Result<u8, CliError> {
+pub(super) async fn tail(cl: &Client, path: &str, offset: &str) -> Result<u8, CliError> {
     let url = stream_url_path(path)?;
     let mut offset = offset.to_string();
     let mut failures = 0u32;
