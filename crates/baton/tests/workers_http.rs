@@ -520,3 +520,70 @@ async fn an_abandoned_claim_hands_back_what_it_got() {
         }
     }
 }
+
+/// Appends `body` to a lease's output as its producer (`seq` given): status and body text.
+async fn append_output(s: &Serve, output: &Value, seq: u64, body: &str) -> (StatusCode, String) {
+    let r = client()
+        .post(s.url(output["url"].as_str().unwrap()))
+        .header("content-type", "application/json")
+        .header("producer-id", output["producer_id"].as_str().unwrap())
+        .header("producer-epoch", output["producer_epoch"].as_u64().unwrap().to_string())
+        .header("producer-seq", seq.to_string())
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.text().await.unwrap())
+}
+
+/// A claimed command's output stream comes with the lease, opened for that delivery: its worker
+/// appends as producer `command`; a later delivery's epoch fences the earlier worker; the
+/// settlement ends the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_carries_the_output_stream() {
+    let cluster = baton_testkit::RedisCluster::start();
+    let cluster_arg = cluster.urls().join(",");
+    let mut all: Vec<(&str, Option<RedisServer>, Vec<&str>)> =
+        backends().into_iter().map(|(n, r)| (n, r, Vec::new())).collect();
+    all.push(("cluster", None, vec!["--redis-cluster", &cluster_arg]));
+    for (name, redis, extra) in all {
+        let url = redis.as_ref().map(|r| r.url());
+        let s = Serve::spawn_with(url.as_deref(), false, &extra).await;
+        let (st, text) =
+            post(&s.url("/v1/queues/jobs/commands"), r#"{"id":"o1","type":"job","output":true}"#, None).await;
+        assert_eq!(st, StatusCode::ACCEPTED, "{name}: {text}");
+        let (first, _) = claim_one(&s, "w1", "5s").await;
+        let out1 = first["output"].clone();
+        assert_eq!(
+            (&out1["stream"], &out1["url"], &out1["content_type"], &out1["producer_id"]),
+            (&json!("commands/o1"), &json!("/v1/stream/commands/o1"), &json!("application/json"), &json!("command")),
+            "{name}: {first}"
+        );
+        assert_eq!(first["command"]["output"]["url"], "/v1/stream/commands/o1", "{name}");
+        let (st, text) = append_output(&s, &out1, 0, r#"{"line":"from w1"}"#).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {text}");
+        // w1 goes silent; w2 gets the command with a newer epoch, which fences w1.
+        let (second, _) = claim_one(&s, "w2", "10s").await;
+        let out2 = second["output"].clone();
+        assert_eq!(
+            out2["producer_epoch"].as_u64(),
+            Some(out1["producer_epoch"].as_u64().unwrap() + 1),
+            "{name}: {second}"
+        );
+        let (st, _) = append_output(&s, &out1, 1, r#"{"line":"stale"}"#).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{name}: the earlier delivery's writer is fenced");
+        let (st, text) = append_output(&s, &out2, 0, r#"{"line":"from w2"}"#).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {text}");
+        let (st, v) =
+            post_json(&s.worker("w2", "settle"), json!({ "lease": second["lease"], "outcome": "succeeded" })).await;
+        assert_eq!((st, v["applied"].clone()), (StatusCode::OK, json!(true)), "{name}: {v}");
+        let r = client().get(s.url("/v1/stream/commands/o1?offset=-1")).send().await.unwrap();
+        let closed = r.headers().get("stream-closed").map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(closed.as_deref(), Some("true"), "{name}");
+        assert_eq!(r.text().await.unwrap(), r#"[{"line":"from w1"},{"line":"from w2"}]"#, "{name}");
+        // A command without an output: no output in its lease.
+        submit(&s, "plain", "{}").await;
+        let (lease, _) = claim_one(&s, "w2", "5s").await;
+        assert!(lease.get("output").is_none(), "{name}: {lease}");
+    }
+}

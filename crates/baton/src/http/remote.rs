@@ -6,7 +6,7 @@
 //!
 //! | Route | Body | Success | Errors |
 //! |---|---|---|---|
-//! | `POST /v1/queues/{queue}/workers/{worker}/claim` | `{"max"?: 1..=100 (1), "wait"?: duration ("0s"), cut to the long-poll timeout}` | `200 {"leases": [{"lease", "call": "execute"\|"check_status", "command": state, "deliveries", "lease_timeout_ms"}]}` (empty when nothing came within `wait`, or the server shuts down) | `400` body / worker name, `404` queue, `503` all live-reader slots taken (a `wait` holds one) |
+//! | `POST /v1/queues/{queue}/workers/{worker}/claim` | `{"max"?: 1..=100 (1), "wait"?: duration ("0s"), cut to the long-poll timeout}` | `200 {"leases": [{"lease", "call": "execute"\|"check_status", "command": state, "deliveries", "lease_timeout_ms", "output"?: {"stream", "url", "content_type", "producer_id"?, "producer_epoch"?}}]}` (empty when nothing came within `wait`, or the server shuts down) | `400` body / worker name, `404` queue, `503` all live-reader slots taken (a `wait` holds one) |
 //! | `POST /v1/queues/{queue}/workers/{worker}/renew` | `{"leases": [lease or {"lease", "progress"?: {"fraction"?: 0..=1, "message"?: string ≤ 1 KiB}, "details"?: any JSON ≤ 64 KiB}…]}` (at most 1000; a report is written into the command's state while the lease is held) | `200 {"leases": [{"lease", "state": "held"\|"lost"\|"gone", "cancelled": bool}]}`, in the request's order | `400`, `404` |
 //! | `POST /v1/queues/{queue}/workers/{worker}/settle` | `{"lease", "outcome", "result"?, "error"?, "next_check"?, "queue"?}`, or `{"settlements": [that…]}` (1..=1000) | `200 {"applied": bool, "command": state\|null}`; many: `200 {"settlements": [{"lease", "applied", "command"} \| {"lease", "error", "message"}]}` | `400` body (naming the item) / lease token / hand-off target, `404`, `409 lease_lost` (one settlement) |
 //!
@@ -149,6 +149,47 @@ struct Lease<'a> {
     command: &'a CommandState,
     deliveries: u32,
     lease_timeout_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<LeaseOutput>,
+}
+
+/// A claimed command's output stream, for its worker to append to: the link, and the producer
+/// epoch this delivery claimed (as an in-process handler's `Output::open` does), which fences
+/// the writer of an earlier delivery of the command.
+#[derive(Serialize)]
+struct LeaseOutput {
+    stream: String,
+    url: String,
+    content_type: String,
+    /// `command`; with `producer_epoch`, the `Producer-Id` and `Producer-Epoch` of the appends
+    /// (`Producer-Seq` from 0). Absent when the stream could not be opened (it ended already:
+    /// an append then answers `409` with its end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    producer_id: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    producer_epoch: Option<u64>,
+}
+
+/// The [`LeaseOutput`] of a claimed command that has an output stream: opened as its writer.
+async fn lease_output(streams: Option<&baton_streams::StreamStore>, command: &CommandState) -> Option<LeaseOutput> {
+    let link = command.output.as_ref()?;
+    let epoch = match streams {
+        None => None,
+        Some(streams) => match streams.open(&link.path(), link.open_options()).await {
+            Ok(p) => Some(p.epoch()),
+            Err(e) => {
+                tracing::debug!(command = %command.id, stream = %link.stream, error = %e, "claim: the output stream could not be opened for its worker");
+                None
+            }
+        },
+    };
+    Some(LeaseOutput {
+        stream: link.stream.clone(),
+        url: link.url(),
+        content_type: link.content_type.clone(),
+        producer_id: epoch.map(|_| baton_commands::OUTPUT_PRODUCER),
+        producer_epoch: epoch,
+    })
 }
 
 const CLAIM_SHAPE: &str = "{\"max\": 10, \"wait\": \"30s\"} (both optional)";
@@ -214,9 +255,12 @@ pub async fn claim(
         _ = st.shutdown.cancelled() => Vec::new(),
     };
     let timeout_ms = remote.claim_timeout().as_millis() as u64;
+    let streams = st.commands.store().outputs();
+    let outputs = futures::future::join_all(claims.iter().map(|c| lease_output(streams, &c.command))).await;
     let leases: Vec<Lease> = claims
         .iter()
-        .map(|c| Lease {
+        .zip(outputs)
+        .map(|(c, output)| Lease {
             lease: &c.lease,
             call: match c.call {
                 RemoteCall::Execute => "execute",
@@ -225,6 +269,7 @@ pub async fn claim(
             command: &c.command,
             deliveries: c.deliveries,
             lease_timeout_ms: timeout_ms,
+            output,
         })
         .collect();
     if !leases.is_empty() {

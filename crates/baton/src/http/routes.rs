@@ -1168,7 +1168,13 @@ fn worker_routes(d: &Docs) -> Vec<Route> {
                         "call": { "type": "string", "enum": ["execute", "check_status"] },
                         "command": r("CommandState"),
                         "deliveries": { "type": "integer", "minimum": 1, "description": "Deliveries of this command's message, this one included." },
-                        "lease_timeout_ms": { "type": "integer", "minimum": 1, "description": "The queue's claim timeout: renew at a third of it." } } } } } }),
+                        "lease_timeout_ms": { "type": "integer", "minimum": 1, "description": "The queue's claim timeout: renew at a third of it." },
+                        "output": { "type": "object", "required": ["stream", "url", "content_type"], "additionalProperties": false,
+                            "description": "The command's output stream (submitted with `output`), opened for this delivery: append to `url` with `Producer-Id`/`Producer-Epoch` as given and `Producer-Seq` from 0 (this fences the writer of an earlier delivery). Absent for a command without one.",
+                            "properties": {
+                                "stream": { "type": "string" }, "url": { "type": "string" }, "content_type": { "type": "string" },
+                                "producer_id": { "type": "string", "description": "Absent when the stream could not be opened (it had ended)." },
+                                "producer_epoch": { "type": "integer", "minimum": 0 } } } } } } } }),
             ),
             vec![
                 ("400", err_resp("Malformed body (`max`, `wait`) or worker name.")),
