@@ -240,3 +240,54 @@ def test_bad_reports_raise_in_the_handler_and_other_leases_keep_renewing(server:
         assert good.details == {"other": True}
 
     run(main(), timeout=30)
+
+
+def test_a_command_with_an_output_stream_is_written_by_its_job(server: BatonServer) -> None:
+    """``submit(output=True)`` links the stream in the state; the claimed job gets it opened for
+    its delivery (``job.output``) and appends with its producer headers; the settlement ends it."""
+    import httpx
+
+    seen: List[Any] = []
+
+    async def handler(job: Job) -> Any:
+        assert job.output is not None
+        seen.append((job.output.stream, job.output.url, job.output.content_type, job.output.producer_id))
+        async with httpx.AsyncClient(base_url=server.url) as h:
+            for seq, line in enumerate(["one", "two"]):
+                r = await h.post(job.output.url, content=f'{{"line":"{line}"}}', headers=job.output.headers(seq))
+                assert r.status_code == 200, r.text
+        return "written"
+
+    async def main() -> None:
+        async with client(server) as c:
+            submitted = await c.submit("jobs", "t", id="out-1", output=True)
+            assert submitted.output is not None
+            assert (submitted.output.stream, submitted.output.url, submitted.output.run) == (
+                "commands/out-1",
+                "/v1/stream/commands/out-1",
+                1,
+            )
+            assert (submitted.output.content_type, submitted.output.silence_timeout_ms) == ("application/json", None)
+            plain = await c.submit("jobs", "t", id="out-2")
+            assert plain.output is None
+            async with running(make_worker(server, handler)):
+                final = await c.wait("out-1", timeout=10)
+                await c.wait("out-2", timeout=10)
+            assert final.status is CommandStatus.SUCCEEDED and final.result == "written"
+            assert final.output == submitted.output
+            assert seen == [("commands/out-1", "/v1/stream/commands/out-1", "application/json", "command")]
+            async with httpx.AsyncClient(base_url=server.url) as h:
+                r = await h.get("/v1/stream/commands/out-1", params={"offset": "-1"})
+            assert r.json() == [{"line": "one"}, {"line": "two"}]
+            assert r.headers.get("stream-closed") == "true"
+            custom = await c.submit(
+                "jobs", "t", id="out-3", output={"path": "team/out-3", "content_type": "text/plain", "silence_timeout": "90s"}
+            )
+            assert custom.output is not None
+            assert (custom.output.stream, custom.output.content_type, custom.output.silence_timeout_ms) == (
+                "team/out-3",
+                "text/plain",
+                90000,
+            )
+
+    run(main(), timeout=30)

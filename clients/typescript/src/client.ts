@@ -32,6 +32,13 @@ export interface SubmitOptions {
    * generates one.
    */
   id?: string;
+  /**
+   * Gives the command an output stream (`state.output`): created at submit, written by its
+   * handler, ended with the command. `true` for the defaults, or any of `path`, `content_type`,
+   * `silence_timeout` (e.g. `"60s"`). Part of the request: a resubmit of the id with another
+   * `output` is `409 conflict`.
+   */
+  output?: boolean | { path?: string; content_type?: string; silence_timeout?: string };
   signal?: AbortSignal;
 }
 
@@ -95,6 +102,7 @@ export class BatonClient {
     let body = `{"type":${JSON.stringify(type)}`;
     if (options.id !== undefined) body += `,"id":${JSON.stringify(options.id)}`;
     if (params !== undefined) body += `,"params":${jsonText(params)}`;
+    if (options.output !== undefined) body += `,"output":${JSON.stringify(options.output)}`;
     body += "}";
     const res = await requestJson(this.#endpoint, "POST", `/v1/queues/${enc(queue)}/commands`, {
       body,

@@ -15,5 +15,7 @@ export {
   type CommandState,
   type CommandStatus,
   type JsonValue,
+  type OutputLink,
 } from "./types.js";
+export type { JobOutput } from "./protocol.js";
 export { Worker, type Handler, type Job, type JobReport, type WorkerOptions } from "./worker.js";

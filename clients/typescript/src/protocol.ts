@@ -8,6 +8,23 @@ export interface ClaimedLease {
   command: CommandState;
   deliveries: number;
   lease_timeout_ms: number;
+  output?: JobOutput;
+}
+
+/**
+ * A claimed command's output stream, opened for this delivery (the lease's `output`). Append
+ * with `POST <server><url>`, `Content-Type: <content_type>`, `Producer-Id: <producer_id>`,
+ * `Producer-Epoch: <producer_epoch>` and `Producer-Seq` 0, 1, 2… (idempotent appends; the epoch
+ * fences the writer of an earlier delivery). Do not close it: it ends with the command.
+ */
+export interface JobOutput {
+  stream: string;
+  url: string;
+  content_type: string;
+  /** `"command"`; absent when the stream had already ended at the claim. */
+  producer_id?: string;
+  /** This delivery's producer epoch; absent as `producer_id`. */
+  producer_epoch?: number;
 }
 
 /** `workerData` of the lease thread. */

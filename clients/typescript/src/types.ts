@@ -71,6 +71,29 @@ export interface CommandState {
    * Absent until one is reported, then kept (the final state too).
    */
   details?: JsonValue;
+  /**
+   * The command's output stream, when it was submitted with `output`: a durable stream its
+   * handler writes and that ends with the command. Absent otherwise.
+   */
+  output?: OutputLink;
+}
+
+/** A command's output stream as its state links it (`state.output`). */
+export interface OutputLink {
+  /** The stream's path (default `commands/<id>`; a re-run writes `<path>/run-<n>`). */
+  stream: string;
+  /** Where to read it on the server: `/v1/stream/<stream>`, segments percent-encoded. */
+  url: string;
+  /** 1 for the submit, +1 per re-run. */
+  run: number;
+  /** The stream's content type (default `application/json`). */
+  content_type: string;
+  /** No append nor keepalive for this long ends it `producer_lost` (and the command `FAILED`); absent: never. */
+  silence_timeout_ms?: number;
+  /** It is deleted this long after its creation (the queue's `state_ttl`). */
+  max_run_ms: number;
+  /** It is kept this long after its end (the queue's `retention`). */
+  done_ttl_ms: number;
 }
 
 /** Work in progress, as a worker reports it (at least one of the two). */

@@ -4,7 +4,7 @@ import { Worker as LeaseThread } from "node:worker_threads";
 import { BatonError } from "./errors.js";
 import { describe, duration, requestJson, sleep, type Endpoint } from "./http.js";
 import { Failed, HandOff, JobAborted, Release, Running, type AbortKind } from "./outcomes.js";
-import type { ClaimedLease, FromLeaseThread, LeaseThreadConfig, ToLeaseThread } from "./protocol.js";
+import type { ClaimedLease, FromLeaseThread, JobOutput, LeaseThreadConfig, ToLeaseThread } from "./protocol.js";
 import { encodeDetails, encodeProgress, encodeReport, type EncodedReport } from "./report.js";
 import { jsonText, type CommandProgress, type CommandState, type JsonValue } from "./types.js";
 
@@ -42,6 +42,11 @@ export interface Job {
   leaseTimeoutMs: number;
   /** The queue it was claimed from. */
   queue: string;
+  /**
+   * The command's output stream, opened for this delivery (see {@link JobOutput}: append to it
+   * with its producer headers), when the command has one; else `undefined`.
+   */
+  output: JobOutput | undefined;
   /**
    * The last checkpoint reported for this command before this delivery (by an earlier delivery,
    * on this worker or another: one that crashed, was taken over, released, retried after an
@@ -546,6 +551,7 @@ export class Worker {
       lease: lease.lease,
       leaseTimeoutMs: lease.lease_timeout_ms,
       queue: this.#queue,
+      output: lease.output,
       details: lease.command.details,
       report: (value) => report(encodeReport(value, "job.report")),
       progress: (value) => report({ progress: encodeProgress(value, "job.progress") }),

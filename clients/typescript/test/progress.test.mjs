@@ -88,6 +88,48 @@ forEachBackend("Progress and checkpoints", { config: CONFIG }, (ctx) => {
     assert.deepEqual(errors, []);
   });
 
+  test("a command submitted with output: the state links it, job.output is opened for the delivery and its appends end with the command", async () => {
+    const baton = client();
+    const seen = [];
+    const { errors } = startWorker({
+      queue: "report",
+      handler: async (job) => {
+        const o = job.output;
+        seen.push({ stream: o.stream, url: o.url, content_type: o.content_type, producer_id: o.producer_id });
+        for (const [seq, line] of ["one", "two"].entries()) {
+          const res = await fetch(`${ctx.url}${o.url}`, {
+            method: "POST",
+            headers: {
+              "content-type": o.content_type,
+              "producer-id": o.producer_id,
+              "producer-epoch": String(o.producer_epoch),
+              "producer-seq": String(seq),
+            },
+            body: JSON.stringify({ line }),
+          });
+          assert.equal(res.status, 200, await res.text());
+        }
+        return "written";
+      },
+    });
+    const id = uid("out");
+    const { state: submitted } = await baton.submitDetailed("report", "t", null, { id, output: true });
+    assert.deepEqual(
+      [submitted.output.stream, submitted.output.url, submitted.output.run, submitted.output.content_type],
+      [`commands/${id}`, `/v1/stream/commands/${id}`, 1, "application/json"],
+    );
+    const state = await baton.wait(id, { timeoutMs: 10_000 });
+    assert.equal(state.status, "SUCCEEDED");
+    assert.deepEqual(state.output, submitted.output);
+    assert.deepEqual(seen, [{ stream: `commands/${id}`, url: `/v1/stream/commands/${id}`, content_type: "application/json", producer_id: "command" }]);
+    const res = await fetch(`${ctx.url}/v1/stream/commands/${id}?offset=-1`);
+    assert.equal(res.headers.get("stream-closed"), "true");
+    assert.deepEqual(await res.json(), [{ line: "one" }, { line: "two" }]);
+    // Another output for the same id is a conflict.
+    await assert.rejects(baton.submit("report", "t", null, { id, output: { path: "x/y" } }), (e) => e.status === 409);
+    assert.deepEqual(errors, []);
+  });
+
   test("the last checkpoint is the next delivery's job.details: after an error (retried), a Running re-poll and a Release, each reported just before returning", async () => {
     const baton = client();
     const calls = [];

@@ -17,9 +17,9 @@ from ._errors import (
     UnavailableError,
 )
 from ._http import __version__
-from ._job import Job, Lease
+from ._job import Job, JobOutput, Lease
 from ._outcomes import CancelReason, Failed, HandOff, JobCancelled, RawJSON, Release, Running
-from ._state import CommandState, CommandStatus, Duration, Progress, duration_seconds, format_duration
+from ._state import CommandState, CommandStatus, Duration, OutputLink, Progress, duration_seconds, format_duration
 from ._worker import Handler, Worker, default_worker_name
 
 __all__ = [
@@ -38,10 +38,12 @@ __all__ = [
     "Handler",
     "Job",
     "JobCancelled",
+    "JobOutput",
     "Lease",
     "LeaseLostError",
     "MAX_WAIT",
     "NotFoundError",
+    "OutputLink",
     "Progress",
     "RawJSON",
     "Release",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 import httpx
 
@@ -138,6 +138,7 @@ class BatonClient:
         id: Optional[str] = None,
         *,
         wait: Optional[Duration] = None,
+        output: Union[bool, Dict[str, Any], None] = None,
     ) -> CommandState:
         """Submit a command: ``POST /v1/queues/{queue}/commands``.
 
@@ -149,6 +150,11 @@ class BatonClient:
                 with the same type and params again is idempotent (``created`` is ``False``).
             wait: hold the answer until the command is terminal or this long passes
                 (seconds, or a string like ``"30s"``; at most 5 minutes).
+            output: ``True`` gives the command an output stream (``state.output``): created
+                now, written by its handler, ended with the command; or a dict with any of
+                ``path``, ``content_type``, ``silence_timeout`` (a string like ``"60s"``).
+                ``None`` sends nothing. Part of the request: a resubmit of the id with another
+                ``output`` is a ``ConflictError``.
 
         Returns:
             The state, with ``created`` ``True`` (``202``: new) or ``False`` (``200``: the
@@ -167,6 +173,8 @@ class BatonClient:
             payload["id"] = id
         if params is not None:
             payload["params"] = params
+        if output is not None:
+            payload["output"] = output
         query = None
         timeout = None
         if wait is not None:

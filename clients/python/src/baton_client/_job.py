@@ -10,7 +10,55 @@ from ._outcomes import CancelReason, JobCancelled
 from ._report import encode_details, encode_progress, encode_report
 from ._state import CommandState
 
-__all__ = ["Job", "Lease"]
+__all__ = ["Job", "JobOutput", "Lease"]
+
+
+class JobOutput:
+    """A claimed command's output stream, opened for this delivery (the lease's ``output``).
+
+    Append to it with the Durable Streams protocol: ``POST <server><url>`` with the stream's
+    ``content_type`` and the producer headers of :meth:`headers` (``Producer-Seq`` 0, 1, 2… for
+    the appends of this delivery: idempotent, a retried append is not written twice). The epoch
+    is newer than any earlier delivery's, which fences a worker that lost the command. Do not
+    close it: it ends with the command when the job's outcome is settled.
+
+    Attributes:
+        stream: the stream's path.
+        url: its path on the server, ``/v1/stream/<stream>``.
+        content_type: the stream's content type.
+        producer_id: ``"command"``, or ``None`` when the stream had already ended at the claim.
+        producer_epoch: this delivery's producer epoch, or ``None`` as ``producer_id``.
+    """
+
+    __slots__ = ("stream", "url", "content_type", "producer_id", "producer_epoch")
+
+    def __init__(self, data: Dict[str, Any]) -> None:
+        self.stream: str = str(data["stream"])
+        self.url: str = str(data["url"])
+        self.content_type: str = str(data.get("content_type", "application/json"))
+        pid = data.get("producer_id")
+        epoch = data.get("producer_epoch")
+        self.producer_id: Optional[str] = pid if isinstance(pid, str) else None
+        self.producer_epoch: Optional[int] = epoch if isinstance(epoch, int) else None
+
+    def headers(self, seq: int) -> Dict[str, str]:
+        """The headers of this delivery's append number ``seq`` (from 0): ``Content-Type`` and
+        the producer's ``Producer-Id``, ``Producer-Epoch`` and ``Producer-Seq``.
+
+        Raises:
+            RuntimeError: the stream had ended at the claim (no producer epoch).
+        """
+        if self.producer_id is None or self.producer_epoch is None:
+            raise RuntimeError(f"the output stream {self.stream} had already ended when the command was claimed")
+        return {
+            "content-type": self.content_type,
+            "producer-id": self.producer_id,
+            "producer-epoch": str(self.producer_epoch),
+            "producer-seq": str(seq),
+        }
+
+    def __repr__(self) -> str:
+        return f"JobOutput(stream={self.stream!r}, producer_epoch={self.producer_epoch!r})"
 
 
 class Lease:
@@ -22,10 +70,12 @@ class Lease:
         command: the command's state.
         deliveries: deliveries of the command's message, this one included.
         lease_timeout: the queue's claim timeout, in seconds (``lease_timeout_ms / 1000``).
+        output: the command's output stream opened for this delivery (:class:`JobOutput`), or
+            ``None`` when it has none.
         raw: the JSON object as parsed.
     """
 
-    __slots__ = ("token", "call", "command", "deliveries", "lease_timeout", "raw")
+    __slots__ = ("token", "call", "command", "deliveries", "lease_timeout", "output", "raw")
 
     def __init__(self, data: Dict[str, Any]) -> None:
         self.raw = data
@@ -34,6 +84,8 @@ class Lease:
         self.command = CommandState.from_json(data["command"])
         self.deliveries: int = int(data.get("deliveries") or 1)
         self.lease_timeout: float = float(data["lease_timeout_ms"]) / 1000.0
+        output = data.get("output")
+        self.output: Optional[JobOutput] = JobOutput(output) if isinstance(output, dict) else None
 
 
 class Job:
@@ -51,6 +103,8 @@ class Job:
         lease_timeout: the queue's claim timeout in seconds; the worker renews the lease every
             third of it, from a process of its own.
         claimed_at: ``time.monotonic()`` when the claim request was sent.
+        output: the command's output stream, opened for this delivery (:class:`JobOutput`:
+            append to it with its producer headers), or ``None`` when the command has none.
 
     Cancellation: :attr:`cancelled` is a ``threading.Event`` (``is_set()``, ``wait(timeout)``)
     for plain ``def`` handlers; ``await job.wait_cancelled()`` for ``async def`` ones (whose task
@@ -71,6 +125,7 @@ class Job:
         self.worker = worker
         self.lease: str = lease.token
         self.lease_timeout: float = lease.lease_timeout
+        self.output: Optional[JobOutput] = lease.output
         self.claimed_at = claimed_at
         self._cancelled = threading.Event()
         self._reason: Optional[CancelReason] = None

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Dict, Optional, Union
 
-__all__ = ["CommandStatus", "CommandState", "Progress", "Duration", "format_duration", "duration_seconds"]
+__all__ = ["CommandStatus", "CommandState", "OutputLink", "Progress", "Duration", "format_duration", "duration_seconds"]
 
 #: A duration: seconds as a number (``1.5``), or a string in the server's syntax (``"1500ms"``,
 #: ``"30s"``, ``"2m"``), passed through unchanged.
@@ -101,6 +101,41 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class OutputLink:
+    """The command's output stream (the state's ``output``), for a command submitted with
+    ``output``: a durable stream its handler writes and that ends with the command.
+
+    Attributes:
+        stream: the stream's path (default ``commands/<id>``; a re-run writes ``<path>/run-<n>``).
+        url: where to read it: ``/v1/stream/<stream>`` (relative to the server's URL).
+        run: 1 for the submit, +1 per re-run.
+        content_type: the stream's content type (default ``application/json``).
+        silence_timeout_ms: no append nor keepalive for this long ends the stream
+            ``producer_lost`` and the command ``FAILED``; ``None``: never.
+    """
+
+    stream: str
+    url: str
+    run: int
+    content_type: str
+    silence_timeout_ms: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> Optional["OutputLink"]:
+        """The view of the state's ``output`` object (``None`` for anything else)."""
+        if not isinstance(data, dict) or not isinstance(data.get("stream"), str):
+            return None
+        silence = data.get("silence_timeout_ms")
+        return cls(
+            stream=data["stream"],
+            url=str(data.get("url", "")),
+            run=int(data.get("run") or 1),
+            content_type=str(data.get("content_type", "")),
+            silence_timeout_ms=int(silence) if isinstance(silence, int) else None,
+        )
+
+
+@dataclass(frozen=True)
 class CommandState:
     """A command's state as ``GET /v1/commands/{id}`` answers it.
 
@@ -124,6 +159,8 @@ class CommandState:
         details: the last checkpoint a worker reported (``job.checkpoint``), parsed from JSON,
             else ``None``; kept in the final state, and handed to the next delivery
             (``job.details``).
+        output: the command's :class:`OutputLink` when it was submitted with ``output``, else
+            ``None``.
         raw: the whole JSON object as parsed, including fields this SDK does not model.
         created: for :meth:`BatonClient.submit` only: ``True`` when the submit created the
             command (``202``), ``False`` when the same id, type and params were already
@@ -149,6 +186,7 @@ class CommandState:
     created: Optional[bool] = field(default=None, compare=False)
     progress: Optional[Progress] = None
     details: Any = None
+    output: Optional[OutputLink] = None
 
     @property
     def terminal(self) -> bool:
@@ -184,6 +222,7 @@ class CommandState:
             created=created,
             progress=Progress.from_json(data.get("progress")),
             details=data.get("details"),
+            output=OutputLink.from_json(data.get("output")),
         )
 
 
