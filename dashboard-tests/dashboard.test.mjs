@@ -237,6 +237,19 @@ async function mainFlow(mode) {
     await page.fill("#stream-path", `${mode}/nope`)
     await page.getByRole("button", { name: "Open" }).click()
     await page.locator("#stream-status", { hasText: "No stream at" }).waitFor()
+    // A command's output stream: linked from its detail, followed live in the Streams tab, ended by its cancel.
+    const out = `commands/${prefix}out`
+    await api.submit({ id: `${prefix}out`, type: "sleep", params: { ms: 600000 }, output: true })
+    await tab(page, "Commands")
+    await page.locator(`#commands-table tr[data-id="${prefix}out"]`).click()
+    await page.locator("#detail-output", { hasText: out }).click()
+    await page.locator("#stream-status", { hasText: `Following ${out}` }).waitFor({ timeout: 5000 })
+    await api.stream("POST", out, JSON.stringify({ line: "from the handler" }), { "content-type": "application/json" })
+    await page.locator("#stream-log", { hasText: '{"line":"from the handler"}' }).waitFor({ timeout: 5000 })
+    const cancelled = await fetch(`${base}/v1/commands/${prefix}out/cancel`, { method: "POST" })
+    check(cancelled.status === 200, `cancel: ${cancelled.status}`)
+    await page.locator("#stream-status", { hasText: `${out} has ended (cancelled)` }).waitFor({ timeout: 5000 })
+    await page.screenshot({ path: join(SHOTS, `${mode}-7-command-output.png`), fullPage: true })
 
     const unexpected = consoleErrors.filter((e) => !/404|Failed to load resource/.test(e))
     check(unexpected.length === 0, `console errors: ${unexpected.join(" | ")}`)

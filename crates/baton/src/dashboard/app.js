@@ -309,6 +309,8 @@
     if (c.execution) facts.push(["Running", executionText(c.execution)]);
     if (c.progress) facts.push(["Progress", progressText(c.progress)]);
     if (c.error) facts.push(["Error", c.error]);
+    const output = outputFact(c);
+    if (output) facts.push(output);
     $("detail-facts").replaceChildren(...facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     $("detail-json").textContent = JSON.stringify(c, null, 2);
     const btn = $("cancel-btn");
@@ -317,6 +319,21 @@
     const retry = $("retry-btn");
     retry.disabled = !(c.status === "FAILED" || c.status === "CANCELLED");
     retry.title = retry.disabled ? "Only a FAILED or CANCELLED command can be re-run" : "Run it again from the start";
+  }
+  // The command's output stream (its state's `output`): a link that follows it live in the
+  // Streams tab (openStream); `#streams:<path>` opens it there in a new tab too.
+  function outputFact(c) {
+    if (!c.output || typeof c.output.stream !== "string") return null;
+    const path = c.output.stream;
+    const run = c.output.run > 1 ? ` (run ${c.output.run})` : "";
+    const a = h("a", { href: "#streams:" + path, id: "detail-output", title: `Follow ${c.output.url} live` }, path);
+    a.addEventListener("click", (e) => {
+      e.preventDefault();
+      selectTab($("tab-streams"));
+      $("stream-path").value = path;
+      openStream(path);
+    });
+    return ["Output", h("span", {}, a, run)];
   }
   function refreshDetail(s) {
     const inList = s.commands.find((c) => c.id === state.selected);
