@@ -5,12 +5,14 @@
 //! hex, UUIDs and timestamps masked; counts; first occurrence; bursts — and streams its findings
 //! to every browser following it. The three Baton capabilities meet here:
 //!
-//! * the **command service**: a `triage` command on queue `lifecycle` (claim timeout 60 s) whose
-//!   `execute` opens the run and hands off to queue `monitor`, whose `check_status` (every 1 s)
-//!   completes the command when the run's stream ends ([`triage`]);
-//! * **durable streams**: the run is the stream `triage/<engineer>/<run>`, written by a spawned
-//!   producer ([`producer`]), read by browsers over SSE with resumable event ids ([`web`]);
-//!   `silence_timeout` ends it as `producer_lost` if the producing process dies;
+//! * the **command service**: a `triage` command on queue `lifecycle` (claim timeout 60 s) that
+//!   owns its run's stream (`Command::with_output`), whose `execute` starts the run and hands
+//!   off to queue `monitor`, whose `check_status` (every 1 s) completes the command with the
+//!   run's summary ([`triage`]); Stop cancels the command, which ends the stream;
+//! * **durable streams**: the run is the command's output stream `triage/<engineer>/<run>`,
+//!   written by a spawned producer ([`producer`]), read by browsers over SSE with resumable
+//!   event ids ([`web`]); `silence_timeout` ends it as `producer_lost` if the producing process
+//!   dies, and the command service fails the command;
 //! * **one current run per engineer**: a pointer claimed with `SET NX`, released by
 //!   compare-and-delete, taken over once its run ended ([`pointer`](mod@pointer)).
 //!

@@ -2,16 +2,24 @@
 //!
 //! Flow of one run (see the example's README.md):
 //! 1. [`Triage::start_run`] claims the engineer's pointer (or takes it over from an ended run),
-//!    then submits a `triage` command (id = run id) on queue `lifecycle`.
-//! 2. `execute` (queue `lifecycle`, claim timeout 60 s) creates the stream
-//!    `triage/<engineer>/<run>`, spawns the analysis producer ([`crate::producer::produce`]) and
-//!    returns `handed_off("monitor")`.
-//! 3. `check_status` (queue `monitor`, every `check_interval`, 1 s by default) reads the stream's
-//!    head; once it ended it completes the command — `finished` → `SUCCEEDED` (result: the
-//!    summary), or `FAILED` if the producer's last event is an `{"error":…}`; `cancelled` →
-//!    `CANCELLED`; `producer_lost` → `FAILED` with an explanation — and releases the pointer.
-//! 4. [`Triage::stop_run`] ends the stream as `cancelled` (readers see it at once), stops a
-//!    producer running in this process at once, and releases the pointer; a producer in another
+//!    then submits a `triage` command (id = run id) on queue `lifecycle` that owns its output
+//!    stream `triage/<engineer>/<run>` (`Command::with_output`, silence timeout
+//!    `silence_timeout`): the command service creates the stream at submit, so browsers can
+//!    attach at once, and ends it with the command.
+//! 2. `execute` (queue `lifecycle`, claim timeout 60 s) makes sure the stream exists (the
+//!    submit creates it, but a delivery may come first), spawns the analysis producer
+//!    ([`crate::producer::produce`]) on the command's output (`Command::output`: producer
+//!    `command`, a new epoch per delivery) and returns `handed_off("monitor")`. The producer
+//!    keeps the stream open after its summary: the command's end ends it.
+//! 3. `check_status` (queue `monitor`, every `check_interval`, 1 s by default) reads the stream:
+//!    once the producer wrote its summary it completes the command `SUCCEEDED` (result: the
+//!    summary), which ends the stream `finished`; `FAILED` if the producer's last event is an
+//!    `{"error":…}`. A stream that ended otherwise is the command service's to map, at the end
+//!    of that call: `cancelled` → `CANCELLED`, `producer_lost` → `FAILED` (saying the stream went
+//!    silent for the silence timeout). The pointer is released then.
+//! 4. [`Triage::stop_run`] cancels the command (`CommandStore::cancel`): the command service
+//!    ends its output `cancelled` in the same call (readers see it at once); a producer running
+//!    in this process is stopped at once and the pointer released; a producer in another
 //!    process has its next append refused and stops.
 
 use std::collections::HashMap;
@@ -22,12 +30,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use baton_commands::{
     Command, CommandError, CommandHandler, CommandResult, CommandService, CommandState, CommandStatus, CommandStore,
-    HandlerError, QueueSettings, RedisCommandStoreOptions,
+    HandlerError, OutputSpec, QueueSettings, RedisCommandStoreOptions,
 };
 use baton_redis::{RedisClient, RedisConfig};
 use baton_streams::{
-    CreateOptions, EndReason, OpenOptions, ReadFrom, RunLimits, StreamError, StreamPath, StreamStore,
-    StreamStoreSettings,
+    CreateOptions, EndReason, ReadFrom, RunLimits, StreamError, StreamPath, StreamStore, StreamStoreSettings,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -190,6 +197,8 @@ impl Triage {
                 (commands, streams, pointers)
             }
         };
+        // The runs are the `triage` commands' output streams.
+        commands.set_outputs(streams.clone())?;
         let shared = Arc::new(Shared { cfg, commands, streams, pointers, local: Mutex::new(HashMap::new()) });
         let monitor = CommandService::builder(shared.commands.clone(), MONITOR_QUEUE)
             .settings(QueueSettings {
@@ -288,7 +297,13 @@ impl Triage {
             return Err(TriageError::Invalid("the engineer's current run changed repeatedly; try again".into()));
         }
         let params = TriageParams { engineer: engineer.into(), run: run.clone(), source };
-        let cmd = Command::with_id(run.clone(), COMMAND_TYPE, serde_json::to_value(&params).expect("serializable"));
+        let output = OutputSpec {
+            path: Some(stream_path(engineer, &run).as_str().to_string()),
+            content_type: Some(JSON.into()),
+            silence_timeout: Some(self.shared.cfg.silence_timeout),
+        };
+        let cmd = Command::with_id(run.clone(), COMMAND_TYPE, serde_json::to_value(&params).expect("serializable"))
+            .with_output(output);
         if let Err(e) = self.shared.commands.submit(LIFECYCLE_QUEUE, cmd).await {
             let _ = p.release(engineer, &run).await;
             return Err(e.into());
@@ -352,32 +367,22 @@ impl Triage {
         }))
     }
 
-    /// Stops a run: ends its stream as `cancelled` (or, before the stream exists, cancels the
-    /// command), stops a producer of this process at once, and releases the pointer. The
-    /// `monitor` then records `CANCELLED`. Returns the run as it is now.
+    /// Stops a run: cancels its command, which ends its output stream `cancelled` (readers see
+    /// it at once; a command that has ended already is left as it is), stops a producer of this
+    /// process at once, and releases the pointer. Returns the run as it is now.
     pub async fn stop_run(&self, engineer: &str, run: &str) -> Result<RunInfo, TriageError> {
         if self.run_info(engineer, run).await?.is_none() {
             return Err(TriageError::NotFound);
         }
-        let path = stream_path(engineer, run);
-        match self.shared.streams.end(&path, EndReason::Cancelled).await {
-            Ok(e) => tracing::info!(%path, reason = %e.end.reason, ended_now = e.ended_now, "stop"),
-            Err(StreamError::NotFound { .. }) => {
-                // Not started yet: cancel the command so `execute` never runs (or, if it is
-                // running right now, end the stream it is creating as soon as it appears).
-                match self.shared.commands.cancel(run).await {
-                    Ok(_) | Err(CommandError::AlreadyTerminal(_)) => {}
+        match self.shared.commands.cancel(run).await {
+            Ok(st) => tracing::info!(run, status = %st.status, "stop: cancelled"),
+            Err(CommandError::AlreadyTerminal(st)) => tracing::info!(run, status = %st.status, "stop: had ended"),
+            // The command expired before its stream: end the stream itself.
+            Err(CommandError::NotFound(_)) => {
+                match self.shared.streams.end(&stream_path(engineer, run), EndReason::Cancelled).await {
+                    Ok(_) | Err(StreamError::NotFound { .. }) | Err(StreamError::Gone { .. }) => {}
                     Err(e) => return Err(e.into()),
                 }
-                let streams = self.shared.streams.clone();
-                tokio::spawn(async move {
-                    for _ in 0..50 {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        if streams.end(&path, EndReason::Cancelled).await.is_ok() {
-                            return;
-                        }
-                    }
-                });
             }
             Err(e) => return Err(e.into()),
         }
@@ -432,7 +437,7 @@ fn params_of(command: &Command) -> Result<TriageParams, String> {
     Ok(p)
 }
 
-/// `execute` on `lifecycle`: create the stream, spawn the producer, hand off to `monitor`.
+/// `execute` on `lifecycle`: spawn the producer on the command's output, hand off to `monitor`.
 struct Lifecycle(Arc<Shared>);
 
 #[async_trait]
@@ -443,6 +448,9 @@ impl CommandHandler for Lifecycle {
             Ok(p) => p,
             Err(e) => return Ok(CommandResult::failed(e)),
         };
+        let Some(output) = command.output().cloned() else {
+            return Ok(CommandResult::failed("a triage command needs its output stream (submitted without one)"));
+        };
         let source = match check_source(&sh.cfg.log_dirs, p.source.clone()) {
             Ok(s) => s,
             Err(e) => {
@@ -450,33 +458,41 @@ impl CommandHandler for Lifecycle {
                 return Ok(CommandResult::failed(e.to_string()));
             }
         };
-        let path = stream_path(&p.engineer, &p.run);
-        let limits = RunLimits { silence_timeout: Some(sh.cfg.silence_timeout), ..RunLimits::default() };
-        // Create first (idempotent), so `monitor` always finds the stream; the producer's open
-        // below joins it and claims the producer epoch (fencing an earlier attempt's producer).
-        let create = CreateOptions { content_type: Some(JSON.into()), limits: Some(limits), ..Default::default() };
+        if command.is_cancelled() {
+            return Ok(CommandResult::cancelled());
+        }
+        // The command service creates the output at submit, but this call may come first (the
+        // submit enqueues, then creates): create it now (idempotent), so `monitor` always finds
+        // it. One that ended already (a Stop) is left: the hand-off's end decides the command.
+        let path = output.path();
+        let create = CreateOptions {
+            content_type: Some(output.link().content_type.clone()),
+            limits: Some(output.link().limits()),
+            ..Default::default()
+        };
         match sh.streams.create(&path, create).await {
             Ok(_) => {}
+            Err(StreamError::Conflict { .. }) if sh.streams.head(&path).await.is_ok_and(|h| h.end.is_some()) => {
+                return Ok(CommandResult::handed_off(MONITOR_QUEUE))
+            }
             Err(e @ StreamError::Conflict { .. }) => return Ok(CommandResult::failed(format!("stream {path}: {e}"))),
             Err(e) => return Err(e.into()),
-        }
-        if command.is_cancelled() {
-            let _ = sh.streams.end(&path, EndReason::Cancelled).await;
-            return Ok(CommandResult::cancelled());
         }
         let stop = CancellationToken::new();
         sh.local.lock().unwrap().insert(p.run.clone(), stop.clone());
         let header = json!({"engineer": p.engineer, "run": p.run, "worker": sh.cfg.worker});
-        let open = OpenOptions {
-            content_type: Some(JSON.into()),
-            limits: Some(limits),
-            producer_id: Some("analysis".into()),
-            ..Default::default()
-        };
         let pace = sh.cfg.pace.clone();
         let stop2 = stop.clone();
-        let handle =
-            sh.streams.spawn(path.clone(), open, move |producer| produce(producer, source, header, pace, stop2));
+        // The producer opens the output as its writer (a new epoch: an earlier delivery's
+        // producer is fenced), keeps it alive, and ends it when the analysis returns.
+        let handle = output.streams().spawn(path.clone(), output.link().open_options(), move |producer| async move {
+            produce(producer, source, header, pace, stop2.clone()).await?;
+            // The summary is written: the stream stays open (kept alive) until the command ends
+            // it, when `monitor` completes the command with the summary as its result (so the
+            // result never races the stream's end), or until a Stop.
+            stop2.cancelled().await;
+            Ok::<(), crate::producer::ProduceError>(())
+        });
         let shared = sh.clone();
         let run = p.run.clone();
         tokio::spawn(async move {
@@ -505,38 +521,31 @@ impl CommandHandler for Monitor {
             Ok(p) => p,
             Err(e) => return Ok(CommandResult::failed(e)),
         };
-        let path = stream_path(&p.engineer, &p.run);
-        let result = match sh.streams.head(&path).await {
-            Ok(info) => match info.end {
+        let path = command.output().map(|o| o.path()).unwrap_or_else(|| stream_path(&p.engineer, &p.run));
+        let (result, ended) = match sh.streams.head(&path).await {
+            // Cancelled or producer_lost: the command service decides as this call ends
+            // (CANCELLED, or FAILED saying the stream went silent).
+            Ok(info) if info.end.is_some_and(|e| e.reason != EndReason::Finished) => (CommandResult::running(), true),
+            Ok(info) => match outcome(sh, &path, info.end.is_some()).await? {
+                Some(r) => (r, true),
                 None => return Ok(CommandResult::running()),
-                Some(end) => match end.reason {
-                    EndReason::Cancelled => CommandResult::cancelled(),
-                    EndReason::ProducerLost => {
-                        let silence = info.limits.silence_timeout.unwrap_or_default();
-                        CommandResult::failed(format!(
-                            "producer lost: the analysis of {} stopped sending events (nothing for {}); \
-                             the process running it probably died. Stream {path} ended as producer_lost \
-                             after {} events. Start a new run to retry.",
-                            p.source.label(),
-                            humantime::format_duration(silence),
-                            info.len
-                        ))
-                    }
-                    EndReason::Finished => finished_result(sh, &path).await?,
-                },
             },
             Err(StreamError::NotFound { .. }) | Err(StreamError::Gone { .. }) => {
-                CommandResult::failed(format!("stream {path} disappeared (expired or deleted) before it ended"))
+                (CommandResult::failed(format!("stream {path} disappeared (expired or deleted) before it ended")), true)
             }
             Err(e) => return Err(e.into()),
         };
-        sh.pointers.release(&p.engineer, &p.run).await?;
+        if ended {
+            sh.pointers.release(&p.engineer, &p.run).await?;
+        }
         Ok(result)
     }
 }
 
-/// A finished stream: `SUCCEEDED` with the summary, or `FAILED` with the producer's error.
-async fn finished_result(sh: &Shared, path: &StreamPath) -> Result<CommandResult, StreamError> {
+/// The outcome the stream's events say: `SUCCEEDED` with the summary once the producer wrote
+/// it, `FAILED` with the producer's error, `FAILED` for a stream that finished without either;
+/// `None` while the analysis goes on.
+async fn outcome(sh: &Shared, path: &StreamPath, finished: bool) -> Result<Option<CommandResult>, StreamError> {
     let mut from = ReadFrom::Start;
     let mut last: Option<Value> = None;
     let mut events = 0u64;
@@ -553,11 +562,12 @@ async fn finished_result(sh: &Shared, path: &StreamPath) -> Result<CommandResult
     }
     Ok(match last {
         Some(v) if v.get("error").is_some() => {
-            CommandResult::failed(format!("analysis failed: {}", v["error"].as_str().unwrap_or("unknown error")))
+            Some(CommandResult::failed(format!("analysis failed: {}", v["error"].as_str().unwrap_or("unknown error"))))
         }
         Some(v) if v.get("type").and_then(Value::as_str) == Some("summary") => {
-            CommandResult::succeeded(json!({"stream": path.as_str(), "events": events, "summary": v}))
+            Some(CommandResult::succeeded(json!({"stream": path.as_str(), "events": events, "summary": v})))
         }
-        _ => CommandResult::failed(format!("stream {path} finished without a summary")),
+        _ if finished => Some(CommandResult::failed(format!("stream {path} finished without a summary"))),
+        _ => None,
     })
 }

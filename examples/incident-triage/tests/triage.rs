@@ -32,6 +32,14 @@ async fn full_run_succeeds(redis: Option<String>) {
     assert_eq!(done.status, CommandStatus::Succeeded, "{done:?}");
     assert_eq!(done.queue, "lifecycle");
     assert_eq!(done.handed_off_to.as_deref(), Some("monitor"));
+    // The run is the command's own output stream (Command::with_output), ended with it.
+    let link = done.output.clone().expect("the command owns its output stream");
+    assert_eq!(
+        (link.stream.as_str(), link.content_type.as_str(), link.silence_timeout_ms),
+        (run.stream.as_str(), "application/json", Some(3_000))
+    );
+    let head = t.streams().head(&stream_path("alice", &run.run)).await.unwrap();
+    assert_eq!(head.end.map(|e| e.reason), Some(EndReason::Finished));
     let evs = events(&t, "alice", &run.run).await;
     for (i, e) in evs.iter().enumerate() {
         assert_eq!(e["seq"], i as u64, "seq has no gap");
@@ -79,6 +87,8 @@ async fn one_current_run_stop_and_take_over(redis: Option<String>) {
     // Stop: the stream ends cancelled now, the local producer stops at once, the pointer is free.
     let stopped = t.stop_run("bob", &a.run).await.unwrap();
     assert_eq!(stopped.stream_end.as_deref(), Some("cancelled"));
+    // Stop is a cancel of the command: CANCELLED at once (not at the monitor's next check).
+    assert_eq!(stopped.status, Some(CommandStatus::Cancelled));
     assert_eq!(t.pointers().get("bob").await.unwrap(), None);
     eventually(Duration::from_secs(2), || async { t.local_runs().is_empty().then_some(()) })
         .await
@@ -168,7 +178,7 @@ async fn redis_stop_from_another_instance() {
         .await
         .unwrap();
     let stopped = other.stop_run("fay", &run.run).await.unwrap();
-    assert_eq!(stopped.stream_end.as_deref(), Some("cancelled"));
+    assert_eq!((stopped.stream_end.as_deref(), stopped.status), (Some("cancelled"), Some(CommandStatus::Cancelled)));
     // The owner's producer is refused at its next append (one pace later) and stops.
     eventually(Duration::from_secs(2), || async { owner.local_runs().is_empty().then_some(()) })
         .await
