@@ -163,7 +163,8 @@
 //! `producer_lost` → `FAILED`, `finished` → the handler's terminal result, else `SUCCEEDED`
 //! (or `FAILED` when its last entry is an error entry) — so a handler may spawn the producer and
 //! return `running`, and the command ends at the first `check_status` after the stream does.
-//! A re-run writes a new stream, `<path>/run-<n>`. The stream is deleted `state_ttl` after its
+//! A re-run writes a new stream, `<path>/run-<n>`. The output is part of the submit's request:
+//! a resubmit of the id asking for another output (or none) is a [`CommandError::Conflict`]. The stream is deleted `state_ttl` after its
 //! creation and `retention` after its end (the home queue's [`Lifetimes`]).
 //!
 //! ```
