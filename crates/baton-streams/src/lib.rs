@@ -187,7 +187,8 @@ pub use limits::{LimitScope, RunLimits};
 pub use offset::{Offset, OffsetTag, ReadFrom};
 pub use run::{OpenOptions, Producer, RunHandle};
 pub use settings::StreamStoreSettings;
-pub use store::{StreamObserver, StreamStore, Subscription};
+pub use backend::PathFilter;
+pub use store::{StreamObserver, StreamPage, StreamStore, Subscription};
 pub use types::{
     is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EpochMs, Expiry, ForkFrom,
     ProducerStamp, ReadChunk, Record, StreamInfo, StreamPath, DEFAULT_CONTENT_TYPE,
