@@ -178,6 +178,7 @@ mod settings;
 mod store;
 mod types;
 
+pub use backend::PathFilter;
 /// The Redis connection settings of [`StreamStore::redis`], re-exported from `baton-redis` (an
 /// embedder needs no dependency on it).
 pub use baton_redis::RedisConfig;
@@ -187,7 +188,6 @@ pub use limits::{LimitScope, RunLimits};
 pub use offset::{Offset, OffsetTag, ReadFrom};
 pub use run::{OpenOptions, Producer, RunHandle};
 pub use settings::StreamStoreSettings;
-pub use backend::PathFilter;
 pub use store::{StreamObserver, StreamPage, StreamStore, Subscription};
 pub use types::{
     is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EpochMs, Expiry, ForkFrom,

@@ -266,7 +266,11 @@ pub async fn list_pages_in_path_order(b: &TestBackend) {
     let json = StreamPath::new("acme/run-03").unwrap();
     s.delete(&json).await.unwrap();
     s.create(&json, opts("application/json")).await.unwrap();
-    let arr = AppendRequest { data: Bytes::from("[1,2,3]"), content_type: Some("application/json".into()), ..Default::default() };
+    let arr = AppendRequest {
+        data: Bytes::from("[1,2,3]"),
+        content_type: Some("application/json".into()),
+        ..Default::default()
+    };
     s.append(&json, arr).await.unwrap();
     let ended = StreamPath::new("acme/run-05").unwrap();
     s.close(&ended, EndReason::Cancelled).await.unwrap();
