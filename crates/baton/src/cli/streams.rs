@@ -504,22 +504,6 @@ fn emit_data(json_out: bool, data: &str, base64_data: bool, json_stream: bool, o
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sse_events_parse() {
-        let mut buf =
-            String::from("event: data\ndata:a\ndata:\n\n:\n\nevent: control\ndata:{\"x\":1}\nid:5\n\nevent: da");
-        let evs = take_events(&mut buf);
-        assert_eq!(evs.len(), 2);
-        assert_eq!((evs[0].event.as_str(), evs[0].data.as_str()), ("data", "a\n"));
-        assert_eq!((evs[1].event.as_str(), evs[1].data.as_str()), ("control", "{\"x\":1}"));
-        assert_eq!(buf, "event: da");
-    }
-}
-
 /// `baton streams list`: one page of `GET /v1/streams`, a table (or the JSON with `--json`), then
 /// `more: --cursor …` when there is a next page.
 async fn list(cl: &Client, prefix: Option<String>, limit: u32, cursor: Option<String>) -> Result<u8, CliError> {
@@ -562,4 +546,20 @@ async fn list(cl: &Client, prefix: Option<String>, limit: u32, cursor: Option<St
         println!("more: --cursor {next}");
     }
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_parse() {
+        let mut buf =
+            String::from("event: data\ndata:a\ndata:\n\n:\n\nevent: control\ndata:{\"x\":1}\nid:5\n\nevent: da");
+        let evs = take_events(&mut buf);
+        assert_eq!(evs.len(), 2);
+        assert_eq!((evs[0].event.as_str(), evs[0].data.as_str()), ("data", "a\n"));
+        assert_eq!((evs[1].event.as_str(), evs[1].data.as_str()), ("control", "{\"x\":1}"));
+        assert_eq!(buf, "event: da");
+    }
 }
