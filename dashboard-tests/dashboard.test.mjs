@@ -330,7 +330,7 @@ async function deadWorker(base, redisPort, config) {
 async function opsFlow(backend) {
   const redisPort = backend === "redis" ? await startRedis() : null
   const config = join(work, `ops-${backend}.toml`)
-  writeFileSync(config, '[queues.default]\nclaim_timeout = "2s"\npoll_interval = "200ms"\n' +
+  writeFileSync(config, '[queues.default]\nconcurrency = 64\nclaim_timeout = "2s"\npoll_interval = "200ms"\n' +
     '[queues.default.handlers]\nsleep = "sleep"\necho = "echo"\nfail = "fail"\n')
   const { base } = await startBaton(["--config", config, ...(redisPort ? ["--redis", `redis://127.0.0.1:${redisPort}`] : [])])
   const api = client(base)
