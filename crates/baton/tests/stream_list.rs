@@ -85,6 +85,7 @@ async fn lists_streams_by_prefix(b: TestBackend) {
     // A prefix outside its scope lists nothing; one spanning scopes lists its part.
     assert_eq!(paths(&get(&srv, "/v1/streams?prefix=other/", READER).await.1), Vec::<&str>::new());
     assert_eq!(paths(&get(&srv, "/v1/streams?prefix=acm", READER).await.1), ["acme/a", "acme/b", "acme/c"]);
+    assert_eq!(paths(&get(&srv, "/v1/streams?prefix=/acme/", READER).await.1), ["acme/a", "acme/b", "acme/c"]);
 
     // The admin sees every scope.
     assert_eq!(paths(&get(&srv, "/v1/streams?prefix=acme", ADMIN).await.1), ["acme/a", "acme/b", "acme/c", "acmeco/x"]);

@@ -31,7 +31,8 @@ impl QuerySpec for StreamListQuery {
 }
 
 /// `GET /v1/streams?prefix=&limit=100&cursor=`: `200 {"streams": [stream…], "next_cursor": path or
-/// null}`, the streams whose path starts with `prefix` (a plain string prefix; all when absent)
+/// null}`, the streams whose path starts with `prefix` (a plain string prefix, a leading `/`
+/// ignored; all when absent)
 /// that the caller may read, in path order, at most `limit` (1 to 1000, default 100) after
 /// `cursor` (a page's `next_cursor`). A stream: `{"path", "content_type", "next_offset" (its
 /// tail, as `Stream-Next-Offset`), "length" (messages or appends, as `max_len` counts), "closed",
@@ -42,7 +43,8 @@ impl QuerySpec for StreamListQuery {
 pub async fn list(State(st): State<AppState>, q: Query<StreamListQuery>, req: Request) -> Result<Response, ApiError> {
     let who = principal(req.extensions())?;
     let limit = limit_param(&q, 100, 1000)?;
-    let prefix = q.get("prefix").map(String::as_str).unwrap_or("");
+    // Paths have no leading `/` (`StreamPath::new` drops one): neither does a prefix of them.
+    let prefix = q.get("prefix").map(|p| p.trim_start_matches('/')).unwrap_or("");
     let after = match q.get("cursor").filter(|c| !c.is_empty()) {
         None => None,
         Some(c) => Some(StreamPath::new(c).map_err(|_| {
