@@ -2,15 +2,17 @@
 // starts `baton serve` on a free port (in memory, and on a Redis standalone server started here),
 // submits commands and checks the page shows them live, filters by status, cancels a running
 // command from its detail panel, replays a dead letter (Redis: a malformed queue entry is
-// injected with redis-cli), follows a stream live, and uses the page with a bearer token. Writes
-// screenshots to target/dashboard-screenshots/.
+// injected with redis-cli), follows a stream live, and uses the page with a bearer token; then
+// (`ops`, `ops-redis`) at desktop and phone widths: the stream browser, the workers panel (on
+// Redis a killed `baton worker` shown dead), bulk cancel and retry with their dry-run counts, and
+// no horizontal page scroll. Writes screenshots to target/dashboard-screenshots/.
 //
-//   BATON_BIN=target/debug/baton node dashboard-tests/dashboard.test.mjs [memory] [redis] [auth]
+//   BATON_BIN=target/debug/baton node dashboard-tests/dashboard.test.mjs [memory] [redis] [auth] [ops] [ops-redis]
 //
 // Environment: BATON_BIN (required), CHROMIUM (default /usr/bin/chromium), SCREENSHOTS (default
 // <repo>/target/dashboard-screenshots).
 import { spawn, execFileSync } from "node:child_process"
-import { mkdtempSync, mkdirSync, rmSync, readFileSync } from "node:fs"
+import { mkdtempSync, mkdirSync, rmSync, readFileSync, writeFileSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { dirname, join, resolve } from "node:path"
@@ -23,7 +25,7 @@ const BATON = process.env.BATON_BIN
 if (!BATON) throw new Error("set BATON_BIN to a built `baton` binary")
 const SHOTS = process.env.SCREENSHOTS ?? join(ROOT, "target", "dashboard-screenshots")
 mkdirSync(SHOTS, { recursive: true })
-const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth"]
+const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth", "ops", "ops-redis"]
 const TOKEN = "dashboard-test-token-0123456789abcdef"
 
 const children = []
@@ -293,11 +295,183 @@ async function authFlow() {
   }
 }
 
+// ---- operations: stream browser, workers, bulk actions; desktop and phone widths -------------
+const WIDTHS = { desktop: { width: 1400, height: 900 }, phone: { width: 390, height: 844 } }
+
+async function json(method, url, body) {
+  const r = await fetch(url, { method, headers: body ? { "content-type": "application/json" } : {}, body: body ? JSON.stringify(body) : undefined })
+  const text = await r.text()
+  check(r.ok, `${method} ${url}: ${r.status} ${text}`)
+  return JSON.parse(text)
+}
+
+// No horizontal page scroll: the page is no wider than the window (tables scroll in their box).
+async function noOverflow(page, what) {
+  const [sw, iw, wide] = await page.evaluate(() => {
+    const iw = window.innerWidth
+    // The outermost elements that stick out (for the failure message).
+    const clipped = (e) => { for (let a = e.parentElement; a; a = a.parentElement) if (getComputedStyle(a).overflowX !== "visible") return true; return false }
+    const out = [...document.querySelectorAll("body *")].filter((e) => !clipped(e) && (e.getBoundingClientRect().right > iw + 0.5 ||
+      (getComputedStyle(e).overflowX === "visible" && e.getBoundingClientRect().left + e.scrollWidth > iw + 0.5)))
+      .map((e) => `${e.tagName.toLowerCase()}${e.id ? "#" + e.id : ""}${e.className ? "." + String(e.className).split(" ").join(".") : ""}`)
+    return [document.documentElement.scrollWidth, iw, out.slice(0, 8)]
+  })
+  check(sw <= iw, `${what}: the page is ${sw}px wide in a ${iw}px window (sticking out: ${wide.join(", ")})`)
+}
+
+// A `baton worker` on the same Redis that took a lease, then SIGKILL: a dead consumer that the
+// serving process outlives. Returns its consumer name.
+async function deadWorker(base, redisPort, config) {
+  const before = new Set((await json("GET", `${base}/v1/queues/default/workers`)).workers.map((w) => w.name))
+  const p = spawn(BATON, ["worker", "--redis", `redis://127.0.0.1:${redisPort}`, "--config", config], { stdio: "ignore", env: { ...process.env, BATON_LOG: "warn" } })
+  children.push(p)
+  const name = await until("the worker to join the group", async () => {
+    const ws = (await json("GET", `${base}/v1/queues/default/workers`)).workers
+    return ws.map((w) => w.name).find((n) => !before.has(n))
+  }, 20000)
+  // Commands until the new worker holds one (the serving process takes some too).
+  let n = 0
+  await until("the worker to hold a lease", async () => {
+    await json("POST", `${base}/v1/queues/default/commands`, { id: `doomed-${n++}`, type: "sleep", params: { ms: 600000 } })
+    const w = (await json("GET", `${base}/v1/queues/default/workers`)).workers.find((w) => w.name === name)
+    return w && w.leases > 0
+  }, 20000)
+  p.kill("SIGKILL")
+  return name
+}
+
+async function opsFlow(backend) {
+  const redisPort = backend === "redis" ? await startRedis() : null
+  const config = join(work, `ops-${backend}.toml`)
+  writeFileSync(config, '[queues.default]\nconcurrency = 64\nclaim_timeout = "2s"\npoll_interval = "200ms"\n' +
+    '[queues.default.handlers]\nsleep = "sleep"\necho = "echo"\nfail = "fail"\n')
+  const { base } = await startBaton(["--config", config, ...(redisPort ? ["--redis", `redis://127.0.0.1:${redisPort}`] : [])])
+  const api = client(base)
+  const ours = (await until("the server's own worker", async () => (await json("GET", `${base}/v1/queues/default/workers`)).workers[0])).name
+  const dead = redisPort ? await deadWorker(base, redisPort, config) : null
+
+  for (const [width, viewport] of Object.entries(WIDTHS)) {
+    const tag = `ops-${backend}-${width}`
+    const profile = mkdtempSync(join(work, "chromium-"))
+    const ctx = await launchChromium(chromium, profile, { viewport, colorScheme: "light" })
+    const page = ctx.pages()[0] ?? await ctx.newPage()
+    const consoleErrors = []
+    page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()) })
+    page.on("pageerror", (e) => consoleErrors.push(String(e)))
+    try {
+      // Streams of this width, and one elsewhere that the prefix leaves out.
+      const pre = `br-${width}/`
+      await api.stream("PUT", `${pre}b-json`, "[1, 2, 3]", { "content-type": "application/json" })
+      await api.stream("PUT", `${pre}a-text`, "hello\n", { "content-type": "text/plain" })
+      await api.stream("PUT", `${pre}c-ended`, "bye\n", { "content-type": "text/plain", "stream-closed": "true" })
+      await api.stream("PUT", `br-${width}x/decoy`, undefined, { "content-type": "text/plain" })
+      // A sleeping command held by the serving process, and the bulk action's targets.
+      const held = `held-${width}`
+      await api.submit({ id: held, type: "sleep", params: { ms: 600000 } })
+      for (let i = 0; i < 3; i++) await api.submit({ id: `bulk-${width}-${i}`, type: "sleep", params: { ms: 600000 } })
+      await api.submit({ id: `bulk-${width}-echo`, type: "echo", params: {} })
+
+      await page.goto(base + "/")
+      await page.locator("#conn.live").waitFor({ timeout: 10000 })
+      await page.locator('#queues-table tr[data-queue="default"]').waitFor()
+      await noOverflow(page, `${tag} queues`)
+      await page.screenshot({ path: join(SHOTS, `${tag}-1-queues.png`), fullPage: true })
+
+      // Stream browser: the prefix's streams in path order with their state; one opened live.
+      await tab(page, "Streams")
+      await page.fill("#browse-prefix", pre)
+      await page.locator("#browse-form").getByRole("button", { name: "List" }).click()
+      await until("the three streams", async () => {
+        const paths = await page.locator("#streams-table tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.path))
+        return JSON.stringify(paths) === JSON.stringify([`${pre}a-text`, `${pre}b-json`, `${pre}c-ended`])
+      })
+      const cells = (await page.locator(`#streams-table tr[data-path="${pre}b-json"] td`).allTextContents()).map((t) => t.trim())
+      check(cells[0] === "application/json" && cells[1] === "3" && cells[2] === "open", `the JSON stream's row: ${cells}`)
+      const ended = (await page.locator(`#streams-table tr[data-path="${pre}c-ended"] td`).allTextContents()).map((t) => t.trim())
+      check(ended[2] === "ended (finished)", `the ended stream's row: ${ended}`)
+      await page.locator(`#streams-table tr[data-path="${pre}a-text"] a`).click()
+      await page.locator("#stream-log", { hasText: "hello" }).waitFor()
+      await page.locator("#stream-status.live").waitFor()
+      await api.stream("POST", `${pre}a-text`, "appended later\n", { "content-type": "text/plain" })
+      await page.locator("#stream-log", { hasText: "appended later" }).waitFor({ timeout: 5000 })
+      check((await page.locator("#stream-log").textContent()) === "hello\nappended later\n", "the followed stream's text")
+      await noOverflow(page, `${tag} streams`)
+      await page.screenshot({ path: join(SHOTS, `${tag}-2-streams.png`), fullPage: true })
+
+      // Workers: the serving process's consumer, live, holding the sleeping command; on Redis
+      // the killed worker apart, dead.
+      await tab(page, "Workers")
+      const live = page.locator(`#workers-table tr[data-worker="${ours}"][data-alive="true"]`)
+      await live.waitFor({ timeout: 10000 })
+      await live.locator(`a[data-command="${held}"]`).waitFor({ timeout: 10000 })
+      if (dead) {
+        await page.locator(`#dead-workers-table tr[data-worker="${dead}"][data-alive="false"]`).waitFor({ timeout: 15000 })
+        check(await page.locator(`#workers-table tr[data-worker="${dead}"]`).count() === 0, "the dead worker is not among the live ones")
+        await page.locator('#workers-summary[data-alive="1"][data-dead="1"]').waitFor()
+        await page.locator("#count-dead-workers.alert", { hasText: "1 dead" }).waitFor()
+      } else {
+        await page.locator('#workers-summary[data-alive="1"][data-dead="0"]').waitFor()
+        await page.locator("#dead-workers-empty").waitFor()
+      }
+      await noOverflow(page, `${tag} workers`)
+      await page.screenshot({ path: join(SHOTS, `${tag}-3-workers.png`), fullPage: true })
+      // A command id opens its detail.
+      await live.locator(`a[data-command="${held}"]`).click()
+      await page.locator("#detail-title", { hasText: `Command ${held}` }).waitFor()
+      await page.locator("#detail-close").click()
+
+      // Bulk: cancel the three sleeps by type and id prefix; the dry run counts them first.
+      await page.locator("#bulk summary").click()
+      await page.selectOption("#bulk-action", "cancel")
+      await page.selectOption("#bulk-queue", "default")
+      await page.fill("#bulk-type", "sleep")
+      await page.fill("#bulk-prefix", `bulk-${width}-`)
+      await page.locator("#bulk-btn").click()
+      await page.locator('#bulk-result[data-eligible="3"]').waitFor()
+      check((await page.locator("#bulk-result").textContent()).startsWith("3 commands of default would be cancelled (dry run)"), "the dry run's words")
+      await page.locator("#bulk-btn", { hasText: "Confirm cancel of 3?" }).waitFor()
+      await noOverflow(page, `${tag} bulk`)
+      await page.screenshot({ path: join(SHOTS, `${tag}-4-bulk-dry-run.png`), fullPage: true })
+      for (let i = 0; i < 3; i++) check((await api.get(`bulk-${width}-${i}`)).status === "SUBMITTED", "the dry run changes nothing")
+      await page.locator("#bulk-btn").click()
+      await page.locator('#bulk-result[data-applied="3"]').waitFor()
+      for (let i = 0; i < 3; i++) check((await api.get(`bulk-${width}-${i}`)).status === "CANCELLED", `bulk-${width}-${i} cancelled`)
+      check((await api.get(`bulk-${width}-echo`)).status === "SUCCEEDED", "the echo is left alone")
+      check((await api.get(held)).status === "SUBMITTED", "the held command is left alone")
+      await page.screenshot({ path: join(SHOTS, `${tag}-5-bulk-done.png`), fullPage: true })
+      // Retry them the same way; changing the filter disarms a counted button.
+      await page.selectOption("#bulk-action", "retry")
+      await page.locator("#bulk-btn").click()
+      await page.locator('#bulk-result[data-eligible="3"]').waitFor()
+      await page.fill("#bulk-prefix", `bulk-${width}-1`)
+      await page.locator("#bulk-btn", { hasText: "Count" }).waitFor()
+      await page.locator("#bulk-btn").click()
+      await page.locator('#bulk-result[data-eligible="1"]').waitFor()
+      await page.locator("#bulk-btn").click()
+      await page.locator('#bulk-result[data-applied="1"]').waitFor()
+      check((await api.get(`bulk-${width}-1`)).status === "SUBMITTED", "bulk-1 re-run")
+      check((await api.get(`bulk-${width}-0`)).status === "CANCELLED", "bulk-0 left cancelled")
+      await tab(page, "Commands")
+      await noOverflow(page, `${tag} commands`)
+
+      const unexpected = consoleErrors.filter((e) => !/404|Failed to load resource/.test(e))
+      check(unexpected.length === 0, `console errors: ${unexpected.join(" | ")}`)
+    } catch (e) {
+      await page.screenshot({ path: join(SHOTS, `${tag}-FAILED.png`), fullPage: true }).catch(() => {})
+      throw e
+    } finally {
+      await ctx.close()
+    }
+  }
+}
+
 let failed = 0
 for (const mode of MODES) {
   const t0 = Date.now()
   try {
     if (mode === "auth") await authFlow()
+    else if (mode === "ops") await opsFlow("memory")
+    else if (mode === "ops-redis") await opsFlow("redis")
     else await mainFlow(mode)
     console.log(`dashboard (${mode}): ok in ${((Date.now() - t0) / 1000).toFixed(1)}s`)
   } catch (e) {

@@ -91,6 +91,17 @@ pub(crate) trait StreamBackend: Send + Sync + 'static {
     /// Up to `limit` paths of existing streams (not soft-deleted, not expired) starting with
     /// `prefix`, in no particular order, each once.
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<StreamPath>>;
+    /// The first `limit` paths in path order (byte order) that start with `prefix`, come after
+    /// `after` (when given) and that `keep` accepts, and whether more such paths exist. The
+    /// memory backend leaves out streams that do not exist (soft-deleted, expired); the Redis
+    /// backend may include soft-deleted ones (their metadata key stays): the caller reads each.
+    async fn list_sorted(
+        &self,
+        prefix: &str,
+        after: Option<&StreamPath>,
+        limit: usize,
+        keep: &PathFilter,
+    ) -> Result<(Vec<StreamPath>, bool)>;
     /// Waits up to `timeout` for records after `after` (or the end, or deletion).
     async fn wait(
         &self,
@@ -100,4 +111,34 @@ pub(crate) trait StreamBackend: Send + Sync + 'static {
         max_bytes: usize,
         timeout: Duration,
     ) -> Result<ReadChunk>;
+}
+
+/// Which paths a listing keeps (e.g. those a caller may read).
+pub type PathFilter = dyn Fn(&StreamPath) -> bool + Send + Sync;
+
+/// The smallest paths offered, at most `cap` of them (a bounded selection in path order).
+pub(crate) struct Smallest {
+    set: std::collections::BTreeSet<StreamPath>,
+    cap: usize,
+}
+
+impl Smallest {
+    pub(crate) fn new(cap: usize) -> Self {
+        Smallest { set: std::collections::BTreeSet::new(), cap }
+    }
+
+    /// Keeps `p` if it is among the `cap` smallest offered so far.
+    pub(crate) fn offer(&mut self, p: StreamPath) {
+        if self.set.len() < self.cap {
+            self.set.insert(p);
+        } else if self.set.last().is_some_and(|last| p < *last) && self.set.insert(p) {
+            self.set.pop_last();
+        }
+    }
+
+    /// The first `limit` in path order, and whether more than `limit` were kept.
+    pub(crate) fn page(self, limit: usize) -> (Vec<StreamPath>, bool) {
+        let more = self.set.len() > limit;
+        (self.set.into_iter().take(limit).collect(), more)
+    }
 }

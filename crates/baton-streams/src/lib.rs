@@ -50,7 +50,9 @@
 //!   [`StreamStore::delete`] (§5.4, soft delete while forks exist), [`StreamStore::head`] (§5.5),
 //!   [`StreamStore::read`] (§5.6 catch-up), [`StreamStore::read_live`] (§5.7 long-poll) and
 //!   [`StreamStore::subscribe`] (§5.8 SSE), [`StreamStore::trim`] (§4 retention).
-//! * [`StreamStore::list`]: the paths of the existing streams under a prefix.
+//! * [`StreamStore::list`]: the paths of the existing streams under a prefix;
+//!   [`StreamStore::list_page`]: a page of them in path order after a cursor, through a filter,
+//!   with each one's metadata (a stream browser's listing).
 //! * [`StreamObserver`] ([`StreamStore::set_observer`]): told of each create, append, close and
 //!   delete a store makes, with the new tail as a client-visible offset token, before the call
 //!   returns (e.g. to wake subscribers of streams matching a pattern).
@@ -143,8 +145,8 @@
 //! one more check after it ends); memory, one sorted-set member per registered stream. No `SCAN`:
 //! the cost does not grow with the rest of the keyspace. Chosen over a `SCAN MATCH baton:s:*:m`
 //! cursor spread over ticks because a SCAN cycle grows with the whole keyspace (work queues
-//! included), so no detection bound could be promised. (The one `SCAN` of the crate is
-//! [`StreamStore::list`], an on-demand listing.) Not done: updating the score on appends
+//! included), so no detection bound could be promised. (The only `SCAN`s of the crate are the
+//! on-demand listings, [`StreamStore::list`] and [`StreamStore::list_page`].) Not done: updating the score on appends
 //! (it would need a second command per append in Cluster).
 //!
 //! # Live reads and fan-out
@@ -178,6 +180,7 @@ mod settings;
 mod store;
 mod types;
 
+pub use backend::PathFilter;
 /// The Redis connection settings of [`StreamStore::redis`], re-exported from `baton-redis` (an
 /// embedder needs no dependency on it).
 pub use baton_redis::RedisConfig;
@@ -187,7 +190,7 @@ pub use limits::{LimitScope, RunLimits};
 pub use offset::{Offset, OffsetTag, ReadFrom};
 pub use run::{OpenOptions, Producer, RunHandle};
 pub use settings::StreamStoreSettings;
-pub use store::{StreamObserver, StreamStore, Subscription};
+pub use store::{StreamObserver, StreamPage, StreamStore, Subscription};
 pub use types::{
     is_json, normalize_content_type, AppendRequest, Appended, CreateOptions, Created, EpochMs, Expiry, ForkFrom,
     ProducerStamp, ReadChunk, Record, StreamInfo, StreamPath, DEFAULT_CONTENT_TYPE,

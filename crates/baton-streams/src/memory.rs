@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{CreateSpec, Deleted, Snapshot, StreamBackend, WriteSpec};
+use crate::backend::{CreateSpec, Deleted, PathFilter, Smallest, Snapshot, StreamBackend, WriteSpec};
 use crate::end::{EndReason, EndState};
 use crate::error::{Result, StreamError};
 use crate::limits::{LimitScope, RunLimits};
@@ -574,6 +574,28 @@ impl StreamBackend for MemoryStreamBackend {
             }
         }
         Ok(out)
+    }
+
+    async fn list_sorted(
+        &self,
+        prefix: &str,
+        after: Option<&StreamPath>,
+        limit: usize,
+        keep: &PathFilter,
+    ) -> Result<(Vec<StreamPath>, bool)> {
+        let now = now_ms();
+        let map = self.streams.lock().unwrap();
+        let mut smallest = Smallest::new(limit.saturating_add(1));
+        for (path, s) in map.iter() {
+            if !path.as_str().starts_with(prefix) || after.is_some_and(|a| path <= a) || !keep(path) {
+                continue;
+            }
+            let st = s.st.lock().unwrap();
+            if !st.removed && !st.deleted && !st.expired(now) {
+                smallest.offer(path.clone());
+            }
+        }
+        Ok(smallest.page(limit))
     }
 
     async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>> {

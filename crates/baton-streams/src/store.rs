@@ -86,6 +86,18 @@ pub trait StreamObserver: Send + Sync + 'static {
     async fn deleted(&self, path: &StreamPath);
 }
 
+/// Listings at most per [`StreamStore::list_page`].
+const LIST_ROUNDS: usize = 4;
+
+/// One page of [`StreamStore::list_page`].
+#[derive(Clone, Debug)]
+pub struct StreamPage {
+    /// The streams, in path order.
+    pub streams: Vec<StreamInfo>,
+    /// Where the next page starts (`after`), `None` on the last page.
+    pub next: Option<StreamPath>,
+}
+
 const MAX_SAFE_INT: u64 = (1 << 53) - 1;
 
 impl StreamStore {
@@ -144,6 +156,55 @@ impl StreamStore {
     /// Errors: [`StreamError::Backend`].
     pub async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<StreamPath>> {
         self.backend.list(prefix, limit).await
+    }
+
+    /// One page of the streams whose path starts with `prefix` (a plain string prefix, as
+    /// [`StreamStore::list`]), in path order (bytewise), after the path `after` when given, and
+    /// only those `keep` accepts (e.g. what a caller may read): each stream's metadata as
+    /// [`StreamStore::head`] gives it (so a silent run found past its silence timeout is ended
+    /// as `producer_lost`). At most `limit` streams (`limit` from 1); `next` is the path to pass
+    /// as `after` for the next page, `None` on the last. Streams found gone when read (deleted,
+    /// expired, soft-deleted: on Redis their metadata stays until their forks go) are left out
+    /// and the page is filled from further listings, at most 4 in all: a page may then hold
+    /// fewer than `limit` streams and still have a `next`.
+    ///
+    /// Memory: a walk of the map. Redis: `SCAN … MATCH` over the stream metadata keys of the
+    /// prefix on every master of a Cluster (the whole keyspace of each node for every page, since
+    /// SCAN has no order; only the `limit + 1` smallest paths are held), then one metadata read
+    /// per listed stream (16 at a time). Meant for an operator's browsing, not per request. A
+    /// stream created or deleted meanwhile may or may not be listed.
+    ///
+    /// Errors: [`StreamError::InvalidRequest`] (`limit` 0), [`StreamError::Backend`].
+    pub async fn list_page(
+        &self,
+        prefix: &str,
+        after: Option<&StreamPath>,
+        limit: usize,
+        keep: &crate::backend::PathFilter,
+    ) -> Result<StreamPage> {
+        use futures::StreamExt;
+        if limit == 0 {
+            return Err(StreamError::invalid("a stream listing needs a limit of at least 1"));
+        }
+        let mut streams = Vec::new();
+        let mut after = after.cloned();
+        // Streams found gone when read leave room: a few more listings fill it.
+        for _ in 0..LIST_ROUNDS {
+            let (paths, more) = self.backend.list_sorted(prefix, after.as_ref(), limit - streams.len(), keep).await?;
+            after = if more { paths.last().cloned() } else { None };
+            let mut heads = futures::stream::iter(paths).map(|p| async move { self.head(&p).await }).buffered(16);
+            while let Some(head) = heads.next().await {
+                match head {
+                    Ok(info) => streams.push(info),
+                    Err(StreamError::NotFound { .. } | StreamError::Gone { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if after.is_none() || streams.len() == limit {
+                break;
+            }
+        }
+        Ok(StreamPage { streams, next: after })
     }
 
     /// Creates a stream, or confirms an identical one (PROTOCOL.md §5.1): `created == false` when

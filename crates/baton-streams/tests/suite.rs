@@ -136,4 +136,5 @@ suite!(
     observer::observer_sees_committed_writes,
     observer::observer_sees_forks_and_runs,
     observer::list_streams_by_prefix,
+    observer::list_pages_in_path_order,
 );

@@ -591,6 +591,60 @@ fn commands_watch_and_queues_events_on_redis() {
     watch_and_events(Serve::start_env(&[("BATON_REDIS", &redis.url())]));
 }
 
+/// `baton streams list`: a table in path order with each stream's state, pages with `more:
+/// --cursor`, the JSON with `--json`, an empty prefix said so.
+fn streams_list(s: Serve) {
+    s.run(&["streams", "create", "acme/run-2"]).ok();
+    s.run(&["streams", "create", "acme/run-1", "--content-type", "application/json"]).ok();
+    s.run(&["streams", "append", "acme/run-1", "[1,2,3]"]).ok();
+    s.run(&["streams", "create", "acme/run-3"]).ok();
+    s.run(&["streams", "close", "acme/run-3", "--reason", "cancelled"]).ok();
+    s.run(&["streams", "create", "other/x"]).ok();
+    let out = s.run(&["streams", "list", "acme/", "--limit", "2"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{out:?}");
+    let cols = |l: &str| l.split_whitespace().take(4).map(str::to_string).collect::<Vec<_>>().join(" ");
+    assert_eq!(cols(lines[0]), "PATH CONTENT TYPE LENGTH");
+    assert_eq!(cols(lines[1]), "acme/run-1 application/json 3 open");
+    assert_eq!(cols(lines[2]), "acme/run-2 text/plain 0 open");
+    assert_eq!(lines[3], "more: --cursor acme/run-2");
+    let out = s.run(&["streams", "list", "acme/", "--limit", "2", "--cursor", "acme/run-2"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{out:?}");
+    assert_eq!(
+        lines[1].split_whitespace().take(5).collect::<Vec<_>>(),
+        ["acme/run-3", "text/plain", "0", "ended", "(cancelled)"]
+    );
+    let out = s.run(&["streams", "list", "--json"]).ok();
+    let v = out.json();
+    let paths: Vec<&str> = v["streams"].as_array().unwrap().iter().map(|x| x["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["acme/run-1", "acme/run-2", "acme/run-3", "other/x"]);
+    assert_eq!(v["next_cursor"], Value::Null);
+    let out = s.run(&["streams", "list", "nobody/"]).ok();
+    assert_eq!(out.stdout, "no streams under nobody/\n");
+    let out = s.run(&["streams", "list", "--cursor", "a//b"]).code(2);
+    assert!(out.stderr.contains("(invalid_cursor)"), "{out:?}");
+}
+
+#[test]
+fn streams_list_by_prefix() {
+    streams_list(Serve::start());
+}
+
+#[test]
+fn streams_list_by_prefix_on_redis() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    streams_list(Serve::start_env(&[("BATON_REDIS", &redis.url())]));
+}
+
+#[test]
+fn streams_list_by_prefix_on_cluster() {
+    baton_testkit::require_redis();
+    let cluster = baton_testkit::RedisCluster::start();
+    streams_list(Serve::start_env(&[("BATON_REDIS_CLUSTER", &cluster.urls().join(","))]));
+}
+
 /// A bare HTTP/1.1 request to `base` (`Connection: close`): the status and the body.
 fn http(base: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
     let addr = base.trim_start_matches("http://");

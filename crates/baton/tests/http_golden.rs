@@ -714,6 +714,18 @@ async fn streams(g: &mut Golden) {
     g.raw("POST /v1/stream/acme/with%20space HTTP/1.1\r\nContent-Type: text/plain\r\nContent-Length: 900000000").await;
     g.send(req("GET", text).h("x-padding", "p".repeat(9000))).await;
     g.send(req("GET", "/healthz").h("x-padding", "p".repeat(9000))).await;
+
+    g.section("streams: the listing by prefix");
+    g.send(req("GET", "/v1/streams?prefix=acme/&limit=3")).await;
+    g.send(req("GET", "/v1/streams?prefix=acme/&limit=3&cursor=acme/born-closed")).await;
+    g.send(req("GET", "/v1/streams?prefix=acme/fork")).await;
+    g.send(req("GET", "/v1/streams?prefix=acme/j")).await;
+    g.send(req("GET", "/v1/streams?prefix=nobody/")).await;
+    g.send(req("GET", "/v1/streams?limit=0")).await;
+    g.send(req("GET", "/v1/streams?limit=1001")).await;
+    g.send(req("GET", "/v1/streams?cursor=acme//x")).await;
+    g.send(req("GET", "/v1/streams?offset=-1")).await;
+    g.send(req("POST", "/v1/streams")).await;
 }
 
 async fn commands(g: &mut Golden) {
@@ -980,6 +992,10 @@ async fn secured(g: &mut Golden) {
     g.send(req("GET", format!("/v1/stream/zzz/a?access_token={READER}"))).await;
     g.send(req("GET", "/v1/stream").token(READER)).await;
     g.raw(&format!("GET /v1/stream/acme/%2e%2e/x HTTP/1.1\r\nAuthorization: Bearer {READER}")).await;
+    g.send(req("GET", "/v1/streams")).await;
+    g.send(req("GET", "/v1/streams").token(READER)).await;
+    g.send(req("GET", "/v1/streams?prefix=any/").token(READER)).await;
+    g.send(req("GET", "/v1/streams?limit=1").token(ADMIN)).await;
 
     g.section("auth: commands and queues");
     let submit = "/v1/queues/default/commands";

@@ -16,7 +16,7 @@ use baton_redis::redis::{self, Value};
 use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 use futures::StreamExt;
 
-use crate::backend::{CreateSpec, Deleted, Snapshot, StreamBackend, WriteSpec};
+use crate::backend::{CreateSpec, Deleted, PathFilter, Smallest, Snapshot, StreamBackend, WriteSpec};
 use crate::error::{Result, StreamError};
 use crate::offset::{Offset, ReadFrom};
 use crate::settings::StreamStoreSettings;
@@ -359,6 +359,27 @@ impl StreamBackend for RedisStreamBackend {
             }
         }
         Ok(out)
+    }
+
+    async fn list_sorted(
+        &self,
+        prefix: &str,
+        after: Option<&StreamPath>,
+        limit: usize,
+        keep: &PathFilter,
+    ) -> Result<(Vec<StreamPath>, bool)> {
+        // Every metadata key under the prefix, on every master: SCAN has no order, so the whole
+        // match set is walked and only the `limit + 1` smallest paths are kept.
+        let mut smallest = Smallest::new(limit.saturating_add(1));
+        let mut scan = self.conn.scan_match(meta_pattern(prefix), SCAN_COUNT);
+        while let Some(page) = scan.next_page().await? {
+            for p in page.iter().filter_map(|k| meta_path(k)) {
+                if p.as_str().starts_with(prefix) && after.is_none_or(|a| p > *a) && keep(&p) {
+                    smallest.offer(p);
+                }
+            }
+        }
+        Ok(smallest.page(limit))
     }
 
     async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>> {

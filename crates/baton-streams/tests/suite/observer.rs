@@ -252,3 +252,87 @@ pub async fn list_streams_by_prefix(b: &TestBackend) {
     assert_eq!(set(s.list("beta/", 100).await.unwrap()).len(), 7);
     assert_eq!(set(s.list("alpha/", 100).await.unwrap()).len(), 8);
 }
+
+/// `list_page`: pages in path order after a cursor, through the caller's filter, each stream's
+/// metadata as `head` gives it; soft-deleted and deleted streams left out; the last page says so.
+/// In Cluster the paths come from every master and are still in one order.
+pub async fn list_pages_in_path_order(b: &TestBackend) {
+    let s = store(b, settings()).await;
+    let mut names: Vec<String> = (0..12).map(|i| format!("acme/run-{i:02}")).collect();
+    names.extend((0..5).map(|i| format!("beta/{i}")));
+    names.push("acmeco/x".into());
+    let paths: Vec<StreamPath> = names.iter().map(|n| StreamPath::new(n).unwrap()).collect();
+    futures::future::try_join_all(paths.iter().map(|p| s.create(p, opts("text/plain")))).await.unwrap();
+    let json = StreamPath::new("acme/run-03").unwrap();
+    s.delete(&json).await.unwrap();
+    s.create(&json, opts("application/json")).await.unwrap();
+    let arr = AppendRequest {
+        data: Bytes::from("[1,2,3]"),
+        content_type: Some("application/json".into()),
+        ..Default::default()
+    };
+    s.append(&json, arr).await.unwrap();
+    let ended = StreamPath::new("acme/run-05").unwrap();
+    s.close(&ended, EndReason::Cancelled).await.unwrap();
+    // A soft-deleted source (a fork holds it) and a hard-deleted stream are not listed.
+    let fork = StreamPath::new("beta/fork").unwrap();
+    let from = ForkFrom { source: StreamPath::new("beta/1").unwrap(), offset: None, sub_offset: 0 };
+    s.create(&fork, CreateOptions { fork: Some(from), ..Default::default() }).await.unwrap();
+    s.delete(&StreamPath::new("beta/1").unwrap()).await.unwrap();
+    s.delete(&StreamPath::new("beta/2").unwrap()).await.unwrap();
+
+    let all = |_: &StreamPath| true;
+    let mut seen = Vec::new();
+    let mut after: Option<StreamPath> = None;
+    let mut pages = 0;
+    loop {
+        let page = s.list_page("acme/", after.as_ref(), 5, &all).await.unwrap();
+        pages += 1;
+        assert!(page.streams.len() <= 5);
+        seen.extend(page.streams.iter().map(|i| i.path.to_string()));
+        match page.next {
+            Some(n) => {
+                assert_eq!(page.streams.last().map(|i| &i.path), Some(&n), "the cursor is the page's last path");
+                after = Some(n)
+            }
+            None => break,
+        }
+    }
+    let want: Vec<String> = (0..12).map(|i| format!("acme/run-{i:02}")).collect();
+    assert_eq!(seen, want);
+    assert_eq!(pages, 3, "5 + 5 + 2");
+
+    // The facts of each stream.
+    let page = s.list_page("acme/run-0", None, 100, &all).await.unwrap();
+    assert_eq!(page.next, None);
+    assert_eq!(page.streams.len(), 10);
+    let j = &page.streams[3];
+    assert_eq!((j.path.as_str(), j.content_type.as_str(), j.len, j.end), ("acme/run-03", "application/json", 3, None));
+    assert_eq!(j.tail, s.head(&json).await.unwrap().tail);
+    assert_eq!(j.incarnation, s.head(&json).await.unwrap().incarnation);
+    let e = &page.streams[5];
+    assert_eq!(e.path, ended);
+    assert_eq!(e.end.map(|e| e.reason), Some(EndReason::Cancelled));
+    assert!(e.ended_at.is_some());
+    assert_eq!(page.streams[0].content_type, "text/plain");
+    assert_eq!(page.streams[0].end, None);
+
+    // A filter (e.g. what a token may read) and a prefix spanning scopes.
+    let not_acme = |p: &StreamPath| !p.as_str().starts_with("acme/");
+    let page = s.list_page("", None, 100, &not_acme).await.unwrap();
+    let got: Vec<&str> = page.streams.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(got, ["acmeco/x", "beta/0", "beta/3", "beta/4", "beta/fork"]);
+    let page = s.list_page("", None, 2, &not_acme).await.unwrap();
+    assert_eq!(page.next, Some(StreamPath::new("beta/0").unwrap()));
+    let page = s.list_page("", page.next.as_ref(), 2, &not_acme).await.unwrap();
+    let got: Vec<&str> = page.streams.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(got, ["beta/3", "beta/4"]);
+    let page = s.list_page("", page.next.as_ref(), 2, &not_acme).await.unwrap();
+    assert_eq!((page.streams.len(), page.next), (1, None));
+
+    // Past the end; no match; a zero limit.
+    let page = s.list_page("acme/", Some(&StreamPath::new("acme/z").unwrap()), 10, &all).await.unwrap();
+    assert!(page.streams.is_empty() && page.next.is_none());
+    assert!(s.list_page("nobody/", None, 10, &all).await.unwrap().streams.is_empty());
+    assert!(matches!(s.list_page("", None, 0, &all).await, Err(StreamError::InvalidRequest { .. })));
+}

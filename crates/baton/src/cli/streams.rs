@@ -1,5 +1,5 @@
 //! `baton streams create|append|read|tail|close|delete`: the Durable Streams protocol from the
-//! command line.
+//! command line; `baton streams list`: the streams by prefix (`GET /v1/streams`).
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use super::args::duration_arg;
 use super::client::{encode_query, error_from, stream_url_path, CliError, Client};
 use super::exit;
-use super::output::print_json;
+use super::output::{cell, print_json, Table};
 
 #[derive(Subcommand, Debug)]
 pub enum StreamsOp {
@@ -74,10 +74,23 @@ pub enum StreamsOp {
     },
     /// Delete the stream.
     Delete { path: String },
+    /// The streams whose path starts with PREFIX (all when absent) that the token may read, in
+    /// path order: path, content type, length, state, last write.
+    List {
+        /// A plain text prefix: `acme/run` lists acme/run-1 and acme/run/2.
+        prefix: Option<String>,
+        /// At most this many (1 to 1000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+        /// The cursor printed after the previous page (`more: --cursor …`).
+        #[arg(long)]
+        cursor: Option<String>,
+    },
 }
 
 pub async fn run(cl: &Client, op: StreamsOp) -> Result<u8, CliError> {
     match op {
+        StreamsOp::List { prefix, limit, cursor } => list(cl, prefix, limit, cursor).await,
         StreamsOp::Create { path, content_type, silence_timeout, max_run, done_ttl, max_len } => {
             let url = stream_url_path(&path)?;
             let mut rb = cl.request(Method::PUT, &url).header("content-type", &content_type);
@@ -489,6 +502,50 @@ fn emit_data(json_out: bool, data: &str, base64_data: bool, json_stream: bool, o
     }
     let _ = stdout.flush();
     Ok(())
+}
+
+/// `baton streams list`: one page of `GET /v1/streams`, a table (or the JSON with `--json`), then
+/// `more: --cursor …` when there is a next page.
+async fn list(cl: &Client, prefix: Option<String>, limit: u32, cursor: Option<String>) -> Result<u8, CliError> {
+    let mut url = format!("/v1/streams?limit={limit}");
+    if let Some(p) = prefix.as_deref().filter(|p| !p.is_empty()) {
+        url.push_str(&format!("&prefix={}", encode_query(p)));
+    }
+    if let Some(c) = &cursor {
+        url.push_str(&format!("&cursor={}", encode_query(c)));
+    }
+    let v = cl.json_ok(cl.request(Method::GET, &url)).await?;
+    if cl.json {
+        print_json(&v);
+        return Ok(exit::OK);
+    }
+    let streams = v.get("streams").and_then(Value::as_array).cloned().unwrap_or_default();
+    if streams.is_empty() {
+        match prefix.as_deref().filter(|p| !p.is_empty()) {
+            Some(p) => println!("no streams under {p}"),
+            None => println!("no streams"),
+        }
+    } else {
+        let mut t = Table::new(&["PATH", "CONTENT TYPE", "LENGTH", "STATE", "LAST WRITE"]).right(&[2]);
+        for s in &streams {
+            let state = match s.get("end_reason").and_then(Value::as_str) {
+                Some(reason) => format!("ended ({reason})"),
+                None => "open".to_string(),
+            };
+            t.row(vec![
+                cell(s.get("path")),
+                cell(s.get("content_type")),
+                cell(s.get("length")),
+                state,
+                cell(s.get("last_write_at")),
+            ]);
+        }
+        t.print();
+    }
+    if let Some(next) = v.get("next_cursor").and_then(Value::as_str) {
+        println!("more: --cursor {next}");
+    }
+    Ok(exit::OK)
 }
 
 #[cfg(test)]

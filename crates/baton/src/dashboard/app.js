@@ -1,6 +1,7 @@
 // Baton dashboard: one EventSource on /v1/dashboard/events (a JSON snapshot every second) drives
-// the queues, commands and dead-letter views; actions use the JSON API; the streams view follows
-// /v1/stream/{path}?offset=-1&live=sse. A bearer token, when the server needs one, is kept in
+// the queues, commands and dead-letter views; actions use the JSON API; the streams view lists
+// streams by prefix (/v1/streams) and follows one with /v1/stream/{path}?offset=-1&live=sse; the
+// workers view polls /v1/queues/{queue}/workers. A bearer token, when the server needs one, is kept in
 // sessionStorage, sent as `Authorization` with fetch and as `access_token` with EventSource.
 "use strict";
 (() => {
@@ -157,6 +158,7 @@
     renderQueues(s);
     renderCommands(s);
     renderDead(s);
+    renderOps(s);
     if (state.selected) refreshDetail(s);
     if (s.errors && s.errors.length) console.warn("dashboard:", s.errors);
   }
@@ -499,6 +501,169 @@
     $("stream-path").value = p;
     openStream(p);
   }
+
+  // ---- operations: workers, bulk actions, stream browser -------------------------------------
+  // The queue pickers of the workers panel and the bulk form follow the snapshot's queues; the
+  // Workers tab counts the dead workers of every queue.
+  function renderOps(s) {
+    const names = s.queues.map((q) => q.name);
+    for (const id of ["workers-queue", "bulk-queue"]) {
+      const sel = $(id);
+      const have = [...sel.options].map((o) => o.value).join("\n");
+      if (have === names.join("\n")) continue;
+      const cur = sel.value;
+      sel.replaceChildren(...names.map((n) => h("option", { value: n }, n)));
+      if (names.includes(cur)) sel.value = cur;
+      if (id === "workers-queue") loadWorkers();
+    }
+    const dead = s.queues.reduce((a, q) => a + (q.dead_consumers || 0), 0);
+    const c = $("count-dead-workers");
+    c.textContent = dead ? `${dead} dead` : "";
+    c.classList.toggle("alert", dead > 0);
+  }
+
+  // Workers of one queue (GET /v1/queues/{queue}/workers), polled every 2 s while shown.
+  let workersBusy = false;
+  async function loadWorkers() {
+    const q = $("workers-queue").value;
+    if (!q || workersBusy || $("view-workers").hidden) return;
+    workersBusy = true;
+    try {
+      const r = await api("GET", `/v1/queues/${enc(q)}/workers`);
+      if ($("workers-queue").value !== q) return;
+      if (!r.ok) { $("workers-summary").textContent = `Workers unavailable: ${r.message}`; return; }
+      const { workers, alive, dead } = r.body;
+      const summary = $("workers-summary");
+      summary.dataset.alive = alive;
+      summary.dataset.dead = dead;
+      summary.textContent = `${q}: ${alive} live worker${alive === 1 ? "" : "s"}, ${dead} dead`;
+      const row = (w) => h("tr", { "data-worker": w.name, "data-alive": String(w.alive), class: w.alive ? "" : "dead" },
+        h("th", { scope: "row", class: "mono" }, w.name),
+        h("td", {}, h("span", { class: "badge " + (w.alive ? "SUCCEEDED" : "FAILED") }, w.alive ? "alive" : "dead")),
+        timeCell(w.last_heartbeat),
+        h("td", { class: "num" }, num(w.leases)),
+        h("td", { class: "mono wrap" }, ...(w.commands || []).flatMap((id, i) => [i ? " " : null,
+          h("a", { href: "#commands", "data-command": id, onclick: (e) => { e.preventDefault(); selectTab($("tab-commands")); select(id); } }, id)])));
+      $("workers-table").querySelector("tbody").replaceChildren(...workers.filter((w) => w.alive).map(row));
+      const gone = workers.filter((w) => !w.alive);
+      $("dead-workers-table").querySelector("tbody").replaceChildren(...gone.map(row));
+      $("dead-workers-empty").hidden = gone.length > 0;
+    } finally {
+      workersBusy = false;
+    }
+  }
+  $("workers-form").addEventListener("change", () => loadWorkers());
+  $("workers-form").addEventListener("submit", (e) => e.preventDefault());
+  $("tab-workers").addEventListener("click", () => loadWorkers());
+  setInterval(loadWorkers, 2000);
+
+  // Bulk cancel / retry (POST /v1/queues/{queue}/commands/bulk): the first click counts with a
+  // dry run and arms the button with that count for 8 seconds; the second acts. Changing the
+  // filter disarms it.
+  const bulk = { armed: false, timer: null };
+  const BULK_MAX = 10000;
+  function bulkFilter() {
+    const f = { action: $("bulk-action").value };
+    const st = $("bulk-status").value, ty = $("bulk-type").value.trim(), ip = $("bulk-prefix").value.trim();
+    if (st) f.status = st;
+    if (ty) f.type = ty;
+    if (ip) f.id_prefix = ip;
+    return f;
+  }
+  function bulkDisarm() {
+    clearTimeout(bulk.timer);
+    bulk.armed = false;
+    const btn = $("bulk-btn");
+    btn.dataset.armed = "";
+    btn.textContent = "Count";
+  }
+  function bulkSay(text, data) {
+    const p = $("bulk-result");
+    p.textContent = text;
+    for (const k of ["eligible", "applied", "refused"]) delete p.dataset[k];
+    Object.assign(p.dataset, data || {});
+  }
+  async function bulkCall(queue, body) {
+    return api("POST", `/v1/queues/${enc(queue)}/commands/bulk`, JSON.stringify(body), { "Content-Type": "application/json" });
+  }
+  $("bulk-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const queue = $("bulk-queue").value, btn = $("bulk-btn");
+    const f = bulkFilter();
+    if (!queue) return;
+    btn.disabled = true;
+    try {
+      if (!bulk.armed) {
+        const r = await bulkCall(queue, { ...f, dry_run: true, max: BULK_MAX });
+        if (!r.ok) { bulkSay(`Cannot count: ${r.message}`); return; }
+        const n = r.body.eligible, more = r.body.next_cursor ? ` among the first ${num(BULK_MAX)} looked at` : "";
+        const verb = f.action === "cancel" ? "cancelled" : "re-run";
+        if (!n) { bulkSay(`No command of ${queue} matches: nothing would be ${verb} (${num(r.body.looked_at)} looked at).`, { eligible: 0 }); return; }
+        bulkSay(`${num(n)} command${n === 1 ? "" : "s"} of ${queue} would be ${verb}${more} (dry run). Click again to confirm.`, { eligible: n });
+        bulk.armed = true;
+        btn.dataset.armed = "1";
+        btn.textContent = `Confirm ${f.action} of ${num(n)}?`;
+        bulk.timer = setTimeout(bulkDisarm, 8000);
+        return;
+      }
+      bulkDisarm();
+      let applied = 0, refused = 0, cursor = null;
+      for (let round = 0; round < 20; round++) {
+        const r = await bulkCall(queue, { ...f, max: BULK_MAX, ...(cursor ? { cursor } : {}) });
+        if (!r.ok) { bulkSay(`Stopped after ${num(applied)}: ${r.message}`, { applied }); toast(`Bulk ${f.action} failed: ${r.message}`, true); return; }
+        applied += r.body.applied;
+        refused += r.body.refused;
+        cursor = r.body.next_cursor;
+        if (!cursor) break;
+      }
+      const verb = f.action === "cancel" ? "Cancelled" : "Re-running";
+      bulkSay(`${verb} ${num(applied)} command${applied === 1 ? "" : "s"} of ${queue}` +
+        (refused ? ` (${num(refused)} changed meanwhile, left as they were)` : "") + ".", { applied, refused });
+      toast(`${verb} ${num(applied)} command${applied === 1 ? "" : "s"}`);
+    } finally {
+      btn.disabled = false;
+    }
+  });
+  $("bulk-form").addEventListener("input", bulkDisarm);
+  $("bulk-form").addEventListener("change", bulkDisarm);
+
+  // Stream browser (GET /v1/streams?prefix=): pages in path order; a path opens the stream in the
+  // follow panel below (live, with EventSource).
+  const browse = { prefix: "", next: null, busy: false, loaded: false };
+  async function listStreams(more) {
+    if (browse.busy) return;
+    browse.busy = true;
+    try {
+      if (!more) { browse.prefix = $("browse-prefix").value.trim().replace(/^\/+/, ""); browse.next = null; }
+      const q = new URLSearchParams({ limit: "50" });
+      if (browse.prefix) q.set("prefix", browse.prefix);
+      if (more && browse.next) q.set("cursor", browse.next);
+      const r = await api("GET", "/v1/streams?" + q.toString());
+      if (!r.ok) { toast(`Cannot list streams: ${r.message}`, true); return; }
+      browse.loaded = true;
+      const body = $("streams-table").querySelector("tbody");
+      const rows = r.body.streams.map((s) => h("tr", { "data-path": s.path, "data-closed": String(s.closed) },
+        h("th", { scope: "row", class: "mono" }, h("a", { href: "#streams:" + s.path, onclick: (e) => { e.preventDefault(); follow(s.path); } }, s.path)),
+        h("td", {}, s.content_type), h("td", { class: "num" }, num(s.length)),
+        h("td", {}, s.closed ? h("span", { class: "badge CANCELLED" }, `ended (${s.end_reason})`) : h("span", { class: "badge RUNNING" }, "open")),
+        timeCell(s.created_at), timeCell(s.last_write_at)));
+      if (more) body.append(...rows); else body.replaceChildren(...rows);
+      browse.next = r.body.next_cursor;
+      $("browse-more").hidden = !browse.next;
+      $("streams-empty").hidden = body.children.length > 0;
+    } finally {
+      browse.busy = false;
+    }
+  }
+  function follow(path) {
+    $("stream-path").value = path;
+    openStream(path);
+    $("follow").scrollIntoView({ block: "nearest" });
+  }
+  $("browse-form").addEventListener("submit", (e) => { e.preventDefault(); listStreams(false); });
+  $("browse-more").addEventListener("click", () => listStreams(true));
+  $("tab-streams").addEventListener("click", () => { if (!browse.loaded) listStreams(false); });
+  if (!$("view-streams").hidden) listStreams(false);
 
   // Relative times tick even between snapshots.
   setInterval(() => {

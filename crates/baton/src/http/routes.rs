@@ -402,7 +402,42 @@ fn stream_routes() -> Vec<Route> {
             .serves(Method::POST, Access::Token, doc())
             .serves(Method::DELETE, Access::Token, doc())
     };
-    vec![stream, no_path("/v1/stream"), no_path("/v1/stream/")]
+    let list = Route::json("/v1/streams", Access::Token).on(
+        Method::GET,
+        Access::Token,
+        op(
+            "Streams by path prefix (those the caller may read), in path order",
+            "streams",
+            json!([
+                query(
+                    "prefix",
+                    "Only paths that start with this text (a plain string prefix: `acme/run` matches `acme/run-1`); all when absent.",
+                    json!({ "type": "string" })
+                ),
+                query(
+                    "limit",
+                    "Streams per page, 1 to 1000 (default 100).",
+                    json!({ "type": "integer", "minimum": 1, "maximum": 1000 })
+                ),
+                query("cursor", "A page's `next_cursor`: the page after it.", json!({ "type": "string" })),
+            ]),
+            protected(map(vec![
+                (
+                    "200",
+                    json_resp(
+                        "A page of streams; `next_cursor` is null on the last page (a page may hold fewer than `limit` and still have one).",
+                        json!({ "type": "object", "required": ["streams", "next_cursor"], "properties": {
+                            "streams": { "type": "array", "items": r("StreamSummary") },
+                            "next_cursor": { "type": ["string", "null"] } } }),
+                    ),
+                ),
+                ("400", err_resp("Unknown query parameter (`invalid_query`), bad limit (`invalid_limit`) or cursor (`invalid_cursor`).")),
+                ("503", err_resp("Backend unavailable.")),
+            ])),
+        ),
+        get(streams::list),
+    );
+    vec![stream, no_path("/v1/stream"), no_path("/v1/stream/"), list]
 }
 
 /// The Durable Streams subscription API under `/v1/stream/__ds/` (`subscriptions.rs`): static

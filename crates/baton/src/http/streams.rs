@@ -1,5 +1,6 @@
 //! `/v1/stream/{path}`: PUT create (and fork), POST append / close / keepalive, DELETE, HEAD,
-//! GET catch-up and long-poll (SSE is in [`super::sse`]).
+//! GET catch-up and long-poll (SSE is in [`super::sse`]); and `GET /v1/streams`, the listing of
+//! streams by prefix ([`list`]), outside the protocol's namespace.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -12,7 +13,7 @@ use baton_streams::{
 
 use super::errors::{echo, ApiError};
 use super::headers::{self as h, set, set_static, Live, ReadQuery};
-use super::plumbing::{read_body, BodyLimit};
+use super::plumbing::{limit_param, principal, read_body, BodyLimit, Query, QuerySpec};
 use super::state::AppState;
 
 /// Every method of `/v1/stream/{*path}` (those it does not serve get a 405).
@@ -21,6 +22,62 @@ pub async fn handle(State(st): State<AppState>, req: Request) -> Response {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
+}
+
+/// `?prefix=&limit=&cursor=` of `GET /v1/streams`.
+pub struct StreamListQuery;
+impl QuerySpec for StreamListQuery {
+    const ALLOWED: &'static [&'static str] = &["prefix", "limit", "cursor"];
+}
+
+/// `GET /v1/streams?prefix=&limit=100&cursor=`: `200 {"streams": [stream…], "next_cursor": path or
+/// null}`, the streams whose path starts with `prefix` (a plain string prefix, a leading `/`
+/// ignored; all when absent)
+/// that the caller may read, in path order, at most `limit` (1 to 1000, default 100) after
+/// `cursor` (a page's `next_cursor`). A stream: `{"path", "content_type", "next_offset" (its
+/// tail, as `Stream-Next-Offset`), "length" (messages or appends, as `max_len` counts), "closed",
+/// "end_reason" (`finished`, `cancelled`, `producer_lost`, or null), "ended_at", "created_at",
+/// "last_write_at", "expires_at" (RFC 3339; null when none), "forked_from" (path or null)}`.
+/// Errors: `400 invalid_query` (unknown parameter), `invalid_limit`, `invalid_cursor` (not a
+/// stream path); `503` backend.
+pub async fn list(State(st): State<AppState>, q: Query<StreamListQuery>, req: Request) -> Result<Response, ApiError> {
+    let who = principal(req.extensions())?;
+    let limit = limit_param(&q, 100, 1000)?;
+    // Paths have no leading `/` (`StreamPath::new` drops one): neither does a prefix of them.
+    let prefix = q.get("prefix").map(|p| p.trim_start_matches('/')).unwrap_or("");
+    let after = match q.get("cursor").filter(|c| !c.is_empty()) {
+        None => None,
+        Some(c) => Some(StreamPath::new(c).map_err(|_| {
+            ApiError::invalid(
+                "invalid_cursor",
+                format!("cursor {} is not a stream path; give a page's next_cursor as it came", echo(c)),
+            )
+        })?),
+    };
+    let may_read = move |p: &StreamPath| who.check_stream(crate::settings::Op::Read, p.as_str()).is_ok();
+    let page = st.store.list_page(prefix, after.as_ref(), limit, &may_read).await?;
+    let time = |ms: Option<u64>| ms.map(h::rfc3339);
+    let streams: Vec<serde_json::Value> = page
+        .streams
+        .iter()
+        .map(|i| {
+            serde_json::json!({
+                "path": i.path.as_str(),
+                "content_type": i.content_type,
+                "next_offset": i.tail.token(&i.incarnation),
+                "length": i.len,
+                "closed": i.end.is_some(),
+                "end_reason": i.end.map(|e| e.reason.as_str()),
+                "ended_at": time(i.ended_at),
+                "created_at": h::rfc3339(i.created_at),
+                "last_write_at": h::rfc3339(i.last_write_at),
+                "expires_at": time(i.deadline),
+                "forked_from": i.fork.as_ref().map(|f| f.source.as_str()),
+            })
+        })
+        .collect();
+    let next = page.next.as_ref().map(StreamPath::as_str);
+    Ok(super::json::json_response(serde_json::json!({ "streams": streams, "next_cursor": next })))
 }
 
 /// Every method of `/v1/stream` and `/v1/stream/`: a 400.
