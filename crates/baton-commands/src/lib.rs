@@ -263,6 +263,7 @@
 
 pub mod builtin;
 pub mod feed;
+pub mod hooks;
 mod json;
 mod model;
 mod output;
@@ -277,6 +278,7 @@ use std::time::Duration;
 pub use async_trait::async_trait;
 /// The Redis connection of [`CommandStore::redis`], re-exported from `baton-redis`.
 pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
+pub use hooks::{hook_prefix, CompletionHook};
 pub use feed::{CommandEvent, EventFrom, EventKind, EventOffset, EventPage, FeedSettings, READ_MAX, SCAN_MAX};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{

@@ -37,4 +37,5 @@ pub mod http;
 pub mod server;
 pub mod settings;
 pub mod shutdown;
+pub mod webhooks;
 pub mod workers;

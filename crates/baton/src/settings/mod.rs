@@ -24,7 +24,7 @@ use baton_streams::RunLimits;
 use clap::Args;
 use serde::Deserialize;
 
-pub use queues::{default_queues, describe_queues, HandlerConfig, QueueConfig};
+pub use queues::{default_queues, describe_queues, HandlerConfig, QueueConfig, WebhookConfig};
 pub use tokens::{Op, TokenConfig};
 pub use values::{parse_duration, parse_opt_duration, parse_size, OptDuration};
 
@@ -159,6 +159,10 @@ pub struct WorkerArgs {
     /// How long running handlers get to finish at shutdown [default: 10s].
     #[arg(long, env = "BATON_SHUTDOWN_GRACE", value_parser = parse_duration)]
     pub shutdown_grace: Option<Duration>,
+    /// Accept completion webhook URLs (`[queues.<name>.webhook]`) on loopback hosts
+    /// (`localhost`, 127/8, `::1`), over `http` too; for local development and tests.
+    #[arg(long, env = "BATON_ALLOW_LOOPBACK_WEBHOOKS")]
+    pub allow_loopback_webhooks: bool,
 }
 
 /// The same keys in a TOML file.
@@ -529,6 +533,8 @@ pub struct WorkerConfig {
     /// Connection timeouts and limit of the `--listen` server.
     pub connections: Connections,
     pub shutdown_grace: Duration,
+    /// Accept loopback completion webhook URLs.
+    pub allow_loopback_webhooks: bool,
 }
 
 impl WorkerArgs {
@@ -544,6 +550,7 @@ impl WorkerArgs {
             header_timeout: self.header_timeout,
             idle_timeout: self.idle_timeout,
             max_connections: self.max_connections,
+            allow_loopback_webhooks: self.allow_loopback_webhooks,
             ..Default::default()
         }
         .resolve()?;
@@ -572,6 +579,7 @@ impl WorkerArgs {
             listen: self.listen,
             connections: serve.connections,
             shutdown_grace: serve.shutdown_grace,
+            allow_loopback_webhooks: serve.allow_loopback_webhooks,
         })
     }
 }
