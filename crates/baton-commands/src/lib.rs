@@ -278,8 +278,8 @@ use std::time::Duration;
 pub use async_trait::async_trait;
 /// The Redis connection of [`CommandStore::redis`], re-exported from `baton-redis`.
 pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
-pub use hooks::{hook_prefix, CompletionHook};
 pub use feed::{CommandEvent, EventFrom, EventKind, EventOffset, EventPage, FeedSettings, READ_MAX, SCAN_MAX};
+pub use hooks::{hook_prefix, CompletionHook};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{
     BulkAction, BulkReport, Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall,

@@ -87,6 +87,14 @@ impl Deliveries {
         Ok(Deliveries { consumers })
     }
 
+    /// Stops at once, as if the process died: attempts in flight are abandoned unsettled and
+    /// taken over by another process's consumer after the webhook's `claim_timeout`.
+    pub fn abort(self) {
+        for c in self.consumers {
+            c.abort();
+        }
+    }
+
     /// Stops taking deliveries and lets attempts in flight end within `budget`; unfinished ones
     /// are taken over elsewhere after the webhook's `claim_timeout`.
     pub async fn drain(self, budget: Duration) {
@@ -122,7 +130,9 @@ impl Deliver {
         }
         match req.send().await {
             Ok(resp) if resp.status().is_success() => Attempt::Delivered,
-            Ok(resp) if resp.status() == reqwest::StatusCode::GONE => Attempt::Gone("the webhook answered 410 Gone".into()),
+            Ok(resp) if resp.status() == reqwest::StatusCode::GONE => {
+                Attempt::Gone("the webhook answered 410 Gone".into())
+            }
             Ok(resp) => Attempt::Failed(format!("the webhook answered {}", resp.status())),
             Err(e) => {
                 // The whole cause chain: reqwest's own text does not say "connection refused".

@@ -86,7 +86,8 @@ impl Workers {
         queues: &[QueueConfig],
         webhooks: Option<WebhookDelivery>,
     ) -> Result<Workers, String> {
-        let hooked: Vec<&QueueConfig> = queues.iter().filter(|q| q.webhook.is_some() && !q.handlers.is_empty()).collect();
+        let hooked: Vec<&QueueConfig> =
+            queues.iter().filter(|q| q.webhook.is_some() && !q.handlers.is_empty()).collect();
         let deliver = match (hooked.first(), webhooks) {
             (None, _) => None,
             (Some(_), Some(w)) => Some(w),

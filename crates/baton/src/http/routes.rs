@@ -1008,6 +1008,7 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
                             "At most this many, 1 to 1000 (default 100).",
                             json!({ "type": "integer", "minimum": 1, "maximum": 1000 })
                         ),
+                        query("of", "`commands` (default): the commands' dead letters; `webhook`: the completion webhook deliveries'.", json!({ "type": "string", "enum": ["commands", "webhook"] })),
                     ]),
                     protected(map(vec![
                         (
@@ -1036,7 +1037,7 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
                 op(
                     "Purge every dead letter (admin)",
                     "queues",
-                    json!([d.queue()]),
+                    json!([d.queue(), query("of", "`commands` (default): the commands' dead letters; `webhook`: the completion webhook deliveries'.", json!({ "type": "string", "enum": ["commands", "webhook"] }))]),
                     protected(map(vec![
                         (
                             "200",
@@ -1064,6 +1065,7 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
                         "At most this many, 1 to 100000 (default 1000).",
                         json!({ "type": "integer", "minimum": 1, "maximum": 100000 })
                     ),
+                    query("of", "`commands` (default): the commands' dead letters; `webhook`: the completion webhook deliveries'.", json!({ "type": "string", "enum": ["commands", "webhook"] })),
                 ]),
                 protected(map(vec![
                     (
@@ -1086,7 +1088,7 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
             op(
                 "Replay one dead letter (admin)",
                 "queues",
-                json!([d.queue(), path_param("id", "Dead-letter id (`<ms>-<seq>`).")]),
+                json!([d.queue(), path_param("id", "Dead-letter id (`<ms>-<seq>`)."), query("of", "`commands` (default): the commands' dead letters; `webhook`: the completion webhook deliveries'.", json!({ "type": "string", "enum": ["commands", "webhook"] }))]),
                 protected(map(vec![
                     (
                         "200",
