@@ -587,4 +587,65 @@ mod tests {
         let e = parse("[queues.\"a{b}\"]\n").unwrap_err();
         assert!(e.starts_with("queues.a{b}: invalid queue name"), "{e}");
     }
+
+    #[test]
+    fn webhooks_from_toml_and_their_errors() {
+        let q = parse(
+            "[queues.a.webhook]\nurl = \"https://hooks.example.com/x\"\n[queues.b.webhook]\nurl = \"http://127.0.0.1:9/h\"\n\
+             events = [\"failed\", \"cancelled\"]\ntimeout = \"2s\"\nmax_deliveries = 3\nclaim_timeout = \"500ms\"\n[queues.c]\n",
+        )
+        .unwrap();
+        let all = baton_commands::CompletionHook::default().statuses;
+        assert_eq!(
+            q[0].webhook,
+            Some(WebhookConfig {
+                url: "https://hooks.example.com/x".into(),
+                statuses: all,
+                timeout: Duration::from_secs(10),
+                max_deliveries: 10,
+                claim_timeout: Duration::from_secs(30),
+            })
+        );
+        assert_eq!(
+            q[1].webhook,
+            Some(WebhookConfig {
+                url: "http://127.0.0.1:9/h".into(),
+                statuses: [CommandStatus::Failed, CommandStatus::Cancelled].into(),
+                timeout: Duration::from_secs(2),
+                max_deliveries: 3,
+                claim_timeout: Duration::from_millis(500),
+            })
+        );
+        assert_eq!(q[2].webhook, None);
+        let err = |t: &str| parse(&format!("[queues.q.webhook]\n{t}\n")).unwrap_err();
+        assert_eq!(
+            err("events = [\"done\"]"),
+            "queues.q.webhook.url: missing; give the URL to POST completions to (url = \"https://…\")"
+        );
+        let u = "url = \"https://h.example.com/\"\n";
+        assert_eq!(
+            err(&format!("{u}events = [\"done\"]")),
+            "queues.q.webhook.events: \"done\" is not a terminal event; use \"succeeded\", \"failed\" or \"cancelled\""
+        );
+        assert_eq!(
+            err(&format!("{u}events = []")),
+            "queues.q.webhook.events: empty; name one or more of \"succeeded\", \"failed\", \"cancelled\" (or remove \
+             the webhook)"
+        );
+        assert_eq!(
+            err(&format!("{u}max_deliveries = 0")),
+            "queues.q.webhook.max_deliveries: 0 is out of range 1 – 1000 (default 10)"
+        );
+        assert_eq!(
+            err(&format!("{u}claim_timeout = \"10ms\"")),
+            "queues.q.webhook.claim_timeout: 10ms is under the least, 100ms (default 30s)"
+        );
+        assert_eq!(err(&format!("{u}timeout = \"0s\"")), "queues.q.webhook.timeout: must be more than 0 (default 10s)");
+        assert_eq!(
+            err("url = \"http://10.0.0.1/\""),
+            "queues.q.webhook.url: webhook.url must use https (http is accepted only for loopback hosts); webhook.url \
+             must not target 10.0.0.1: private addresses are refused"
+        );
+        assert!(err(&format!("{u}secret = 1")).contains("unknown field `secret`"));
+    }
 }
