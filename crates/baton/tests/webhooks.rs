@@ -283,6 +283,7 @@ async fn failed_attempts_are_retried_then_dead_lettered_after_max_deliveries() {
         assert_eq!(items.len(), 1, "{name}: exactly one dead letter: {items:?}");
         assert_eq!(items[0]["payload"], expected_body(&d1), "{name}");
         assert_eq!(items[0]["deliveries"], 3, "{name}");
+        assert_eq!(items[0]["command_id"], "d-1", "{name}");
         assert_eq!(items[0]["reason"], "the webhook answered 500 Internal Server Error (attempt 3 of 3)", "{name}");
         assert_eq!(
             get_json(dead("down", "")).await["items"],
@@ -343,6 +344,80 @@ async fn a_dead_consumer_s_delivery_fails_over_after_the_claim_timeout() {
         assert!(next_post(&mut rx, claim * 2).await.is_none(), "{name}: acked once");
         b.drain(Duration::from_secs(2)).await;
     }
+}
+
+/// A child `baton` process (`serve` or `worker`) with a config file, up once its `/healthz`
+/// answers; SIGKILLed when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn spawn(args: &[&str], port: u16) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(args)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env_remove("BATON_REDIS")
+        .env_remove("BATON_REDIS_CLUSTER")
+        .env_remove("BATON_ADMIN_TOKEN")
+        .env_remove("BATON_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = Child(child);
+    let up = eventually(Duration::from_secs(20), || async {
+        let r = client().get(format!("http://127.0.0.1:{port}/healthz")).send().await.ok()?;
+        (r.status() == StatusCode::OK).then_some(())
+    })
+    .await;
+    assert!(up.is_some(), "baton {args:?} did not start");
+    child
+}
+
+/// `baton worker` processes on one Redis: the one whose attempt is in flight (its receiver never
+/// answers) is SIGKILLed; another worker delivers the same delivery after the claim timeout,
+/// signed with the key the server's JWKS publishes; while the first lived, nothing was sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_s_delivery_is_taken_over_by_another_worker() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let (url, mut rx) = receiver(|n| if n == 0 { None } else { Some(200) }).await;
+    let dir = std::env::temp_dir().join(format!("baton-webhooks-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("baton.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "redis = \"{}\"\nallow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\n[queues.jobs.webhook]\nurl = \"{url}\"\nclaim_timeout = \"1s\"\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let cfg = file.to_str().unwrap();
+    let serve_port = free_port();
+    let _serve = spawn(&["serve", "--no-workers", "--config", cfg], serve_port).await;
+    let base = format!("http://127.0.0.1:{serve_port}");
+    let a = spawn(&["worker", "--config", cfg], free_port()).await;
+    submit(&base, "jobs", json!({"id": "k-1", "type": "echo", "params": 7})).await;
+    let first = next_post(&mut rx, Duration::from_secs(15)).await.expect("the first attempt");
+    assert_eq!(first.header("webhook-attempt"), "1");
+    let _b = spawn(&["worker", "--config", cfg], free_port()).await;
+    assert!(next_post(&mut rx, Duration::from_secs(3)).await.is_none(), "sent again while its holder lives");
+    drop(a);
+    let second = next_post(&mut rx, Duration::from_secs(6)).await.expect("taken over after the claim timeout");
+    assert_eq!(second.header("webhook-attempt"), "2");
+    assert_eq!(second.header("webhook-id"), first.header("webhook-id"));
+    assert_eq!(second.body, first.body);
+    let state = get_json(format!("{base}/v1/commands/k-1")).await;
+    assert_eq!(second.header("webhook-id"), format!("k-1:{}", state["version"]));
+    verify(&second, &get_json(format!("{base}/v1/stream/__ds/jwks.json")).await);
+    assert!(next_post(&mut rx, Duration::from_secs(2)).await.is_none(), "acked once");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `baton serve` with `[queues.<q>.webhook]` in its TOML file: a command's end is POSTed,
