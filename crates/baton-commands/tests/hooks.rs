@@ -49,6 +49,8 @@ async fn collect(store: &CommandStore, queue: &str) -> (baton_queue::Consumer, m
     let (tx, rx) = mpsc::unbounded_channel();
     let c = store
         .hooks()
+        .await
+        .unwrap()
         .consume(
             queue,
             move |d: Delivery| {
@@ -129,7 +131,7 @@ async fn one_message_per_terminal_transition(b: TestBackend) {
     store.wait(&format!("{plain}-fail"), w).await.unwrap();
     assert_eq!(next(&mut rx_hooked, Duration::from_millis(500)).await, None);
     assert_eq!(next(&mut rx_ok, Duration::from_millis(100)).await, None);
-    assert_eq!(store.hooks().stats(&plain).await.unwrap().length, 0);
+    assert_eq!(store.hooks().await.unwrap().stats(&plain).await.unwrap().length, 0);
     c1.close().await;
     c2.close().await;
     for s in services {
@@ -190,7 +192,11 @@ async fn a_handed_off_command_s_end_is_hooked_on_its_home_queue(b: TestBackend) 
         let st = store.wait(&id, w).await.unwrap();
         assert_eq!((st.status, st.handed_off_to.as_deref()), (CommandStatus::Succeeded, Some(t.as_str())));
         assert_eq!(next(&mut rx, w).await.unwrap(), expected(&st), "hand-off to {t}");
-        assert_eq!(store.hooks().stats(t).await.unwrap().length, 0, "nothing on the target's hook queue");
+        assert_eq!(
+            store.hooks().await.unwrap().stats(t).await.unwrap().length,
+            0,
+            "nothing on the target's hook queue"
+        );
     }
     assert_eq!(next(&mut rx, Duration::from_millis(500)).await, None);
     c.close().await;

@@ -76,7 +76,14 @@ impl Deliveries {
                 // every time.
                 .with_max_deliveries(Some(w.max_deliveries + 1))
                 .with_consumer_prefix("webhooks");
-            match store.hooks().consume(&q.name, handler, opts).await {
+            let hooks = match store.hooks().await {
+                Ok(h) => h,
+                Err(e) => {
+                    futures::future::join_all(consumers.into_iter().map(|c| c.close())).await;
+                    return Err(format!("queue {} (webhook deliveries): {e}", q.name));
+                }
+            };
+            match hooks.consume(&q.name, handler, opts).await {
                 Ok(c) => consumers.push(c),
                 Err(e) => {
                     futures::future::join_all(consumers.into_iter().map(|c| c.close())).await;

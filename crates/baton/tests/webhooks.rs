@@ -223,8 +223,8 @@ async fn one_signed_delivery_per_terminal_transition_and_none_without_a_webhook(
 
         // Exactly those four: no duplicate, nothing for `plain`.
         assert!(next_post(&mut rx, Duration::from_millis(1500)).await.is_none(), "{name}: an extra delivery");
-        assert_eq!(store.hooks().stats("plain").await.unwrap().length, 0, "{name}");
-        let hooked = store.hooks().stats("hooked").await.unwrap();
+        assert_eq!(store.hooks().await.unwrap().stats("plain").await.unwrap().length, 0, "{name}");
+        let hooked = store.hooks().await.unwrap().stats("hooked").await.unwrap();
         assert_eq!((hooked.length, hooked.pending, hooked.dead_letters), (0, 0, 0), "{name}: all acked");
         if let Some(redis) = ts.backend.redis_config() {
             // The layout: `<prefix>:hook:q:{<queue>}` (acked entries are deleted; the group stays).

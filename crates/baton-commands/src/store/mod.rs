@@ -47,13 +47,22 @@ pub(crate) struct StoreInner {
     feeds: std::sync::RwLock<HashMap<String, FeedSettings>>,
     /// Where commands' output streams live ([`CommandStore::set_outputs`]).
     outputs: std::sync::OnceLock<baton_streams::StreamStore>,
-    /// The delivery queue of completion hooks ([`CommandStore::hooks`]).
-    pub hooks: baton_queue::MessageStream,
+    /// The delivery queue of completion hooks ([`CommandStore::hooks`]): the memory backend's
+    /// from the start; on Redis connected at first use (its scripts enqueue without it).
+    hooks: tokio::sync::OnceCell<baton_queue::MessageStream>,
+    /// Redis: how to connect it.
+    hooks_redis: Option<(baton_redis::RedisClient, baton_queue::RedisQueueOptions)>,
     /// Completion hooks by queue ([`CommandStore::set_hook`]).
     hook_settings: std::sync::RwLock<HashMap<String, crate::CompletionHook>>,
 }
 
 const HOME_CACHE_MAX: usize = 100_000;
+
+/// The completion hooks' delivery queue given to [`CommandStore::assemble`].
+enum Hooks {
+    Ready(baton_queue::MessageStream),
+    Redis(baton_redis::RedisClient, baton_queue::RedisQueueOptions),
+}
 
 /// How far ahead of this process's clock an event offset may be (clocks apart) before a read
 /// refuses it as never handed out: 5 minutes.
@@ -90,7 +99,7 @@ impl CommandStore {
         let stream = baton_queue::MessageStream::memory();
         let hooks = baton_queue::MessageStream::memory();
         let backend = Arc::new(memory::MemoryStateBackend::new(stream.clone(), hooks.clone(), settings.clone()));
-        Ok(Self::assemble(backend, stream, hooks, hub, settings))
+        Ok(Self::assemble(backend, stream, Hooks::Ready(hooks), hub, settings))
     }
 
     /// The Redis backend (standalone or Cluster, as `client` says). Connects now; queues use
@@ -109,14 +118,13 @@ impl CommandStore {
             baton_queue::RedisQueueOptions { key_prefix: options.key_prefix.clone(), group: options.group.clone() },
         )
         .await?;
-        let hooks = baton_queue::MessageStream::redis(
+        let hooks = Hooks::Redis(
             client.clone(),
             baton_queue::RedisQueueOptions {
                 key_prefix: crate::hook_prefix(&options.key_prefix),
                 group: options.group.clone(),
             },
-        )
-        .await?;
+        );
         let settings = options.settings.clone();
         let backend = Arc::new(redis::RedisStateBackend::connect(client, options, stream.clone(), hub.clone()).await?);
         Ok(Self::assemble(backend, stream, hooks, hub, settings))
@@ -125,10 +133,14 @@ impl CommandStore {
     fn assemble(
         backend: Arc<dyn StateBackend>,
         stream: baton_queue::MessageStream,
-        hooks: baton_queue::MessageStream,
+        hooks: Hooks,
         hub: Arc<Hub>,
         settings: CommandStoreSettings,
     ) -> Self {
+        let (hooks, hooks_redis) = match hooks {
+            Hooks::Ready(h) => (tokio::sync::OnceCell::new_with(Some(h)), None),
+            Hooks::Redis(c, o) => (tokio::sync::OnceCell::new(), Some((c, o))),
+        };
         Self {
             inner: Arc::new(StoreInner {
                 backend,
@@ -141,6 +153,7 @@ impl CommandStore {
                 feeds: std::sync::RwLock::new(HashMap::new()),
                 outputs: std::sync::OnceLock::new(),
                 hooks,
+                hooks_redis,
                 hook_settings: std::sync::RwLock::new(HashMap::new()),
             }),
         }
@@ -153,9 +166,17 @@ impl CommandStore {
 
     /// The delivery queue of completion hooks ([`crate::hooks`]): queue `q`'s deliveries are
     /// the messages of its queue named `q` (consume them there; their dead letters are that
-    /// queue's). On Redis its keys have the prefix [`crate::hook_prefix`] of the store's.
-    pub fn hooks(&self) -> &baton_queue::MessageStream {
-        &self.inner.hooks
+    /// queue's). On Redis its keys have the prefix [`crate::hook_prefix`] of the store's, and
+    /// its connection is made by the first call (a process that never asks, like one with no
+    /// hooks, has none). Errors: [`CommandError::Queue`] (Redis unreachable).
+    pub async fn hooks(&self) -> Result<&baton_queue::MessageStream, CommandError> {
+        self.inner
+            .hooks
+            .get_or_try_init(|| async {
+                let (client, options) = self.inner.hooks_redis.clone().expect("a store without hooks is Redis's");
+                Ok(baton_queue::MessageStream::redis(client, options).await?)
+            })
+            .await
     }
 
     /// Sets (or with `None` removes) `queue`'s completion hook ([`crate::hooks`]) for this

@@ -83,10 +83,10 @@ pub async fn workers(State(st): State<AppState>, QueueName(queue): QueueName, _:
 }
 
 /// The work queue whose dead letters a request means (`?of=`, module docs).
-fn dead_of<'a>(st: &'a AppState, of: Option<&String>) -> Result<&'a baton_queue::MessageStream, ApiError> {
+async fn dead_of<'a>(st: &'a AppState, of: Option<&String>) -> Result<&'a baton_queue::MessageStream, ApiError> {
     match of.map(String::as_str) {
         None | Some("commands") => Ok(st.commands.store().messages()),
-        Some("webhook") => Ok(st.commands.store().hooks()),
+        Some("webhook") => Ok(st.commands.store().hooks().await?),
         Some(other) => Err(ApiError::invalid(
             "invalid_query",
             format!("of={} is neither commands (the default) nor webhook", echo(other)),
@@ -100,7 +100,7 @@ pub async fn dead_letters(
     q: Query<DeadLetterQuery>,
 ) -> Result<Response, ApiError> {
     let limit = limit_param(&q, 100, 1000)?;
-    let items = dead_of(&st, q.get("of"))?.dead_letters(&queue, limit).await?;
+    let items = dead_of(&st, q.get("of")).await?.dead_letters(&queue, limit).await?;
     let items: Vec<Value> = items.iter().map(dead_letter_json).collect();
     Ok(json_response(json!({ "items": items })))
 }
@@ -117,7 +117,7 @@ pub async fn replay_one(
             format!("{} is not a dead-letter id; use an id from GET …/dead-letters (like 1700000000000-0)", echo(&id)),
         )
     })?;
-    let new_id = dead_of(&st, q.get("of"))?.replay_dead_letter(&queue, msg_id).await?;
+    let new_id = dead_of(&st, q.get("of")).await?.replay_dead_letter(&queue, msg_id).await?;
     Ok(json_response(json!({ "replayed": msg_id.to_string(), "id": new_id.to_string() })))
 }
 
@@ -127,7 +127,7 @@ pub async fn replay_all(
     q: Query<DeadLetterQuery>,
 ) -> Result<Response, ApiError> {
     let limit = limit_param(&q, 1000, 100_000)?;
-    let n = dead_of(&st, q.get("of"))?.replay_dead_letters(&queue, limit).await?;
+    let n = dead_of(&st, q.get("of")).await?.replay_dead_letters(&queue, limit).await?;
     Ok(json_response(json!({ "replayed": n })))
 }
 
@@ -136,7 +136,7 @@ pub async fn purge(
     QueueName(queue): QueueName,
     q: Query<OfQuery>,
 ) -> Result<Response, ApiError> {
-    let n = dead_of(&st, q.get("of"))?.purge_dead_letters(&queue).await?;
+    let n = dead_of(&st, q.get("of")).await?.purge_dead_letters(&queue).await?;
     Ok(json_response(json!({ "purged": n })))
 }
 
