@@ -61,7 +61,7 @@ const HOME_CACHE_MAX: usize = 100_000;
 /// The completion hooks' delivery queue given to [`CommandStore::assemble`].
 enum Hooks {
     Ready(baton_queue::MessageStream),
-    Redis(baton_redis::RedisClient, baton_queue::RedisQueueOptions),
+    Redis(Box<(baton_redis::RedisClient, baton_queue::RedisQueueOptions)>),
 }
 
 /// How far ahead of this process's clock an event offset may be (clocks apart) before a read
@@ -118,13 +118,13 @@ impl CommandStore {
             baton_queue::RedisQueueOptions { key_prefix: options.key_prefix.clone(), group: options.group.clone() },
         )
         .await?;
-        let hooks = Hooks::Redis(
+        let hooks = Hooks::Redis(Box::new((
             client.clone(),
             baton_queue::RedisQueueOptions {
                 key_prefix: crate::hook_prefix(&options.key_prefix),
                 group: options.group.clone(),
             },
-        );
+        )));
         let settings = options.settings.clone();
         let backend = Arc::new(redis::RedisStateBackend::connect(client, options, stream.clone(), hub.clone()).await?);
         Ok(Self::assemble(backend, stream, hooks, hub, settings))
@@ -139,7 +139,7 @@ impl CommandStore {
     ) -> Self {
         let (hooks, hooks_redis) = match hooks {
             Hooks::Ready(h) => (tokio::sync::OnceCell::new_with(Some(h)), None),
-            Hooks::Redis(c, o) => (tokio::sync::OnceCell::new(), Some((c, o))),
+            Hooks::Redis(redis) => (tokio::sync::OnceCell::new(), Some(*redis)),
         };
         Self {
             inner: Arc::new(StoreInner {
