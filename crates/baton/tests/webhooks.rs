@@ -148,12 +148,6 @@ async fn get_json(url: String) -> Value {
     serde_json::from_str(&r.text().await.unwrap()).unwrap()
 }
 
-async fn post_json(url: String) -> Value {
-    let r = client().post(url).send().await.unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-    serde_json::from_str(&r.text().await.unwrap()).unwrap()
-}
-
 /// Waits for `id` to be terminal (at a version above `after`) and returns its state.
 async fn terminal(store: &CommandStore, id: &str, after: u64) -> CommandState {
     eventually(Duration::from_secs(15), || async {
@@ -293,8 +287,31 @@ async fn failed_attempts_are_retried_then_dead_lettered_after_max_deliveries() {
         let r = client().get(dead("down", "?of=nope")).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{name}");
 
+        // The CLI lists it with --webhook (the commands' dead letters are none).
+        let cli = |args: &'static [&'static str]| {
+            let base = ts.base.clone();
+            async move {
+                let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+                    .args(args)
+                    .env("BATON_SERVER", &base)
+                    .env_remove("BATON_TOKEN")
+                    .output()
+                    .await
+                    .unwrap();
+                assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+                String::from_utf8(out.stdout).unwrap()
+            }
+        };
+        let listed: Value =
+            serde_json::from_str(&cli(&["queues", "dead", "down", "--webhook", "--json"]).await).unwrap();
+        assert_eq!(listed["items"][0]["id"], items[0]["id"], "{name}");
+        assert_eq!(cli(&["queues", "dead", "down"]).await.trim(), "no dead letters in down", "{name}");
         // A replay delivers it again (the receiver still fails: a new first attempt).
-        assert_eq!(post_json(format!("{}/replay?of=webhook", dead("down", ""))).await, json!({"replayed": 1}));
+        assert_eq!(
+            cli(&["queues", "replay", "down", "--all", "--webhook"]).await.trim(),
+            "replayed 1 dead letter onto down",
+            "{name}"
+        );
         let p = next_post(&mut bad_rx, Duration::from_secs(10)).await.expect("the replayed delivery");
         assert_eq!(p.header("webhook-id"), format!("d-1:{}", d1.version), "{name}");
         assert_eq!(std::str::from_utf8(&p.body).unwrap(), expected_body(&d1), "{name}");
