@@ -34,9 +34,17 @@ use crate::settings::{QueueConfig, WebhookConfig};
 /// Sets every queue's completion hook on `store` (each process writing a queue's commands
 /// enqueues its deliveries). Errors name the queue.
 pub fn set_hooks(store: &CommandStore, queues: &[QueueConfig]) -> Result<(), String> {
-    for q in queues {
-        let hook = q.webhook.as_ref().map(|w| baton_commands::CompletionHook { statuses: w.statuses.clone() });
-        store.set_hook(&q.name, hook).map_err(|e| format!("queue {}: {e}", q.name))?;
+    set_hooks_of(store, queues.iter().map(|q| (q.name.as_str(), q.webhook.as_ref())))
+}
+
+/// [`set_hooks`] from (queue, its webhook if any) pairs.
+pub fn set_hooks_of<'a>(
+    store: &CommandStore,
+    queues: impl IntoIterator<Item = (&'a str, Option<&'a WebhookConfig>)>,
+) -> Result<(), String> {
+    for (name, w) in queues {
+        let hook = w.map(|w| baton_commands::CompletionHook { statuses: w.statuses.clone() });
+        store.set_hook(name, hook).map_err(|e| format!("queue {name}: {e}"))?;
     }
     Ok(())
 }

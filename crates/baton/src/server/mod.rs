@@ -175,6 +175,9 @@ impl Worker {
     /// refused.
     pub async fn start(cfg: &WorkerConfig) -> Result<Worker, String> {
         let store = workers::command_store(&cfg.backend, &cfg.queues).await?;
+        // Every configured queue's webhook, also of queues not worked here (`--queues`): a
+        // command homed there that was handed off to a queue worked here ends here.
+        crate::webhooks::set_hooks_of(&store, cfg.webhooks.iter().map(|(q, w)| (q.as_str(), Some(w))))?;
         // The terminal writes of this process end commands' output streams too.
         if let Storage::Redis(rc) = &cfg.backend {
             let streams = StreamStore::redis(rc.clone(), StreamStoreSettings::default())

@@ -535,6 +535,10 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// Accept loopback completion webhook URLs.
     pub allow_loopback_webhooks: bool,
+    /// The completion webhook of every configured queue that has one, `--queues` or not: this
+    /// process's terminal writes of their commands (a hand-off to a queue worked here ends a
+    /// command homed in another) enqueue their deliveries.
+    pub webhooks: Vec<(String, WebhookConfig)>,
 }
 
 impl WorkerArgs {
@@ -560,6 +564,7 @@ impl WorkerArgs {
                 .into());
         }
         let mut queues = serve.queues;
+        let webhooks = queues.iter().filter_map(|q| Some((q.name.clone(), q.webhook.clone()?))).collect();
         if let Some(only) = self.queues {
             for name in &only {
                 if !queues.iter().any(|q| &q.name == name) {
@@ -580,6 +585,7 @@ impl WorkerArgs {
             connections: serve.connections,
             shutdown_grace: serve.shutdown_grace,
             allow_loopback_webhooks: serve.allow_loopback_webhooks,
+            webhooks,
         })
     }
 }
@@ -674,7 +680,28 @@ mod tests {
         let err = ServeArgs { config: Some(path.clone()), ..Default::default() }.resolve().unwrap_err();
         assert!(err.contains("max_connections must be at least 1"), "{err}");
         std::fs::write(&path, "bogus_key = 1\n").unwrap();
-        let err = ServeArgs { config: Some(path), ..Default::default() }.resolve().unwrap_err();
+        let err = ServeArgs { config: Some(path.clone()), ..Default::default() }.resolve().unwrap_err();
         assert!(err.contains("bogus_key"), "{err}");
+        // `baton worker --queues b` keeps every queue's webhook (a command homed in `a`, handed
+        // off to `b`, ends in this worker) and the loopback flag.
+        std::fs::write(
+            &path,
+            "redis = \"redis://a:1\"\n[queues.a.webhook]\nurl = \"http://127.0.0.1:1/h\"\n[queues.b.handlers]\ne = \"echo\"\n",
+        )
+        .unwrap();
+        let worker = WorkerArgs {
+            config: Some(path),
+            queues: Some(vec!["b".into()]),
+            allow_loopback_webhooks: true,
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(worker.queues.iter().map(|q| q.name.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(
+            worker.webhooks.iter().map(|(q, w)| (q.as_str(), w.url.as_str())).collect::<Vec<_>>(),
+            [("a", "http://127.0.0.1:1/h")]
+        );
+        assert!(worker.allow_loopback_webhooks);
     }
 }
