@@ -79,15 +79,17 @@ impl Workers {
     /// Errors: a refused setting or handler, or the backend's error, named by queue
     /// (`queue <name>: …`).
     ///
-    /// The queues run here that have a webhook get its delivery consumer too, signing with
-    /// `webhooks` (an error when it is `None`).
+    /// Every queue of `queues` with a webhook (handlers here or not: HTTP workers may run its
+    /// commands through this process) gets its delivery consumer too, signing with `webhooks`
+    /// (an error when it is `None`).
     pub async fn start(
         store: &CommandStore,
         queues: &[QueueConfig],
         webhooks: Option<WebhookDelivery>,
     ) -> Result<Workers, String> {
-        let hooked: Vec<&QueueConfig> =
-            queues.iter().filter(|q| q.webhook.is_some() && !q.handlers.is_empty()).collect();
+        // Every queue with a webhook, also one without handlers here (its commands may be run by
+        // HTTP workers through this process, or end by a cancel): its deliveries are sent here.
+        let hooked: Vec<&QueueConfig> = queues.iter().filter(|q| q.webhook.is_some()).collect();
         let deliver = match (hooked.first(), webhooks) {
             (None, _) => None,
             (Some(_), Some(w)) => Some(w),
@@ -133,7 +135,7 @@ impl Workers {
     /// True when one of `queues` run here (with handlers) has a webhook: [`Workers::start`]
     /// then needs a [`WebhookDelivery`].
     pub fn need_signer(queues: &[QueueConfig]) -> bool {
-        queues.iter().any(|q| q.webhook.is_some() && !q.handlers.is_empty())
+        queues.iter().any(|q| q.webhook.is_some())
     }
 
     /// Names of the queues being worked.

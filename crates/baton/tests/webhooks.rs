@@ -168,6 +168,12 @@ async fn one_signed_delivery_per_terminal_transition_and_none_without_a_webhook(
             cfg.queues = vec![
                 hooked_queue("hooked", webhook(&url, 3, Duration::from_millis(500))),
                 QueueConfig::with_builtins("plain", &["echo"]),
+                {
+                    // No handlers here (HTTP workers would run its commands): still delivered here.
+                    let mut q = QueueConfig::with_builtins("elsewhere", &[]);
+                    q.webhook = Some(webhook(&url, 3, Duration::from_millis(500)));
+                    q
+                },
             ];
         })
         .await;
@@ -215,7 +221,15 @@ async fn one_signed_delivery_per_terminal_transition_and_none_without_a_webhook(
         assert_eq!(p.json()["event"], "cancelled");
         assert_eq!(p.json()["started_at"], Value::Null);
 
-        // Exactly those four: no duplicate, nothing for `plain`.
+        // A queue whose workers run elsewhere: its command cancelled here is delivered here.
+        submit(&ts.base, "elsewhere", json!({"id": "e-1", "type": "remote-job", "params": null})).await;
+        let r = client().post(format!("{}/v1/commands/e-1/cancel", ts.base)).send().await.unwrap();
+        assert!(r.status().is_success(), "{name}: cancel {}", r.status());
+        let e1 = terminal(&store, "e-1", 0).await;
+        let p = next_post(&mut rx, Duration::from_secs(10)).await.expect("the handler-less queue's delivery");
+        assert_eq!(std::str::from_utf8(&p.body).unwrap(), expected_body(&e1), "{name}");
+
+        // Exactly those five: no duplicate, nothing for `plain`.
         assert!(next_post(&mut rx, Duration::from_millis(1500)).await.is_none(), "{name}: an extra delivery");
         assert_eq!(store.hooks().await.unwrap().stats("plain").await.unwrap().length, 0, "{name}");
         let hooked = store.hooks().await.unwrap().stats("hooked").await.unwrap();
