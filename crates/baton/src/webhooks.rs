@@ -4,17 +4,16 @@
 //!
 //! Every process that runs workers (`baton serve` without `--no-workers`, `baton worker`) runs
 //! one consumer of the deliveries of each of its queues with a webhook (also of a queue whose
-//! handlers run elsewhere, e.g. HTTP workers). A delivery is
-//! a lease of the leased queue: while an attempt is in flight the process renews it, so a process
-//! that dies mid-delivery hands it to another process's consumer after the webhook's
-//! `claim_timeout`. An attempt POSTs the body (`content-type: application/json`) with
+//! handlers run elsewhere, e.g. HTTP workers). A delivery is a lease of the leased queue: while
+//! an attempt is in flight the process renews it, so a process that dies mid-delivery hands it
+//! to another process's consumer after the webhook's `claim_timeout`. An attempt POSTs the body (`content-type: application/json`) with
 //!
 //! * `webhook-id`: the body's `delivery_id` (`<command id>:<version>`), the same in every attempt
 //!   (deliveries are at least once: de-duplicate on it);
 //! * `webhook-attempt`: this attempt's number, from 1;
 //! * `webhook-signature`: `t=<unix seconds>,kid=<key id>,ed25519=<base64url signature of
 //!   "<t>.<body>">`, signed with the key set of the Durable Streams subscription webhooks (public
-//!   keys at `GET /v1/stream/__ds/jwks.json`, rotated by `POST /v1/stream/__ds/jwks/rotate`).
+//!   keys at `GET /v1/stream/__ds/jwks.json`, rotated by `POST /v1/subscriptions/signing-keys/rotate`).
 //!
 //! A 2xx answer acks the delivery. `410 Gone` makes it a dead letter at once. Any other answer,
 //! a timeout or a network error is retried after `claim_timeout`; the attempt that fails as the
