@@ -5,14 +5,16 @@
 -- home queue's own stream; the others go through transition.lua.
 -- KEYS[1] expiry zset, KEYS[2..6] the status indexes (see lib.lua), KEYS[7] the home queue's
 -- stream (the deliveries to ack), KEYS[8] its fence hash (baton_queue::keys::fences), KEYS[9] its
--- event feed (see feed.rs), KEYS[9 + i] the state key of transition i.
--- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 13 per transition: expected
+-- event feed (see feed.rs), KEYS[10] its completion hook delivery stream (see hooks.rs),
+-- KEYS[10 + i] the state key of transition i.
+-- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 14 per transition: expected
 -- header start `<version> <OLD STATUS> `, new stored state (header and JSON), TTL ms, id, index
 -- of the old status (2..6 in KEYS), index of the new status, the delivery's entry id or '', the
 -- announcement to publish or '' (only terminal writes are announced), the consumer that must own
 -- the delivery for the write to happen or '' (as in transition.lua), '1' to ack the delivery, the
 -- delivery's fence or '' (checked with the owner, as in transition.lua), the event to append to
--- the feed with a successful write or '' (none), the feed's length (XADD MAXLEN ~).
+-- the feed with a successful write or '' (none), the feed's length (XADD MAXLEN ~), the
+-- completion hook body to XADD to KEYS[10] with a successful write or '' (none).
 -- Events are appended in the order of the batch, each right after its write.
 -- Returns N replies in order: {'ok', acked 0/1}, {'missing'}, {'conflict', current state} or
 -- {'lost'} (the owner check failed; nothing written).
@@ -29,7 +31,7 @@ local acks, acked_at = {}, {} -- entry ids; positions of their replies
 local ann = {}
 local b = 4
 for i = 1, n do
-  local key = KEYS[9 + i]
+  local key = KEYS[10 + i]
   local owner, lost = ARGV[b + 8], false
   if owner ~= '' then
     local p = redis.call('XPENDING', KEYS[7], ARGV[3], ARGV[b + 6], ARGV[b + 6], 1)
@@ -70,10 +72,11 @@ for i = 1, n do
       if ARGV[b + 11] ~= '' then
         redis.call('XADD', KEYS[9], 'MAXLEN', '~', ARGV[b + 12], '*', 'i', id, 'e', ARGV[b + 11])
       end
+      if ARGV[b + 13] ~= '' then redis.call('XADD', KEYS[10], '*', 'p', ARGV[b + 13]) end
       out[i] = { 'ok', 0 }
     end
   end
-  b = b + 13
+  b = b + 14
 end
 for k = 2, 6 do
   if rem[k] then

@@ -132,6 +132,10 @@
 //!   feed in the same atomic step as the write ([`CommandEvent`]; the rules: [`feed`]), read per queue ([`CommandStore::events`]) or per command
 //!   ([`CommandStore::command_events`]) from any [`EventOffset`], or waited for
 //!   ([`CommandStore::events_wait`]); bounded per queue and off per queue ([`FeedSettings`]).
+//! * **Completion hooks**: a queue with a hook ([`CommandStore::set_hook`]) gets one delivery
+//!   message per terminal transition of its commands on [`CommandStore::hooks`], enqueued in the
+//!   same atomic step as the transition; whoever consumes it delivers it (the `baton` binary
+//!   POSTs signed webhooks). Body and layout: [`hooks`].
 //!
 //! ```
 //! # use std::time::Duration;
@@ -210,6 +214,7 @@
 //! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning: every 64th submit to `q` by a store, and every list and count) |
 //! | `p:cmdid:{<id>}`           | string | the home queue of `id` (lookup by id alone)                    |
 //! | `p:cmd:{q}:feed`           | stream | the queue's event feed: `i <id> e <event JSON>` per transition, `XADD MAXLEN ~` (see [`FeedSettings`]) |
+//! | `p:hook:q:{q}`             | stream | completion hook deliveries of `q` (only with a hook, [`CommandStore::set_hook`]): a work queue under the prefix [`hook_prefix`] (its other keys: [`baton_queue::keys`]), one entry `p <body>` per terminal transition, XADDed by the transition's script |
 //! | channel `p:cmd:{q}:events` | pubsub | `<id> <STATUS> <version> <origin>` per terminal write          |
 //!
 //! **Why the queue's slot.** Submit is then ONE script (state + indexes + `XADD` to the queue's
@@ -264,6 +269,7 @@
 
 pub mod builtin;
 pub mod feed;
+pub mod hooks;
 mod json;
 mod model;
 mod output;
@@ -279,6 +285,7 @@ pub use async_trait::async_trait;
 /// The Redis connection of [`CommandStore::redis`], re-exported from `baton-redis`.
 pub use baton_redis::{ConnectError, RedisClient, RedisConfig};
 pub use feed::{CommandEvent, EventFrom, EventKind, EventOffset, EventPage, FeedSettings, READ_MAX, SCAN_MAX};
+pub use hooks::{hook_prefix, CompletionHook};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{
     BulkAction, BulkReport, Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall,

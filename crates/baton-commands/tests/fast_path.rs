@@ -55,6 +55,7 @@ async fn owner_checked_transitions(b: TestBackend) {
     let base = format!("t:cmd:{{{q}}}");
     let idx = |s: &str| format!("{base}:s:{s}");
     let stream = format!("t:q:{{{q}}}");
+    let hooks = format!("t:hook:q:{{{q}}}");
     let sha = "0".repeat(40);
     let _: () = redis::cmd("XGROUP")
         .arg("CREATE")
@@ -112,6 +113,7 @@ async fn owner_checked_transitions(b: TestBackend) {
             .key(idx("SUCCEEDED"))
             .key(format!("{base}:id:A"))
             .key(format!("{base}:feed"))
+            .key(&hooks)
             .key(&stream)
             .key(&fences);
         inv.arg("1 SUBMITTED ")
@@ -127,7 +129,9 @@ async fn owner_checked_transitions(b: TestBackend) {
             .arg("1")
             .arg(fence)
             .arg("event-A")
-            .arg(100);
+            .arg(100)
+            .arg("")
+            .arg("hook-A");
         let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await.unwrap();
         assert_eq!(reply.first(), Some(&redis::Value::BulkString(want.as_bytes().to_vec())), "A for {owner} {fence}");
     }
@@ -138,7 +142,7 @@ async fn owner_checked_transitions(b: TestBackend) {
     for s in ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] {
         inv.key(idx(s));
     }
-    inv.key(&stream).key(&fences).key(format!("{base}:feed"));
+    inv.key(&stream).key(&fences).key(format!("{base}:feed")).key(&hooks);
     for id in ["B", "C", "D"] {
         inv.key(format!("{base}:id:{id}"));
     }
@@ -156,7 +160,8 @@ async fn owner_checked_transitions(b: TestBackend) {
             .arg("1")
             .arg(fence)
             .arg(format!("event-{id}"))
-            .arg(100);
+            .arg(100)
+            .arg(format!("hook-{id}"));
     }
     let replies: Vec<Vec<redis::Value>> = inv.invoke_async(&mut conn).await.unwrap();
     let heads: Vec<String> = replies
@@ -189,6 +194,11 @@ async fn owner_checked_transitions(b: TestBackend) {
         redis::cmd("XRANGE").arg(format!("{base}:feed")).arg("-").arg("+").query_async(&mut conn).await.unwrap();
     let appended: Vec<Vec<String>> = feed.into_iter().map(|(_, f)| f).collect();
     assert_eq!(appended, [["i", "A", "e", "event-A"], ["i", "C", "e", "event-C"]]);
+    // And only they enqueued their completion hook deliveries.
+    let hooked: Vec<(String, Vec<String>)> =
+        redis::cmd("XRANGE").arg(&hooks).arg("-").arg("+").query_async(&mut conn).await.unwrap();
+    let hooked: Vec<Vec<String>> = hooked.into_iter().map(|(_, f)| f).collect();
+    assert_eq!(hooked, [["p", "hook-A"], ["p", "hook-C"]]);
 }
 
 /// `transitions.lua` given two successive transitions of one command in one call (SUBMITTED →
@@ -216,6 +226,7 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
     inv.key(format!("t:q:{{{q}}}"))
         .key(format!("t:q:{{{q}}}:fences"))
         .key(format!("{base}:feed"))
+        .key(format!("t:hook:q:{{{q}}}"))
         .key(&state)
         .key(&state);
     inv.arg(2).arg(format!("{base}:events")).arg("g");
@@ -231,6 +242,7 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .arg("")
         .arg("")
         .arg("")
+        .arg("")
         .arg("");
     inv.arg("2 RUNNING ")
         .arg(format!("3 SUCCEEDED 1000 {sha} {{}}"))
@@ -240,6 +252,7 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .arg(4)
         .arg("")
         .arg("X SUCCEEDED 3 o")
+        .arg("")
         .arg("")
         .arg("")
         .arg("")

@@ -87,4 +87,4 @@ pub use backend::QUEUE;
 pub use model::{glob_match, Kind, SubscriptionError, DEFAULT_LEASE_TTL_MS, MAX_LEASE_TTL_MS, MIN_LEASE_TTL_MS};
 pub use service::{Subscriptions, SubscriptionsConfig, MAX_GLOB_STREAMS};
 pub use signing::RETIRED_KEY_GRACE_MS;
-pub use webhook_url::{address_refused, check_url};
+pub use webhook_url::{address_refused, check_url, client as webhook_client};

@@ -350,6 +350,14 @@ impl Subscriptions {
         Ok(kid)
     }
 
+    /// The `Webhook-Signature` header value for `body` signed now with the current key (the
+    /// format of the subscription webhooks; keys in [`Subscriptions::jwks`]), for other webhooks
+    /// Baton sends (the command queues' completion webhooks). `None` when there is no usable key.
+    pub fn sign(&self, body: &[u8]) -> Option<String> {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        self.inner.keys.read().expect("lock").sign(body, now)
+    }
+
     /// The number of subscriptions this process knows of.
     pub fn count(&self) -> usize {
         self.inner.cache.read().expect("lock").entries.len()

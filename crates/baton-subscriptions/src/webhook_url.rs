@@ -147,10 +147,11 @@ impl reqwest::dns::Resolve for FilteringResolver {
     }
 }
 
-/// The HTTP client for deliveries: no redirects, a `timeout` per request, DNS through
-/// [`FilteringResolver`], and no proxy (`HTTP_PROXY` / `HTTPS_PROXY` are ignored: through a proxy
-/// the resolver would check the proxy's address instead of the webhook's, and the address rules
-/// would not hold).
+/// The HTTP client for deliveries (subscription and completion webhooks): no redirects, a
+/// `timeout` per request, DNS through a resolver that drops the addresses [`address_refused`]
+/// refuses, and no proxy (`HTTP_PROXY` / `HTTPS_PROXY` are ignored: through a proxy the resolver
+/// would check the proxy's address instead of the webhook's, and the address rules would not
+/// hold).
 pub fn client(allow_loopback: bool, timeout: std::time::Duration) -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())

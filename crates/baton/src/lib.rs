@@ -26,7 +26,8 @@
 //! | [`shutdown`] | waiting for SIGTERM / ctrl-c |
 //! | [`settings`] | flags, environment, TOML: what they resolve to (queues, tokens) |
 //! | [`auth`] | who may do what: tokens, the caller, what a route needs |
-//! | [`workers`] | the command services of the configured queues |
+//! | [`webhooks`] | the delivery of the queues' completion webhooks (signed POSTs from their delivery queues) |
+//! | [`workers`] | the command services of the configured queues, and their webhook deliveries |
 //! | [`http`] | the routes (one table: handler, auth, OpenAPI), the router |
 //! | [`server`] | starting and stopping `baton serve` and `baton worker`; their connections ([`server::listen`]) |
 //! | [`cli`] | the command line: its grammar, what each subcommand prints |
@@ -37,4 +38,5 @@ pub mod http;
 pub mod server;
 pub mod settings;
 pub mod shutdown;
+pub mod webhooks;
 pub mod workers;

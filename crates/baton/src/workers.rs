@@ -33,6 +33,7 @@ pub async fn command_store(backend: &Storage, queues: &[QueueConfig]) -> Result<
     for q in queues {
         store.set_feed(&q.name, q.feed).map_err(|e| format!("queue {}: {e}", q.name))?;
     }
+    crate::webhooks::set_hooks(&store, queues)?;
     Ok(store)
 }
 
@@ -51,9 +52,19 @@ async fn connect(backend: &Storage, settings: CommandStoreSettings) -> Result<Co
     }
 }
 
-/// The running command services of a process, one per queue.
+/// The running command services of a process, one per queue, and the completion webhook
+/// deliveries of those queues ([`crate::webhooks`]).
 pub struct Workers {
     services: Vec<CommandService>,
+    deliveries: Option<crate::webhooks::Deliveries>,
+}
+
+/// How a process delivers completion webhooks: the signer (the subscriptions' key set) and
+/// whether loopback URLs are allowed.
+#[derive(Clone)]
+pub struct WebhookDelivery {
+    pub signer: baton_subscriptions::Subscriptions,
+    pub allow_loopback: bool,
 }
 
 impl Workers {
@@ -67,7 +78,23 @@ impl Workers {
     ///
     /// Errors: a refused setting or handler, or the backend's error, named by queue
     /// (`queue <name>: …`).
-    pub async fn start(store: &CommandStore, queues: &[QueueConfig]) -> Result<Workers, String> {
+    ///
+    /// Every queue of `queues` with a webhook (handlers here or not: HTTP workers may run its
+    /// commands through this process) gets its delivery consumer too, signing with `webhooks`
+    /// (an error when it is `None`).
+    pub async fn start(
+        store: &CommandStore,
+        queues: &[QueueConfig],
+        webhooks: Option<WebhookDelivery>,
+    ) -> Result<Workers, String> {
+        // Every queue with a webhook, also one without handlers here (its commands may be run by
+        // HTTP workers through this process, or end by a cancel): its deliveries are sent here.
+        let hooked: Vec<&QueueConfig> = queues.iter().filter(|q| q.webhook.is_some()).collect();
+        let deliver = match (hooked.first(), webhooks) {
+            (None, _) => None,
+            (Some(_), Some(w)) => Some(w),
+            (Some(q), None) => return Err(format!("queue {}: webhook deliveries need a signer here", q.name)),
+        };
         let mut builders = Vec::new();
         for q in queues {
             q.settings.validate().map_err(|e| format!("queue {}: {e}", q.name))?;
@@ -92,7 +119,23 @@ impl Workers {
                 }
             }
         }
-        Ok(Workers { services })
+        let deliveries = match deliver {
+            None => None,
+            Some(w) => match crate::webhooks::Deliveries::start(store, &hooked, w.signer, w.allow_loopback).await {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    futures::future::join_all(services.iter().map(|s| s.close())).await;
+                    return Err(e);
+                }
+            },
+        };
+        Ok(Workers { services, deliveries })
+    }
+
+    /// True when one of `queues` run here (with handlers) has a webhook: [`Workers::start`]
+    /// then needs a [`WebhookDelivery`].
+    pub fn need_signer(queues: &[QueueConfig]) -> bool {
+        queues.iter().any(|q| q.webhook.is_some())
     }
 
     /// Names of the queues being worked.
@@ -103,8 +146,14 @@ impl Workers {
     /// Stops taking work and lets running handlers finish within `budget` (shared by all
     /// queues); unfinished commands are taken over by another worker after `claim_timeout`.
     pub async fn drain(self, budget: Duration) {
-        let drains = self.services.iter().map(|s| s.drain(budget));
-        for (s, report) in self.services.iter().zip(futures::future::join_all(drains).await) {
+        let hooks = async {
+            if let Some(d) = self.deliveries {
+                d.drain(budget).await;
+            }
+        };
+        let drains = futures::future::join_all(self.services.iter().map(|s| s.drain(budget)));
+        let (reports, ()) = tokio::join!(drains, hooks);
+        for (s, report) in self.services.iter().zip(reports) {
             if !report.in_flight.is_empty() {
                 tracing::warn!(
                     queue = s.queue(),
@@ -181,7 +230,7 @@ mod tests {
     async fn reap_idle_consumers_after_is_checked_again_at_start() {
         let mut q = parse("[queues.a]\nclaim_timeout = \"1s\"\nreap_idle_consumers_after = \"2s\"\n").unwrap();
         q[0].settings.claim_timeout = Duration::from_millis(1500);
-        let e = Workers::start(&CommandStore::memory(), &q).await.err().expect("refused");
+        let e = Workers::start(&CommandStore::memory(), &q, None).await.err().expect("refused");
         assert_eq!(
             e,
             "queue a: invalid setting: reap_idle_consumers_after (2s) must be at least twice claim_timeout (1.5s), or \
@@ -195,7 +244,7 @@ mod tests {
     async fn a_queue_without_handlers_is_not_worked_here() {
         let q = parse("[queues.a]\nretention = \"1h\"\n[queues.b.handlers]\ne = \"echo\"\n").unwrap();
         let store = CommandStore::memory();
-        let w = Workers::start(&store, &q).await.unwrap();
+        let w = Workers::start(&store, &q, None).await.unwrap();
         assert_eq!(w.queues(), ["b"]);
         assert!(store.knows_queue("a"), "declared: hand-offs to it are accepted");
         let st = store.submit("a", Command::with_id("x", "sleep", serde_json::json!({"ms": 1}))).await.unwrap();
@@ -210,7 +259,7 @@ mod tests {
     async fn a_refused_queue_starts_no_other_queue() {
         let q = parse("[queues.a.handlers]\ne = \"echo\"\n[queues.b]\nconcurrency = 0\n").unwrap();
         let store = CommandStore::memory();
-        let e = Workers::start(&store, &q).await.err().expect("refused");
+        let e = Workers::start(&store, &q, None).await.err().expect("refused");
         assert!(e.starts_with("queue b: ") && e.contains("concurrency"), "{e}");
         assert_eq!(store.messages().stats("a").await.unwrap().consumers, 0);
     }
@@ -218,14 +267,14 @@ mod tests {
     #[tokio::test]
     async fn out_of_range_settings_are_refused_at_start() {
         let mut q = parse("[queues.a]\nconcurrency = 0\n[queues.a.handlers]\ne = \"echo\"\n").unwrap();
-        let e = Workers::start(&CommandStore::memory(), &q).await.err().expect("refused");
+        let e = Workers::start(&CommandStore::memory(), &q, None).await.err().expect("refused");
         assert!(e.starts_with("queue a: ") && e.contains("concurrency"), "{e}");
         q[0].settings.concurrency = 1;
         q[0].settings.retry.backoff_factor = 0.5;
-        let e = Workers::start(&CommandStore::memory(), &q).await.err().expect("refused");
+        let e = Workers::start(&CommandStore::memory(), &q, None).await.err().expect("refused");
         assert_eq!(e, "queue a: invalid setting: retry.backoff_factor must be at least 1.0 (got 0.5)");
         q[0].settings.retry.backoff_factor = 2.0;
-        let w = Workers::start(&CommandStore::memory(), &q).await.unwrap();
+        let w = Workers::start(&CommandStore::memory(), &q, None).await.unwrap();
         assert_eq!(w.queues(), ["a"]);
         w.drain(Duration::from_secs(1)).await;
     }

@@ -145,7 +145,8 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     /// ([`Cas::Lost`] when it fails), and with its `ack`, a successful write also acks it; the
     /// `bool` tells whether it did (the caller then settles the lease with `mark_acked`, or
     /// skips the remote worker's ack). A successful write appends `event` to the home queue's
-    /// feed in the same atomic step.
+    /// feed in the same atomic step, and with `hook` (a completion hook body, see
+    /// [`crate::hooks`]), enqueues it on the home queue's delivery queue in that step too.
     async fn transition(
         &self,
         old: CommandStatus,
@@ -153,6 +154,7 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
         enqueue: Option<(&str, &CommandMsg)>,
         delivery: Option<&DeliveryRef>,
         event: Option<&FeedAppend>,
+        hook: Option<&str>,
     ) -> Result<(Cas, bool), CommandError>;
     /// True when a transition of a state homed in `home` can enqueue on `target` atomically.
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool;

@@ -59,6 +59,8 @@ pub(crate) struct Transition {
     /// The event to append to the feed with the write (stored JSON), or empty; the feed's length.
     pub event: String,
     pub feed_max: u64,
+    /// The completion hook body to enqueue on the delivery queue with the write, or empty.
+    pub hook: String,
 }
 
 impl Batch for Transition {
@@ -79,14 +81,15 @@ impl Batch for Transition {
                         + t.announce.len()
                         + t.owner.len()
                         + t.event.len()
-                        + 88
+                        + t.hook.len()
+                        + 92
                 })
                 .sum::<usize>();
-        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(9 + n, 6 + 9 + n * 14, bytes);
+        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(10 + n, 6 + 10 + n * 15, bytes);
         for k in &keys.index {
             cmd.arg(k);
         }
-        cmd.arg(&keys.stream).arg(&keys.fences).arg(&keys.feed);
+        cmd.arg(&keys.stream).arg(&keys.fences).arg(&keys.feed).arg(&keys.hooks);
         for t in batch {
             cmd.arg(&t.state_key);
         }
@@ -104,7 +107,8 @@ impl Batch for Transition {
                 .arg(if t.ack { "1" } else { "" })
                 .arg(&t.fence)
                 .arg(&t.event)
-                .arg(t.feed_max);
+                .arg(t.feed_max)
+                .arg(&t.hook);
         }
         cmd
     }
@@ -190,6 +194,8 @@ pub(crate) struct BatchKeys {
     pub fences: String,
     /// Its event feed (see `feed.rs`).
     pub feed: String,
+    /// Its completion hooks' delivery stream (see `hooks.rs`).
+    pub hooks: String,
     pub channel: String,
     pub group: String,
 }

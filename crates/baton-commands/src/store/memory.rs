@@ -89,9 +89,9 @@ impl Inner {
 
 /// Offers on the memory queue without yielding: its `offer` never waits (it takes the queue's
 /// lock and returns), so it completes in one poll, under our lock: state and message together.
-fn offer_now(stream: &baton_queue::MessageStream, queue: &str, msg: &CommandMsg) -> Result<(), CommandError> {
+fn offer_now(stream: &baton_queue::MessageStream, queue: &str, payload: Vec<u8>) -> Result<(), CommandError> {
     use futures::FutureExt;
-    match stream.offer(queue, msg.to_bytes()).now_or_never() {
+    match stream.offer(queue, payload).now_or_never() {
         Some(r) => r.map(|_| ()).map_err(CommandError::from),
         None => Err(CommandError::InvalidSettings("memory queue offer did not complete at once".into())),
     }
@@ -100,12 +100,18 @@ fn offer_now(stream: &baton_queue::MessageStream, queue: &str, msg: &CommandMsg)
 pub(crate) struct MemoryStateBackend {
     inner: Mutex<Inner>,
     stream: baton_queue::MessageStream,
+    /// The completion hooks' delivery queue (see `hooks.rs`).
+    hooks: baton_queue::MessageStream,
     settings: CommandStoreSettings,
 }
 
 impl MemoryStateBackend {
-    pub fn new(stream: baton_queue::MessageStream, settings: CommandStoreSettings) -> Self {
-        Self { inner: Mutex::new(Inner::default()), stream, settings }
+    pub fn new(
+        stream: baton_queue::MessageStream,
+        hooks: baton_queue::MessageStream,
+        settings: CommandStoreSettings,
+    ) -> Self {
+        Self { inner: Mutex::new(Inner::default()), stream, hooks, settings }
     }
 }
 
@@ -141,7 +147,7 @@ impl StateBackend for MemoryStateBackend {
                     expires: Instant::now() + self.settings.ttl_for(&state.queue, state.status),
                 },
             );
-            offer_now(&self.stream, &state.queue, msg)?;
+            offer_now(&self.stream, &state.queue, msg.to_bytes())?;
             if let Some(e) = event {
                 g.feeds.entry(state.queue.clone()).or_default().append(&state.id, e);
             }
@@ -169,6 +175,7 @@ impl StateBackend for MemoryStateBackend {
         enqueue: Option<(&str, &CommandMsg)>,
         _delivery: Option<&super::backend::DeliveryRef>,
         event: Option<&FeedAppend>,
+        hook: Option<&str>,
     ) -> Result<(Cas, bool), CommandError> {
         {
             let mut g = self.inner.lock().unwrap();
@@ -187,7 +194,10 @@ impl StateBackend for MemoryStateBackend {
                 }
             }
             if let Some((queue, msg)) = enqueue {
-                offer_now(&self.stream, queue, msg)?;
+                offer_now(&self.stream, queue, msg.to_bytes())?;
+            }
+            if let Some(h) = hook {
+                offer_now(&self.hooks, &new.queue, h.as_bytes().to_vec())?;
             }
             if let Some(e) = event {
                 g.feeds.entry(new.queue.clone()).or_default().append(&new.id, e);

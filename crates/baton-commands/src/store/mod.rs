@@ -47,9 +47,22 @@ pub(crate) struct StoreInner {
     feeds: std::sync::RwLock<HashMap<String, FeedSettings>>,
     /// Where commands' output streams live ([`CommandStore::set_outputs`]).
     outputs: std::sync::OnceLock<baton_streams::StreamStore>,
+    /// The delivery queue of completion hooks ([`CommandStore::hooks`]): the memory backend's
+    /// from the start; on Redis connected at first use (its scripts enqueue without it).
+    hooks: tokio::sync::OnceCell<baton_queue::MessageStream>,
+    /// Redis: how to connect it.
+    hooks_redis: Option<(baton_redis::RedisClient, baton_queue::RedisQueueOptions)>,
+    /// Completion hooks by queue ([`CommandStore::set_hook`]).
+    hook_settings: std::sync::RwLock<HashMap<String, crate::CompletionHook>>,
 }
 
 const HOME_CACHE_MAX: usize = 100_000;
+
+/// The completion hooks' delivery queue given to [`CommandStore::assemble`].
+enum Hooks {
+    Ready(baton_queue::MessageStream),
+    Redis(Box<(baton_redis::RedisClient, baton_queue::RedisQueueOptions)>),
+}
 
 /// How far ahead of this process's clock an event offset may be (clocks apart) before a read
 /// refuses it as never handed out: 5 minutes.
@@ -84,8 +97,9 @@ impl CommandStore {
         settings.validate()?;
         let hub = Arc::new(Hub::default());
         let stream = baton_queue::MessageStream::memory();
-        let backend = Arc::new(memory::MemoryStateBackend::new(stream.clone(), settings.clone()));
-        Ok(Self::assemble(backend, stream, hub, settings))
+        let hooks = baton_queue::MessageStream::memory();
+        let backend = Arc::new(memory::MemoryStateBackend::new(stream.clone(), hooks.clone(), settings.clone()));
+        Ok(Self::assemble(backend, stream, Hooks::Ready(hooks), hub, settings))
     }
 
     /// The Redis backend (standalone or Cluster, as `client` says). Connects now; queues use
@@ -104,17 +118,29 @@ impl CommandStore {
             baton_queue::RedisQueueOptions { key_prefix: options.key_prefix.clone(), group: options.group.clone() },
         )
         .await?;
+        let hooks = Hooks::Redis(Box::new((
+            client.clone(),
+            baton_queue::RedisQueueOptions {
+                key_prefix: crate::hook_prefix(&options.key_prefix),
+                group: options.group.clone(),
+            },
+        )));
         let settings = options.settings.clone();
         let backend = Arc::new(redis::RedisStateBackend::connect(client, options, stream.clone(), hub.clone()).await?);
-        Ok(Self::assemble(backend, stream, hub, settings))
+        Ok(Self::assemble(backend, stream, hooks, hub, settings))
     }
 
     fn assemble(
         backend: Arc<dyn StateBackend>,
         stream: baton_queue::MessageStream,
+        hooks: Hooks,
         hub: Arc<Hub>,
         settings: CommandStoreSettings,
     ) -> Self {
+        let (hooks, hooks_redis) = match hooks {
+            Hooks::Ready(h) => (tokio::sync::OnceCell::new_with(Some(h)), None),
+            Hooks::Redis(redis) => (tokio::sync::OnceCell::new(), Some(*redis)),
+        };
         Self {
             inner: Arc::new(StoreInner {
                 backend,
@@ -126,6 +152,9 @@ impl CommandStore {
                 homes: Mutex::new(HashMap::new()),
                 feeds: std::sync::RwLock::new(HashMap::new()),
                 outputs: std::sync::OnceLock::new(),
+                hooks,
+                hooks_redis,
+                hook_settings: std::sync::RwLock::new(HashMap::new()),
             }),
         }
     }
@@ -133,6 +162,64 @@ impl CommandStore {
     /// The work queues under this store (for queue stats, dead letters).
     pub fn messages(&self) -> &baton_queue::MessageStream {
         &self.inner.stream
+    }
+
+    /// The delivery queue of completion hooks ([`crate::hooks`]): queue `q`'s deliveries are
+    /// the messages of its queue named `q` (consume them there; their dead letters are that
+    /// queue's). On Redis its keys have the prefix [`crate::hook_prefix`] of the store's, and
+    /// its connection is made by the first call (a process that never asks, like one with no
+    /// hooks, has none). Errors: [`CommandError::Queue`] (Redis unreachable).
+    pub async fn hooks(&self) -> Result<&baton_queue::MessageStream, CommandError> {
+        self.inner
+            .hooks
+            .get_or_try_init(|| async {
+                let (client, options) = self.inner.hooks_redis.clone().expect("a store without hooks is Redis's");
+                Ok(baton_queue::MessageStream::redis(client, options).await?)
+            })
+            .await
+    }
+
+    /// Sets (or with `None` removes) `queue`'s completion hook ([`crate::hooks`]) for this
+    /// store's writes from now on: every terminal transition of its commands to one of
+    /// `hook.statuses` enqueues one delivery message on [`CommandStore::hooks`], atomically with
+    /// the transition. Every process writing the queue's commands should set the same.
+    /// Errors: [`CommandError::Queue`] (bad name), [`CommandError::InvalidSettings`] (no status,
+    /// or a status that is not terminal).
+    pub fn set_hook(&self, queue: &str, hook: Option<crate::CompletionHook>) -> Result<(), CommandError> {
+        validate_queue(queue)?;
+        let mut m = self.inner.hook_settings.write().unwrap();
+        match hook {
+            None => {
+                m.remove(queue);
+            }
+            Some(h) => {
+                if h.statuses.is_empty() || h.statuses.iter().any(|s| !s.is_terminal()) {
+                    return Err(CommandError::InvalidSettings(format!(
+                        "queue {queue:?}: a completion hook takes one or more of SUCCEEDED, FAILED, CANCELLED"
+                    )));
+                }
+                m.insert(queue.to_string(), h);
+            }
+        }
+        Ok(())
+    }
+
+    /// The completion hook this store writes `queue`'s commands with, if any.
+    pub fn hook(&self, queue: &str) -> Option<crate::CompletionHook> {
+        self.inner.hook_settings.read().unwrap().get(queue).cloned()
+    }
+
+    /// The hook delivery of the write storing `st` (terminal, and its queue has a hook for its
+    /// status), if any.
+    fn hook_delivery(&self, st: &CommandState) -> Option<String> {
+        if !st.status.is_terminal() {
+            return None;
+        }
+        let m = self.inner.hook_settings.read().unwrap();
+        if m.is_empty() {
+            return None;
+        }
+        m.get(&st.queue).filter(|h| h.statuses.contains(&st.status)).map(|_| crate::hooks::body(st))
     }
 
     /// Lets commands own output streams ([`Command::with_output`], crate docs "Output streams"),
@@ -814,7 +901,8 @@ impl CommandStore {
     ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
         let append = self.feed_append(event, &new);
         let home = append.as_ref().map(|_| new.queue.clone());
-        match self.inner.backend.transition(old, new, enqueue, delivery, append.as_ref()).await? {
+        let hook = self.hook_delivery(&new);
+        match self.inner.backend.transition(old, new, enqueue, delivery, append.as_ref(), hook.as_deref()).await? {
             (Cas::Done(stored), acked) => {
                 // The output ends before this process's waiters hear of the end (another
                 // process's may hear of it a moment before: the announcement is the write's).

@@ -106,6 +106,7 @@ impl QKeys {
             stream: baton_queue::keys::stream(prefix, queue),
             fences: baton_queue::keys::fences(prefix, queue),
             feed: format!("{base}:feed"),
+            hooks: baton_queue::keys::stream(&crate::hook_prefix(prefix), queue),
             channel: format!("{base}:events"),
             group: group.to_string(),
         };
@@ -487,8 +488,10 @@ impl StateBackend for RedisStateBackend {
         enqueue: Option<(&str, &CommandMsg)>,
         delivery: Option<&super::backend::DeliveryRef>,
         event: Option<&FeedAppend>,
+        hook: Option<&str>,
     ) -> Result<(Cas, bool), CommandError> {
         let k = self.keys(&new.queue);
+        let hook = hook.unwrap_or_default();
         let (feed_event, feed_max) = event.map_or(("", 0), |e| (e.json.as_str(), e.max_len));
         let ttl = self.settings.ttl_for(&new.queue, new.status);
         let mut conn = self.conn.clone();
@@ -544,11 +547,18 @@ impl StateBackend for RedisStateBackend {
                 fence,
                 event: feed_event.to_string(),
                 feed_max,
+                hook: hook.to_string(),
             };
             self.transitions.run(&k.batch, t).await?
         } else {
-            let mut keys: Vec<&str> =
-                vec![k.exp(), k.status_index(old), k.status_index(st.status), &state_key, &k.batch.feed];
+            let mut keys: Vec<&str> = vec![
+                k.exp(),
+                k.status_index(old),
+                k.status_index(st.status),
+                &state_key,
+                &k.batch.feed,
+                &k.batch.hooks,
+            ];
             let target_stream;
             let mut msg_arg: Vec<u8> = Vec::new();
             if let Some((queue, msg)) = enqueue {
@@ -582,7 +592,8 @@ impl StateBackend for RedisStateBackend {
                 .arg(&fence)
                 .arg(feed_event)
                 .arg(feed_max)
-                .arg(if rerun { "1" } else { "" });
+                .arg(if rerun { "1" } else { "" })
+                .arg(hook);
             TRANSITION.query(&mut conn, &cmd).await?
         };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };

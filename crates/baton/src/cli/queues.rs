@@ -28,6 +28,10 @@ pub enum QueuesOp {
         /// At most this many (1 to 1000).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
+        /// The queue's completion webhook deliveries that became dead letters, instead of its
+        /// commands'.
+        #[arg(long)]
+        webhook: bool,
     },
     /// Put dead letters back on their queue: one by id, or all of them with --all.
     Replay {
@@ -38,6 +42,9 @@ pub enum QueuesOp {
         /// Replay every dead letter (oldest first).
         #[arg(long)]
         all: bool,
+        /// Replay completion webhook deliveries (delivered again) instead of commands.
+        #[arg(long)]
+        webhook: bool,
     },
     /// A queue's command events (its event feed), oldest first, one line each; with --follow,
     /// then the new ones as they happen (until ctrl-c).
@@ -178,8 +185,9 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             }
             Ok(exit::OK)
         }
-        QueuesOp::Dead { queue, limit } => {
-            let url = format!("/v1/queues/{}/dead-letters?limit={limit}", encode_segment(&queue));
+        QueuesOp::Dead { queue, limit, webhook } => {
+            let of = if webhook { "&of=webhook" } else { "" };
+            let url = format!("/v1/queues/{}/dead-letters?limit={limit}{of}", encode_segment(&queue));
             let v = cl.json_ok(cl.request(Method::GET, &url)).await?;
             if cl.json {
                 print_json(&v);
@@ -205,13 +213,14 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             t.print();
             Ok(exit::OK)
         }
-        QueuesOp::Replay { queue, id, all } => {
+        QueuesOp::Replay { queue, id, all, webhook } => {
             let q = encode_segment(&queue);
+            let of = if webhook { "?of=webhook" } else { "" };
             let v = if all {
-                cl.json_ok(cl.request(Method::POST, &format!("/v1/queues/{q}/dead-letters/replay"))).await?
+                cl.json_ok(cl.request(Method::POST, &format!("/v1/queues/{q}/dead-letters/replay{of}"))).await?
             } else {
                 let id = id.expect("clap requires id without --all");
-                let url = format!("/v1/queues/{q}/dead-letters/{}/replay", encode_segment(&id));
+                let url = format!("/v1/queues/{q}/dead-letters/{}/replay{of}", encode_segment(&id));
                 cl.json_ok(cl.request(Method::POST, &url)).await?
             };
             if cl.json {

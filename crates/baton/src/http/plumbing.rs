@@ -212,10 +212,16 @@ impl QuerySpec for WaitQuery {
     const ALLOWED: &'static [&'static str] = &["wait"];
 }
 
-/// `?limit=`.
-pub struct LimitQuery;
-impl QuerySpec for LimitQuery {
-    const ALLOWED: &'static [&'static str] = &["limit"];
+/// A queue's dead letters: `?limit=&of=` (`of`: `commands`, the default, or `webhook`).
+pub struct DeadLetterQuery;
+impl QuerySpec for DeadLetterQuery {
+    const ALLOWED: &'static [&'static str] = &["limit", "of"];
+}
+
+/// One dead letter, or a purge: `?of=`.
+pub struct OfQuery;
+impl QuerySpec for OfQuery {
+    const ALLOWED: &'static [&'static str] = &["of"];
 }
 
 /// `?status=&cursor=&limit=`.

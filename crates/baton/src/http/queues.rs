@@ -9,6 +9,10 @@
 //! | `POST /v1/queues/{queue}/dead-letters/replay?limit=1000` | `200` `{"replayed": n}` (oldest first) | `400` bad limit, `404` |
 //! | `DELETE /v1/queues/{queue}/dead-letters` | `200` `{"purged": n}` | `404` |
 //!
+//! Each dead-letter route takes `?of=webhook` to work on the queue's completion webhook
+//! deliveries instead of its commands (`of=commands`, the default; see `crate::webhooks`): a
+//! webhook dead letter's payload is the webhook body, and a replay delivers it again.
+//!
 //! A queue: `{"name", "length", "pending", "consumers", "lag", "delayed", "dead_letters",
 //! "commands": {"submitted", "running", "succeeded", "failed", "cancelled", "total"},
 //! "handlers": [command type…], "workers": bool}` — counts are exact at the time of the call;
@@ -23,7 +27,7 @@ use serde_json::{json, Value};
 
 use super::errors::{echo, ApiError};
 use super::json::json_response;
-use super::plumbing::{limit_param, principal, IdParam, LimitQuery, Query, QueueName};
+use super::plumbing::{limit_param, principal, DeadLetterQuery, IdParam, OfQuery, Query, QueueName};
 use super::state::{AppState, CommandsApi};
 use crate::settings::Op;
 
@@ -78,13 +82,25 @@ pub async fn workers(State(st): State<AppState>, QueueName(queue): QueueName, _:
     Ok(json_response(json!({ "workers": workers, "alive": alive, "dead": workers.len() - alive })))
 }
 
+/// The work queue whose dead letters a request means (`?of=`, module docs).
+async fn dead_of<'a>(st: &'a AppState, of: Option<&String>) -> Result<&'a baton_queue::MessageStream, ApiError> {
+    match of.map(String::as_str) {
+        None | Some("commands") => Ok(st.commands.store().messages()),
+        Some("webhook") => Ok(st.commands.store().hooks().await?),
+        Some(other) => Err(ApiError::invalid(
+            "invalid_query",
+            format!("of={} is neither commands (the default) nor webhook", echo(other)),
+        )),
+    }
+}
+
 pub async fn dead_letters(
     State(st): State<AppState>,
     QueueName(queue): QueueName,
-    q: Query<LimitQuery>,
+    q: Query<DeadLetterQuery>,
 ) -> Result<Response, ApiError> {
     let limit = limit_param(&q, 100, 1000)?;
-    let items = st.commands.store().messages().dead_letters(&queue, limit).await?;
+    let items = dead_of(&st, q.get("of")).await?.dead_letters(&queue, limit).await?;
     let items: Vec<Value> = items.iter().map(dead_letter_json).collect();
     Ok(json_response(json!({ "items": items })))
 }
@@ -93,7 +109,7 @@ pub async fn replay_one(
     State(st): State<AppState>,
     QueueName(queue): QueueName,
     IdParam(id): IdParam,
-    _: Query,
+    q: Query<OfQuery>,
 ) -> Result<Response, ApiError> {
     let msg_id: MessageId = id.parse().map_err(|_| {
         ApiError::invalid(
@@ -101,22 +117,26 @@ pub async fn replay_one(
             format!("{} is not a dead-letter id; use an id from GET …/dead-letters (like 1700000000000-0)", echo(&id)),
         )
     })?;
-    let new_id = st.commands.store().messages().replay_dead_letter(&queue, msg_id).await?;
+    let new_id = dead_of(&st, q.get("of")).await?.replay_dead_letter(&queue, msg_id).await?;
     Ok(json_response(json!({ "replayed": msg_id.to_string(), "id": new_id.to_string() })))
 }
 
 pub async fn replay_all(
     State(st): State<AppState>,
     QueueName(queue): QueueName,
-    q: Query<LimitQuery>,
+    q: Query<DeadLetterQuery>,
 ) -> Result<Response, ApiError> {
     let limit = limit_param(&q, 1000, 100_000)?;
-    let n = st.commands.store().messages().replay_dead_letters(&queue, limit).await?;
+    let n = dead_of(&st, q.get("of")).await?.replay_dead_letters(&queue, limit).await?;
     Ok(json_response(json!({ "replayed": n })))
 }
 
-pub async fn purge(State(st): State<AppState>, QueueName(queue): QueueName, _: Query) -> Result<Response, ApiError> {
-    let n = st.commands.store().messages().purge_dead_letters(&queue).await?;
+pub async fn purge(
+    State(st): State<AppState>,
+    QueueName(queue): QueueName,
+    q: Query<OfQuery>,
+) -> Result<Response, ApiError> {
+    let n = dead_of(&st, q.get("of")).await?.purge_dead_letters(&queue).await?;
     Ok(json_response(json!({ "purged": n })))
 }
 

@@ -1044,6 +1044,7 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
                             "At most this many, 1 to 1000 (default 100).",
                             json!({ "type": "integer", "minimum": 1, "maximum": 1000 })
                         ),
+                        query("of", "`commands` (default): the commands' dead letters; `webhook`: the completion webhook deliveries'.", json!({ "type": "string", "enum": ["commands", "webhook"] })),
                     ]),
                     protected(map(vec![
                         (
@@ -1072,7 +1073,7 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
                 op(
                     "Purge every dead letter (admin)",
                     "queues",
-                    json!([d.queue()]),
+                    json!([d.queue(), query("of", "`commands` (default): the commands' dead letters; `webhook`: the completion webhook deliveries'.", json!({ "type": "string", "enum": ["commands", "webhook"] }))]),
                     protected(map(vec![
                         (
                             "200",
@@ -1100,6 +1101,7 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
                         "At most this many, 1 to 100000 (default 1000).",
                         json!({ "type": "integer", "minimum": 1, "maximum": 100000 })
                     ),
+                    query("of", "`commands` (default): the commands' dead letters; `webhook`: the completion webhook deliveries'.", json!({ "type": "string", "enum": ["commands", "webhook"] })),
                 ]),
                 protected(map(vec![
                     (
@@ -1122,7 +1124,7 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
             op(
                 "Replay one dead letter (admin)",
                 "queues",
-                json!([d.queue(), path_param("id", "Dead-letter id (`<ms>-<seq>`).")]),
+                json!([d.queue(), path_param("id", "Dead-letter id (`<ms>-<seq>`)."), query("of", "`commands` (default): the commands' dead letters; `webhook`: the completion webhook deliveries'.", json!({ "type": "string", "enum": ["commands", "webhook"] }))]),
                 protected(map(vec![
                     (
                         "200",

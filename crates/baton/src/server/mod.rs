@@ -83,7 +83,17 @@ impl Server {
         let default_note = if cfg.queues_defaulted { " (built-in default: no [queues] configured)" } else { "" };
         let workers = if cfg.run_workers && !cfg.queues.is_empty() {
             tracing::info!("command queues{default_note}: {queues}; workers run in this process");
-            Some(Workers::start(&command_store, &cfg.queues).await?)
+            Some(
+                Workers::start(
+                    &command_store,
+                    &cfg.queues,
+                    Some(workers::WebhookDelivery {
+                        signer: subscriptions.clone(),
+                        allow_loopback: cfg.allow_loopback_webhooks,
+                    }),
+                )
+                .await?,
+            )
         } else {
             tracing::info!("command queues{default_note}: {queues}; no workers in this process (--no-workers)");
             None
@@ -165,6 +175,9 @@ impl Worker {
     /// refused.
     pub async fn start(cfg: &WorkerConfig) -> Result<Worker, String> {
         let store = workers::command_store(&cfg.backend, &cfg.queues).await?;
+        // Every configured queue's webhook, also of queues not worked here (`--queues`): a
+        // command homed there that was handed off to a queue worked here ends here.
+        crate::webhooks::set_hooks_of(&store, cfg.webhooks.iter().map(|(q, w)| (q.as_str(), Some(w))))?;
         // The terminal writes of this process end commands' output streams too.
         if let Storage::Redis(rc) = &cfg.backend {
             let streams = StreamStore::redis(rc.clone(), StreamStoreSettings::default())
@@ -181,7 +194,22 @@ impl Worker {
                 Some((addr, listener, http::ops::worker_router(api)))
             }
         };
-        let workers = Workers::start(&store, &cfg.queues).await?;
+        // Completion webhooks are signed with the subscriptions' key set (shared through Redis,
+        // published by `baton serve`): only a worker that delivers some needs it.
+        let webhooks = if Workers::need_signer(&cfg.queues) {
+            let Storage::Redis(rc) = &cfg.backend else {
+                return Err("completion webhooks from baton worker need Redis".into());
+            };
+            let client = baton_redis::RedisClient::new(rc.clone()).map_err(|e| format!("cannot use {rc}: {e}"))?;
+            let streams = store.outputs().cloned().ok_or("the worker's streams are not set")?;
+            let signer = Subscriptions::redis(client, streams, SubscriptionsConfig::default())
+                .await
+                .map_err(|e| format!("subscriptions (webhook signing keys): {e}"))?;
+            Some(workers::WebhookDelivery { signer, allow_loopback: cfg.allow_loopback_webhooks })
+        } else {
+            None
+        };
+        let workers = Workers::start(&store, &cfg.queues, webhooks).await?;
         let default_note = if cfg.queues_defaulted { " (the built-in default: no [queues] configured)" } else { "" };
         // Logged under the target it always had (the line moved here from `workers`).
         tracing::info!(target: "baton::workers", backend = %cfg.backend.describe(), queues = %describe_queues(&cfg.queues), "baton worker: running{default_note}");

@@ -24,7 +24,7 @@ use baton_streams::RunLimits;
 use clap::Args;
 use serde::Deserialize;
 
-pub use queues::{default_queues, describe_queues, HandlerConfig, QueueConfig};
+pub use queues::{default_queues, describe_queues, HandlerConfig, QueueConfig, WebhookConfig};
 pub use tokens::{Op, TokenConfig};
 pub use values::{parse_duration, parse_opt_duration, parse_size, OptDuration};
 
@@ -159,6 +159,10 @@ pub struct WorkerArgs {
     /// How long running handlers get to finish at shutdown [default: 10s].
     #[arg(long, env = "BATON_SHUTDOWN_GRACE", value_parser = parse_duration)]
     pub shutdown_grace: Option<Duration>,
+    /// Accept completion webhook URLs (`[queues.<name>.webhook]`) on loopback hosts
+    /// (`localhost`, 127/8, `::1`), over `http` too; for local development and tests.
+    #[arg(long, env = "BATON_ALLOW_LOOPBACK_WEBHOOKS")]
+    pub allow_loopback_webhooks: bool,
 }
 
 /// The same keys in a TOML file.
@@ -529,6 +533,12 @@ pub struct WorkerConfig {
     /// Connection timeouts and limit of the `--listen` server.
     pub connections: Connections,
     pub shutdown_grace: Duration,
+    /// Accept loopback completion webhook URLs.
+    pub allow_loopback_webhooks: bool,
+    /// The completion webhook of every configured queue that has one, `--queues` or not: this
+    /// process's terminal writes of their commands (a hand-off to a queue worked here ends a
+    /// command homed in another) enqueue their deliveries.
+    pub webhooks: Vec<(String, WebhookConfig)>,
 }
 
 impl WorkerArgs {
@@ -544,6 +554,7 @@ impl WorkerArgs {
             header_timeout: self.header_timeout,
             idle_timeout: self.idle_timeout,
             max_connections: self.max_connections,
+            allow_loopback_webhooks: self.allow_loopback_webhooks,
             ..Default::default()
         }
         .resolve()?;
@@ -553,6 +564,7 @@ impl WorkerArgs {
                 .into());
         }
         let mut queues = serve.queues;
+        let webhooks = queues.iter().filter_map(|q| Some((q.name.clone(), q.webhook.clone()?))).collect();
         if let Some(only) = self.queues {
             for name in &only {
                 if !queues.iter().any(|q| &q.name == name) {
@@ -572,6 +584,8 @@ impl WorkerArgs {
             listen: self.listen,
             connections: serve.connections,
             shutdown_grace: serve.shutdown_grace,
+            allow_loopback_webhooks: serve.allow_loopback_webhooks,
+            webhooks,
         })
     }
 }
@@ -666,7 +680,28 @@ mod tests {
         let err = ServeArgs { config: Some(path.clone()), ..Default::default() }.resolve().unwrap_err();
         assert!(err.contains("max_connections must be at least 1"), "{err}");
         std::fs::write(&path, "bogus_key = 1\n").unwrap();
-        let err = ServeArgs { config: Some(path), ..Default::default() }.resolve().unwrap_err();
+        let err = ServeArgs { config: Some(path.clone()), ..Default::default() }.resolve().unwrap_err();
         assert!(err.contains("bogus_key"), "{err}");
+        // `baton worker --queues b` keeps every queue's webhook (a command homed in `a`, handed
+        // off to `b`, ends in this worker) and the loopback flag.
+        std::fs::write(
+            &path,
+            "redis = \"redis://a:1\"\n[queues.a.webhook]\nurl = \"http://127.0.0.1:1/h\"\n[queues.b.handlers]\ne = \"echo\"\n",
+        )
+        .unwrap();
+        let worker = WorkerArgs {
+            config: Some(path),
+            queues: Some(vec!["b".into()]),
+            allow_loopback_webhooks: true,
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(worker.queues.iter().map(|q| q.name.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(
+            worker.webhooks.iter().map(|(q, w)| (q.as_str(), w.url.as_str())).collect::<Vec<_>>(),
+            [("a", "http://127.0.0.1:1/h")]
+        );
+        assert!(worker.allow_loopback_webhooks);
     }
 }

@@ -15,6 +15,13 @@
 //! state_ttl = "7d"                 # an unfinished command's state expires this long after its last write
 //! retention = "24h"                # a finished command's state is kept this long
 //!
+//! [queues.default.webhook]         # completion webhook (optional; see docs/workers.md)
+//! url = "https://hooks.example.com/baton"
+//! events = ["succeeded", "failed", "cancelled"]  # default: every terminal status
+//! timeout = "10s"                  # one attempt's limit
+//! max_deliveries = 10              # attempts before the delivery becomes a dead letter
+//! claim_timeout = "30s"            # failover of a delivery in flight; delay before a retry
+//!
 //! [queues.default.handlers]        # command type → built-in handler
 //! sleep = "sleep"                  # shorthand: the kind alone
 //! echo = { kind = "echo" }
@@ -40,7 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_commands::{
-    builtin, CommandHandler, CommandStoreSettings, FeedSettings, Lifetimes, QueueSettings, RetryPolicy,
+    builtin, CommandHandler, CommandStatus, CommandStoreSettings, FeedSettings, Lifetimes, QueueSettings, RetryPolicy,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -64,9 +71,44 @@ pub struct QueueFile {
     /// Lifetimes of the queue's command states (durations).
     pub state_ttl: Option<String>,
     pub retention: Option<String>,
+    /// `[queues.<name>.webhook]`: its completion webhook.
+    pub webhook: Option<WebhookFile>,
     /// Command type → kind name (`"sleep"`) or a table with `kind` and the kind's options.
     #[serde(default)]
     pub handlers: BTreeMap<String, toml::Value>,
+}
+
+/// `[queues.<name>.webhook]` as written in TOML.
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookFile {
+    pub url: Option<String>,
+    pub events: Option<Vec<String>>,
+    pub timeout: Option<String>,
+    pub max_deliveries: Option<u32>,
+    pub claim_timeout: Option<String>,
+}
+
+/// A queue's completion webhook (`[queues.<name>.webhook]`): every terminal transition of its
+/// commands to one of `statuses` is POSTed to `url` (see `crate::webhooks`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WebhookConfig {
+    pub url: String,
+    /// `events`: the terminal statuses delivered (default all three).
+    pub statuses: std::collections::BTreeSet<CommandStatus>,
+    /// One attempt's time limit (default 10 s).
+    pub timeout: Duration,
+    /// Attempts before a delivery becomes a dead letter (default 10, 1 – 1000).
+    pub max_deliveries: u32,
+    /// The failover window of a delivery in flight (a process that dies mid-delivery), and the
+    /// delay before a failed attempt is made again (default 30 s, at least 100 ms).
+    pub claim_timeout: Duration,
+}
+
+impl WebhookConfig {
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const DEFAULT_MAX_DELIVERIES: u32 = 10;
+    pub const DEFAULT_CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
 }
 
 /// `retry = { … }` of a queue.
@@ -106,6 +148,8 @@ pub struct QueueConfig {
     pub feed: FeedSettings,
     /// Its states' lifetimes (`state_ttl`, `retention`), when either is set.
     pub lifetimes: Option<Lifetimes>,
+    /// Its completion webhook, if any (`[queues.<name>.webhook]`).
+    pub webhook: Option<WebhookConfig>,
     pub handlers: Vec<HandlerConfig>,
 }
 
@@ -118,6 +162,7 @@ impl QueueConfig {
             settings: QueueSettings::default(),
             feed: FeedSettings::default(),
             lifetimes: None,
+            webhook: None,
             handlers: kinds
                 .iter()
                 .map(|k| HandlerConfig { command_type: k.to_string(), kind: k.to_string(), options: Value::Null })
@@ -234,11 +279,69 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
             };
             handlers.push(HandlerConfig { command_type, kind, options });
         }
-        let q = QueueConfig { name: name.clone(), settings, feed, lifetimes, handlers };
+        let webhook = f.webhook.as_ref().map(|w| webhook_config(&name, w)).transpose()?;
+        let q = QueueConfig { name: name.clone(), settings, feed, lifetimes, webhook, handlers };
         q.build_handlers()?;
         out.push(q);
     }
     Ok(out)
+}
+
+/// `[queues.<name>.webhook]` resolved. The URL's address rules are checked again when the
+/// delivery starts (`--allow-loopback-webhooks` decides about loopback hosts there); here its form.
+fn webhook_config(name: &str, w: &WebhookFile) -> Result<WebhookConfig, String> {
+    let key = |k: &str| format!("queues.{name}.webhook.{k}");
+    let Some(url) = w.url.clone() else {
+        return Err(format!("{}: missing; give the URL to POST completions to (url = \"https://…\")", key("url")));
+    };
+    baton_subscriptions::check_url(&url, true).map_err(|e| format!("{}: {e}", key("url")))?;
+    let statuses = match &w.events {
+        None => baton_commands::CompletionHook::default().statuses,
+        Some(events) => {
+            let mut set = std::collections::BTreeSet::new();
+            for e in events {
+                let s = match e.as_str() {
+                    "succeeded" => CommandStatus::Succeeded,
+                    "failed" => CommandStatus::Failed,
+                    "cancelled" => CommandStatus::Cancelled,
+                    other => {
+                        return Err(format!(
+                            "{}: {other:?} is not a terminal event; use \"succeeded\", \"failed\" or \"cancelled\"",
+                            key("events")
+                        ))
+                    }
+                };
+                set.insert(s);
+            }
+            if set.is_empty() {
+                return Err(format!(
+                    "{}: empty; name one or more of \"succeeded\", \"failed\", \"cancelled\" (or remove the webhook)",
+                    key("events")
+                ));
+            }
+            set
+        }
+    };
+    let dur = |v: &Option<String>, k: &str, d: Duration| -> Result<Duration, String> {
+        Ok(v.as_deref().map(parse_duration).transpose().map_err(|e| format!("{}: {e}", key(k)))?.unwrap_or(d))
+    };
+    let timeout = dur(&w.timeout, "timeout", WebhookConfig::DEFAULT_TIMEOUT)?;
+    if timeout.is_zero() {
+        return Err(format!("{}: must be more than 0 (default 10s)", key("timeout")));
+    }
+    let claim_timeout = dur(&w.claim_timeout, "claim_timeout", WebhookConfig::DEFAULT_CLAIM_TIMEOUT)?;
+    if claim_timeout < Duration::from_millis(100) {
+        return Err(format!(
+            "{}: {} is under the least, 100ms (default 30s)",
+            key("claim_timeout"),
+            humantime::format_duration(claim_timeout)
+        ));
+    }
+    let max_deliveries = w.max_deliveries.unwrap_or(WebhookConfig::DEFAULT_MAX_DELIVERIES);
+    if !(1..=1000).contains(&max_deliveries) {
+        return Err(format!("{}: {max_deliveries} is out of range 1 – 1000 (default 10)", key("max_deliveries")));
+    }
+    Ok(WebhookConfig { url, statuses, timeout, max_deliveries, claim_timeout })
 }
 
 /// `events = { enabled, max_len }` over the defaults; a `max_len` of 0 is refused.
@@ -483,5 +586,66 @@ mod tests {
         assert!(e.contains("unknown field `concurency`"), "{e}");
         let e = parse("[queues.\"a{b}\"]\n").unwrap_err();
         assert!(e.starts_with("queues.a{b}: invalid queue name"), "{e}");
+    }
+
+    #[test]
+    fn webhooks_from_toml_and_their_errors() {
+        let q = parse(
+            "[queues.a.webhook]\nurl = \"https://hooks.example.com/x\"\n[queues.b.webhook]\nurl = \"http://127.0.0.1:9/h\"\n\
+             events = [\"failed\", \"cancelled\"]\ntimeout = \"2s\"\nmax_deliveries = 3\nclaim_timeout = \"500ms\"\n[queues.c]\n",
+        )
+        .unwrap();
+        let all = baton_commands::CompletionHook::default().statuses;
+        assert_eq!(
+            q[0].webhook,
+            Some(WebhookConfig {
+                url: "https://hooks.example.com/x".into(),
+                statuses: all,
+                timeout: Duration::from_secs(10),
+                max_deliveries: 10,
+                claim_timeout: Duration::from_secs(30),
+            })
+        );
+        assert_eq!(
+            q[1].webhook,
+            Some(WebhookConfig {
+                url: "http://127.0.0.1:9/h".into(),
+                statuses: [CommandStatus::Failed, CommandStatus::Cancelled].into(),
+                timeout: Duration::from_secs(2),
+                max_deliveries: 3,
+                claim_timeout: Duration::from_millis(500),
+            })
+        );
+        assert_eq!(q[2].webhook, None);
+        let err = |t: &str| parse(&format!("[queues.q.webhook]\n{t}\n")).unwrap_err();
+        assert_eq!(
+            err("events = [\"done\"]"),
+            "queues.q.webhook.url: missing; give the URL to POST completions to (url = \"https://…\")"
+        );
+        let u = "url = \"https://h.example.com/\"\n";
+        assert_eq!(
+            err(&format!("{u}events = [\"done\"]")),
+            "queues.q.webhook.events: \"done\" is not a terminal event; use \"succeeded\", \"failed\" or \"cancelled\""
+        );
+        assert_eq!(
+            err(&format!("{u}events = []")),
+            "queues.q.webhook.events: empty; name one or more of \"succeeded\", \"failed\", \"cancelled\" (or remove \
+             the webhook)"
+        );
+        assert_eq!(
+            err(&format!("{u}max_deliveries = 0")),
+            "queues.q.webhook.max_deliveries: 0 is out of range 1 – 1000 (default 10)"
+        );
+        assert_eq!(
+            err(&format!("{u}claim_timeout = \"10ms\"")),
+            "queues.q.webhook.claim_timeout: 10ms is under the least, 100ms (default 30s)"
+        );
+        assert_eq!(err(&format!("{u}timeout = \"0s\"")), "queues.q.webhook.timeout: must be more than 0 (default 10s)");
+        assert_eq!(
+            err("url = \"http://10.0.0.1/\""),
+            "queues.q.webhook.url: webhook.url must use https (http is accepted only for loopback hosts); webhook.url \
+             must not target 10.0.0.1: private addresses are refused"
+        );
+        assert!(err(&format!("{u}secret = 1")).contains("unknown field `secret`"));
     }
 }
