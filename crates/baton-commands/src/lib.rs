@@ -264,6 +264,7 @@
 pub mod builtin;
 pub mod feed;
 mod json;
+pub mod minutes;
 mod model;
 mod output;
 mod remote;

@@ -59,6 +59,10 @@ pub(crate) struct Transition {
     /// The event to append to the feed with the write (stored JSON), or empty; the feed's length.
     pub event: String,
     pub feed_max: u64,
+    /// The per-minute counter a successful write adds one to (`s`, `f`, `c`, `r`) or empty, and
+    /// the start (ms) of the handler call whose outcome it is, or empty (see `minutes.rs`).
+    pub minute_field: &'static str,
+    pub minute_start: String,
 }
 
 impl Batch for Transition {
@@ -79,14 +83,14 @@ impl Batch for Transition {
                         + t.announce.len()
                         + t.owner.len()
                         + t.event.len()
-                        + 88
+                        + 112
                 })
                 .sum::<usize>();
-        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(9 + n, 6 + 9 + n * 14, bytes);
+        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(10 + n, 6 + 10 + n * 16, bytes);
         for k in &keys.index {
             cmd.arg(k);
         }
-        cmd.arg(&keys.stream).arg(&keys.fences).arg(&keys.feed);
+        cmd.arg(&keys.stream).arg(&keys.fences).arg(&keys.feed).arg(&keys.minutes);
         for t in batch {
             cmd.arg(&t.state_key);
         }
@@ -104,7 +108,9 @@ impl Batch for Transition {
                 .arg(if t.ack { "1" } else { "" })
                 .arg(&t.fence)
                 .arg(&t.event)
-                .arg(t.feed_max);
+                .arg(t.feed_max)
+                .arg(t.minute_field)
+                .arg(&t.minute_start);
         }
         cmd
     }
@@ -190,6 +196,8 @@ pub(crate) struct BatchKeys {
     pub fences: String,
     /// Its event feed (see `feed.rs`).
     pub feed: String,
+    /// Its per-minute aggregates (see `minutes.rs`).
+    pub minutes: String,
     pub channel: String,
     pub group: String,
 }
