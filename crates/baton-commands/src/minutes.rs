@@ -224,7 +224,11 @@ impl MemoryMinutes {
 
 /// The records of the Redis hash's fields (`HGETALL`, see the module docs) for the last `last`
 /// minutes ending with the one of `now_ms`.
-pub(crate) fn from_hash(now_ms: u64, last: usize, fields: &std::collections::HashMap<String, String>) -> Vec<MinuteStats> {
+pub(crate) fn from_hash(
+    now_ms: u64,
+    last: usize,
+    fields: &std::collections::HashMap<String, String>,
+) -> Vec<MinuteStats> {
     let num = |slot: u64, name: &str| fields.get(&format!("{slot}:{name}")).and_then(|v| v.parse::<u64>().ok());
     window(now_ms, last, |m| {
         let slot = m % MINUTES_KEPT as u64;

@@ -562,8 +562,14 @@ impl StateBackend for RedisStateBackend {
             };
             self.transitions.run(&k.batch, t).await?
         } else {
-            let mut keys: Vec<&str> =
-                vec![k.exp(), k.status_index(old), k.status_index(st.status), &state_key, &k.batch.feed, &k.batch.minutes];
+            let mut keys: Vec<&str> = vec![
+                k.exp(),
+                k.status_index(old),
+                k.status_index(st.status),
+                &state_key,
+                &k.batch.feed,
+                &k.batch.minutes,
+            ];
             let target_stream;
             let mut msg_arg: Vec<u8> = Vec::new();
             if let Some((queue, msg)) = enqueue {

@@ -218,6 +218,12 @@ impl QuerySpec for LimitQuery {
     const ALLOWED: &'static [&'static str] = &["limit"];
 }
 
+/// `?last=`.
+pub struct LastQuery;
+impl QuerySpec for LastQuery {
+    const ALLOWED: &'static [&'static str] = &["last"];
+}
+
 /// `?status=&cursor=&limit=`.
 pub struct ListQueryParams;
 impl QuerySpec for ListQueryParams {
