@@ -209,6 +209,7 @@
 //! | `p:cmd:{q}:exp`            | zset   | id → a lower bound of its state's expiry ms (index pruning: every 64th submit to `q` by a store, and every list and count) |
 //! | `p:cmdid:{<id>}`           | string | the home queue of `id` (lookup by id alone)                    |
 //! | `p:cmd:{q}:feed`           | stream | the queue's event feed: `i <id> e <event JSON>` per transition, `XADD MAXLEN ~` (see [`FeedSettings`]) |
+//! | `p:cmd:{q}:minutes`        | hash   | per-minute aggregates, a ring of 120 minutes (see [`minutes`]): counts and duration buckets written by the transition scripts, depth and oldest age sampled once a minute |
 //! | channel `p:cmd:{q}:events` | pubsub | `<id> <STATUS> <version> <origin>` per terminal write          |
 //!
 //! **Why the queue's slot.** Submit is then ONE script (state + indexes + `XADD` to the queue's

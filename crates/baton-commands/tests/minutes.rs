@@ -18,6 +18,7 @@ baton_testkit::on_every_backend!(
     depth_and_oldest_age_are_sampled_once_a_minute,
     the_window_ends_now_with_missing_minutes_as_zeros
 );
+baton_testkit::on_redis!(a_slot_from_two_hours_ago_is_cleared_not_added_to);
 
 /// Waits, if needed, until the current minute has at least 20 s left, so that work started now
 /// ends in it (the records are per minute).
@@ -197,4 +198,42 @@ async fn the_window_ends_now_with_missing_minutes_as_zeros(b: TestBackend) {
         let e = store.minutes(&q, bad).await.unwrap_err();
         assert!(matches!(e, CommandError::InvalidSettings(ref m) if m.contains("last must be 1 to 120")), "{e}");
     }
+}
+
+/// Redis keeps a ring of 120 one-minute slots: the slot of this minute may still hold the minute
+/// 120 minutes ago. Its data is not this minute's (a read shows zeros), and the first write of
+/// this minute clears it before counting.
+async fn a_slot_from_two_hours_ago_is_cleared_not_added_to(b: TestBackend) {
+    use baton_redis::redis;
+    let store = store_for(&b).await;
+    let q = queue_name("minutes-ring");
+    early_in_a_minute().await;
+    let m = Timestamp::now().millis() / 60_000;
+    let slot = m % MINUTES_KEPT as u64;
+    let key = format!("{}:cmd:{{{q}}}:minutes", baton_queue::keys::DEFAULT_PREFIX);
+    let mut conn = baton_redis::RedisClient::new(b.redis_config().unwrap()).unwrap().shared().await.unwrap();
+    let stale = MINUTES_KEPT as u64;
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg(format!("{slot}:m"))
+        .arg(m - stale)
+        .arg(format!("{slot}:c"))
+        .arg(50)
+        .arg(format!("{slot}:d3"))
+        .arg(7)
+        .arg(format!("{slot}:q"))
+        .arg(9)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let now = &store.minutes(&q, 1).await.unwrap()[0];
+    assert_eq!(*now, MinuteStats::empty(m), "another minute's data is not this one's");
+    // The slot's old sample does not stop this minute's.
+    assert!(store.sample_minute(&q).await.unwrap());
+    let c = store.submit(&q, Command::new("t", json!({}))).await.unwrap();
+    store.cancel(&c.id).await.unwrap();
+    let now = &store.minutes(&q, 1).await.unwrap()[0];
+    assert_eq!((now.cancelled, now.durations.iter().sum::<u64>(), now.depth), (1, 0, Some(0)), "{now:?}");
+    let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 120 * 60_000 && ttl <= 121 * 60_000, "the hash expires with the ring's span: {ttl} ms");
 }

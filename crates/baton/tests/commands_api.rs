@@ -480,7 +480,7 @@ async fn minutes_after_work(backend: TestBackend) {
         (now["succeeded"].as_u64(), now["failed"].as_u64(), now["cancelled"].as_u64()),
         (Some(1), Some(1), Some(0))
     );
-    let mut durations = vec![0u64; 22];
+    let mut durations = [0u64; 22];
     durations[8] += 1; // the sleep: [200, 500) ms
     let got: Vec<u64> = now["durations"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
     // The `fail` handler returns at once: one duration under 200 ms.
