@@ -15,8 +15,8 @@
 //!   duration. Percentiles ([`MinuteStats::duration_p50_ms`]…) are computed from the buckets, so
 //!   minutes merge exactly;
 //! * **depth** and **oldest age**, sampled once a minute by the first process that samples
-//!   (every [`CommandService`](crate::CommandService) samples its queue about once a minute;
-//!   later samples of the same minute are ignored): depth is the number of the queue's
+//!   (every [`CommandService`](crate::CommandService) samples its queue about once a minute, as
+//!   does a [`MinuteSampler`]; later samples of the same minute are ignored): depth is the number of the queue's
 //!   commands *waiting*, i.e. with status `SUBMITTED` (accepted, no handler outcome written yet:
 //!   not delivered, waiting for a free handler, or in their first `execute` call); oldest age is
 //!   the time since the oldest of them was submitted (its `created_at`), ms. Minutes no process
@@ -155,6 +155,47 @@ pub(crate) struct AttemptStart(pub Option<u64>);
 impl PartialEq for AttemptStart {
     fn eq(&self, _: &Self) -> bool {
         true
+    }
+}
+
+/// Samples a queue's depth and oldest age into its per-minute aggregates about once a minute
+/// ([`CommandStore::minute_sampler`](crate::CommandStore::minute_sampler)) until stopped or
+/// dropped.
+pub struct MinuteSampler(tokio::task::AbortHandle);
+
+impl MinuteSampler {
+    /// How often the sampler looks whether the minute changed since its last sample.
+    pub const CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+    pub(crate) fn spawn(store: crate::CommandStore, queue: String) -> Self {
+        MinuteSampler(tokio::spawn(sample_minutes(store, queue)).abort_handle())
+    }
+
+    /// Stops sampling.
+    pub fn stop(&self) {
+        self.0.abort();
+    }
+}
+
+impl Drop for MinuteSampler {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Samples once per minute of this process's clock (the first process to sample a minute is
+/// kept); a failed sample is tried again at the next check.
+async fn sample_minutes(store: crate::CommandStore, queue: String) {
+    let mut done = None;
+    loop {
+        let minute = minute_of(Timestamp::now().millis());
+        if done != Some(minute) {
+            match store.sample_minute(&queue).await {
+                Ok(_) => done = Some(minute),
+                Err(e) => tracing::debug!(queue = %queue, error = %e, "per-minute depth sample failed"),
+            }
+        }
+        tokio::time::sleep(MinuteSampler::CHECK_EVERY).await;
     }
 }
 

@@ -222,7 +222,7 @@ impl CommandServiceBuilder {
                 return Err(e.into());
             }
         };
-        let sampler = tokio::spawn(sample_minutes(self.store.clone(), self.queue.clone())).abort_handle();
+        let sampler = self.store.minute_sampler(&self.queue)?;
         Ok(CommandService { ctx, registration, consumer: std::sync::Mutex::new(Some(consumer)), sampler })
     }
 }
@@ -233,28 +233,8 @@ pub struct CommandService {
     ctx: Arc<Ctx>,
     registration: u64,
     consumer: std::sync::Mutex<Option<baton_queue::Consumer>>,
-    /// The queue's per-minute depth sampler ([`sample_minutes`]).
-    sampler: tokio::task::AbortHandle,
-}
-
-/// How often a service looks whether the minute changed since its last depth sample.
-const SAMPLE_CHECK: Duration = Duration::from_secs(5);
-
-/// Samples `queue`'s depth and oldest age into the per-minute aggregates once per minute of
-/// this process's clock ([`CommandStore::sample_minute`]; the first process to sample a minute
-/// is kept), until aborted with the service.
-async fn sample_minutes(store: CommandStore, queue: String) {
-    let mut done = None;
-    loop {
-        let minute = Timestamp::now().millis() / 60_000;
-        if done != Some(minute) {
-            match store.sample_minute(&queue).await {
-                Ok(_) => done = Some(minute),
-                Err(e) => tracing::debug!(queue = %queue, error = %e, "per-minute depth sample failed"),
-            }
-        }
-        tokio::time::sleep(SAMPLE_CHECK).await;
-    }
+    /// The queue's per-minute depth sampler.
+    sampler: crate::minutes::MinuteSampler,
 }
 
 impl CommandService {
@@ -287,7 +267,7 @@ impl CommandService {
     /// `drain`). Unfinished commands are taken over by another instance after `claim_timeout`.
     pub async fn drain(&self, budget: Duration) -> DrainReport {
         let c = self.consumer.lock().unwrap().take();
-        self.sampler.abort();
+        self.sampler.stop();
         self.ctx.store.unregister_service(&self.ctx.queue, self.registration);
         match c {
             Some(c) => c.drain(budget).await,
@@ -306,14 +286,14 @@ impl CommandService {
         if let Some(c) = self.consumer.lock().unwrap().take() {
             c.abort();
         }
-        self.sampler.abort();
+        self.sampler.stop();
         self.ctx.store.unregister_service(&self.ctx.queue, self.registration);
     }
 }
 
 impl Drop for CommandService {
     fn drop(&mut self) {
-        self.sampler.abort();
+        self.sampler.stop();
         if self.consumer.lock().unwrap().is_some() {
             self.ctx.store.unregister_service(&self.ctx.queue, self.registration);
         }

@@ -54,6 +54,9 @@ async fn connect(backend: &Storage, settings: CommandStoreSettings) -> Result<Co
 /// The running command services of a process, one per queue.
 pub struct Workers {
     services: Vec<CommandService>,
+    /// The per-minute depth samplers of the queues without handlers here (a service samples its
+    /// own queue).
+    samplers: Vec<baton_commands::minutes::MinuteSampler>,
 }
 
 impl Workers {
@@ -61,7 +64,8 @@ impl Workers {
     /// (wrapped for metrics). A queue without handlers gets none: its commands are run by workers
     /// elsewhere (an application embedding `baton-commands`, HTTP workers), so this process
     /// takes none of them (it would fail each for want of a handler); it is declared, so
-    /// hand-offs to it are accepted. Every queue's settings and handlers are checked before the first
+    /// hand-offs to it are accepted, and its depth is sampled for its per-minute records
+    /// (`baton_commands::minutes`) as a service's would be. Every queue's settings and handlers are checked before the first
     /// service starts; should a later start still fail (Redis), the services already started are
     /// closed before the error is returned.
     ///
@@ -69,10 +73,12 @@ impl Workers {
     /// (`queue <name>: …`).
     pub async fn start(store: &CommandStore, queues: &[QueueConfig]) -> Result<Workers, String> {
         let mut builders = Vec::new();
+        let mut samplers = Vec::new();
         for q in queues {
             q.settings.validate().map_err(|e| format!("queue {}: {e}", q.name))?;
             if q.handlers.is_empty() {
                 store.declare_queue(&q.name).map_err(|e| format!("queue {}: {e}", q.name))?;
+                samplers.push(store.minute_sampler(&q.name).map_err(|e| format!("queue {}: {e}", q.name))?);
                 continue;
             }
             let mut b = CommandService::builder(store.clone(), q.name.clone()).settings(q.settings.clone());
@@ -92,7 +98,7 @@ impl Workers {
                 }
             }
         }
-        Ok(Workers { services })
+        Ok(Workers { services, samplers })
     }
 
     /// Names of the queues being worked.
@@ -103,6 +109,9 @@ impl Workers {
     /// Stops taking work and lets running handlers finish within `budget` (shared by all
     /// queues); unfinished commands are taken over by another worker after `claim_timeout`.
     pub async fn drain(self, budget: Duration) {
+        for s in &self.samplers {
+            s.stop();
+        }
         let drains = self.services.iter().map(|s| s.drain(budget));
         for (s, report) in self.services.iter().zip(futures::future::join_all(drains).await) {
             if !report.in_flight.is_empty() {

@@ -797,6 +797,15 @@ impl CommandStore {
         self.inner.backend.sample_minute(queue).await
     }
 
+    /// Starts sampling `queue`'s depth and oldest age ([`CommandStore::sample_minute`]) about
+    /// once a minute, until the sampler is stopped or dropped. Every [`crate::CommandService`]
+    /// runs one for its queue; a process serving a queue without one (HTTP workers only) starts
+    /// its own. Needs a Tokio runtime. Errors: [`CommandError::Queue`] (bad name).
+    pub fn minute_sampler(&self, queue: &str) -> Result<crate::minutes::MinuteSampler, CommandError> {
+        validate_queue(queue)?;
+        Ok(crate::minutes::MinuteSampler::spawn(self.clone(), queue.to_string()))
+    }
+
     /// Creates `st`'s output stream, if it has one, so readers can attach before the handler
     /// runs; a failure is logged only (the handler's [`crate::Output::open`] creates it too, and
     /// meets the same error).
