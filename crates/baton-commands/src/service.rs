@@ -611,7 +611,8 @@ fn plan(
     next.started_at = next.started_at.or(started);
     // The handler call's start for the per-minute durations: this `execute` call's, or for a
     // `check_status` outcome the work's (see `minutes`).
-    next.attempt_start.0 = started.or(cur.started_at).map(|t| t.millis());
+    // (No handler ran: `started` is `None` for `execute`, so no duration.)
+    next.attempt_start.0 = if is_execute { started } else { cur.started_at }.map(|t| t.millis());
     let terminal = |mut n: CommandState, status: CommandStatus| {
         n.status = status;
         n.completed_at = Some(now);
