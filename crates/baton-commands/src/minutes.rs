@@ -320,6 +320,47 @@ mod tests {
     }
 
     #[test]
+    fn memory_keeps_the_last_120_minutes() {
+        let m0 = 29_000_000u64; // a minute since the epoch
+        let at = |m: u64, s: u64| m * 60_000 + s * 1_000;
+        let mut mem = MemoryMinutes::default();
+        mem.count(at(m0, 10), "s", Some(at(m0, 10) - 300));
+        mem.count(at(m0, 50), "f", None);
+        assert!(mem.sample(at(m0, 55), 4, 9_000));
+        assert!(!mem.sample(at(m0, 59), 5, 1));
+        let r = mem.read(at(m0, 59), 2);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0], MinuteStats::empty(m0 - 1));
+        let mut want = MinuteStats::empty(m0);
+        (want.succeeded, want.failed, want.depth, want.oldest_age_ms) = (1, 1, Some(4), Some(9_000));
+        want.durations[bucket_of(300)] = 1;
+        assert_eq!(r[1], want.clone().finish());
+        // 119 minutes later it is still kept; one more and it is gone.
+        let last = MINUTES_KEPT as u64 - 1;
+        mem.count(at(m0 + last, 0), "c", None);
+        assert_eq!(mem.read(at(m0 + last, 1), MINUTES_KEPT)[0], want.clone().finish());
+        mem.count(at(m0 + last + 1, 0), "c", None);
+        assert!(mem.by_minute.keys().all(|&k| k > m0), "minute {m0} dropped");
+    }
+
+    #[test]
+    fn a_redis_slot_holding_another_minute_reads_as_zeros() {
+        let m = 29_000_000u64;
+        let slot = m % MINUTES_KEPT as u64;
+        let mut fields: std::collections::HashMap<String, String> =
+            [("m", m - MINUTES_KEPT as u64), ("s", 5), ("d3", 2), ("q", 7)]
+                .into_iter()
+                .map(|(k, v)| (format!("{slot}:{k}"), v.to_string()))
+                .collect();
+        assert_eq!(from_hash(m * 60_000, 1, &fields), vec![MinuteStats::empty(m)]);
+        fields.insert(format!("{slot}:m"), m.to_string());
+        let mut want = MinuteStats::empty(m);
+        (want.succeeded, want.depth) = (5, Some(7));
+        want.durations[3] = 2;
+        assert_eq!(from_hash(m * 60_000 + 59_999, 1, &fields), vec![want.finish()]);
+    }
+
+    #[test]
     fn lib_lua_has_the_same_bounds_and_slots() {
         let lib = include_str!("../scripts/lib.lua");
         let bounds = BOUNDS_MS.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", ");
