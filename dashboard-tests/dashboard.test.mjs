@@ -136,6 +136,7 @@ async function mainFlow(mode) {
     await until("queue counts", async () => { const c = await cells(); return c[5] === "1" && c[7] === "3" && c[8] === "1" })
     await page.locator(".card.SUCCEEDED .value", { hasText: "3" }).waitFor()
     await page.screenshot({ path: join(SHOTS, `${mode}-1-queues.png`), fullPage: true })
+    await chartsFlow(page, base, mode)
 
     // Commands view: a command submitted now appears without a reload.
     await tab(page, "Commands")
@@ -261,6 +262,45 @@ async function mainFlow(mode) {
   } finally {
     await ctx.close()
   }
+}
+
+// The queues view's "Last hour" charts for `default` after mainFlow's known work (3 echo
+// SUCCEEDED, 1 fail FAILED): one point per minute for 60 minutes, the totals the API gives, the
+// depth line where the server sampled; desktop and phone widths.
+async function chartsFlow(page, base, mode) {
+  await page.locator('#charts[data-queue="default"] #chart-outcomes').waitFor({ timeout: 10000 })
+  const series = (chart, key) => page.locator(`#${chart} g[data-series="${key}"]`)
+  // Points per drawn run: a polyline's, or 1 for a dot (a lone value).
+  const pointsOf = async (chart, key) => (await series(chart, key).locator("polyline, circle").evaluateAll(
+    (ps) => ps.map((p) => p.tagName === "circle" ? 1 : p.getAttribute("points").trim().split(/\s+/).length)))
+  await until("the charts count the work", async () =>
+    (await series("chart-outcomes", "succeeded").getAttribute("data-total")) === "3" &&
+    (await series("chart-outcomes", "failed").getAttribute("data-total")) === "1", 15000)
+  for (const key of ["succeeded", "failed", "cancelled"]) {
+    check(await series("chart-outcomes", key).getAttribute("data-points") === "60", `${key}: 60 minutes`)
+    const pts = await pointsOf("chart-outcomes", key)
+    check(pts.length === 1 && pts[0] === 60, `${key}: one line of 60 points (got ${JSON.stringify(pts)})`)
+  }
+  // Depth: a point for each minute the server sampled (it samples at start, then once a minute).
+  const r = await fetch(`${base}/v1/queues/default/minutes?last=60`)
+  const minutes = (await r.json()).minutes
+  check(minutes.length === 60, "the API gives 60 minutes")
+  const sampled = minutes.filter((m) => m.depth !== null).length
+  check(sampled >= 1, "the server sampled the depth")
+  const depthPts = (await pointsOf("chart-depth", "depth")).reduce((a, n) => a + n, 0)
+  check(depthPts === sampled, `depth: ${sampled} sampled minutes drawn (got ${depthPts})`)
+  check((await pointsOf("chart-age", "age")).length >= 1, "oldest age drawn")
+  for (const key of ["p50", "p90", "p99"]) {
+    check((await pointsOf("chart-durations", key)).length >= 1, `duration ${key} drawn`)
+  }
+  check(await page.locator("#chart-outcomes svg").getAttribute("aria-label") !== null, "the chart has a text alternative")
+  await page.locator("#charts-panel").screenshot({ path: join(SHOTS, `${mode}-1b-charts.png`) })
+  const size = page.viewportSize()
+  await page.setViewportSize({ width: 390, height: 844 })
+  await page.locator("#charts-panel").screenshot({ path: join(SHOTS, `${mode}-1c-charts-phone.png`) })
+  const wide = await page.locator("#charts-panel").evaluate((el) => el.scrollWidth > el.clientWidth + 1)
+  check(!wide, "the charts fit a phone's width")
+  await page.setViewportSize(size)
 }
 
 async function authFlow() {

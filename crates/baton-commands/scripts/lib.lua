@@ -54,3 +54,35 @@ local function prune(now, max)
     n = n + #ids
   end
 end
+
+-- Per-minute aggregates (see src/minutes.rs): a ring of MIN_SLOTS minutes in one hash per home
+-- queue, fields `<slot>:<name>`. MIN_BOUNDS: the duration buckets' upper bounds (ms, exclusive).
+local MIN_SLOTS = 120
+local MIN_BOUNDS = { 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000, 1000000, 2000000, 5000000 }
+
+-- The field prefix of minute slot of `now` in hash `key`, cleared first if it held another
+-- minute (then the hash lives for the ring's span from now).
+local function minute_slot(key, now)
+  local m = math.floor(now / 60000)
+  local p = (m % MIN_SLOTS) .. ':'
+  if redis.call('HGET', key, p .. 'm') ~= tostring(m) then
+    local f = { p .. 'm', p .. 's', p .. 'f', p .. 'c', p .. 'r', p .. 'q', p .. 'a' }
+    for i = 0, #MIN_BOUNDS do f[#f + 1] = p .. 'd' .. i end
+    redis.call('HDEL', key, unpack(f))
+    redis.call('HSET', key, p .. 'm', tostring(m))
+    redis.call('PEXPIRE', key, (MIN_SLOTS + 1) * 60000)
+  end
+  return p
+end
+
+-- The duration bucket field of a handler call started at `start` (ms, '' for none) and ended
+-- `now`, or nil.
+local function minute_bucket(start, now)
+  if start == '' then return nil end
+  local d = now - tonumber(start)
+  if d < 0 then d = 0 end
+  for i = 1, #MIN_BOUNDS do
+    if d < MIN_BOUNDS[i] then return 'd' .. (i - 1) end
+  end
+  return 'd' .. #MIN_BOUNDS
+end

@@ -1,13 +1,14 @@
 -- Transition: compare-and-set of a state on its version; the first terminal write wins.
 -- KEYS[1] expiry zset, KEYS[2] index of the old status, KEYS[3] index of the new status (see
 -- lib.lua), KEYS[4] state key, KEYS[5] the home queue's event feed (see feed.rs), KEYS[6] the
--- home queue's completion hook delivery stream (see hooks.rs), KEYS[7] the
--- target queue stream (only with ARGV[6]: an atomic hand-off, same slot), KEYS[#KEYS - 1] the
+-- home queue's completion hook delivery stream (see hooks.rs), KEYS[7] its per-minute aggregates
+-- (see src/minutes.rs), KEYS[8] target queue stream (only with ARGV[6]: an atomic hand-off, same
+-- slot), KEYS[#KEYS - 1] the
 -- stream of the delivery and KEYS[#KEYS] its fence hash (baton_queue::keys::fences; both only
 -- with ARGV[7]).
 -- ARGV[1] expected header start `<version> <OLD STATUS> `, ARGV[2] new stored state (header
 -- and JSON, see lib.lua), ARGV[3] TTL ms, ARGV[4] pub/sub channel, ARGV[5] id, ARGV[6] message
--- JSON for KEYS[7] or '', ARGV[7] the delivery's entry id or '', ARGV[8] its group, ARGV[9] the
+-- JSON for KEYS[8] or '', ARGV[7] the delivery's entry id or '', ARGV[8] its group, ARGV[9] the
 -- announcement to publish ('' for none: only terminal writes are announced), ARGV[10] the
 -- consumer that must own the delivery for the write to happen ('' for no check), ARGV[11] '1'
 -- to ack the delivery with a successful write, ARGV[12] the delivery's fence ('' for none; with
@@ -16,7 +17,9 @@
 -- to the feed with a successful write ('' none), ARGV[14] the feed's length (XADD MAXLEN ~),
 -- ARGV[15] '1' for a re-run: the expected (old) status may be terminal (only then; every other
 -- write to a terminal state is a conflict), ARGV[16] the completion hook body to XADD to KEYS[6]
--- with a successful write ('' none).
+-- with a successful write ('' none), ARGV[17] the per-minute counter this write adds one to ('s',
+-- 'f', 'c', 'r'; '' none), ARGV[18] the start (ms) of the handler call whose outcome it is, for the
+-- duration histogram ('' none).
 -- The owner check makes "the writer still holds its lease" and the write one atomic step (a
 -- remote worker's settle: a takeover between a separate check and the write would let a worker
 -- whose lease is gone write its outcome).
@@ -47,9 +50,18 @@ end
 -- re-scored a live entry to its then expiry, or another store with longer lifetimes submitted).
 redis.call('ZADD', KEYS[1], 'LT', now_ms() + tonumber(ARGV[3]), id)
 -- 'p': the work queue's payload field (baton_queue::keys::PAYLOAD_FIELD; a test checks it).
-if ARGV[6] ~= '' then redis.call('XADD', KEYS[7], '*', 'p', ARGV[6]) end
+if ARGV[6] ~= '' then redis.call('XADD', KEYS[8], '*', 'p', ARGV[6]) end
 if ARGV[16] ~= '' then redis.call('XADD', KEYS[6], '*', 'p', ARGV[16]) end
 if ARGV[13] ~= '' then redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[14], '*', 'i', id, 'e', ARGV[13]) end
+-- Per-minute aggregates (src/minutes.rs): one to counter ARGV[17] and to the duration bucket
+-- of a handler call started at ARGV[18], in this minute's slot of KEYS[7].
+if ARGV[17] ~= '' then
+  local now = now_ms()
+  local p = minute_slot(KEYS[7], now)
+  redis.call('HINCRBY', KEYS[7], p .. ARGV[17], 1)
+  local d = minute_bucket(ARGV[18], now)
+  if d then redis.call('HINCRBY', KEYS[7], p .. d, 1) end
+end
 local acked = 0
 if ARGV[11] == '1' then
   local stream, mid = KEYS[#KEYS - 1], ARGV[7]

@@ -6,15 +6,18 @@
 -- KEYS[1] expiry zset, KEYS[2..6] the status indexes (see lib.lua), KEYS[7] the home queue's
 -- stream (the deliveries to ack), KEYS[8] its fence hash (baton_queue::keys::fences), KEYS[9] its
 -- event feed (see feed.rs), KEYS[10] its completion hook delivery stream (see hooks.rs),
--- KEYS[10 + i] the state key of transition i.
--- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 14 per transition: expected
+-- KEYS[11] its per-minute aggregates (see src/minutes.rs), KEYS[11 + i] the state key of
+-- transition i.
+-- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 16 per transition: expected
 -- header start `<version> <OLD STATUS> `, new stored state (header and JSON), TTL ms, id, index
 -- of the old status (2..6 in KEYS), index of the new status, the delivery's entry id or '', the
 -- announcement to publish or '' (only terminal writes are announced), the consumer that must own
 -- the delivery for the write to happen or '' (as in transition.lua), '1' to ack the delivery, the
 -- delivery's fence or '' (checked with the owner, as in transition.lua), the event to append to
 -- the feed with a successful write or '' (none), the feed's length (XADD MAXLEN ~), the
--- completion hook body to XADD to KEYS[10] with a successful write or '' (none).
+-- completion hook body to XADD to KEYS[10] with a successful write or '' (none), the
+-- per-minute counter a successful write adds one to ('s', 'f', 'c', 'r'; '' none) and the start
+-- (ms) of the handler call whose outcome it is ('' none; as in transition.lua).
 -- Events are appended in the order of the batch, each right after its write.
 -- Returns N replies in order: {'ok', acked 0/1}, {'missing'}, {'conflict', current state} or
 -- {'lost'} (the owner check failed; nothing written).
@@ -29,9 +32,11 @@ local rem, add = {}, {}
 local exp = {}                -- TTL ms, id pairs
 local acks, acked_at = {}, {} -- entry ids; positions of their replies
 local ann = {}
+local mins = {}               -- per-minute aggregates: counter field -> increment, or
+                              -- { start ms, ... } under [1] (durations to bucket at `now`)
 local b = 4
 for i = 1, n do
-  local key = KEYS[10 + i]
+  local key = KEYS[11 + i]
   local owner, lost = ARGV[b + 8], false
   if owner ~= '' then
     local p = redis.call('XPENDING', KEYS[7], ARGV[3], ARGV[b + 6], ARGV[b + 6], 1)
@@ -73,10 +78,17 @@ for i = 1, n do
         redis.call('XADD', KEYS[9], 'MAXLEN', '~', ARGV[b + 12], '*', 'i', id, 'e', ARGV[b + 11])
       end
       if ARGV[b + 13] ~= '' then redis.call('XADD', KEYS[10], '*', 'p', ARGV[b + 13]) end
+      if ARGV[b + 14] ~= '' then
+        mins[ARGV[b + 14]] = (mins[ARGV[b + 14]] or 0) + 1
+        if ARGV[b + 15] ~= '' then
+          mins[1] = mins[1] or {}
+          mins[1][#mins[1] + 1] = ARGV[b + 15]
+        end
+      end
       out[i] = { 'ok', 0 }
     end
   end
-  b = b + 14
+  b = b + 16
 end
 for k = 2, 6 do
   if rem[k] then
@@ -112,6 +124,18 @@ if #acks > 0 then
   if a == #acks then
     for _, i in ipairs(acked_at) do out[i][2] = 1 end
   end
+end
+-- Per-minute aggregates (src/minutes.rs): one HINCRBY per distinct field, in this minute's slot.
+if next(mins) then
+  local now = now_ms()
+  local p = minute_slot(KEYS[11], now)
+  local starts = mins[1] or {}
+  mins[1] = nil
+  for _, st in ipairs(starts) do
+    local d = minute_bucket(st, now)
+    mins[d] = (mins[d] or 0) + 1
+  end
+  for f, c in pairs(mins) do redis.call('HINCRBY', KEYS[11], p .. f, c) end
 end
 -- One message for the batch: announcements separated by '\n' (ids hold no whitespace).
 if #ann > 0 then redis.call('PUBLISH', ARGV[2], table.concat(ann, '\n')) end

@@ -428,6 +428,10 @@ pub struct CommandState {
     /// the JSON) for idempotent resubmits; carried here so a write can rebuild the header.
     #[serde(skip)]
     pub(crate) body_sha: BodySha,
+    /// Set on a state written as a handler call's outcome: when the call (or the work) started,
+    /// for the per-minute duration histogram ([`crate::minutes`]); not stored.
+    #[serde(skip)]
+    pub(crate) attempt_start: crate::minutes::AttemptStart,
 }
 
 /// What a handler reports of its work in progress: a fraction done and/or a short message

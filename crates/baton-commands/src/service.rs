@@ -222,7 +222,8 @@ impl CommandServiceBuilder {
                 return Err(e.into());
             }
         };
-        Ok(CommandService { ctx, registration, consumer: std::sync::Mutex::new(Some(consumer)) })
+        let sampler = self.store.minute_sampler(&self.queue)?;
+        Ok(CommandService { ctx, registration, consumer: std::sync::Mutex::new(Some(consumer)), sampler })
     }
 }
 
@@ -232,6 +233,8 @@ pub struct CommandService {
     ctx: Arc<Ctx>,
     registration: u64,
     consumer: std::sync::Mutex<Option<baton_queue::Consumer>>,
+    /// The queue's per-minute depth sampler.
+    sampler: crate::minutes::MinuteSampler,
 }
 
 impl CommandService {
@@ -264,6 +267,7 @@ impl CommandService {
     /// `drain`). Unfinished commands are taken over by another instance after `claim_timeout`.
     pub async fn drain(&self, budget: Duration) -> DrainReport {
         let c = self.consumer.lock().unwrap().take();
+        self.sampler.stop();
         self.ctx.store.unregister_service(&self.ctx.queue, self.registration);
         match c {
             Some(c) => c.drain(budget).await,
@@ -282,12 +286,14 @@ impl CommandService {
         if let Some(c) = self.consumer.lock().unwrap().take() {
             c.abort();
         }
+        self.sampler.stop();
         self.ctx.store.unregister_service(&self.ctx.queue, self.registration);
     }
 }
 
 impl Drop for CommandService {
     fn drop(&mut self) {
+        self.sampler.stop();
         if self.consumer.lock().unwrap().is_some() {
             self.ctx.store.unregister_service(&self.ctx.queue, self.registration);
         }
@@ -603,6 +609,10 @@ fn plan(
         next.attempts += 1;
     }
     next.started_at = next.started_at.or(started);
+    // The handler call's start for the per-minute durations: this `execute` call's, or for a
+    // `check_status` outcome the work's (see `minutes`).
+    // (No handler ran: `started` is `None` for `execute`, so no duration.)
+    next.attempt_start.0 = if is_execute { started } else { cur.started_at }.map(|t| t.millis());
     let terminal = |mut n: CommandState, status: CommandStatus| {
         n.status = status;
         n.completed_at = Some(now);

@@ -114,6 +114,7 @@ async fn owner_checked_transitions(b: TestBackend) {
             .key(format!("{base}:id:A"))
             .key(format!("{base}:feed"))
             .key(&hooks)
+            .key(format!("{base}:minutes"))
             .key(&stream)
             .key(&fences);
         inv.arg("1 SUBMITTED ")
@@ -131,7 +132,9 @@ async fn owner_checked_transitions(b: TestBackend) {
             .arg("event-A")
             .arg(100)
             .arg("")
-            .arg("hook-A");
+            .arg("hook-A")
+            .arg("")
+            .arg("");
         let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await.unwrap();
         assert_eq!(reply.first(), Some(&redis::Value::BulkString(want.as_bytes().to_vec())), "A for {owner} {fence}");
     }
@@ -142,7 +145,7 @@ async fn owner_checked_transitions(b: TestBackend) {
     for s in ["SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"] {
         inv.key(idx(s));
     }
-    inv.key(&stream).key(&fences).key(format!("{base}:feed")).key(&hooks);
+    inv.key(&stream).key(&fences).key(format!("{base}:feed")).key(&hooks).key(format!("{base}:minutes"));
     for id in ["B", "C", "D"] {
         inv.key(format!("{base}:id:{id}"));
     }
@@ -161,7 +164,9 @@ async fn owner_checked_transitions(b: TestBackend) {
             .arg(fence)
             .arg(format!("event-{id}"))
             .arg(100)
-            .arg(format!("hook-{id}"));
+            .arg(format!("hook-{id}"))
+            .arg("")
+            .arg("");
     }
     let replies: Vec<Vec<redis::Value>> = inv.invoke_async(&mut conn).await.unwrap();
     let heads: Vec<String> = replies
@@ -227,6 +232,7 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .key(format!("t:q:{{{q}}}:fences"))
         .key(format!("{base}:feed"))
         .key(format!("t:hook:q:{{{q}}}"))
+        .key(format!("{base}:minutes"))
         .key(&state)
         .key(&state);
     inv.arg(2).arg(format!("{base}:events")).arg("g");
@@ -243,6 +249,8 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .arg("")
         .arg("")
         .arg("")
+        .arg("")
+        .arg("")
         .arg("");
     inv.arg("2 RUNNING ")
         .arg(format!("3 SUCCEEDED 1000 {sha} {{}}"))
@@ -252,6 +260,8 @@ async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
         .arg(4)
         .arg("")
         .arg("X SUCCEEDED 3 o")
+        .arg("")
+        .arg("")
         .arg("")
         .arg("")
         .arg("")

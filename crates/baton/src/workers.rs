@@ -57,6 +57,9 @@ async fn connect(backend: &Storage, settings: CommandStoreSettings) -> Result<Co
 pub struct Workers {
     services: Vec<CommandService>,
     deliveries: Option<crate::webhooks::Deliveries>,
+    /// The per-minute depth samplers of the queues without handlers here (a service samples its
+    /// own queue).
+    samplers: Vec<baton_commands::minutes::MinuteSampler>,
 }
 
 /// How a process delivers completion webhooks: the signer (the subscriptions' key set) and
@@ -72,7 +75,8 @@ impl Workers {
     /// (wrapped for metrics). A queue without handlers gets none: its commands are run by workers
     /// elsewhere (an application embedding `baton-commands`, HTTP workers), so this process
     /// takes none of them (it would fail each for want of a handler); it is declared, so
-    /// hand-offs to it are accepted. Every queue's settings and handlers are checked before the first
+    /// hand-offs to it are accepted, and its depth is sampled for its per-minute records
+    /// (`baton_commands::minutes`) as a service's would be. Every queue's settings and handlers are checked before the first
     /// service starts; should a later start still fail (Redis), the services already started are
     /// closed before the error is returned.
     ///
@@ -96,10 +100,12 @@ impl Workers {
             (Some(q), None) => return Err(format!("queue {}: webhook deliveries need a signer here", q.name)),
         };
         let mut builders = Vec::new();
+        let mut samplers = Vec::new();
         for q in queues {
             q.settings.validate().map_err(|e| format!("queue {}: {e}", q.name))?;
             if q.handlers.is_empty() {
                 store.declare_queue(&q.name).map_err(|e| format!("queue {}: {e}", q.name))?;
+                samplers.push(store.minute_sampler(&q.name).map_err(|e| format!("queue {}: {e}", q.name))?);
                 continue;
             }
             let mut b = CommandService::builder(store.clone(), q.name.clone()).settings(q.settings.clone());
@@ -124,12 +130,15 @@ impl Workers {
             Some(w) => match crate::webhooks::Deliveries::start(store, &hooked, w.signer, w.allow_loopback).await {
                 Ok(d) => Some(d),
                 Err(e) => {
+                    for s in &samplers {
+                        s.stop();
+                    }
                     futures::future::join_all(services.iter().map(|s| s.close())).await;
                     return Err(e);
                 }
             },
         };
-        Ok(Workers { services, deliveries })
+        Ok(Workers { services, deliveries, samplers })
     }
 
     /// True when one of `queues` run here (with handlers) has a webhook: [`Workers::start`]
@@ -146,6 +155,9 @@ impl Workers {
     /// Stops taking work and lets running handlers finish within `budget` (shared by all
     /// queues); unfinished commands are taken over by another worker after `claim_timeout`.
     pub async fn drain(self, budget: Duration) {
+        for s in &self.samplers {
+            s.stop();
+        }
         let hooks = async {
             if let Some(d) = self.deliveries {
                 d.drain(budget).await;

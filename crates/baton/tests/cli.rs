@@ -533,6 +533,18 @@ fn watch_and_events(s: Serve) {
     assert!(out.stdout.starts_with("WORKER"), "{out:?}");
     assert!(out.stdout.contains(" alive "), "{out:?}");
     assert!(out.stdout.ends_with("1 alive, 0 dead\n"), "{out:?}");
+    // Per minute: `nap` succeeded, `bad` failed twice (its re-run counts again).
+    let out = s.run(&["queues", "minutes", "default", "--json"]).ok();
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    let minutes = v["minutes"].as_array().unwrap();
+    assert_eq!(minutes.len(), 15);
+    let total = |k: &str| minutes.iter().map(|m| m[k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!((total("succeeded"), total("failed"), total("cancelled")), (1, 2, 0), "{v}");
+    let out = s.run(&["queues", "minutes", "default", "--last", "3"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{out:?}");
+    assert!(lines[0].starts_with("MINUTE") && lines[0].ends_with("OLDEST"), "{out:?}");
+    s.run(&["queues", "minutes", "default", "--last", "0"]).code(2);
     let out = s.run(&["commands", "watch", "nope"]).code(3);
     assert_eq!(out.stderr, "baton: no command nope (never submitted, or expired) [404 Not Found (not_found)]\n");
 

@@ -456,7 +456,46 @@ async fn workers_list(backend: TestBackend) {
     srv.stop().await;
 }
 
+/// `GET /v1/queues/{queue}/minutes` after known work: the current minute's outcomes and
+/// duration buckets, the depth the queue's service sampled, the window's length.
+async fn minutes_after_work(backend: TestBackend) {
+    let srv = serve(backend, |_| {}).await;
+    // Work started now ends in this minute.
+    let in_minute = baton_commands::Timestamp::now().millis() % 60_000;
+    if in_minute > 45_000 {
+        tokio::time::sleep(Duration::from_millis(60_000 - in_minute + 200)).await;
+    }
+    let submit = "/v1/queues/default/commands?wait=20s";
+    let (_, v) = post(&srv, submit, json!({"type": "sleep", "params": {"ms": 300}})).await;
+    assert_eq!(v["status"].as_str(), Some("SUCCEEDED"), "{v}");
+    let (_, v) = post(&srv, submit, json!({"type": "fail", "params": {"error": "no"}})).await;
+    assert_eq!(v["status"].as_str(), Some("FAILED"), "{v}");
+    let (s, v) = get(&srv, "/v1/queues/default/minutes?last=3").await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let minutes = v["minutes"].as_array().unwrap();
+    assert_eq!(minutes.len(), 3);
+    assert_eq!(v["bounds_ms"].as_array().unwrap().len(), 21);
+    let now = &minutes[2];
+    assert_eq!(
+        (now["succeeded"].as_u64(), now["failed"].as_u64(), now["cancelled"].as_u64()),
+        (Some(1), Some(1), Some(0))
+    );
+    let mut durations = [0u64; 22];
+    durations[8] += 1; // the sleep: [200, 500) ms
+    let got: Vec<u64> = now["durations"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+    // The `fail` handler returns at once: one duration under 200 ms.
+    assert_eq!(got[8..], durations[8..], "{now}");
+    assert_eq!(got[..8].iter().sum::<u64>(), 1, "{now}");
+    assert!(now["minute"].as_str().unwrap().ends_with(":00.000Z"), "a whole minute: {now}");
+    // The queue's service samples its depth at start (a minute of these 3), then once a minute.
+    assert!(minutes.iter().any(|m| m["depth"].is_u64() && m["oldest_age_ms"].is_u64()), "{v}");
+    let (s, e) = get(&srv, "/v1/queues/default/minutes?last=0").await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_last")));
+    srv.stop().await;
+}
+
 on_every_backend!(
+    minutes_after_work,
     submit_state_wait_cancel,
     dead_letters,
     params_come_back_exactly,

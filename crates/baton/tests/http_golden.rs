@@ -863,6 +863,16 @@ async fn queues(g: &mut Golden) {
     g.send(req("DELETE", "/v1/queues/default")).await;
     g.send(req("GET", "/v1/queues/default?x=1")).await;
 
+    g.section("queues: minutes");
+    // `extra` has waiting commands and no workers here: its minutes are zeros, never sampled.
+    g.send(req("GET", "/v1/queues/extra/minutes?last=2")).await;
+    g.send(req("GET", "/v1/queues/extra/minutes?last=0")).await;
+    g.send(req("GET", "/v1/queues/extra/minutes?last=121")).await;
+    g.send(req("GET", "/v1/queues/extra/minutes?last=ten")).await;
+    g.send(req("GET", "/v1/queues/extra/minutes?limit=2")).await;
+    g.send(req("GET", "/v1/queues/nope/minutes")).await;
+    g.send(req("POST", "/v1/queues/extra/minutes")).await;
+
     g.section("queues: dead letters");
     let dl = "/v1/queues/default/dead-letters";
     g.send(req("GET", dl)).await;
@@ -943,6 +953,7 @@ async fn secured(g: &mut Golden) {
         ("POST", "/v1/queues/default/commands"),
         ("GET", "/v1/stream"),
         ("PATCH", "/v1/queues/default"),
+        ("GET", "/v1/queues/default/minutes"),
         ("GET", "/v1/dashboard/events"),
     ] {
         g.send(req(m, p)).await;

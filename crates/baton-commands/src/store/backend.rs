@@ -176,6 +176,12 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
         min_ms: u64,
     ) -> Result<(Vec<CommandState>, Option<Cursor>), CommandError>;
     async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError>;
+    /// `queue`'s per-minute aggregates ([`crate::minutes`]): the last `last` minutes (1 to
+    /// [`crate::minutes::MINUTES_KEPT`]) up to the backend clock's current one, oldest first.
+    async fn minutes(&self, queue: &str, last: usize) -> Result<Vec<crate::minutes::MinuteStats>, CommandError>;
+    /// Samples `queue`'s depth and oldest age into the current minute unless it has a sample;
+    /// true when this call's sample was kept.
+    async fn sample_minute(&self, queue: &str) -> Result<bool, CommandError>;
     /// Makes sure remote writes to `home`'s commands reach the hub (Redis pub/sub).
     async fn watch_home(&self, home: &str) -> Result<(), CommandError>;
     /// Events of `queue`'s feed from `from`, at most `limit`; with `id`, only that command's,

@@ -61,6 +61,10 @@ pub(crate) struct Transition {
     pub feed_max: u64,
     /// The completion hook body to enqueue on the delivery queue with the write, or empty.
     pub hook: String,
+    /// The per-minute counter a successful write adds one to (`s`, `f`, `c`, `r`) or empty, and
+    /// the start (ms) of the handler call whose outcome it is, or empty (see `minutes.rs`).
+    pub minute_field: &'static str,
+    pub minute_start: String,
 }
 
 impl Batch for Transition {
@@ -82,14 +86,14 @@ impl Batch for Transition {
                         + t.owner.len()
                         + t.event.len()
                         + t.hook.len()
-                        + 92
+                        + 112
                 })
                 .sum::<usize>();
-        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(10 + n, 6 + 10 + n * 15, bytes);
+        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(11 + n, 6 + 11 + n * 17, bytes);
         for k in &keys.index {
             cmd.arg(k);
         }
-        cmd.arg(&keys.stream).arg(&keys.fences).arg(&keys.feed).arg(&keys.hooks);
+        cmd.arg(&keys.stream).arg(&keys.fences).arg(&keys.feed).arg(&keys.hooks).arg(&keys.minutes);
         for t in batch {
             cmd.arg(&t.state_key);
         }
@@ -108,7 +112,9 @@ impl Batch for Transition {
                 .arg(&t.fence)
                 .arg(&t.event)
                 .arg(t.feed_max)
-                .arg(&t.hook);
+                .arg(&t.hook)
+                .arg(t.minute_field)
+                .arg(&t.minute_start);
         }
         cmd
     }
@@ -196,6 +202,8 @@ pub(crate) struct BatchKeys {
     pub feed: String,
     /// Its completion hooks' delivery stream (see `hooks.rs`).
     pub hooks: String,
+    /// Its per-minute aggregates (see `minutes.rs`).
+    pub minutes: String,
     pub channel: String,
     pub group: String,
 }

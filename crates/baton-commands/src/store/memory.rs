@@ -37,6 +37,8 @@ struct Inner {
     /// Per queue: its feed, oldest first (offset, command id, stored JSON), and the last offset
     /// given out (offsets never go back, even when the feed is emptied by trimming).
     feeds: HashMap<String, Feed>,
+    /// Per queue: its per-minute aggregates.
+    minutes: HashMap<String, crate::minutes::MemoryMinutes>,
 }
 
 #[derive(Default)]
@@ -186,6 +188,10 @@ impl StateBackend for MemoryStateBackend {
             }
             *e.state = new.clone();
             e.expires = Instant::now() + self.settings.ttl_for(&new.queue, new.status);
+            if let Some((field, start)) = crate::minutes::mark_of(old, &new) {
+                let now = crate::Timestamp::now().millis();
+                g.minutes.entry(new.queue.clone()).or_default().count(now, field, start);
+            }
             if old != new.status {
                 let k = (new.created_at.millis(), new.id.clone());
                 if let Some(q) = g.queues.get_mut(&new.queue) {
@@ -250,6 +256,32 @@ impl StateBackend for MemoryStateBackend {
         let Some(q) = g.queues.get(queue) else { return Ok(StatusCounts::default()) };
         let v: Vec<u64> = (1..=5).map(|i| q.by_status[i].len() as u64).collect();
         Ok(StatusCounts::from_slice(&v))
+    }
+
+    async fn minutes(&self, queue: &str, last: usize) -> Result<Vec<crate::minutes::MinuteStats>, CommandError> {
+        let g = self.inner.lock().unwrap();
+        let now = crate::Timestamp::now().millis();
+        Ok(match g.minutes.get(queue) {
+            Some(m) => m.read(now, last),
+            None => crate::minutes::MemoryMinutes::default().read(now, last),
+        })
+    }
+
+    async fn sample_minute(&self, queue: &str) -> Result<bool, CommandError> {
+        let mut g = self.inner.lock().unwrap();
+        let now = crate::Timestamp::now().millis();
+        if g.minutes.get(queue).is_some_and(|m| m.sampled(now)) {
+            return Ok(false);
+        }
+        g.prune();
+        let (depth, age) = match g.queues.get(queue) {
+            Some(q) => {
+                let waiting = &q.by_status[status_slot(Some(CommandStatus::Submitted))];
+                (waiting.len() as u64, waiting.first().map_or(0, |(ms, _)| now.saturating_sub(*ms)))
+            }
+            None => (0, 0),
+        };
+        Ok(g.minutes.entry(queue.to_string()).or_default().sample(now, depth, age))
     }
 
     async fn watch_home(&self, _home: &str) -> Result<(), CommandError> {

@@ -364,6 +364,7 @@ impl CommandStore {
             prev_token: None,
             lookup_expires_ms: 0,
             body_sha: Default::default(),
+            attempt_start: Default::default(),
         };
         let msg = CommandMsg { id: command.id.clone(), home: queue.to_string(), token };
         let remember = |s: &CommandState| {
@@ -871,6 +872,37 @@ impl CommandStore {
     pub async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError> {
         validate_queue(queue)?;
         self.inner.backend.counts(queue).await
+    }
+
+    /// `queue`'s per-minute aggregates ([`crate::minutes`]) of the last `last` minutes, the
+    /// current one (by the backend's clock) included, oldest first; minutes without records are
+    /// zeros (depth and oldest age `None`). Errors: [`CommandError::Queue`] (bad name),
+    /// [`CommandError::InvalidSettings`] (`last` not 1 to [`MINUTES_KEPT`](crate::minutes::MINUTES_KEPT)).
+    pub async fn minutes(&self, queue: &str, last: usize) -> Result<Vec<crate::minutes::MinuteStats>, CommandError> {
+        validate_queue(queue)?;
+        let max = crate::minutes::MINUTES_KEPT;
+        if !(1..=max).contains(&last) {
+            return Err(CommandError::InvalidSettings(format!("last must be 1 to {max} (minutes), not {last}")));
+        }
+        self.inner.backend.minutes(queue, last).await
+    }
+
+    /// Samples `queue`'s depth and the age of its oldest waiting command into the current
+    /// minute's record ([`crate::minutes`]) unless a process (any, on Redis) sampled this minute
+    /// already; true when this call's sample was kept. Every [`crate::CommandService`] calls it
+    /// about once a minute. Errors: [`CommandError::Queue`] (bad name), backend errors.
+    pub async fn sample_minute(&self, queue: &str) -> Result<bool, CommandError> {
+        validate_queue(queue)?;
+        self.inner.backend.sample_minute(queue).await
+    }
+
+    /// Starts sampling `queue`'s depth and oldest age ([`CommandStore::sample_minute`]) about
+    /// once a minute, until the sampler is stopped or dropped. Every [`crate::CommandService`]
+    /// runs one for its queue; a process serving a queue without one (HTTP workers only) starts
+    /// its own. Needs a Tokio runtime. Errors: [`CommandError::Queue`] (bad name).
+    pub fn minute_sampler(&self, queue: &str) -> Result<crate::minutes::MinuteSampler, CommandError> {
+        validate_queue(queue)?;
+        Ok(crate::minutes::MinuteSampler::spawn(self.clone(), queue.to_string()))
     }
 
     /// Creates `st`'s output stream, if it has one, so readers can attach before the handler

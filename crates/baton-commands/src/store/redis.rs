@@ -29,6 +29,14 @@ static LIST: LuaScript =
     LuaScript::new("list", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/list.lua")));
 static PRUNE: LuaScript =
     LuaScript::new("prune", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/prune.lua")));
+static MINUTES_READ: LuaScript = LuaScript::new(
+    "minutes_read",
+    concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/minutes_read.lua")),
+);
+static MINUTES_SAMPLE: LuaScript = LuaScript::new(
+    "minutes_sample",
+    concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/minutes_sample.lua")),
+);
 static FEED_READ: LuaScript = LuaScript::new("feed_read", include_str!("../../scripts/feed_read.lua"));
 static COUNTS: LuaScript =
     LuaScript::new("counts", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/counts.lua")));
@@ -107,6 +115,7 @@ impl QKeys {
             fences: baton_queue::keys::fences(prefix, queue),
             feed: format!("{base}:feed"),
             hooks: baton_queue::keys::stream(&crate::hook_prefix(prefix), queue),
+            minutes: format!("{base}:minutes"),
             channel: format!("{base}:events"),
             group: group.to_string(),
         };
@@ -527,6 +536,10 @@ impl StateBackend for RedisStateBackend {
             String::new()
         };
         let expected = format!("{} {} ", st.version - 1, old.as_str());
+        let (minute_field, minute_start) = match crate::minutes::mark_of(old, &st) {
+            Some((f, start)) => (f, start.map(|s| s.to_string()).unwrap_or_default()),
+            None => ("", String::new()),
+        };
         let rerun = old.is_terminal() && !st.status.is_terminal() && enqueue.is_some();
         // No hand-off enqueue and no ack on another queue's stream: group-committed.
         let batched = enqueue.is_none()
@@ -548,6 +561,8 @@ impl StateBackend for RedisStateBackend {
                 event: feed_event.to_string(),
                 feed_max,
                 hook: hook.to_string(),
+                minute_field,
+                minute_start,
             };
             self.transitions.run(&k.batch, t).await?
         } else {
@@ -558,6 +573,7 @@ impl StateBackend for RedisStateBackend {
                 &state_key,
                 &k.batch.feed,
                 &k.batch.hooks,
+                &k.batch.minutes,
             ];
             let target_stream;
             let mut msg_arg: Vec<u8> = Vec::new();
@@ -593,7 +609,9 @@ impl StateBackend for RedisStateBackend {
                 .arg(feed_event)
                 .arg(feed_max)
                 .arg(if rerun { "1" } else { "" })
-                .arg(hook);
+                .arg(hook)
+                .arg(minute_field)
+                .arg(&minute_start);
             TRANSITION.query(&mut conn, &cmd).await?
         };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
@@ -676,6 +694,22 @@ impl StateBackend for RedisStateBackend {
             return Err(CommandError::Corrupt { id: queue.to_string(), reason: format!("counts reply {v:?}") });
         }
         Ok(StatusCounts::from_slice(&v))
+    }
+
+    async fn minutes(&self, queue: &str, last: usize) -> Result<Vec<crate::minutes::MinuteStats>, CommandError> {
+        let k = self.keys(queue);
+        let (now, flat): (u64, Vec<String>) =
+            MINUTES_READ.run(&mut self.conn.clone(), &[k.batch.minutes.as_str()], &[]).await?;
+        let fields = flat.chunks(2).filter_map(|c| Some((c[0].clone(), c.get(1)?.clone()))).collect();
+        Ok(crate::minutes::from_hash(now, last, &fields))
+    }
+
+    async fn sample_minute(&self, queue: &str) -> Result<bool, CommandError> {
+        let k = self.keys(queue);
+        let mut keys: Vec<&str> = k.batch.index.iter().map(|s| s.as_str()).collect();
+        keys.push(&k.batch.minutes);
+        let kept: i64 = MINUTES_SAMPLE.run(&mut self.conn.clone(), &keys, &[]).await?;
+        Ok(kept == 1)
     }
 
     async fn watch_home(&self, home: &str) -> Result<(), CommandError> {

@@ -1,4 +1,4 @@
-//! `baton queues list|pending|dead|replay|events`: queue inspection from the command line.
+//! `baton queues list|pending|workers|minutes|dead|replay|events`: queue inspection from the command line.
 
 use clap::Subcommand;
 use reqwest::Method;
@@ -22,6 +22,14 @@ pub enum QueuesOp {
     },
     /// A queue's workers (the consumers of its group), live and dead, with the commands they hold.
     Workers { queue: String },
+    /// A queue's work per minute (the current minute last): succeeded, failed, cancelled,
+    /// retried, handler duration p50/p90/p99, waiting commands and the oldest one's age.
+    Minutes {
+        queue: String,
+        /// This many minutes (1 to 120).
+        #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=120))]
+        last: u32,
+    },
     /// A queue's dead letters, oldest first.
     Dead {
         queue: String,
@@ -140,6 +148,53 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             }
             t.print();
             println!("{} alive, {} dead", cell(v.get("alive")), cell(v.get("dead")));
+            Ok(exit::OK)
+        }
+        QueuesOp::Minutes { queue, last } => {
+            let url = format!("/v1/queues/{}/minutes?last={last}", encode_segment(&queue));
+            let v = cl.json_ok(cl.request(Method::GET, &url)).await?;
+            if cl.json {
+                print_json(&v);
+                return Ok(exit::OK);
+            }
+            let minutes = v.get("minutes").and_then(Value::as_array).cloned().unwrap_or_default();
+            let mut t = Table::new(&[
+                "MINUTE",
+                "SUCCEEDED",
+                "FAILED",
+                "CANCELLED",
+                "RETRIED",
+                "P50",
+                "P90",
+                "P99",
+                "WAITING",
+                "OLDEST",
+            ])
+            .right(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+            // A duration in ms, shortened; `-` for none.
+            let ms = |v: Option<&Value>| match v.and_then(Value::as_f64) {
+                None => "-".to_string(),
+                Some(x) if x < 1000.0 => format!("{x:.0}ms"),
+                Some(x) if x < 60_000.0 => format!("{:.1}s", x / 1000.0),
+                Some(x) => format!("{:.1}m", x / 60_000.0),
+            };
+            for m in &minutes {
+                // `2026-12-06T05:36:00.000Z` → `05:36` (UTC).
+                let minute = m.get("minute").and_then(Value::as_str).unwrap_or("");
+                t.row(vec![
+                    minute.get(11..16).unwrap_or(minute).to_string(),
+                    cell(m.get("succeeded")),
+                    cell(m.get("failed")),
+                    cell(m.get("cancelled")),
+                    cell(m.get("retried")),
+                    ms(m.get("duration_p50_ms")),
+                    ms(m.get("duration_p90_ms")),
+                    ms(m.get("duration_p99_ms")),
+                    m.get("depth").filter(|d| !d.is_null()).map_or("-".into(), |d| cell(Some(d))),
+                    ms(m.get("oldest_age_ms")),
+                ]);
+            }
+            t.print();
             Ok(exit::OK)
         }
         QueuesOp::Pending { queue, limit } => {

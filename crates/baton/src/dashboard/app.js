@@ -159,6 +159,7 @@
     renderCommands(s);
     renderDead(s);
     renderOps(s);
+    chartsQueues(s);
     if (state.selected) refreshDetail(s);
     if (s.errors && s.errors.length) console.warn("dashboard:", s.errors);
   }
@@ -397,6 +398,128 @@
     if (r.ok) toast(`Replayed ${d.id} onto ${d.queue} as ${r.body.id}`);
     else { btn.disabled = false; toast(`Cannot replay ${d.id}: ${r.message}`, true); }
   }
+
+  // ---- per-minute charts (queues view, "Last hour") -----------------------------------------
+  // GET /v1/queues/{queue}/minutes?last=60 for the chosen queue, every CHARTS_EVERY ms while the
+  // queues view shows, drawn as inline SVG polylines (one point per minute, oldest first; a
+  // minute without a value, e.g. depth nobody sampled, breaks the line).
+  const CHARTS_MINUTES = 60, CHARTS_EVERY = 5000;
+  const charts = { queue: "", busy: false, timer: null };
+  // The SVG namespace, as the HTML parser gives it (the page holds no URL literal).
+  const SVGNS = (() => { const t = document.createElement("template"); t.innerHTML = "<svg></svg>"; return t.content.firstChild.namespaceURI; })();
+  function svg(tag, attrs) {
+    const el = document.createElementNS(SVGNS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
+    return el;
+  }
+  function fmtMs(ms) {
+    if (ms === null || ms === undefined) return "–";
+    if (ms < 10) return `${Number(ms.toFixed(1))} ms`;
+    if (ms < 1000) return `${Math.round(ms)} ms`;
+    if (ms < 60000) return `${(ms / 1000).toFixed(ms < 10000 ? 1 : 0)} s`;
+    if (ms < 3600000) return `${(ms / 60000).toFixed(1)} min`;
+    return `${(ms / 3600000).toFixed(1)} h`;
+  }
+  // A chart: `series` = [{key, label, values: [number|null] (one per minute)}], `fmt` for values.
+  function lineChart(id, title, series, fmt) {
+    const W = 320, H = 120, L = 44, R = 6, T = 8, B = 18;
+    const n = series[0].values.length;
+    const all = series.flatMap((s) => s.values.filter((v) => v !== null && v !== undefined));
+    const max = Math.max(1, ...all);
+    const x = (i) => L + (n <= 1 ? 0 : (i * (W - L - R)) / (n - 1));
+    const y = (v) => T + (H - T - B) * (1 - v / max);
+    const el = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `${title}: ` +
+      series.map((s) => `${s.label} ${fmt(s.values[n - 1])} this minute`).join(", ") });
+    for (const v of [0, max / 2, max]) {
+      el.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: y(v), y2: y(v) }));
+      const t = svg("text", { class: "axis", x: L - 4, y: y(v) + 3, "text-anchor": "end" });
+      t.textContent = fmt(v);
+      el.append(t);
+    }
+    const t0 = svg("text", { class: "axis", x: L, y: H - 4 }); t0.textContent = `−${n - 1} min`;
+    const t1 = svg("text", { class: "axis", x: W - R, y: H - 4, "text-anchor": "end" }); t1.textContent = "now";
+    el.append(t0, t1);
+    for (const s of series) {
+      // One polyline per unbroken run of values; the series' element carries them all.
+      const g = svg("g", { class: `series c-${s.key}`, "data-series": s.key, "data-points": s.values.length,
+        "data-total": s.values.reduce((a, v) => a + (v || 0), 0),
+        "data-last": s.values[n - 1] === null || s.values[n - 1] === undefined ? "" : s.values[n - 1] });
+      let run = [];
+      const flush = () => {
+        if (run.length === 1) {
+          // A lone value (its neighbours have none): a dot.
+          const [cx, cy] = run[0].split(",");
+          g.append(svg("circle", { class: `c-${s.key}`, cx, cy, r: 2.5 }));
+        } else if (run.length) g.append(svg("polyline", { class: `c-${s.key}`, points: run.join(" ") }));
+        run = [];
+      };
+      s.values.forEach((v, i) => {
+        if (v === null || v === undefined) flush();
+        else run.push(`${x(i).toFixed(1)},${y(v).toFixed(1)}`);
+      });
+      flush();
+      el.append(g);
+    }
+    const legend = series.map((s) => h("span", { class: "legend" }, h("i", { class: `l-${s.key}` }), s.label));
+    return h("figure", { class: "chart", id }, h("figcaption", {}, title, ...legend), el);
+  }
+  // Counts; an axis label between integers keeps one decimal.
+  const count = (v) => (v === null || v === undefined ? "–" : Number.isInteger(v) ? num(v) : v.toFixed(1));
+  function renderCharts(minutes) {
+    const col = (f) => minutes.map(f);
+    $("charts").replaceChildren(
+      lineChart("chart-outcomes", "Processed per minute", [
+        { key: "succeeded", label: "succeeded", values: col((m) => m.succeeded) },
+        { key: "failed", label: "failed", values: col((m) => m.failed) },
+        { key: "cancelled", label: "cancelled", values: col((m) => m.cancelled) },
+      ], count),
+      lineChart("chart-depth", "Waiting commands", [
+        { key: "depth", label: "waiting (SUBMITTED)", values: col((m) => m.depth) },
+      ], count),
+      lineChart("chart-age", "Oldest waiting", [
+        { key: "age", label: "age of the oldest", values: col((m) => m.oldest_age_ms) },
+      ], fmtMs),
+      lineChart("chart-durations", "Handler duration", [
+        { key: "p50", label: "p50", values: col((m) => m.duration_p50_ms) },
+        { key: "p90", label: "p90", values: col((m) => m.duration_p90_ms) },
+        { key: "p99", label: "p99", values: col((m) => m.duration_p99_ms) },
+      ], fmtMs),
+    );
+  }
+  async function loadCharts() {
+    if (!charts.queue || charts.busy || $("view-queues").hidden) return;
+    charts.busy = true;
+    try {
+      const q = charts.queue;
+      const r = await api("GET", `/v1/queues/${enc(q)}/minutes?last=${CHARTS_MINUTES}`);
+      if (q !== charts.queue) return;
+      if (!r.ok) { $("charts-status").textContent = `Charts unavailable: ${r.message}`; return; }
+      $("charts-status").textContent = "";
+      renderCharts(r.body.minutes);
+      $("charts").setAttribute("data-queue", q);
+    } finally {
+      charts.busy = false;
+    }
+  }
+  // Called with every snapshot: keeps the queue choice in step with the queues shown.
+  function chartsQueues(s) {
+    const names = (s.queues || []).filter((q) => !q.error).map((q) => q.name);
+    $("charts-panel").hidden = names.length === 0;
+    const sel = $("charts-queue");
+    if ([...sel.options].map((o) => o.value).join("\n") !== names.join("\n")) {
+      sel.replaceChildren(...names.map((n) => h("option", { value: n }, n)));
+    }
+    if (!names.includes(charts.queue)) {
+      charts.queue = names[0] || "";
+      sel.value = charts.queue;
+      $("charts").replaceChildren();
+      loadCharts();
+    }
+    if (!charts.timer) charts.timer = setInterval(loadCharts, CHARTS_EVERY);
+  }
+  $("charts-queue").addEventListener("change", (e) => { charts.queue = e.target.value; loadCharts(); });
+  $("charts-form").addEventListener("submit", (e) => e.preventDefault());
+  $("tab-queues").addEventListener("click", () => loadCharts());
 
   // ---- filters and token --------------------------------------------------------------------
   $("filter-form").addEventListener("change", () => connect());

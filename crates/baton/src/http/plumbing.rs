@@ -224,6 +224,12 @@ impl QuerySpec for OfQuery {
     const ALLOWED: &'static [&'static str] = &["of"];
 }
 
+/// `?last=`.
+pub struct LastQuery;
+impl QuerySpec for LastQuery {
+    const ALLOWED: &'static [&'static str] = &["last"];
+}
+
 /// `?status=&cursor=&limit=`.
 pub struct ListQueryParams;
 impl QuerySpec for ListQueryParams {

@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `GET /v1/queues` | `200` `{"queues": [queue…]}` (those the caller may read) | `503` backend |
 //! | `GET /v1/queues/{queue}` | `200` queue | `404` unknown queue |
+//! | `GET /v1/queues/{queue}/minutes?last=60` | `200` `{"minutes": [minute…], "bounds_ms": [bucket bound…]}`, oldest first, the current minute last | `400` bad last, `404` |
 //! | `GET /v1/queues/{queue}/dead-letters?limit=100` | `200` `{"items": [dead letter…]}`, oldest first | `400` bad limit, `404` |
 //! | `POST /v1/queues/{queue}/dead-letters/{id}/replay` | `200` `{"replayed": id, "id": new id}` | `400` bad id, `404` unknown queue or dead letter |
 //! | `POST /v1/queues/{queue}/dead-letters/replay?limit=1000` | `200` `{"replayed": n}` (oldest first) | `400` bad limit, `404` |
@@ -27,7 +28,7 @@ use serde_json::{json, Value};
 
 use super::errors::{echo, ApiError};
 use super::json::json_response;
-use super::plumbing::{limit_param, principal, DeadLetterQuery, IdParam, OfQuery, Query, QueueName};
+use super::plumbing::{limit_param, principal, DeadLetterQuery, IdParam, LastQuery, OfQuery, Query, QueueName};
 use super::state::{AppState, CommandsApi};
 use crate::settings::Op;
 
@@ -92,6 +93,30 @@ async fn dead_of<'a>(st: &'a AppState, of: Option<&String>) -> Result<&'a baton_
             format!("of={} is neither commands (the default) nor webhook", echo(other)),
         )),
     }
+}
+
+/// `GET /v1/queues/{queue}/minutes?last=60`: the queue's per-minute aggregates
+/// ([`baton_commands::minutes`]), oldest first, with the duration buckets' bounds.
+pub async fn minutes(
+    State(st): State<AppState>,
+    QueueName(queue): QueueName,
+    q: Query<LastQuery>,
+) -> Result<Response, ApiError> {
+    let max = baton_commands::minutes::MINUTES_KEPT;
+    let last = match q.get("last") {
+        None => 60,
+        Some(s) => match s.trim().parse::<usize>() {
+            Ok(n) if (1..=max).contains(&n) => n,
+            _ => {
+                return Err(ApiError::invalid(
+                    "invalid_last",
+                    format!("last must be a number of minutes from 1 to {max}; got {}", echo(s)),
+                ))
+            }
+        },
+    };
+    let minutes = st.commands.store().minutes(&queue, last).await?;
+    Ok(json_response(json!({ "minutes": minutes, "bounds_ms": baton_commands::minutes::BOUNDS_MS })))
 }
 
 pub async fn dead_letters(

@@ -1008,6 +1008,36 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
             ),
             get(feed::queue_events),
         ),
+        Route::json("/v1/queues/{queue}/minutes", Access::Queue(Read)).on(
+            Method::GET,
+            Access::Queue(Read),
+            op(
+                "A queue's per-minute work: outcomes, handler durations, depth and oldest age",
+                "queues",
+                json!([
+                    d.queue(),
+                    query(
+                        "last",
+                        "This many minutes, the current one last, 1 to 120 (default 60).",
+                        json!({ "type": "integer", "minimum": 1, "maximum": 120 })
+                    ),
+                ]),
+                protected(map(vec![
+                    (
+                        "200",
+                        json_resp(
+                            "The minutes, oldest first (minutes without work are zeros), and the duration buckets' upper bounds (ms).",
+                            json!({ "type": "object", "required": ["minutes", "bounds_ms"], "properties": {
+                                "minutes": { "type": "array", "items": r("Minute") },
+                                "bounds_ms": { "type": "array", "items": { "type": "integer", "minimum": 1 } } } }),
+                        ),
+                    ),
+                    ("400", err_resp("Bad last.")),
+                    ("404", err_resp("Unknown queue.")),
+                ])),
+            ),
+            get(queues::minutes),
+        ),
         Route::json("/v1/queues/{queue}/workers", Access::Queue(Read)).on(
             Method::GET,
             Access::Queue(Read),
