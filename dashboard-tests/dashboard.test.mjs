@@ -5,9 +5,11 @@
 // injected with redis-cli), follows a stream live, and uses the page with a bearer token; then
 // (`ops`, `ops-redis`) at desktop and phone widths: the stream browser, the workers panel (on
 // Redis a killed `baton worker` shown dead), bulk cancel and retry with their dry-run counts, and
-// no horizontal page scroll. Writes screenshots to target/dashboard-screenshots/.
+// no horizontal page scroll; then (`links`) streams with `%`, braces or a trailing space in their
+// paths followed exactly from the browser and after a reload. Writes screenshots to
+// target/dashboard-screenshots/.
 //
-//   BATON_BIN=target/debug/baton node dashboard-tests/dashboard.test.mjs [memory] [redis] [auth] [ops] [ops-redis]
+//   BATON_BIN=target/debug/baton node dashboard-tests/dashboard.test.mjs [memory] [redis] [auth] [ops] [ops-redis] [links]
 //
 // Environment: BATON_BIN (required), CHROMIUM (default /usr/bin/chromium), SCREENSHOTS (default
 // <repo>/target/dashboard-screenshots).
@@ -25,7 +27,7 @@ const BATON = process.env.BATON_BIN
 if (!BATON) throw new Error("set BATON_BIN to a built `baton` binary")
 const SHOTS = process.env.SCREENSHOTS ?? join(ROOT, "target", "dashboard-screenshots")
 mkdirSync(SHOTS, { recursive: true })
-const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth", "ops", "ops-redis"]
+const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth", "ops", "ops-redis", "links"]
 const TOKEN = "dashboard-test-token-0123456789abcdef"
 
 const children = []
@@ -452,6 +454,49 @@ async function opsFlow(backend) {
   }
 }
 
+// Stream paths the URL treats specially (`%`, an encoded-looking `%7B`, a brace, a trailing
+// space): a listed stream opens exactly that stream, and so does the page's URL after a reload
+// (the `#streams:` link the browser shares), and a `%` in it does not stop the page working.
+async function linksFlow() {
+  const { base } = await startBaton([])
+  const api = client(base)
+  const odd = { "odd/%7B": "encoded", "odd/{": "brace", "odd/sp ": "space", "odd/sp": "nospace", "odd/100%": "percent" }
+  for (const [path, text] of Object.entries(odd)) {
+    const url = path.split("/").map(encodeURIComponent).join("/")
+    await api.stream("PUT", url, text + "\n", { "content-type": "text/plain" })
+  }
+  const ctx = await browser()
+  const page = ctx.pages()[0] ?? await ctx.newPage()
+  const errors = []
+  page.on("pageerror", (e) => errors.push(String(e)))
+  try {
+    await page.goto(base + "/")
+    await page.locator("#conn.live").waitFor({ timeout: 10000 })
+    for (const [path, text] of Object.entries(odd)) {
+      await tab(page, "Streams")
+      await page.fill("#browse-prefix", "odd/")
+      await page.locator("#browse-form").getByRole("button", { name: "List" }).click()
+      await until(`the row of ${JSON.stringify(path)}`, async () => {
+        const paths = await page.locator("#streams-table tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.path))
+        return paths.includes(path)
+      })
+      await page.locator("#streams-table tbody tr").evaluateAll((rs, p) => rs.find((r) => r.dataset.path === p).querySelector("a").click(), path)
+      await until(`${JSON.stringify(path)} followed`, async () => (await page.locator("#stream-log").textContent()) === text + "\n")
+      // The page's URL names the same stream: a reload follows it again, and the page works.
+      await page.reload()
+      await until(`${JSON.stringify(path)} followed after a reload`, async () => {
+        if (errors.length) throw new Error(`page errors: ${errors.join(" | ")}`)
+        const log = await page.locator("#stream-log").textContent()
+        if (log !== text + "\n") throw new Error(`the log shows ${JSON.stringify(log)}`)
+        return true
+      })
+      check(errors.length === 0, `page errors after reloading ${JSON.stringify(path)}: ${errors.join(" | ")}`)
+    }
+  } finally {
+    await ctx.close()
+  }
+}
+
 let failed = 0
 for (const mode of MODES) {
   const t0 = Date.now()
@@ -459,6 +504,7 @@ for (const mode of MODES) {
     if (mode === "auth") await authFlow()
     else if (mode === "ops") await opsFlow("memory")
     else if (mode === "ops-redis") await opsFlow("redis")
+    else if (mode === "links") await linksFlow()
     else await mainFlow(mode)
     console.log(`dashboard (${mode}): ok in ${((Date.now() - t0) / 1000).toFixed(1)}s`)
   } catch (e) {

@@ -49,6 +49,14 @@
   const timeCell = (iso) => h("td", { title: iso || "" }, h("time", { datetime: iso || "" }, ago(iso)));
   const enc = (s) => encodeURIComponent(s);
   const streamUrl = (path) => "/v1/stream/" + path.split("/").filter(Boolean).map(enc).join("/");
+  // The page URL of a followed stream (`#streams:acme/run-1`): each segment percent-encoded, so
+  // that a `%` or an encoded-looking `%7B` in a path comes back as that exact path.
+  const streamHash = (path) => "#streams:" + path.split("/").map(enc).join("/");
+  function hashPath(hash) {
+    const raw = hash.slice("#streams:".length);
+    // A hand-typed link may hold a bare `%`: such a segment is taken as it is.
+    return raw.split("/").map((s) => { try { return decodeURIComponent(s); } catch { return s; } }).join("/");
+  }
   function withToken(url) {
     if (!state.token) return url;
     return url + (url.includes("?") ? "&" : "?") + "access_token=" + enc(state.token);
@@ -392,7 +400,7 @@
     if (v && v !== "••••••••") { state.token = v; sessionStorage.setItem("baton.token", v); }
     $("token").value = state.token ? "••••••••" : "";
     connect();
-    if (state.stream) openStream(state.stream.path);
+    if (state.stream) openStream(state.stream.path, true);
   });
   $("token-clear").addEventListener("click", () => {
     state.token = ""; sessionStorage.removeItem("baton.token"); $("token").value = ""; connect();
@@ -409,9 +417,11 @@
     $("stream-stop").disabled = true;
     if (msg) streamStatus(msg, "closed");
   }
-  async function openStream(path) {
+  // Follows `path`: as typed (trimmed, a leading `/` or `v1/stream/` dropped), or `exact` (a path
+  // the server listed, or the page URL's), as it is.
+  async function openStream(path, exact) {
     stopStream();
-    path = path.trim().replace(/^\/+/, "").replace(/^v1\/stream\//, "");
+    path = exact ? path.replace(/^\/+/, "") : path.trim().replace(/^\/+/, "").replace(/^v1\/stream\//, "");
     if (!path) return;
     const url = streamUrl(path);
     $("stream-log").textContent = "";
@@ -426,7 +436,7 @@
     const contentType = head.res.headers.get("content-type") || "application/octet-stream";
     const isJson = /^application\/([\w.+-]*\+)?json/i.test(contentType);
     state.stream = { path, url, contentType, offset: "-1", lines: 0 };
-    history.replaceState(null, "", "#streams:" + path);
+    history.replaceState(null, "", streamHash(path));
     const es = new EventSource(withToken(url + "?offset=-1&live=sse"));
     state.streamEs = es;
     $("stream-stop").disabled = false;
@@ -479,10 +489,10 @@
     else toast(`Append refused: ${r.message}`, true);
   });
   if (location.hash.startsWith("#streams:")) {
-    const p = decodeURIComponent(location.hash.slice("#streams:".length));
+    const p = hashPath(location.hash);
     selectTab($("tab-streams"));
     $("stream-path").value = p;
-    openStream(p);
+    openStream(p, true);
   }
 
   // ---- operations: workers, bulk actions, stream browser -------------------------------------
@@ -626,7 +636,7 @@
       browse.loaded = true;
       const body = $("streams-table").querySelector("tbody");
       const rows = r.body.streams.map((s) => h("tr", { "data-path": s.path, "data-closed": String(s.closed) },
-        h("th", { scope: "row", class: "mono" }, h("a", { href: "#streams:" + s.path, onclick: (e) => { e.preventDefault(); follow(s.path); } }, s.path)),
+        h("th", { scope: "row", class: "mono" }, h("a", { href: streamHash(s.path), onclick: (e) => { e.preventDefault(); follow(s.path); } }, s.path)),
         h("td", {}, s.content_type), h("td", { class: "num" }, num(s.length)),
         h("td", {}, s.closed ? h("span", { class: "badge CANCELLED" }, `ended (${s.end_reason})`) : h("span", { class: "badge RUNNING" }, "open")),
         timeCell(s.created_at), timeCell(s.last_write_at)));
@@ -640,7 +650,7 @@
   }
   function follow(path) {
     $("stream-path").value = path;
-    openStream(path);
+    openStream(path, true);
     $("follow").scrollIntoView({ block: "nearest" });
   }
   $("browse-form").addEventListener("submit", (e) => { e.preventDefault(); listStreams(false); });
