@@ -492,6 +492,25 @@ async function linksFlow() {
       })
       check(errors.length === 0, `page errors after reloading ${JSON.stringify(path)}: ${errors.join(" | ")}`)
     }
+    // A listing asked for while a slow one is still under way: the table ends up showing the
+    // prefix asked last (the slow answer for the old prefix does not replace it, and the
+    // new request is not dropped).
+    await api.stream("PUT", "late/one", "x\n", { "content-type": "text/plain" })
+    await tab(page, "Streams")
+    let delayed = false
+    await page.route("**/v1/streams?**", async (route) => {
+      if (!delayed && route.request().url().includes("prefix=odd")) { delayed = true; await sleep(1500) }
+      await route.continue()
+    })
+    await page.fill("#browse-prefix", "odd/")
+    await page.locator("#browse-form").getByRole("button", { name: "List" }).click()
+    await until("the slow listing to start", async () => delayed)
+    await page.fill("#browse-prefix", "late/")
+    await page.locator("#browse-form").getByRole("button", { name: "List" }).click()
+    await sleep(2500)
+    const shown = await page.locator("#streams-table tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.path))
+    check(JSON.stringify(shown) === JSON.stringify(["late/one"]), `the table after asking for late/: ${JSON.stringify(shown)}`)
+    await page.unroute("**/v1/streams?**")
   } finally {
     await ctx.close()
   }

@@ -622,16 +622,20 @@
 
   // Stream browser (GET /v1/streams?prefix=): pages in path order; a path opens the stream in the
   // follow panel below (live, with EventSource).
-  const browse = { prefix: "", next: null, busy: false, loaded: false };
+  // Each List starts a new listing (its generation); an answer for an older one, still under
+  // way when List was pressed again, is dropped. More is ignored while one is under way.
+  const browse = { prefix: "", next: null, gen: 0, moreBusy: false, loaded: false };
   async function listStreams(more) {
-    if (browse.busy) return;
-    browse.busy = true;
+    if (more && (browse.moreBusy || !browse.next)) return;
+    if (!more) { browse.gen++; browse.prefix = $("browse-prefix").value.trim().replace(/^\/+/, ""); browse.next = null; }
+    const gen = browse.gen;
+    if (more) browse.moreBusy = true;
     try {
-      if (!more) { browse.prefix = $("browse-prefix").value.trim().replace(/^\/+/, ""); browse.next = null; }
       const q = new URLSearchParams({ limit: "50" });
       if (browse.prefix) q.set("prefix", browse.prefix);
-      if (more && browse.next) q.set("cursor", browse.next);
+      if (more) q.set("cursor", browse.next);
       const r = await api("GET", "/v1/streams?" + q.toString());
+      if (gen !== browse.gen) return;
       if (!r.ok) { toast(`Cannot list streams: ${r.message}`, true); return; }
       browse.loaded = true;
       const body = $("streams-table").querySelector("tbody");
@@ -645,7 +649,7 @@
       $("browse-more").hidden = !browse.next;
       $("streams-empty").hidden = body.children.length > 0;
     } finally {
-      browse.busy = false;
+      if (more) browse.moreBusy = false;
     }
   }
   function follow(path) {
