@@ -6,10 +6,11 @@
 // (`ops`, `ops-redis`) at desktop and phone widths: the stream browser, the workers panel (on
 // Redis a killed `baton worker` shown dead), bulk cancel and retry with their dry-run counts, and
 // no horizontal page scroll; then (`links`) streams with `%`, braces or a trailing space in their
-// paths followed exactly from the browser and after a reload. Writes screenshots to
+// paths followed exactly from the browser and after a reload, and (`bulk-large`) a bulk cancel of
+// more than one call's 10,000 commands whose dry-run count is what is done. Writes screenshots to
 // target/dashboard-screenshots/.
 //
-//   BATON_BIN=target/debug/baton node dashboard-tests/dashboard.test.mjs [memory] [redis] [auth] [ops] [ops-redis] [links]
+//   BATON_BIN=target/debug/baton node dashboard-tests/dashboard.test.mjs [memory] [redis] [auth] [ops] [ops-redis] [links] [bulk-large]
 //
 // Environment: BATON_BIN (required), CHROMIUM (default /usr/bin/chromium), SCREENSHOTS (default
 // <repo>/target/dashboard-screenshots).
@@ -27,7 +28,7 @@ const BATON = process.env.BATON_BIN
 if (!BATON) throw new Error("set BATON_BIN to a built `baton` binary")
 const SHOTS = process.env.SCREENSHOTS ?? join(ROOT, "target", "dashboard-screenshots")
 mkdirSync(SHOTS, { recursive: true })
-const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth", "ops", "ops-redis", "links"]
+const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth", "ops", "ops-redis", "links", "bulk-large"]
 const TOKEN = "dashboard-test-token-0123456789abcdef"
 
 const children = []
@@ -516,6 +517,39 @@ async function linksFlow() {
   }
 }
 
+// Bulk over more commands than one call looks at (10,000): the dry run's count, shown on the
+// confirm button, is what the action then does.
+async function bulkLargeFlow() {
+  const config = join(work, "bulk-large.toml")
+  writeFileSync(config, '[queues.default]\nconcurrency = 1\n[queues.default.handlers]\nsleep = "sleep"\n')
+  const { base } = await startBaton(["--config", config])
+  const n = 10005
+  for (let i = 0; i < n; i += 200) {
+    await Promise.all(Array.from({ length: Math.min(200, n - i) }, (_, k) =>
+      json("POST", `${base}/v1/queues/default/commands`, { id: `big-${i + k}`, type: "sleep", params: { ms: 600000 } })))
+  }
+  const ctx = await browser()
+  const page = ctx.pages()[0] ?? await ctx.newPage()
+  try {
+    await page.goto(base + "/")
+    await page.locator("#conn.live").waitFor({ timeout: 10000 })
+    await tab(page, "Commands")
+    await page.locator("#bulk summary").click()
+    await page.selectOption("#bulk-action", "cancel")
+    await page.selectOption("#bulk-queue", "default")
+    await page.fill("#bulk-prefix", "big-")
+    await page.locator("#bulk-btn").click()
+    await page.locator("#bulk-result[data-eligible]").waitFor({ timeout: 60000 })
+    const counted = Number(await page.locator("#bulk-result").getAttribute("data-eligible"))
+    await page.locator("#bulk-btn").click()
+    await page.locator("#bulk-result[data-applied]").waitFor({ timeout: 120000 })
+    const applied = Number(await page.locator("#bulk-result").getAttribute("data-applied"))
+    check(counted === n && applied === n, `the dry run counted ${counted}, the action cancelled ${applied} (of ${n})`)
+  } finally {
+    await ctx.close()
+  }
+}
+
 let failed = 0
 for (const mode of MODES) {
   const t0 = Date.now()
@@ -524,6 +558,7 @@ for (const mode of MODES) {
     else if (mode === "ops") await opsFlow("memory")
     else if (mode === "ops-redis") await opsFlow("redis")
     else if (mode === "links") await linksFlow()
+    else if (mode === "bulk-large") await bulkLargeFlow()
     else await mainFlow(mode)
     console.log(`dashboard (${mode}): ok in ${((Date.now() - t0) / 1000).toFixed(1)}s`)
   } catch (e) {

@@ -552,9 +552,11 @@
 
   // Bulk cancel / retry (POST /v1/queues/{queue}/commands/bulk): the first click counts with a
   // dry run and arms the button with that count for 8 seconds; the second acts. Changing the
-  // filter disarms it.
+  // filter disarms it. The dry run and the action walk the same range (calls of up to BULK_MAX
+  // commands through next_cursor, at most BULK_CALLS), so the count confirmed is what is done
+  // when nothing changes in between.
   const bulk = { armed: false, timer: null };
-  const BULK_MAX = 10000;
+  const BULK_MAX = 10000, BULK_CALLS = 20;
   function bulkFilter() {
     const f = { action: $("bulk-action").value };
     const st = $("bulk-status").value, ty = $("bulk-type").value.trim(), ip = $("bulk-prefix").value.trim();
@@ -579,6 +581,24 @@
   async function bulkCall(queue, body) {
     return api("POST", `/v1/queues/${enc(queue)}/commands/bulk`, JSON.stringify(body), { "Content-Type": "application/json" });
   }
+  // Calls the bulk endpoint through next_cursor (at most BULK_CALLS times) and sums the reports;
+  // `more` when a cursor is left; `error` (with the sums so far) when a call fails.
+  async function bulkWalk(queue, body) {
+    const sum = { eligible: 0, applied: 0, refused: 0, looked: 0, more: false, error: null };
+    let cursor = null;
+    for (let call = 0; call < BULK_CALLS; call++) {
+      const r = await bulkCall(queue, { ...body, max: BULK_MAX, ...(cursor ? { cursor } : {}) });
+      if (!r.ok) { sum.error = r.message; return sum; }
+      sum.eligible += r.body.eligible;
+      sum.applied += r.body.applied;
+      sum.refused += r.body.refused;
+      sum.looked += r.body.looked_at;
+      cursor = r.body.next_cursor;
+      if (!cursor) return sum;
+    }
+    sum.more = true;
+    return sum;
+  }
   $("bulk-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     const queue = $("bulk-queue").value, btn = $("bulk-btn");
@@ -587,11 +607,11 @@
     btn.disabled = true;
     try {
       if (!bulk.armed) {
-        const r = await bulkCall(queue, { ...f, dry_run: true, max: BULK_MAX });
-        if (!r.ok) { bulkSay(`Cannot count: ${r.message}`); return; }
-        const n = r.body.eligible, more = r.body.next_cursor ? ` among the first ${num(BULK_MAX)} looked at` : "";
+        const c = await bulkWalk(queue, { ...f, dry_run: true });
+        if (c.error) { bulkSay(`Cannot count: ${c.error}`); return; }
+        const n = c.eligible, more = c.more ? ` among the first ${num(c.looked)} looked at` : "";
         const verb = f.action === "cancel" ? "cancelled" : "re-run";
-        if (!n) { bulkSay(`No command of ${queue} matches: nothing would be ${verb} (${num(r.body.looked_at)} looked at).`, { eligible: 0 }); return; }
+        if (!n) { bulkSay(`No command of ${queue} matches: nothing would be ${verb} (${num(c.looked)} looked at).`, { eligible: 0 }); return; }
         bulkSay(`${num(n)} command${n === 1 ? "" : "s"} of ${queue} would be ${verb}${more} (dry run). Click again to confirm.`, { eligible: n });
         bulk.armed = true;
         btn.dataset.armed = "1";
@@ -600,15 +620,8 @@
         return;
       }
       bulkDisarm();
-      let applied = 0, refused = 0, cursor = null;
-      for (let round = 0; round < 20; round++) {
-        const r = await bulkCall(queue, { ...f, max: BULK_MAX, ...(cursor ? { cursor } : {}) });
-        if (!r.ok) { bulkSay(`Stopped after ${num(applied)}: ${r.message}`, { applied }); toast(`Bulk ${f.action} failed: ${r.message}`, true); return; }
-        applied += r.body.applied;
-        refused += r.body.refused;
-        cursor = r.body.next_cursor;
-        if (!cursor) break;
-      }
+      const { applied, refused, error } = await bulkWalk(queue, f);
+      if (error) { bulkSay(`Stopped after ${num(applied)}: ${error}`, { applied }); toast(`Bulk ${f.action} failed: ${error}`, true); return; }
       const verb = f.action === "cancel" ? "Cancelled" : "Re-running";
       bulkSay(`${verb} ${num(applied)} command${applied === 1 ? "" : "s"} of ${queue}` +
         (refused ? ` (${num(refused)} changed meanwhile, left as they were)` : "") + ".", { applied, refused });
