@@ -5,9 +5,12 @@
 // injected with redis-cli), follows a stream live, and uses the page with a bearer token; then
 // (`ops`, `ops-redis`) at desktop and phone widths: the stream browser, the workers panel (on
 // Redis a killed `baton worker` shown dead), bulk cancel and retry with their dry-run counts, and
-// no horizontal page scroll. Writes screenshots to target/dashboard-screenshots/.
+// no horizontal page scroll; then (`links`) streams with `%`, braces or a trailing space in their
+// paths followed exactly from the browser and after a reload, and (`bulk-large`) a bulk cancel of
+// more than one call's 10,000 commands whose dry-run count is what is done. Writes screenshots to
+// target/dashboard-screenshots/.
 //
-//   BATON_BIN=target/debug/baton node dashboard-tests/dashboard.test.mjs [memory] [redis] [auth] [ops] [ops-redis]
+//   BATON_BIN=target/debug/baton node dashboard-tests/dashboard.test.mjs [memory] [redis] [auth] [ops] [ops-redis] [links] [bulk-large]
 //
 // Environment: BATON_BIN (required), CHROMIUM (default /usr/bin/chromium), SCREENSHOTS (default
 // <repo>/target/dashboard-screenshots).
@@ -25,7 +28,7 @@ const BATON = process.env.BATON_BIN
 if (!BATON) throw new Error("set BATON_BIN to a built `baton` binary")
 const SHOTS = process.env.SCREENSHOTS ?? join(ROOT, "target", "dashboard-screenshots")
 mkdirSync(SHOTS, { recursive: true })
-const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth", "ops", "ops-redis"]
+const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth", "ops", "ops-redis", "links", "bulk-large"]
 const TOKEN = "dashboard-test-token-0123456789abcdef"
 
 const children = []
@@ -505,6 +508,101 @@ async function opsFlow(backend) {
   }
 }
 
+// Stream paths the URL treats specially (`%`, an encoded-looking `%7B`, a brace, a trailing
+// space): a listed stream opens exactly that stream, and so does the page's URL after a reload
+// (the `#streams:` link the browser shares), and a `%` in it does not stop the page working.
+async function linksFlow() {
+  const { base } = await startBaton([])
+  const api = client(base)
+  const odd = { "odd/%7B": "encoded", "odd/{": "brace", "odd/sp ": "space", "odd/sp": "nospace", "odd/100%": "percent" }
+  for (const [path, text] of Object.entries(odd)) {
+    const url = path.split("/").map(encodeURIComponent).join("/")
+    await api.stream("PUT", url, text + "\n", { "content-type": "text/plain" })
+  }
+  const ctx = await browser()
+  const page = ctx.pages()[0] ?? await ctx.newPage()
+  const errors = []
+  page.on("pageerror", (e) => errors.push(String(e)))
+  try {
+    await page.goto(base + "/")
+    await page.locator("#conn.live").waitFor({ timeout: 10000 })
+    for (const [path, text] of Object.entries(odd)) {
+      await tab(page, "Streams")
+      await page.fill("#browse-prefix", "odd/")
+      await page.locator("#browse-form").getByRole("button", { name: "List" }).click()
+      await until(`the row of ${JSON.stringify(path)}`, async () => {
+        const paths = await page.locator("#streams-table tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.path))
+        return paths.includes(path)
+      })
+      await page.locator("#streams-table tbody tr").evaluateAll((rs, p) => rs.find((r) => r.dataset.path === p).querySelector("a").click(), path)
+      await until(`${JSON.stringify(path)} followed`, async () => (await page.locator("#stream-log").textContent()) === text + "\n")
+      // The page's URL names the same stream: a reload follows it again, and the page works.
+      await page.reload()
+      await until(`${JSON.stringify(path)} followed after a reload`, async () => {
+        if (errors.length) throw new Error(`page errors: ${errors.join(" | ")}`)
+        const log = await page.locator("#stream-log").textContent()
+        if (log !== text + "\n") throw new Error(`the log shows ${JSON.stringify(log)}`)
+        return true
+      })
+      check(errors.length === 0, `page errors after reloading ${JSON.stringify(path)}: ${errors.join(" | ")}`)
+    }
+    // A listing asked for while a slow one is still under way: the table ends up showing the
+    // prefix asked last (the slow answer for the old prefix does not replace it, and the
+    // new request is not dropped).
+    await api.stream("PUT", "late/one", "x\n", { "content-type": "text/plain" })
+    await tab(page, "Streams")
+    let delayed = false
+    await page.route("**/v1/streams?**", async (route) => {
+      if (!delayed && route.request().url().includes("prefix=odd")) { delayed = true; await sleep(1500) }
+      await route.continue()
+    })
+    await page.fill("#browse-prefix", "odd/")
+    await page.locator("#browse-form").getByRole("button", { name: "List" }).click()
+    await until("the slow listing to start", async () => delayed)
+    await page.fill("#browse-prefix", "late/")
+    await page.locator("#browse-form").getByRole("button", { name: "List" }).click()
+    await sleep(2500)
+    const shown = await page.locator("#streams-table tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.path))
+    check(JSON.stringify(shown) === JSON.stringify(["late/one"]), `the table after asking for late/: ${JSON.stringify(shown)}`)
+    await page.unroute("**/v1/streams?**")
+  } finally {
+    await ctx.close()
+  }
+}
+
+// Bulk over more commands than one call looks at (10,000): the dry run's count, shown on the
+// confirm button, is what the action then does.
+async function bulkLargeFlow() {
+  const config = join(work, "bulk-large.toml")
+  writeFileSync(config, '[queues.default]\nconcurrency = 1\n[queues.default.handlers]\nsleep = "sleep"\n')
+  const { base } = await startBaton(["--config", config])
+  const n = 10005
+  for (let i = 0; i < n; i += 200) {
+    await Promise.all(Array.from({ length: Math.min(200, n - i) }, (_, k) =>
+      json("POST", `${base}/v1/queues/default/commands`, { id: `big-${i + k}`, type: "sleep", params: { ms: 600000 } })))
+  }
+  const ctx = await browser()
+  const page = ctx.pages()[0] ?? await ctx.newPage()
+  try {
+    await page.goto(base + "/")
+    await page.locator("#conn.live").waitFor({ timeout: 10000 })
+    await tab(page, "Commands")
+    await page.locator("#bulk summary").click()
+    await page.selectOption("#bulk-action", "cancel")
+    await page.selectOption("#bulk-queue", "default")
+    await page.fill("#bulk-prefix", "big-")
+    await page.locator("#bulk-btn").click()
+    await page.locator("#bulk-result[data-eligible]").waitFor({ timeout: 60000 })
+    const counted = Number(await page.locator("#bulk-result").getAttribute("data-eligible"))
+    await page.locator("#bulk-btn").click()
+    await page.locator("#bulk-result[data-applied]").waitFor({ timeout: 120000 })
+    const applied = Number(await page.locator("#bulk-result").getAttribute("data-applied"))
+    check(counted === n && applied === n, `the dry run counted ${counted}, the action cancelled ${applied} (of ${n})`)
+  } finally {
+    await ctx.close()
+  }
+}
+
 let failed = 0
 for (const mode of MODES) {
   const t0 = Date.now()
@@ -512,6 +610,8 @@ for (const mode of MODES) {
     if (mode === "auth") await authFlow()
     else if (mode === "ops") await opsFlow("memory")
     else if (mode === "ops-redis") await opsFlow("redis")
+    else if (mode === "links") await linksFlow()
+    else if (mode === "bulk-large") await bulkLargeFlow()
     else await mainFlow(mode)
     console.log(`dashboard (${mode}): ok in ${((Date.now() - t0) / 1000).toFixed(1)}s`)
   } catch (e) {

@@ -584,15 +584,25 @@ impl StreamBackend for MemoryStreamBackend {
         keep: &PathFilter,
     ) -> Result<(Vec<StreamPath>, bool)> {
         let now = now_ms();
-        let map = self.streams.lock().unwrap();
+        // The map's lock is held only to take the candidates: the caller's filter (e.g. a
+        // token's scopes, for every stream of the prefix) runs with no lock held, so other
+        // stream operations go on meanwhile.
+        let candidates: Vec<(StreamPath, Arc<MemStream>)> = {
+            let map = self.streams.lock().unwrap();
+            map.iter()
+                .filter(|(path, _)| path.as_str().starts_with(prefix) && after.is_none_or(|a| *path > a))
+                .map(|(path, s)| (path.clone(), s.clone()))
+                .collect()
+        };
         let mut smallest = Smallest::new(limit.saturating_add(1));
-        for (path, s) in map.iter() {
-            if !path.as_str().starts_with(prefix) || after.is_some_and(|a| path <= a) || !keep(path) {
+        for (path, s) in candidates {
+            if !keep(&path) {
                 continue;
             }
             let st = s.st.lock().unwrap();
             if !st.removed && !st.deleted && !st.expired(now) {
-                smallest.offer(path.clone());
+                drop(st);
+                smallest.offer(path);
             }
         }
         Ok(smallest.page(limit))

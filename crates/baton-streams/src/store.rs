@@ -146,7 +146,9 @@ impl StreamStore {
     /// order, whose path starts with `prefix` (`""` for all; a plain string prefix, not a glob nor
     /// a segment boundary: `"acme/run"` matches `acme/run-1`). At most `limit` paths, each once.
     ///
-    /// Memory: a walk of the map. Redis: `SCAN … MATCH baton:s:{<prefix>*}:m COUNT 1000` over the
+    /// `keep` is called with no lock of the store held (other operations go on meanwhile).
+    /// Memory: the paths of the prefix taken from the map (under its lock, briefly), then
+    /// filtered. Redis: `SCAN … MATCH baton:s:{<prefix>*}:m COUNT 1000` over the
     /// stream metadata keys (on every master of a Cluster), then one `HMGET` per match (soft-deleted
     /// streams keep their metadata key); it stops once it has `limit` paths. The cost grows with
     /// the whole keyspace of each node (SCAN visits every key), not with the matches: meant for
@@ -168,7 +170,9 @@ impl StreamStore {
     /// and the page is filled from further listings, at most 4 in all: a page may then hold
     /// fewer than `limit` streams and still have a `next`.
     ///
-    /// Memory: a walk of the map. Redis: `SCAN … MATCH` over the stream metadata keys of the
+    /// `keep` is called with no lock of the store held (other operations go on meanwhile).
+    /// Memory: the paths of the prefix taken from the map (under its lock, briefly), then
+    /// filtered. Redis: `SCAN … MATCH` over the stream metadata keys of the
     /// prefix on every master of a Cluster (the whole keyspace of each node for every page, since
     /// SCAN has no order; only the `limit + 1` smallest paths are held), then one metadata read
     /// per listed stream (16 at a time). Meant for an operator's browsing, not per request. A

@@ -137,4 +137,5 @@ suite!(
     observer::observer_sees_forks_and_runs,
     observer::list_streams_by_prefix,
     observer::list_pages_in_path_order,
+    observer::list_page_filter_holds_no_lock,
 );

@@ -86,11 +86,20 @@ impl Principal {
         }
     }
 
+    /// True when `op` on the stream `path` is allowed, without building a refusal (for
+    /// filtering listings: `GET /v1/streams` asks it of every stream of the prefix).
+    pub fn can_stream(&self, op: Op, path: &str) -> bool {
+        match self {
+            Principal::Open => true,
+            Principal::Token(t) => t.allows(op) && t.covers_stream(path),
+        }
+    }
+
     /// `Ok` when `op` on the stream `path` is allowed; else the 403 message.
     pub fn check_stream(&self, op: Op, path: &str) -> Result<(), String> {
         match self {
+            _ if self.can_stream(op, path) => Ok(()),
             Principal::Open => Ok(()),
-            Principal::Token(t) if t.allows(op) && t.covers_stream(path) => Ok(()),
             Principal::Token(t) => Err(format!(
                 "token {:?} may not {} stream {path:?} (operations: {}; stream prefixes: {})",
                 t.name,
@@ -104,8 +113,8 @@ impl Principal {
     /// `Ok` when `op` on `queue` is allowed; else the 403 message.
     pub fn check_queue(&self, op: Op, queue: &str) -> Result<(), String> {
         match self {
+            _ if self.can_queue(op, queue) => Ok(()),
             Principal::Open => Ok(()),
-            Principal::Token(t) if t.allows(op) && t.covers_queue(queue) => Ok(()),
             Principal::Token(t) => Err(format!(
                 "token {:?} may not {} queue {queue:?} (operations: {}; queues: {})",
                 t.name,
@@ -116,9 +125,12 @@ impl Principal {
         }
     }
 
-    /// True when `op` on `queue` is allowed (for filtering listings).
+    /// True when `op` on `queue` is allowed, without building a refusal (for filtering listings).
     pub fn can_queue(&self, op: Op, queue: &str) -> bool {
-        self.check_queue(op, queue).is_ok()
+        match self {
+            Principal::Open => true,
+            Principal::Token(t) => t.allows(op) && t.covers_queue(queue),
+        }
     }
 
     /// `Ok` for the open server and admin tokens.
@@ -190,6 +202,29 @@ mod tests {
         assert!(p.check_queue(Op::Read, "q2").is_err());
         let a = Principal::Token(Arc::new(TokenConfig::admin("a", "0123456789abcdef0").unwrap()));
         assert!(a.check_queue(Op::Write, "any").is_ok() && a.check_stream(Op::Write, "x/y").is_ok());
+    }
+
+    /// The listings' filters (`can_*`, no message built) agree with the 403 checks everywhere.
+    #[test]
+    fn filters_agree_with_checks() {
+        let ps = [
+            Principal::Open,
+            Principal::Token(Arc::new(
+                TokenConfig::new("t", "0123456789abcdef", &["read"], &["acme", "ci/runs"], &["q1"]).unwrap(),
+            )),
+            Principal::Token(Arc::new(TokenConfig::new("w", "0123456789abcdef", &["write"], &["*"], &["*"]).unwrap())),
+            Principal::Token(Arc::new(TokenConfig::admin("a", "0123456789abcdef0").unwrap())),
+        ];
+        for p in &ps {
+            for op in [Op::Read, Op::Write, Op::Work, Op::Admin] {
+                for path in ["acme", "acme/x", "acmeco/x", "ci/runs", "ci/runs/1", "ci/other", "x/y"] {
+                    assert_eq!(p.can_stream(op, path), p.check_stream(op, path).is_ok(), "{p:?} {op:?} {path}");
+                }
+                for q in ["q1", "q2", "*"] {
+                    assert_eq!(p.can_queue(op, q), p.check_queue(op, q).is_ok(), "{p:?} {op:?} {q}");
+                }
+            }
+        }
     }
 
     #[test]

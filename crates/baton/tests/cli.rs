@@ -657,6 +657,25 @@ fn streams_list_by_prefix_on_cluster() {
     streams_list(Serve::start_env(&[("BATON_REDIS_CLUSTER", &cluster.urls().join(","))]));
 }
 
+/// `baton streams list`'s `more: --cursor …` line, pasted into a shell, gives back the exact
+/// path even when it holds spaces, quotes or glob characters (it is shell-quoted then).
+#[test]
+fn streams_list_cursor_survives_a_shell() {
+    let s = Serve::start();
+    for p in ["sp/a b*'q", "sp/z", "plain/run-1", "plain/run-2"] {
+        s.run(&["streams", "create", p]).ok();
+    }
+    let more = |prefix: &str| {
+        let out = s.run(&["streams", "list", prefix, "--limit", "1"]).ok();
+        out.stdout.lines().last().unwrap().strip_prefix("more: --cursor ").expect("a more: line").to_string()
+    };
+    let word = more("sp/");
+    let echoed = std::process::Command::new("sh").arg("-c").arg(format!("printf %s {word}")).output().unwrap();
+    assert_eq!(String::from_utf8(echoed.stdout).unwrap(), "sp/a b*'q", "printed: {word}");
+    // A plain path is printed as it is.
+    assert_eq!(more("plain/"), "plain/run-1");
+}
+
 /// A bare HTTP/1.1 request to `base` (`Connection: close`): the status and the body.
 fn http(base: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
     let addr = base.trim_start_matches("http://");

@@ -336,3 +336,39 @@ pub async fn list_pages_in_path_order(b: &TestBackend) {
     assert!(s.list_page("nobody/", None, 10, &all).await.unwrap().streams.is_empty());
     assert!(matches!(s.list_page("", None, 0, &all).await, Err(StreamError::InvalidRequest { .. })));
 }
+
+/// `list_page` runs the caller's filter with no lock of the store held: a create on another
+/// thread completes while the filter waits for it (a slow filter over many streams, e.g. a
+/// token's scopes, must not stall every other stream operation of the process).
+pub async fn list_page_filter_holds_no_lock(b: &TestBackend) {
+    let s = store(b, settings()).await;
+    for i in 0..3 {
+        s.create(&StreamPath::new(format!("lk/{i}")).unwrap(), opts("text/plain")).await.unwrap();
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = Mutex::new(rx);
+    let other = s.clone();
+    let rt = tokio::runtime::Handle::current();
+    let waited: Arc<Mutex<Option<bool>>> = Arc::new(Mutex::new(None));
+    let w = waited.clone();
+    let keep = move |_: &StreamPath| {
+        let mut w = w.lock().unwrap();
+        if w.is_none() {
+            let (other, tx, rt) = (other.clone(), tx.clone(), rt.clone());
+            std::thread::spawn(move || {
+                rt.block_on(other.create(&StreamPath::new("lk/other").unwrap(), opts("text/plain"))).unwrap();
+                let _ = tx.send(());
+            });
+            *w = Some(rx.lock().unwrap().recv_timeout(std::time::Duration::from_secs(5)).is_ok());
+        }
+        true
+    };
+    let page = s.list_page("lk/", None, 10, &keep).await.unwrap();
+    assert_eq!(*waited.lock().unwrap(), Some(true), "the create waited for the listing's filter");
+    let got: Vec<&str> = page.streams.iter().map(|i| i.path.as_str()).collect();
+    assert!(got.starts_with(&["lk/0", "lk/1", "lk/2"]), "{got:?}");
+    let all = |_: &StreamPath| true;
+    let page = s.list_page("lk/", None, 10, &all).await.unwrap();
+    let got: Vec<&str> = page.streams.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(got, ["lk/0", "lk/1", "lk/2", "lk/other"]);
+}

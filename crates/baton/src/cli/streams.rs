@@ -543,9 +543,20 @@ async fn list(cl: &Client, prefix: Option<String>, limit: u32, cursor: Option<St
         t.print();
     }
     if let Some(next) = v.get("next_cursor").and_then(Value::as_str) {
-        println!("more: --cursor {next}");
+        println!("more: --cursor {}", shell_word(next));
     }
     Ok(exit::OK)
+}
+
+/// `s` as one POSIX shell word: as it is when it holds only characters no shell treats
+/// specially, else in single quotes (a `'` written `'\''`), so a printed `--cursor` can be pasted.
+fn shell_word(s: &str) -> String {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b"-_./:@%+=,".contains(&b);
+    if !s.is_empty() && s.bytes().all(plain) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 #[cfg(test)]

@@ -49,6 +49,14 @@
   const timeCell = (iso) => h("td", { title: iso || "" }, h("time", { datetime: iso || "" }, ago(iso)));
   const enc = (s) => encodeURIComponent(s);
   const streamUrl = (path) => "/v1/stream/" + path.split("/").filter(Boolean).map(enc).join("/");
+  // The page URL of a followed stream (`#streams:acme/run-1`): each segment percent-encoded, so
+  // that a `%` or an encoded-looking `%7B` in a path comes back as that exact path.
+  const streamHash = (path) => "#streams:" + path.split("/").map(enc).join("/");
+  function hashPath(hash) {
+    const raw = hash.slice("#streams:".length);
+    // A hand-typed link may hold a bare `%`: such a segment is taken as it is.
+    return raw.split("/").map((s) => { try { return decodeURIComponent(s); } catch { return s; } }).join("/");
+  }
   function withToken(url) {
     if (!state.token) return url;
     return url + (url.includes("?") ? "&" : "?") + "access_token=" + enc(state.token);
@@ -532,7 +540,7 @@
     if (v && v !== "••••••••") { state.token = v; sessionStorage.setItem("baton.token", v); }
     $("token").value = state.token ? "••••••••" : "";
     connect();
-    if (state.stream) openStream(state.stream.path);
+    if (state.stream) openStream(state.stream.path, true);
   });
   $("token-clear").addEventListener("click", () => {
     state.token = ""; sessionStorage.removeItem("baton.token"); $("token").value = ""; connect();
@@ -549,9 +557,11 @@
     $("stream-stop").disabled = true;
     if (msg) streamStatus(msg, "closed");
   }
-  async function openStream(path) {
+  // Follows `path`: as typed (trimmed, a leading `/` or `v1/stream/` dropped), or `exact` (a path
+  // the server listed, or the page URL's), as it is.
+  async function openStream(path, exact) {
     stopStream();
-    path = path.trim().replace(/^\/+/, "").replace(/^v1\/stream\//, "");
+    path = exact ? path.replace(/^\/+/, "") : path.trim().replace(/^\/+/, "").replace(/^v1\/stream\//, "");
     if (!path) return;
     const url = streamUrl(path);
     $("stream-log").textContent = "";
@@ -566,7 +576,7 @@
     const contentType = head.res.headers.get("content-type") || "application/octet-stream";
     const isJson = /^application\/([\w.+-]*\+)?json/i.test(contentType);
     state.stream = { path, url, contentType, offset: "-1", lines: 0 };
-    history.replaceState(null, "", "#streams:" + path);
+    history.replaceState(null, "", streamHash(path));
     const es = new EventSource(withToken(url + "?offset=-1&live=sse"));
     state.streamEs = es;
     $("stream-stop").disabled = false;
@@ -619,10 +629,10 @@
     else toast(`Append refused: ${r.message}`, true);
   });
   if (location.hash.startsWith("#streams:")) {
-    const p = decodeURIComponent(location.hash.slice("#streams:".length));
+    const p = hashPath(location.hash);
     selectTab($("tab-streams"));
     $("stream-path").value = p;
-    openStream(p);
+    openStream(p, true);
   }
 
   // ---- operations: workers, bulk actions, stream browser -------------------------------------
@@ -682,9 +692,11 @@
 
   // Bulk cancel / retry (POST /v1/queues/{queue}/commands/bulk): the first click counts with a
   // dry run and arms the button with that count for 8 seconds; the second acts. Changing the
-  // filter disarms it.
+  // filter disarms it. The dry run and the action walk the same range (calls of up to BULK_MAX
+  // commands through next_cursor, at most BULK_CALLS), so the count confirmed is what is done
+  // when nothing changes in between.
   const bulk = { armed: false, timer: null };
-  const BULK_MAX = 10000;
+  const BULK_MAX = 10000, BULK_CALLS = 20;
   function bulkFilter() {
     const f = { action: $("bulk-action").value };
     const st = $("bulk-status").value, ty = $("bulk-type").value.trim(), ip = $("bulk-prefix").value.trim();
@@ -709,6 +721,24 @@
   async function bulkCall(queue, body) {
     return api("POST", `/v1/queues/${enc(queue)}/commands/bulk`, JSON.stringify(body), { "Content-Type": "application/json" });
   }
+  // Calls the bulk endpoint through next_cursor (at most BULK_CALLS times) and sums the reports;
+  // `more` when a cursor is left; `error` (with the sums so far) when a call fails.
+  async function bulkWalk(queue, body) {
+    const sum = { eligible: 0, applied: 0, refused: 0, looked: 0, more: false, error: null };
+    let cursor = null;
+    for (let call = 0; call < BULK_CALLS; call++) {
+      const r = await bulkCall(queue, { ...body, max: BULK_MAX, ...(cursor ? { cursor } : {}) });
+      if (!r.ok) { sum.error = r.message; return sum; }
+      sum.eligible += r.body.eligible;
+      sum.applied += r.body.applied;
+      sum.refused += r.body.refused;
+      sum.looked += r.body.looked_at;
+      cursor = r.body.next_cursor;
+      if (!cursor) return sum;
+    }
+    sum.more = true;
+    return sum;
+  }
   $("bulk-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     const queue = $("bulk-queue").value, btn = $("bulk-btn");
@@ -717,11 +747,11 @@
     btn.disabled = true;
     try {
       if (!bulk.armed) {
-        const r = await bulkCall(queue, { ...f, dry_run: true, max: BULK_MAX });
-        if (!r.ok) { bulkSay(`Cannot count: ${r.message}`); return; }
-        const n = r.body.eligible, more = r.body.next_cursor ? ` among the first ${num(BULK_MAX)} looked at` : "";
+        const c = await bulkWalk(queue, { ...f, dry_run: true });
+        if (c.error) { bulkSay(`Cannot count: ${c.error}`); return; }
+        const n = c.eligible, more = c.more ? ` among the first ${num(c.looked)} looked at` : "";
         const verb = f.action === "cancel" ? "cancelled" : "re-run";
-        if (!n) { bulkSay(`No command of ${queue} matches: nothing would be ${verb} (${num(r.body.looked_at)} looked at).`, { eligible: 0 }); return; }
+        if (!n) { bulkSay(`No command of ${queue} matches: nothing would be ${verb} (${num(c.looked)} looked at).`, { eligible: 0 }); return; }
         bulkSay(`${num(n)} command${n === 1 ? "" : "s"} of ${queue} would be ${verb}${more} (dry run). Click again to confirm.`, { eligible: n });
         bulk.armed = true;
         btn.dataset.armed = "1";
@@ -730,15 +760,8 @@
         return;
       }
       bulkDisarm();
-      let applied = 0, refused = 0, cursor = null;
-      for (let round = 0; round < 20; round++) {
-        const r = await bulkCall(queue, { ...f, max: BULK_MAX, ...(cursor ? { cursor } : {}) });
-        if (!r.ok) { bulkSay(`Stopped after ${num(applied)}: ${r.message}`, { applied }); toast(`Bulk ${f.action} failed: ${r.message}`, true); return; }
-        applied += r.body.applied;
-        refused += r.body.refused;
-        cursor = r.body.next_cursor;
-        if (!cursor) break;
-      }
+      const { applied, refused, error } = await bulkWalk(queue, f);
+      if (error) { bulkSay(`Stopped after ${num(applied)}: ${error}`, { applied }); toast(`Bulk ${f.action} failed: ${error}`, true); return; }
       const verb = f.action === "cancel" ? "Cancelled" : "Re-running";
       bulkSay(`${verb} ${num(applied)} command${applied === 1 ? "" : "s"} of ${queue}` +
         (refused ? ` (${num(refused)} changed meanwhile, left as they were)` : "") + ".", { applied, refused });
@@ -752,21 +775,25 @@
 
   // Stream browser (GET /v1/streams?prefix=): pages in path order; a path opens the stream in the
   // follow panel below (live, with EventSource).
-  const browse = { prefix: "", next: null, busy: false, loaded: false };
+  // Each List starts a new listing (its generation); an answer for an older one, still under
+  // way when List was pressed again, is dropped. More is ignored while one is under way.
+  const browse = { prefix: "", next: null, gen: 0, moreBusy: false, loaded: false };
   async function listStreams(more) {
-    if (browse.busy) return;
-    browse.busy = true;
+    if (more && (browse.moreBusy || !browse.next)) return;
+    if (!more) { browse.gen++; browse.prefix = $("browse-prefix").value.trim().replace(/^\/+/, ""); browse.next = null; }
+    const gen = browse.gen;
+    if (more) browse.moreBusy = true;
     try {
-      if (!more) { browse.prefix = $("browse-prefix").value.trim().replace(/^\/+/, ""); browse.next = null; }
       const q = new URLSearchParams({ limit: "50" });
       if (browse.prefix) q.set("prefix", browse.prefix);
-      if (more && browse.next) q.set("cursor", browse.next);
+      if (more) q.set("cursor", browse.next);
       const r = await api("GET", "/v1/streams?" + q.toString());
+      if (gen !== browse.gen) return;
       if (!r.ok) { toast(`Cannot list streams: ${r.message}`, true); return; }
       browse.loaded = true;
       const body = $("streams-table").querySelector("tbody");
       const rows = r.body.streams.map((s) => h("tr", { "data-path": s.path, "data-closed": String(s.closed) },
-        h("th", { scope: "row", class: "mono" }, h("a", { href: "#streams:" + s.path, onclick: (e) => { e.preventDefault(); follow(s.path); } }, s.path)),
+        h("th", { scope: "row", class: "mono" }, h("a", { href: streamHash(s.path), onclick: (e) => { e.preventDefault(); follow(s.path); } }, s.path)),
         h("td", {}, s.content_type), h("td", { class: "num" }, num(s.length)),
         h("td", {}, s.closed ? h("span", { class: "badge CANCELLED" }, `ended (${s.end_reason})`) : h("span", { class: "badge RUNNING" }, "open")),
         timeCell(s.created_at), timeCell(s.last_write_at)));
@@ -775,12 +802,12 @@
       $("browse-more").hidden = !browse.next;
       $("streams-empty").hidden = body.children.length > 0;
     } finally {
-      browse.busy = false;
+      if (more) browse.moreBusy = false;
     }
   }
   function follow(path) {
     $("stream-path").value = path;
-    openStream(path);
+    openStream(path, true);
     $("follow").scrollIntoView({ block: "nearest" });
   }
   $("browse-form").addEventListener("submit", (e) => { e.preventDefault(); listStreams(false); });

@@ -54,7 +54,7 @@ pub async fn list(State(st): State<AppState>, q: Query<StreamListQuery>, req: Re
             )
         })?),
     };
-    let may_read = move |p: &StreamPath| who.check_stream(crate::settings::Op::Read, p.as_str()).is_ok();
+    let may_read = move |p: &StreamPath| who.can_stream(crate::settings::Op::Read, p.as_str());
     let page = st.store.list_page(prefix, after.as_ref(), limit, &may_read).await?;
     let time = |ms: Option<u64>| ms.map(h::rfc3339);
     let streams: Vec<serde_json::Value> = page
