@@ -457,7 +457,7 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"type":"e","prams":1}"#).1,
-            "unknown field \"prams\"; a command body has only id, type and params"
+            "unknown field \"prams\"; a command body has only id, type, params and output"
         );
     }
 
