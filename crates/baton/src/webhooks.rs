@@ -78,8 +78,18 @@ impl Deliveries {
                 http: baton_subscriptions::webhook_client(allow_loopback, w.timeout),
                 signer: signer.clone(),
             };
+            let defaults = ConsumerOptions::new();
             let opts = ConsumerOptions::new()
                 .with_claim_timeout(w.claim_timeout)
+                // An attempt takes at most `timeout` (then the outcome's settle): a longer one is
+                // not "processing too long". The queue's defaults (15 min; a heartbeat of a third
+                // of the claim timeout must stay under it) would refuse a claim timeout of 45 min
+                // and count a 20 min attempt as an expired lease.
+                .with_max_processing_time(defaults.max_processing_time.max(w.timeout.saturating_add(w.claim_timeout)))
+                // At least twice the claim timeout (the queue's rule), as for command queues.
+                .with_reap_idle_consumers_after(
+                    defaults.reap_idle_consumers_after.map(|r| r.max(w.claim_timeout.saturating_mul(2))),
+                )
                 // The handler dead-letters the attempt that fails as the last one, with its
                 // reason; the queue's own limit (one more) catches deliveries whose process died
                 // every time.

@@ -1,0 +1,296 @@
+//! Breaker tests for completion webhooks with real processes: a SIGSTOPped `baton worker`
+//! holding a delivery (taken over after the claim timeout; when it wakes it sends nothing more),
+//! a signing key rotated while `baton worker` processes deliver (they sign with the new key;
+//! verified exactly as docs/http-api.md tells a receiver, with its Python snippet), and webhook
+//! settings at their limits.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode as AxumStatus};
+use baton_testkit::{eventually, free_port};
+use common::client;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+#[derive(Debug)]
+struct Post {
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Post {
+    fn header(&self, name: &str) -> &str {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default()
+    }
+}
+
+type Answer = fn(usize) -> Option<u16>;
+
+async fn receiver(answer: Answer) -> (String, mpsc::UnboundedReceiver<Post>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let tx = tx.clone();
+            let seen = seen.clone();
+            async move {
+                let n = seen.fetch_add(1, Ordering::SeqCst);
+                let _ = tx.send(Post { headers, body });
+                match answer(n) {
+                    Some(s) => AxumStatus::from_u16(s).unwrap(),
+                    None => std::future::pending().await,
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/hook"), rx)
+}
+
+async fn next_post(rx: &mut mpsc::UnboundedReceiver<Post>, within: Duration) -> Option<Post> {
+    tokio::time::timeout(within, rx.recv()).await.ok().flatten()
+}
+
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn spawn(args: &[&str], port: u16) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(args)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env_remove("BATON_REDIS")
+        .env_remove("BATON_REDIS_CLUSTER")
+        .env_remove("BATON_ADMIN_TOKEN")
+        .env_remove("BATON_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = Child(child);
+    let up = eventually(Duration::from_secs(20), || async {
+        let r = client().get(format!("http://127.0.0.1:{port}/healthz")).send().await.ok()?;
+        (r.status() == StatusCode::OK).then_some(())
+    })
+    .await;
+    assert!(up.is_some(), "baton {args:?} did not start");
+    child
+}
+
+async fn submit(base: &str, queue: &str, body: Value) {
+    let r = client()
+        .post(format!("{base}/v1/queues/{queue}/commands"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED, "{}", r.text().await.unwrap());
+}
+
+async fn get_json(url: String) -> Value {
+    let r = client().get(url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    serde_json::from_str(&r.text().await.unwrap()).unwrap()
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill").args([sig, &child.0.id().to_string()]).status().unwrap().success();
+    assert!(ok, "kill {sig}");
+}
+
+fn write_config(tag: &str, text: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("baton-break-hooks-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("baton.toml");
+    std::fs::write(&file, text).unwrap();
+    let f = file.to_str().unwrap().to_string();
+    (dir, f)
+}
+
+/// The holder of a delivery in flight (its receiver never answers the first attempt) is
+/// SIGSTOPped: another worker sends the same delivery after the claim timeout (attempt 2,
+/// answered 200). The stopped one is then woken (SIGCONT): its attempt times out on a lease it
+/// no longer holds, and nothing is sent again, nor dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigstopped_worker_s_delivery_is_taken_over_and_its_wake_sends_nothing_more() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let (url, mut rx) = receiver(|n| if n == 0 { None } else { Some(200) }).await;
+    let (dir, cfg) = write_config(
+        "stop",
+        &format!(
+            "redis = \"{}\"\nallow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\n\
+             [queues.jobs.webhook]\nurl = \"{url}\"\ntimeout = \"2s\"\nclaim_timeout = \"1s\"\nmax_deliveries = 3\n",
+            redis.url()
+        ),
+    );
+    let serve_port = free_port();
+    let _serve = spawn(&["serve", "--no-workers", "--config", &cfg], serve_port).await;
+    let base = format!("http://127.0.0.1:{serve_port}");
+    let a = spawn(&["worker", "--config", &cfg], free_port()).await;
+    submit(&base, "jobs", json!({"id": "s-1", "type": "echo", "params": 1})).await;
+    let first = next_post(&mut rx, Duration::from_secs(15)).await.expect("the first attempt");
+    assert_eq!(first.header("webhook-attempt"), "1");
+    signal(&a, "-STOP");
+    let _b = spawn(&["worker", "--config", &cfg], free_port()).await;
+    let second = next_post(&mut rx, Duration::from_secs(8)).await.expect("taken over from the stopped holder");
+    assert_eq!(second.header("webhook-attempt"), "2");
+    assert_eq!(second.header("webhook-id"), first.header("webhook-id"));
+    assert_eq!(second.body, first.body);
+    signal(&a, "-CONT");
+    // The woken holder's attempt times out (2 s) on a lease it lost: no third attempt.
+    assert!(next_post(&mut rx, Duration::from_secs(5)).await.is_none(), "sent again after the holder woke");
+    let dead = get_json(format!("{base}/v1/queues/jobs/dead-letters?of=webhook")).await;
+    assert_eq!(dead["items"], json!([]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The docs' Python snippet (docs/http-api.md, "Verifying a delivery"), run as written.
+fn python_verify(post: &Post, jwks: &Value) -> bool {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/http-api.md")).unwrap();
+    let start = doc.find("```python\nimport base64, time").expect("the snippet");
+    let code = &doc[start + "```python\n".len()..];
+    let code = &code[..code.find("```").unwrap()];
+    let dir = tempfile_dir();
+    let body = dir.join("body");
+    std::fs::write(&body, &post.body).unwrap();
+    let script = format!(
+        "{code}\nimport json, sys\nh = {{'webhook-signature': sys.argv[1]}}\nb = open(sys.argv[2], 'rb').read()\n\
+         j = json.loads(sys.argv[3])\ntry:\n    print('ok' if verify(h, b, j) else 'refused')\nexcept Exception as e:\n    print('error', repr(e))\n"
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script, post.header("webhook-signature"), body.to_str().unwrap(), &jwks.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
+    text == "ok"
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "baton-break-hooks-py-{}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A key rotation on `baton serve` while a `baton worker` delivers: the worker's next
+/// deliveries carry the new key's kid, and every delivery (before and after) verifies with the
+/// JWKS, using the docs' own Python snippet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_signs_with_the_rotated_key_and_the_docs_snippet_verifies_it() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let (url, mut rx) = receiver(|_| Some(200)).await;
+    let (dir, cfg) = write_config(
+        "rotate",
+        &format!(
+            "redis = \"{}\"\nallow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\n\
+             [queues.jobs.webhook]\nurl = \"{url}\"\nclaim_timeout = \"1s\"\n",
+            redis.url()
+        ),
+    );
+    let serve_port = free_port();
+    let _serve = spawn(&["serve", "--no-workers", "--config", &cfg], serve_port).await;
+    let base = format!("http://127.0.0.1:{serve_port}");
+    let _w = spawn(&["worker", "--config", &cfg], free_port()).await;
+    submit(&base, "jobs", json!({"id": "r-1", "type": "echo", "params": 1})).await;
+    let p1 = next_post(&mut rx, Duration::from_secs(15)).await.expect("a delivery");
+    let jwks = get_json(format!("{base}/v1/stream/__ds/jwks.json")).await;
+    let kid1 = jwks["keys"][0]["kid"].as_str().unwrap().to_string();
+    assert!(p1.header("webhook-signature").contains(&format!(",kid={kid1},")), "{}", p1.header("webhook-signature"));
+    assert!(python_verify(&p1, &jwks), "the docs' snippet verifies the delivery");
+    let mut tampered = Post { headers: p1.headers.clone(), body: p1.body.clone() };
+    tampered.body = Bytes::from([&p1.body[..], b" "].concat());
+    assert!(!python_verify(&tampered, &jwks), "the docs' snippet refuses a changed body");
+
+    let r = client().post(format!("{base}/v1/subscriptions/signing-keys/rotate")).send().await.unwrap();
+    assert!(r.status().is_success(), "rotate: {}", r.status());
+    let jwks2 = get_json(format!("{base}/v1/stream/__ds/jwks.json")).await;
+    let kid2 = jwks2["keys"][0]["kid"].as_str().unwrap().to_string();
+    assert_ne!(kid1, kid2);
+    // The worker reloads the key ring within its registry poll (200 ms).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    submit(&base, "jobs", json!({"id": "r-2", "type": "echo", "params": 2})).await;
+    let p2 = next_post(&mut rx, Duration::from_secs(15)).await.expect("a delivery after rotation");
+    assert!(
+        p2.header("webhook-signature").contains(&format!(",kid={kid2},")),
+        "signed with the new key: {}",
+        p2.header("webhook-signature")
+    );
+    assert!(python_verify(&p2, &jwks2));
+    assert!(python_verify(&p1, &jwks2), "the old key stays published");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A long `claim_timeout` (over 30 minutes) and a long `timeout` (over 15 minutes) are
+/// documented as accepted: `baton serve` starts with them and delivers. Values past the limit
+/// (24 h) are refused at startup naming the key, also by `baton serve --no-workers`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_webhook_durations_start_and_deliver_and_past_the_limit_are_refused_by_key() {
+    let (url, mut rx) = receiver(|_| Some(200)).await;
+    let (dir, cfg) = write_config(
+        "long",
+        &format!(
+            "allow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\n[queues.jobs.webhook]\n\
+             url = \"{url}\"\ntimeout = \"20m\"\nclaim_timeout = \"45m\"\n"
+        ),
+    );
+    let port = free_port();
+    let _serve = spawn(&["serve", "--config", &cfg], port).await;
+    submit(&format!("http://127.0.0.1:{port}"), "jobs", json!({"id": "l-1", "type": "echo", "params": 1})).await;
+    let p = next_post(&mut rx, Duration::from_secs(15)).await.expect("delivered");
+    assert_eq!(p.header("webhook-attempt"), "1");
+
+    for (line, err) in [
+        ("claim_timeout = \"25h\"", "queues.jobs.webhook.claim_timeout: 1day 1h is over the most, 1day (default 30s)"),
+        (
+            "timeout = \"500000000000y\"",
+            "queues.jobs.webhook.timeout: 500000000000years is over the most, 1day (default 10s)",
+        ),
+    ] {
+        for no_workers in [false, true] {
+            let (d, c) = write_config(
+                "limit",
+                &format!(
+                    "allow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\n[queues.jobs.webhook]\n\
+                     url = \"{url}\"\n{line}\n"
+                ),
+            );
+            let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--config", &c];
+            if no_workers {
+                args.push("--no-workers");
+            }
+            let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+                .args(&args)
+                .env_remove("BATON_REDIS")
+                .env_remove("BATON_CONFIG")
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{line}: started");
+            assert!(stderr.contains(err), "{line} (no_workers {no_workers}): {stderr}");
+            let _ = std::fs::remove_dir_all(&d);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
