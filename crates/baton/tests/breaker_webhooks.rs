@@ -294,3 +294,163 @@ async fn long_webhook_durations_start_and_deliver_and_past_the_limit_are_refused
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Redis (append-only, every write fsynced) killed and restarted while `baton serve` runs
+/// commands with a webhook: every command that ended has its delivery (at least once), with the
+/// body of its final state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_under_load_loses_no_delivery() {
+    baton_testkit::require_redis();
+    let mut redis = baton_testkit::RedisServer::start_with(baton_testkit::ServerOptions { appendonly: true });
+    let (url, mut rx) = receiver(|_| Some(200)).await;
+    let (dir, cfg) = write_config(
+        "restart",
+        &format!(
+            "redis = \"{}\"\nallow_loopback_webhooks = true\n[queues.jobs]\nclaim_timeout = \"1s\"\n\
+             [queues.jobs.handlers]\necho = \"echo\"\n[queues.jobs.webhook]\nurl = \"{url}\"\nclaim_timeout = \"1s\"\n",
+            redis.url()
+        ),
+    );
+    let port = free_port();
+    let _serve = spawn(&["serve", "--config", &cfg], port).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let mut accepted = Vec::new();
+    for i in 0..60 {
+        if i == 20 {
+            redis.kill();
+        }
+        if i == 30 {
+            redis.restart();
+        }
+        let r = client()
+            .post(format!("{base}/v1/queues/jobs/commands"))
+            .header("content-type", "application/json")
+            .body(json!({"id": format!("x-{i}"), "type": "echo", "params": i}).to_string())
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::ACCEPTED {
+            accepted.push(format!("x-{i}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(accepted.len() >= 40, "accepted {}", accepted.len());
+    let mut finals = std::collections::BTreeMap::new();
+    for id in &accepted {
+        let st = eventually(Duration::from_secs(30), || async {
+            let v = get_json(format!("{base}/v1/commands/{id}")).await;
+            (v["status"] == "SUCCEEDED").then_some(v)
+        })
+        .await
+        .unwrap_or_else(|| panic!("{id} did not end"));
+        finals.insert(id.clone(), format!("{id}:{}", st["version"]));
+    }
+    let mut got = std::collections::BTreeMap::<String, usize>::new();
+    while let Some(p) = next_post(&mut rx, Duration::from_secs(5)).await {
+        *got.entry(p.header("webhook-id").to_string()).or_default() += 1;
+    }
+    let missing: Vec<&String> = finals.values().filter(|d| !got.contains_key(*d)).collect();
+    assert!(missing.is_empty(), "deliveries missing: {missing:?}; got {got:?}");
+    let dups: Vec<(&String, &usize)> = got.iter().filter(|(_, n)| **n > 1).collect();
+    eprintln!("deliveries: {} of {} commands; duplicates: {dups:?}", got.len(), finals.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `baton worker` running a command is SIGSTOPped past the queue's claim timeout: another
+/// worker takes the command over and ends it (one delivery). The stopped worker is woken; its
+/// handler's outcome is refused (its lease is gone), so it enqueues no second delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_worker_s_refused_settle_enqueues_no_delivery() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let (url, mut rx) = receiver(|_| Some(200)).await;
+    let (dir, cfg) = write_config(
+        "lease",
+        &format!(
+            "redis = \"{}\"\nallow_loopback_webhooks = true\n[queues.jobs]\nclaim_timeout = \"1s\"\n\
+             [queues.jobs.handlers]\nsleep = \"sleep\"\n[queues.jobs.webhook]\nurl = \"{url}\"\nclaim_timeout = \"1s\"\n",
+            redis.url()
+        ),
+    );
+    let serve_port = free_port();
+    let _serve = spawn(&["serve", "--no-workers", "--config", &cfg], serve_port).await;
+    let base = format!("http://127.0.0.1:{serve_port}");
+    let a = spawn(&["worker", "--config", &cfg], free_port()).await;
+    submit(&base, "jobs", json!({"id": "z-1", "type": "sleep", "params": {"ms": 2500}})).await;
+    // The only worker takes it at once (the started write may be batched with a later one).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    signal(&a, "-STOP");
+    let v = get_json(format!("{base}/v1/commands/z-1")).await;
+    assert!(!["SUCCEEDED", "FAILED", "CANCELLED"].contains(&v["status"].as_str().unwrap()), "stopped mid-run: {v}");
+    let _b = spawn(&["worker", "--config", &cfg], free_port()).await;
+    let done = eventually(Duration::from_secs(20), || async {
+        let v = get_json(format!("{base}/v1/commands/z-1")).await;
+        (v["status"] == "SUCCEEDED").then_some(v)
+    })
+    .await
+    .expect("ended by b");
+    let p = next_post(&mut rx, Duration::from_secs(10)).await.expect("the delivery");
+    assert_eq!(p.header("webhook-id"), format!("z-1:{}", done["version"]));
+    signal(&a, "-CONT");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = get_json(format!("{base}/v1/commands/z-1")).await;
+    assert_eq!(after["version"], done["version"], "the woken worker's outcome was refused");
+    if let Some(p2) = next_post(&mut rx, Duration::from_secs(2)).await {
+        panic!(
+            "a second delivery: id {} attempt {} body {} (the first: attempt {} body {})",
+            p2.header("webhook-id"),
+            p2.header("webhook-attempt"),
+            String::from_utf8_lossy(&p2.body),
+            p.header("webhook-attempt"),
+            String::from_utf8_lossy(&p.body)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Deliveries enqueued right after an idle `baton worker` is SIGSTOPped (its blocking read of
+/// the delivery queue may still be open in Redis and take them): each is delivered by the other
+/// worker after the claim timeout, at least once. When the stopped worker wakes it may send what
+/// its read took (at least once: a duplicate with the same `webhook-id`), never a different body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_taken_by_a_stopped_worker_s_open_read_are_delivered_at_least_once() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let (url, mut rx) = receiver(|_| Some(200)).await;
+    let (dir, cfg) = write_config(
+        "openread",
+        &format!(
+            "redis = \"{}\"\nallow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\n\
+             [queues.remote]\nretention = \"1h\"\n[queues.remote.webhook]\nurl = \"{url}\"\nclaim_timeout = \"3s\"\n",
+            redis.url()
+        ),
+    );
+    let serve_port = free_port();
+    let _serve = spawn(&["serve", "--no-workers", "--config", &cfg], serve_port).await;
+    let base = format!("http://127.0.0.1:{serve_port}");
+    let a = spawn(&["worker", "--config", &cfg], free_port()).await;
+    let _b = spawn(&["worker", "--config", &cfg], free_port()).await;
+    for i in 0..10 {
+        submit(&base, "remote", json!({"id": format!("o-{i}"), "type": "nobody-runs-this", "params": i})).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    signal(&a, "-STOP");
+    for i in 0..10 {
+        let r = client().post(format!("{base}/v1/commands/o-{i}/cancel")).send().await.unwrap();
+        assert!(r.status().is_success());
+    }
+    let mut got = std::collections::BTreeMap::<String, Vec<String>>::new();
+    while let Some(p) = next_post(&mut rx, Duration::from_secs(8)).await {
+        got.entry(p.header("webhook-id").to_string()).or_default().push(p.header("webhook-attempt").to_string());
+    }
+    assert_eq!(got.len(), 10, "every cancel delivered while a is stopped: {got:?}");
+    signal(&a, "-CONT");
+    while let Some(p) = next_post(&mut rx, Duration::from_secs(4)).await {
+        got.entry(p.header("webhook-id").to_string())
+            .or_default()
+            .push(format!("after wake: {}", p.header("webhook-attempt")));
+    }
+    eprintln!("attempts per delivery: {got:?}");
+    assert_eq!(got.len(), 10);
+    let _ = std::fs::remove_dir_all(&dir);
+}
