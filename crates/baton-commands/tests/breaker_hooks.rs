@@ -19,7 +19,87 @@ use common::*;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-baton_testkit::on_every_backend!(racing_terminal_writes_enqueue_one_message_per_terminal_transition);
+baton_testkit::on_every_backend!(
+    racing_terminal_writes_enqueue_one_message_per_terminal_transition,
+    handed_off_commands_ending_while_cancelled_elsewhere_enqueue_one_message_each,
+);
+
+/// CRC16/XMODEM mod 16384: the Cluster slot of a hash tag.
+fn slot(tag: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in tag.as_bytes() {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16384
+}
+
+/// 40 commands homed in a hooked queue are handed off to a queue in another slot, where
+/// `check_status` ends them (succeeded or failed) after a short, varied time, while another
+/// store cancels them: each command's terminal transitions (one, as the feed says) have exactly
+/// one message on the home queue's delivery queue, none on the target's.
+async fn handed_off_commands_ending_while_cancelled_elsewhere_enqueue_one_message_each(b: TestBackend) {
+    let store = store_for(&b).await;
+    let other = other_store(&b, &store).await;
+    let home = queue_name("home");
+    let target = (0..).map(|i| format!("{home}-t{i}")).find(|m| slot(m) != slot(&home)).unwrap();
+    store.set_hook(&home, Some(CompletionHook::default())).unwrap();
+    other.set_hook(&home, Some(CompletionHook::default())).unwrap();
+    let h = CommandService::builder(store.clone(), home.as_str())
+        .settings(fast())
+        .handler(
+            "go",
+            on_execute(|c| async move { Ok(CommandResult::handed_off(c.params.get().trim_matches('"').to_string())) }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let t = CommandService::builder(store.clone(), target.as_str())
+        .settings(QueueSettings { check_status_interval: Duration::from_millis(10), ..fast() })
+        .handler(
+            "go",
+            on_execute(|_| async { Ok(CommandResult::failed("not here")) }).on_check(|c, _| async move {
+                let n = c.id.len() as u64 + c.id.bytes().last().unwrap_or(0) as u64;
+                tokio::time::sleep(Duration::from_millis(n % 5 * 2)).await;
+                Ok(if n % 2 == 0 { CommandResult::succeeded(json!("checked")) } else { CommandResult::failed("no") })
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let (consumer, mut rx) = collect(&store, &home).await;
+    let ids: Vec<String> = (0..40).map(|i| format!("{home}-{i}")).collect();
+    for id in &ids {
+        store.submit(&home, Command::with_id(id.clone(), "go", json!(target))).await.unwrap();
+    }
+    for id in ids.iter().rev() {
+        let _ = other.cancel(id).await;
+    }
+    for id in &ids {
+        eventually(Duration::from_secs(15), || async {
+            store.get(id).await.unwrap().filter(|s| s.status.is_terminal())
+        })
+        .await
+        .unwrap_or_else(|| panic!("{id} did not end"));
+    }
+    let msgs = drain(&mut rx, Duration::from_millis(1500)).await;
+    let mut per_id: BTreeMap<String, usize> = BTreeMap::new();
+    for m in &msgs {
+        let v: Value = serde_json::from_str(m).unwrap();
+        *per_id.entry(v["id"].as_str().unwrap().to_string()).or_default() += 1;
+    }
+    let events = terminal_events(&store, &ids).await;
+    for id in &ids {
+        assert_eq!(events[id].len(), 1, "{id}: {:?}", events[id]);
+        assert_eq!(per_id.get(id).copied().unwrap_or(0), 1, "{id}: one message");
+    }
+    assert_eq!(store.hooks().await.unwrap().stats(&target).await.unwrap().length, 0);
+    consumer.close().await;
+    h.close().await;
+    t.close().await;
+}
 
 /// Every hook message of `queue` from now on, acked as read.
 async fn collect(store: &CommandStore, queue: &str) -> (baton_queue::Consumer, mpsc::UnboundedReceiver<String>) {
