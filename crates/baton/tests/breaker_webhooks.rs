@@ -454,3 +454,49 @@ async fn deliveries_taken_by_a_stopped_worker_s_open_read_are_delivered_at_least
     assert_eq!(got.len(), 10);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A receiver that answers 200 only after 3 s (three claim timeouts), with two `baton worker`
+/// processes: the holder keeps its lease while it waits, so the delivery is POSTed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receiver_past_the_claim_timeout_gets_one_post() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Post>();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(Post { headers, body });
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                AxumStatus::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (dir, cfg) = write_config(
+        "slow",
+        &format!(
+            "redis = \"{}\"\nallow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\n\
+             [queues.jobs.webhook]\nurl = \"{url}\"\ntimeout = \"10s\"\nclaim_timeout = \"1s\"\n",
+            redis.url()
+        ),
+    );
+    let serve_port = free_port();
+    let _serve = spawn(&["serve", "--config", &cfg], serve_port).await;
+    let base = format!("http://127.0.0.1:{serve_port}");
+    let _a = spawn(&["worker", "--config", &cfg], free_port()).await;
+    let _b = spawn(&["worker", "--config", &cfg], free_port()).await;
+    for i in 0..5 {
+        submit(&base, "jobs", json!({"id": format!("w-{i}"), "type": "echo", "params": i})).await;
+    }
+    let mut got = std::collections::BTreeMap::<String, usize>::new();
+    while let Some(p) = next_post(&mut rx, Duration::from_secs(6)).await {
+        *got.entry(p.header("webhook-id").to_string()).or_default() += 1;
+    }
+    assert_eq!(got.len(), 5, "{got:?}");
+    assert!(got.values().all(|n| *n == 1), "a delivery POSTed twice while its holder lived: {got:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
