@@ -3,8 +3,9 @@
 //! delivery queue ([`CommandStore::hooks`], see [`baton_commands::hooks`] for the body).
 //!
 //! Every process that runs workers (`baton serve` without `--no-workers`, `baton worker`) runs
-//! one consumer of the deliveries of each of its queues with a webhook (also of a queue whose
-//! handlers run elsewhere, e.g. HTTP workers). A delivery is a lease of the leased queue: while
+//! one consumer of the deliveries of each configured queue with a webhook (also of a queue whose
+//! handlers run elsewhere, e.g. HTTP workers, and of queues a `baton worker --queues` does not
+//! work). A delivery is a lease of the leased queue: while
 //! an attempt is in flight the process renews it, so a process that dies mid-delivery hands it
 //! to another process's consumer after the webhook's `claim_timeout`. An attempt POSTs the body (`content-type: application/json`) with
 //!

@@ -500,3 +500,33 @@ async fn a_slow_receiver_past_the_claim_timeout_gets_one_post() {
     assert!(got.values().all(|n| *n == 1), "a delivery POSTed twice while its holder lived: {got:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `baton serve --no-workers` and a `baton worker --queues jobs`: a queue `remote` with a
+/// webhook and no handlers (its commands run by HTTP workers, or ended by cancels) has its
+/// deliveries sent by the worker (every configured queue's webhook is delivered by every
+/// process running workers, as the docs say), not left waiting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_queues_delivers_a_handler_less_queue_s_webhook() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let (url, mut rx) = receiver(|_| Some(200)).await;
+    let (dir, cfg) = write_config(
+        "only",
+        &format!(
+            "redis = \"{}\"\nallow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\n\
+             [queues.remote]\nretention = \"1h\"\n[queues.remote.webhook]\nurl = \"{url}\"\nclaim_timeout = \"1s\"\n",
+            redis.url()
+        ),
+    );
+    let serve_port = free_port();
+    let _serve = spawn(&["serve", "--no-workers", "--config", &cfg], serve_port).await;
+    let base = format!("http://127.0.0.1:{serve_port}");
+    let _w = spawn(&["worker", "--queues", "jobs", "--config", &cfg], free_port()).await;
+    submit(&base, "remote", json!({"id": "rq-1", "type": "remote-job", "params": 1})).await;
+    let r = client().post(format!("{base}/v1/commands/rq-1/cancel")).send().await.unwrap();
+    assert!(r.status().is_success());
+    let st = get_json(format!("{base}/v1/commands/rq-1")).await;
+    let p = next_post(&mut rx, Duration::from_secs(10)).await.expect("the handler-less queue's delivery");
+    assert_eq!(p.header("webhook-id"), format!("rq-1:{}", st["version"]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
