@@ -530,3 +530,39 @@ async fn a_worker_with_queues_delivers_a_handler_less_queue_s_webhook() {
     assert_eq!(p.header("webhook-id"), format!("rq-1:{}", st["version"]));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// On Redis Cluster, `baton serve --no-workers` and two `baton worker` processes: a command's
+/// end is delivered once, signed with a key of the server's JWKS (the worker loads the key set
+/// from the Cluster), and a re-run's end is delivered too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_processes_deliver_once_signed_with_the_published_key() {
+    baton_testkit::require_redis();
+    let cluster = baton_testkit::RedisCluster::start();
+    let (url, mut rx) = receiver(|_| Some(200)).await;
+    let (dir, cfg) = write_config(
+        "cluster",
+        &format!(
+            "redis_cluster = \"{}\"\nallow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\nfail = \"fail\"\n\
+             [queues.jobs.webhook]\nurl = \"{url}\"\nclaim_timeout = \"1s\"\n",
+            cluster.urls().join(",")
+        ),
+    );
+    let serve_port = free_port();
+    let _serve = spawn(&["serve", "--no-workers", "--config", &cfg], serve_port).await;
+    let base = format!("http://127.0.0.1:{serve_port}");
+    let _a = spawn(&["worker", "--config", &cfg], free_port()).await;
+    let _b = spawn(&["worker", "--config", &cfg], free_port()).await;
+    submit(&base, "jobs", json!({"id": "c-1", "type": "fail", "params": {"error": "x"}})).await;
+    let p = next_post(&mut rx, Duration::from_secs(15)).await.expect("the failure's delivery");
+    let jwks = get_json(format!("{base}/v1/stream/__ds/jwks.json")).await;
+    assert!(python_verify(&p, &jwks));
+    let st = get_json(format!("{base}/v1/commands/c-1")).await;
+    assert_eq!(p.header("webhook-id"), format!("c-1:{}", st["version"]));
+    let r = client().post(format!("{base}/v1/commands/c-1/retry")).send().await.unwrap();
+    assert!(r.status().is_success());
+    let p2 = next_post(&mut rx, Duration::from_secs(15)).await.expect("the re-run's delivery");
+    assert_ne!(p2.header("webhook-id"), p.header("webhook-id"));
+    assert!(python_verify(&p2, &jwks));
+    assert!(next_post(&mut rx, Duration::from_secs(3)).await.is_none(), "a duplicate");
+    let _ = std::fs::remove_dir_all(&dir);
+}
