@@ -566,3 +566,51 @@ async fn cluster_processes_deliver_once_signed_with_the_published_key() {
     assert!(next_post(&mut rx, Duration::from_secs(3)).await.is_none(), "a duplicate");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Redis without persistence restarts (its data, the signing keys among them, lost) while a
+/// `baton worker` keeps running; `baton serve` is then restarted and creates a new key. The
+/// worker's next delivery must verify with the JWKS the (new) server publishes: the worker
+/// follows the key set in Redis instead of signing forever with a key nobody publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_lost_its_keys_a_worker_signs_with_the_key_the_server_publishes() {
+    baton_testkit::require_redis();
+    let mut redis = baton_testkit::RedisServer::start();
+    let (url, mut rx) = receiver(|_| Some(200)).await;
+    let (dir, cfg) = write_config(
+        "lostkeys",
+        &format!(
+            "redis = \"{}\"\nallow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\n\
+             [queues.jobs.webhook]\nurl = \"{url}\"\nclaim_timeout = \"1s\"\n",
+            redis.url()
+        ),
+    );
+    let serve_port = free_port();
+    let serve = spawn(&["serve", "--no-workers", "--config", &cfg], serve_port).await;
+    let base = format!("http://127.0.0.1:{serve_port}");
+    let _w = spawn(&["worker", "--config", &cfg], free_port()).await;
+    submit(&base, "jobs", json!({"id": "k-1", "type": "echo", "params": 1})).await;
+    let p1 = next_post(&mut rx, Duration::from_secs(15)).await.expect("a delivery");
+    assert!(python_verify(&p1, &get_json(format!("{base}/v1/stream/__ds/jwks.json")).await));
+    redis.restart();
+    drop(serve);
+    let serve_port = free_port();
+    let _serve = spawn(&["serve", "--no-workers", "--config", &cfg], serve_port).await;
+    let base = format!("http://127.0.0.1:{serve_port}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ok = eventually(Duration::from_secs(15), || async {
+        let r = client()
+            .post(format!("{base}/v1/queues/jobs/commands"))
+            .header("content-type", "application/json")
+            .body(json!({"id": "k-2", "type": "echo", "params": 2}).to_string())
+            .send()
+            .await
+            .ok()?;
+        (r.status() == StatusCode::ACCEPTED).then_some(())
+    })
+    .await;
+    assert!(ok.is_some(), "submit after the restart");
+    let p2 = next_post(&mut rx, Duration::from_secs(20)).await.expect("a delivery after the restart");
+    let jwks = get_json(format!("{base}/v1/stream/__ds/jwks.json")).await;
+    assert!(python_verify(&p2, &jwks), "signed {} ; the server publishes {jwks}", p2.header("webhook-signature"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
