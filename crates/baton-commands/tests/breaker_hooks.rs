@@ -63,7 +63,11 @@ async fn handed_off_commands_ending_while_cancelled_elsewhere_enqueue_one_messag
             on_execute(|_| async { Ok(CommandResult::failed("not here")) }).on_check(|c, _| async move {
                 let n = c.id.len() as u64 + c.id.bytes().last().unwrap_or(0) as u64;
                 tokio::time::sleep(Duration::from_millis(n % 5 * 2)).await;
-                Ok(if n % 2 == 0 { CommandResult::succeeded(json!("checked")) } else { CommandResult::failed("no") })
+                Ok(if n.is_multiple_of(2) {
+                    CommandResult::succeeded(json!("checked"))
+                } else {
+                    CommandResult::failed("no")
+                })
             }),
         )
         .start()
@@ -169,7 +173,7 @@ async fn racing_terminal_writes_enqueue_one_message_per_terminal_transition(b: T
                     _ = tokio::time::sleep(Duration::from_millis(n % 7 * 3)) => {}
                     _ = c.cancelled() => {}
                 }
-                Ok(if n % 3 == 0 { CommandResult::failed("no") } else { CommandResult::succeeded(json!(n)) })
+                Ok(if n.is_multiple_of(3) { CommandResult::failed("no") } else { CommandResult::succeeded(json!(n)) })
             }),
         )
         .start()
