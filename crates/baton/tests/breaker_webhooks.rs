@@ -1,8 +1,11 @@
-//! Breaker tests for completion webhooks with real processes: a SIGSTOPped `baton worker`
+//! Breaker tests for completion webhooks with real processes (`baton serve`, `baton worker`,
+//! redis-server standalone and Cluster, a local HTTP receiver): a SIGSTOPped `baton worker`
 //! holding a delivery (taken over after the claim timeout; when it wakes it sends nothing more),
-//! a signing key rotated while `baton worker` processes deliver (they sign with the new key;
-//! verified exactly as docs/http-api.md tells a receiver, with its Python snippet), and webhook
-//! settings at their limits.
+//! deliveries taken by a stopped worker's open read, a lost-lease worker's refused settle, a slow
+//! receiver past the claim timeout, a Redis restart under load, a signing key rotated while
+//! `baton worker` processes deliver (verified exactly as docs/http-api.md tells a receiver, with
+//! its Python snippet), the key set lost with Redis's data, `baton worker --queues` and a
+//! handler-less queue's webhook, non-ASCII command ids, and webhook durations at their limits.
 
 mod common;
 
@@ -612,5 +615,35 @@ async fn after_redis_lost_its_keys_a_worker_signs_with_the_key_the_server_publis
     let p2 = next_post(&mut rx, Duration::from_secs(20)).await.expect("a delivery after the restart");
     let jwks = get_json(format!("{base}/v1/stream/__ds/jwks.json")).await;
     assert!(python_verify(&p2, &jwks), "signed {} ; the server publishes {jwks}", p2.header("webhook-signature"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A command id is any text without braces, whitespace or control characters, so it may be
+/// non-ASCII (`déploiement-1`, `任务-7`): its delivery is sent at once like any other (the
+/// `webhook-id` header carries the id's UTF-8 bytes, exactly the body's `delivery_id`), not
+/// retried until it is a dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_ascii_command_id_is_delivered() {
+    let (url, mut rx) = receiver(|_| Some(200)).await;
+    let (dir, cfg) = write_config(
+        "utf8",
+        &format!(
+            "allow_loopback_webhooks = true\n[queues.jobs.handlers]\necho = \"echo\"\n[queues.jobs.webhook]\n\
+             url = \"{url}\"\nclaim_timeout = \"1s\"\nmax_deliveries = 2\n"
+        ),
+    );
+    let port = free_port();
+    let _serve = spawn(&["serve", "--config", &cfg], port).await;
+    let base = format!("http://127.0.0.1:{port}");
+    for id in ["déploiement-1", "任务-7"] {
+        submit(&base, "jobs", json!({"id": id, "type": "echo", "params": 1})).await;
+        let p = next_post(&mut rx, Duration::from_secs(10)).await.unwrap_or_else(|| panic!("{id}: no delivery"));
+        let body: Value = serde_json::from_slice(&p.body).unwrap();
+        assert_eq!(body["id"], id);
+        assert_eq!(p.headers.get("webhook-id").unwrap().as_bytes(), body["delivery_id"].as_str().unwrap().as_bytes());
+        assert_eq!(p.header("webhook-attempt"), "1", "{id}: delivered at the first attempt");
+    }
+    let dead = get_json(format!("{base}/v1/queues/jobs/dead-letters?of=webhook")).await;
+    assert_eq!(dead["items"], json!([]));
     let _ = std::fs::remove_dir_all(&dir);
 }
