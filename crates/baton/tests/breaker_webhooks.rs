@@ -647,3 +647,36 @@ async fn a_non_ascii_command_id_is_delivered() {
     assert_eq!(dead["items"], json!([]));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `410 Gone` makes the delivery a dead letter at once (one POST), with the reason the docs give;
+/// a `3xx` is not followed and is retried like any failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_is_a_dead_letter_at_once_and_a_redirect_is_not_followed() {
+    let (gone_url, mut gone_rx) = receiver(|_| Some(410)).await;
+    let (moved_url, mut moved_rx) = receiver(|_| Some(308)).await;
+    let (dir, cfg) = write_config(
+        "gone",
+        &format!(
+            "allow_loopback_webhooks = true\n[queues.a.handlers]\necho = \"echo\"\n[queues.a.webhook]\n\
+             url = \"{gone_url}\"\nclaim_timeout = \"300ms\"\nmax_deliveries = 5\n\
+             [queues.b.handlers]\necho = \"echo\"\n[queues.b.webhook]\nurl = \"{moved_url}\"\nclaim_timeout = \"300ms\"\nmax_deliveries = 2\n"
+        ),
+    );
+    let port = free_port();
+    let _serve = spawn(&["serve", "--config", &cfg], port).await;
+    let base = format!("http://127.0.0.1:{port}");
+    submit(&base, "a", json!({"id": "g-1", "type": "echo", "params": 1})).await;
+    submit(&base, "b", json!({"id": "m-1", "type": "echo", "params": 1})).await;
+    assert!(next_post(&mut gone_rx, Duration::from_secs(10)).await.is_some());
+    assert!(next_post(&mut gone_rx, Duration::from_secs(2)).await.is_none(), "410 retried");
+    let dead = get_json(format!("{base}/v1/queues/a/dead-letters?of=webhook")).await;
+    assert_eq!(dead["items"][0]["reason"], "the webhook answered 410 Gone", "{dead}");
+    for attempt in ["1", "2"] {
+        let p = next_post(&mut moved_rx, Duration::from_secs(10)).await.expect("an attempt");
+        assert_eq!(p.header("webhook-attempt"), attempt);
+    }
+    assert!(next_post(&mut moved_rx, Duration::from_secs(2)).await.is_none());
+    let dead = get_json(format!("{base}/v1/queues/b/dead-letters?of=webhook")).await;
+    assert_eq!(dead["items"][0]["reason"], "the webhook answered 308 Permanent Redirect (attempt 2 of 2)", "{dead}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
