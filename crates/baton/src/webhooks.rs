@@ -3,8 +3,9 @@
 //! delivery queue ([`CommandStore::hooks`], see [`baton_commands::hooks`] for the body).
 //!
 //! Every process that runs workers (`baton serve` without `--no-workers`, `baton worker`) runs
-//! one consumer of the deliveries of each of its queues with a webhook (also of a queue whose
-//! handlers run elsewhere, e.g. HTTP workers). A delivery is a lease of the leased queue: while
+//! one consumer of the deliveries of each configured queue with a webhook (also of a queue whose
+//! handlers run elsewhere, e.g. HTTP workers, and of queues a `baton worker --queues` does not
+//! work). A delivery is a lease of the leased queue: while
 //! an attempt is in flight the process renews it, so a process that dies mid-delivery hands it
 //! to another process's consumer after the webhook's `claim_timeout`. An attempt POSTs the body (`content-type: application/json`) with
 //!
@@ -78,8 +79,18 @@ impl Deliveries {
                 http: baton_subscriptions::webhook_client(allow_loopback, w.timeout),
                 signer: signer.clone(),
             };
+            let defaults = ConsumerOptions::new();
             let opts = ConsumerOptions::new()
                 .with_claim_timeout(w.claim_timeout)
+                // An attempt takes at most `timeout` (then the outcome's settle): a longer one is
+                // not "processing too long". The queue's defaults (15 min; a heartbeat of a third
+                // of the claim timeout must stay under it) would refuse a claim timeout of 45 min
+                // and count a 20 min attempt as an expired lease.
+                .with_max_processing_time(defaults.max_processing_time.max(w.timeout.saturating_add(w.claim_timeout)))
+                // At least twice the claim timeout (the queue's rule), as for command queues.
+                .with_reap_idle_consumers_after(
+                    defaults.reap_idle_consumers_after.map(|r| r.max(w.claim_timeout.saturating_mul(2))),
+                )
                 // The handler dead-letters the attempt that fails as the last one, with its
                 // reason; the queue's own limit (one more) catches deliveries whose process died
                 // every time.

@@ -94,6 +94,20 @@ impl Workers {
         // Every queue with a webhook, also one without handlers here (its commands may be run by
         // HTTP workers through this process, or end by a cancel): its deliveries are sent here.
         let hooked: Vec<&QueueConfig> = queues.iter().filter(|q| q.webhook.is_some()).collect();
+        Self::start_delivering(store, queues, &hooked, webhooks).await
+    }
+
+    /// [`Workers::start`] sending the completion webhook deliveries of `hooked` (each with a
+    /// webhook; its other fields are not used), which may name queues not worked here: a
+    /// `baton worker --queues` delivers every configured queue's webhook, so a queue that no
+    /// worker's `--queues` names (one whose commands HTTP workers run, or that end by cancels)
+    /// still has its deliveries sent.
+    pub async fn start_delivering(
+        store: &CommandStore,
+        queues: &[QueueConfig],
+        hooked: &[&QueueConfig],
+        webhooks: Option<WebhookDelivery>,
+    ) -> Result<Workers, String> {
         let deliver = match (hooked.first(), webhooks) {
             (None, _) => None,
             (Some(_), Some(w)) => Some(w),
@@ -127,7 +141,7 @@ impl Workers {
         }
         let deliveries = match deliver {
             None => None,
-            Some(w) => match crate::webhooks::Deliveries::start(store, &hooked, w.signer, w.allow_loopback).await {
+            Some(w) => match crate::webhooks::Deliveries::start(store, hooked, w.signer, w.allow_loopback).await {
                 Ok(d) => Some(d),
                 Err(e) => {
                     for s in &samplers {
@@ -139,12 +153,6 @@ impl Workers {
             },
         };
         Ok(Workers { services, deliveries, samplers })
-    }
-
-    /// True when one of `queues` run here (with handlers) has a webhook: [`Workers::start`]
-    /// then needs a [`WebhookDelivery`].
-    pub fn need_signer(queues: &[QueueConfig]) -> bool {
-        queues.iter().any(|q| q.webhook.is_some())
     }
 
     /// Names of the queues being worked.

@@ -196,7 +196,19 @@ impl Worker {
         };
         // Completion webhooks are signed with the subscriptions' key set (shared through Redis,
         // published by `baton serve`): only a worker that delivers some needs it.
-        let webhooks = if Workers::need_signer(&cfg.queues) {
+        // Every configured queue's webhook is delivered here, `--queues` or not (as every
+        // configured queue's hook is set above): a queue no worker's `--queues` names (its
+        // commands run by HTTP workers, or ended by cancels) would otherwise never be delivered.
+        let hooked: Vec<crate::settings::QueueConfig> = cfg
+            .webhooks
+            .iter()
+            .map(|(q, w)| {
+                let mut c = crate::settings::QueueConfig::with_builtins(q, &[]);
+                c.webhook = Some(w.clone());
+                c
+            })
+            .collect();
+        let webhooks = if !hooked.is_empty() {
             let Storage::Redis(rc) = &cfg.backend else {
                 return Err("completion webhooks from baton worker need Redis".into());
             };
@@ -209,7 +221,8 @@ impl Worker {
         } else {
             None
         };
-        let workers = Workers::start(&store, &cfg.queues, webhooks).await?;
+        let hooked: Vec<&crate::settings::QueueConfig> = hooked.iter().collect();
+        let workers = Workers::start_delivering(&store, &cfg.queues, &hooked, webhooks).await?;
         let default_note = if cfg.queues_defaulted { " (the built-in default: no [queues] configured)" } else { "" };
         // Logged under the target it always had (the line moved here from `workers`).
         tracing::info!(target: "baton::workers", backend = %cfg.backend.describe(), queues = %describe_queues(&cfg.queues), "baton worker: running{default_note}");

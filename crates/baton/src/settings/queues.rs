@@ -96,12 +96,12 @@ pub struct WebhookConfig {
     pub url: String,
     /// `events`: the terminal statuses delivered (default all three).
     pub statuses: std::collections::BTreeSet<CommandStatus>,
-    /// One attempt's time limit (default 10 s).
+    /// One attempt's time limit (default 10 s, at most 24 h).
     pub timeout: Duration,
     /// Attempts before a delivery becomes a dead letter (default 10, 1 – 1000).
     pub max_deliveries: u32,
     /// The failover window of a delivery in flight (a process that dies mid-delivery), and the
-    /// delay before a failed attempt is made again (default 30 s, at least 100 ms).
+    /// delay before a failed attempt is made again (default 30 s, 100 ms – 24 h).
     pub claim_timeout: Duration,
 }
 
@@ -109,6 +109,8 @@ impl WebhookConfig {
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
     pub const DEFAULT_MAX_DELIVERIES: u32 = 10;
     pub const DEFAULT_CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The most `timeout` and `claim_timeout` may be: 24 h.
+    pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 }
 
 /// `retry = { … }` of a queue.
@@ -329,7 +331,20 @@ fn webhook_config(name: &str, w: &WebhookFile) -> Result<WebhookConfig, String> 
     if timeout.is_zero() {
         return Err(format!("{}: must be more than 0 (default 10s)", key("timeout")));
     }
+    let most = |d: Duration, k: &str, default: &str| -> Result<(), String> {
+        if d > WebhookConfig::MAX_DURATION {
+            return Err(format!(
+                "{}: {} is over the most, {} (default {default})",
+                key(k),
+                humantime::format_duration(d),
+                humantime::format_duration(WebhookConfig::MAX_DURATION)
+            ));
+        }
+        Ok(())
+    };
+    most(timeout, "timeout", "10s")?;
     let claim_timeout = dur(&w.claim_timeout, "claim_timeout", WebhookConfig::DEFAULT_CLAIM_TIMEOUT)?;
+    most(claim_timeout, "claim_timeout", "30s")?;
     if claim_timeout < Duration::from_millis(100) {
         return Err(format!(
             "{}: {} is under the least, 100ms (default 30s)",
