@@ -967,18 +967,23 @@ async fn pubsub_task(
 mod tests {
     use super::HEAD_MAX;
 
-    /// The scripts enqueue on a work queue with a literal field name; it must be the queue's.
+    /// The scripts enqueue on a work queue (the command queues and the completion hooks' delivery
+    /// queues) with a literal field name; it must be the queue's.
     #[test]
     fn enqueues_use_the_queue_payload_field() {
         let field = format!("'*', '{}', ", baton_queue::keys::PAYLOAD_FIELD);
-        let scripts = [include_str!("../../scripts/submits.lua"), include_str!("../../scripts/transition.lua")];
+        let scripts = [
+            include_str!("../../scripts/submits.lua"),
+            include_str!("../../scripts/transition.lua"),
+            include_str!("../../scripts/transitions.lua"),
+        ];
         // (Feed appends, `'i', id, 'e', …`, are not work queue messages.)
         let xadds: Vec<&str> = scripts
             .iter()
             .flat_map(|s| s.lines())
             .filter(|l| l.contains("'XADD'") && !l.contains("'i', id, 'e'"))
             .collect();
-        assert_eq!(xadds.len(), 2, "{xadds:?}");
+        assert_eq!(xadds.len(), 4, "{xadds:?}");
         for line in xadds {
             assert!(line.contains(&field), "{line:?} does not write the work queue's payload field {field:?}");
         }
