@@ -155,7 +155,9 @@
 //! on a store given a [`StreamStore`](baton_streams::StreamStore) with
 //! [`CommandStore::set_outputs`]): its state's [`CommandState::output`] links it
 //! ([`OutputLink`]: path, default `commands/<id>`, run, content type, limits), it is created at
-//! submit so readers can attach at once, its handler writes to it ([`Command::output`],
+//! submit before the command is stored and enqueued (so a delivery, and any reader, finds it; a
+//! path where another stream exists is refused with [`CommandError::OutputInUse`], nothing
+//! stored; a submit refused otherwise deletes the stream it made), its handler writes to it ([`Command::output`],
 //! [`Output::open`]: producer `command`, a new epoch per delivery fencing an earlier one), and
 //! it ends with the command: `SUCCEEDED` → `finished`, `CANCELLED` (a cancel from anywhere) →
 //! `cancelled`, `FAILED` → an error entry then `finished`. The other way, an output that ended
@@ -384,6 +386,10 @@ pub enum CommandError {
     /// output streams ([`CommandStore::set_outputs`]).
     #[error("output stream: {0}")]
     Output(String),
+    /// The output path names a stream that is not this command's (someone else's, or one
+    /// soft-deleted there): nothing was stored. Choose another path.
+    #[error("output path {path} is in use: {why}")]
+    OutputInUse { path: String, why: String },
 }
 
 /// Validates a command id (rules on [`CommandError::InvalidId`]).

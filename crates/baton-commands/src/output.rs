@@ -28,6 +28,8 @@ use crate::{CommandError, CommandResult, CommandState, CommandStatus, Lifetimes}
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OutputSpec {
     /// The stream's path; `None`: `commands/<id>`. A re-run writes to `<path>/run-<n>` (n = 2, 3, …).
+    /// The stream is made at submit for this command: a path where another stream exists (not
+    /// made by a submit of this id) is refused ([`CommandError::OutputInUse`]).
     pub path: Option<String>,
     /// Content type; `None`: `application/json`.
     pub content_type: Option<String>,
@@ -241,18 +243,22 @@ impl OutputWriter {
     }
 }
 
-/// Creates `link`'s stream if it is missing (idempotent; a stream that already ended is left).
-pub(crate) async fn ensure(streams: &StreamStore, link: &OutputLink) -> Result<(), StreamError> {
-    let opts = CreateOptions {
+/// The owner mark of the output streams made for command `id` ([`CreateOptions::owner`]): 24
+/// hex digits of the SHA-256 of the id, so a stream found at an output's path tells whether a
+/// submit of this command made it.
+pub(crate) fn owner_mark(id: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(id.as_bytes());
+    d.iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+/// How a submit creates `link`'s stream, marked for `owner` ([`owner_mark`]).
+pub(crate) fn create_options(link: &OutputLink, owner: &str) -> CreateOptions {
+    CreateOptions {
         content_type: Some(link.content_type.clone()),
         limits: Some(link.limits()),
+        owner: Some(owner.to_string()),
         ..CreateOptions::default()
-    };
-    match streams.create(&link.path(), opts).await {
-        Ok(_) => Ok(()),
-        // Ended already (a conflict on the closed state): nothing to create.
-        Err(StreamError::Conflict { .. }) if streams.head(&link.path()).await.is_ok_and(|i| i.end.is_some()) => Ok(()),
-        Err(e) => Err(e),
     }
 }
 

@@ -21,7 +21,9 @@ baton_testkit::on_every_backend!(
     a_detached_producer_decides_the_command,
     a_silent_producer_fails_the_command,
     a_rerun_writes_a_new_output,
-    a_resubmit_with_another_output_is_a_conflict
+    a_resubmit_with_another_output_is_a_conflict,
+    a_delivery_finds_its_output_stream,
+    an_output_path_in_use_is_refused
 );
 
 async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
@@ -361,4 +363,107 @@ async fn a_resubmit_with_another_output_is_a_conflict(b: TestBackend) {
     let e = store.submit(&q, Command::with_id("idem-2", "write", json!({})).with_output(OutputSpec::default())).await;
     assert!(matches!(e, Err(CommandError::Conflict { what: "output", .. })), "{e:?}");
     assert_eq!(store.get("idem-1").await.unwrap().unwrap().output.unwrap().stream, "team/log-1");
+}
+
+/// The stream exists before the command can be delivered: a handler that reads its output
+/// before opening it (a reader, or a producer that checks first) finds it. Was: the submit
+/// enqueued the command, then created the stream, so a quick delivery found nothing.
+async fn a_delivery_finds_its_output_stream(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-first");
+    let missing = Arc::new(AtomicU32::new(0));
+    let m2 = missing.clone();
+    let streams2 = streams.clone();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(baton_commands::QueueSettings { concurrency: 16, ..fast() })
+        .handler(
+            "write",
+            on_execute(move |c: Command| {
+                let (missing, streams) = (m2.clone(), streams2.clone());
+                async move {
+                    let path = c.output().unwrap().path();
+                    if streams.head(&path).await.is_err() {
+                        missing.fetch_add(1, Ordering::SeqCst);
+                    }
+                    c.output().unwrap().open().await?.append_json(&json!("x")).await?;
+                    Ok(CommandResult::succeeded(json!("done")))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let s = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+        ids.push(s.id);
+    }
+    for id in &ids {
+        let done = store.wait(id, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(done.status, CommandStatus::Succeeded);
+    }
+    assert_eq!(missing.load(Ordering::SeqCst), 0, "deliveries that found no output stream");
+    svc.close().await;
+}
+
+/// An output path naming a stream that is not the command's is refused (409 over HTTP), storing
+/// nothing and leaving that stream as it was: a command must not take over another's stream
+/// (end it with its own end, fence its writer). Was: the command was stored linking it.
+async fn an_output_path_in_use_is_refused(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-taken");
+    let theirs = format!("team/{q}");
+    // Someone's stream, even with the very configuration the command would ask for.
+    let probe = store
+        .submit(
+            &q,
+            Command::new("write", json!({}))
+                .with_output(OutputSpec { path: Some(format!("{theirs}-probe")), ..OutputSpec::default() }),
+        )
+        .await
+        .unwrap();
+    let limits = probe.output.unwrap().limits();
+    let p = StreamPath::new(&theirs).unwrap();
+    let opts = baton_streams::CreateOptions {
+        content_type: Some("application/json".into()),
+        limits: Some(limits),
+        ..Default::default()
+    };
+    streams.create(&p, opts).await.unwrap();
+    streams
+        .append(
+            &p,
+            baton_streams::AppendRequest {
+                data: r#"{"mine":1}"#.into(),
+                content_type: Some("application/json".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let cmd = Command::with_id(format!("taker-{q}"), "write", json!({}))
+        .with_output(OutputSpec { path: Some(theirs.clone()), ..OutputSpec::default() });
+    let e = store.submit(&q, cmd).await.unwrap_err();
+    assert!(matches!(&e, CommandError::OutputInUse { path, .. } if *path == theirs), "{e:?}");
+    assert!(store.get(&format!("taker-{q}")).await.unwrap().is_none(), "nothing stored");
+    assert_eq!(end_of(&streams, &theirs).await, None);
+    assert_eq!(records(&streams, &theirs).await, vec![r#"{"mine":1}"#]);
+    // Another content type: the same.
+    let cmd = Command::new("write", json!({})).with_output(OutputSpec {
+        path: Some(theirs.clone()),
+        content_type: Some("text/plain".into()),
+        ..OutputSpec::default()
+    });
+    assert!(matches!(store.submit(&q, cmd).await, Err(CommandError::OutputInUse { .. })));
+    // A resubmit of a stored command finds its own stream and is answered as before.
+    let own = Command::with_id(format!("own-{q}"), "write", json!({})).with_output(OutputSpec::default());
+    let (first, created) = store.submit_created(&q, own.clone()).await.unwrap();
+    assert!(created);
+    let (again, created) = store.submit_created(&q, own).await.unwrap();
+    assert_eq!((created, again.output), (false, first.output));
+    // A conflicting submit leaves no stream behind at the path it asked for.
+    let other = Command::with_id(format!("own-{q}"), "write", json!({"x": 1}))
+        .with_output(OutputSpec { path: Some(format!("{theirs}-never")), ..OutputSpec::default() });
+    assert!(matches!(store.submit(&q, other).await, Err(CommandError::Conflict { .. })));
+    assert!(streams.head(&StreamPath::new(&format!("{theirs}-never")).unwrap()).await.is_err());
 }

@@ -194,6 +194,13 @@ impl StreamStore {
         }
         let incarnation = uuid::Uuid::now_v7().simple().to_string();
         let Some(fork) = opts.fork.clone() else {
+            let incarnation = match &opts.owner {
+                Some(o) if o.is_empty() || !o.bytes().all(|b| b.is_ascii_alphanumeric()) => {
+                    return Err(StreamError::invalid("a stream's owner mark is ASCII letters and digits"))
+                }
+                Some(o) => format!("{incarnation}-{o}"),
+                None => incarnation,
+            };
             let ct = opts.content_type.clone().unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_string());
             let mut records = Vec::new();
             if let Some(body) = &opts.initial {
