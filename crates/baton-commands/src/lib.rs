@@ -163,8 +163,12 @@
 //! `cancelled`, `FAILED` → an error entry then `finished`. The other way, an output that ended
 //! first decides the command when a handler call ends: `cancelled` → `CANCELLED`,
 //! `producer_lost` → `FAILED`, `finished` → the handler's terminal result, else `SUCCEEDED`
-//! (or `FAILED` when its last entry is an error entry) — so a handler may spawn the producer and
-//! return `running`, and the command ends at the first `check_status` after the stream does.
+//! with result `null` (or `FAILED` when its last entry is an error entry) — so a handler may
+//! spawn the producer and return `running`, and the command ends at the first `check_status`
+//! that begins after the stream ended. A call during which the stream finished and that says
+//! `running` does not decide: the handler is asked again at its next check, and a result it
+//! returns then is the command's (a producer may finish the stream a moment before the handler
+//! has its result).
 //! A re-run writes a new stream, `<path>/run-<n>`. The output is part of the submit's request:
 //! a resubmit of the id asking for another output (or none) is a [`CommandError::Conflict`]. The stream is deleted `state_ttl` after its
 //! creation and `retention` after its end (the home queue's [`Lifetimes`]).

@@ -11,7 +11,9 @@
 //!   remote) and the output has ended first, the stream's end decides: `cancelled` →
 //!   `CANCELLED`; `producer_lost` → `FAILED` (the handler's own failure text if it returned one);
 //!   `finished` → the handler's terminal result if it returned one, else `SUCCEEDED` (result
-//!   `null`), or `FAILED` when the stream's last entry is an error entry.
+//!   `null`), or `FAILED` when the stream's last entry is an error entry. A handler that says
+//!   `running` in the call during which the stream finished is asked once more (at its next
+//!   check) before that: its result, if it has one by then, is the command's.
 
 use std::time::Duration;
 
@@ -313,10 +315,18 @@ pub(crate) async fn end_with(streams: &StreamStore, st: &CommandState) {
 /// The stream → command direction of the module docs: `result` (the handler's, `None` for an
 /// error) as the output's end, if it ended, decides; `None`: the output has not ended (or
 /// cannot be read: the handler's outcome stands).
+///
+/// `called_at` (ms since the Unix epoch): when the handler call that gave `result` began. A
+/// stream that ended `finished` while that call ran, with the call's answer `running`, does not
+/// decide yet: the handler may not have seen the end, and its next call may bring the result
+/// (the producer finished the stream a moment before the handler had its result ready). Once
+/// the handler says `running` in a call that began after the end, the command is `SUCCEEDED`
+/// with result `null`: the stream is all it produced.
 pub(crate) async fn decide(
     streams: &StreamStore,
     link: &OutputLink,
     result: Option<&CommandResult>,
+    called_at: u64,
 ) -> Option<CommandResult> {
     let path = link.path();
     let info = match streams.head(&path).await {
@@ -343,6 +353,7 @@ pub(crate) async fn decide(
         })),
         EndReason::Finished => match result {
             Some(r) if r.is_terminal() => r.clone(),
+            Some(_) if info.ended_at.is_some_and(|t| t >= called_at) => return None,
             _ => match last_error(streams, link).await {
                 Some(e) => CommandResult::Failed(e),
                 None => CommandResult::Succeeded(crate::RawJson::null()),

@@ -927,7 +927,8 @@ impl RemoteWorkers {
         // A terminal write acks the delivery in the same atomic step where the backend can
         // (Redis: same slot); the ownership check made it this worker's to ack.
         let holder = Holder::Remote(c, mid, fence);
-        let done = apply(&self.ctx, st, &msg, Some(holder), is_execute, started, outcome).await?;
+        let called_at = Timestamp::from_millis(claimed_ms);
+        let done = apply(&self.ctx, st, &msg, Some(holder), is_execute, started, called_at, outcome).await?;
         settle_strict(c, delivery, done.decision).await?;
         Ok(match done.state {
             Some(s) if done.written => RemoteSettled::Applied(s),

@@ -357,7 +357,9 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     let Some(handler) = ctx.handlers.get(&st.command_type).cloned() else {
         let err = format!("no handler for command type {:?} on queue {:?}", st.command_type, ctx.queue);
         let failed = Outcome::Result(CommandResult::Failed(err));
-        return Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), false, None, failed).await?.decision);
+        return Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), false, None, Timestamp::now(), failed)
+            .await?
+            .decision);
     };
     // Remote cancels reach this process through the home queue's notifications.
     backend.watch_home(&msg.home).await?;
@@ -429,7 +431,7 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     if let Some(r) = reports.take() {
         r.apply_to(&mut st);
     }
-    Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), is_execute, started, outcome).await?.decision)
+    Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), is_execute, started, now, outcome).await?.decision)
 }
 
 /// How often a running in-process handler's reports ([`Command::progress`],
@@ -704,6 +706,7 @@ pub(crate) async fn apply(
     holder: Option<Holder<'_>>,
     is_execute: bool,
     started: Option<Timestamp>,
+    called_at: Timestamp,
     outcome: Outcome,
 ) -> Result<Applied, CommandError> {
     let backend = &ctx.store.inner.backend;
@@ -714,7 +717,7 @@ pub(crate) async fn apply(
                 Outcome::Result(r) => Some(r),
                 Outcome::Error(_) => None,
             };
-            match crate::output::decide(streams, link, result).await {
+            match crate::output::decide(streams, link, result, called_at.millis()).await {
                 Some(r) => Outcome::Result(r),
                 None => outcome,
             }

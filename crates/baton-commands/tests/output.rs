@@ -23,7 +23,8 @@ baton_testkit::on_every_backend!(
     a_rerun_writes_a_new_output,
     a_resubmit_with_another_output_is_a_conflict,
     a_delivery_finds_its_output_stream,
-    an_output_path_in_use_is_refused
+    an_output_path_in_use_is_refused,
+    a_result_after_the_stream_finished_is_kept
 );
 
 async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
@@ -466,4 +467,49 @@ async fn an_output_path_in_use_is_refused(b: TestBackend) {
         .with_output(OutputSpec { path: Some(format!("{theirs}-never")), ..OutputSpec::default() });
     assert!(matches!(store.submit(&q, other).await, Err(CommandError::Conflict { .. })));
     assert!(streams.head(&StreamPath::new(&format!("{theirs}-never")).unwrap()).await.is_err());
+}
+
+/// The producer finishes the stream while `check_status` runs and says `running` (its result
+/// is not ready yet); the next `check_status` has it. The command's result is that result.
+/// Was: `SUCCEEDED` with result `null` at once, the handler's result lost.
+async fn a_result_after_the_stream_finished_is_kept(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-late-result");
+    let checks = Arc::new(AtomicU32::new(0));
+    let c2 = checks.clone();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                c.output().unwrap().open().await?.append_json(&json!("working")).await?;
+                Ok(CommandResult::running())
+            })
+            .on_check(move |c: Command, _st| {
+                let n = c2.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n == 0 {
+                        // The producer is done: it finishes the stream; the summary comes next.
+                        let out = c.output().unwrap();
+                        out.streams().end(&out.path(), EndReason::Finished).await?;
+                        return Ok(CommandResult::running());
+                    }
+                    Ok(CommandResult::succeeded(json!({"summary": "3 findings"})))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(
+        (done.status, done.result.as_ref().map(|r| r.get())),
+        (CommandStatus::Succeeded, Some(r#"{"summary":"3 findings"}"#))
+    );
+    assert_eq!(checks.load(Ordering::SeqCst), 2);
+    let path = st.output.unwrap().stream;
+    assert_eq!(records(&streams, &path).await, vec![r#""working""#]);
+    assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
+    svc.close().await;
 }
