@@ -24,7 +24,8 @@ baton_testkit::on_every_backend!(
     a_resubmit_with_another_output_is_a_conflict,
     a_delivery_finds_its_output_stream,
     an_output_path_in_use_is_refused,
-    a_result_after_the_stream_finished_is_kept
+    a_result_after_the_stream_finished_is_kept,
+    a_cancel_racing_the_finish_agrees_with_the_stream
 );
 
 async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
@@ -511,5 +512,73 @@ async fn a_result_after_the_stream_finished_is_kept(b: TestBackend) {
     let path = st.output.unwrap().stream;
     assert_eq!(records(&streams, &path).await, vec![r#""working""#]);
     assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
+    svc.close().await;
+}
+
+/// A cancel racing a handler that finishes its stream and returns its result: exactly one end,
+/// and the command's status matches it (CANCELLED ⇔ cancelled).
+///
+/// Was: a cancel whose compare-and-set landed after the producer finished the stream (before the
+/// handler's result was written), or whose stream end came after the producer's finish, left the
+/// command CANCELLED with its stream ended `finished`.
+async fn a_cancel_racing_the_finish_agrees_with_the_stream(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-race");
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(baton_commands::QueueSettings { concurrency: 32, ..fast() })
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                let delay = c.params_as::<serde_json::Value>()?["d"].as_u64().unwrap_or(0);
+                let out = c.output().unwrap().open().await?;
+                out.append_json(&json!("start")).await?;
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                let _ = out.producer().finish().await;
+                Ok(CommandResult::succeeded(json!("done")))
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..30u64 {
+        let st = store
+            .submit(&q, Command::new("write", json!({ "d": 30 + i % 5 })).with_output(OutputSpec::default()))
+            .await
+            .unwrap();
+        ids.push((st.id.clone(), st.output.unwrap().stream, i));
+    }
+    let mut cancels = Vec::new();
+    for (id, path, i) in &ids {
+        let (store, streams, id, path, i) = (store.clone(), streams.clone(), id.clone(), path.clone(), *i);
+        cancels.push(tokio::spawn(async move {
+            eventually(Duration::from_secs(5), || async { (!records(&streams, &path).await.is_empty()).then_some(()) })
+                .await
+                .expect("started");
+            tokio::time::sleep(Duration::from_millis(25 + i % 12)).await;
+            let _ = store.cancel(&id).await;
+        }));
+    }
+    for c in cancels {
+        c.await.unwrap();
+    }
+    let mut bad = Vec::new();
+    let mut seen = Vec::new();
+    for (id, path, _) in &ids {
+        let done = store.wait(id, Duration::from_secs(10)).await.unwrap();
+        let end = end_of(&streams, path).await;
+        let agree = matches!(
+            (done.status, end),
+            (CommandStatus::Cancelled, Some(EndReason::Cancelled))
+                | (CommandStatus::Succeeded, Some(EndReason::Finished))
+        );
+        if !agree {
+            bad.push((done.status, end));
+        }
+        seen.push(done.status);
+    }
+    // Both outcomes were seen (the race was run, not one side of it).
+    eprintln!("outcomes: {seen:?}");
+    assert!(bad.is_empty(), "status and stream end disagree: {bad:?}");
     svc.close().await;
 }

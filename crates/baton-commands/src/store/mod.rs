@@ -459,10 +459,16 @@ impl CommandStore {
 
     /// Cancels `id`: a compare-and-set to `CANCELLED` (with `completed_at`) unless it is terminal.
     /// A handler running it in this process (or, on Redis, in any process subscribed to its
-    /// queue) is signalled through [`Command::cancelled`]; its later result is refused.
+    /// queue) is signalled through [`Command::cancelled`]; its later result is refused. A command
+    /// with an output ([`Command::with_output`]) has the output ended `cancelled` first: the
+    /// stream's end is the arbiter, so when it had ended otherwise already (`finished`,
+    /// `producer_lost`) that end decides the command (its handler's result, waited for up to 2 s,
+    /// else `SUCCEEDED` with result `null` or `FAILED`) and the cancel is refused with that
+    /// terminal state.
     ///
     /// Errors: [`CommandError::NotFound`], [`CommandError::AlreadyTerminal`] (the state attached:
-    /// the refusal leaves it unchanged).
+    /// the refusal leaves it unchanged, or it is the state its output's earlier end decided),
+    /// [`CommandError::Output`] (the output could not be ended; nothing written).
     pub async fn cancel(&self, id: &str) -> Result<CommandState, CommandError> {
         validate_id(id)?;
         let mut current = self.locate(id).await?.map(|(_, st)| st);
@@ -470,6 +476,18 @@ impl CommandStore {
             let Some(st) = current else { return Err(CommandError::NotFound(id.to_string())) };
             if st.status.is_terminal() {
                 return Err(CommandError::AlreadyTerminal(Box::new(st)));
+            }
+            // The output's end is the arbiter: ended `cancelled` first, then the command. An
+            // output that ended otherwise first decides the command instead.
+            if let (Some(link), Some(streams)) = (&st.output, self.outputs()) {
+                match streams.end(&link.path(), baton_streams::EndReason::Cancelled).await {
+                    Ok(e) if e.end.reason != baton_streams::EndReason::Cancelled => {
+                        return Err(CommandError::AlreadyTerminal(Box::new(self.settle_by_output(st).await?)));
+                    }
+                    Ok(_)
+                    | Err(baton_streams::StreamError::NotFound { .. } | baton_streams::StreamError::Gone { .. }) => {}
+                    Err(e) => return Err(CommandError::Output(format!("ending {}: {e}", link.stream))),
+                }
             }
             let now = Timestamp::now();
             let mut next = st.clone();
@@ -479,6 +497,54 @@ impl CommandStore {
             next.modified_at = now;
             next.version += 1;
             match self.write_for(st.status, next, None, None, Some((EventKind::Cancelled, None))).await?.0 {
+                Ok(done) => return Ok(done),
+                Err(latest) => current = latest,
+            }
+        }
+    }
+
+    /// A cancel found `st`'s output ended `finished` or `producer_lost` before it: that end
+    /// decides the command. Its handler's result is waited for a moment (it usually follows its
+    /// producer's finish); without one, the end's outcome is written as a handler call that
+    /// returned nothing would have it (`SUCCEEDED` with result `null`, `FAILED` after an error
+    /// entry or `producer_lost`). Returns the terminal state.
+    async fn settle_by_output(&self, st: CommandState) -> Result<CommandState, CommandError> {
+        let id = st.id.clone();
+        let latest = self.wait(&id, Duration::from_secs(2)).await?;
+        if latest.status.is_terminal() {
+            return Ok(latest);
+        }
+        let mut current = Some(latest);
+        loop {
+            let Some(st) = current else { return Err(CommandError::NotFound(id)) };
+            if st.status.is_terminal() {
+                return Ok(st);
+            }
+            let (Some(link), Some(streams)) = (&st.output, self.outputs()) else { return Ok(st) };
+            let Some(outcome) = crate::output::decide(streams, link, None, 0).await else { return Ok(st) };
+            let now = Timestamp::now();
+            let mut next = st.clone();
+            next.execution = None;
+            next.completed_at = Some(now);
+            next.modified_at = now;
+            next.version += 1;
+            let event = match outcome {
+                crate::CommandResult::Succeeded(r) => {
+                    next.status = CommandStatus::Succeeded;
+                    next.result = Some(r);
+                    EventKind::Succeeded
+                }
+                crate::CommandResult::Failed(e) => {
+                    next.status = CommandStatus::Failed;
+                    next.error = Some(e);
+                    EventKind::Failed
+                }
+                _ => {
+                    next.status = CommandStatus::Cancelled;
+                    EventKind::Cancelled
+                }
+            };
+            match self.write_for(st.status, next, None, None, Some((event, None))).await?.0 {
                 Ok(done) => return Ok(done),
                 Err(latest) => current = latest,
             }
