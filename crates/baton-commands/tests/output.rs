@@ -467,7 +467,7 @@ async fn an_output_path_in_use_is_refused(b: TestBackend) {
     let other = Command::with_id(format!("own-{q}"), "write", json!({"x": 1}))
         .with_output(OutputSpec { path: Some(format!("{theirs}-never")), ..OutputSpec::default() });
     assert!(matches!(store.submit(&q, other).await, Err(CommandError::Conflict { .. })));
-    assert!(streams.head(&StreamPath::new(&format!("{theirs}-never")).unwrap()).await.is_err());
+    assert!(streams.head(&StreamPath::new(format!("{theirs}-never")).unwrap()).await.is_err());
 }
 
 /// The producer finishes the stream while `check_status` runs and says `running` (its result
