@@ -36,7 +36,8 @@ pub struct OutputSpec {
     /// Content type; `None`: `application/json`.
     pub content_type: Option<String>,
     /// The stream ends `producer_lost` (and the command `FAILED`) after this long with no append
-    /// and no keepalive. `None` (the default): never. Set it when a producer outlives the handler
+    /// and no keepalive, counted from the first delivery's open of the stream (not while the
+    /// command waits in its queue). `None` (the default): never. Set it when a producer outlives the handler
     /// call that started it (a handler that spawns the producer and returns `running`): nothing
     /// else notices that producer's death.
     pub silence_timeout: Option<Duration>,
@@ -260,6 +261,9 @@ pub(crate) fn create_options(link: &OutputLink, owner: &str) -> CreateOptions {
         content_type: Some(link.content_type.clone()),
         limits: Some(link.limits()),
         owner: Some(owner.to_string()),
+        // The silence timeout is the producer's: it counts from the first delivery's open, not
+        // while the command waits in its queue.
+        silence_from_open: true,
         ..CreateOptions::default()
     }
 }

@@ -25,7 +25,8 @@ baton_testkit::on_every_backend!(
     a_delivery_finds_its_output_stream,
     an_output_path_in_use_is_refused,
     a_result_after_the_stream_finished_is_kept,
-    a_cancel_racing_the_finish_agrees_with_the_stream
+    a_cancel_racing_the_finish_agrees_with_the_stream,
+    a_command_waiting_longer_than_its_silence_timeout_runs
 );
 
 async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
@@ -580,5 +581,38 @@ async fn a_cancel_racing_the_finish_agrees_with_the_stream(b: TestBackend) {
     // Both outcomes were seen (the race was run, not one side of it).
     eprintln!("outcomes: {seen:?}");
     assert!(bad.is_empty(), "status and stream end disagree: {bad:?}");
+    svc.close().await;
+}
+
+/// The silence timeout is a producer's: a command that waits in its queue longer than it (a
+/// backlog, no worker yet) still runs, and its output is written. Was: the stream, made at
+/// submit, ended `producer_lost` before any handler ran, failing the command.
+async fn a_command_waiting_longer_than_its_silence_timeout_runs(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-backlog");
+    let spec = OutputSpec { silence_timeout: Some(Duration::from_millis(300)), ..OutputSpec::default() };
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(spec)).await.unwrap();
+    let path = st.output.clone().unwrap().stream;
+    // Nobody works the queue for a while; readers look at the stream meanwhile.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(end_of(&streams, &path).await, None, "no producer yet: nothing was lost");
+    }
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                c.output().unwrap().open().await?.append_json(&json!("hello")).await?;
+                Ok(CommandResult::succeeded(json!("ok")))
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((done.status, done.error), (CommandStatus::Succeeded, None));
+    assert_eq!(records(&streams, &path).await, vec![r#""hello""#]);
+    assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
     svc.close().await;
 }

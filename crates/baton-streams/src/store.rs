@@ -218,6 +218,7 @@ impl StreamStore {
                 base: Offset::ZERO,
                 fork: None,
                 claim,
+                silence_from_open: opts.silence_from_open,
             };
             let out = self.backend.create(path, spec).await?;
             if out.0.created {
@@ -284,6 +285,7 @@ impl StreamStore {
                 sub_offset: fork.sub_offset,
             }),
             claim,
+            silence_from_open: false,
         };
         let out = self.backend.create(path, spec).await?;
         if out.0.created {

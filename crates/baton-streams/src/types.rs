@@ -99,6 +99,12 @@ pub struct CreateOptions {
     /// the stream lives, that it was created for this owner and not by anyone else at that path.
     /// Ignored for an existing stream (a create is still idempotent on the configuration).
     pub owner: Option<String>,
+    /// The silence timeout of a new (not forked) stream counts from its first producer's open
+    /// ([`StreamStore::open`](crate::StreamStore::open)), not from its creation: a stream made
+    /// ahead of its producer (the output of a command still waiting in its queue) is not ended
+    /// `producer_lost` while nobody was meant to write yet. Until then its
+    /// [`StreamInfo::limits`] show no silence timeout.
+    pub silence_from_open: bool,
 }
 
 /// Outcome of a create.

@@ -392,7 +392,13 @@ impl CommandStore {
             if rerun || existing.end.is_none() {
                 // Made for this id by a submit (or re-run) not stored (yet): a concurrent one,
                 // or one whose store failed. Used if it is the same stream, else a conflict.
-                let same = existing.content_type == link.content_type && existing.limits == link.limits();
+                // (Its silence timeout shows once a producer opened it.)
+                let wanted = link.limits();
+                let limits = baton_streams::RunLimits {
+                    silence_timeout: existing.limits.silence_timeout.or(wanted.silence_timeout),
+                    ..existing.limits
+                };
+                let same = existing.content_type == link.content_type && limits == wanted;
                 if same {
                     return Ok(false);
                 }

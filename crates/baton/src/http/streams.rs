@@ -121,6 +121,7 @@ async fn create(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
         limits,
         fork,
         owner: None,
+        silence_from_open: false,
     };
     let created = st.store.create(&path, opts).await?;
     let info = &created.info;
