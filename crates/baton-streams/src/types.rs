@@ -103,7 +103,10 @@ pub struct CreateOptions {
     /// ([`StreamStore::open`](crate::StreamStore::open)), not from its creation: a stream made
     /// ahead of its producer (the output of a command still waiting in its queue) is not ended
     /// `producer_lost` while nobody was meant to write yet. Until then its
-    /// [`StreamInfo::limits`] show no silence timeout.
+    /// [`StreamInfo::limits`] show no silence timeout (and a [`StreamStore::create`]
+    /// asking for one is a conflict; [`StreamStore::open`] joins it).
+    ///
+    /// [`StreamStore::create`]: crate::StreamStore::create
     pub silence_from_open: bool,
 }
 

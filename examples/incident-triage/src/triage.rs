@@ -33,9 +33,7 @@ use baton_commands::{
     HandlerError, OutputSpec, QueueSettings, RedisCommandStoreOptions,
 };
 use baton_redis::{RedisClient, RedisConfig};
-use baton_streams::{
-    CreateOptions, EndReason, ReadFrom, RunLimits, StreamError, StreamPath, StreamStore, StreamStoreSettings,
-};
+use baton_streams::{EndReason, ReadFrom, RunLimits, StreamError, StreamPath, StreamStore, StreamStoreSettings};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -461,22 +459,11 @@ impl CommandHandler for Lifecycle {
         if command.is_cancelled() {
             return Ok(CommandResult::cancelled());
         }
-        // The command service creates the output at submit, but this call may come first (the
-        // submit enqueues, then creates): create it now (idempotent), so `monitor` always finds
-        // it. One that ended already (a Stop) is left: the hand-off's end decides the command.
+        // The command service created the output at submit, before this delivery could come.
+        // One that ended already (a Stop) is left: the hand-off's end decides the command.
         let path = output.path();
-        let create = CreateOptions {
-            content_type: Some(output.link().content_type.clone()),
-            limits: Some(output.link().limits()),
-            ..Default::default()
-        };
-        match sh.streams.create(&path, create).await {
-            Ok(_) => {}
-            Err(StreamError::Conflict { .. }) if sh.streams.head(&path).await.is_ok_and(|h| h.end.is_some()) => {
-                return Ok(CommandResult::handed_off(MONITOR_QUEUE))
-            }
-            Err(e @ StreamError::Conflict { .. }) => return Ok(CommandResult::failed(format!("stream {path}: {e}"))),
-            Err(e) => return Err(e.into()),
+        if sh.streams.head(&path).await.is_ok_and(|h| h.end.is_some()) {
+            return Ok(CommandResult::handed_off(MONITOR_QUEUE));
         }
         let stop = CancellationToken::new();
         sh.local.lock().unwrap().insert(p.run.clone(), stop.clone());
