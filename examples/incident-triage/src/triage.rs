@@ -6,8 +6,9 @@
 //!    stream `triage/<engineer>/<run>` (`Command::with_output`, silence timeout
 //!    `silence_timeout`): the command service creates the stream at submit, so browsers can
 //!    attach at once, and ends it with the command.
-//! 2. `execute` (queue `lifecycle`, claim timeout 60 s) makes sure the stream exists (the
-//!    submit creates it, but a delivery may come first), spawns the analysis producer
+//! 2. `execute` (queue `lifecycle`, claim timeout 60 s) finds the stream (the submit created it
+//!    before the command could be delivered; one ended by a Stop is left), spawns the analysis
+//!    producer
 //!    ([`crate::producer::produce`]) on the command's output (`Command::output`: producer
 //!    `command`, a new epoch per delivery) and returns `handed_off("monitor")`. The producer
 //!    keeps the stream open after its summary: the command's end ends it.
