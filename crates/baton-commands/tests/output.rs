@@ -26,7 +26,8 @@ baton_testkit::on_every_backend!(
     an_output_path_in_use_is_refused,
     a_result_after_the_stream_finished_is_kept,
     a_cancel_racing_the_finish_agrees_with_the_stream,
-    a_command_waiting_longer_than_its_silence_timeout_runs
+    a_command_waiting_longer_than_its_silence_timeout_runs,
+    a_rerun_while_the_old_run_still_writes
 );
 
 async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
@@ -614,5 +615,64 @@ async fn a_command_waiting_longer_than_its_silence_timeout_runs(b: TestBackend) 
     assert_eq!((done.status, done.error), (CommandStatus::Succeeded, None));
     assert_eq!(records(&streams, &path).await, vec![r#""hello""#]);
     assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
+    svc.close().await;
+}
+
+/// A re-run while the cancelled run's handler still writes and then returns a result: the old
+/// writer is refused by its ended stream, its result is refused by the command, and the new
+/// run's stream holds only the new run's output.
+async fn a_rerun_while_the_old_run_still_writes(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-rerun-race");
+    let refused = Arc::new(AtomicU32::new(0));
+    let r2 = refused.clone();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(baton_commands::QueueSettings { concurrency: 4, ..fast() })
+        .handler(
+            "write",
+            on_execute(move |c: Command| {
+                let refused = r2.clone();
+                async move {
+                    let run = c.output().unwrap().link().run;
+                    let out = c.output().unwrap().open().await?;
+                    out.append_json(&json!({ "run": run, "i": 0 })).await?;
+                    if run == 1 {
+                        // Ignores the cancel: keeps writing for a while, then claims success.
+                        for i in 1..20 {
+                            tokio::time::sleep(Duration::from_millis(30)).await;
+                            if out.append_json(&json!({ "run": 1, "i": i })).await.is_err() {
+                                refused.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                        return Ok(CommandResult::succeeded(json!("old")));
+                    }
+                    Ok(CommandResult::succeeded(json!("new")))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let first = st.output.clone().unwrap().stream;
+    eventually(Duration::from_secs(5), || async { (!records(&streams, &first).await.is_empty()).then_some(()) })
+        .await
+        .expect("run 1 writes");
+    assert_eq!(store.cancel(&st.id).await.unwrap().status, CommandStatus::Cancelled);
+    let rerun = store.retry(&st.id).await.unwrap();
+    let second = rerun.output.unwrap().stream;
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((done.status, done.result.as_ref().map(|r| r.get())), (CommandStatus::Succeeded, Some(r#""new""#)));
+    // Run 1's handler finishes later: its result changes nothing.
+    eventually(Duration::from_secs(5), || async { (refused.load(Ordering::SeqCst) == 19).then_some(()) })
+        .await
+        .expect("every append of run 1 after the cancel was refused");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let later = store.get(&st.id).await.unwrap().unwrap();
+    assert_eq!((later.status, later.result.as_ref().map(|r| r.get())), (CommandStatus::Succeeded, Some(r#""new""#)));
+    assert_eq!(end_of(&streams, &first).await, Some(EndReason::Cancelled));
+    assert_eq!(records(&streams, &first).await, vec![r#"{"i":0,"run":1}"#]);
+    assert_eq!(records(&streams, &second).await, vec![r#"{"i":0,"run":2}"#]);
+    assert_eq!(end_of(&streams, &second).await, Some(EndReason::Finished));
     svc.close().await;
 }
