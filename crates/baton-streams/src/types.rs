@@ -104,7 +104,7 @@ pub struct CreateOptions {
     /// ahead of its producer (the output of a command still waiting in its queue) is not ended
     /// `producer_lost` while nobody was meant to write yet. Until then its
     /// [`StreamInfo::limits`] show no silence timeout (and a [`StreamStore::create`]
-    /// asking for one is a conflict; [`StreamStore::open`] joins it).
+    /// asking for one is a conflict; [`StreamStore::open`](crate::StreamStore::open) joins it).
     ///
     /// [`StreamStore::create`]: crate::StreamStore::create
     pub silence_from_open: bool,
