@@ -159,14 +159,20 @@
 //! on a store given a [`StreamStore`](baton_streams::StreamStore) with
 //! [`CommandStore::set_outputs`]): its state's [`CommandState::output`] links it
 //! ([`OutputLink`]: path, default `commands/<id>`, run, content type, limits), it is created at
-//! submit so readers can attach at once, its handler writes to it ([`Command::output`],
+//! submit before the command is stored and enqueued (so a delivery, and any reader, finds it; a
+//! path where another stream exists is refused with [`CommandError::OutputInUse`], nothing
+//! stored; a submit refused otherwise deletes the stream it made), its handler writes to it ([`Command::output`],
 //! [`Output::open`]: producer `command`, a new epoch per delivery fencing an earlier one), and
 //! it ends with the command: `SUCCEEDED` → `finished`, `CANCELLED` (a cancel from anywhere) →
 //! `cancelled`, `FAILED` → an error entry then `finished`. The other way, an output that ended
 //! first decides the command when a handler call ends: `cancelled` → `CANCELLED`,
 //! `producer_lost` → `FAILED`, `finished` → the handler's terminal result, else `SUCCEEDED`
-//! (or `FAILED` when its last entry is an error entry) — so a handler may spawn the producer and
-//! return `running`, and the command ends at the first `check_status` after the stream does.
+//! with result `null` (or `FAILED` when its last entry is an error entry) — so a handler may
+//! spawn the producer and return `running`, and the command ends at the first `check_status`
+//! that begins after the stream ended. A call during which the stream finished and that says
+//! `running` does not decide: the handler is asked again at its next check, and a result it
+//! returns then is the command's (a producer may finish the stream a moment before the handler
+//! has its result).
 //! A re-run writes a new stream, `<path>/run-<n>`. The output is part of the submit's request:
 //! a resubmit of the id asking for another output (or none) is a [`CommandError::Conflict`]. The stream is deleted `state_ttl` after its
 //! creation and `retention` after its end (the home queue's [`Lifetimes`]).
@@ -393,6 +399,10 @@ pub enum CommandError {
     /// output streams ([`CommandStore::set_outputs`]).
     #[error("output stream: {0}")]
     Output(String),
+    /// The output path names a stream that is not this command's (someone else's, or one
+    /// soft-deleted there): nothing was stored. Choose another path.
+    #[error("output path {path} is in use: {why}")]
+    OutputInUse { path: String, why: String },
 }
 
 /// Validates a command id (rules on [`CommandError::InvalidId`]).

@@ -11,7 +11,9 @@
 //!   remote) and the output has ended first, the stream's end decides: `cancelled` →
 //!   `CANCELLED`; `producer_lost` → `FAILED` (the handler's own failure text if it returned one);
 //!   `finished` → the handler's terminal result if it returned one, else `SUCCEEDED` (result
-//!   `null`), or `FAILED` when the stream's last entry is an error entry.
+//!   `null`), or `FAILED` when the stream's last entry is an error entry. A handler that says
+//!   `running` in the call during which the stream finished is asked once more (at its next
+//!   check) before that: its result, if it has one by then, is the command's.
 
 use std::time::Duration;
 
@@ -28,11 +30,14 @@ use crate::{CommandError, CommandResult, CommandState, CommandStatus, Lifetimes}
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OutputSpec {
     /// The stream's path; `None`: `commands/<id>`. A re-run writes to `<path>/run-<n>` (n = 2, 3, …).
+    /// The stream is made at submit for this command: a path where another stream exists (not
+    /// made by a submit of this id) is refused ([`CommandError::OutputInUse`]).
     pub path: Option<String>,
     /// Content type; `None`: `application/json`.
     pub content_type: Option<String>,
     /// The stream ends `producer_lost` (and the command `FAILED`) after this long with no append
-    /// and no keepalive. `None` (the default): never. Set it when a producer outlives the handler
+    /// and no keepalive, counted from the first delivery's open of the stream (not while the
+    /// command waits in its queue). `None` (the default): never. Set it when a producer outlives the handler
     /// call that started it (a handler that spawns the producer and returns `running`): nothing
     /// else notices that producer's death.
     pub silence_timeout: Option<Duration>,
@@ -241,18 +246,25 @@ impl OutputWriter {
     }
 }
 
-/// Creates `link`'s stream if it is missing (idempotent; a stream that already ended is left).
-pub(crate) async fn ensure(streams: &StreamStore, link: &OutputLink) -> Result<(), StreamError> {
-    let opts = CreateOptions {
+/// The owner mark of the output streams made for command `id` ([`CreateOptions::owner`]): 24
+/// hex digits of the SHA-256 of the id, so a stream found at an output's path tells whether a
+/// submit of this command made it.
+pub(crate) fn owner_mark(id: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(id.as_bytes());
+    d.iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+/// How a submit creates `link`'s stream, marked for `owner` ([`owner_mark`]).
+pub(crate) fn create_options(link: &OutputLink, owner: &str) -> CreateOptions {
+    CreateOptions {
         content_type: Some(link.content_type.clone()),
         limits: Some(link.limits()),
+        owner: Some(owner.to_string()),
+        // The silence timeout is the producer's: it counts from the first delivery's open, not
+        // while the command waits in its queue.
+        silence_from_open: true,
         ..CreateOptions::default()
-    };
-    match streams.create(&link.path(), opts).await {
-        Ok(_) => Ok(()),
-        // Ended already (a conflict on the closed state): nothing to create.
-        Err(StreamError::Conflict { .. }) if streams.head(&link.path()).await.is_ok_and(|i| i.end.is_some()) => Ok(()),
-        Err(e) => Err(e),
     }
 }
 
@@ -307,10 +319,18 @@ pub(crate) async fn end_with(streams: &StreamStore, st: &CommandState) {
 /// The stream → command direction of the module docs: `result` (the handler's, `None` for an
 /// error) as the output's end, if it ended, decides; `None`: the output has not ended (or
 /// cannot be read: the handler's outcome stands).
+///
+/// `called_at` (ms since the Unix epoch): when the handler call that gave `result` began. A
+/// stream that ended `finished` while that call ran, with the call's answer `running`, does not
+/// decide yet: the handler may not have seen the end, and its next call may bring the result
+/// (the producer finished the stream a moment before the handler had its result ready). Once
+/// the handler says `running` in a call that began after the end, the command is `SUCCEEDED`
+/// with result `null`: the stream is all it produced.
 pub(crate) async fn decide(
     streams: &StreamStore,
     link: &OutputLink,
     result: Option<&CommandResult>,
+    called_at: u64,
 ) -> Option<CommandResult> {
     let path = link.path();
     let info = match streams.head(&path).await {
@@ -337,6 +357,7 @@ pub(crate) async fn decide(
         })),
         EndReason::Finished => match result {
             Some(r) if r.is_terminal() => r.clone(),
+            Some(_) if info.ended_at.is_some_and(|t| t >= called_at) => return None,
             _ => match last_error(streams, link).await {
                 Some(e) => CommandResult::Failed(e),
                 None => CommandResult::Succeeded(crate::RawJson::null()),

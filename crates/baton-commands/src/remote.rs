@@ -918,7 +918,6 @@ impl RemoteWorkers {
             }
             Prepared::Call { st, is_execute } => (*st, is_execute),
         };
-        let started = is_execute.then(|| Timestamp::from_millis(claimed_ms));
         let outcome = match outcome {
             RemoteOutcome::Result(r) => Outcome::Result(r),
             RemoteOutcome::Error(e) => Outcome::Error(if e.is_empty() { "handler error".into() } else { e }),
@@ -927,7 +926,8 @@ impl RemoteWorkers {
         // A terminal write acks the delivery in the same atomic step where the backend can
         // (Redis: same slot); the ownership check made it this worker's to ack.
         let holder = Holder::Remote(c, mid, fence);
-        let done = apply(&self.ctx, st, &msg, Some(holder), is_execute, started, outcome).await?;
+        let called_at = Timestamp::from_millis(claimed_ms);
+        let done = apply(&self.ctx, st, &msg, Some(holder), is_execute, called_at, outcome).await?;
         settle_strict(c, delivery, done.decision).await?;
         Ok(match done.state {
             Some(s) if done.written => RemoteSettled::Applied(s),

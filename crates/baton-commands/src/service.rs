@@ -363,7 +363,7 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     let Some(handler) = ctx.handlers.get(&st.command_type).cloned() else {
         let err = format!("no handler for command type {:?} on queue {:?}", st.command_type, ctx.queue);
         let failed = Outcome::Result(CommandResult::Failed(err));
-        return Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), false, None, failed).await?.decision);
+        return Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), false, Timestamp::now(), failed).await?.decision);
     };
     // Remote cancels reach this process through the home queue's notifications.
     backend.watch_home(&msg.home).await?;
@@ -375,9 +375,9 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     let reports = Arc::new(Reports::default());
     command.reports = Some(reports.clone());
     let _running = ctx.store.inner.hub.running(&st.id, st.version, command.cancel.clone());
-    // When this `execute` starts: the command's `started_at` unless an earlier call set it.
+    // When this call starts (an `execute`'s: the command's `started_at` unless an earlier call
+    // set it).
     let now = Timestamp::now();
-    let started = is_execute.then_some(now);
     let check_state = (!is_execute).then(|| st.clone());
     let latest = Arc::new(std::sync::Mutex::new(st));
     let stop = tokio_util::sync::CancellationToken::new();
@@ -435,7 +435,7 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     if let Some(r) = reports.take() {
         r.apply_to(&mut st);
     }
-    Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), is_execute, started, outcome).await?.decision)
+    Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), is_execute, now, outcome).await?.decision)
 }
 
 /// How often a running in-process handler's reports ([`Command::progress`],
@@ -707,16 +707,20 @@ fn plan(
 /// given (an in-process delivery) and the backend can, the ack is done by the same atomic write (ownership-checked, see baton-queue's
 /// `Lease::mark_acked`): one round trip instead of two, and no window in which the state is
 /// terminal while its message still waits for an ack.
+///
+/// `called_at`: when the handler call that gave `outcome` began (for an `execute`, also the
+/// command's `started_at` unless an earlier call set it).
 pub(crate) async fn apply(
     ctx: &Ctx,
     mut cur: CommandState,
     msg: &CommandMsg,
     holder: Option<Holder<'_>>,
     is_execute: bool,
-    started: Option<Timestamp>,
+    called_at: Timestamp,
     outcome: Outcome,
 ) -> Result<Applied, CommandError> {
     let backend = &ctx.store.inner.backend;
+    let started = is_execute.then_some(called_at);
     // An output stream that ended first decides (crate docs, "Output streams").
     let outcome = match (&cur.output, ctx.store.outputs()) {
         (Some(link), Some(streams)) => {
@@ -724,7 +728,7 @@ pub(crate) async fn apply(
                 Outcome::Result(r) => Some(r),
                 Outcome::Error(_) => None,
             };
-            match crate::output::decide(streams, link, result).await {
+            match crate::output::decide(streams, link, result, called_at.millis()).await {
                 Some(r) => Outcome::Result(r),
                 None => outcome,
             }

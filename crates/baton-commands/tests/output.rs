@@ -21,7 +21,13 @@ baton_testkit::on_every_backend!(
     a_detached_producer_decides_the_command,
     a_silent_producer_fails_the_command,
     a_rerun_writes_a_new_output,
-    a_resubmit_with_another_output_is_a_conflict
+    a_resubmit_with_another_output_is_a_conflict,
+    a_delivery_finds_its_output_stream,
+    an_output_path_in_use_is_refused,
+    a_result_after_the_stream_finished_is_kept,
+    a_cancel_racing_the_finish_agrees_with_the_stream,
+    a_command_waiting_longer_than_its_silence_timeout_runs,
+    a_rerun_while_the_old_run_still_writes
 );
 
 async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
@@ -361,4 +367,312 @@ async fn a_resubmit_with_another_output_is_a_conflict(b: TestBackend) {
     let e = store.submit(&q, Command::with_id("idem-2", "write", json!({})).with_output(OutputSpec::default())).await;
     assert!(matches!(e, Err(CommandError::Conflict { what: "output", .. })), "{e:?}");
     assert_eq!(store.get("idem-1").await.unwrap().unwrap().output.unwrap().stream, "team/log-1");
+}
+
+/// The stream exists before the command can be delivered: a handler that reads its output
+/// before opening it (a reader, or a producer that checks first) finds it. Was: the submit
+/// enqueued the command, then created the stream, so a quick delivery found nothing.
+async fn a_delivery_finds_its_output_stream(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-first");
+    let missing = Arc::new(AtomicU32::new(0));
+    let m2 = missing.clone();
+    let streams2 = streams.clone();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(baton_commands::QueueSettings { concurrency: 16, ..fast() })
+        .handler(
+            "write",
+            on_execute(move |c: Command| {
+                let (missing, streams) = (m2.clone(), streams2.clone());
+                async move {
+                    let path = c.output().unwrap().path();
+                    if streams.head(&path).await.is_err() {
+                        missing.fetch_add(1, Ordering::SeqCst);
+                    }
+                    c.output().unwrap().open().await?.append_json(&json!("x")).await?;
+                    Ok(CommandResult::succeeded(json!("done")))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let s = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+        ids.push(s.id);
+    }
+    for id in &ids {
+        let done = store.wait(id, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(done.status, CommandStatus::Succeeded);
+    }
+    assert_eq!(missing.load(Ordering::SeqCst), 0, "deliveries that found no output stream");
+    svc.close().await;
+}
+
+/// An output path naming a stream that is not the command's is refused (409 over HTTP), storing
+/// nothing and leaving that stream as it was: a command must not take over another's stream
+/// (end it with its own end, fence its writer). Was: the command was stored linking it.
+async fn an_output_path_in_use_is_refused(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-taken");
+    let theirs = format!("team/{q}");
+    // Someone's stream, even with the very configuration the command would ask for.
+    let probe = store
+        .submit(
+            &q,
+            Command::new("write", json!({}))
+                .with_output(OutputSpec { path: Some(format!("{theirs}-probe")), ..OutputSpec::default() }),
+        )
+        .await
+        .unwrap();
+    let limits = probe.output.unwrap().limits();
+    let p = StreamPath::new(&theirs).unwrap();
+    let opts = baton_streams::CreateOptions {
+        content_type: Some("application/json".into()),
+        limits: Some(limits),
+        ..Default::default()
+    };
+    streams.create(&p, opts).await.unwrap();
+    streams
+        .append(
+            &p,
+            baton_streams::AppendRequest {
+                data: r#"{"mine":1}"#.into(),
+                content_type: Some("application/json".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let cmd = Command::with_id(format!("taker-{q}"), "write", json!({}))
+        .with_output(OutputSpec { path: Some(theirs.clone()), ..OutputSpec::default() });
+    let e = store.submit(&q, cmd).await.unwrap_err();
+    assert!(matches!(&e, CommandError::OutputInUse { path, .. } if *path == theirs), "{e:?}");
+    assert!(store.get(&format!("taker-{q}")).await.unwrap().is_none(), "nothing stored");
+    assert_eq!(end_of(&streams, &theirs).await, None);
+    assert_eq!(records(&streams, &theirs).await, vec![r#"{"mine":1}"#]);
+    // Another content type: the same.
+    let cmd = Command::new("write", json!({})).with_output(OutputSpec {
+        path: Some(theirs.clone()),
+        content_type: Some("text/plain".into()),
+        ..OutputSpec::default()
+    });
+    assert!(matches!(store.submit(&q, cmd).await, Err(CommandError::OutputInUse { .. })));
+    // A resubmit of a stored command finds its own stream and is answered as before.
+    let own = Command::with_id(format!("own-{q}"), "write", json!({})).with_output(OutputSpec::default());
+    let (first, created) = store.submit_created(&q, own.clone()).await.unwrap();
+    assert!(created);
+    let (again, created) = store.submit_created(&q, own).await.unwrap();
+    assert_eq!((created, again.output), (false, first.output));
+    // A conflicting submit leaves no stream behind at the path it asked for.
+    let other = Command::with_id(format!("own-{q}"), "write", json!({"x": 1}))
+        .with_output(OutputSpec { path: Some(format!("{theirs}-never")), ..OutputSpec::default() });
+    assert!(matches!(store.submit(&q, other).await, Err(CommandError::Conflict { .. })));
+    assert!(streams.head(&StreamPath::new(format!("{theirs}-never")).unwrap()).await.is_err());
+}
+
+/// The producer finishes the stream while `check_status` runs and says `running` (its result
+/// is not ready yet); the next `check_status` has it. The command's result is that result.
+/// Was: `SUCCEEDED` with result `null` at once, the handler's result lost.
+async fn a_result_after_the_stream_finished_is_kept(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-late-result");
+    let checks = Arc::new(AtomicU32::new(0));
+    let c2 = checks.clone();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                c.output().unwrap().open().await?.append_json(&json!("working")).await?;
+                Ok(CommandResult::running())
+            })
+            .on_check(move |c: Command, _st| {
+                let n = c2.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n == 0 {
+                        // The producer is done: it finishes the stream; the summary comes next.
+                        let out = c.output().unwrap();
+                        out.streams().end(&out.path(), EndReason::Finished).await?;
+                        return Ok(CommandResult::running());
+                    }
+                    Ok(CommandResult::succeeded(json!({"summary": "3 findings"})))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(
+        (done.status, done.result.as_ref().map(|r| r.get())),
+        (CommandStatus::Succeeded, Some(r#"{"summary":"3 findings"}"#))
+    );
+    assert_eq!(checks.load(Ordering::SeqCst), 2);
+    let path = st.output.unwrap().stream;
+    assert_eq!(records(&streams, &path).await, vec![r#""working""#]);
+    assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
+    svc.close().await;
+}
+
+/// A cancel racing a handler that finishes its stream and returns its result: exactly one end,
+/// and the command's status matches it (CANCELLED ⇔ cancelled).
+///
+/// Was: a cancel whose compare-and-set landed after the producer finished the stream (before the
+/// handler's result was written), or whose stream end came after the producer's finish, left the
+/// command CANCELLED with its stream ended `finished`.
+async fn a_cancel_racing_the_finish_agrees_with_the_stream(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-race");
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(baton_commands::QueueSettings { concurrency: 32, ..fast() })
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                let delay = c.params_as::<serde_json::Value>()?["d"].as_u64().unwrap_or(0);
+                let out = c.output().unwrap().open().await?;
+                out.append_json(&json!("start")).await?;
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                let _ = out.producer().finish().await;
+                Ok(CommandResult::succeeded(json!("done")))
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..30u64 {
+        let st = store
+            .submit(&q, Command::new("write", json!({ "d": 30 + i % 5 })).with_output(OutputSpec::default()))
+            .await
+            .unwrap();
+        ids.push((st.id.clone(), st.output.unwrap().stream, i));
+    }
+    let mut cancels = Vec::new();
+    for (id, path, i) in &ids {
+        let (store, streams, id, path, i) = (store.clone(), streams.clone(), id.clone(), path.clone(), *i);
+        cancels.push(tokio::spawn(async move {
+            eventually(Duration::from_secs(5), || async { (!records(&streams, &path).await.is_empty()).then_some(()) })
+                .await
+                .expect("started");
+            tokio::time::sleep(Duration::from_millis(25 + i % 12)).await;
+            let _ = store.cancel(&id).await;
+        }));
+    }
+    for c in cancels {
+        c.await.unwrap();
+    }
+    let mut bad = Vec::new();
+    let mut seen = Vec::new();
+    for (id, path, _) in &ids {
+        let done = store.wait(id, Duration::from_secs(10)).await.unwrap();
+        let end = end_of(&streams, path).await;
+        let agree = matches!(
+            (done.status, end),
+            (CommandStatus::Cancelled, Some(EndReason::Cancelled))
+                | (CommandStatus::Succeeded, Some(EndReason::Finished))
+        );
+        if !agree {
+            bad.push((done.status, end));
+        }
+        seen.push(done.status);
+    }
+    // Both outcomes were seen (the race was run, not one side of it).
+    eprintln!("outcomes: {seen:?}");
+    assert!(bad.is_empty(), "status and stream end disagree: {bad:?}");
+    svc.close().await;
+}
+
+/// The silence timeout is a producer's: a command that waits in its queue longer than it (a
+/// backlog, no worker yet) still runs, and its output is written. Was: the stream, made at
+/// submit, ended `producer_lost` before any handler ran, failing the command.
+async fn a_command_waiting_longer_than_its_silence_timeout_runs(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-backlog");
+    let spec = OutputSpec { silence_timeout: Some(Duration::from_millis(300)), ..OutputSpec::default() };
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(spec)).await.unwrap();
+    let path = st.output.clone().unwrap().stream;
+    // Nobody works the queue for a while; readers look at the stream meanwhile.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(end_of(&streams, &path).await, None, "no producer yet: nothing was lost");
+    }
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(|c: Command| async move {
+                c.output().unwrap().open().await?.append_json(&json!("hello")).await?;
+                Ok(CommandResult::succeeded(json!("ok")))
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((done.status, done.error), (CommandStatus::Succeeded, None));
+    assert_eq!(records(&streams, &path).await, vec![r#""hello""#]);
+    assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
+    svc.close().await;
+}
+
+/// A re-run while the cancelled run's handler still writes and then returns a result: the old
+/// writer is refused by its ended stream, its result is refused by the command, and the new
+/// run's stream holds only the new run's output.
+async fn a_rerun_while_the_old_run_still_writes(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-rerun-race");
+    let refused = Arc::new(AtomicU32::new(0));
+    let r2 = refused.clone();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(baton_commands::QueueSettings { concurrency: 4, ..fast() })
+        .handler(
+            "write",
+            on_execute(move |c: Command| {
+                let refused = r2.clone();
+                async move {
+                    let run = c.output().unwrap().link().run;
+                    let out = c.output().unwrap().open().await?;
+                    out.append_json(&json!({ "run": run, "i": 0 })).await?;
+                    if run == 1 {
+                        // Ignores the cancel: keeps writing for a while, then claims success.
+                        for i in 1..20 {
+                            tokio::time::sleep(Duration::from_millis(30)).await;
+                            if out.append_json(&json!({ "run": 1, "i": i })).await.is_err() {
+                                refused.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                        return Ok(CommandResult::succeeded(json!("old")));
+                    }
+                    Ok(CommandResult::succeeded(json!("new")))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let first = st.output.clone().unwrap().stream;
+    eventually(Duration::from_secs(5), || async { (!records(&streams, &first).await.is_empty()).then_some(()) })
+        .await
+        .expect("run 1 writes");
+    assert_eq!(store.cancel(&st.id).await.unwrap().status, CommandStatus::Cancelled);
+    let rerun = store.retry(&st.id).await.unwrap();
+    let second = rerun.output.unwrap().stream;
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((done.status, done.result.as_ref().map(|r| r.get())), (CommandStatus::Succeeded, Some(r#""new""#)));
+    // Run 1's handler finishes later: its result changes nothing.
+    eventually(Duration::from_secs(5), || async { (refused.load(Ordering::SeqCst) == 19).then_some(()) })
+        .await
+        .expect("every append of run 1 after the cancel was refused");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let later = store.get(&st.id).await.unwrap().unwrap();
+    assert_eq!((later.status, later.result.as_ref().map(|r| r.get())), (CommandStatus::Succeeded, Some(r#""new""#)));
+    assert_eq!(end_of(&streams, &first).await, Some(EndReason::Cancelled));
+    assert_eq!(records(&streams, &first).await, vec![r#"{"i":0,"run":1}"#]);
+    assert_eq!(records(&streams, &second).await, vec![r#"{"i":0,"run":2}"#]);
+    assert_eq!(end_of(&streams, &second).await, Some(EndReason::Finished));
+    svc.close().await;
 }

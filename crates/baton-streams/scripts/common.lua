@@ -2,7 +2,7 @@
 -- KEYS[1] = stream key (entries), KEYS[2] = metadata hash; both carry the same {hash tag}.
 local KS, KM = KEYS[1], KEYS[2]
 local FIELDS = {'inc','ct','ctn','ttl','exp','dl','sil','dttl','ml','mlw','tail','first','cnt','lw',
-  'end','fin','ea','cb','sq','refs','del','ta','ca','mr','fsrc','foff','fsub'}
+  'end','fin','ea','cb','sq','refs','del','ta','ca','mr','fsrc','foff','fsub','sil0'}
 
 local function s(x) return string.format('%.0f', x) end
 local function num(v) if v then return tonumber(v) end return nil end

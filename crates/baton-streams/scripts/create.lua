@@ -12,6 +12,12 @@ local function do_claim()
   if p then epoch = p.epoch + 1; count = p.count; off = p.off end
   redis.call('HSET', KM, 'p:' .. claim, s(epoch) .. ':-1:' .. s(count) .. ':' .. off, 'lw', s(now))
   m.lw = s(now)
+  -- A silence timeout kept aside until the first producer's open (silence_from_open) is armed.
+  if m.sil0 then
+    redis.call('HSET', KM, 'sil', m.sil0)
+    redis.call('HDEL', KM, 'sil0')
+    m.sil = m.sil0; m.sil0 = nil
+  end
   return s(epoch)
 end
 
@@ -46,7 +52,10 @@ local function opt(f, v, hot)
     if not hot then table.insert(rest, f); table.insert(rest, v) end
   end
 end
-opt('ttl', ARGV[4]); opt('exp', ARGV[5]); opt('sil', ARGV[7], true); opt('mr', ARGV[8]); opt('dttl', ARGV[9])
+local sil_arg, sil_later = ARGV[7], ''
+if string.sub(sil_arg, 1, 1) == 'o' then sil_later = string.sub(sil_arg, 2); sil_arg = '' end
+opt('ttl', ARGV[4]); opt('exp', ARGV[5]); opt('sil', sil_arg, true); opt('sil0', sil_later); opt('mr', ARGV[8])
+opt('dttl', ARGV[9])
 opt('ml', ARGV[10], true); opt('mlw', ARGV[11], true); opt('fsrc', ARGV[12]); opt('foff', ARGV[13])
 opt('fsub', ARGV[14])
 local dl = nil

@@ -33,6 +33,8 @@ pub(crate) struct CreateSpec {
     pub fork: Option<ForkFrom>,
     /// Run open: claim a new epoch for this producer id.
     pub claim: Option<String>,
+    /// [`crate::CreateOptions::silence_from_open`] (a new stream only).
+    pub silence_from_open: bool,
 }
 
 /// Append/close request handed to a backend.

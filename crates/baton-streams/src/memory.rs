@@ -57,6 +57,9 @@ struct State {
     refs: u64,
     deleted: bool,
     fork: Option<ForkFrom>,
+    /// A silence timeout kept aside until the first producer's open arms it
+    /// ([`crate::CreateOptions::silence_from_open`]).
+    silence_later: Option<Duration>,
 }
 
 fn ms(d: Option<Duration>) -> Option<u64> {
@@ -281,6 +284,9 @@ impl StreamBackend for MemoryStreamBackend {
             };
             st.producers.insert(pid.clone(), PState { epoch, last: -1, count, off });
             st.lw = now;
+            if let Some(d) = st.silence_later.take() {
+                st.limits.silence_timeout = Some(d);
+            }
             Some(epoch)
         };
         let _ = self.lookup(path); // drops an expired stream
@@ -331,7 +337,10 @@ impl StreamBackend for MemoryStreamBackend {
             ttl_ms,
             exp,
             dl,
-            limits: spec.limits,
+            limits: RunLimits {
+                silence_timeout: spec.limits.silence_timeout.filter(|_| !spec.silence_from_open),
+                ..spec.limits
+            },
             tail: Offset::ZERO,
             first: Offset::ZERO,
             last_id: Offset::ZERO,
@@ -346,6 +355,7 @@ impl StreamBackend for MemoryStreamBackend {
             refs: 0,
             deleted: false,
             fork: spec.fork.clone(),
+            silence_later: spec.limits.silence_timeout.filter(|_| spec.silence_from_open),
         };
         let mut based = spec.base == Offset::ZERO;
         for (id, data, n) in &spec.records {

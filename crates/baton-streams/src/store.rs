@@ -259,6 +259,13 @@ impl StreamStore {
         }
         let incarnation = uuid::Uuid::now_v7().simple().to_string();
         let Some(fork) = opts.fork.clone() else {
+            let incarnation = match &opts.owner {
+                Some(o) if o.is_empty() || !o.bytes().all(|b| b.is_ascii_alphanumeric()) => {
+                    return Err(StreamError::invalid("a stream's owner mark is ASCII letters and digits"))
+                }
+                Some(o) => format!("{incarnation}-{o}"),
+                None => incarnation,
+            };
             let ct = opts.content_type.clone().unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_string());
             let mut records = Vec::new();
             if let Some(body) = &opts.initial {
@@ -276,6 +283,7 @@ impl StreamStore {
                 base: Offset::ZERO,
                 fork: None,
                 claim,
+                silence_from_open: opts.silence_from_open,
             };
             let out = self.backend.create(path, spec).await?;
             if out.0.created {
@@ -342,6 +350,7 @@ impl StreamStore {
                 sub_offset: fork.sub_offset,
             }),
             claim,
+            silence_from_open: false,
         };
         let out = self.backend.create(path, spec).await?;
         if out.0.created {

@@ -94,6 +94,20 @@ pub struct CreateOptions {
     pub limits: Option<RunLimits>,
     /// Create as a fork of another stream.
     pub fork: Option<ForkFrom>,
+    /// Marks a new (not forked) stream as made for `owner`, a token of ASCII letters and digits:
+    /// its incarnation is `<id>-<owner>`, so [`StreamInfo::created_for`] tells, for as long as
+    /// the stream lives, that it was created for this owner and not by anyone else at that path.
+    /// Ignored for an existing stream (a create is still idempotent on the configuration).
+    pub owner: Option<String>,
+    /// The silence timeout of a new (not forked) stream counts from its first producer's open
+    /// ([`StreamStore::open`](crate::StreamStore::open)), not from its creation: a stream made
+    /// ahead of its producer (the output of a command still waiting in its queue) is not ended
+    /// `producer_lost` while nobody was meant to write yet. Until then its
+    /// [`StreamInfo::limits`] show no silence timeout (and a [`StreamStore::create`]
+    /// asking for one is a conflict; [`StreamStore::open`](crate::StreamStore::open) joins it).
+    ///
+    /// [`StreamStore::create`]: crate::StreamStore::create
+    pub silence_from_open: bool,
 }
 
 /// Outcome of a create.
@@ -238,6 +252,14 @@ pub struct StreamInfo {
     pub incarnation: String,
     /// Fork origin, when the stream is a fork.
     pub fork: Option<ForkFrom>,
+}
+
+impl StreamInfo {
+    /// True when this incarnation of the stream was created for `owner`
+    /// ([`CreateOptions::owner`]).
+    pub fn created_for(&self, owner: &str) -> bool {
+        !owner.is_empty() && self.incarnation.rsplit_once('-').is_some_and(|(_, o)| o == owner)
+    }
 }
 
 /// Normalized media type: lowercased, parameters removed (`application/json; charset=utf-8` →

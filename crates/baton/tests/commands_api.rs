@@ -558,6 +558,8 @@ async fn output_streams(backend: TestBackend) {
             "command o-1 already exists with a different output; resubmit the same body, or use a new id"
         );
     }
+    // The refused submit left no stream at the path it asked for.
+    assert_eq!(read_stream(&srv, "/v1/stream/x/y").await.0, StatusCode::NOT_FOUND);
 
     // A failure ends it with an error entry; a custom path, type and silence timeout are kept.
     let body = json!({"id": "o-2", "type": "fail", "params": {"error": "no disk"},
@@ -590,6 +592,26 @@ async fn output_streams(backend: TestBackend) {
         (s, &st["output"]["url"], &st["output"]["run"]),
         (StatusCode::OK, &json!("/v1/stream/commands/o-3/run-2"), &json!(2))
     );
+
+    // A path where someone else's stream is: 409 output_in_use, nothing stored, that stream as
+    // it was (was: the command was stored linking it, and its cancel ended that stream).
+    let res = client()
+        .put(srv.url("team/theirs"))
+        .header("content-type", "application/json")
+        .body(r#"{"mine": 1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let body = json!({"id": "o-4", "type": "sleep", "params": {"ms": 60000}, "output": {"path": "team/theirs"}});
+    let (s, e) = post(&srv, submit, body).await;
+    assert_eq!((s, &e["error"]), (StatusCode::CONFLICT, &json!("output_in_use")), "{e}");
+    assert_eq!(
+        e["message"],
+        "output path team/theirs is in use: another stream exists at this path; give the output another path (or none: commands/<id>)"
+    );
+    assert_eq!(get(&srv, "/v1/commands/o-4").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(read_stream(&srv, "/v1/stream/team/theirs").await, (StatusCode::OK, r#"[{"mine": 1}]"#.into(), None));
     srv.stop().await;
 }
 

@@ -6,8 +6,9 @@
 //!    stream `triage/<engineer>/<run>` (`Command::with_output`, silence timeout
 //!    `silence_timeout`): the command service creates the stream at submit, so browsers can
 //!    attach at once, and ends it with the command.
-//! 2. `execute` (queue `lifecycle`, claim timeout 60 s) makes sure the stream exists (the
-//!    submit creates it, but a delivery may come first), spawns the analysis producer
+//! 2. `execute` (queue `lifecycle`, claim timeout 60 s) finds the stream (the submit created it
+//!    before the command could be delivered; one ended by a Stop is left), spawns the analysis
+//!    producer
 //!    ([`crate::producer::produce`]) on the command's output (`Command::output`: producer
 //!    `command`, a new epoch per delivery) and returns `handed_off("monitor")`. The producer
 //!    keeps the stream open after its summary: the command's end ends it.
@@ -33,9 +34,7 @@ use baton_commands::{
     HandlerError, OutputSpec, QueueSettings, RedisCommandStoreOptions,
 };
 use baton_redis::{RedisClient, RedisConfig};
-use baton_streams::{
-    CreateOptions, EndReason, ReadFrom, RunLimits, StreamError, StreamPath, StreamStore, StreamStoreSettings,
-};
+use baton_streams::{EndReason, ReadFrom, RunLimits, StreamError, StreamPath, StreamStore, StreamStoreSettings};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -461,22 +460,11 @@ impl CommandHandler for Lifecycle {
         if command.is_cancelled() {
             return Ok(CommandResult::cancelled());
         }
-        // The command service creates the output at submit, but this call may come first (the
-        // submit enqueues, then creates): create it now (idempotent), so `monitor` always finds
-        // it. One that ended already (a Stop) is left: the hand-off's end decides the command.
+        // The command service created the output at submit, before this delivery could come.
+        // One that ended already (a Stop) is left: the hand-off's end decides the command.
         let path = output.path();
-        let create = CreateOptions {
-            content_type: Some(output.link().content_type.clone()),
-            limits: Some(output.link().limits()),
-            ..Default::default()
-        };
-        match sh.streams.create(&path, create).await {
-            Ok(_) => {}
-            Err(StreamError::Conflict { .. }) if sh.streams.head(&path).await.is_ok_and(|h| h.end.is_some()) => {
-                return Ok(CommandResult::handed_off(MONITOR_QUEUE))
-            }
-            Err(e @ StreamError::Conflict { .. }) => return Ok(CommandResult::failed(format!("stream {path}: {e}"))),
-            Err(e) => return Err(e.into()),
+        if sh.streams.head(&path).await.is_ok_and(|h| h.end.is_some()) {
+            return Ok(CommandResult::handed_off(MONITOR_QUEUE));
         }
         let stop = CancellationToken::new();
         sh.local.lock().unwrap().insert(p.run.clone(), stop.clone());

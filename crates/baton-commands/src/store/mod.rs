@@ -374,18 +374,36 @@ impl CommandStore {
             }
             h.insert(s.id.clone(), s.queue.clone());
         };
+        // The output stream exists before the message that delivers the command is enqueued:
+        // a handler (or a reader) never finds it missing.
+        let made = match &state.output {
+            Some(link) => self.prepare_output(&command.id, link, false).await?,
+            None => false,
+        };
         let event = self.feed_append(Some((EventKind::Submitted, None)), &state);
-        match self.inner.backend.submit(&state, &body, &msg, event.as_ref()).await? {
+        let outcome = self.inner.backend.submit(&state, &body, &msg, event.as_ref()).await?;
+        // Not stored by this call: a stream this call made for it is nobody's, unless the stored
+        // command links it (the command's own, when it had gone).
+        let drop_made = |stored: Option<&CommandState>| {
+            let keep = match (stored.and_then(|s| s.output.as_ref()), &state.output) {
+                (Some(theirs), Some(ours)) => theirs.stream == ours.stream,
+                _ => false,
+            };
+            made && !keep
+        };
+        match outcome {
             SubmitOutcome::Created(s) => {
                 remember(&s);
                 if event.is_some() {
                     self.inner.hub.feed_appended(queue);
                 }
-                self.ensure_output(&s).await;
                 Ok((s, true))
             }
             SubmitOutcome::Existing(s) => {
                 remember(&s);
+                if drop_made(Some(&s)) {
+                    self.drop_output(&state).await;
+                }
                 // The output is part of the request (Command::with_output): asked the same (the
                 // run aside: a re-run moves it to <path>/run-<n>) or a conflict, as params are.
                 let same_output = match (&s.output, &state.output) {
@@ -398,8 +416,97 @@ impl CommandStore {
                 }
                 Ok((s, false))
             }
-            SubmitOutcome::Conflict => Err(CommandError::Conflict { id: command.id, what: "type or params" }),
-            SubmitOutcome::OtherQueue => Err(CommandError::Conflict { id: command.id, what: "queue" }),
+            SubmitOutcome::Conflict | SubmitOutcome::OtherQueue => {
+                if made {
+                    let stored = self.get(&command.id).await.ok().flatten();
+                    if drop_made(stored.as_ref()) {
+                        self.drop_output(&state).await;
+                    }
+                }
+                let what = if matches!(outcome, SubmitOutcome::Conflict) { "type or params" } else { "queue" };
+                Err(CommandError::Conflict { id: command.id, what })
+            }
+        }
+    }
+
+    /// Creates the output stream `link` of command `id` before the command is stored (or, with
+    /// `rerun`, re-run), marked as made for it
+    /// ([`CreateOptions::owner`](baton_streams::CreateOptions::owner)). `Ok(true)`: this call
+    /// created it. When a stream is there already: a submit of an id already stored leaves it to
+    /// the backend's answer (the stored state, or a conflict); else a stream bearing the
+    /// command's mark (made by an earlier submit of the id whose store failed after it, or by a
+    /// concurrent one) is used if it has the same configuration (else
+    /// [`CommandError::Conflict`]), except an ended one at a submit (left from an earlier life
+    /// of the id), which is replaced. Any other stream is someone else's:
+    /// [`CommandError::OutputInUse`], nothing written. Errors: also [`CommandError::Output`]
+    /// (the stream store failed).
+    async fn prepare_output(&self, id: &str, link: &crate::OutputLink, rerun: bool) -> Result<bool, CommandError> {
+        use baton_streams::StreamError;
+        let Some(streams) = self.outputs() else {
+            return Err(CommandError::Output("this store keeps no output streams (CommandStore::set_outputs)".into()));
+        };
+        let mark = crate::output::owner_mark(id);
+        let path = link.path();
+        let failed = |e: StreamError| CommandError::Output(format!("creating {}: {e}", link.stream));
+        for _ in 0..3 {
+            let existing = match streams.create(&path, crate::output::create_options(link, &mark)).await {
+                Ok(c) if c.created => return Ok(true),
+                Ok(c) => c.info,
+                Err(StreamError::Conflict { .. }) => match streams.head(&path).await {
+                    Ok(info) => info,
+                    // Gone meanwhile: create again.
+                    Err(StreamError::NotFound { .. }) => continue,
+                    Err(e @ StreamError::Gone { .. }) => {
+                        return Err(CommandError::OutputInUse { path: link.stream.clone(), why: e.to_string() })
+                    }
+                    Err(e) => return Err(failed(e)),
+                },
+                Err(e @ StreamError::Gone { .. }) => {
+                    return Err(CommandError::OutputInUse { path: link.stream.clone(), why: e.to_string() })
+                }
+                Err(e) => return Err(failed(e)),
+            };
+            // A stream that was there: whose is it? A resubmit of a stored command is answered
+            // by the backend (its state, or a conflict) and leaves every stream as it is.
+            if !rerun && self.get(id).await?.is_some() {
+                return Ok(false);
+            }
+            if !existing.created_for(&mark) {
+                return Err(CommandError::OutputInUse {
+                    path: link.stream.clone(),
+                    why: "another stream exists at this path".into(),
+                });
+            }
+            if rerun || existing.end.is_none() {
+                // Made for this id by a submit (or re-run) not stored (yet): a concurrent one,
+                // or one whose store failed. Used if it is the same stream, else a conflict.
+                // (Its silence timeout shows once a producer opened it.)
+                let wanted = link.limits();
+                let limits = baton_streams::RunLimits {
+                    silence_timeout: existing.limits.silence_timeout.or(wanted.silence_timeout),
+                    ..existing.limits
+                };
+                let same = existing.content_type == link.content_type && limits == wanted;
+                if same {
+                    return Ok(false);
+                }
+                return Err(CommandError::Conflict { id: id.to_string(), what: "output" });
+            }
+            // Ended and linked by no command: left from an earlier life of the id.
+            match streams.delete(&path).await {
+                Ok(()) | Err(StreamError::NotFound { .. }) => {}
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        Err(CommandError::Output(format!("creating {}: the path kept changing meanwhile", link.stream)))
+    }
+
+    /// Deletes the output stream this call made for a command it did not store (best effort).
+    async fn drop_output(&self, st: &CommandState) {
+        if let (Some(link), Some(streams)) = (&st.output, self.outputs()) {
+            if let Err(e) = streams.delete(&link.path()).await {
+                tracing::debug!(command = %st.id, stream = %link.stream, error = %e, "could not delete an unused output stream");
+            }
         }
     }
 
@@ -446,10 +553,16 @@ impl CommandStore {
 
     /// Cancels `id`: a compare-and-set to `CANCELLED` (with `completed_at`) unless it is terminal.
     /// A handler running it in this process (or, on Redis, in any process subscribed to its
-    /// queue) is signalled through [`Command::cancelled`]; its later result is refused.
+    /// queue) is signalled through [`Command::cancelled`]; its later result is refused. A command
+    /// with an output ([`Command::with_output`]) has the output ended `cancelled` first: the
+    /// stream's end is the arbiter, so when it had ended otherwise already (`finished`,
+    /// `producer_lost`) that end decides the command (its handler's result, waited for up to 2 s,
+    /// else `SUCCEEDED` with result `null` or `FAILED`) and the cancel is refused with that
+    /// terminal state.
     ///
     /// Errors: [`CommandError::NotFound`], [`CommandError::AlreadyTerminal`] (the state attached:
-    /// the refusal leaves it unchanged).
+    /// the refusal leaves it unchanged, or it is the state its output's earlier end decided),
+    /// [`CommandError::Output`] (the output could not be ended; nothing written).
     pub async fn cancel(&self, id: &str) -> Result<CommandState, CommandError> {
         validate_id(id)?;
         let mut current = self.locate(id).await?.map(|(_, st)| st);
@@ -457,6 +570,18 @@ impl CommandStore {
             let Some(st) = current else { return Err(CommandError::NotFound(id.to_string())) };
             if st.status.is_terminal() {
                 return Err(CommandError::AlreadyTerminal(Box::new(st)));
+            }
+            // The output's end is the arbiter: ended `cancelled` first, then the command. An
+            // output that ended otherwise first decides the command instead.
+            if let (Some(link), Some(streams)) = (&st.output, self.outputs()) {
+                match streams.end(&link.path(), baton_streams::EndReason::Cancelled).await {
+                    Ok(e) if e.end.reason != baton_streams::EndReason::Cancelled => {
+                        return Err(CommandError::AlreadyTerminal(Box::new(self.settle_by_output(st).await?)));
+                    }
+                    Ok(_)
+                    | Err(baton_streams::StreamError::NotFound { .. } | baton_streams::StreamError::Gone { .. }) => {}
+                    Err(e) => return Err(CommandError::Output(format!("ending {}: {e}", link.stream))),
+                }
             }
             let now = Timestamp::now();
             let mut next = st.clone();
@@ -466,6 +591,54 @@ impl CommandStore {
             next.modified_at = now;
             next.version += 1;
             match self.write_for(st.status, next, None, None, Some((EventKind::Cancelled, None))).await?.0 {
+                Ok(done) => return Ok(done),
+                Err(latest) => current = latest,
+            }
+        }
+    }
+
+    /// A cancel found `st`'s output ended `finished` or `producer_lost` before it: that end
+    /// decides the command. Its handler's result is waited for a moment (it usually follows its
+    /// producer's finish); without one, the end's outcome is written as a handler call that
+    /// returned nothing would have it (`SUCCEEDED` with result `null`, `FAILED` after an error
+    /// entry or `producer_lost`). Returns the terminal state.
+    async fn settle_by_output(&self, st: CommandState) -> Result<CommandState, CommandError> {
+        let id = st.id.clone();
+        let latest = self.wait(&id, Duration::from_secs(2)).await?;
+        if latest.status.is_terminal() {
+            return Ok(latest);
+        }
+        let mut current = Some(latest);
+        loop {
+            let Some(st) = current else { return Err(CommandError::NotFound(id)) };
+            if st.status.is_terminal() {
+                return Ok(st);
+            }
+            let (Some(link), Some(streams)) = (&st.output, self.outputs()) else { return Ok(st) };
+            let Some(outcome) = crate::output::decide(streams, link, None, 0).await else { return Ok(st) };
+            let now = Timestamp::now();
+            let mut next = st.clone();
+            next.execution = None;
+            next.completed_at = Some(now);
+            next.modified_at = now;
+            next.version += 1;
+            let event = match outcome {
+                crate::CommandResult::Succeeded(r) => {
+                    next.status = CommandStatus::Succeeded;
+                    next.result = Some(r);
+                    EventKind::Succeeded
+                }
+                crate::CommandResult::Failed(e) => {
+                    next.status = CommandStatus::Failed;
+                    next.error = Some(e);
+                    EventKind::Failed
+                }
+                _ => {
+                    next.status = CommandStatus::Cancelled;
+                    EventKind::Cancelled
+                }
+            };
+            match self.write_for(st.status, next, None, None, Some((event, None))).await?.0 {
                 Ok(done) => return Ok(done),
                 Err(latest) => current = latest,
             }
@@ -505,13 +678,14 @@ impl CommandStore {
             next.modified_at = now;
             next.version += 1;
             next.output = st.output.as_ref().map(crate::OutputLink::next_run);
+            // The new run's stream exists before its message is enqueued (as at submit).
+            if let Some(link) = &next.output {
+                self.prepare_output(&st.id, link, true).await?;
+            }
             let msg = CommandMsg { id: st.id.clone(), home: st.queue.clone(), token: next.token.clone() };
             let home = st.queue.clone();
             match self.write_for(st.status, next, Some((&home, &msg)), None, Some((EventKind::Rerun, None))).await?.0 {
-                Ok(done) => {
-                    self.ensure_output(&done).await;
-                    return Ok(done);
-                }
+                Ok(done) => return Ok(done),
                 Err(latest) => current = latest,
             }
         }
@@ -903,17 +1077,6 @@ impl CommandStore {
     pub fn minute_sampler(&self, queue: &str) -> Result<crate::minutes::MinuteSampler, CommandError> {
         validate_queue(queue)?;
         Ok(crate::minutes::MinuteSampler::spawn(self.clone(), queue.to_string()))
-    }
-
-    /// Creates `st`'s output stream, if it has one, so readers can attach before the handler
-    /// runs; a failure is logged only (the handler's [`crate::Output::open`] creates it too, and
-    /// meets the same error).
-    async fn ensure_output(&self, st: &CommandState) {
-        if let (Some(link), Some(streams)) = (&st.output, self.outputs()) {
-            if let Err(e) = crate::output::ensure(streams, link).await {
-                tracing::warn!(command = %st.id, stream = %link.stream, error = %e, "could not create the command's output stream");
-            }
-        }
     }
 
     /// One CAS write (see [`StateBackend::transition`]), for `delivery` when given: checking

@@ -237,7 +237,11 @@ impl StreamBackend for RedisStreamBackend {
             opt_arg(ttl),
             opt_arg(exp),
             if spec.closed { b"1".to_vec() } else { vec![] },
-            ms_arg(spec.limits.silence_timeout),
+            match (spec.silence_from_open, spec.limits.silence_timeout) {
+                // Kept aside until the first producer's open arms it (create.lua).
+                (true, Some(d)) => format!("o{}", d.as_millis()).into_bytes(),
+                (_, d) => ms_arg(d),
+            },
             ms_arg(spec.limits.max_run),
             ms_arg(spec.limits.done_ttl),
             opt_arg(spec.limits.max_len),
@@ -256,7 +260,11 @@ impl StreamBackend for RedisStreamBackend {
         }
         // Silence sweeper: register the new incarnation in its deadline shard, concurrently with
         // the create (another slot in Cluster, so not in the script); a score is a lower bound.
-        let silence = spec.limits.silence_timeout.filter(|_| !spec.closed).map(|d| d.as_millis() as u64);
+        let silence = spec
+            .limits
+            .silence_timeout
+            .filter(|_| !spec.closed && !spec.silence_from_open)
+            .map(|d| d.as_millis() as u64);
         let early = silence.map(|sil| now_ms() + sil - (sil / 4).min(1000));
         let (r, registered) = match early {
             Some(at) => {

@@ -259,6 +259,11 @@ impl From<CommandError> for ApiError {
             Queue(QueueError::InvalidQueueName(_)) => ApiError::invalid("invalid_queue", msg),
             Corrupt { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_state", msg),
             Output(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "output_unavailable", msg),
+            OutputInUse { .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "output_in_use",
+                format!("{msg}; give the output another path (or none: commands/<id>)"),
+            ),
             Queue(_) | Redis(_) | Connect(_) => ApiError::unavailable(msg),
         }
     }

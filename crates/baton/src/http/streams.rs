@@ -170,8 +170,16 @@ async fn create(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
     let limits = h::limits(hm, st.cfg.default_limits)?;
     let ct = content_type(hm)?;
     let data = read_body(body, hm, &body_limit(st)).await?;
-    let opts =
-        CreateOptions { content_type: ct, expiry, closed, initial: (!data.is_empty()).then_some(data), limits, fork };
+    let opts = CreateOptions {
+        content_type: ct,
+        expiry,
+        closed,
+        initial: (!data.is_empty()).then_some(data),
+        limits,
+        fork,
+        owner: None,
+        silence_from_open: false,
+    };
     let created = st.store.create(&path, opts).await?;
     let info = &created.info;
     let mut res = if created.created { StatusCode::CREATED } else { StatusCode::OK }.into_response();
