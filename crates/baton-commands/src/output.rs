@@ -15,6 +15,7 @@
 //!   `running` in the call during which the stream finished is asked once more (at its next
 //!   check) before that: its result, if it has one by then, is the command's.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_streams::{
@@ -24,7 +25,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::{CommandError, CommandResult, CommandState, CommandStatus, Lifetimes};
+use crate::{CommandError, CommandResult, CommandStatus, Lifetimes};
 
 /// What a submit asks of a command's output stream ([`crate::Command::with_output`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -180,6 +181,9 @@ pub struct Output {
     pub(crate) streams: StreamStore,
     pub(crate) link: OutputLink,
     pub(crate) cancel: CancellationToken,
+    /// The epoch of producer [`OUTPUT_PRODUCER`] this delivery holds: the one current when the
+    /// delivery began, then the latest its [`Output::open`] claimed (the fence of its end).
+    pub(crate) epoch: Arc<Mutex<Option<u64>>>,
 }
 
 impl std::fmt::Debug for Output {
@@ -209,6 +213,10 @@ impl Output {
     /// those of [`StreamStore::open`]; `Closed` when the output already ended.
     pub async fn open(&self) -> Result<OutputWriter, StreamError> {
         let producer = self.streams.open(&self.path(), self.link.open_options()).await?;
+        {
+            let mut e = self.epoch.lock().expect("lock");
+            *e = Some(e.map_or(producer.epoch(), |e| e.max(producer.epoch())));
+        }
         Ok(OutputWriter { producer, cancel: self.cancel.clone() })
     }
 }
@@ -268,50 +276,79 @@ pub(crate) fn create_options(link: &OutputLink, owner: &str) -> CreateOptions {
     }
 }
 
-/// Ends `st`'s output as its terminal status says (module docs). A no-op for a state without
-/// output or not terminal; an output already ended, or gone, is left.
-pub(crate) async fn end_with(streams: &StreamStore, st: &CommandState) {
-    let Some(link) = &st.output else { return };
-    let (reason, entry) = match st.status {
+/// Which epoch of producer [`OUTPUT_PRODUCER`] a delivery's terminal write is fenced to
+/// ([`end_fenced`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OutputFence {
+    /// The delivery's: the epoch current when it began (`None`: none claimed yet), or the
+    /// latest it claimed since (an in-process [`Output::open`], a remote worker's claim).
+    Delivery(Option<u64>),
+    /// Not known (no handler ran, or a remote lease signed before leases carried it): the
+    /// epoch current at the write.
+    Unknown,
+}
+
+/// What [`end_fenced`] found.
+#[derive(Debug)]
+pub(crate) enum FencedEnd {
+    /// This write ended the output as `status` says, or the output is gone (nothing to end).
+    Ended,
+    /// The output had ended first: that end decides ([`decide`]).
+    EndedBefore,
+    /// A later delivery holds the output (a newer epoch of [`OUTPUT_PRODUCER`]): this one is
+    /// stale. The current epoch.
+    Fenced(u64),
+}
+
+/// The terminal write's end of `link`'s output (module docs, command → stream): `status`
+/// (`SUCCEEDED` as `finished`, `CANCELLED` as `cancelled`, `FAILED` as `finished` after an error
+/// entry of `error`) in one atomic step that happens only if the output has not ended and
+/// producer [`OUTPUT_PRODUCER`]'s epoch is `fence`'s. Errors: [`CommandError::Output`] when the
+/// stream could not be reached (after a few tries).
+pub(crate) async fn end_fenced(
+    streams: &StreamStore,
+    link: &OutputLink,
+    status: CommandStatus,
+    error: Option<&str>,
+    fence: OutputFence,
+) -> Result<FencedEnd, CommandError> {
+    let (reason, entry) = match status {
         CommandStatus::Succeeded => (EndReason::Finished, None),
         CommandStatus::Cancelled => (EndReason::Cancelled, None),
         CommandStatus::Failed => {
-            let e = st.error.clone().unwrap_or_else(|| "failed".into());
+            let e = error.unwrap_or("failed");
             let entry =
                 if link.is_json() { serde_json::json!({ "error": e }).to_string() } else { format!("error: {e}") };
-            (EndReason::Finished, Some(entry))
+            (EndReason::Finished, Some((Bytes::from(entry), link.content_type.clone())))
         }
-        _ => return,
+        _ => return Ok(FencedEnd::Ended),
     };
     let path = link.path();
     let mut delay = Duration::from_millis(50);
-    for attempt in 0..5 {
-        let r = match &entry {
-            None => streams.end(&path, reason).await.map(|_| ()),
-            Some(e) => {
-                let req = baton_streams::AppendRequest {
-                    data: Bytes::from(e.clone()),
-                    content_type: Some(link.content_type.clone()),
-                    stream_seq: None,
-                    producer: None,
-                    close: Some(reason),
-                    incarnation: None,
-                };
-                streams.append(&path, req).await.map(|_| ())
-            }
+    let mut attempt = 0;
+    loop {
+        let epoch = match fence {
+            OutputFence::Delivery(e) => Ok(e),
+            OutputFence::Unknown => streams.producer_epoch(&path, OUTPUT_PRODUCER).await,
+        };
+        let r = match epoch {
+            Ok(epoch) => streams.end_fenced(&path, reason, entry.clone(), OUTPUT_PRODUCER, epoch).await,
+            Err(e) => Err(e),
         };
         match r {
-            Ok(()) | Err(StreamError::Closed { .. } | StreamError::NotFound { .. } | StreamError::Gone { .. }) => {
-                return
+            Ok(e) if e.ended_now => return Ok(FencedEnd::Ended),
+            Ok(_) => return Ok(FencedEnd::EndedBefore),
+            Err(StreamError::NotFound { .. } | StreamError::Gone { .. }) => return Ok(FencedEnd::Ended),
+            Err(StreamError::Fenced { current_epoch, .. }) if matches!(fence, OutputFence::Delivery(_)) => {
+                return Ok(FencedEnd::Fenced(current_epoch))
             }
-            Err(e) if attempt < 4 => {
-                tracing::debug!(command = %st.id, %path, error = %e, "ending the output failed; retrying");
+            Err(e @ StreamError::Backend(_)) | Err(e @ StreamError::Fenced { .. }) if attempt < 4 => {
+                tracing::debug!(%path, error = %e, "ending the output failed; retrying");
+                attempt += 1;
                 tokio::time::sleep(delay).await;
                 delay *= 2;
             }
-            Err(e) => {
-                tracing::warn!(command = %st.id, %path, error = %e, "could not end the command's output stream");
-            }
+            Err(e) => return Err(CommandError::Output(format!("ending {path}: {e}"))),
         }
     }
 }
@@ -355,14 +392,19 @@ pub(crate) async fn decide(
                 humantime::format_duration(silence)
             )
         })),
-        EndReason::Finished => match result {
-            Some(r) if r.is_terminal() => r.clone(),
-            Some(_) if info.ended_at.is_some_and(|t| t >= called_at) => return None,
-            _ => match last_error(streams, link).await {
-                Some(e) => CommandResult::Failed(e),
-                None => CommandResult::Succeeded(crate::RawJson::null()),
-            },
-        },
+        EndReason::Finished => {
+            if result.is_some_and(|r| !r.is_terminal()) && info.ended_at.is_some_and(|t| t >= called_at) {
+                return None;
+            }
+            // The status is the stream's (an error entry last: FAILED); the handler's result
+            // or error text fills it in when it agrees.
+            match (last_error(streams, link).await, result) {
+                (Some(_), Some(CommandResult::Failed(e))) => CommandResult::Failed(e.clone()),
+                (Some(entry), _) => CommandResult::Failed(entry),
+                (None, Some(CommandResult::Succeeded(v))) => CommandResult::Succeeded(v.clone()),
+                (None, _) => CommandResult::Succeeded(crate::RawJson::null()),
+            }
+        }
     })
 }
 

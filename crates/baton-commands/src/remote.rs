@@ -26,7 +26,7 @@ use baton_queue::{Decision, LeaseState, MessageId, QueueError, RemoteConsumer, R
 use serde::{Deserialize, Serialize};
 
 use crate::model::CommandMsg;
-use crate::service::{apply, prepare, Ctx, Holder, Outcome, Prepared};
+use crate::service::{apply, prepare, Ctx, Holder, Outcome, OutputFence, Prepared};
 use crate::{
     validate_queue, CommandError, CommandResult, CommandState, CommandStore, Execution, ExecutionCall, Progress,
     QueueSettings, RawJson, Timestamp,
@@ -53,6 +53,13 @@ pub struct RemoteClaim {
     pub command: CommandState,
     /// Deliveries of this message, this one included.
     pub deliveries: u32,
+    /// The command's output stream (`command.output`), opened for this delivery: the epoch of
+    /// producer [`OUTPUT_PRODUCER`](crate::OUTPUT_PRODUCER) the claim claimed, which fences the
+    /// writer of an earlier delivery (appends as `Producer-Id: command`, this
+    /// `Producer-Epoch`, `Producer-Seq` from 0). The settlement's end of the output is fenced to
+    /// it: once a later claim took the command, this one cannot end its output. `None`: no
+    /// output, or it could not be opened (it ended already).
+    pub output_epoch: Option<u64>,
 }
 
 /// What a renewal found for one lease.
@@ -148,6 +155,11 @@ struct LeaseToken {
     c: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     d: Option<u32>,
+    /// The output producer's epoch the claim claimed (absent: no output, not opened, or a token
+    /// signed before claims carried it: the settlement's end is fenced to the epoch current
+    /// then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    o: Option<u64>,
 }
 
 /// What a lease token names: the delivery (message id and fence), its command message and when
@@ -159,6 +171,8 @@ struct Decoded {
     claimed_ms: u64,
     /// The call and the claim's delivery count, when the token says.
     call: Option<(ExecutionCall, u32)>,
+    /// The output producer's epoch the claim claimed.
+    output_epoch: Option<u64>,
 }
 
 impl Decoded {
@@ -197,7 +211,14 @@ impl LeaseToken {
             (Some(1), Some(d)) => Some((ExecutionCall::CheckStatus, d)),
             _ => None,
         };
-        Some(Decoded { mid: m, fence: t.f, msg: CommandMsg { id: t.i, home: t.h, token: t.t }, claimed_ms: t.s, call })
+        Some(Decoded {
+            mid: m,
+            fence: t.f,
+            msg: CommandMsg { id: t.i, home: t.h, token: t.t },
+            claimed_ms: t.s,
+            call,
+            output_epoch: t.o,
+        })
     }
 }
 
@@ -582,7 +603,15 @@ impl RemoteWorkers {
             // The states are read concurrently: the store coalesces them into one read per home
             // queue (store/batch.rs), not one round trip per command.
             let prepared = futures::future::join_all(msgs.iter().map(|(_, m)| prepare(&self.ctx, m))).await;
-            for ((d, msg), prepared) in msgs.into_iter().zip(prepared) {
+            // The outputs of the commands to call, opened for their worker (concurrently).
+            let epochs = futures::future::join_all(prepared.iter().map(|p| async move {
+                match p {
+                    Ok(Prepared::Call { st, .. }) => self.open_output(st).await,
+                    _ => None,
+                }
+            }))
+            .await;
+            for (((d, msg), prepared), output_epoch) in msgs.into_iter().zip(prepared).zip(epochs) {
                 match prepared? {
                     Prepared::Settle(decision) => {
                         settle_message(&c, (d.id, d.fence), d.deliveries, decision).await?;
@@ -599,18 +628,34 @@ impl RemoteWorkers {
                             f: d.fence,
                             c: Some(if is_execute { 0 } else { 1 }),
                             d: Some(d.deliveries),
+                            o: output_epoch,
                         };
                         out.push(RemoteClaim {
                             lease: lease.encode(&key),
                             call: if is_execute { RemoteCall::Execute } else { RemoteCall::CheckStatus },
                             command: *st,
                             deliveries: d.deliveries,
+                            output_epoch,
                         });
                     }
                 }
             }
             if !out.is_empty() || (empty && tokio::time::Instant::now() >= deadline) {
                 return Ok(out);
+            }
+        }
+    }
+
+    /// Opens `st`'s output (if any) as its writer for a claimed delivery: the producer epoch
+    /// claimed, `None` when it has none or it could not be opened (ended already, or the
+    /// stream store failed: then the settlement's end is fenced to the epoch current then).
+    async fn open_output(&self, st: &CommandState) -> Option<u64> {
+        let (link, streams) = (st.output.as_ref()?, self.ctx.store.outputs()?);
+        match streams.open(&link.path(), link.open_options()).await {
+            Ok(p) => Some(p.epoch()),
+            Err(e) => {
+                tracing::debug!(command = %st.id, stream = %link.stream, error = %e, "claim: the output stream could not be opened for its worker");
+                None
             }
         }
     }
@@ -874,7 +919,11 @@ impl RemoteWorkers {
                 if unheld.contains(&d.delivery()) {
                     return Err(CommandError::Queue(QueueError::LeaseLost(d.mid)));
                 }
-                self.settle_held(c, d.delivery(), d.msg, d.claimed_ms, outcome).await
+                let fence = match d.output_epoch {
+                    Some(e) => OutputFence::Delivery(Some(e)),
+                    None => OutputFence::Unknown,
+                };
+                self.settle_held(c, d.delivery(), d.msg, d.claimed_ms, outcome, fence).await
             }
         });
         Ok(futures::future::join_all(settles).await)
@@ -890,6 +939,7 @@ impl RemoteWorkers {
         msg: CommandMsg,
         claimed_ms: u64,
         outcome: RemoteOutcome,
+        output_fence: OutputFence,
     ) -> Result<RemoteSettled, CommandError> {
         let backend = &self.ctx.store.inner.backend;
         let (mid, fence) = delivery;
@@ -927,7 +977,7 @@ impl RemoteWorkers {
         // (Redis: same slot); the ownership check made it this worker's to ack.
         let holder = Holder::Remote(c, mid, fence);
         let called_at = Timestamp::from_millis(claimed_ms);
-        let done = apply(&self.ctx, st, &msg, Some(holder), is_execute, called_at, outcome).await?;
+        let done = apply(&self.ctx, st, &msg, Some(holder), is_execute, called_at, outcome, output_fence).await?;
         settle_strict(c, delivery, done.decision).await?;
         Ok(match done.state {
             Some(s) if done.written => RemoteSettled::Applied(s),

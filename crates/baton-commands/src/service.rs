@@ -18,6 +18,8 @@ use baton_queue::{ConsumerOptions, Decision, Delivery, DrainReport, Lease};
 use futures::FutureExt;
 
 use crate::model::{new_token, CommandMsg};
+use crate::output::FencedEnd;
+pub(crate) use crate::output::OutputFence;
 use crate::store::DeliveryRef;
 use crate::{
     backoff, validate_queue, Command, CommandError, CommandHandler, CommandResult, CommandState, CommandStatus,
@@ -363,14 +365,25 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     let Some(handler) = ctx.handlers.get(&st.command_type).cloned() else {
         let err = format!("no handler for command type {:?} on queue {:?}", st.command_type, ctx.queue);
         let failed = Outcome::Result(CommandResult::Failed(err));
-        return Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), false, Timestamp::now(), failed).await?.decision);
+        let holder = Some(Holder::Lease(lease));
+        return Ok(apply(ctx, st, msg, holder, false, Timestamp::now(), failed, OutputFence::Unknown).await?.decision);
     };
     // Remote cancels reach this process through the home queue's notifications.
     backend.watch_home(&msg.home).await?;
     let mut command: Command = st.command();
+    // The delivery's epoch of the output's producer: the current one, until its handler claims
+    // a newer one (`Output::open`); its terminal write's end is fenced to it.
+    let mut output_epoch = None;
     if let (Some(link), Some(streams)) = (&st.output, ctx.store.outputs()) {
+        let current = match streams.producer_epoch(&link.path(), crate::OUTPUT_PRODUCER).await {
+            Ok(e) => e,
+            Err(baton_streams::StreamError::NotFound { .. } | baton_streams::StreamError::Gone { .. }) => None,
+            Err(e) => return Err(CommandError::Output(format!("reading {}: {e}", link.stream))),
+        };
+        let epoch = Arc::new(std::sync::Mutex::new(current));
+        output_epoch = Some(epoch.clone());
         command.output =
-            Some(crate::Output { streams: streams.clone(), link: link.clone(), cancel: command.cancel.clone() });
+            Some(crate::Output { streams: streams.clone(), link: link.clone(), cancel: command.cancel.clone(), epoch });
     }
     let reports = Arc::new(Reports::default());
     command.reports = Some(reports.clone());
@@ -435,7 +448,8 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     if let Some(r) = reports.take() {
         r.apply_to(&mut st);
     }
-    Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), is_execute, now, outcome).await?.decision)
+    let fence = output_epoch.map_or(OutputFence::Unknown, |e| OutputFence::Delivery(*e.lock().expect("lock")));
+    Ok(apply(ctx, st, msg, Some(Holder::Lease(lease)), is_execute, now, outcome, fence).await?.decision)
 }
 
 /// How often a running in-process handler's reports ([`Command::progress`],
@@ -710,6 +724,16 @@ fn plan(
 ///
 /// `called_at`: when the handler call that gave `outcome` began (for an `execute`, also the
 /// command's `started_at` unless an earlier call set it).
+///
+/// A command with an output (crate docs, "Output streams"): a terminal outcome ends the output
+/// first, fenced to the delivery's epoch of its producer (`fence`), and is written only if that
+/// end took place; an output that had ended first decides the outcome instead
+/// ([`crate::output::decide`]); a fenced end (a later delivery holds the output) writes nothing:
+/// [`QueueError::LeaseLost`](baton_queue::QueueError::LeaseLost), unless an in-process holder
+/// still holds its lease (then the newer epoch is its own handler's, claimed outside
+/// [`crate::Output::open`], and the end is fenced to it). A non-terminal outcome reads the
+/// output's end first, as it may decide.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn apply(
     ctx: &Ctx,
     mut cur: CommandState,
@@ -718,28 +742,64 @@ pub(crate) async fn apply(
     is_execute: bool,
     called_at: Timestamp,
     outcome: Outcome,
+    mut fence: OutputFence,
 ) -> Result<Applied, CommandError> {
     let backend = &ctx.store.inner.backend;
     let started = is_execute.then_some(called_at);
-    // An output stream that ended first decides (crate docs, "Output streams").
-    let outcome = match (&cur.output, ctx.store.outputs()) {
-        (Some(link), Some(streams)) => {
-            let result = match &outcome {
-                Outcome::Result(r) => Some(r),
-                Outcome::Error(_) => None,
-            };
-            match crate::output::decide(streams, link, result, called_at.millis()).await {
-                Some(r) => Outcome::Result(r),
-                None => outcome,
+    let output = match (&cur.output, ctx.store.outputs()) {
+        (Some(link), Some(streams)) => Some((link.clone(), streams.clone())),
+        _ => None,
+    };
+    let result_of = |o: &Outcome| match o {
+        Outcome::Result(r) => Some(r.clone()),
+        Outcome::Error(_) => None,
+    };
+    let mut outcome = outcome;
+    // An output stream that ended first decides (crate docs, "Output streams"); a terminal
+    // result learns of it from its own (fenced) end below.
+    if let Some((link, streams)) = &output {
+        if !matches!(&outcome, Outcome::Result(r) if r.is_terminal()) {
+            let result = result_of(&outcome);
+            if let Some(r) = crate::output::decide(streams, link, result.as_ref(), called_at.millis()).await {
+                outcome = Outcome::Result(r);
             }
         }
-        _ => outcome,
-    };
+    }
+    // The output's end is settled: ended by this write, or found ended (and decided by).
+    let mut ended = false;
+    let mut refenced = false;
     let fp = &ctx.settings.fail_points;
     let no_crash_test = !fp.crash_after_handoff_state && !fp.crash_after_handoff_enqueue;
     loop {
         let p = plan(ctx, &cur, msg, is_execute, started, &outcome);
         let Some(next) = p.next else { return Ok(Applied { decision: p.decision, written: true, state: Some(cur) }) };
+        if let (Some((link, streams)), true, false) = (&output, next.status.is_terminal(), ended) {
+            match crate::output::end_fenced(streams, link, next.status, next.error.as_deref(), fence).await? {
+                FencedEnd::Ended => ended = true,
+                FencedEnd::EndedBefore => {
+                    ended = true;
+                    let result = result_of(&outcome);
+                    if let Some(r) = crate::output::decide(streams, link, result.as_ref(), 0).await {
+                        outcome = Outcome::Result(r);
+                    }
+                    continue;
+                }
+                FencedEnd::Fenced(current) => match &holder {
+                    Some(Holder::Lease(l)) if !l.is_lost() && !refenced => {
+                        refenced = true;
+                        fence = OutputFence::Delivery(Some(current));
+                        continue;
+                    }
+                    Some(Holder::Lease(l)) => {
+                        return Err(CommandError::Queue(baton_queue::QueueError::LeaseLost(l.id())))
+                    }
+                    Some(Holder::Remote(_, id, _)) => {
+                        return Err(CommandError::Queue(baton_queue::QueueError::LeaseLost(*id)))
+                    }
+                    None => return Ok(Applied { decision: Decision::Ack, written: false, state: None }),
+                },
+            }
+        }
         let atomic = p.handoff.as_ref().is_some_and(|(t, _)| backend.atomic_enqueue(&cur.queue, t));
         let enqueue = if atomic { p.handoff.as_ref().map(|(t, m)| (t.as_str(), m)) } else { None };
         let fold = p.decision == Decision::Ack

@@ -27,7 +27,9 @@ baton_testkit::on_every_backend!(
     a_result_after_the_stream_finished_is_kept,
     a_cancel_racing_the_finish_agrees_with_the_stream,
     a_command_waiting_longer_than_its_silence_timeout_runs,
-    a_rerun_while_the_old_run_still_writes
+    a_rerun_while_the_old_run_still_writes,
+    a_cancel_racing_the_handlers_terminal_write_agrees_with_the_stream,
+    a_superseded_remote_worker_cannot_end_the_output
 );
 
 async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
@@ -675,4 +677,136 @@ async fn a_rerun_while_the_old_run_still_writes(b: TestBackend) {
     assert_eq!(records(&streams, &second).await, vec![r#"{"i":0,"run":2}"#]);
     assert_eq!(end_of(&streams, &second).await, Some(EndReason::Finished));
     svc.close().await;
+}
+
+/// A cancel racing the handler's own terminal write (the handler leaves its stream open and
+/// returns `SUCCEEDED` or `FAILED`): whichever ends the stream first decides, so every command's
+/// status matches its stream's end: `SUCCEEDED` ⇔ `finished` without an error entry, `FAILED` ⇔
+/// `finished` after an error entry (or `producer_lost`), `CANCELLED` ⇔ `cancelled`.
+///
+/// Was: the terminal write read the stream's head, wrote the state by compare-and-set and only
+/// then ended the stream; a cancel that ended the stream `cancelled` between the read and the
+/// write lost its own compare-and-set, and the command ended `SUCCEEDED` (or `FAILED`) with a
+/// `cancelled` stream.
+async fn a_cancel_racing_the_handlers_terminal_write_agrees_with_the_stream(b: TestBackend) {
+    use rand::Rng;
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-terminal-race");
+    // The handler tells when it is about to return; both it and the cancel then wait a random
+    // few microseconds.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(baton_commands::QueueSettings { concurrency: 16, ..fast() })
+        .handler(
+            "write",
+            on_execute(move |c: Command| {
+                let tx = tx.clone();
+                async move {
+                    let fail = c.params_as::<serde_json::Value>()?["fail"].as_bool().unwrap_or(false);
+                    let out = c.output().unwrap().open().await?;
+                    out.append_json(&json!("start")).await?;
+                    let _ = tx.send(c.id.clone());
+                    let spins = rand::thread_rng().gen_range(0..10u32);
+                    for _ in 0..spins {
+                        tokio::task::yield_now().await;
+                    }
+                    if fail {
+                        return Ok(CommandResult::failed("disk full"));
+                    }
+                    Ok(CommandResult::succeeded(json!("done")))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    // Memory's window is a few microseconds wide (no I/O): more rounds, narrower jitter.
+    let (n, max_yields, max_spins) =
+        if matches!(b, TestBackend::Memory) { (6000, 10, 3000) } else { (400, 40, 20_000) };
+    let canceller = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tasks = Vec::new();
+            for _ in 0..n {
+                let Some(id) = rx.recv().await else { break };
+                let store = store.clone();
+                let (yields, spins) = {
+                    let mut r = rand::thread_rng();
+                    (r.gen_range(0..max_yields), r.gen_range(0..max_spins))
+                };
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..yields {
+                        tokio::task::yield_now().await;
+                    }
+                    for _ in 0..spins {
+                        std::hint::spin_loop();
+                    }
+                    let _ = store.cancel(&id).await;
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        })
+    };
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let cmd = Command::new("write", json!({ "fail": i % 2 == 1 })).with_output(OutputSpec::default());
+        let st = store.submit(&q, cmd).await.unwrap();
+        ids.push((st.id.clone(), st.output.unwrap().stream));
+    }
+    tokio::time::timeout(Duration::from_secs(60), canceller).await.expect("every handler ran").unwrap();
+    let mut bad = Vec::new();
+    let mut seen = std::collections::BTreeMap::new();
+    for (id, path) in &ids {
+        let done = store.wait(id, Duration::from_secs(10)).await.unwrap();
+        let end = end_of(&streams, path).await;
+        let last = records(&streams, path).await.pop();
+        let error_entry = last.as_deref() == Some(r#"{"error":"disk full"}"#);
+        let agree = match done.status {
+            CommandStatus::Succeeded => end == Some(EndReason::Finished) && !error_entry,
+            CommandStatus::Failed => {
+                (end == Some(EndReason::Finished) && error_entry) || end == Some(EndReason::ProducerLost)
+            }
+            CommandStatus::Cancelled => end == Some(EndReason::Cancelled) && !error_entry,
+            _ => false,
+        };
+        if !agree {
+            bad.push((done.status, end, last));
+        }
+        *seen.entry(format!("{:?}", done.status)).or_insert(0) += 1;
+    }
+    eprintln!("outcomes: {seen:?}; disagreeing: {}", bad.len());
+    assert!(bad.is_empty(), "{} of {n} commands' status and stream end disagree: {bad:?}", bad.len());
+    svc.close().await;
+}
+
+/// The terminal write's end of an output is fenced to the delivery's epoch of the output's
+/// producer: a remote worker whose claim was taken over (a later claim opened the output with a
+/// newer epoch) cannot end the output of the live delivery; its settlement is refused
+/// (`LeaseLost`) and writes nothing, and the live worker's outcome decides.
+async fn a_superseded_remote_worker_cannot_end_the_output(b: TestBackend) {
+    use baton_commands::{RemoteOutcome, RemoteSettled, RemoteWorkers};
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-remote-fence");
+    let w = RemoteWorkers::new(store.clone(), &q, fast()).unwrap();
+    let st = store.submit(&q, Command::new("t", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let path = st.output.unwrap().stream;
+    let c1 = w.claim("silent", 1, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(c1[0].output_epoch, Some(0));
+    // `silent` never renews: after the claim timeout (2 s) `alive` gets the command.
+    let c2 = w.claim("alive", 1, Duration::from_secs(6)).await.unwrap();
+    assert_eq!((c2[0].command.id.as_str(), c2[0].output_epoch), (st.id.as_str(), Some(1)));
+    let stale = w.settle("silent", &c1[0].lease, RemoteOutcome::Result(CommandResult::failed("stale"))).await;
+    assert!(
+        matches!(stale, Err(CommandError::Queue(baton_queue::QueueError::LeaseLost(_)))),
+        "the superseded worker's settlement is refused: {stale:?}"
+    );
+    assert_eq!(end_of(&streams, &path).await, None, "the live delivery's output is not ended by the stale one");
+    assert_eq!(records(&streams, &path).await, Vec::<String>::new());
+    let s = w.settle("alive", &c2[0].lease, RemoteOutcome::Result(CommandResult::succeeded(json!("alive")))).await;
+    let Ok(RemoteSettled::Applied(done)) = s else { panic!("{s:?}") };
+    assert_eq!((done.status, done.result.as_ref().map(|r| r.get())), (CommandStatus::Succeeded, Some(r#""alive""#)));
+    assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
+    assert_eq!(records(&streams, &path).await, Vec::<String>::new());
 }

@@ -4,6 +4,10 @@
 -- written once per call, so the per-request cost is a few comparisons plus one XADD per record.
 -- ARGV: 1 R, then per request: inc (expected, '' any), ctn ('' = binary body, refused by JSON
 --       streams), stream seq, producer id, epoch, seq, close reason (''), n, then n x (data, msgs).
+--       A seq of 'f' makes the producer id and epoch a fence instead of a stamp (an end fenced
+--       to a producer's epoch): the request is refused ('fenced') unless that producer's current
+--       epoch is the one given ('' = none claimed), checked right after the end; it writes no
+--       producer state.
 -- Reply: R arrays, in request order: {status, ...} (see the returns of one() below); an accepted
 -- request that did not end the stream gets the short {'ok', tail}. When the stream exists, one
 -- more array follows: {incarnation, the tail before this call} (the engine hands the new records
@@ -84,6 +88,8 @@ local ended_here = false
 -- producer's count before this request.
 local function validate(b, n, units)
   local ctn, sseq, pid = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local fence = nil
+  if ARGV[b + 5] == 'f' then fence = pid; pid = '' end
   local epoch, seq, p = 0, 0, nil
   if pid ~= '' then
     epoch = tonumber(ARGV[b + 4]); seq = tonumber(ARGV[b + 5])
@@ -102,6 +108,15 @@ local function validate(b, n, units)
     end
     m.cnt = s(cnt_n)
     return {'closed', info(m)}
+  end
+  if fence then
+    local f = PS[fence]
+    local have = ''
+    if f then have = s(f.epoch) end
+    if have ~= ARGV[b + 4] then
+      if have == '' then have = '0' end
+      return {'fenced', have}
+    end
   end
   if n > 0 and ((ctn ~= '' and ctn ~= m.ctn) or (ctn == '' and m.ctn == 'application/json')) then
     full()
@@ -135,6 +150,7 @@ end
 
 local function one(b)
   local inc, sseq, pid, close = ARGV[b], ARGV[b + 2], ARGV[b + 3], ARGV[b + 6]
+  if ARGV[b + 5] == 'f' then pid = '' end -- a fence: no producer state written
   local n = tonumber(ARGV[b + 7])
   if inc ~= '' and inc ~= m.inc then return {'nf'} end
   local units = 0

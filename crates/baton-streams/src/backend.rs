@@ -47,6 +47,10 @@ pub(crate) struct WriteSpec {
     pub producer: Option<ProducerStamp>,
     pub close: Option<EndReason>,
     pub records: Vec<(Bytes, u32)>,
+    /// [`crate::StreamStore::end_fenced`]: refused (`Fenced`) unless this producer's current
+    /// epoch is this one (`None`: no epoch was claimed); checked after the end (an ended stream
+    /// answers `Closed`). Never with `producer`.
+    pub fence: Option<(String, Option<u64>)>,
 }
 
 /// Source state for a fork.
@@ -83,6 +87,8 @@ pub(crate) trait StreamBackend: Send + Sync + 'static {
     /// `+1`/`-1` on the fork reference count; `Some(source)` when a `-1` collected a soft-deleted
     /// fork that itself has a source (cascade).
     async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>>;
+    /// The current epoch of producer `id` (`None`: none claimed).
+    async fn producer_epoch(&self, path: &StreamPath, id: &str) -> Result<Option<u64>>;
     async fn keepalive(
         &self,
         path: &StreamPath,

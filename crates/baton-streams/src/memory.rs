@@ -430,6 +430,12 @@ impl StreamBackend for MemoryStreamBackend {
                 }
                 return Err(StreamError::Closed { end: *end });
             }
+            if let Some((id, epoch)) = &spec.fence {
+                let current = st.producers.get(id).map(|p| p.epoch);
+                if current != *epoch {
+                    return Err(StreamError::Fenced { epoch: epoch.unwrap_or(0), current_epoch: current.unwrap_or(0) });
+                }
+            }
             if n > 0 {
                 let mismatch = match &spec.ctn {
                     Some(c) => *c != st.ctn,
@@ -638,6 +644,10 @@ impl StreamBackend for MemoryStreamBackend {
             return Ok(st.fork.as_ref().map(|f| f.source.clone()));
         }
         Ok(None)
+    }
+
+    async fn producer_epoch(&self, path: &StreamPath, id: &str) -> Result<Option<u64>> {
+        self.with(path, false, |st, _| Ok(st.producers.get(id).map(|p| p.epoch)))
     }
 
     async fn keepalive(

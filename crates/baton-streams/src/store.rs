@@ -10,7 +10,7 @@ use baton_redis::RedisConfig;
 use bytes::Bytes;
 
 use crate::backend::{CreateSpec, Deleted, StreamBackend, WriteSpec};
-use crate::end::EndReason;
+use crate::end::{EndReason, Ended};
 use crate::error::{Result, StreamError};
 use crate::limits::RunLimits;
 use crate::offset::{Offset, OffsetTag, ReadFrom};
@@ -371,6 +371,16 @@ impl StreamStore {
     /// (content type), `EpochMustStartAtZero`, `SequenceGap`, `StreamSeqRegression`, `TooLong`,
     /// `InvalidRequest` (empty body without close, bad producer stamp), `InvalidJson`, `EmptyArray`.
     pub async fn append(&self, path: &StreamPath, req: AppendRequest) -> Result<Appended> {
+        self.write(path, req, None).await
+    }
+
+    /// [`StreamStore::append`], with a [`WriteSpec::fence`] when given.
+    async fn write(
+        &self,
+        path: &StreamPath,
+        req: AppendRequest,
+        fence: Option<(String, Option<u64>)>,
+    ) -> Result<Appended> {
         if let Some(p) = &req.producer {
             if p.id.is_empty() {
                 return Err(StreamError::invalid("Producer-Id must not be empty"));
@@ -390,6 +400,7 @@ impl StreamStore {
             None => (None, if req.data.is_empty() { vec![] } else { vec![(req.data.clone(), 0)] }),
         };
         let close_only = records.is_empty();
+        let spec_fenced = fence.is_some();
         let spec = WriteSpec {
             incarnation: req.incarnation.clone(),
             ctn,
@@ -397,6 +408,7 @@ impl StreamStore {
             producer: req.producer.clone(),
             close: req.close,
             records,
+            fence,
         };
         match self.backend.write(path, spec).await {
             Ok(a) => {
@@ -406,7 +418,9 @@ impl StreamStore {
                 }
                 Ok(a)
             }
-            Err(StreamError::Closed { end }) if close_only && req.producer.is_none() && req.close.is_some() => {
+            Err(StreamError::Closed { end })
+                if (close_only || spec_fenced) && req.producer.is_none() && req.close.is_some() =>
+            {
                 // The incarnation (for offset tokens): one metadata read on this rare path.
                 let incarnation = self.head(path).await.map(|i| i.incarnation).unwrap_or_default();
                 Ok(Appended {
@@ -428,6 +442,50 @@ impl StreamStore {
     /// told the same end. Errors: `NotFound`, `Gone`.
     pub async fn close(&self, path: &StreamPath, reason: EndReason) -> Result<Appended> {
         self.append(path, AppendRequest { close: Some(reason), ..Default::default() }).await
+    }
+
+    /// Ends the stream with `reason`, after appending `entry` (a body of `content_type`) when
+    /// given, in one atomic step, only while producer `producer`'s current epoch is `epoch`
+    /// (`None`: no epoch of it was ever claimed, [`StreamStore::open`]): an end fenced to the
+    /// holder of that epoch, so that a writer fenced by a newer open cannot end the newer
+    /// holder's stream (Baton's command outputs: a delivery's terminal write).
+    ///
+    /// Returns the stream's one end: `ended_now` when this call ended it; an end found in place
+    /// (the stream had ended already, by anyone) is returned with `ended_now == false` and
+    /// nothing written (that check comes first). Errors: `Fenced` (the producer's epoch is
+    /// another: `current_epoch`, 0 when none was claimed; nothing written), `NotFound`, `Gone`,
+    /// and the errors of an append of `entry` (`Conflict` for the content type, `TooLong`,
+    /// `InvalidJson`, `EmptyArray`).
+    pub async fn end_fenced(
+        &self,
+        path: &StreamPath,
+        reason: EndReason,
+        entry: Option<(Bytes, String)>,
+        producer: &str,
+        epoch: Option<u64>,
+    ) -> Result<Ended> {
+        if producer.is_empty() {
+            return Err(StreamError::invalid("a producer id must not be empty"));
+        }
+        let (data, content_type) = match entry {
+            Some((d, ct)) => (d, Some(ct)),
+            None => (Bytes::new(), None),
+        };
+        let req = AppendRequest { data, content_type, close: Some(reason), ..Default::default() };
+        let a = match self.write(path, req, Some((producer.to_string(), epoch))).await {
+            Err(StreamError::Fenced { current_epoch, .. }) => {
+                return Err(StreamError::Fenced { epoch: epoch.unwrap_or(0), current_epoch })
+            }
+            other => other?,
+        };
+        let end = a.end.ok_or_else(|| StreamError::Backend("close without an end".into()))?;
+        Ok(Ended { end, ended_now: a.ended_now })
+    }
+
+    /// The current epoch of producer `id` of the stream (the last one an open claimed), `None`
+    /// when none was claimed. Errors: `NotFound`, `Gone`.
+    pub async fn producer_epoch(&self, path: &StreamPath, id: &str) -> Result<Option<u64>> {
+        self.backend.producer_epoch(path, id).await
     }
 
     /// Deletes a stream (§5.4). With live forks it is soft-deleted (410 afterwards, path blocked).

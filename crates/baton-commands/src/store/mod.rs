@@ -1099,13 +1099,8 @@ impl CommandStore {
         let hook = self.hook_delivery(&new);
         match self.inner.backend.transition(old, new, enqueue, delivery, append.as_ref(), hook.as_deref()).await? {
             (Cas::Done(stored), acked) => {
-                // The output ends before this process's waiters hear of the end (another
-                // process's may hear of it a moment before: the announcement is the write's).
-                if stored.status.is_terminal() {
-                    if let Some(streams) = self.outputs() {
-                        crate::output::end_with(streams, &stored).await;
-                    }
-                }
+                // A terminal write of a command with an output comes after the output's end
+                // (every terminal writer ends it first: the stream's end is the arbiter).
                 if let Some(home) = home {
                     self.inner.hub.feed_appended(&home);
                 }

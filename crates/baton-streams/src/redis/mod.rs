@@ -395,6 +395,33 @@ impl StreamBackend for RedisStreamBackend {
         Ok(if text(&r[0]) == "collected" { source_path(&r[1]) } else { None })
     }
 
+    async fn producer_epoch(&self, path: &StreamPath, id: &str) -> Result<Option<u64>> {
+        // One key of the stream: a plain read (no script). A soft-deleted stream keeps its
+        // metadata with `del` set.
+        let (_, km) = keys(path);
+        let (inc, del, state): (Option<String>, Option<String>, Option<String>) = baton_redis::redis::cmd("HMGET")
+            .arg(&km)
+            .arg("inc")
+            .arg("del")
+            .arg(format!("p:{id}"))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| StreamError::Backend(format!("streams.producer_epoch: {e}")))?;
+        match (inc, del) {
+            (None, _) => Err(StreamError::NotFound { path: path.to_string() }),
+            (Some(_), Some(_)) => Err(StreamError::Gone { path: path.to_string() }),
+            // "epoch:last:count:offset"
+            (Some(_), None) => {
+                match state {
+                    None => Ok(None),
+                    Some(s) => s.split(':').next().and_then(|e| e.parse().ok()).map(Some).ok_or_else(|| {
+                        StreamError::Backend(format!("streams.producer_epoch: bad producer state {s:?}"))
+                    }),
+                }
+            }
+        }
+    }
+
     async fn keepalive(
         &self,
         path: &StreamPath,

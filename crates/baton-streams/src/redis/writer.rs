@@ -157,6 +157,7 @@ impl RedisStreamBackend {
 fn is_fast(spec: &WriteSpec) -> bool {
     const MAX_SAFE_INT: u64 = (1 << 53) - 1;
     spec.close.is_none()
+        && spec.fence.is_none()
         && spec.stream_seq.is_none()
         && spec.records.len() == 1
         && spec.producer.as_ref().is_none_or(|p| p.epoch <= MAX_SAFE_INT && p.seq <= MAX_SAFE_INT)
@@ -192,18 +193,20 @@ fn fast_args(cmd: &mut redis::Cmd, s: &WriteSpec) {
 }
 
 /// The general layout of `write.lua`: R, then per request inc, ctn, stream seq, producer id,
-/// epoch, seq, close reason, n, then n x (data, messages).
+/// epoch, seq, close reason, n, then n x (data, messages). A fence ([`WriteSpec::fence`]) is
+/// sent as its producer id, its epoch (`""`: none claimed) and the seq `f`.
 fn general_args(cmd: &mut redis::Cmd, batch: &[WriteSpec]) {
     cmd.arg(batch.len());
     for s in batch {
         let pr = s.producer.as_ref();
         cmd.arg(s.incarnation.as_deref().unwrap_or(""))
             .arg(s.ctn.as_deref().unwrap_or(""))
-            .arg(s.stream_seq.as_deref().unwrap_or(""))
-            .arg(pr.map_or("", |p| p.id.as_str()));
-        match pr {
-            Some(p) => cmd.arg(p.epoch).arg(p.seq),
-            None => cmd.arg("").arg(""),
+            .arg(s.stream_seq.as_deref().unwrap_or(""));
+        match (pr, &s.fence) {
+            (Some(p), _) => cmd.arg(p.id.as_str()).arg(p.epoch).arg(p.seq),
+            (None, Some((id, Some(epoch)))) => cmd.arg(id.as_str()).arg(*epoch).arg("f"),
+            (None, Some((id, None))) => cmd.arg(id.as_str()).arg("").arg("f"),
+            (None, None) => cmd.arg("").arg("").arg(""),
         };
         cmd.arg(s.close.map_or("", |r| r.as_str())).arg(s.records.len());
         for (data, n) in &s.records {

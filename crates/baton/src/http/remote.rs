@@ -170,19 +170,11 @@ struct LeaseOutput {
     producer_epoch: Option<u64>,
 }
 
-/// The [`LeaseOutput`] of a claimed command that has an output stream: opened as its writer.
-async fn lease_output(streams: Option<&baton_streams::StreamStore>, command: &CommandState) -> Option<LeaseOutput> {
-    let link = command.output.as_ref()?;
-    let epoch = match streams {
-        None => None,
-        Some(streams) => match streams.open(&link.path(), link.open_options()).await {
-            Ok(p) => Some(p.epoch()),
-            Err(e) => {
-                tracing::debug!(command = %command.id, stream = %link.stream, error = %e, "claim: the output stream could not be opened for its worker");
-                None
-            }
-        },
-    };
+/// The [`LeaseOutput`] of a claimed command that has an output stream (opened as its writer by
+/// the claim: [`baton_commands::RemoteClaim::output_epoch`]).
+fn lease_output(claim: &baton_commands::RemoteClaim) -> Option<LeaseOutput> {
+    let link = claim.command.output.as_ref()?;
+    let epoch = claim.output_epoch;
     Some(LeaseOutput {
         stream: link.stream.clone(),
         url: link.url(),
@@ -255,12 +247,9 @@ pub async fn claim(
         _ = st.shutdown.cancelled() => Vec::new(),
     };
     let timeout_ms = remote.claim_timeout().as_millis() as u64;
-    let streams = st.commands.store().outputs();
-    let outputs = futures::future::join_all(claims.iter().map(|c| lease_output(streams, &c.command))).await;
     let leases: Vec<Lease> = claims
         .iter()
-        .zip(outputs)
-        .map(|(c, output)| Lease {
+        .map(|c| Lease {
             lease: &c.lease,
             call: match c.call {
                 RemoteCall::Execute => "execute",
@@ -269,7 +258,7 @@ pub async fn claim(
             command: &c.command,
             deliveries: c.deliveries,
             lease_timeout_ms: timeout_ms,
-            output,
+            output: lease_output(c),
         })
         .collect();
     if !leases.is_empty() {
