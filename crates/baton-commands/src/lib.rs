@@ -163,16 +163,24 @@
 //! path where another stream exists is refused with [`CommandError::OutputInUse`], nothing
 //! stored; a submit refused otherwise deletes the stream it made), its handler writes to it ([`Command::output`],
 //! [`Output::open`]: producer `command`, a new epoch per delivery fencing an earlier one), and
-//! it ends with the command: `SUCCEEDED` → `finished`, `CANCELLED` (a cancel from anywhere) →
-//! `cancelled`, `FAILED` → an error entry then `finished`. The other way, an output that ended
-//! first decides the command when a handler call ends: `cancelled` → `CANCELLED`,
-//! `producer_lost` → `FAILED`, `finished` → the handler's terminal result, else `SUCCEEDED`
-//! with result `null` (or `FAILED` when its last entry is an error entry) — so a handler may
-//! spawn the producer and return `running`, and the command ends at the first `check_status`
-//! that begins after the stream ended. A call during which the stream finished and that says
-//! `running` does not decide: the handler is asked again at its next check, and a result it
-//! returns then is the command's (a producer may finish the stream a moment before the handler
-//! has its result).
+//! it ends with the command. The stream's end is the arbiter: whoever ends it first decides,
+//! and the command's status always agrees with it. Every terminal write ends the output
+//! *before* it writes the state: a cancel ends it `cancelled`, a handler's outcome ends it
+//! `finished` (`SUCCEEDED`) or with an error entry then `finished` (`FAILED`), in one atomic
+//! step fenced to the delivery (it takes place only while the delivery's epoch of producer
+//! [`OUTPUT_PRODUCER`] is the stream's current one: the one current when an in-process delivery
+//! began or the latest its [`Output::open`] claimed, the one a remote claim claimed; so a stale
+//! delivery cannot end the stream of a later one that has opened it, and its outcome is refused);
+//! the state is written only after that end took place. After a crash between the two, the
+//! redelivered call's outcome is decided by that end (below). The other way, an output that ended first decides the command:
+//! `cancelled` → `CANCELLED`, `producer_lost` → `FAILED`, `finished` → `FAILED` when its last
+//! entry is an error entry, else `SUCCEEDED`; the handler's result or error text fills it in
+//! where it agrees (its `SUCCEEDED` result, its `FAILED` text), else the result is `null` (the
+//! error the entry's text) — so a handler may spawn the producer and return `running`, and the
+//! command ends at the first `check_status` that begins after the stream ended. A call during
+//! which the stream finished and that says `running` does not decide: the handler is asked again
+//! at its next check, and a result it returns then is the command's (a producer may finish the
+//! stream a moment before the handler has its result).
 //! A re-run writes a new stream, `<path>/run-<n>`. The output is part of the submit's request:
 //! a resubmit of the id asking for another output (or none) is a [`CommandError::Conflict`]. The stream is deleted `state_ttl` after its
 //! creation and `retention` after its end (the home queue's [`Lifetimes`]).

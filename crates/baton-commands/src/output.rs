@@ -1,19 +1,40 @@
 //! Output streams: a durable stream a command owns (its state's [`CommandState::output`]), that
 //! its handler writes to and that ends with the command (crate docs, "Output streams").
 //!
-//! The two directions, each applied once:
-//! * **command → stream**: the terminal write of a command ends its output, `SUCCEEDED` as
-//!   `finished`, `CANCELLED` (a cancel from anywhere included) as `cancelled`, `FAILED` as
-//!   `finished` after an error entry (`{"error": <error>}` on a JSON stream, `error: <error>`
-//!   otherwise: the convention of [`Producer::fail`]); an output that already ended is left as
-//!   it is.
-//! * **stream → command**: when a handler call ends (`execute` or `check_status`, in process or
-//!   remote) and the output has ended first, the stream's end decides: `cancelled` →
-//!   `CANCELLED`; `producer_lost` → `FAILED` (the handler's own failure text if it returned one);
-//!   `finished` → the handler's terminal result if it returned one, else `SUCCEEDED` (result
-//!   `null`), or `FAILED` when the stream's last entry is an error entry. A handler that says
-//!   `running` in the call during which the stream finished is asked once more (at its next
-//!   check) before that: its result, if it has one by then, is the command's.
+//! The rule: **the stream's end is the arbiter; whoever ends it first decides**, and the command's
+//! terminal status always agrees with its output's end (`SUCCEEDED` ⇔ `finished` without an
+//! error entry last, `FAILED` ⇔ `finished` after an error entry or `producer_lost`, `CANCELLED`
+//! ⇔ `cancelled`). Two directions:
+//! * **command → stream**: every terminal write ends the output *first*, then writes the state,
+//!   and writes it only if its end took place. A cancel ([`crate::CommandStore::cancel`]) ends
+//!   it `cancelled`; a handler's terminal outcome (in process or remote) ends it `finished`
+//!   (`SUCCEEDED`) or `finished` after an error entry (`FAILED`: `{"error": <error>}` on a JSON
+//!   stream, `error: <error>` otherwise, the convention of [`Producer::fail`]), entry and end in
+//!   one atomic step ([`StreamStore::end_fenced`]). That end is fenced to the delivery: it takes
+//!   place only while producer [`OUTPUT_PRODUCER`]'s epoch is the delivery's (the epoch current
+//!   when an in-process delivery began, or the latest its [`Output::open`] claimed; the epoch a
+//!   remote worker's claim claimed, signed into its lease). So a stale delivery (an in-process
+//!   handler whose lease was taken over, a remote worker whose claim was superseded) cannot end
+//!   the stream of a delivery that has opened it since: its outcome is refused
+//!   (`LeaseLost`) and nothing is written. (A stale delivery whose successor has not opened the
+//!   stream yet can still end it first; its state write is then refused by the lease's own
+//!   check, and the successor's outcome is decided by that end, as below.)
+//! * **stream → command**: when an output has ended first (a cancel, the producer's own finish
+//!   or error entry, `producer_lost`, or an earlier delivery's end), its end decides the outcome
+//!   of the handler call that ends after it (`execute` or `check_status`, in process or remote):
+//!   `cancelled` → `CANCELLED`; `producer_lost` → `FAILED` (the handler's own failure text if it
+//!   returned one); `finished` → `FAILED` when the stream's last entry is an error entry (the
+//!   handler's failure text if it returned one, else the entry's), else `SUCCEEDED` (the
+//!   handler's result if it returned `SUCCEEDED`, else `null`). A handler that says `running`
+//!   in the call during which the stream finished is asked once more (at its next check) before
+//!   that: its result, if it has one by then, is the command's.
+//!
+//! A crash between a delivery's end of the output and its state write: the command is
+//! redelivered (after the claim timeout) and its handler called again, and the end decides that
+//! call's outcome as above, so the command reaches the status the end says. The lost result
+//! itself is not recovered: the command's result is the new call's if it agrees with the end
+//! (its `SUCCEEDED` result, its failure text), else `null` (the error entry's text for
+//! `FAILED`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -353,9 +374,9 @@ pub(crate) async fn end_fenced(
     }
 }
 
-/// The stream → command direction of the module docs: `result` (the handler's, `None` for an
-/// error) as the output's end, if it ended, decides; `None`: the output has not ended (or
-/// cannot be read: the handler's outcome stands).
+/// The stream → command direction of the module docs: what the output's end, if it ended,
+/// makes of `result` (the handler's, `None` for an error or no call); `None`: the output has not
+/// ended (or cannot be read: the handler's outcome stands).
 ///
 /// `called_at` (ms since the Unix epoch): when the handler call that gave `result` began. A
 /// stream that ended `finished` while that call ran, with the call's answer `running`, does not

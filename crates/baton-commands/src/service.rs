@@ -755,6 +755,8 @@ pub(crate) async fn apply(
         Outcome::Error(_) => None,
     };
     let mut outcome = outcome;
+    // The output's end is settled: ended by this write, or found ended (and decided by).
+    let mut ended = false;
     // An output stream that ended first decides (crate docs, "Output streams"); a terminal
     // result learns of it from its own (fenced) end below.
     if let Some((link, streams)) = &output {
@@ -762,11 +764,10 @@ pub(crate) async fn apply(
             let result = result_of(&outcome);
             if let Some(r) = crate::output::decide(streams, link, result.as_ref(), called_at.millis()).await {
                 outcome = Outcome::Result(r);
+                ended = true;
             }
         }
     }
-    // The output's end is settled: ended by this write, or found ended (and decided by).
-    let mut ended = false;
     let mut refenced = false;
     let fp = &ctx.settings.fail_points;
     let no_crash_test = !fp.crash_after_handoff_state && !fp.crash_after_handoff_enqueue;

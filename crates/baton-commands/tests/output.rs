@@ -706,7 +706,7 @@ async fn a_cancel_racing_the_handlers_terminal_write_agrees_with_the_stream(b: T
                     let out = c.output().unwrap().open().await?;
                     out.append_json(&json!("start")).await?;
                     let _ = tx.send(c.id.clone());
-                    let spins = rand::thread_rng().gen_range(0..10u32);
+                    let spins = rand::rng().random_range(0..10u32);
                     for _ in 0..spins {
                         tokio::task::yield_now().await;
                     }
@@ -731,8 +731,8 @@ async fn a_cancel_racing_the_handlers_terminal_write_agrees_with_the_stream(b: T
                 let Some(id) = rx.recv().await else { break };
                 let store = store.clone();
                 let (yields, spins) = {
-                    let mut r = rand::thread_rng();
-                    (r.gen_range(0..max_yields), r.gen_range(0..max_spins))
+                    let mut r = rand::rng();
+                    (r.random_range(0..max_yields), r.random_range(0..max_spins))
                 };
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..yields {

@@ -116,6 +116,7 @@ suite!(
     runs::finish_cancel_producer_lost_race,
     runs::lost_reply_and_retried_open,
     runs::zombie_cancel_and_recreate_fencing,
+    runs::an_end_fenced_to_a_producer_epoch,
     runs::keepalive_and_silence,
     runs::sweeper_ends_unread_silent_runs,
     runs::append_after_silence_is_refused,

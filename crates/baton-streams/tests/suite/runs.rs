@@ -119,6 +119,64 @@ pub async fn zombie_cancel_and_recreate_fencing(b: &TestBackend) {
     assert_eq!((fresh.records.len(), fresh.end), (0, None));
 }
 
+/// `end_fenced`: ends the stream (after its entry, atomically) only while the producer is at the
+/// given epoch (`None`: never claimed); an ended stream answers with its end first; a fenced or
+/// refused end writes nothing and leaves the producer's state as it was.
+pub async fn an_end_fenced_to_a_producer_epoch(b: &TestBackend) {
+    let s = store(b, settings()).await;
+    let p = path("fenced-end");
+    s.create(&p, CreateOptions { content_type: Some("text/plain".into()), ..Default::default() }).await.unwrap();
+    let entry = || Some((Bytes::from("error: stale"), "text/plain".to_string()));
+    // Never claimed: only `None` passes.
+    assert_eq!(s.producer_epoch(&p, "W").await.unwrap(), None);
+    assert_eq!(
+        s.end_fenced(&p, EndReason::Finished, entry(), "W", Some(0)).await,
+        Err(StreamError::Fenced { epoch: 0, current_epoch: 0 })
+    );
+    let first = s.open(&p, open_opts("W", None)).await.unwrap();
+    first.append("a").await.unwrap();
+    let second = s.open(&p, open_opts("W", None)).await.unwrap();
+    second.append("b").await.unwrap();
+    assert_eq!(s.producer_epoch(&p, "W").await.unwrap(), Some(1));
+    // The holder of epoch 0 (or of none) cannot end it any more: nothing written.
+    for stale in [None, Some(0)] {
+        assert_eq!(
+            s.end_fenced(&p, EndReason::Finished, entry(), "W", stale).await,
+            Err(StreamError::Fenced { epoch: stale.unwrap_or(0), current_epoch: 1 })
+        );
+    }
+    assert_eq!(s.head(&p).await.unwrap().end, None);
+    // A wrong content type for the entry is refused, nothing written.
+    assert!(matches!(
+        s.end_fenced(&p, EndReason::Finished, Some(("{}".into(), "application/json".into())), "W", Some(1)).await,
+        Err(StreamError::Conflict { .. })
+    ));
+    // The current epoch's end: the entry, then the end, in one step; the producer goes on in
+    // sequence (its state untouched) until the end refuses it.
+    let ended = s.end_fenced(&p, EndReason::Finished, entry(), "W", Some(1)).await.unwrap();
+    let tail = s.head(&p).await.unwrap().tail;
+    assert_eq!(ended, Ended { end: EndState { reason: EndReason::Finished, final_offset: tail }, ended_now: true });
+    assert_eq!(text(&s.read(&p, ReadFrom::Start).await.unwrap()), "aberror: stale");
+    assert_eq!(second.append("c").await, Err(StreamError::Closed { end: ended.end }));
+    // Ended: every later end is told that end (fenced or not), nothing written.
+    for e in [None, Some(0), Some(1)] {
+        let again = s.end_fenced(&p, EndReason::Cancelled, entry(), "W", e).await.unwrap();
+        assert_eq!(again, Ended { end: ended.end, ended_now: false });
+    }
+    assert_eq!(text(&s.read(&p, ReadFrom::Start).await.unwrap()), "aberror: stale");
+    // A close-only fenced end; missing streams.
+    let q = path("fenced-close");
+    let w = s.open(&q, open_opts("W", None)).await.unwrap();
+    let cancelled = s.end_fenced(&q, EndReason::Cancelled, None, "W", Some(w.epoch())).await.unwrap();
+    assert_eq!((cancelled.end.reason, cancelled.ended_now), (EndReason::Cancelled, true));
+    let missing = path("fenced-missing");
+    assert!(matches!(
+        s.end_fenced(&missing, EndReason::Finished, None, "W", None).await,
+        Err(StreamError::NotFound { .. })
+    ));
+    assert!(matches!(s.producer_epoch(&missing, "W").await, Err(StreamError::NotFound { .. })));
+}
+
 pub async fn keepalive_and_silence(b: &TestBackend) {
     let s = store(b, settings()).await;
     let p = path("silence");
