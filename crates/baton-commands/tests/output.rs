@@ -29,7 +29,8 @@ baton_testkit::on_every_backend!(
     a_command_waiting_longer_than_its_silence_timeout_runs,
     a_rerun_while_the_old_run_still_writes,
     a_cancel_racing_the_handlers_terminal_write_agrees_with_the_stream,
-    a_superseded_remote_worker_cannot_end_the_output
+    a_superseded_remote_worker_cannot_end_the_output,
+    a_handler_that_lost_its_lease_cannot_end_the_output
 );
 
 async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
@@ -809,4 +810,64 @@ async fn a_superseded_remote_worker_cannot_end_the_output(b: TestBackend) {
     assert_eq!((done.status, done.result.as_ref().map(|r| r.get())), (CommandStatus::Succeeded, Some(r#""alive""#)));
     assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
     assert_eq!(records(&streams, &path).await, Vec::<String>::new());
+}
+
+/// An in-process handler whose lease was lost (it ran past `max_processing_time`) and whose
+/// command was taken over by a delivery that opened the output: its result is refused and it
+/// cannot end the live delivery's output; the live delivery's outcome decides.
+async fn a_handler_that_lost_its_lease_cannot_end_the_output(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-lease-lost");
+    let calls = Arc::new(AtomicU32::new(0));
+    let taken_over = Arc::new(tokio::sync::Notify::new());
+    let (c2, t2) = (calls.clone(), taken_over.clone());
+    let service = |calls: Arc<AtomicU32>, taken_over: Arc<tokio::sync::Notify>| {
+        CommandService::builder(store.clone(), &q)
+            .settings(baton_commands::QueueSettings {
+                concurrency: 4,
+                claim_timeout: Duration::from_millis(600),
+                max_processing_time: Duration::from_millis(400),
+                poll_interval: Some(Duration::from_millis(50)),
+                ..fast()
+            })
+            .handler(
+                "write",
+                on_execute(move |c: Command| {
+                    let (n, taken_over) = (calls.fetch_add(1, Ordering::SeqCst), taken_over.clone());
+                    async move {
+                        let out = c.output().unwrap().open().await?;
+                        if n == 0 {
+                            out.append_json(&json!("first")).await?;
+                            // Runs past max_processing_time until the next delivery has opened the output.
+                            taken_over.notified().await;
+                            return Ok(CommandResult::succeeded(json!("stale")));
+                        }
+                        out.append_json(&json!("second")).await?;
+                        taken_over.notify_one();
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Ok(CommandResult::failed("live"))
+                    }
+                }),
+            )
+            .start()
+    };
+    // Two instances: the one that takes the command over is another consumer.
+    let svc = service(c2.clone(), t2.clone()).await.unwrap();
+    let other = service(c2, t2).await.unwrap();
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let path = st.output.unwrap().stream;
+    // The stale delivery returned while the live one still runs: nothing of it was written.
+    eventually(Duration::from_secs(10), || async { (calls.load(Ordering::SeqCst) == 2).then_some(()) })
+        .await
+        .expect("taken over");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(end_of(&streams, &path).await, None, "the stale delivery did not end the live one's output");
+    assert!(!store.get(&st.id).await.unwrap().unwrap().status.is_terminal());
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((done.status, done.error.as_deref()), (CommandStatus::Failed, Some("live")));
+    assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
+    assert_eq!(records(&streams, &path).await, vec![r#""first""#, r#""second""#, r#"{"error":"live"}"#]);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    svc.close().await;
+    other.close().await;
 }
