@@ -18,7 +18,11 @@
 //!   the stream of a delivery that has opened it since: its outcome is refused
 //!   (`LeaseLost`) and nothing is written. (A stale delivery whose successor has not opened the
 //!   stream yet can still end it first; its state write is then refused by the lease's own
-//!   check, and the successor's outcome is decided by that end, as below.)
+//!   check, and the successor's outcome is decided by that end, as below.) An in-process handler
+//!   that claims the producer itself rather than through [`Output::open`]
+//!   ([`StreamStore::open`] or [`StreamStore::spawn`] with [`OutputLink::open_options`]) finds
+//!   its end fenced by its own newer epoch: while its lease is held, that epoch is taken as the
+//!   delivery's and the end is tried once more with it.
 //! * **stream → command**: when an output has ended first (a cancel, the producer's own finish
 //!   or error entry, `producer_lost`, or an earlier delivery's end), its end decides the outcome
 //!   of the handler call that ends after it (`execute` or `check_status`, in process or remote):
