@@ -282,6 +282,7 @@ pub mod minutes;
 mod model;
 mod output;
 mod remote;
+pub mod schedules;
 mod service;
 mod store;
 
