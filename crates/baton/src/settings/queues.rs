@@ -46,6 +46,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use baton_commands::schedules::{Missed, Overlap, Schedule, ScheduleError};
 use baton_commands::{
     builtin, CommandHandler, CommandStatus, CommandStoreSettings, FeedSettings, Lifetimes, QueueSettings, RetryPolicy,
 };
@@ -76,6 +77,25 @@ pub struct QueueFile {
     /// Command type → kind name (`"sleep"`) or a table with `kind` and the kind's options.
     #[serde(default)]
     pub handlers: BTreeMap<String, toml::Value>,
+    /// `[[queues.<name>.schedules]]`: its cron schedules.
+    #[serde(default)]
+    pub schedules: Vec<ScheduleFile>,
+}
+
+/// One `[[queues.<name>.schedules]]` as written in TOML.
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleFile {
+    pub name: Option<String>,
+    pub cron: Option<String>,
+    pub timezone: Option<String>,
+    #[serde(rename = "type")]
+    pub command_type: Option<String>,
+    pub params: Option<toml::Value>,
+    pub overlap: Option<String>,
+    pub missed: Option<String>,
+    pub max_catch_up: Option<u32>,
+    pub missed_after: Option<String>,
 }
 
 /// `[queues.<name>.webhook]` as written in TOML.
@@ -153,6 +173,8 @@ pub struct QueueConfig {
     /// Its completion webhook, if any (`[queues.<name>.webhook]`).
     pub webhook: Option<WebhookConfig>,
     pub handlers: Vec<HandlerConfig>,
+    /// Its cron schedules (`[[queues.<name>.schedules]]`), in the order written.
+    pub schedules: Vec<Schedule>,
 }
 
 impl QueueConfig {
@@ -169,6 +191,7 @@ impl QueueConfig {
                 .iter()
                 .map(|k| HandlerConfig { command_type: k.to_string(), kind: k.to_string(), options: Value::Null })
                 .collect(),
+            schedules: Vec::new(),
         }
     }
 
@@ -282,9 +305,92 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
             handlers.push(HandlerConfig { command_type, kind, options });
         }
         let webhook = f.webhook.as_ref().map(|w| webhook_config(&name, w)).transpose()?;
-        let q = QueueConfig { name: name.clone(), settings, feed, lifetimes, webhook, handlers };
+        let schedules = resolve_schedules(&name, &f.schedules, &handlers)?;
+        let q = QueueConfig { name: name.clone(), settings, feed, lifetimes, webhook, handlers, schedules };
         q.build_handlers()?;
         out.push(q);
+    }
+    Ok(out)
+}
+
+/// `[[queues.<name>.schedules]]` resolved. Errors name the key:
+/// `queues.<queue>.schedules.<name>.<key>: <what to fix>` (`schedules[<i>]` before the name
+/// is known).
+fn resolve_schedules(queue: &str, files: &[ScheduleFile], handlers: &[HandlerConfig]) -> Result<Vec<Schedule>, String> {
+    let mut out: Vec<Schedule> = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        let Some(name) = f.name.as_deref() else {
+            return Err(format!(
+                "queues.{queue}.schedules[{i}].name: missing; give each schedule a name unique in the queue (name = \"nightly\")"
+            ));
+        };
+        let key = |k: &str| format!("queues.{queue}.schedules.{name}.{k}");
+        if out.iter().any(|s| s.name() == name) {
+            return Err(format!("{}: {name:?} is used by another schedule of the queue; names must be unique", key("name")));
+        }
+        let Some(cron) = f.cron.as_deref() else {
+            return Err(format!("{}: missing; give a cron pattern (cron = \"0 3 * * *\": 03:00 every day)", key("cron")));
+        };
+        let Some(command_type) = f.command_type.as_deref() else {
+            return Err(format!("{}: missing; give the type of the command to submit (type = \"report\")", key("type")));
+        };
+        if !handlers.is_empty() && !handlers.iter().any(|h| h.command_type == command_type) {
+            let known: Vec<&str> = handlers.iter().map(|h| h.command_type.as_str()).collect();
+            return Err(format!(
+                "{}: {command_type:?} has no handler on queue {queue} (its handlers: {}); add one or name one of them",
+                key("type"),
+                known.join(", ")
+            ));
+        }
+        let params = match &f.params {
+            None => serde_json::json!({}),
+            Some(v) => serde_json::to_value(v).map_err(|e| format!("{}: {e}", key("params")))?,
+        };
+        let timezone = f.timezone.as_deref().unwrap_or("UTC");
+        let s = Schedule::new(name, cron, timezone, command_type, params).map_err(|e| {
+            let part = match e {
+                ScheduleError::Name(_) => "name",
+                ScheduleError::Cron(..) => "cron",
+                ScheduleError::TimeZone(_) => "timezone",
+                ScheduleError::Type(_) => "type",
+                ScheduleError::MaxCatchUp(_) => "max_catch_up",
+                ScheduleError::MissedAfter => "missed_after",
+            };
+            let k = if part == "name" { format!("queues.{queue}.schedules[{i}].name") } else { key(part) };
+            format!("{k}: {e}")
+        })?;
+        let overlap = match f.overlap.as_deref() {
+            None | Some("skip") => Overlap::Skip,
+            Some("allow") => Overlap::Allow,
+            Some("cancel_previous") => Overlap::CancelPrevious,
+            Some(other) => {
+                return Err(format!(
+                    "{}: {other:?} is not a policy; use \"skip\" (default), \"allow\" or \"cancel_previous\"",
+                    key("overlap")
+                ))
+            }
+        };
+        let missed = match f.missed.as_deref() {
+            None | Some("skip") => Missed::Skip,
+            Some("run_once") => Missed::RunOnce,
+            Some("run_all") => Missed::RunAll,
+            Some(other) => {
+                return Err(format!(
+                    "{}: {other:?} is not a policy; use \"skip\" (default), \"run_once\" or \"run_all\"",
+                    key("missed")
+                ))
+            }
+        };
+        let max = f.max_catch_up.unwrap_or(baton_commands::schedules::DEFAULT_MAX_CATCH_UP);
+        let s = s.with_overlap(overlap).with_missed(missed, max).map_err(|e| format!("{}: {e}", key("max_catch_up")))?;
+        let s = match &f.missed_after {
+            None => s,
+            Some(v) => {
+                let d = parse_duration(v).map_err(|e| format!("{}: {e}", key("missed_after")))?;
+                s.with_missed_after(d).map_err(|e| format!("{}: {e}", key("missed_after")))?
+            }
+        };
+        out.push(s);
     }
     Ok(out)
 }
