@@ -760,4 +760,20 @@ mod tests {
         assert_eq!(s.clone().with_missed(Missed::RunAll, 0).unwrap_err(), ScheduleError::MaxCatchUp(0));
         assert_eq!(s.with_missed_after(Duration::from_millis(999)).unwrap_err(), ScheduleError::MissedAfter);
     }
+
+    /// Two deciders that read the same record: only the first compare-and-set writes (the
+    /// memory backend; the Redis script is exercised by the schedule tests in tests/).
+    #[tokio::test]
+    async fn memory_compare_and_set_lets_one_decider_win() {
+        let store = CommandStore::memory();
+        let b = &store.inner.backend;
+        assert!(b.schedule_cas("q", "s", None, "a").await.unwrap());
+        assert!(!b.schedule_cas("q", "s", None, "b").await.unwrap());
+        let (seen, _) = b.schedule_read("q", "s").await.unwrap();
+        assert_eq!(seen.as_deref(), Some("a"));
+        assert!(b.schedule_cas("q", "s", Some("a"), "c").await.unwrap());
+        assert!(!b.schedule_cas("q", "s", Some("a"), "d").await.unwrap());
+        assert_eq!(b.schedule_read("q", "s").await.unwrap().0.as_deref(), Some("c"));
+        assert_eq!(b.schedule_read("q", "other").await.unwrap().0, None);
+    }
 }

@@ -769,4 +769,72 @@ mod tests {
         );
         assert!(err(&format!("{u}secret = 1")).contains("unknown field `secret`"));
     }
+
+    #[test]
+    fn schedules_resolve_with_defaults_and_policies() {
+        let q = parse(
+            "[queues.a.handlers]\nreport = \"echo\"\n\
+             [[queues.a.schedules]]\nname = \"nightly\"\ncron = \"30 2 * * *\"\ntimezone = \"Europe/Berlin\"\n\
+             type = \"report\"\nparams = { day = \"yesterday\", n = 3 }\noverlap = \"cancel_previous\"\n\
+             missed = \"run_all\"\nmax_catch_up = 5\nmissed_after = \"1m\"\n\
+             [[queues.a.schedules]]\nname = \"often\"\ncron = \"*/10 * * * * *\"\ntype = \"report\"\n",
+        )
+        .unwrap();
+        let s = &q[0].schedules;
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].name(), s[0].cron(), s[0].timezone()), ("nightly", "30 2 * * *", "Europe/Berlin"));
+        assert_eq!(s[0].params().get(), r#"{"day":"yesterday","n":3}"#);
+        assert_eq!((s[0].overlap(), s[0].missed(), s[0].max_catch_up()), (Overlap::CancelPrevious, Missed::RunAll, 5));
+        assert_eq!(s[0].missed_after(), Duration::from_secs(60));
+        assert_eq!((s[1].timezone(), s[1].overlap(), s[1].missed(), s[1].max_catch_up()), ("UTC", Overlap::Skip, Missed::Skip, 10));
+        assert_eq!(s[1].params().get(), "{}");
+        assert_eq!(s[1].missed_after(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn bad_schedules_name_the_key() {
+        let head = "[queues.a.handlers]\nreport = \"echo\"\n[[queues.a.schedules]]\n";
+        let err = |body: &str| parse(&format!("{head}{body}")).unwrap_err();
+        assert_eq!(
+            err("cron = \"* * * * *\"\ntype = \"report\"\n"),
+            "queues.a.schedules[0].name: missing; give each schedule a name unique in the queue (name = \"nightly\")"
+        );
+        assert_eq!(
+            err("name = \"n\"\ntype = \"report\"\n"),
+            "queues.a.schedules.n.cron: missing; give a cron pattern (cron = \"0 3 * * *\": 03:00 every day)"
+        );
+        assert!(err("name = \"n\"\ncron = \"every day\"\ntype = \"report\"\n").starts_with("queues.a.schedules.n.cron: cron \"every day\": "));
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"other\"\n"),
+            "queues.a.schedules.n.type: \"other\" has no handler on queue a (its handlers: report); add one or name one of them"
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\ntimezone = \"Berlin\"\n"),
+            "queues.a.schedules.n.timezone: timezone \"Berlin\" is not a known IANA time zone (e.g. \"UTC\", \"Europe/Berlin\")"
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\noverlap = \"queue\"\n"),
+            "queues.a.schedules.n.overlap: \"queue\" is not a policy; use \"skip\" (default), \"allow\" or \"cancel_previous\""
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nmissed = \"all\"\n"),
+            "queues.a.schedules.n.missed: \"all\" is not a policy; use \"skip\" (default), \"run_once\" or \"run_all\""
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nmissed = \"run_all\"\nmax_catch_up = 0\n"),
+            "queues.a.schedules.n.max_catch_up: max_catch_up 0 is out of range 1 – 1000 (default 10)"
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nmissed_after = \"10ms\"\n"),
+            "queues.a.schedules.n.missed_after: missed_after must be at least 1s (default 10s)"
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\n[[queues.a.schedules]]\nname = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\n"),
+            "queues.a.schedules.n.name: \"n\" is used by another schedule of the queue; names must be unique"
+        );
+        assert!(err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nevery = 1\n").contains("unknown field `every`"));
+        // A queue without handlers here (its workers run elsewhere) takes any type.
+        let q = parse("[[queues.b.schedules]]\nname = \"n\"\ncron = \"* * * * *\"\ntype = \"anything\"\n").unwrap();
+        assert_eq!(q[0].schedules[0].command_type(), "anything");
+    }
 }
