@@ -26,6 +26,15 @@
 //! sleep = "sleep"                  # shorthand: the kind alone
 //! echo = { kind = "echo" }
 //! deploy = { kind = "http", url = "https://ci.example.com/hook", timeout = "30s" }
+//!
+//! [[queues.default.schedules]]     # cron schedules (see docs/configuration.md)
+//! name = "hourly-echo"             # unique in the queue
+//! cron = "0 * * * *"               # 5 fields, or 6 with seconds first
+//! timezone = "UTC"                 # IANA name (default UTC)
+//! type = "echo"                    # the command submitted, with `params`
+//! params = { hello = "world" }
+//! overlap = "skip"                 # "skip" | "allow" | "cancel_previous"
+//! missed = "skip"                  # "skip" | "run_once" | "run_all" (max_catch_up, missed_after)
 //! ```
 //!
 //! With no `[queues]` at all, one queue `default` with `sleep`, `echo` and `fail` is configured
@@ -658,6 +667,8 @@ mod tests {
         assert_eq!(q[0].feed, FeedSettings { enabled: true, max_len: 100_000 });
         let week = Duration::from_secs(7 * 24 * 3600);
         assert_eq!(q[0].lifetimes, Some(Lifetimes { state_ttl: week, retention: Duration::from_secs(24 * 3600) }));
+        let s = &parse(&docs).unwrap()[0].schedules;
+        assert_eq!((s.len(), s[0].name(), s[0].missed()), (1, "nightly-report", Missed::RunOnce));
     }
 
     #[test]
