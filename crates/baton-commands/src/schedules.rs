@@ -183,7 +183,10 @@ impl Schedule {
         command_type: &str,
         params: impl Into<RawJson>,
     ) -> Result<Self, ScheduleError> {
-        if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        if name.is_empty()
+            || name.len() > 64
+            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
             return Err(ScheduleError::Name(name.to_string()));
         }
         crate::validate_type(command_type).map_err(|_| ScheduleError::Type(command_type.to_string()))?;
@@ -476,12 +479,23 @@ impl CommandStore {
                     let count = schedule.count_due(rec.cursor_ms, upto);
                     let next = ScheduleRecord {
                         cursor_ms: upto,
-                        last: Some(LastFire { due_ms: upto, command_id: None, result: FireResult::Missed, decided_ms: now }),
+                        last: Some(LastFire {
+                            due_ms: upto,
+                            command_id: None,
+                            result: FireResult::Missed,
+                            decided_ms: now,
+                        }),
                         missed_total: rec.missed_total + count,
                         ..rec.clone()
                     };
                     if backend.schedule_cas(queue, name, Some(&raw), &to_json(&next)).await? {
-                        tracing::warn!(queue, schedule = name, due_ms = upto, count, "missed cron fires (nothing ran the schedule then)");
+                        tracing::warn!(
+                            queue,
+                            schedule = name,
+                            due_ms = upto,
+                            count,
+                            "missed cron fires (nothing ran the schedule then)"
+                        );
                         emit(observe, queue, name, upto, FireResult::Missed, count, None);
                     }
                     continue;
@@ -736,9 +750,15 @@ mod tests {
         );
         assert_eq!(s.command_id(ms("2026-01-01T00:00:02Z")), "sched-s-1767225602000");
         let s = sched("0 9 * * MON", "UTC");
-        assert_eq!(dues(&s, "2026-01-01T00:00:00Z", "2026-01-13T00:00:00Z"), ["2026-01-05T09:00:00Z", "2026-01-12T09:00:00Z"]);
         assert_eq!(
-            s.newest_due_times(ms("2026-01-01T00:00:00Z"), ms("2026-01-12T09:00:00Z"), 5).into_iter().map(utc).collect::<Vec<_>>(),
+            dues(&s, "2026-01-01T00:00:00Z", "2026-01-13T00:00:00Z"),
+            ["2026-01-05T09:00:00Z", "2026-01-12T09:00:00Z"]
+        );
+        assert_eq!(
+            s.newest_due_times(ms("2026-01-01T00:00:00Z"), ms("2026-01-12T09:00:00Z"), 5)
+                .into_iter()
+                .map(utc)
+                .collect::<Vec<_>>(),
             ["2026-01-05T09:00:00Z", "2026-01-12T09:00:00Z"]
         );
     }
@@ -750,7 +770,8 @@ mod tests {
             e(Schedule::new("a b", "* * * * *", "UTC", "t", serde_json::json!(null))),
             "name \"a b\": use 1 to 64 letters, digits, '_' or '-'"
         );
-        assert!(e(Schedule::new("a", "61 * * * *", "UTC", "t", serde_json::json!(null))).starts_with("cron \"61 * * * *\": "));
+        assert!(e(Schedule::new("a", "61 * * * *", "UTC", "t", serde_json::json!(null)))
+            .starts_with("cron \"61 * * * *\": "));
         assert!(e(Schedule::new("a", "* * * * * * 2030", "UTC", "t", serde_json::json!(null))).starts_with("cron "));
         assert_eq!(
             e(Schedule::new("a", "* * * * *", "Mars/Olympus", "t", serde_json::json!(null))),

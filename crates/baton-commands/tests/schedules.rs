@@ -156,11 +156,7 @@ fn results(events: &[FireEvent]) -> Vec<(FireResult, u64)> {
 }
 
 fn late_schedule(missed: Missed, max: u32) -> Schedule {
-    every_second(Overlap::Allow)
-        .with_missed(missed, max)
-        .unwrap()
-        .with_missed_after(Duration::from_secs(1))
-        .unwrap()
+    every_second(Overlap::Allow).with_missed(missed, max).unwrap().with_missed_after(Duration::from_secs(1)).unwrap()
 }
 
 /// About 5 s down, due times more than 1 s late are missed: one `missed` decision covering

@@ -41,7 +41,9 @@ impl Worker {
     fn spawn(config: &std::path::Path, redis: &[String]) -> Worker {
         let port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton"));
-        cmd.args(["worker", "--shutdown-grace", "1s", "--listen", &format!("127.0.0.1:{port}")]).arg("--config").arg(config);
+        cmd.args(["worker", "--shutdown-grace", "1s", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--config")
+            .arg(config);
         if redis.len() == 1 {
             cmd.args(["--redis", &redis[0]]);
         } else {
@@ -68,14 +70,8 @@ impl Worker {
 
     /// The sum of `baton_schedule_fires_total` of schedule `tick` by result, from `/metrics`.
     async fn fires(&self) -> std::collections::BTreeMap<String, u64> {
-        let text = client()
-            .get(format!("http://127.0.0.1:{}/metrics", self.port))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text =
+            client().get(format!("http://127.0.0.1:{}/metrics", self.port)).send().await.unwrap().text().await.unwrap();
         let mut out = std::collections::BTreeMap::new();
         for line in text.lines().filter(|l| l.starts_with("baton_schedule_fires_total{")) {
             let result = line.split("result=\"").nth(1).and_then(|r| r.split('"').next()).unwrap().to_string();
@@ -98,10 +94,8 @@ async fn fired_due_times(store: &CommandStore) -> Vec<i64> {
     let mut dues = Vec::new();
     let mut cursor = None;
     loop {
-        let page = store
-            .list("cron", ListQuery { limit: 1000, cursor: cursor.clone(), ..Default::default() })
-            .await
-            .unwrap();
+        let page =
+            store.list("cron", ListQuery { limit: 1000, cursor: cursor.clone(), ..Default::default() }).await.unwrap();
         for st in &page.items {
             let due = st.id.strip_prefix("sched-tick-").expect("a scheduled command").parse::<i64>().unwrap();
             assert_eq!(st.params.get(), r#"{"hello":"world"}"#);
@@ -130,7 +124,8 @@ async fn three_workers_one_killed(redis: Vec<String>, config: RedisConfig) {
     tokio::time::sleep(Duration::from_millis(3_000)).await;
     let counted: Vec<_> = futures::future::join_all(workers.iter().map(|w| w.fires())).await;
     drop(workers);
-    let store = CommandStore::redis(RedisClient::new(config).unwrap(), RedisCommandStoreOptions::default()).await.unwrap();
+    let store =
+        CommandStore::redis(RedisClient::new(config).unwrap(), RedisCommandStoreOptions::default()).await.unwrap();
     let dues = fired_due_times(&store).await;
     assert!(dues.len() >= 5, "{dues:?}");
     for pair in dues.windows(2) {
@@ -175,13 +170,9 @@ async fn the_api_lists_schedules_with_their_last_fire() {
         ),
     )
     .unwrap();
-    let cfg = ServeArgs {
-        config: Some(path),
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        ..Default::default()
-    }
-    .resolve()
-    .unwrap();
+    let cfg = ServeArgs { config: Some(path), listen: Some("127.0.0.1:0".parse().unwrap()), ..Default::default() }
+        .resolve()
+        .unwrap();
     let server = Server::start(cfg).await.unwrap();
     let base = server.base_url();
     let get = || async {

@@ -206,8 +206,13 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
 
     /// Replaces the record of `queue`'s schedule `name` with `new` if it is still `expected`
     /// (`None`: absent), atomically; true when written.
-    async fn schedule_cas(&self, queue: &str, name: &str, expected: Option<&str>, new: &str)
-        -> Result<bool, CommandError>;
+    async fn schedule_cas(
+        &self,
+        queue: &str,
+        name: &str,
+        expected: Option<&str>,
+        new: &str,
+    ) -> Result<bool, CommandError>;
 }
 
 /// A state seen by [`StateBackend::peek`].

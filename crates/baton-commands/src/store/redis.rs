@@ -340,8 +340,7 @@ impl StateBackend for RedisStateBackend {
         new: &str,
     ) -> Result<bool, CommandError> {
         let key = self.schedule_key(queue, name);
-        let written: i64 =
-            SCHEDULE_CAS.run(&mut self.conn.clone(), &[&key], &[&expected.unwrap_or(""), &new]).await?;
+        let written: i64 = SCHEDULE_CAS.run(&mut self.conn.clone(), &[&key], &[&expected.unwrap_or(""), &new]).await?;
         Ok(written == 1)
     }
 

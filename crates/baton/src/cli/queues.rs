@@ -164,11 +164,23 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
                 println!("no schedules on {queue}");
                 return Ok(exit::OK);
             }
-            let mut t =
-                Table::new(&["SCHEDULE", "CRON", "TIMEZONE", "TYPE", "OVERLAP", "MISSED", "NEXT DUE", "LAST FIRE", "RESULT", "COMMAND"]);
+            let mut t = Table::new(&[
+                "SCHEDULE",
+                "CRON",
+                "TIMEZONE",
+                "TYPE",
+                "OVERLAP",
+                "MISSED",
+                "NEXT DUE",
+                "LAST FIRE",
+                "RESULT",
+                "COMMAND",
+            ]);
             for s in &schedules {
                 let last = s.get("last_fire").filter(|l| !l.is_null());
-                let field = |k: &str| last.and_then(|l| l.get(k)).filter(|x| !x.is_null()).map_or("-".into(), |x| cell(Some(x)));
+                let field = |k: &str| {
+                    last.and_then(|l| l.get(k)).filter(|x| !x.is_null()).map_or("-".into(), |x| cell(Some(x)))
+                };
                 t.row(vec![
                     cell(s.get("name")),
                     cell(s.get("cron")),

@@ -88,7 +88,11 @@ pub async fn workers(State(st): State<AppState>, QueueName(queue): QueueName, _:
 /// `GET /v1/queues/{queue}/schedules`: the queue's cron schedules as configured on this server,
 /// each with its shared record: the next due time (by this server's clock, after the last
 /// decided one) and the last decision (`last_fire`, null before the first).
-pub async fn schedules(State(st): State<AppState>, QueueName(queue): QueueName, _: Query) -> Result<Response, ApiError> {
+pub async fn schedules(
+    State(st): State<AppState>,
+    QueueName(queue): QueueName,
+    _: Query,
+) -> Result<Response, ApiError> {
     let entry = st.commands.queue(&queue)?;
     let store = st.commands.store();
     let now = Timestamp::now().millis() as i64;

@@ -335,13 +335,22 @@ fn resolve_schedules(queue: &str, files: &[ScheduleFile], handlers: &[HandlerCon
         };
         let key = |k: &str| format!("queues.{queue}.schedules.{name}.{k}");
         if out.iter().any(|s| s.name() == name) {
-            return Err(format!("{}: {name:?} is used by another schedule of the queue; names must be unique", key("name")));
+            return Err(format!(
+                "{}: {name:?} is used by another schedule of the queue; names must be unique",
+                key("name")
+            ));
         }
         let Some(cron) = f.cron.as_deref() else {
-            return Err(format!("{}: missing; give a cron pattern (cron = \"0 3 * * *\": 03:00 every day)", key("cron")));
+            return Err(format!(
+                "{}: missing; give a cron pattern (cron = \"0 3 * * *\": 03:00 every day)",
+                key("cron")
+            ));
         };
         let Some(command_type) = f.command_type.as_deref() else {
-            return Err(format!("{}: missing; give the type of the command to submit (type = \"report\")", key("type")));
+            return Err(format!(
+                "{}: missing; give the type of the command to submit (type = \"report\")",
+                key("type")
+            ));
         };
         if !handlers.is_empty() && !handlers.iter().any(|h| h.command_type == command_type) {
             let known: Vec<&str> = handlers.iter().map(|h| h.command_type.as_str()).collect();
@@ -391,7 +400,8 @@ fn resolve_schedules(queue: &str, files: &[ScheduleFile], handlers: &[HandlerCon
             }
         };
         let max = f.max_catch_up.unwrap_or(baton_commands::schedules::DEFAULT_MAX_CATCH_UP);
-        let s = s.with_overlap(overlap).with_missed(missed, max).map_err(|e| format!("{}: {e}", key("max_catch_up")))?;
+        let s =
+            s.with_overlap(overlap).with_missed(missed, max).map_err(|e| format!("{}: {e}", key("max_catch_up")))?;
         let s = match &f.missed_after {
             None => s,
             Some(v) => {
@@ -797,7 +807,10 @@ mod tests {
         assert_eq!(s[0].params().get(), r#"{"day":"yesterday","n":3}"#);
         assert_eq!((s[0].overlap(), s[0].missed(), s[0].max_catch_up()), (Overlap::CancelPrevious, Missed::RunAll, 5));
         assert_eq!(s[0].missed_after(), Duration::from_secs(60));
-        assert_eq!((s[1].timezone(), s[1].overlap(), s[1].missed(), s[1].max_catch_up()), ("UTC", Overlap::Skip, Missed::Skip, 10));
+        assert_eq!(
+            (s[1].timezone(), s[1].overlap(), s[1].missed(), s[1].max_catch_up()),
+            ("UTC", Overlap::Skip, Missed::Skip, 10)
+        );
         assert_eq!(s[1].params().get(), "{}");
         assert_eq!(s[1].missed_after(), Duration::from_secs(10));
     }
@@ -814,7 +827,8 @@ mod tests {
             err("name = \"n\"\ntype = \"report\"\n"),
             "queues.a.schedules.n.cron: missing; give a cron pattern (cron = \"0 3 * * *\": 03:00 every day)"
         );
-        assert!(err("name = \"n\"\ncron = \"every day\"\ntype = \"report\"\n").starts_with("queues.a.schedules.n.cron: cron \"every day\": "));
+        assert!(err("name = \"n\"\ncron = \"every day\"\ntype = \"report\"\n")
+            .starts_with("queues.a.schedules.n.cron: cron \"every day\": "));
         assert_eq!(
             err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"other\"\n"),
             "queues.a.schedules.n.type: \"other\" has no handler on queue a (its handlers: report); add one or name one of them"
@@ -843,7 +857,9 @@ mod tests {
             err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\n[[queues.a.schedules]]\nname = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\n"),
             "queues.a.schedules.n.name: \"n\" is used by another schedule of the queue; names must be unique"
         );
-        assert!(err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nevery = 1\n").contains("unknown field `every`"));
+        assert!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nevery = 1\n").contains("unknown field `every`")
+        );
         // A queue without handlers here (its workers run elsewhere) takes any type.
         let q = parse("[[queues.b.schedules]]\nname = \"n\"\ncron = \"* * * * *\"\ntype = \"anything\"\n").unwrap();
         assert_eq!(q[0].schedules[0].command_type(), "anything");
