@@ -224,9 +224,13 @@ async fn with_slow_handler(b: &TestBackend, overlap: Overlap) -> (Vec<FireEvent>
     let sc = Scheduler::start(store.clone(), q.clone(), vec![every_second(overlap)], Some(obs));
     tokio::time::sleep(Duration::from_millis(6_300)).await;
     sc.stop().await;
-    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let events = by_due(&log);
+    // Every submitted command ends (cancelled or run to its end) before the service closes.
+    for id in events.iter().filter_map(|e| e.command_id.as_ref()) {
+        store.wait(id, Duration::from_secs(15)).await.unwrap();
+    }
     svc.close().await;
-    (by_due(&log), store)
+    (events, store)
 }
 
 async fn overlap_skip_never_runs_two_at_once(b: TestBackend) {
