@@ -40,6 +40,9 @@
 //! marks it. Left open: a process paused between winning a fire and its submit for longer than
 //! the command's whole lifetime (until its state expired after `retention`) would make it again.
 //!
+//! `missed_total` and a `missed` decision's count add at most 100,000 due times per decision
+//! (a longer downtime of a frequent schedule is counted that far).
+//!
 //! Clocks: due times are decided by the backend's clock, on Redis the `TIME` of the node that
 //! holds the record (read in the same script as the record), so processes with skewed clocks
 //! agree; a process's own clock only decides when it wakes to look.
@@ -545,7 +548,14 @@ impl CommandStore {
         if !self.inner.backend.schedule_cas(queue, schedule.name(), Some(raw), &next_raw).await? {
             return Ok(()); // Another process decided it.
         }
-        tracing::info!(queue, schedule = schedule.name(), due_ms = due, result = result.as_str(), command = ?command_id, "cron fire");
+        match result {
+            FireResult::Fired | FireResult::Overlapped => {
+                tracing::debug!(queue, schedule = schedule.name(), due_ms = due, result = result.as_str(), command = ?command_id, "cron fire")
+            }
+            _ => {
+                tracing::info!(queue, schedule = schedule.name(), due_ms = due, result = result.as_str(), command = ?command_id, "cron fire")
+            }
+        }
         emit(observe, queue, schedule.name(), due, result, 1, command_id);
         if next.pending {
             self.finish_pending(queue, schedule, &next_raw, next).await?;
@@ -616,6 +626,27 @@ pub struct Scheduler {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// Ticks every schedule of `queue` once; returns how long to sleep before the next look.
+async fn tick_all(
+    store: &CommandStore,
+    queue: &str,
+    schedules: &[Schedule],
+    observe: Option<&FireObserver>,
+) -> Duration {
+    let mut wait = SCHEDULER_MAX_SLEEP;
+    for s in schedules {
+        match store.schedule_tick(queue, s, observe).await {
+            Ok((Some(next), now)) => {
+                // A few ms past the due time, so the backend's clock has reached it.
+                wait = wait.min(Duration::from_millis((next - now).max(0) as u64 + 3));
+            }
+            Ok((None, _)) => {}
+            Err(e) => tracing::warn!(queue, schedule = s.name(), error = %e, "cron schedule tick failed; retrying"),
+        }
+    }
+    wait
+}
+
 /// The longest a scheduler sleeps between two looks.
 const SCHEDULER_MAX_SLEEP: Duration = Duration::from_secs(1);
 
@@ -627,20 +658,12 @@ impl Scheduler {
         let token = stop.clone();
         let task = tokio::spawn(async move {
             loop {
-                let mut wait = SCHEDULER_MAX_SLEEP;
-                for s in &schedules {
-                    match store.schedule_tick(&queue, s, observe.as_ref()).await {
-                        Ok((Some(next), now)) => {
-                            // A few ms past the due time, so the backend's clock has reached it.
-                            let until = Duration::from_millis((next - now).max(0) as u64 + 3);
-                            wait = wait.min(until);
-                        }
-                        Ok((None, _)) => {}
-                        Err(e) => {
-                            tracing::warn!(queue = %queue, schedule = s.name(), error = %e, "cron schedule tick failed; retrying");
-                        }
-                    }
-                }
+                // A stop drops a tick wherever it is: like a process dying mid-fire, which the
+                // record's `pending` covers.
+                let wait = tokio::select! {
+                    _ = token.cancelled() => return,
+                    w = tick_all(&store, &queue, &schedules, observe.as_ref()) => w,
+                };
                 tokio::select! {
                     _ = token.cancelled() => return,
                     _ = tokio::time::sleep(wait) => {}
@@ -650,8 +673,8 @@ impl Scheduler {
         Self { stop, task: Some(task) }
     }
 
-    /// Stops the task and waits for it to end (a tick in progress is finished first only up to
-    /// its next await point).
+    /// Stops the task and waits for it to end; a tick in progress is dropped at its next await
+    /// point (a fire it had decided is finished by the next process to look, see `pending`).
     pub async fn stop(mut self) {
         self.stop.cancel();
         if let Some(task) = self.task.take() {
