@@ -647,6 +647,9 @@ async fn tick_all(
     wait
 }
 
+/// How long [`Scheduler::stop`] lets a tick in progress finish: 5 s.
+pub const SCHEDULER_STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// The longest a scheduler sleeps between two looks.
 const SCHEDULER_MAX_SLEEP: Duration = Duration::from_secs(1);
 
@@ -658,12 +661,8 @@ impl Scheduler {
         let token = stop.clone();
         let task = tokio::spawn(async move {
             loop {
-                // A stop drops a tick wherever it is: like a process dying mid-fire, which the
-                // record's `pending` covers.
-                let wait = tokio::select! {
-                    _ = token.cancelled() => return,
-                    w = tick_all(&store, &queue, &schedules, observe.as_ref()) => w,
-                };
+                // A tick in progress is finished (see `stop`).
+                let wait = tick_all(&store, &queue, &schedules, observe.as_ref()).await;
                 tokio::select! {
                     _ = token.cancelled() => return,
                     _ = tokio::time::sleep(wait) => {}
@@ -673,12 +672,15 @@ impl Scheduler {
         Self { stop, task: Some(task) }
     }
 
-    /// Stops the task and waits for it to end; a tick in progress is dropped at its next await
-    /// point (a fire it had decided is finished by the next process to look, see `pending`).
+    /// Stops the task: a tick in progress may finish (its fires submitted) for up to
+    /// [`SCHEDULER_STOP_GRACE`], then it is dropped wherever it is (a fire it had decided is
+    /// finished by the next process to look: the record stays `pending`).
     pub async fn stop(mut self) {
         self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
+        if let Some(mut task) = self.task.take() {
+            if tokio::time::timeout(SCHEDULER_STOP_GRACE, &mut task).await.is_err() {
+                task.abort();
+            }
         }
     }
 }

@@ -82,6 +82,14 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// SIGTERM, then waits for the exit (a graceful stop: the scheduler finishes its tick).
+    fn terminate(mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.child.kill(); // SIGKILL
@@ -123,7 +131,9 @@ async fn three_workers_one_killed(redis: Vec<String>, config: RedisConfig) {
     drop(workers.remove(0)); // SIGKILL, wherever it was
     tokio::time::sleep(Duration::from_millis(3_000)).await;
     let counted: Vec<_> = futures::future::join_all(workers.iter().map(|w| w.fires())).await;
-    drop(workers);
+    for w in workers {
+        w.terminate();
+    }
     let store =
         CommandStore::redis(RedisClient::new(config).unwrap(), RedisCommandStoreOptions::default()).await.unwrap();
     let dues = fired_due_times(&store).await;
