@@ -28,7 +28,7 @@ const BATON = process.env.BATON_BIN
 if (!BATON) throw new Error("set BATON_BIN to a built `baton` binary")
 const SHOTS = process.env.SCREENSHOTS ?? join(ROOT, "target", "dashboard-screenshots")
 mkdirSync(SHOTS, { recursive: true })
-const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth", "ops", "ops-redis", "links", "bulk-large"]
+const MODES = process.argv.slice(2).length ? process.argv.slice(2) : ["memory", "redis", "auth", "ops", "ops-redis", "links", "bulk-large", "schedules"]
 const TOKEN = "dashboard-test-token-0123456789abcdef"
 
 const children = []
@@ -570,6 +570,37 @@ async function linksFlow() {
   }
 }
 
+// Cron schedules under the queue's charts: an every-second schedule and a nightly one in
+// Europe/Berlin; the last fire links to its command, which opens in the Commands view.
+async function schedulesFlow() {
+  const config = join(work, "schedules.toml")
+  writeFileSync(config, '[queues.default.handlers]\necho = "echo"\n' +
+    '[[queues.default.schedules]]\nname = "tick"\ncron = "* * * * * *"\ntype = "echo"\nparams = { hi = 1 }\noverlap = "allow"\n' +
+    '[[queues.default.schedules]]\nname = "nightly"\ncron = "30 2 * * *"\ntimezone = "Europe/Berlin"\ntype = "echo"\nmissed = "run_once"\n')
+  const { base } = await startBaton(["--config", config])
+  const ctx = await browser()
+  const page = ctx.pages()[0] ?? await ctx.newPage()
+  try {
+    await page.goto(base + "/")
+    await page.locator("#conn.live").waitFor({ timeout: 10000 })
+    await page.locator("#schedules-box:not([hidden])").waitFor({ timeout: 15000 })
+    const rows = page.locator("#schedules-table tbody tr")
+    await until("two schedule rows", async () => (await rows.count()) === 2)
+    const nightly = page.locator('#schedules-table tr[data-schedule="nightly"]')
+    check((await nightly.innerText()).includes("Europe/Berlin"), "the nightly row names its time zone")
+    check((await nightly.innerText()).includes("run_once"), "the nightly row names its missed policy")
+    const link = page.locator('#schedules-table tr[data-schedule="tick"] a[data-command^="sched-tick-"]')
+    await link.waitFor({ timeout: 15000 })
+    await page.screenshot({ path: join(SHOTS, "schedules-1-queue.png"), fullPage: true })
+    const id = await link.getAttribute("data-command")
+    await link.click()
+    await page.locator("#detail-json", { hasText: `"id": "${id}"` }).waitFor({ timeout: 10000 })
+    await page.screenshot({ path: join(SHOTS, "schedules-2-command.png"), fullPage: true })
+  } finally {
+    await ctx.close()
+  }
+}
+
 // Bulk over more commands than one call looks at (10,000): the dry run's count, shown on the
 // confirm button, is what the action then does.
 async function bulkLargeFlow() {
@@ -612,6 +643,7 @@ for (const mode of MODES) {
     else if (mode === "ops-redis") await opsFlow("redis")
     else if (mode === "links") await linksFlow()
     else if (mode === "bulk-large") await bulkLargeFlow()
+    else if (mode === "schedules") await schedulesFlow()
     else await mainFlow(mode)
     console.log(`dashboard (${mode}): ok in ${((Date.now() - t0) / 1000).toFixed(1)}s`)
   } catch (e) {

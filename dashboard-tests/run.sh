@@ -3,9 +3,9 @@
 # memory, on a Redis standalone server (started by the test on a free port; needs redis-server and
 # redis-cli), and with a bearer token; the stream browser, workers and bulk actions at desktop and
 # phone widths (ops, ops-redis); odd stream paths followed exactly (links);
-# a bulk cancel past one call's 10,000 (bulk-large). Screenshots go to target/dashboard-screenshots/.
+# a bulk cancel past one call's 10,000 (bulk-large); the queue's cron schedules (schedules). Screenshots go to target/dashboard-screenshots/.
 #
-#   dashboard-tests/run.sh                 # memory, redis, auth, ops, ops-redis, links, bulk-large
+#   dashboard-tests/run.sh                 # memory, redis, auth, ops, ops-redis, links, bulk-large, schedules
 #   dashboard-tests/run.sh memory          # some of them
 #
 # Environment: BATON_BIN (a built `baton`; default: `cargo build -p baton --locked` and use

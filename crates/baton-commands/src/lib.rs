@@ -132,6 +132,11 @@
 //!   feed in the same atomic step as the write ([`CommandEvent`]; the rules: [`feed`]), read per queue ([`CommandStore::events`]) or per command
 //!   ([`CommandStore::command_events`]) from any [`EventOffset`], or waited for
 //!   ([`CommandStore::events_wait`]); bounded per queue and off per queue ([`FeedSettings`]).
+//! * **Cron schedules**: [`schedules::Schedule`] (a cron pattern in a time zone, the command to
+//!   submit, overlap and missed-fire policies) run by a [`schedules::Scheduler`] in every process
+//!   of the queue; each due time is decided once across processes by a compare-and-set of the
+//!   schedule's record and fires a command with the id `sched-<name>-<due ms>` (rules, DST:
+//!   [`schedules`]).
 //! * **Completion hooks**: a queue with a hook ([`CommandStore::set_hook`]) gets one delivery
 //!   message per terminal transition of its commands on [`CommandStore::hooks`], enqueued in the
 //!   same atomic step as the transition; whoever consumes it delivers it (the `baton` binary
@@ -290,6 +295,7 @@ pub mod minutes;
 mod model;
 mod output;
 mod remote;
+pub mod schedules;
 mod service;
 mod store;
 

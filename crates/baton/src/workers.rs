@@ -60,6 +60,8 @@ pub struct Workers {
     /// The per-minute depth samplers of the queues without handlers here (a service samples its
     /// own queue).
     samplers: Vec<baton_commands::minutes::MinuteSampler>,
+    /// The cron schedulers, one per queue with schedules.
+    schedulers: Vec<baton_commands::schedules::Scheduler>,
 }
 
 /// How a process delivers completion webhooks: the signer (the subscriptions' key set) and
@@ -152,7 +154,20 @@ impl Workers {
                 }
             },
         };
-        Ok(Workers { services, deliveries, samplers })
+        let schedulers = queues
+            .iter()
+            .filter(|q| !q.schedules.is_empty())
+            .map(|q| {
+                let observe: baton_commands::schedules::FireObserver = std::sync::Arc::new(record_fire);
+                baton_commands::schedules::Scheduler::start(
+                    store.clone(),
+                    q.name.clone(),
+                    q.schedules.clone(),
+                    Some(observe),
+                )
+            })
+            .collect();
+        Ok(Workers { services, deliveries, samplers, schedulers })
     }
 
     /// Names of the queues being worked.
@@ -166,6 +181,8 @@ impl Workers {
         for s in &self.samplers {
             s.stop();
         }
+        // No new fires while draining (another process fires the next due times).
+        futures::future::join_all(self.schedulers.into_iter().map(|s| s.stop())).await;
         let hooks = async {
             if let Some(d) = self.deliveries {
                 d.drain(budget).await;
@@ -183,6 +200,12 @@ impl Workers {
             }
         }
     }
+}
+
+/// Counts one cron schedule decision (module docs).
+fn record_fire(e: &baton_commands::schedules::FireEvent) {
+    metrics::counter!("baton_schedule_fires_total", "queue" => e.queue.clone(), "schedule" => e.schedule.clone(), "result" => e.result.as_str())
+        .increment(e.count);
 }
 
 /// A handler wrapper that records durations and outcomes (module docs).

@@ -918,3 +918,44 @@ fn commands_output_on_redis_cluster() {
     let cluster = baton_testkit::RedisCluster::start();
     command_output(Serve::start_env(&[("BATON_REDIS_CLUSTER", &cluster.urls().join(","))]));
 }
+
+/// `baton queues schedules Q`: the table (header, one row per schedule with its last fire) and
+/// `--json`; a queue without schedules says so.
+#[test]
+fn queues_schedules() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-sched-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("baton.toml");
+    std::fs::write(
+        &config,
+        "[queues.cron.handlers]\nsay = \"echo\"\n[queues.plain.handlers]\nsay = \"echo\"\n\
+         [[queues.cron.schedules]]\nname = \"tick\"\ncron = \"* * * * * *\"\ntype = \"say\"\noverlap = \"allow\"\n\
+         [[queues.cron.schedules]]\nname = \"nightly\"\ncron = \"30 2 * * *\"\ntimezone = \"Europe/Berlin\"\ntype = \"say\"\n",
+    )
+    .unwrap();
+    let s = Serve::start_env(&[("BATON_CONFIG", config.to_str().unwrap())]);
+    std::thread::sleep(Duration::from_millis(2_200));
+    let out = s.run(&["queues", "schedules", "cron"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{out:?}");
+    let head: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        head,
+        [
+            "SCHEDULE", "CRON", "TIMEZONE", "TYPE", "OVERLAP", "MISSED", "NEXT", "DUE", "LAST", "FIRE", "RESULT",
+            "COMMAND"
+        ]
+    );
+    assert!(lines[1].starts_with("tick "), "{out:?}");
+    assert!(lines[1].contains(" fired ") && lines[1].contains(" sched-tick-"), "{out:?}");
+    assert!(lines[2].starts_with("nightly ") && lines[2].contains(" Europe/Berlin "), "{out:?}");
+    assert!(lines[2].ends_with(" -  -  -") || lines[2].split_whitespace().rev().take(3).all(|w| w == "-"), "{out:?}");
+    let out = s.run(&["queues", "schedules", "cron", "--json"]).ok();
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["schedules"][1]["name"], "nightly");
+    assert_eq!(v["schedules"][0]["last_fire"]["result"], "fired");
+    let out = s.run(&["queues", "schedules", "plain"]).ok();
+    assert_eq!(out.stdout, "no schedules on plain\n");
+    s.run(&["queues", "schedules", "nope"]).code(3);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -198,6 +198,21 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
     /// Makes sure appends after `after` to `queue`'s feed by any process wake the hub's feed
     /// waiters of `queue` ([`Hub::feed`]); the memory backend's appends wake them directly.
     async fn feed_watch(&self, queue: &str, after: EventOffset) -> Result<(), CommandError>;
+
+    /// The stored record (JSON) of `queue`'s cron schedule `name` (see `schedules.rs`), `None`
+    /// when absent, and the backend's clock in ms since the Unix epoch (on Redis the time of the
+    /// node holding the record: every process decides due times by that one clock).
+    async fn schedule_read(&self, queue: &str, name: &str) -> Result<(Option<String>, i64), CommandError>;
+
+    /// Replaces the record of `queue`'s schedule `name` with `new` if it is still `expected`
+    /// (`None`: absent), atomically; true when written.
+    async fn schedule_cas(
+        &self,
+        queue: &str,
+        name: &str,
+        expected: Option<&str>,
+        new: &str,
+    ) -> Result<bool, CommandError>;
 }
 
 /// A state seen by [`StateBackend::peek`].

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
@@ -105,6 +105,8 @@ pub(crate) struct MemoryStateBackend {
     /// The completion hooks' delivery queue (see `hooks.rs`).
     hooks: baton_queue::MessageStream,
     settings: CommandStoreSettings,
+    /// Cron schedule records by (queue, schedule name) (see `schedules.rs`).
+    schedules: Mutex<HashMap<(String, String), String>>,
 }
 
 impl MemoryStateBackend {
@@ -113,12 +115,33 @@ impl MemoryStateBackend {
         hooks: baton_queue::MessageStream,
         settings: CommandStoreSettings,
     ) -> Self {
-        Self { inner: Mutex::new(Inner::default()), stream, hooks, settings }
+        Self { inner: Mutex::new(Inner::default()), stream, hooks, settings, schedules: Mutex::default() }
     }
 }
 
 #[async_trait]
 impl StateBackend for MemoryStateBackend {
+    async fn schedule_read(&self, queue: &str, name: &str) -> Result<(Option<String>, i64), CommandError> {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+        Ok((self.schedules.lock().unwrap().get(&(queue.to_string(), name.to_string())).cloned(), now))
+    }
+
+    async fn schedule_cas(
+        &self,
+        queue: &str,
+        name: &str,
+        expected: Option<&str>,
+        new: &str,
+    ) -> Result<bool, CommandError> {
+        let mut g = self.schedules.lock().unwrap();
+        let key = (queue.to_string(), name.to_string());
+        if g.get(&key).map(String::as_str) != expected {
+            return Ok(false);
+        }
+        g.insert(key, new.to_string());
+        Ok(true)
+    }
+
     async fn submit(
         &self,
         state: &CommandState,

@@ -27,6 +27,8 @@ static LOOKUP_TAKEOVER: LuaScript =
     LuaScript::new("lookup_takeover", include_str!("../../scripts/lookup_takeover.lua"));
 static LIST: LuaScript =
     LuaScript::new("list", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/list.lua")));
+static SCHEDULE_READ: LuaScript = LuaScript::new("schedule_read", include_str!("../../scripts/schedule_read.lua"));
+static SCHEDULE_CAS: LuaScript = LuaScript::new("schedule_cas", include_str!("../../scripts/schedule_cas.lua"));
 static PRUNE: LuaScript =
     LuaScript::new("prune", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/prune.lua")));
 static MINUTES_READ: LuaScript = LuaScript::new(
@@ -289,6 +291,12 @@ impl RedisStateBackend {
         l.state_ttl.min(l.retention).as_millis() as u64
     }
 
+    /// The record of `queue`'s cron schedule `name`: in the queue's hash slot, apart from its
+    /// state keys (`:id:`) and indexes.
+    fn schedule_key(&self, queue: &str, name: &str) -> String {
+        format!("{}:cmd:{{{queue}}}:sched:{name}", self.prefix)
+    }
+
     fn lookup_key(&self, id: &str) -> String {
         format!("{}:cmdid:{{{id}}}", self.prefix)
     }
@@ -318,6 +326,24 @@ impl RedisStateBackend {
 
 #[async_trait]
 impl StateBackend for RedisStateBackend {
+    async fn schedule_read(&self, queue: &str, name: &str) -> Result<(Option<String>, i64), CommandError> {
+        let key = self.schedule_key(queue, name);
+        let (raw, now): (String, i64) = SCHEDULE_READ.run(&mut self.conn.clone(), &[&key], &[]).await?;
+        Ok(((!raw.is_empty()).then_some(raw), now))
+    }
+
+    async fn schedule_cas(
+        &self,
+        queue: &str,
+        name: &str,
+        expected: Option<&str>,
+        new: &str,
+    ) -> Result<bool, CommandError> {
+        let key = self.schedule_key(queue, name);
+        let written: i64 = SCHEDULE_CAS.run(&mut self.conn.clone(), &[&key], &[&expected.unwrap_or(""), &new]).await?;
+        Ok(written == 1)
+    }
+
     async fn submit(
         &self,
         state: &CommandState,

@@ -1,4 +1,4 @@
-//! `baton queues list|pending|workers|minutes|dead|replay|events`: queue inspection from the command line.
+//! `baton queues list|pending|workers|minutes|schedules|dead|replay|events`: queue inspection from the command line.
 
 use clap::Subcommand;
 use reqwest::Method;
@@ -30,6 +30,8 @@ pub enum QueuesOp {
         #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=120))]
         last: u32,
     },
+    /// A queue's cron schedules: pattern, time zone, policies, next due time and last fire.
+    Schedules { queue: String },
     /// A queue's dead letters, oldest first.
     Dead {
         queue: String,
@@ -148,6 +150,51 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             }
             t.print();
             println!("{} alive, {} dead", cell(v.get("alive")), cell(v.get("dead")));
+            Ok(exit::OK)
+        }
+        QueuesOp::Schedules { queue } => {
+            let url = format!("/v1/queues/{}/schedules", encode_segment(&queue));
+            let v = cl.json_ok(cl.request(Method::GET, &url)).await?;
+            if cl.json {
+                print_json(&v);
+                return Ok(exit::OK);
+            }
+            let schedules = v.get("schedules").and_then(Value::as_array).cloned().unwrap_or_default();
+            if schedules.is_empty() {
+                println!("no schedules on {queue}");
+                return Ok(exit::OK);
+            }
+            let mut t = Table::new(&[
+                "SCHEDULE",
+                "CRON",
+                "TIMEZONE",
+                "TYPE",
+                "OVERLAP",
+                "MISSED",
+                "NEXT DUE",
+                "LAST FIRE",
+                "RESULT",
+                "COMMAND",
+            ]);
+            for s in &schedules {
+                let last = s.get("last_fire").filter(|l| !l.is_null());
+                let field = |k: &str| {
+                    last.and_then(|l| l.get(k)).filter(|x| !x.is_null()).map_or("-".into(), |x| cell(Some(x)))
+                };
+                t.row(vec![
+                    cell(s.get("name")),
+                    cell(s.get("cron")),
+                    cell(s.get("timezone")),
+                    cell(s.get("type")),
+                    cell(s.get("overlap")),
+                    cell(s.get("missed")),
+                    s.get("next_due").filter(|x| !x.is_null()).map_or("-".into(), |x| cell(Some(x))),
+                    field("due"),
+                    field("result"),
+                    field("command_id"),
+                ]);
+            }
+            t.print();
             Ok(exit::OK)
         }
         QueuesOp::Minutes { queue, last } => {

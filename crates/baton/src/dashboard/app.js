@@ -505,6 +505,23 @@
       $("charts-status").textContent = "";
       renderCharts(r.body.minutes);
       $("charts").setAttribute("data-queue", q);
+      // The queue's cron schedules (GET /v1/queues/{queue}/schedules): next due, last fire
+      // linked to its command.
+      const sr = await api("GET", `/v1/queues/${enc(q)}/schedules`);
+      if (q !== charts.queue) return;
+      const list = sr.ok ? sr.body.schedules : [];
+      $("schedules-box").hidden = list.length === 0;
+      $("schedules-table").querySelector("tbody").replaceChildren(...list.map((sc) => {
+        const last = sc.last_fire || {};
+        const id = last.command_id;
+        const link = id
+          ? h("a", { href: "#commands", "data-command": id, onclick: (e) => { e.preventDefault(); selectTab($("tab-commands")); select(id); } }, id)
+          : "–";
+        return h("tr", { "data-schedule": sc.name },
+          h("td", {}, sc.name), h("td", {}, h("code", {}, sc.cron)), h("td", {}, sc.timezone), h("td", {}, sc.type),
+          h("td", {}, sc.overlap), h("td", {}, sc.missed), h("td", {}, sc.next_due || "–"),
+          h("td", {}, last.due || "–"), h("td", {}, last.result || "–"), h("td", {}, link));
+      }));
     } finally {
       charts.busy = false;
     }

@@ -5,6 +5,7 @@
 //! | `GET /v1/queues` | `200` `{"queues": [queue…]}` (those the caller may read) | `503` backend |
 //! | `GET /v1/queues/{queue}` | `200` queue | `404` unknown queue |
 //! | `GET /v1/queues/{queue}/minutes?last=60` | `200` `{"minutes": [minute…], "bounds_ms": [bucket bound…]}`, oldest first, the current minute last | `400` bad last, `404` |
+//! | `GET /v1/queues/{queue}/schedules` | `200` `{"schedules": [schedule…]}`, in configuration order | `404` |
 //! | `GET /v1/queues/{queue}/dead-letters?limit=100` | `200` `{"items": [dead letter…]}`, oldest first | `400` bad limit, `404` |
 //! | `POST /v1/queues/{queue}/dead-letters/{id}/replay` | `200` `{"replayed": id, "id": new id}` | `400` bad id, `404` unknown queue or dead letter |
 //! | `POST /v1/queues/{queue}/dead-letters/replay?limit=1000` | `200` `{"replayed": n}` (oldest first) | `400` bad limit, `404` |
@@ -23,6 +24,7 @@
 
 use axum::extract::{Request, State};
 use axum::response::Response;
+use baton_commands::Timestamp;
 use baton_queue::{DeadLetter, MessageId};
 use serde_json::{json, Value};
 
@@ -81,6 +83,50 @@ pub async fn workers(State(st): State<AppState>, QueueName(queue): QueueName, _:
     let workers = st.commands.store().workers(&queue).await?;
     let alive = workers.iter().filter(|w| w.alive).count();
     Ok(json_response(json!({ "workers": workers, "alive": alive, "dead": workers.len() - alive })))
+}
+
+/// `GET /v1/queues/{queue}/schedules`: the queue's cron schedules as configured on this server,
+/// each with its shared record: the next due time (by this server's clock, after the last
+/// decided one) and the last decision (`last_fire`, null before the first).
+pub async fn schedules(
+    State(st): State<AppState>,
+    QueueName(queue): QueueName,
+    _: Query,
+) -> Result<Response, ApiError> {
+    let entry = st.commands.queue(&queue)?;
+    let store = st.commands.store();
+    let now = Timestamp::now().millis() as i64;
+    let mut out = Vec::new();
+    for s in &entry.schedules {
+        let rec = store.schedule_record(&queue, s.name()).await?;
+        let after = rec.as_ref().map_or(now, |r| r.cursor_ms.max(now));
+        let ts = |ms: i64| Timestamp::from_millis(ms.max(0) as u64);
+        let last = rec.as_ref().and_then(|r| r.last.as_ref()).map(|l| {
+            json!({
+                "due": ts(l.due_ms),
+                "command_id": l.command_id,
+                "result": l.result.as_str(),
+                "decided_at": ts(l.decided_ms),
+            })
+        });
+        out.push(json!({
+            "name": s.name(),
+            "cron": s.cron(),
+            "timezone": s.timezone(),
+            "type": s.command_type(),
+            "params": s.params(),
+            "overlap": s.overlap().as_str(),
+            "missed": s.missed().as_str(),
+            "max_catch_up": s.max_catch_up(),
+            "missed_after_ms": s.missed_after().as_millis() as u64,
+            "next_due": s.next_due_after(after).map(ts),
+            "last_fire": last,
+            "last_command": rec.as_ref().and_then(|r| r.last_command.clone()),
+            "pending": rec.as_ref().is_some_and(|r| r.pending),
+            "missed_total": rec.as_ref().map_or(0, |r| r.missed_total),
+        }));
+    }
+    Ok(json_response(json!({ "schedules": out })))
 }
 
 /// The work queue whose dead letters a request means (`?of=`, module docs).

@@ -1038,6 +1038,27 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
             ),
             get(queues::minutes),
         ),
+        Route::json("/v1/queues/{queue}/schedules", Access::Queue(Read)).on(
+            Method::GET,
+            Access::Queue(Read),
+            op(
+                "A queue's cron schedules: their settings, next due time and last fire",
+                "queues",
+                json!([d.queue()]),
+                protected(map(vec![
+                    (
+                        "200",
+                        json_resp(
+                            "The queue's schedules as configured on this server, in configuration order.",
+                            json!({ "type": "object", "required": ["schedules"], "properties": {
+                                "schedules": { "type": "array", "items": r("Schedule") } } }),
+                        ),
+                    ),
+                    ("404", err_resp("Unknown queue.")),
+                ])),
+            ),
+            get(queues::schedules),
+        ),
         Route::json("/v1/queues/{queue}/workers", Access::Queue(Read)).on(
             Method::GET,
             Access::Queue(Read),

@@ -75,6 +75,8 @@ pub struct QueueEntry {
     pub handlers: BTreeMap<String, Arc<dyn CommandHandler>>,
     /// The queue's remote workers (the HTTP worker protocol), with the queue's settings.
     pub remote: Arc<RemoteWorkers>,
+    /// Its cron schedules, as configured.
+    pub schedules: Vec<baton_commands::schedules::Schedule>,
 }
 
 /// The command API's state: the store and the configured queues.
@@ -106,7 +108,10 @@ impl CommandsApi {
             store.declare_queue(&q.name).map_err(|e| format!("queue {}: {e}", q.name))?;
             let remote = RemoteWorkers::new(store.clone(), &q.name, q.settings.clone())
                 .map_err(|e| format!("queue {}: {e}", q.name))?;
-            map.insert(q.name.clone(), QueueEntry { handlers: q.build_handlers()?, remote: Arc::new(remote) });
+            map.insert(
+                q.name.clone(),
+                QueueEntry { handlers: q.build_handlers()?, remote: Arc::new(remote), schedules: q.schedules.clone() },
+            );
         }
         Ok(Self { inner: Arc::new(ApiInner { store, queues: map, max_body, workers_here }) })
     }

@@ -26,6 +26,15 @@
 //! sleep = "sleep"                  # shorthand: the kind alone
 //! echo = { kind = "echo" }
 //! deploy = { kind = "http", url = "https://ci.example.com/hook", timeout = "30s" }
+//!
+//! [[queues.default.schedules]]     # cron schedules (see docs/configuration.md)
+//! name = "hourly-echo"             # unique in the queue
+//! cron = "0 * * * *"               # 5 fields, or 6 with seconds first
+//! timezone = "UTC"                 # IANA name (default UTC)
+//! type = "echo"                    # the command submitted, with `params`
+//! params = { hello = "world" }
+//! overlap = "skip"                 # "skip" | "allow" | "cancel_previous"
+//! missed = "skip"                  # "skip" | "run_once" | "run_all" (max_catch_up, missed_after)
 //! ```
 //!
 //! With no `[queues]` at all, one queue `default` with `sleep`, `echo` and `fail` is configured
@@ -46,6 +55,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use baton_commands::schedules::{Missed, Overlap, Schedule, ScheduleError};
 use baton_commands::{
     builtin, CommandHandler, CommandStatus, CommandStoreSettings, FeedSettings, Lifetimes, QueueSettings, RetryPolicy,
 };
@@ -76,6 +86,25 @@ pub struct QueueFile {
     /// Command type → kind name (`"sleep"`) or a table with `kind` and the kind's options.
     #[serde(default)]
     pub handlers: BTreeMap<String, toml::Value>,
+    /// `[[queues.<name>.schedules]]`: its cron schedules.
+    #[serde(default)]
+    pub schedules: Vec<ScheduleFile>,
+}
+
+/// One `[[queues.<name>.schedules]]` as written in TOML.
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleFile {
+    pub name: Option<String>,
+    pub cron: Option<String>,
+    pub timezone: Option<String>,
+    #[serde(rename = "type")]
+    pub command_type: Option<String>,
+    pub params: Option<toml::Value>,
+    pub overlap: Option<String>,
+    pub missed: Option<String>,
+    pub max_catch_up: Option<u32>,
+    pub missed_after: Option<String>,
 }
 
 /// `[queues.<name>.webhook]` as written in TOML.
@@ -153,6 +182,8 @@ pub struct QueueConfig {
     /// Its completion webhook, if any (`[queues.<name>.webhook]`).
     pub webhook: Option<WebhookConfig>,
     pub handlers: Vec<HandlerConfig>,
+    /// Its cron schedules (`[[queues.<name>.schedules]]`), in the order written.
+    pub schedules: Vec<Schedule>,
 }
 
 impl QueueConfig {
@@ -169,6 +200,7 @@ impl QueueConfig {
                 .iter()
                 .map(|k| HandlerConfig { command_type: k.to_string(), kind: k.to_string(), options: Value::Null })
                 .collect(),
+            schedules: Vec::new(),
         }
     }
 
@@ -282,9 +314,102 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
             handlers.push(HandlerConfig { command_type, kind, options });
         }
         let webhook = f.webhook.as_ref().map(|w| webhook_config(&name, w)).transpose()?;
-        let q = QueueConfig { name: name.clone(), settings, feed, lifetimes, webhook, handlers };
+        let schedules = resolve_schedules(&name, &f.schedules, &handlers)?;
+        let q = QueueConfig { name: name.clone(), settings, feed, lifetimes, webhook, handlers, schedules };
         q.build_handlers()?;
         out.push(q);
+    }
+    Ok(out)
+}
+
+/// `[[queues.<name>.schedules]]` resolved. Errors name the key:
+/// `queues.<queue>.schedules.<name>.<key>: <what to fix>` (`schedules[<i>]` before the name
+/// is known).
+fn resolve_schedules(queue: &str, files: &[ScheduleFile], handlers: &[HandlerConfig]) -> Result<Vec<Schedule>, String> {
+    let mut out: Vec<Schedule> = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        let Some(name) = f.name.as_deref() else {
+            return Err(format!(
+                "queues.{queue}.schedules[{i}].name: missing; give each schedule a name unique in the queue (name = \"nightly\")"
+            ));
+        };
+        let key = |k: &str| format!("queues.{queue}.schedules.{name}.{k}");
+        if out.iter().any(|s| s.name() == name) {
+            return Err(format!(
+                "{}: {name:?} is used by another schedule of the queue; names must be unique",
+                key("name")
+            ));
+        }
+        let Some(cron) = f.cron.as_deref() else {
+            return Err(format!(
+                "{}: missing; give a cron pattern (cron = \"0 3 * * *\": 03:00 every day)",
+                key("cron")
+            ));
+        };
+        let Some(command_type) = f.command_type.as_deref() else {
+            return Err(format!(
+                "{}: missing; give the type of the command to submit (type = \"report\")",
+                key("type")
+            ));
+        };
+        if !handlers.is_empty() && !handlers.iter().any(|h| h.command_type == command_type) {
+            let known: Vec<&str> = handlers.iter().map(|h| h.command_type.as_str()).collect();
+            return Err(format!(
+                "{}: {command_type:?} has no handler on queue {queue} (its handlers: {}); add one or name one of them",
+                key("type"),
+                known.join(", ")
+            ));
+        }
+        let params = match &f.params {
+            None => serde_json::json!({}),
+            Some(v) => serde_json::to_value(v).map_err(|e| format!("{}: {e}", key("params")))?,
+        };
+        let timezone = f.timezone.as_deref().unwrap_or("UTC");
+        let s = Schedule::new(name, cron, timezone, command_type, params).map_err(|e| {
+            let part = match e {
+                ScheduleError::Name(_) => "name",
+                ScheduleError::Cron(..) => "cron",
+                ScheduleError::TimeZone(_) => "timezone",
+                ScheduleError::Type(_) => "type",
+                ScheduleError::MaxCatchUp(_) => "max_catch_up",
+                ScheduleError::MissedAfter => "missed_after",
+            };
+            let k = if part == "name" { format!("queues.{queue}.schedules[{i}].name") } else { key(part) };
+            format!("{k}: {e}")
+        })?;
+        let overlap = match f.overlap.as_deref() {
+            None | Some("skip") => Overlap::Skip,
+            Some("allow") => Overlap::Allow,
+            Some("cancel_previous") => Overlap::CancelPrevious,
+            Some(other) => {
+                return Err(format!(
+                    "{}: {other:?} is not a policy; use \"skip\" (default), \"allow\" or \"cancel_previous\"",
+                    key("overlap")
+                ))
+            }
+        };
+        let missed = match f.missed.as_deref() {
+            None | Some("skip") => Missed::Skip,
+            Some("run_once") => Missed::RunOnce,
+            Some("run_all") => Missed::RunAll,
+            Some(other) => {
+                return Err(format!(
+                    "{}: {other:?} is not a policy; use \"skip\" (default), \"run_once\" or \"run_all\"",
+                    key("missed")
+                ))
+            }
+        };
+        let max = f.max_catch_up.unwrap_or(baton_commands::schedules::DEFAULT_MAX_CATCH_UP);
+        let s =
+            s.with_overlap(overlap).with_missed(missed, max).map_err(|e| format!("{}: {e}", key("max_catch_up")))?;
+        let s = match &f.missed_after {
+            None => s,
+            Some(v) => {
+                let d = parse_duration(v).map_err(|e| format!("{}: {e}", key("missed_after")))?;
+                s.with_missed_after(d).map_err(|e| format!("{}: {e}", key("missed_after")))?
+            }
+        };
+        out.push(s);
     }
     Ok(out)
 }
@@ -552,6 +677,8 @@ mod tests {
         assert_eq!(q[0].feed, FeedSettings { enabled: true, max_len: 100_000 });
         let week = Duration::from_secs(7 * 24 * 3600);
         assert_eq!(q[0].lifetimes, Some(Lifetimes { state_ttl: week, retention: Duration::from_secs(24 * 3600) }));
+        let s = &parse(&docs).unwrap()[0].schedules;
+        assert_eq!((s.len(), s[0].name(), s[0].missed()), (1, "nightly-report", Missed::RunOnce));
     }
 
     #[test]
@@ -662,5 +789,79 @@ mod tests {
              must not target 10.0.0.1: private addresses are refused"
         );
         assert!(err(&format!("{u}secret = 1")).contains("unknown field `secret`"));
+    }
+
+    #[test]
+    fn schedules_resolve_with_defaults_and_policies() {
+        let q = parse(
+            "[queues.a.handlers]\nreport = \"echo\"\n\
+             [[queues.a.schedules]]\nname = \"nightly\"\ncron = \"30 2 * * *\"\ntimezone = \"Europe/Berlin\"\n\
+             type = \"report\"\nparams = { day = \"yesterday\", n = 3 }\noverlap = \"cancel_previous\"\n\
+             missed = \"run_all\"\nmax_catch_up = 5\nmissed_after = \"1m\"\n\
+             [[queues.a.schedules]]\nname = \"often\"\ncron = \"*/10 * * * * *\"\ntype = \"report\"\n",
+        )
+        .unwrap();
+        let s = &q[0].schedules;
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].name(), s[0].cron(), s[0].timezone()), ("nightly", "30 2 * * *", "Europe/Berlin"));
+        assert_eq!(s[0].params().get(), r#"{"day":"yesterday","n":3}"#);
+        assert_eq!((s[0].overlap(), s[0].missed(), s[0].max_catch_up()), (Overlap::CancelPrevious, Missed::RunAll, 5));
+        assert_eq!(s[0].missed_after(), Duration::from_secs(60));
+        assert_eq!(
+            (s[1].timezone(), s[1].overlap(), s[1].missed(), s[1].max_catch_up()),
+            ("UTC", Overlap::Skip, Missed::Skip, 10)
+        );
+        assert_eq!(s[1].params().get(), "{}");
+        assert_eq!(s[1].missed_after(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn bad_schedules_name_the_key() {
+        let head = "[queues.a.handlers]\nreport = \"echo\"\n[[queues.a.schedules]]\n";
+        let err = |body: &str| parse(&format!("{head}{body}")).unwrap_err();
+        assert_eq!(
+            err("cron = \"* * * * *\"\ntype = \"report\"\n"),
+            "queues.a.schedules[0].name: missing; give each schedule a name unique in the queue (name = \"nightly\")"
+        );
+        assert_eq!(
+            err("name = \"n\"\ntype = \"report\"\n"),
+            "queues.a.schedules.n.cron: missing; give a cron pattern (cron = \"0 3 * * *\": 03:00 every day)"
+        );
+        assert!(err("name = \"n\"\ncron = \"every day\"\ntype = \"report\"\n")
+            .starts_with("queues.a.schedules.n.cron: cron \"every day\": "));
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"other\"\n"),
+            "queues.a.schedules.n.type: \"other\" has no handler on queue a (its handlers: report); add one or name one of them"
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\ntimezone = \"Berlin\"\n"),
+            "queues.a.schedules.n.timezone: timezone \"Berlin\" is not a known IANA time zone (e.g. \"UTC\", \"Europe/Berlin\")"
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\noverlap = \"queue\"\n"),
+            "queues.a.schedules.n.overlap: \"queue\" is not a policy; use \"skip\" (default), \"allow\" or \"cancel_previous\""
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nmissed = \"all\"\n"),
+            "queues.a.schedules.n.missed: \"all\" is not a policy; use \"skip\" (default), \"run_once\" or \"run_all\""
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nmissed = \"run_all\"\nmax_catch_up = 0\n"),
+            "queues.a.schedules.n.max_catch_up: max_catch_up 0 is out of range 1 – 1000 (default 10)"
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nmissed_after = \"10ms\"\n"),
+            "queues.a.schedules.n.missed_after: missed_after must be at least 1s (default 10s)"
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\n[[queues.a.schedules]]\nname = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\n"),
+            "queues.a.schedules.n.name: \"n\" is used by another schedule of the queue; names must be unique"
+        );
+        assert!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nevery = 1\n").contains("unknown field `every`")
+        );
+        // A queue without handlers here (its workers run elsewhere) takes any type.
+        let q = parse("[[queues.b.schedules]]\nname = \"n\"\ncron = \"* * * * *\"\ntype = \"anything\"\n").unwrap();
+        assert_eq!(q[0].schedules[0].command_type(), "anything");
     }
 }

@@ -1,0 +1,225 @@
+//! Cron schedules from the configuration (`[[queues.<q>.schedules]]`) run by `baton worker`
+//! processes sharing one Redis (standalone and Cluster): every due time has exactly one command
+//! while one process is SIGKILLed mid-way; the fires are counted in `/metrics`; the schedules
+//! and their last fire are served at `GET /v1/queues/{queue}/schedules`.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use baton::server::Server;
+use baton::settings::ServeArgs;
+use baton_commands::{CommandStore, ListQuery, RedisCommandStoreOptions};
+use baton_redis::{RedisClient, RedisConfig};
+use baton_testkit::{eventually, free_port, RedisCluster, RedisServer};
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+const CONFIG: &str = r#"
+[queues.cron]
+claim_timeout = "1s"
+poll_interval = "100ms"
+[queues.cron.handlers]
+say = "echo"
+
+[[queues.cron.schedules]]
+name = "tick"
+cron = "* * * * * *"
+type = "say"
+params = { hello = "world" }
+overlap = "allow"
+"#;
+
+struct Worker {
+    child: Child,
+    port: u16,
+}
+
+impl Worker {
+    fn spawn(config: &std::path::Path, redis: &[String]) -> Worker {
+        let port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton"));
+        cmd.args(["worker", "--shutdown-grace", "1s", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--config")
+            .arg(config);
+        if redis.len() == 1 {
+            cmd.args(["--redis", &redis[0]]);
+        } else {
+            cmd.args(["--redis-cluster", &redis.join(",")]);
+        }
+        let child = cmd
+            .env_remove("BATON_REDIS_CLUSTER")
+            .env_remove("BATON_REDIS")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("baton worker starts");
+        Worker { child, port }
+    }
+
+    async fn ready(&self) {
+        let ok = eventually(Duration::from_secs(20), || async {
+            let r = client().get(format!("http://127.0.0.1:{}/readyz", self.port)).send().await.ok()?;
+            (r.status() == StatusCode::OK).then_some(())
+        })
+        .await;
+        assert!(ok.is_some(), "worker did not become ready");
+    }
+
+    /// The sum of `baton_schedule_fires_total` of schedule `tick` by result, from `/metrics`.
+    async fn fires(&self) -> std::collections::BTreeMap<String, u64> {
+        let text =
+            client().get(format!("http://127.0.0.1:{}/metrics", self.port)).send().await.unwrap().text().await.unwrap();
+        let mut out = std::collections::BTreeMap::new();
+        for line in text.lines().filter(|l| l.starts_with("baton_schedule_fires_total{")) {
+            let result = line.split("result=\"").nth(1).and_then(|r| r.split('"').next()).unwrap().to_string();
+            let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+            *out.entry(result).or_default() += n;
+        }
+        out
+    }
+}
+
+impl Worker {
+    /// SIGTERM, then waits for the exit (a graceful stop: the scheduler finishes its tick).
+    fn terminate(mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+/// The due times (ms) of the queue's `sched-tick-*` commands, sorted.
+async fn fired_due_times(store: &CommandStore) -> Vec<i64> {
+    let mut dues = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page =
+            store.list("cron", ListQuery { limit: 1000, cursor: cursor.clone(), ..Default::default() }).await.unwrap();
+        for st in &page.items {
+            let due = st.id.strip_prefix("sched-tick-").expect("a scheduled command").parse::<i64>().unwrap();
+            assert_eq!(st.params.get(), r#"{"hello":"world"}"#);
+            dues.push(due);
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    dues.sort();
+    dues
+}
+
+async fn three_workers_one_killed(redis: Vec<String>, config: RedisConfig) {
+    let dir = std::env::temp_dir().join(format!("baton-sched-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("baton.toml");
+    std::fs::write(&path, CONFIG).unwrap();
+    let mut workers: Vec<Worker> = (0..3).map(|_| Worker::spawn(&path, &redis)).collect();
+    for w in &workers {
+        w.ready().await;
+    }
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    drop(workers.remove(0)); // SIGKILL, wherever it was
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let counted: Vec<_> = futures::future::join_all(workers.iter().map(|w| w.fires())).await;
+    for w in workers {
+        w.terminate();
+    }
+    let store =
+        CommandStore::redis(RedisClient::new(config).unwrap(), RedisCommandStoreOptions::default()).await.unwrap();
+    let dues = fired_due_times(&store).await;
+    assert!(dues.len() >= 5, "{dues:?}");
+    for pair in dues.windows(2) {
+        assert_eq!(pair[1] - pair[0], 1000, "a due time without its command, or two for one: {dues:?}");
+    }
+    let rec = store.schedule_record("cron", "tick").await.unwrap().unwrap();
+    assert_eq!(rec.missed_total, 0);
+    assert_eq!(rec.cursor_ms, *dues.last().unwrap());
+    // The survivors decided some of them, each one once (the killed one's counts died with it).
+    let survived: u64 = counted.iter().flat_map(|m| m.values()).sum();
+    assert!(survived >= 2 && survived <= dues.len() as u64, "{counted:?} vs {} commands", dues.len());
+    for m in &counted {
+        assert!(m.keys().all(|r| r == "fired" || r == "overlapped"), "{counted:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_processes_fire_once_per_due_time_standalone() {
+    baton_testkit::require_redis();
+    let redis = RedisServer::start();
+    three_workers_one_killed(vec![redis.url()], redis.config()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_processes_fire_once_per_due_time_cluster() {
+    baton_testkit::require_redis();
+    let cluster = RedisCluster::start();
+    three_workers_one_killed(cluster.urls(), cluster.config()).await;
+}
+
+/// `GET /v1/queues/{queue}/schedules` on a memory server running the schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_lists_schedules_with_their_last_fire() {
+    let dir = std::env::temp_dir().join(format!("baton-sched-api-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("baton.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "{CONFIG}\n[[queues.cron.schedules]]\nname = \"nightly\"\ncron = \"30 2 * * *\"\ntimezone = \"Europe/Berlin\"\ntype = \"say\"\nmissed = \"run_once\"\n"
+        ),
+    )
+    .unwrap();
+    let cfg = ServeArgs { config: Some(path), listen: Some("127.0.0.1:0".parse().unwrap()), ..Default::default() }
+        .resolve()
+        .unwrap();
+    let server = Server::start(cfg).await.unwrap();
+    let base = server.base_url();
+    let get = || async {
+        let r = client().get(format!("{base}/v1/queues/cron/schedules")).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        serde_json::from_str::<Value>(&r.text().await.unwrap()).unwrap()
+    };
+    let fired = eventually(Duration::from_secs(5), || async {
+        let v = get().await;
+        (v["schedules"][0]["last_fire"]["result"] == "fired").then_some(v)
+    })
+    .await
+    .expect("the every-second schedule fired");
+    let tick = &fired["schedules"][0];
+    assert_eq!(tick["name"], "tick");
+    assert_eq!(tick["cron"], "* * * * * *");
+    assert_eq!(tick["timezone"], "UTC");
+    assert_eq!(tick["type"], "say");
+    assert_eq!(tick["params"], json!({"hello": "world"}));
+    assert_eq!(tick["overlap"], "allow");
+    assert_eq!(tick["missed"], "skip");
+    let id = tick["last_fire"]["command_id"].as_str().unwrap().to_string();
+    let st: Value = serde_json::from_str(
+        &client().get(format!("{base}/v1/commands/{id}?wait=5s")).send().await.unwrap().text().await.unwrap(),
+    )
+    .unwrap();
+    assert_eq!((st["status"].as_str(), &st["result"]), (Some("SUCCEEDED"), &json!({"hello": "world"})));
+    let nightly = &fired["schedules"][1];
+    assert_eq!(nightly["name"], "nightly");
+    assert_eq!(nightly["timezone"], "Europe/Berlin");
+    assert_eq!(nightly["missed"], "run_once");
+    assert_eq!(nightly["last_fire"], Value::Null);
+    // 02:30 Berlin time is 00:30 or 01:30 UTC.
+    let next = nightly["next_due"].as_str().unwrap();
+    assert!(next.ends_with("T00:30:00.000Z") || next.ends_with("T01:30:00.000Z"), "{next}");
+    let r = client().get(format!("{base}/v1/queues/nope/schedules")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
