@@ -224,6 +224,32 @@ impl MessageStream {
         self.backend.stats(queue).await
     }
 
+    /// Pauses `queue`: from now on no consumer of any process takes a new entry of it (the check
+    /// and the read are one atomic step, see [`keys::paused`]), while offers are accepted and
+    /// wait. What already runs goes on: leases keep renewing, settlements apply, a dead
+    /// consumer's entries are still reclaimed by live ones after `claim_timeout`, and short
+    /// `RetryAfter` re-polls kept by a consumer are still redelivered. Returns `true` when the
+    /// queue was running, `false` when it already was paused (nothing changed). The state is
+    /// the queue's, in its backend: it outlives the consumers and this process (on Redis).
+    /// Errors: [`QueueError::InvalidQueueName`], backend errors.
+    pub async fn pause(&self, queue: &str) -> Result<bool, QueueError> {
+        validate_queue_name(queue)?;
+        self.backend.set_paused(queue, true).await
+    }
+
+    /// Resumes a paused `queue`: consumers waiting on its gate wake at once (no poll interval)
+    /// and take the entries that waited, oldest first. Returns `true` when it was paused,
+    /// `false` when it was running (nothing changed). Errors as [`MessageStream::pause`].
+    pub async fn resume(&self, queue: &str) -> Result<bool, QueueError> {
+        validate_queue_name(queue)?;
+        self.backend.set_paused(queue, false).await
+    }
+
+    /// Whether `queue` is paused ([`QueueStats::paused`] without the counts).
+    pub async fn is_paused(&self, queue: &str) -> Result<bool, QueueError> {
+        Ok(self.stats(queue).await?.paused)
+    }
+
     /// The consumers of `queue`'s group, live and dead ([`ConsumerInfo::alive`]), each with at
     /// most `max_leases` (up to 1,000) of its oldest owned entries, in the group's order.
     /// Errors: [`QueueError::InvalidQueueName`], backend errors.
