@@ -1,4 +1,5 @@
-//! `baton queues list|pending|workers|minutes|dead|replay|events`: queue inspection from the command line.
+//! `baton queues list|pending|workers|minutes|dead|replay|events|pause|resume`: queue inspection
+//! and control from the command line.
 
 use clap::Subcommand;
 use reqwest::Method;
@@ -54,6 +55,11 @@ pub enum QueuesOp {
         #[arg(long)]
         webhook: bool,
     },
+    /// Pause a queue: submits are still accepted, but no worker (of any process) starts a new
+    /// command of it until `baton queues resume`; running commands go on.
+    Pause { queue: String },
+    /// Resume a paused queue: its waiting commands start at once, oldest first.
+    Resume { queue: String },
     /// A queue's command events (its event feed), oldest first, one line each; with --follow,
     /// then the new ones as they happen (until ctrl-c).
     Events {
@@ -97,8 +103,9 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             for q in &queues {
                 let c = q.get("commands");
                 let n = |k: &str| cell(c.and_then(|c| c.get(k)));
+                let paused = q.get("paused").and_then(Value::as_bool).unwrap_or(false);
                 t.row(vec![
-                    cell(q.get("name")),
+                    if paused { format!("{} (paused)", cell(q.get("name"))) } else { cell(q.get("name")) },
                     cell(q.get("length")),
                     cell(q.get("pending")),
                     // Live consumers; dead ones (silent past their claim timeout) apart.
@@ -287,6 +294,8 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             }
             Ok(exit::OK)
         }
+        QueuesOp::Pause { queue } => set_paused(cl, &queue, true).await,
+        QueuesOp::Resume { queue } => set_paused(cl, &queue, false).await,
         QueuesOp::Events { queue, offset, follow } => {
             let path = format!("/v1/queues/{}/events", encode_segment(&queue));
             if follow {
@@ -303,4 +312,20 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             Ok(exit::OK)
         }
     }
+}
+
+/// `baton queues pause|resume Q`: `POST /v1/queues/{queue}/pause|resume`.
+async fn set_paused(cl: &Client, queue: &str, pause: bool) -> Result<u8, CliError> {
+    let (verb, done, already) =
+        if pause { ("pause", "paused", "was already paused") } else { ("resume", "resumed", "was not paused") };
+    let url = format!("/v1/queues/{}/{verb}", encode_segment(queue));
+    let v = cl.json_ok(cl.request(Method::POST, &url)).await?;
+    if cl.json {
+        print_json(&v);
+    } else if v.get("changed").and_then(Value::as_bool).unwrap_or(false) {
+        println!("{done} {queue} ({} waiting)", cell(v.get("lag")));
+    } else {
+        println!("{queue} {already} ({} waiting)", cell(v.get("lag")));
+    }
+    Ok(exit::OK)
 }

@@ -254,9 +254,12 @@ fn schemas() -> Value {
             "items": { "type": "array", "items": r("CommandState") },
             "next_cursor": { "type": ["string", "null"] } } },
         "Queue": { "type": "object",
-            "required": ["name", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "dead_letters", "commands", "handlers", "workers"],
+            "required": ["name", "paused", "paused_since", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "dead_letters", "commands", "handlers", "workers"],
             "properties": {
-                "name": { "type": "string" }, "length": count(), "pending": count(),
+                "name": { "type": "string" },
+                "paused": { "type": "boolean", "description": "Paused (`POST /v1/queues/{queue}/pause`): submits are accepted, no worker starts a new command; running ones go on." },
+                "paused_since": { "type": ["string", "null"], "format": "date-time", "description": "When it was paused; null while running." },
+                "length": count(), "pending": count(),
                 "consumers": { "type": "integer", "minimum": 0, "description": "Live consumers (heartbeat younger than their claim timeout)." },
                 "dead_consumers": { "type": "integer", "minimum": 0, "description": "Group members silent past their claim timeout, not reaped yet (their commands are taken over)." },
                 "lag": count(), "delayed": count(), "dead_letters": count(),
@@ -266,6 +269,8 @@ fn schemas() -> Value {
                                     "failed": count(), "cancelled": count(), "total": count() } },
                 "handlers": { "type": "array", "items": { "type": "string" } },
                 "workers": { "type": "boolean" } } },
+        "QueueChange": { "allOf": [r("Queue"), { "type": "object", "required": ["changed"], "properties": {
+            "changed": { "type": "boolean", "description": "The state changed (false: the queue already was paused, or running)." } } }] },
         "Minute": { "type": "object",
             "required": ["minute", "succeeded", "failed", "cancelled", "retried", "durations", "duration_p50_ms",
                          "duration_p90_ms", "duration_p99_ms", "depth", "oldest_age_ms"],
