@@ -28,8 +28,9 @@
 //! after its last entry when the queue runs (an offer wakes it), on the control stream after its
 //! last entry when paused (a resume appends to it and wakes it; offers to a paused queue wake
 //! nobody). Both ids come from the script, atomically with its decision, so no wake-up is lost
-//! in between. When entries are there the script returns them at once: no extra round trip
-//! while busy; an idle consumer pays one round trip more for the first entry after a wait.
+//! in between. The wait is pipelined with the next gated read on the same connection, so Redis
+//! runs the read the moment the wait ends: one round trip per wait, as a blocked `XREADGROUP`
+//! was, and none added while entries are there.
 //! Later gates (concurrency caps, priorities, rate limits) belong in `read.lua` too. Every
 //! connection of a consumer is opened on its lease thread and closed when that thread ends.
 
@@ -385,6 +386,15 @@ impl QueueBackend for RedisQueueBackend {
     }
 }
 
+/// What one gated read (`read.lua`) found.
+struct Gated {
+    /// The queue is paused: nothing was taken; wait on the control stream.
+    paused: bool,
+    /// The id to wait after (in the control stream when paused, else in the queue stream).
+    after: String,
+    entries: Vec<RawDelivery>,
+}
+
 struct RedisConsumer {
     client: RedisClient,
     keys: Keys,
@@ -439,16 +449,20 @@ impl RedisConsumer {
         Ok(out)
     }
 
-    /// One call of the gated read (`read.lua`, module docs): `(paused, id to wait after,
-    /// entries taken)`.
-    async fn gated_read(&self, count: usize) -> Result<(bool, String, Vec<RawDelivery>), QueueError> {
-        let v: Value = READ
-            .run(
-                &mut self.conn.clone(),
-                &[&self.keys.stream, &self.keys.paused, &self.keys.control],
-                &[&self.group, &self.spec.consumer, &count.max(1)],
-            )
-            .await?;
+    /// The gated read's `EVALSHA` (`read.lua`, module docs).
+    fn read_cmd(&self, count: usize) -> redis::Cmd {
+        let mut cmd = READ.evalsha_cmd(3);
+        cmd.arg(&self.keys.stream)
+            .arg(&self.keys.paused)
+            .arg(&self.keys.control)
+            .arg(&self.group)
+            .arg(&self.spec.consumer)
+            .arg(count.max(1));
+        cmd
+    }
+
+    /// What `read.lua` replied.
+    fn parse_gated(&self, v: Value) -> Result<Gated, QueueError> {
         let Value::Array(mut parts) = v else { return Err(unexpected("read", &v)) };
         if parts.len() < 2 {
             return Err(unexpected("read", &Value::Array(parts)));
@@ -460,28 +474,53 @@ impl RedisConsumer {
             Some(list) => self.parse_read(Value::Array(vec![Value::Array(vec![Value::Nil, std::mem::take(list)])]))?,
             None => Vec::new(),
         };
-        Ok((paused, after, entries))
+        Ok(Gated { paused, after, entries })
     }
 
-    /// Waits up to `wait` for an entry after `after` in `key` (`XREAD BLOCK`, which takes
-    /// nothing) on the dedicated connection; `true` when one came.
-    async fn wait(&self, key: &str, after: &str, wait: Duration) -> Result<bool, QueueError> {
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT").arg(1).arg("BLOCK").arg(wait.as_millis().max(1) as u64).arg("STREAMS").arg(key).arg(after);
+    /// One gated read, not waiting, on the shared connection.
+    async fn gated_read(&self, count: usize) -> Result<Gated, QueueError> {
+        let v: Value = READ.query(&mut self.conn.clone(), &self.read_cmd(count)).await?;
+        self.parse_gated(v)
+    }
+
+    /// Waits up to `wait` for an entry after `g.after` in the queue stream (or, paused, in the
+    /// control stream) with `XREAD BLOCK`, which takes nothing, and then reads again through the
+    /// gate — both pipelined on the dedicated connection, so that Redis runs the gated read the
+    /// moment the wait ends, without a round trip in between. `None`: no reply in time.
+    async fn wait_then_read(&self, g: &Gated, wait: Duration, count: usize) -> Result<Option<Gated>, QueueError> {
+        let key = if g.paused { &self.keys.control } else { &self.keys.stream };
+        let mut xread = redis::cmd("XREAD");
+        xread
+            .arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(wait.as_millis().max(1) as u64)
+            .arg("STREAMS")
+            .arg(key)
+            .arg(&g.after);
+        let mut pipe = redis::pipe();
+        pipe.add_command(xread).ignore().add_command(self.read_cmd(count));
         let mut conn = self.blocking.lock().await;
         // The connection has no response timeout: bound the wait ourselves.
         let bound = wait + Duration::from_secs(5);
-        match tokio::time::timeout(bound, cmd.query_async::<Value>(&mut *conn)).await {
-            Ok(Ok(Value::Nil)) => Ok(false),
-            Ok(Ok(_)) => Ok(true),
+        match tokio::time::timeout(bound, pipe.query_async::<(Value,)>(&mut *conn)).await {
+            Ok(Ok((v,))) => Ok(Some(self.parse_gated(v)?)),
+            // The script cache was flushed (Redis restarted, failed over): the read on the shared
+            // connection loads it.
+            Ok(Err(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                drop(conn);
+                Ok(Some(self.gated_read(count).await?))
+            }
             Ok(Err(e)) => Err(e.into()),
             Err(_) => {
-                // No reply in time: open a fresh connection so a late reply cannot be misread
-                // (XREAD takes nothing, so nothing is lost).
+                // No reply in time: open a fresh connection so a late reply cannot be misread.
+                // Entries the pipelined read may have taken stay pending under this consumer
+                // without being held: the next heartbeat hands them to the parked owner as
+                // orphans.
                 if let Ok(fresh) = self.client.dedicated().await {
                     *conn = fresh;
                 }
-                Ok(false)
+                Ok(None)
             }
         }
     }
@@ -499,27 +538,26 @@ impl RedisConsumer {
 impl ConsumerBackend for RedisConsumer {
     async fn read_new(&self, count: usize, block: Duration) -> Result<Vec<RawDelivery>, QueueError> {
         let deadline = tokio::time::Instant::now() + block;
+        let mut g = self.gated_read(count).await;
         loop {
-            let (paused, after, entries) = match self.gated_read(count).await {
-                Ok(r) => r,
+            let got = match g {
+                Ok(got) => got,
                 Err(QueueError::Redis(e)) if is_nogroup(&e) => {
                     self.recreate_group().await?;
                     return Ok(Vec::new());
                 }
                 Err(e) => return Err(e),
             };
-            if !entries.is_empty() {
-                return Ok(entries);
-            }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left < Duration::from_millis(1) {
-                return Ok(Vec::new());
+            if !got.entries.is_empty() || left < Duration::from_millis(1) {
+                return Ok(got.entries);
             }
             // Nothing taken: wait (taking nothing) for an offer, or for a resume when paused.
-            let key = if paused { &self.keys.control } else { &self.keys.stream };
-            if !self.wait(key, &after, left).await? {
-                return Ok(Vec::new());
-            }
+            g = match self.wait_then_read(&got, left, count).await {
+                Ok(Some(next)) => Ok(next),
+                Ok(None) => return Ok(Vec::new()),
+                Err(e) => Err(e),
+            };
         }
     }
 

@@ -17,7 +17,37 @@ baton_testkit::on_every_backend!(
     dead_consumers_entries_are_reclaimed_while_paused,
     nothing_is_taken_while_the_flag_is_set,
     pause_and_resume_report_changes_and_stats,
+    a_wait_survives_a_flushed_script_cache,
 );
+
+/// The gated read that follows a wait is pipelined with it as an `EVALSHA`: when Redis lost its
+/// script cache meanwhile (restart, failover; here `SCRIPT FLUSH`) the read still happens.
+async fn a_wait_survives_a_flushed_script_cache(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("pause-noscript");
+    let (started, first) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
+    let c = s.consume(&q, counting(started.clone(), first), fast(3_000)).await.unwrap();
+    s.offer(&q, "one").await.unwrap();
+    eventually(Duration::from_secs(5), || {
+        let n = started.load(Ordering::SeqCst);
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("first ran");
+    // The consumer now waits (XREAD BLOCK + the pipelined read).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if let Some(mut conn) = conn_for(&b).await {
+        let _: () = baton_redis::redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    }
+    s.offer(&q, "two").await.unwrap();
+    eventually(Duration::from_secs(5), || {
+        let n = started.load(Ordering::SeqCst);
+        async move { (n == 2).then_some(()) }
+    })
+    .await
+    .expect("the offer after the flush ran");
+    c.drain(Duration::from_secs(1)).await;
+}
 
 /// Counts starts; each handler acks at once.
 fn counting(started: Arc<AtomicUsize>, first: Arc<Mutex<Option<Instant>>>) -> impl baton_queue::Handler {

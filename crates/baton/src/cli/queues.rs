@@ -314,18 +314,25 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
     }
 }
 
-/// `baton queues pause|resume Q`: `POST /v1/queues/{queue}/pause|resume`.
+/// `baton queues pause|resume Q`: `POST /v1/queues/{queue}/pause|resume`. A pause prints how many
+/// commands wait (exact then: nothing new starts); a resume does not (they start at once).
 async fn set_paused(cl: &Client, queue: &str, pause: bool) -> Result<u8, CliError> {
-    let (verb, done, already) =
-        if pause { ("pause", "paused", "was already paused") } else { ("resume", "resumed", "was not paused") };
-    let url = format!("/v1/queues/{}/{verb}", encode_segment(queue));
+    let url = format!("/v1/queues/{}/{}", encode_segment(queue), if pause { "pause" } else { "resume" });
     let v = cl.json_ok(cl.request(Method::POST, &url)).await?;
+    let changed = v.get("changed").and_then(Value::as_bool).unwrap_or(false);
     if cl.json {
         print_json(&v);
-    } else if v.get("changed").and_then(Value::as_bool).unwrap_or(false) {
-        println!("{done} {queue} ({} waiting)", cell(v.get("lag")));
+    } else if pause {
+        let waiting = count(&cell(v.get("lag")), "command waits", "commands wait");
+        if changed {
+            println!("paused {queue} ({waiting})");
+        } else {
+            println!("{queue} was already paused ({waiting})");
+        }
+    } else if changed {
+        println!("resumed {queue}");
     } else {
-        println!("{queue} {already} ({} waiting)", cell(v.get("lag")));
+        println!("{queue} was not paused");
     }
     Ok(exit::OK)
 }
