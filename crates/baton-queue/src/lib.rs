@@ -47,6 +47,14 @@
 //!   [`Decision::RetryAfter`], [`Decision::Deferred`] (settle later through the [`Lease`]) or
 //!   [`Decision::DeadLetter`]. Settlements are retried until Redis answers: an error is a real
 //!   refusal, never an ack that applied unseen.
+//! * **Pause** ([`MessageStream::pause`], [`MessageStream::resume`]): a paused queue accepts
+//!   offers and no consumer (in-process or remote) takes a new entry until it is resumed; leases,
+//!   settlements, reclaims of dead consumers' entries and short `RetryAfter` re-polls go on. Every
+//!   read of new entries is a *gated read*: the gates are checked atomically with taking the
+//!   entries (on Redis in one script, `read.lua`), and a consumer that finds a gate shut waits
+//!   for it to open without polling. Pause is the first such gate; decisions about taking new
+//!   work (concurrency caps, priorities, rate limits) belong there too (`docs/architecture.md`,
+//!   "Gates on new work").
 //! * **Poison messages** go to a dead-letter stream after `max_deliveries` (atomically with their
 //!   removal); list, replay and purge them through [`MessageStream`].
 //! * **Hygiene.** A consumer that stops gracefully ([`Consumer::drain`], [`Consumer::close`],
