@@ -98,6 +98,13 @@ pub struct QueueStats {
     /// while owning entries), not reaped yet. Their entries are reclaimed by live ones.
     #[serde(default)]
     pub dead_consumers: u64,
+    /// The queue is paused ([`MessageStream::pause`](crate::MessageStream::pause)): no consumer
+    /// takes new entries until it is resumed.
+    #[serde(default)]
+    pub paused: bool,
+    /// When it was paused, ms since the Unix epoch (Redis's clock on Redis); `None` when running.
+    #[serde(default)]
+    pub paused_since_ms: Option<u64>,
 }
 
 /// A consumer of a queue's group ([`MessageStream::consumers`](crate::MessageStream::consumers)).

@@ -127,6 +127,10 @@ pub(crate) trait QueueBackend: Send + Sync + 'static {
     /// liveness record. Called on the consumer's lease thread: connections it opens live there.
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError>;
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError>;
+    /// Shuts (`paused = true`) or opens the queue's pause gate, the gate every read of new
+    /// entries ([`ConsumerBackend::read_new`]) checks atomically with taking them; an open wakes
+    /// the consumers waiting on it at once. Returns `true` when the state changed.
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<bool, QueueError>;
     /// The group's consumers (the parked owner left out), each with at most `max_leases` of its
     /// oldest owned entries.
     async fn consumers(&self, queue: &str, max_leases: usize) -> Result<Vec<crate::ConsumerInfo>, QueueError>;
@@ -146,6 +150,12 @@ pub(crate) trait QueueBackend: Send + Sync + 'static {
 pub(crate) trait ConsumerBackend: Send + Sync {
     /// Reads up to `count` never-delivered entries, waiting up to `block` for the first.
     /// Recreates the group when it is missing (NOGROUP).
+    ///
+    /// The gated read: the queue's gates (the pause flag today) are checked atomically with
+    /// taking the entries, so nothing new is taken while one is shut; a shut gate is waited on
+    /// (until it opens or `block` ends) without polling. The only way new work enters a consumer
+    /// (in-process and remote): later gates (concurrency caps, priorities, rate limits) go here
+    /// too. Reclaims and redeliveries do not pass here.
     async fn read_new(&self, count: usize, block: Duration) -> Result<Vec<RawDelivery>, QueueError>;
     /// Promotes due delayed entries, then takes over up to `count` reclaimable entries (see the
     /// module docs; never this consumer's own, never an id in `exclude`), dead-lettering those

@@ -4,7 +4,7 @@
 //! application's runtime) can delay it:
 //!
 //! * **acquire** (for Redis; in memory, where an entry is assigned and registered in one
-//!   synchronous step, it runs on the application's runtime): reads new entries (`XREADGROUP … BLOCK`, COUNT = free concurrency slots) and
+//!   synchronous step, it runs on the application's runtime): reads new entries through the queue's gates (the gated read, see [`ConsumerBackend::read_new`](crate::backend::ConsumerBackend::read_new): on Redis `read.lua`, then `XREAD BLOCK` when nothing is new; COUNT = free concurrency slots) and
 //!   reclaims idle ones; each entry is registered in the lease registry the moment its reply is
 //!   parsed, and its handler task is started on the application's runtime under the same lock. Reclaimed entries come
 //!   first: when a tick finds reclaimable entries it could not take (no free slot), the next

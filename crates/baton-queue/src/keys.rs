@@ -14,6 +14,8 @@
 //! | `p:q:{q}:delayed:p`  | [`delayed_payloads`]   | hash   | their payloads and prior deliveries    |
 //! | `p:q:{q}:consumers`  | [`consumers`]          | hash   | each consumer's liveness record        |
 //! | `p:q:{q}:fences`     | [`fences`]             | hash   | the fence of each entry delivered again by a reclaim |
+//! | `p:q:{q}:paused`     | [`paused`]             | string | present while the queue is paused: when it was paused (ms, Redis time) |
+//! | `p:q:{q}:control`    | [`control`]            | stream | the latest gate change (one entry, written by each resume): paused consumers wait on it |
 //!
 //! What each key holds in detail: the `redis` module of this crate and `docs/architecture.md`
 //! ("Redis keys"). The prefix and the group are [`RedisQueueOptions`](crate::RedisQueueOptions)
@@ -77,6 +79,21 @@ pub fn fences(prefix: &str, queue: &str) -> String {
     format!("{prefix}:q:{{{queue}}}:fences")
 }
 
+/// The queue's pause flag (a string), `<prefix>:q:{<queue>}:paused`: present while the queue is
+/// paused ([`MessageStream::pause`](crate::MessageStream::pause)), holding when it was paused
+/// (ms since the Unix epoch, Redis's clock). The gated read of new entries checks it in the same
+/// script that takes them, so nothing new is taken while it is set.
+pub fn paused(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:paused")
+}
+
+/// The queue's control stream, `<prefix>:q:{<queue>}:control`: each resume appends one entry
+/// (the stream is trimmed to its latest one), which wakes the consumers of a paused queue that
+/// wait on it with `XREAD BLOCK`.
+pub fn control(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:control")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +106,8 @@ mod tests {
         assert_eq!(delayed_payloads("p", "q"), "p:q:{q}:delayed:p");
         assert_eq!(consumers("p", "q"), "p:q:{q}:consumers");
         assert_eq!(fences("p", "q"), "p:q:{q}:fences");
+        assert_eq!(paused("p", "q"), "p:q:{q}:paused");
+        assert_eq!(control("p", "q"), "p:q:{q}:control");
         // One hash tag for all of a queue's keys: one Cluster slot.
         let slot = baton_redis::key_slot(stream("p", "orders").as_bytes());
         for k in [
@@ -97,6 +116,8 @@ mod tests {
             delayed_payloads("p", "orders"),
             consumers("p", "orders"),
             fences("p", "orders"),
+            paused("p", "orders"),
+            control("p", "orders"),
         ] {
             assert_eq!(baton_redis::key_slot(k.as_bytes()), slot, "{k}");
         }

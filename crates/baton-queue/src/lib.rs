@@ -47,6 +47,14 @@
 //!   [`Decision::RetryAfter`], [`Decision::Deferred`] (settle later through the [`Lease`]) or
 //!   [`Decision::DeadLetter`]. Settlements are retried until Redis answers: an error is a real
 //!   refusal, never an ack that applied unseen.
+//! * **Pause** ([`MessageStream::pause`], [`MessageStream::resume`]): a paused queue accepts
+//!   offers and no consumer (in-process or remote) takes a new entry until it is resumed; leases,
+//!   settlements, reclaims of dead consumers' entries and short `RetryAfter` re-polls go on. Every
+//!   read of new entries is a *gated read*: the gates are checked atomically with taking the
+//!   entries (on Redis in one script, `read.lua`), and a consumer that finds a gate shut waits
+//!   for it to open without polling. Pause is the first such gate; decisions about taking new
+//!   work (concurrency caps, priorities, rate limits) belong there too (`docs/architecture.md`,
+//!   "Gates on new work").
 //! * **Poison messages** go to a dead-letter stream after `max_deliveries` (atomically with their
 //!   removal); list, replay and purge them through [`MessageStream`].
 //! * **Hygiene.** A consumer that stops gracefully ([`Consumer::drain`], [`Consumer::close`],
@@ -222,6 +230,32 @@ impl MessageStream {
     pub async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
         validate_queue_name(queue)?;
         self.backend.stats(queue).await
+    }
+
+    /// Pauses `queue`: from now on no consumer of any process takes a new entry of it (the check
+    /// and the read are one atomic step, see [`keys::paused`]), while offers are accepted and
+    /// wait. What already runs goes on: leases keep renewing, settlements apply, a dead
+    /// consumer's entries are still reclaimed by live ones after `claim_timeout`, and short
+    /// `RetryAfter` re-polls kept by a consumer are still redelivered. Returns `true` when the
+    /// queue was running, `false` when it already was paused (nothing changed). The state is
+    /// the queue's, in its backend: it outlives the consumers and this process (on Redis).
+    /// Errors: [`QueueError::InvalidQueueName`], backend errors.
+    pub async fn pause(&self, queue: &str) -> Result<bool, QueueError> {
+        validate_queue_name(queue)?;
+        self.backend.set_paused(queue, true).await
+    }
+
+    /// Resumes a paused `queue`: consumers waiting on its gate wake at once (no poll interval)
+    /// and take the entries that waited, oldest first. Returns `true` when it was paused,
+    /// `false` when it was running (nothing changed). Errors as [`MessageStream::pause`].
+    pub async fn resume(&self, queue: &str) -> Result<bool, QueueError> {
+        validate_queue_name(queue)?;
+        self.backend.set_paused(queue, false).await
+    }
+
+    /// Whether `queue` is paused ([`QueueStats::paused`] without the counts).
+    pub async fn is_paused(&self, queue: &str) -> Result<bool, QueueError> {
+        Ok(self.stats(queue).await?.paused)
     }
 
     /// The consumers of `queue`'s group, live and dead ([`ConsumerInfo::alive`]), each with at

@@ -72,6 +72,8 @@ struct QState {
     delayed: BTreeMap<(Instant, MessageId), Entry>,
     dead: BTreeMap<MessageId, DeadLetter>,
     last_dead_id: MessageId,
+    /// Paused since (ms since the Unix epoch): the gate of [`MemConsumer::take_new`].
+    paused_since: Option<u64>,
 }
 
 fn now_ms() -> u64 {
@@ -163,7 +165,25 @@ impl QueueBackend for MemoryQueueBackend {
             lag: st.entries.range(next_after(st.last_delivered)..).count() as u64,
             delayed: st.delayed.len() as u64,
             dead_letters: st.dead.len() as u64,
+            paused: st.paused_since.is_some(),
+            paused_since_ms: st.paused_since,
         })
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<bool, QueueError> {
+        let q = self.queue(queue);
+        let changed = {
+            let mut st = q.state.lock().unwrap();
+            let changed = st.paused_since.is_some() != paused;
+            if changed {
+                st.paused_since = paused.then(now_ms);
+            }
+            changed
+        };
+        if changed && !paused {
+            q.notify.notify_waiters();
+        }
+        Ok(changed)
     }
 
     async fn consumers(&self, queue: &str, max_leases: usize) -> Result<Vec<crate::ConsumerInfo>, QueueError> {
@@ -258,8 +278,13 @@ impl MemConsumer {
         &self.spec.consumer
     }
 
+    /// The gated read (see [`ConsumerBackend::read_new`]): the gates are checked under the same
+    /// lock that assigns the entries.
     fn take_new(&self, count: usize) -> Vec<RawDelivery> {
         let mut st = self.q.state.lock().unwrap();
+        if st.paused_since.is_some() {
+            return Vec::new();
+        }
         let start = next_after(st.last_delivered);
         let picked: Vec<(MessageId, Bytes, u32)> =
             st.entries.range(start..).take(count).map(|(id, e)| (*id, e.payload.clone(), e.prior + 1)).collect();

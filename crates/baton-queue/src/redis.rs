@@ -11,13 +11,28 @@
 //! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries    |
 //! | `p:q:{q}:consumers`      | hash   | consumer → `<ms of its last heartbeat>:<its claim timeout ms>` (server time; `0:…` stopped with entries); `~clock`, `~hold`: the queue's outage stamps |
 //! | `p:q:{q}:fences`         | hash   | entry id → fence of its latest delivery, for entries a reclaim delivered again (none: 0) |
+//! | `p:q:{q}:paused`         | string | present while paused: ms (Redis time) since when   |
+//! | `p:q:{q}:control`        | stream | the latest resume (trimmed to one entry): paused consumers wait on it |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
-//! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`; every time they compare is
-//! Redis's own (`TIME`). Reads of new entries use `XREADGROUP … BLOCK` on a dedicated connection
-//! with no response timeout, each wait bounded by the consumer. Every connection of a consumer is
-//! opened on its lease thread and closed when that thread ends.
+//! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`, `read`, `pause`; every
+//! time they compare is Redis's own (`TIME`).
+//!
+//! **The gated read.** New entries are taken only by `read.lua`: it checks the queue's gates (the
+//! pause flag) and takes up to `count` entries with a non-blocking `XREADGROUP … COUNT n` in one
+//! atomic step, so nothing new is taken while a gate is shut, whatever races it. A blocked
+//! `XREADGROUP` could not check a gate, so waiting is separate and takes nothing: when the script
+//! took nothing, the consumer waits with `XREAD BLOCK` (which does not consume) on a dedicated
+//! connection with no response timeout, each wait bounded by the consumer — on the queue stream
+//! after its last entry when the queue runs (an offer wakes it), on the control stream after its
+//! last entry when paused (a resume appends to it and wakes it; offers to a paused queue wake
+//! nobody). Both ids come from the script, atomically with its decision, so no wake-up is lost
+//! in between. The wait is pipelined with the next gated read on the same connection, so Redis
+//! runs the read the moment the wait ends: one round trip per wait, as a blocked `XREADGROUP`
+//! was, and none added while entries are there.
+//! Later gates (concurrency caps, priorities, rate limits) belong in `read.lua` too. Every
+//! connection of a consumer is opened on its lease thread and closed when that thread ends.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +61,8 @@ static REPLAY: LuaScript = LuaScript::new("replay", include_str!("../scripts/rep
 static REAP: LuaScript = LuaScript::new("reap", include_str!("../scripts/reap.lua"));
 static STATS: LuaScript = LuaScript::new("stats", include_str!("../scripts/stats.lua"));
 static CONSUMERS: LuaScript = LuaScript::new("consumers", include_str!("../scripts/consumers.lua"));
+static READ: LuaScript = LuaScript::new("read", include_str!("../scripts/read.lua"));
+static PAUSE: LuaScript = LuaScript::new("pause", include_str!("../scripts/pause.lua"));
 
 /// Delayed entries promoted per reclaim tick at most.
 const PROMOTE_PER_TICK: u32 = 1000;
@@ -73,6 +90,8 @@ struct Keys {
     delayed_payloads: String,
     liveness: String,
     fences: String,
+    paused: String,
+    control: String,
 }
 
 impl Keys {
@@ -84,6 +103,8 @@ impl Keys {
             delayed_payloads: keys::delayed_payloads(prefix, queue),
             liveness: keys::consumers(prefix, queue),
             fences: keys::fences(prefix, queue),
+            paused: keys::paused(prefix, queue),
+            control: keys::control(prefix, queue),
         }
     }
 }
@@ -221,14 +242,33 @@ impl QueueBackend for RedisQueueBackend {
         let v: Vec<u64> = STATS
             .run(
                 &mut self.conn.clone(),
-                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness],
+                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused],
                 &[&self.opts.group, &PARKED],
             )
             .await?;
-        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers] = v[..] else {
+        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers, paused_since] = v[..] else {
             return Err(unexpected("stats", &Value::Nil));
         };
-        Ok(QueueStats { length, pending, consumers, lag, delayed, dead_letters, dead_consumers })
+        let paused_since_ms = (paused_since > 0).then_some(paused_since);
+        Ok(QueueStats {
+            length,
+            pending,
+            consumers,
+            lag,
+            delayed,
+            dead_letters,
+            dead_consumers,
+            paused: paused_since_ms.is_some(),
+            paused_since_ms,
+        })
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<bool, QueueError> {
+        let keys = self.keys(queue);
+        let changed: i64 = PAUSE
+            .run(&mut self.conn.clone(), &[&keys.paused, &keys.control], &[&(if paused { "1" } else { "0" })])
+            .await?;
+        Ok(changed == 1)
     }
 
     async fn consumers(&self, queue: &str, max_leases: usize) -> Result<Vec<crate::ConsumerInfo>, QueueError> {
@@ -346,6 +386,15 @@ impl QueueBackend for RedisQueueBackend {
     }
 }
 
+/// What one gated read (`read.lua`) found.
+struct Gated {
+    /// The queue is paused: nothing was taken; wait on the control stream.
+    paused: bool,
+    /// The id to wait after (in the control stream when paused, else in the queue stream).
+    after: String,
+    entries: Vec<RawDelivery>,
+}
+
 struct RedisConsumer {
     client: RedisClient,
     keys: Keys,
@@ -400,6 +449,82 @@ impl RedisConsumer {
         Ok(out)
     }
 
+    /// The gated read's `EVALSHA` (`read.lua`, module docs).
+    fn read_cmd(&self, count: usize) -> redis::Cmd {
+        let mut cmd = READ.evalsha_cmd(3);
+        cmd.arg(&self.keys.stream)
+            .arg(&self.keys.paused)
+            .arg(&self.keys.control)
+            .arg(&self.group)
+            .arg(&self.spec.consumer)
+            .arg(count.max(1));
+        cmd
+    }
+
+    /// What `read.lua` replied.
+    fn parse_gated(&self, v: Value) -> Result<Gated, QueueError> {
+        let Value::Array(mut parts) = v else { return Err(unexpected("read", &v)) };
+        if parts.len() < 2 {
+            return Err(unexpected("read", &Value::Array(parts)));
+        }
+        let paused = as_u64(&parts[0]) == 1;
+        let after = as_string(&parts[1]).unwrap_or_default();
+        let entries = match parts.get_mut(2) {
+            // The entry list of one stream, as XREADGROUP replies it inside its stream pair.
+            Some(list) => self.parse_read(Value::Array(vec![Value::Array(vec![Value::Nil, std::mem::take(list)])]))?,
+            None => Vec::new(),
+        };
+        Ok(Gated { paused, after, entries })
+    }
+
+    /// One gated read, not waiting, on the shared connection.
+    async fn gated_read(&self, count: usize) -> Result<Gated, QueueError> {
+        let v: Value = READ.query(&mut self.conn.clone(), &self.read_cmd(count)).await?;
+        self.parse_gated(v)
+    }
+
+    /// Waits up to `wait` for an entry after `g.after` in the queue stream (or, paused, in the
+    /// control stream) with `XREAD BLOCK`, which takes nothing, and then reads again through the
+    /// gate — both pipelined on the dedicated connection, so that Redis runs the gated read the
+    /// moment the wait ends, without a round trip in between. `None`: no reply in time.
+    async fn wait_then_read(&self, g: &Gated, wait: Duration, count: usize) -> Result<Option<Gated>, QueueError> {
+        let key = if g.paused { &self.keys.control } else { &self.keys.stream };
+        let mut xread = redis::cmd("XREAD");
+        xread
+            .arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(wait.as_millis().max(1) as u64)
+            .arg("STREAMS")
+            .arg(key)
+            .arg(&g.after);
+        let mut pipe = redis::pipe();
+        pipe.add_command(xread).ignore().add_command(self.read_cmd(count));
+        let mut conn = self.blocking.lock().await;
+        // The connection has no response timeout: bound the wait ourselves.
+        let bound = wait + Duration::from_secs(5);
+        match tokio::time::timeout(bound, pipe.query_async::<(Value,)>(&mut *conn)).await {
+            Ok(Ok((v,))) => Ok(Some(self.parse_gated(v)?)),
+            // The script cache was flushed (Redis restarted, failed over): the read on the shared
+            // connection loads it.
+            Ok(Err(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                drop(conn);
+                Ok(Some(self.gated_read(count).await?))
+            }
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => {
+                // No reply in time: open a fresh connection so a late reply cannot be misread.
+                // Entries the pipelined read may have taken stay pending under this consumer
+                // without being held: the next heartbeat hands them to the parked owner as
+                // orphans.
+                if let Ok(fresh) = self.client.dedicated().await {
+                    *conn = fresh;
+                }
+                Ok(None)
+            }
+        }
+    }
+
     fn ids_of(v: &Value) -> Result<Vec<MessageId>, QueueError> {
         match v {
             Value::Array(items) => items.iter().map(|i| parse_id(&as_string(i).unwrap_or_default())).collect(),
@@ -412,40 +537,27 @@ impl RedisConsumer {
 #[async_trait]
 impl ConsumerBackend for RedisConsumer {
     async fn read_new(&self, count: usize, block: Duration) -> Result<Vec<RawDelivery>, QueueError> {
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(&self.group)
-            .arg(&self.spec.consumer)
-            .arg("COUNT")
-            .arg(count.max(1))
-            .arg("BLOCK")
-            .arg(block.as_millis().max(1) as u64)
-            .arg("STREAMS")
-            .arg(&self.keys.stream)
-            .arg(">");
-        let mut conn = self.blocking.lock().await;
-        // The connection has no response timeout: bound the wait ourselves.
-        let bound = block + Duration::from_secs(5);
-        let r: redis::RedisResult<Value> = match tokio::time::timeout(bound, cmd.query_async(&mut *conn)).await {
-            Ok(r) => r,
-            Err(_) => {
-                // No reply in time: open a fresh connection so a late reply cannot be misread.
-                // Entries that read may have taken stay pending under this consumer without being
-                // held: the next heartbeat hands them to the parked owner as orphans.
-                if let Ok(fresh) = self.client.dedicated().await {
-                    *conn = fresh;
+        let deadline = tokio::time::Instant::now() + block;
+        let mut g = self.gated_read(count).await;
+        loop {
+            let got = match g {
+                Ok(got) => got,
+                Err(QueueError::Redis(e)) if is_nogroup(&e) => {
+                    self.recreate_group().await?;
+                    return Ok(Vec::new());
                 }
-                return Ok(Vec::new());
+                Err(e) => return Err(e),
+            };
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if !got.entries.is_empty() || left < Duration::from_millis(1) {
+                return Ok(got.entries);
             }
-        };
-        drop(conn);
-        match r {
-            Ok(v) => self.parse_read(v),
-            Err(e) if is_nogroup(&e) => {
-                self.recreate_group().await?;
-                Ok(Vec::new())
-            }
-            Err(e) => Err(e.into()),
+            // Nothing taken: wait (taking nothing) for an offer, or for a resume when paused.
+            g = match self.wait_then_read(&got, left, count).await {
+                Ok(Some(next)) => Ok(next),
+                Ok(None) => return Ok(Vec::new()),
+                Err(e) => Err(e),
+            };
         }
     }
 

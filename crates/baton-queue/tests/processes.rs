@@ -133,7 +133,64 @@ macro_rules! on_redis {
     )*};
 }
 
-on_redis!(long_handler_in_two_processes_runs_once, sigkilled_consumer_fails_over_to_other_process);
+on_redis!(
+    long_handler_in_two_processes_runs_once,
+    sigkilled_consumer_fails_over_to_other_process,
+    paused_queue_across_three_processes
+);
+
+/// Three worker processes; the queue is paused while one runs a job, then that process is
+/// SIGKILLed: another process takes the job over during the pause, while the jobs offered during
+/// the pause start nowhere; after the resume they start at once.
+async fn paused_queue_across_three_processes(cfg: RedisConfig) {
+    let q = queue_name("procs-pause");
+    let mut workers: Vec<Worker> = (0..3).map(|_| spawn_worker(&cfg, &q, 30_000)).collect();
+    let client = RedisClient::new(cfg).unwrap();
+    let s = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
+    let mut conn = client.shared().await.unwrap();
+    let job = s.offer(&q, "job").await.unwrap();
+    let first = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { events(&mut conn, &q).await.into_iter().next() }
+    })
+    .await
+    .expect("a worker started the job");
+    assert!(s.pause(&q).await.unwrap());
+    let waiting = s.offer_batch(&q, vec!["w1".into(), "w2".into(), "w3".into()]).await.unwrap();
+    let pid: u32 = first.split(':').nth(1).unwrap().parse().unwrap();
+    let idx = workers.iter().position(|w| w.pid == pid).expect("known worker");
+    let mut victim = workers.remove(idx);
+    victim.child.kill().unwrap(); // SIGKILL
+    victim.child.wait().unwrap();
+    let second = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { events(&mut conn, &q).await.into_iter().nth(1) }
+    })
+    .await
+    .expect("another worker took the job over during the pause");
+    assert!(second.ends_with(&format!(":{job}")) && !second.contains(&format!(":{pid}:")), "{second}");
+    // Two more claim timeouts: the jobs offered during the pause start nowhere.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let ev = events(&mut conn, &q).await;
+    assert_eq!(ev.len(), 2, "only the first job ran: {ev:?}");
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.paused, st.lag, st.pending, st.consumers), (true, 3, 1, 2), "{st:?}");
+    let resumed = Instant::now();
+    assert!(s.resume(&q).await.unwrap());
+    let ev = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { Some(events(&mut conn, &q).await).filter(|e| e.len() >= 5) }
+    })
+    .await
+    .expect("the waiting jobs started after the resume");
+    assert!(resumed.elapsed() < Duration::from_secs(2), "started {:?} after the resume", resumed.elapsed());
+    for id in waiting {
+        assert_eq!(ev.iter().filter(|e| e.ends_with(&format!(":{id}"))).count(), 1, "{id} once: {ev:?}");
+    }
+}
 
 /// Two worker processes, a handler running 5× the 1 s claim timeout: exactly one run, one owner.
 async fn long_handler_in_two_processes_runs_once(cfg: RedisConfig) {

@@ -460,6 +460,27 @@ fn queues_list_pending_dead_replay_and_errors() {
     let out = s.run(&["queues", "replay", "default", "--all"]).ok();
     assert_eq!(out.stdout, "replayed 0 dead letters onto default\n");
     s.run(&["queues", "replay", "default"]).code(2);
+
+    // Pause: submits wait (the lag is exact while paused), the list marks the queue; resume.
+    let out = s.run(&["queues", "pause", "default"]).ok();
+    assert_eq!(out.stdout, "paused default (0 commands wait)\n");
+    s.run(&["commands", "submit", "default", "echo", "--id", "e2"]).ok();
+    let out = s.run(&["queues", "pause", "default"]).ok();
+    assert_eq!(out.stdout, "default was already paused (1 command waits)\n");
+    let out = s.run(&["queues", "list"]).ok();
+    assert!(out.stdout.lines().nth(1).unwrap().starts_with("default (paused) "), "{out:?}");
+    let out = s.run(&["queues", "pause", "default", "--json"]).ok();
+    assert_eq!((out.json()["paused"].as_bool(), out.json()["changed"].as_bool()), (Some(true), Some(false)));
+    let out = s.run(&["commands", "status", "e2"]).ok();
+    assert!(out.stdout.contains("SUBMITTED"), "{out:?}");
+    let out = s.run(&["queues", "resume", "default"]).ok();
+    assert_eq!(out.stdout, "resumed default\n");
+    s.run(&["commands", "wait", "e2", "--timeout", "10s"]).ok();
+    let out = s.run(&["queues", "resume", "default"]).ok();
+    assert_eq!(out.stdout, "default was not paused\n");
+    s.run(&["queues", "pause", "nosuchqueue"]).code(3);
+    s.run(&["queues", "pause"]).code(2);
+
     s.run(&["queues", "pending", "nosuchqueue"]).code(3);
     s.run(&["queues", "dead", "nosuchqueue"]).code(3);
 

@@ -217,6 +217,69 @@ async fn listing_and_queue_stats(backend: TestBackend) {
     srv.stop().await;
 }
 
+/// `POST /v1/queues/{queue}/pause|resume`: a paused queue accepts submits and starts none of
+/// them (for several claim timeouts) while a running command goes on and finishes; the queue
+/// JSON and `/metrics` show the state; a resume starts the waiting ones; unknown queues are 404.
+async fn pause_and_resume_a_queue(backend: TestBackend) {
+    let srv = serve(backend, |_| {}).await;
+    let (s, r) =
+        post(&srv, "/v1/queues/default/commands", json!({"id": "long", "type": "sleep", "params": {"ms": 4000}})).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{r}");
+    eventually(Duration::from_secs(10), || async {
+        let (_, st) = get(&srv, "/v1/commands/long").await;
+        // Started: RUNNING, or its first progress report (RUNNING may be written with it).
+        (st["status"] == "RUNNING" || st["progress"].is_object()).then_some(())
+    })
+    .await
+    .expect("long runs");
+    let (s, q) = post(&srv, "/v1/queues/default/pause", json!(null)).await;
+    assert_eq!(s, StatusCode::OK, "{q}");
+    assert_eq!(
+        (q["name"].as_str(), q["paused"].as_bool(), q["changed"].as_bool()),
+        (Some("default"), Some(true), Some(true))
+    );
+    assert!(q["paused_since"].as_str().is_some_and(|t| t.ends_with('Z')), "{q}");
+    let (_, again) = post(&srv, "/v1/queues/default/pause", json!(null)).await;
+    assert_eq!((again["paused"].as_bool(), again["changed"].as_bool()), (Some(true), Some(false)));
+    assert_eq!(again["paused_since"], q["paused_since"]);
+    for i in 0..3 {
+        let (s, _) = post(&srv, "/v1/queues/default/commands", json!({"id": format!("w-{i}"), "type": "echo"})).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "submits are accepted while paused");
+    }
+    // Several claim timeouts (2 s): nothing new starts; the running one finishes.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_, long) = get(&srv, "/v1/commands/long").await;
+    assert_eq!(long["status"], "SUCCEEDED", "the running command went on: {long}");
+    for i in 0..3 {
+        let (_, st) = get(&srv, &format!("/v1/commands/w-{i}")).await;
+        assert_eq!(st["status"], "SUBMITTED", "w-{i} started while paused: {st}");
+    }
+    let (_, q) = get(&srv, "/v1/queues/default").await;
+    assert_eq!((q["paused"].as_bool(), q["lag"].as_u64(), q["pending"].as_u64()), (Some(true), Some(3), Some(0)));
+    let text = client().get(format!("{}/metrics", srv.base)).send().await.unwrap().text().await.unwrap();
+    assert!(text.contains("baton_queue_paused{queue=\"default\"} 1"), "{text}");
+    assert!(text.contains("baton_queue_paused{queue=\"extra\"} 0"), "{text}");
+    let (s, q) = post(&srv, "/v1/queues/default/resume", json!(null)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        (q["paused"].as_bool(), q["changed"].as_bool(), &q["paused_since"]),
+        (Some(false), Some(true), &Value::Null)
+    );
+    for i in 0..3 {
+        let (_, st) = get(&srv, &format!("/v1/commands/w-{i}?wait=10s")).await;
+        assert_eq!(st["status"], "SUCCEEDED", "{st}");
+    }
+    let (_, q) = post(&srv, "/v1/queues/default/resume", json!(null)).await;
+    assert_eq!(q["changed"].as_bool(), Some(false));
+    let text = client().get(format!("{}/metrics", srv.base)).send().await.unwrap().text().await.unwrap();
+    assert!(text.contains("baton_queue_paused{queue=\"default\"} 0"), "{text}");
+    let (s, e) = post(&srv, "/v1/queues/nope/pause", json!(null)).await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::NOT_FOUND, Some("unknown_queue")));
+    let (s, _) = post(&srv, "/v1/queues/nope/resume", json!(null)).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    srv.stop().await;
+}
+
 /// Dead letters: an undecodable message is dead-lettered by the worker; list, replay one (it is
 /// dead-lettered again under a new id), replay all, purge, unknown ids.
 async fn dead_letters(backend: TestBackend) {
@@ -495,6 +558,7 @@ async fn minutes_after_work(backend: TestBackend) {
 }
 
 on_every_backend!(
+    pause_and_resume_a_queue,
     minutes_after_work,
     submit_state_wait_cancel,
     dead_letters,

@@ -137,6 +137,43 @@ fn backends() -> Vec<(&'static str, Option<RedisServer>)> {
     vec![("memory", None), ("standalone", Some(RedisServer::start()))]
 }
 
+/// A claim on a paused queue gets nothing new (it waits its whole `wait`); a claim waiting when
+/// the queue is resumed gets the command at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_a_paused_queue_gets_nothing_new() {
+    for (name, redis) in backends() {
+        let s = Serve::spawn(redis.as_ref().map(|r| r.url()).as_deref(), false).await;
+        let (st, v) = post_json(&s.url("/v1/queues/jobs/pause"), json!(null)).await;
+        assert_eq!((st, v["paused"].as_bool()), (StatusCode::OK, Some(true)), "{name}: {v}");
+        submit(&s, "p-1", "{}").await;
+        let t = Instant::now();
+        let (st, v) = post_json(&s.worker("w1", "claim"), json!({ "wait": "1s" })).await;
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        assert_eq!(v["leases"], json!([]), "{name}: claimed while paused: {v}");
+        assert!(t.elapsed() >= Duration::from_millis(900), "{name}: the claim waited");
+        let (c, _) = get_command(&s, "p-1").await;
+        assert_eq!(c["status"], "SUBMITTED", "{name}");
+        // A claim waiting across the resume gets the command when it comes.
+        let url = s.worker("w1", "claim");
+        let waiting = tokio::spawn(async move {
+            let t = Instant::now();
+            (post_json(&url, json!({ "wait": "20s" })).await, t.elapsed())
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let resumed = Instant::now();
+        let (st, _) = post_json(&s.url("/v1/queues/jobs/resume"), json!(null)).await;
+        assert_eq!(st, StatusCode::OK);
+        let ((st, v), _) = waiting.await.unwrap();
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        assert_eq!(v["leases"].as_array().map(Vec::len), Some(1), "{name}: {v}");
+        assert!(
+            resumed.elapsed() < Duration::from_secs(3),
+            "{name}: the waiting claim got it {:?} after the resume",
+            resumed.elapsed()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_renew_settle_with_exact_result_then_lease_lost() {
     for (name, redis) in backends() {

@@ -1042,6 +1042,25 @@ impl CommandStore {
             .collect())
     }
 
+    /// Pauses `queue` ([`baton_queue::MessageStream::pause`]): submits are accepted and stay
+    /// SUBMITTED, and no worker of any process (in-process or remote, over HTTP) starts a new
+    /// command of the queue until [`CommandStore::resume`]. Commands already running go on:
+    /// their leases renew, their outcomes apply, a dead worker's commands are taken over, and
+    /// their `check_status` re-polls shorter than the claim timeout go on. The state is the
+    /// queue's in the backend (every process sees it). Returns `true` when the queue was
+    /// running. Errors: [`CommandError::Queue`] (bad name, backend unreachable).
+    pub async fn pause(&self, queue: &str) -> Result<bool, CommandError> {
+        validate_queue(queue)?;
+        Ok(self.inner.stream.pause(queue).await?)
+    }
+
+    /// Resumes a paused `queue`: its waiting commands start at once, oldest first. Returns
+    /// `true` when it was paused. Errors as [`CommandStore::pause`].
+    pub async fn resume(&self, queue: &str) -> Result<bool, CommandError> {
+        validate_queue(queue)?;
+        Ok(self.inner.stream.resume(queue).await?)
+    }
+
     /// Exact counts of `queue`'s commands (by home queue) per status.
     pub async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError> {
         validate_queue(queue)?;

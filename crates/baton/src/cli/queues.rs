@@ -1,4 +1,5 @@
-//! `baton queues list|pending|workers|minutes|schedules|dead|replay|events`: queue inspection from the command line.
+//! `baton queues list|pending|workers|minutes|schedules|dead|replay|events|pause|resume`: queue
+//! inspection and control from the command line.
 
 use clap::Subcommand;
 use reqwest::Method;
@@ -56,6 +57,11 @@ pub enum QueuesOp {
         #[arg(long)]
         webhook: bool,
     },
+    /// Pause a queue: submits are still accepted, but no worker (of any process) starts a new
+    /// command of it until `baton queues resume`; running commands go on.
+    Pause { queue: String },
+    /// Resume a paused queue: its waiting commands start at once, oldest first.
+    Resume { queue: String },
     /// A queue's command events (its event feed), oldest first, one line each; with --follow,
     /// then the new ones as they happen (until ctrl-c).
     Events {
@@ -99,8 +105,9 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             for q in &queues {
                 let c = q.get("commands");
                 let n = |k: &str| cell(c.and_then(|c| c.get(k)));
+                let paused = q.get("paused").and_then(Value::as_bool).unwrap_or(false);
                 t.row(vec![
-                    cell(q.get("name")),
+                    if paused { format!("{} (paused)", cell(q.get("name"))) } else { cell(q.get("name")) },
                     cell(q.get("length")),
                     cell(q.get("pending")),
                     // Live consumers; dead ones (silent past their claim timeout) apart.
@@ -334,6 +341,8 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             }
             Ok(exit::OK)
         }
+        QueuesOp::Pause { queue } => set_paused(cl, &queue, true).await,
+        QueuesOp::Resume { queue } => set_paused(cl, &queue, false).await,
         QueuesOp::Events { queue, offset, follow } => {
             let path = format!("/v1/queues/{}/events", encode_segment(&queue));
             if follow {
@@ -350,4 +359,27 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
             Ok(exit::OK)
         }
     }
+}
+
+/// `baton queues pause|resume Q`: `POST /v1/queues/{queue}/pause|resume`. A pause prints how many
+/// commands wait (exact then: nothing new starts); a resume does not (they start at once).
+async fn set_paused(cl: &Client, queue: &str, pause: bool) -> Result<u8, CliError> {
+    let url = format!("/v1/queues/{}/{}", encode_segment(queue), if pause { "pause" } else { "resume" });
+    let v = cl.json_ok(cl.request(Method::POST, &url)).await?;
+    let changed = v.get("changed").and_then(Value::as_bool).unwrap_or(false);
+    if cl.json {
+        print_json(&v);
+    } else if pause {
+        let waiting = count(&cell(v.get("lag")), "command waits", "commands wait");
+        if changed {
+            println!("paused {queue} ({waiting})");
+        } else {
+            println!("{queue} was already paused ({waiting})");
+        }
+    } else if changed {
+        println!("resumed {queue}");
+    } else {
+        println!("{queue} was not paused");
+    }
+    Ok(exit::OK)
 }

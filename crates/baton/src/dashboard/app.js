@@ -184,8 +184,10 @@
         body.append(h("tr", {}, h("th", { scope: "row" }, q.name), h("td", { colspan: 12, class: "wrap" }, "error: " + q.error)));
         continue;
       }
-      body.append(h("tr", { "data-queue": q.name },
-        h("th", { scope: "row" }, q.name),
+      body.append(h("tr", { "data-queue": q.name, "data-paused": q.paused ? "1" : null, class: q.paused ? "paused" : null },
+        h("th", { scope: "row" }, q.name,
+          q.paused ? h("span", { class: "badge PAUSED", title: "Paused " + ago(q.paused_since) + ": submits wait, nothing new starts" }, "PAUSED") : null,
+          pauseButton(q)),
         n(q.length), n(q.pending),
         // Live consumers; dead ones (silent past their claim timeout, not reaped yet) apart.
         h("td", { class: "num", "data-dead": q.dead_consumers || 0 }, num(q.consumers || 0),
@@ -398,6 +400,36 @@
       toast(`Cannot retry ${id}: ${r.message}`, true);
     }
   });
+
+  // ---- pause / resume (POST /v1/queues/{queue}/pause|resume) ---------------------------------
+  // The rows are redrawn every second, so a button's armed state ("Confirm pause?", 4 s) is kept
+  // here, not on the element.
+  const pauseArm = { key: "", until: 0 };
+  function pauseButton(q) {
+    const verb = q.paused ? "resume" : "pause";
+    const key = verb + "\n" + q.name;
+    const armed = pauseArm.key === key && Date.now() < pauseArm.until;
+    const label = q.paused ? "Resume" : "Pause";
+    return h("button", {
+      class: "small secondary pause-btn", type: "button", "data-action": verb, "data-armed": armed ? "1" : null,
+      title: q.paused ? "Start the waiting commands again" : "Accept submits but start nothing new; running commands go on",
+      onclick: async (e) => {
+        e.stopPropagation();
+        const btn = e.currentTarget;
+        if (!(pauseArm.key === key && Date.now() < pauseArm.until)) {
+          pauseArm.key = key; pauseArm.until = Date.now() + 4000;
+          btn.dataset.armed = "1";
+          btn.textContent = `Confirm ${verb}?`;
+          return;
+        }
+        pauseArm.key = "";
+        btn.disabled = true;
+        const r = await api("POST", `/v1/queues/${enc(q.name)}/${verb}`);
+        if (r.ok) toast(r.body.changed ? `${q.paused ? "Resumed" : "Paused"} ${q.name}` : `${q.name} already ${q.paused ? "running" : "paused"}`);
+        else { btn.disabled = false; toast(`Cannot ${verb} ${q.name}: ${r.message}`, true); }
+      },
+    }, armed ? `Confirm ${verb}?` : label);
+  }
 
   // ---- dead letters -------------------------------------------------------------------------
   async function replay(d, btn) {

@@ -162,7 +162,7 @@ fn schemas() -> Value {
     let ts = || json!({ "type": "string", "format": "date-time" });
     let opt_ts = || json!({ "type": ["string", "null"], "format": "date-time" });
     let count = || json!({ "type": "integer", "minimum": 0 });
-    json!({
+    let mut all = json!({
         "Error": { "type": "object", "required": ["error", "message"], "properties": {
             "error": { "type": "string", "description": "A stable code, e.g. `invalid_json`, `unknown_queue`." },
             "message": { "type": "string", "description": "What went wrong and what to fix." },
@@ -253,10 +253,15 @@ fn schemas() -> Value {
         "CommandPage": { "type": "object", "required": ["items", "next_cursor"], "properties": {
             "items": { "type": "array", "items": r("CommandState") },
             "next_cursor": { "type": ["string", "null"] } } },
+    });
+    let rest = json!({
         "Queue": { "type": "object",
-            "required": ["name", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "dead_letters", "commands", "handlers", "workers"],
+            "required": ["name", "paused", "paused_since", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "dead_letters", "commands", "handlers", "workers"],
             "properties": {
-                "name": { "type": "string" }, "length": count(), "pending": count(),
+                "name": { "type": "string" },
+                "paused": { "type": "boolean", "description": "Paused (`POST /v1/queues/{queue}/pause`): submits are accepted, no worker starts a new command; running ones go on." },
+                "paused_since": { "type": ["string", "null"], "format": "date-time", "description": "When it was paused; null while running." },
+                "length": count(), "pending": count(),
                 "consumers": { "type": "integer", "minimum": 0, "description": "Live consumers (heartbeat younger than their claim timeout)." },
                 "dead_consumers": { "type": "integer", "minimum": 0, "description": "Group members silent past their claim timeout, not reaped yet (their commands are taken over)." },
                 "lag": count(), "delayed": count(), "dead_letters": count(),
@@ -266,6 +271,8 @@ fn schemas() -> Value {
                                     "failed": count(), "cancelled": count(), "total": count() } },
                 "handlers": { "type": "array", "items": { "type": "string" } },
                 "workers": { "type": "boolean" } } },
+        "QueueChange": { "allOf": [r("Queue"), { "type": "object", "required": ["changed"], "properties": {
+            "changed": { "type": "boolean", "description": "The state changed (false: the queue already was paused, or running)." } } }] },
         "Minute": { "type": "object",
             "required": ["minute", "succeeded", "failed", "cancelled", "retried", "durations", "duration_p50_ms",
                          "duration_p90_ms", "duration_p99_ms", "depth", "oldest_age_ms"],
@@ -329,7 +336,12 @@ fn schemas() -> Value {
                 "id": { "type": "string" }, "original_id": { "type": "string" }, "payload": { "type": "string" },
                 "command_id": { "type": ["string", "null"] }, "deliveries": count(), "reason": { "type": "string" },
                 "dead_lettered_at": ts() } },
-    })
+    });
+    // Two literals: one is past `json!`'s recursion limit.
+    if let (Some(a), Value::Object(b)) = (all.as_object_mut(), rest) {
+        a.extend(b);
+    }
+    all
 }
 
 /// The OpenAPI 3.1 document of `operations`: (router path template, lower-case method, the

@@ -100,7 +100,8 @@ pub fn worker_router(api: CommandsApi) -> Router {
 
 /// Sets the sampled queue gauges (for each configured queue, at most 2 s in all):
 /// `baton_queue_length`, `baton_queue_pending`, `baton_queue_consumers`, `baton_queue_lag`,
-/// `baton_queue_delayed`, `baton_queue_dead_letter_entries` (label `queue`) and
+/// `baton_queue_delayed`, `baton_queue_dead_letter_entries`, `baton_queue_paused` (1 paused, 0
+/// running) (label `queue`) and
 /// `baton_commands{queue,status}` (status lower case). A failed sample counts
 /// `baton_queue_sample_failures_total` and leaves the previous values.
 async fn sample_metrics(api: &CommandsApi) {
@@ -118,6 +119,7 @@ async fn sample_metrics(api: &CommandsApi) {
                     g("baton_queue_lag", s.lag);
                     g("baton_queue_delayed", s.delayed);
                     g("baton_queue_dead_letter_entries", s.dead_letters);
+                    g("baton_queue_paused", u64::from(s.paused));
                     for (status, v) in [
                         ("submitted", c.submitted),
                         ("running", c.running),

@@ -10,12 +10,15 @@
 //! | `POST /v1/queues/{queue}/dead-letters/{id}/replay` | `200` `{"replayed": id, "id": new id}` | `400` bad id, `404` unknown queue or dead letter |
 //! | `POST /v1/queues/{queue}/dead-letters/replay?limit=1000` | `200` `{"replayed": n}` (oldest first) | `400` bad limit, `404` |
 //! | `DELETE /v1/queues/{queue}/dead-letters` | `200` `{"purged": n}` | `404` |
+//! | `POST /v1/queues/{queue}/pause` | `200` queue (now paused) with `"changed"`: false when it already was | `404` |
+//! | `POST /v1/queues/{queue}/resume` | `200` queue (now running) with `"changed"`: false when it already was | `404` |
 //!
 //! Each dead-letter route takes `?of=webhook` to work on the queue's completion webhook
 //! deliveries instead of its commands (`of=commands`, the default; see `crate::webhooks`): a
 //! webhook dead letter's payload is the webhook body, and a replay delivers it again.
 //!
-//! A queue: `{"name", "length", "pending", "consumers", "lag", "delayed", "dead_letters",
+//! A queue: `{"name", "paused", "paused_since" (RFC 3339 or null), "length", "pending",
+//! "consumers", "lag", "delayed", "dead_letters",
 //! "commands": {"submitted", "running", "succeeded", "failed", "cancelled", "total"},
 //! "handlers": [command type…], "workers": bool}` — counts are exact at the time of the call;
 //! `workers` says whether this process runs the queue's workers. A dead letter: `{"id",
@@ -42,6 +45,8 @@ pub async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, ApiError
     let handlers: Vec<&String> = entry.handlers.keys().collect();
     Ok(json!({
         "name": name,
+        "paused": stats.paused,
+        "paused_since": stats.paused_since_ms.map(|ms| baton_commands::Timestamp::from_millis(ms).to_string()),
         "length": stats.length,
         "pending": stats.pending,
         "consumers": stats.consumers,
@@ -75,6 +80,29 @@ pub async fn one_queue(
     _: Query,
 ) -> Result<Response, ApiError> {
     Ok(json_response(queue_json(&st.commands, &queue).await?))
+}
+
+/// `POST /v1/queues/{queue}/pause`: no worker starts a new command of the queue until it is
+/// resumed ([`baton_commands::CommandStore::pause`]); answers the queue.
+pub async fn pause(State(st): State<AppState>, QueueName(queue): QueueName, _: Query) -> Result<Response, ApiError> {
+    set_paused(&st, &queue, true).await
+}
+
+/// `POST /v1/queues/{queue}/resume`: the queue's waiting commands start again; answers the queue.
+pub async fn resume(State(st): State<AppState>, QueueName(queue): QueueName, _: Query) -> Result<Response, ApiError> {
+    set_paused(&st, &queue, false).await
+}
+
+async fn set_paused(st: &AppState, queue: &str, paused: bool) -> Result<Response, ApiError> {
+    st.commands.queue(queue)?;
+    let store = st.commands.store();
+    let changed = if paused { store.pause(queue).await? } else { store.resume(queue).await? };
+    if changed {
+        tracing::info!(queue = %queue, paused, "queue {}", if paused { "paused" } else { "resumed" });
+    }
+    let mut body = queue_json(&st.commands, queue).await?;
+    body["changed"] = Value::Bool(changed);
+    Ok(json_response(body))
 }
 
 /// `GET /v1/queues/{queue}/workers`: its workers (the consumers of its group), live and dead,

@@ -1059,6 +1059,34 @@ fn queue_routes(d: &Docs) -> Vec<Route> {
             ),
             get(queues::schedules),
         ),
+        Route::json("/v1/queues/{queue}/pause", Access::Queue(Write)).on(
+            Method::POST,
+            Access::Queue(Write),
+            op(
+                "Pause a queue: submits are accepted, no worker starts a new command until it is resumed",
+                "queues",
+                json!([d.queue()]),
+                protected(map(vec![
+                    ("200", json_resp("The queue, now paused; `changed` is false when it already was.", r("QueueChange"))),
+                    ("404", err_resp("Unknown queue.")),
+                ])),
+            ),
+            post(queues::pause),
+        ),
+        Route::json("/v1/queues/{queue}/resume", Access::Queue(Write)).on(
+            Method::POST,
+            Access::Queue(Write),
+            op(
+                "Resume a paused queue: its waiting commands start at once, oldest first",
+                "queues",
+                json!([d.queue()]),
+                protected(map(vec![
+                    ("200", json_resp("The queue, now running; `changed` is false when it already was.", r("QueueChange"))),
+                    ("404", err_resp("Unknown queue.")),
+                ])),
+            ),
+            post(queues::resume),
+        ),
         Route::json("/v1/queues/{queue}/workers", Access::Queue(Read)).on(
             Method::GET,
             Access::Queue(Read),
