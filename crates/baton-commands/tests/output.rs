@@ -30,7 +30,8 @@ baton_testkit::on_every_backend!(
     a_rerun_while_the_old_run_still_writes,
     a_cancel_racing_the_handlers_terminal_write_agrees_with_the_stream,
     a_superseded_remote_worker_cannot_end_the_output,
-    a_handler_that_lost_its_lease_cannot_end_the_output
+    a_handler_that_lost_its_lease_cannot_end_the_output,
+    a_command_failing_with_a_full_output_fails_once
 );
 
 async fn setup(b: &TestBackend) -> (CommandStore, StreamStore) {
@@ -870,4 +871,63 @@ async fn a_handler_that_lost_its_lease_cannot_end_the_output(b: TestBackend) {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     svc.close().await;
     other.close().await;
+}
+
+/// A handler that filled its output to the stream's `max_len` (1,000,000 messages) and then
+/// fails: the error entry of its FAILED end must not be refused as one message too many (that
+/// left the end undone, the delivery retried every second and the handler called again, forever:
+/// the command never settled).
+async fn a_command_failing_with_a_full_output_fails_once(b: TestBackend) {
+    let (store, streams) = setup(&b).await;
+    let q = queue_name("output-full");
+    let calls = Arc::new(AtomicU32::new(0));
+    let c2 = calls.clone();
+    let svc = CommandService::builder(store.clone(), &q)
+        .settings(fast())
+        .handler(
+            "write",
+            on_execute(move |c: Command| {
+                let calls = c2.clone();
+                async move {
+                    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                        // One append of an array of 1,000,000 values: the stream is full.
+                        let mut body = String::with_capacity(2_000_002);
+                        body.push('[');
+                        for i in 0..1_000_000 {
+                            if i > 0 {
+                                body.push(',');
+                            }
+                            body.push('0');
+                        }
+                        body.push(']');
+                        c.output().unwrap().open().await?.append(body).await?;
+                    }
+                    Ok(CommandResult::failed("disk full"))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let st = store.submit(&q, Command::new("write", json!({})).with_output(OutputSpec::default())).await.unwrap();
+    let path = st.output.clone().unwrap().stream;
+    let done = store.wait(&st.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((done.status, done.error.as_deref()), (CommandStatus::Failed, Some("disk full")));
+    assert_eq!(end_of(&streams, &path).await, Some(EndReason::Finished));
+    let p = StreamPath::new(&path).unwrap();
+    let mut from = ReadFrom::Start;
+    let mut last = None;
+    loop {
+        let chunk = streams.read(&p, from).await.unwrap();
+        if let Some(r) = chunk.records.last() {
+            last = Some(String::from_utf8(r.data.to_vec()).unwrap());
+        }
+        if chunk.up_to_date || chunk.records.is_empty() {
+            break;
+        }
+        from = ReadFrom::At(chunk.next_offset);
+    }
+    assert_eq!(last.as_deref(), Some(r#"{"error":"disk full"}"#));
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler was called once");
+    svc.close().await;
 }

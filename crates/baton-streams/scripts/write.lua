@@ -7,7 +7,7 @@
 --       A seq of 'f' makes the producer id and epoch a fence instead of a stamp (an end fenced
 --       to a producer's epoch): the request is refused ('fenced') unless that producer's current
 --       epoch is the one given ('' = none claimed), checked right after the end; it writes no
---       producer state.
+--       producer state, and its entry is not counted against max_len (part of the end).
 -- Reply: R arrays, in request order: {status, ...} (see the returns of one() below); an accepted
 -- request that did not end the stream gets the short {'ok', tail}. When the stream exists, one
 -- more array follows: {incarnation, the tail before this call} (the engine hands the new records
@@ -136,7 +136,8 @@ local function validate(b, n, units)
     end
   end
   if sseq ~= '' and m.sq and bytes_le(sseq, m.sq) then return {'sseq', m.sq} end
-  if n > 0 then
+  -- A fenced end's entry is part of the end, which max_len never counts.
+  if n > 0 and not fence then
     if m.ml and cnt_n + units > tonumber(m.ml) then return {'toolong', 'stream', m.ml} end
     if pid ~= '' and m.mlw and count + units > tonumber(m.mlw) then return {'toolong', 'writer', m.mlw} end
   end

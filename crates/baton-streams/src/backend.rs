@@ -49,7 +49,8 @@ pub(crate) struct WriteSpec {
     pub records: Vec<(Bytes, u32)>,
     /// [`crate::StreamStore::end_fenced`]: refused (`Fenced`) unless this producer's current
     /// epoch is this one (`None`: no epoch was claimed); checked after the end (an ended stream
-    /// answers `Closed`). Never with `producer`.
+    /// answers `Closed`). Never with `producer`. Its records are part of the end: `max_len`
+    /// does not count them.
     pub fence: Option<(String, Option<u64>)>,
 }
 

@@ -18,7 +18,9 @@ pub struct RunLimits {
     /// Messages per stream; an append that would pass it is refused whole
     /// ([`StreamError::TooLong`](crate::StreamError::TooLong)). A message is one JSON value of an
     /// `application/json` stream (an append of an array of `n` counts `n`), or one append of any
-    /// other content type. Keepalives and the end never count. Default 1,000,000.
+    /// other content type. Keepalives and the end never count, nor the entry an end fenced to a
+    /// producer appends with it ([`StreamStore::end_fenced`](crate::StreamStore::end_fenced)), so
+    /// a full stream can still end that way. Default 1,000,000.
     pub max_len: Option<u64>,
     /// Messages per writer (producer id, across epochs), counted as `max_len`. Default none.
     pub max_len_per_writer: Option<u64>,

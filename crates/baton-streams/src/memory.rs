@@ -467,7 +467,8 @@ impl StreamBackend for MemoryStreamBackend {
                     return Err(StreamError::StreamSeqRegression { last: last.clone(), received: s.clone() });
                 }
             }
-            if n > 0 {
+            // A fenced end's entry is part of the end, which `max_len` never counts.
+            if n > 0 && spec.fence.is_none() {
                 if let Some(ml) = st.limits.max_len {
                     if st.cnt + units > ml {
                         return Err(StreamError::TooLong { limit: ml, scope: LimitScope::Stream });

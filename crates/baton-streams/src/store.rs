@@ -454,8 +454,9 @@ impl StreamStore {
     /// (the stream had ended already, by anyone) is returned with `ended_now == false` and
     /// nothing written (that check comes first). Errors: `Fenced` (the producer's epoch is
     /// another: `current_epoch`, 0 when none was claimed; nothing written), `NotFound`, `Gone`,
-    /// and the errors of an append of `entry` (`Conflict` for the content type, `TooLong`,
-    /// `InvalidJson`, `EmptyArray`).
+    /// and the errors of an append of `entry` (`Conflict` for the content type, `InvalidJson`,
+    /// `EmptyArray`). `entry` is part of the end: `max_len` does not count it (a full stream
+    /// still ends this way, its count then one past the limit).
     pub async fn end_fenced(
         &self,
         path: &StreamPath,
