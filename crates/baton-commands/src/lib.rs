@@ -297,7 +297,7 @@ pub use hooks::{hook_prefix, CompletionHook};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{
     BulkAction, BulkReport, Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall,
-    ListQuery, Progress, StatusCounts, Timestamp, Worker,
+    ListQuery, Progress, ScheduledCounts, StatusCounts, Timestamp, Worker,
 };
 pub use output::{Output, OutputLink, OutputSpec, OutputWriter, OUTPUT_PRODUCER};
 pub use remote::{
@@ -383,6 +383,14 @@ pub enum CommandError {
     /// is attached ([`CommandStore::retry`]).
     #[error("command {} is {}: only FAILED or CANCELLED commands can be re-run", .0.id, .0.status)]
     NotRetryable(Box<CommandState>),
+    /// A due time that cannot be scheduled ([`Command::with_run_at`]); the message says why.
+    #[error("invalid run_at: {0}")]
+    InvalidSchedule(String),
+    /// The command does not wait for a due time any more (it was not scheduled, or its message
+    /// was enqueued already, or it ended), so the reschedule was refused; its state is attached
+    /// ([`CommandStore::reschedule`]).
+    #[error("command {} is {} and no longer waits for a due time: only a scheduled command that has not started can be rescheduled", .0.id, .0.status)]
+    NotScheduled(Box<CommandState>),
     /// A stored state that does not decode (corrupt or foreign data).
     #[error("corrupt state for command {id}: {reason}")]
     Corrupt { id: String, reason: String },
