@@ -782,6 +782,10 @@ pub struct ListQuery {
     pub created_after: Option<Timestamp>,
     /// Only commands created before this time.
     pub created_before: Option<Timestamp>,
+    /// `Some(true)`: only scheduled commands still waiting for their due time
+    /// ([`CommandState::is_scheduled`]; a filter like `command_type`, see the type docs);
+    /// `Some(false)`: only the others.
+    pub scheduled: Option<bool>,
 }
 
 impl ListQuery {

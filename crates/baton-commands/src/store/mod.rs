@@ -954,13 +954,14 @@ impl CommandStore {
         }
         let min_ms = query.created_after.map_or(0, |t| t.millis());
         let backend = &self.inner.backend;
-        if query.command_type.is_none() && query.id_prefix.is_none() {
+        if query.command_type.is_none() && query.id_prefix.is_none() && query.scheduled.is_none() {
             let (items, next) = backend.list(queue, query.status, limit, cursor, min_ms).await?;
             return Ok(CommandPage { items, next_cursor: next.map(|c| c.encode()) });
         }
         let wanted = |st: &CommandState| {
             query.command_type.as_ref().is_none_or(|t| &st.command_type == t)
                 && query.id_prefix.as_ref().is_none_or(|p| st.id.starts_with(p.as_str()))
+                && query.scheduled.is_none_or(|s| st.is_scheduled() == s)
         };
         let mut items = Vec::new();
         let mut looked = 0;
