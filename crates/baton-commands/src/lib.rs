@@ -153,6 +153,31 @@
 //! # }
 //! ```
 //!
+//! ## Scheduled commands
+//!
+//! [`Command::with_run_at`] / [`Command::with_delay`] store a command at submit (`SUBMITTED`, its
+//! [`CommandState::run_at`] set) without calling its handler before that time. Its message waits
+//! in its queue's delayed set as `c:<id>` (the set a long `RetryAfter` waits in, written by the
+//! submit's own atomic step), never in the stream, so it is never pending and never redelivered
+//! while it waits; any running [`CommandService`] of the queue enqueues it within a few ms of
+//! its due time (promotion needs one). [`CommandStore::reschedule`] moves the due time (one
+//! atomic step with the state's compare-and-set), [`CommandStore::cancel`] removes the message,
+//! [`CommandStore::scheduled`] counts the waiting ones, [`ListQuery::scheduled`] lists them.
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use baton_commands::{Command, CommandStore};
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), baton_commands::CommandError> {
+//! let store = CommandStore::memory();
+//! store.declare_queue("reports")?;
+//! let st = store.submit("reports", Command::new("daily", serde_json::json!({})).with_delay(Duration::from_secs(3600))).await?;
+//! assert!(st.is_scheduled());
+//! assert_eq!(store.scheduled("reports").await?.scheduled, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Output streams
 //!
 //! A command can own a durable stream of `baton-streams` ([`Command::with_output`] at submit,
