@@ -54,7 +54,10 @@ async fn scheduled_entries(b: TestBackend) {
         .unwrap();
     let done = eventually(Duration::from_secs(5), || {
         let g = got.clone();
-        async move { (g.lock().unwrap().len() >= 2).then(|| g.lock().unwrap().clone()) }
+        async move {
+            let seen = g.lock().unwrap().clone();
+            (seen.len() >= 2).then_some(seen)
+        }
     })
     .await
     .expect("both delivered");
