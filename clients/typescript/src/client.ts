@@ -39,6 +39,14 @@ export interface SubmitOptions {
    * `output` is `409 conflict`.
    */
   output?: boolean | { path?: string; content_type?: string; silence_timeout?: string };
+  /**
+   * Schedules the command: stored now (`SUBMITTED`, `state.run_at` set), its handler not called
+   * before this time (a `Date` or an RFC 3339 string); a time not in the future runs at once.
+   * Part of the request: a resubmit of the id with another `runAt` is `409 conflict`.
+   */
+  runAt?: Date | string;
+  /** Schedules it this many milliseconds from now (or a string like `"10m"`); not with `runAt`. */
+  delay?: number | string;
   signal?: AbortSignal;
 }
 
@@ -68,6 +76,23 @@ function enc(part: string): string {
  * const state = await baton.wait(id, { timeoutMs: 60_000 });
  * ```
  */
+/** The `run_at` / `delay` fields of a body (`,"run_at":…`), or "" for neither. */
+function dueFields(runAt: Date | string | undefined, delay: number | string | undefined, required: boolean): string {
+  if (runAt !== undefined && delay !== undefined) throw new TypeError("give runAt or delay, not both");
+  if (runAt !== undefined) {
+    const t = runAt instanceof Date ? runAt.toISOString() : runAt;
+    return `,"run_at":${JSON.stringify(t)}`;
+  }
+  if (delay !== undefined) {
+    if (typeof delay === "number" && !(Number.isInteger(delay) && delay >= 0)) {
+      throw new RangeError("delay must be a whole number of milliseconds >= 0, or a string like \"30s\"");
+    }
+    return `,"delay":${JSON.stringify(delay)}`;
+  }
+  if (required) throw new TypeError("give runAt or delay");
+  return "";
+}
+
 export class BatonClient {
   readonly #endpoint: Endpoint;
   readonly #maxWaitChunkMs: number;
@@ -103,12 +128,32 @@ export class BatonClient {
     if (options.id !== undefined) body += `,"id":${JSON.stringify(options.id)}`;
     if (params !== undefined) body += `,"params":${jsonText(params)}`;
     if (options.output !== undefined) body += `,"output":${JSON.stringify(options.output)}`;
+    body += dueFields(options.runAt, options.delay, false);
     body += "}";
     const res = await requestJson(this.#endpoint, "POST", `/v1/queues/${enc(queue)}/commands`, {
       body,
       signal: options.signal,
     });
     return { created: res.status === 202, state: res.body as CommandState };
+  }
+
+  /**
+   * Moves the due time of a scheduled command still waiting for it
+   * (`POST /v1/commands/{id}/schedule`): exactly one of `runAt` and `delay` (ms, or `"30s"`).
+   *
+   * @throws {BatonError} `404 not_found`; `409 not_scheduled` (it no longer waits: enqueued,
+   *   started or ended); `400 invalid_body`.
+   */
+  async reschedule(
+    id: string,
+    due: { runAt?: Date | string; delay?: number | string; signal?: AbortSignal },
+  ): Promise<CommandState> {
+    const body = `{${dueFields(due.runAt, due.delay, true).slice(1)}}`;
+    const res = await requestJson(this.#endpoint, "POST", `/v1/commands/${enc(id)}/schedule`, {
+      body,
+      signal: due.signal,
+    });
+    return res.body as CommandState;
   }
 
   /**

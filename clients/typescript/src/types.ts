@@ -76,6 +76,8 @@ export interface CommandState {
    * handler writes and that ends with the command. Absent otherwise.
    */
   output?: OutputLink;
+  /** A scheduled command's due time (RFC 3339, submitted with `runAt` or `delay`); absent otherwise. */
+  run_at?: string;
 }
 
 /** A command's output stream as its state links it (`state.output`). */

@@ -9,7 +9,10 @@
 //!   `progress` (a report written while the call runs); `running` (the state became `RUNNING`,
 //!   or is `RUNNING` again after an error); `retry_scheduled` (a handler error, retried after
 //!   `retry_in_ms`); `handed_off`; `succeeded`; `failed`; `cancelled`; `rerun` (a `FAILED` or
-//!   `CANCELLED` command submitted again, [`CommandStore::retry`](crate::CommandStore::retry)).
+//!   `CANCELLED` command submitted again, [`CommandStore::retry`](crate::CommandStore::retry));
+//!   `rescheduled` (a scheduled command's due time moved, its new `run_at` in the event,
+//!   [`CommandStore::reschedule`](crate::CommandStore::reschedule); the `submitted` event of a
+//!   scheduled command carries its `run_at` too).
 //!   Command messages are never dead-lettered (command queues run without `max_deliveries`; a
 //!   command that keeps failing ends `failed` after its retries), so there is no such kind. A write the
 //!   compare-and-set refuses appends nothing; nor does a `check_status` poll that changes nothing,
@@ -89,11 +92,12 @@ pub enum EventKind {
     Failed,
     Cancelled,
     Rerun,
+    Rescheduled,
 }
 
 impl EventKind {
     /// Every kind, in lifecycle order.
-    pub const ALL: [EventKind; 10] = [
+    pub const ALL: [EventKind; 11] = [
         EventKind::Submitted,
         EventKind::Started,
         EventKind::Progress,
@@ -104,6 +108,7 @@ impl EventKind {
         EventKind::Failed,
         EventKind::Cancelled,
         EventKind::Rerun,
+        EventKind::Rescheduled,
     ];
 
     /// The JSON name (`"retry_scheduled"`).
@@ -119,6 +124,7 @@ impl EventKind {
             EventKind::Failed => "failed",
             EventKind::Cancelled => "cancelled",
             EventKind::Rerun => "rerun",
+            EventKind::Rescheduled => "rescheduled",
         }
     }
 }
@@ -167,6 +173,9 @@ pub struct CommandEvent {
     /// `handed_off`: the queue the command went to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handed_off_to: Option<String>,
+    /// `submitted` of a scheduled command, `rescheduled`: when it is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_at: Option<Timestamp>,
 }
 
 impl CommandEvent {
@@ -193,6 +202,8 @@ impl CommandEvent {
             retry_in_ms: Option<u64>,
             #[serde(skip_serializing_if = "Option::is_none")]
             handed_off_to: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            run_at: Option<Timestamp>,
         }
         let running = matches!(kind, EventKind::Started | EventKind::Progress);
         let at = match (kind, &st.execution) {
@@ -213,6 +224,7 @@ impl CommandEvent {
             error: st.error.as_deref().filter(|_| errs),
             retry_in_ms,
             handed_off_to: st.handed_off_to.as_deref().filter(|_| kind == EventKind::HandedOff),
+            run_at: st.run_at.filter(|_| matches!(kind, EventKind::Submitted | EventKind::Rescheduled)),
         })
         .expect("an event serializes")
     }

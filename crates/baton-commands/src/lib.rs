@@ -158,6 +158,31 @@
 //! # }
 //! ```
 //!
+//! ## Scheduled commands
+//!
+//! [`Command::with_run_at`] / [`Command::with_delay`] store a command at submit (`SUBMITTED`, its
+//! [`CommandState::run_at`] set) without calling its handler before that time. Its message waits
+//! in its queue's delayed set as `c:<id>` (the set a long `RetryAfter` waits in, written by the
+//! submit's own atomic step), never in the stream, so it is never pending and never redelivered
+//! while it waits; any running [`CommandService`] of the queue enqueues it within a few ms of
+//! its due time (promotion needs one). [`CommandStore::reschedule`] moves the due time (one
+//! atomic step with the state's compare-and-set), [`CommandStore::cancel`] removes the message,
+//! [`CommandStore::scheduled`] counts the waiting ones, [`ListQuery::scheduled`] lists them.
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use baton_commands::{Command, CommandStore};
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), baton_commands::CommandError> {
+//! let store = CommandStore::memory();
+//! store.declare_queue("reports")?;
+//! let st = store.submit("reports", Command::new("daily", serde_json::json!({})).with_delay(Duration::from_secs(3600))).await?;
+//! assert!(st.is_scheduled());
+//! assert_eq!(store.scheduled("reports").await?.scheduled, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Output streams
 //!
 //! A command can own a durable stream of `baton-streams` ([`Command::with_output`] at submit,
@@ -311,7 +336,7 @@ pub use hooks::{hook_prefix, CompletionHook};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{
     BulkAction, BulkReport, Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall,
-    ListQuery, Progress, StatusCounts, Timestamp, Worker,
+    ListQuery, Progress, ScheduledCounts, StatusCounts, Timestamp, Worker,
 };
 pub use output::{Output, OutputLink, OutputSpec, OutputWriter, OUTPUT_PRODUCER};
 pub use remote::{
@@ -397,6 +422,14 @@ pub enum CommandError {
     /// is attached ([`CommandStore::retry`]).
     #[error("command {} is {}: only FAILED or CANCELLED commands can be re-run", .0.id, .0.status)]
     NotRetryable(Box<CommandState>),
+    /// A due time that cannot be scheduled ([`Command::with_run_at`]); the message says why.
+    #[error("invalid run_at: {0}")]
+    InvalidSchedule(String),
+    /// The command does not wait for a due time any more (it was not scheduled, or its message
+    /// was enqueued already, or it ended), so the reschedule was refused; its state is attached
+    /// ([`CommandStore::reschedule`]).
+    #[error("command {} is {} and no longer waits for a due time: only a scheduled command that has not started can be rescheduled", .0.id, .0.status)]
+    NotScheduled(Box<CommandState>),
     /// A stored state that does not decode (corrupt or foreign data).
     #[error("corrupt state for command {id}: {reason}")]
     Corrupt { id: String, reason: String },

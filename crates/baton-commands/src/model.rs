@@ -44,6 +44,12 @@ pub struct Command {
     /// The output stream (a handler's delivery of a command that has one).
     #[serde(skip)]
     pub(crate) output: Option<crate::Output>,
+    /// When the command is due ([`Command::with_run_at`], [`Command::with_delay`]); `None`: at once.
+    #[serde(skip)]
+    pub(crate) run_at: Option<Timestamp>,
+    /// `run_at` came from [`Command::with_delay`].
+    #[serde(skip)]
+    pub(crate) run_at_from_delay: bool,
 }
 
 impl Command {
@@ -64,7 +70,40 @@ impl Command {
             reports: None,
             output_spec: None,
             output: None,
+            run_at: None,
+            run_at_from_delay: false,
         }
+    }
+
+    /// Schedules the command: it is stored at submit (`SUBMITTED`, its state's `run_at` set to
+    /// `at`, truncated to ms) but its handler is not called before `at` (the submitting
+    /// process's clock). Until then its message waits in the queue's delayed set (never in the
+    /// stream, never pending, so never redelivered however long it waits); a running consumer
+    /// of the queue enqueues it within a few milliseconds of `at`. A time not in the future
+    /// runs at once. Part of the idempotent body: a resubmit asking another due time is a
+    /// [`CommandError::Conflict`] (`what` = `"run_at"`), and so is a resubmit without one of a
+    /// scheduled command or the reverse. The store refuses a due time further ahead than
+    /// [`CommandStore::SCHEDULE_MAX`](crate::CommandStore::SCHEDULE_MAX). See also
+    /// [`CommandStore::reschedule`](crate::CommandStore::reschedule).
+    pub fn with_run_at(mut self, at: SystemTime) -> Self {
+        self.run_at = Some(Timestamp::from_millis(Timestamp(at).millis()));
+        self
+    }
+
+    /// [`Command::with_run_at`] `delay` from now. A resubmit with a delay matches a scheduled
+    /// command whatever its due time (a delay names no time of its own).
+    pub fn with_delay(self, delay: Duration) -> Self {
+        self.with_run_at(SystemTime::now() + delay).delay_asked()
+    }
+
+    fn delay_asked(mut self) -> Self {
+        self.run_at_from_delay = true;
+        self
+    }
+
+    /// When the command is due, if it is scheduled ([`Command::with_run_at`]).
+    pub fn run_at(&self) -> Option<SystemTime> {
+        self.run_at.map(|t| t.0)
     }
 
     /// Asks the submit for an output stream owned by the command (crate docs, "Output
@@ -424,6 +463,11 @@ pub struct CommandState {
     /// absent from the public form otherwise.
     #[serde(default)]
     pub output: Option<crate::OutputLink>,
+    /// When a scheduled command is (or was) due ([`Command::with_run_at`],
+    /// [`CommandStore::reschedule`](crate::CommandStore::reschedule)); absent from the public
+    /// form for a command submitted to run at once. It stays after the command ran.
+    #[serde(default)]
+    pub run_at: Option<Timestamp>,
     /// Redis: SHA-1 (hex) of the canonical submitted body, kept in the stored header (not in
     /// the JSON) for idempotent resubmits; carried here so a write can rebuild the header.
     #[serde(skip)]
@@ -535,6 +579,8 @@ struct PublicState<'a> {
     progress: &'a Option<Progress>,
     queue: &'a str,
     result: &'a Option<RawJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_at: &'a Option<Timestamp>,
     started_at: &'a Option<Timestamp>,
     status: CommandStatus,
     #[serde(rename = "type")]
@@ -560,6 +606,7 @@ impl Serialize for CommandState {
             progress: &self.progress,
             queue: &self.queue,
             result: &self.result,
+            run_at: &self.run_at,
             started_at: &self.started_at,
             status: self.status,
             command_type: &self.command_type,
@@ -597,6 +644,8 @@ pub(crate) struct StoredState<'a> {
     execution: &'a Option<Execution>,
     #[serde(skip_serializing_if = "Option::is_none")]
     output: &'a Option<crate::OutputLink>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_at: &'a Option<Timestamp>,
     #[serde(rename = "_token")]
     token: &'a str,
     #[serde(rename = "_prev_token", skip_serializing_if = "Option::is_none")]
@@ -627,6 +676,7 @@ impl<'a> From<&'a CommandState> for StoredState<'a> {
             details: &st.details,
             execution: &st.execution,
             output: &st.output,
+            run_at: &st.run_at,
             token: &st.token,
             prev_token: st.prev_token.as_deref(),
             lookup_expires_ms: st.lookup_expires_ms,
@@ -647,6 +697,21 @@ impl CommandState {
     pub fn result_as<R: DeserializeOwned>(&self) -> Result<R, CommandError> {
         let v = self.result.as_ref().ok_or_else(|| CommandError::InvalidParams("no result".into()))?;
         v.parse().map_err(|e| CommandError::InvalidParams(e.to_string()))
+    }
+
+    /// How long from now until a `SUBMITTED` scheduled command is due (zero when it is not
+    /// scheduled, not `SUBMITTED`, or due already).
+    pub(crate) fn scheduled_delay(&self) -> Duration {
+        match (self.status, self.run_at) {
+            (CommandStatus::Submitted, Some(at)) => at.0.duration_since(SystemTime::now()).unwrap_or_default(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// True while the command waits for its due time: `SUBMITTED`, with a `run_at` in the future
+    /// (by this process's clock), so no handler has been called yet.
+    pub fn is_scheduled(&self) -> bool {
+        !self.scheduled_delay().is_zero()
     }
 
     /// The queue whose consumer drives the command now: the hand-off target, else `queue`.
@@ -686,6 +751,17 @@ impl StatusCounts {
     }
 }
 
+/// A queue's scheduled commands ([`CommandStore::scheduled`](crate::CommandStore::scheduled)).
+/// JSON: `{"scheduled": 3, "next_due": "2025-01-31T12:00:00.000Z"}` (`next_due` null when none
+/// waits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduledCounts {
+    /// Scheduled commands waiting for their due time (their message not enqueued yet).
+    pub scheduled: u64,
+    /// The earliest due time among them.
+    pub next_due: Option<Timestamp>,
+}
+
 /// A listing request: newest first (by `created_at`, then id descending), every filter given
 /// applied (all of them). With `command_type` or `id_prefix`, one page looks at most at
 /// [`ListQuery::SCAN_MAX`] commands: a page can then hold fewer than `limit` items (even none)
@@ -706,6 +782,10 @@ pub struct ListQuery {
     pub created_after: Option<Timestamp>,
     /// Only commands created before this time.
     pub created_before: Option<Timestamp>,
+    /// `Some(true)`: only scheduled commands still waiting for their due time
+    /// ([`CommandState::is_scheduled`]; a filter like `command_type`, see the type docs);
+    /// `Some(false)`: only the others.
+    pub scheduled: Option<bool>,
 }
 
 impl ListQuery {
@@ -818,6 +898,12 @@ impl CommandMsg {
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("serializable")
     }
+}
+
+/// The name of a scheduled command's message in its queue's delayed set
+/// ([`baton_queue::MessageStream::offer_at`]): `c:<id>`.
+pub(crate) fn schedule_name(id: &str) -> String {
+    format!("c:{id}")
 }
 
 /// A fresh message token: unique per process (a random 64-bit prefix drawn once, from a UUIDv4-

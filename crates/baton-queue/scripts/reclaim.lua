@@ -1,6 +1,7 @@
 -- Reclaim tick: promote due delayed entries, then take over reclaimable entries.
 -- KEYS[1] queue stream, KEYS[2] dead-letter stream, KEYS[3] delayed zset (member = original id,
--- score = due ms, server time), KEYS[4] delayed payload hash (<id> -> payload, <id>:dc -> prior
+-- or the name of a scheduled entry (schedule.lua), score = due ms, server time), KEYS[4] delayed
+-- payload hash (<id or name> -> payload, <id>:dc -> prior
 -- deliveries), KEYS[5] liveness hash (consumer -> ms of its last heartbeat, server time),
 -- KEYS[6] fence hash (id -> fence of its latest delivery, see below)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
@@ -36,16 +37,29 @@ redis.call('HSET', live, '~clock', now)
 if clock and now - tonumber(clock) >= tonumber(ARGV[8]) then redis.call('HSET', live, '~hold', now + claim_ms) end
 local hold = tonumber(redis.call('HGET', live, '~hold') or '0')
 
-local promoted = 0
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', zdelayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[7]))) do
-  local payload = redis.call('HGET', hdelayed, id)
-  local prior = redis.call('HGET', hdelayed, id .. ':dc') or '0'
-  if payload then
-    redis.call('XADD', stream, '*', 'p', payload, 'dc', prior)
-    promoted = promoted + 1
+local promoted, named = 0, 0
+local due = redis.call('ZRANGEBYSCORE', zdelayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[7]))
+if #due > 0 then
+  local fields = {}
+  for _, id in ipairs(due) do
+    local payload = redis.call('HGET', hdelayed, id)
+    local prior = '0'
+    -- A named (scheduled) member (schedule.lua) holds a ':'; it has no prior deliveries.
+    if string.find(id, ':', 1, true) then
+      named = named + 1
+    else
+      prior = redis.call('HGET', hdelayed, id .. ':dc') or '0'
+      fields[#fields + 1] = id .. ':dc'
+    end
+    if payload then
+      redis.call('XADD', stream, '*', 'p', payload, 'dc', prior)
+      promoted = promoted + 1
+    end
+    fields[#fields + 1] = id
   end
-  redis.call('ZREM', zdelayed, id)
-  redis.call('HDEL', hdelayed, id, id .. ':dc')
+  redis.call('ZREM', zdelayed, unpack(due))
+  redis.call('HDEL', hdelayed, unpack(fields))
+  if named > 0 then redis.call('HINCRBY', hdelayed, '~scheduled', -named) end
 end
 local next_due = -1
 local first = redis.call('ZRANGE', zdelayed, 0, 0, 'WITHSCORES')

@@ -142,6 +142,28 @@ pub(crate) trait QueueBackend: Send + Sync + 'static {
     async fn replay_dead_letters(&self, queue: &str, limit: usize) -> Result<u64, QueueError>;
     /// Deletes all dead letters; returns how many there were.
     async fn purge_dead_letters(&self, queue: &str) -> Result<u64, QueueError>;
+    /// Adds, moves or removes a scheduled entry, or counts them (see [`ScheduleOp`]).
+    async fn schedule(&self, queue: &str, op: ScheduleOp<'_>) -> Result<ScheduleReply, QueueError>;
+}
+
+/// An operation on a queue's scheduled entries (named members of its delayed set).
+pub(crate) enum ScheduleOp<'a> {
+    /// Adds (or replaces) entry `name`, due at `due_ms` (ms since the epoch).
+    Add { name: &'a str, due_ms: u64, payload: &'a [u8] },
+    /// Sets the due time of entry `name` if it still waits.
+    Move { name: &'a str, due_ms: u64 },
+    /// Removes entry `name` if it still waits.
+    Remove { name: &'a str },
+    /// Counts them.
+    Count,
+}
+
+/// What a [`ScheduleOp`] did.
+pub(crate) enum ScheduleReply {
+    /// Add: a new entry (`true`) or a replaced one; Move / Remove: the entry was waiting.
+    Done(bool),
+    /// Count: how many wait, and the due time (ms) of the earliest.
+    Count(u64, Option<u64>),
 }
 
 /// Operations of one registered consumer, all called on its lease thread (except

@@ -216,7 +216,19 @@ fn note_reclaimed(sh: &Shared, r: &crate::backend::Reclaimed) {
     {
         let mut st = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner());
         st.reclaim_first = r.more;
-        st.next_promote = r.next_due.map(|d| std::time::Instant::now() + d.max(MIN_PROMOTE_GAP));
+        // A backlog of due entries (more than one call promotes) is promoted call after call;
+        // otherwise at least MIN_PROMOTE_GAP apart.
+        let backlog = r.promoted > 0 && r.next_due.is_some_and(|d| d.is_zero());
+        let gap = if backlog { Duration::ZERO } else { MIN_PROMOTE_GAP };
+        let next = r.next_due.map(|d| std::time::Instant::now() + d.max(gap));
+        let earlier = next.is_some_and(|n| st.next_promote.is_none_or(|t| n < t));
+        st.next_promote = next;
+        drop(st);
+        // A due time learnt here (an entry scheduled by another process) wakes the redeliverer,
+        // which may be sleeping until a later one: it promotes on time, not at the next tick.
+        if earlier {
+            sh.waiting_added.notify_one();
+        }
     }
     if r.dead_lettered > 0 {
         sh.counters.dead_lettered.fetch_add(r.dead_lettered, Ordering::Relaxed);

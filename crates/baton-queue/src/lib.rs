@@ -285,11 +285,84 @@ impl MessageStream {
         self.backend.replay_dead_letters(queue, limit).await
     }
 
+    /// Schedules `payload` on `queue` under `name`, to be appended to the queue (as a new entry,
+    /// as [`MessageStream::offer`] would) at `due` (by the backend's clock: Redis's on Redis),
+    /// atomically with nothing else; a later call with the same name replaces the entry (its
+    /// payload and due time). A scheduled entry waits in the queue's delayed set, not in the
+    /// stream: it is never delivered, pending or redelivered before it is due. It is promoted by
+    /// any running consumer of the queue within a few milliseconds of `due` (a due time in the
+    /// past: at once), so promotion needs a consumer. Returns `true` when the name was new.
+    ///
+    /// `name`: 1 to 400 bytes with at least one `:` (so that it never reads as an entry id).
+    /// Errors: [`QueueError::InvalidSettings`] (bad name), [`QueueError::InvalidQueueName`],
+    /// backend errors.
+    pub async fn offer_at(
+        &self,
+        queue: &str,
+        name: &str,
+        payload: impl Into<Bytes>,
+        due: std::time::SystemTime,
+    ) -> Result<bool, QueueError> {
+        validate_queue_name(queue)?;
+        validate_schedule_name(name)?;
+        let payload = payload.into();
+        let op = backend::ScheduleOp::Add { name, due_ms: epoch_ms(due), payload: &payload };
+        Ok(matches!(self.backend.schedule(queue, op).await?, backend::ScheduleReply::Done(true)))
+    }
+
+    /// Sets the due time of `queue`'s scheduled entry `name` ([`MessageStream::offer_at`]);
+    /// `false` when it does not wait any more (promoted, removed, or never scheduled).
+    /// Errors: as [`MessageStream::offer_at`].
+    pub async fn reschedule(&self, queue: &str, name: &str, due: std::time::SystemTime) -> Result<bool, QueueError> {
+        validate_queue_name(queue)?;
+        validate_schedule_name(name)?;
+        let op = backend::ScheduleOp::Move { name, due_ms: epoch_ms(due) };
+        Ok(matches!(self.backend.schedule(queue, op).await?, backend::ScheduleReply::Done(true)))
+    }
+
+    /// Removes `queue`'s scheduled entry `name` ([`MessageStream::offer_at`]) unpromoted;
+    /// `false` when it does not wait any more. Errors: as [`MessageStream::offer_at`].
+    pub async fn unschedule(&self, queue: &str, name: &str) -> Result<bool, QueueError> {
+        validate_queue_name(queue)?;
+        validate_schedule_name(name)?;
+        let op = backend::ScheduleOp::Remove { name };
+        Ok(matches!(self.backend.schedule(queue, op).await?, backend::ScheduleReply::Done(true)))
+    }
+
+    /// How many scheduled entries of `queue` ([`MessageStream::offer_at`]) wait, and the due
+    /// time of the earliest (`None` when none waits, or when it is not among the first 1,000
+    /// members of the delayed set, `RetryAfter` entries included). Errors:
+    /// [`QueueError::InvalidQueueName`], backend errors.
+    pub async fn scheduled(&self, queue: &str) -> Result<(u64, Option<std::time::SystemTime>), QueueError> {
+        validate_queue_name(queue)?;
+        match self.backend.schedule(queue, backend::ScheduleOp::Count).await? {
+            backend::ScheduleReply::Count(n, first) => {
+                Ok((n, first.map(|ms| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))))
+            }
+            backend::ScheduleReply::Done(_) => Ok((0, None)),
+        }
+    }
+
     /// Deletes every dead letter of `queue`; returns how many there were.
     pub async fn purge_dead_letters(&self, queue: &str) -> Result<u64, QueueError> {
         validate_queue_name(queue)?;
         self.backend.purge_dead_letters(queue).await
     }
+}
+
+/// Milliseconds since the Unix epoch (0 before it).
+fn epoch_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// A scheduled entry's name: 1 to 400 bytes, with a `:`.
+fn validate_schedule_name(name: &str) -> Result<(), QueueError> {
+    if name.is_empty() || name.len() > 400 || !name.contains(':') {
+        return Err(QueueError::InvalidSettings(format!(
+            "a scheduled entry's name is 1 to 400 bytes with a ':', not {name:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// A handler for JSON payloads: decodes each payload into `T` and calls `f`. A payload that does

@@ -13,7 +13,8 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 
 use crate::backend::{
-    Beat, ConsumerBackend, ConsumerSpec, Owned, QueueBackend, RawDelivery, Reclaimed, Settle, SettleOp, PARKED,
+    Beat, ConsumerBackend, ConsumerSpec, Owned, QueueBackend, RawDelivery, Reclaimed, ScheduleOp, ScheduleReply,
+    Settle, SettleOp, PARKED,
 };
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
@@ -70,6 +71,13 @@ struct QState {
     /// Registered consumers and their liveness record.
     consumers: HashMap<String, Live>,
     delayed: BTreeMap<(Instant, MessageId), Entry>,
+    /// Scheduled entries (`MessageStream::offer_at`): name -> their key in `delayed`, and back.
+    /// (Their due time in ms is kept as given, for counts.)
+    scheduled: HashMap<String, ((Instant, MessageId), u64)>,
+    scheduled_names: HashMap<MessageId, String>,
+    /// Keys of scheduled entries in `delayed` (never a stream id: stream ids are drawn from
+    /// `last_id`, these from here, with `seq` offset by 2^63).
+    last_scheduled: MessageId,
     dead: BTreeMap<MessageId, DeadLetter>,
     last_dead_id: MessageId,
     /// Paused since (ms since the Unix epoch): the gate of [`MemConsumer::take_new`].
@@ -127,6 +135,12 @@ impl QState {
     }
 }
 
+/// An instant for a wall-clock time in ms (now for a time in the past).
+fn instant_of(due_ms: u64) -> Instant {
+    let now = now_ms();
+    Instant::now() + Duration::from_millis(due_ms.saturating_sub(now))
+}
+
 impl MemoryQueueBackend {
     fn queue(&self, name: &str) -> Arc<MemQueue> {
         self.queues.lock().unwrap().entry(name.to_string()).or_default().clone()
@@ -143,6 +157,56 @@ impl QueueBackend for MemoryQueueBackend {
         };
         q.notify.notify_waiters();
         Ok(ids)
+    }
+
+    async fn schedule(&self, queue: &str, op: ScheduleOp<'_>) -> Result<ScheduleReply, QueueError> {
+        let q = self.queue(queue);
+        let mut st = q.state.lock().unwrap();
+        let st = &mut *st;
+        Ok(match op {
+            ScheduleOp::Add { name, due_ms, payload } => {
+                let old = st.scheduled.remove(name);
+                let entry = Entry { payload: Bytes::copy_from_slice(payload), prior: 0 };
+                let key = match old {
+                    Some((k, _)) => {
+                        st.delayed.remove(&k);
+                        k.1
+                    }
+                    None => {
+                        let mut id = next_id(&mut st.last_scheduled);
+                        id.seq |= 1 << 63;
+                        st.scheduled_names.insert(id, name.to_string());
+                        id
+                    }
+                };
+                let at = (instant_of(due_ms), key);
+                st.delayed.insert(at, entry);
+                st.scheduled.insert(name.to_string(), (at, due_ms));
+                ScheduleReply::Done(old.is_none())
+            }
+            ScheduleOp::Move { name, due_ms } => match st.scheduled.get_mut(name) {
+                None => ScheduleReply::Done(false),
+                Some((at, ms)) => {
+                    let e = st.delayed.remove(at).expect("a scheduled entry is delayed");
+                    at.0 = instant_of(due_ms);
+                    *ms = due_ms;
+                    st.delayed.insert(*at, e);
+                    ScheduleReply::Done(true)
+                }
+            },
+            ScheduleOp::Remove { name } => match st.scheduled.remove(name) {
+                None => ScheduleReply::Done(false),
+                Some((at, _)) => {
+                    st.delayed.remove(&at);
+                    st.scheduled_names.remove(&at.1);
+                    ScheduleReply::Done(true)
+                }
+            },
+            ScheduleOp::Count => {
+                let first = st.scheduled.values().min().map(|(_, ms)| *ms);
+                ScheduleReply::Count(st.scheduled.len() as u64, first)
+            }
+        })
     }
 
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError> {
@@ -336,7 +400,10 @@ impl ConsumerBackend for MemConsumer {
                 if *due > now {
                     break;
                 }
-                let (_, e) = st.delayed.pop_first().expect("peeked");
+                let ((_, key), e) = st.delayed.pop_first().expect("peeked");
+                if let Some(name) = st.scheduled_names.remove(&key) {
+                    st.scheduled.remove(&name);
+                }
                 st.append(e.payload, e.prior);
                 out.promoted += 1;
             }

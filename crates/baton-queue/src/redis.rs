@@ -44,7 +44,8 @@ use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::backend::{
-    Beat, ConsumerBackend, ConsumerSpec, Owned, QueueBackend, RawDelivery, Reclaimed, Settle, SettleOp, PARKED,
+    Beat, ConsumerBackend, ConsumerSpec, Owned, QueueBackend, RawDelivery, Reclaimed, ScheduleOp, ScheduleReply,
+    Settle, SettleOp, PARKED,
 };
 use crate::keys::{self, PAYLOAD_FIELD};
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
@@ -60,6 +61,7 @@ static DEAD_LETTER: LuaScript = LuaScript::new("dead_letter", include_str!("../s
 static REPLAY: LuaScript = LuaScript::new("replay", include_str!("../scripts/replay.lua"));
 static REAP: LuaScript = LuaScript::new("reap", include_str!("../scripts/reap.lua"));
 static STATS: LuaScript = LuaScript::new("stats", include_str!("../scripts/stats.lua"));
+static SCHEDULE: LuaScript = LuaScript::new("schedule", include_str!("../scripts/schedule.lua"));
 static CONSUMERS: LuaScript = LuaScript::new("consumers", include_str!("../scripts/consumers.lua"));
 static READ: LuaScript = LuaScript::new("read", include_str!("../scripts/read.lua"));
 static PAUSE: LuaScript = LuaScript::new("pause", include_str!("../scripts/pause.lua"));
@@ -205,6 +207,30 @@ impl QueueBackend for RedisQueueBackend {
         }
         let ids: Vec<String> = pipe.query_async(&mut self.conn.clone()).await?;
         ids.iter().map(|s| parse_id(s)).collect()
+    }
+
+    async fn schedule(&self, queue: &str, op: ScheduleOp<'_>) -> Result<ScheduleReply, QueueError> {
+        let keys = self.keys(queue);
+        let mut cmd = SCHEDULE.evalsha_cmd(2);
+        cmd.arg(&keys.delayed).arg(&keys.delayed_payloads);
+        match op {
+            ScheduleOp::Add { name, due_ms, payload } => cmd.arg("add").arg(name).arg(due_ms).arg(payload),
+            ScheduleOp::Move { name, due_ms } => cmd.arg("move").arg(name).arg(due_ms),
+            ScheduleOp::Remove { name } => cmd.arg("remove").arg(name),
+            ScheduleOp::Count => cmd.arg("count").arg(1000),
+        };
+        let v: Value = SCHEDULE.query(&mut self.conn.clone(), &cmd).await?;
+        match &v {
+            Value::Int(n) => Ok(ScheduleReply::Done(*n == 1)),
+            Value::Array(p) if p.len() == 2 => {
+                let first = match &p[1] {
+                    Value::Int(ms) if *ms >= 0 => Some(*ms as u64),
+                    _ => None,
+                };
+                Ok(ScheduleReply::Count(as_u64(&p[0]), first))
+            }
+            _ => Err(unexpected("schedule", &v)),
+        }
     }
 
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError> {

@@ -426,17 +426,17 @@ fn queues_list_pending_dead_replay_and_errors() {
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(
         lines[0],
-        "QUEUE    LENGTH  PENDING  CONSUMERS  LAG  SUBMITTED  RUNNING  SUCCEEDED  FAILED  CANCELLED  DEAD"
+        "QUEUE    LENGTH  PENDING  CONSUMERS  LAG  SUBMITTED  SCHEDULED  RUNNING  SUCCEEDED  FAILED  CANCELLED  DEAD"
     );
     assert!(lines[1].starts_with("default "), "{out:?}");
     let cols: Vec<&str> = lines[1].split_whitespace().collect();
-    assert_eq!(cols[5..], ["1", "0", "1", "0", "0", "0"], "{out:?}");
+    assert_eq!(cols[5..], ["1", "0", "0", "1", "0", "0", "0"], "{out:?}");
     let out = s.run(&["queues", "list", "--json"]).ok();
     let q = &out.json()["queues"][0];
     assert_eq!(q["name"], "default");
     assert_eq!(
         q["commands"],
-        json!({"submitted": 1, "running": 0, "succeeded": 1, "failed": 0, "cancelled": 0, "total": 2})
+        json!({"submitted": 1, "running": 0, "succeeded": 1, "failed": 0, "cancelled": 0, "total": 2, "scheduled": 0, "next_due": null})
     );
 
     let out = s.run(&["queues", "pending", "default"]).ok();
@@ -979,4 +979,26 @@ fn queues_schedules() {
     assert_eq!(out.stdout, "no schedules on plain\n");
     s.run(&["queues", "schedules", "nope"]).code(3);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn commands_scheduled_submit_reschedule_list() {
+    let s = Serve::start();
+    let out = s.run(&["commands", "submit", "default", "echo", "7", "--id", "s1", "--delay", "1h", "--json"]).ok();
+    let run_at = out.json()["run_at"].as_str().expect("run_at").to_string();
+    let shown = s.run(&["commands", "status", "s1"]).ok();
+    assert!(shown.stdout.lines().any(|l| l.starts_with("run_at") && l.contains(&run_at)), "{shown:?}");
+    let out = s.run(&["commands", "list", "default", "--scheduled", "--json"]).ok();
+    let listed = out.json();
+    let ids: Vec<&str> = listed["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["s1"], "{out:?}");
+    let out = s.run(&["queues", "list", "--json"]).ok();
+    assert_eq!(out.json()["queues"][0]["commands"]["scheduled"], 1, "{out:?}");
+    let out = s.run(&["commands", "reschedule", "s1", "--delay", "200ms"]).ok();
+    assert!(out.stdout.starts_with("s1 is due at "), "{out:?}");
+    s.run(&["commands", "wait", "s1", "--timeout", "10s"]).ok();
+    let out = s.run(&["commands", "reschedule", "s1", "--delay", "1s"]).code(4);
+    assert!(out.stderr.contains("no longer waits for a due time"), "{out:?}");
+    s.run(&["commands", "submit", "default", "echo", "--run-at", "2026-01-01T00:00:00Z", "--delay", "1s"]).code(2);
+    s.run(&["commands", "reschedule", "s1"]).code(2);
 }

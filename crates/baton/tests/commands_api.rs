@@ -207,7 +207,7 @@ async fn listing_and_queue_stats(backend: TestBackend) {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(
         q["commands"],
-        json!({"submitted": 4, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 1, "total": 5})
+        json!({"submitted": 4, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 1, "total": 5, "scheduled": 0, "next_due": null})
     );
     // No workers here: nothing consumed; all five messages wait in the stream, none delivered.
     assert_eq!((q["length"].as_u64(), q["lag"].as_u64(), q["pending"].as_u64()), (Some(5), Some(5), Some(0)));

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from typing import Any, Dict, Optional, Union
 
 import httpx
@@ -139,6 +140,8 @@ class BatonClient:
         *,
         wait: Optional[Duration] = None,
         output: Union[bool, Dict[str, Any], None] = None,
+        run_at: Union[datetime, str, None] = None,
+        delay: Optional[Duration] = None,
     ) -> CommandState:
         """Submit a command: ``POST /v1/queues/{queue}/commands``.
 
@@ -155,6 +158,13 @@ class BatonClient:
                 ``path``, ``content_type``, ``silence_timeout`` (a string like ``"60s"``).
                 ``None`` sends nothing. Part of the request: a resubmit of the id with another
                 ``output`` is a ``ConflictError``.
+            run_at: schedule the command: stored now (``SUBMITTED``, ``state.run_at`` set),
+                its handler not called before this time (a timezone-aware ``datetime``, or an
+                RFC 3339 string); a time not in the future runs at once. Part of the request:
+                a resubmit of the id with another ``run_at`` is a ``ConflictError``.
+            delay: schedule it this long from now (seconds, or a string like ``"10m"``); not
+                with ``run_at``. A resubmit with a ``delay`` matches any scheduled command of
+                the id.
 
         Returns:
             The state, with ``created`` ``True`` (``202``: new) or ``False`` (``200``: the
@@ -175,6 +185,16 @@ class BatonClient:
             payload["params"] = params
         if output is not None:
             payload["output"] = output
+        if run_at is not None and delay is not None:
+            raise ValueError("give run_at or delay, not both")
+        if run_at is not None:
+            if isinstance(run_at, datetime):
+                if run_at.tzinfo is None:
+                    raise ValueError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+                run_at = run_at.isoformat()
+            payload["run_at"] = run_at
+        if delay is not None:
+            payload["delay"] = format_duration(delay)
         query = None
         timeout = None
         if wait is not None:
@@ -185,6 +205,33 @@ class BatonClient:
         )
         data = decode(response)
         return CommandState.from_json(data, created=response.status_code == 202)
+
+    async def reschedule(
+        self, id: str, *, run_at: Union[datetime, str, None] = None, delay: Optional[Duration] = None
+    ) -> CommandState:
+        """Move the due time of a scheduled command still waiting for it:
+        ``POST /v1/commands/{id}/schedule``. Exactly one of ``run_at`` (a timezone-aware
+        ``datetime`` or an RFC 3339 string) and ``delay`` (seconds, or a string like ``"30s"``).
+
+        Raises:
+            NotFoundError: ``not_found``.
+            ConflictError: ``not_scheduled``: it no longer waits (enqueued, started or ended).
+            BadRequestError: ``invalid_body``.
+            ValueError: neither or both of ``run_at`` and ``delay``.
+        """
+        if (run_at is None) == (delay is None):
+            raise ValueError("give exactly one of run_at and delay")
+        payload: Dict[str, Any] = {}
+        if run_at is not None:
+            if isinstance(run_at, datetime):
+                if run_at.tzinfo is None:
+                    raise ValueError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+                run_at = run_at.isoformat()
+            payload["run_at"] = run_at
+        else:
+            payload["delay"] = format_duration(delay)  # type: ignore[arg-type]
+        response = await self._request("POST", f"/v1/commands/{seg(id)}/schedule", body=dumps(payload))
+        return CommandState.from_json(decode(response))
 
     async def get(self, id: str) -> CommandState:
         """The command's current state: ``GET /v1/commands/{id}``.

@@ -161,6 +161,8 @@ class CommandState:
             (``job.details``).
         output: the command's :class:`OutputLink` when it was submitted with ``output``, else
             ``None``.
+        run_at: a scheduled command's due time (submitted with ``run_at`` or ``delay``), a
+            timezone-aware UTC datetime, else ``None``.
         raw: the whole JSON object as parsed, including fields this SDK does not model.
         created: for :meth:`BatonClient.submit` only: ``True`` when the submit created the
             command (``202``), ``False`` when the same id, type and params were already
@@ -187,6 +189,7 @@ class CommandState:
     progress: Optional[Progress] = None
     details: Any = None
     output: Optional[OutputLink] = None
+    run_at: Optional[datetime] = None
 
     @property
     def terminal(self) -> bool:
@@ -223,6 +226,7 @@ class CommandState:
             progress=Progress.from_json(data.get("progress")),
             details=data.get("details"),
             output=OutputLink.from_json(data.get("output")),
+            run_at=_parse_time(data.get("run_at")),
         )
 
 

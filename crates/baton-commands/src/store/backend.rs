@@ -100,6 +100,16 @@ pub(crate) enum SubmitOutcome {
     OtherQueue,
 }
 
+/// What a reschedule found.
+pub(crate) enum Rescheduled {
+    /// Written and moved; the state as stored.
+    Done(CommandState),
+    /// The version moved on (the current state attached) or the state is gone (`None`).
+    Conflict(Option<CommandState>),
+    /// The message does not wait in the delayed set any more (enqueued); the current state.
+    NotWaiting(CommandState),
+}
+
 /// What a compare-and-set found.
 pub(crate) enum Cas {
     /// Written; the state as stored.
@@ -156,6 +166,10 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
         event: Option<&FeedAppend>,
         hook: Option<&str>,
     ) -> Result<(Cas, bool), CommandError>;
+    /// CAS of a scheduled `SUBMITTED` state to `new` (its new `run_at`), moving its message in
+    /// its home queue's delayed set to the new due time in the same atomic step, only while the
+    /// message still waits there; appends `event` with a successful write.
+    async fn reschedule(&self, new: CommandState, event: Option<&FeedAppend>) -> Result<Rescheduled, CommandError>;
     /// True when a transition of a state homed in `home` can enqueue on `target` atomically.
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool;
     /// True when a transition of a state homed in `home` can ack (or check the owner of) a

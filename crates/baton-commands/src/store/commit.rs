@@ -142,6 +142,8 @@ pub(crate) struct Submit {
     /// feed's length.
     pub event: Arc<str>,
     pub feed_max: u64,
+    /// A scheduled command's due time (ms since the epoch), or `None` to enqueue at once.
+    pub due_ms: Option<u64>,
 }
 
 impl Batch for Submit {
@@ -158,8 +160,13 @@ impl Batch for Submit {
                 .map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + s.event.len() + 112)
                 .sum::<usize>();
         let per = if lookups { 2 } else { 1 };
-        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(4 + per * n, 16 + n * 10, bytes);
-        cmd.arg(&keys.index[0]).arg(&keys.index[1]).arg(&keys.stream).arg(&keys.feed);
+        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(6 + per * n, 16 + n * 13, bytes);
+        cmd.arg(&keys.index[0])
+            .arg(&keys.index[1])
+            .arg(&keys.stream)
+            .arg(&keys.feed)
+            .arg(&keys.delayed)
+            .arg(&keys.delayed_payloads);
         for s in batch {
             cmd.arg(&s.state_key);
             if let (true, Some(l)) = (lookups, &s.lookup_key) {
@@ -183,6 +190,10 @@ impl Batch for Submit {
                 .arg(&s.takeover)
                 .arg(&*s.event)
                 .arg(s.feed_max);
+            match s.due_ms {
+                Some(ms) => cmd.arg(ms).arg(s.ttl_ms).arg(s.lookup_ttl_ms),
+                None => cmd.arg("").arg("").arg(""),
+            };
         }
         cmd
     }
@@ -198,6 +209,10 @@ pub(crate) struct BatchKeys {
     pub stream: String,
     /// Its fence hash (`baton_queue::keys::fences`).
     pub fences: String,
+    /// Its delayed set and their payloads (`baton_queue::keys::delayed`, `delayed_payloads`):
+    /// where scheduled commands wait.
+    pub delayed: String,
+    pub delayed_payloads: String,
     /// Its event feed (see `feed.rs`).
     pub feed: String,
     /// Its completion hooks' delivery stream (see `hooks.rs`).

@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
-use super::backend::{status_slot, Cas, CommandStoreSettings, FeedAppend, StateBackend, SubmitOutcome};
+use super::backend::{status_slot, Cas, CommandStoreSettings, FeedAppend, Rescheduled, StateBackend, SubmitOutcome};
 use crate::feed::{CommandEvent, EventFrom, EventOffset, EventPage};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
@@ -86,6 +86,16 @@ impl Inner {
         for id in dead {
             self.remove(&id);
         }
+    }
+}
+
+/// A memory queue operation, which never waits (it takes the queue's lock and returns), done in
+/// one poll, under our lock.
+fn now<T>(f: impl std::future::Future<Output = Result<T, baton_queue::QueueError>>) -> Result<T, CommandError> {
+    use futures::FutureExt;
+    match f.now_or_never() {
+        Some(r) => r.map_err(CommandError::from),
+        None => Err(CommandError::InvalidSettings("memory queue operation did not complete at once".into())),
     }
 }
 
@@ -169,10 +179,19 @@ impl StateBackend for MemoryStateBackend {
                 Entry {
                     state: Box::new(state.clone()),
                     body: body.to_string(),
-                    expires: Instant::now() + self.settings.ttl_for(&state.queue, state.status),
+                    expires: Instant::now()
+                        + self.settings.ttl_for(&state.queue, state.status)
+                        + state.scheduled_delay(),
                 },
             );
-            offer_now(&self.stream, &state.queue, msg.to_bytes())?;
+            match state.run_at.filter(|_| !state.scheduled_delay().is_zero()) {
+                // Scheduled: waits in the queue's delayed set, as on Redis.
+                Some(at) => {
+                    let name = crate::model::schedule_name(&state.id);
+                    now(self.stream.offer_at(&state.queue, &name, msg.to_bytes(), at.0))?;
+                }
+                None => offer_now(&self.stream, &state.queue, msg.to_bytes())?,
+            }
             if let Some(e) = event {
                 g.feeds.entry(state.queue.clone()).or_default().append(&state.id, e);
             }
@@ -233,6 +252,25 @@ impl StateBackend for MemoryStateBackend {
             }
         }
         Ok((Cas::Done(new), false))
+    }
+
+    async fn reschedule(&self, new: CommandState, event: Option<&FeedAppend>) -> Result<Rescheduled, CommandError> {
+        let mut g = self.inner.lock().unwrap();
+        let Some(e) = g.live(&new.id) else { return Ok(Rescheduled::Conflict(None)) };
+        if e.state.version + 1 != new.version || e.state.status != CommandStatus::Submitted {
+            return Ok(Rescheduled::Conflict(Some((*e.state).clone())));
+        }
+        let at = new.run_at.expect("a reschedule sets run_at");
+        let name = crate::model::schedule_name(&new.id);
+        if !now(self.stream.reschedule(&new.queue, &name, at.0))? {
+            return Ok(Rescheduled::NotWaiting((*e.state).clone()));
+        }
+        *e.state = new.clone();
+        e.expires = Instant::now() + self.settings.ttl_for(&new.queue, new.status) + new.scheduled_delay();
+        if let Some(ev) = event {
+            g.feeds.entry(new.queue.clone()).or_default().append(&new.id, ev);
+        }
+        Ok(Rescheduled::Done(new))
     }
 
     fn atomic_enqueue(&self, _home: &str, _target: &str) -> bool {

@@ -19,10 +19,12 @@ use crate::json::canonical_body;
 use crate::model::{new_token, CommandMsg, Cursor};
 use crate::{
     validate_id, validate_queue, validate_type, BulkAction, BulkReport, Command, CommandError, CommandHandler,
-    CommandPage, CommandState, CommandStatus, ListQuery, RawJson, StatusCounts, Timestamp, Worker,
+    CommandPage, CommandState, CommandStatus, ListQuery, RawJson, ScheduledCounts, StatusCounts, Timestamp, Worker,
 };
 
-pub(crate) use self::backend::{Cas, DeliveryRef, FeedAppend, Hub, Peeked, StateBackend, SubmitOutcome, Unsub};
+pub(crate) use self::backend::{
+    Cas, DeliveryRef, FeedAppend, Hub, Peeked, Rescheduled, StateBackend, SubmitOutcome, Unsub,
+};
 pub use self::backend::{CommandStoreSettings, Lifetimes};
 pub use self::redis::RedisCommandStoreOptions;
 
@@ -339,6 +341,14 @@ impl CommandStore {
             }
         };
         let now = Timestamp::now();
+        if let Some(at) = command.run_at {
+            if at.millis() > now.millis() + Self::SCHEDULE_MAX.as_millis() as u64 {
+                return Err(CommandError::InvalidSchedule(format!(
+                    "{at} is more than {} days ahead; schedule at most that far",
+                    Self::SCHEDULE_MAX.as_secs() / 86_400
+                )));
+            }
+        }
         let token = new_token();
         let state = CommandState {
             id: command.id.clone(),
@@ -360,6 +370,7 @@ impl CommandStore {
             details: None,
             execution: None,
             output,
+            run_at: command.run_at,
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,
@@ -413,6 +424,17 @@ impl CommandStore {
                 };
                 if !same_output {
                     return Err(CommandError::Conflict { id: command.id, what: "output" });
+                }
+                // The due time is part of the request too; a delay names none of its own, so it
+                // matches any scheduled command.
+                let same_run_at = match (s.run_at, command.run_at) {
+                    (None, None) => true,
+                    (Some(_), Some(_)) if command.run_at_from_delay => true,
+                    (Some(stored), Some(asked)) => stored == asked,
+                    _ => false,
+                };
+                if !same_run_at {
+                    return Err(CommandError::Conflict { id: command.id, what: "run_at" });
                 }
                 Ok((s, false))
             }
@@ -590,9 +612,72 @@ impl CommandStore {
             next.completed_at = Some(now);
             next.modified_at = now;
             next.version += 1;
+            let waiting = st.status == CommandStatus::Submitted && st.run_at.is_some();
             match self.write_for(st.status, next, None, None, Some((EventKind::Cancelled, None))).await?.0 {
-                Ok(done) => return Ok(done),
+                Ok(done) => {
+                    if waiting {
+                        self.unschedule(&done).await;
+                    }
+                    return Ok(done);
+                }
                 Err(latest) => current = latest,
+            }
+        }
+    }
+
+    /// Removes a cancelled scheduled command's message from its queue's delayed set, so that no
+    /// far-future entry is left behind. Best effort: an entry left (this call failed, or the
+    /// process died before it) is promoted when due and acked unrun, the command being ended.
+    async fn unschedule(&self, st: &CommandState) {
+        let name = crate::model::schedule_name(&st.id);
+        if let Err(e) = self.inner.stream.unschedule(&st.queue, &name).await {
+            tracing::debug!(command = %st.id, error = %e, "could not remove a cancelled command's scheduled message; it is acked unrun when due");
+        }
+    }
+
+    /// How far ahead a command can be scheduled ([`Command::with_run_at`]): 366 days.
+    pub const SCHEDULE_MAX: Duration = Duration::from_secs(366 * 86_400);
+
+    /// Moves the due time of `id`, a scheduled command still waiting for it
+    /// ([`Command::with_run_at`]; its message not enqueued yet), to `at` (a time not in the
+    /// future: at once): one compare-and-set of its state (`run_at`, version + 1, its TTL
+    /// counted from the new due time) that moves its message in the queue's delayed set in the
+    /// same atomic step, with a `rescheduled` event in its queue's feed.
+    ///
+    /// Errors: [`CommandError::NotFound`], [`CommandError::NotScheduled`] (it was not
+    /// scheduled, its message was enqueued already (due, or rescheduled to now), or it
+    /// ended or started; the state attached, unchanged), [`CommandError::InvalidSchedule`]
+    /// (`at` further than [`CommandStore::SCHEDULE_MAX`] ahead), backend errors.
+    pub async fn reschedule(&self, id: &str, at: std::time::SystemTime) -> Result<CommandState, CommandError> {
+        validate_id(id)?;
+        let at = Timestamp::from_millis(Timestamp(at).millis());
+        if at.millis() > Timestamp::now().millis() + Self::SCHEDULE_MAX.as_millis() as u64 {
+            return Err(CommandError::InvalidSchedule(format!(
+                "{at} is more than {} days ahead; schedule at most that far",
+                Self::SCHEDULE_MAX.as_secs() / 86_400
+            )));
+        }
+        let mut current = self.locate(id).await?.map(|(_, st)| st);
+        loop {
+            let Some(st) = current else { return Err(CommandError::NotFound(id.to_string())) };
+            if st.status != CommandStatus::Submitted || st.run_at.is_none() || st.started_at.is_some() {
+                return Err(CommandError::NotScheduled(Box::new(st)));
+            }
+            let mut next = st.clone();
+            next.run_at = Some(at);
+            next.modified_at = Timestamp::now();
+            next.version += 1;
+            let append = self.feed_append(Some((EventKind::Rescheduled, None)), &next);
+            match self.inner.backend.reschedule(next, append.as_ref()).await? {
+                Rescheduled::Done(stored) => {
+                    if append.is_some() {
+                        self.inner.hub.feed_appended(&stored.queue);
+                    }
+                    self.inner.hub.local(&stored);
+                    return Ok(stored);
+                }
+                Rescheduled::Conflict(latest) => current = latest,
+                Rescheduled::NotWaiting(latest) => return Err(CommandError::NotScheduled(Box::new(latest))),
             }
         }
     }
@@ -678,6 +763,8 @@ impl CommandStore {
             next.modified_at = now;
             next.version += 1;
             next.output = st.output.as_ref().map(crate::OutputLink::next_run);
+            // A re-run runs at once.
+            next.run_at = None;
             // The new run's stream exists before its message is enqueued (as at submit).
             if let Some(link) = &next.output {
                 self.prepare_output(&st.id, link, true).await?;
@@ -867,13 +954,14 @@ impl CommandStore {
         }
         let min_ms = query.created_after.map_or(0, |t| t.millis());
         let backend = &self.inner.backend;
-        if query.command_type.is_none() && query.id_prefix.is_none() {
+        if query.command_type.is_none() && query.id_prefix.is_none() && query.scheduled.is_none() {
             let (items, next) = backend.list(queue, query.status, limit, cursor, min_ms).await?;
             return Ok(CommandPage { items, next_cursor: next.map(|c| c.encode()) });
         }
         let wanted = |st: &CommandState| {
             query.command_type.as_ref().is_none_or(|t| &st.command_type == t)
                 && query.id_prefix.as_ref().is_none_or(|p| st.id.starts_with(p.as_str()))
+                && query.scheduled.is_none_or(|s| st.is_scheduled() == s)
         };
         let mut items = Vec::new();
         let mut looked = 0;
@@ -1065,6 +1153,19 @@ impl CommandStore {
     pub async fn counts(&self, queue: &str) -> Result<StatusCounts, CommandError> {
         validate_queue(queue)?;
         self.inner.backend.counts(queue).await
+    }
+
+    /// `queue`'s scheduled commands still waiting for their due time (a subset of its
+    /// `SUBMITTED` ones, [`Command::with_run_at`]; by the queue the message waits in, which is
+    /// the home queue), and the earliest due time among them (`None`: none waits).
+    /// Errors: [`CommandError::Queue`] (bad name, backend errors).
+    pub async fn scheduled(&self, queue: &str) -> Result<ScheduledCounts, CommandError> {
+        validate_queue(queue)?;
+        let (waiting, next) = self.inner.stream.scheduled(queue).await?;
+        Ok(ScheduledCounts {
+            scheduled: waiting,
+            next_due: next.map(|t| Timestamp::from_millis(Timestamp(t).millis())),
+        })
     }
 
     /// `queue`'s per-minute aggregates ([`crate::minutes`]) of the last `last` minutes, the

@@ -13,7 +13,9 @@ use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use super::backend::{status_slot, Cas, CommandStoreSettings, FeedAppend, Hub, Peeked, StateBackend, SubmitOutcome};
+use super::backend::{
+    status_slot, Cas, CommandStoreSettings, FeedAppend, Hub, Peeked, Rescheduled, StateBackend, SubmitOutcome,
+};
 use super::commit::{BatchKeys, GroupCommit, Submit, Transition};
 use crate::feed::{CommandEvent, EventFrom, EventOffset, EventPage};
 use crate::model::{CommandMsg, Cursor};
@@ -40,6 +42,10 @@ static MINUTES_SAMPLE: LuaScript = LuaScript::new(
     concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/minutes_sample.lua")),
 );
 static FEED_READ: LuaScript = LuaScript::new("feed_read", include_str!("../../scripts/feed_read.lua"));
+static RESCHEDULE: LuaScript = LuaScript::new(
+    "reschedule",
+    concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/reschedule.lua")),
+);
 static COUNTS: LuaScript =
     LuaScript::new("counts", concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/counts.lua")));
 
@@ -115,6 +121,8 @@ impl QKeys {
             index,
             stream: baton_queue::keys::stream(prefix, queue),
             fences: baton_queue::keys::fences(prefix, queue),
+            delayed: baton_queue::keys::delayed(prefix, queue),
+            delayed_payloads: baton_queue::keys::delayed_payloads(prefix, queue),
             feed: format!("{base}:feed"),
             hooks: baton_queue::keys::stream(&crate::hook_prefix(prefix), queue),
             minutes: format!("{base}:minutes"),
@@ -353,7 +361,8 @@ impl StateBackend for RedisStateBackend {
     ) -> Result<SubmitOutcome, CommandError> {
         let k = self.keys(&state.queue);
         let lookup = self.lookup_key(&state.id);
-        let ttl = self.settings.ttl_for(&state.queue, state.status);
+        // A scheduled command's state lives its delay longer (it waits that long first).
+        let ttl = self.settings.ttl_for(&state.queue, state.status) + state.scheduled_delay();
         let lookup_ttl = ttl + LOOKUP_MARGIN;
         let mut st = state.clone();
         st.lookup_expires_ms = now_ms() + lookup_ttl.as_millis() as u64;
@@ -436,6 +445,7 @@ impl StateBackend for RedisStateBackend {
                 min_lifetime_ms: self.min_lifetime_ms(&state.queue),
                 event: feed_event.clone(),
                 feed_max,
+                due_ms: state.run_at.map(|t| t.millis()),
             };
             // A submit is idempotent (same id and body: the stored state), so it is sent once
             // more after a dropped connection (e.g. the first command after a Redis restart);
@@ -658,6 +668,58 @@ impl StateBackend for RedisStateBackend {
 
     fn can_fold_ack(&self, home: &str, queue: &str) -> bool {
         self.atomic_enqueue(home, queue)
+    }
+
+    async fn reschedule(&self, new: CommandState, event: Option<&FeedAppend>) -> Result<Rescheduled, CommandError> {
+        let k = self.keys(&new.queue);
+        let mut conn = self.conn.clone();
+        let mut st = new;
+        let ttl = self.settings.ttl_for(&st.queue, st.status) + st.scheduled_delay();
+        let now = now_ms();
+        if st.lookup_expires_ms < now + (ttl + Duration::from_secs(600)).as_millis() as u64 {
+            // The state would outlive its lookup key: extend the key first (as a transition does).
+            let lookup_ttl = ttl + LOOKUP_MARGIN;
+            let _: i64 = redis::cmd("PEXPIRE")
+                .arg(self.lookup_key(&st.id))
+                .arg(lookup_ttl.as_millis() as u64)
+                .query_async(&mut conn)
+                .await?;
+            st.lookup_expires_ms = now + lookup_ttl.as_millis() as u64;
+        }
+        if st.body_sha.0.is_empty() {
+            let head: Vec<u8> =
+                redis::cmd("GETRANGE").arg(k.state(&st.id)).arg(0).arg(HEAD_MAX).query_async(&mut conn).await?;
+            st.body_sha.0 = body_sha_of(&head).to_string();
+        }
+        let value = stored(&st, &st.stored_json());
+        let state_key = k.state(&st.id);
+        let (feed_event, feed_max) = event.map_or(("", 0), |e| (e.json.as_str(), e.max_len));
+        let due = st.run_at.map(|t| t.millis()).unwrap_or(0);
+        let mut cmd = RESCHEDULE.evalsha_cmd(4);
+        cmd.arg(k.exp())
+            .arg(&state_key)
+            .arg(&k.batch.delayed)
+            .arg(&k.batch.feed)
+            .arg(format!("{} {} ", st.version - 1, CommandStatus::Submitted.as_str()))
+            .arg(&value)
+            .arg(ttl.as_millis() as u64)
+            .arg(&st.id)
+            .arg(due)
+            .arg(feed_event)
+            .arg(feed_max);
+        let v: Value = RESCHEDULE.query(&mut conn, &cmd).await?;
+        let Value::Array(parts) = &v else { return Err(unexpected("reschedule", &v)) };
+        let current = || -> Result<CommandState, CommandError> {
+            let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("reschedule", &v))?;
+            parse_stored(&st.id, raw)
+        };
+        match parts.first().and_then(string).as_deref() {
+            Some("ok") => Ok(Rescheduled::Done(st.clone())),
+            Some("missing") => Ok(Rescheduled::Conflict(None)),
+            Some("conflict") => Ok(Rescheduled::Conflict(Some(current()?))),
+            Some("not_waiting") => Ok(Rescheduled::NotWaiting(current()?)),
+            _ => Err(unexpected("reschedule", &v)),
+        }
     }
 
     fn atomic_enqueue(&self, home: &str, target: &str) -> bool {

@@ -48,6 +48,24 @@ pub enum CommandsOp {
         /// append nor keepalive [default: never] (implies --output).
         #[arg(long, value_parser = duration_arg)]
         output_silence_timeout: Option<Duration>,
+        /// Schedule it: its handler is not called before this RFC 3339 time, e.g.
+        /// 2026-12-24T18:00:00Z (the command is stored now, SUBMITTED, and waits).
+        #[arg(long, conflicts_with = "delay")]
+        run_at: Option<String>,
+        /// Schedule it this long from now, e.g. 30s, 10m, 2h.
+        #[arg(long, value_parser = duration_arg)]
+        delay: Option<Duration>,
+    },
+    /// Move the due time of a scheduled command still waiting for it (refused with exit code 4
+    /// once it has been enqueued, started or ended).
+    Reschedule {
+        id: String,
+        /// The new due time, an RFC 3339 time.
+        #[arg(long, conflicts_with = "delay", required_unless_present = "delay")]
+        run_at: Option<String>,
+        /// The new due time, this long from now, e.g. 30s.
+        #[arg(long, value_parser = duration_arg)]
+        delay: Option<Duration>,
     },
     /// Show a command's state.
     Status { id: String },
@@ -133,6 +151,9 @@ pub enum CommandsOp {
         /// Only commands created before this RFC 3339 time.
         #[arg(long)]
         created_before: Option<String>,
+        /// Only scheduled commands still waiting for their due time.
+        #[arg(long)]
+        scheduled: bool,
     },
 }
 
@@ -158,6 +179,8 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             output_path,
             output_content_type,
             output_silence_timeout,
+            run_at,
+            delay,
         } => {
             // The params are sent as their text, byte for byte (the server keeps them so).
             let params: &RawValue = match params.as_deref() {
@@ -182,7 +205,8 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             } else {
                 output.then_some(Value::Bool(true))
             };
-            let body = SubmitBody { id: id.as_deref(), command_type: &command_type, params, output };
+            let delay = delay.map(|d| format!("{}ms", d.as_millis()));
+            let body = SubmitBody { id: id.as_deref(), command_type: &command_type, params, output, run_at, delay };
             let body = serde_json::to_string(&body).expect("serializable");
             let url = format!("/v1/queues/{}/commands", encode_segment(&queue));
             let res = cl
@@ -262,6 +286,36 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             let refused = |status: &str| format!("{id} has already ended ({status}); it cannot be cancelled");
             act(cl, &id, "cancel", refused, &format!("cancelled {id}")).await
         }
+        CommandsOp::Reschedule { id, run_at, delay } => {
+            let body = match (run_at, delay) {
+                (Some(t), _) => serde_json::json!({ "run_at": t }),
+                (None, Some(d)) => serde_json::json!({ "delay": format!("{}ms", d.as_millis()) }),
+                (None, None) => return Err(CliError::usage("give --run-at or --delay".to_string())),
+            };
+            let rb = cl
+                .request(Method::POST, &format!("{}/schedule", command_path(&id)))
+                .header("content-type", "application/json")
+                .body(body.to_string());
+            let res = cl.send(rb).await?;
+            if res.status() == reqwest::StatusCode::CONFLICT {
+                let v = super::client::read_json(res).await.unwrap_or(Value::Null);
+                let status = v.get("state").map(|s| cell(s.get("status"))).unwrap_or_else(|| "?".into());
+                return Err(CliError {
+                    code: exit::REFUSED,
+                    message: format!("{id} ({status}) no longer waits for a due time; it cannot be rescheduled"),
+                });
+            }
+            if !res.status().is_success() {
+                return Err(super::client::error_from(res).await);
+            }
+            let (text, state) = read_json_text(res).await?;
+            if cl.json {
+                print_json_exact(&text);
+            } else {
+                println!("{id} is due at {}", cell(state.get("run_at")));
+            }
+            Ok(exit::OK)
+        }
         CommandsOp::Retry { id } => {
             let refused = |status: &str| format!("{id} is {status}; only FAILED or CANCELLED commands can be re-run");
             act(cl, &id, "retry", refused, &format!("re-running {id} (SUBMITTED)")).await
@@ -308,8 +362,21 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             }
             Ok(exit::OK)
         }
-        CommandsOp::List { queue, status, limit, cursor, command_type, id_prefix, created_after, created_before } => {
+        CommandsOp::List {
+            queue,
+            status,
+            limit,
+            cursor,
+            command_type,
+            id_prefix,
+            created_after,
+            created_before,
+            scheduled,
+        } => {
             let mut url = format!("/v1/queues/{}/commands?limit={limit}", encode_segment(&queue));
+            if scheduled {
+                url.push_str("&scheduled=true");
+            }
             if let Some(s) = &status {
                 url.push_str(&format!("&status={s}"));
             }
@@ -406,6 +473,10 @@ struct SubmitBody<'a> {
     params: &'a RawValue,
     #[serde(skip_serializing_if = "Option::is_none")]
     output: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delay: Option<String>,
 }
 
 /// Sends, requires a 2xx, and returns the JSON body as text and as a value.
@@ -428,6 +499,7 @@ fn print_state(s: &Value, text: &str) {
         "attempts",
         "errors_count",
         "created_at",
+        "run_at",
         "started_at",
         "modified_at",
         "completed_at",

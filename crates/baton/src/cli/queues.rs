@@ -95,13 +95,14 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
                 "CONSUMERS",
                 "LAG",
                 "SUBMITTED",
+                "SCHEDULED",
                 "RUNNING",
                 "SUCCEEDED",
                 "FAILED",
                 "CANCELLED",
                 "DEAD",
             ])
-            .right(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+            .right(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
             for q in &queues {
                 let c = q.get("commands");
                 let n = |k: &str| cell(c.and_then(|c| c.get(k)));
@@ -117,6 +118,8 @@ pub async fn run(cl: &Client, op: QueuesOp) -> Result<u8, CliError> {
                     },
                     cell(q.get("lag")),
                     n("submitted"),
+                    // Of the submitted: scheduled ones waiting for their due time.
+                    n("scheduled"),
                     n("running"),
                     n("succeeded"),
                     n("failed"),

@@ -37,6 +37,16 @@
   }
   const num = (n) => (n === undefined || n === null ? "–" : Number(n).toLocaleString());
   const badge = (s) => h("span", { class: `badge ${s}` }, s);
+  /** How far ahead an RFC 3339 time is: "in 5s", "in 3m", "in 2h", "in 4d" ("now" once due). */
+  function dueIn(iso) {
+    if (!iso) return "–";
+    const s = (Date.parse(iso) - Date.now()) / 1000;
+    if (s < 1) return "now";
+    if (s < 60) return `in ${Math.floor(s)}s`;
+    if (s < 3600) return `in ${Math.floor(s / 60)}m`;
+    if (s < 86400) return `in ${Math.floor(s / 3600)}h`;
+    return `in ${Math.floor(s / 86400)}d`;
+  }
   function ago(iso) {
     if (!iso) return "–";
     const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
@@ -193,7 +203,11 @@
         h("td", { class: "num", "data-dead": q.dead_consumers || 0 }, num(q.consumers || 0),
           q.dead_consumers ? h("span", { class: "muted" }, ` +${num(q.dead_consumers)} dead`) : null),
         n(q.lag), n(q.delayed),
-        n(c.submitted), n(c.running), n(c.succeeded), n(c.failed), n(c.cancelled), n(q.dead_letters),
+        // Submitted, of which scheduled (waiting for their due time) apart, with the next due time.
+        h("td", { class: "num", "data-scheduled": c.scheduled || 0 }, c.submitted ? num(c.submitted) : h("span", { class: "zero" }, "0"),
+          c.scheduled ? h("span", { class: "muted", title: "scheduled, next due " + (c.next_due || "–") },
+            ` (${num(c.scheduled)} scheduled, next ${dueIn(c.next_due)})`) : null),
+        n(c.running), n(c.succeeded), n(c.failed), n(c.cancelled), n(q.dead_letters),
         h("td", { class: "muted" }, (q.handlers || []).join(", ") + (q.workers ? "" : " (no workers here)")),
       ));
     }
@@ -319,6 +333,7 @@
     $("detail-title").textContent = "Command " + c.id;
     const facts = [["Status", badge(c.status)], ["Queue", c.queue], ["Type", c.type], ["Attempts", String(c.attempts)],
       ["Created", c.created_at], ["Completed", c.completed_at || "–"]];
+    if (c.run_at) facts.push(["Due", c.run_at + (c.status === "SUBMITTED" && !c.started_at ? ` (${dueIn(c.run_at)})` : "")]);
     if (c.execution) facts.push(["Running", executionText(c.execution)]);
     if (c.progress) facts.push(["Progress", progressText(c.progress)]);
     if (c.error) facts.push(["Error", c.error]);

@@ -3,11 +3,12 @@
 //!
 //! | Route | Success | Errors |
 //! |---|---|---|
-//! | `POST /v1/queues/{queue}/commands` body `{"id"?: string, "type": string, "params"?: any, "output"?: true \| {"path"?, "content_type"?, "silence_timeout"?}}` | `202` + state (new), `200` + state (same id, body and output) | `400` bad JSON / body shape / id / type / params / output, `403` an output stream the token may not write, `404` unknown queue, `409` same id with another body or output, `413` body over `max_command_body` |
+//! | `POST /v1/queues/{queue}/commands` body `{"id"?: string, "type": string, "params"?: any, "output"?: true \| {"path"?, "content_type"?, "silence_timeout"?}, "run_at"?: RFC 3339, "delay"?: "30s" \| ms}` | `202` + state (new), `200` + state (same id, body, output and due time) | `400` bad JSON / body shape / id / type / params / output / run_at / delay (both given), `403` an output stream the token may not write, `404` unknown queue, `409` same id with another body or output, `413` body over `max_command_body` |
 //! | `GET /v1/commands/{id}?wait=30s` | `200` + state (after at most `wait`, earlier once terminal) | `400` bad id or wait, `404` unknown id, `503` all live-reader slots taken (a wait holds one) |
 //! | `POST /v1/commands/{id}/cancel` | `200` + state (`CANCELLED`) | `400` bad id, `404` unknown id, `409` already terminal (with `state`) |
+//! | `POST /v1/commands/{id}/schedule` body `{"run_at": RFC 3339}` or `{"delay": "30s" \| ms}` | `200` + state (new `run_at`) | `400` bad body, `404` unknown id, `409` not waiting for a due time (`not_scheduled`, with `state`) |
 //! | `POST /v1/commands/{id}/retry` | `200` + state (`SUBMITTED` again) | `400` bad id, `404` unknown id, `409` not FAILED or CANCELLED (`not_retryable`, with `state`) |
-//! | `GET /v1/queues/{queue}/commands?status=&type=&id_prefix=&created_after=&created_before=&cursor=&limit=` | `200` `{"items": [state…], "next_cursor": string\|null}`, newest first | `400` bad status / cursor / limit / time, `404` unknown queue |
+//! | `GET /v1/queues/{queue}/commands?status=&type=&id_prefix=&created_after=&created_before=&scheduled=&cursor=&limit=` | `200` `{"items": [state…], "next_cursor": string\|null}`, newest first (`scheduled=true`: only scheduled commands still waiting for their due time; `false`: the others) | `400` bad status / cursor / limit / time / scheduled, `404` unknown queue |
 //!
 //! A state is the command service's JSON (`id, queue, type, params, status, result, error,
 //! attempts, errors_count, created_at, started_at, modified_at, completed_at, version,
@@ -64,10 +65,11 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
     let Ok(mut m) = serde_json::from_slice::<BTreeMap<String, &RawValue>>(body) else {
         return Err(body_error(body));
     };
-    if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "id" | "type" | "params" | "output")) {
+    if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "id" | "type" | "params" | "output" | "run_at" | "delay"))
+    {
         return Err(ApiError::invalid(
             "invalid_body",
-            format!("unknown field {}; a command body has only id, type, params and output", echo(k)),
+            format!("unknown field {}; a command body has only id, type, params, output, run_at and delay", echo(k)),
         ));
     }
     let field = |raw: Option<&RawValue>| -> Result<Option<Value>, ApiError> {
@@ -87,6 +89,7 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
     };
     let params = m.remove("params").map(|r| RawJson::from(r.to_owned())).unwrap_or_default();
     let output = output_spec(field(m.remove("output"))?)?;
+    let due = parse_due(field(m.remove("run_at"))?, field(m.remove("delay"))?, false)?;
     let command = match field(m.remove("id"))? {
         None | Some(Value::Null) => Command::new(command_type, params),
         Some(Value::String(id)) => Command::with_id(id, command_type, params),
@@ -97,10 +100,62 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
             ))
         }
     };
+    let command = match due {
+        Some(Due::At(at)) => command.with_run_at(at),
+        Some(Due::After(d)) => command.with_delay(d),
+        None => command,
+    };
     Ok(match output {
         Some(spec) => command.with_output(spec),
         None => command,
     })
+}
+
+/// When a scheduled command is due: the body's `run_at` or `delay`.
+#[derive(Debug, PartialEq)]
+pub enum Due {
+    /// `run_at`: an RFC 3339 time.
+    At(std::time::SystemTime),
+    /// `delay`: from now.
+    After(Duration),
+}
+
+/// The body's `run_at` (an RFC 3339 time, e.g. `"2025-01-31T12:00:00Z"`) or `delay` (a duration
+/// like `"30s"`, `"1m"`, `"500ms"`, or a number of milliseconds), at most one of them
+/// (`required`: exactly one). Errors: `invalid_body` naming the field and what to send.
+pub fn parse_due(run_at: Option<Value>, delay: Option<Value>, required: bool) -> Result<Option<Due>, ApiError> {
+    let bad = |f: &str, why: String| ApiError::invalid("invalid_body", format!("\"{f}\" {why}"));
+    let run_at = run_at.filter(|v| !v.is_null());
+    let delay = delay.filter(|v| !v.is_null());
+    match (run_at, delay) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "invalid_body",
+            "give \"run_at\" (an RFC 3339 time) or \"delay\" (a duration like \"30s\"), not both".to_string(),
+        )),
+        (None, None) if required => Err(ApiError::invalid(
+            "invalid_body",
+            "missing \"run_at\" (an RFC 3339 time like \"2025-01-31T12:00:00Z\") or \"delay\" (a duration like \"30s\", or ms)"
+                .to_string(),
+        )),
+        (None, None) => Ok(None),
+        (Some(Value::String(t)), None) => humantime::parse_rfc3339_weak(t.trim())
+            .map(|at| Some(Due::At(at)))
+            .map_err(|e| bad("run_at", format!("{}: {e}; send an RFC 3339 time like \"2025-01-31T12:00:00Z\"", echo(&t)))),
+        (Some(other), None) => {
+            Err(bad("run_at", format!("must be an RFC 3339 time like \"2025-01-31T12:00:00Z\"; got {}", kind_of(&other))))
+        }
+        (None, Some(Value::String(d))) => humantime::parse_duration(d.trim())
+            .map(|d| Some(Due::After(d)))
+            .map_err(|e| bad("delay", format!("{}: {e}; send a duration like \"30s\", \"1m\" or \"500ms\"", echo(&d)))),
+        (None, Some(Value::Number(n))) => match n.as_u64() {
+            Some(ms) => Ok(Some(Due::After(Duration::from_millis(ms)))),
+            None => Err(bad("delay", format!("{n} is not a whole number of milliseconds (0 or more)"))),
+        },
+        (None, Some(other)) => Err(bad(
+            "delay",
+            format!("must be a duration like \"30s\" or a number of milliseconds; got {}", kind_of(&other)),
+        )),
+    }
 }
 
 /// Longest `silence_timeout` of a submit's `output`.
@@ -306,6 +361,34 @@ pub async fn retry(
     Ok(serialized_response(&state))
 }
 
+/// `POST /v1/commands/{id}/schedule` body `{"run_at": "…"}` or `{"delay": "30s"}`: moves the due
+/// time of a scheduled command still waiting for it (write access to its home queue, as a
+/// cancel).
+pub async fn reschedule(
+    State(st): State<AppState>,
+    IdParam(id): IdParam,
+    _: Query,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let body = read_body(body, &parts.headers, &body_limit(st.commands.max_body())).await?;
+    const SHAPE: &str = "{\"run_at\": \"2025-01-31T12:00:00Z\"} or {\"delay\": \"30s\"}";
+    let Ok(mut m) = serde_json::from_slice::<serde_json::Map<String, Value>>(&body) else {
+        return Err(ApiError::invalid("invalid_body", format!("request body must be a JSON object like {SHAPE}")));
+    };
+    if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "run_at" | "delay")) {
+        return Err(ApiError::invalid("invalid_body", format!("unknown field {}; send {SHAPE}", echo(k))));
+    }
+    let at = match parse_due(m.remove("run_at"), m.remove("delay"), true)? {
+        Some(Due::At(at)) => at,
+        Some(Due::After(d)) => std::time::SystemTime::now() + d,
+        None => unreachable!("required"),
+    };
+    let who = principal(&parts.extensions)?;
+    let state = act(&st, &id, who, move |store, id| Box::pin(store.reschedule(id, at))).await?;
+    Ok(serialized_response(&state))
+}
+
 type Acted<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<CommandState, CommandError>> + Send + 'a>>;
 
 /// An operation on one command (cancel, retry) by a caller with write access to its home queue.
@@ -373,9 +456,20 @@ pub async fn bulk(
         id_prefix: b.id_prefix.filter(|p| !p.is_empty()),
         created_after: time_param(&filters, "created_after")?,
         created_before: time_param(&filters, "created_before")?,
+        scheduled: None,
     };
     let report = st.commands.store().bulk(&queue, b.action, query, b.dry_run, b.max).await?;
     Ok(serialized_response(&report))
+}
+
+/// A `true` / `false` filter of a list query (`scheduled`); empty or absent: none.
+fn bool_param(q: &std::collections::BTreeMap<String, String>, name: &str) -> Result<Option<bool>, ApiError> {
+    match q.get(name).map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(v) => Err(ApiError::invalid("invalid_query", format!("{name} must be true or false, not {}", echo(v)))),
+    }
 }
 
 /// An RFC 3339 time of a list query (`created_after`, `created_before`).
@@ -417,6 +511,7 @@ pub async fn list(
         id_prefix: text("id_prefix"),
         created_after: time_param(&q, "created_after")?,
         created_before: time_param(&q, "created_before")?,
+        scheduled: bool_param(&q, "scheduled")?,
     };
     let page = st.commands.store().list(&queue, query).await?;
     // `{"items": [state…], "next_cursor": …}`, the states written exactly (see `serialized_response`).
@@ -457,7 +552,7 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"type":"e","prams":1}"#).1,
-            "unknown field \"prams\"; a command body has only id, type, params and output"
+            "unknown field \"prams\"; a command body has only id, type, params, output, run_at and delay"
         );
     }
 

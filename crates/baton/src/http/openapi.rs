@@ -185,7 +185,15 @@ fn schemas() -> Value {
                         "path": { "type": "string", "minLength": 1, "maxLength": 1024, "description": "Stream path (default `commands/<id>`); the token needs `write` on it. A re-run writes `<path>/run-<n>`." },
                         "content_type": { "type": "string", "minLength": 1, "description": "The stream's content type (default `application/json`)." },
                         "silence_timeout": { "type": "string", "description": "No append nor keepalive for this long (`30s`, `5m`; 1ms to 365d) ends the stream `producer_lost` and the command FAILED. Default: never." } } }
-                ] } } },
+                ] },
+            "run_at": { "type": "string", "format": "date-time", "description": "Schedule the command: stored now (SUBMITTED, its `run_at` shown), its handler not called before this time (a time not in the future: at once; at most 366 days ahead). Its message waits in the queue's delayed set, never pending, and is enqueued within a few ms of the due time by a running consumer of the queue. Not with `delay`. Part of the request: a resubmit of the id with another `run_at` (or none) is a 409." },
+            "delay": { "description": "Schedule the command this long from now (`30s`, `1m`, `500ms`, or a number of milliseconds); as `run_at`, not with it. A resubmit of a scheduled id with a `delay` matches whatever its due time.",
+                "oneOf": [ { "type": "string" }, { "type": "integer", "minimum": 0 } ] } } },
+        "ScheduleRequest": { "type": "object", "additionalProperties": false, "minProperties": 1, "maxProperties": 1,
+            "description": "The new due time: `run_at` or `delay`, exactly one.",
+            "properties": {
+                "run_at": { "type": "string", "format": "date-time", "description": "An RFC 3339 time (not in the future: at once)." },
+                "delay": { "description": "From now: `30s`, `1m`, `500ms`, or a number of milliseconds.", "oneOf": [ { "type": "string" }, { "type": "integer", "minimum": 0 } ] } } },
         "OutputLink": { "type": "object", "required": ["stream", "url", "run", "content_type", "max_run_ms", "done_ttl_ms"], "additionalProperties": false,
             "description": "The command's output stream (submitted with `output`); absent otherwise.",
             "properties": {
@@ -211,7 +219,8 @@ fn schemas() -> Value {
                 "progress": r("Progress"),
                 "details": { "description": "The handler's last checkpoint (any JSON; an HTTP worker's renewal, or `Command::checkpoint` of an in-process handler): handed to the next delivery. Absent until reported." },
                 "execution": r("Execution"),
-                "output": r("OutputLink") } },
+                "output": r("OutputLink"),
+                "run_at": { "allOf": [ts()], "description": "A scheduled command's due time (submitted with `run_at` or `delay`, or rescheduled); it waits for it while SUBMITTED with `run_at` in the future. Stays after the command ran. Absent for a command submitted to run at once." } } },
         "Execution": { "type": "object", "required": ["worker", "call", "since", "deliveries", "deadline"], "additionalProperties": false,
             "description": "The in-process handler call working on the command now, written about a second after it started (shorter calls never show one) and removed by its outcome. Absent otherwise.",
             "properties": {
@@ -230,7 +239,7 @@ fn schemas() -> Value {
             "description": "One transition of a command, from its home queue's event feed.",
             "properties": {
                 "offset": { "type": "string", "description": "Where the event is in its queue's feed (`<ms, 15 digits>_<seq, 10 digits>`): read after it for the next ones." },
-                "event": { "type": "string", "enum": ["submitted", "started", "progress", "running", "retry_scheduled", "handed_off", "succeeded", "failed", "cancelled", "rerun"] },
+                "event": { "type": "string", "enum": ["submitted", "started", "progress", "running", "retry_scheduled", "handed_off", "succeeded", "failed", "cancelled", "rerun", "rescheduled"] },
                 "id": { "type": "string" }, "type": { "type": "string" }, "status": r("CommandStatus"),
                 "version": { "type": "integer", "minimum": 1, "description": "The state's version after the event." },
                 "at": { "allOf": [ts()], "description": "When it happened (for `started`, when the call began)." },
@@ -239,7 +248,8 @@ fn schemas() -> Value {
                 "progress": r("Progress"),
                 "error": { "type": "string", "description": "`retry_scheduled`, `failed`: the error." },
                 "retry_in_ms": { "type": "integer", "minimum": 0, "description": "`retry_scheduled`: the delay before the next attempt." },
-                "handed_off_to": { "type": "string", "description": "`handed_off`: the queue the command went to." } } },
+                "handed_off_to": { "type": "string", "description": "`handed_off`: the queue the command went to." },
+                "run_at": { "allOf": [ts()], "description": "`submitted` of a scheduled command, `rescheduled`: when it is due." } } },
         "BulkRequest": { "type": "object", "required": ["action"], "additionalProperties": false, "properties": {
             "action": { "type": "string", "enum": ["cancel", "retry"], "description": "Cancel the selected commands not ended yet, or re-run the FAILED and CANCELLED ones." },
             "dry_run": { "type": "boolean", "description": "Only count (default false)." },
@@ -266,9 +276,11 @@ fn schemas() -> Value {
                 "dead_consumers": { "type": "integer", "minimum": 0, "description": "Group members silent past their claim timeout, not reaped yet (their commands are taken over)." },
                 "lag": count(), "delayed": count(), "dead_letters": count(),
                 "commands": { "type": "object",
-                    "required": ["submitted", "running", "succeeded", "failed", "cancelled", "total"],
+                    "required": ["submitted", "running", "succeeded", "failed", "cancelled", "total", "scheduled", "next_due"],
                     "properties": { "submitted": count(), "running": count(), "succeeded": count(),
-                                    "failed": count(), "cancelled": count(), "total": count() } },
+                                    "failed": count(), "cancelled": count(), "total": count(),
+                                    "scheduled": { "type": "integer", "minimum": 0, "description": "Of the SUBMITTED ones: scheduled commands still waiting for their due time." },
+                                    "next_due": { "allOf": [opt_ts()], "description": "The earliest due time of those; null when none waits." } } },
                 "handlers": { "type": "array", "items": { "type": "string" } },
                 "workers": { "type": "boolean" } } },
         "QueueChange": { "allOf": [r("Queue"), { "type": "object", "required": ["changed"], "properties": {

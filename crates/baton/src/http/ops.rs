@@ -102,15 +102,17 @@ pub fn worker_router(api: CommandsApi) -> Router {
 /// `baton_queue_length`, `baton_queue_pending`, `baton_queue_consumers`, `baton_queue_lag`,
 /// `baton_queue_delayed`, `baton_queue_dead_letter_entries`, `baton_queue_paused` (1 paused, 0
 /// running) (label `queue`) and
-/// `baton_commands{queue,status}` (status lower case). A failed sample counts
+/// `baton_commands{queue,status}` (status lower case), `baton_commands_scheduled{queue}` (the
+/// SUBMITTED commands still waiting for their due time). A failed sample counts
 /// `baton_queue_sample_failures_total` and leaves the previous values.
 async fn sample_metrics(api: &CommandsApi) {
     let work = async {
         for q in api.queue_names() {
             let stats = api.store().messages().stats(&q).await;
             let counts = api.store().counts(&q).await;
-            match (stats, counts) {
-                (Ok(s), Ok(c)) => {
+            let sched = api.store().scheduled(&q).await;
+            match (stats, counts, sched) {
+                (Ok(s), Ok(c), Ok(sc)) => {
                     let g = |name: &'static str, v: u64| metrics::gauge!(name, "queue" => q.clone()).set(v as f64);
                     g("baton_queue_length", s.length);
                     g("baton_queue_pending", s.pending);
@@ -120,6 +122,7 @@ async fn sample_metrics(api: &CommandsApi) {
                     g("baton_queue_delayed", s.delayed);
                     g("baton_queue_dead_letter_entries", s.dead_letters);
                     g("baton_queue_paused", u64::from(s.paused));
+                    g("baton_commands_scheduled", sc.scheduled);
                     for (status, v) in [
                         ("submitted", c.submitted),
                         ("running", c.running),

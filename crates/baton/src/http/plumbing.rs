@@ -234,7 +234,7 @@ impl QuerySpec for LastQuery {
 pub struct ListQueryParams;
 impl QuerySpec for ListQueryParams {
     const ALLOWED: &'static [&'static str] =
-        &["status", "cursor", "limit", "type", "id_prefix", "created_after", "created_before"];
+        &["status", "cursor", "limit", "type", "id_prefix", "created_after", "created_before", "scheduled"];
 }
 
 /// `?queue=&status=&limit=`.

@@ -19,8 +19,10 @@
 //!
 //! A queue: `{"name", "paused", "paused_since" (RFC 3339 or null), "length", "pending",
 //! "consumers", "lag", "delayed", "dead_letters",
-//! "commands": {"submitted", "running", "succeeded", "failed", "cancelled", "total"},
-//! "handlers": [command type…], "workers": bool}` — counts are exact at the time of the call;
+//! "commands": {"submitted", "running", "succeeded", "failed", "cancelled", "total", "scheduled",
+//! "next_due"}, "handlers": [command type…], "workers": bool}` — counts are exact at the time of
+//! the call (`scheduled`: the SUBMITTED commands still waiting for their due time, `next_due`
+//! the earliest of those times, RFC 3339 with ms, or null);
 //! `workers` says whether this process runs the queue's workers. A dead letter: `{"id",
 //! "original_id", "payload" (text), "command_id" (string or null), "deliveries", "reason",
 //! "dead_lettered_at" (RFC 3339)}`.
@@ -42,6 +44,7 @@ pub async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, ApiError
     let entry = api.queue(name)?;
     let stats = api.store().messages().stats(name).await?;
     let c = api.store().counts(name).await?;
+    let sched = api.store().scheduled(name).await?;
     let handlers: Vec<&String> = entry.handlers.keys().collect();
     Ok(json!({
         "name": name,
@@ -57,6 +60,7 @@ pub async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, ApiError
         "commands": {
             "submitted": c.submitted, "running": c.running, "succeeded": c.succeeded,
             "failed": c.failed, "cancelled": c.cancelled, "total": c.total(),
+            "scheduled": sched.scheduled, "next_due": sched.next_due,
         },
         "handlers": handlers,
         "workers": api.workers_here() && !entry.handlers.is_empty(),

@@ -817,6 +817,11 @@ fn command_routes(d: &Docs) -> Vec<Route> {
                             "Only commands created before this time (RFC 3339).",
                             json!({ "type": "string", "format": "date-time" })
                         ),
+                        query(
+                            "scheduled",
+                            "`true`: only scheduled commands still waiting for their due time; `false`: the others (a filter like `type`).",
+                            json!({ "type": "boolean" })
+                        ),
                     ]),
                     protected(map(vec![
                         (
@@ -927,6 +932,25 @@ fn command_routes(d: &Docs) -> Vec<Route> {
                 json!({ "required": true, "content": { "application/json": { "schema": r("BulkRequest") } } }),
             ),
             post(commands::bulk),
+        ),
+        Route::json("/v1/commands/{id}/schedule", Access::Token).on(
+            Method::POST,
+            Access::Token,
+            with_body(
+                op(
+                    "Move a scheduled command's due time",
+                    "commands",
+                    json!([id()]),
+                    protected(map(vec![
+                        ("200", json_resp("Rescheduled: the state (its new `run_at`; a `rescheduled` event in its queue's feed).", r("CommandState"))),
+                        ("400", err_resp("Bad id or body (`run_at` or `delay`, exactly one).")),
+                        ("404", err_resp("Unknown command.")),
+                        ("409", err_resp("Not waiting for a due time any more (`not_scheduled`: not scheduled, enqueued already, started or ended); `state` holds it.")),
+                    ])),
+                ),
+                json!({ "required": true, "content": { "application/json": { "schema": r("ScheduleRequest") } } }),
+            ),
+            post(commands::reschedule),
         ),
         Route::json("/v1/commands/{id}/retry", Access::Token).on(
             Method::POST,

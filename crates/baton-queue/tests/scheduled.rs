@@ -1,0 +1,113 @@
+//! Scheduled entries (`MessageStream::offer_at`): named members of the delayed set, promoted by
+//! a running consumer when due (never before, never pending meanwhile), moved, removed,
+//! counted; a backlog of due entries larger than one promotion call is promoted call after
+//! call. On memory, Redis standalone and Redis Cluster.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use baton_queue::{Decision, Delivery, QueueError};
+use baton_testkit::TestBackend;
+use bytes::Bytes;
+use common::*;
+
+baton_testkit::on_every_backend!(scheduled_entries, due_backlog_is_promoted_at_once);
+
+async fn scheduled_entries(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("sched");
+    let now = SystemTime::now();
+    assert!(s.offer_at(&q, "c:a", "A", now + Duration::from_millis(800)).await.unwrap());
+    assert!(s.offer_at(&q, "c:b", "B", now + Duration::from_secs(60)).await.unwrap());
+    assert!(s.offer_at(&q, "c:gone", "G", now + Duration::from_millis(300)).await.unwrap());
+    // Replaced (same name): not counted twice.
+    assert!(!s.offer_at(&q, "c:gone", "G2", now + Duration::from_millis(400)).await.unwrap());
+    let (n, first) = s.scheduled(&q).await.unwrap();
+    assert_eq!(n, 3, "{}", b.name());
+    let ms = |t: SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    assert_eq!(first.map(ms), Some(ms(now + Duration::from_millis(400))), "{}", b.name());
+    assert!(s.unschedule(&q, "c:gone").await.unwrap());
+    assert!(!s.unschedule(&q, "c:gone").await.unwrap());
+    // b moved earlier than a.
+    assert!(s.reschedule(&q, "c:b", now + Duration::from_millis(500)).await.unwrap());
+    assert!(!s.reschedule(&q, "c:never", now).await.unwrap());
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.delayed), (0, 0, 2), "{}: {st:?}", b.name());
+
+    let got = Arc::new(Mutex::new(Vec::<(Bytes, SystemTime)>::new()));
+    let g = got.clone();
+    let _c = s
+        .consume(
+            &q,
+            move |d: Delivery| {
+                let g = g.clone();
+                async move {
+                    g.lock().unwrap().push((d.payload.clone(), SystemTime::now()));
+                    Decision::Ack
+                }
+            },
+            fast(1_000),
+        )
+        .await
+        .unwrap();
+    let done = eventually(Duration::from_secs(5), || {
+        let g = got.clone();
+        async move {
+            let seen = g.lock().unwrap().clone();
+            (seen.len() >= 2).then_some(seen)
+        }
+    })
+    .await
+    .expect("both delivered");
+    assert_eq!(done.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(), [Bytes::from("B"), Bytes::from("A")]);
+    for ((_, at), due) in done.iter().zip([500u64, 800]) {
+        let due = now + Duration::from_millis(due);
+        assert!(*at >= due, "{}: delivered before due", b.name());
+        assert!(at.duration_since(due).unwrap() < Duration::from_millis(300), "{}: late", b.name());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(got.lock().unwrap().len(), 2, "{}: the removed entry was delivered", b.name());
+    assert_eq!(s.scheduled(&q).await.unwrap(), (0, None));
+    assert!(!s.reschedule(&q, "c:a", now).await.unwrap(), "promoted: not waiting any more");
+
+    // Names that could be entry ids are refused.
+    assert!(matches!(s.offer_at(&q, "1-0", "x", now).await, Err(QueueError::InvalidSettings(_))));
+}
+
+/// 5,000 entries due at once (five promotion calls' worth): all delivered within a second of
+/// their due time, not one call per tick.
+async fn due_backlog_is_promoted_at_once(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("backlog");
+    let n = 5_000;
+    let due = SystemTime::now() + Duration::from_millis(1500);
+    for i in 0..n {
+        s.offer_at(&q, &format!("c:{i}"), "x", due).await.unwrap();
+    }
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c2 = count.clone();
+    let _c = s
+        .consume(
+            &q,
+            move |_d: Delivery| {
+                c2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async { Decision::Ack }
+            },
+            fast(30_000).with_concurrency(256),
+        )
+        .await
+        .unwrap();
+    let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
+    tokio::time::sleep(wait).await;
+    let t = Instant::now();
+    eventually(Duration::from_secs(10), || {
+        let c = count.clone();
+        async move { (c.load(std::sync::atomic::Ordering::Relaxed) >= n).then_some(()) }
+    })
+    .await
+    .expect("all delivered");
+    assert!(t.elapsed() < Duration::from_millis(1500), "{}: {n} due entries took {:?}", b.name(), t.elapsed());
+    assert_eq!(s.scheduled(&q).await.unwrap(), (0, None));
+}
