@@ -34,7 +34,8 @@
 //! (`scripts/schedule_cas.lua`), so of all processes deciding a due time one wins; a process
 //! that read an old record (paused, late) loses its compare-and-set and fires nothing.
 //! A won fire is recorded *pending* first, then its command is submitted with the id
-//! `sched-<name>-<due time, ms since the Unix epoch>` (submit is idempotent on id), then the
+//! `sched-<queue>.<name>-<due time, ms since the Unix epoch>` (submit is idempotent on id;
+//! command ids are global, so the queue is part of it), then the
 //! record is marked submitted. A process that dies in between leaves the record pending: the
 //! next process to read it (any) submits the same id — finding or making the same command — and
 //! marks it. Left open: a process paused between winning a fire and its submit for longer than
@@ -133,6 +134,9 @@ pub const DEFAULT_MISSED_AFTER: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_CATCH_UP: u32 = 10;
 /// The most [`Schedule::max_catch_up`] may be: 1000.
 pub const MAX_CATCH_UP: u32 = 1000;
+/// The latest due time whose command id [`CommandStore::schedule_tick`] checks (13 digits of ms,
+/// the year 2286): the longest id a schedule fires for centuries.
+pub const LATEST_DUE_MS: i64 = 9_999_999_999_999;
 /// Late due times counted per decision at most (the `missed` count of one decision).
 const COUNT_MAX: u64 = 100_000;
 
@@ -279,10 +283,24 @@ impl Schedule {
         self.missed_after
     }
 
-    /// The id of the command fired for due time `due_ms` (ms since the Unix epoch):
-    /// `sched-<name>-<due_ms>`.
-    pub fn command_id(&self, due_ms: i64) -> String {
-        format!("sched-{}-{due_ms}", self.name)
+    /// The id of the command fired in `queue` for due time `due_ms` (ms since the Unix epoch):
+    /// `sched-<queue>.<name>-<due_ms>`. Command ids are global (not per queue), so the queue is
+    /// part of it: schedules of one name in two queues fire distinct commands. The id is one to
+    /// one with (queue, name, due time): a name has no `.` and a due time no `-`; in the queue
+    /// `%` and whitespace (not allowed in ids) are written `%XX` (UTF-8 bytes, hex).
+    pub fn command_id(&self, queue: &str, due_ms: i64) -> String {
+        let mut q = String::with_capacity(queue.len());
+        for c in queue.chars() {
+            if c == '%' || c.is_whitespace() {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    q.push_str(&format!("%{b:02X}"));
+                }
+            } else {
+                q.push(c);
+            }
+        }
+        format!("sched-{q}.{}-{due_ms}", self.name)
     }
 
     fn zoned(&self, ms: i64) -> Option<Zoned> {
@@ -438,6 +456,9 @@ impl CommandStore {
         observe: Option<&FireObserver>,
     ) -> Result<(Option<i64>, i64), CommandError> {
         baton_queue::validate_queue_name(queue)?;
+        // Its command ids must be ids (200 characters at most) before any fire is decided, or a
+        // won fire could never be submitted.
+        crate::validate_id(&schedule.command_id(queue, LATEST_DUE_MS))?;
         let backend = &self.inner.backend;
         let name = schedule.name();
         loop {
@@ -535,7 +556,7 @@ impl CommandStore {
             (false, true, Overlap::Allow) => FireResult::Overlapped,
             (false, true, Overlap::CancelPrevious) => FireResult::Replaced,
         };
-        let command_id = (result != FireResult::Skipped).then(|| schedule.command_id(due));
+        let command_id = (result != FireResult::Skipped).then(|| schedule.command_id(queue, due));
         let next = ScheduleRecord {
             cursor_ms: due,
             last: Some(LastFire { due_ms: due, command_id: command_id.clone(), result, decided_ms: now }),
@@ -773,7 +794,8 @@ mod tests {
             dues(&s, "2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z"),
             ["2026-01-01T00:00:02Z", "2026-01-01T00:00:04Z"]
         );
-        assert_eq!(s.command_id(ms("2026-01-01T00:00:02Z")), "sched-s-1767225602000");
+        assert_eq!(s.command_id("q", ms("2026-01-01T00:00:02Z")), "sched-q.s-1767225602000");
+        assert_eq!(s.command_id("a b%.c", 1), "sched-a%20b%25.c.s-1");
         let s = sched("0 9 * * MON", "UTC");
         assert_eq!(
             dues(&s, "2026-01-01T00:00:00Z", "2026-01-13T00:00:00Z"),
@@ -805,6 +827,17 @@ mod tests {
         let s = sched("* * * * *", "UTC");
         assert_eq!(s.clone().with_missed(Missed::RunAll, 0).unwrap_err(), ScheduleError::MaxCatchUp(0));
         assert_eq!(s.with_missed_after(Duration::from_millis(999)).unwrap_err(), ScheduleError::MissedAfter);
+    }
+
+    /// A queue and name whose command ids would not be ids: refused before any decision.
+    #[tokio::test]
+    async fn a_tick_refuses_command_ids_over_200_characters() {
+        let store = CommandStore::memory();
+        let q = "q".repeat(130);
+        let s = Schedule::new(&"n".repeat(64), "* * * * * *", "UTC", "t", serde_json::json!({})).unwrap();
+        let e = store.schedule_tick(&q, &s, None).await.unwrap_err();
+        assert!(matches!(e, CommandError::InvalidId(_)), "{e:?}");
+        assert_eq!(store.schedule_record(&q, s.name()).await.unwrap(), None);
     }
 
     /// Two deciders that read the same record: only the first compare-and-set writes (the

@@ -97,7 +97,7 @@ impl Drop for Worker {
     }
 }
 
-/// The due times (ms) of the queue's `sched-tick-*` commands, sorted.
+/// The due times (ms) of the queue's `sched-cron.tick-*` commands, sorted.
 async fn fired_due_times(store: &CommandStore) -> Vec<i64> {
     let mut dues = Vec::new();
     let mut cursor = None;
@@ -105,7 +105,7 @@ async fn fired_due_times(store: &CommandStore) -> Vec<i64> {
         let page =
             store.list("cron", ListQuery { limit: 1000, cursor: cursor.clone(), ..Default::default() }).await.unwrap();
         for st in &page.items {
-            let due = st.id.strip_prefix("sched-tick-").expect("a scheduled command").parse::<i64>().unwrap();
+            let due = st.id.strip_prefix("sched-cron.tick-").expect("a scheduled command").parse::<i64>().unwrap();
             assert_eq!(st.params.get(), r#"{"hello":"world"}"#);
             dues.push(due);
         }

@@ -409,6 +409,14 @@ fn resolve_schedules(queue: &str, files: &[ScheduleFile], handlers: &[HandlerCon
                 s.with_missed_after(d).map_err(|e| format!("{}: {e}", key("missed_after")))?
             }
         };
+        let longest = s.command_id(queue, baton_commands::schedules::LATEST_DUE_MS);
+        if baton_commands::validate_id(&longest).is_err() {
+            return Err(format!(
+                "{}: its command ids (`{longest}`, {} characters) would be over 200 characters; use a shorter schedule name (or queue name)",
+                key("name"),
+                longest.len()
+            ));
+        }
         out.push(s);
     }
     Ok(out)
@@ -859,6 +867,15 @@ mod tests {
         );
         assert!(
             err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nevery = 1\n").contains("unknown field `every`")
+        );
+        // The queue is part of the command ids (global): queue and name must fit in 200.
+        let long = "q".repeat(130);
+        let name = "n".repeat(64);
+        let e = parse(&format!("[[queues.{long}.schedules]]\nname = \"{name}\"\ncron = \"* * * * *\"\ntype = \"t\"\n"))
+            .unwrap_err();
+        assert_eq!(
+            e,
+            format!("queues.{long}.schedules.{name}.name: its command ids (`sched-{long}.{name}-9999999999999`, 215 characters) would be over 200 characters; use a shorter schedule name (or queue name)")
         );
         // A queue without handlers here (its workers run elsewhere) takes any type.
         let q = parse("[[queues.b.schedules]]\nname = \"n\"\ncron = \"* * * * *\"\ntype = \"anything\"\n").unwrap();
