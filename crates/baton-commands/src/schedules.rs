@@ -162,7 +162,7 @@ pub enum ScheduleError {
     /// `name`: 1 to 64 of `A-Z a-z 0-9 _ -`.
     #[error("name {0:?}: use 1 to 64 letters, digits, '_' or '-'")]
     Name(String),
-    /// `cron`: not a pattern (the parser's reason).
+    /// `cron`: not a pattern (the parser's reason), or one no date matches (`0 0 30 2 *`).
     #[error("cron {0:?}: {1}; use 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first")]
     Cron(String, String),
     /// `timezone`: not an IANA zone name.
@@ -204,6 +204,11 @@ impl Schedule {
             .parse(cron)
             .map_err(|e| ScheduleError::Cron(cron.to_string(), e.to_string()))?;
         let tz = TimeZone::get(timezone).map_err(|_| ScheduleError::TimeZone(timezone.to_string()))?;
+        // A pattern no date matches (`0 0 30 2 *`) would never fire (and cost a search up to the
+        // year 5000 on every look): refused here.
+        if parsed.find_next_occurrence(&Timestamp::now().to_zoned(tz.clone()), false).is_err() {
+            return Err(ScheduleError::Cron(cron.to_string(), "no date matches it".to_string()));
+        }
         Ok(Self {
             name: name.to_string(),
             cron: cron.to_string(),
@@ -820,6 +825,11 @@ mod tests {
         assert!(e(Schedule::new("a", "61 * * * *", "UTC", "t", serde_json::json!(null)))
             .starts_with("cron \"61 * * * *\": "));
         assert!(e(Schedule::new("a", "* * * * * * 2030", "UTC", "t", serde_json::json!(null))).starts_with("cron "));
+        // A pattern no date matches (30 February) would never fire: refused, not run silently.
+        assert_eq!(
+            e(Schedule::new("a", "0 0 30 2 *", "UTC", "t", serde_json::json!(null))),
+            "cron \"0 0 30 2 *\": no date matches it; use 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first"
+        );
         assert_eq!(
             e(Schedule::new("a", "* * * * *", "Mars/Olympus", "t", serde_json::json!(null))),
             "timezone \"Mars/Olympus\" is not a known IANA time zone (e.g. \"UTC\", \"Europe/Berlin\")"
