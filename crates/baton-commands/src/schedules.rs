@@ -18,11 +18,12 @@
 //! tz database), as `croner` evaluates them:
 //! * **Spring forward** (a local time that does not exist): a pattern with fixed second, minute
 //!   and hour (`30 2 * * *`) fires once, at the first instant after the gap on that day (03:00
-//!   in Europe/Berlin); a pattern with a wildcard or step in those fields (`*/15 * * * *`) has
-//!   no fires inside the gap.
+//!   in Europe/Berlin); a pattern with anything else in one of those fields (a wildcard, step,
+//!   range or list: `*/15 * * * *`, `0,30 2 * * *`, `0 1-3 * * *`) has no fires inside the gap.
 //! * **Fall back** (a local hour that happens twice): a fixed-time pattern fires once, at the
-//!   first occurrence; a wildcard/step pattern fires in both passes (`*/30 * * * *` fires at
-//!   02:00 and 02:30 CEST, then again at 02:00 and 02:30 CET). Each fire is a distinct instant,
+//!   first occurrence; any other (wildcard, step, range, list) fires in both passes
+//!   (`*/30 * * * *` and `0,30 2 * * *` fire at 02:00 and 02:30 CEST, then again at 02:00 and
+//!   02:30 CET). Each fire is a distinct instant,
 //!   so its command id (which carries the instant) is distinct too.
 //!
 //! ## Exactly once per due time
@@ -772,6 +773,19 @@ mod tests {
                 "2026-10-25T01:30:00Z",
                 "2026-10-25T02:00:00Z"
             ]
+        );
+        // A list or range in the hour/minute fields is not a fixed time: no fire in the gap,
+        // fires in both passes of the repeated hour.
+        let list = sched("0,30 2 * * *", "Europe/Berlin");
+        assert_eq!(dues(&list, "2026-03-28T23:00:00Z", "2026-03-29T03:00:00Z"), [] as [&str; 0]);
+        assert_eq!(
+            dues(&list, "2026-10-24T23:00:00Z", "2026-10-25T03:00:00Z"),
+            ["2026-10-25T00:00:00Z", "2026-10-25T00:30:00Z", "2026-10-25T01:00:00Z", "2026-10-25T01:30:00Z"]
+        );
+        let range = sched("0 2-3 * * *", "Europe/Berlin");
+        assert_eq!(
+            dues(&range, "2026-10-24T23:00:00Z", "2026-10-25T03:00:00Z"),
+            ["2026-10-25T00:00:00Z", "2026-10-25T01:00:00Z", "2026-10-25T02:00:00Z"]
         );
     }
 
