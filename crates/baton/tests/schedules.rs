@@ -275,7 +275,7 @@ async fn worker_processes_stopped_and_continued_fire_once_per_due_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_processes_ride_out_a_redis_pause_and_restart() {
     baton_testkit::require_redis();
-    let mut redis = RedisServer::start_with(baton_testkit::ServerOptions { appendonly: true, ..Default::default() });
+    let mut redis = RedisServer::start_with(baton_testkit::ServerOptions { appendonly: true });
     let dir = std::env::temp_dir().join(format!("baton-sched-restart-{}-{}", std::process::id(), free_port()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("baton.toml");
