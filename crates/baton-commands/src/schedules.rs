@@ -489,7 +489,8 @@ impl CommandStore {
             let Some(first) = schedule.next_due_after(rec.cursor_ms).filter(|&t| t <= now) else {
                 return Ok((schedule.next_due_after(rec.cursor_ms.max(now)), now));
             };
-            let late_before = now - schedule.missed_after.as_millis() as i64;
+            // Saturating: a `missed_after` of more ms than an i64 holds means never late.
+            let late_before = now.saturating_sub(i64::try_from(schedule.missed_after.as_millis()).unwrap_or(i64::MAX));
             if first < late_before {
                 // Late due times: the newest of them decides what runs.
                 let keep = match schedule.missed {
@@ -851,6 +852,22 @@ mod tests {
         let s = sched("* * * * *", "UTC");
         assert_eq!(s.clone().with_missed(Missed::RunAll, 0).unwrap_err(), ScheduleError::MaxCatchUp(0));
         assert_eq!(s.with_missed_after(Duration::from_millis(999)).unwrap_err(), ScheduleError::MissedAfter);
+    }
+
+    /// A `missed_after` of more ms than an i64 holds (1e16 s: humantime takes it) means nothing
+    /// is ever late: an on-time due time fires (it was recorded missed: the ms wrapped negative).
+    #[tokio::test]
+    async fn a_huge_missed_after_never_makes_a_fire_late() {
+        let store = CommandStore::memory();
+        let s = sched("* * * * * *", "UTC").with_missed_after(Duration::from_secs(10_000_000_000_000_000)).unwrap();
+        store.schedule_tick("q", &s, None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let seen: Arc<std::sync::Mutex<Vec<FireResult>>> = Arc::default();
+        let l = seen.clone();
+        let obs: FireObserver = Arc::new(move |e: &FireEvent| l.lock().unwrap().push(e.result));
+        store.schedule_tick("q", &s, Some(&obs)).await.unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert!(!seen.is_empty() && seen.iter().all(|&r| r == FireResult::Fired), "{seen:?}");
     }
 
     /// A queue and name whose command ids would not be ids: refused before any decision.
