@@ -589,7 +589,7 @@ async function schedulesFlow() {
     const nightly = page.locator('#schedules-table tr[data-schedule="nightly"]')
     check((await nightly.innerText()).includes("Europe/Berlin"), "the nightly row names its time zone")
     check((await nightly.innerText()).includes("run_once"), "the nightly row names its missed policy")
-    const link = page.locator('#schedules-table tr[data-schedule="tick"] a[data-command^="sched-tick-"]')
+    const link = page.locator('#schedules-table tr[data-schedule="tick"] a[data-command^="sched-default.tick-"]')
     await link.waitFor({ timeout: 15000 })
     await page.screenshot({ path: join(SHOTS, "schedules-1-queue.png"), fullPage: true })
     const id = await link.getAttribute("data-command")

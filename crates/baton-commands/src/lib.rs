@@ -135,7 +135,7 @@
 //! * **Cron schedules**: [`schedules::Schedule`] (a cron pattern in a time zone, the command to
 //!   submit, overlap and missed-fire policies) run by a [`schedules::Scheduler`] in every process
 //!   of the queue; each due time is decided once across processes by a compare-and-set of the
-//!   schedule's record and fires a command with the id `sched-<name>-<due ms>` (rules, DST:
+//!   schedule's record and fires a command with the id `sched-<queue>.<name>-<due ms>` (rules, DST:
 //!   [`schedules`]).
 //! * **Completion hooks**: a queue with a hook ([`CommandStore::set_hook`]) gets one delivery
 //!   message per terminal transition of its commands on [`CommandStore::hooks`], enqueued in the

@@ -18,11 +18,12 @@
 //! tz database), as `croner` evaluates them:
 //! * **Spring forward** (a local time that does not exist): a pattern with fixed second, minute
 //!   and hour (`30 2 * * *`) fires once, at the first instant after the gap on that day (03:00
-//!   in Europe/Berlin); a pattern with a wildcard or step in those fields (`*/15 * * * *`) has
-//!   no fires inside the gap.
+//!   in Europe/Berlin); a pattern with anything else in one of those fields (a wildcard, step,
+//!   range or list: `*/15 * * * *`, `0,30 2 * * *`, `0 1-3 * * *`) has no fires inside the gap.
 //! * **Fall back** (a local hour that happens twice): a fixed-time pattern fires once, at the
-//!   first occurrence; a wildcard/step pattern fires in both passes (`*/30 * * * *` fires at
-//!   02:00 and 02:30 CEST, then again at 02:00 and 02:30 CET). Each fire is a distinct instant,
+//!   first occurrence; any other (wildcard, step, range, list) fires in both passes
+//!   (`*/30 * * * *` and `0,30 2 * * *` fire at 02:00 and 02:30 CEST, then again at 02:00 and
+//!   02:30 CET). Each fire is a distinct instant,
 //!   so its command id (which carries the instant) is distinct too.
 //!
 //! ## Exactly once per due time
@@ -34,7 +35,8 @@
 //! (`scripts/schedule_cas.lua`), so of all processes deciding a due time one wins; a process
 //! that read an old record (paused, late) loses its compare-and-set and fires nothing.
 //! A won fire is recorded *pending* first, then its command is submitted with the id
-//! `sched-<name>-<due time, ms since the Unix epoch>` (submit is idempotent on id), then the
+//! `sched-<queue>.<name>-<due time, ms since the Unix epoch>` (submit is idempotent on id;
+//! command ids are global, so the queue is part of it), then the
 //! record is marked submitted. A process that dies in between leaves the record pending: the
 //! next process to read it (any) submits the same id — finding or making the same command — and
 //! marks it. Left open: a process paused between winning a fire and its submit for longer than
@@ -133,6 +135,9 @@ pub const DEFAULT_MISSED_AFTER: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_CATCH_UP: u32 = 10;
 /// The most [`Schedule::max_catch_up`] may be: 1000.
 pub const MAX_CATCH_UP: u32 = 1000;
+/// The latest due time whose command id [`CommandStore::schedule_tick`] checks (13 digits of ms,
+/// the year 2286): the longest id a schedule fires for centuries.
+pub const LATEST_DUE_MS: i64 = 9_999_999_999_999;
 /// Late due times counted per decision at most (the `missed` count of one decision).
 const COUNT_MAX: u64 = 100_000;
 
@@ -158,7 +163,7 @@ pub enum ScheduleError {
     /// `name`: 1 to 64 of `A-Z a-z 0-9 _ -`.
     #[error("name {0:?}: use 1 to 64 letters, digits, '_' or '-'")]
     Name(String),
-    /// `cron`: not a pattern (the parser's reason).
+    /// `cron`: not a pattern (the parser's reason), or one no date matches (`0 0 30 2 *`).
     #[error("cron {0:?}: {1}; use 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first")]
     Cron(String, String),
     /// `timezone`: not an IANA zone name.
@@ -200,6 +205,11 @@ impl Schedule {
             .parse(cron)
             .map_err(|e| ScheduleError::Cron(cron.to_string(), e.to_string()))?;
         let tz = TimeZone::get(timezone).map_err(|_| ScheduleError::TimeZone(timezone.to_string()))?;
+        // A pattern no date matches (`0 0 30 2 *`) would never fire (and cost a search up to the
+        // year 5000 on every look): refused here.
+        if parsed.find_next_occurrence(&Timestamp::now().to_zoned(tz.clone()), false).is_err() {
+            return Err(ScheduleError::Cron(cron.to_string(), "no date matches it".to_string()));
+        }
         Ok(Self {
             name: name.to_string(),
             cron: cron.to_string(),
@@ -279,10 +289,24 @@ impl Schedule {
         self.missed_after
     }
 
-    /// The id of the command fired for due time `due_ms` (ms since the Unix epoch):
-    /// `sched-<name>-<due_ms>`.
-    pub fn command_id(&self, due_ms: i64) -> String {
-        format!("sched-{}-{due_ms}", self.name)
+    /// The id of the command fired in `queue` for due time `due_ms` (ms since the Unix epoch):
+    /// `sched-<queue>.<name>-<due_ms>`. Command ids are global (not per queue), so the queue is
+    /// part of it: schedules of one name in two queues fire distinct commands. The id is one to
+    /// one with (queue, name, due time): a name has no `.` and a due time no `-`; in the queue
+    /// `%` and whitespace (not allowed in ids) are written `%XX` (UTF-8 bytes, hex).
+    pub fn command_id(&self, queue: &str, due_ms: i64) -> String {
+        let mut q = String::with_capacity(queue.len());
+        for c in queue.chars() {
+            if c == '%' || c.is_whitespace() {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    q.push_str(&format!("%{b:02X}"));
+                }
+            } else {
+                q.push(c);
+            }
+        }
+        format!("sched-{q}.{}-{due_ms}", self.name)
     }
 
     fn zoned(&self, ms: i64) -> Option<Zoned> {
@@ -438,6 +462,9 @@ impl CommandStore {
         observe: Option<&FireObserver>,
     ) -> Result<(Option<i64>, i64), CommandError> {
         baton_queue::validate_queue_name(queue)?;
+        // Its command ids must be ids (200 characters at most) before any fire is decided, or a
+        // won fire could never be submitted.
+        crate::validate_id(&schedule.command_id(queue, LATEST_DUE_MS))?;
         let backend = &self.inner.backend;
         let name = schedule.name();
         loop {
@@ -462,7 +489,8 @@ impl CommandStore {
             let Some(first) = schedule.next_due_after(rec.cursor_ms).filter(|&t| t <= now) else {
                 return Ok((schedule.next_due_after(rec.cursor_ms.max(now)), now));
             };
-            let late_before = now - schedule.missed_after.as_millis() as i64;
+            // Saturating: a `missed_after` of more ms than an i64 holds means never late.
+            let late_before = now.saturating_sub(i64::try_from(schedule.missed_after.as_millis()).unwrap_or(i64::MAX));
             if first < late_before {
                 // Late due times: the newest of them decides what runs.
                 let keep = match schedule.missed {
@@ -535,7 +563,7 @@ impl CommandStore {
             (false, true, Overlap::Allow) => FireResult::Overlapped,
             (false, true, Overlap::CancelPrevious) => FireResult::Replaced,
         };
-        let command_id = (result != FireResult::Skipped).then(|| schedule.command_id(due));
+        let command_id = (result != FireResult::Skipped).then(|| schedule.command_id(queue, due));
         let next = ScheduleRecord {
             cursor_ms: due,
             last: Some(LastFire { due_ms: due, command_id: command_id.clone(), result, decided_ms: now }),
@@ -747,6 +775,19 @@ mod tests {
                 "2026-10-25T02:00:00Z"
             ]
         );
+        // A list or range in the hour/minute fields is not a fixed time: no fire in the gap,
+        // fires in both passes of the repeated hour.
+        let list = sched("0,30 2 * * *", "Europe/Berlin");
+        assert_eq!(dues(&list, "2026-03-28T23:00:00Z", "2026-03-29T03:00:00Z"), [] as [&str; 0]);
+        assert_eq!(
+            dues(&list, "2026-10-24T23:00:00Z", "2026-10-25T03:00:00Z"),
+            ["2026-10-25T00:00:00Z", "2026-10-25T00:30:00Z", "2026-10-25T01:00:00Z", "2026-10-25T01:30:00Z"]
+        );
+        let range = sched("0 2-3 * * *", "Europe/Berlin");
+        assert_eq!(
+            dues(&range, "2026-10-24T23:00:00Z", "2026-10-25T03:00:00Z"),
+            ["2026-10-25T00:00:00Z", "2026-10-25T01:00:00Z", "2026-10-25T02:00:00Z"]
+        );
     }
 
     /// New York falls back on 2026-11-01 at 02:00 EDT to 01:00 EST: a fixed 01:30 fires once,
@@ -773,7 +814,8 @@ mod tests {
             dues(&s, "2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z"),
             ["2026-01-01T00:00:02Z", "2026-01-01T00:00:04Z"]
         );
-        assert_eq!(s.command_id(ms("2026-01-01T00:00:02Z")), "sched-s-1767225602000");
+        assert_eq!(s.command_id("q", ms("2026-01-01T00:00:02Z")), "sched-q.s-1767225602000");
+        assert_eq!(s.command_id("a b%.c", 1), "sched-a%20b%25.c.s-1");
         let s = sched("0 9 * * MON", "UTC");
         assert_eq!(
             dues(&s, "2026-01-01T00:00:00Z", "2026-01-13T00:00:00Z"),
@@ -798,6 +840,11 @@ mod tests {
         assert!(e(Schedule::new("a", "61 * * * *", "UTC", "t", serde_json::json!(null)))
             .starts_with("cron \"61 * * * *\": "));
         assert!(e(Schedule::new("a", "* * * * * * 2030", "UTC", "t", serde_json::json!(null))).starts_with("cron "));
+        // A pattern no date matches (30 February) would never fire: refused, not run silently.
+        assert_eq!(
+            e(Schedule::new("a", "0 0 30 2 *", "UTC", "t", serde_json::json!(null))),
+            "cron \"0 0 30 2 *\": no date matches it; use 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first"
+        );
         assert_eq!(
             e(Schedule::new("a", "* * * * *", "Mars/Olympus", "t", serde_json::json!(null))),
             "timezone \"Mars/Olympus\" is not a known IANA time zone (e.g. \"UTC\", \"Europe/Berlin\")"
@@ -805,6 +852,33 @@ mod tests {
         let s = sched("* * * * *", "UTC");
         assert_eq!(s.clone().with_missed(Missed::RunAll, 0).unwrap_err(), ScheduleError::MaxCatchUp(0));
         assert_eq!(s.with_missed_after(Duration::from_millis(999)).unwrap_err(), ScheduleError::MissedAfter);
+    }
+
+    /// A `missed_after` of more ms than an i64 holds (1e16 s: humantime takes it) means nothing
+    /// is ever late: an on-time due time fires (it was recorded missed: the ms wrapped negative).
+    #[tokio::test]
+    async fn a_huge_missed_after_never_makes_a_fire_late() {
+        let store = CommandStore::memory();
+        let s = sched("* * * * * *", "UTC").with_missed_after(Duration::from_secs(10_000_000_000_000_000)).unwrap();
+        store.schedule_tick("q", &s, None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let seen: Arc<std::sync::Mutex<Vec<FireResult>>> = Arc::default();
+        let l = seen.clone();
+        let obs: FireObserver = Arc::new(move |e: &FireEvent| l.lock().unwrap().push(e.result));
+        store.schedule_tick("q", &s, Some(&obs)).await.unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert!(!seen.is_empty() && seen.iter().all(|&r| r == FireResult::Fired), "{seen:?}");
+    }
+
+    /// A queue and name whose command ids would not be ids: refused before any decision.
+    #[tokio::test]
+    async fn a_tick_refuses_command_ids_over_200_characters() {
+        let store = CommandStore::memory();
+        let q = "q".repeat(130);
+        let s = Schedule::new(&"n".repeat(64), "* * * * * *", "UTC", "t", serde_json::json!({})).unwrap();
+        let e = store.schedule_tick(&q, &s, None).await.unwrap_err();
+        assert!(matches!(e, CommandError::InvalidId(_)), "{e:?}");
+        assert_eq!(store.schedule_record(&q, s.name()).await.unwrap(), None);
     }
 
     /// Two deciders that read the same record: only the first compare-and-set writes (the

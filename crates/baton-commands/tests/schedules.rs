@@ -23,7 +23,8 @@ baton_testkit::on_every_backend!(
     missed_run_all_runs_the_newest_max_catch_up,
     overlap_skip_never_runs_two_at_once,
     overlap_allow_runs_them_side_by_side,
-    overlap_cancel_previous_cancels_the_running_one
+    overlap_cancel_previous_cancels_the_running_one,
+    one_schedule_name_in_two_queues_fires_in_each
 );
 baton_testkit::on_redis!(a_pending_fire_is_finished_by_another_process);
 
@@ -89,7 +90,7 @@ async fn three_schedulers_decide_each_due_time_once(b: TestBackend) {
     for e in &events {
         assert!(on_time(e.result), "{e:?}");
         let id = e.command_id.clone().unwrap();
-        assert_eq!(id, s.command_id(e.due_ms));
+        assert_eq!(id, s.command_id(&q, e.due_ms));
         let st = stores[1].get(&id).await.unwrap().expect("submitted");
         assert_eq!(st.command_type, "noop");
     }
@@ -282,7 +283,7 @@ async fn a_pending_fire_is_finished_by_another_process(b: TestBackend) {
     let s = Schedule::new("daily", "0 3 * * *", "UTC", "noop", json!({})).unwrap();
     let store = store_for(&b).await;
     let due = 1_767_236_400_000i64; // 2026-01-01T03:00:00Z
-    let id = s.command_id(due);
+    let id = s.command_id(&q, due);
     let record = json!({
         "cursor_ms": due,
         "last": {"due_ms": due, "command_id": id, "result": "fired", "decided_ms": due},
@@ -307,4 +308,31 @@ async fn a_pending_fire_is_finished_by_another_process(b: TestBackend) {
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0].result, FireResult::Missed);
     assert!(next.unwrap() > rec.cursor_ms);
+}
+
+/// Two queues with a schedule of the same name and pattern (`tick` every second): each due
+/// time fires in each queue, each fire's command on its own queue (command ids are global).
+async fn one_schedule_name_in_two_queues_fires_in_each(b: TestBackend) {
+    let s = every_second(Overlap::Allow);
+    let (qa, qb) = (queue_name("sched-a"), queue_name("sched-b"));
+    let stores = stores(&b, 2).await;
+    for (st, q) in stores.iter().zip([&qa, &qb]) {
+        st.schedule_tick(q, &s, None).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    let (log, obs) = observer();
+    for (st, q) in stores.iter().zip([&qa, &qb]) {
+        st.schedule_tick(q, &s, Some(&obs)).await.unwrap();
+    }
+    let events = log.lock().unwrap().clone();
+    for q in [&qa, &qb] {
+        let mine: Vec<&FireEvent> = events.iter().filter(|e| &e.queue == q).collect();
+        assert!(mine.len() >= 2, "{events:?}");
+        for e in mine {
+            assert!(on_time(e.result), "{e:?}");
+            let id = e.command_id.as_ref().unwrap();
+            let st = stores[0].get(id).await.unwrap().unwrap_or_else(|| panic!("{id} not found"));
+            assert_eq!(&st.queue, q, "the fire of {q} at {} is {id}, a command of {}", e.due_ms, st.queue);
+        }
+    }
 }

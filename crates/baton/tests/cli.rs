@@ -968,7 +968,7 @@ fn queues_schedules() {
         ]
     );
     assert!(lines[1].starts_with("tick "), "{out:?}");
-    assert!(lines[1].contains(" fired ") && lines[1].contains(" sched-tick-"), "{out:?}");
+    assert!(lines[1].contains(" fired ") && lines[1].contains(" sched-cron.tick-"), "{out:?}");
     assert!(lines[2].starts_with("nightly ") && lines[2].contains(" Europe/Berlin "), "{out:?}");
     assert!(lines[2].ends_with(" -  -  -") || lines[2].split_whitespace().rev().take(3).all(|w| w == "-"), "{out:?}");
     let out = s.run(&["queues", "schedules", "cron", "--json"]).ok();

@@ -303,7 +303,7 @@ fn schemas() -> Value {
             "required": ["name", "cron", "timezone", "type", "params", "overlap", "missed", "max_catch_up", "missed_after_ms",
                          "next_due", "last_fire", "last_command", "pending", "missed_total"],
             "properties": {
-                "name": { "type": "string", "description": "Unique in the queue; fired commands have ids `sched-<name>-<due time, ms since the Unix epoch>`." },
+                "name": { "type": "string", "description": "Unique in the queue; fired commands have ids `sched-<queue>.<name>-<due time, ms since the Unix epoch>` (in the queue `%` and whitespace are written `%XX`)." },
                 "cron": { "type": "string", "description": "5 fields, or 6 with seconds first." },
                 "timezone": { "type": "string", "description": "IANA time zone the pattern is read in." },
                 "type": { "type": "string", "description": "Type of the commands submitted." },

@@ -150,7 +150,7 @@ pub async fn schedules(
             "overlap": s.overlap().as_str(),
             "missed": s.missed().as_str(),
             "max_catch_up": s.max_catch_up(),
-            "missed_after_ms": s.missed_after().as_millis() as u64,
+            "missed_after_ms": u64::try_from(s.missed_after().as_millis()).unwrap_or(u64::MAX),
             "next_due": s.next_due_after(after).map(ts),
             "last_fire": last,
             "last_command": rec.as_ref().and_then(|r| r.last_command.clone()),

@@ -362,7 +362,7 @@ fn resolve_schedules(queue: &str, files: &[ScheduleFile], handlers: &[HandlerCon
         }
         let params = match &f.params {
             None => serde_json::json!({}),
-            Some(v) => serde_json::to_value(v).map_err(|e| format!("{}: {e}", key("params")))?,
+            Some(v) => toml_to_json(v).map_err(|e| format!("{}: {e}", key("params")))?,
         };
         let timezone = f.timezone.as_deref().unwrap_or("UTC");
         let s = Schedule::new(name, cron, timezone, command_type, params).map_err(|e| {
@@ -409,9 +409,36 @@ fn resolve_schedules(queue: &str, files: &[ScheduleFile], handlers: &[HandlerCon
                 s.with_missed_after(d).map_err(|e| format!("{}: {e}", key("missed_after")))?
             }
         };
+        let longest = s.command_id(queue, baton_commands::schedules::LATEST_DUE_MS);
+        if baton_commands::validate_id(&longest).is_err() {
+            return Err(format!(
+                "{}: its command ids (`{longest}`, {} characters) would be over 200 characters; use a shorter schedule name (or queue name)",
+                key("name"),
+                longest.len()
+            ));
+        }
         out.push(s);
     }
     Ok(out)
+}
+
+/// A TOML value as JSON: dates and times become strings in their TOML (RFC 3339) form (serde
+/// would give the `toml` crate's private `{"$__toml_private_datetime": ...}` wrapper). Errors: a
+/// float JSON cannot hold (`nan`, `inf`).
+fn toml_to_json(v: &toml::Value) -> Result<Value, String> {
+    Ok(match v {
+        toml::Value::String(s) => Value::String(s.clone()),
+        toml::Value::Integer(i) => Value::from(*i),
+        toml::Value::Float(f) => serde_json::Number::from_f64(*f)
+            .map(Value::Number)
+            .ok_or_else(|| format!("{f} is not a number JSON can hold"))?,
+        toml::Value::Boolean(b) => Value::Bool(*b),
+        toml::Value::Datetime(d) => Value::String(d.to_string()),
+        toml::Value::Array(a) => Value::Array(a.iter().map(toml_to_json).collect::<Result<_, _>>()?),
+        toml::Value::Table(t) => {
+            Value::Object(t.iter().map(|(k, v)| Ok((k.clone(), toml_to_json(v)?))).collect::<Result<_, String>>()?)
+        }
+    })
 }
 
 /// `[queues.<name>.webhook]` resolved. The URL's address rules are checked again when the
@@ -815,6 +842,20 @@ mod tests {
         assert_eq!(s[1].missed_after(), Duration::from_secs(10));
     }
 
+    /// TOML dates and times in `params` become JSON strings in their TOML (RFC 3339) form.
+    #[test]
+    fn schedule_params_with_toml_datetimes_are_strings() {
+        let q = parse(
+            "[[queues.b.schedules]]\nname = \"n\"\ncron = \"* * * * *\"\ntype = \"t\"\n\
+             params = { at = 1979-05-27T07:32:00Z, day = 1979-05-27, list = [07:32:00, 1], n = 1.5 }\n",
+        )
+        .unwrap();
+        assert_eq!(
+            q[0].schedules[0].params().get(),
+            r#"{"at":"1979-05-27T07:32:00Z","day":"1979-05-27","list":["07:32:00",1],"n":1.5}"#
+        );
+    }
+
     #[test]
     fn bad_schedules_name_the_key() {
         let head = "[queues.a.handlers]\nreport = \"echo\"\n[[queues.a.schedules]]\n";
@@ -859,6 +900,19 @@ mod tests {
         );
         assert!(
             err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nevery = 1\n").contains("unknown field `every`")
+        );
+        assert_eq!(
+            err("name = \"n\"\ncron = \"* * * * *\"\ntype = \"report\"\nparams = { x = [nan] }\n"),
+            "queues.a.schedules.n.params: NaN is not a number JSON can hold"
+        );
+        // The queue is part of the command ids (global): queue and name must fit in 200.
+        let long = "q".repeat(130);
+        let name = "n".repeat(64);
+        let e = parse(&format!("[[queues.{long}.schedules]]\nname = \"{name}\"\ncron = \"* * * * *\"\ntype = \"t\"\n"))
+            .unwrap_err();
+        assert_eq!(
+            e,
+            format!("queues.{long}.schedules.{name}.name: its command ids (`sched-{long}.{name}-9999999999999`, 215 characters) would be over 200 characters; use a shorter schedule name (or queue name)")
         );
         // A queue without handlers here (its workers run elsewhere) takes any type.
         let q = parse("[[queues.b.schedules]]\nname = \"n\"\ncron = \"* * * * *\"\ntype = \"anything\"\n").unwrap();
