@@ -94,6 +94,17 @@ pub fn control(prefix: &str, queue: &str) -> String {
     format!("{prefix}:q:{{{queue}}}:control")
 }
 
+/// The doorbell group of consumer group `group` on each queue stream, `<group>~bell`: consumers
+/// that found nothing new wait on it with `XREADGROUP … NOACK BLOCK`, so that each new entry wakes
+/// one waiter (not all of them); the gated read sets it to where `group` stands whenever it found
+/// nothing new. It holds no pending entries.
+pub fn doorbell_group(group: &str) -> String {
+    format!("{group}~bell")
+}
+
+/// The one consumer name every waiter uses in the [`doorbell_group`]: `~waiter`.
+pub const DOORBELL_WAITER: &str = "~waiter";
+
 #[cfg(test)]
 mod tests {
     use super::*;

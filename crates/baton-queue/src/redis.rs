@@ -23,12 +23,15 @@
 //! pause flag) and takes up to `count` entries with a non-blocking `XREADGROUP … COUNT n` in one
 //! atomic step, so nothing new is taken while a gate is shut, whatever races it. A blocked
 //! `XREADGROUP` could not check a gate, so waiting is separate and takes nothing: when the script
-//! took nothing, the consumer waits with `XREAD BLOCK` (which does not consume) on a dedicated
-//! connection with no response timeout, each wait bounded by the consumer — on the queue stream
-//! after its last entry when the queue runs (an offer wakes it), on the control stream after its
-//! last entry when paused (a resume appends to it and wakes it; offers to a paused queue wake
-//! nobody). Both ids come from the script, atomically with its decision, so no wake-up is lost
-//! in between. The wait is pipelined with the next gated read on the same connection, so Redis
+//! took nothing, the consumer waits on a dedicated connection with no response timeout, each wait
+//! bounded by the consumer. When the queue runs it waits with `XREADGROUP … NOACK BLOCK` on the
+//! group's doorbell group (`<group>~bell`, [`keys::doorbell_group`], no pending entries), which
+//! the script has set to where the group stands: each later offer wakes one waiter only, as the
+//! blocked `XREADGROUP` did (an `XREAD BLOCK` would wake every idle consumer for every entry).
+//! When paused it waits with `XREAD BLOCK` on the control stream after its last entry (a resume
+//! appends to it and wakes every waiter; offers to a paused queue wake nobody). Both come from the
+//! script, atomically with its decision, so no wake-up is lost in between. The wait is pipelined
+//! with the next gated read on the same connection, so Redis
 //! runs the read the moment the wait ends: one round trip per wait, as a blocked `XREADGROUP`
 //! was, and none added while entries are there.
 //! Later gates (concurrency caps, priorities, rate limits) belong in `read.lua` too. Every
@@ -260,6 +263,7 @@ impl QueueBackend for RedisQueueBackend {
             spec,
             conn,
             blocking: AsyncMutex::new(blocking),
+            bell: keys::doorbell_group(&self.opts.group),
         }))
     }
 
@@ -416,7 +420,8 @@ impl QueueBackend for RedisQueueBackend {
 struct Gated {
     /// The queue is paused: nothing was taken; wait on the control stream.
     paused: bool,
-    /// The id to wait after (in the control stream when paused, else in the queue stream).
+    /// When paused: the id to wait after in the control stream (running: empty, the wait is on
+    /// the doorbell group).
     after: String,
     entries: Vec<RawDelivery>,
 }
@@ -430,6 +435,8 @@ struct RedisConsumer {
     conn: RedisConn,
     /// The dedicated BLOCK connection; one read at a time.
     blocking: AsyncMutex<RedisConn>,
+    /// The group's doorbell group ([`keys::doorbell_group`]).
+    bell: String,
 }
 
 impl RedisConsumer {
@@ -483,7 +490,8 @@ impl RedisConsumer {
             .arg(&self.keys.control)
             .arg(&self.group)
             .arg(&self.spec.consumer)
-            .arg(count.max(1));
+            .arg(count.max(1))
+            .arg(&self.bell);
         cmd
     }
 
@@ -509,21 +517,28 @@ impl RedisConsumer {
         self.parse_gated(v)
     }
 
-    /// Waits up to `wait` for an entry after `g.after` in the queue stream (or, paused, in the
-    /// control stream) with `XREAD BLOCK`, which takes nothing, and then reads again through the
-    /// gate — both pipelined on the dedicated connection, so that Redis runs the gated read the
-    /// moment the wait ends, without a round trip in between. `None`: no reply in time.
+    /// Waits up to `wait` for a new entry (or, paused, for a resume: an entry after `g.after` in
+    /// the control stream) without taking anything, and then reads again through the gate — both
+    /// pipelined on the dedicated connection, so that Redis runs the gated read the moment the
+    /// wait ends, without a round trip in between. Running, the wait is an `XREADGROUP … NOACK
+    /// BLOCK` on the doorbell group, which hands each new entry to one waiter only; paused, an
+    /// `XREAD BLOCK` on the control stream, which wakes every waiter. `None`: no reply in time.
     async fn wait_then_read(&self, g: &Gated, wait: Duration, count: usize) -> Result<Option<Gated>, QueueError> {
-        let key = if g.paused { &self.keys.control } else { &self.keys.stream };
-        let mut xread = redis::cmd("XREAD");
-        xread
-            .arg("COUNT")
-            .arg(1)
-            .arg("BLOCK")
-            .arg(wait.as_millis().max(1) as u64)
-            .arg("STREAMS")
-            .arg(key)
-            .arg(&g.after);
+        let block = wait.as_millis().max(1) as u64;
+        let mut xread = if g.paused { redis::cmd("XREAD") } else { redis::cmd("XREADGROUP") };
+        if !g.paused {
+            xread.arg("GROUP").arg(&self.bell).arg(keys::DOORBELL_WAITER);
+        }
+        xread.arg("COUNT").arg(1);
+        if !g.paused {
+            xread.arg("NOACK");
+        }
+        xread.arg("BLOCK").arg(block).arg("STREAMS");
+        if g.paused {
+            xread.arg(&self.keys.control).arg(&g.after);
+        } else {
+            xread.arg(&self.keys.stream).arg(">");
+        }
         let mut pipe = redis::pipe();
         pipe.add_command(xread).ignore().add_command(self.read_cmd(count));
         let mut conn = self.blocking.lock().await;
