@@ -138,8 +138,8 @@ pub fn parse_due(run_at: Option<Value>, delay: Option<Value>, required: bool) ->
                 .to_string(),
         )),
         (None, None) => Ok(None),
-        (Some(Value::String(t)), None) => humantime::parse_rfc3339_weak(t.trim())
-            .map(|at| Some(Due::At(at)))
+        (Some(Value::String(t)), None) => time::OffsetDateTime::parse(t.trim(), &time::format_description::well_known::Rfc3339)
+            .map(|at| Some(Due::At(at.into())))
             .map_err(|e| bad("run_at", format!("{}: {e}; send an RFC 3339 time like \"2025-01-31T12:00:00Z\"", echo(&t)))),
         (Some(other), None) => {
             Err(bad("run_at", format!("must be an RFC 3339 time like \"2025-01-31T12:00:00Z\"; got {}", kind_of(&other))))
