@@ -76,3 +76,30 @@ async fn run_at_without_offset_is_refused() {
         assert!(e["message"].as_str().unwrap().contains("run_at"), "{e}");
     }
 }
+
+/// A delay the clock cannot add (u64::MAX seconds) is a 400 naming `delay`, on submit and on
+/// reschedule: not a panic that drops the connection.
+#[tokio::test]
+async fn huge_delay_is_a_clear_error() {
+    let srv = start(TestBackend::Memory, |c| c.queues = default_queues()).await;
+    for d in ["18446744073709551615s", "300000000000y"] {
+        let (s, e) = post(&srv, "/v1/queues/default/commands", json!({"type": "echo", "delay": d})).await;
+        assert_eq!((s, e["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_body")), "{d}: {e}");
+        assert!(e["message"].as_str().unwrap().contains("delay"), "{e}");
+    }
+    let (s, st) = post(&srv, "/v1/queues/default/commands", json!({"id": "w", "type": "echo", "delay": "1h"})).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{st}");
+    let (s, e) = post(&srv, "/v1/commands/w/schedule", json!({"delay": "18446744073709551615s"})).await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_body")), "{e}");
+    let (s, st) = post(&srv, "/v1/commands/w/schedule", json!({"delay": "2h"})).await;
+    assert_eq!(s, StatusCode::OK, "the server still answers: {st}");
+}
+
+/// The Rust API: `Command::with_delay` of a delay the clock cannot add does not panic; the store
+/// refuses it as too far ahead.
+#[tokio::test]
+async fn with_delay_of_duration_max_does_not_panic() {
+    let c = baton_commands::Command::new("echo", json!(1)).with_delay(Duration::MAX);
+    let at = c.run_at().expect("scheduled");
+    assert!(at > std::time::SystemTime::now() + baton_commands::CommandStore::SCHEDULE_MAX);
+}
