@@ -335,8 +335,8 @@ pub use feed::{CommandEvent, EventFrom, EventKind, EventOffset, EventPage, FeedS
 pub use hooks::{hook_prefix, CompletionHook};
 pub use json::{RawJson, MAX_PARAMS_NESTING};
 pub use model::{
-    BulkAction, BulkReport, Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution, ExecutionCall,
-    ListQuery, Progress, ScheduledCounts, StatusCounts, Timestamp, Worker,
+    due_after, BulkAction, BulkReport, Command, CommandPage, CommandResult, CommandState, CommandStatus, Execution,
+    ExecutionCall, ListQuery, Progress, ScheduledCounts, StatusCounts, Timestamp, Worker,
 };
 pub use output::{Output, OutputLink, OutputSpec, OutputWriter, OUTPUT_PRODUCER};
 pub use remote::{

@@ -52,6 +52,16 @@ pub struct Command {
     pub(crate) run_at_from_delay: bool,
 }
 
+/// The time `delay` from now, as [`Command::with_delay`] schedules it: a delay too large for the
+/// clock (e.g. `u64::MAX` seconds, which `SystemTime + Duration` panics on) gives a time far
+/// enough ahead that the store refuses it ([`CommandStore::SCHEDULE_MAX`](crate::CommandStore::SCHEDULE_MAX))
+/// instead of a panic.
+pub fn due_after(delay: Duration) -> SystemTime {
+    // Any delay beyond twice the longest schedule is refused the same way, so it is capped there.
+    let cap = crate::CommandStore::SCHEDULE_MAX * 2;
+    SystemTime::now() + delay.min(cap)
+}
+
 impl Command {
     /// A command with a generated UUIDv7 id. `params`: a [`RawJson`] (exact text) or a
     /// [`serde_json::Value`] (e.g. `json!({…})`).
@@ -91,9 +101,11 @@ impl Command {
     }
 
     /// [`Command::with_run_at`] `delay` from now. A resubmit with a delay matches a scheduled
-    /// command whatever its due time (a delay names no time of its own).
+    /// command whatever its due time (a delay names no time of its own). A delay past what the
+    /// clock can represent is not a panic: the submit refuses it as any due time further than
+    /// [`CommandStore::SCHEDULE_MAX`](crate::CommandStore::SCHEDULE_MAX) ahead.
     pub fn with_delay(self, delay: Duration) -> Self {
-        self.with_run_at(SystemTime::now() + delay).delay_asked()
+        self.with_run_at(due_after(delay)).delay_asked()
     }
 
     fn delay_asked(mut self) -> Self {

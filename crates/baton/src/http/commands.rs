@@ -138,17 +138,17 @@ pub fn parse_due(run_at: Option<Value>, delay: Option<Value>, required: bool) ->
                 .to_string(),
         )),
         (None, None) => Ok(None),
-        (Some(Value::String(t)), None) => humantime::parse_rfc3339_weak(t.trim())
-            .map(|at| Some(Due::At(at)))
+        (Some(Value::String(t)), None) => time::OffsetDateTime::parse(t.trim(), &time::format_description::well_known::Rfc3339)
+            .map(|at| Some(Due::At(at.into())))
             .map_err(|e| bad("run_at", format!("{}: {e}; send an RFC 3339 time like \"2025-01-31T12:00:00Z\"", echo(&t)))),
         (Some(other), None) => {
             Err(bad("run_at", format!("must be an RFC 3339 time like \"2025-01-31T12:00:00Z\"; got {}", kind_of(&other))))
         }
         (None, Some(Value::String(d))) => humantime::parse_duration(d.trim())
-            .map(|d| Some(Due::After(d)))
-            .map_err(|e| bad("delay", format!("{}: {e}; send a duration like \"30s\", \"1m\" or \"500ms\"", echo(&d)))),
+            .map_err(|e| bad("delay", format!("{}: {e}; send a duration like \"30s\", \"1m\" or \"500ms\"", echo(&d))))
+            .and_then(|after| within_schedule_max(after, echo(&d))),
         (None, Some(Value::Number(n))) => match n.as_u64() {
-            Some(ms) => Ok(Some(Due::After(Duration::from_millis(ms)))),
+            Some(ms) => within_schedule_max(Duration::from_millis(ms), format!("{n} ms")),
             None => Err(bad("delay", format!("{n} is not a whole number of milliseconds (0 or more)"))),
         },
         (None, Some(other)) => Err(bad(
@@ -156,6 +156,21 @@ pub fn parse_due(run_at: Option<Value>, delay: Option<Value>, required: bool) ->
             format!("must be a duration like \"30s\" or a number of milliseconds; got {}", kind_of(&other)),
         )),
     }
+}
+
+/// A `delay` no longer than [`CommandStore::SCHEDULE_MAX`] (its error names the field; a longer
+/// one would only be refused later as a due time too far ahead, or overflow the clock).
+fn within_schedule_max(after: Duration, shown: String) -> Result<Option<Due>, ApiError> {
+    if after > CommandStore::SCHEDULE_MAX {
+        return Err(ApiError::invalid(
+            "invalid_body",
+            format!(
+                "\"delay\" {shown} is more than {} days; schedule at most that far ahead",
+                CommandStore::SCHEDULE_MAX.as_secs() / 86_400
+            ),
+        ));
+    }
+    Ok(Some(Due::After(after)))
 }
 
 /// Longest `silence_timeout` of a submit's `output`.
@@ -381,7 +396,7 @@ pub async fn reschedule(
     }
     let at = match parse_due(m.remove("run_at"), m.remove("delay"), true)? {
         Some(Due::At(at)) => at,
-        Some(Due::After(d)) => std::time::SystemTime::now() + d,
+        Some(Due::After(d)) => baton_commands::due_after(d),
         None => unreachable!("required"),
     };
     let who = principal(&parts.extensions)?;
