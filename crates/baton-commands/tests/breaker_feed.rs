@@ -269,6 +269,11 @@ async fn a_rerun_of_a_handed_off_command_runs_at_home(b: TestBackend) {
 /// Filtered listing (type + id prefix, and a time window) in small pages, while commands are
 /// created and cancelled: every command that matched before the listing began is listed exactly
 /// once.
+///
+/// Each pass has its own churn: up to `CHURN` new matching commands and cancels of `CHURN` old
+/// ones (a slice of its own), stopped when the pass ends. (One unbounded churn across all passes
+/// piled up matching commands for as long as the listing ran, which every later unwindowed pass
+/// had to page through: 41,449 in the last one, a minute or two, more the slower the machine.)
 async fn filtered_listing_pages_through_everything_once_under_concurrent_writes(b: TestBackend) {
     use baton_commands::{ListQuery, Timestamp};
     use std::collections::HashSet;
@@ -288,21 +293,26 @@ async fn filtered_listing_pages_through_everything_once_under_concurrent_writes(
     }
     tokio::time::sleep(Duration::from_millis(5)).await;
     let after_all = Timestamp::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let churn = {
-        let (store, q, stop, all) = (store.clone(), q.clone(), stop.clone(), all.clone());
-        tokio::spawn(async move {
-            let mut i = 0usize;
-            while !stop.load(Ordering::SeqCst) {
-                let id = format!("p-new-{i}-{}", uuid::Uuid::now_v7().simple());
-                store.submit(&q, Command::with_id(id, "a", json!({}))).await.unwrap();
-                let _ = store.cancel(&all[(i * 7) % all.len()]).await;
-                i += 1;
-            }
-        })
-    };
+    const CHURN: usize = 50;
+    let mut pass = 0usize;
     for limit in [1usize, 3, 7, 50] {
         for windowed in [false, true] {
+            let stop = Arc::new(AtomicBool::new(false));
+            let churn = {
+                let (store, q, stop, all) = (store.clone(), q.clone(), stop.clone(), all.clone());
+                tokio::spawn(async move {
+                    // 8 passes of 50: each cancels old commands no other pass cancels (7 is prime to 400).
+                    for i in pass * CHURN..(pass + 1) * CHURN {
+                        if stop.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let id = format!("p-new-{i}-{}", uuid::Uuid::now_v7().simple());
+                        store.submit(&q, Command::with_id(id, "a", json!({}))).await.unwrap();
+                        let _ = store.cancel(&all[(i * 7) % all.len()]).await;
+                    }
+                })
+            };
+            pass += 1;
             let mut seen = Vec::new();
             let mut cursor = None;
             loop {
@@ -334,10 +344,10 @@ async fn filtered_listing_pages_through_everything_once_under_concurrent_writes(
             if windowed {
                 assert_eq!(uniq.len(), expected.len(), "only the window's commands");
             }
+            stop.store(true, Ordering::SeqCst);
+            churn.await.unwrap();
         }
     }
-    stop.store(true, Ordering::SeqCst);
-    churn.await.unwrap();
 }
 
 /// The first report write of a long `execute` call (its `started` event) reaches Redis but its

@@ -198,23 +198,7 @@ async fn lease_renews_while_handlers_block_every_worker_thread(b: TestBackend) {
 async fn aborted_consumer_fails_over_within_claim_timeout(b: TestBackend) {
     let s = stream_for(&b).await;
     let q = queue_name("abort");
-    let started = Arc::new(tokio::sync::Notify::new());
-    let st2 = started.clone();
-    let a = s
-        .consume(
-            &q,
-            move |_d: Delivery| {
-                let st = st2.clone();
-                async move {
-                    st.notify_one();
-                    tokio::time::sleep(Duration::from_secs(60)).await;
-                    Decision::Ack
-                }
-            },
-            fast(1_000),
-        )
-        .await
-        .unwrap();
+    let (a, started) = hanging_consumer(&s, &q, fast(1_000)).await;
     s.offer(&q, "job").await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), started.notified()).await.expect("A started");
     let got = Arc::new(Mutex::new(None::<(Instant, u32)>));

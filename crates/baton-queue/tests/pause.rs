@@ -28,24 +28,14 @@ async fn a_wait_survives_a_flushed_script_cache(b: TestBackend) {
     let (started, first) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
     let c = s.consume(&q, counting(started.clone(), first), fast(3_000)).await.unwrap();
     s.offer(&q, "one").await.unwrap();
-    eventually(Duration::from_secs(5), || {
-        let n = started.load(Ordering::SeqCst);
-        async move { (n == 1).then_some(()) }
-    })
-    .await
-    .expect("first ran");
+    count_is(&started, 1, Duration::from_secs(5)).await.expect("first ran");
     // The consumer now waits (XREAD BLOCK + the pipelined read).
     tokio::time::sleep(Duration::from_millis(200)).await;
     if let Some(mut conn) = conn_for(&b).await {
         let _: () = baton_redis::redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
     }
     s.offer(&q, "two").await.unwrap();
-    eventually(Duration::from_secs(5), || {
-        let n = started.load(Ordering::SeqCst);
-        async move { (n == 2).then_some(()) }
-    })
-    .await
-    .expect("the offer after the flush ran");
+    count_is(&started, 2, Duration::from_secs(5)).await.expect("the offer after the flush ran");
     c.drain(Duration::from_secs(1)).await;
 }
 
@@ -96,12 +86,7 @@ async fn paused_queue_accepts_submits_and_starts_none_until_resumed(b: TestBacke
     let c2 = s.consume(&q, counting(started.clone(), first.clone()), opts).await.unwrap();
     // Running: an offer starts at once.
     s.offer(&q, "warm-up").await.unwrap();
-    eventually(Duration::from_secs(5), || {
-        let n = started.load(Ordering::SeqCst);
-        async move { (n == 1).then_some(()) }
-    })
-    .await
-    .expect("warm-up ran");
+    count_is(&started, 1, Duration::from_secs(5)).await.expect("warm-up ran");
     *first.lock().unwrap() = None;
     assert!(s.pause(&q).await.unwrap());
     let ids = s.offer_batch(&q, (0..20).map(|i| bytes::Bytes::from(format!("m{i}"))).collect()).await.unwrap();
@@ -113,12 +98,7 @@ async fn paused_queue_accepts_submits_and_starts_none_until_resumed(b: TestBacke
     assert_eq!(st.consumers, 2, "the consumers stay alive (heartbeats go on)");
     let resumed = Instant::now();
     assert!(s.resume(&q).await.unwrap());
-    eventually(Duration::from_secs(10), || {
-        let n = started.load(Ordering::SeqCst);
-        async move { (n == 21).then_some(()) }
-    })
-    .await
-    .expect("all ran after the resume");
+    count_is(&started, 21, Duration::from_secs(10)).await.expect("all ran after the resume");
     let waited = first.lock().unwrap().expect("started") - resumed;
     assert!(waited < Duration::from_millis(1_000), "first start {waited:?} after the resume (poll interval 5 s)");
     let st = s.stats(&q).await.unwrap();
@@ -156,20 +136,7 @@ async fn running_handlers_keep_their_leases_across_a_pause(b: TestBackend) {
     assert!(s.pause(&q).await.unwrap());
     let other_runs = Arc::new(AtomicUsize::new(0));
     let b_runs = other_runs.clone();
-    let bc = s
-        .consume(
-            &q,
-            move |_d: Delivery| {
-                let r = b_runs.clone();
-                async move {
-                    r.fetch_add(1, Ordering::SeqCst);
-                    Decision::Ack
-                }
-            },
-            fast(1_000),
-        )
-        .await
-        .unwrap();
+    let bc = s.consume(&q, acking_counter(b_runs.clone()), fast(1_000)).await.unwrap();
     eventually(Duration::from_secs(10), || {
         let acked = a.counters().acked;
         async move { (acked == 1).then_some(()) }
@@ -191,23 +158,7 @@ async fn running_handlers_keep_their_leases_across_a_pause(b: TestBackend) {
 async fn dead_consumers_entries_are_reclaimed_while_paused(b: TestBackend) {
     let s = stream_for(&b).await;
     let q = queue_name("pause-failover");
-    let started = Arc::new(tokio::sync::Notify::new());
-    let st2 = started.clone();
-    let a = s
-        .consume(
-            &q,
-            move |_d: Delivery| {
-                let st = st2.clone();
-                async move {
-                    st.notify_one();
-                    tokio::time::sleep(Duration::from_secs(60)).await;
-                    Decision::Ack
-                }
-            },
-            fast(1_000),
-        )
-        .await
-        .unwrap();
+    let (a, started) = hanging_consumer(&s, &q, fast(1_000)).await;
     let job = s.offer(&q, "job").await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), started.notified()).await.expect("A started");
     assert!(s.pause(&q).await.unwrap());

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_queue::Decision;
 use baton_testkit::TestBackend;
 use common::*;
 
@@ -25,14 +24,7 @@ async fn no_wake_up_is_lost_across_pause_resume_races(b: TestBackend) {
     let opts = fast(60_000).with_poll_interval(Duration::from_secs(10));
     let mut consumers = Vec::new();
     for _ in 0..3 {
-        let started = started.clone();
-        let h = move |_d| {
-            let started = started.clone();
-            async move {
-                started.fetch_add(1, Ordering::SeqCst);
-                Decision::Ack
-            }
-        };
+        let h = acking_counter(started.clone());
         consumers.push(s.consume(&q, h, opts.clone()).await.unwrap());
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -87,14 +79,7 @@ async fn an_entry_taken_by_a_read_whose_reply_is_lost_still_runs(b: TestBackend)
     let s = stream_for(&b).await;
     let q = queue_name("pause-lost");
     let started = Arc::new(AtomicUsize::new(0));
-    let st = started.clone();
-    let h = move |_d| {
-        let st = st.clone();
-        async move {
-            st.fetch_add(1, Ordering::SeqCst);
-            Decision::Ack
-        }
-    };
+    let h = acking_counter(started.clone());
     let c = s.consume(&q, h, fast(1_000).with_heartbeat_interval(Duration::from_millis(200))).await.unwrap();
     s.pause(&q).await.unwrap();
     s.offer(&q, "x").await.unwrap();
@@ -114,12 +99,7 @@ async fn an_entry_taken_by_a_read_whose_reply_is_lost_still_runs(b: TestBackend)
         .unwrap();
     assert_eq!(n, 1);
     let t = Instant::now();
-    eventually(Duration::from_secs(6), || {
-        let n = started.load(Ordering::SeqCst);
-        async move { (n == 1).then_some(()) }
-    })
-    .await
-    .expect("the entry whose read reply was lost never ran");
+    count_is(&started, 1, Duration::from_secs(6)).await.expect("the entry whose read reply was lost never ran");
     eprintln!("recovered after {:?}", t.elapsed());
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(started.load(Ordering::SeqCst), 1);
@@ -142,14 +122,7 @@ async fn a_pause_survives_an_aof_restart_and_a_frozen_redis() {
     let started = Arc::new(AtomicUsize::new(0));
     let mut consumers = Vec::new();
     for _ in 0..2 {
-        let st = started.clone();
-        let h = move |_d| {
-            let st = st.clone();
-            async move {
-                st.fetch_add(1, Ordering::SeqCst);
-                Decision::Ack
-            }
-        };
+        let h = acking_counter(started.clone());
         consumers.push(s.consume(&q, h, fast(3_000).with_poll_interval(Duration::from_millis(500))).await.unwrap());
     }
     s.pause(&q).await.unwrap();
@@ -172,12 +145,9 @@ async fn a_pause_survives_an_aof_restart_and_a_frozen_redis() {
     assert_eq!(started.load(Ordering::SeqCst), 0, "started while paused");
     assert!(s.resume(&q).await.unwrap());
     let t = Instant::now();
-    eventually(Duration::from_secs(3), || {
-        let n = started.load(Ordering::SeqCst);
-        async move { (n == offered).then_some(()) }
-    })
-    .await
-    .unwrap_or_else(|| panic!("{} of {offered} started after the resume", started.load(Ordering::SeqCst)));
+    count_is(&started, offered, Duration::from_secs(3))
+        .await
+        .unwrap_or_else(|| panic!("{} of {offered} started after the resume", started.load(Ordering::SeqCst)));
     eprintln!("all {offered} started {:?} after the resume", t.elapsed());
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(started.load(Ordering::SeqCst), offered);
@@ -239,22 +209,10 @@ async fn an_offer_wakes_a_consumer_after_its_slot_moved() {
         MessageStream::redis(RedisClient::new(cluster.config()).unwrap(), RedisQueueOptions::default()).await.unwrap();
     let q = queue_name("pause-moved");
     let started = Arc::new(AtomicUsize::new(0));
-    let st = started.clone();
-    let h = move |_d| {
-        let st = st.clone();
-        async move {
-            st.fetch_add(1, Ordering::SeqCst);
-            Decision::Ack
-        }
-    };
+    let h = acking_counter(started.clone());
     let c = s.consume(&q, h, fast(10_000).with_poll_interval(Duration::from_secs(3))).await.unwrap();
     s.offer(&q, "first").await.unwrap();
-    eventually(Duration::from_secs(5), || {
-        let n = started.load(Ordering::SeqCst);
-        async move { (n == 1).then_some(()) }
-    })
-    .await
-    .expect("first ran");
+    count_is(&started, 1, Duration::from_secs(5)).await.expect("first ran");
     let stream = baton_queue::keys::stream(baton_queue::keys::DEFAULT_PREFIX, &q);
     let slot: u16 = cluster.nodes()[0].cli(&["CLUSTER", "KEYSLOT", &stream]).parse().unwrap();
     move_slot(&mut cluster, slot);
@@ -265,12 +223,7 @@ async fn an_offer_wakes_a_consumer_after_its_slot_moved() {
         let t = Instant::now();
         s.offer(&q, "after").await.unwrap();
         let want = 2 + i;
-        eventually(Duration::from_secs(10), || {
-            let n = started.load(Ordering::SeqCst);
-            async move { (n == want).then_some(()) }
-        })
-        .await
-        .expect("offer after the move ran");
+        count_is(&started, want, Duration::from_secs(10)).await.expect("offer after the move ran");
         worst = worst.max(t.elapsed());
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
@@ -297,14 +250,7 @@ async fn an_offer_wakes_one_idle_consumer_not_all() {
     const IDLE: usize = 16;
     let mut cs = Vec::new();
     for _ in 0..IDLE {
-        let st = started.clone();
-        let h = move |_d| {
-            let st = st.clone();
-            async move {
-                st.fetch_add(1, Ordering::SeqCst);
-                Decision::Ack
-            }
-        };
+        let h = acking_counter(started.clone());
         cs.push(s.consume(&q, h, fast(30_000).with_poll_interval(Duration::from_secs(10))).await.unwrap());
     }
     tokio::time::sleep(Duration::from_secs(1)).await;

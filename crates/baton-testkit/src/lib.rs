@@ -2,7 +2,8 @@
 //!
 //! * [`RedisServer`]: a throwaway `redis-server` on 127.0.0.1, on a free port, in a fresh temporary
 //!   directory; it can be killed, restarted on the same port and data directory, paused and resumed.
-//! * [`RedisCluster`]: a throwaway 3-master Redis Cluster (no replicas).
+//! * [`RedisCluster`]: a throwaway 3-master Redis Cluster (no replicas); the next one is formed in
+//!   the background while one is used (forming one waits about 2 s).
 //! * [`TestBackend`]: the backend a shared conformance suite runs against.
 //! * [`TcpProxy`]: a local TCP proxy that can cut every live connection, to test dropped
 //!   connections for real.
@@ -126,10 +127,21 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(prefix: &str) -> TempDir {
         let base = std::env::temp_dir();
+        // The spare cluster's thread: made and listed under the lock, none once the process exits.
+        let mut spare_dirs =
+            FORMS_SPARE.with(|f| f.get()).then(|| SPARE_DIRS.lock().unwrap_or_else(|e| e.into_inner()));
+        if spare_dirs.as_ref().is_some_and(|d| d.1) {
+            panic!("the process is exiting: no spare cluster");
+        }
         for _ in 0..100 {
             let dir = base.join(format!("{prefix}-{}-{:016x}", std::process::id(), pseudo_random()));
             match fs::create_dir(&dir) {
-                Ok(()) => return TempDir(dir),
+                Ok(()) => {
+                    if let Some(d) = spare_dirs.as_mut() {
+                        d.0.push(dir.clone());
+                    }
+                    return TempDir(dir);
+                }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => panic!("cannot create a temporary directory in {}: {e}", base.display()),
             }
@@ -525,15 +537,76 @@ impl fmt::Debug for RedisServer {
 // RedisCluster
 // ------------------------------------------------------------------------------------------------
 
+/// The cluster [`RedisCluster::start`] forms for its next call.
+static SPARE_CLUSTER: std::sync::Mutex<Option<std::thread::JoinHandle<RedisCluster>>> = std::sync::Mutex::new(None);
+
+/// The directories the spare's servers were given so far (those of the thread forming it), and
+/// whether the process is exiting (then the thread makes no more).
+static SPARE_DIRS: std::sync::Mutex<(Vec<PathBuf>, bool)> = std::sync::Mutex::new((Vec::new(), false));
+
+thread_local! {
+    /// True on the thread that forms the spare cluster: its servers' directories go to `SPARE_DIRS`.
+    static FORMS_SPARE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// At exit: a spare cluster that is formed is dropped (servers killed, directories removed); of
+/// one still forming, the directories made so far are removed (its servers die with the
+/// process, `PR_SET_PDEATHSIG`).
+extern "C" fn drop_spare_cluster() {
+    let Ok(mut spare) = SPARE_CLUSTER.try_lock() else { return };
+    match spare.take() {
+        Some(h) if h.is_finished() => drop(h.join()),
+        _ => {
+            let mut dirs = SPARE_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+            dirs.1 = true;
+            for dir in dirs.0.drain(..) {
+                let _ = fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
+
 /// A 3-master Redis Cluster (no replicas) on 127.0.0.1, every slot assigned. Killed on drop.
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
+    /// A new 3-master cluster, of its caller alone: three cluster-enabled servers joined with
+    /// `redis-cli --cluster create`, every node reporting `cluster_state:ok` and 16384 slots ok
+    /// (waited for up to 30 s).
+    ///
+    /// Forming one takes about 2 s of waiting (a fresh master turns `ok` no sooner than 2 s
+    /// after it started, Redis's `CLUSTER_WRITABLE_DELAY`), so each call also forms the next
+    /// one in the background: a test process that starts clusters one after another gets each
+    /// after the first ready (or partly formed). The spare is never shared: it is handed to the
+    /// next caller only, with no key written. One left over at exit is killed and its
+    /// directories removed.
+    pub fn start() -> RedisCluster {
+        let spare = SPARE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // A spare whose forming failed (e.g. its port taken) is replaced: the error went to stderr.
+        let cluster = spare.and_then(|h| h.join().ok()).unwrap_or_else(Self::form);
+        static AT_EXIT: OnceLock<()> = OnceLock::new();
+        AT_EXIT.get_or_init(|| {
+            // SAFETY: registers a plain extern "C" fn; it touches only this crate's statics.
+            unsafe { libc::atexit(drop_spare_cluster) };
+        });
+        let mut spare = SPARE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.is_none() {
+            // (Another caller may have started one meanwhile: then that one is the spare.)
+            SPARE_DIRS.lock().unwrap_or_else(|e| e.into_inner()).0.clear();
+            *spare = Some(std::thread::spawn(|| {
+                FORMS_SPARE.with(|f| f.set(true));
+                Self::form()
+            }));
+        }
+        drop(spare);
+        cluster
+    }
+
     /// Starts three cluster-enabled servers, joins them with `redis-cli --cluster create`, and
     /// waits (up to 30 s) until every node reports `cluster_state:ok` and 16384 slots ok.
-    pub fn start() -> RedisCluster {
+    fn form() -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
                 let args = [

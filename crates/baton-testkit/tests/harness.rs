@@ -154,6 +154,35 @@ async fn cluster_start_and_cross_slot_keys() {
     assert!(matches!(backend.redis_config(), Some(baton_redis::RedisConfig::Cluster(urls)) if urls.len() == 3));
 }
 
+/// Clusters started one after another (the later ones formed in the background meanwhile) are
+/// each their caller's own: no node in common, every node `ok` with all slots, no key in any,
+/// and one keeps working when the one before it is dropped.
+#[test]
+fn clusters_started_in_a_row_are_separate_and_empty() {
+    let mut first = RedisCluster::start();
+    // A key in the first (redis-cli -c follows the redirect to the slot's node).
+    let port = first.nodes()[0].port().to_string();
+    let out =
+        std::process::Command::new("redis-cli").args(["-c", "-p", &port, "SET", "{k}", "first"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+    let mut second = RedisCluster::start();
+    let mut third = RedisCluster::start();
+    let ports = |c: &mut RedisCluster| c.nodes().iter().map(|n| n.port()).collect::<std::collections::BTreeSet<u16>>();
+    let (p1, p2, p3) = (ports(&mut first), ports(&mut second), ports(&mut third));
+    assert_eq!((p1.len(), p2.len(), p3.len()), (3, 3, 3));
+    assert!(p1.is_disjoint(&p2) && p2.is_disjoint(&p3) && p1.is_disjoint(&p3), "{p1:?} {p2:?} {p3:?}");
+    drop(first);
+    for c in [&mut second, &mut third] {
+        for node in c.nodes().iter() {
+            let info = node.cli(&["CLUSTER", "INFO"]);
+            assert!(info.contains("cluster_state:ok"), "{info}");
+            assert!(info.contains("cluster_slots_ok:16384"), "{info}");
+            assert!(info.contains("cluster_known_nodes:3"), "{info}");
+            assert_eq!(node.cli(&["DBSIZE"]).trim(), "0");
+        }
+    }
+}
+
 #[test]
 fn test_backend_names_and_configs() {
     assert_eq!(TestBackend::Memory.name(), "memory");

@@ -26,26 +26,6 @@ async fn serve(backend: TestBackend, tweak: impl FnOnce(&mut baton::settings::Se
     .await
 }
 
-async fn call(method: reqwest::Method, url: String, body: Option<Value>) -> (StatusCode, Value) {
-    let mut rb = client().request(method, url);
-    if let Some(b) = body {
-        rb = rb.header("content-type", "application/json").body(b.to_string());
-    }
-    let res = rb.send().await.expect("request");
-    let status = res.status();
-    let text = res.text().await.unwrap();
-    let v = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
-    (status, v)
-}
-
-async fn post(srv: &TestServer, path: &str, body: Value) -> (StatusCode, Value) {
-    call(reqwest::Method::POST, format!("{}{path}", srv.base), Some(body)).await
-}
-
-async fn get(srv: &TestServer, path: &str) -> (StatusCode, Value) {
-    call(reqwest::Method::GET, format!("{}{path}", srv.base), None).await
-}
-
 /// Submit, idempotent resubmit, conflict, state, bounded wait, early wait, cancel, terminal
 /// refusals, echo and fail results, unknown ids.
 async fn submit_state_wait_cancel(backend: TestBackend) {

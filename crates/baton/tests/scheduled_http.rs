@@ -12,26 +12,6 @@ use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-async fn call(method: reqwest::Method, url: String, body: Option<Value>) -> (StatusCode, Value) {
-    let mut rb = client().request(method, url);
-    if let Some(b) = body {
-        rb = rb.header("content-type", "application/json").body(b.to_string());
-    }
-    let res = rb.send().await.expect("request");
-    let status = res.status();
-    let text = res.text().await.unwrap();
-    let v = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
-    (status, v)
-}
-
-async fn post(srv: &TestServer, path: &str, body: Value) -> (StatusCode, Value) {
-    call(reqwest::Method::POST, format!("{}{path}", srv.base), Some(body)).await
-}
-
-async fn get(srv: &TestServer, path: &str) -> (StatusCode, Value) {
-    call(reqwest::Method::GET, format!("{}{path}", srv.base), None).await
-}
-
 fn time(v: &Value) -> std::time::SystemTime {
     humantime::parse_rfc3339(v.as_str().unwrap_or_else(|| panic!("not a time: {v}"))).unwrap()
 }

@@ -118,15 +118,42 @@ async fn fired_due_times(store: &CommandStore) -> Vec<i64> {
     dues
 }
 
-async fn three_workers_one_killed(redis: Vec<String>, config: RedisConfig) {
-    let dir = std::env::temp_dir().join(format!("baton-sched-{}-{}", std::process::id(), free_port()));
+/// A temporary directory with [`CONFIG`] as `baton.toml`, and three worker processes on it
+/// (Redis at `redis`: one URL, or a Cluster's), all ready. `tag` names the directory.
+async fn three_workers(tag: &str, redis: &[String]) -> (std::path::PathBuf, Vec<Worker>) {
+    let dir = std::env::temp_dir().join(format!("{tag}-{}-{}", std::process::id(), free_port()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("baton.toml");
     std::fs::write(&path, CONFIG).unwrap();
-    let mut workers: Vec<Worker> = (0..3).map(|_| Worker::spawn(&path, &redis)).collect();
+    let workers: Vec<Worker> = (0..3).map(|_| Worker::spawn(&path, redis)).collect();
     for w in &workers {
         w.ready().await;
     }
+    (dir, workers)
+}
+
+/// Checks what the workers left in Redis at `config`: at least `at_least` `tick` commands, one
+/// per due time with none missing (due times 1 s apart), nothing counted missed, and the
+/// schedule's cursor at the last one. Returns the due times (ms, sorted) and the record.
+async fn one_command_per_due_time(
+    config: RedisConfig,
+    at_least: usize,
+) -> (Vec<i64>, baton_commands::schedules::ScheduleRecord) {
+    let store =
+        CommandStore::redis(RedisClient::new(config).unwrap(), RedisCommandStoreOptions::default()).await.unwrap();
+    let dues = fired_due_times(&store).await;
+    assert!(dues.len() >= at_least, "{dues:?}");
+    for pair in dues.windows(2) {
+        assert_eq!(pair[1] - pair[0], 1000, "a due time without its command, or two for one: {dues:?}");
+    }
+    let rec = store.schedule_record("cron", "tick").await.unwrap().unwrap();
+    assert_eq!(rec.missed_total, 0);
+    assert_eq!(rec.cursor_ms, *dues.last().unwrap());
+    (dues, rec)
+}
+
+async fn three_workers_one_killed(redis: Vec<String>, config: RedisConfig) {
+    let (dir, mut workers) = three_workers("baton-sched", &redis).await;
     tokio::time::sleep(Duration::from_millis(3_000)).await;
     drop(workers.remove(0)); // SIGKILL, wherever it was
     tokio::time::sleep(Duration::from_millis(3_000)).await;
@@ -134,16 +161,7 @@ async fn three_workers_one_killed(redis: Vec<String>, config: RedisConfig) {
     for w in workers {
         w.terminate();
     }
-    let store =
-        CommandStore::redis(RedisClient::new(config).unwrap(), RedisCommandStoreOptions::default()).await.unwrap();
-    let dues = fired_due_times(&store).await;
-    assert!(dues.len() >= 5, "{dues:?}");
-    for pair in dues.windows(2) {
-        assert_eq!(pair[1] - pair[0], 1000, "a due time without its command, or two for one: {dues:?}");
-    }
-    let rec = store.schedule_record("cron", "tick").await.unwrap().unwrap();
-    assert_eq!(rec.missed_total, 0);
-    assert_eq!(rec.cursor_ms, *dues.last().unwrap());
+    let (dues, _) = one_command_per_due_time(config, 5).await;
     // The survivors decided some of them, each one once (the killed one's counts died with it).
     let survived: u64 = counted.iter().flat_map(|m| m.values()).sum();
     assert!(survived >= 2 && survived <= dues.len() as u64, "{counted:?} vs {} commands", dues.len());
@@ -231,14 +249,7 @@ async fn the_api_lists_schedules_with_their_last_fire() {
 async fn worker_processes_stopped_and_continued_fire_once_per_due_time() {
     baton_testkit::require_redis();
     let redis = RedisServer::start();
-    let dir = std::env::temp_dir().join(format!("baton-sched-stop-{}-{}", std::process::id(), free_port()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("baton.toml");
-    std::fs::write(&path, CONFIG).unwrap();
-    let workers: Vec<Worker> = (0..3).map(|_| Worker::spawn(&path, &[redis.url()])).collect();
-    for w in &workers {
-        w.ready().await;
-    }
+    let (dir, workers) = three_workers("baton-sched-stop", &[redis.url()]).await;
     let signal = |sig: &str, w: &Worker| {
         Command::new("kill").args([sig, &w.child.id().to_string()]).status().unwrap();
     };
@@ -254,18 +265,8 @@ async fn worker_processes_stopped_and_continued_fire_once_per_due_time() {
     for w in workers {
         w.terminate();
     }
-    let store = CommandStore::redis(RedisClient::new(redis.config()).unwrap(), RedisCommandStoreOptions::default())
-        .await
-        .unwrap();
-    let dues = fired_due_times(&store).await;
-    assert!(dues.len() >= 9, "{dues:?}");
-    for pair in dues.windows(2) {
-        assert_eq!(pair[1] - pair[0], 1000, "a due time without its command, or two for one: {dues:?}");
-    }
-    let rec = store.schedule_record("cron", "tick").await.unwrap().unwrap();
-    assert_eq!(rec.missed_total, 0);
+    let (_, rec) = one_command_per_due_time(redis.config(), 9).await;
     assert!(!rec.pending);
-    assert_eq!(rec.cursor_ms, *dues.last().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -276,14 +277,7 @@ async fn worker_processes_stopped_and_continued_fire_once_per_due_time() {
 async fn worker_processes_ride_out_a_redis_pause_and_restart() {
     baton_testkit::require_redis();
     let mut redis = RedisServer::start_with(baton_testkit::ServerOptions { appendonly: true });
-    let dir = std::env::temp_dir().join(format!("baton-sched-restart-{}-{}", std::process::id(), free_port()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("baton.toml");
-    std::fs::write(&path, CONFIG).unwrap();
-    let workers: Vec<Worker> = (0..3).map(|_| Worker::spawn(&path, &[redis.url()])).collect();
-    for w in &workers {
-        w.ready().await;
-    }
+    let (dir, workers) = three_workers("baton-sched-restart", &[redis.url()]).await;
     tokio::time::sleep(Duration::from_millis(2_300)).await;
     redis.pause();
     tokio::time::sleep(Duration::from_millis(3_000)).await;
@@ -296,17 +290,7 @@ async fn worker_processes_ride_out_a_redis_pause_and_restart() {
     for w in workers {
         w.terminate();
     }
-    let store = CommandStore::redis(RedisClient::new(redis.config()).unwrap(), RedisCommandStoreOptions::default())
-        .await
-        .unwrap();
-    let dues = fired_due_times(&store).await;
-    assert!(dues.len() >= 11, "{dues:?}");
-    for pair in dues.windows(2) {
-        assert_eq!(pair[1] - pair[0], 1000, "a due time without its command, or two for one: {dues:?}");
-    }
-    let rec = store.schedule_record("cron", "tick").await.unwrap().unwrap();
-    assert_eq!(rec.missed_total, 0);
+    let (_, rec) = one_command_per_due_time(redis.config(), 11).await;
     assert!(!rec.pending);
-    assert_eq!(rec.cursor_ms, *dues.last().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -113,3 +113,37 @@ async fn cluster() {
     baton_testkit::require_redis();
     lists_streams_by_prefix(backend("cluster")).await
 }
+
+/// The listing's times have the fixed-width millisecond form of every other time in the API
+/// (`2099-01-01T00:00:00.000Z`, as a command's `created_at`): no trailing zeros dropped, no
+/// fraction left out on a whole second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listed_times_have_three_digit_milliseconds() {
+    let srv = start(backend("memory"), |c| c.tokens = vec![TokenConfig::admin("admin", ADMIN).unwrap()]).await;
+    let c = client();
+    let r = c
+        .put(srv.url("times/a"))
+        .bearer_auth(ADMIN)
+        .header("content-type", "text/plain")
+        .header("stream-expires-at", "2099-01-01T00:00:00Z")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let r = c.post(srv.url("times/a")).bearer_auth(ADMIN).header("stream-closed", "true").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    let (s, v) = get(&srv, "/v1/streams?prefix=times/", ADMIN).await;
+    assert_eq!(s, 200, "{v}");
+    let a = &v["streams"][0];
+    assert_eq!(a["expires_at"], "2099-01-01T00:00:00.000Z", "{v}");
+    for k in ["created_at", "last_write_at", "ended_at"] {
+        let t = a[k].as_str().unwrap_or_else(|| panic!("{k}: {v}"));
+        let fixed = t.len() == 24
+            && t.as_bytes()[19] == b'.'
+            && t[20..23].bytes().all(|b| b.is_ascii_digit())
+            && t.ends_with('Z')
+            && humantime::parse_rfc3339(t).is_ok();
+        assert!(fixed, "{k} {t} is not YYYY-MM-DDTHH:MM:SS.mmmZ");
+    }
+    srv.stop().await;
+}

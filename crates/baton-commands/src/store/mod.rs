@@ -342,12 +342,7 @@ impl CommandStore {
         };
         let now = Timestamp::now();
         if let Some(at) = command.run_at {
-            if at.millis() > now.millis() + Self::SCHEDULE_MAX.as_millis() as u64 {
-                return Err(CommandError::InvalidSchedule(format!(
-                    "{at} is more than {} days ahead; schedule at most that far",
-                    Self::SCHEDULE_MAX.as_secs() / 86_400
-                )));
-            }
+            Self::within_schedule_max(at, now)?;
         }
         let token = new_token();
         let state = CommandState {
@@ -638,6 +633,19 @@ impl CommandStore {
     /// How far ahead a command can be scheduled ([`Command::with_run_at`]): 366 days.
     pub const SCHEDULE_MAX: Duration = Duration::from_secs(366 * 86_400);
 
+    /// A due time `at` at most [`CommandStore::SCHEDULE_MAX`] after `now` (a submit's and a
+    /// reschedule's check); a later one is [`CommandError::InvalidSchedule`] saying how far
+    /// ahead a schedule may be.
+    fn within_schedule_max(at: Timestamp, now: Timestamp) -> Result<(), CommandError> {
+        if at.millis() > now.millis() + Self::SCHEDULE_MAX.as_millis() as u64 {
+            return Err(CommandError::InvalidSchedule(format!(
+                "{at} is more than {} days ahead; schedule at most that far",
+                Self::SCHEDULE_MAX.as_secs() / 86_400
+            )));
+        }
+        Ok(())
+    }
+
     /// Moves the due time of `id`, a scheduled command still waiting for it
     /// ([`Command::with_run_at`]; its message not enqueued yet), to `at` (a time not in the
     /// future: at once): one compare-and-set of its state (`run_at`, version + 1, its TTL
@@ -651,12 +659,7 @@ impl CommandStore {
     pub async fn reschedule(&self, id: &str, at: std::time::SystemTime) -> Result<CommandState, CommandError> {
         validate_id(id)?;
         let at = Timestamp::from_millis(Timestamp(at).millis());
-        if at.millis() > Timestamp::now().millis() + Self::SCHEDULE_MAX.as_millis() as u64 {
-            return Err(CommandError::InvalidSchedule(format!(
-                "{at} is more than {} days ahead; schedule at most that far",
-                Self::SCHEDULE_MAX.as_secs() / 86_400
-            )));
-        }
+        Self::within_schedule_max(at, Timestamp::now())?;
         let mut current = self.locate(id).await?.map(|(_, st)| st);
         loop {
             let Some(st) = current else { return Err(CommandError::NotFound(id.to_string())) };

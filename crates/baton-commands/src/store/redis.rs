@@ -309,6 +309,36 @@ impl RedisStateBackend {
         format!("{}:cmdid:{{{id}}}", self.prefix)
     }
 
+    /// Readies `st` for a write that gives its state key `ttl`: extends the lookup key first
+    /// where the state would otherwise outlive it (by up to 10 minutes; the key then gets `ttl` +
+    /// [`LOOKUP_MARGIN`] and `st.lookup_expires_ms` says so), and fills in `st.body_sha` from the
+    /// stored state's header where it is empty (a state not read from Redis; never the case in
+    /// the service). Used by a transition and a reschedule, each with its own `ttl`.
+    async fn prepare_write(
+        &self,
+        conn: &mut RedisConn,
+        k: &QKeys,
+        st: &mut CommandState,
+        ttl: Duration,
+    ) -> Result<(), CommandError> {
+        let now = now_ms();
+        if st.lookup_expires_ms < now + (ttl + Duration::from_secs(600)).as_millis() as u64 {
+            let lookup_ttl = ttl + LOOKUP_MARGIN;
+            let _: i64 = redis::cmd("PEXPIRE")
+                .arg(self.lookup_key(&st.id))
+                .arg(lookup_ttl.as_millis() as u64)
+                .query_async(conn)
+                .await?;
+            st.lookup_expires_ms = now + lookup_ttl.as_millis() as u64;
+        }
+        if st.body_sha.0.is_empty() {
+            let head: Vec<u8> =
+                redis::cmd("GETRANGE").arg(k.state(&st.id)).arg(0).arg(HEAD_MAX).query_async(conn).await?;
+            st.body_sha.0 = body_sha_of(&head).to_string();
+        }
+        Ok(())
+    }
+
     /// Whether the state of `id` exists on `home`, or appears there within `grace` (polled).
     async fn appears(&self, home: &str, id: &str, grace: Duration) -> Result<bool, CommandError> {
         let until = tokio::time::Instant::now() + grace;
@@ -541,23 +571,7 @@ impl StateBackend for RedisStateBackend {
         let ttl = self.settings.ttl_for(&new.queue, new.status);
         let mut conn = self.conn.clone();
         let mut st = new;
-        let now = now_ms();
-        if st.lookup_expires_ms < now + (ttl + Duration::from_secs(600)).as_millis() as u64 {
-            // The write would let the state outlive its lookup key: extend the key first.
-            let lookup_ttl = ttl + LOOKUP_MARGIN;
-            let _: i64 = redis::cmd("PEXPIRE")
-                .arg(self.lookup_key(&st.id))
-                .arg(lookup_ttl.as_millis() as u64)
-                .query_async(&mut conn)
-                .await?;
-            st.lookup_expires_ms = now + lookup_ttl.as_millis() as u64;
-        }
-        if st.body_sha.0.is_empty() {
-            // Not read from Redis here (never the case in the service): take the stored hash.
-            let head: Vec<u8> =
-                redis::cmd("GETRANGE").arg(k.state(&st.id)).arg(0).arg(HEAD_MAX).query_async(&mut conn).await?;
-            st.body_sha.0 = body_sha_of(&head).to_string();
-        }
+        self.prepare_write(&mut conn, &k, &mut st, ttl).await?;
         let value = stored(&st, &st.stored_json());
         let state_key = k.state(&st.id);
         let target = delivery.map(|a| (a.id.clone(), a.target.clone()));
@@ -675,22 +689,7 @@ impl StateBackend for RedisStateBackend {
         let mut conn = self.conn.clone();
         let mut st = new;
         let ttl = self.settings.ttl_for(&st.queue, st.status) + st.scheduled_delay();
-        let now = now_ms();
-        if st.lookup_expires_ms < now + (ttl + Duration::from_secs(600)).as_millis() as u64 {
-            // The state would outlive its lookup key: extend the key first (as a transition does).
-            let lookup_ttl = ttl + LOOKUP_MARGIN;
-            let _: i64 = redis::cmd("PEXPIRE")
-                .arg(self.lookup_key(&st.id))
-                .arg(lookup_ttl.as_millis() as u64)
-                .query_async(&mut conn)
-                .await?;
-            st.lookup_expires_ms = now + lookup_ttl.as_millis() as u64;
-        }
-        if st.body_sha.0.is_empty() {
-            let head: Vec<u8> =
-                redis::cmd("GETRANGE").arg(k.state(&st.id)).arg(0).arg(HEAD_MAX).query_async(&mut conn).await?;
-            st.body_sha.0 = body_sha_of(&head).to_string();
-        }
+        self.prepare_write(&mut conn, &k, &mut st, ttl).await?;
         let value = stored(&st, &st.stored_json());
         let state_key = k.state(&st.id);
         let (feed_event, feed_max) = event.map_or(("", 0), |e| (e.json.as_str(), e.max_len));

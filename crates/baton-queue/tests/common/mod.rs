@@ -1,12 +1,15 @@
 //! Helpers shared by the queue test files.
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use baton_queue::{keys, ConsumerOptions, MessageStream, RedisQueueOptions};
+use baton_queue::{keys, Consumer, ConsumerOptions, Decision, Delivery, Handler, MessageStream, RedisQueueOptions};
 use baton_redis::redis;
 use baton_redis::{RedisClient, RedisConn};
 use baton_testkit::TestBackend;
+use tokio::sync::Notify;
 
 pub async fn stream_for(b: &TestBackend) -> MessageStream {
     match b.redis_config() {
@@ -129,4 +132,49 @@ pub fn client_connections(ports: &[u16]) -> usize {
                 .count()
         })
         .sum()
+}
+
+/// A handler that counts its starts in `started` and acks each delivery at once.
+pub fn acking_counter(started: Arc<AtomicUsize>) -> impl Handler {
+    move |_d: Delivery| {
+        let started = started.clone();
+        async move {
+            started.fetch_add(1, Ordering::SeqCst);
+            Decision::Ack
+        }
+    }
+}
+
+/// Waits up to `within` for `counter` to read exactly `want`; `None` if it did not (a counter
+/// past `want` never matches).
+pub async fn count_is(counter: &AtomicUsize, want: usize, within: Duration) -> Option<()> {
+    eventually(within, || {
+        let n = counter.load(Ordering::SeqCst);
+        async move { (n == want).then_some(()) }
+    })
+    .await
+}
+
+/// A consumer of `queue` whose handler notifies the returned `Notify` and then hangs for 60 s
+/// (longer than any test) without acking: a live consumer's stuck handler, or, once the consumer
+/// is aborted, a dead consumer's entry.
+pub async fn hanging_consumer(s: &MessageStream, queue: &str, opts: ConsumerOptions) -> (Consumer, Arc<Notify>) {
+    let started = Arc::new(Notify::new());
+    let st = started.clone();
+    let c = s
+        .consume(
+            queue,
+            move |_d: Delivery| {
+                let st = st.clone();
+                async move {
+                    st.notify_one();
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Decision::Ack
+                }
+            },
+            opts,
+        )
+        .await
+        .unwrap();
+    (c, started)
 }

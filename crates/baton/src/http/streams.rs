@@ -37,7 +37,8 @@ impl QuerySpec for StreamListQuery {
 /// `cursor` (a page's `next_cursor`). A stream: `{"path", "content_type", "next_offset" (its
 /// tail, as `Stream-Next-Offset`), "length" (messages or appends, as `max_len` counts), "closed",
 /// "end_reason" (`finished`, `cancelled`, `producer_lost`, or null), "ended_at", "created_at",
-/// "last_write_at", "expires_at" (RFC 3339; null when none), "forked_from" (path or null)}`.
+/// "last_write_at", "expires_at" (RFC 3339 in UTC with milliseconds, `2025-01-31T12:00:00.000Z`, as
+/// every time in the JSON API; null when none), "forked_from" (path or null)}`.
 /// Errors: `400 invalid_query` (unknown parameter), `invalid_limit`, `invalid_cursor` (not a
 /// stream path); `503` backend.
 pub async fn list(State(st): State<AppState>, q: Query<StreamListQuery>, req: Request) -> Result<Response, ApiError> {
@@ -56,7 +57,9 @@ pub async fn list(State(st): State<AppState>, q: Query<StreamListQuery>, req: Re
     };
     let may_read = move |p: &StreamPath| who.can_stream(crate::settings::Op::Read, p.as_str());
     let page = st.store.list_page(prefix, after.as_ref(), limit, &may_read).await?;
-    let time = |ms: Option<u64>| ms.map(h::rfc3339);
+    // The fixed-width millisecond form of every time in the JSON API (as a command's).
+    let at = |ms: u64| baton_commands::Timestamp::from_millis(ms).to_string();
+    let time = |ms: Option<u64>| ms.map(at);
     let streams: Vec<serde_json::Value> = page
         .streams
         .iter()
@@ -69,8 +72,8 @@ pub async fn list(State(st): State<AppState>, q: Query<StreamListQuery>, req: Re
                 "closed": i.end.is_some(),
                 "end_reason": i.end.map(|e| e.reason.as_str()),
                 "ended_at": time(i.ended_at),
-                "created_at": h::rfc3339(i.created_at),
-                "last_write_at": h::rfc3339(i.last_write_at),
+                "created_at": at(i.created_at),
+                "last_write_at": at(i.last_write_at),
                 "expires_at": time(i.deadline),
                 "forked_from": i.fork.as_ref().map(|f| f.source.as_str()),
             })

@@ -71,6 +71,38 @@ pub fn header<'a>(res: &'a reqwest::Response, name: &str) -> Option<&'a str> {
     res.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
+/// Sends `method url` with `body` as JSON (if any): the status and the reply parsed as JSON
+/// (`Null` for an empty body, the text as a JSON string when it is not JSON).
+pub async fn call(
+    method: reqwest::Method,
+    url: String,
+    body: Option<serde_json::Value>,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    let mut rb = client().request(method, url);
+    if let Some(b) = body {
+        rb = rb.header("content-type", "application/json").body(b.to_string());
+    }
+    let res = rb.send().await.expect("request");
+    let status = res.status();
+    let text = res.text().await.unwrap();
+    let v = if text.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+    };
+    (status, v)
+}
+
+/// `POST <server><path>` with a JSON body: see [`call`].
+pub async fn post(srv: &TestServer, path: &str, body: serde_json::Value) -> (reqwest::StatusCode, serde_json::Value) {
+    call(reqwest::Method::POST, format!("{}{path}", srv.base), Some(body)).await
+}
+
+/// `GET <server><path>`: see [`call`].
+pub async fn get(srv: &TestServer, path: &str) -> (reqwest::StatusCode, serde_json::Value) {
+    call(reqwest::Method::GET, format!("{}{path}", srv.base), None).await
+}
+
 /// Reads an SSE response until `pred` holds on the text so far, the server ends the body, or
 /// `within` passes. The flag is true only when the server ended the body (a clean end): a
 /// broken connection or the client's own timeout (an error of the body) is not an end.
