@@ -155,7 +155,7 @@ pub use consumer::{Consumer, Handler};
 pub use lease::{Delivery, Lease};
 pub use redis::RedisQueueOptions;
 pub use remote::{LeaseState, RemoteConsumer, RemoteDelivery, RemoteOptions, Settled};
-pub use settings::ConsumerOptions;
+pub use settings::{ConsumerOptions, RateLimit};
 
 use backend::QueueBackend;
 
