@@ -460,7 +460,7 @@ impl RemoteWorkers {
         let options = RemoteOptions {
             claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)),
             max_deliveries: None,
-            rate_limit: None,
+            rate_limit: settings.rate_limit,
         };
         // As an in-process consumer's poll interval: the queue's, else a third of the claim
         // timeout, at most 1 s.
