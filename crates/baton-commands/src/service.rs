@@ -672,6 +672,20 @@ fn plan(
             let event = (!unchanged).then_some((EventKind::Running, None));
             Plan { next: Some(next), event, decision: Decision::RetryAfter(delay), handoff: None }
         }
+        Outcome::Result(CommandResult::RateLimited { retry_after }) => {
+            // Not a call that counts: no attempt, no error, the status as it was; only the
+            // in-flight marker of this call goes (when it was written). The queue backs off and
+            // the same message is delivered again after it.
+            let decision = Decision::RateLimited(*retry_after);
+            if cur.execution.is_none() {
+                return Plan { next: None, event: None, decision, handoff: None };
+            }
+            let mut n = cur.clone();
+            n.version += 1;
+            n.modified_at = now;
+            n.execution = None;
+            Plan { next: Some(n), event: None, decision, handoff: None }
+        }
         Outcome::Result(CommandResult::HandedOff { queue: target }) => {
             let refuse = if target == &ctx.queue {
                 Some(format!("cannot hand off command to its own queue {target:?}"))
