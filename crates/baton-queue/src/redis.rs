@@ -628,15 +628,17 @@ impl ConsumerBackend for RedisConsumer {
                 }
                 Err(e) => return Err(e),
             };
+            if let Some((_, why)) = got.wait {
+                metrics::counter!("baton_queue_throttled_total", "queue" => self.spec.queue.clone(), "reason" => why.reason())
+                    .increment(1);
+            }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if !got.entries.is_empty() || left < Duration::from_millis(1) {
                 return Ok(got.entries);
             }
-            if let Some((wait, why)) = got.wait {
+            if let Some((wait, _)) = got.wait {
                 // A timed gate: it opens by itself; sleep until then (within this wait) and read
                 // again. Nothing is taken meanwhile.
-                metrics::counter!("baton_queue_throttled_total", "queue" => self.spec.queue.clone(), "reason" => why.reason())
-                    .increment(1);
                 if wait > left {
                     tokio::time::sleep(left).await;
                     return Ok(Vec::new());

@@ -5,10 +5,11 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use baton_queue::{ConsumerOptions, Decision, Delivery, MessageStream, RateLimit, RedisQueueOptions, RemoteOptions};
@@ -49,6 +50,7 @@ async fn offer_n(s: &MessageStream, q: &str, n: usize) {
 /// Exact GCRA arithmetic through the claims of a remote worker (which pass the same gate):
 /// a burst of 3 at once, then nothing until an interval has passed, then one.
 async fn claims_take_the_burst_then_one_per_interval(b: TestBackend) {
+    metrics_snapshotter();
     let s = stream_for(&b).await;
     let q = queue_name("rate-claims");
     offer_n(&s, &q, 10).await;
@@ -69,6 +71,37 @@ async fn claims_take_the_burst_then_one_per_interval(b: TestBackend) {
     assert_eq!(next.len(), 1);
     assert!(at.elapsed() >= Duration::from_millis(1_800), "one interval after the burst: {:?}", at.elapsed());
     assert_eq!(s.stats(&q).await.unwrap().lag, 6);
+    // Each claim the gate held back is counted (the first took the burst).
+    assert_eq!(throttled(&q, "rate_limit"), 3);
+    assert_eq!(throttled(&q, "backoff"), 0);
+}
+
+fn metrics_snapshotter() -> &'static metrics_util::debugging::Snapshotter {
+    static S: OnceLock<metrics_util::debugging::Snapshotter> = OnceLock::new();
+    S.get_or_init(|| {
+        let rec = metrics_util::debugging::DebuggingRecorder::new();
+        let snap = rec.snapshotter();
+        rec.install().expect("install the debugging recorder once");
+        snap
+    })
+}
+
+/// `baton_queue_throttled_total{queue, reason}` so far. Snapshots reset the debugging
+/// recorder's counters and tests run concurrently, so every snapshot is folded into one tally.
+fn throttled(queue: &str, reason: &str) -> u64 {
+    static TALLY: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
+    let snap = metrics_snapshotter();
+    let mut tally = TALLY.get_or_init(Default::default).lock().unwrap();
+    for (k, _, _, v) in snap.snapshot().into_vec() {
+        if let metrics_util::debugging::DebugValue::Counter(n) = v {
+            if k.key().name() != "baton_queue_throttled_total" {
+                continue;
+            }
+            let label = |name: &str| k.key().labels().find(|l| l.key() == name).map(|l| l.value().to_string());
+            *tally.entry((label("queue").unwrap_or_default(), label("reason").unwrap_or_default())).or_default() += n;
+        }
+    }
+    tally.get(&(queue.to_string(), reason.to_string())).copied().unwrap_or(0)
 }
 
 /// Limit 50 per s with a burst of 1, three consumers, a backlog of 200: within 2 s of the first
@@ -181,6 +214,7 @@ async fn rate_limited_answer_backs_off_every_consumer(b: TestBackend) {
 /// A remote worker's `rate_limited` backs off every consumer of the queue (its own next claims
 /// and an in-process consumer's reads) and hands the entry back with its delivery count.
 async fn a_remote_workers_rate_limited_answer_backs_off_the_queue(b: TestBackend) {
+    metrics_snapshotter();
     let s = stream_for(&b).await;
     let q = queue_name("rate-remote");
     offer_n(&s, &q, 3).await;
@@ -193,6 +227,7 @@ async fn a_remote_workers_rate_limited_answer_backs_off_the_queue(b: TestBackend
     let at = Instant::now();
     w.rate_limited(got[0].id, got[0].fence, Duration::from_millis(1_500)).await.unwrap();
     assert_eq!(w.claim(5, Duration::ZERO).await.unwrap().len(), 0, "backing off");
+    assert_eq!(throttled(&q, "backoff"), 1);
     let starts: Arc<Mutex<Vec<(String, u32, Instant)>>> = Arc::default();
     let h = {
         let starts = starts.clone();
