@@ -521,6 +521,11 @@ impl RemoteWorkers {
         &self.ctx.queue
     }
 
+    /// The queue's rate limit ([`QueueSettings::rate_limit`]), applied to its workers' claims.
+    pub fn rate_limit(&self) -> Option<baton_queue::RateLimit> {
+        self.ctx.settings.rate_limit
+    }
+
     /// The claim timeout: a worker silent this long loses its leases.
     pub fn claim_timeout(&self) -> Duration {
         self.options.claim_timeout

@@ -114,6 +114,10 @@ pub struct QueueStats {
     /// When it was paused, ms since the Unix epoch (Redis's clock on Redis); `None` when running.
     #[serde(default)]
     pub paused_since_ms: Option<u64>,
+    /// The queue backs off ([`Decision::RateLimited`]): no consumer takes new entries for this
+    /// many more ms; `None` when it does not.
+    #[serde(default)]
+    pub backoff_ms: Option<u64>,
 }
 
 /// A consumer of a queue's group ([`MessageStream::consumers`](crate::MessageStream::consumers)).

@@ -235,6 +235,10 @@ impl QueueBackend for MemoryQueueBackend {
             dead_letters: st.dead.len() as u64,
             paused: st.paused_since.is_some(),
             paused_since_ms: st.paused_since,
+            backoff_ms: st
+                .backoff_until
+                .map(|u| u.saturating_duration_since(now).as_millis() as u64)
+                .filter(|ms| *ms > 0),
         })
     }
 

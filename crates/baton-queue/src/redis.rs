@@ -285,11 +285,12 @@ impl QueueBackend for RedisQueueBackend {
         let v: Vec<u64> = STATS
             .run(
                 &mut self.conn.clone(),
-                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused],
+                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused, &keys.backoff],
                 &[&self.opts.group, &PARKED],
             )
             .await?;
-        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers, paused_since] = v[..] else {
+        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers, paused_since, backoff] = v[..]
+        else {
             return Err(unexpected("stats", &Value::Nil));
         };
         let paused_since_ms = (paused_since > 0).then_some(paused_since);
@@ -303,6 +304,7 @@ impl QueueBackend for RedisQueueBackend {
             dead_consumers,
             paused: paused_since_ms.is_some(),
             paused_since_ms,
+            backoff_ms: (backoff > 0).then_some(backoff),
         })
     }
 

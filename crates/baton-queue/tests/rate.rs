@@ -228,6 +228,8 @@ async fn a_remote_workers_rate_limited_answer_backs_off_the_queue(b: TestBackend
     w.rate_limited(got[0].id, got[0].fence, Duration::from_millis(1_500)).await.unwrap();
     assert_eq!(w.claim(5, Duration::ZERO).await.unwrap().len(), 0, "backing off");
     assert_eq!(throttled(&q, "backoff"), 1);
+    let left = s.stats(&q).await.unwrap().backoff_ms.expect("backing off");
+    assert!(left > 0 && left <= 1_500, "{left} ms left of a 1500 ms back-off");
     let starts: Arc<Mutex<Vec<(String, u32, Instant)>>> = Arc::default();
     let h = {
         let starts = starts.clone();
@@ -254,6 +256,7 @@ async fn a_remote_workers_rate_limited_answer_backs_off_the_queue(b: TestBackend
         assert!(*t >= at + Duration::from_millis(1_400), "{p} started during the back-off");
         assert_eq!(*n, 1, "{p}");
     }
+    assert_eq!(s.stats(&q).await.unwrap().backoff_ms, None, "over");
     c.close().await;
 }
 
