@@ -105,7 +105,7 @@ fn throttled(queue: &str, reason: &str) -> u64 {
 }
 
 /// Limit 50 per s with a burst of 1, three consumers, a backlog of 200: within 2 s of the first
-/// start at most 50·2 + 1 entries start, and nearly that many do.
+/// start at most 50·2 + 1 entries start (and not far fewer).
 async fn three_consumers_stay_within_the_rate(b: TestBackend) {
     let ss = streams(&b, 3).await;
     let q = queue_name("rate-three");
@@ -136,7 +136,10 @@ async fn three_consumers_stay_within_the_rate(b: TestBackend) {
     // the others (a loaded machine) cannot let one more in.
     let window = starts.lock().unwrap().iter().filter(|t| **t < first + Duration::from_millis(1_960)).count();
     assert!(window <= 101, "{window} entries started within 2 s at 50/s with a burst of 1");
-    assert!(window >= 85, "only {window} entries started within 2 s at 50/s");
+    // With a burst of 1 a read that comes late (timer granularity, round trips, a loaded
+    // machine) loses its lateness: GCRA banks nothing beyond the burst. So only a loose floor
+    // here; the rate itself is measured with a burst in the long test.
+    assert!(window >= 60, "only {window} entries started within 2 s at 50/s");
     for c in cs {
         c.close().await;
     }
