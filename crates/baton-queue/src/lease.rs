@@ -759,6 +759,13 @@ impl Lease {
         self.settle(Decision::RetryAfter(delay)).await
     }
 
+    /// Rate limited downstream ([`Decision::RateLimited`]): every consumer of the queue backs
+    /// off for `delay` and the message is redelivered after it, not counted as a delivery.
+    /// Errors: [`QueueError::LeaseLost`], [`QueueError::AlreadySettled`], [`QueueError::Closed`].
+    pub async fn rate_limited(&self, delay: Duration) -> Result<(), QueueError> {
+        self.settle(Decision::RateLimited(delay)).await
+    }
+
     /// Moves the message to dead letters. Errors: [`QueueError::LeaseLost`],
     /// [`QueueError::AlreadySettled`], [`QueueError::Closed`].
     pub async fn dead_letter(&self, reason: impl Into<String>) -> Result<(), QueueError> {

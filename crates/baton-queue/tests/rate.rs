@@ -23,7 +23,48 @@ baton_testkit::on_every_backend!(
     three_consumers_stay_within_the_rate,
     rate_limited_answer_backs_off_every_consumer,
     a_remote_workers_rate_limited_answer_backs_off_the_queue,
+    a_deferred_lease_answers_rate_limited,
 );
+
+/// `Lease::rate_limited` from a deferred handler: settled, the queue backs off, the message comes
+/// back after the delay with the same delivery count.
+async fn a_deferred_lease_answers_rate_limited(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("rate-deferred");
+    s.offer(&q, "x").await.unwrap();
+    let seen: Arc<Mutex<Vec<(u32, Instant, Option<Result<(), String>>)>>> = Arc::default();
+    let h = {
+        let seen = seen.clone();
+        move |d: Delivery| {
+            let seen = seen.clone();
+            async move {
+                let first = seen.lock().unwrap().is_empty();
+                if !first {
+                    seen.lock().unwrap().push((d.deliveries, Instant::now(), None));
+                    return Decision::Ack;
+                }
+                let lease = d.lease.clone();
+                let at = Instant::now();
+                let r = lease.rate_limited(Duration::from_millis(800)).await.map_err(|e| e.to_string());
+                seen.lock().unwrap().push((d.deliveries, at, Some(r)));
+                Decision::Deferred
+            }
+        }
+    };
+    let c = s.consume(&q, h, fast(3_000).with_poll_interval(Duration::from_millis(100))).await.unwrap();
+    eventually(Duration::from_secs(10), || {
+        let n = seen.lock().unwrap().len();
+        async move { (n == 2).then_some(()) }
+    })
+    .await
+    .expect("delivered twice");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0].2, Some(Ok(())));
+    assert_eq!((seen[0].0, seen[1].0), (1, 1));
+    assert!(seen[1].1 >= seen[0].1 + Duration::from_millis(800), "redelivered after the back-off");
+    assert_eq!(c.counters().rate_limited, 1);
+    c.close().await;
+}
 
 /// Streams for `n` consumers: on Redis each its own client (its own connections), in memory one
 /// shared backend.
