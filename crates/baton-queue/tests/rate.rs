@@ -32,7 +32,9 @@ async fn a_deferred_lease_answers_rate_limited(b: TestBackend) {
     let s = stream_for(&b).await;
     let q = queue_name("rate-deferred");
     s.offer(&q, "x").await.unwrap();
-    let seen: Arc<Mutex<Vec<(u32, Instant, Option<Result<(), String>>)>>> = Arc::default();
+    // (deliveries, when, what `Lease::rate_limited` returned: first delivery only)
+    type Seen = Vec<(u32, Instant, Option<Result<(), String>>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let h = {
         let seen = seen.clone();
         move |d: Delivery| {
