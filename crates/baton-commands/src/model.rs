@@ -310,6 +310,12 @@ pub enum CommandResult {
     /// The command continues on `queue` (marker `HANDED_OFF`, never persisted): it becomes
     /// `RUNNING`, a message for it is enqueued on `queue`, whose consumer calls `check_status`.
     HandedOff { queue: String },
+    /// The handler was rate limited downstream (say, an HTTP 429): the call is not made now and
+    /// not counted — no attempt, no error, the state unchanged (its in-flight `execution`
+    /// cleared) — every worker of the queue stops starting commands for `retry_after` (the work
+    /// queue's back-off, [`baton_queue::Decision::RateLimited`]), and the same call (`execute`,
+    /// or `check_status` for a `RUNNING` command) is made again after it.
+    RateLimited { retry_after: Duration },
 }
 
 impl CommandResult {
@@ -342,11 +348,15 @@ impl CommandResult {
     pub fn running_after(delay: Duration) -> Self {
         CommandResult::Running { next_check: Some(delay) }
     }
+    /// [`CommandResult::RateLimited`]: back off `retry_after`, then call again.
+    pub fn rate_limited(retry_after: Duration) -> Self {
+        CommandResult::RateLimited { retry_after }
+    }
     /// [`CommandResult::HandedOff`] to `queue`.
     pub fn handed_off(queue: impl Into<String>) -> Self {
         CommandResult::HandedOff { queue: queue.into() }
     }
-    /// The result's marker: a terminal status name, `RUNNING`, or `HANDED_OFF`.
+    /// The result's marker: a terminal status name, `RUNNING`, `HANDED_OFF` or `RATE_LIMITED`.
     pub fn marker(&self) -> &'static str {
         match self {
             CommandResult::Succeeded(_) => "SUCCEEDED",
@@ -354,6 +364,7 @@ impl CommandResult {
             CommandResult::Cancelled => "CANCELLED",
             CommandResult::Running { .. } => "RUNNING",
             CommandResult::HandedOff { .. } => "HANDED_OFF",
+            CommandResult::RateLimited { .. } => "RATE_LIMITED",
         }
     }
     /// True for `Succeeded`, `Failed` and `Cancelled`.

@@ -457,8 +457,11 @@ impl RemoteWorkers {
         validate_queue(queue)?;
         settings.validate()?;
         store.declare_queue(queue)?;
-        let options =
-            RemoteOptions { claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)), max_deliveries: None };
+        let options = RemoteOptions {
+            claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)),
+            max_deliveries: None,
+            rate_limit: settings.rate_limit,
+        };
         // As an in-process consumer's poll interval: the queue's, else a third of the claim
         // timeout, at most 1 s.
         let reclaim_every =
@@ -516,6 +519,11 @@ impl RemoteWorkers {
     /// The queue served.
     pub fn queue(&self) -> &str {
         &self.ctx.queue
+    }
+
+    /// The queue's rate limit ([`QueueSettings::rate_limit`]), applied to its workers' claims.
+    pub fn rate_limit(&self) -> Option<baton_queue::RateLimit> {
+        self.ctx.settings.rate_limit
     }
 
     /// The claim timeout: a worker silent this long loses its leases.
@@ -1037,6 +1045,7 @@ async fn settle_message(
         Decision::Ack => c.ack(id, fence).await,
         Decision::Retry => c.release(id, fence).await,
         Decision::RetryAfter(delay) => c.retry_after(id, fence, delay).await,
+        Decision::RateLimited(delay) => c.rate_limited(id, fence, delay).await,
         Decision::DeadLetter(reason) => c.dead_letter(id, fence, deliveries, &reason).await,
     };
     match r {

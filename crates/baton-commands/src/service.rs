@@ -79,6 +79,11 @@ pub struct QueueSettings {
     /// Default `Some(1 h)`, the work queue's default; at least twice `claim_timeout`, so that a
     /// live consumer is never taken for a dead one.
     pub reap_idle_consumers_after: Option<Duration>,
+    /// The queue's rate limit: commands (their messages: executes and `check_status` calls
+    /// alike) are started at most at this rate by all of the queue's workers together (the work
+    /// queue's [`RateLimit`](baton_queue::RateLimit), in-process and remote workers). `None`
+    /// (default): no limit. Every process serving the queue should say the same.
+    pub rate_limit: Option<baton_queue::RateLimit>,
     #[doc(hidden)]
     pub fail_points: FailPoints,
 }
@@ -105,6 +110,7 @@ impl Default for QueueSettings {
             max_processing_time: Duration::from_secs(15 * 60),
             consumer_prefix: "baton-cmd".into(),
             reap_idle_consumers_after: ConsumerOptions::default().reap_idle_consumers_after,
+            rate_limit: None,
             fail_points: FailPoints::default(),
         }
     }
@@ -154,7 +160,8 @@ impl QueueSettings {
             // in a persisted state, never leave it in the queue's dead letters.
             .with_max_deliveries(None)
             .with_reap_idle_consumers_after(self.reap_idle_consumers_after)
-            .with_consumer_prefix(self.consumer_prefix.clone());
+            .with_consumer_prefix(self.consumer_prefix.clone())
+            .with_rate_limit(self.rate_limit);
         if let Some(p) = self.poll_interval {
             o = o.with_poll_interval(p);
         }
@@ -664,6 +671,20 @@ fn plan(
             // A refresh of the state's lifetime is not an event.
             let event = (!unchanged).then_some((EventKind::Running, None));
             Plan { next: Some(next), event, decision: Decision::RetryAfter(delay), handoff: None }
+        }
+        Outcome::Result(CommandResult::RateLimited { retry_after }) => {
+            // Not a call that counts: no attempt, no error, the status as it was; only the
+            // in-flight marker of this call goes (when it was written). The queue backs off and
+            // the same message is delivered again after it.
+            let decision = Decision::RateLimited(*retry_after);
+            if cur.execution.is_none() {
+                return Plan { next: None, event: None, decision, handoff: None };
+            }
+            let mut n = cur.clone();
+            n.version += 1;
+            n.modified_at = now;
+            n.execution = None;
+            Plan { next: Some(n), event: None, decision, handoff: None }
         }
         Outcome::Result(CommandResult::HandedOff { queue: target }) => {
             let refuse = if target == &ctx.queue {

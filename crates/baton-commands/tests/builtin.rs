@@ -304,6 +304,11 @@ async fn hook(State(s): State<Srv>, method: Method, uri: Uri, headers: HeaderMap
         "/poll" if body["check"] == json!(true) => reply(json!({"status": "succeeded", "result": {"checked": id}})),
         "/poll" => reply(json!({"status": "running", "retry_after_ms": 20})),
         "/busy" => (StatusCode::SERVICE_UNAVAILABLE, "busy, try later").into_response(),
+        // A 429 with Retry-After on the first call, then succeeded.
+        "/limited" if s.count("POST", "/limited") == 1 => {
+            (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response()
+        }
+        "/limited" => reply(json!({"status": "succeeded", "result": 1})),
         "/slow" => {
             tokio::time::sleep(Duration::from_secs(3)).await;
             reply(json!({"status": "succeeded"}))
@@ -458,6 +463,19 @@ async fn http_running_without_status_url_is_checked_by_post() {
     assert_eq!(hits[0].body, json!({"id": "cmd-1", "type": "hook", "params": {"x": 2}}));
     assert_eq!(hits[1].body, json!({"id": "cmd-1", "type": "hook", "params": {"x": 2}, "check": true}));
     assert_eq!(hits[1].method, Method::POST);
+}
+
+/// A `429` is not an error: the queue backs off for its `Retry-After` and the call is made again
+/// (one attempt allowed, yet it succeeds; no error recorded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_429_backs_off_for_retry_after_then_calls_again() {
+    let (addr, srv) = server().await;
+    let t = std::time::Instant::now();
+    let st = run_http(http(format!("http://{addr}/limited")), one_attempt(), json!({})).await;
+    assert_eq!(st.status, CommandStatus::Succeeded, "{:?}", st.error);
+    assert_eq!((st.attempts, st.errors_count, st.error.as_deref()), (1, 0, None));
+    assert_eq!(srv.count("POST", "/limited"), 2);
+    assert!(t.elapsed() >= Duration::from_secs(1), "called again after the Retry-After: {:?}", t.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -76,6 +76,15 @@ pub enum Decision {
     Deferred,
     /// Poison: move the entry to the queue's dead-letter stream now, with this reason.
     DeadLetter(String),
+    /// Rate limited downstream (say, an HTTP 429 with `Retry-After`): back off this long. Every
+    /// consumer of the queue stops taking new entries until then (the queue's back-off, shared
+    /// through the backend and only ever extended: a shorter answer does not shorten it), and
+    /// this entry is redelivered after the delay exactly as with [`Decision::RetryAfter`]. Not a
+    /// failure: it does not count toward `max_deliveries` (the next
+    /// [`Delivery::deliveries`](crate::Delivery::deliveries) is the same number) nor as a retry
+    /// ([`ConsumerCounters::rate_limited`], not `retried`). The back-off gates new entries only:
+    /// handlers already running, reclaims of dead consumers' entries and due re-polls go on.
+    RateLimited(Duration),
 }
 
 /// Queue statistics, all exact counts at the time of the call.
@@ -105,6 +114,10 @@ pub struct QueueStats {
     /// When it was paused, ms since the Unix epoch (Redis's clock on Redis); `None` when running.
     #[serde(default)]
     pub paused_since_ms: Option<u64>,
+    /// The queue backs off ([`Decision::RateLimited`]): no consumer takes new entries for this
+    /// many more ms; `None` when it does not.
+    #[serde(default)]
+    pub backoff_ms: Option<u64>,
 }
 
 /// A consumer of a queue's group ([`MessageStream::consumers`](crate::MessageStream::consumers)).
@@ -189,6 +202,8 @@ pub struct ConsumerCounters {
     pub renewal_failures: u64,
     pub leases_lost: u64,
     pub leases_expired: u64,
+    /// Deliveries its handlers answered with [`Decision::RateLimited`].
+    pub rate_limited: u64,
 }
 
 /// Errors of the work queue.

@@ -42,6 +42,24 @@ pub(crate) struct RawDelivery {
     pub fence: u64,
 }
 
+/// Which timed gate held a read back (the `reason` of `baton_queue_throttled_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Throttle {
+    /// A handler answered `RateLimited`: the queue backs off.
+    Backoff,
+    /// The queue's rate limit.
+    RateLimit,
+}
+
+impl Throttle {
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Throttle::Backoff => "backoff",
+            Throttle::RateLimit => "rate_limit",
+        }
+    }
+}
+
 /// Result of one reclaim call.
 #[derive(Debug, Default)]
 pub(crate) struct Reclaimed {
@@ -66,6 +84,8 @@ pub(crate) struct ConsumerSpec {
     pub claim_timeout: Duration,
     pub heartbeat: Duration,
     pub max_deliveries: Option<u32>,
+    /// The queue's rate limit as this consumer applies it (the gated read's gate).
+    pub rate_limit: Option<crate::RateLimit>,
 }
 
 /// What a backend found for one id of a settlement or renewal.
@@ -212,6 +232,10 @@ pub(crate) trait ConsumerBackend: Send + Sync {
         released: bool,
         fence: Option<u64>,
     ) -> Result<Owned, QueueError>;
+    /// Shuts the queue's back-off gate for `delay` from now (backend time): no consumer of the
+    /// queue takes new entries ([`ConsumerBackend::read_new`]) until then. Only ever extends a
+    /// back-off in force, atomically.
+    async fn back_off(&self, delay: Duration) -> Result<(), QueueError>;
     /// Moves the entry to dead letters (ownership as for [`Settle::released`], `fence` as
     /// [`Settle::fence`]).
     async fn dead_letter(

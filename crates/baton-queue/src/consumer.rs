@@ -60,6 +60,7 @@ impl Consumer {
             claim_timeout: options.claim_timeout,
             heartbeat: options.heartbeat(),
             max_deliveries: options.max_deliveries,
+            rate_limit: options.rate_limit,
         };
         // Handlers run on the runtime that starts the consumer, whichever thread starts them.
         let app = tokio::runtime::Handle::current();
@@ -126,8 +127,9 @@ impl Consumer {
             // Nothing left to settle: the lease thread leaves the group and ends at once.
             self.control.exited.cancelled().await;
         }
-        let completed = (after.acked + after.retried + after.dead_lettered)
-            .saturating_sub(before.acked + before.retried + before.dead_lettered) as usize;
+        let completed = (after.acked + after.retried + after.dead_lettered + after.rate_limited)
+            .saturating_sub(before.acked + before.retried + before.dead_lettered + before.rate_limited)
+            as usize;
         if !in_flight.is_empty() {
             tracing::warn!(queue = %self.shared.queue, in_flight = in_flight.len(), "drain budget ran out; leases left to expire");
         }

@@ -562,6 +562,10 @@ async fn settler(sh: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<SettleReq>) {
                     let released = ctx.released;
                     tokio::spawn(async move { settle_one(&sh, req, released).await });
                 }
+                Decision::RateLimited(d) => {
+                    let (sh, d) = (sh.clone(), *d);
+                    tokio::spawn(async move { rate_limited(&sh, req, ctx, d).await });
+                }
                 Decision::Deferred => {
                     // Not sent by leases; settle nothing.
                     let r = sh.finish(req.id, req.seq, &Decision::Retry, None);
@@ -617,12 +621,43 @@ async fn settler(sh: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<SettleReq>) {
     }
 }
 
-/// A `RetryAfter` through the backend, or a `DeadLetter`.
+/// A `RateLimited(d)`: shuts the queue's back-off gate for `d` (retried until the backend
+/// answers), then hands the entry back for redelivery after `d` as a `RetryAfter(d)` does (kept
+/// here as a waiting lease when shorter than the claim timeout), counted as rate limited, not as
+/// a retry.
+async fn rate_limited(sh: &Arc<Shared>, req: SettleReq, ctx: crate::lease::SettleCtx, d: Duration) {
+    let mut attempt = 0;
+    loop {
+        match sh.backend.back_off(d).await {
+            Ok(()) => break,
+            Err(e) if transient(&e) => {
+                tracing::warn!(queue = %sh.queue, error = %e, "setting the queue's back-off failed; retrying (the lease keeps renewing)");
+                tokio::time::sleep(settle_backoff(attempt)).await;
+                attempt += 1;
+            }
+            Err(e) => {
+                // The entry is still handed back below; only the back-off is missing.
+                tracing::warn!(queue = %sh.queue, error = %e, "setting the queue's back-off failed");
+                break;
+            }
+        }
+    }
+    if d < sh.claim_timeout && ctx.stopped.is_none() && sh.make_waiting(req.id, req.seq, d) {
+        sh.counters.rate_limited.fetch_add(1, Ordering::Relaxed);
+        reply(req, Ok(()));
+        return;
+    }
+    settle_one(sh, req, ctx.released).await;
+}
+
+/// A `RetryAfter` or `RateLimited` through the backend, or a `DeadLetter`.
 async fn settle_one(sh: &Arc<Shared>, req: SettleReq, released: bool) {
     let mut attempt = 0;
     let found = loop {
         let r = match &req.decision {
-            Decision::RetryAfter(d) => sh.backend.retry_after(req.id, *d, released, None).await,
+            Decision::RetryAfter(d) | Decision::RateLimited(d) => {
+                sh.backend.retry_after(req.id, *d, released, None).await
+            }
             Decision::DeadLetter(reason) => {
                 let deliveries = sh.lock().slots.get(&req.id).map_or(1, |s| s.deliveries);
                 sh.backend.dead_letter(req.id, deliveries, reason, released, None).await
@@ -643,8 +678,12 @@ async fn settle_one(sh: &Arc<Shared>, req: SettleReq, released: bool) {
         Ok(f) => {
             let r = sh.finish(req.id, req.seq, &req.decision, Some(f));
             match &req.decision {
-                Decision::RetryAfter(d) => {
-                    sh.counters.retried.fetch_add(1, Ordering::Relaxed);
+                Decision::RetryAfter(d) | Decision::RateLimited(d) => {
+                    if matches!(req.decision, Decision::RateLimited(_)) {
+                        sh.counters.rate_limited.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        sh.counters.retried.fetch_add(1, Ordering::Relaxed);
+                    }
                     if f == Owned::Done && *d >= sh.claim_timeout {
                         // In the delayed set now: promote it at its due time.
                         let due = std::time::Instant::now() + *d;

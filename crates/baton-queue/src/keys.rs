@@ -16,6 +16,8 @@
 //! | `p:q:{q}:fences`     | [`fences`]             | hash   | the fence of each entry delivered again by a reclaim |
 //! | `p:q:{q}:paused`     | [`paused`]             | string | present while the queue is paused: when it was paused (ms, Redis time) |
 //! | `p:q:{q}:control`    | [`control`]            | stream | the latest gate change (one entry, written by each resume): paused consumers wait on it |
+//! | `p:q:{q}:rate`       | [`rate`]               | string | the rate limit's state: its theoretical arrival time (µs, Redis time) |
+//! | `p:q:{q}:backoff`    | [`backoff`]            | string | present while the queue backs off (a handler answered `RateLimited`); expires when it ends |
 //!
 //! What each key holds in detail: the `redis` module of this crate and `docs/architecture.md`
 //! ("Redis keys"). The prefix and the group are [`RedisQueueOptions`](crate::RedisQueueOptions)
@@ -94,6 +96,20 @@ pub fn control(prefix: &str, queue: &str) -> String {
     format!("{prefix}:q:{{{queue}}}:control")
 }
 
+/// The queue's rate limit state (a string), `<prefix>:q:{<queue>}:rate`: the GCRA theoretical
+/// arrival time, µs since the Unix epoch (Redis's clock), written by the gated read when a
+/// [`RateLimit`](crate::RateLimit) is set; it expires once it lies in the past.
+pub fn rate(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:rate")
+}
+
+/// The queue's back-off (a string), `<prefix>:q:{<queue>}:backoff`: present while no consumer
+/// takes new entries because a handler answered [`Decision::RateLimited`](crate::Decision::RateLimited);
+/// its time to live is the back-off left (only ever extended).
+pub fn backoff(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:backoff")
+}
+
 /// The doorbell group of consumer group `group` on each queue stream, `<group>~bell`: consumers
 /// that found nothing new wait on it with `XREADGROUP … NOACK BLOCK`, so that each new entry wakes
 /// one waiter (not all of them); the gated read sets it to where `group` stands whenever it found
@@ -119,6 +135,8 @@ mod tests {
         assert_eq!(fences("p", "q"), "p:q:{q}:fences");
         assert_eq!(paused("p", "q"), "p:q:{q}:paused");
         assert_eq!(control("p", "q"), "p:q:{q}:control");
+        assert_eq!(rate("p", "q"), "p:q:{q}:rate");
+        assert_eq!(backoff("p", "q"), "p:q:{q}:backoff");
         // One hash tag for all of a queue's keys: one Cluster slot.
         let slot = baton_redis::key_slot(stream("p", "orders").as_bytes());
         for k in [
@@ -129,6 +147,8 @@ mod tests {
             fences("p", "orders"),
             paused("p", "orders"),
             control("p", "orders"),
+            rate("p", "orders"),
+            backoff("p", "orders"),
         ] {
             assert_eq!(baton_redis::key_slot(k.as_bytes()), slot, "{k}");
         }

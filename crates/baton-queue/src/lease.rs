@@ -155,6 +155,7 @@ pub(crate) struct Counters {
     pub renewal_failures: AtomicU64,
     pub leases_lost: AtomicU64,
     pub leases_expired: AtomicU64,
+    pub rate_limited: AtomicU64,
 }
 
 impl Counters {
@@ -170,6 +171,7 @@ impl Counters {
             renewal_failures: g(&self.renewal_failures),
             leases_lost: g(&self.leases_lost),
             leases_expired: g(&self.leases_expired),
+            rate_limited: g(&self.rate_limited),
         }
     }
 }
@@ -757,6 +759,13 @@ impl Lease {
         self.settle(Decision::RetryAfter(delay)).await
     }
 
+    /// Rate limited downstream ([`Decision::RateLimited`]): every consumer of the queue backs
+    /// off for `delay` and the message is redelivered after it, not counted as a delivery.
+    /// Errors: [`QueueError::LeaseLost`], [`QueueError::AlreadySettled`], [`QueueError::Closed`].
+    pub async fn rate_limited(&self, delay: Duration) -> Result<(), QueueError> {
+        self.settle(Decision::RateLimited(delay)).await
+    }
+
     /// Moves the message to dead letters. Errors: [`QueueError::LeaseLost`],
     /// [`QueueError::AlreadySettled`], [`QueueError::Closed`].
     pub async fn dead_letter(&self, reason: impl Into<String>) -> Result<(), QueueError> {
@@ -876,6 +885,7 @@ pub(crate) fn decision_name(d: &Decision) -> &'static str {
         Decision::RetryAfter(_) => "retry_after",
         Decision::Deferred => "deferred",
         Decision::DeadLetter(_) => "dead_letter",
+        Decision::RateLimited(_) => "rate_limited",
     }
 }
 

@@ -44,17 +44,19 @@
 //!   made reclaimable at once, the lost-lease signal fires, a warning and a metric are emitted.
 //! * **Decisions.** A handler returns [`Decision::Ack`] (XACK + XDEL atomically, refused if no
 //!   longer owned), [`Decision::Retry`] (redelivered after `claim_timeout`, not heartbeated),
-//!   [`Decision::RetryAfter`], [`Decision::Deferred`] (settle later through the [`Lease`]) or
-//!   [`Decision::DeadLetter`]. Settlements are retried until Redis answers: an error is a real
+//!   [`Decision::RetryAfter`], [`Decision::Deferred`] (settle later through the [`Lease`]),
+//!   [`Decision::DeadLetter`] or [`Decision::RateLimited`] (the whole queue backs off; the entry
+//!   comes back after it, not counted as a delivery). Settlements are retried until Redis answers: an error is a real
 //!   refusal, never an ack that applied unseen.
 //! * **Pause** ([`MessageStream::pause`], [`MessageStream::resume`]): a paused queue accepts
 //!   offers and no consumer (in-process or remote) takes a new entry until it is resumed; leases,
 //!   settlements, reclaims of dead consumers' entries and short `RetryAfter` re-polls go on. Every
 //!   read of new entries is a *gated read*: the gates are checked atomically with taking the
 //!   entries (on Redis in one script, `read.lua`), and a consumer that finds a gate shut waits
-//!   for it to open without polling. Pause is the first such gate; decisions about taking new
-//!   work (concurrency caps, priorities, rate limits) belong there too (`docs/architecture.md`,
-//!   "Gates on new work").
+//!   for it to open without polling. The gates: pause, the back-off of
+//!   [`Decision::RateLimited`], and the queue's rate limit ([`RateLimit`], GCRA, all consumers
+//!   together); decisions about taking new work (concurrency caps, priorities) belong there too
+//!   (`docs/architecture.md`, "Gates on new work").
 //! * **Poison messages** go to a dead-letter stream after `max_deliveries` (atomically with their
 //!   removal); list, replay and purge them through [`MessageStream`].
 //! * **Hygiene.** A consumer that stops gracefully ([`Consumer::drain`], [`Consumer::close`],
@@ -66,7 +68,8 @@
 //! crate, label `queue`): `baton_queue_leases_expired_total`, `baton_queue_leases_lost_total`,
 //! `baton_queue_lease_renewals_total`, `baton_queue_lease_renewal_failures_total`,
 //! `baton_queue_renewal_seconds`, `baton_queue_reclaims_total`, `baton_queue_dead_letters_total`,
-//! `baton_queue_outcomes_total{decision,result}`, `baton_queue_handler_seconds`.
+//! `baton_queue_outcomes_total{decision,result}`, `baton_queue_handler_seconds`,
+//! `baton_queue_throttled_total{reason}` (`rate_limit`, `backoff`: reads held back by a timed gate).
 //!
 //! ## In your application
 //!
@@ -155,7 +158,7 @@ pub use consumer::{Consumer, Handler};
 pub use lease::{Delivery, Lease};
 pub use redis::RedisQueueOptions;
 pub use remote::{LeaseState, RemoteConsumer, RemoteDelivery, RemoteOptions, Settled};
-pub use settings::ConsumerOptions;
+pub use settings::{ConsumerOptions, RateLimit};
 
 use backend::QueueBackend;
 

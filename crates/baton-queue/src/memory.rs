@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 
 use crate::backend::{
     Beat, ConsumerBackend, ConsumerSpec, Owned, QueueBackend, RawDelivery, Reclaimed, ScheduleOp, ScheduleReply,
-    Settle, SettleOp, PARKED,
+    Settle, SettleOp, Throttle, PARKED,
 };
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
@@ -82,6 +82,10 @@ struct QState {
     last_dead_id: MessageId,
     /// Paused since (ms since the Unix epoch): the gate of [`MemConsumer::take_new`].
     paused_since: Option<u64>,
+    /// The back-off's end (a handler answered `RateLimited`): a timed gate of `take_new`.
+    backoff_until: Option<Instant>,
+    /// The rate limit's GCRA theoretical arrival time: a timed gate of `take_new`.
+    rate_tat: Option<Instant>,
 }
 
 fn now_ms() -> u64 {
@@ -231,6 +235,10 @@ impl QueueBackend for MemoryQueueBackend {
             dead_letters: st.dead.len() as u64,
             paused: st.paused_since.is_some(),
             paused_since_ms: st.paused_since,
+            backoff_ms: st
+                .backoff_until
+                .map(|u| u.saturating_duration_since(now).as_millis() as u64)
+                .filter(|ms| *ms > 0),
         })
     }
 
@@ -343,24 +351,44 @@ impl MemConsumer {
     }
 
     /// The gated read (see [`ConsumerBackend::read_new`]): the gates are checked under the same
-    /// lock that assigns the entries.
-    fn take_new(&self, count: usize) -> Vec<RawDelivery> {
+    /// lock that assigns the entries, as `read.lua` does. `Err`: a timed gate (back-off, rate
+    /// limit) is shut and opens by itself after that long.
+    fn take_new(&self, count: usize) -> Result<Vec<RawDelivery>, (Duration, Throttle)> {
         let mut st = self.q.state.lock().unwrap();
         if st.paused_since.is_some() {
-            return Vec::new();
+            return Ok(Vec::new());
+        }
+        let now = Instant::now();
+        let mut count = count;
+        // Back-off and rate limit (timed gates), as in read.lua.
+        if let Some(until) = st.backoff_until.filter(|u| *u > now) {
+            return Err((until - now, Throttle::Backoff));
+        }
+        let mut rate = None;
+        if let Some(r) = &self.spec.rate_limit {
+            let (t, tau) = (r.interval(), r.tolerance());
+            let tat = st.rate_tat.map_or(now, |x| x.max(now));
+            if tat > now + tau {
+                return Err((tat - (now + tau), Throttle::RateLimit));
+            }
+            let k = ((now + tau - tat).as_nanos() / t.as_nanos()) as usize + 1;
+            count = count.min(k);
+            rate = Some((tat, t));
         }
         let start = next_after(st.last_delivered);
         let picked: Vec<(MessageId, Bytes, u32)> =
             st.entries.range(start..).take(count).map(|(id, e)| (*id, e.payload.clone(), e.prior + 1)).collect();
-        let now = Instant::now();
+        if let Some((tat, t)) = rate.filter(|_| !picked.is_empty()) {
+            st.rate_tat = Some(tat + t * picked.len() as u32);
+        }
         for (id, _, _) in &picked {
             st.last_delivered = *id;
             st.pending.insert(*id, Pel { consumer: self.me.clone(), delivered_at: now, deliveries: 1, fence: 0 });
         }
-        picked
+        Ok(picked
             .into_iter()
             .map(|(id, payload, deliveries)| RawDelivery { id, payload: Some(payload), deliveries, fence: 0 })
-            .collect()
+            .collect())
     }
 
     fn ack_locked(&self, st: &mut QState, id: &MessageId, released: bool, fence: Option<u64>) -> Owned {
@@ -380,14 +408,35 @@ impl ConsumerBackend for MemConsumer {
             let notified = self.q.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let got = self.take_new(count);
-            if !got.is_empty() {
-                return Ok(got);
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Ok(Vec::new());
+            match self.take_new(count) {
+                Ok(got) if !got.is_empty() => return Ok(got),
+                Ok(_) => {
+                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                        return Ok(Vec::new());
+                    }
+                }
+                Err((wait, why)) => {
+                    // A timed gate: it opens by itself; sleep until then (within this wait).
+                    metrics::counter!("baton_queue_throttled_total", "queue" => self.spec.queue.clone(), "reason" => why.reason())
+                        .increment(1);
+                    let at = tokio::time::Instant::now() + wait;
+                    if at >= deadline {
+                        tokio::time::sleep_until(deadline).await;
+                        return Ok(Vec::new());
+                    }
+                    tokio::time::sleep_until(at).await;
+                }
             }
         }
+    }
+
+    async fn back_off(&self, delay: Duration) -> Result<(), QueueError> {
+        let mut st = self.q.state.lock().unwrap();
+        let until = Instant::now() + delay;
+        if st.backoff_until.is_none_or(|u| u < until) {
+            st.backoff_until = Some(until);
+        }
+        Ok(())
     }
 
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError> {

@@ -13,6 +13,8 @@
 //! | `p:q:{q}:fences`         | hash   | entry id → fence of its latest delivery, for entries a reclaim delivered again (none: 0) |
 //! | `p:q:{q}:paused`         | string | present while paused: ms (Redis time) since when   |
 //! | `p:q:{q}:control`        | stream | the latest resume (trimmed to one entry): paused consumers wait on it |
+//! | `p:q:{q}:rate`           | string | the rate limit's GCRA theoretical arrival time (µs, Redis time); expires once past |
+//! | `p:q:{q}:backoff`        | string | present while the queue backs off (`RateLimited`); its TTL is the back-off left |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
@@ -34,7 +36,11 @@
 //! with the next gated read on the same connection, so Redis
 //! runs the read the moment the wait ends: one round trip per wait, as a blocked `XREADGROUP`
 //! was, and none added while entries are there.
-//! Later gates (concurrency caps, priorities, rate limits) belong in `read.lua` too. Every
+//! The back-off and the rate limit are timed gates: the script says in how many ms the gate opens
+//! (back-off: the key's TTL; rate limit: GCRA over the theoretical arrival time kept in the
+//! queue's slot, in Redis time, moved on only by the entries actually taken), and the consumer
+//! sleeps that long (within its wait) before reading again: nothing to watch, no polling.
+//! Later gates (concurrency caps, priorities) belong in `read.lua` too. Every
 //! connection of a consumer is opened on its lease thread and closed when that thread ends.
 
 use std::sync::Arc;
@@ -48,7 +54,7 @@ use tokio::sync::Mutex as AsyncMutex;
 
 use crate::backend::{
     Beat, ConsumerBackend, ConsumerSpec, Owned, QueueBackend, RawDelivery, Reclaimed, ScheduleOp, ScheduleReply,
-    Settle, SettleOp, PARKED,
+    Settle, SettleOp, Throttle, PARKED,
 };
 use crate::keys::{self, PAYLOAD_FIELD};
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
@@ -68,6 +74,7 @@ static SCHEDULE: LuaScript = LuaScript::new("schedule", include_str!("../scripts
 static CONSUMERS: LuaScript = LuaScript::new("consumers", include_str!("../scripts/consumers.lua"));
 static READ: LuaScript = LuaScript::new("read", include_str!("../scripts/read.lua"));
 static PAUSE: LuaScript = LuaScript::new("pause", include_str!("../scripts/pause.lua"));
+static BACKOFF: LuaScript = LuaScript::new("backoff", include_str!("../scripts/backoff.lua"));
 
 /// Delayed entries promoted per reclaim tick at most.
 const PROMOTE_PER_TICK: u32 = 1000;
@@ -97,6 +104,8 @@ struct Keys {
     fences: String,
     paused: String,
     control: String,
+    rate: String,
+    backoff: String,
 }
 
 impl Keys {
@@ -110,6 +119,8 @@ impl Keys {
             fences: keys::fences(prefix, queue),
             paused: keys::paused(prefix, queue),
             control: keys::control(prefix, queue),
+            rate: keys::rate(prefix, queue),
+            backoff: keys::backoff(prefix, queue),
         }
     }
 }
@@ -238,6 +249,7 @@ impl QueueBackend for RedisQueueBackend {
 
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError> {
         let keys = self.keys(&spec.queue);
+        let spec_rate = spec.rate_limit;
         let mut conn = self.client.shared().await?;
         // Both setup commands are idempotent, so they are sent once more after a dropped
         // connection: the first command over a connection whose server restarted fails (the
@@ -264,6 +276,7 @@ impl QueueBackend for RedisQueueBackend {
             conn,
             blocking: AsyncMutex::new(blocking),
             bell: keys::doorbell_group(&self.opts.group),
+            rate: rate_args(spec_rate),
         }))
     }
 
@@ -272,11 +285,12 @@ impl QueueBackend for RedisQueueBackend {
         let v: Vec<u64> = STATS
             .run(
                 &mut self.conn.clone(),
-                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused],
+                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused, &keys.backoff],
                 &[&self.opts.group, &PARKED],
             )
             .await?;
-        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers, paused_since] = v[..] else {
+        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers, paused_since, backoff] = v[..]
+        else {
             return Err(unexpected("stats", &Value::Nil));
         };
         let paused_since_ms = (paused_since > 0).then_some(paused_since);
@@ -290,6 +304,7 @@ impl QueueBackend for RedisQueueBackend {
             dead_consumers,
             paused: paused_since_ms.is_some(),
             paused_since_ms,
+            backoff_ms: (backoff > 0).then_some(backoff),
         })
     }
 
@@ -424,6 +439,20 @@ struct Gated {
     /// the doorbell group).
     after: String,
     entries: Vec<RawDelivery>,
+    /// A timed gate is shut (back-off or rate limit): it opens by itself after this long.
+    wait: Option<(Duration, Throttle)>,
+}
+
+/// `read.lua`'s rate limit arguments: the emission interval and burst tolerance in µs (with
+/// their fraction), or `''` for none.
+fn rate_args(r: Option<crate::RateLimit>) -> (String, String) {
+    match r {
+        Some(r) => {
+            let us = |d: Duration| (d.as_nanos() as f64 / 1000.0).to_string();
+            (us(r.interval()), us(r.tolerance()))
+        }
+        None => (String::new(), String::new()),
+    }
 }
 
 struct RedisConsumer {
@@ -437,6 +466,8 @@ struct RedisConsumer {
     blocking: AsyncMutex<RedisConn>,
     /// The group's doorbell group ([`keys::doorbell_group`]).
     bell: String,
+    /// The rate limit's arguments of `read.lua` ([`rate_args`]).
+    rate: (String, String),
 }
 
 impl RedisConsumer {
@@ -484,14 +515,18 @@ impl RedisConsumer {
 
     /// The gated read's `EVALSHA` (`read.lua`, module docs).
     fn read_cmd(&self, count: usize) -> redis::Cmd {
-        let mut cmd = READ.evalsha_cmd(3);
+        let mut cmd = READ.evalsha_cmd(5);
         cmd.arg(&self.keys.stream)
             .arg(&self.keys.paused)
             .arg(&self.keys.control)
+            .arg(&self.keys.rate)
+            .arg(&self.keys.backoff)
             .arg(&self.group)
             .arg(&self.spec.consumer)
             .arg(count.max(1))
-            .arg(&self.bell);
+            .arg(&self.bell)
+            .arg(&self.rate.0)
+            .arg(&self.rate.1);
         cmd
     }
 
@@ -501,14 +536,20 @@ impl RedisConsumer {
         if parts.len() < 2 {
             return Err(unexpected("read", &Value::Array(parts)));
         }
-        let paused = as_u64(&parts[0]) == 1;
-        let after = as_string(&parts[1]).unwrap_or_default();
+        let code = as_u64(&parts[0]);
+        let paused = code == 1;
+        let wait = match code {
+            2 => Some((Duration::from_millis(as_u64(&parts[1]).max(1)), Throttle::Backoff)),
+            3 => Some((Duration::from_millis(as_u64(&parts[1]).max(1)), Throttle::RateLimit)),
+            _ => None,
+        };
+        let after = if wait.is_some() { String::new() } else { as_string(&parts[1]).unwrap_or_default() };
         let entries = match parts.get_mut(2) {
             // The entry list of one stream, as XREADGROUP replies it inside its stream pair.
             Some(list) => self.parse_read(Value::Array(vec![Value::Array(vec![Value::Nil, std::mem::take(list)])]))?,
             None => Vec::new(),
         };
-        Ok(Gated { paused, after, entries })
+        Ok(Gated { paused, after, entries, wait })
     }
 
     /// One gated read, not waiting, on the shared connection.
@@ -589,9 +630,24 @@ impl ConsumerBackend for RedisConsumer {
                 }
                 Err(e) => return Err(e),
             };
+            if let Some((_, why)) = got.wait {
+                metrics::counter!("baton_queue_throttled_total", "queue" => self.spec.queue.clone(), "reason" => why.reason())
+                    .increment(1);
+            }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if !got.entries.is_empty() || left < Duration::from_millis(1) {
                 return Ok(got.entries);
+            }
+            if let Some((wait, _)) = got.wait {
+                // A timed gate: it opens by itself; sleep until then (within this wait) and read
+                // again. Nothing is taken meanwhile.
+                if wait > left {
+                    tokio::time::sleep(left).await;
+                    return Ok(Vec::new());
+                }
+                tokio::time::sleep(wait).await;
+                g = self.gated_read(count).await;
+                continue;
             }
             // Nothing taken: wait (taking nothing) for an offer, or for a resume when paused.
             g = match self.wait_then_read(&got, left, count).await {
@@ -600,6 +656,12 @@ impl ConsumerBackend for RedisConsumer {
                 Err(e) => Err(e),
             };
         }
+    }
+
+    async fn back_off(&self, delay: Duration) -> Result<(), QueueError> {
+        let ms = delay.as_nanos().div_ceil(1_000_000).clamp(1, u64::MAX as u128) as u64;
+        let _: i64 = BACKOFF.run(&mut self.conn.clone(), &[&self.keys.backoff], &[&ms]).await?;
+        Ok(())
     }
 
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError> {

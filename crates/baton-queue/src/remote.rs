@@ -39,11 +39,15 @@ pub struct RemoteOptions {
     /// Deliveries after which a message is dead-lettered instead of delivered again (`None`:
     /// never). Default 5, as [`ConsumerOptions`](crate::ConsumerOptions).
     pub max_deliveries: Option<u32>,
+    /// The queue's rate limit, applied to this worker's claims of new entries as to every
+    /// consumer's reads ([`ConsumerOptions::rate_limit`](crate::ConsumerOptions::rate_limit)).
+    /// Default `None`.
+    pub rate_limit: Option<crate::RateLimit>,
 }
 
 impl Default for RemoteOptions {
     fn default() -> Self {
-        Self { claim_timeout: Duration::from_secs(30), max_deliveries: Some(5) }
+        Self { claim_timeout: Duration::from_secs(30), max_deliveries: Some(5), rate_limit: None }
     }
 }
 
@@ -117,6 +121,9 @@ impl RemoteConsumer {
         if opts.claim_timeout < Duration::from_secs(1) {
             return Err(QueueError::InvalidSettings("claim_timeout must be at least 1s".into()));
         }
+        if let Some(r) = &opts.rate_limit {
+            r.validate()?;
+        }
         if opts.max_deliveries == Some(0) {
             return Err(QueueError::InvalidSettings("max_deliveries must be at least 1 (or none)".into()));
         }
@@ -126,6 +133,7 @@ impl RemoteConsumer {
             claim_timeout: opts.claim_timeout,
             heartbeat: opts.claim_timeout / 3,
             max_deliveries: opts.max_deliveries,
+            rate_limit: opts.rate_limit,
         };
         let backend = backend.open_consumer(spec).await?;
         Ok(RemoteConsumer {
@@ -261,6 +269,16 @@ impl RemoteConsumer {
     /// Delivers the message again after `delay`, not counted as a delivery
     /// ([`Decision::RetryAfter`](crate::Decision::RetryAfter)). Errors: [`QueueError::LeaseLost`].
     pub async fn retry_after(&self, id: MessageId, fence: u64, delay: Duration) -> Result<Settled, QueueError> {
+        owned(id, self.backend.retry_after(id, delay, false, Some(fence)).await?)
+    }
+
+    /// The worker was rate limited downstream ([`Decision::RateLimited`](crate::Decision::RateLimited)):
+    /// every consumer of the queue stops taking new entries for `delay` (the queue's back-off,
+    /// only ever extended; set even when the delivery is no longer this worker's), and the
+    /// message is delivered again after `delay`, not counted as a delivery. Errors:
+    /// [`QueueError::LeaseLost`].
+    pub async fn rate_limited(&self, id: MessageId, fence: u64, delay: Duration) -> Result<Settled, QueueError> {
+        self.backend.back_off(delay).await?;
         owned(id, self.backend.retry_after(id, delay, false, Some(fence)).await?)
     }
 

@@ -36,6 +36,76 @@ pub struct ConsumerOptions {
     /// Prefix of the consumer name; the name is `<prefix>-<uuid v7>`, unique per incarnation.
     /// Default `baton`.
     pub consumer_prefix: String,
+    /// The queue's rate limit: new entries are taken at most at this rate by all of the queue's
+    /// consumers together (checked in the same atomic step that takes them). `None` (default):
+    /// no limit. Every consumer of a queue should be given the same limit: each read applies its
+    /// consumer's to the queue's one shared state. See [`RateLimit`].
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A queue's rate limit: at most `limit` new entries per `per`, with bursts of up to `burst`
+/// entries after an idle spell, enforced with GCRA (the generic cell rate algorithm: a token
+/// bucket of `burst` tokens refilled at `limit / per`) over all consumers of the queue together.
+///
+/// Entries are taken one emission interval `T = per / limit` apart on average; up to `burst`
+/// may be taken at once when the queue was under its rate before (burst tolerance
+/// `(burst − 1) · T`). Over any window `w` at most `w / T + burst` entries are taken. State:
+/// one key in the queue's slot on Redis ([`crate::keys::rate`], Redis time), under the queue's
+/// lock in memory. It gates NEW entries only: reclaims of dead consumers' entries and
+/// redeliveries (`Retry`, `RetryAfter`, `RateLimited`) do not pass it and are not counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Entries per `per`, at least 1.
+    pub limit: u32,
+    /// The period, at least 1 ms; `per / limit` must be at least 1 µs (1,000,000 entries per s).
+    pub per: Duration,
+    /// Entries that may be taken at once (the bucket's size), at least 1. [`RateLimit::new`]
+    /// sets it to `limit` (a full period's worth).
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// `limit` entries per `per`, with a burst of `limit`.
+    pub fn new(limit: u32, per: Duration) -> Self {
+        Self { limit, per, burst: limit }
+    }
+
+    /// The same limit with another burst.
+    pub fn with_burst(mut self, burst: u32) -> Self {
+        self.burst = burst;
+        self
+    }
+
+    /// The emission interval `per / limit`.
+    pub fn interval(&self) -> Duration {
+        self.per / self.limit.max(1)
+    }
+
+    /// The burst tolerance `(burst − 1) · per / limit`.
+    pub fn tolerance(&self) -> Duration {
+        self.interval() * self.burst.saturating_sub(1)
+    }
+
+    /// Checks the ranges above; the error says which field and what is allowed.
+    pub fn validate(&self) -> Result<(), QueueError> {
+        let bad = |m: String| Err(QueueError::InvalidSettings(m));
+        if self.limit == 0 {
+            return bad("rate_limit.limit must be at least 1".into());
+        }
+        if self.per < Duration::from_millis(1) {
+            return bad(format!("rate_limit.per must be at least 1ms (got {:?})", self.per));
+        }
+        if self.interval() < Duration::from_micros(1) {
+            return bad(format!(
+                "rate_limit {} per {:?} is above 1000000 per second, the highest rate allowed",
+                self.limit, self.per
+            ));
+        }
+        if self.burst == 0 {
+            return bad("rate_limit.burst must be at least 1".into());
+        }
+        Ok(())
+    }
 }
 
 impl Default for ConsumerOptions {
@@ -49,6 +119,7 @@ impl Default for ConsumerOptions {
             poll_interval: None,
             reap_idle_consumers_after: Some(Duration::from_secs(3600)),
             consumer_prefix: "baton".to_string(),
+            rate_limit: None,
         }
     }
 }
@@ -87,6 +158,12 @@ impl ConsumerOptions {
     }
     pub fn with_consumer_prefix(mut self, p: impl Into<String>) -> Self {
         self.consumer_prefix = p.into();
+        self
+    }
+
+    /// Sets (or, with `None`, removes) the queue's rate limit ([`RateLimit`]).
+    pub fn with_rate_limit(mut self, r: Option<RateLimit>) -> Self {
+        self.rate_limit = r;
         self
     }
 
@@ -155,6 +232,9 @@ impl ConsumerOptions {
                 self.consumer_prefix
             ));
         }
+        if let Some(r) = &self.rate_limit {
+            r.validate()?;
+        }
         Ok(())
     }
 }
@@ -169,6 +249,19 @@ mod tests {
         o.validate().unwrap();
         assert_eq!(o.heartbeat(), Duration::from_secs(10));
         assert_eq!(o.poll(), Duration::from_secs(1));
+        assert_eq!(o.rate_limit, None);
+    }
+
+    #[test]
+    fn rate_limit_interval_and_tolerance() {
+        let r = RateLimit::new(1000, Duration::from_secs(1));
+        assert_eq!(r.burst, 1000);
+        assert_eq!(r.interval(), Duration::from_millis(1));
+        assert_eq!(r.tolerance(), Duration::from_millis(999));
+        let r = RateLimit::new(50, Duration::from_secs(1)).with_burst(1);
+        assert_eq!(r.interval(), Duration::from_millis(20));
+        assert_eq!(r.tolerance(), Duration::ZERO);
+        r.validate().unwrap();
     }
 
     #[test]
@@ -188,6 +281,22 @@ mod tests {
             (
                 ConsumerOptions::new().with_reap_idle_consumers_after(Some(Duration::from_secs(1))),
                 "reap_idle_consumers_after",
+            ),
+            (
+                ConsumerOptions::new().with_rate_limit(Some(RateLimit::new(0, Duration::from_secs(1)))),
+                "rate_limit.limit must be at least 1",
+            ),
+            (
+                ConsumerOptions::new().with_rate_limit(Some(RateLimit::new(1, Duration::ZERO))),
+                "rate_limit.per must be at least 1ms",
+            ),
+            (
+                ConsumerOptions::new().with_rate_limit(Some(RateLimit::new(2_000_000, Duration::from_secs(1)))),
+                "above 1000000 per second",
+            ),
+            (
+                ConsumerOptions::new().with_rate_limit(Some(RateLimit::new(5, Duration::from_secs(1)).with_burst(0))),
+                "rate_limit.burst must be at least 1",
             ),
         ];
         for (o, needle) in cases {

@@ -225,6 +225,7 @@ impl Metered {
             Ok(CommandResult::Cancelled) => "cancelled",
             Ok(CommandResult::Running { .. }) => "running",
             Ok(CommandResult::HandedOff { .. }) => "handed_off",
+            Ok(CommandResult::RateLimited { .. }) => "rate_limited",
             Err(_) => "error",
         };
         metrics::counter!("baton_command_outcomes_total", "queue" => self.queue.clone(), "type" => self.command_type.clone(), "outcome" => outcome)

@@ -624,3 +624,55 @@ async fn a_claim_carries_the_output_stream() {
         assert!(lease.get("output").is_none(), "{name}: {lease}");
     }
 }
+
+/// A worker's `rate_limited` settlement: nothing is written (no attempt, no error), no worker of
+/// the queue gets a command for `retry_after`, then the same command comes again; a missing or
+/// zero `retry_after` is a `400` naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_settlement_backs_off_the_queue() {
+    for (name, redis) in backends() {
+        let s = Serve::spawn(redis.as_ref().map(|r| r.url()).as_deref(), false).await;
+        submit(&s, "r-1", "{}").await;
+        let (lease, _) = claim_one(&s, "w1", "5s").await;
+        let token = lease["lease"].as_str().unwrap().to_string();
+        submit(&s, "r-2", "{}").await;
+        let (st, v) = post_json(&s.worker("w1", "settle"), json!({ "lease": token, "outcome": "rate_limited" })).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{name}: {v}");
+        assert!(v["message"].as_str().unwrap().contains("\"retry_after\""), "{name}: {v}");
+        let (st, v) = post_json(
+            &s.worker("w1", "settle"),
+            json!({ "lease": token, "outcome": "rate_limited", "retry_after": "0s" }),
+        )
+        .await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{name}: {v}");
+        let (st, v) = post_json(
+            &s.worker("w1", "settle"),
+            json!({ "lease": token, "outcome": "rate_limited", "retry_after": "1500ms" }),
+        )
+        .await;
+        let settled = Instant::now();
+        assert_eq!(st, StatusCode::OK, "{name}: {v}");
+        assert_eq!(v["applied"], json!(true), "{name}: {v}");
+        let (c, _) = get_command(&s, "r-1").await;
+        assert_eq!(
+            (c["status"].clone(), c["attempts"].clone(), c["errors_count"].clone()),
+            (json!("SUBMITTED"), json!(0), json!(0)),
+            "{name}: {c}"
+        );
+        // Another worker gets nothing during the back-off, though r-2 waits in the queue.
+        let (st, v) = post_json(&s.worker("w2", "claim"), json!({ "wait": "500ms", "max": 5 })).await;
+        assert_eq!((st, v["leases"].clone()), (StatusCode::OK, json!([])), "{name}: claimed during the back-off: {v}");
+        // After it both come.
+        let mut got = Vec::new();
+        while got.len() < 2 && settled.elapsed() < Duration::from_secs(15) {
+            let (st, v) = post_json(&s.worker("w2", "claim"), json!({ "wait": "2s", "max": 5 })).await;
+            assert_eq!(st, StatusCode::OK, "{name}: {v}");
+            for l in v["leases"].as_array().unwrap() {
+                assert!(settled.elapsed() >= Duration::from_millis(1_400), "{name}: {l} came during the back-off");
+                got.push(l["command"]["id"].as_str().unwrap().to_string());
+            }
+        }
+        got.sort();
+        assert_eq!(got, ["r-1", "r-2"], "{name}");
+    }
+}

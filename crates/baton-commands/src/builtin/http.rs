@@ -27,6 +27,22 @@ pub const MAX_RETRY_AFTER_MS: u64 = 24 * 60 * 60 * 1000;
 /// Status URLs remembered per handler (oldest forgotten first; see [`HttpHandler`]).
 const STATUS_URL_CACHE: usize = 10_000;
 
+/// Back-off of a `429` reply without a usable `Retry-After` (delay-seconds).
+const DEFAULT_RATE_LIMITED: Duration = Duration::from_secs(1);
+/// Longest back-off a `429` reply's `Retry-After` is taken for.
+const MAX_RATE_LIMITED: Duration = Duration::from_secs(3600);
+
+/// The back-off a `429 Too Many Requests` reply asks for: its `Retry-After` in delay-seconds
+/// (between 1 s and 1 h), else [`DEFAULT_RATE_LIMITED`] (also for the HTTP-date form).
+fn rate_limited_for(headers: &HeaderMap) -> Duration {
+    headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|s| Duration::from_secs(s).clamp(Duration::from_secs(1), MAX_RATE_LIMITED))
+        .unwrap_or(DEFAULT_RATE_LIMITED)
+}
+
 /// Configuration of an [`HttpHandler`]. Checked by [`HttpHandler::new`].
 #[derive(Clone, Debug)]
 pub struct HttpHandlerConfig {
@@ -99,6 +115,10 @@ pub fn is_link_local_or_metadata(ip: IpAddr) -> bool {
 /// | `{"status": "succeeded", "result": any}` (`result` absent: `null`)      | `SUCCEEDED` with `result` (its text as the webhook sent it) |
 /// | `{"status": "failed", "error": text}` (`text` a non-empty string)       | `FAILED` with `text` (a real failure, not retried) |
 /// | `{"status": "running", "status_url"?: url, "retry_after_ms"?: n}`       | `RUNNING`; next `check_status` after `n` ms (0 to 86 400 000), else the queue's `check_status_interval` |
+///
+/// A `429 Too Many Requests` reply is [`CommandResult::RateLimited`]: every worker of the queue
+/// backs off for its `Retry-After` (delay-seconds, 1 s to 1 h; 1 s when absent or an HTTP-date)
+/// and the same call is made again after it, not counted as an attempt.
 ///
 /// Anything else is a [`HandlerError`] (retried with the queue's backoff up to `max_attempts`,
 /// then `FAILED` with the message): a non-2xx status (`POST <url>: HTTP 503 Service
@@ -256,6 +276,10 @@ impl HttpHandler {
         let work = async {
             let mut resp = req.send().await.map_err(|e| self.request_error(what, e))?;
             let status = resp.status();
+            if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+                // Rate limited downstream: not an error; the queue backs off and calls again.
+                return Ok(CommandResult::rate_limited(rate_limited_for(resp.headers())));
+            }
             let mut body = Vec::new();
             let mut too_big = false;
             while let Some(chunk) = resp.chunk().await.map_err(|e| self.request_error(what, e))? {

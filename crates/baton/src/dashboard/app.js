@@ -197,6 +197,9 @@
       body.append(h("tr", { "data-queue": q.name, "data-paused": q.paused ? "1" : null, class: q.paused ? "paused" : null },
         h("th", { scope: "row" }, q.name,
           q.paused ? h("span", { class: "badge PAUSED", title: "Paused " + ago(q.paused_since) + ": submits wait, nothing new starts" }, "PAUSED") : null,
+          q.backoff_ms ? h("span", { class: "badge BACKOFF", title: `Backing off after a rate limited answer: nothing new starts for ${num(q.backoff_ms)} ms more` }, "BACKING OFF") : null,
+          q.rate_limit ? h("span", { class: "muted", title: `Rate limit: at most ${num(q.rate_limit.limit)} started per ${num(q.rate_limit.per_ms)} ms by all workers, bursts of ${num(q.rate_limit.burst)}` },
+            ` ≤${num(q.rate_limit.limit)}/${q.rate_limit.per_ms === 1000 ? "s" : num(q.rate_limit.per_ms) + "ms"}`) : null,
           pauseButton(q)),
         n(q.length), n(q.pending),
         // Live consumers; dead ones (silent past their claim timeout, not reaped yet) apart.

@@ -266,7 +266,7 @@ fn schemas() -> Value {
     });
     let rest = json!({
         "Queue": { "type": "object",
-            "required": ["name", "paused", "paused_since", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "dead_letters", "commands", "handlers", "workers"],
+            "required": ["name", "paused", "paused_since", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "dead_letters", "backoff_ms", "rate_limit", "commands", "handlers", "workers"],
             "properties": {
                 "name": { "type": "string" },
                 "paused": { "type": "boolean", "description": "Paused (`POST /v1/queues/{queue}/pause`): submits are accepted, no worker starts a new command; running ones go on." },
@@ -275,6 +275,10 @@ fn schemas() -> Value {
                 "consumers": { "type": "integer", "minimum": 0, "description": "Live consumers (heartbeat younger than their claim timeout)." },
                 "dead_consumers": { "type": "integer", "minimum": 0, "description": "Group members silent past their claim timeout, not reaped yet (their commands are taken over)." },
                 "lag": count(), "delayed": count(), "dead_letters": count(),
+                "backoff_ms": { "type": ["integer", "null"], "minimum": 0, "description": "The queue backs off (a handler or worker answered rate limited): no worker starts a new command for this many more ms; null when it does not." },
+                "rate_limit": { "oneOf": [{ "type": "null" }, { "type": "object", "required": ["limit", "per_ms", "burst"], "properties": {
+                    "limit": { "type": "integer", "minimum": 1 }, "per_ms": { "type": "integer", "minimum": 1 }, "burst": { "type": "integer", "minimum": 1 } } }],
+                    "description": "The queue's rate_limit as this server is configured: at most `limit` commands started per `per_ms` by all workers together, bursts of `burst`; null: none." },
                 "commands": { "type": "object",
                     "required": ["submitted", "running", "succeeded", "failed", "cancelled", "total", "scheduled", "next_due"],
                     "properties": { "submitted": count(), "running": count(), "succeeded": count(),

@@ -17,7 +17,8 @@
 //! deliveries instead of its commands (`of=commands`, the default; see `crate::webhooks`): a
 //! webhook dead letter's payload is the webhook body, and a replay delivers it again.
 //!
-//! A queue: `{"name", "paused", "paused_since" (RFC 3339 or null), "length", "pending",
+//! A queue: `{"name", "paused", "paused_since" (RFC 3339 or null), "backoff_ms" (or null),
+//! "rate_limit" ({"limit", "per_ms", "burst"} or null), "length", "pending",
 //! "consumers", "lag", "delayed", "dead_letters",
 //! "commands": {"submitted", "running", "succeeded", "failed", "cancelled", "total", "scheduled",
 //! "next_due"}, "handlers": [command type…], "workers": bool}` — counts are exact at the time of
@@ -57,6 +58,10 @@ pub async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, ApiError
         "lag": stats.lag,
         "delayed": stats.delayed,
         "dead_letters": stats.dead_letters,
+        "backoff_ms": stats.backoff_ms,
+        "rate_limit": entry.remote.rate_limit().map(|r| json!({
+            "limit": r.limit, "per_ms": r.per.as_millis() as u64, "burst": r.burst,
+        })),
         "commands": {
             "submitted": c.submitted, "running": c.running, "succeeded": c.succeeded,
             "failed": c.failed, "cancelled": c.cancelled, "total": c.total(),

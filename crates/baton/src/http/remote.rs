@@ -329,6 +329,7 @@ const OUTCOMES: &[(&str, &[&str])] = &[
     ("cancelled", &[]),
     ("running", &["next_check"]),
     ("handed_off", &["queue"]),
+    ("rate_limited", &["retry_after"]),
     ("error", &["error"]),
     ("release", &[]),
 ];
@@ -394,7 +395,7 @@ fn parse_renewal(item: &RawValue) -> Result<(String, Option<RemoteReport>), ApiE
 }
 
 fn parse_settle(body: &[u8]) -> Result<(String, RemoteOutcome), ApiError> {
-    let m = fields(body, &["lease", "outcome", "result", "error", "next_check", "queue"], SETTLE_SHAPE)?;
+    let m = fields(body, &["lease", "outcome", "result", "error", "next_check", "queue", "retry_after"], SETTLE_SHAPE)?;
     let Some(lease) = string_field(&m, "lease", "the lease string from claim")? else {
         return Err(ApiError::invalid("invalid_body", format!("missing field \"lease\"; send {SETTLE_SHAPE}")));
     };
@@ -438,11 +439,29 @@ fn parse_settle(body: &[u8]) -> Result<(String, RemoteOutcome), ApiError> {
             };
             RemoteOutcome::Result(CommandResult::HandedOff { queue })
         }
+        "rate_limited" => {
+            let Some(d) = duration_field(&m, "retry_after")? else {
+                return Err(ApiError::invalid(
+                    "invalid_body",
+                    "outcome \"rate_limited\" needs \"retry_after\": how long the queue backs off, a duration like \"2s\"",
+                ));
+            };
+            if d.is_zero() || d > MAX_RATE_LIMITED {
+                return Err(ApiError::invalid(
+                    "invalid_body",
+                    format!("\"retry_after\" must be above 0 and at most 1h; got {}", humantime::format_duration(d)),
+                ));
+            }
+            RemoteOutcome::Result(CommandResult::RateLimited { retry_after: d })
+        }
         "error" => RemoteOutcome::Error(error()?.unwrap_or_default()),
         _ => RemoteOutcome::Release,
     };
     Ok((lease, out))
 }
+
+/// Longest back-off a `rate_limited` settlement may ask for.
+const MAX_RATE_LIMITED: Duration = Duration::from_secs(3600);
 
 /// Most settlements one request carries.
 pub const MAX_SETTLE: usize = 1000;

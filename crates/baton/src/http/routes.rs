@@ -1261,11 +1261,12 @@ fn worker_routes(d: &Docs) -> Vec<Route> {
     let lease_states = json!({ "type": "string", "enum": ["held", "lost", "gone"] });
     let settlement = json!({ "type": "object", "required": ["lease", "outcome"], "additionalProperties": false, "properties": {
         "lease": { "type": "string" },
-        "outcome": { "type": "string", "enum": ["succeeded", "failed", "cancelled", "running", "handed_off", "error", "release"] },
+        "outcome": { "type": "string", "enum": ["succeeded", "failed", "cancelled", "running", "handed_off", "rate_limited", "error", "release"] },
         "result": { "description": "`succeeded`: the result, any JSON, kept byte for byte (default null)." },
         "error": { "type": "string", "description": "`failed` / `error`: the message." },
         "next_check": { "type": "string", "description": "`running`: when to call check_status (`10s`; default the queue's check_status_interval)." },
-        "queue": { "type": "string", "description": "`handed_off`: the queue the command continues on (one of this server's, not the command's own)." } } });
+        "queue": { "type": "string", "description": "`handed_off`: the queue the command continues on (one of this server's, not the command's own)." },
+        "retry_after": { "type": "string", "description": "`rate_limited` (required): how long every worker of the queue backs off before the command is handed out again (`2s`; above 0, at most 1h)." } } });
     let settled = json!({ "type": "object", "required": ["applied", "command"], "properties": {
         "applied": { "type": "boolean" },
         "command": { "oneOf": [r("CommandState"), { "type": "null" }] } } });

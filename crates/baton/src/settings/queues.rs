@@ -11,6 +11,7 @@
 //! poll_interval = "1s"             # reclaim cadence (default: the work queue's)
 //! reap_idle_consumers_after = "1h" # dead group members (no heartbeat this long, nothing pending) are removed, or "never"
 //! retry = { max_attempts = 5, initial_backoff = "1s", backoff_factor = 2.0, max_backoff = "5m" }
+//! rate_limit = { limit = 1000, per = "1s", burst = 50 }  # commands started at most 1000/s by all workers; burst default = limit
 //! events = { enabled = true, max_len = 100000 }  # the queue's event feed: on, the newest 100,000 kept
 //! state_ttl = "7d"                 # an unfinished command's state expires this long after its last write
 //! retention = "24h"                # a finished command's state is kept this long
@@ -76,6 +77,8 @@ pub struct QueueFile {
     /// A duration, or `"never"` (also `"none"`, `"off"`).
     pub reap_idle_consumers_after: Option<String>,
     pub retry: Option<RetryFile>,
+    /// `rate_limit = { limit, per, burst }`: the queue's rate limit.
+    pub rate_limit: Option<RateLimitFile>,
     /// `events = { … }`: the queue's event feed.
     pub events: Option<EventsFile>,
     /// Lifetimes of the queue's command states (durations).
@@ -89,6 +92,44 @@ pub struct QueueFile {
     /// `[[queues.<name>.schedules]]`: its cron schedules.
     #[serde(default)]
     pub schedules: Vec<ScheduleFile>,
+}
+
+/// `rate_limit = { limit = 1000, per = "1s", burst = 50 }` as written in TOML.
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitFile {
+    pub limit: Option<u32>,
+    /// A duration; default `"1s"`.
+    pub per: Option<String>,
+    /// Default: `limit`.
+    pub burst: Option<u32>,
+}
+
+/// `rate_limit` resolved: `limit` is required (1 – 1,000,000 per second), `per` defaults to 1 s
+/// (at least 1 ms), `burst` to `limit` (at least 1). Errors name the key
+/// (`queues.<q>.rate_limit.<key>: <what to fix>`).
+fn rate_limit(name: &str, f: &RateLimitFile) -> Result<baton_queue::RateLimit, String> {
+    let key = |k: &str| format!("queues.{name}.rate_limit.{k}");
+    let limit = f
+        .limit
+        .ok_or_else(|| format!("{}: missing; e.g. rate_limit = {{ limit = 100, per = \"1s\" }}", key("limit")))?;
+    if limit == 0 {
+        return Err(format!("{}: must be at least 1", key("limit")));
+    }
+    let per = match &f.per {
+        Some(p) => parse_duration(p).map_err(|e| format!("{}: {e}", key("per")))?,
+        None => Duration::from_secs(1),
+    };
+    if per < Duration::from_millis(1) {
+        return Err(format!("{}: {} is under the least period, 1ms", key("per"), humantime::format_duration(per)));
+    }
+    let burst = f.burst.unwrap_or(limit);
+    if burst == 0 {
+        return Err(format!("{}: must be at least 1 (default: limit)", key("burst")));
+    }
+    let r = baton_queue::RateLimit::new(limit, per).with_burst(burst);
+    r.validate().map_err(|e| format!("queues.{name}.rate_limit: {e}"))?;
+    Ok(r)
 }
 
 /// One `[[queues.<name>.schedules]]` as written in TOML.
@@ -247,6 +288,7 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
                 .unwrap_or(d.check_status_interval),
             max_processing_time: dur(&f.max_processing_time, "max_processing_time")?.unwrap_or(d.max_processing_time),
             poll_interval: dur(&f.poll_interval, "poll_interval")?,
+            rate_limit: f.rate_limit.as_ref().map(|r| rate_limit(&name, r)).transpose()?,
             reap_idle_consumers_after: match f.reap_idle_consumers_after.as_deref() {
                 // The default window grows with a long claim timeout (it must be at least twice it).
                 None => d.reap_idle_consumers_after.map(|w| w.max(settings_claim.saturating_mul(2))),
@@ -706,6 +748,32 @@ mod tests {
         assert_eq!(q[0].lifetimes, Some(Lifetimes { state_ttl: week, retention: Duration::from_secs(24 * 3600) }));
         let s = &parse(&docs).unwrap()[0].schedules;
         assert_eq!((s.len(), s[0].name(), s[0].missed()), (1, "nightly-report", Missed::RunOnce));
+    }
+
+    #[test]
+    fn rate_limits_from_toml_and_their_errors() {
+        let q = parse(
+            "[queues.a]\nrate_limit = { limit = 1000, per = \"1s\", burst = 50 }\n[queues.b]\nrate_limit = { limit = 5 }\n[queues.c]\n",
+        )
+        .unwrap();
+        let rl = |n: usize| q[n].settings.rate_limit;
+        assert_eq!(rl(0), Some(baton_queue::RateLimit { limit: 1000, per: Duration::from_secs(1), burst: 50 }));
+        assert_eq!(rl(1), Some(baton_queue::RateLimit { limit: 5, per: Duration::from_secs(1), burst: 5 }));
+        assert_eq!(rl(2), None);
+        let err = |body: &str| parse(&format!("[queues.q]\nrate_limit = {body}\n")).unwrap_err();
+        assert_eq!(
+            err("{ per = \"1s\" }"),
+            "queues.q.rate_limit.limit: missing; e.g. rate_limit = { limit = 100, per = \"1s\" }"
+        );
+        assert_eq!(err("{ limit = 0 }"), "queues.q.rate_limit.limit: must be at least 1");
+        assert_eq!(err("{ limit = 1, burst = 0 }"), "queues.q.rate_limit.burst: must be at least 1 (default: limit)");
+        assert_eq!(err("{ limit = 1, per = \"0s\" }"), "queues.q.rate_limit.per: 0s is under the least period, 1ms");
+        assert!(err("{ limit = 1, per = \"soon\" }").starts_with("queues.q.rate_limit.per: "));
+        assert_eq!(
+            err("{ limit = 2000000 }"),
+            "queues.q.rate_limit: invalid queue setting: rate_limit 2000000 per 1s is above 1000000 per second, the highest rate allowed"
+        );
+        assert!(err("{ limit = 1, every = \"1s\" }").contains("unknown field `every`"));
     }
 
     #[test]
