@@ -457,8 +457,11 @@ impl RemoteWorkers {
         validate_queue(queue)?;
         settings.validate()?;
         store.declare_queue(queue)?;
-        let options =
-            RemoteOptions { claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)), max_deliveries: None };
+        let options = RemoteOptions {
+            claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)),
+            max_deliveries: None,
+            ..Default::default()
+        };
         // As an in-process consumer's poll interval: the queue's, else a third of the claim
         // timeout, at most 1 s.
         let reclaim_every =

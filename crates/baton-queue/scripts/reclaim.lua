@@ -3,7 +3,9 @@
 -- or the name of a scheduled entry (schedule.lua), score = due ms, server time), KEYS[4] delayed
 -- payload hash (<id or name> -> payload, <id>:dc -> prior
 -- deliveries), KEYS[5] liveness hash (consumer -> ms of its last heartbeat, server time),
--- KEYS[6] fence hash (id -> fence of its latest delivery, see below)
+-- KEYS[6] fence hash (id -> fence of its latest delivery, see below), KEYS[7..12] as caps.lua
+-- (prepended): entries dead-lettered or found deleted free their concurrency slots; a delayed
+-- entry's key (`<id>:k`) goes back on it when promoted
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
 -- ARGV[5] count (0 = promote, and tell whether reclaimable entries exist), ARGV[6] max
 -- deliveries (0 = unlimited), ARGV[7] max entries to promote, ARGV[8] outage gap (ms),
@@ -43,15 +45,20 @@ if #due > 0 then
   local fields = {}
   for _, id in ipairs(due) do
     local payload = redis.call('HGET', hdelayed, id)
-    local prior = '0'
+    local prior, key = '0', false
     -- A named (scheduled) member (schedule.lua) holds a ':'; it has no prior deliveries.
     if string.find(id, ':', 1, true) then
       named = named + 1
     else
       prior = redis.call('HGET', hdelayed, id .. ':dc') or '0'
+      key = redis.call('HGET', hdelayed, id .. ':k')
       fields[#fields + 1] = id .. ':dc'
+      fields[#fields + 1] = id .. ':k'
     end
-    if payload then
+    if payload and key then
+      redis.call('XADD', stream, '*', 'p', payload, 'dc', prior, 'k', key)
+      promoted = promoted + 1
+    elseif payload then
       redis.call('XADD', stream, '*', 'p', payload, 'dc', prior)
       promoted = promoted + 1
     end
@@ -114,6 +121,7 @@ for _, owner in ipairs(owners) do
 end
 
 local out, ndead, ndeleted = {}, 0, 0
+local C = caps_keys(7)
 if count == 0 then
   return {out, 0, 0, promoted, (#ids > 0 or more) and 1 or 0, next_due}
 end
@@ -126,7 +134,10 @@ if #ids > 0 then
     local got = {}
     for _, e in ipairs(claimed) do got[e[1]] = true end
     for _, id in ipairs(ids) do
-      if not got[id] then redis.call('HDEL', fences, id) end
+      if not got[id] then
+        redis.call('HDEL', fences, id)
+        caps_release(C, stream, id)
+      end
     end
   end
   -- A stopped consumer whose last entries were just taken leaves the group now.
@@ -152,10 +163,12 @@ if #ids > 0 then
       redis.call('XACK', stream, group, id)
       redis.call('XDEL', stream, id)
       redis.call('HDEL', fences, id)
+      caps_release(C, stream, id)
       ndead = ndead + 1
     else
       out[#out + 1] = {id, payload, total, redis.call('HINCRBY', fences, id, 1)}
     end
   end
 end
+if ndead + ndeleted > 0 then caps_wake(C) end
 return {out, ndead, ndeleted, promoted, more and 1 or 0, next_due}

@@ -66,6 +66,10 @@ pub(crate) struct ConsumerSpec {
     pub claim_timeout: Duration,
     pub heartbeat: Duration,
     pub max_deliveries: Option<u32>,
+    /// [`crate::ConsumerOptions::max_concurrency`].
+    pub max_concurrency: Option<u32>,
+    /// [`crate::ConsumerOptions::concurrency_per_key`].
+    pub concurrency_per_key: Option<u32>,
 }
 
 /// What a backend found for one id of a settlement or renewal.
@@ -122,7 +126,8 @@ pub(crate) struct Beat {
 #[async_trait]
 pub(crate) trait QueueBackend: Send + Sync + 'static {
     /// Appends payloads at the tail, in order, in one round trip; returns their ids.
-    async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError>;
+    /// `key`: the concurrency key of every entry (field `k` on Redis), if any.
+    async fn offer(&self, queue: &str, payloads: &[Bytes], key: Option<&str>) -> Result<Vec<MessageId>, QueueError>;
     /// Creates the consumer group if missing, registers the consumer and writes its first
     /// liveness record. Called on the consumer's lease thread: connections it opens live there.
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError>;

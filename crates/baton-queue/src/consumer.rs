@@ -60,6 +60,8 @@ impl Consumer {
             claim_timeout: options.claim_timeout,
             heartbeat: options.heartbeat(),
             max_deliveries: options.max_deliveries,
+            max_concurrency: options.max_concurrency,
+            concurrency_per_key: options.concurrency_per_key,
         };
         // Handlers run on the runtime that starts the consumer, whichever thread starts them.
         let app = tokio::runtime::Handle::current();

@@ -181,7 +181,25 @@ impl MessageStream {
     /// Appends one message to `queue`; returns its id.
     pub async fn offer(&self, queue: &str, payload: impl Into<Bytes>) -> Result<MessageId, QueueError> {
         validate_queue_name(queue)?;
-        let ids = self.backend.offer(queue, &[payload.into()]).await?;
+        let ids = self.backend.offer(queue, &[payload.into()], None).await?;
+        Ok(ids[0])
+    }
+
+    /// Appends one message to `queue` with `options` (its concurrency key); returns its id.
+    ///
+    /// Errors: [`QueueError::InvalidQueueName`], [`QueueError::InvalidSettings`] for a bad
+    /// concurrency key ([`validate_concurrency_key`]).
+    pub async fn offer_with(
+        &self,
+        queue: &str,
+        payload: impl Into<Bytes>,
+        options: OfferOptions,
+    ) -> Result<MessageId, QueueError> {
+        validate_queue_name(queue)?;
+        if let Some(k) = &options.concurrency_key {
+            validate_concurrency_key(k)?;
+        }
+        let ids = self.backend.offer(queue, &[payload.into()], options.concurrency_key.as_deref()).await?;
         Ok(ids[0])
     }
 
@@ -191,7 +209,7 @@ impl MessageStream {
         if payloads.is_empty() {
             return Ok(Vec::new());
         }
-        self.backend.offer(queue, &payloads).await
+        self.backend.offer(queue, &payloads, None).await
     }
 
     /// Appends `value` serialized as JSON.

@@ -4,7 +4,7 @@
 //! renewing (closed, aborted, or hung past `max_processing_time`) fails over after
 //! `claim_timeout`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -33,6 +33,16 @@ struct Entry {
     payload: Bytes,
     /// Deliveries made before the entry was (re-)offered (from a long RetryAfter).
     prior: u32,
+    /// Its concurrency key, if any.
+    key: Option<Arc<str>>,
+    /// Promoted from its key's waiting line (or requeued) holding a slot of its key already.
+    holds: bool,
+}
+
+impl Entry {
+    fn new(payload: Bytes, prior: u32) -> Self {
+        Entry { payload, prior, key: None, holds: false }
+    }
 }
 
 struct Pel {
@@ -82,6 +92,15 @@ struct QState {
     last_dead_id: MessageId,
     /// Paused since (ms since the Unix epoch): the gate of [`MemConsumer::take_new`].
     paused_since: Option<u64>,
+    /// Concurrency caps (as the Redis keys of `keys::key_held` etc.): entries holding a slot of
+    /// each key, the holders, and each key's waiting line (entries taken out of the log).
+    key_held: HashMap<Arc<str>, u32>,
+    key_ids: HashMap<MessageId, Arc<str>>,
+    key_wait: HashMap<Arc<str>, VecDeque<Entry>>,
+    /// A read found `max_concurrency` reached: the next removal from the pending list wakes.
+    slot_waiting: bool,
+    /// Waiters must be woken (a slot freed, an entry promoted) once the lock is released.
+    wake: bool,
 }
 
 fn now_ms() -> u64 {
@@ -98,9 +117,41 @@ fn next_id(last: &mut MessageId) -> MessageId {
 
 impl QState {
     fn append(&mut self, payload: Bytes, prior: u32) -> MessageId {
+        self.append_entry(Entry::new(payload, prior))
+    }
+
+    fn append_entry(&mut self, e: Entry) -> MessageId {
         let id = next_id(&mut self.last_id);
-        self.entries.insert(id, Entry { payload, prior });
+        self.entries.insert(id, e);
         id
+    }
+
+    /// `id` left the pending list: its key slot (if it held one) goes to the key's oldest waiter
+    /// (appended holding it) or is freed; a read waiting for a `max_concurrency` slot is woken.
+    fn release(&mut self, id: &MessageId) {
+        if std::mem::take(&mut self.slot_waiting) {
+            self.wake = true;
+        }
+        let Some(k) = self.key_ids.remove(id) else { return };
+        match self.key_wait.get_mut(&k).and_then(|w| w.pop_front()) {
+            Some(mut e) => {
+                if self.key_wait.get(&k).is_some_and(|w| w.is_empty()) {
+                    self.key_wait.remove(&k);
+                }
+                e.holds = true;
+                let nid = self.append_entry(e);
+                self.key_ids.insert(nid, k);
+                self.wake = true;
+            }
+            None => {
+                if let Some(n) = self.key_held.get_mut(&k) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.key_held.remove(&k);
+                    }
+                }
+            }
+        }
     }
 
     /// Who owns `id` from the point of view of `me` (see [`Settle::released`]); a delivery of
@@ -115,6 +166,13 @@ impl QState {
     }
 
     fn remove(&mut self, id: &MessageId) -> Option<Entry> {
+        let e = self.take_out(id);
+        self.release(id);
+        e
+    }
+
+    /// Out of the pending list and the log, its key slot kept (see [`QState::release`]).
+    fn take_out(&mut self, id: &MessageId) -> Option<Entry> {
         self.pending.remove(id);
         self.entries.remove(id)
     }
@@ -149,11 +207,15 @@ impl MemoryQueueBackend {
 
 #[async_trait]
 impl QueueBackend for MemoryQueueBackend {
-    async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError> {
+    async fn offer(&self, queue: &str, payloads: &[Bytes], key: Option<&str>) -> Result<Vec<MessageId>, QueueError> {
         let q = self.queue(queue);
+        let key: Option<Arc<str>> = key.map(Into::into);
         let ids = {
             let mut st = q.state.lock().unwrap();
-            payloads.iter().map(|p| st.append(p.clone(), 0)).collect()
+            payloads
+                .iter()
+                .map(|p| st.append_entry(Entry { payload: p.clone(), prior: 0, key: key.clone(), holds: false }))
+                .collect()
         };
         q.notify.notify_waiters();
         Ok(ids)
@@ -166,7 +228,7 @@ impl QueueBackend for MemoryQueueBackend {
         Ok(match op {
             ScheduleOp::Add { name, due_ms, payload } => {
                 let old = st.scheduled.remove(name);
-                let entry = Entry { payload: Bytes::copy_from_slice(payload), prior: 0 };
+                let entry = Entry::new(Bytes::copy_from_slice(payload), 0);
                 let key = match old {
                     Some((k, _)) => {
                         st.delayed.remove(&k);
@@ -346,21 +408,56 @@ impl MemConsumer {
     /// lock that assigns the entries.
     fn take_new(&self, count: usize) -> Vec<RawDelivery> {
         let mut st = self.q.state.lock().unwrap();
+        let st = &mut *st;
         if st.paused_since.is_some() {
             return Vec::new();
         }
-        let start = next_after(st.last_delivered);
-        let picked: Vec<(MessageId, Bytes, u32)> =
-            st.entries.range(start..).take(count).map(|(id, e)| (*id, e.payload.clone(), e.prior + 1)).collect();
+        let mut count = count;
+        if let Some(max) = self.spec.max_concurrency {
+            let held = st.pending.len();
+            if held >= max as usize {
+                st.slot_waiting = true;
+                return Vec::new();
+            }
+            count = count.min(max as usize - held);
+        }
+        let mut picked: Vec<(MessageId, Bytes, u32)> = Vec::with_capacity(count);
+        // Bounded, as in read.lua: what is left waits for the next read (woken at once).
+        let mut looked = 0;
+        while picked.len() < count && looked < 10_000 {
+            let Some((&id, e)) = st.entries.range(next_after(st.last_delivered)..).next() else { break };
+            looked += 1;
+            st.last_delivered = id;
+            if let (Some(k), Some(cap), false) = (&e.key, self.spec.concurrency_per_key, e.holds) {
+                let held = st.key_held.get(k).copied().unwrap_or(0);
+                if held < cap && !st.key_wait.contains_key(k) {
+                    let k = k.clone();
+                    *st.key_held.entry(k.clone()).or_default() += 1;
+                    st.key_ids.insert(id, k);
+                } else {
+                    let k = k.clone();
+                    let e = st.entries.remove(&id).expect("listed");
+                    st.key_wait.entry(k).or_default().push_back(e);
+                    continue;
+                }
+            }
+            picked.push((id, e.payload.clone(), e.prior + 1));
+        }
         let now = Instant::now();
         for (id, _, _) in &picked {
-            st.last_delivered = *id;
             st.pending.insert(*id, Pel { consumer: self.me.clone(), delivered_at: now, deliveries: 1, fence: 0 });
         }
         picked
             .into_iter()
             .map(|(id, payload, deliveries)| RawDelivery { id, payload: Some(payload), deliveries, fence: 0 })
             .collect()
+    }
+
+    /// Wakes the waiting reads if a change under the lock asked for it ([`QState::wake`]).
+    fn wake(&self, st: &mut QState) {
+        if std::mem::take(&mut st.wake) {
+            self.q.notify.notify_waiters();
+        }
     }
 
     fn ack_locked(&self, st: &mut QState, id: &MessageId, released: bool, fence: Option<u64>) -> Owned {
@@ -404,7 +501,7 @@ impl ConsumerBackend for MemConsumer {
                 if let Some(name) = st.scheduled_names.remove(&key) {
                     st.scheduled.remove(&name);
                 }
-                st.append(e.payload, e.prior);
+                st.append_entry(Entry { holds: false, ..e });
                 out.promoted += 1;
             }
             out.next_due = st.delayed.first_key_value().map(|((due, _), _)| due.saturating_duration_since(now));
@@ -437,6 +534,7 @@ impl ConsumerBackend for MemConsumer {
                 let deliveries_in_pel = st.pending[&id].deliveries + 1;
                 let Some(entry) = st.entries.get(&id) else {
                     st.pending.remove(&id);
+                    st.release(&id);
                     out.deleted += 1;
                     continue;
                 };
@@ -466,13 +564,14 @@ impl ConsumerBackend for MemConsumer {
         if out.promoted > 0 {
             self.q.notify.notify_waiters();
         }
+        self.wake(&mut self.q.state.lock().unwrap());
         Ok(out)
     }
 
     async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError> {
         let mut st = self.q.state.lock().unwrap();
         let now = Instant::now();
-        Ok(items
+        let out = items
             .iter()
             .map(|s| match s.op {
                 SettleOp::Ack => self.ack_locked(&mut st, &s.id, s.released, s.fence),
@@ -488,7 +587,9 @@ impl ConsumerBackend for MemConsumer {
                     o
                 }
             })
-            .collect())
+            .collect();
+        self.wake(&mut st);
+        Ok(out)
     }
 
     fn in_process(&self) -> bool {
@@ -497,7 +598,9 @@ impl ConsumerBackend for MemConsumer {
 
     fn ack_now(&self, id: MessageId, released: bool) -> Option<Owned> {
         let mut st = self.q.state.lock().unwrap();
-        Some(self.ack_locked(&mut st, &id, released, None))
+        let o = self.ack_locked(&mut st, &id, released, None);
+        self.wake(&mut st);
+        Some(o)
     }
 
     async fn retry_after(
@@ -524,8 +627,9 @@ impl ConsumerBackend for MemConsumer {
             let deliveries = st.pending[&id].deliveries;
             if let Some(e) = st.remove(&id) {
                 let prior = e.prior + deliveries.saturating_sub(1);
-                st.delayed.insert((now + delay, id), Entry { payload: e.payload, prior });
+                st.delayed.insert((now + delay, id), Entry { prior, holds: false, ..e });
             }
+            self.wake(&mut st);
         }
         Ok(Owned::Done)
     }
@@ -543,6 +647,7 @@ impl ConsumerBackend for MemConsumer {
         if o == Owned::Done {
             let e = st.remove(&id).expect("owned entries exist");
             st.bury(id, e.payload, deliveries, reason);
+            self.wake(&mut st);
         }
         Ok(o)
     }
@@ -616,8 +721,25 @@ impl ConsumerBackend for MemConsumer {
                     continue;
                 }
                 let deliveries = st.pending[id].deliveries;
-                if let Some(e) = st.remove(id) {
-                    st.append(e.payload, e.prior + deliveries.saturating_sub(1));
+                // A key slot goes with the copy (it holds it), so no entry of the key overtakes it.
+                let holder = st.key_ids.remove(id);
+                match st.take_out(id) {
+                    Some(e) => {
+                        let prior = e.prior + deliveries.saturating_sub(1);
+                        let nid = st.append_entry(Entry { prior, holds: holder.is_some(), ..e });
+                        if let Some(k) = holder {
+                            st.key_ids.insert(nid, k);
+                        }
+                    }
+                    None => {
+                        if let Some(k) = holder {
+                            st.key_ids.insert(*id, k);
+                            st.release(id);
+                        }
+                    }
+                }
+                if std::mem::take(&mut st.slot_waiting) {
+                    st.wake = true;
                 }
                 n += 1;
             }

@@ -54,19 +54,29 @@ use crate::keys::{self, PAYLOAD_FIELD};
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
 static JOIN: LuaScript = LuaScript::new("join", include_str!("../scripts/join.lua"));
-static SETTLE: LuaScript = LuaScript::new("settle", include_str!("../scripts/settle.lua"));
+static SETTLE: LuaScript =
+    LuaScript::new("settle", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/settle.lua")));
 static HEARTBEAT: LuaScript = LuaScript::new("heartbeat", include_str!("../scripts/heartbeat.lua"));
-static REQUEUE: LuaScript = LuaScript::new("requeue", include_str!("../scripts/requeue.lua"));
+static REQUEUE: LuaScript =
+    LuaScript::new("requeue", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/requeue.lua")));
 static LEAVE: LuaScript = LuaScript::new("leave", include_str!("../scripts/leave.lua"));
-static RECLAIM: LuaScript = LuaScript::new("reclaim", include_str!("../scripts/reclaim.lua"));
-static RETRY_AFTER: LuaScript = LuaScript::new("retry_after", include_str!("../scripts/retry_after.lua"));
-static DEAD_LETTER: LuaScript = LuaScript::new("dead_letter", include_str!("../scripts/dead_letter.lua"));
+static RECLAIM: LuaScript =
+    LuaScript::new("reclaim", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/reclaim.lua")));
+static RETRY_AFTER: LuaScript = LuaScript::new(
+    "retry_after",
+    concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/retry_after.lua")),
+);
+static DEAD_LETTER: LuaScript = LuaScript::new(
+    "dead_letter",
+    concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/dead_letter.lua")),
+);
 static REPLAY: LuaScript = LuaScript::new("replay", include_str!("../scripts/replay.lua"));
 static REAP: LuaScript = LuaScript::new("reap", include_str!("../scripts/reap.lua"));
 static STATS: LuaScript = LuaScript::new("stats", include_str!("../scripts/stats.lua"));
 static SCHEDULE: LuaScript = LuaScript::new("schedule", include_str!("../scripts/schedule.lua"));
 static CONSUMERS: LuaScript = LuaScript::new("consumers", include_str!("../scripts/consumers.lua"));
-static READ: LuaScript = LuaScript::new("read", include_str!("../scripts/read.lua"));
+static READ: LuaScript =
+    LuaScript::new("read", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/read.lua")));
 static PAUSE: LuaScript = LuaScript::new("pause", include_str!("../scripts/pause.lua"));
 
 /// Delayed entries promoted per reclaim tick at most.
@@ -97,6 +107,9 @@ struct Keys {
     fences: String,
     paused: String,
     control: String,
+    /// The concurrency caps' keys, in the order of `caps.lua`'s `caps_keys`: control stream, slot
+    /// waiter flag, key hold counts, key holders, key waiting line, waiting entries.
+    caps: [String; 6],
 }
 
 impl Keys {
@@ -110,6 +123,14 @@ impl Keys {
             fences: keys::fences(prefix, queue),
             paused: keys::paused(prefix, queue),
             control: keys::control(prefix, queue),
+            caps: [
+                keys::control(prefix, queue),
+                keys::slot_waiters(prefix, queue),
+                keys::key_held(prefix, queue),
+                keys::key_holders(prefix, queue),
+                keys::key_waiting(prefix, queue),
+                keys::key_waiting_entries(prefix, queue),
+            ],
         }
     }
 }
@@ -202,11 +223,14 @@ impl RedisQueueBackend {
 
 #[async_trait]
 impl QueueBackend for RedisQueueBackend {
-    async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError> {
+    async fn offer(&self, queue: &str, payloads: &[Bytes], key: Option<&str>) -> Result<Vec<MessageId>, QueueError> {
         let keys = self.keys(queue);
         let mut pipe = redis::pipe();
         for p in payloads {
-            pipe.cmd("XADD").arg(&keys.stream).arg("*").arg(PAYLOAD_FIELD).arg(p.as_ref());
+            let xadd = pipe.cmd("XADD").arg(&keys.stream).arg("*").arg(PAYLOAD_FIELD).arg(p.as_ref());
+            if let Some(k) = key {
+                xadd.arg(keys::KEY_FIELD).arg(k);
+            }
         }
         let ids: Vec<String> = pipe.query_async(&mut self.conn.clone()).await?;
         ids.iter().map(|s| parse_id(s)).collect()
@@ -484,14 +508,17 @@ impl RedisConsumer {
 
     /// The gated read's `EVALSHA` (`read.lua`, module docs).
     fn read_cmd(&self, count: usize) -> redis::Cmd {
-        let mut cmd = READ.evalsha_cmd(3);
-        cmd.arg(&self.keys.stream)
-            .arg(&self.keys.paused)
-            .arg(&self.keys.control)
-            .arg(&self.group)
+        let mut cmd = READ.evalsha_cmd(8);
+        cmd.arg(&self.keys.stream).arg(&self.keys.paused);
+        for k in &self.keys.caps {
+            cmd.arg(k);
+        }
+        cmd.arg(&self.group)
             .arg(&self.spec.consumer)
             .arg(count.max(1))
-            .arg(&self.bell);
+            .arg(&self.bell)
+            .arg(self.spec.max_concurrency.unwrap_or(0))
+            .arg(self.spec.concurrency_per_key.unwrap_or(0));
         cmd
     }
 
@@ -605,14 +632,17 @@ impl ConsumerBackend for RedisConsumer {
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError> {
         let max = self.spec.max_deliveries.unwrap_or(0);
         let claim_ms = self.spec.claim_timeout.as_millis() as u64;
-        let mut cmd = RECLAIM.evalsha_cmd(6);
+        let mut cmd = RECLAIM.evalsha_cmd(12);
         cmd.arg(&self.keys.stream)
             .arg(&self.keys.dead)
             .arg(&self.keys.delayed)
             .arg(&self.keys.delayed_payloads)
             .arg(&self.keys.liveness)
-            .arg(&self.keys.fences)
-            .arg(&self.group)
+            .arg(&self.keys.fences);
+        for k in &self.keys.caps {
+            cmd.arg(k);
+        }
+        cmd.arg(&self.group)
             .arg(&self.spec.consumer)
             .arg(PARKED)
             .arg(claim_ms)
@@ -667,8 +697,12 @@ impl ConsumerBackend for RedisConsumer {
     }
 
     async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError> {
-        let mut cmd = SETTLE.evalsha_cmd_with_capacity(2, 8 + 3 * items.len(), 128 + 40 * items.len());
-        cmd.arg(&self.keys.stream).arg(&self.keys.fences).arg(&self.group).arg(&self.spec.consumer).arg(PARKED);
+        let mut cmd = SETTLE.evalsha_cmd_with_capacity(8, 14 + 3 * items.len(), 256 + 40 * items.len());
+        cmd.arg(&self.keys.stream).arg(&self.keys.fences);
+        for k in &self.keys.caps {
+            cmd.arg(k);
+        }
+        cmd.arg(&self.group).arg(&self.spec.consumer).arg(PARKED);
         for s in items {
             let op = match (s.op, s.released) {
                 (SettleOp::Ack, false) => "a",
@@ -705,7 +739,18 @@ impl ConsumerBackend for RedisConsumer {
         let r: redis::RedisResult<i64> = RETRY_AFTER
             .run(
                 &mut self.conn.clone(),
-                &[&self.keys.stream, &self.keys.delayed, &self.keys.delayed_payloads, &self.keys.fences],
+                &[
+                    &self.keys.stream,
+                    &self.keys.delayed,
+                    &self.keys.delayed_payloads,
+                    &self.keys.fences,
+                    &self.keys.caps[0],
+                    &self.keys.caps[1],
+                    &self.keys.caps[2],
+                    &self.keys.caps[3],
+                    &self.keys.caps[4],
+                    &self.keys.caps[5],
+                ],
                 &[
                     &self.group,
                     &self.spec.consumer,
@@ -736,7 +781,17 @@ impl ConsumerBackend for RedisConsumer {
         let r: redis::RedisResult<i64> = DEAD_LETTER
             .run(
                 &mut self.conn.clone(),
-                &[&self.keys.stream, &self.keys.dead, &self.keys.fences],
+                &[
+                    &self.keys.stream,
+                    &self.keys.dead,
+                    &self.keys.fences,
+                    &self.keys.caps[0],
+                    &self.keys.caps[1],
+                    &self.keys.caps[2],
+                    &self.keys.caps[3],
+                    &self.keys.caps[4],
+                    &self.keys.caps[5],
+                ],
                 &[
                     &self.group,
                     &self.spec.consumer,
@@ -829,8 +884,12 @@ impl ConsumerBackend for RedisConsumer {
 
     async fn requeue(&self, ids: &[MessageId], fences: &[u64]) -> Result<u64, QueueError> {
         debug_assert!(fences.is_empty() || fences.len() == ids.len());
-        let mut cmd = REQUEUE.evalsha_cmd(2);
-        cmd.arg(&self.keys.stream).arg(&self.keys.fences).arg(&self.group).arg(&self.spec.consumer);
+        let mut cmd = REQUEUE.evalsha_cmd(8);
+        cmd.arg(&self.keys.stream).arg(&self.keys.fences);
+        for k in &self.keys.caps {
+            cmd.arg(k);
+        }
+        cmd.arg(&self.group).arg(&self.spec.consumer);
         for (i, id) in ids.iter().enumerate() {
             cmd.arg(id.to_string()).arg(fence_arg(fences.get(i).copied()));
         }

@@ -39,11 +39,23 @@ pub struct RemoteOptions {
     /// Deliveries after which a message is dead-lettered instead of delivered again (`None`:
     /// never). Default 5, as [`ConsumerOptions`](crate::ConsumerOptions).
     pub max_deliveries: Option<u32>,
+    /// As [`ConsumerOptions::max_concurrency`](crate::ConsumerOptions::max_concurrency): the gated
+    /// reads of this worker take new entries only while fewer are pending in the group. Default
+    /// `None`.
+    pub max_concurrency: Option<u32>,
+    /// As [`ConsumerOptions::concurrency_per_key`](crate::ConsumerOptions::concurrency_per_key).
+    /// Default `None`.
+    pub concurrency_per_key: Option<u32>,
 }
 
 impl Default for RemoteOptions {
     fn default() -> Self {
-        Self { claim_timeout: Duration::from_secs(30), max_deliveries: Some(5) }
+        Self {
+            claim_timeout: Duration::from_secs(30),
+            max_deliveries: Some(5),
+            max_concurrency: None,
+            concurrency_per_key: None,
+        }
     }
 }
 
@@ -120,12 +132,15 @@ impl RemoteConsumer {
         if opts.max_deliveries == Some(0) {
             return Err(QueueError::InvalidSettings("max_deliveries must be at least 1 (or none)".into()));
         }
+        crate::settings::validate_caps(opts.max_concurrency, opts.concurrency_per_key)?;
         let spec = ConsumerSpec {
             queue: queue.to_string(),
             consumer: name.to_string(),
             claim_timeout: opts.claim_timeout,
             heartbeat: opts.claim_timeout / 3,
             max_deliveries: opts.max_deliveries,
+            max_concurrency: opts.max_concurrency,
+            concurrency_per_key: opts.concurrency_per_key,
         };
         let backend = backend.open_consumer(spec).await?;
         Ok(RemoteConsumer {
