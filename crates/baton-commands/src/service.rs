@@ -79,6 +79,14 @@ pub struct QueueSettings {
     /// Default `Some(1 h)`, the work queue's default; at least twice `claim_timeout`, so that a
     /// live consumer is never taken for a dead one.
     pub reap_idle_consumers_after: Option<Duration>,
+    /// The most commands of this queue running at once across every process (the work queue's
+    /// `max_concurrency`: messages pending in its group, commands waiting for a `check_status`
+    /// re-poll shorter than `claim_timeout` included). `None`: no cap (default); at least 1.
+    pub max_concurrency: Option<u32>,
+    /// The most commands of one concurrency key ([`Command::with_concurrency_key`]) running at
+    /// once across every process (the work queue's `concurrency_per_key`); the others start in
+    /// submit order as those end. `None`: no cap (default); at least 1.
+    pub concurrency_per_key: Option<u32>,
     #[doc(hidden)]
     pub fail_points: FailPoints,
 }
@@ -105,6 +113,8 @@ impl Default for QueueSettings {
             max_processing_time: Duration::from_secs(15 * 60),
             consumer_prefix: "baton-cmd".into(),
             reap_idle_consumers_after: ConsumerOptions::default().reap_idle_consumers_after,
+            max_concurrency: None,
+            concurrency_per_key: None,
             fail_points: FailPoints::default(),
         }
     }
@@ -154,7 +164,9 @@ impl QueueSettings {
             // in a persisted state, never leave it in the queue's dead letters.
             .with_max_deliveries(None)
             .with_reap_idle_consumers_after(self.reap_idle_consumers_after)
-            .with_consumer_prefix(self.consumer_prefix.clone());
+            .with_consumer_prefix(self.consumer_prefix.clone())
+            .with_max_concurrency(self.max_concurrency)
+            .with_concurrency_per_key(self.concurrency_per_key);
         if let Some(p) = self.poll_interval {
             o = o.with_poll_interval(p);
         }

@@ -49,6 +49,8 @@ if #due > 0 then
     -- A named (scheduled) member (schedule.lua) holds a ':'; it has no prior deliveries.
     if string.find(id, ':', 1, true) then
       named = named + 1
+      key = redis.call('HGET', hdelayed, id .. ':k')
+      fields[#fields + 1] = id .. ':k'
     else
       prior = redis.call('HGET', hdelayed, id .. ':dc') or '0'
       key = redis.call('HGET', hdelayed, id .. ':k')

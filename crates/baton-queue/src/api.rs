@@ -274,4 +274,7 @@ pub struct RedisAckTarget {
     /// of a delivery whose fence is known checks that the entry's fence (its field, absent = 0)
     /// is still that one, and removes the field with the entry.
     pub fences: String,
+    /// The queue's concurrency-cap keys ([`crate::keys::caps`]): a script that acks must also
+    /// free the entry's slots with [`crate::keys::CAPS_LUA`]'s `caps_release` and `caps_wake`.
+    pub caps: [String; 6],
 }

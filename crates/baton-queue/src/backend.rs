@@ -154,7 +154,7 @@ pub(crate) trait QueueBackend: Send + Sync + 'static {
 /// An operation on a queue's scheduled entries (named members of its delayed set).
 pub(crate) enum ScheduleOp<'a> {
     /// Adds (or replaces) entry `name`, due at `due_ms` (ms since the epoch).
-    Add { name: &'a str, due_ms: u64, payload: &'a [u8] },
+    Add { name: &'a str, due_ms: u64, payload: &'a [u8], key: Option<&'a str> },
     /// Sets the due time of entry `name` if it still waits.
     Move { name: &'a str, due_ms: u64 },
     /// Removes entry `name` if it still waits.

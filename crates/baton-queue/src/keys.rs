@@ -132,6 +132,27 @@ pub fn key_waiting_entries(prefix: &str, queue: &str) -> String {
     format!("{prefix}:q:{{{queue}}}:keys:wait:p")
 }
 
+/// The concurrency caps' keys of a queue in the order its scripts take them (`scripts/caps.lua`'s
+/// `caps_keys`): [`control`], [`slot_waiters`], [`key_held`], [`key_holders`], [`key_waiting`],
+/// [`key_waiting_entries`]. A script of other code that takes entries out of the pending list
+/// (see [`crate::Lease::redis_target`]) passes them and runs [`CAPS_LUA`]'s functions.
+pub fn caps(prefix: &str, queue: &str) -> [String; 6] {
+    [
+        control(prefix, queue),
+        slot_waiters(prefix, queue),
+        key_held(prefix, queue),
+        key_holders(prefix, queue),
+        key_waiting(prefix, queue),
+        key_waiting_entries(prefix, queue),
+    ]
+}
+
+/// The Lua functions (`scripts/caps.lua`) that every script removing entries from a queue's
+/// pending list prepends: `caps_keys(n)` (the six [`caps`] keys at `KEYS[n..n+5]`),
+/// `caps_release(C, stream, id)` for each entry taken out (frees or hands on its key slot) and
+/// `caps_wake(C)` once (wakes reads waiting for a `max_concurrency` slot).
+pub const CAPS_LUA: &str = include_str!("../scripts/caps.lua");
+
 /// The field of a stream entry holding its concurrency key: `k`.
 pub const KEY_FIELD: &str = "k";
 

@@ -226,9 +226,9 @@ impl QueueBackend for MemoryQueueBackend {
         let mut st = q.state.lock().unwrap();
         let st = &mut *st;
         Ok(match op {
-            ScheduleOp::Add { name, due_ms, payload } => {
+            ScheduleOp::Add { name, due_ms, payload, key } => {
                 let old = st.scheduled.remove(name);
-                let entry = Entry::new(Bytes::copy_from_slice(payload), 0);
+                let entry = Entry { key: key.map(Into::into), ..Entry::new(Bytes::copy_from_slice(payload), 0) };
                 let key = match old {
                     Some((k, _)) => {
                         st.delayed.remove(&k);

@@ -123,14 +123,7 @@ impl Keys {
             fences: keys::fences(prefix, queue),
             paused: keys::paused(prefix, queue),
             control: keys::control(prefix, queue),
-            caps: [
-                keys::control(prefix, queue),
-                keys::slot_waiters(prefix, queue),
-                keys::key_held(prefix, queue),
-                keys::key_holders(prefix, queue),
-                keys::key_waiting(prefix, queue),
-                keys::key_waiting_entries(prefix, queue),
-            ],
+            caps: keys::caps(prefix, queue),
         }
     }
 }
@@ -241,7 +234,9 @@ impl QueueBackend for RedisQueueBackend {
         let mut cmd = SCHEDULE.evalsha_cmd(2);
         cmd.arg(&keys.delayed).arg(&keys.delayed_payloads);
         match op {
-            ScheduleOp::Add { name, due_ms, payload } => cmd.arg("add").arg(name).arg(due_ms).arg(payload),
+            ScheduleOp::Add { name, due_ms, payload, key } => {
+                cmd.arg("add").arg(name).arg(due_ms).arg(payload).arg(key.unwrap_or(""))
+            }
             ScheduleOp::Move { name, due_ms } => cmd.arg("move").arg(name).arg(due_ms),
             ScheduleOp::Remove { name } => cmd.arg("remove").arg(name),
             ScheduleOp::Count => cmd.arg("count").arg(1000),
@@ -726,6 +721,7 @@ impl ConsumerBackend for RedisConsumer {
             group: self.group.clone(),
             consumer: self.spec.consumer.clone(),
             fences: self.keys.fences.clone(),
+            caps: self.keys.caps.clone(),
         })
     }
 
