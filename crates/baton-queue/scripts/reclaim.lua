@@ -27,6 +27,11 @@
 -- from an earlier one of the same entry, which may have been this very consumer's (its orphan
 -- parked by its heartbeat, a re-poll, or taken by a peer that died since). The fields of entries
 -- dead-lettered or found deleted here are removed.
+-- Concurrency caps backstop: while entries wait for a key slot, once per claim timeout up to 200
+-- slot holders (`keys:ids`, walked with HSCAN from a cursor kept in the waiting entries' hash,
+-- fields `~cursor` and `~checked`) are checked: one neither pending nor in the stream lost its
+-- release (its pending entry was removed by something else than the queue's scripts), and its
+-- slot is released now (caps.lua), so no key waits forever.
 -- Returns {{{id, payload or false, deliveries, fence}, …}, dead-lettered, deleted, promoted,
 -- more (0/1), ms until the next delayed entry is due (-1: none)}.
 local stream, dead, zdelayed, hdelayed, live, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -172,5 +177,20 @@ if #ids > 0 then
     end
   end
 end
-if ndead + ndeleted > 0 then caps_wake(C) end
+local lost = 0
+if redis.call('EXISTS', C.wait) == 1 then
+  local checked = tonumber(redis.call('HGET', C.waitp, '~checked') or '0')
+  if now - checked >= claim_ms then
+    local scan = redis.call('HSCAN', C.ids, redis.call('HGET', C.waitp, '~cursor') or '0', 'COUNT', 200)
+    redis.call('HSET', C.waitp, '~checked', now, '~cursor', scan[1])
+    for i = 1, #scan[2], 2 do
+      local id = scan[2][i]
+      if #redis.call('XPENDING', stream, group, id, id, 1) == 0 and #redis.call('XRANGE', stream, id, id) == 0 then
+        caps_release(C, stream, id)
+        lost = lost + 1
+      end
+    end
+  end
+end
+if ndead + ndeleted + lost > 0 then caps_wake(C) end
 return {out, ndead, ndeleted, promoted, more and 1 or 0, next_due}

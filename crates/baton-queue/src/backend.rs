@@ -178,11 +178,13 @@ pub(crate) trait ConsumerBackend: Send + Sync {
     /// Reads up to `count` never-delivered entries, waiting up to `block` for the first.
     /// Recreates the group when it is missing (NOGROUP).
     ///
-    /// The gated read: the queue's gates (the pause flag today) are checked atomically with
-    /// taking the entries, so nothing new is taken while one is shut; a shut gate is waited on
-    /// (until it opens or `block` ends) without polling. The only way new work enters a consumer
-    /// (in-process and remote): later gates (concurrency caps, priorities, rate limits) go here
-    /// too. Reclaims and redeliveries do not pass here.
+    /// The gated read: the queue's gates (the pause flag, `max_concurrency`,
+    /// `concurrency_per_key` of [`ConsumerSpec`]) are checked atomically with taking the
+    /// entries, so nothing new is taken while one is shut; a shut gate is waited on (until it
+    /// opens or `block` ends) without polling. An entry whose key is at its cap (or has waiters)
+    /// goes to its key's waiting line instead of being taken. The only way new work enters a
+    /// consumer (in-process and remote): later gates (priorities, rate limits) go here too.
+    /// Reclaims and redeliveries do not pass here.
     async fn read_new(&self, count: usize, block: Duration) -> Result<Vec<RawDelivery>, QueueError>;
     /// Promotes due delayed entries, then takes over up to `count` reclaimable entries (see the
     /// module docs; never this consumer's own, never an id in `exclude`), dead-lettering those

@@ -5,14 +5,19 @@
 //!
 //! | key                      | type   | holds                                                  |
 //! |--------------------------|--------|--------------------------------------------------------|
-//! | `p:q:{q}`                | stream | the entries, field `p` = payload, `dc` = prior deliveries |
+//! | `p:q:{q}`                | stream | the entries, field `p` = payload, `dc` = prior deliveries, `k` = concurrency key, `kh` = holds its key slot already |
 //! | `p:q:{q}:dead`           | stream | dead letters: `id`, `p`, `dc`, `reason`, `at`          |
 //! | `p:q:{q}:delayed`        | zset   | original id → due time (ms) of a long `RetryAfter`     |
 //! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries    |
 //! | `p:q:{q}:consumers`      | hash   | consumer → `<ms of its last heartbeat>:<its claim timeout ms>` (server time; `0:…` stopped with entries); `~clock`, `~hold`: the queue's outage stamps |
 //! | `p:q:{q}:fences`         | hash   | entry id → fence of its latest delivery, for entries a reclaim delivered again (none: 0) |
 //! | `p:q:{q}:paused`         | string | present while paused: ms (Redis time) since when   |
-//! | `p:q:{q}:control`        | stream | the latest resume (trimmed to one entry): paused consumers wait on it |
+//! | `p:q:{q}:control`        | stream | the latest resume or freed slot (trimmed to one entry): consumers behind a shut gate wait on it |
+//! | `p:q:{q}:slotwait`       | string | present while a read found `max_concurrency` reached   |
+//! | `p:q:{q}:keys:held`      | hash   | concurrency key → entries holding one of its slots     |
+//! | `p:q:{q}:keys:ids`       | hash   | entry id → concurrency key of each slot holder         |
+//! | `p:q:{q}:keys:wait`      | zset   | the keys' waiting lines, `<key>\0<seq>`, score 0        |
+//! | `p:q:{q}:keys:wait:p`    | hash   | waiting member → `<prior deliveries>:<payload>`        |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
@@ -34,7 +39,10 @@
 //! with the next gated read on the same connection, so Redis
 //! runs the read the moment the wait ends: one round trip per wait, as a blocked `XREADGROUP`
 //! was, and none added while entries are there.
-//! Later gates (concurrency caps, priorities, rate limits) belong in `read.lua` too. Every
+//! The concurrency caps (`max_concurrency`, `concurrency_per_key`) are gates of the same read
+//! (`read.lua`, with `caps.lua` prepended to it and to every script that takes entries out of the
+//! pending list: they free the slots and wake the reads waiting for one; `docs/architecture.md`,
+//! "Gates on new work"). Later gates (priorities, rate limits) belong there too. Every
 //! connection of a consumer is opened on its lease thread and closed when that thread ends.
 
 use std::sync::Arc;

@@ -317,3 +317,80 @@ async fn bad_caps_and_keys_are_refused(b: TestBackend) {
     s.offer_with(&q, "p", keyed(&"x".repeat(256))).await.unwrap();
     assert_eq!(s.stats(&q).await.unwrap().length, 1, "only the valid offer was added");
 }
+
+/// Redis: a slot holder whose pending entry is removed behind the queue's back (here `XACK` +
+/// `XDEL` from outside, as a manual cleanup would) never releases its slot through a script; the
+/// reclaim tick's backstop finds it (neither pending nor in the stream) and the key's waiter runs.
+async fn a_lost_release_is_found_by_the_backstop(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let mut conn = conn_for(&b).await.expect("redis");
+    let q = queue_name("caps-lost");
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let got2 = got.clone();
+    let c = s
+        .consume(
+            &q,
+            move |d: Delivery| {
+                let got = got2.clone();
+                async move {
+                    let p = String::from_utf8_lossy(&d.payload).into_owned();
+                    got.lock().unwrap().push(p.clone());
+                    if p == "first" {
+                        tokio::time::sleep(Duration::from_secs(120)).await;
+                    }
+                    Decision::Ack
+                }
+            },
+            fast(1_000).with_concurrency_per_key(Some(1)),
+        )
+        .await
+        .unwrap();
+    let first = s.offer_with(&q, "first", keyed("k")).await.unwrap();
+    s.offer_with(&q, "second", keyed("k")).await.unwrap();
+    eventually(Duration::from_secs(5), || {
+        let n = got.lock().unwrap().len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("first started");
+    // The second is read and goes to the key's waiting line.
+    let c2 = conn.clone();
+    let q2 = q.clone();
+    eventually(Duration::from_secs(5), move || {
+        let (mut c2, q2) = (c2.clone(), q2.clone());
+        async move { (cap_state(&mut c2, &q2).await == (1, 1, 1)).then_some(()) }
+    })
+    .await
+    .expect("one holder, one waiting");
+    let stream = keys::stream(keys::DEFAULT_PREFIX, &q);
+    let _: i64 = redis::cmd("XACK")
+        .arg(&stream)
+        .arg(keys::DEFAULT_GROUP)
+        .arg(first.to_string())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("XDEL").arg(&stream).arg(first.to_string()).query_async(&mut conn).await.unwrap();
+    eventually(Duration::from_secs(10), || {
+        let v = got.lock().unwrap().clone();
+        async move { (v.len() == 2).then_some(()) }
+    })
+    .await
+    .expect("the waiter ran once the lost slot was found");
+    assert_eq!(*got.lock().unwrap(), ["first", "second"]);
+    c.abort();
+}
+
+mod a_lost_release_is_found_by_the_backstop {
+    use baton_testkit::{require_redis, RedisCluster, RedisServer, TestBackend};
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn standalone() {
+        require_redis();
+        super::a_lost_release_is_found_by_the_backstop(TestBackend::Standalone(RedisServer::start())).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster() {
+        require_redis();
+        super::a_lost_release_is_found_by_the_backstop(TestBackend::Cluster(RedisCluster::start())).await
+    }
+}
