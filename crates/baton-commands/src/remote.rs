@@ -460,7 +460,10 @@ impl RemoteWorkers {
         let options = RemoteOptions {
             claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)),
             max_deliveries: None,
-            ..Default::default()
+            // The queue's concurrency caps gate remote workers' claims as they gate in-process
+            // consumers' reads (the same gated read).
+            max_concurrency: settings.max_concurrency,
+            concurrency_per_key: settings.concurrency_per_key,
         };
         // As an in-process consumer's poll interval: the queue's, else a third of the claim
         // timeout, at most 1 s.

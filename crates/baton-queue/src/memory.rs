@@ -405,19 +405,20 @@ impl MemConsumer {
     }
 
     /// The gated read (see [`ConsumerBackend::read_new`]): the gates are checked under the same
-    /// lock that assigns the entries.
-    fn take_new(&self, count: usize) -> Vec<RawDelivery> {
+    /// lock that assigns the entries. `more`: nothing was taken but entries are left to look at
+    /// (the bound on entries moved to waiting lines per call was reached): call again at once.
+    fn take_new(&self, count: usize) -> (Vec<RawDelivery>, bool) {
         let mut st = self.q.state.lock().unwrap();
         let st = &mut *st;
         if st.paused_since.is_some() {
-            return Vec::new();
+            return (Vec::new(), false);
         }
         let mut count = count;
         if let Some(max) = self.spec.max_concurrency {
             let held = st.pending.len();
             if held >= max as usize {
                 st.slot_waiting = true;
-                return Vec::new();
+                return (Vec::new(), false);
             }
             count = count.min(max as usize - held);
         }
@@ -443,14 +444,16 @@ impl MemConsumer {
             }
             picked.push((id, e.payload.clone(), e.prior + 1));
         }
+        let more = picked.is_empty() && st.entries.range(next_after(st.last_delivered)..).next().is_some();
         let now = Instant::now();
         for (id, _, _) in &picked {
             st.pending.insert(*id, Pel { consumer: self.me.clone(), delivered_at: now, deliveries: 1, fence: 0 });
         }
-        picked
+        let out = picked
             .into_iter()
             .map(|(id, payload, deliveries)| RawDelivery { id, payload: Some(payload), deliveries, fence: 0 })
-            .collect()
+            .collect();
+        (out, more)
     }
 
     /// Wakes the waiting reads if a change under the lock asked for it ([`QState::wake`]).
@@ -477,9 +480,12 @@ impl ConsumerBackend for MemConsumer {
             let notified = self.q.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let got = self.take_new(count);
+            let (got, more) = self.take_new(count);
             if !got.is_empty() {
                 return Ok(got);
+            }
+            if more {
+                continue;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return Ok(Vec::new());

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton_queue::{keys, ConsumerOptions, Decision, Delivery, MessageStream, OfferOptions, QueueError};
+use baton_queue::{keys, ConsumerOptions, Decision, Delivery, MessageStream, OfferOptions, QueueError, RemoteOptions};
 use baton_redis::redis;
 use baton_testkit::TestBackend;
 use common::*;
@@ -20,6 +20,7 @@ baton_testkit::on_every_backend!(
     a_dead_holders_entry_fails_over_then_its_key_waiter_runs,
     waiting_entries_are_not_pending,
     bad_caps_and_keys_are_refused,
+    remote_workers_claim_through_the_same_caps,
 );
 
 /// Three streams (connections) on one backend; memory has one process-wide store, so it is shared.
@@ -393,4 +394,44 @@ mod a_lost_release_is_found_by_the_backstop {
         require_redis();
         super::a_lost_release_is_found_by_the_backstop(TestBackend::Cluster(RedisCluster::start())).await
     }
+}
+
+/// Remote workers (`RemoteConsumer::claim`) take new work through the same gated read: with
+/// `max_concurrency = 2` and `concurrency_per_key = 1`, claims across two workers never hold more
+/// than 2, a key's second entry waits for its first, and a claim waiting at the cap is woken by
+/// the ack that frees a slot.
+async fn remote_workers_claim_through_the_same_caps(b: TestBackend) {
+    let streams = three(&b).await;
+    let q = queue_name("caps-remote");
+    let opts = RemoteOptions {
+        claim_timeout: Duration::from_secs(30),
+        max_deliveries: None,
+        max_concurrency: Some(2),
+        concurrency_per_key: Some(1),
+    };
+    let a = streams[0].remote_consumer(&q, "worker-a", opts.clone()).await.unwrap();
+    let wb = streams[1].remote_consumer(&q, "worker-b", opts).await.unwrap();
+    streams[0].offer_with(&q, "x1", keyed("x")).await.unwrap();
+    streams[0].offer_with(&q, "x2", keyed("x")).await.unwrap();
+    streams[0].offer_with(&q, "y1", keyed("y")).await.unwrap();
+    streams[0].offer(&q, "z").await.unwrap();
+    let text = |v: &[baton_queue::RemoteDelivery]| -> Vec<String> {
+        v.iter().map(|d| String::from_utf8_lossy(&d.payload).into_owned()).collect()
+    };
+    let got_a = a.claim(10, Duration::ZERO).await.unwrap();
+    assert_eq!(text(&got_a), ["x1", "y1"], "x2 waits for x1; the cap stops at 2");
+    assert!(wb.claim(10, Duration::ZERO).await.unwrap().is_empty(), "2 pending: nothing more");
+    let waiter = tokio::spawn(async move {
+        let got = wb.claim(10, Duration::from_secs(20)).await.unwrap();
+        (wb, got)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.ack(got_a[0].id, got_a[0].fence).await.unwrap();
+    let (wb, got_b) = waiter.await.unwrap();
+    // x1's slot went to x2 (appended after z), the freed group slot to the first entry: z.
+    assert_eq!(text(&got_b), ["z"]);
+    a.ack(got_a[1].id, got_a[1].fence).await.unwrap();
+    let got = wb.claim(10, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(text(&got), ["x2"]);
+    assert_eq!(streams[0].stats(&q).await.unwrap().pending, 2);
 }
