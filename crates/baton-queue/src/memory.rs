@@ -33,15 +33,32 @@ struct Entry {
     payload: Bytes,
     /// Deliveries made before the entry was (re-)offered (from a long RetryAfter).
     prior: u32,
-    /// Its concurrency key, if any.
-    key: Option<Arc<str>>,
+    /// Its concurrency key, if any (boxed: most entries have none, and the log's entries stay
+    /// small).
+    key: Option<Box<EntryKey>>,
+}
+
+struct EntryKey {
+    key: Arc<str>,
     /// Promoted from its key's waiting line (or requeued) holding a slot of its key already.
     holds: bool,
 }
 
 impl Entry {
     fn new(payload: Bytes, prior: u32) -> Self {
-        Entry { payload, prior, key: None, holds: false }
+        Entry { payload, prior, key: None }
+    }
+
+    fn keyed(payload: Bytes, prior: u32, key: Option<Arc<str>>) -> Self {
+        Entry { payload, prior, key: key.map(|key| Box::new(EntryKey { key, holds: false })) }
+    }
+
+    /// The same entry, holding a slot of its key (or not).
+    fn holding(mut self, holds: bool) -> Self {
+        if let Some(k) = &mut self.key {
+            k.holds = holds;
+        }
+        self
     }
 }
 
@@ -132,14 +149,16 @@ impl QState {
         if std::mem::take(&mut self.slot_waiting) {
             self.wake = true;
         }
+        if self.key_ids.is_empty() {
+            return;
+        }
         let Some(k) = self.key_ids.remove(id) else { return };
         match self.key_wait.get_mut(&k).and_then(|w| w.pop_front()) {
-            Some(mut e) => {
+            Some(e) => {
                 if self.key_wait.get(&k).is_some_and(|w| w.is_empty()) {
                     self.key_wait.remove(&k);
                 }
-                e.holds = true;
-                let nid = self.append_entry(e);
+                let nid = self.append_entry(e.holding(true));
                 self.key_ids.insert(nid, k);
                 self.wake = true;
             }
@@ -212,10 +231,7 @@ impl QueueBackend for MemoryQueueBackend {
         let key: Option<Arc<str>> = key.map(Into::into);
         let ids = {
             let mut st = q.state.lock().unwrap();
-            payloads
-                .iter()
-                .map(|p| st.append_entry(Entry { payload: p.clone(), prior: 0, key: key.clone(), holds: false }))
-                .collect()
+            payloads.iter().map(|p| st.append_entry(Entry::keyed(p.clone(), 0, key.clone()))).collect()
         };
         q.notify.notify_waiters();
         Ok(ids)
@@ -228,7 +244,7 @@ impl QueueBackend for MemoryQueueBackend {
         Ok(match op {
             ScheduleOp::Add { name, due_ms, payload, key } => {
                 let old = st.scheduled.remove(name);
-                let entry = Entry { key: key.map(Into::into), ..Entry::new(Bytes::copy_from_slice(payload), 0) };
+                let entry = Entry::keyed(Bytes::copy_from_slice(payload), 0, key.map(Into::into));
                 let key = match old {
                     Some((k, _)) => {
                         st.delayed.remove(&k);
@@ -422,6 +438,16 @@ impl MemConsumer {
             }
             count = count.min(max as usize - held);
         }
+        let start = next_after(st.last_delivered);
+        let Some(cap) = self.spec.concurrency_per_key else {
+            // No per-key cap: the entries in order, as they are.
+            let picked: Vec<(MessageId, Bytes, u32)> =
+                st.entries.range(start..).take(count).map(|(id, e)| (*id, e.payload.clone(), e.prior + 1)).collect();
+            if let Some((last, _, _)) = picked.last() {
+                st.last_delivered = *last;
+            }
+            return (self.assign(st, picked), false);
+        };
         let mut picked: Vec<(MessageId, Bytes, u32)> = Vec::with_capacity(count);
         // Bounded, as in read.lua: what is left waits for the next read (woken at once).
         let mut looked = 0;
@@ -429,7 +455,7 @@ impl MemConsumer {
             let Some((&id, e)) = st.entries.range(next_after(st.last_delivered)..).next() else { break };
             looked += 1;
             st.last_delivered = id;
-            if let (Some(k), Some(cap), false) = (&e.key, self.spec.concurrency_per_key, e.holds) {
+            if let Some(k) = e.key.as_ref().filter(|k| !k.holds).map(|k| &k.key) {
                 let held = st.key_held.get(k).copied().unwrap_or(0);
                 if held < cap && !st.key_wait.contains_key(k) {
                     let k = k.clone();
@@ -445,15 +471,19 @@ impl MemConsumer {
             picked.push((id, e.payload.clone(), e.prior + 1));
         }
         let more = picked.is_empty() && st.entries.range(next_after(st.last_delivered)..).next().is_some();
+        (self.assign(st, picked), more)
+    }
+
+    /// Makes `picked` (taken by [`MemConsumer::take_new`]) pending under this consumer.
+    fn assign(&self, st: &mut QState, picked: Vec<(MessageId, Bytes, u32)>) -> Vec<RawDelivery> {
         let now = Instant::now();
         for (id, _, _) in &picked {
             st.pending.insert(*id, Pel { consumer: self.me.clone(), delivered_at: now, deliveries: 1, fence: 0 });
         }
-        let out = picked
+        picked
             .into_iter()
             .map(|(id, payload, deliveries)| RawDelivery { id, payload: Some(payload), deliveries, fence: 0 })
-            .collect();
-        (out, more)
+            .collect()
     }
 
     /// Wakes the waiting reads if a change under the lock asked for it ([`QState::wake`]).
@@ -507,7 +537,7 @@ impl ConsumerBackend for MemConsumer {
                 if let Some(name) = st.scheduled_names.remove(&key) {
                     st.scheduled.remove(&name);
                 }
-                st.append_entry(Entry { holds: false, ..e });
+                st.append_entry(e.holding(false));
                 out.promoted += 1;
             }
             out.next_due = st.delayed.first_key_value().map(|((due, _), _)| due.saturating_duration_since(now));
@@ -633,7 +663,7 @@ impl ConsumerBackend for MemConsumer {
             let deliveries = st.pending[&id].deliveries;
             if let Some(e) = st.remove(&id) {
                 let prior = e.prior + deliveries.saturating_sub(1);
-                st.delayed.insert((now + delay, id), Entry { prior, holds: false, ..e });
+                st.delayed.insert((now + delay, id), Entry { prior, ..e }.holding(false));
             }
             self.wake(&mut st);
         }
@@ -732,7 +762,7 @@ impl ConsumerBackend for MemConsumer {
                 match st.take_out(id) {
                     Some(e) => {
                         let prior = e.prior + deliveries.saturating_sub(1);
-                        let nid = st.append_entry(Entry { prior, holds: holder.is_some(), ..e });
+                        let nid = st.append_entry(Entry { prior, ..e }.holding(holder.is_some()));
                         if let Some(k) = holder {
                             st.key_ids.insert(nid, k);
                         }
