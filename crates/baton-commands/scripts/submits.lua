@@ -18,7 +18,9 @@
 -- event to append to the feed when created ('' none: the feed is off), the feed's length, and
 -- the due time (ms) of a scheduled command, or '' to enqueue at once (a due time not after
 -- Redis's clock is enqueued at once too), and its state TTL and lookup key TTL (ms) when they
--- are not ARGV[4] and ARGV[5] ('' for those: a scheduled command lives longer by its delay).
+-- are not ARGV[4] and ARGV[5] ('' for those: a scheduled command lives longer by its delay), and
+-- its concurrency key ('' none): the entry's field `k` (baton_queue::keys::KEY_FIELD; a
+-- scheduled command's key waits beside its payload as `c:<id>:k`, see baton-queue's schedule.lua).
 -- Returns N replies in order: {'created'}, {'existing', stored state}, {'conflict', stored
 -- state} (the client checks the hash of older versions' canonical body against it) or
 -- {'other_queue', its queue}.
@@ -28,7 +30,7 @@ if ARGV[2] == '1' then per = 2 end
 local home, ttl, lookup_ttl, life = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local out, sub, exp = {}, {}, {}
 for i = 1, n do
-  local b = 7 + 11 * (i - 1)
+  local b = 7 + 12 * (i - 1)
   local k = 7 + per * (i - 1)
   local state, lookup = KEYS[k], nil
   if per == 2 then lookup = KEYS[k + 1] end
@@ -67,9 +69,15 @@ for i = 1, n do
       local name = 'c:' .. id
       if redis.call('ZADD', KEYS[5], due, name) == 1 then redis.call('HINCRBY', KEYS[6], '~scheduled', 1) end
       redis.call('HSET', KEYS[6], name, ARGV[b + 3])
+      if ARGV[b + 11] ~= '' then redis.call('HSET', KEYS[6], name .. ':k', ARGV[b + 11]) end
     else
       -- 'p': the work queue's payload field (baton_queue::keys::PAYLOAD_FIELD; a test checks it).
-      local mid = redis.call('XADD', KEYS[3], '*', 'p', ARGV[b + 3])
+      local mid
+      if ARGV[b + 11] ~= '' then
+        mid = redis.call('XADD', KEYS[3], '*', 'p', ARGV[b + 3], 'k', ARGV[b + 11])
+      else
+        mid = redis.call('XADD', KEYS[3], '*', 'p', ARGV[b + 3])
+      end
       -- The entry id's milliseconds are the server's clock (never behind the stream's last entry).
       now = tonumber(string.match(mid, '^(%d+)'))
     end

@@ -7,7 +7,8 @@
 -- stream (the deliveries to ack), KEYS[8] its fence hash (baton_queue::keys::fences), KEYS[9] its
 -- event feed (see feed.rs), KEYS[10] its completion hook delivery stream (see hooks.rs),
 -- KEYS[11] its per-minute aggregates (see src/minutes.rs), KEYS[11 + i] the state key of
--- transition i.
+-- transition i, then its 6 concurrency-cap keys (baton_queue::keys::caps, in the order of
+-- baton-queue's caps.lua, prepended: acked entries free their concurrency slots).
 -- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 16 per transition: expected
 -- header start `<version> <OLD STATUS> `, new stored state (header and JSON), TTL ms, id, index
 -- of the old status (2..6 in KEYS), index of the new status, the delivery's entry id or '', the
@@ -124,6 +125,11 @@ if #acks > 0 then
   if a == #acks then
     for _, i in ipairs(acked_at) do out[i][2] = 1 end
   end
+  local C = caps_keys(#KEYS - 5)
+  if redis.call('EXISTS', C.ids) == 1 then
+    for _, id in ipairs(acks) do caps_release(C, KEYS[7], id) end
+  end
+  caps_wake(C)
 end
 -- Per-minute aggregates (src/minutes.rs): one HINCRBY per distinct field, in this minute's slot.
 if next(mins) then

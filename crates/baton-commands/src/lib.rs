@@ -425,6 +425,10 @@ pub enum CommandError {
     /// A due time that cannot be scheduled ([`Command::with_run_at`]); the message says why.
     #[error("invalid run_at: {0}")]
     InvalidSchedule(String),
+    /// A concurrency key that cannot be used ([`Command::with_concurrency_key`]); the message
+    /// says why.
+    #[error("invalid concurrency_key: {0}")]
+    InvalidConcurrencyKey(String),
     /// The command does not wait for a due time any more (it was not scheduled, or its message
     /// was enqueued already, or it ended), so the reschedule was refused; its state is attached
     /// ([`CommandStore::reschedule`]).

@@ -50,6 +50,9 @@ pub struct Command {
     /// `run_at` came from [`Command::with_delay`].
     #[serde(skip)]
     pub(crate) run_at_from_delay: bool,
+    /// [`Command::with_concurrency_key`].
+    #[serde(skip)]
+    pub(crate) concurrency_key: Option<String>,
 }
 
 /// The time `delay` from now, as [`Command::with_delay`] schedules it: a delay too large for the
@@ -82,7 +85,25 @@ impl Command {
             output: None,
             run_at: None,
             run_at_from_delay: false,
+            concurrency_key: None,
         }
+    }
+
+    /// The command's concurrency key: on a queue whose workers run with `concurrency_per_key`
+    /// (`baton_queue::ConsumerOptions::concurrency_per_key`), at most that many commands of one
+    /// key run at once, the others starting in submit order as they end. Stored in the state
+    /// ([`CommandState::concurrency_key`]). 1 to 256 bytes without control characters
+    /// ([`CommandError::InvalidConcurrencyKey`] otherwise). Not part of the idempotent body: a
+    /// resubmit of the same id returns the stored command, whatever key it asks. A re-run or a
+    /// hand-off enqueues the command without its key.
+    pub fn with_concurrency_key(mut self, key: impl Into<String>) -> Self {
+        self.concurrency_key = Some(key.into());
+        self
+    }
+
+    /// [`Command::with_concurrency_key`].
+    pub fn concurrency_key(&self) -> Option<&str> {
+        self.concurrency_key.as_deref()
     }
 
     /// Schedules the command: it is stored at submit (`SUBMITTED`, its state's `run_at` set to
@@ -491,6 +512,10 @@ pub struct CommandState {
     /// form for a command submitted to run at once. It stays after the command ran.
     #[serde(default)]
     pub run_at: Option<Timestamp>,
+    /// The concurrency key it was submitted with ([`Command::with_concurrency_key`]); absent
+    /// from the public form without one.
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
     /// Redis: SHA-1 (hex) of the canonical submitted body, kept in the stored header (not in
     /// the JSON) for idempotent resubmits; carried here so a write can rebuild the header.
     #[serde(skip)]
@@ -585,6 +610,8 @@ pub(crate) fn is_zero(v: &u64) -> bool {
 struct PublicState<'a> {
     attempts: u32,
     completed_at: &'a Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    concurrency_key: &'a Option<String>,
     created_at: &'a Timestamp,
     #[serde(skip_serializing_if = "Option::is_none")]
     details: &'a Option<RawJson>,
@@ -616,6 +643,7 @@ impl Serialize for CommandState {
         PublicState {
             attempts: self.attempts,
             completed_at: &self.completed_at,
+            concurrency_key: &self.concurrency_key,
             created_at: &self.created_at,
             details: &self.details,
             error: &self.error,
@@ -669,6 +697,8 @@ pub(crate) struct StoredState<'a> {
     output: &'a Option<crate::OutputLink>,
     #[serde(skip_serializing_if = "Option::is_none")]
     run_at: &'a Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    concurrency_key: &'a Option<String>,
     #[serde(rename = "_token")]
     token: &'a str,
     #[serde(rename = "_prev_token", skip_serializing_if = "Option::is_none")]
@@ -700,6 +730,7 @@ impl<'a> From<&'a CommandState> for StoredState<'a> {
             execution: &st.execution,
             output: &st.output,
             run_at: &st.run_at,
+            concurrency_key: &st.concurrency_key,
             token: &st.token,
             prev_token: st.prev_token.as_deref(),
             lookup_expires_ms: st.lookup_expires_ms,

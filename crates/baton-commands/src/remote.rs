@@ -461,6 +461,10 @@ impl RemoteWorkers {
             claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)),
             max_deliveries: None,
             rate_limit: settings.rate_limit,
+            // The queue's concurrency caps gate remote workers' claims as they gate in-process
+            // consumers' reads (the same gated read).
+            max_concurrency: settings.max_concurrency,
+            concurrency_per_key: settings.concurrency_per_key,
         };
         // As an in-process consumer's poll interval: the queue's, else a third of the claim
         // timeout, at most 1 s.

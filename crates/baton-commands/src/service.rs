@@ -84,6 +84,14 @@ pub struct QueueSettings {
     /// queue's [`RateLimit`](baton_queue::RateLimit), in-process and remote workers). `None`
     /// (default): no limit. Every process serving the queue should say the same.
     pub rate_limit: Option<baton_queue::RateLimit>,
+    /// The most commands of this queue running at once across every process (the work queue's
+    /// `max_concurrency`: messages pending in its group, commands waiting for a `check_status`
+    /// re-poll shorter than `claim_timeout` included). `None`: no cap (default); at least 1.
+    pub max_concurrency: Option<u32>,
+    /// The most commands of one concurrency key ([`Command::with_concurrency_key`]) running at
+    /// once across every process (the work queue's `concurrency_per_key`); the others start in
+    /// submit order as those end. `None`: no cap (default); at least 1.
+    pub concurrency_per_key: Option<u32>,
     #[doc(hidden)]
     pub fail_points: FailPoints,
 }
@@ -111,6 +119,8 @@ impl Default for QueueSettings {
             consumer_prefix: "baton-cmd".into(),
             reap_idle_consumers_after: ConsumerOptions::default().reap_idle_consumers_after,
             rate_limit: None,
+            max_concurrency: None,
+            concurrency_per_key: None,
             fail_points: FailPoints::default(),
         }
     }
@@ -161,7 +171,9 @@ impl QueueSettings {
             .with_max_deliveries(None)
             .with_reap_idle_consumers_after(self.reap_idle_consumers_after)
             .with_consumer_prefix(self.consumer_prefix.clone())
-            .with_rate_limit(self.rate_limit);
+            .with_rate_limit(self.rate_limit)
+            .with_max_concurrency(self.max_concurrency)
+            .with_concurrency_per_key(self.concurrency_per_key);
         if let Some(p) = self.poll_interval {
             o = o.with_poll_interval(p);
         }

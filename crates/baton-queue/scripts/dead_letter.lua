@@ -1,6 +1,7 @@
 -- Move an entry this consumer owns (or, for a released lease, the parked owner does) to the
 -- dead-letter stream, atomically with its removal.
--- KEYS[1] queue stream, KEYS[2] dead-letter stream, KEYS[3] fence hash (reclaim.lua)
+-- KEYS[1] queue stream, KEYS[2] dead-letter stream, KEYS[3] fence hash (reclaim.lua), KEYS[4..9]
+-- as caps.lua (prepended): the entry frees its concurrency slots
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] id, ARGV[5] deliveries,
 -- ARGV[6] reason, ARGV[7] '1' for a released lease, ARGV[8] the delivery's fence or '' (as in
 -- retry_after.lua)
@@ -23,4 +24,7 @@ redis.call('XADD', KEYS[2], '*', 'id', id, 'p', payload, 'dc', ARGV[5], 'reason'
 redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
 redis.call('HDEL', KEYS[3], id)
+local C = caps_keys(4)
+caps_release(C, stream, id)
+caps_wake(C)
 return 1

@@ -1,52 +1,114 @@
 -- The gated read of new entries: checks the queue's gates and takes up to `count` never-delivered
 -- entries in one atomic step, without blocking (XREADGROUP without BLOCK), so nothing new is
 -- taken while a gate is shut. This is THE place where decisions about taking NEW work go (pause,
--- back-off and rate limit today; concurrency caps and priorities later): reclaims and
--- redeliveries of already-started work do not pass here.
+-- back-off, concurrency caps and rate limit today; priorities later): reclaims and
+-- redeliveries of already-started work do not pass here. (caps.lua is prepended.)
 -- KEYS[1] queue stream, KEYS[2] pause flag (string, ms since paused), KEYS[3] control stream
--- (one entry per resume), KEYS[4] rate limit state (string: GCRA theoretical arrival time, µs,
--- Redis time), KEYS[5] back-off (string; its time to live is the back-off left)
+-- (one entry per resume or freed slot; KEYS[3..8] as caps.lua's caps_keys(3)), KEYS[9] rate
+-- limit state (string: GCRA theoretical arrival time, µs, Redis time), KEYS[10] back-off
+-- (string; its time to live is the back-off left)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] count, ARGV[4] the group's doorbell group,
--- ARGV[5] the rate limit's emission interval (µs, may have a fraction; '' for no rate limit),
--- ARGV[6] its burst tolerance (µs)
--- Returns {1, control id} when paused: wait on the control stream after that id (a resume
--- appends to it); {2, ms} when backing off, {3, ms} when over the rate limit: the gate opens by
--- itself in ms (a timed wait, nothing to watch); {0, ''} when nothing is new: wait with
--- `XREADGROUP … NOACK BLOCK` on the doorbell group, which this script has set to where the group
--- stands (every entry up to it has been delivered), so that each later entry wakes exactly one
--- waiter (XREAD BLOCK would wake every waiter for each entry); {0, '', entries} when entries were
--- taken (the XREADGROUP entry list).
-if redis.call('EXISTS', KEYS[2]) == 1 then
+-- ARGV[5] max_concurrency (0: none), ARGV[6] concurrency_per_key (0: none), ARGV[7] the rate
+-- limit's emission interval (µs, may have a fraction; '' for no rate limit), ARGV[8] its burst
+-- tolerance (µs)
+-- The gates, in order: pause, back-off, max_concurrency, rate limit, then per key.
+-- max_concurrency: the entries pending in the group (running, handed back waiting for a reclaim,
+-- short re-polls) hold its slots; at most `max - pending` are taken. When none is free, the slot
+-- waiter flag is set (the scripts that take entries out of the pending list then append `op=slot`
+-- to the control stream, caps.lua) and the reply says to wait on the control stream.
+-- concurrency_per_key: an entry with a key (field `k`) is taken only while fewer than the cap of
+-- the key's entries hold a slot and none waits; otherwise it is moved out of the stream (XACK +
+-- XDEL) to the end of the key's waiting line, never pending while it waits. An entry marked `kh`
+-- (promoted from the line by a freed slot, caps.lua) already holds its slot.
+-- Returns {1, control id} when a gate is shut (paused, or max_concurrency reached): wait on the
+-- control stream after that id; {2, ms} when backing off, {3, ms} when over the rate limit: the
+-- gate opens by itself in ms (a timed wait, nothing to watch); {0, ''} when nothing is new: wait
+-- with `XREADGROUP … NOACK BLOCK` on the doorbell group, which this script has set to where the
+-- group stands (every entry up to it has been delivered), so that each later entry wakes exactly
+-- one waiter (XREAD BLOCK would wake every waiter for each entry); {0, '', entries} when entries
+-- were taken (the XREADGROUP entry list).
+local function control_tail()
   local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
   if last[1] then return {1, last[1][1]} end
   return {1, '0-0'}
 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return control_tail() end
+local C = caps_keys(3)
 local count = tonumber(ARGV[3])
--- Back-off and rate limit (timed gates) ------------------------------------------------------
-local backoff = redis.call('PTTL', KEYS[5])
+-- Back-off (a timed gate) ---------------------------------------------------------------------
+local backoff = redis.call('PTTL', KEYS[10])
 if backoff > 0 then return {2, backoff} end
+-- max_concurrency -----------------------------------------------------------------------------
+local maxc, perkey = tonumber(ARGV[5]), tonumber(ARGV[6])
+if maxc > 0 then
+  local held = redis.call('XPENDING', KEYS[1], ARGV[1])[1]
+  if held >= maxc then
+    redis.call('SET', C.waiter, '1')
+    return control_tail()
+  end
+  count = math.min(count, maxc - held)
+end
+-- Rate limit (a timed gate) -------------------------------------------------------------------
 -- GCRA: entry i (1-based) of this read conforms when tat + (i - 1)·T − now ≤ τ, tat being the
 -- theoretical arrival time (at least now); grant as many as conform, at most `count`, and move
--- tat on by the entries actually taken (below).
-local rate_t, tat, now = tonumber(ARGV[5]), nil, nil
+-- tat on by the entries actually taken (`taken` below).
+local rate_t, tat, now = tonumber(ARGV[7]), nil, nil
 if rate_t then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local tau = tonumber(ARGV[6])
-  tat = math.max(tonumber(redis.call('GET', KEYS[4]) or '0') or 0, now)
+  local tau = tonumber(ARGV[8])
+  tat = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') or 0, now)
   local k = math.floor((now + tau - tat) / rate_t) + 1
   if k < 1 then return {3, math.max(1, math.ceil((tat - tau - now) / 1000))} end
   if k < count then count = k end
 end
--- ---------------------------------------------------------------------------------------------
-local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[1], '>')
-if r and r[1] and #r[1][2] > 0 then
+local function taken(entries)
   -- Rate limit: tat moves on by the entries taken (the key lives until tat has passed).
   if rate_t then
-    tat = tat + #r[1][2] * rate_t
-    redis.call('SET', KEYS[4], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+    tat = tat + #entries * rate_t
+    redis.call('SET', KEYS[9], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
   end
-  return {0, '', r[1][2]}
+  return {0, '', entries}
+end
+-- The read (and per key) ------------------------------------------------------------------------
+if perkey == 0 then
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[1], '>')
+  if r and r[1] and #r[1][2] > 0 then
+    return taken(r[1][2])
+  end
+else
+  local out = {}
+  -- Bounded: entries that all go to waiting lines leave the rest for the next read (the
+  -- doorbell wakes it at once, since the group then stands before them).
+  for _ = 1, 16 do
+    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count - #out, 'STREAMS', KEYS[1], '>')
+    if not (r and r[1] and #r[1][2] > 0) then break end
+    for _, e in ipairs(r[1][2]) do
+      local f, k, kh, payload, dc = e[2], nil, false, '', '0'
+      for i = 1, #f, 2 do
+        if f[i] == 'k' then k = f[i + 1]
+        elseif f[i] == 'kh' then kh = true
+        elseif f[i] == 'p' then payload = f[i + 1]
+        elseif f[i] == 'dc' then dc = f[i + 1] end
+      end
+      if not k or kh then
+        out[#out + 1] = e
+      elseif tonumber(redis.call('HGET', C.held, k) or '0') < perkey and not caps_head(C, k) then
+        redis.call('HINCRBY', C.held, k, 1)
+        redis.call('HSET', C.ids, e[1], k)
+        out[#out + 1] = e
+      else
+        local seq = redis.call('HINCRBY', C.waitp, '~seq', 1)
+        local member = k .. '\0' .. string.format('%016d', seq)
+        redis.call('ZADD', C.wait, 0, member)
+        redis.call('HSET', C.waitp, member, dc .. ':' .. payload)
+        redis.call('XACK', KEYS[1], ARGV[1], e[1])
+        redis.call('XDEL', KEYS[1], e[1])
+      end
+    end
+    if #out >= count then break end
+  end
+  if #out > 0 then return taken(out) end
 end
 -- Nothing new: the doorbell group to where the group stands (written only when it differs).
 local at, bell = nil, nil

@@ -3,7 +3,9 @@
 -- or the name of a scheduled entry (schedule.lua), score = due ms, server time), KEYS[4] delayed
 -- payload hash (<id or name> -> payload, <id>:dc -> prior
 -- deliveries), KEYS[5] liveness hash (consumer -> ms of its last heartbeat, server time),
--- KEYS[6] fence hash (id -> fence of its latest delivery, see below)
+-- KEYS[6] fence hash (id -> fence of its latest delivery, see below), KEYS[7..12] as caps.lua
+-- (prepended): entries dead-lettered or found deleted free their concurrency slots; a delayed
+-- entry's key (`<id>:k`) goes back on it when promoted
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
 -- ARGV[5] count (0 = promote, and tell whether reclaimable entries exist), ARGV[6] max
 -- deliveries (0 = unlimited), ARGV[7] max entries to promote, ARGV[8] outage gap (ms),
@@ -25,6 +27,11 @@
 -- from an earlier one of the same entry, which may have been this very consumer's (its orphan
 -- parked by its heartbeat, a re-poll, or taken by a peer that died since). The fields of entries
 -- dead-lettered or found deleted here are removed.
+-- Concurrency caps backstop: while entries wait for a key slot, once per claim timeout up to 200
+-- slot holders (`keys:ids`, walked with HSCAN from a cursor kept in the waiting entries' hash,
+-- fields `~cursor` and `~checked`) are checked: one neither pending nor in the stream lost its
+-- release (its pending entry was removed by something else than the queue's scripts), and its
+-- slot is released now (caps.lua), so no key waits forever.
 -- Returns {{{id, payload or false, deliveries, fence}, …}, dead-lettered, deleted, promoted,
 -- more (0/1), ms until the next delayed entry is due (-1: none)}.
 local stream, dead, zdelayed, hdelayed, live, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -43,15 +50,22 @@ if #due > 0 then
   local fields = {}
   for _, id in ipairs(due) do
     local payload = redis.call('HGET', hdelayed, id)
-    local prior = '0'
+    local prior, key = '0', false
     -- A named (scheduled) member (schedule.lua) holds a ':'; it has no prior deliveries.
     if string.find(id, ':', 1, true) then
       named = named + 1
+      key = redis.call('HGET', hdelayed, id .. ':k')
+      fields[#fields + 1] = id .. ':k'
     else
       prior = redis.call('HGET', hdelayed, id .. ':dc') or '0'
+      key = redis.call('HGET', hdelayed, id .. ':k')
       fields[#fields + 1] = id .. ':dc'
+      fields[#fields + 1] = id .. ':k'
     end
-    if payload then
+    if payload and key then
+      redis.call('XADD', stream, '*', 'p', payload, 'dc', prior, 'k', key)
+      promoted = promoted + 1
+    elseif payload then
       redis.call('XADD', stream, '*', 'p', payload, 'dc', prior)
       promoted = promoted + 1
     end
@@ -114,6 +128,7 @@ for _, owner in ipairs(owners) do
 end
 
 local out, ndead, ndeleted = {}, 0, 0
+local C = caps_keys(7)
 if count == 0 then
   return {out, 0, 0, promoted, (#ids > 0 or more) and 1 or 0, next_due}
 end
@@ -126,7 +141,10 @@ if #ids > 0 then
     local got = {}
     for _, e in ipairs(claimed) do got[e[1]] = true end
     for _, id in ipairs(ids) do
-      if not got[id] then redis.call('HDEL', fences, id) end
+      if not got[id] then
+        redis.call('HDEL', fences, id)
+        caps_release(C, stream, id)
+      end
     end
   end
   -- A stopped consumer whose last entries were just taken leaves the group now.
@@ -152,10 +170,27 @@ if #ids > 0 then
       redis.call('XACK', stream, group, id)
       redis.call('XDEL', stream, id)
       redis.call('HDEL', fences, id)
+      caps_release(C, stream, id)
       ndead = ndead + 1
     else
       out[#out + 1] = {id, payload, total, redis.call('HINCRBY', fences, id, 1)}
     end
   end
 end
+local lost = 0
+if redis.call('EXISTS', C.wait) == 1 then
+  local checked = tonumber(redis.call('HGET', C.waitp, '~checked') or '0')
+  if now - checked >= claim_ms then
+    local scan = redis.call('HSCAN', C.ids, redis.call('HGET', C.waitp, '~cursor') or '0', 'COUNT', 200)
+    redis.call('HSET', C.waitp, '~checked', now, '~cursor', scan[1])
+    for i = 1, #scan[2], 2 do
+      local id = scan[2][i]
+      if #redis.call('XPENDING', stream, group, id, id, 1) == 0 and #redis.call('XRANGE', stream, id, id) == 0 then
+        caps_release(C, stream, id)
+        lost = lost + 1
+      end
+    end
+  end
+end
+if ndead + ndeleted + lost > 0 then caps_wake(C) end
 return {out, ndead, ndeleted, promoted, more and 1 or 0, next_due}

@@ -2,25 +2,40 @@
 -- go back to the tail of the stream as new entries, so that any consumer's read takes them at once
 -- (a consumer blocked in XREADGROUP is served by the XADD). The delivery that did not run is not
 -- counted: the copy carries the deliveries made before it (`dc`). Atomic per call.
--- KEYS[1] queue stream, KEYS[2] fence hash (reclaim.lua); ARGV[1] group, ARGV[2] consumer,
+-- An entry holding a concurrency slot of its key (caps.lua, prepended) hands it to its copy
+-- (marked `kh`), so no entry of the key overtakes it.
+-- KEYS[1] queue stream, KEYS[2] fence hash (reclaim.lua), KEYS[3..8] as caps.lua; ARGV[1] group, ARGV[2] consumer,
 -- ARGV[3..] pairs (id, fence of the delivery or '' for any this consumer owns)
 -- Returns how many were requeued (ids no longer owned by this consumer, or by a later delivery
 -- of it, are left alone). The old entries' fences are removed.
 local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
 local n = 0
+local C = caps_keys(3)
 for i = 3, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
   local p = redis.call('XPENDING', stream, group, id, id, 1)
   if p[1] and p[1][2] == me and (fence == '' or (redis.call('HGET', KEYS[2], id) or '0') == fence) then
     local e = redis.call('XRANGE', stream, id, id)
     if e[1] then
-      local fields, payload, prior = e[1][2], nil, 0
+      local fields, payload, prior, key = e[1][2], nil, 0, nil
       for j = 1, #fields, 2 do
         if fields[j] == 'p' then payload = fields[j + 1]
-        elseif fields[j] == 'dc' then prior = tonumber(fields[j + 1]) or 0 end
+        elseif fields[j] == 'dc' then prior = tonumber(fields[j + 1]) or 0
+        elseif fields[j] == 'k' then key = fields[j + 1] end
       end
+      local holds = key and redis.call('HGET', C.ids, id)
       if payload then
-        redis.call('XADD', stream, '*', 'p', payload, 'dc', prior + p[1][4] - 1)
+        if holds then
+          local nid = redis.call('XADD', stream, '*', 'p', payload, 'dc', prior + p[1][4] - 1, 'k', key, 'kh', '1')
+          redis.call('HDEL', C.ids, id)
+          redis.call('HSET', C.ids, nid, key)
+        elseif key then
+          redis.call('XADD', stream, '*', 'p', payload, 'dc', prior + p[1][4] - 1, 'k', key)
+        else
+          redis.call('XADD', stream, '*', 'p', payload, 'dc', prior + p[1][4] - 1)
+        end
+      elseif holds then
+        caps_release(C, stream, id)
       end
     end
     redis.call('XACK', stream, group, id)
@@ -29,4 +44,5 @@ for i = 3, #ARGV, 2 do
     n = n + 1
   end
 end
+if n > 0 then caps_wake(C) end
 return n

@@ -1,7 +1,9 @@
 -- Retry after a delay, if this consumer still owns the entry (or, for a released lease, the
 -- parked owner does).
 -- KEYS[1] queue stream, KEYS[2] delayed zset, KEYS[3] delayed payload hash, KEYS[4] fence hash
--- (reclaim.lua)
+-- (reclaim.lua), KEYS[5..10] as caps.lua (prepended): the delayed set's path takes the entry out of
+-- the pending list, so it frees its concurrency slots; its key goes with it (`<id>:k`) and it
+-- passes the gate again when due
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] id, ARGV[5] claim timeout
 -- (ms), ARGV[6] delay (ms), ARGV[7] '1' for a released lease, ARGV[8] the delivery's fence or ''
 -- (any delivery this consumer owns; a fence that is not the entry's counts as another owner)
@@ -24,18 +26,23 @@ if delay < claim_ms then
 end
 local e = redis.call('XRANGE', stream, id, id)
 if e[1] then
-  local fields, payload, prior = e[1][2], nil, 0
+  local fields, payload, prior, key = e[1][2], nil, 0, nil
   for i = 1, #fields, 2 do
     if fields[i] == 'p' then payload = fields[i + 1]
-    elseif fields[i] == 'dc' then prior = tonumber(fields[i + 1]) or 0 end
+    elseif fields[i] == 'dc' then prior = tonumber(fields[i + 1]) or 0
+    elseif fields[i] == 'k' then key = fields[i + 1] end
   end
   if payload then
     local t = redis.call('TIME')
     redis.call('ZADD', KEYS[2], t[1] * 1000 + math.floor(t[2] / 1000) + delay, id)
     redis.call('HSET', KEYS[3], id, payload, id .. ':dc', prior + p[1][4] - 1)
+    if key then redis.call('HSET', KEYS[3], id .. ':k', key) end
   end
 end
 redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
 redis.call('HDEL', KEYS[4], id)
+local C = caps_keys(5)
+caps_release(C, stream, id)
+caps_wake(C)
 return 1

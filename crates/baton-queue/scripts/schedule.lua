@@ -3,7 +3,9 @@
 -- stream entry id (it holds a ':'), so it cannot collide with a RetryAfter member; the payload
 -- hash counts the named members in its field `~scheduled` (reclaim.lua lowers it as it promotes).
 -- KEYS[1] delayed zset, KEYS[2] delayed payload hash
--- ARGV[1] op: 'add' (ARGV[2] name, ARGV[3] due ms, server time; ARGV[4] payload), 'move' (ARGV[2]
+-- A scheduled entry's concurrency key, if any, waits beside its payload as `<name>:k`.
+-- ARGV[1] op: 'add' (ARGV[2] name, ARGV[3] due ms, server time; ARGV[4] payload; ARGV[5] the
+-- concurrency key or '' none), 'move' (ARGV[2]
 -- name, ARGV[3] due ms), 'remove' (ARGV[2] name) or 'count' (ARGV[2] most members to look at
 -- for the earliest scheduled one).
 -- Returns: add: 1 added, 0 replaced; move / remove: 1 done, 0 not waiting (promoted already, or
@@ -12,6 +14,7 @@ local z, h, op = KEYS[1], KEYS[2], ARGV[1]
 if op == 'add' then
   local added = redis.call('ZADD', z, ARGV[3], ARGV[2])
   redis.call('HSET', h, ARGV[2], ARGV[4])
+  if (ARGV[5] or '') ~= '' then redis.call('HSET', h, ARGV[2] .. ':k', ARGV[5]) else redis.call('HDEL', h, ARGV[2] .. ':k') end
   if added == 1 then redis.call('HINCRBY', h, '~scheduled', 1) end
   return added
 elseif op == 'move' then
@@ -21,7 +24,7 @@ elseif op == 'move' then
 elseif op == 'remove' then
   local n = redis.call('ZREM', z, ARGV[2])
   if n == 1 then
-    redis.call('HDEL', h, ARGV[2])
+    redis.call('HDEL', h, ARGV[2], ARGV[2] .. ':k')
     redis.call('HINCRBY', h, '~scheduled', -1)
   end
   return n

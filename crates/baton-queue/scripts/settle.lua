@@ -1,5 +1,6 @@
 -- Settle: acks and parks of one consumer's leases, atomically, in one call.
--- KEYS[1] queue stream, KEYS[2] fence hash (reclaim.lua)
+-- KEYS[1] queue stream, KEYS[2] fence hash (reclaim.lua), KEYS[3..8] as caps.lua (prepended):
+-- acked entries free their concurrency slots
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, then triples (op, id, fence):
 --   fence '' settles whatever delivery of the entry this consumer owns, a number only that
 --   delivery (another fence counts as another consumer's: -1);
@@ -40,5 +41,12 @@ for i = 1, #acks, 1000 do
   redis.call('XACK', stream, group, unpack(chunk))
   redis.call('XDEL', stream, unpack(chunk))
   redis.call('HDEL', KEYS[2], unpack(chunk))
+end
+if #acks > 0 then
+  local C = caps_keys(3)
+  if redis.call('EXISTS', C.ids) == 1 then
+    for _, id in ipairs(acks) do caps_release(C, stream, id) end
+  end
+  caps_wake(C)
 end
 return out

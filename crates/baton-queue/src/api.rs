@@ -251,6 +251,31 @@ pub fn validate_queue_name(name: &str) -> Result<(), QueueError> {
     Ok(())
 }
 
+/// Options of one offer ([`MessageStream::offer_with`](crate::MessageStream::offer_with)).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OfferOptions {
+    /// The entry's concurrency key: a consumer with
+    /// [`ConsumerOptions::concurrency_per_key`](crate::ConsumerOptions::concurrency_per_key) runs
+    /// at most that many entries of one key at once, in offer order. 1 to 256 bytes, no control
+    /// characters ([`validate_concurrency_key`]). `None`: not limited per key.
+    pub concurrency_key: Option<String>,
+}
+
+/// Longest concurrency key, in bytes: 256.
+pub const MAX_CONCURRENCY_KEY_LEN: usize = 256;
+
+/// A concurrency key is 1 to [`MAX_CONCURRENCY_KEY_LEN`] bytes without control characters;
+/// otherwise [`QueueError::InvalidSettings`] says so.
+pub fn validate_concurrency_key(key: &str) -> Result<(), QueueError> {
+    if key.is_empty() || key.len() > MAX_CONCURRENCY_KEY_LEN || key.chars().any(|c| c.is_control()) {
+        return Err(QueueError::InvalidSettings(format!(
+            "concurrency_key must be 1 to {MAX_CONCURRENCY_KEY_LEN} bytes without control characters (got {} bytes)",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Where a Redis delivery lives: see [`Lease::redis_target`](crate::Lease::redis_target).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisAckTarget {
@@ -264,4 +289,7 @@ pub struct RedisAckTarget {
     /// of a delivery whose fence is known checks that the entry's fence (its field, absent = 0)
     /// is still that one, and removes the field with the entry.
     pub fences: String,
+    /// The queue's concurrency-cap keys ([`crate::keys::caps`]): a script that acks must also
+    /// free the entry's slots with [`crate::keys::CAPS_LUA`]'s `caps_release` and `caps_wake`.
+    pub caps: [String; 6],
 }

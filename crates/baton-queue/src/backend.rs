@@ -86,6 +86,10 @@ pub(crate) struct ConsumerSpec {
     pub max_deliveries: Option<u32>,
     /// The queue's rate limit as this consumer applies it (the gated read's gate).
     pub rate_limit: Option<crate::RateLimit>,
+    /// [`crate::ConsumerOptions::max_concurrency`].
+    pub max_concurrency: Option<u32>,
+    /// [`crate::ConsumerOptions::concurrency_per_key`].
+    pub concurrency_per_key: Option<u32>,
 }
 
 /// What a backend found for one id of a settlement or renewal.
@@ -142,7 +146,8 @@ pub(crate) struct Beat {
 #[async_trait]
 pub(crate) trait QueueBackend: Send + Sync + 'static {
     /// Appends payloads at the tail, in order, in one round trip; returns their ids.
-    async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError>;
+    /// `key`: the concurrency key of every entry (field `k` on Redis), if any.
+    async fn offer(&self, queue: &str, payloads: &[Bytes], key: Option<&str>) -> Result<Vec<MessageId>, QueueError>;
     /// Creates the consumer group if missing, registers the consumer and writes its first
     /// liveness record. Called on the consumer's lease thread: connections it opens live there.
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError>;
@@ -169,7 +174,7 @@ pub(crate) trait QueueBackend: Send + Sync + 'static {
 /// An operation on a queue's scheduled entries (named members of its delayed set).
 pub(crate) enum ScheduleOp<'a> {
     /// Adds (or replaces) entry `name`, due at `due_ms` (ms since the epoch).
-    Add { name: &'a str, due_ms: u64, payload: &'a [u8] },
+    Add { name: &'a str, due_ms: u64, payload: &'a [u8], key: Option<&'a str> },
     /// Sets the due time of entry `name` if it still waits.
     Move { name: &'a str, due_ms: u64 },
     /// Removes entry `name` if it still waits.
@@ -193,11 +198,13 @@ pub(crate) trait ConsumerBackend: Send + Sync {
     /// Reads up to `count` never-delivered entries, waiting up to `block` for the first.
     /// Recreates the group when it is missing (NOGROUP).
     ///
-    /// The gated read: the queue's gates (the pause flag today) are checked atomically with
-    /// taking the entries, so nothing new is taken while one is shut; a shut gate is waited on
-    /// (until it opens or `block` ends) without polling. The only way new work enters a consumer
-    /// (in-process and remote): later gates (concurrency caps, priorities, rate limits) go here
-    /// too. Reclaims and redeliveries do not pass here.
+    /// The gated read: the queue's gates (the pause flag, `max_concurrency`,
+    /// `concurrency_per_key` of [`ConsumerSpec`]) are checked atomically with taking the
+    /// entries, so nothing new is taken while one is shut; a shut gate is waited on (until it
+    /// opens or `block` ends) without polling. An entry whose key is at its cap (or has waiters)
+    /// goes to its key's waiting line instead of being taken. The only way new work enters a
+    /// consumer (in-process and remote): later gates (priorities, rate limits) go here too.
+    /// Reclaims and redeliveries do not pass here.
     async fn read_new(&self, count: usize, block: Duration) -> Result<Vec<RawDelivery>, QueueError>;
     /// Promotes due delayed entries, then takes over up to `count` reclaimable entries (see the
     /// module docs; never this consumer's own, never an id in `exclude`), dead-lettering those

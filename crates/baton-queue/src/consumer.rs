@@ -61,6 +61,8 @@ impl Consumer {
             heartbeat: options.heartbeat(),
             max_deliveries: options.max_deliveries,
             rate_limit: options.rate_limit,
+            max_concurrency: options.max_concurrency,
+            concurrency_per_key: options.concurrency_per_key,
         };
         // Handlers run on the runtime that starts the consumer, whichever thread starts them.
         let app = tokio::runtime::Handle::current();

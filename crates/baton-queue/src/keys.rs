@@ -15,7 +15,12 @@
 //! | `p:q:{q}:consumers`  | [`consumers`]          | hash   | each consumer's liveness record        |
 //! | `p:q:{q}:fences`     | [`fences`]             | hash   | the fence of each entry delivered again by a reclaim |
 //! | `p:q:{q}:paused`     | [`paused`]             | string | present while the queue is paused: when it was paused (ms, Redis time) |
-//! | `p:q:{q}:control`    | [`control`]            | stream | the latest gate change (one entry, written by each resume): paused consumers wait on it |
+//! | `p:q:{q}:control`    | [`control`]            | stream | the latest gate change (one entry, written by each resume and by each freed slot while [`slot_waiters`] is set): consumers behind a shut gate wait on it |
+//! | `p:q:{q}:slotwait`   | [`slot_waiters`]       | string | present while a read found `max_concurrency` reached |
+//! | `p:q:{q}:keys:held`  | [`key_held`]           | hash   | concurrency key → entries holding one of its slots |
+//! | `p:q:{q}:keys:ids`   | [`key_holders`]        | hash   | entry id → concurrency key, for each entry holding a slot of its key |
+//! | `p:q:{q}:keys:wait`  | [`key_waiting`]        | zset   | each key's waiting line: members `<key>\0<16-digit seq>`, score 0 |
+//! | `p:q:{q}:keys:wait:p`| [`key_waiting_entries`]| hash   | member → `<prior deliveries>:<payload>`; `~seq` the last seq |
 //! | `p:q:{q}:rate`       | [`rate`]               | string | the rate limit's state: its theoretical arrival time (µs, Redis time) |
 //! | `p:q:{q}:backoff`    | [`backoff`]            | string | present while the queue backs off (a handler answered `RateLimited`); expires when it ends |
 //!
@@ -110,6 +115,63 @@ pub fn backoff(prefix: &str, queue: &str) -> String {
     format!("{prefix}:q:{{{queue}}}:backoff")
 }
 
+/// The queue's slot-waiter flag (a string), `<prefix>:q:{<queue>}:slotwait`: set by a read that
+/// found `max_concurrency` entries pending; the next script that takes an entry out of the
+/// pending list deletes it and appends `op=slot` to the [`control`] stream, which wakes the
+/// waiting consumers.
+pub fn slot_waiters(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:slotwait")
+}
+
+/// How many entries hold a slot of each concurrency key (a hash, key → count),
+/// `<prefix>:q:{<queue>}:keys:held`.
+pub fn key_held(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:keys:held")
+}
+
+/// The entries holding a slot of their concurrency key (a hash, entry id → key),
+/// `<prefix>:q:{<queue>}:keys:ids`: pending, or promoted from the waiting line and not read yet.
+pub fn key_holders(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:keys:ids")
+}
+
+/// The waiting lines of the concurrency keys (a sorted set, all scores 0, members
+/// `<key>\0<16-digit sequence>`, so a key's head is found by `ZRANGEBYLEX` in O(log n)),
+/// `<prefix>:q:{<queue>}:keys:wait`.
+pub fn key_waiting(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:keys:wait")
+}
+
+/// The entries of the waiting lines (a hash, member → `<prior deliveries>:<payload>`; field
+/// `~seq` the last sequence number), `<prefix>:q:{<queue>}:keys:wait:p`.
+pub fn key_waiting_entries(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:keys:wait:p")
+}
+
+/// The concurrency caps' keys of a queue in the order its scripts take them (`scripts/caps.lua`'s
+/// `caps_keys`): [`control`], [`slot_waiters`], [`key_held`], [`key_holders`], [`key_waiting`],
+/// [`key_waiting_entries`]. A script of other code that takes entries out of the pending list
+/// (see [`crate::Lease::redis_target`]) passes them and runs [`CAPS_LUA`]'s functions.
+pub fn caps(prefix: &str, queue: &str) -> [String; 6] {
+    [
+        control(prefix, queue),
+        slot_waiters(prefix, queue),
+        key_held(prefix, queue),
+        key_holders(prefix, queue),
+        key_waiting(prefix, queue),
+        key_waiting_entries(prefix, queue),
+    ]
+}
+
+/// The Lua functions (`scripts/caps.lua`) that every script removing entries from a queue's
+/// pending list prepends: `caps_keys(n)` (the six [`caps`] keys at `KEYS[n..n+5]`),
+/// `caps_release(C, stream, id)` for each entry taken out (frees or hands on its key slot) and
+/// `caps_wake(C)` once (wakes reads waiting for a `max_concurrency` slot).
+pub const CAPS_LUA: &str = include_str!("../scripts/caps.lua");
+
+/// The field of a stream entry holding its concurrency key: `k`.
+pub const KEY_FIELD: &str = "k";
+
 /// The doorbell group of consumer group `group` on each queue stream, `<group>~bell`: consumers
 /// that found nothing new wait on it with `XREADGROUP … NOACK BLOCK`, so that each new entry wakes
 /// one waiter (not all of them); the gated read sets it to where `group` stands whenever it found
@@ -149,6 +211,11 @@ mod tests {
             control("p", "orders"),
             rate("p", "orders"),
             backoff("p", "orders"),
+            slot_waiters("p", "orders"),
+            key_held("p", "orders"),
+            key_holders("p", "orders"),
+            key_waiting("p", "orders"),
+            key_waiting_entries("p", "orders"),
         ] {
             assert_eq!(baton_redis::key_slot(k.as_bytes()), slot, "{k}");
         }

@@ -777,7 +777,9 @@ impl Lease {
     /// writes (e.g. the command service's terminal state write). Such a script must ack exactly
     /// like the queue's `settle` script: only when `XPENDING <stream> <group> <id> <id> 1` names
     /// `consumer` as the owner, then `XACK <stream> <group> <id>`, `XDEL <stream> <id>` and
-    /// `HDEL <fences> <id>` (the entry's fence goes with it); and then tell the lease with
+    /// `HDEL <fences> <id>` (the entry's fence goes with it), free its concurrency slots (prepend
+    /// [`keys::CAPS_LUA`](crate::keys::CAPS_LUA), pass [`RedisAckTarget::caps`] as keys, call
+    /// `caps_release` for the id and `caps_wake`); and then tell the lease with
     /// [`Lease::mark_acked`]. The script's keys must share the stream's
     /// hash slot on Cluster (the stream key holds the queue's `{queue}` tag).
     pub fn redis_target(&self) -> Option<RedisAckTarget> {

@@ -184,7 +184,25 @@ impl MessageStream {
     /// Appends one message to `queue`; returns its id.
     pub async fn offer(&self, queue: &str, payload: impl Into<Bytes>) -> Result<MessageId, QueueError> {
         validate_queue_name(queue)?;
-        let ids = self.backend.offer(queue, &[payload.into()]).await?;
+        let ids = self.backend.offer(queue, &[payload.into()], None).await?;
+        Ok(ids[0])
+    }
+
+    /// Appends one message to `queue` with `options` (its concurrency key); returns its id.
+    ///
+    /// Errors: [`QueueError::InvalidQueueName`], [`QueueError::InvalidSettings`] for a bad
+    /// concurrency key ([`validate_concurrency_key`]).
+    pub async fn offer_with(
+        &self,
+        queue: &str,
+        payload: impl Into<Bytes>,
+        options: OfferOptions,
+    ) -> Result<MessageId, QueueError> {
+        validate_queue_name(queue)?;
+        if let Some(k) = &options.concurrency_key {
+            validate_concurrency_key(k)?;
+        }
+        let ids = self.backend.offer(queue, &[payload.into()], options.concurrency_key.as_deref()).await?;
         Ok(ids[0])
     }
 
@@ -194,7 +212,7 @@ impl MessageStream {
         if payloads.is_empty() {
             return Ok(Vec::new());
         }
-        self.backend.offer(queue, &payloads).await
+        self.backend.offer(queue, &payloads, None).await
     }
 
     /// Appends `value` serialized as JSON.
@@ -306,10 +324,34 @@ impl MessageStream {
         payload: impl Into<Bytes>,
         due: std::time::SystemTime,
     ) -> Result<bool, QueueError> {
+        self.offer_at_with(queue, name, payload, due, OfferOptions::default()).await
+    }
+
+    /// [`MessageStream::offer_at`] with `options` (the entry's concurrency key, which it keeps
+    /// while it waits and carries into the stream when due).
+    ///
+    /// Errors: those of [`MessageStream::offer_at`], [`QueueError::InvalidSettings`] for a bad
+    /// concurrency key ([`validate_concurrency_key`]).
+    pub async fn offer_at_with(
+        &self,
+        queue: &str,
+        name: &str,
+        payload: impl Into<Bytes>,
+        due: std::time::SystemTime,
+        options: OfferOptions,
+    ) -> Result<bool, QueueError> {
         validate_queue_name(queue)?;
         validate_schedule_name(name)?;
+        if let Some(k) = &options.concurrency_key {
+            validate_concurrency_key(k)?;
+        }
         let payload = payload.into();
-        let op = backend::ScheduleOp::Add { name, due_ms: epoch_ms(due), payload: &payload };
+        let op = backend::ScheduleOp::Add {
+            name,
+            due_ms: epoch_ms(due),
+            payload: &payload,
+            key: options.concurrency_key.as_deref(),
+        };
         Ok(matches!(self.backend.schedule(queue, op).await?, backend::ScheduleReply::Done(true)))
     }
 

@@ -4,7 +4,7 @@
 //! renewing (closed, aborted, or hung past `max_processing_time`) fails over after
 //! `claim_timeout`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -33,6 +33,33 @@ struct Entry {
     payload: Bytes,
     /// Deliveries made before the entry was (re-)offered (from a long RetryAfter).
     prior: u32,
+    /// Its concurrency key, if any (boxed: most entries have none, and the log's entries stay
+    /// small).
+    key: Option<Box<EntryKey>>,
+}
+
+struct EntryKey {
+    key: Arc<str>,
+    /// Promoted from its key's waiting line (or requeued) holding a slot of its key already.
+    holds: bool,
+}
+
+impl Entry {
+    fn new(payload: Bytes, prior: u32) -> Self {
+        Entry { payload, prior, key: None }
+    }
+
+    fn keyed(payload: Bytes, prior: u32, key: Option<Arc<str>>) -> Self {
+        Entry { payload, prior, key: key.map(|key| Box::new(EntryKey { key, holds: false })) }
+    }
+
+    /// The same entry, holding a slot of its key (or not).
+    fn holding(mut self, holds: bool) -> Self {
+        if let Some(k) = &mut self.key {
+            k.holds = holds;
+        }
+        self
+    }
 }
 
 struct Pel {
@@ -86,6 +113,15 @@ struct QState {
     backoff_until: Option<Instant>,
     /// The rate limit's GCRA theoretical arrival time: a timed gate of `take_new`.
     rate_tat: Option<Instant>,
+    /// Concurrency caps (as the Redis keys of `keys::key_held` etc.): entries holding a slot of
+    /// each key, the holders, and each key's waiting line (entries taken out of the log).
+    key_held: HashMap<Arc<str>, u32>,
+    key_ids: HashMap<MessageId, Arc<str>>,
+    key_wait: HashMap<Arc<str>, VecDeque<Entry>>,
+    /// A read found `max_concurrency` reached: the next removal from the pending list wakes.
+    slot_waiting: bool,
+    /// Waiters must be woken (a slot freed, an entry promoted) once the lock is released.
+    wake: bool,
 }
 
 fn now_ms() -> u64 {
@@ -102,9 +138,43 @@ fn next_id(last: &mut MessageId) -> MessageId {
 
 impl QState {
     fn append(&mut self, payload: Bytes, prior: u32) -> MessageId {
+        self.append_entry(Entry::new(payload, prior))
+    }
+
+    fn append_entry(&mut self, e: Entry) -> MessageId {
         let id = next_id(&mut self.last_id);
-        self.entries.insert(id, Entry { payload, prior });
+        self.entries.insert(id, e);
         id
+    }
+
+    /// `id` left the pending list: its key slot (if it held one) goes to the key's oldest waiter
+    /// (appended holding it) or is freed; a read waiting for a `max_concurrency` slot is woken.
+    fn release(&mut self, id: &MessageId) {
+        if std::mem::take(&mut self.slot_waiting) {
+            self.wake = true;
+        }
+        if self.key_ids.is_empty() {
+            return;
+        }
+        let Some(k) = self.key_ids.remove(id) else { return };
+        match self.key_wait.get_mut(&k).and_then(|w| w.pop_front()) {
+            Some(e) => {
+                if self.key_wait.get(&k).is_some_and(|w| w.is_empty()) {
+                    self.key_wait.remove(&k);
+                }
+                let nid = self.append_entry(e.holding(true));
+                self.key_ids.insert(nid, k);
+                self.wake = true;
+            }
+            None => {
+                if let Some(n) = self.key_held.get_mut(&k) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.key_held.remove(&k);
+                    }
+                }
+            }
+        }
     }
 
     /// Who owns `id` from the point of view of `me` (see [`Settle::released`]); a delivery of
@@ -119,6 +189,13 @@ impl QState {
     }
 
     fn remove(&mut self, id: &MessageId) -> Option<Entry> {
+        let e = self.take_out(id);
+        self.release(id);
+        e
+    }
+
+    /// Out of the pending list and the log, its key slot kept (see [`QState::release`]).
+    fn take_out(&mut self, id: &MessageId) -> Option<Entry> {
         self.pending.remove(id);
         self.entries.remove(id)
     }
@@ -153,11 +230,12 @@ impl MemoryQueueBackend {
 
 #[async_trait]
 impl QueueBackend for MemoryQueueBackend {
-    async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError> {
+    async fn offer(&self, queue: &str, payloads: &[Bytes], key: Option<&str>) -> Result<Vec<MessageId>, QueueError> {
         let q = self.queue(queue);
+        let key: Option<Arc<str>> = key.map(Into::into);
         let ids = {
             let mut st = q.state.lock().unwrap();
-            payloads.iter().map(|p| st.append(p.clone(), 0)).collect()
+            payloads.iter().map(|p| st.append_entry(Entry::keyed(p.clone(), 0, key.clone()))).collect()
         };
         q.notify.notify_waiters();
         Ok(ids)
@@ -168,9 +246,9 @@ impl QueueBackend for MemoryQueueBackend {
         let mut st = q.state.lock().unwrap();
         let st = &mut *st;
         Ok(match op {
-            ScheduleOp::Add { name, due_ms, payload } => {
+            ScheduleOp::Add { name, due_ms, payload, key } => {
                 let old = st.scheduled.remove(name);
-                let entry = Entry { payload: Bytes::copy_from_slice(payload), prior: 0 };
+                let entry = Entry::keyed(Bytes::copy_from_slice(payload), 0, key.map(Into::into));
                 let key = match old {
                     Some((k, _)) => {
                         st.delayed.remove(&k);
@@ -351,18 +429,29 @@ impl MemConsumer {
     }
 
     /// The gated read (see [`ConsumerBackend::read_new`]): the gates are checked under the same
-    /// lock that assigns the entries, as `read.lua` does. `Err`: a timed gate (back-off, rate
-    /// limit) is shut and opens by itself after that long.
-    fn take_new(&self, count: usize) -> Result<Vec<RawDelivery>, (Duration, Throttle)> {
+    /// lock that assigns the entries, as `read.lua` does. `Ok((entries, more))`, `more`: nothing
+    /// was taken but entries are left to look at (the bound on entries moved to waiting lines per
+    /// call was reached): call again at once. `Err`: a timed gate (back-off, rate limit) is shut
+    /// and opens by itself after that long.
+    fn take_new(&self, count: usize) -> Result<(Vec<RawDelivery>, bool), (Duration, Throttle)> {
         let mut st = self.q.state.lock().unwrap();
+        let st = &mut *st;
         if st.paused_since.is_some() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), false));
         }
         let now = Instant::now();
         let mut count = count;
-        // Back-off and rate limit (timed gates), as in read.lua.
+        // The gates in read.lua's order: back-off, max_concurrency, rate limit, per key.
         if let Some(until) = st.backoff_until.filter(|u| *u > now) {
             return Err((until - now, Throttle::Backoff));
+        }
+        if let Some(max) = self.spec.max_concurrency {
+            let held = st.pending.len();
+            if held >= max as usize {
+                st.slot_waiting = true;
+                return Ok((Vec::new(), false));
+            }
+            count = count.min(max as usize - held);
         }
         let mut rate = None;
         if let Some(r) = &self.spec.rate_limit {
@@ -375,20 +464,71 @@ impl MemConsumer {
             count = count.min(k);
             rate = Some((tat, t));
         }
-        let start = next_after(st.last_delivered);
-        let picked: Vec<(MessageId, Bytes, u32)> =
-            st.entries.range(start..).take(count).map(|(id, e)| (*id, e.payload.clone(), e.prior + 1)).collect();
+        let (picked, more) = Self::pick(st, count, self.spec.concurrency_per_key);
+        // The rate limit's tat moves on by the entries taken.
         if let Some((tat, t)) = rate.filter(|_| !picked.is_empty()) {
             st.rate_tat = Some(tat + t * picked.len() as u32);
         }
+        Ok((self.assign(st, picked), more))
+    }
+
+    /// The entries a gated read takes (up to `count`, in order), past the per-key cap `cap`:
+    /// an entry whose key is at its cap, or has waiters, moves to the end of the key's waiting
+    /// line instead. `more` as in [`MemConsumer::take_new`].
+    fn pick(st: &mut QState, count: usize, cap: Option<u32>) -> (Vec<(MessageId, Bytes, u32)>, bool) {
+        let start = next_after(st.last_delivered);
+        let Some(cap) = cap else {
+            // No per-key cap: the entries in order, as they are.
+            let picked: Vec<(MessageId, Bytes, u32)> =
+                st.entries.range(start..).take(count).map(|(id, e)| (*id, e.payload.clone(), e.prior + 1)).collect();
+            if let Some((last, _, _)) = picked.last() {
+                st.last_delivered = *last;
+            }
+            return (picked, false);
+        };
+        let mut picked: Vec<(MessageId, Bytes, u32)> = Vec::with_capacity(count);
+        // Bounded, as in read.lua: what is left waits for the next read (woken at once).
+        let mut looked = 0;
+        while picked.len() < count && looked < 10_000 {
+            let Some((&id, e)) = st.entries.range(next_after(st.last_delivered)..).next() else { break };
+            looked += 1;
+            st.last_delivered = id;
+            if let Some(k) = e.key.as_ref().filter(|k| !k.holds).map(|k| &k.key) {
+                let held = st.key_held.get(k).copied().unwrap_or(0);
+                if held < cap && !st.key_wait.contains_key(k) {
+                    let k = k.clone();
+                    *st.key_held.entry(k.clone()).or_default() += 1;
+                    st.key_ids.insert(id, k);
+                } else {
+                    let k = k.clone();
+                    let e = st.entries.remove(&id).expect("listed");
+                    st.key_wait.entry(k).or_default().push_back(e);
+                    continue;
+                }
+            }
+            picked.push((id, e.payload.clone(), e.prior + 1));
+        }
+        let more = picked.is_empty() && st.entries.range(next_after(st.last_delivered)..).next().is_some();
+        (picked, more)
+    }
+
+    /// Makes `picked` (taken by [`MemConsumer::take_new`]) pending under this consumer.
+    fn assign(&self, st: &mut QState, picked: Vec<(MessageId, Bytes, u32)>) -> Vec<RawDelivery> {
+        let now = Instant::now();
         for (id, _, _) in &picked {
-            st.last_delivered = *id;
             st.pending.insert(*id, Pel { consumer: self.me.clone(), delivered_at: now, deliveries: 1, fence: 0 });
         }
-        Ok(picked
+        picked
             .into_iter()
             .map(|(id, payload, deliveries)| RawDelivery { id, payload: Some(payload), deliveries, fence: 0 })
-            .collect())
+            .collect()
+    }
+
+    /// Wakes the waiting reads if a change under the lock asked for it ([`QState::wake`]).
+    fn wake(&self, st: &mut QState) {
+        if std::mem::take(&mut st.wake) {
+            self.q.notify.notify_waiters();
+        }
     }
 
     fn ack_locked(&self, st: &mut QState, id: &MessageId, released: bool, fence: Option<u64>) -> Owned {
@@ -409,8 +549,9 @@ impl ConsumerBackend for MemConsumer {
             tokio::pin!(notified);
             notified.as_mut().enable();
             match self.take_new(count) {
-                Ok(got) if !got.is_empty() => return Ok(got),
-                Ok(_) => {
+                Ok((got, _)) if !got.is_empty() => return Ok(got),
+                Ok((_, true)) => continue,
+                Ok((_, false)) => {
                     if tokio::time::timeout_at(deadline, notified).await.is_err() {
                         return Ok(Vec::new());
                     }
@@ -453,7 +594,7 @@ impl ConsumerBackend for MemConsumer {
                 if let Some(name) = st.scheduled_names.remove(&key) {
                     st.scheduled.remove(&name);
                 }
-                st.append(e.payload, e.prior);
+                st.append_entry(e.holding(false));
                 out.promoted += 1;
             }
             out.next_due = st.delayed.first_key_value().map(|((due, _), _)| due.saturating_duration_since(now));
@@ -486,6 +627,7 @@ impl ConsumerBackend for MemConsumer {
                 let deliveries_in_pel = st.pending[&id].deliveries + 1;
                 let Some(entry) = st.entries.get(&id) else {
                     st.pending.remove(&id);
+                    st.release(&id);
                     out.deleted += 1;
                     continue;
                 };
@@ -515,13 +657,14 @@ impl ConsumerBackend for MemConsumer {
         if out.promoted > 0 {
             self.q.notify.notify_waiters();
         }
+        self.wake(&mut self.q.state.lock().unwrap());
         Ok(out)
     }
 
     async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError> {
         let mut st = self.q.state.lock().unwrap();
         let now = Instant::now();
-        Ok(items
+        let out = items
             .iter()
             .map(|s| match s.op {
                 SettleOp::Ack => self.ack_locked(&mut st, &s.id, s.released, s.fence),
@@ -537,7 +680,9 @@ impl ConsumerBackend for MemConsumer {
                     o
                 }
             })
-            .collect())
+            .collect();
+        self.wake(&mut st);
+        Ok(out)
     }
 
     fn in_process(&self) -> bool {
@@ -546,7 +691,9 @@ impl ConsumerBackend for MemConsumer {
 
     fn ack_now(&self, id: MessageId, released: bool) -> Option<Owned> {
         let mut st = self.q.state.lock().unwrap();
-        Some(self.ack_locked(&mut st, &id, released, None))
+        let o = self.ack_locked(&mut st, &id, released, None);
+        self.wake(&mut st);
+        Some(o)
     }
 
     async fn retry_after(
@@ -573,8 +720,9 @@ impl ConsumerBackend for MemConsumer {
             let deliveries = st.pending[&id].deliveries;
             if let Some(e) = st.remove(&id) {
                 let prior = e.prior + deliveries.saturating_sub(1);
-                st.delayed.insert((now + delay, id), Entry { payload: e.payload, prior });
+                st.delayed.insert((now + delay, id), Entry { prior, ..e }.holding(false));
             }
+            self.wake(&mut st);
         }
         Ok(Owned::Done)
     }
@@ -592,6 +740,7 @@ impl ConsumerBackend for MemConsumer {
         if o == Owned::Done {
             let e = st.remove(&id).expect("owned entries exist");
             st.bury(id, e.payload, deliveries, reason);
+            self.wake(&mut st);
         }
         Ok(o)
     }
@@ -665,8 +814,25 @@ impl ConsumerBackend for MemConsumer {
                     continue;
                 }
                 let deliveries = st.pending[id].deliveries;
-                if let Some(e) = st.remove(id) {
-                    st.append(e.payload, e.prior + deliveries.saturating_sub(1));
+                // A key slot goes with the copy (it holds it), so no entry of the key overtakes it.
+                let holder = st.key_ids.remove(id);
+                match st.take_out(id) {
+                    Some(e) => {
+                        let prior = e.prior + deliveries.saturating_sub(1);
+                        let nid = st.append_entry(Entry { prior, ..e }.holding(holder.is_some()));
+                        if let Some(k) = holder {
+                            st.key_ids.insert(nid, k);
+                        }
+                    }
+                    None => {
+                        if let Some(k) = holder {
+                            st.key_ids.insert(*id, k);
+                            st.release(id);
+                        }
+                    }
+                }
+                if std::mem::take(&mut st.slot_waiting) {
+                    st.wake = true;
                 }
                 n += 1;
             }

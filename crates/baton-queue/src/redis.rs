@@ -5,14 +5,19 @@
 //!
 //! | key                      | type   | holds                                                  |
 //! |--------------------------|--------|--------------------------------------------------------|
-//! | `p:q:{q}`                | stream | the entries, field `p` = payload, `dc` = prior deliveries |
+//! | `p:q:{q}`                | stream | the entries, field `p` = payload, `dc` = prior deliveries, `k` = concurrency key, `kh` = holds its key slot already |
 //! | `p:q:{q}:dead`           | stream | dead letters: `id`, `p`, `dc`, `reason`, `at`          |
 //! | `p:q:{q}:delayed`        | zset   | original id → due time (ms) of a long `RetryAfter`     |
 //! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries    |
 //! | `p:q:{q}:consumers`      | hash   | consumer → `<ms of its last heartbeat>:<its claim timeout ms>` (server time; `0:…` stopped with entries); `~clock`, `~hold`: the queue's outage stamps |
 //! | `p:q:{q}:fences`         | hash   | entry id → fence of its latest delivery, for entries a reclaim delivered again (none: 0) |
 //! | `p:q:{q}:paused`         | string | present while paused: ms (Redis time) since when   |
-//! | `p:q:{q}:control`        | stream | the latest resume (trimmed to one entry): paused consumers wait on it |
+//! | `p:q:{q}:control`        | stream | the latest resume or freed slot (trimmed to one entry): consumers behind a shut gate wait on it |
+//! | `p:q:{q}:slotwait`       | string | present while a read found `max_concurrency` reached   |
+//! | `p:q:{q}:keys:held`      | hash   | concurrency key → entries holding one of its slots     |
+//! | `p:q:{q}:keys:ids`       | hash   | entry id → concurrency key of each slot holder         |
+//! | `p:q:{q}:keys:wait`      | zset   | the keys' waiting lines, `<key>\0<seq>`, score 0        |
+//! | `p:q:{q}:keys:wait:p`    | hash   | waiting member → `<prior deliveries>:<payload>`        |
 //! | `p:q:{q}:rate`           | string | the rate limit's GCRA theoretical arrival time (µs, Redis time); expires once past |
 //! | `p:q:{q}:backoff`        | string | present while the queue backs off (`RateLimited`); its TTL is the back-off left |
 //!
@@ -36,11 +41,14 @@
 //! with the next gated read on the same connection, so Redis
 //! runs the read the moment the wait ends: one round trip per wait, as a blocked `XREADGROUP`
 //! was, and none added while entries are there.
-//! The back-off and the rate limit are timed gates: the script says in how many ms the gate opens
-//! (back-off: the key's TTL; rate limit: GCRA over the theoretical arrival time kept in the
-//! queue's slot, in Redis time, moved on only by the entries actually taken), and the consumer
-//! sleeps that long (within its wait) before reading again: nothing to watch, no polling.
-//! Later gates (concurrency caps, priorities) belong in `read.lua` too. Every
+//! The concurrency caps (`max_concurrency`, `concurrency_per_key`) are gates of the same read
+//! (`read.lua`, with `caps.lua` prepended to it and to every script that takes entries out of the
+//! pending list: they free the slots and wake the reads waiting for one; `docs/architecture.md`,
+//! "Gates on new work"). The back-off and the rate limit are timed gates: the script says in how
+//! many ms the gate opens (back-off: the key's TTL; rate limit: GCRA over the theoretical arrival
+//! time kept in the queue's slot, in Redis time, moved on only by the entries actually taken), and
+//! the consumer sleeps that long (within its wait) before reading again: nothing to watch, no
+//! polling. Later gates (priorities, per-key rate limits) belong in `read.lua` too. Every
 //! connection of a consumer is opened on its lease thread and closed when that thread ends.
 
 use std::sync::Arc;
@@ -60,19 +68,29 @@ use crate::keys::{self, PAYLOAD_FIELD};
 use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 
 static JOIN: LuaScript = LuaScript::new("join", include_str!("../scripts/join.lua"));
-static SETTLE: LuaScript = LuaScript::new("settle", include_str!("../scripts/settle.lua"));
+static SETTLE: LuaScript =
+    LuaScript::new("settle", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/settle.lua")));
 static HEARTBEAT: LuaScript = LuaScript::new("heartbeat", include_str!("../scripts/heartbeat.lua"));
-static REQUEUE: LuaScript = LuaScript::new("requeue", include_str!("../scripts/requeue.lua"));
+static REQUEUE: LuaScript =
+    LuaScript::new("requeue", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/requeue.lua")));
 static LEAVE: LuaScript = LuaScript::new("leave", include_str!("../scripts/leave.lua"));
-static RECLAIM: LuaScript = LuaScript::new("reclaim", include_str!("../scripts/reclaim.lua"));
-static RETRY_AFTER: LuaScript = LuaScript::new("retry_after", include_str!("../scripts/retry_after.lua"));
-static DEAD_LETTER: LuaScript = LuaScript::new("dead_letter", include_str!("../scripts/dead_letter.lua"));
+static RECLAIM: LuaScript =
+    LuaScript::new("reclaim", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/reclaim.lua")));
+static RETRY_AFTER: LuaScript = LuaScript::new(
+    "retry_after",
+    concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/retry_after.lua")),
+);
+static DEAD_LETTER: LuaScript = LuaScript::new(
+    "dead_letter",
+    concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/dead_letter.lua")),
+);
 static REPLAY: LuaScript = LuaScript::new("replay", include_str!("../scripts/replay.lua"));
 static REAP: LuaScript = LuaScript::new("reap", include_str!("../scripts/reap.lua"));
 static STATS: LuaScript = LuaScript::new("stats", include_str!("../scripts/stats.lua"));
 static SCHEDULE: LuaScript = LuaScript::new("schedule", include_str!("../scripts/schedule.lua"));
 static CONSUMERS: LuaScript = LuaScript::new("consumers", include_str!("../scripts/consumers.lua"));
-static READ: LuaScript = LuaScript::new("read", include_str!("../scripts/read.lua"));
+static READ: LuaScript =
+    LuaScript::new("read", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/read.lua")));
 static PAUSE: LuaScript = LuaScript::new("pause", include_str!("../scripts/pause.lua"));
 static BACKOFF: LuaScript = LuaScript::new("backoff", include_str!("../scripts/backoff.lua"));
 
@@ -106,6 +124,9 @@ struct Keys {
     control: String,
     rate: String,
     backoff: String,
+    /// The concurrency caps' keys, in the order of `caps.lua`'s `caps_keys`: control stream, slot
+    /// waiter flag, key hold counts, key holders, key waiting line, waiting entries.
+    caps: [String; 6],
 }
 
 impl Keys {
@@ -121,6 +142,7 @@ impl Keys {
             control: keys::control(prefix, queue),
             rate: keys::rate(prefix, queue),
             backoff: keys::backoff(prefix, queue),
+            caps: keys::caps(prefix, queue),
         }
     }
 }
@@ -213,11 +235,14 @@ impl RedisQueueBackend {
 
 #[async_trait]
 impl QueueBackend for RedisQueueBackend {
-    async fn offer(&self, queue: &str, payloads: &[Bytes]) -> Result<Vec<MessageId>, QueueError> {
+    async fn offer(&self, queue: &str, payloads: &[Bytes], key: Option<&str>) -> Result<Vec<MessageId>, QueueError> {
         let keys = self.keys(queue);
         let mut pipe = redis::pipe();
         for p in payloads {
-            pipe.cmd("XADD").arg(&keys.stream).arg("*").arg(PAYLOAD_FIELD).arg(p.as_ref());
+            let xadd = pipe.cmd("XADD").arg(&keys.stream).arg("*").arg(PAYLOAD_FIELD).arg(p.as_ref());
+            if let Some(k) = key {
+                xadd.arg(keys::KEY_FIELD).arg(k);
+            }
         }
         let ids: Vec<String> = pipe.query_async(&mut self.conn.clone()).await?;
         ids.iter().map(|s| parse_id(s)).collect()
@@ -228,7 +253,9 @@ impl QueueBackend for RedisQueueBackend {
         let mut cmd = SCHEDULE.evalsha_cmd(2);
         cmd.arg(&keys.delayed).arg(&keys.delayed_payloads);
         match op {
-            ScheduleOp::Add { name, due_ms, payload } => cmd.arg("add").arg(name).arg(due_ms).arg(payload),
+            ScheduleOp::Add { name, due_ms, payload, key } => {
+                cmd.arg("add").arg(name).arg(due_ms).arg(payload).arg(key.unwrap_or(""))
+            }
             ScheduleOp::Move { name, due_ms } => cmd.arg("move").arg(name).arg(due_ms),
             ScheduleOp::Remove { name } => cmd.arg("remove").arg(name),
             ScheduleOp::Count => cmd.arg("count").arg(1000),
@@ -515,16 +542,19 @@ impl RedisConsumer {
 
     /// The gated read's `EVALSHA` (`read.lua`, module docs).
     fn read_cmd(&self, count: usize) -> redis::Cmd {
-        let mut cmd = READ.evalsha_cmd(5);
-        cmd.arg(&self.keys.stream)
-            .arg(&self.keys.paused)
-            .arg(&self.keys.control)
-            .arg(&self.keys.rate)
+        let mut cmd = READ.evalsha_cmd(10);
+        cmd.arg(&self.keys.stream).arg(&self.keys.paused);
+        for k in &self.keys.caps {
+            cmd.arg(k);
+        }
+        cmd.arg(&self.keys.rate)
             .arg(&self.keys.backoff)
             .arg(&self.group)
             .arg(&self.spec.consumer)
             .arg(count.max(1))
             .arg(&self.bell)
+            .arg(self.spec.max_concurrency.unwrap_or(0))
+            .arg(self.spec.concurrency_per_key.unwrap_or(0))
             .arg(&self.rate.0)
             .arg(&self.rate.1);
         cmd
@@ -667,14 +697,17 @@ impl ConsumerBackend for RedisConsumer {
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError> {
         let max = self.spec.max_deliveries.unwrap_or(0);
         let claim_ms = self.spec.claim_timeout.as_millis() as u64;
-        let mut cmd = RECLAIM.evalsha_cmd(6);
+        let mut cmd = RECLAIM.evalsha_cmd(12);
         cmd.arg(&self.keys.stream)
             .arg(&self.keys.dead)
             .arg(&self.keys.delayed)
             .arg(&self.keys.delayed_payloads)
             .arg(&self.keys.liveness)
-            .arg(&self.keys.fences)
-            .arg(&self.group)
+            .arg(&self.keys.fences);
+        for k in &self.keys.caps {
+            cmd.arg(k);
+        }
+        cmd.arg(&self.group)
             .arg(&self.spec.consumer)
             .arg(PARKED)
             .arg(claim_ms)
@@ -729,8 +762,12 @@ impl ConsumerBackend for RedisConsumer {
     }
 
     async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError> {
-        let mut cmd = SETTLE.evalsha_cmd_with_capacity(2, 8 + 3 * items.len(), 128 + 40 * items.len());
-        cmd.arg(&self.keys.stream).arg(&self.keys.fences).arg(&self.group).arg(&self.spec.consumer).arg(PARKED);
+        let mut cmd = SETTLE.evalsha_cmd_with_capacity(8, 14 + 3 * items.len(), 256 + 40 * items.len());
+        cmd.arg(&self.keys.stream).arg(&self.keys.fences);
+        for k in &self.keys.caps {
+            cmd.arg(k);
+        }
+        cmd.arg(&self.group).arg(&self.spec.consumer).arg(PARKED);
         for s in items {
             let op = match (s.op, s.released) {
                 (SettleOp::Ack, false) => "a",
@@ -754,6 +791,7 @@ impl ConsumerBackend for RedisConsumer {
             group: self.group.clone(),
             consumer: self.spec.consumer.clone(),
             fences: self.keys.fences.clone(),
+            caps: self.keys.caps.clone(),
         })
     }
 
@@ -767,7 +805,18 @@ impl ConsumerBackend for RedisConsumer {
         let r: redis::RedisResult<i64> = RETRY_AFTER
             .run(
                 &mut self.conn.clone(),
-                &[&self.keys.stream, &self.keys.delayed, &self.keys.delayed_payloads, &self.keys.fences],
+                &[
+                    &self.keys.stream,
+                    &self.keys.delayed,
+                    &self.keys.delayed_payloads,
+                    &self.keys.fences,
+                    &self.keys.caps[0],
+                    &self.keys.caps[1],
+                    &self.keys.caps[2],
+                    &self.keys.caps[3],
+                    &self.keys.caps[4],
+                    &self.keys.caps[5],
+                ],
                 &[
                     &self.group,
                     &self.spec.consumer,
@@ -798,7 +847,17 @@ impl ConsumerBackend for RedisConsumer {
         let r: redis::RedisResult<i64> = DEAD_LETTER
             .run(
                 &mut self.conn.clone(),
-                &[&self.keys.stream, &self.keys.dead, &self.keys.fences],
+                &[
+                    &self.keys.stream,
+                    &self.keys.dead,
+                    &self.keys.fences,
+                    &self.keys.caps[0],
+                    &self.keys.caps[1],
+                    &self.keys.caps[2],
+                    &self.keys.caps[3],
+                    &self.keys.caps[4],
+                    &self.keys.caps[5],
+                ],
                 &[
                     &self.group,
                     &self.spec.consumer,
@@ -891,8 +950,12 @@ impl ConsumerBackend for RedisConsumer {
 
     async fn requeue(&self, ids: &[MessageId], fences: &[u64]) -> Result<u64, QueueError> {
         debug_assert!(fences.is_empty() || fences.len() == ids.len());
-        let mut cmd = REQUEUE.evalsha_cmd(2);
-        cmd.arg(&self.keys.stream).arg(&self.keys.fences).arg(&self.group).arg(&self.spec.consumer);
+        let mut cmd = REQUEUE.evalsha_cmd(8);
+        cmd.arg(&self.keys.stream).arg(&self.keys.fences);
+        for k in &self.keys.caps {
+            cmd.arg(k);
+        }
+        cmd.arg(&self.group).arg(&self.spec.consumer);
         for (i, id) in ids.iter().enumerate() {
             cmd.arg(id.to_string()).arg(fence_arg(fences.get(i).copied()));
         }

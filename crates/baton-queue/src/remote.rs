@@ -43,11 +43,24 @@ pub struct RemoteOptions {
     /// consumer's reads ([`ConsumerOptions::rate_limit`](crate::ConsumerOptions::rate_limit)).
     /// Default `None`.
     pub rate_limit: Option<crate::RateLimit>,
+    /// As [`ConsumerOptions::max_concurrency`](crate::ConsumerOptions::max_concurrency): the gated
+    /// reads of this worker take new entries only while fewer are pending in the group. Default
+    /// `None`.
+    pub max_concurrency: Option<u32>,
+    /// As [`ConsumerOptions::concurrency_per_key`](crate::ConsumerOptions::concurrency_per_key).
+    /// Default `None`.
+    pub concurrency_per_key: Option<u32>,
 }
 
 impl Default for RemoteOptions {
     fn default() -> Self {
-        Self { claim_timeout: Duration::from_secs(30), max_deliveries: Some(5), rate_limit: None }
+        Self {
+            claim_timeout: Duration::from_secs(30),
+            max_deliveries: Some(5),
+            rate_limit: None,
+            max_concurrency: None,
+            concurrency_per_key: None,
+        }
     }
 }
 
@@ -127,6 +140,7 @@ impl RemoteConsumer {
         if opts.max_deliveries == Some(0) {
             return Err(QueueError::InvalidSettings("max_deliveries must be at least 1 (or none)".into()));
         }
+        crate::settings::validate_caps(opts.max_concurrency, opts.concurrency_per_key)?;
         let spec = ConsumerSpec {
             queue: queue.to_string(),
             consumer: name.to_string(),
@@ -134,6 +148,8 @@ impl RemoteConsumer {
             heartbeat: opts.claim_timeout / 3,
             max_deliveries: opts.max_deliveries,
             rate_limit: opts.rate_limit,
+            max_concurrency: opts.max_concurrency,
+            concurrency_per_key: opts.concurrency_per_key,
         };
         let backend = backend.open_consumer(spec).await?;
         Ok(RemoteConsumer {

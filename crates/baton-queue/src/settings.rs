@@ -36,6 +36,19 @@ pub struct ConsumerOptions {
     /// Prefix of the consumer name; the name is `<prefix>-<uuid v7>`, unique per incarnation.
     /// Default `baton`.
     pub consumer_prefix: String,
+    /// The most entries pending in the queue's group at once, across every consumer and process
+    /// (≥ 1): a consumer's gated read takes new entries only while fewer are pending. Pending
+    /// means running, handed back and waiting for a reclaim, or waiting for a short `RetryAfter`
+    /// re-poll: all of them count. Decided atomically with the take (in `read.lua` on Redis). The
+    /// cap is the reading consumer's: consumers of one queue should agree on it. `None`: no cap
+    /// (default).
+    pub max_concurrency: Option<u32>,
+    /// The most entries of one concurrency key (offered with
+    /// [`OfferOptions::concurrency_key`](crate::OfferOptions::concurrency_key)) holding a slot at
+    /// once, across every consumer and process (≥ 1). Other entries of the key wait in the key's
+    /// waiting line (not pending, not in the stream) and start in offer order as slots free.
+    /// Entries without a key are not limited by it. `None`: no cap (default).
+    pub concurrency_per_key: Option<u32>,
     /// The queue's rate limit: new entries are taken at most at this rate by all of the queue's
     /// consumers together (checked in the same atomic step that takes them). `None` (default):
     /// no limit. Every consumer of a queue should be given the same limit: each read applies its
@@ -120,6 +133,8 @@ impl Default for ConsumerOptions {
             reap_idle_consumers_after: Some(Duration::from_secs(3600)),
             consumer_prefix: "baton".to_string(),
             rate_limit: None,
+            max_concurrency: None,
+            concurrency_per_key: None,
         }
     }
 }
@@ -154,6 +169,14 @@ impl ConsumerOptions {
     }
     pub fn with_reap_idle_consumers_after(mut self, d: Option<Duration>) -> Self {
         self.reap_idle_consumers_after = d;
+        self
+    }
+    pub fn with_max_concurrency(mut self, n: Option<u32>) -> Self {
+        self.max_concurrency = n;
+        self
+    }
+    pub fn with_concurrency_per_key(mut self, n: Option<u32>) -> Self {
+        self.concurrency_per_key = n;
         self
     }
     pub fn with_consumer_prefix(mut self, p: impl Into<String>) -> Self {
@@ -223,6 +246,7 @@ impl ConsumerOptions {
                 ));
             }
         }
+        validate_caps(self.max_concurrency, self.concurrency_per_key)?;
         if self.consumer_prefix.is_empty()
             || self.consumer_prefix.len() > 100
             || self.consumer_prefix.chars().any(|c| c.is_control() || c.is_whitespace())
@@ -237,6 +261,17 @@ impl ConsumerOptions {
         }
         Ok(())
     }
+}
+
+/// `max_concurrency` and `concurrency_per_key`: at least 1 when set.
+pub(crate) fn validate_caps(max_concurrency: Option<u32>, per_key: Option<u32>) -> Result<(), QueueError> {
+    if max_concurrency == Some(0) {
+        return Err(QueueError::InvalidSettings("max_concurrency must be at least 1 (or None for no cap)".into()));
+    }
+    if per_key == Some(0) {
+        return Err(QueueError::InvalidSettings("concurrency_per_key must be at least 1 (or None for no cap)".into()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -278,6 +313,8 @@ mod tests {
             (ConsumerOptions::new().with_max_deliveries(Some(0)), "max_deliveries"),
             (ConsumerOptions::new().with_poll_interval(Duration::from_millis(1)), "poll_interval"),
             (ConsumerOptions::new().with_consumer_prefix("a b"), "consumer_prefix"),
+            (ConsumerOptions::new().with_max_concurrency(Some(0)), "max_concurrency must be at least 1"),
+            (ConsumerOptions::new().with_concurrency_per_key(Some(0)), "concurrency_per_key must be at least 1"),
             (
                 ConsumerOptions::new().with_reap_idle_consumers_after(Some(Duration::from_secs(1))),
                 "reap_idle_consumers_after",

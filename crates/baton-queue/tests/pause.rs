@@ -220,7 +220,7 @@ async fn nothing_is_taken_while_the_flag_is_set(b: TestBackend) {
             .remote_consumer(
                 &q,
                 &format!("reader-{r}"),
-                RemoteOptions { claim_timeout: Duration::from_secs(30), max_deliveries: None, rate_limit: None },
+                RemoteOptions { claim_timeout: Duration::from_secs(30), max_deliveries: None, ..Default::default() },
             )
             .await
             .unwrap();

@@ -101,6 +101,7 @@ async fn claims_take_the_burst_then_one_per_interval(b: TestBackend) {
         claim_timeout: Duration::from_secs(30),
         max_deliveries: None,
         rate_limit: Some(RateLimit::new(1, Duration::from_secs(2)).with_burst(3)),
+        ..Default::default()
     };
     let w = s.remote_consumer(&q, "worker-1", opts).await.unwrap();
     let first = w.claim(10, Duration::ZERO).await.unwrap();

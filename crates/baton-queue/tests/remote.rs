@@ -54,7 +54,7 @@ async fn consumers_are_listed_live_and_dead(b: TestBackend) {
 }
 
 fn opts(ct: Duration) -> RemoteOptions {
-    RemoteOptions { claim_timeout: ct, max_deliveries: Some(5), rate_limit: None }
+    RemoteOptions { claim_timeout: ct, max_deliveries: Some(5), ..Default::default() }
 }
 
 async fn claim_renew_settle(b: TestBackend) {

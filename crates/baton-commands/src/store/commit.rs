@@ -17,7 +17,11 @@ use baton_redis::{LuaScript, RedisConn};
 
 static TRANSITIONS: LuaScript = LuaScript::new(
     "transitions",
-    concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/transitions.lua")),
+    concat!(
+        include_str!("../../scripts/lib.lua"),
+        include_str!("../../../baton-queue/scripts/caps.lua"),
+        include_str!("../../scripts/transitions.lua")
+    ),
 );
 static SUBMITS: LuaScript = LuaScript::new(
     "submits",
@@ -89,13 +93,16 @@ impl Batch for Transition {
                         + 112
                 })
                 .sum::<usize>();
-        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(11 + n, 6 + 11 + n * 17, bytes);
+        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(17 + n, 6 + 17 + n * 17, bytes + 256);
         for k in &keys.index {
             cmd.arg(k);
         }
         cmd.arg(&keys.stream).arg(&keys.fences).arg(&keys.feed).arg(&keys.hooks).arg(&keys.minutes);
         for t in batch {
             cmd.arg(&t.state_key);
+        }
+        for k in &keys.caps {
+            cmd.arg(k);
         }
         cmd.arg(n).arg(&keys.channel).arg(&keys.group);
         for t in batch {
@@ -144,6 +151,8 @@ pub(crate) struct Submit {
     pub feed_max: u64,
     /// A scheduled command's due time (ms since the epoch), or `None` to enqueue at once.
     pub due_ms: Option<u64>,
+    /// The entry's concurrency key (`baton_queue::keys::KEY_FIELD`), if any.
+    pub concurrency_key: Option<String>,
 }
 
 impl Batch for Submit {
@@ -160,7 +169,7 @@ impl Batch for Submit {
                 .map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + s.event.len() + 112)
                 .sum::<usize>();
         let per = if lookups { 2 } else { 1 };
-        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(6 + per * n, 16 + n * 13, bytes);
+        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(6 + per * n, 16 + n * 14, bytes + 260 * n);
         cmd.arg(&keys.index[0])
             .arg(&keys.index[1])
             .arg(&keys.stream)
@@ -194,6 +203,7 @@ impl Batch for Submit {
                 Some(ms) => cmd.arg(ms).arg(s.ttl_ms).arg(s.lookup_ttl_ms),
                 None => cmd.arg("").arg("").arg(""),
             };
+            cmd.arg(s.concurrency_key.as_deref().unwrap_or(""));
         }
         cmd
     }
@@ -209,6 +219,8 @@ pub(crate) struct BatchKeys {
     pub stream: String,
     /// Its fence hash (`baton_queue::keys::fences`).
     pub fences: String,
+    /// Its concurrency-cap keys (`baton_queue::keys::caps`).
+    pub caps: [String; 6],
     /// Its delayed set and their payloads (`baton_queue::keys::delayed`, `delayed_payloads`):
     /// where scheduled commands wait.
     pub delayed: String,

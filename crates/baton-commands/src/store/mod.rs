@@ -344,6 +344,15 @@ impl CommandStore {
         if let Some(at) = command.run_at {
             Self::within_schedule_max(at, now)?;
         }
+        if let Some(k) = &command.concurrency_key {
+            baton_queue::validate_concurrency_key(k).map_err(|_| {
+                CommandError::InvalidConcurrencyKey(format!(
+                    "use 1 to {} bytes without control characters (got {} bytes)",
+                    baton_queue::MAX_CONCURRENCY_KEY_LEN,
+                    k.len()
+                ))
+            })?;
+        }
         let token = new_token();
         let state = CommandState {
             id: command.id.clone(),
@@ -366,6 +375,7 @@ impl CommandStore {
             execution: None,
             output,
             run_at: command.run_at,
+            concurrency_key: command.concurrency_key.clone(),
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,

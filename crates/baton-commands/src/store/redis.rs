@@ -23,7 +23,11 @@ use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
 static TRANSITION: LuaScript = LuaScript::new(
     "transition",
-    concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/transition.lua")),
+    concat!(
+        include_str!("../../scripts/lib.lua"),
+        include_str!("../../../baton-queue/scripts/caps.lua"),
+        include_str!("../../scripts/transition.lua")
+    ),
 );
 static LOOKUP_TAKEOVER: LuaScript =
     LuaScript::new("lookup_takeover", include_str!("../../scripts/lookup_takeover.lua"));
@@ -121,6 +125,7 @@ impl QKeys {
             index,
             stream: baton_queue::keys::stream(prefix, queue),
             fences: baton_queue::keys::fences(prefix, queue),
+            caps: baton_queue::keys::caps(prefix, queue),
             delayed: baton_queue::keys::delayed(prefix, queue),
             delayed_payloads: baton_queue::keys::delayed_payloads(prefix, queue),
             feed: format!("{base}:feed"),
@@ -476,6 +481,7 @@ impl StateBackend for RedisStateBackend {
                 event: feed_event.clone(),
                 feed_max,
                 due_ms: state.run_at.map(|t| t.millis()),
+                concurrency_key: state.concurrency_key.clone(),
             };
             // A submit is idempotent (same id and body: the stored state), so it is sent once
             // more after a dropped connection (e.g. the first command after a Redis restart);
@@ -636,6 +642,7 @@ impl StateBackend for RedisStateBackend {
                 Some((id, t)) => {
                     keys.push(&t.stream);
                     keys.push(&t.fences);
+                    keys.extend(t.caps.iter().map(String::as_str));
                     (id.as_str(), t.group.as_str())
                 }
                 None => ("", ""),

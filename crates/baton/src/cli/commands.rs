@@ -55,6 +55,10 @@ pub enum CommandsOp {
         /// Schedule it this long from now, e.g. 30s, 10m, 2h.
         #[arg(long, value_parser = duration_arg)]
         delay: Option<Duration>,
+        /// Its concurrency key (1 – 256 bytes): on a queue with concurrency_per_key, commands of
+        /// one key run at most that many at once, in submit order.
+        #[arg(long)]
+        concurrency_key: Option<String>,
     },
     /// Move the due time of a scheduled command still waiting for it (refused with exit code 4
     /// once it has been enqueued, started or ended).
@@ -181,6 +185,7 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             output_silence_timeout,
             run_at,
             delay,
+            concurrency_key,
         } => {
             // The params are sent as their text, byte for byte (the server keeps them so).
             let params: &RawValue = match params.as_deref() {
@@ -206,7 +211,15 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
                 output.then_some(Value::Bool(true))
             };
             let delay = delay.map(|d| format!("{}ms", d.as_millis()));
-            let body = SubmitBody { id: id.as_deref(), command_type: &command_type, params, output, run_at, delay };
+            let body = SubmitBody {
+                id: id.as_deref(),
+                command_type: &command_type,
+                params,
+                output,
+                run_at,
+                delay,
+                concurrency_key,
+            };
             let body = serde_json::to_string(&body).expect("serializable");
             let url = format!("/v1/queues/{}/commands", encode_segment(&queue));
             let res = cl
@@ -477,6 +490,8 @@ struct SubmitBody<'a> {
     run_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     delay: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    concurrency_key: Option<String>,
 }
 
 /// Sends, requires a 2xx, and returns the JSON body as text and as a value.
@@ -500,6 +515,7 @@ fn print_state(s: &Value, text: &str) {
         "errors_count",
         "created_at",
         "run_at",
+        "concurrency_key",
         "started_at",
         "modified_at",
         "completed_at",

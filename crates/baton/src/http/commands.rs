@@ -3,7 +3,7 @@
 //!
 //! | Route | Success | Errors |
 //! |---|---|---|
-//! | `POST /v1/queues/{queue}/commands` body `{"id"?: string, "type": string, "params"?: any, "output"?: true \| {"path"?, "content_type"?, "silence_timeout"?}, "run_at"?: RFC 3339, "delay"?: "30s" \| ms}` | `202` + state (new), `200` + state (same id, body, output and due time) | `400` bad JSON / body shape / id / type / params / output / run_at / delay (both given), `403` an output stream the token may not write, `404` unknown queue, `409` same id with another body or output, `413` body over `max_command_body` |
+//! | `POST /v1/queues/{queue}/commands` body `{"id"?: string, "type": string, "params"?: any, "output"?: true \| {"path"?, "content_type"?, "silence_timeout"?}, "run_at"?: RFC 3339, "delay"?: "30s" \| ms, "concurrency_key"?: string}` | `202` + state (new), `200` + state (same id, body, output and due time) | `400` bad JSON / body shape / id / type / params / output / run_at / delay (both given) / concurrency_key (not a string of 1 – 256 bytes), `403` an output stream the token may not write, `404` unknown queue, `409` same id with another body or output, `413` body over `max_command_body` |
 //! | `GET /v1/commands/{id}?wait=30s` | `200` + state (after at most `wait`, earlier once terminal) | `400` bad id or wait, `404` unknown id, `503` all live-reader slots taken (a wait holds one) |
 //! | `POST /v1/commands/{id}/cancel` | `200` + state (`CANCELLED`) | `400` bad id, `404` unknown id, `409` already terminal (with `state`) |
 //! | `POST /v1/commands/{id}/schedule` body `{"run_at": RFC 3339}` or `{"delay": "30s" \| ms}` | `200` + state (new `run_at`) | `400` bad body, `404` unknown id, `409` not waiting for a due time (`not_scheduled`, with `state`) |
@@ -65,11 +65,16 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
     let Ok(mut m) = serde_json::from_slice::<BTreeMap<String, &RawValue>>(body) else {
         return Err(body_error(body));
     };
-    if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "id" | "type" | "params" | "output" | "run_at" | "delay"))
+    if let Some(k) = m
+        .keys()
+        .find(|k| !matches!(k.as_str(), "id" | "type" | "params" | "output" | "run_at" | "delay" | "concurrency_key"))
     {
         return Err(ApiError::invalid(
             "invalid_body",
-            format!("unknown field {}; a command body has only id, type, params, output, run_at and delay", echo(k)),
+            format!(
+                "unknown field {}; a command body has only id, type, params, output, run_at, delay and concurrency_key",
+                echo(k)
+            ),
         ));
     }
     let field = |raw: Option<&RawValue>| -> Result<Option<Value>, ApiError> {
@@ -104,6 +109,28 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
         Some(Due::At(at)) => command.with_run_at(at),
         Some(Due::After(d)) => command.with_delay(d),
         None => command,
+    };
+    let command = match field(m.remove("concurrency_key"))? {
+        None | Some(Value::Null) => command,
+        Some(Value::String(k)) => {
+            baton_queue::validate_concurrency_key(&k).map_err(|_| {
+                ApiError::invalid(
+                    "invalid_body",
+                    format!(
+                        "\"concurrency_key\" must be 1 to {} bytes without control characters; got {} bytes",
+                        baton_queue::MAX_CONCURRENCY_KEY_LEN,
+                        k.len()
+                    ),
+                )
+            })?;
+            command.with_concurrency_key(k)
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "invalid_body",
+                format!("\"concurrency_key\" must be a string (1 to 256 bytes); got {}", kind_of(&other)),
+            ))
+        }
     };
     Ok(match output {
         Some(spec) => command.with_output(spec),
@@ -567,7 +594,26 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"type":"e","prams":1}"#).1,
-            "unknown field \"prams\"; a command body has only id, type, params, output, run_at and delay"
+            "unknown field \"prams\"; a command body has only id, type, params, output, run_at, delay and concurrency_key"
+        );
+        let c = parse_submit(br#"{"type":"echo","concurrency_key":"tenant-7"}"#).unwrap();
+        assert_eq!(c.concurrency_key(), Some("tenant-7"));
+        assert_eq!(parse_submit(br#"{"type":"echo","concurrency_key":null}"#).unwrap().concurrency_key(), None);
+        assert_eq!(
+            err(r#"{"type":"e","concurrency_key":5}"#),
+            (StatusCode::BAD_REQUEST, "\"concurrency_key\" must be a string (1 to 256 bytes); got a number".into())
+        );
+        let long = format!(r#"{{"type":"e","concurrency_key":"{}"}}"#, "k".repeat(257));
+        assert_eq!(
+            err(&long),
+            (
+                StatusCode::BAD_REQUEST,
+                "\"concurrency_key\" must be 1 to 256 bytes without control characters; got 257 bytes".into()
+            )
+        );
+        assert_eq!(
+            err(r#"{"type":"e","concurrency_key":""}"#).1,
+            "\"concurrency_key\" must be 1 to 256 bytes without control characters; got 0 bytes"
         );
     }
 

@@ -260,6 +260,7 @@ impl From<CommandError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "not_scheduled", msg).with_serialized_field("state", &st)
             }
             InvalidSchedule(_) => ApiError::invalid("invalid_body", msg),
+            InvalidConcurrencyKey(_) => ApiError::invalid("invalid_body", msg),
             Queue(QueueError::InvalidQueueName(_)) => ApiError::invalid("invalid_queue", msg),
             Corrupt { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_state", msg),
             Output(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "output_unavailable", msg),

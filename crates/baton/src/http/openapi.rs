@@ -188,7 +188,8 @@ fn schemas() -> Value {
                 ] },
             "run_at": { "type": "string", "format": "date-time", "description": "Schedule the command: stored now (SUBMITTED, its `run_at` shown), its handler not called before this time (a time not in the future: at once; at most 366 days ahead). Its message waits in the queue's delayed set, never pending, and is enqueued within a few ms of the due time by a running consumer of the queue. Not with `delay`. Part of the request: a resubmit of the id with another `run_at` (or none) is a 409." },
             "delay": { "description": "Schedule the command this long from now (`30s`, `1m`, `500ms`, or a number of milliseconds); as `run_at`, not with it. A resubmit of a scheduled id with a `delay` matches whatever its due time.",
-                "oneOf": [ { "type": "string" }, { "type": "integer", "minimum": 0 } ] } } },
+                "oneOf": [ { "type": "string" }, { "type": "integer", "minimum": 0 } ] },
+            "concurrency_key": { "type": "string", "minLength": 1, "maxLength": 256, "description": "The command's concurrency key (1 to 256 bytes, no control characters): on a queue with `concurrency_per_key` (configuration), at most that many commands of one key run at once across every process, the others starting in submit order as those end. Stored and shown in the state. Not part of the idempotent body. A re-run or a hand-off enqueues the command without it." } } },
         "ScheduleRequest": { "type": "object", "additionalProperties": false, "minProperties": 1, "maxProperties": 1,
             "description": "The new due time: `run_at` or `delay`, exactly one.",
             "properties": {
@@ -220,7 +221,8 @@ fn schemas() -> Value {
                 "details": { "description": "The handler's last checkpoint (any JSON; an HTTP worker's renewal, or `Command::checkpoint` of an in-process handler): handed to the next delivery. Absent until reported." },
                 "execution": r("Execution"),
                 "output": r("OutputLink"),
-                "run_at": { "allOf": [ts()], "description": "A scheduled command's due time (submitted with `run_at` or `delay`, or rescheduled); it waits for it while SUBMITTED with `run_at` in the future. Stays after the command ran. Absent for a command submitted to run at once." } } },
+                "run_at": { "allOf": [ts()], "description": "A scheduled command's due time (submitted with `run_at` or `delay`, or rescheduled); it waits for it while SUBMITTED with `run_at` in the future. Stays after the command ran. Absent for a command submitted to run at once." },
+                "concurrency_key": { "type": "string", "description": "The concurrency key it was submitted with; absent without one." } } },
         "Execution": { "type": "object", "required": ["worker", "call", "since", "deliveries", "deadline"], "additionalProperties": false,
             "description": "The in-process handler call working on the command now, written about a second after it started (shorter calls never show one) and removed by its outcome. Absent otherwise.",
             "properties": {

@@ -10,6 +10,8 @@
 //! max_processing_time = "15m"      # a handler running longer loses its lease (it is signalled)
 //! poll_interval = "1s"             # reclaim cadence (default: the work queue's)
 //! reap_idle_consumers_after = "1h" # dead group members (no heartbeat this long, nothing pending) are removed, or "never"
+//! max_concurrency = 50             # commands running at once across every process (default: no cap)
+//! concurrency_per_key = 1          # commands of one concurrency_key running at once (default: no cap)
 //! retry = { max_attempts = 5, initial_backoff = "1s", backoff_factor = 2.0, max_backoff = "5m" }
 //! rate_limit = { limit = 1000, per = "1s", burst = 50 }  # commands started at most 1000/s by all workers; burst default = limit
 //! events = { enabled = true, max_len = 100000 }  # the queue's event feed: on, the newest 100,000 kept
@@ -76,6 +78,9 @@ pub struct QueueFile {
     pub poll_interval: Option<String>,
     /// A duration, or `"never"` (also `"none"`, `"off"`).
     pub reap_idle_consumers_after: Option<String>,
+    /// Signed, so that a negative value is refused with the key named (not as a TOML type error).
+    pub max_concurrency: Option<i64>,
+    pub concurrency_per_key: Option<i64>,
     pub retry: Option<RetryFile>,
     /// `rate_limit = { limit, per, burst }`: the queue's rate limit.
     pub rate_limit: Option<RateLimitFile>,
@@ -281,6 +286,13 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
         let r = f.retry.clone().unwrap_or_default();
         let dr = RetryPolicy::default();
         let settings_claim = dur(&f.claim_timeout, "claim_timeout")?.unwrap_or(d.claim_timeout);
+        let cap = |v: Option<i64>, k: &str| -> Result<Option<u32>, String> {
+            match v {
+                None => Ok(None),
+                Some(n) if (1..=u32::MAX as i64).contains(&n) => Ok(Some(n as u32)),
+                Some(n) => Err(format!("{}: must be at least 1 (got {n}); leave it out for no cap", key(k))),
+            }
+        };
         let settings = QueueSettings {
             concurrency: f.concurrency.unwrap_or(d.concurrency),
             claim_timeout: settings_claim,
@@ -294,6 +306,8 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
                 None => d.reap_idle_consumers_after.map(|w| w.max(settings_claim.saturating_mul(2))),
                 Some(v) => parse_reap(v).map_err(|e| format!("{}: {e}", key("reap_idle_consumers_after")))?,
             },
+            max_concurrency: cap(f.max_concurrency, "max_concurrency")?,
+            concurrency_per_key: cap(f.concurrency_per_key, "concurrency_per_key")?,
             retry: RetryPolicy {
                 max_attempts: r.max_attempts.unwrap_or(dr.max_attempts),
                 initial_backoff: dur(&r.initial_backoff, "retry.initial_backoff")?.unwrap_or(dr.initial_backoff),
@@ -647,6 +661,27 @@ mod tests {
             describe_queues(&q),
             "lifecycle (hook=http, nap=sleep); quick (no handlers: its workers run elsewhere)"
         );
+    }
+
+    #[test]
+    fn concurrency_caps_from_toml() {
+        let q = parse(
+            r#"
+            [queues.a]
+            max_concurrency = 50
+            concurrency_per_key = 1
+            [queues.b]
+            "#,
+        )
+        .unwrap();
+        assert_eq!((q[0].settings.max_concurrency, q[0].settings.concurrency_per_key), (Some(50), Some(1)));
+        assert_eq!((q[1].settings.max_concurrency, q[1].settings.concurrency_per_key), (None, None));
+        for (text, want) in [
+            ("[queues.a]\nmax_concurrency = 0", "queues.a.max_concurrency: must be at least 1 (got 0)"),
+            ("[queues.a]\nconcurrency_per_key = -2", "queues.a.concurrency_per_key: must be at least 1 (got -2)"),
+        ] {
+            assert_eq!(parse(text).unwrap_err(), format!("{want}; leave it out for no cap"));
+        }
     }
 
     #[test]
