@@ -1077,7 +1077,7 @@ mod tests {
             .flat_map(|s| s.lines())
             .filter(|l| l.contains("'XADD'") && !l.contains("'i', id, 'e'"))
             .collect();
-        assert_eq!(xadds.len(), 4, "{xadds:?}");
+        assert_eq!(xadds.len(), 5, "{xadds:?}");
         for line in xadds {
             assert!(line.contains(&field), "{line:?} does not write the work queue's payload field {field:?}");
         }
