@@ -47,10 +47,16 @@ baton_testkit::on_every_backend!(
 async fn owner_checked_transitions(b: TestBackend) {
     let Some(config) = b.redis_config() else { return }; // Redis scripts
     let mut conn = baton_redis::RedisClient::new(config).unwrap().shared().await.unwrap();
-    let one =
-        redis::Script::new(concat!(include_str!("../scripts/lib.lua"), include_str!("../scripts/transition.lua")));
-    let many =
-        redis::Script::new(concat!(include_str!("../scripts/lib.lua"), include_str!("../scripts/transitions.lua")));
+    let one = redis::Script::new(concat!(
+        include_str!("../scripts/lib.lua"),
+        include_str!("../../baton-queue/scripts/caps.lua"),
+        include_str!("../scripts/transition.lua")
+    ));
+    let many = redis::Script::new(concat!(
+        include_str!("../scripts/lib.lua"),
+        include_str!("../../baton-queue/scripts/caps.lua"),
+        include_str!("../scripts/transitions.lua")
+    ));
     let q = queue_name("owned");
     let base = format!("t:cmd:{{{q}}}");
     let idx = |s: &str| format!("{base}:s:{s}");
@@ -95,6 +101,8 @@ async fn owner_checked_transitions(b: TestBackend) {
     let succeeded = format!("2 SUCCEEDED 1000 {sha} {{}}");
     // A and C were delivered again by reclaims (fences 1 and 2).
     let fences = format!("t:q:{{{q}}}:fences");
+    // The queue's concurrency-cap keys (both scripts free an acked entry's slots).
+    let caps = baton_queue::keys::caps("t", &q);
     let _: () = redis::cmd("HSET")
         .arg(&fences)
         .arg(&entries[0])
@@ -117,6 +125,9 @@ async fn owner_checked_transitions(b: TestBackend) {
             .key(format!("{base}:minutes"))
             .key(&stream)
             .key(&fences);
+        for k in &caps {
+            inv.key(k);
+        }
         inv.arg("1 SUBMITTED ")
             .arg(&succeeded)
             .arg(60_000)
@@ -148,6 +159,9 @@ async fn owner_checked_transitions(b: TestBackend) {
     inv.key(&stream).key(&fences).key(format!("{base}:feed")).key(&hooks).key(format!("{base}:minutes"));
     for id in ["B", "C", "D"] {
         inv.key(format!("{base}:id:{id}"));
+    }
+    for k in &caps {
+        inv.key(k);
     }
     inv.arg(3).arg(format!("{base}:events")).arg("g");
     for (n, (id, owner, fence)) in [("B", "w2", ""), ("C", "w1", "2"), ("D", "w1", "")].into_iter().enumerate() {
@@ -213,8 +227,11 @@ async fn owner_checked_transitions(b: TestBackend) {
 async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
     let Some(config) = b.redis_config() else { return }; // a Redis script
     let mut conn = baton_redis::RedisClient::new(config).unwrap().shared().await.unwrap();
-    let script =
-        redis::Script::new(concat!(include_str!("../scripts/lib.lua"), include_str!("../scripts/transitions.lua")));
+    let script = redis::Script::new(concat!(
+        include_str!("../scripts/lib.lua"),
+        include_str!("../../baton-queue/scripts/caps.lua"),
+        include_str!("../scripts/transitions.lua")
+    ));
     let q = queue_name("twice");
     let base = format!("t:cmd:{{{q}}}");
     let idx = |s: &str| format!("{base}:s:{s}");
