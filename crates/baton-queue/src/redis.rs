@@ -130,6 +130,12 @@ struct Keys {
 }
 
 impl Keys {
+    /// `head` followed by the six concurrency-cap keys: the KEYS of a script that takes entries
+    /// out of the pending list with `caps.lua` prepended (its `caps_keys(#head + 1)`).
+    fn with_caps<'a>(&'a self, head: &[&'a str]) -> Vec<&'a str> {
+        head.iter().copied().chain(self.caps.iter().map(String::as_str)).collect()
+    }
+
     fn new(prefix: &str, queue: &str) -> Self {
         Self {
             stream: keys::stream(prefix, queue),
@@ -805,18 +811,12 @@ impl ConsumerBackend for RedisConsumer {
         let r: redis::RedisResult<i64> = RETRY_AFTER
             .run(
                 &mut self.conn.clone(),
-                &[
+                &self.keys.with_caps(&[
                     &self.keys.stream,
                     &self.keys.delayed,
                     &self.keys.delayed_payloads,
                     &self.keys.fences,
-                    &self.keys.caps[0],
-                    &self.keys.caps[1],
-                    &self.keys.caps[2],
-                    &self.keys.caps[3],
-                    &self.keys.caps[4],
-                    &self.keys.caps[5],
-                ],
+                ]),
                 &[
                     &self.group,
                     &self.spec.consumer,
@@ -847,17 +847,7 @@ impl ConsumerBackend for RedisConsumer {
         let r: redis::RedisResult<i64> = DEAD_LETTER
             .run(
                 &mut self.conn.clone(),
-                &[
-                    &self.keys.stream,
-                    &self.keys.dead,
-                    &self.keys.fences,
-                    &self.keys.caps[0],
-                    &self.keys.caps[1],
-                    &self.keys.caps[2],
-                    &self.keys.caps[3],
-                    &self.keys.caps[4],
-                    &self.keys.caps[5],
-                ],
+                &self.keys.with_caps(&[&self.keys.stream, &self.keys.dead, &self.keys.fences]),
                 &[
                     &self.group,
                     &self.spec.consumer,
