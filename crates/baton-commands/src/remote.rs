@@ -461,6 +461,7 @@ impl RemoteWorkers {
             claim_timeout: settings.claim_timeout.max(Duration::from_secs(1)),
             max_deliveries: None,
             rate_limit: settings.rate_limit,
+            rate_limit_per_key: settings.rate_limit_per_key,
             // The queue's concurrency caps gate remote workers' claims as they gate in-process
             // consumers' reads (the same gated read).
             max_concurrency: settings.max_concurrency,

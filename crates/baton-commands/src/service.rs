@@ -84,6 +84,12 @@ pub struct QueueSettings {
     /// queue's [`RateLimit`](baton_queue::RateLimit), in-process and remote workers). `None`
     /// (default): no limit. Every process serving the queue should say the same.
     pub rate_limit: Option<baton_queue::RateLimit>,
+    /// A rate limit per concurrency key ([`Command::with_concurrency_key`]): commands of one key
+    /// are started at most at this rate by all of the queue's workers together (the work queue's
+    /// [`rate_limit_per_key`](baton_queue::ConsumerOptions::rate_limit_per_key)); a command over
+    /// its key's rate waits in the queue's delayed set, not in front of other keys' commands.
+    /// Commands without a key are not limited by it. `None` (default): no limit.
+    pub rate_limit_per_key: Option<baton_queue::RateLimit>,
     /// The most commands of this queue running at once across every process (the work queue's
     /// `max_concurrency`: messages pending in its group, commands waiting for a `check_status`
     /// re-poll shorter than `claim_timeout` included). `None`: no cap (default); at least 1.
@@ -119,6 +125,7 @@ impl Default for QueueSettings {
             consumer_prefix: "baton-cmd".into(),
             reap_idle_consumers_after: ConsumerOptions::default().reap_idle_consumers_after,
             rate_limit: None,
+            rate_limit_per_key: None,
             max_concurrency: None,
             concurrency_per_key: None,
             fail_points: FailPoints::default(),
@@ -172,6 +179,7 @@ impl QueueSettings {
             .with_reap_idle_consumers_after(self.reap_idle_consumers_after)
             .with_consumer_prefix(self.consumer_prefix.clone())
             .with_rate_limit(self.rate_limit)
+            .with_rate_limit_per_key(self.rate_limit_per_key)
             .with_max_concurrency(self.max_concurrency)
             .with_concurrency_per_key(self.concurrency_per_key);
         if let Some(p) = self.poll_interval {

@@ -10,8 +10,13 @@
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] count, ARGV[4] the group's doorbell group,
 -- ARGV[5] max_concurrency (0: none), ARGV[6] concurrency_per_key (0: none), ARGV[7] the rate
 -- limit's emission interval (µs, may have a fraction; '' for no rate limit), ARGV[8] its burst
--- tolerance (µs)
--- The gates, in order: pause, back-off, max_concurrency, rate limit, then per key.
+-- tolerance (µs); appended for the per-key rate limit: KEYS[11] delayed zset, KEYS[12] delayed
+-- payload hash (reclaim.lua), KEYS[13] per-key rate state (hash key -> `<tat µs>:<delayed
+-- entries not read back yet>:<due µs of the key's latest delayed entry>`), KEYS[14] its cleanup
+-- zset (key -> ms after which its field may be stale), ARGV[9] the per-key rate limit's emission
+-- interval (µs; '' for none), ARGV[10] its burst tolerance (µs)
+-- The gates, in order: pause, back-off, max_concurrency, rate limit, then per key
+-- (concurrency_per_key, then the per-key rate limit).
 -- max_concurrency: the entries pending in the group (running, handed back waiting for a reclaim,
 -- short re-polls) hold its slots; at most `max - pending` are taken. When none is free, the slot
 -- waiter flag is set (the scripts that take entries out of the pending list then append `op=slot`
@@ -20,13 +25,25 @@
 -- the key's entries hold a slot and none waits; otherwise it is moved out of the stream (XACK +
 -- XDEL) to the end of the key's waiting line, never pending while it waits. An entry marked `kh`
 -- (promoted from the line by a freed slot, caps.lua) already holds its slot.
+-- rate_limit_per_key, after concurrency_per_key (so that an entry is charged when it may start,
+-- not while it waits in its key's line: a key's starts keep its rate): GCRA per key (state in
+-- KEYS[13]). An entry with a key that does not conform, or whose key has delayed entries not
+-- read back yet (so that it never overtakes them), is moved out of the stream (XACK + XDEL) into
+-- the delayed set, due when its key's bucket admits it, keeping the key slot it got (its holder
+-- id, in keys:ids, stays its id, now its delayed member): that time is reserved (the key's tat
+-- moves on) and due times of one key strictly increase (µs in the score's fraction), so
+-- reclaim.lua promotes them in order. Promoted back it carries `kr` (charged already; and `kh`
+-- when it holds a slot): it is not charged again. Up to 8 stale fields of KEYS[13] (tat past,
+-- nothing delayed) are removed per read.
 -- Returns {1, control id} when a gate is shut (paused, or max_concurrency reached): wait on the
 -- control stream after that id; {2, ms} when backing off, {3, ms} when over the rate limit: the
 -- gate opens by itself in ms (a timed wait, nothing to watch); {0, ''} when nothing is new: wait
 -- with `XREADGROUP … NOACK BLOCK` on the doorbell group, which this script has set to where the
 -- group stands (every entry up to it has been delivered), so that each later entry wakes exactly
 -- one waiter (XREAD BLOCK would wake every waiter for each entry); {0, '', entries} when entries
--- were taken (the XREADGROUP entry list).
+-- were taken (the XREADGROUP entry list). With the per-key rate limit set the reply of a read that
+-- took or looked at entries has a 4th element: ms until the earliest entry it moved to the
+-- delayed set is due (-1: none), so that the consumer promotes it on time.
 local function control_tail()
   local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
   if last[1] then return {1, last[1][1]} end
@@ -71,12 +88,45 @@ local function taken(entries)
   return {0, '', entries}
 end
 -- The read (and per key) ------------------------------------------------------------------------
-if perkey == 0 then
+local krate_t, ktau = tonumber(ARGV[9]), tonumber(ARGV[10] or '')
+local kdue = -1
+if perkey == 0 and not krate_t then
   local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[1], '>')
   if r and r[1] and #r[1][2] > 0 then
     return taken(r[1][2])
   end
 else
+  local know = nil
+  if krate_t then
+    local t = redis.call('TIME')
+    know = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    -- Cleanup: fields whose tat has passed and that have nothing delayed go.
+    for _, k in ipairs(redis.call('ZRANGEBYSCORE', KEYS[14], '-inf', math.floor(know / 1000), 'LIMIT', 0, 8)) do
+      local v = redis.call('HGET', KEYS[13], k)
+      local tat, n = 0, 0
+      if v then
+        local a, b = string.match(v, '^([^:]+):(%d+):')
+        tat, n = tonumber(a) or 0, tonumber(b) or 0
+      end
+      if n == 0 and tat <= know then
+        redis.call('HDEL', KEYS[13], k)
+        redis.call('ZREM', KEYS[14], k)
+      else
+        redis.call('ZADD', KEYS[14], math.floor(math.max(tat, know) / 1000) + 60000, k)
+      end
+    end
+  end
+  -- The per-key rate state of key k: tat (µs), delayed entries not read back, latest due (µs).
+  local function kstate(k)
+    local v = redis.call('HGET', KEYS[13], k)
+    if not v then return 0, 0, 0 end
+    local a, b, c = string.match(v, '^([^:]+):(%d+):([^:]+)$')
+    return tonumber(a) or 0, tonumber(b) or 0, tonumber(c) or 0
+  end
+  local function kput(k, tat, n, last)
+    redis.call('HSET', KEYS[13], k, string.format('%.3f:%d:%.3f', tat, n, last))
+    redis.call('ZADD', KEYS[14], math.floor(math.max(tat, know or 0) / 1000) + 1, k)
+  end
   local out = {}
   -- Bounded: entries that all go to waiting lines leave the rest for the next read (the
   -- doorbell wakes it at once, since the group then stands before them).
@@ -84,31 +134,66 @@ else
     local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count - #out, 'STREAMS', KEYS[1], '>')
     if not (r and r[1] and #r[1][2] > 0) then break end
     for _, e in ipairs(r[1][2]) do
-      local f, k, kh, payload, dc = e[2], nil, false, '', '0'
+      local f, k, kh, kr, payload, dc = e[2], nil, false, false, '', '0'
       for i = 1, #f, 2 do
         if f[i] == 'k' then k = f[i + 1]
         elseif f[i] == 'kh' then kh = true
+        elseif f[i] == 'kr' then kr = true
         elseif f[i] == 'p' then payload = f[i + 1]
         elseif f[i] == 'dc' then dc = f[i + 1] end
       end
-      if not k or kh then
-        out[#out + 1] = e
-      elseif tonumber(redis.call('HGET', C.held, k) or '0') < perkey and not caps_head(C, k) then
-        redis.call('HINCRBY', C.held, k, 1)
-        redis.call('HSET', C.ids, e[1], k)
-        out[#out + 1] = e
-      else
-        local seq = redis.call('HINCRBY', C.waitp, '~seq', 1)
-        local member = k .. '\0' .. string.format('%016d', seq)
-        redis.call('ZADD', C.wait, 0, member)
-        redis.call('HSET', C.waitp, member, dc .. ':' .. payload)
-        redis.call('XACK', KEYS[1], ARGV[1], e[1])
-        redis.call('XDEL', KEYS[1], e[1])
+      local go = true
+      if k and kr then
+        -- Charged when it was delayed: one delayed entry of the key fewer.
+        local tat, n, last = kstate(k)
+        if n > 0 then kput(k, tat, n - 1, last) end
       end
+      -- concurrency_per_key first: a slot of its key, or the end of the key's waiting line.
+      if k and not kh and perkey > 0 then
+        if tonumber(redis.call('HGET', C.held, k) or '0') < perkey and not caps_head(C, k) then
+          redis.call('HINCRBY', C.held, k, 1)
+          redis.call('HSET', C.ids, e[1], k)
+          kh = true
+        else
+          local seq = redis.call('HINCRBY', C.waitp, '~seq', 1)
+          local member = k .. '\0' .. string.format('%016d', seq)
+          redis.call('ZADD', C.wait, 0, member)
+          redis.call('HSET', C.waitp, member, dc .. ':' .. payload)
+          redis.call('XACK', KEYS[1], ARGV[1], e[1])
+          redis.call('XDEL', KEYS[1], e[1])
+          go = false
+        end
+      end
+      -- Then the key's rate.
+      if go and k and krate_t and not kr then
+        local tat, n, last = kstate(k)
+        local base = math.max(tat, know)
+        if n == 0 and base - ktau <= know then
+          kput(k, base + krate_t, 0, last)
+        else
+          -- Over its key's rate (or behind delayed entries of its key): delayed, its time
+          -- reserved, keeping its key slot if it holds one (its holder id is its delayed member).
+          local due = math.max(base - ktau, know)
+          if n > 0 then due = math.max(due, last + 1) end
+          kput(k, base + krate_t, n + 1, due)
+          redis.call('ZADD', KEYS[11], string.format('%.3f', due / 1000), e[1])
+          redis.call('HSET', KEYS[12], e[1], payload, e[1] .. ':dc', dc, e[1] .. ':k', k, e[1] .. ':kr', kh and 'h' or '1')
+          redis.call('XACK', KEYS[1], ARGV[1], e[1])
+          redis.call('XDEL', KEYS[1], e[1])
+          local ms = math.ceil((due - know) / 1000)
+          if kdue < 0 or ms < kdue then kdue = ms end
+          go = false
+        end
+      end
+      if go then out[#out + 1] = e end
     end
     if #out >= count then break end
   end
-  if #out > 0 then return taken(out) end
+  if #out > 0 then
+    local reply = taken(out)
+    if krate_t then reply[4] = kdue end
+    return reply
+  end
 end
 -- Nothing new: the doorbell group to where the group stands (written only when it differs).
 local at, bell = nil, nil
@@ -123,4 +208,5 @@ if not bell then
 elseif bell ~= at then
   redis.call('XGROUP', 'SETID', KEYS[1], ARGV[4], at)
 end
+if krate_t then return {0, '', {}, kdue} end
 return {0, ''}

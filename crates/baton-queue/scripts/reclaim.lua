@@ -5,7 +5,9 @@
 -- deliveries), KEYS[5] liveness hash (consumer -> ms of its last heartbeat, server time),
 -- KEYS[6] fence hash (id -> fence of its latest delivery, see below), KEYS[7..12] as caps.lua
 -- (prepended): entries dead-lettered or found deleted free their concurrency slots; a delayed
--- entry's key (`<id>:k`) goes back on it when promoted
+-- entry's key (`<id>:k`) goes back on it when promoted, and its mark `<id>:kr` (delayed by the
+-- per-key rate limit, read.lua: charged already; `h`: holding a slot of its key, under its id in
+-- keys:ids, which moves to the new entry) as the fields `kr` (and `kh`)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
 -- ARGV[5] count (0 = promote, and tell whether reclaimable entries exist), ARGV[6] max
 -- deliveries (0 = unlimited), ARGV[7] max entries to promote, ARGV[8] outage gap (ms),
@@ -29,7 +31,8 @@
 -- dead-lettered or found deleted here are removed.
 -- Concurrency caps backstop: while entries wait for a key slot, once per claim timeout up to 200
 -- slot holders (`keys:ids`, walked with HSCAN from a cursor kept in the waiting entries' hash,
--- fields `~cursor` and `~checked`) are checked: one neither pending nor in the stream lost its
+-- fields `~cursor` and `~checked`) are checked: one neither pending nor in the stream nor in the
+-- delayed set (waiting for its key's rate, read.lua) lost its
 -- release (its pending entry was removed by something else than the queue's scripts), and its
 -- slot is released now (caps.lua), so no key waits forever.
 -- Returns {{{id, payload or false, deliveries, fence}, …}, dead-lettered, deleted, promoted,
@@ -50,7 +53,7 @@ if #due > 0 then
   local fields = {}
   for _, id in ipairs(due) do
     local payload = redis.call('HGET', hdelayed, id)
-    local prior, key = '0', false
+    local prior, key, kr = '0', false, false
     -- A named (scheduled) member (schedule.lua) holds a ':'; it has no prior deliveries.
     if string.find(id, ':', 1, true) then
       named = named + 1
@@ -59,10 +62,21 @@ if #due > 0 then
     else
       prior = redis.call('HGET', hdelayed, id .. ':dc') or '0'
       key = redis.call('HGET', hdelayed, id .. ':k')
+      kr = redis.call('HGET', hdelayed, id .. ':kr')
       fields[#fields + 1] = id .. ':dc'
       fields[#fields + 1] = id .. ':k'
+      fields[#fields + 1] = id .. ':kr'
     end
-    if payload and key then
+    if payload and key and kr == 'h' then
+      -- It holds a slot of its key: the holder id moves to its new entry.
+      local C = caps_keys(7)
+      local nid = redis.call('XADD', stream, '*', 'p', payload, 'dc', prior, 'k', key, 'kr', '1', 'kh', '1')
+      if redis.call('HDEL', C.ids, id) == 1 then redis.call('HSET', C.ids, nid, key) end
+      promoted = promoted + 1
+    elseif payload and key and kr then
+      redis.call('XADD', stream, '*', 'p', payload, 'dc', prior, 'k', key, 'kr', '1')
+      promoted = promoted + 1
+    elseif payload and key then
       redis.call('XADD', stream, '*', 'p', payload, 'dc', prior, 'k', key)
       promoted = promoted + 1
     elseif payload then
@@ -185,7 +199,8 @@ if redis.call('EXISTS', C.wait) == 1 then
     redis.call('HSET', C.waitp, '~checked', now, '~cursor', scan[1])
     for i = 1, #scan[2], 2 do
       local id = scan[2][i]
-      if #redis.call('XPENDING', stream, group, id, id, 1) == 0 and #redis.call('XRANGE', stream, id, id) == 0 then
+      if #redis.call('XPENDING', stream, group, id, id, 1) == 0 and #redis.call('XRANGE', stream, id, id) == 0
+        and not redis.call('ZSCORE', zdelayed, id) then
         caps_release(C, stream, id)
         lost = lost + 1
       end

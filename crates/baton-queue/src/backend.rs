@@ -86,6 +86,8 @@ pub(crate) struct ConsumerSpec {
     pub max_deliveries: Option<u32>,
     /// The queue's rate limit as this consumer applies it (the gated read's gate).
     pub rate_limit: Option<crate::RateLimit>,
+    /// [`crate::ConsumerOptions::rate_limit_per_key`].
+    pub rate_limit_per_key: Option<crate::RateLimit>,
     /// [`crate::ConsumerOptions::max_concurrency`].
     pub max_concurrency: Option<u32>,
     /// [`crate::ConsumerOptions::concurrency_per_key`].
@@ -206,6 +208,12 @@ pub(crate) trait ConsumerBackend: Send + Sync {
     /// consumer (in-process and remote): later gates (priorities, rate limits) go here too.
     /// Reclaims and redeliveries do not pass here.
     async fn read_new(&self, count: usize, block: Duration) -> Result<Vec<RawDelivery>, QueueError>;
+    /// The earliest due time of the entries that this consumer's reads moved to the delayed set
+    /// since the last call (the per-key rate limit, [`ConsumerSpec::rate_limit_per_key`]), so that
+    /// the consumer promotes them on time; `None`: none.
+    fn take_promote_hint(&self) -> Option<std::time::Instant> {
+        None
+    }
     /// Promotes due delayed entries, then takes over up to `count` reclaimable entries (see the
     /// module docs; never this consumer's own, never an id in `exclude`), dead-lettering those
     /// past `max_deliveries` in the same atomic step. `count = 0` only promotes and tells

@@ -61,6 +61,7 @@ impl Consumer {
             heartbeat: options.heartbeat(),
             max_deliveries: options.max_deliveries,
             rate_limit: options.rate_limit,
+            rate_limit_per_key: options.rate_limit_per_key,
             max_concurrency: options.max_concurrency,
             concurrency_per_key: options.concurrency_per_key,
         };

@@ -301,7 +301,21 @@ async fn acquire(sh: &Arc<Shared>, options: &ConsumerOptions, stop: &Cancellatio
             let acquired_at = std::time::Instant::now();
             sh.promise(count);
             // Never cancelled once sent: Redis may already have assigned the entries.
-            match sh.backend.read_new(count, block).await {
+            let read = sh.backend.read_new(count, block).await;
+            // Entries the read moved to the delayed set (the per-key rate limit): promote them
+            // at their due time.
+            if let Some(due) = sh.backend.take_promote_hint() {
+                let mut st = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner());
+                let earlier = st.next_promote.is_none_or(|t| due < t);
+                if earlier {
+                    st.next_promote = Some(due);
+                }
+                drop(st);
+                if earlier {
+                    sh.waiting_added.notify_one();
+                }
+            }
+            match read {
                 Ok(ds) => {
                     failures = 0;
                     accept(sh, options, ds, acquired_at, stop).await;

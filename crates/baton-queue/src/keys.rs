@@ -22,6 +22,8 @@
 //! | `p:q:{q}:keys:wait`  | [`key_waiting`]        | zset   | each key's waiting line: members `<key>\0<16-digit seq>`, score 0 |
 //! | `p:q:{q}:keys:wait:p`| [`key_waiting_entries`]| hash   | member → `<prior deliveries>:<payload>`; `~seq` the last seq |
 //! | `p:q:{q}:rate`       | [`rate`]               | string | the rate limit's state: its theoretical arrival time (µs, Redis time) |
+//! | `p:q:{q}:krate`      | [`key_rate`]           | hash   | the per-key rate limit's state: key → `<tat µs>:<delayed entries>:<latest due µs>` |
+//! | `p:q:{q}:krate:exp`  | [`key_rate_expiry`]    | zset   | key → ms after which its `krate` field may be stale (cleanup) |
 //! | `p:q:{q}:backoff`    | [`backoff`]            | string | present while the queue backs off (a handler answered `RateLimited`); expires when it ends |
 //!
 //! What each key holds in detail: the `redis` module of this crate and `docs/architecture.md`
@@ -106,6 +108,23 @@ pub fn control(prefix: &str, queue: &str) -> String {
 /// [`RateLimit`](crate::RateLimit) is set; it expires once it lies in the past.
 pub fn rate(prefix: &str, queue: &str) -> String {
     format!("{prefix}:q:{{{queue}}}:rate")
+}
+
+/// The per-key rate limit's state (a hash), `<prefix>:q:{<queue>}:krate`: concurrency key →
+/// `<tat>:<n>:<due>`, the key's GCRA theoretical arrival time (µs since the Unix epoch, Redis's
+/// clock), how many of its entries wait in the delayed set (or were promoted and not read yet)
+/// for the rate, and the due time (µs) of the latest of them. Written by the gated read when a
+/// [`ConsumerOptions::rate_limit_per_key`](crate::ConsumerOptions::rate_limit_per_key) is set; a
+/// field whose tat has passed with nothing delayed is removed by a later read ([`key_rate_expiry`]).
+pub fn key_rate(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:krate")
+}
+
+/// When each [`key_rate`] field may be stale (a sorted set, key → ms since the Unix epoch),
+/// `<prefix>:q:{<queue>}:krate:exp`: each gated read with a per-key rate limit looks at up to 8
+/// due members and removes the stale fields.
+pub fn key_rate_expiry(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:krate:exp")
 }
 
 /// The queue's back-off (a string), `<prefix>:q:{<queue>}:backoff`: present while no consumer
@@ -199,6 +218,8 @@ mod tests {
         assert_eq!(control("p", "q"), "p:q:{q}:control");
         assert_eq!(rate("p", "q"), "p:q:{q}:rate");
         assert_eq!(backoff("p", "q"), "p:q:{q}:backoff");
+        assert_eq!(key_rate("p", "q"), "p:q:{q}:krate");
+        assert_eq!(key_rate_expiry("p", "q"), "p:q:{q}:krate:exp");
         // One hash tag for all of a queue's keys: one Cluster slot.
         let slot = baton_redis::key_slot(stream("p", "orders").as_bytes());
         for k in [
@@ -211,6 +232,8 @@ mod tests {
             control("p", "orders"),
             rate("p", "orders"),
             backoff("p", "orders"),
+            key_rate("p", "orders"),
+            key_rate_expiry("p", "orders"),
             slot_waiters("p", "orders"),
             key_held("p", "orders"),
             key_holders("p", "orders"),

@@ -42,6 +42,9 @@ struct EntryKey {
     key: Arc<str>,
     /// Promoted from its key's waiting line (or requeued) holding a slot of its key already.
     holds: bool,
+    /// Delayed by the per-key rate limit (its admission reserved) and not read back yet: not
+    /// charged again (Redis: the field `kr`).
+    rated: bool,
 }
 
 impl Entry {
@@ -50,7 +53,16 @@ impl Entry {
     }
 
     fn keyed(payload: Bytes, prior: u32, key: Option<Arc<str>>) -> Self {
-        Entry { payload, prior, key: key.map(|key| Box::new(EntryKey { key, holds: false })) }
+        Entry { payload, prior, key: key.map(|key| Box::new(EntryKey { key, holds: false, rated: false })) }
+    }
+
+    /// The same entry, not marked as charged by the per-key rate limit (a redelivery is charged
+    /// again when read, as on Redis).
+    fn unrated(mut self) -> Self {
+        if let Some(k) = &mut self.key {
+            k.rated = false;
+        }
+        self
     }
 
     /// The same entry, holding a slot of its key (or not).
@@ -118,10 +130,22 @@ struct QState {
     key_held: HashMap<Arc<str>, u32>,
     key_ids: HashMap<MessageId, Arc<str>>,
     key_wait: HashMap<Arc<str>, VecDeque<Entry>>,
+    /// The per-key rate limit's state of each key (Redis: `keys::key_rate`), and the size at
+    /// which stale states are removed next.
+    key_rate: HashMap<Arc<str>, KeyRate>,
+    key_rate_clean_at: usize,
     /// A read found `max_concurrency` reached: the next removal from the pending list wakes.
     slot_waiting: bool,
     /// Waiters must be woken (a slot freed, an entry promoted) once the lock is released.
     wake: bool,
+}
+
+/// One key's per-key rate limit state: its GCRA theoretical arrival time, its entries delayed for
+/// the rate and not read back yet, and the due time of the latest of them.
+struct KeyRate {
+    tat: Instant,
+    delayed: u32,
+    last_due: Instant,
 }
 
 fn now_ms() -> u64 {
@@ -295,7 +319,7 @@ impl QueueBackend for MemoryQueueBackend {
         let q = self.queue(&spec.queue);
         q.state.lock().unwrap().consumers.insert(spec.consumer.clone(), Live::now(spec.claim_timeout));
         let me: Arc<str> = spec.consumer.as_str().into();
-        Ok(Arc::new(MemConsumer { q, spec, me, parked: PARKED.into() }))
+        Ok(Arc::new(MemConsumer { q, spec, me, parked: PARKED.into(), promote_hint: Mutex::new(None) }))
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
@@ -421,6 +445,8 @@ struct MemConsumer {
     /// `spec.consumer` and [`PARKED`], shared by the pending entries they own.
     me: Arc<str>,
     parked: Arc<str>,
+    /// [`ConsumerBackend::take_promote_hint`].
+    promote_hint: Mutex<Option<Instant>>,
 }
 
 impl MemConsumer {
@@ -464,7 +490,11 @@ impl MemConsumer {
             count = count.min(k);
             rate = Some((tat, t));
         }
-        let (picked, more) = Self::pick(st, count, self.spec.concurrency_per_key);
+        let (picked, more, due) = Self::pick(st, count, self.spec.concurrency_per_key, self.spec.rate_limit_per_key);
+        if let Some(due) = due {
+            let mut hint = self.promote_hint.lock().unwrap();
+            *hint = Some(hint.map_or(due, |h| h.min(due)));
+        }
         // The rate limit's tat moves on by the entries taken.
         if let Some((tat, t)) = rate.filter(|_| !picked.is_empty()) {
             st.rate_tat = Some(tat + t * picked.len() as u32);
@@ -472,44 +502,103 @@ impl MemConsumer {
         Ok((self.assign(st, picked), more))
     }
 
-    /// The entries a gated read takes (up to `count`, in order), past the per-key cap `cap`:
-    /// an entry whose key is at its cap, or has waiters, moves to the end of the key's waiting
-    /// line instead. `more` as in [`MemConsumer::take_new`].
-    fn pick(st: &mut QState, count: usize, cap: Option<u32>) -> (Vec<(MessageId, Bytes, u32)>, bool) {
+    /// The entries a gated read takes (up to `count`, in order), past the per-key cap `cap` and
+    /// then the per-key rate limit `rate`, as read.lua: an entry whose key is at its cap, or has
+    /// waiters, moves to the end of the key's waiting line; an entry over its key's rate (or
+    /// behind delayed entries of its key) moves to the delayed set (keeping its key slot), due
+    /// when its key's bucket admits it (reserved). `more` as in [`MemConsumer::take_new`]; the last element: when the
+    /// earliest entry moved to the delayed set is due.
+    #[allow(clippy::type_complexity)]
+    fn pick(
+        st: &mut QState,
+        count: usize,
+        cap: Option<u32>,
+        rate: Option<crate::RateLimit>,
+    ) -> (Vec<(MessageId, Bytes, u32)>, bool, Option<Instant>) {
         let start = next_after(st.last_delivered);
-        let Some(cap) = cap else {
-            // No per-key cap: the entries in order, as they are.
+        if cap.is_none() && rate.is_none() {
+            // No per-key gate: the entries in order, as they are.
             let picked: Vec<(MessageId, Bytes, u32)> =
                 st.entries.range(start..).take(count).map(|(id, e)| (*id, e.payload.clone(), e.prior + 1)).collect();
             if let Some((last, _, _)) = picked.last() {
                 st.last_delivered = *last;
             }
-            return (picked, false);
-        };
+            return (picked, false, None);
+        }
+        let now = Instant::now();
+        if rate.is_some() && st.key_rate.len() >= st.key_rate_clean_at {
+            // Stale states (tat past, nothing delayed) go; amortized over the reads.
+            st.key_rate.retain(|_, r| r.delayed > 0 || r.tat > now);
+            st.key_rate_clean_at = (st.key_rate.len() * 2).max(1024);
+        }
         let mut picked: Vec<(MessageId, Bytes, u32)> = Vec::with_capacity(count);
+        let mut first_due: Option<Instant> = None;
         // Bounded, as in read.lua: what is left waits for the next read (woken at once).
         let mut looked = 0;
         while picked.len() < count && looked < 10_000 {
             let Some((&id, e)) = st.entries.range(next_after(st.last_delivered)..).next() else { break };
             looked += 1;
             st.last_delivered = id;
-            if let Some(k) = e.key.as_ref().filter(|k| !k.holds).map(|k| &k.key) {
-                let held = st.key_held.get(k).copied().unwrap_or(0);
-                if held < cap && !st.key_wait.contains_key(k) {
-                    let k = k.clone();
+            let Some(ek) = e.key.as_ref() else {
+                picked.push((id, e.payload.clone(), e.prior + 1));
+                continue;
+            };
+            let (k, mut holds, rated) = (ek.key.clone(), ek.holds, ek.rated);
+            if rated {
+                // Charged when it was delayed: one delayed entry of the key fewer.
+                if let Some(r) = st.key_rate.get_mut(&k) {
+                    r.delayed = r.delayed.saturating_sub(1);
+                }
+                if let Some(ek) = st.entries.get_mut(&id).and_then(|e| e.key.as_mut()) {
+                    ek.rated = false;
+                }
+            }
+            // concurrency_per_key first: a slot of its key, or the end of the key's waiting line.
+            if let Some(cap) = cap.filter(|_| !holds) {
+                let held = st.key_held.get(&k).copied().unwrap_or(0);
+                if held < cap && !st.key_wait.contains_key(&k) {
                     *st.key_held.entry(k.clone()).or_default() += 1;
-                    st.key_ids.insert(id, k);
+                    st.key_ids.insert(id, k.clone());
+                    holds = true;
                 } else {
-                    let k = k.clone();
                     let e = st.entries.remove(&id).expect("listed");
                     st.key_wait.entry(k).or_default().push_back(e);
                     continue;
                 }
             }
+            // Then the key's rate.
+            if let Some(r) = rate.as_ref().filter(|_| !rated) {
+                let (t, tau) = (r.interval(), r.tolerance());
+                let kr = st.key_rate.entry(k.clone()).or_insert(KeyRate { tat: now, delayed: 0, last_due: now });
+                let base = kr.tat.max(now);
+                if kr.delayed == 0 && base <= now + tau {
+                    kr.tat = base + t;
+                } else {
+                    // Over its key's rate (or behind delayed entries of its key): delayed, its
+                    // admission reserved, keeping its key slot if it holds one (under its id);
+                    // a key's due times never go back.
+                    let mut due = base.checked_sub(tau).unwrap_or(now).max(now);
+                    if kr.delayed > 0 {
+                        due = due.max(kr.last_due);
+                    }
+                    kr.tat = base + t;
+                    kr.delayed += 1;
+                    kr.last_due = due;
+                    let mut e = st.entries.remove(&id).expect("listed");
+                    if let Some(ek) = e.key.as_mut() {
+                        ek.rated = true;
+                        ek.holds = holds;
+                    }
+                    st.delayed.insert((due, id), e);
+                    first_due = Some(first_due.map_or(due, |d| d.min(due)));
+                    continue;
+                }
+            }
+            let e = &st.entries[&id];
             picked.push((id, e.payload.clone(), e.prior + 1));
         }
         let more = picked.is_empty() && st.entries.range(next_after(st.last_delivered)..).next().is_some();
-        (picked, more)
+        (picked, more, first_due)
     }
 
     /// Makes `picked` (taken by [`MemConsumer::take_new`]) pending under this consumer.
@@ -551,6 +640,9 @@ impl ConsumerBackend for MemConsumer {
             match self.take_new(count) {
                 Ok((got, _)) if !got.is_empty() => return Ok(got),
                 Ok((_, true)) => continue,
+                // Entries delayed by the per-key rate limit: back to the engine at once, which
+                // promotes them at their due time.
+                Ok((_, false)) if self.promote_hint.lock().unwrap().is_some() => return Ok(Vec::new()),
                 Ok((_, false)) => {
                     if tokio::time::timeout_at(deadline, notified).await.is_err() {
                         return Ok(Vec::new());
@@ -569,6 +661,10 @@ impl ConsumerBackend for MemConsumer {
                 }
             }
         }
+    }
+
+    fn take_promote_hint(&self) -> Option<Instant> {
+        self.promote_hint.lock().unwrap().take()
     }
 
     async fn back_off(&self, delay: Duration) -> Result<(), QueueError> {
@@ -594,7 +690,14 @@ impl ConsumerBackend for MemConsumer {
                 if let Some(name) = st.scheduled_names.remove(&key) {
                     st.scheduled.remove(&name);
                 }
-                st.append_entry(e.holding(false));
+                // Delayed by the per-key rate limit holding a slot of its key: the slot moves to
+                // the new entry. Anything else comes back without one.
+                let held = e.key.as_ref().is_some_and(|k| k.rated && k.holds);
+                let holder = if held { st.key_ids.remove(&key) } else { None };
+                let nid = st.append_entry(e.holding(holder.is_some()));
+                if let Some(k) = holder {
+                    st.key_ids.insert(nid, k);
+                }
                 out.promoted += 1;
             }
             out.next_due = st.delayed.first_key_value().map(|((due, _), _)| due.saturating_duration_since(now));
@@ -720,7 +823,7 @@ impl ConsumerBackend for MemConsumer {
             let deliveries = st.pending[&id].deliveries;
             if let Some(e) = st.remove(&id) {
                 let prior = e.prior + deliveries.saturating_sub(1);
-                st.delayed.insert((now + delay, id), Entry { prior, ..e }.holding(false));
+                st.delayed.insert((now + delay, id), Entry { prior, ..e }.holding(false).unrated());
             }
             self.wake(&mut st);
         }

@@ -20,6 +20,8 @@
 //! | `p:q:{q}:keys:wait:p`    | hash   | waiting member → `<prior deliveries>:<payload>`        |
 //! | `p:q:{q}:rate`           | string | the rate limit's GCRA theoretical arrival time (µs, Redis time); expires once past |
 //! | `p:q:{q}:backoff`        | string | present while the queue backs off (`RateLimited`); its TTL is the back-off left |
+//! | `p:q:{q}:krate`          | hash   | per-key rate limit: key → `<tat µs>:<delayed entries>:<latest due µs>` |
+//! | `p:q:{q}:krate:exp`      | zset   | key → ms after which its `krate` field may be stale (a read removes up to 8) |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
@@ -48,8 +50,27 @@
 //! many ms the gate opens (back-off: the key's TTL; rate limit: GCRA over the theoretical arrival
 //! time kept in the queue's slot, in Redis time, moved on only by the entries actually taken), and
 //! the consumer sleeps that long (within its wait) before reading again: nothing to watch, no
-//! polling. Later gates (priorities, per-key rate limits) belong in `read.lua` too. Every
-//! connection of a consumer is opened on its lease thread and closed when that thread ends.
+//! polling. Later gates (priorities) belong in `read.lua` too. Every connection of a consumer is
+//! opened on its lease thread and closed when that thread ends.
+//!
+//! **The per-key rate limit** (`rate_limit_per_key`) is a gate of the per-key step of the same
+//! read, before `concurrency_per_key`, and not a timed gate: one key over its rate must not hold
+//! back the others (no head-of-line blocking). Each key has a GCRA bucket (`krate`: its
+//! theoretical arrival time, Redis time). An entry of a key that does not conform is taken out of
+//! the stream (`XACK` + `XDEL`, never pending while it waits) into the delayed set (the one of
+//! long `RetryAfter`s and scheduled entries), due when its key's bucket admits it; that admission
+//! is reserved at once (the key's tat moves on), so a later entry of the key reserves a later
+//! time, and while a key has delayed entries its new entries are delayed behind them (its due
+//! times strictly increase, to the µs, in the zset score's fraction): a key's entries start in
+//! offer order. `reclaim.lua` promotes it at its due time with the mark `kr` (charged already), so
+//! the read does not charge it again; it then passes `concurrency_per_key` like any entry of its
+//! key. The read tells the consumer when the earliest entry it delayed is due, and the consumer's
+//! promoter promotes it then (any consumer's reclaim tick would too). The queue-wide rate limit
+//! counts entries taken, so a delayed entry counts when it is taken after its promotion.
+//! Stale `krate` fields (tat past, nothing delayed) are removed by later reads, a few per read
+//! (`krate:exp`, no per-field expiry on Redis 7.0). A promoted entry removed from the stream by
+//! other code before it was read leaves its key's delayed count one too high: later entries of
+//! the key then always go through the delayed set (still at the key's rate).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,6 +145,9 @@ struct Keys {
     control: String,
     rate: String,
     backoff: String,
+    /// The per-key rate limit's state and its cleanup zset.
+    key_rate: String,
+    key_rate_expiry: String,
     /// The concurrency caps' keys, in the order of `caps.lua`'s `caps_keys`: control stream, slot
     /// waiter flag, key hold counts, key holders, key waiting line, waiting entries.
     caps: [String; 6],
@@ -148,6 +172,8 @@ impl Keys {
             control: keys::control(prefix, queue),
             rate: keys::rate(prefix, queue),
             backoff: keys::backoff(prefix, queue),
+            key_rate: keys::key_rate(prefix, queue),
+            key_rate_expiry: keys::key_rate_expiry(prefix, queue),
             caps: keys::caps(prefix, queue),
         }
     }
@@ -283,6 +309,7 @@ impl QueueBackend for RedisQueueBackend {
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError> {
         let keys = self.keys(&spec.queue);
         let spec_rate = spec.rate_limit;
+        let spec_key_rate = spec.rate_limit_per_key;
         let mut conn = self.client.shared().await?;
         // Both setup commands are idempotent, so they are sent once more after a dropped
         // connection: the first command over a connection whose server restarted fails (the
@@ -310,6 +337,8 @@ impl QueueBackend for RedisQueueBackend {
             blocking: AsyncMutex::new(blocking),
             bell: keys::doorbell_group(&self.opts.group),
             rate: rate_args(spec_rate),
+            key_rate: rate_args(spec_key_rate),
+            promote_hint: std::sync::Mutex::new(None),
         }))
     }
 
@@ -501,6 +530,11 @@ struct RedisConsumer {
     bell: String,
     /// The rate limit's arguments of `read.lua` ([`rate_args`]).
     rate: (String, String),
+    /// The per-key rate limit's arguments of `read.lua` ([`rate_args`]).
+    key_rate: (String, String),
+    /// The earliest due time of the entries this consumer's reads delayed for the per-key rate
+    /// limit, not handed to the engine yet ([`ConsumerBackend::take_promote_hint`]).
+    promote_hint: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl RedisConsumer {
@@ -548,13 +582,17 @@ impl RedisConsumer {
 
     /// The gated read's `EVALSHA` (`read.lua`, module docs).
     fn read_cmd(&self, count: usize) -> redis::Cmd {
-        let mut cmd = READ.evalsha_cmd(10);
+        let mut cmd = READ.evalsha_cmd(14);
         cmd.arg(&self.keys.stream).arg(&self.keys.paused);
         for k in &self.keys.caps {
             cmd.arg(k);
         }
         cmd.arg(&self.keys.rate)
             .arg(&self.keys.backoff)
+            .arg(&self.keys.delayed)
+            .arg(&self.keys.delayed_payloads)
+            .arg(&self.keys.key_rate)
+            .arg(&self.keys.key_rate_expiry)
             .arg(&self.group)
             .arg(&self.spec.consumer)
             .arg(count.max(1))
@@ -562,7 +600,9 @@ impl RedisConsumer {
             .arg(self.spec.max_concurrency.unwrap_or(0))
             .arg(self.spec.concurrency_per_key.unwrap_or(0))
             .arg(&self.rate.0)
-            .arg(&self.rate.1);
+            .arg(&self.rate.1)
+            .arg(&self.key_rate.0)
+            .arg(&self.key_rate.1);
         cmd
     }
 
@@ -585,6 +625,14 @@ impl RedisConsumer {
             Some(list) => self.parse_read(Value::Array(vec![Value::Array(vec![Value::Nil, std::mem::take(list)])]))?,
             None => Vec::new(),
         };
+        // Entries moved to the delayed set by the per-key rate limit: ms until the earliest is due.
+        if let Some(Value::Int(ms)) = parts.get(3) {
+            if *ms >= 0 {
+                let due = std::time::Instant::now() + Duration::from_millis(*ms as u64);
+                let mut hint = self.promote_hint.lock().unwrap_or_else(|p| p.into_inner());
+                *hint = Some(hint.map_or(due, |h| h.min(due)));
+            }
+        }
         Ok(Gated { paused, after, entries, wait })
     }
 
@@ -671,7 +719,10 @@ impl ConsumerBackend for RedisConsumer {
                     .increment(1);
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if !got.entries.is_empty() || left < Duration::from_millis(1) {
+            // Entries delayed by the per-key rate limit: back to the engine at once, which
+            // promotes them at their due time.
+            let delayed = self.promote_hint.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+            if !got.entries.is_empty() || delayed || left < Duration::from_millis(1) {
                 return Ok(got.entries);
             }
             if let Some((wait, _)) = got.wait {
@@ -692,6 +743,10 @@ impl ConsumerBackend for RedisConsumer {
                 Err(e) => Err(e),
             };
         }
+    }
+
+    fn take_promote_hint(&self) -> Option<std::time::Instant> {
+        self.promote_hint.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     async fn back_off(&self, delay: Duration) -> Result<(), QueueError> {

@@ -43,6 +43,9 @@ pub struct RemoteOptions {
     /// consumer's reads ([`ConsumerOptions::rate_limit`](crate::ConsumerOptions::rate_limit)).
     /// Default `None`.
     pub rate_limit: Option<crate::RateLimit>,
+    /// As [`ConsumerOptions::rate_limit_per_key`](crate::ConsumerOptions::rate_limit_per_key).
+    /// Default `None`.
+    pub rate_limit_per_key: Option<crate::RateLimit>,
     /// As [`ConsumerOptions::max_concurrency`](crate::ConsumerOptions::max_concurrency): the gated
     /// reads of this worker take new entries only while fewer are pending in the group. Default
     /// `None`.
@@ -58,6 +61,7 @@ impl Default for RemoteOptions {
             claim_timeout: Duration::from_secs(30),
             max_deliveries: Some(5),
             rate_limit: None,
+            rate_limit_per_key: None,
             max_concurrency: None,
             concurrency_per_key: None,
         }
@@ -137,6 +141,9 @@ impl RemoteConsumer {
         if let Some(r) = &opts.rate_limit {
             r.validate()?;
         }
+        if let Some(r) = &opts.rate_limit_per_key {
+            r.validate_as("rate_limit_per_key")?;
+        }
         if opts.max_deliveries == Some(0) {
             return Err(QueueError::InvalidSettings("max_deliveries must be at least 1 (or none)".into()));
         }
@@ -148,6 +155,7 @@ impl RemoteConsumer {
             heartbeat: opts.claim_timeout / 3,
             max_deliveries: opts.max_deliveries,
             rate_limit: opts.rate_limit,
+            rate_limit_per_key: opts.rate_limit_per_key,
             max_concurrency: opts.max_concurrency,
             concurrency_per_key: opts.concurrency_per_key,
         };
@@ -198,9 +206,20 @@ impl RemoteConsumer {
         }
         let mut out = Vec::with_capacity(max);
         let mut raw = if reclaim { self.backend.reclaim(max, &[]).await?.deliveries } else { Vec::new() };
-        if raw.len() < max {
-            let block = if raw.is_empty() { wait } else { Duration::from_millis(1) };
-            raw.extend(self.backend.read_new(max - raw.len(), block).await?);
+        let deadline = Instant::now() + wait;
+        while raw.len() < max {
+            let block =
+                if raw.is_empty() { deadline.saturating_duration_since(Instant::now()) } else { Duration::ZERO };
+            raw.extend(self.backend.read_new(max - raw.len(), block.max(Duration::from_millis(1))).await?);
+            // Entries the read moved to the delayed set (the per-key rate limit): when nothing
+            // was taken and the earliest is due within the wait, promote it then and read again.
+            match self.backend.take_promote_hint() {
+                Some(due) if raw.is_empty() && due < deadline => {
+                    tokio::time::sleep_until(due.into()).await;
+                    self.backend.reclaim(0, &[]).await?;
+                }
+                _ => break,
+            }
         }
         for d in raw {
             match d.payload {

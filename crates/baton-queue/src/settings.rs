@@ -54,6 +54,17 @@ pub struct ConsumerOptions {
     /// no limit. Every consumer of a queue should be given the same limit: each read applies its
     /// consumer's to the queue's one shared state. See [`RateLimit`].
     pub rate_limit: Option<RateLimit>,
+    /// A rate limit per concurrency key (the key offered with
+    /// [`OfferOptions::concurrency_key`](crate::OfferOptions::concurrency_key)): new entries of
+    /// one key are taken at most at this rate by all of the queue's consumers together, each key
+    /// with a bucket of its own (GCRA, as [`RateLimit`]). An entry over its key's rate does not
+    /// hold back other keys' entries and is never pending while it waits: it moves to the queue's
+    /// delayed set, due at the time its key's bucket admits it (that time is reserved for it),
+    /// and is promoted then; a key's entries start in offer order. Checked before
+    /// [`ConsumerOptions::concurrency_per_key`] (an entry admitted by the rate may then wait for
+    /// a slot of its key). Entries without a key are not limited by it. `None` (default): no
+    /// limit. Every consumer of a queue should be given the same limit.
+    pub rate_limit_per_key: Option<RateLimit>,
 }
 
 /// A queue's rate limit: at most `limit` new entries per `per`, with bursts of up to `burst`
@@ -99,23 +110,30 @@ impl RateLimit {
         self.interval() * self.burst.saturating_sub(1)
     }
 
-    /// Checks the ranges above; the error says which field and what is allowed.
+    /// Checks the ranges above; the error says which field (of `rate_limit`) and what is
+    /// allowed.
     pub fn validate(&self) -> Result<(), QueueError> {
+        self.validate_as("rate_limit")
+    }
+
+    /// [`RateLimit::validate`] of the setting named `name` (`rate_limit`, `rate_limit_per_key`):
+    /// the errors start with it.
+    pub fn validate_as(&self, name: &str) -> Result<(), QueueError> {
         let bad = |m: String| Err(QueueError::InvalidSettings(m));
         if self.limit == 0 {
-            return bad("rate_limit.limit must be at least 1".into());
+            return bad(format!("{name}.limit must be at least 1"));
         }
         if self.per < Duration::from_millis(1) {
-            return bad(format!("rate_limit.per must be at least 1ms (got {:?})", self.per));
+            return bad(format!("{name}.per must be at least 1ms (got {:?})", self.per));
         }
         if self.interval() < Duration::from_micros(1) {
             return bad(format!(
-                "rate_limit {} per {:?} is above 1000000 per second, the highest rate allowed",
+                "{name} {} per {:?} is above 1000000 per second, the highest rate allowed",
                 self.limit, self.per
             ));
         }
         if self.burst == 0 {
-            return bad("rate_limit.burst must be at least 1".into());
+            return bad(format!("{name}.burst must be at least 1"));
         }
         Ok(())
     }
@@ -133,6 +151,7 @@ impl Default for ConsumerOptions {
             reap_idle_consumers_after: Some(Duration::from_secs(3600)),
             consumer_prefix: "baton".to_string(),
             rate_limit: None,
+            rate_limit_per_key: None,
             max_concurrency: None,
             concurrency_per_key: None,
         }
@@ -187,6 +206,13 @@ impl ConsumerOptions {
     /// Sets (or, with `None`, removes) the queue's rate limit ([`RateLimit`]).
     pub fn with_rate_limit(mut self, r: Option<RateLimit>) -> Self {
         self.rate_limit = r;
+        self
+    }
+
+    /// Sets (or, with `None`, removes) the queue's rate limit per concurrency key
+    /// ([`ConsumerOptions::rate_limit_per_key`]).
+    pub fn with_rate_limit_per_key(mut self, r: Option<RateLimit>) -> Self {
+        self.rate_limit_per_key = r;
         self
     }
 
@@ -258,6 +284,9 @@ impl ConsumerOptions {
         }
         if let Some(r) = &self.rate_limit {
             r.validate()?;
+        }
+        if let Some(r) = &self.rate_limit_per_key {
+            r.validate_as("rate_limit_per_key")?;
         }
         Ok(())
     }
@@ -334,6 +363,23 @@ mod tests {
             (
                 ConsumerOptions::new().with_rate_limit(Some(RateLimit::new(5, Duration::from_secs(1)).with_burst(0))),
                 "rate_limit.burst must be at least 1",
+            ),
+            (
+                ConsumerOptions::new().with_rate_limit_per_key(Some(RateLimit::new(0, Duration::from_secs(1)))),
+                "rate_limit_per_key.limit must be at least 1",
+            ),
+            (
+                ConsumerOptions::new().with_rate_limit_per_key(Some(RateLimit::new(1, Duration::ZERO))),
+                "rate_limit_per_key.per must be at least 1ms (got 0ns)",
+            ),
+            (
+                ConsumerOptions::new().with_rate_limit_per_key(Some(RateLimit::new(2_000_000, Duration::from_secs(1)))),
+                "rate_limit_per_key 2000000 per 1s is above 1000000 per second, the highest rate allowed",
+            ),
+            (
+                ConsumerOptions::new()
+                    .with_rate_limit_per_key(Some(RateLimit::new(5, Duration::from_secs(1)).with_burst(0))),
+                "rate_limit_per_key.burst must be at least 1",
             ),
         ];
         for (o, needle) in cases {

@@ -84,6 +84,8 @@ pub struct QueueFile {
     pub retry: Option<RetryFile>,
     /// `rate_limit = { limit, per, burst }`: the queue's rate limit.
     pub rate_limit: Option<RateLimitFile>,
+    /// `rate_limit_per_key = { limit, per, burst }`: the rate limit of each concurrency key.
+    pub rate_limit_per_key: Option<RateLimitFile>,
     /// `events = { … }`: the queue's event feed.
     pub events: Option<EventsFile>,
     /// Lifetimes of the queue's command states (durations).
@@ -110,14 +112,14 @@ pub struct RateLimitFile {
     pub burst: Option<u32>,
 }
 
-/// `rate_limit` resolved: `limit` is required (1 – 1,000,000 per second), `per` defaults to 1 s
-/// (at least 1 ms), `burst` to `limit` (at least 1). Errors name the key
-/// (`queues.<q>.rate_limit.<key>: <what to fix>`).
-fn rate_limit(name: &str, f: &RateLimitFile) -> Result<baton_queue::RateLimit, String> {
-    let key = |k: &str| format!("queues.{name}.rate_limit.{k}");
+/// `rate_limit` (or `rate_limit_per_key`, the setting named `setting`) resolved: `limit` is
+/// required (1 – 1,000,000 per second), `per` defaults to 1 s (at least 1 ms), `burst` to `limit`
+/// (at least 1). Errors name the key (`queues.<q>.<setting>.<key>: <what to fix>`).
+fn rate_limit(name: &str, setting: &str, f: &RateLimitFile) -> Result<baton_queue::RateLimit, String> {
+    let key = |k: &str| format!("queues.{name}.{setting}.{k}");
     let limit = f
         .limit
-        .ok_or_else(|| format!("{}: missing; e.g. rate_limit = {{ limit = 100, per = \"1s\" }}", key("limit")))?;
+        .ok_or_else(|| format!("{}: missing; e.g. {setting} = {{ limit = 100, per = \"1s\" }}", key("limit")))?;
     if limit == 0 {
         return Err(format!("{}: must be at least 1", key("limit")));
     }
@@ -133,7 +135,7 @@ fn rate_limit(name: &str, f: &RateLimitFile) -> Result<baton_queue::RateLimit, S
         return Err(format!("{}: must be at least 1 (default: limit)", key("burst")));
     }
     let r = baton_queue::RateLimit::new(limit, per).with_burst(burst);
-    r.validate().map_err(|e| format!("queues.{name}.rate_limit: {e}"))?;
+    r.validate_as(setting).map_err(|e| format!("queues.{name}.{setting}: {e}"))?;
     Ok(r)
 }
 
@@ -300,7 +302,12 @@ pub fn resolve_queues(tables: BTreeMap<String, QueueFile>) -> Result<Vec<QueueCo
                 .unwrap_or(d.check_status_interval),
             max_processing_time: dur(&f.max_processing_time, "max_processing_time")?.unwrap_or(d.max_processing_time),
             poll_interval: dur(&f.poll_interval, "poll_interval")?,
-            rate_limit: f.rate_limit.as_ref().map(|r| rate_limit(&name, r)).transpose()?,
+            rate_limit: f.rate_limit.as_ref().map(|r| rate_limit(&name, "rate_limit", r)).transpose()?,
+            rate_limit_per_key: f
+                .rate_limit_per_key
+                .as_ref()
+                .map(|r| rate_limit(&name, "rate_limit_per_key", r))
+                .transpose()?,
             reap_idle_consumers_after: match f.reap_idle_consumers_after.as_deref() {
                 // The default window grows with a long claim timeout (it must be at least twice it).
                 None => d.reap_idle_consumers_after.map(|w| w.max(settings_claim.saturating_mul(2))),
@@ -807,6 +814,38 @@ mod tests {
         assert_eq!(
             err("{ limit = 2000000 }"),
             "queues.q.rate_limit: invalid queue setting: rate_limit 2000000 per 1s is above 1000000 per second, the highest rate allowed"
+        );
+        assert!(err("{ limit = 1, every = \"1s\" }").contains("unknown field `every`"));
+    }
+
+    #[test]
+    fn per_key_rate_limits_from_toml_and_their_errors() {
+        let q = parse(
+            "[queues.a]\nrate_limit_per_key = { limit = 5, per = \"1s\", burst = 1 }\nconcurrency_per_key = 2\n[queues.b]\nrate_limit_per_key = { limit = 60, per = \"1m\" }\n[queues.c]\n",
+        )
+        .unwrap();
+        let rl = |n: usize| q[n].settings.rate_limit_per_key;
+        assert_eq!(rl(0), Some(baton_queue::RateLimit { limit: 5, per: Duration::from_secs(1), burst: 1 }));
+        assert_eq!(q[0].settings.rate_limit, None);
+        assert_eq!(rl(1), Some(baton_queue::RateLimit { limit: 60, per: Duration::from_secs(60), burst: 60 }));
+        assert_eq!(rl(2), None);
+        let err = |body: &str| parse(&format!("[queues.q]\nrate_limit_per_key = {body}\n")).unwrap_err();
+        assert_eq!(
+            err("{ per = \"1s\" }"),
+            "queues.q.rate_limit_per_key.limit: missing; e.g. rate_limit_per_key = { limit = 100, per = \"1s\" }"
+        );
+        assert_eq!(err("{ limit = 0 }"), "queues.q.rate_limit_per_key.limit: must be at least 1");
+        assert_eq!(
+            err("{ limit = 1, burst = 0 }"),
+            "queues.q.rate_limit_per_key.burst: must be at least 1 (default: limit)"
+        );
+        assert_eq!(
+            err("{ limit = 1, per = \"0s\" }"),
+            "queues.q.rate_limit_per_key.per: 0s is under the least period, 1ms"
+        );
+        assert_eq!(
+            err("{ limit = 2000000 }"),
+            "queues.q.rate_limit_per_key: invalid queue setting: rate_limit_per_key 2000000 per 1s is above 1000000 per second, the highest rate allowed"
         );
         assert!(err("{ limit = 1, every = \"1s\" }").contains("unknown field `every`"));
     }

@@ -1,0 +1,274 @@
+//! The per-key rate limit (`ConsumerOptions::rate_limit_per_key`): GCRA per concurrency key, an
+//! entry over its key's rate waits in the delayed set (never pending, never in front of other
+//! keys' entries) and comes back at the time reserved for it. Memory, Redis standalone and
+//! Cluster.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton_queue::{ConsumerOptions, Decision, Delivery, OfferOptions, RateLimit, RemoteOptions};
+use baton_testkit::TestBackend;
+use common::*;
+
+baton_testkit::on_every_backend!(
+    each_key_is_spaced_by_its_rate_and_other_keys_are_not_held_back,
+    a_burst_starts_at_once_then_one_per_interval,
+    with_concurrency_per_key_keys_run_alone_in_order_and_at_their_rate,
+    bad_per_key_rate_limits_are_refused,
+);
+
+fn keyed(k: &str) -> OfferOptions {
+    OfferOptions { concurrency_key: Some(k.to_string()) }
+}
+
+/// Handler starts: payload → when it started.
+type Starts = Arc<Mutex<Vec<(String, Instant)>>>;
+
+fn recorder(starts: &Starts, work: Duration) -> impl Fn(Delivery) -> std::future::Ready<Decision> + Clone {
+    let starts = starts.clone();
+    move |d: Delivery| {
+        starts.lock().unwrap().push((String::from_utf8_lossy(&d.payload).into_owned(), Instant::now()));
+        if !work.is_zero() {
+            std::thread::sleep(work);
+        }
+        std::future::ready(Decision::Ack)
+    }
+}
+
+/// The starts of the payloads beginning with `prefix`, in start order.
+fn of(starts: &Starts, prefix: &str) -> Vec<(String, Instant)> {
+    starts.lock().unwrap().iter().filter(|(p, _)| p.starts_with(prefix)).cloned().collect()
+}
+
+fn opts(rate: RateLimit) -> ConsumerOptions {
+    // A poll interval longer than the key's interval: entries delayed for their key's rate must
+    // be promoted at their due time, not at the next poll.
+    fast(10_000).with_poll_interval(Duration::from_secs(2)).with_concurrency(8).with_rate_limit_per_key(Some(rate))
+}
+
+/// Every start of one key at least `gap` after the one before (less `tol`), the i-th at least
+/// i·gap after the first (less `tol`), in offer order.
+fn assert_spaced(name: &str, got: &[(String, Instant)], n: usize, gap: Duration, tol: Duration) {
+    let order: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+    let want: Vec<String> = (0..n).map(|i| format!("{name}{i}")).collect();
+    assert_eq!(order, want, "key {name}: each once, in offer order");
+    let t0 = got[0].1;
+    for i in 1..n {
+        let d = got[i].1 - got[i - 1].1;
+        assert!(d + tol >= gap, "key {name}: start {i} only {d:?} after start {}", i - 1);
+        let since = got[i].1 - t0;
+        assert!(since + tol >= gap * i as u32, "key {name}: start {i} at {since:?} after the first");
+    }
+}
+
+async fn each_key_is_spaced_by_its_rate_and_other_keys_are_not_held_back(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krate-spacing");
+    let starts: Starts = Arc::default();
+    // 5 per second per key, burst 1: a key's entries start 200 ms apart.
+    let rate = RateLimit::new(5, Duration::from_secs(1)).with_burst(1);
+    let c = s.consume(&q, recorder(&starts, Duration::ZERO), opts(rate)).await.unwrap();
+    for i in 0..20 {
+        s.offer_with(&q, format!("a{i}"), keyed("a")).await.unwrap();
+    }
+    let b_offered = Instant::now();
+    for i in 0..20 {
+        s.offer_with(&q, format!("b{i}"), keyed("b")).await.unwrap();
+    }
+    let free_offered = Instant::now();
+    for i in 0..5 {
+        s.offer(&q, format!("n{i}")).await.unwrap();
+    }
+    // Key a's backlog waits in the delayed set, not pending and not in front of anything.
+    eventually(Duration::from_secs(5), || {
+        let n = of(&starts, "n").len();
+        async move { (n == 5).then_some(()) }
+    })
+    .await
+    .expect("the entries without a key ran");
+    let st = s.stats(&q).await.unwrap();
+    assert!(st.delayed >= 30, "a's and b's backlogs wait in the delayed set: {st:?}");
+    assert!(st.pending <= 2, "delayed entries are not pending: {st:?}");
+    eventually(Duration::from_secs(15), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n >= 45).then_some(()) }
+    })
+    .await
+    .expect("all 45 ran");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(starts.lock().unwrap().len(), 45, "each entry runs once");
+    let (a, bb, n) = (of(&starts, "a"), of(&starts, "b"), of(&starts, "n"));
+    let tol = Duration::from_millis(30);
+    assert_spaced("a", &a, 20, Duration::from_millis(200), tol);
+    assert_spaced("b", &bb, 20, Duration::from_millis(200), tol);
+    // Key b is not held back by a's backlog: its first entry starts at once, and it is done about
+    // when a is (19 intervals after its first start), not 20 intervals after a.
+    assert!(
+        bb[0].1 - b_offered < Duration::from_millis(500),
+        "b's first started {:?} after its offer",
+        bb[0].1 - b_offered
+    );
+    let last_gap = bb[19].1.saturating_duration_since(a[19].1);
+    assert!(last_gap < Duration::from_secs(1), "b finished {last_gap:?} after a");
+    // Entries without a key are not limited by it.
+    for (p, at) in &n {
+        assert!(
+            *at - free_offered < Duration::from_millis(500),
+            "{p} started {:?} after its offer",
+            *at - free_offered
+        );
+    }
+    // Promoted on time: a's 20 starts span 19 intervals, plus at most a few promotion delays
+    // (not a poll interval each).
+    let span = a[19].1 - a[0].1;
+    assert!(span < Duration::from_millis(3800 + 1000), "a's starts spanned {span:?}");
+    c.drain(Duration::from_secs(2)).await;
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.delayed), (0, 0, 0), "{st:?}");
+}
+
+async fn a_burst_starts_at_once_then_one_per_interval(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krate-burst");
+    let starts: Starts = Arc::default();
+    // 10 per second per key, burst 3: three at once, then 100 ms apart.
+    let rate = RateLimit::new(10, Duration::from_secs(1)).with_burst(3);
+    let c = s.consume(&q, recorder(&starts, Duration::ZERO), opts(rate)).await.unwrap();
+    for i in 0..8 {
+        s.offer_with(&q, format!("k{i}"), keyed("k")).await.unwrap();
+    }
+    eventually(Duration::from_secs(10), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n >= 8).then_some(()) }
+    })
+    .await
+    .expect("all 8 ran");
+    let k = of(&starts, "k");
+    // The burst's three run at once (their handlers start in any order), then one at a time.
+    let mut order: Vec<&str> = k.iter().map(|(p, _)| p.as_str()).collect();
+    order[..3].sort();
+    assert_eq!(order, ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"]);
+    let t0 = k[0].1;
+    let tol = Duration::from_millis(30);
+    // The burst: k0..k2 at once (well within one interval).
+    assert!(k[2].1 - t0 < Duration::from_millis(60), "the burst took {:?}", k[2].1 - t0);
+    // Then one per 100 ms: k3 one interval after the burst, k7 five.
+    for (i, (p, at)) in k.iter().enumerate().skip(3) {
+        let want = Duration::from_millis(100 * (i as u64 - 2));
+        assert!(*at - t0 + tol >= want, "{p} at {:?}, expected ≥ {want:?}", *at - t0);
+    }
+    assert!(k[7].1 - t0 < Duration::from_millis(500 + 700), "k7 at {:?}", k[7].1 - t0);
+    c.drain(Duration::from_secs(2)).await;
+}
+
+async fn with_concurrency_per_key_keys_run_alone_in_order_and_at_their_rate(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krate-caps");
+    let starts: Starts = Arc::default();
+    let running: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let overlaps = Arc::new(Mutex::new(0usize));
+    // 10 per second per key, burst 1, one at a time per key; each handler runs 150 ms, longer
+    // than the interval: the cap spaces them then, and the rate when they are quick.
+    let rate = RateLimit::new(10, Duration::from_secs(1)).with_burst(1);
+    let h = {
+        let (starts, running, overlaps) = (starts.clone(), running.clone(), overlaps.clone());
+        move |d: Delivery| {
+            let (starts, running, overlaps) = (starts.clone(), running.clone(), overlaps.clone());
+            async move {
+                let p = String::from_utf8_lossy(&d.payload).into_owned();
+                let key = p[..1].to_string();
+                {
+                    let mut r = running.lock().unwrap();
+                    let n = r.entry(key.clone()).or_default();
+                    *n += 1;
+                    if *n > 1 {
+                        *overlaps.lock().unwrap() += 1;
+                    }
+                }
+                starts.lock().unwrap().push((p.clone(), Instant::now()));
+                let work = if p.ends_with('0') || p.ends_with('1') { 150 } else { 5 };
+                tokio::time::sleep(Duration::from_millis(work)).await;
+                *running.lock().unwrap().get_mut(&key).unwrap() -= 1;
+                Decision::Ack
+            }
+        }
+    };
+    let c = s.consume(&q, h, opts(rate).with_concurrency_per_key(Some(1))).await.unwrap();
+    for i in 0..6 {
+        s.offer_with(&q, format!("x{i}"), keyed("x")).await.unwrap();
+        s.offer_with(&q, format!("y{i}"), keyed("y")).await.unwrap();
+    }
+    eventually(Duration::from_secs(10), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n >= 12).then_some(()) }
+    })
+    .await
+    .expect("all 12 ran");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(*overlaps.lock().unwrap(), 0, "never two entries of one key at once");
+    for key in ["x", "y"] {
+        let got = of(&starts, key);
+        let order: Vec<String> = got.iter().map(|(p, _)| p.clone()).collect();
+        let want: Vec<String> = (0..6).map(|i| format!("{key}{i}")).collect();
+        assert_eq!(order, want, "key {key} in offer order");
+        // x0 and x1 run 150 ms each (the cap spaces x1 and x2 by that); from x2 on 5 ms each:
+        // the rate spaces them 100 ms apart. The rate is charged when an entry may start (after
+        // its key's slot), so entries that waited in the key's line do not start in a bunch.
+        for i in 1..6 {
+            let d = got[i].1 - got[i - 1].1;
+            assert!(d + Duration::from_millis(30) >= Duration::from_millis(100), "{key}{i} {d:?} after the one before");
+        }
+    }
+    c.drain(Duration::from_secs(2)).await;
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.delayed), (0, 0, 0), "{st:?}");
+}
+
+async fn bad_per_key_rate_limits_are_refused(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krate-bad");
+    let err = |r: RateLimit| {
+        let s = s.clone();
+        let q = q.clone();
+        async move {
+            let h = |_d: Delivery| async { Decision::Ack };
+            match s.consume(&q, h, ConsumerOptions::new().with_rate_limit_per_key(Some(r))).await {
+                Ok(_) => panic!("{r:?} accepted"),
+                Err(e) => e.to_string(),
+            }
+        }
+    };
+    assert_eq!(
+        err(RateLimit::new(0, Duration::from_secs(1))).await,
+        "invalid queue setting: rate_limit_per_key.limit must be at least 1"
+    );
+    assert_eq!(
+        err(RateLimit::new(5, Duration::from_secs(1)).with_burst(0)).await,
+        "invalid queue setting: rate_limit_per_key.burst must be at least 1"
+    );
+    assert_eq!(
+        err(RateLimit::new(1, Duration::from_micros(10))).await,
+        "invalid queue setting: rate_limit_per_key.per must be at least 1ms (got 10µs)"
+    );
+    assert_eq!(
+        err(RateLimit::new(2_000_000, Duration::from_secs(1))).await,
+        "invalid queue setting: rate_limit_per_key 2000000 per 1s is above 1000000 per second, the highest rate allowed"
+    );
+    let remote = s
+        .remote_consumer(
+            &q,
+            "w",
+            RemoteOptions {
+                rate_limit_per_key: Some(RateLimit::new(0, Duration::from_secs(1))),
+                ..RemoteOptions::default()
+            },
+        )
+        .await;
+    assert_eq!(
+        remote.err().map(|e| e.to_string()).as_deref(),
+        Some("invalid queue setting: rate_limit_per_key.limit must be at least 1")
+    );
+}
