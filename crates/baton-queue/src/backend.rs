@@ -204,8 +204,11 @@ pub(crate) trait ConsumerBackend: Send + Sync {
     /// `concurrency_per_key` of [`ConsumerSpec`]) are checked atomically with taking the
     /// entries, so nothing new is taken while one is shut; a shut gate is waited on (until it
     /// opens or `block` ends) without polling. An entry whose key is at its cap (or has waiters)
-    /// goes to its key's waiting line instead of being taken. The only way new work enters a
-    /// consumer (in-process and remote): later gates (priorities, rate limits) go here too.
+    /// goes to its key's waiting line instead of being taken; one over its key's rate
+    /// (`rate_limit_per_key`) goes to the delayed set, due when its key admits it
+    /// ([`ConsumerBackend::take_promote_hint`]). A read that delayed entries and took none
+    /// returns at once (empty), so that the caller schedules their promotion. The only way new
+    /// work enters a consumer (in-process and remote): later gates (priorities) go here too.
     /// Reclaims and redeliveries do not pass here.
     async fn read_new(&self, count: usize, block: Duration) -> Result<Vec<RawDelivery>, QueueError>;
     /// The earliest due time of the entries that this consumer's reads moved to the delayed set
