@@ -12,7 +12,8 @@
 -- limit's emission interval (µs, may have a fraction; '' for no rate limit), ARGV[8] its burst
 -- tolerance (µs); appended for the per-key rate limit: KEYS[11] delayed zset, KEYS[12] delayed
 -- payload hash (reclaim.lua), KEYS[13] per-key rate state (hash key -> `<tat µs>:<delayed
--- entries not read back yet>:<due µs of the key's latest delayed entry>`), KEYS[14] its cleanup
+-- entries not read back yet>:<due µs of the key's latest delayed entry>`; field `\0n`: the sum
+-- of those counts, no key has a control character), KEYS[14] its cleanup
 -- zset (key -> ms after which its field may be stale), ARGV[9] the per-key rate limit's emission
 -- interval (µs; '' for none), ARGV[10] its burst tolerance (µs)
 -- The gates, in order: pause, back-off, max_concurrency, rate limit, then per key
@@ -146,7 +147,10 @@ else
       if k and kr then
         -- Charged when it was delayed: one delayed entry of the key fewer.
         local tat, n, last = kstate(k)
-        if n > 0 then kput(k, tat, n - 1, last) end
+        if n > 0 then
+          kput(k, tat, n - 1, last)
+          redis.call('HINCRBY', KEYS[13], '\0n', -1)
+        end
       end
       -- concurrency_per_key first: a slot of its key, or the end of the key's waiting line.
       if k and not kh and perkey > 0 then
@@ -176,6 +180,7 @@ else
           local due = math.max(base - ktau, know)
           if n > 0 then due = math.max(due, last + 1) end
           kput(k, base + krate_t, n + 1, due)
+          redis.call('HINCRBY', KEYS[13], '\0n', 1)
           redis.call('ZADD', KEYS[11], string.format('%.3f', due / 1000), e[1])
           redis.call('HSET', KEYS[12], e[1], payload, e[1] .. ':dc', dc, e[1] .. ':k', k, e[1] .. ':kr', kh and 'h' or '1')
           redis.call('XACK', KEYS[1], ARGV[1], e[1])

@@ -1,9 +1,15 @@
 -- Queue statistics in one round trip.
 -- KEYS[1] queue stream, KEYS[2] dead-letter stream, KEYS[3] delayed zset, KEYS[4] liveness hash
--- (consumers.lua), KEYS[5] pause flag (pause.lua), KEYS[6] back-off (backoff.lua); ARGV[1]
--- group, ARGV[2] the parked owner (not a consumer: not counted)
+-- (consumers.lua), KEYS[5] pause flag (pause.lua), KEYS[6] back-off (backoff.lua), KEYS[7] key
+-- hold counts, KEYS[8] key waiting lines (caps.lua), KEYS[9] per-key rate state (read.lua);
+-- ARGV[1] group, ARGV[2] the parked owner (not a consumer: not counted), ARGV[3] the most keys
+-- to list, ARGV[4] the most fields of KEYS[7] and of KEYS[9] to look at
 -- Returns {length, pending, live consumers, lag, delayed, dead letters, dead consumers, paused
--- since (ms, 0: not paused), back-off left (ms, 0: none)}: a
+-- since (ms, 0: not paused), back-off left (ms, 0: none), entries waiting in key waiting lines,
+-- entries waiting in the delayed set for their key's rate, {key, active, waiting, rate delayed}
+-- for up to ARGV[3] keys, most active + waiting + rate delayed first (then by key), among the
+-- keys holding a slot and the keys with entries delayed for their rate (up to ARGV[4] of each
+-- looked at: a key with waiters always holds a slot)}: a
 -- consumer is live while its last heartbeat is younger than its claim timeout (its record
 -- `<ms>:<claim ms>`); a group member with an older record or none is dead (not reaped yet, or
 -- still owning entries after it stopped).
@@ -42,4 +48,44 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local paused = tonumber(redis.call('GET', KEYS[5]) or '0') or 0
 local backoff = math.max(redis.call('PTTL', KEYS[6]), 0)
-return {len, pending, consumers, lag, redis.call('ZCARD', KEYS[3]), redis.call('XLEN', KEYS[2]), dead, paused, backoff}
+-- Per key ---------------------------------------------------------------------------------------
+local per, list = {}, {}
+local function at(k)
+  if not per[k] then
+    per[k] = {k, 0, 0, 0}
+    list[#list + 1] = per[k]
+  end
+  return per[k]
+end
+local bound = tonumber(ARGV[4])
+local function scan(key, each)
+  local cursor, seen = '0', 0
+  repeat
+    local r = redis.call('HSCAN', key, cursor, 'COUNT', 100)
+    cursor = r[1]
+    for i = 1, #r[2], 2 do
+      if seen < bound then each(r[2][i], r[2][i + 1]) end
+      seen = seen + 1
+    end
+  until cursor == '0' or seen >= bound
+end
+scan(KEYS[7], function(k, v)
+  local e = at(k)
+  e[2] = tonumber(v) or 0
+  e[3] = redis.call('ZLEXCOUNT', KEYS[8], '[' .. k .. '\0', '(' .. k .. '\1')
+end)
+scan(KEYS[9], function(k, v)
+  if string.sub(k, 1, 1) == '\0' then return end
+  local n = tonumber(string.match(v, '^[^:]+:(%d+):') or '0') or 0
+  if n > 0 then at(k)[4] = n end
+end)
+table.sort(list, function(a, b)
+  local x, y = a[2] + a[3] + a[4], b[2] + b[3] + b[4]
+  if x ~= y then return x > y end
+  return a[1] < b[1]
+end)
+local keys = {}
+for i = 1, math.min(#list, tonumber(ARGV[3])) do keys[#keys + 1] = list[i] end
+local kdelayed = tonumber(redis.call('HGET', KEYS[9], '\0n') or '0') or 0
+return {len, pending, consumers, lag, redis.call('ZCARD', KEYS[3]), redis.call('XLEN', KEYS[2]), dead, paused, backoff,
+  redis.call('ZCARD', KEYS[8]), math.max(kdelayed, 0), keys}

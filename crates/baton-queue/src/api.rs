@@ -118,6 +118,41 @@ pub struct QueueStats {
     /// many more ms; `None` when it does not.
     #[serde(default)]
     pub backoff_ms: Option<u64>,
+    /// Entries waiting in their concurrency key's waiting line
+    /// ([`ConsumerOptions::concurrency_per_key`](crate::ConsumerOptions::concurrency_per_key)):
+    /// not in the stream, not pending.
+    #[serde(default)]
+    pub key_waiting: u64,
+    /// Entries waiting in the delayed set for their key's rate
+    /// ([`ConsumerOptions::rate_limit_per_key`](crate::ConsumerOptions::rate_limit_per_key);
+    /// counted in [`QueueStats::delayed`] too), or promoted and not read yet.
+    #[serde(default)]
+    pub key_rate_delayed: u64,
+    /// The busiest concurrency keys: at most [`QueueStats::MAX_KEYS`], most
+    /// `active + waiting + rate_delayed` first (then by key), among the keys holding a slot and
+    /// the keys with entries delayed for their rate (on Redis up to 1,000 of each looked at). Empty
+    /// without per-key gates.
+    #[serde(default)]
+    pub keys: Vec<KeyStats>,
+}
+
+impl QueueStats {
+    /// The most keys [`QueueStats::keys`] lists: 50.
+    pub const MAX_KEYS: usize = 50;
+}
+
+/// One concurrency key's counts ([`QueueStats::keys`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyStats {
+    /// The concurrency key.
+    pub key: String,
+    /// Entries holding one of its slots (`concurrency_per_key`): running, or on their way to a
+    /// consumer (promoted from the waiting line, or waiting for the key's rate with a slot).
+    pub active: u64,
+    /// Entries in its waiting line.
+    pub waiting: u64,
+    /// Entries waiting in the delayed set for its rate (`rate_limit_per_key`).
+    pub rate_delayed: u64,
 }
 
 /// A consumer of a queue's group ([`MessageStream::consumers`](crate::MessageStream::consumers)).

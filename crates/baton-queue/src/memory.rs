@@ -341,6 +341,9 @@ impl QueueBackend for MemoryQueueBackend {
                 .backoff_until
                 .map(|u| u.saturating_duration_since(now).as_millis() as u64)
                 .filter(|ms| *ms > 0),
+            key_waiting: st.key_wait.values().map(|w| w.len() as u64).sum(),
+            key_rate_delayed: st.key_rate.values().map(|r| r.delayed as u64).sum(),
+            keys: key_stats(&st),
         })
     }
 
@@ -433,6 +436,35 @@ impl QueueBackend for MemoryQueueBackend {
         st.dead.clear();
         Ok(n)
     }
+}
+
+/// [`QueueStats::keys`]: the busiest keys (as stats.lua).
+fn key_stats(st: &QState) -> Vec<crate::KeyStats> {
+    let mut list: Vec<crate::KeyStats> = Vec::new();
+    let mut index: HashMap<Arc<str>, usize> = HashMap::new();
+    let mut slot = |k: &Arc<str>, list: &mut Vec<crate::KeyStats>| -> usize {
+        *index.entry(k.clone()).or_insert_with(|| {
+            list.push(crate::KeyStats { key: k.to_string(), ..Default::default() });
+            list.len() - 1
+        })
+    };
+    for (k, n) in &st.key_held {
+        let i = slot(k, &mut list);
+        list[i].active = *n as u64;
+    }
+    for (k, w) in &st.key_wait {
+        let i = slot(k, &mut list);
+        list[i].waiting = w.len() as u64;
+    }
+    for (k, r) in st.key_rate.iter().filter(|(_, r)| r.delayed > 0) {
+        let i = slot(k, &mut list);
+        list[i].rate_delayed = r.delayed as u64;
+    }
+    list.sort_by(|a, b| {
+        (b.active + b.waiting + b.rate_delayed).cmp(&(a.active + a.waiting + a.rate_delayed)).then(a.key.cmp(&b.key))
+    });
+    list.truncate(QueueStats::MAX_KEYS);
+    list
 }
 
 fn next_after(id: MessageId) -> MessageId {

@@ -344,17 +344,48 @@ impl QueueBackend for RedisQueueBackend {
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
         let keys = self.keys(queue);
-        let v: Vec<u64> = STATS
+        let v: Value = STATS
             .run(
                 &mut self.conn.clone(),
-                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused, &keys.backoff],
-                &[&self.opts.group, &PARKED],
+                &[
+                    &keys.stream,
+                    &keys.dead,
+                    &keys.delayed,
+                    &keys.liveness,
+                    &keys.paused,
+                    &keys.backoff,
+                    &keys.caps[2],
+                    &keys.caps[4],
+                    &keys.key_rate,
+                ],
+                &[&self.opts.group, &PARKED, &QueueStats::MAX_KEYS, &1000],
             )
             .await?;
-        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers, paused_since, backoff] = v[..]
+        let Value::Array(parts) = &v else { return Err(unexpected("stats", &v)) };
+        if parts.len() != 12 {
+            return Err(unexpected("stats", &v));
+        }
+        let n: Vec<u64> = parts[..11].iter().map(as_u64).collect();
+        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers, paused_since, backoff, key_waiting, key_rate_delayed] =
+            n[..]
         else {
-            return Err(unexpected("stats", &Value::Nil));
+            return Err(unexpected("stats", &v));
         };
+        let mut per_key = Vec::new();
+        if let Value::Array(list) = &parts[11] {
+            for e in list {
+                let Value::Array(f) = e else { return Err(unexpected("stats", &v)) };
+                if f.len() != 4 {
+                    return Err(unexpected("stats", &v));
+                }
+                per_key.push(crate::KeyStats {
+                    key: as_string(&f[0]).unwrap_or_default(),
+                    active: as_u64(&f[1]),
+                    waiting: as_u64(&f[2]),
+                    rate_delayed: as_u64(&f[3]),
+                });
+            }
+        }
         let paused_since_ms = (paused_since > 0).then_some(paused_since);
         Ok(QueueStats {
             length,
@@ -367,6 +398,9 @@ impl QueueBackend for RedisQueueBackend {
             paused: paused_since_ms.is_some(),
             paused_since_ms,
             backoff_ms: (backoff > 0).then_some(backoff),
+            key_waiting,
+            key_rate_delayed,
+            keys: per_key,
         })
     }
 

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton_queue::{ConsumerOptions, Decision, Delivery, OfferOptions, RateLimit, RemoteOptions};
+use baton_queue::{ConsumerOptions, Decision, Delivery, KeyStats, OfferOptions, RateLimit, RemoteOptions};
 use baton_testkit::TestBackend;
 use common::*;
 
@@ -18,6 +18,7 @@ baton_testkit::on_every_backend!(
     a_burst_starts_at_once_then_one_per_interval,
     with_concurrency_per_key_keys_run_alone_in_order_and_at_their_rate,
     bad_per_key_rate_limits_are_refused,
+    stats_count_each_keys_active_waiting_and_rate_delayed_entries,
 );
 
 fn keyed(k: &str) -> OfferOptions {
@@ -271,4 +272,79 @@ async fn bad_per_key_rate_limits_are_refused(b: TestBackend) {
         remote.err().map(|e| e.to_string()).as_deref(),
         Some("invalid queue setting: rate_limit_per_key.limit must be at least 1")
     );
+}
+
+fn ks(key: &str, active: u64, waiting: u64, rate_delayed: u64) -> KeyStats {
+    KeyStats { key: key.to_string(), active, waiting, rate_delayed }
+}
+
+/// `QueueStats::key_waiting`, `key_rate_delayed` and `keys` with both per-key gates: exact counts
+/// while handlers hold their slots.
+async fn stats_count_each_keys_active_waiting_and_rate_delayed_entries(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krate-stats");
+    let done: Arc<Mutex<Vec<String>>> = Arc::default();
+    let started: Starts = Arc::default();
+    let h = {
+        let (done, started) = (done.clone(), started.clone());
+        move |d: Delivery| {
+            let (done, started) = (done.clone(), started.clone());
+            async move {
+                let p = String::from_utf8_lossy(&d.payload).into_owned();
+                started.lock().unwrap().push((p.clone(), Instant::now()));
+                while !done.lock().unwrap().contains(&p) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Decision::Ack
+            }
+        }
+    };
+    // One per key at a time; one start per key per 10 s.
+    let rate = RateLimit::new(1, Duration::from_secs(10)).with_burst(1);
+    let c = s.consume(&q, h, opts(rate).with_concurrency_per_key(Some(1))).await.unwrap();
+    for p in ["a0", "a1", "a2"] {
+        s.offer_with(&q, p, keyed("a")).await.unwrap();
+    }
+    s.offer_with(&q, "b0", keyed("b")).await.unwrap();
+    s.offer(&q, "n0").await.unwrap();
+    eventually(Duration::from_secs(5), || {
+        let n = started.lock().unwrap().len();
+        async move { (n == 3).then_some(()) }
+    })
+    .await
+    .expect("a0, b0 and n0 started");
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.key_waiting, st.key_rate_delayed, st.delayed, st.pending), (2, 0, 0, 3), "{st:?}");
+    assert_eq!(st.keys, vec![ks("a", 1, 2, 0), ks("b", 1, 0, 0)]);
+    // a0 ends: a1 gets a's slot, but not a's rate (10 s): it waits in the delayed set, keeping
+    // the slot; a2 still waits for the slot.
+    done.lock().unwrap().push("a0".into());
+    eventually(Duration::from_secs(5), || {
+        let s = s.clone();
+        let q = q.clone();
+        async move {
+            let st = s.stats(&q).await.unwrap();
+            (st.key_rate_delayed == 1).then_some(st)
+        }
+    })
+    .await
+    .map(|st| {
+        assert_eq!((st.key_waiting, st.key_rate_delayed, st.delayed, st.pending), (1, 1, 1, 2), "{st:?}");
+        assert_eq!(st.keys, vec![ks("a", 1, 1, 1), ks("b", 1, 0, 0)]);
+    })
+    .expect("a1 waits for a's rate");
+    assert_eq!(started.lock().unwrap().len(), 3, "a1 did not start");
+    done.lock().unwrap().extend(["b0".to_string(), "n0".to_string()]);
+    eventually(Duration::from_secs(5), || {
+        let s = s.clone();
+        let q = q.clone();
+        async move {
+            let st = s.stats(&q).await.unwrap();
+            (st.pending == 0).then_some(st)
+        }
+    })
+    .await
+    .map(|st| assert_eq!(st.keys, vec![ks("a", 1, 1, 1)], "{st:?}"))
+    .expect("b0 and n0 ended");
+    c.abort();
 }
