@@ -531,6 +531,11 @@ impl RemoteWorkers {
         self.ctx.settings.rate_limit
     }
 
+    /// The queue's rate limit per concurrency key ([`QueueSettings::rate_limit_per_key`]).
+    pub fn rate_limit_per_key(&self) -> Option<baton_queue::RateLimit> {
+        self.ctx.settings.rate_limit_per_key
+    }
+
     /// The claim timeout: a worker silent this long loses its leases.
     pub fn claim_timeout(&self) -> Duration {
         self.options.claim_timeout

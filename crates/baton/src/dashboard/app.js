@@ -200,6 +200,11 @@
           q.backoff_ms ? h("span", { class: "badge BACKOFF", title: `Backing off after a rate limited answer: nothing new starts for ${num(q.backoff_ms)} ms more` }, "BACKING OFF") : null,
           q.rate_limit ? h("span", { class: "muted", title: `Rate limit: at most ${num(q.rate_limit.limit)} started per ${num(q.rate_limit.per_ms)} ms by all workers, bursts of ${num(q.rate_limit.burst)}` },
             ` ≤${num(q.rate_limit.limit)}/${q.rate_limit.per_ms === 1000 ? "s" : num(q.rate_limit.per_ms) + "ms"}`) : null,
+          q.rate_limit_per_key ? h("span", { class: "muted", title: `Rate limit per concurrency key: at most ${num(q.rate_limit_per_key.limit)} of one key started per ${num(q.rate_limit_per_key.per_ms)} ms, bursts of ${num(q.rate_limit_per_key.burst)}` },
+            ` ≤${num(q.rate_limit_per_key.limit)}/${q.rate_limit_per_key.per_ms === 1000 ? "s" : num(q.rate_limit_per_key.per_ms) + "ms"} per key`) : null,
+          // Throttled per key: waiting for a slot of their key, or for their key's rate.
+          q.key_waiting ? h("span", { class: "badge THROTTLED", "data-key-waiting": q.key_waiting, title: `${num(q.key_waiting)} waiting for a slot of their concurrency key` }, `${num(q.key_waiting)} KEY-WAITING`) : null,
+          q.key_rate_delayed ? h("span", { class: "badge THROTTLED", "data-key-rate-delayed": q.key_rate_delayed, title: `${num(q.key_rate_delayed)} waiting for their concurrency key's rate` }, `${num(q.key_rate_delayed)} RATE-LIMITED`) : null,
           pauseButton(q)),
         n(q.length), n(q.pending),
         // Live consumers; dead ones (silent past their claim timeout, not reaped yet) apart.
@@ -216,6 +221,17 @@
     }
     $("queues-table").querySelector("tbody").replaceWith(body);
     $("queues-empty").hidden = s.queues.length > 0;
+    // Per-key counts of every queue that has any.
+    const keys = h("tbody");
+    for (const q of s.queues) {
+      for (const k of q.keys || []) {
+        const n = (v) => h("td", { class: "num" }, v ? num(v) : h("span", { class: "zero" }, "0"));
+        keys.append(h("tr", { "data-queue": q.name, "data-key": k.key },
+          h("td", {}, q.name), h("th", { scope: "row", class: "mono" }, k.key), n(k.active), n(k.waiting), n(k.rate_delayed)));
+      }
+    }
+    $("keys-table").querySelector("tbody").replaceWith(keys);
+    $("keys-panel").hidden = keys.children.length === 0;
     const labels = { SUBMITTED: "Submitted", RUNNING: "Running", SUCCEEDED: "Succeeded", FAILED: "Failed", CANCELLED: "Cancelled", DEAD: "Dead letters" };
     $("totals").replaceChildren(...Object.entries(totals).map(([k, v]) =>
       h("div", { class: `card ${k}` }, h("div", { class: "label" }, labels[k]), h("div", { class: "value" }, num(v)))));

@@ -7,7 +7,8 @@
 //!
 //! ```json
 //! {"time": "…", "server": {"version", "backend", "auth"},
-//!  "queues": [{"name", "paused", "paused_since", "backoff_ms", "rate_limit", "length", "pending", "consumers", "lag", "delayed", "dead_letters",
+//!  "queues": [{"name", "paused", "paused_since", "backoff_ms", "rate_limit", "rate_limit_per_key", "key_waiting", "key_rate_delayed", "keys",
+//!              "length", "pending", "consumers", "lag", "delayed", "dead_letters",
 //!              "commands": {"submitted", …, "total"}, "handlers": […], "workers"}],
 //!  "commands": [state…],        // newest first over the readable queues (or `queue`), `status` only, at most `limit` (default 50, ≤ 500)
 //!  "dead_letters": [{"queue", "id", "original_id", "payload", "command_id", "deliveries", "reason", "dead_lettered_at"}]}

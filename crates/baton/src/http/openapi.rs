@@ -268,7 +268,7 @@ fn schemas() -> Value {
     });
     let rest = json!({
         "Queue": { "type": "object",
-            "required": ["name", "paused", "paused_since", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "dead_letters", "backoff_ms", "rate_limit", "commands", "handlers", "workers"],
+            "required": ["name", "paused", "paused_since", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "dead_letters", "backoff_ms", "rate_limit", "rate_limit_per_key", "key_waiting", "key_rate_delayed", "keys", "commands", "handlers", "workers"],
             "properties": {
                 "name": { "type": "string" },
                 "paused": { "type": "boolean", "description": "Paused (`POST /v1/queues/{queue}/pause`): submits are accepted, no worker starts a new command; running ones go on." },
@@ -281,6 +281,17 @@ fn schemas() -> Value {
                 "rate_limit": { "oneOf": [{ "type": "null" }, { "type": "object", "required": ["limit", "per_ms", "burst"], "properties": {
                     "limit": { "type": "integer", "minimum": 1 }, "per_ms": { "type": "integer", "minimum": 1 }, "burst": { "type": "integer", "minimum": 1 } } }],
                     "description": "The queue's rate_limit as this server is configured: at most `limit` commands started per `per_ms` by all workers together, bursts of `burst`; null: none." },
+                "rate_limit_per_key": { "oneOf": [{ "type": "null" }, { "type": "object", "required": ["limit", "per_ms", "burst"], "properties": {
+                    "limit": { "type": "integer", "minimum": 1 }, "per_ms": { "type": "integer", "minimum": 1 }, "burst": { "type": "integer", "minimum": 1 } } }],
+                    "description": "The queue's rate_limit_per_key as this server is configured: at most `limit` commands of one concurrency key started per `per_ms`, bursts of `burst`, each key its own bucket; null: none." },
+                "key_waiting": { "type": "integer", "minimum": 0, "description": "Commands waiting in their concurrency key's waiting line (concurrency_per_key): not started, not pending." },
+                "key_rate_delayed": { "type": "integer", "minimum": 0, "description": "Commands waiting in the delayed set for their concurrency key's rate (rate_limit_per_key); counted in `delayed` too." },
+                "keys": { "type": "array", "maxItems": 50, "description": "The busiest concurrency keys, at most 50, most active + waiting + rate_delayed first (then by key), among the keys holding a slot and those with commands delayed for their rate (on Redis up to 1,000 of each looked at); empty without per-key settings.",
+                    "items": { "type": "object", "required": ["key", "active", "waiting", "rate_delayed"], "properties": {
+                        "key": { "type": "string" },
+                        "active": { "type": "integer", "minimum": 0, "description": "Commands holding one of the key's slots (running, or about to)." },
+                        "waiting": { "type": "integer", "minimum": 0, "description": "Commands in the key's waiting line." },
+                        "rate_delayed": { "type": "integer", "minimum": 0, "description": "Commands waiting for the key's rate." } } } },
                 "commands": { "type": "object",
                     "required": ["submitted", "running", "succeeded", "failed", "cancelled", "total", "scheduled", "next_due"],
                     "properties": { "submitted": count(), "running": count(), "succeeded": count(),

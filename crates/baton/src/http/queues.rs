@@ -59,9 +59,13 @@ pub async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, ApiError
         "delayed": stats.delayed,
         "dead_letters": stats.dead_letters,
         "backoff_ms": stats.backoff_ms,
-        "rate_limit": entry.remote.rate_limit().map(|r| json!({
-            "limit": r.limit, "per_ms": r.per.as_millis() as u64, "burst": r.burst,
-        })),
+        "rate_limit": entry.remote.rate_limit().map(rate_json),
+        "rate_limit_per_key": entry.remote.rate_limit_per_key().map(rate_json),
+        "key_waiting": stats.key_waiting,
+        "key_rate_delayed": stats.key_rate_delayed,
+        "keys": stats.keys.iter().map(|k| json!({
+            "key": k.key, "active": k.active, "waiting": k.waiting, "rate_delayed": k.rate_delayed,
+        })).collect::<Vec<_>>(),
         "commands": {
             "submitted": c.submitted, "running": c.running, "succeeded": c.succeeded,
             "failed": c.failed, "cancelled": c.cancelled, "total": c.total(),
@@ -70,6 +74,11 @@ pub async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, ApiError
         "handlers": handlers,
         "workers": api.workers_here() && !entry.handlers.is_empty(),
     }))
+}
+
+/// A configured rate limit as JSON: `{"limit", "per_ms", "burst"}`.
+fn rate_json(r: baton_queue::RateLimit) -> Value {
+    json!({ "limit": r.limit, "per_ms": r.per.as_millis() as u64, "burst": r.burst })
 }
 
 pub async fn list_queues(State(st): State<AppState>, _: Query, req: Request) -> Result<Response, ApiError> {
