@@ -112,6 +112,9 @@ pub struct RemoteConsumer {
     claim_timeout: Duration,
     /// When this process last wrote the worker's liveness record (shared by the clones).
     last_beat: Arc<Mutex<Option<Instant>>>,
+    /// When the earliest entry this worker's claims delayed for its key's rate is due (shared by
+    /// the clones): a claim then promotes it.
+    promote_at: Arc<Mutex<Option<Instant>>>,
 }
 
 fn owned(id: MessageId, o: Owned) -> Result<Settled, QueueError> {
@@ -166,6 +169,7 @@ impl RemoteConsumer {
             queue: queue.to_string(),
             claim_timeout: opts.claim_timeout,
             last_beat: Arc::default(),
+            promote_at: Arc::default(),
         })
     }
 
@@ -177,6 +181,14 @@ impl RemoteConsumer {
     /// The queue.
     pub fn queue(&self) -> &str {
         &self.queue
+    }
+
+    /// Keeps the earliest due time of the entries the last read delayed.
+    fn note_promote_hint(&self) {
+        if let Some(due) = self.backend.take_promote_hint() {
+            let mut at = self.promote_at.lock().expect("lock");
+            *at = Some(at.map_or(due, |t| t.min(due)));
+        }
     }
 
     /// Takes up to `max` messages for the worker (at least 1): entries of dead consumers and
@@ -206,19 +218,30 @@ impl RemoteConsumer {
         }
         let mut out = Vec::with_capacity(max);
         let mut raw = if reclaim { self.backend.reclaim(max, &[]).await?.deliveries } else { Vec::new() };
+        // Entries this worker's reads moved to the delayed set (the per-key rate limit) are
+        // promoted at their due time by its own claims (it has no promoter of its own): a claim
+        // that finds one due promotes it first, and a waiting claim waits no longer than until the
+        // earliest is due.
         let deadline = Instant::now() + wait;
-        while raw.len() < max {
-            let block =
-                if raw.is_empty() { deadline.saturating_duration_since(Instant::now()) } else { Duration::ZERO };
+        loop {
+            self.note_promote_hint();
+            let now = Instant::now();
+            let due = *self.promote_at.lock().expect("lock");
+            if due.is_some_and(|d| d <= now) {
+                let r = self.backend.reclaim(0, &[]).await?;
+                *self.promote_at.lock().expect("lock") =
+                    r.next_due.map(|n| Instant::now() + n.max(Duration::from_millis(10)));
+                continue;
+            }
+            if raw.len() >= max {
+                break;
+            }
+            let until = due.map_or(deadline, |d| d.min(deadline));
+            let block = if raw.is_empty() { until.saturating_duration_since(now) } else { Duration::ZERO };
             raw.extend(self.backend.read_new(max - raw.len(), block.max(Duration::from_millis(1))).await?);
-            // Entries the read moved to the delayed set (the per-key rate limit): when nothing
-            // was taken and the earliest is due within the wait, promote it then and read again.
-            match self.backend.take_promote_hint() {
-                Some(due) if raw.is_empty() && due < deadline => {
-                    tokio::time::sleep_until(due.into()).await;
-                    self.backend.reclaim(0, &[]).await?;
-                }
-                _ => break,
+            self.note_promote_hint();
+            if !raw.is_empty() || Instant::now() >= deadline {
+                break;
             }
         }
         for d in raw {

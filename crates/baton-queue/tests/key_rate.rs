@@ -19,6 +19,7 @@ baton_testkit::on_every_backend!(
     with_concurrency_per_key_keys_run_alone_in_order_and_at_their_rate,
     bad_per_key_rate_limits_are_refused,
     stats_count_each_keys_active_waiting_and_rate_delayed_entries,
+    a_remote_workers_claims_keep_each_keys_rate,
 );
 
 fn keyed(k: &str) -> OfferOptions {
@@ -347,4 +348,47 @@ async fn stats_count_each_keys_active_waiting_and_rate_delayed_entries(b: TestBa
     .map(|st| assert_eq!(st.keys, vec![ks("a", 1, 1, 1)], "{st:?}"))
     .expect("b0 and n0 ended");
     c.abort();
+}
+
+/// A remote worker's claims pass the same per-key rate: a claim that only delayed entries waits
+/// (within its `wait`) for the earliest, promotes it and takes it; other keys are not held back.
+async fn a_remote_workers_claims_keep_each_keys_rate(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krate-remote");
+    let opts = RemoteOptions {
+        claim_timeout: Duration::from_secs(30),
+        max_deliveries: None,
+        rate_limit_per_key: Some(RateLimit::new(4, Duration::from_secs(1)).with_burst(1)),
+        ..Default::default()
+    };
+    let w = s.remote_consumer(&q, "worker-1", opts).await.unwrap();
+    for i in 0..3 {
+        s.offer_with(&q, format!("a{i}"), keyed("a")).await.unwrap();
+    }
+    s.offer_with(&q, "b0", keyed("b")).await.unwrap();
+    // One claim: a0 and b0 (a1, a2 over a's rate, delayed; b0 not held back by them).
+    let t0 = Instant::now();
+    let got: Vec<String> = w
+        .claim(10, Duration::ZERO)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| String::from_utf8_lossy(&d.payload).into_owned())
+        .collect();
+    assert_eq!(got, ["a0", "b0"]);
+    assert_eq!(s.stats(&q).await.unwrap().key_rate_delayed, 2);
+    // Long-poll claims: a1 one interval (250 ms) after a0, a2 one more.
+    let mut at = Vec::new();
+    for want in ["a1", "a2"] {
+        let d = w.claim(10, Duration::from_secs(3)).await.unwrap();
+        let got: Vec<String> = d.iter().map(|d| String::from_utf8_lossy(&d.payload).into_owned()).collect();
+        assert_eq!(got, [want]);
+        at.push(t0.elapsed());
+        w.ack(d[0].id, d[0].fence).await.unwrap();
+    }
+    let tol = Duration::from_millis(30);
+    assert!(at[0] + tol >= Duration::from_millis(250) && at[0] < Duration::from_millis(1000), "a1 at {:?}", at[0]);
+    assert!(at[1] + tol >= Duration::from_millis(500) && at[1] < Duration::from_millis(1500), "a2 at {:?}", at[1]);
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.key_rate_delayed, st.delayed), (0, 0), "{st:?}");
 }
