@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton_queue::{ConsumerOptions, Decision, Delivery, KeyStats, OfferOptions, RateLimit, RemoteOptions};
+use baton_queue::{keys, ConsumerOptions, Decision, Delivery, KeyStats, OfferOptions, RateLimit, RemoteOptions};
+use baton_redis::redis;
 use baton_testkit::TestBackend;
 use common::*;
 
@@ -127,9 +128,28 @@ async fn each_key_is_spaced_by_its_rate_and_other_keys_are_not_held_back(b: Test
     // (not a poll interval each).
     let span = a[19].1 - a[0].1;
     assert!(span < Duration::from_millis(3800 + 1000), "a's starts spanned {span:?}");
-    c.drain(Duration::from_secs(2)).await;
     let st = s.stats(&q).await.unwrap();
-    assert_eq!((st.length, st.pending, st.delayed), (0, 0, 0), "{st:?}");
+    assert_eq!((st.length, st.pending, st.delayed, st.key_rate_delayed), (0, 0, 0, 0), "{st:?}");
+    // Redis: the keys' rate states are removed by later reads once their tat has passed (only the
+    // total's field, 0, stays).
+    if let Some(conn) = conn_for(&b).await {
+        let krate = keys::key_rate(keys::DEFAULT_PREFIX, &q);
+        let exp = keys::key_rate_expiry(keys::DEFAULT_PREFIX, &q);
+        let left = eventually(Duration::from_secs(8), || {
+            let mut conn = conn.clone();
+            let (krate, exp) = (krate.clone(), exp.clone());
+            async move {
+                let fields: HashMap<String, String> =
+                    redis::cmd("HGETALL").arg(&krate).query_async(&mut conn).await.unwrap();
+                let n: u64 = redis::cmd("ZCARD").arg(&exp).query_async(&mut conn).await.unwrap();
+                (fields.len() == 1 && n == 0).then_some(fields)
+            }
+        })
+        .await;
+        let want: HashMap<String, String> = [("\0n".to_string(), "0".to_string())].into();
+        assert_eq!(left, Some(want), "stale per-key rate states removed");
+    }
+    c.drain(Duration::from_secs(2)).await;
 }
 
 async fn a_burst_starts_at_once_then_one_per_interval(b: TestBackend) {
