@@ -67,11 +67,10 @@ if #due > 0 then
       fields[#fields + 1] = id .. ':k'
       fields[#fields + 1] = id .. ':kr'
     end
-    if payload and key and kr == 'h' then
+    if payload and key and kr == 'h' and redis.call('HDEL', caps_keys(7).ids, id) == 1 then
       -- It holds a slot of its key: the holder id moves to its new entry.
-      local C = caps_keys(7)
       local nid = redis.call('XADD', stream, '*', 'p', payload, 'dc', prior, 'k', key, 'kr', '1', 'kh', '1')
-      if redis.call('HDEL', C.ids, id) == 1 then redis.call('HSET', C.ids, nid, key) end
+      redis.call('HSET', caps_keys(7).ids, nid, key)
       promoted = promoted + 1
     elseif payload and key and kr then
       redis.call('XADD', stream, '*', 'p', payload, 'dc', prior, 'k', key, 'kr', '1')
