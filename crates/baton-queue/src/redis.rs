@@ -54,18 +54,22 @@
 //! opened on its lease thread and closed when that thread ends.
 //!
 //! **The per-key rate limit** (`rate_limit_per_key`) is a gate of the per-key step of the same
-//! read, before `concurrency_per_key`, and not a timed gate: one key over its rate must not hold
-//! back the others (no head-of-line blocking). Each key has a GCRA bucket (`krate`: its
-//! theoretical arrival time, Redis time). An entry of a key that does not conform is taken out of
-//! the stream (`XACK` + `XDEL`, never pending while it waits) into the delayed set (the one of
-//! long `RetryAfter`s and scheduled entries), due when its key's bucket admits it; that admission
-//! is reserved at once (the key's tat moves on), so a later entry of the key reserves a later
-//! time, and while a key has delayed entries its new entries are delayed behind them (its due
-//! times strictly increase, to the µs, in the zset score's fraction): a key's entries start in
-//! offer order. `reclaim.lua` promotes it at its due time with the mark `kr` (charged already), so
-//! the read does not charge it again; it then passes `concurrency_per_key` like any entry of its
-//! key. The read tells the consumer when the earliest entry it delayed is due, and the consumer's
-//! promoter promotes it then (any consumer's reclaim tick would too). The queue-wide rate limit
+//! read, after `concurrency_per_key` (an entry is charged when it may start, not while it waits
+//! in its key's line), and not a timed gate: one key over its rate must not hold back the others
+//! (no head-of-line blocking). Each key has a GCRA bucket (`krate`: its theoretical arrival time,
+//! Redis time). An entry of a key that does not conform is taken out of the stream (`XACK` +
+//! `XDEL`, never pending while it waits) into the delayed set (the one of long `RetryAfter`s and
+//! scheduled entries), due when its key's bucket admits it, keeping the key slot it got (its
+//! holder id stays its id, a delayed member, which the caps backstop knows); that admission is
+//! reserved at once (the key's tat moves on), so a later entry of the key reserves a later time,
+//! and while a key has delayed entries its new entries are delayed behind them (its due times
+//! strictly increase, to the µs, in the zset score's fraction): a key's entries start in offer
+//! order. `reclaim.lua` promotes it at its due time with the mark `kr` (charged already; and `kh`
+//! with its slot, the holder id moving to the new entry), so the read takes it at once. The read
+//! tells the consumer when the earliest entry it delayed is due, and the consumer's promoter (a
+//! remote worker: its next claim) promotes it then (any consumer's reclaim tick would too). The
+//! rate spaces admissions: entries promoted while every consumer's slots are busy start when read,
+//! so after such a spell a key's entries that have come due may start close together. The queue-wide rate limit
 //! counts entries taken, so a delayed entry counts when it is taken after its promotion.
 //! Stale `krate` fields (tat past, nothing delayed) are removed by later reads, a few per read
 //! (`krate:exp`, no per-field expiry on Redis 7.0). A promoted entry removed from the stream by
