@@ -54,9 +54,11 @@
 //!   read of new entries is a *gated read*: the gates are checked atomically with taking the
 //!   entries (on Redis in one script, `read.lua`), and a consumer that finds a gate shut waits
 //!   for it to open without polling. The gates: pause, the back-off of
-//!   [`Decision::RateLimited`], and the queue's rate limit ([`RateLimit`], GCRA, all consumers
-//!   together); decisions about taking new work (concurrency caps, priorities) belong there too
-//!   (`docs/architecture.md`, "Gates on new work").
+//!   [`Decision::RateLimited`], the queue's rate limit ([`RateLimit`], GCRA, all consumers
+//!   together), the concurrency caps and the rate limit per concurrency key
+//!   ([`ConsumerOptions::rate_limit_per_key`]: an entry over its key's rate waits in the delayed
+//!   set, not in front of other keys); decisions about taking new work (priorities) belong there
+//!   too (`docs/architecture.md`, "Gates on new work").
 //! * **Poison messages** go to a dead-letter stream after `max_deliveries` (atomically with their
 //!   removal); list, replay and purge them through [`MessageStream`].
 //! * **Hygiene.** A consumer that stops gracefully ([`Consumer::drain`], [`Consumer::close`],
