@@ -6,12 +6,16 @@
 mod common;
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_queue::{keys, ConsumerOptions, Decision, Delivery, KeyStats, OfferOptions, RateLimit, RemoteOptions};
-use baton_redis::redis;
+use baton_queue::{MessageStream, RedisQueueOptions};
+use baton_redis::{redis, RedisClient, RedisConfig};
 use baton_testkit::TestBackend;
+use baton_testkit::{require_redis, RedisServer};
 use common::*;
 
 baton_testkit::on_every_backend!(
@@ -411,4 +415,142 @@ async fn a_remote_workers_claims_keep_each_keys_rate(b: TestBackend) {
     assert!(at[1] + tol >= Duration::from_millis(500) && at[1] < Duration::from_millis(1500), "a2 at {:?}", at[1]);
     let st = s.stats(&q).await.unwrap();
     assert_eq!((st.key_rate_delayed, st.delayed), (0, 0), "{st:?}");
+}
+
+/// Where the worker processes record each start: `<payload> <µs, Redis time>`.
+fn starts_key(queue: &str) -> String {
+    format!("krate-test:{{{queue}}}:starts")
+}
+
+fn child_options() -> ConsumerOptions {
+    ConsumerOptions::new()
+        .with_concurrency(8)
+        .with_reap_idle_consumers_after(None)
+        .with_poll_interval(Duration::from_secs(2))
+        .with_rate_limit_per_key(Some(RateLimit::new(10, Duration::from_secs(1)).with_burst(1)))
+}
+
+/// The worker side of the three-process test: runs only when re-executed with
+/// `BATON_KRATE_CHILD=1`.
+#[test]
+#[ignore = "worker process entry point, started by the tests in this file"]
+fn key_rate_child_worker() {
+    if std::env::var("BATON_KRATE_CHILD").is_err() {
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cfg = RedisConfig::Standalone(std::env::var("BATON_REDIS_URL").unwrap());
+        let queue = std::env::var("BATON_QUEUE").unwrap();
+        let client = RedisClient::new(cfg).unwrap();
+        let s = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
+        let conn = client.shared().await.unwrap();
+        let key = starts_key(&queue);
+        let _c = s
+            .consume(
+                &queue,
+                move |d: Delivery| {
+                    let (mut conn, key) = (conn.clone(), key.clone());
+                    async move {
+                        let _: i64 = redis::cmd("EVAL")
+                            .arg("local t = redis.call('TIME') return redis.call('RPUSH', KEYS[1], ARGV[1] .. ' ' .. t[1] .. string.format('%06d', tonumber(t[2])))")
+                            .arg(1)
+                            .arg(&key)
+                            .arg(d.payload.as_ref())
+                            .query_async(&mut conn)
+                            .await
+                            .unwrap();
+                        Decision::Ack
+                    }
+                },
+                child_options(),
+            )
+            .await
+            .unwrap();
+        println!("READY {}", std::process::id());
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    });
+}
+
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_worker(url: &str, queue: &str) -> Worker {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "key_rate_child_worker", "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env("BATON_KRATE_CHILD", "1")
+        .env("BATON_QUEUE", queue)
+        .env("BATON_REDIS_URL", url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = cmd.spawn().expect("spawn worker");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("worker exited before READY").unwrap();
+        if line.contains("READY ") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    Worker(child)
+}
+
+/// Three consumer processes share each key's bucket: 5 keys × 12 entries at 10 per second per
+/// key (burst 1): each key's starts (Redis time) at least 100 ms apart and in offer order, the
+/// keys side by side (all done in about 1.1 s, not 5 × 1.1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_each_keys_rate() {
+    require_redis();
+    let server = RedisServer::start();
+    let client = RedisClient::new(server.config()).unwrap();
+    let s = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
+    let q = queue_name("krate-3p");
+    let workers: Vec<Worker> = (0..3).map(|_| spawn_worker(&server.url(), &q)).collect();
+    for i in 0..12 {
+        for k in 0..5 {
+            s.offer_with(&q, format!("k{k}-{i}"), keyed(&format!("k{k}"))).await.unwrap();
+        }
+    }
+    let conn = client.shared().await.unwrap();
+    let key = starts_key(&q);
+    let all: Vec<String> = eventually(Duration::from_secs(20), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move {
+            let v: Vec<String> = redis::cmd("LRANGE").arg(&key).arg(0).arg(-1).query_async(&mut conn).await.unwrap();
+            (v.len() >= 60).then_some(v)
+        }
+    })
+    .await
+    .expect("all 60 started");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut per: HashMap<String, Vec<(u32, u64)>> = HashMap::new();
+    for line in &all {
+        let (p, us) = line.split_once(' ').unwrap();
+        let (k, i) = p.split_once('-').unwrap();
+        per.entry(k.to_string()).or_default().push((i.parse().unwrap(), us.parse().unwrap()));
+    }
+    let (mut first, mut last) = (u64::MAX, 0);
+    for (k, mut v) in per {
+        v.sort_by_key(|(_, us)| *us);
+        let order: Vec<u32> = v.iter().map(|(i, _)| *i).collect();
+        assert_eq!(order, (0..12).collect::<Vec<u32>>(), "key {k}: each once, in offer order");
+        for w in v.windows(2) {
+            let gap = w[1].1 - w[0].1;
+            assert!(gap + 15_000 >= 100_000, "key {k}: starts {} and {} only {gap} µs apart", w[0].0, w[1].0);
+        }
+        first = first.min(v[0].1);
+        last = last.max(v[11].1);
+    }
+    let span = Duration::from_micros(last - first);
+    println!("60 entries of 5 keys across 3 processes in {span:?}");
+    assert!(span < Duration::from_millis(1100 + 1000), "took {span:?}");
+    drop(workers);
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.delayed, st.key_rate_delayed), (0, 0, 0), "{st:?}");
 }
