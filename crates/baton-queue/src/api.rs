@@ -259,6 +259,32 @@ pub struct OfferOptions {
     /// at most that many entries of one key at once, in offer order. 1 to 256 bytes, no control
     /// characters ([`validate_concurrency_key`]). `None`: not limited per key.
     pub concurrency_key: Option<String>,
+    /// The entry's priority, [`MIN_PRIORITY`] to [`MAX_PRIORITY`] ([`validate_priority`]),
+    /// default 0. Higher runs first: a consumer's gated read takes new entries by priority, then
+    /// in offer order (FIFO among equal priorities). Strict, with no aging: while entries of a
+    /// higher priority keep arriving, no new entry of a lower one is taken — a flood of
+    /// high-priority work starves lower priorities until it drains. Priorities order new
+    /// entries only: reclaims and redeliveries of started work are not reordered. The priority
+    /// is kept through scheduling ([`MessageStream::offer_at_with`](crate::MessageStream::offer_at_with)),
+    /// a long [`Decision::RetryAfter`], a concurrency key's waiting line and requeues; a dead
+    /// letter replayed comes back with priority 0.
+    pub priority: i8,
+}
+
+/// Lowest priority of an entry: -10.
+pub const MIN_PRIORITY: i8 = -10;
+/// Highest priority of an entry: 10.
+pub const MAX_PRIORITY: i8 = 10;
+
+/// A priority is [`MIN_PRIORITY`] to [`MAX_PRIORITY`] (-10 to 10); otherwise
+/// [`QueueError::InvalidSettings`] says so.
+pub fn validate_priority(priority: i8) -> Result<(), QueueError> {
+    if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&priority) {
+        return Err(QueueError::InvalidSettings(format!(
+            "priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY} (got {priority})"
+        )));
+    }
+    Ok(())
 }
 
 /// Longest concurrency key, in bytes: 256.
@@ -291,5 +317,5 @@ pub struct RedisAckTarget {
     pub fences: String,
     /// The queue's concurrency-cap keys ([`crate::keys::caps`]): a script that acks must also
     /// free the entry's slots with [`crate::keys::CAPS_LUA`]'s `caps_release` and `caps_wake`.
-    pub caps: [String; 6],
+    pub caps: [String; crate::keys::CAPS_KEYS],
 }

@@ -91,6 +91,8 @@ static SCHEDULE: LuaScript = LuaScript::new("schedule", include_str!("../scripts
 static CONSUMERS: LuaScript = LuaScript::new("consumers", include_str!("../scripts/consumers.lua"));
 static READ: LuaScript =
     LuaScript::new("read", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/read.lua")));
+static OFFER: LuaScript =
+    LuaScript::new("offer", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/offer.lua")));
 static PAUSE: LuaScript = LuaScript::new("pause", include_str!("../scripts/pause.lua"));
 static BACKOFF: LuaScript = LuaScript::new("backoff", include_str!("../scripts/backoff.lua"));
 
@@ -126,7 +128,7 @@ struct Keys {
     backoff: String,
     /// The concurrency caps' keys, in the order of `caps.lua`'s `caps_keys`: control stream, slot
     /// waiter flag, key hold counts, key holders, key waiting line, waiting entries.
-    caps: [String; 6],
+    caps: [String; crate::keys::CAPS_KEYS],
 }
 
 impl Keys {
@@ -241,8 +243,28 @@ impl RedisQueueBackend {
 
 #[async_trait]
 impl QueueBackend for RedisQueueBackend {
-    async fn offer(&self, queue: &str, payloads: &[Bytes], key: Option<&str>) -> Result<Vec<MessageId>, QueueError> {
+    async fn offer(
+        &self,
+        queue: &str,
+        payloads: &[Bytes],
+        key: Option<&str>,
+        priority: i8,
+    ) -> Result<Vec<MessageId>, QueueError> {
         let keys = self.keys(queue);
+        if priority != 0 {
+            // An entry of another priority marks the queue for the gated read (offer.lua).
+            let ks = keys.with_caps(&[&keys.stream]);
+            let mut cmd = OFFER.evalsha_cmd(ks.len());
+            for k in ks {
+                cmd.arg(k);
+            }
+            cmd.arg(priority).arg(key.unwrap_or(""));
+            for p in payloads {
+                cmd.arg(p.as_ref());
+            }
+            let ids: Vec<String> = OFFER.query(&mut self.conn.clone(), &cmd).await?;
+            return ids.iter().map(|s| parse_id(s)).collect();
+        }
         let mut pipe = redis::pipe();
         for p in payloads {
             let xadd = pipe.cmd("XADD").arg(&keys.stream).arg("*").arg(PAYLOAD_FIELD).arg(p.as_ref());
@@ -259,8 +281,8 @@ impl QueueBackend for RedisQueueBackend {
         let mut cmd = SCHEDULE.evalsha_cmd(2);
         cmd.arg(&keys.delayed).arg(&keys.delayed_payloads);
         match op {
-            ScheduleOp::Add { name, due_ms, payload, key } => {
-                cmd.arg("add").arg(name).arg(due_ms).arg(payload).arg(key.unwrap_or(""))
+            ScheduleOp::Add { name, due_ms, payload, key, priority } => {
+                cmd.arg("add").arg(name).arg(due_ms).arg(payload).arg(key.unwrap_or("")).arg(priority)
             }
             ScheduleOp::Move { name, due_ms } => cmd.arg("move").arg(name).arg(due_ms),
             ScheduleOp::Remove { name } => cmd.arg("remove").arg(name),
@@ -318,7 +340,7 @@ impl QueueBackend for RedisQueueBackend {
         let v: Vec<u64> = STATS
             .run(
                 &mut self.conn.clone(),
-                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused, &keys.backoff],
+                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused, &keys.backoff, &keys.caps[6]],
                 &[&self.opts.group, &PARKED],
             )
             .await?;
@@ -474,6 +496,9 @@ struct Gated {
     entries: Vec<RawDelivery>,
     /// A timed gate is shut (back-off or rate limit): it opens by itself after this long.
     wait: Option<(Duration, Throttle)>,
+    /// Nothing was taken, but new entries are left to look at (`read.lua`'s `{4, ''}`): read
+    /// again at once.
+    again: bool,
 }
 
 /// `read.lua`'s rate limit arguments: the emission interval and burst tolerance in µs (with
@@ -548,7 +573,7 @@ impl RedisConsumer {
 
     /// The gated read's `EVALSHA` (`read.lua`, module docs).
     fn read_cmd(&self, count: usize) -> redis::Cmd {
-        let mut cmd = READ.evalsha_cmd(10);
+        let mut cmd = READ.evalsha_cmd(4 + keys::CAPS_KEYS);
         cmd.arg(&self.keys.stream).arg(&self.keys.paused);
         for k in &self.keys.caps {
             cmd.arg(k);
@@ -585,7 +610,7 @@ impl RedisConsumer {
             Some(list) => self.parse_read(Value::Array(vec![Value::Array(vec![Value::Nil, std::mem::take(list)])]))?,
             None => Vec::new(),
         };
-        Ok(Gated { paused, after, entries, wait })
+        Ok(Gated { paused, after, entries, wait, again: code == 4 })
     }
 
     /// One gated read, not waiting, on the shared connection.
@@ -674,6 +699,10 @@ impl ConsumerBackend for RedisConsumer {
             if !got.entries.is_empty() || left < Duration::from_millis(1) {
                 return Ok(got.entries);
             }
+            if got.again {
+                g = self.gated_read(count).await;
+                continue;
+            }
             if let Some((wait, _)) = got.wait {
                 // A timed gate: it opens by itself; sleep until then (within this wait) and read
                 // again. Nothing is taken meanwhile.
@@ -703,7 +732,7 @@ impl ConsumerBackend for RedisConsumer {
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError> {
         let max = self.spec.max_deliveries.unwrap_or(0);
         let claim_ms = self.spec.claim_timeout.as_millis() as u64;
-        let mut cmd = RECLAIM.evalsha_cmd(12);
+        let mut cmd = RECLAIM.evalsha_cmd(6 + keys::CAPS_KEYS);
         cmd.arg(&self.keys.stream)
             .arg(&self.keys.dead)
             .arg(&self.keys.delayed)
@@ -768,7 +797,8 @@ impl ConsumerBackend for RedisConsumer {
     }
 
     async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError> {
-        let mut cmd = SETTLE.evalsha_cmd_with_capacity(8, 14 + 3 * items.len(), 256 + 40 * items.len());
+        let mut cmd =
+            SETTLE.evalsha_cmd_with_capacity(2 + keys::CAPS_KEYS, 14 + 3 * items.len(), 256 + 40 * items.len());
         cmd.arg(&self.keys.stream).arg(&self.keys.fences);
         for k in &self.keys.caps {
             cmd.arg(k);
@@ -940,7 +970,7 @@ impl ConsumerBackend for RedisConsumer {
 
     async fn requeue(&self, ids: &[MessageId], fences: &[u64]) -> Result<u64, QueueError> {
         debug_assert!(fences.is_empty() || fences.len() == ids.len());
-        let mut cmd = REQUEUE.evalsha_cmd(8);
+        let mut cmd = REQUEUE.evalsha_cmd(2 + keys::CAPS_KEYS);
         cmd.arg(&self.keys.stream).arg(&self.keys.fences);
         for k in &self.keys.caps {
             cmd.arg(k);

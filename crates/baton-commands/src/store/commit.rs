@@ -220,7 +220,7 @@ pub(crate) struct BatchKeys {
     /// Its fence hash (`baton_queue::keys::fences`).
     pub fences: String,
     /// Its concurrency-cap keys (`baton_queue::keys::caps`).
-    pub caps: [String; 6],
+    pub caps: [String; baton_queue::keys::CAPS_KEYS],
     /// Its delayed set and their payloads (`baton_queue::keys::delayed`, `delayed_payloads`):
     /// where scheduled commands wait.
     pub delayed: String,

@@ -113,7 +113,7 @@ fn offer_now_keyed(
     key: Option<&str>,
 ) -> Result<(), CommandError> {
     use futures::FutureExt;
-    let opts = baton_queue::OfferOptions { concurrency_key: key.map(Into::into) };
+    let opts = baton_queue::OfferOptions { concurrency_key: key.map(Into::into), ..Default::default() };
     match stream.offer_with(queue, payload, opts).now_or_never() {
         Some(r) => r.map(|_| ()).map_err(CommandError::from),
         None => Err(CommandError::InvalidSettings("memory queue offer did not complete at once".into())),
@@ -199,7 +199,7 @@ impl StateBackend for MemoryStateBackend {
                 // Scheduled: waits in the queue's delayed set, as on Redis.
                 Some(at) => {
                     let name = crate::model::schedule_name(&state.id);
-                    let opts = baton_queue::OfferOptions { concurrency_key: state.concurrency_key.clone() };
+                    let opts = baton_queue::OfferOptions { concurrency_key: state.concurrency_key.clone(), ..Default::default() };
                     now(self.stream.offer_at_with(&state.queue, &name, msg.to_bytes(), at.0, opts))?;
                 }
                 None => offer_now_keyed(&self.stream, &state.queue, msg.to_bytes(), state.concurrency_key.as_deref())?,
