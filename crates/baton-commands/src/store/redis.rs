@@ -482,6 +482,7 @@ impl StateBackend for RedisStateBackend {
                 feed_max,
                 due_ms: state.run_at.map(|t| t.millis()),
                 concurrency_key: state.concurrency_key.clone(),
+                priority: state.priority,
             };
             // A submit is idempotent (same id and body: the stored state), so it is sent once
             // more after a dropped connection (e.g. the first command after a Redis restart);
