@@ -39,6 +39,10 @@ async fn priorities_over_http(backend: TestBackend) {
     let post = reqwest::Method::POST;
     let (s, _) = send(&srv, post.clone(), "/v1/queues/default/pause", None).await;
     assert!(s.is_success(), "{name}: pause {s}");
+    // A scheduled command keeps its priority when it is enqueued at its due time.
+    let body = json!({"id": "s", "type": "sleep", "params": {"ms": 20}, "priority": 7, "delay": "100ms"});
+    let (s, st) = send(&srv, post.clone(), "/v1/queues/default/commands", Some(body)).await;
+    assert_eq!((s, &st["priority"]), (StatusCode::ACCEPTED, &json!(7)), "{name}: {st}");
     let order = [("a", 0), ("b", 5), ("c", -3), ("d", 5), ("e", 0), ("f", 10)];
     for (id, p) in order {
         let body = json!({"id": id, "type": "sleep", "params": {"ms": 20}, "priority": p});
@@ -50,10 +54,21 @@ async fn priorities_over_http(backend: TestBackend) {
             assert_eq!(st["priority"], p, "{name}: {st}");
         }
     }
+    // Promoted while paused (the workers' reclaim ticks go on): the queue counts no scheduled one.
+    let mut promoted = false;
+    for _ in 0..100 {
+        let (_, qj) = send(&srv, reqwest::Method::GET, "/v1/queues/default", None).await;
+        if qj["commands"]["scheduled"] == 0 {
+            promoted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(promoted, "{name}: the scheduled command was not enqueued");
     let (s, _) = send(&srv, post.clone(), "/v1/queues/default/resume", None).await;
     assert!(s.is_success(), "{name}: resume {s}");
     let mut started = Vec::new();
-    for (id, p) in order {
+    for (id, p) in [("s", 7)].into_iter().chain(order) {
         let (s, st) = send(&srv, reqwest::Method::GET, &format!("/v1/commands/{id}?wait=20s"), None).await;
         assert_eq!(s, StatusCode::OK);
         assert_eq!(st["status"], "SUCCEEDED", "{name}: {st}");
@@ -64,7 +79,7 @@ async fn priorities_over_http(backend: TestBackend) {
     }
     started.sort();
     let ran: Vec<&str> = started.iter().map(|(_, id)| *id).collect();
-    assert_eq!(ran, ["f", "b", "d", "a", "e", "c"], "{name}");
+    assert_eq!(ran, ["f", "s", "b", "d", "a", "e", "c"], "{name}");
     // Bad values: 400 naming the range, nothing stored.
     for (p, got) in [(json!(11), "11"), (json!(-11), "-11"), (json!(2.5), "2.5"), (json!("1"), "a string")] {
         let body = json!({"id": "bad", "type": "echo", "priority": p});
