@@ -93,7 +93,8 @@ impl Batch for Transition {
                         + 112
                 })
                 .sum::<usize>();
-        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(11 + baton_queue::keys::CAPS_KEYS + n, 6 + 17 + n * 17, bytes + 256);
+        let mut cmd =
+            TRANSITIONS.evalsha_cmd_with_capacity(11 + baton_queue::keys::CAPS_KEYS + n, 6 + 17 + n * 17, bytes + 256);
         for k in &keys.index {
             cmd.arg(k);
         }

@@ -66,12 +66,8 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
         return Err(body_error(body));
     };
     if let Some(k) = m.keys().find(|k| {
-        !matches!(
-            k.as_str(),
-            "id" | "type" | "params" | "output" | "run_at" | "delay" | "concurrency_key" | "priority"
-        )
-    })
-    {
+        !matches!(k.as_str(), "id" | "type" | "params" | "output" | "run_at" | "delay" | "concurrency_key" | "priority")
+    }) {
         return Err(ApiError::invalid(
             "invalid_body",
             format!(
@@ -138,7 +134,9 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
     let command = match field(m.remove("priority"))? {
         None | Some(Value::Null) => command,
         Some(Value::Number(n))
-            if n.as_i64().is_some_and(|p| (baton_queue::MIN_PRIORITY as i64..=baton_queue::MAX_PRIORITY as i64).contains(&p)) =>
+            if n.as_i64().is_some_and(|p| {
+                (baton_queue::MIN_PRIORITY as i64..=baton_queue::MAX_PRIORITY as i64).contains(&p)
+            }) =>
         {
             command.with_priority(n.as_i64().unwrap_or_default() as i8)
         }
