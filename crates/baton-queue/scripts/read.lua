@@ -130,7 +130,9 @@ local function to_ready()
     local m = pad(e[1])
     redis.call('ZADD', C.ready, -caps_priority(e[2]), m)
     redis.call('HSET', C.readyp, m, cmsgpack.pack(e[2]))
-    redis.call('HDEL', C.ids, e[1])
+    for i = 1, #e[2], 2 do
+      if e[2][i] == 'kh' then redis.call('HDEL', C.ids, e[1]) end
+    end
     redis.call('XACK', KEYS[1], ARGV[1], e[1])
     redis.call('XDEL', KEYS[1], e[1])
   end

@@ -5,10 +5,10 @@
 //!
 //! | key                      | type   | holds                                                  |
 //! |--------------------------|--------|--------------------------------------------------------|
-//! | `p:q:{q}`                | stream | the entries, field `p` = payload, `dc` = prior deliveries, `k` = concurrency key, `kh` = holds its key slot already |
+//! | `p:q:{q}`                | stream | the entries, field `p` = payload, `dc` = prior deliveries, `k` = concurrency key, `kh` = holds its key slot already, `pr` = priority (absent: 0) |
 //! | `p:q:{q}:dead`           | stream | dead letters: `id`, `p`, `dc`, `reason`, `at`          |
 //! | `p:q:{q}:delayed`        | zset   | original id → due time (ms) of a long `RetryAfter`     |
-//! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries    |
+//! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries, `<id>:k` / `<id>:pr` → key, priority |
 //! | `p:q:{q}:consumers`      | hash   | consumer → `<ms of its last heartbeat>:<its claim timeout ms>` (server time; `0:…` stopped with entries); `~clock`, `~hold`: the queue's outage stamps |
 //! | `p:q:{q}:fences`         | hash   | entry id → fence of its latest delivery, for entries a reclaim delivered again (none: 0) |
 //! | `p:q:{q}:paused`         | string | present while paused: ms (Redis time) since when   |
@@ -17,13 +17,15 @@
 //! | `p:q:{q}:keys:held`      | hash   | concurrency key → entries holding one of its slots     |
 //! | `p:q:{q}:keys:ids`       | hash   | entry id → concurrency key of each slot holder         |
 //! | `p:q:{q}:keys:wait`      | zset   | the keys' waiting lines, `<key>\0<seq>`, score 0        |
-//! | `p:q:{q}:keys:wait:p`    | hash   | waiting member → `<prior deliveries>:<payload>`        |
+//! | `p:q:{q}:keys:wait:p`    | hash   | waiting member → `<prior deliveries>[/<priority>]:<payload>` |
+//! | `p:q:{q}:ready`          | zset   | the priorities' ready set: new entries by `-priority`, member the arrival id padded (`read.lua`) |
+//! | `p:q:{q}:ready:p`        | hash   | ready member → the entry's fields (cmsgpack); `~new` while unread entries of a priority other than 0 may be in the stream |
 //! | `p:q:{q}:rate`           | string | the rate limit's GCRA theoretical arrival time (µs, Redis time); expires once past |
 //! | `p:q:{q}:backoff`        | string | present while the queue backs off (`RateLimited`); its TTL is the back-off left |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
-//! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`, `read`, `pause`; every
+//! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`, `read`, `pause`, `offer` (entries of a priority other than 0); every
 //! time they compare is Redis's own (`TIME`).
 //!
 //! **The gated read.** New entries are taken only by `read.lua`: it checks the queue's gates (the
@@ -48,7 +50,9 @@
 //! many ms the gate opens (back-off: the key's TTL; rate limit: GCRA over the theoretical arrival
 //! time kept in the queue's slot, in Redis time, moved on only by the entries actually taken), and
 //! the consumer sleeps that long (within its wait) before reading again: nothing to watch, no
-//! polling. Later gates (priorities, per-key rate limits) belong in `read.lua` too. Every
+//! polling. Priorities are decided there too: while the queue holds new entries of a priority
+//! other than 0 the read takes them through the ready set (`read.lua`, `docs/architecture.md`,
+//! "Priorities"). Later gates (per-key rate limits) belong in `read.lua` too. Every
 //! connection of a consumer is opened on its lease thread and closed when that thread ends.
 
 use std::sync::Arc;
@@ -126,13 +130,14 @@ struct Keys {
     control: String,
     rate: String,
     backoff: String,
-    /// The concurrency caps' keys, in the order of `caps.lua`'s `caps_keys`: control stream, slot
-    /// waiter flag, key hold counts, key holders, key waiting line, waiting entries.
+    /// The concurrency caps' and priorities' keys, in the order of `caps.lua`'s `caps_keys`:
+    /// control stream, slot waiter flag, key hold counts, key holders, key waiting line, waiting
+    /// entries, ready set, ready entries.
     caps: [String; crate::keys::CAPS_KEYS],
 }
 
 impl Keys {
-    /// `head` followed by the six concurrency-cap keys: the KEYS of a script that takes entries
+    /// `head` followed by the eight concurrency-cap and priority keys: the KEYS of a script that takes entries
     /// out of the pending list with `caps.lua` prepended (its `caps_keys(#head + 1)`).
     fn with_caps<'a>(&'a self, head: &[&'a str]) -> Vec<&'a str> {
         head.iter().copied().chain(self.caps.iter().map(String::as_str)).collect()
