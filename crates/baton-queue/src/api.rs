@@ -90,14 +90,17 @@ pub enum Decision {
 /// Queue statistics, all exact counts at the time of the call.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueStats {
-    /// Entries in the queue's stream (pending ones included; acked ones are deleted).
+    /// Entries in the queue's stream (pending ones included; acked ones are deleted), and new
+    /// entries waiting to be taken by priority (the ready set, see
+    /// [`OfferOptions::priority`]).
     pub length: u64,
     /// Entries delivered and not yet acknowledged (the group's pending entries list).
     pub pending: u64,
     /// Live consumers: group members whose last heartbeat is younger than their claim timeout
     /// (the reserved `~parked` owner is not counted).
     pub consumers: u64,
-    /// Entries never delivered to the group yet (Redis `XINFO GROUPS` lag).
+    /// Entries never delivered to the group yet (Redis `XINFO GROUPS` lag, plus the entries of
+    /// the priorities' ready set).
     pub lag: u64,
     /// Entries waiting in the delayed set (from `RetryAfter` longer than the claim timeout).
     pub delayed: u64,
