@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 /// (Redis docs, "Streams: entry IDs"). Ordered by time of offer, then by sequence.
 ///
 /// A message redelivered through [`Decision::RetryAfter`] with a delay longer than the claim
-/// timeout is re-offered under a new id (its delivery count is carried over).
+/// timeout is re-offered under a new id (its delivery count is carried over). While a queue holds
+/// new entries of a priority other than 0 ([`OfferOptions::priority`]), its new entries, of any
+/// priority, are delivered under a later id than the one their offer returned (on Redis: the
+/// gated read appends them again in priority order; the memory backend does the same).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MessageId {
     pub ms: u64,
