@@ -22,6 +22,7 @@ baton_testkit::on_every_backend!(
     stats_count_entries_waiting_by_priority,
     a_long_retry_after_keeps_its_priority,
     priorities_out_of_range_are_refused,
+    more_new_entries_than_one_read_moves,
 );
 
 fn prio(p: i8) -> OfferOptions {
@@ -289,4 +290,27 @@ async fn priorities_out_of_range_are_refused(b: TestBackend) {
         s.offer_with(&q, "ok", prio(p)).await.unwrap();
     }
     assert_eq!(s.stats(&q).await.unwrap().length, 2);
+}
+
+/// 600 entries of priority 0, then one of priority 9, offered while paused: the gated read moves
+/// at most 256 unread entries to the ready set per call (and asks to be called again), so taking
+/// the first one needs three calls; the entry of priority 9 still runs first, the others in order.
+async fn more_new_entries_than_one_read_moves(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("prio-many");
+    s.pause(&q).await.unwrap();
+    let runs: Runs = Arc::default();
+    let c = s.consume(&q, recording(runs.clone()), fast(5_000).with_concurrency(4)).await.unwrap();
+    s.offer_batch(&q, (0..600).map(|i| bytes::Bytes::from(format!("z{i}"))).collect()).await.unwrap();
+    s.offer_with(&q, "p9", prio(9)).await.unwrap();
+    s.resume(&q).await.unwrap();
+    wait_runs(&runs, 601).await;
+    // Four handler slots: the entries of one read may start in any order, so the order taken is
+    // that of the delivered ids (they rise with each read, see `run_order`); each ran once.
+    let mut taken = runs.lock().unwrap().clone();
+    taken.sort_by_key(|(_, id)| *id);
+    let taken: Vec<String> = taken.into_iter().map(|(p, _)| p).collect();
+    let want: Vec<String> = std::iter::once("p9".to_string()).chain((0..600).map(|i| format!("z{i}"))).collect();
+    assert_eq!(taken, want);
+    c.drain(Duration::from_secs(2)).await;
 }
