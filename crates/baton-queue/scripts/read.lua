@@ -1,23 +1,25 @@
 -- The gated read of new entries: checks the queue's gates and takes up to `count` never-delivered
 -- entries in one atomic step, without blocking (XREADGROUP without BLOCK), so nothing new is
 -- taken while a gate is shut. This is THE place where decisions about taking NEW work go (pause,
--- back-off, concurrency caps and rate limit today; priorities later): reclaims and
+-- back-off, concurrency caps, rate limit and priorities): reclaims and
 -- redeliveries of already-started work do not pass here. (caps.lua is prepended.)
 -- KEYS[1] queue stream, KEYS[2] pause flag (string, ms since paused), KEYS[3] control stream
--- (one entry per resume or freed slot; KEYS[3..8] as caps.lua's caps_keys(3)), KEYS[9] rate
--- limit state (string: GCRA theoretical arrival time, µs, Redis time), KEYS[10] back-off
+-- (one entry per resume or freed slot; KEYS[3..10] as caps.lua's caps_keys(3), with the
+-- priorities' ready set and entries), KEYS[11] rate
+-- limit state (string: GCRA theoretical arrival time, µs, Redis time), KEYS[12] back-off
 -- (string; its time to live is the back-off left)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] count, ARGV[4] the group's doorbell group,
 -- ARGV[5] max_concurrency (0: none), ARGV[6] concurrency_per_key (0: none), ARGV[7] the rate
 -- limit's emission interval (µs, may have a fraction; '' for no rate limit), ARGV[8] its burst
--- tolerance (µs); appended for the per-key rate limit: KEYS[11] delayed zset, KEYS[12] delayed
--- payload hash (reclaim.lua), KEYS[13] per-key rate state (hash key -> `<tat µs>:<delayed
+-- tolerance (µs); appended for the per-key rate limit: KEYS[13] delayed zset, KEYS[14] delayed
+-- payload hash (reclaim.lua), KEYS[15] per-key rate state (hash key -> `<tat µs>:<delayed
 -- entries not read back yet>:<due µs of the key's latest delayed entry>`; field `\0n`: the sum
--- of those counts, no key has a control character), KEYS[14] its cleanup
--- zset (key -> ms after which its field may be stale), ARGV[9] the per-key rate limit's emission
--- interval (µs; '' for none), ARGV[10] its burst tolerance (µs)
+-- of those counts, no key has a control character), KEYS[16] its cleanup zset (key -> ms after
+-- which its field may be stale), ARGV[9] the per-key rate limit's emission interval (µs; '' for
+-- none), ARGV[10] its burst tolerance (µs)
 -- The gates, in order: pause, back-off, max_concurrency, rate limit, then per key
--- (concurrency_per_key, then the per-key rate limit).
+-- (concurrency_per_key, then the per-key rate limit); the gates decide how many entries are
+-- taken, the priorities (below) which ones.
 -- max_concurrency: the entries pending in the group (running, handed back waiting for a reclaim,
 -- short re-polls) hold its slots; at most `max - pending` are taken. When none is free, the slot
 -- waiter flag is set (the scripts that take entries out of the pending list then append `op=slot`
@@ -28,23 +30,25 @@
 -- (promoted from the line by a freed slot, caps.lua) already holds its slot.
 -- rate_limit_per_key, after concurrency_per_key (so that an entry is charged when it may start,
 -- not while it waits in its key's line: a key's starts keep its rate): GCRA per key (state in
--- KEYS[13]). An entry with a key that does not conform, or whose key has delayed entries not
+-- KEYS[15]). An entry with a key that does not conform, or whose key has delayed entries not
 -- read back yet (so that it never overtakes them), is moved out of the stream (XACK + XDEL) into
 -- the delayed set, due when its key's bucket admits it, keeping the key slot it got (its holder
--- id, in keys:ids, stays its id, now its delayed member): that time is reserved (the key's tat
--- moves on) and due times of one key strictly increase (µs in the score's fraction), so
--- reclaim.lua promotes them in order. Promoted back it carries `kr` (charged already; and `kh`
--- when it holds a slot): it is not charged again. Up to 8 stale fields of KEYS[13] (tat past,
--- nothing delayed) are removed per read.
+-- id, in keys:ids, stays its id, now its delayed member) and its priority (`<id>:pr`): that time
+-- is reserved (the key's tat moves on) and due times of one key strictly increase (µs in the
+-- score's fraction), so reclaim.lua promotes them in order. Promoted back it carries `kr`
+-- (charged already; and `kh` when it holds a slot): it is not charged again. Up to 8 stale
+-- fields of KEYS[15] (tat past, nothing delayed) are removed per read.
 -- Returns {1, control id} when a gate is shut (paused, or max_concurrency reached): wait on the
 -- control stream after that id; {2, ms} when backing off, {3, ms} when over the rate limit: the
 -- gate opens by itself in ms (a timed wait, nothing to watch); {0, ''} when nothing is new: wait
 -- with `XREADGROUP … NOACK BLOCK` on the doorbell group, which this script has set to where the
 -- group stands (every entry up to it has been delivered), so that each later entry wakes exactly
 -- one waiter (XREAD BLOCK would wake every waiter for each entry); {0, '', entries} when entries
--- were taken (the XREADGROUP entry list). With the per-key rate limit set the reply of a read that
--- took or looked at entries has a 4th element: ms until the earliest entry it moved to the
--- delayed set is due (-1: none), so that the consumer promotes it on time.
+-- were taken (the XREADGROUP entry list); {4, ''} when nothing was taken but new entries are left
+-- to look at (moving unread entries to the ready set, or all taken entries went to waiting
+-- lines): read again at once. With the per-key rate limit set, a reply with code 0 or 4 has a
+-- 4th element: ms until the earliest entry this read moved to the delayed set is due (-1: none),
+-- so that the consumer promotes it on time.
 local function control_tail()
   local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
   if last[1] then return {1, last[1][1]} end
@@ -54,7 +58,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return control_tail() end
 local C = caps_keys(3)
 local count = tonumber(ARGV[3])
 -- Back-off (a timed gate) ---------------------------------------------------------------------
-local backoff = redis.call('PTTL', KEYS[10])
+local backoff = redis.call('PTTL', KEYS[12])
 if backoff > 0 then return {2, backoff} end
 -- max_concurrency -----------------------------------------------------------------------------
 local maxc, perkey = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -75,7 +79,7 @@ if rate_t then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local tau = tonumber(ARGV[8])
-  tat = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') or 0, now)
+  tat = math.max(tonumber(redis.call('GET', KEYS[11]) or '0') or 0, now)
   local k = math.floor((now + tau - tat) / rate_t) + 1
   if k < 1 then return {3, math.max(1, math.ceil((tat - tau - now) / 1000))} end
   if k < count then count = k end
@@ -84,121 +88,190 @@ local function taken(entries)
   -- Rate limit: tat moves on by the entries taken (the key lives until tat has passed).
   if rate_t then
     tat = tat + #entries * rate_t
-    redis.call('SET', KEYS[9], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+    redis.call('SET', KEYS[11], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
   end
   return {0, '', entries}
 end
--- The read (and per key) ------------------------------------------------------------------------
+-- Per-key rate limit state --------------------------------------------------------------------
 local krate_t, ktau = tonumber(ARGV[9]), tonumber(ARGV[10] or '')
-local kdue = -1
-if perkey == 0 and not krate_t then
-  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[1], '>')
-  if r and r[1] and #r[1][2] > 0 then
-    return taken(r[1][2])
-  end
-else
-  local know = nil
-  if krate_t then
-    local t = redis.call('TIME')
-    know = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    -- Cleanup: fields whose tat has passed and that have nothing delayed go.
-    for _, k in ipairs(redis.call('ZRANGEBYSCORE', KEYS[14], '-inf', math.floor(know / 1000), 'LIMIT', 0, 8)) do
-      local v = redis.call('HGET', KEYS[13], k)
-      local tat, n = 0, 0
-      if v then
-        local a, b = string.match(v, '^([^:]+):(%d+):')
-        tat, n = tonumber(a) or 0, tonumber(b) or 0
-      end
-      if n == 0 and tat <= know then
-        redis.call('HDEL', KEYS[13], k)
-        redis.call('ZREM', KEYS[14], k)
-      else
-        redis.call('ZADD', KEYS[14], math.floor(math.max(tat, know) / 1000) + 60000, k)
-      end
+local kdue, know = -1, nil
+if krate_t then
+  local t = redis.call('TIME')
+  know = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  -- Cleanup: fields whose tat has passed and that have nothing delayed go.
+  for _, k in ipairs(redis.call('ZRANGEBYSCORE', KEYS[16], '-inf', math.floor(know / 1000), 'LIMIT', 0, 8)) do
+    local v = redis.call('HGET', KEYS[15], k)
+    local ktat, n = 0, 0
+    if v then
+      local a, b = string.match(v, '^([^:]+):(%d+):')
+      ktat, n = tonumber(a) or 0, tonumber(b) or 0
+    end
+    if n == 0 and ktat <= know then
+      redis.call('HDEL', KEYS[15], k)
+      redis.call('ZREM', KEYS[16], k)
+    else
+      redis.call('ZADD', KEYS[16], math.floor(math.max(ktat, know) / 1000) + 60000, k)
     end
   end
-  -- The per-key rate state of key k: tat (µs), delayed entries not read back, latest due (µs).
-  local function kstate(k)
-    local v = redis.call('HGET', KEYS[13], k)
-    if not v then return 0, 0, 0 end
-    local a, b, c = string.match(v, '^([^:]+):(%d+):([^:]+)$')
-    return tonumber(a) or 0, tonumber(b) or 0, tonumber(c) or 0
+end
+-- The per-key rate state of key k: tat (µs), delayed entries not read back, latest due (µs).
+local function kstate(k)
+  local v = redis.call('HGET', KEYS[15], k)
+  if not v then return 0, 0, 0 end
+  local a, b, c = string.match(v, '^([^:]+):(%d+):([^:]+)$')
+  return tonumber(a) or 0, tonumber(b) or 0, tonumber(c) or 0
+end
+local function kput(k, ktat, n, last)
+  redis.call('HSET', KEYS[15], k, string.format('%.3f:%d:%.3f', ktat, n, last))
+  redis.call('ZADD', KEYS[16], math.floor(math.max(ktat, know or 0) / 1000) + 1, k)
+end
+-- A reply of code 0 or 4, with the promotion hint when the per-key rate limit is set.
+local function reply(r)
+  if krate_t then
+    if not r[3] then r[3] = {} end
+    r[4] = kdue
   end
-  local function kput(k, tat, n, last)
-    redis.call('HSET', KEYS[13], k, string.format('%.3f:%d:%.3f', tat, n, last))
-    redis.call('ZADD', KEYS[14], math.floor(math.max(tat, know or 0) / 1000) + 1, k)
+  return r
+end
+-- The read (and per key) ------------------------------------------------------------------------
+-- take(n): reads up to n unread entries of the stream ('>') and keeps those that pass the per-key
+-- gate (all of them without one); the others move to their key's waiting line.
+local function take(n, out)
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[1], '>')
+  if not (r and r[1] and #r[1][2] > 0) then return 0 end
+  if perkey == 0 and not krate_t then
+    for _, e in ipairs(r[1][2]) do out[#out + 1] = e end
+    return #r[1][2]
   end
-  local out = {}
+  for _, e in ipairs(r[1][2]) do
+    local f, k, kh, kr, payload, dc, pr = e[2], nil, false, false, '', '0', nil
+    for i = 1, #f, 2 do
+      if f[i] == 'k' then k = f[i + 1]
+      elseif f[i] == 'kh' then kh = true
+      elseif f[i] == 'kr' then kr = true
+      elseif f[i] == 'p' then payload = f[i + 1]
+      elseif f[i] == 'dc' then dc = f[i + 1]
+      elseif f[i] == 'pr' then pr = f[i + 1] end
+    end
+    local go = true
+    if k and kr then
+      -- Charged when it was delayed: one delayed entry of the key fewer.
+      local ktat, n, last = kstate(k)
+      if n > 0 then
+        kput(k, ktat, n - 1, last)
+        redis.call('HINCRBY', KEYS[15], '\0n', -1)
+      end
+    end
+    -- concurrency_per_key first: a slot of its key, or the end of the key's waiting line.
+    if k and not kh and perkey > 0 then
+      if tonumber(redis.call('HGET', C.held, k) or '0') < perkey and not caps_head(C, k) then
+        redis.call('HINCRBY', C.held, k, 1)
+        redis.call('HSET', C.ids, e[1], k)
+        kh = true
+      else
+        local seq = redis.call('HINCRBY', C.waitp, '~seq', 1)
+        local member = k .. '\0' .. string.format('%016d', seq)
+        redis.call('ZADD', C.wait, 0, member)
+        local wdc = dc
+        if pr then wdc = dc .. '/' .. pr end
+        redis.call('HSET', C.waitp, member, wdc .. ':' .. payload)
+        redis.call('XACK', KEYS[1], ARGV[1], e[1])
+        redis.call('XDEL', KEYS[1], e[1])
+        go = false
+      end
+    end
+    -- Then the key's rate.
+    if go and k and krate_t and not kr then
+      local ktat, n, last = kstate(k)
+      local base = math.max(ktat, know)
+      if n == 0 and base - ktau <= know then
+        kput(k, base + krate_t, 0, last)
+      else
+        -- Over its key's rate (or behind delayed entries of its key): delayed, its time
+        -- reserved, keeping its key slot if it holds one (its holder id is its delayed member).
+        local due = math.max(base - ktau, know)
+        if n > 0 then due = math.max(due, last + 1) end
+        kput(k, base + krate_t, n + 1, due)
+        redis.call('HINCRBY', KEYS[15], '\0n', 1)
+        redis.call('ZADD', KEYS[13], string.format('%.3f', due / 1000), e[1])
+        redis.call('HSET', KEYS[14], e[1], payload, e[1] .. ':dc', dc, e[1] .. ':k', k, e[1] .. ':kr', kh and 'h' or '1')
+        if pr then redis.call('HSET', KEYS[14], e[1] .. ':pr', pr) end
+        redis.call('XACK', KEYS[1], ARGV[1], e[1])
+        redis.call('XDEL', KEYS[1], e[1])
+        local ms = math.ceil((due - know) / 1000)
+        if kdue < 0 or ms < kdue then kdue = ms end
+        go = false
+      end
+    end
+    if go then out[#out + 1] = e end
+  end
+  return #r[1][2]
+end
+-- Priorities. While no entry of a priority other than 0 is new (the ready set is empty and
+-- `~new` is absent), the stream is read as it is (above). Otherwise new entries are taken by
+-- priority, then arrival: every unread stream entry first moves to the ready set (XREADGROUP,
+-- then XACK + XDEL; score -priority, member its id padded so that members order as ids do), at
+-- most MOVE per call ({4, ''}: call again at once); then the best ones are popped, appended to
+-- the stream again with their fields (now the only unread entries: a new id each) and taken
+-- through the same per-key gate. An entry holding its key slot (`kh`) keeps it under its new id.
+local MOVE = 256
+local function pad(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return string.rep('0', 16 - #ms) .. ms .. '-' .. string.rep('0', 16 - #seq) .. seq
+end
+local function to_ready()
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', MOVE, 'STREAMS', KEYS[1], '>')
+  local entries = (r and r[1] and r[1][2]) or {}
+  for _, e in ipairs(entries) do
+    local m = pad(e[1])
+    redis.call('ZADD', C.ready, -caps_priority(e[2]), m)
+    redis.call('HSET', C.readyp, m, cmsgpack.pack(e[2]))
+    for i = 1, #e[2], 2 do
+      if e[2][i] == 'kh' then redis.call('HDEL', C.ids, e[1]) end
+    end
+    redis.call('XACK', KEYS[1], ARGV[1], e[1])
+    redis.call('XDEL', KEYS[1], e[1])
+  end
+  return #entries < MOVE
+end
+local function from_ready(n)
+  local popped = redis.call('ZPOPMIN', C.ready, n)
+  for i = 1, #popped, 2 do
+    local packed = redis.call('HGET', C.readyp, popped[i])
+    redis.call('HDEL', C.readyp, popped[i])
+    if packed then
+      local f = cmsgpack.unpack(packed)
+      local nid = redis.call('XADD', KEYS[1], '*', unpack(f))
+      local k, kh = nil, false
+      for j = 1, #f, 2 do
+        if f[j] == 'k' then k = f[j + 1] elseif f[j] == 'kh' then kh = true end
+      end
+      if k and kh then redis.call('HSET', C.ids, nid, k) end
+    end
+  end
+end
+local out = {}
+if redis.call('EXISTS', C.ready) == 1 or redis.call('HEXISTS', C.readyp, '~new') == 1 then
+  if not to_ready() then return reply({4, ''}) end
+  redis.call('HDEL', C.readyp, '~new')
+  -- Bounded: entries that all go to waiting lines leave the rest for the next read ({4, ''}).
+  for _ = 1, 16 do
+    from_ready(count - #out)
+    take(count - #out, out)
+    if #out >= count or redis.call('EXISTS', C.ready) == 0 then break end
+  end
+  if #out > 0 then return reply(taken(out)) end
+  if redis.call('EXISTS', C.ready) == 1 then return reply({4, ''}) end
+elseif perkey == 0 and not krate_t then
+  take(count, out)
+  if #out > 0 then return taken(out) end
+else
   -- Bounded: entries that all go to waiting lines leave the rest for the next read (the
   -- doorbell wakes it at once, since the group then stands before them).
   for _ = 1, 16 do
-    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count - #out, 'STREAMS', KEYS[1], '>')
-    if not (r and r[1] and #r[1][2] > 0) then break end
-    for _, e in ipairs(r[1][2]) do
-      local f, k, kh, kr, payload, dc = e[2], nil, false, false, '', '0'
-      for i = 1, #f, 2 do
-        if f[i] == 'k' then k = f[i + 1]
-        elseif f[i] == 'kh' then kh = true
-        elseif f[i] == 'kr' then kr = true
-        elseif f[i] == 'p' then payload = f[i + 1]
-        elseif f[i] == 'dc' then dc = f[i + 1] end
-      end
-      local go = true
-      if k and kr then
-        -- Charged when it was delayed: one delayed entry of the key fewer.
-        local tat, n, last = kstate(k)
-        if n > 0 then
-          kput(k, tat, n - 1, last)
-          redis.call('HINCRBY', KEYS[13], '\0n', -1)
-        end
-      end
-      -- concurrency_per_key first: a slot of its key, or the end of the key's waiting line.
-      if k and not kh and perkey > 0 then
-        if tonumber(redis.call('HGET', C.held, k) or '0') < perkey and not caps_head(C, k) then
-          redis.call('HINCRBY', C.held, k, 1)
-          redis.call('HSET', C.ids, e[1], k)
-          kh = true
-        else
-          local seq = redis.call('HINCRBY', C.waitp, '~seq', 1)
-          local member = k .. '\0' .. string.format('%016d', seq)
-          redis.call('ZADD', C.wait, 0, member)
-          redis.call('HSET', C.waitp, member, dc .. ':' .. payload)
-          redis.call('XACK', KEYS[1], ARGV[1], e[1])
-          redis.call('XDEL', KEYS[1], e[1])
-          go = false
-        end
-      end
-      -- Then the key's rate.
-      if go and k and krate_t and not kr then
-        local tat, n, last = kstate(k)
-        local base = math.max(tat, know)
-        if n == 0 and base - ktau <= know then
-          kput(k, base + krate_t, 0, last)
-        else
-          -- Over its key's rate (or behind delayed entries of its key): delayed, its time
-          -- reserved, keeping its key slot if it holds one (its holder id is its delayed member).
-          local due = math.max(base - ktau, know)
-          if n > 0 then due = math.max(due, last + 1) end
-          kput(k, base + krate_t, n + 1, due)
-          redis.call('HINCRBY', KEYS[13], '\0n', 1)
-          redis.call('ZADD', KEYS[11], string.format('%.3f', due / 1000), e[1])
-          redis.call('HSET', KEYS[12], e[1], payload, e[1] .. ':dc', dc, e[1] .. ':k', k, e[1] .. ':kr', kh and 'h' or '1')
-          redis.call('XACK', KEYS[1], ARGV[1], e[1])
-          redis.call('XDEL', KEYS[1], e[1])
-          local ms = math.ceil((due - know) / 1000)
-          if kdue < 0 or ms < kdue then kdue = ms end
-          go = false
-        end
-      end
-      if go then out[#out + 1] = e end
-    end
-    if #out >= count then break end
+    if take(count - #out, out) == 0 or #out >= count then break end
   end
-  if #out > 0 then
-    local reply = taken(out)
-    if krate_t then reply[4] = kdue end
-    return reply
-  end
+  if #out > 0 then return reply(taken(out)) end
 end
 -- Nothing new: the doorbell group to where the group stands (written only when it differs).
 local at, bell = nil, nil
@@ -213,5 +286,4 @@ if not bell then
 elseif bell ~= at then
   redis.call('XGROUP', 'SETID', KEYS[1], ARGV[4], at)
 end
-if krate_t then return {0, '', {}, kdue} end
-return {0, ''}
+return reply({0, ''})

@@ -1,9 +1,10 @@
 -- Queue statistics in one round trip.
 -- KEYS[1] queue stream, KEYS[2] dead-letter stream, KEYS[3] delayed zset, KEYS[4] liveness hash
--- (consumers.lua), KEYS[5] pause flag (pause.lua), KEYS[6] back-off (backoff.lua), KEYS[7] key
--- hold counts, KEYS[8] key waiting lines (caps.lua), KEYS[9] per-key rate state (read.lua);
--- ARGV[1] group, ARGV[2] the parked owner (not a consumer: not counted), ARGV[3] the most keys
--- to list, ARGV[4] the most fields of KEYS[7] and of KEYS[9] to look at
+-- (consumers.lua), KEYS[5] pause flag (pause.lua), KEYS[6] back-off (backoff.lua), KEYS[7] the
+-- priorities' ready set (caps.lua; its entries are new entries of the queue, out of the stream),
+-- KEYS[8] key hold counts, KEYS[9] key waiting lines (caps.lua), KEYS[10] per-key rate state
+-- (read.lua); ARGV[1] group, ARGV[2] the parked owner (not a consumer: not counted), ARGV[3] the
+-- most keys to list, ARGV[4] the most fields of KEYS[8] and of KEYS[10] to look at
 -- Returns {length, pending, live consumers, lag, delayed, dead letters, dead consumers, paused
 -- since (ms, 0: not paused), back-off left (ms, 0: none), entries waiting in key waiting lines,
 -- entries waiting in the delayed set for their key's rate, {key, active, waiting, rate delayed}
@@ -46,6 +47,10 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     end
   end
 end
+-- New entries waiting in the priorities' ready set count as the queue's and as never delivered.
+local ready = redis.call('ZCARD', KEYS[7])
+len = len + ready
+lag = lag + ready
 local paused = tonumber(redis.call('GET', KEYS[5]) or '0') or 0
 local backoff = math.max(redis.call('PTTL', KEYS[6]), 0)
 -- Per key ---------------------------------------------------------------------------------------
@@ -69,12 +74,12 @@ local function scan(key, each)
     end
   until cursor == '0' or seen >= bound
 end
-scan(KEYS[7], function(k, v)
+scan(KEYS[8], function(k, v)
   local e = at(k)
   e[2] = tonumber(v) or 0
-  e[3] = redis.call('ZLEXCOUNT', KEYS[8], '[' .. k .. '\0', '(' .. k .. '\1')
+  e[3] = redis.call('ZLEXCOUNT', KEYS[9], '[' .. k .. '\0', '(' .. k .. '\1')
 end)
-scan(KEYS[9], function(k, v)
+scan(KEYS[10], function(k, v)
   if string.sub(k, 1, 1) == '\0' then return end
   local n = tonumber(string.match(v, '^[^:]+:(%d+):') or '0') or 0
   if n > 0 then at(k)[4] = n end
@@ -86,6 +91,6 @@ table.sort(list, function(a, b)
 end)
 local keys = {}
 for i = 1, math.min(#list, tonumber(ARGV[3])) do keys[#keys + 1] = list[i] end
-local kdelayed = tonumber(redis.call('HGET', KEYS[9], '\0n') or '0') or 0
+local kdelayed = tonumber(redis.call('HGET', KEYS[10], '\0n') or '0') or 0
 return {len, pending, consumers, lag, redis.call('ZCARD', KEYS[3]), redis.call('XLEN', KEYS[2]), dead, paused, backoff,
-  redis.call('ZCARD', KEYS[8]), math.max(kdelayed, 0), keys}
+  redis.call('ZCARD', KEYS[9]), math.max(kdelayed, 0), keys}

@@ -25,10 +25,11 @@ baton_testkit::on_every_backend!(
     bad_per_key_rate_limits_are_refused,
     stats_count_each_keys_active_waiting_and_rate_delayed_entries,
     a_remote_workers_claims_keep_each_keys_rate,
+    an_entry_delayed_for_its_keys_rate_keeps_its_priority,
 );
 
 fn keyed(k: &str) -> OfferOptions {
-    OfferOptions { concurrency_key: Some(k.to_string()) }
+    OfferOptions { concurrency_key: Some(k.to_string()), ..Default::default() }
 }
 
 /// Handler starts: payload → when it started.
@@ -553,4 +554,52 @@ async fn three_processes_share_each_keys_rate() {
     drop(workers);
     let st = s.stats(&q).await.unwrap();
     assert_eq!((st.length, st.delayed, st.key_rate_delayed), (0, 0, 0), "{st:?}");
+}
+
+/// An entry delayed for its key's rate keeps its priority: promoted while lower-priority entries
+/// wait, it starts before them.
+async fn an_entry_delayed_for_its_keys_rate_keeps_its_priority(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krate-prio");
+    let starts: Starts = Arc::default();
+    let h = {
+        let starts = starts.clone();
+        move |d: Delivery| {
+            let starts = starts.clone();
+            async move {
+                let p = String::from_utf8_lossy(&d.payload).into_owned();
+                starts.lock().unwrap().push((p, Instant::now()));
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                Decision::Ack
+            }
+        }
+    };
+    // 2 per second per key: k1 is due 500 ms after k0.
+    let rate = RateLimit::new(2, Duration::from_secs(1)).with_burst(1);
+    let c = s.consume(&q, h, opts(rate).with_concurrency(1)).await.unwrap();
+    s.offer_with(&q, "k0", keyed("k")).await.unwrap();
+    eventually(Duration::from_secs(5), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("k0 started");
+    s.offer_with(&q, "k1", OfferOptions { concurrency_key: Some("k".into()), priority: 5 }).await.unwrap();
+    // Ten entries of priority 0 (60 ms each, one at a time: 600 ms of work) queue behind k0.
+    for i in 0..10 {
+        s.offer(&q, format!("n{i}")).await.unwrap();
+    }
+    eventually(Duration::from_secs(5), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n >= 12).then_some(()) }
+    })
+    .await
+    .expect("all 12 ran");
+    let order: Vec<String> = starts.lock().unwrap().iter().map(|(p, _)| p.clone()).collect();
+    let at = |p: &str| order.iter().position(|x| x == p).unwrap();
+    assert_eq!(at("k0"), 0, "{order:?}");
+    // k1 comes back about 500 ms in, with about 3 of the n entries still waiting: it goes first.
+    assert!(at("k1") < at("n9"), "k1 kept its priority: {order:?}");
+    assert!(at("k1") > at("n2"), "k1 waited for its key's rate: {order:?}");
+    c.drain(Duration::from_secs(2)).await;
 }
