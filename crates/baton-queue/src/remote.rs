@@ -283,17 +283,20 @@ impl RemoteConsumer {
     }
 
     /// Delivers the message again after `delay`, not counted as a delivery
-    /// ([`Decision::RetryAfter`](crate::Decision::RetryAfter)). Errors: [`QueueError::LeaseLost`].
+    /// ([`Decision::RetryAfter`](crate::Decision::RetryAfter); at most
+    /// [`MAX_DELAY`](crate::MAX_DELAY)). Errors: [`QueueError::LeaseLost`].
     pub async fn retry_after(&self, id: MessageId, fence: u64, delay: Duration) -> Result<Settled, QueueError> {
+        let delay = delay.min(crate::MAX_DELAY);
         owned(id, self.backend.retry_after(id, delay, false, Some(fence)).await?)
     }
 
     /// The worker was rate limited downstream ([`Decision::RateLimited`](crate::Decision::RateLimited)):
     /// every consumer of the queue stops taking new entries for `delay` (the queue's back-off,
     /// only ever extended; set even when the delivery is no longer this worker's), and the
-    /// message is delivered again after `delay`, not counted as a delivery. Errors:
-    /// [`QueueError::LeaseLost`].
+    /// message is delivered again after `delay`, not counted as a delivery (`delay` at most
+    /// [`MAX_DELAY`](crate::MAX_DELAY)). Errors: [`QueueError::LeaseLost`].
     pub async fn rate_limited(&self, id: MessageId, fence: u64, delay: Duration) -> Result<Settled, QueueError> {
+        let delay = delay.min(crate::MAX_DELAY);
         self.backend.back_off(delay).await?;
         owned(id, self.backend.retry_after(id, delay, false, Some(fence)).await?)
     }

@@ -25,6 +25,8 @@ baton_testkit::on_every_backend!(
     paused_queue_starts_no_promoted_waiter,
     disagreeing_max_concurrency_never_exceeds_the_larger,
     unschedule_racing_promotion_runs_a_keyed_entry_at_most_once,
+    huge_retry_after_of_a_key_holder_frees_its_slot_and_keeps_the_consumer_working,
+    huge_rate_limited_answer_keeps_the_consumer_working,
 );
 
 fn keyed(k: &str) -> OfferOptions {
@@ -390,4 +392,81 @@ async fn unschedule_racing_promotion_runs_a_keyed_entry_at_most_once(b: TestBack
     if let Some(st) = cap_state(&b, &q).await {
         assert_eq!(st, (0, 0, 0));
     }
+}
+
+/// A handler answers `RetryAfter(Duration::MAX)` (say, a `Retry-After` header parsed into a
+/// huge number) while holding its key's slot: the entry waits in the delayed set, its slot goes
+/// to the key's waiter, and the consumer goes on working.
+async fn huge_retry_after_of_a_key_holder_frees_its_slot_and_keeps_the_consumer_working(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("fb-huge-ra");
+    let runs = Arc::new(Runs::default());
+    let r2 = runs.clone();
+    let c = s
+        .consume(
+            &q,
+            move |d: Delivery| {
+                let runs = r2.clone();
+                async move {
+                    let p = runs.enter(&d);
+                    runs.leave(&p);
+                    if p == "k/a" {
+                        Decision::RetryAfter(Duration::MAX)
+                    } else {
+                        Decision::Ack
+                    }
+                }
+            },
+            opts(),
+        )
+        .await
+        .unwrap();
+    s.offer_with(&q, "k/a", keyed("k")).await.unwrap();
+    s.offer_with(&q, "k/b", keyed("k")).await.unwrap();
+    let log = runs.wait_len(2, Duration::from_secs(10)).await;
+    assert_eq!(log, [("k/a".to_string(), 1), ("k/b".to_string(), 1)]);
+    s.offer_with(&q, "k/c", keyed("k")).await.unwrap();
+    runs.wait_len(3, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.delayed), (0, 0, 1), "{st:?}");
+    c.drain(Duration::from_secs(2)).await;
+    if let Some(st) = cap_state(&b, &q).await {
+        assert_eq!(st, (0, 0, 0));
+    }
+}
+
+/// A handler answers `RateLimited(Duration::MAX)`: the queue backs off (for as long as the
+/// backend can keep it), the entry waits, and the consumer and the queue's stats keep working.
+async fn huge_rate_limited_answer_keeps_the_consumer_working(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("fb-huge-rl");
+    let runs = Arc::new(Runs::default());
+    let r2 = runs.clone();
+    let c = s
+        .consume(
+            &q,
+            move |d: Delivery| {
+                let runs = r2.clone();
+                async move {
+                    let p = runs.enter(&d);
+                    runs.leave(&p);
+                    Decision::RateLimited(Duration::MAX)
+                }
+            },
+            opts(),
+        )
+        .await
+        .unwrap();
+    s.offer(&q, "x/a").await.unwrap();
+    runs.wait_len(1, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = s.stats(&q).await.unwrap();
+    assert!(st.backoff_ms.is_some_and(|ms| ms > 86_400_000), "{st:?}");
+    assert_eq!(st.length + st.delayed, 1, "{st:?}");
+    assert_eq!(c.counters().rate_limited, 1);
+    s.offer(&q, "x/b").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(runs.log().len(), 1, "nothing new starts while backing off");
+    c.drain(Duration::from_secs(2)).await;
 }
