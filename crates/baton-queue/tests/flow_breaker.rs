@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_queue::{keys, ConsumerOptions, Decision, Delivery, MessageStream, OfferOptions};
-use baton_redis::redis;
-use baton_testkit::TestBackend;
+use baton_redis::{redis, RedisClient};
+use baton_testkit::{require_redis, RedisServer, ServerOptions, TestBackend};
 use common::*;
 
 baton_testkit::on_every_backend!(
@@ -36,11 +36,15 @@ fn keyed(k: &str) -> OfferOptions {
 /// (held keys, holders, waiting entries) in Redis; memory: `None`.
 async fn cap_state(b: &TestBackend, q: &str) -> Option<(u64, u64, u64)> {
     let mut conn = conn_for(b).await?;
+    Some(caps_of(&mut conn, q).await)
+}
+
+async fn caps_of(conn: &mut baton_redis::RedisConn, q: &str) -> (u64, u64, u64) {
     let p = keys::DEFAULT_PREFIX;
-    let held: u64 = redis::cmd("HLEN").arg(keys::key_held(p, q)).query_async(&mut conn).await.unwrap();
-    let ids: u64 = redis::cmd("HLEN").arg(keys::key_holders(p, q)).query_async(&mut conn).await.unwrap();
-    let waiting: u64 = redis::cmd("ZCARD").arg(keys::key_waiting(p, q)).query_async(&mut conn).await.unwrap();
-    Some((held, ids, waiting))
+    let held: u64 = redis::cmd("HLEN").arg(keys::key_held(p, q)).query_async(conn).await.unwrap();
+    let ids: u64 = redis::cmd("HLEN").arg(keys::key_holders(p, q)).query_async(conn).await.unwrap();
+    let waiting: u64 = redis::cmd("ZCARD").arg(keys::key_waiting(p, q)).query_async(conn).await.unwrap();
+    (held, ids, waiting)
 }
 
 /// What ran: (payload, deliveries) in start order, and the most handlers of one key at once.
@@ -469,4 +473,69 @@ async fn huge_rate_limited_answer_keeps_the_consumer_working(b: TestBackend) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(runs.log().len(), 1, "nothing new starts while backing off");
     c.drain(Duration::from_secs(2)).await;
+}
+
+/// Redis (AOF, every write fsynced) is killed and restarted twice while two consumers work
+/// through three keys' lines (`concurrency_per_key = 1`, `max_concurrency = 3`): every entry
+/// runs, a key's entries never overlap, and no slot or waiter is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_lines_survive_redis_restarts() {
+    require_redis();
+    let server = Arc::new(Mutex::new(RedisServer::start_with(ServerOptions { appendonly: true })));
+    let cfg = server.lock().unwrap().config();
+    let client = RedisClient::new(cfg.clone()).unwrap();
+    let s = MessageStream::redis(RedisClient::new(cfg.clone()).unwrap(), Default::default()).await.unwrap();
+    let s2 = MessageStream::redis(RedisClient::new(cfg).unwrap(), Default::default()).await.unwrap();
+    let q = queue_name("fb-restart");
+    let runs = Arc::new(Runs::default());
+    let ended = Arc::new(Mutex::new(std::collections::HashSet::new()));
+    let mut cs = Vec::new();
+    for st in [&s, &s2] {
+        let (runs, ended) = (runs.clone(), ended.clone());
+        let h = move |d: Delivery| {
+            let (runs, ended) = (runs.clone(), ended.clone());
+            async move {
+                let p = runs.enter(&d);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                runs.leave(&p);
+                ended.lock().unwrap().insert(p);
+                Decision::Ack
+            }
+        };
+        cs.push(st.consume(&q, h, opts().with_max_concurrency(Some(3))).await.unwrap());
+    }
+    for i in 0..6 {
+        for k in 0..3 {
+            s.offer_with(&q, format!("k{k}/{i}"), keyed(&format!("k{k}"))).await.unwrap();
+        }
+    }
+    for down in [300u64, 700] {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let sv = server.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut g = sv.lock().unwrap();
+            g.kill();
+            std::thread::sleep(Duration::from_millis(down));
+            g.restart();
+        })
+        .await
+        .unwrap();
+    }
+    let done = eventually(Duration::from_secs(25), || {
+        let n = ended.lock().unwrap().len();
+        async move { (n == 18).then_some(()) }
+    })
+    .await;
+    assert!(done.is_some(), "not every entry ran: {:?}", runs.log());
+    assert_eq!(runs.max_per_key.load(Ordering::SeqCst), 1, "{:?}", runs.log());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for c in cs {
+        c.drain(Duration::from_secs(2)).await;
+    }
+    // The first call on a connection cut by the restart may fail (it reconnects then).
+    let _ = s.stats(&q).await;
+    settled(&s, &q).await;
+    let mut conn = client.shared().await.unwrap();
+    assert_eq!(caps_of(&mut conn, &q).await, (0, 0, 0));
+    eprintln!("runs: {} for 18 entries", runs.log().len());
 }
