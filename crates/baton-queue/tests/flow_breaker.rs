@@ -378,7 +378,10 @@ async fn unschedule_racing_promotion_runs_a_keyed_entry_at_most_once(b: TestBack
     for i in 0..20u64 {
         let name = format!("s:{i}");
         let due = std::time::SystemTime::now() + Duration::from_millis(20 + (i % 5) * 10);
-        assert!(s.offer_at_with(&q, &name, format!("k{}/e{i}", i % 3), due, keyed(&format!("k{}", i % 3))).await.unwrap());
+        assert!(s
+            .offer_at_with(&q, &name, format!("k{}/e{i}", i % 3), due, keyed(&format!("k{}", i % 3)))
+            .await
+            .unwrap());
         tokio::time::sleep(Duration::from_millis(20 + (i % 7) * 5)).await;
         removed.push(s.unschedule(&q, &name).await.unwrap());
     }

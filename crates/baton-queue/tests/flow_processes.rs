@@ -40,7 +40,8 @@ fn flow_child_worker() {
         };
         let env = |k: &str| std::env::var(k).unwrap().parse::<u64>().unwrap();
         let queue = std::env::var("BATON_QUEUE").unwrap();
-        let (sleep_ms, perkey, maxc, block) = (env("BATON_SLEEP_MS"), env("BATON_PERKEY"), env("BATON_MAXC"), env("BATON_BLOCK"));
+        let (sleep_ms, perkey, maxc, block) =
+            (env("BATON_SLEEP_MS"), env("BATON_PERKEY"), env("BATON_MAXC"), env("BATON_BLOCK"));
         let (claim_ms, poll_ms) = (env("BATON_CLAIM_MS"), env("BATON_POLL_MS"));
         let client = RedisClient::new(cfg).unwrap();
         let s = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
