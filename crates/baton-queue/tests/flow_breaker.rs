@@ -27,6 +27,7 @@ baton_testkit::on_every_backend!(
     unschedule_racing_promotion_runs_a_keyed_entry_at_most_once,
     huge_retry_after_of_a_key_holder_frees_its_slot_and_keeps_the_consumer_working,
     huge_rate_limited_answer_keeps_the_consumer_working,
+    a_key_holder_blocking_its_thread_keeps_its_slot_and_runs_once,
 );
 
 fn keyed(k: &str) -> OfferOptions {
@@ -541,4 +542,48 @@ async fn key_lines_survive_redis_restarts() {
     let mut conn = client.shared().await.unwrap();
     assert_eq!(caps_of(&mut conn, &q).await, (0, 0, 0));
     eprintln!("runs: {} for 18 entries", runs.log().len());
+}
+
+/// A key's holder blocks its thread for 3 claim timeouts (a synchronous call in an async
+/// handler) while a second consumer waits: the holder's lease holds, the entry runs once, and the
+/// key's waiter starts only after it returned.
+async fn a_key_holder_blocking_its_thread_keeps_its_slot_and_runs_once(b: TestBackend) {
+    let s1 = stream_for(&b).await;
+    let s2 = if b.redis_config().is_some() { stream_for(&b).await } else { s1.clone() };
+    let q = queue_name("fb-block");
+    let runs = Arc::new(Runs::default());
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let mut cs = Vec::new();
+    for s in [&s1, &s2] {
+        let (runs, ends) = (runs.clone(), ends.clone());
+        let h = move |d: Delivery| {
+            let (runs, ends) = (runs.clone(), ends.clone());
+            async move {
+                let p = runs.enter(&d);
+                if p == "k/a" {
+                    std::thread::sleep(Duration::from_millis(3_000));
+                }
+                runs.leave(&p);
+                ends.lock().unwrap().push((p, std::time::Instant::now(), d.lease.is_lost()));
+                Decision::Ack
+            }
+        };
+        cs.push(s.consume(&q, h, opts().with_concurrency(2)).await.unwrap());
+    }
+    s1.offer_with(&q, "k/a", keyed("k")).await.unwrap();
+    runs.wait_len(1, Duration::from_secs(5)).await;
+    s1.offer_with(&q, "k/b", keyed("k")).await.unwrap();
+    let log = runs.wait_len(2, Duration::from_secs(15)).await;
+    assert_eq!(log, [("k/a".to_string(), 1), ("k/b".to_string(), 1)]);
+    assert_eq!(runs.max_per_key.load(Ordering::SeqCst), 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let e = ends.lock().unwrap().clone();
+    assert_eq!(e.iter().map(|x| (x.0.as_str(), x.2)).collect::<Vec<_>>(), [("k/a", false), ("k/b", false)]);
+    for c in cs {
+        c.drain(Duration::from_secs(2)).await;
+    }
+    settled(&s1, &q).await;
+    if let Some(st) = cap_state(&b, &q).await {
+        assert_eq!(st, (0, 0, 0));
+    }
 }
