@@ -12,7 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use baton_queue::{keys, ConsumerOptions, Decision, Delivery, MessageStream, OfferOptions, RedisQueueOptions};
+use baton_queue::{
+    keys, ConsumerOptions, Decision, Delivery, MessageStream, OfferOptions, RedisQueueOptions, RemoteOptions,
+};
 use baton_redis::{redis, RedisClient, RedisConfig, RedisConn};
 use baton_testkit::{require_redis, RedisCluster, RedisServer};
 use common::*;
@@ -48,6 +50,41 @@ fn flow_child_worker() {
         let conn = client.shared().await.unwrap();
         let key = events_key(&queue);
         let pid = std::process::id();
+        if std::env::var("BATON_REMOTE").is_ok() {
+            // A remote worker's serving process: claims in a loop, records what it hands out.
+            let rc = s
+                .remote_consumer(
+                    &queue,
+                    "remote-w",
+                    RemoteOptions {
+                        claim_timeout: Duration::from_millis(claim_ms),
+                        max_concurrency: (maxc > 0).then_some(maxc as u32),
+                        ..RemoteOptions::default()
+                    },
+                )
+                .await
+                .unwrap();
+            println!("READY {pid}");
+            let mut conn = conn.clone();
+            loop {
+                for d in rc.claim(1, Duration::from_millis(poll_ms)).await.unwrap_or_default() {
+                    let p = String::from_utf8_lossy(&d.payload).into_owned();
+                    let _: () = redis::cmd("RPUSH")
+                        .arg(&key)
+                        .arg(format!("start {pid} {p} {}", now_ms()))
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    let _: () = redis::cmd("RPUSH")
+                        .arg(&key)
+                        .arg(format!("end {pid} {p} {}", now_ms()))
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    let _ = rc.ack(d.id, d.fence).await;
+                }
+            }
+        }
         let _c = s
             .consume(
                 &queue,
@@ -109,7 +146,12 @@ impl Drop for Worker {
 }
 
 fn spawn_worker(cfg: &RedisConfig, queue: &str, sleep_ms: u64, perkey: u32, maxc: u32, block: bool) -> Worker {
-    spawn_worker_with(cfg, queue, sleep_ms, perkey, maxc, block, 1_000, 0)
+    spawn_worker_with(cfg, queue, sleep_ms, perkey, maxc, block, 1_000, 0, false)
+}
+
+/// A remote worker's serving process (claim loop) instead of an in-process consumer.
+fn spawn_remote_worker(cfg: &RedisConfig, queue: &str, maxc: u32, claim_ms: u64, wait_ms: u64) -> Worker {
+    spawn_worker_with(cfg, queue, 0, 0, maxc, false, claim_ms, wait_ms, true)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -122,8 +164,12 @@ fn spawn_worker_with(
     block: bool,
     claim_ms: u64,
     poll_ms: u64,
+    remote: bool,
 ) -> Worker {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
+    if remote {
+        cmd.env("BATON_REMOTE", "1");
+    }
     cmd.args(["--exact", "flow_child_worker", "--include-ignored", "--nocapture", "--test-threads=1"])
         .env("BATON_CHILD", "1")
         .env("BATON_QUEUE", queue)
@@ -202,6 +248,7 @@ on_redis!(
     key_lines_survive_sigkill_of_a_slot_holder,
     key_lines_survive_sigstop_of_a_slot_holder,
     a_read_answered_while_its_process_was_stopped_does_not_run,
+    a_remote_claim_answered_while_its_process_was_stopped_hands_out_nothing_taken_over,
 );
 
 const KEYS: usize = 4;
@@ -374,6 +421,16 @@ async fn key_lines_survive_sigstop_of_a_slot_holder(cfg: RedisConfig) {
 /// timeout and acks it. When the worker resumes, the read's reply (3 s old, older than the claim
 /// timeout) must not start a handler: the entry is done, another consumer ran it.
 async fn a_read_answered_while_its_process_was_stopped_does_not_run(cfg: RedisConfig) {
+    late_answer(cfg, false).await
+}
+
+/// The same for a remote worker's serving process blocked in a claim: the claim answered after
+/// the resume must not hand the worker the entry a peer took over and acked.
+async fn a_remote_claim_answered_while_its_process_was_stopped_hands_out_nothing_taken_over(cfg: RedisConfig) {
+    late_answer(cfg, true).await
+}
+
+async fn late_answer(cfg: RedisConfig, remote: bool) {
     let q = queue_name("flow-late");
     let client = RedisClient::new(cfg.clone()).unwrap();
     let s = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
@@ -411,7 +468,11 @@ async fn a_read_answered_while_its_process_was_stopped_does_not_run(cfg: RedisCo
         .await
         .unwrap();
     // The worker: max_concurrency 1 (reached), claim timeout 2 s, its read blocking up to 2 s.
-    let w = spawn_worker_with(&cfg, &q, 100, 0, 1, false, 2_000, 2_000);
+    let w = if remote {
+        spawn_remote_worker(&cfg, &q, 1, 2_000, 2_000)
+    } else {
+        spawn_worker_with(&cfg, &q, 100, 0, 1, false, 2_000, 2_000, false)
+    };
     tokio::time::sleep(Duration::from_millis(700)).await;
     s.offer(&q, "second").await.unwrap();
     assert!(Command::new("kill").args(["-STOP", &w.pid.to_string()]).status().unwrap().success());
