@@ -139,6 +139,11 @@ pub struct QueueStats {
     /// many more ms; `None` when it does not.
     #[serde(default)]
     pub backoff_ms: Option<u64>,
+    /// Entries waiting out of the stream for a slot of their concurrency key
+    /// (`concurrency_per_key`): neither in `length` nor `pending`; they enter the stream as their
+    /// key's slots free.
+    #[serde(default)]
+    pub key_waiting: u64,
 }
 
 /// A consumer of a queue's group ([`MessageStream::consumers`](crate::MessageStream::consumers)).

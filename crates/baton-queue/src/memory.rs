@@ -317,6 +317,7 @@ impl QueueBackend for MemoryQueueBackend {
                 .backoff_until
                 .map(|u| u.saturating_duration_since(now).as_millis() as u64)
                 .filter(|ms| *ms > 0),
+            key_waiting: st.key_wait.values().map(|w| w.len() as u64).sum(),
         })
     }
 

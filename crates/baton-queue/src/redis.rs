@@ -318,11 +318,12 @@ impl QueueBackend for RedisQueueBackend {
         let v: Vec<u64> = STATS
             .run(
                 &mut self.conn.clone(),
-                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused, &keys.backoff],
+                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused, &keys.backoff, &keys.caps[4]],
                 &[&self.opts.group, &PARKED],
             )
             .await?;
-        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers, paused_since, backoff] = v[..]
+        let [length, pending, consumers, lag, delayed, dead_letters, dead_consumers, paused_since, backoff, key_waiting] =
+            v[..]
         else {
             return Err(unexpected("stats", &Value::Nil));
         };
@@ -338,6 +339,7 @@ impl QueueBackend for RedisQueueBackend {
             paused: paused_since_ms.is_some(),
             paused_since_ms,
             backoff_ms: (backoff > 0).then_some(backoff),
+            key_waiting,
         })
     }
 

@@ -303,7 +303,11 @@ async fn paused_queue_starts_no_promoted_waiter(b: TestBackend) {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(runs.log(), [("k/a".to_string(), 1)], "nothing new starts while paused");
     let st = s.stats(&q).await.unwrap();
-    assert_eq!((st.length, st.pending), (1, 0), "b promoted into the stream, not taken: {st:?}");
+    assert_eq!(
+        (st.length, st.pending, st.key_waiting),
+        (1, 0, 1),
+        "b promoted into the stream, not taken; c waits: {st:?}"
+    );
     if let Some(st) = cap_state(&b, &q).await {
         assert_eq!(st, (1, 1, 1));
     }

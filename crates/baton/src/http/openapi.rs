@@ -268,7 +268,7 @@ fn schemas() -> Value {
     });
     let rest = json!({
         "Queue": { "type": "object",
-            "required": ["name", "paused", "paused_since", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "dead_letters", "backoff_ms", "rate_limit", "commands", "handlers", "workers"],
+            "required": ["name", "paused", "paused_since", "length", "pending", "consumers", "dead_consumers", "lag", "delayed", "key_waiting", "dead_letters", "backoff_ms", "rate_limit", "commands", "handlers", "workers"],
             "properties": {
                 "name": { "type": "string" },
                 "paused": { "type": "boolean", "description": "Paused (`POST /v1/queues/{queue}/pause`): submits are accepted, no worker starts a new command; running ones go on." },
@@ -277,6 +277,7 @@ fn schemas() -> Value {
                 "consumers": { "type": "integer", "minimum": 0, "description": "Live consumers (heartbeat younger than their claim timeout)." },
                 "dead_consumers": { "type": "integer", "minimum": 0, "description": "Group members silent past their claim timeout, not reaped yet (their commands are taken over)." },
                 "lag": count(), "delayed": count(), "dead_letters": count(),
+                "key_waiting": { "type": "integer", "minimum": 0, "description": "Commands waiting out of the queue's stream for a slot of their concurrency_key (concurrency_per_key): in neither length nor pending; they start in submit order as their key's slots free." },
                 "backoff_ms": { "type": ["integer", "null"], "minimum": 0, "description": "The queue backs off (a handler or worker answered rate limited): no worker starts a new command for this many more ms; null when it does not." },
                 "rate_limit": { "oneOf": [{ "type": "null" }, { "type": "object", "required": ["limit", "per_ms", "burst"], "properties": {
                     "limit": { "type": "integer", "minimum": 1 }, "per_ms": { "type": "integer", "minimum": 1 }, "burst": { "type": "integer", "minimum": 1 } } }],

@@ -57,6 +57,7 @@ pub async fn queue_json(api: &CommandsApi, name: &str) -> Result<Value, ApiError
         "dead_consumers": stats.dead_consumers,
         "lag": stats.lag,
         "delayed": stats.delayed,
+        "key_waiting": stats.key_waiting,
         "dead_letters": stats.dead_letters,
         "backoff_ms": stats.backoff_ms,
         "rate_limit": entry.remote.rate_limit().map(|r| json!({
