@@ -58,6 +58,21 @@ def test_submit_then_idempotent_resubmit(server: BatonServer) -> None:
     run(main())
 
 
+def test_submit_with_priority(server: BatonServer) -> None:
+    async def main() -> None:
+        async with client(server) as c:
+            high = await c.submit("jobs", "resize", {"image": "p.png"}, priority=7)
+            assert high.priority == 7 and high.raw["priority"] == 7
+            plain = await c.submit("jobs", "resize", {"image": "q.png"})
+            assert plain.priority == 0 and "priority" not in plain.raw
+            with pytest.raises(BadRequestError) as info:
+                await c.submit("jobs", "resize", {"image": "r.png"}, priority=11)
+            assert info.value.code == "invalid_body"
+            assert info.value.message == '"priority" must be an integer from -10 to 10; got 11'
+
+    run(main())
+
+
 def test_get(server: BatonServer) -> None:
     async def main() -> None:
         async with client(server) as c:

@@ -47,6 +47,12 @@ export interface SubmitOptions {
   runAt?: Date | string;
   /** Schedules it this many milliseconds from now (or a string like `"10m"`); not with `runAt`. */
   delay?: number | string;
+  /**
+   * Its priority, an integer from -10 to 10 (default 0): the queue's workers take the waiting
+   * command of the highest priority first, in submit order among equal ones (strict: a flood of
+   * higher priorities holds lower ones back until it drains).
+   */
+  priority?: number;
   signal?: AbortSignal;
 }
 
@@ -129,6 +135,7 @@ export class BatonClient {
     if (params !== undefined) body += `,"params":${jsonText(params)}`;
     if (options.output !== undefined) body += `,"output":${JSON.stringify(options.output)}`;
     body += dueFields(options.runAt, options.delay, false);
+    if (options.priority !== undefined) body += `,"priority":${JSON.stringify(options.priority)}`;
     body += "}";
     const res = await requestJson(this.#endpoint, "POST", `/v1/queues/${enc(queue)}/commands`, {
       body,

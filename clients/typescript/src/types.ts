@@ -78,6 +78,8 @@ export interface CommandState {
   output?: OutputLink;
   /** A scheduled command's due time (RFC 3339, submitted with `runAt` or `delay`); absent otherwise. */
   run_at?: string;
+  /** The priority it was submitted with (-10 to 10); absent when 0. */
+  priority?: number;
 }
 
 /** A command's output stream as its state links it (`state.output`). */

@@ -59,6 +59,16 @@ forEachBackend("BatonClient", { config: CONFIG }, (ctx) => {
     assert.equal(generated.params, null);
   });
 
+  test("submit with a priority: shown in the state (absent when 0); out of range is 400", async () => {
+    const baton = client();
+    const high = await baton.submit("jobs", "resize", { image: "p.png" }, { priority: 7 });
+    assert.equal(high.priority, 7);
+    const plain = await baton.submit("jobs", "resize", { image: "q.png" });
+    assert.equal(plain.priority, undefined);
+    const err = await rejectsWith(baton.submit("jobs", "resize", {}, { priority: 11 }), 400, "invalid_body");
+    assert.equal(err.message, '"priority" must be an integer from -10 to 10; got 11');
+  });
+
   test("get: the stored state; params sent as RawJson come back with the same values", async () => {
     const baton = client();
     const id = uid("get");

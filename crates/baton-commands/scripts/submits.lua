@@ -5,13 +5,15 @@
 -- KEYS[4] its event feed (see feed.rs), KEYS[5] its delayed set and KEYS[6] their payload hash
 -- (baton_queue::keys::delayed / delayed_payloads: a scheduled command's message waits there as
 -- the named member `c:<id>`, see baton-queue's schedule.lua, and is promoted into the stream by
--- the queue's reclaim tick when due), then per submit its state key and, when ARGV[2] is '1'
+-- the queue's reclaim tick when due), KEYS[7] the queue's ready entries hash
+-- (baton_queue::keys::ready_entries: a message of a priority other than 0 sets its `~new` mark,
+-- as baton-queue's caps.lua caps_add does), then per submit its state key and, when ARGV[2] is '1'
 -- (standalone), its id -> queue lookup key (on Cluster the lookup is written before this
 -- script, in its own slot).
 -- ARGV[1] N, ARGV[2] '1' with lookup keys or '', ARGV[3] home queue, ARGV[4] state TTL ms,
 -- ARGV[5] lookup key TTL ms, ARGV[6] the shortest lifetime a state of this store can have (min
 -- of state TTL and retention, ms: the expiry score is now + that, a lower bound of every later
--- expiry), then 11 per submit: stored state (header and JSON, see lib.lua), its body sha1,
+-- expiry), then 13 per submit: stored state (header and JSON, see lib.lua), its body sha1,
 -- created ms, message JSON, id, the queue whose lookup it may take over ('' none: the
 -- client found no state of the id there, so that lookup is stale; taking it over here, in the
 -- same step as the create, means two racing submits cannot both create), the `submitted`
@@ -20,7 +22,9 @@
 -- Redis's clock is enqueued at once too), and its state TTL and lookup key TTL (ms) when they
 -- are not ARGV[4] and ARGV[5] ('' for those: a scheduled command lives longer by its delay), and
 -- its concurrency key ('' none): the entry's field `k` (baton_queue::keys::KEY_FIELD; a
--- scheduled command's key waits beside its payload as `c:<id>:k`, see baton-queue's schedule.lua).
+-- scheduled command's key waits beside its payload as `c:<id>:k`, see baton-queue's schedule.lua),
+-- and its priority ('0' none): the entry's field `pr` (baton_queue::keys::PRIORITY_FIELD; a
+-- scheduled command's waits as `c:<id>:pr`).
 -- Returns N replies in order: {'created'}, {'existing', stored state}, {'conflict', stored
 -- state} (the client checks the hash of older versions' canonical body against it) or
 -- {'other_queue', its queue}.
@@ -30,8 +34,8 @@ if ARGV[2] == '1' then per = 2 end
 local home, ttl, lookup_ttl, life = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local out, sub, exp = {}, {}, {}
 for i = 1, n do
-  local b = 7 + 12 * (i - 1)
-  local k = 7 + per * (i - 1)
+  local b = 7 + 13 * (i - 1)
+  local k = 8 + per * (i - 1)
   local state, lookup = KEYS[k], nil
   if per == 2 then lookup = KEYS[k + 1] end
   local reply = nil
@@ -58,6 +62,7 @@ for i = 1, n do
   end
   if not reply then
     local id = ARGV[b + 4]
+    local pr = tonumber(ARGV[b + 12]) or 0
     local now
     local due = tonumber(ARGV[b + 8])
     if due then
@@ -70,14 +75,20 @@ for i = 1, n do
       if redis.call('ZADD', KEYS[5], due, name) == 1 then redis.call('HINCRBY', KEYS[6], '~scheduled', 1) end
       redis.call('HSET', KEYS[6], name, ARGV[b + 3])
       if ARGV[b + 11] ~= '' then redis.call('HSET', KEYS[6], name .. ':k', ARGV[b + 11]) end
+      if pr ~= 0 then redis.call('HSET', KEYS[6], name .. ':pr', pr) end
     else
       -- 'p': the work queue's payload field (baton_queue::keys::PAYLOAD_FIELD; a test checks it).
-      local mid
+      local f = {'p', ARGV[b + 3]}
       if ARGV[b + 11] ~= '' then
-        mid = redis.call('XADD', KEYS[3], '*', 'p', ARGV[b + 3], 'k', ARGV[b + 11])
-      else
-        mid = redis.call('XADD', KEYS[3], '*', 'p', ARGV[b + 3])
+        f[3] = 'k'
+        f[4] = ARGV[b + 11]
       end
+      if pr ~= 0 then
+        f[#f + 1] = 'pr'
+        f[#f + 1] = tostring(pr)
+        redis.call('HSET', KEYS[7], '~new', '1')
+      end
+      local mid = redis.call('XADD', KEYS[3], '*', unpack(f))
       -- The entry id's milliseconds are the server's clock (never behind the stream's last entry).
       now = tonumber(string.match(mid, '^(%d+)'))
     end

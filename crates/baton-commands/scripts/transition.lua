@@ -3,9 +3,9 @@
 -- lib.lua), KEYS[4] state key, KEYS[5] the home queue's event feed (see feed.rs), KEYS[6] the
 -- home queue's completion hook delivery stream (see hooks.rs), KEYS[7] its per-minute aggregates
 -- (see src/minutes.rs), KEYS[8] target queue stream (only with ARGV[6]: an atomic hand-off, same
--- slot), KEYS[#KEYS - 7] the
--- stream of the delivery, KEYS[#KEYS - 6] its fence hash (baton_queue::keys::fences) and
--- KEYS[#KEYS - 5 .. #KEYS] its 6 concurrency-cap keys (baton_queue::keys::caps, in the order of
+-- slot), KEYS[#KEYS - 9] the
+-- stream of the delivery, KEYS[#KEYS - 8] its fence hash (baton_queue::keys::fences) and
+-- KEYS[#KEYS - 7 .. #KEYS] its 8 concurrency-cap and priority keys (baton_queue::keys::caps, in the order of
 -- baton-queue's caps.lua, prepended: an acked entry frees its concurrency slots; all only with
 -- ARGV[7]).
 -- ARGV[1] expected header start `<version> <OLD STATUS> `, ARGV[2] new stored state (header
@@ -31,9 +31,9 @@
 -- Returns {'ok', acked 0/1}, {'missing'}, {'conflict', current stored state} or {'lost'} (the
 -- owner check failed; nothing written).
 if ARGV[10] ~= '' then
-  local p = redis.call('XPENDING', KEYS[#KEYS - 7], ARGV[8], ARGV[7], ARGV[7], 1)
+  local p = redis.call('XPENDING', KEYS[#KEYS - 9], ARGV[8], ARGV[7], ARGV[7], 1)
   if not p[1] or p[1][2] ~= ARGV[10] then return { 'lost' } end
-  if ARGV[12] ~= '' and (redis.call('HGET', KEYS[#KEYS - 6], ARGV[7]) or '0') ~= ARGV[12] then return { 'lost' } end
+  if ARGV[12] ~= '' and (redis.call('HGET', KEYS[#KEYS - 8], ARGV[7]) or '0') ~= ARGV[12] then return { 'lost' } end
 end
 local head = redis.call('GETRANGE', KEYS[4], 0, HEAD_MAX)
 if head == '' then return { 'missing' } end
@@ -66,12 +66,12 @@ if ARGV[17] ~= '' then
 end
 local acked = 0
 if ARGV[11] == '1' then
-  local stream, mid = KEYS[#KEYS - 7], ARGV[7]
+  local stream, mid = KEYS[#KEYS - 9], ARGV[7]
   acked = redis.call('XACK', stream, ARGV[8], mid)
   if acked == 1 then
     redis.call('XDEL', stream, mid)
-    redis.call('HDEL', KEYS[#KEYS - 6], mid)
-    local C = caps_keys(#KEYS - 5)
+    redis.call('HDEL', KEYS[#KEYS - 8], mid)
+    local C = caps_keys(#KEYS - 7)
     caps_release(C, stream, mid)
     caps_wake(C)
   end

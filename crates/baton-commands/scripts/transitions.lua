@@ -7,7 +7,7 @@
 -- stream (the deliveries to ack), KEYS[8] its fence hash (baton_queue::keys::fences), KEYS[9] its
 -- event feed (see feed.rs), KEYS[10] its completion hook delivery stream (see hooks.rs),
 -- KEYS[11] its per-minute aggregates (see src/minutes.rs), KEYS[11 + i] the state key of
--- transition i, then its 6 concurrency-cap keys (baton_queue::keys::caps, in the order of
+-- transition i, then its 8 concurrency-cap and priority keys (baton_queue::keys::caps, in the order of
 -- baton-queue's caps.lua, prepended: acked entries free their concurrency slots).
 -- ARGV[1] N, ARGV[2] pub/sub channel, ARGV[3] consumer group, then 16 per transition: expected
 -- header start `<version> <OLD STATUS> `, new stored state (header and JSON), TTL ms, id, index
@@ -125,7 +125,7 @@ if #acks > 0 then
   if a == #acks then
     for _, i in ipairs(acked_at) do out[i][2] = 1 end
   end
-  local C = caps_keys(#KEYS - 5)
+  local C = caps_keys(#KEYS - 7)
   if redis.call('EXISTS', C.ids) == 1 then
     for _, id in ipairs(acks) do caps_release(C, KEYS[7], id) end
   end

@@ -429,6 +429,9 @@ pub enum CommandError {
     /// says why.
     #[error("invalid concurrency_key: {0}")]
     InvalidConcurrencyKey(String),
+    /// A priority out of range ([`Command::with_priority`]); the message says the range.
+    #[error("invalid priority: {0}")]
+    InvalidPriority(String),
     /// The command does not wait for a due time any more (it was not scheduled, or its message
     /// was enqueued already, or it ended), so the reschedule was refused; its state is attached
     /// ([`CommandStore::reschedule`]).

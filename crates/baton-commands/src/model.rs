@@ -53,6 +53,9 @@ pub struct Command {
     /// [`Command::with_concurrency_key`].
     #[serde(skip)]
     pub(crate) concurrency_key: Option<String>,
+    /// [`Command::with_priority`].
+    #[serde(skip)]
+    pub(crate) priority: i8,
 }
 
 /// The time `delay` from now, as [`Command::with_delay`] schedules it: a delay too large for the
@@ -86,6 +89,7 @@ impl Command {
             run_at: None,
             run_at_from_delay: false,
             concurrency_key: None,
+            priority: 0,
         }
     }
 
@@ -104,6 +108,24 @@ impl Command {
     /// [`Command::with_concurrency_key`].
     pub fn concurrency_key(&self) -> Option<&str> {
         self.concurrency_key.as_deref()
+    }
+
+    /// The command's priority, -10 to 10 (`baton_queue::MIN_PRIORITY`..=`MAX_PRIORITY`),
+    /// default 0: its message is taken before every waiting message of a lower priority on its
+    /// queue, in submit order among equal ones (`baton_queue::OfferOptions::priority`; strict: a
+    /// flood of higher-priority commands holds lower ones back until it drains). Stored in the
+    /// state ([`CommandState::priority`]); kept while the command is scheduled and while it
+    /// waits for its concurrency key. Out of range: [`CommandError::InvalidPriority`] at submit.
+    /// Not part of the idempotent body (as the concurrency key). A re-run or a hand-off enqueues
+    /// the command with priority 0.
+    pub fn with_priority(mut self, priority: i8) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// [`Command::with_priority`].
+    pub fn priority(&self) -> i8 {
+        self.priority
     }
 
     /// Schedules the command: it is stored at submit (`SUBMITTED`, its state's `run_at` set to
@@ -516,6 +538,10 @@ pub struct CommandState {
     /// from the public form without one.
     #[serde(default)]
     pub concurrency_key: Option<String>,
+    /// The priority it was submitted with ([`Command::with_priority`]); absent from the public
+    /// form when 0.
+    #[serde(default)]
+    pub priority: i8,
     /// Redis: SHA-1 (hex) of the canonical submitted body, kept in the stored header (not in
     /// the JSON) for idempotent resubmits; carried here so a write can rebuild the header.
     #[serde(skip)]
@@ -605,6 +631,10 @@ pub(crate) fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
+fn is_zero_i8(v: &i8) -> bool {
+    *v == 0
+}
+
 /// The public form of a state (the HTTP API's): fields in alphabetical order, no `_…` fields.
 #[derive(Serialize)]
 struct PublicState<'a> {
@@ -625,6 +655,8 @@ struct PublicState<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     output: Option<crate::output::PublicOutput<'a>>,
     params: &'a RawJson,
+    #[serde(skip_serializing_if = "is_zero_i8")]
+    priority: i8,
     #[serde(skip_serializing_if = "Option::is_none")]
     progress: &'a Option<Progress>,
     queue: &'a str,
@@ -654,6 +686,7 @@ impl Serialize for CommandState {
             modified_at: &self.modified_at,
             output: self.output.as_ref().map(|link| crate::output::PublicOutput { link, url: link.url() }),
             params: &self.params,
+            priority: self.priority,
             progress: &self.progress,
             queue: &self.queue,
             result: &self.result,
@@ -699,6 +732,8 @@ pub(crate) struct StoredState<'a> {
     run_at: &'a Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     concurrency_key: &'a Option<String>,
+    #[serde(skip_serializing_if = "is_zero_i8")]
+    priority: i8,
     #[serde(rename = "_token")]
     token: &'a str,
     #[serde(rename = "_prev_token", skip_serializing_if = "Option::is_none")]
@@ -731,6 +766,7 @@ impl<'a> From<&'a CommandState> for StoredState<'a> {
             output: &st.output,
             run_at: &st.run_at,
             concurrency_key: &st.concurrency_key,
+            priority: st.priority,
             token: &st.token,
             prev_token: st.prev_token.as_deref(),
             lookup_expires_ms: st.lookup_expires_ms,

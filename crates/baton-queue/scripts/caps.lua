@@ -1,14 +1,42 @@
--- Concurrency caps: the shared part of every script that takes entries out of the pending list
--- (prepended to them at build time). Keys, in this order at KEYS[n..n+5] of the including script
+-- Concurrency caps and priorities: the shared part of every script that takes entries out of the
+-- pending list or appends entries (prepended to them at build time). Keys, in this order at
+-- KEYS[n..n+7] of the including script
 -- (`caps_keys(n)`): the control stream, the slot-waiter flag (string: present while a gated read
 -- found `max_concurrency` reached), the key hold counts (hash key -> entries holding one of the
 -- key's slots), the key holders (hash entry id -> key, for entries holding a key slot: pending,
 -- or promoted and not read yet), the key waiting line (zset, score 0, member
 -- `<key>\0<16-digit seq>`: ZRANGEBYLEX finds a key's head in O(log n)) and the waiting entries
--- (hash member -> `<prior deliveries>:<payload>`, field `~seq` the last seq).
+-- (hash member -> `<prior deliveries>:<payload>`, or `<prior deliveries>/<priority>:<payload>`
+-- for an entry of a priority other than 0; field `~seq` the last seq), then the priorities' two
+-- keys: the ready set (zset, score -priority, member the entry's arrival id padded to
+-- `<16-digit ms>-<16-digit seq>`: see read.lua) and the ready entries (hash member -> the entry's
+-- stream fields packed with cmsgpack; field `~new` present while the stream may hold unread
+-- entries of a priority other than 0).
 local function caps_keys(n)
   return {control = KEYS[n], waiter = KEYS[n + 1], held = KEYS[n + 2], ids = KEYS[n + 3],
-    wait = KEYS[n + 4], waitp = KEYS[n + 5]}
+    wait = KEYS[n + 4], waitp = KEYS[n + 5], ready = KEYS[n + 6], readyp = KEYS[n + 7]}
+end
+
+-- Appends an entry to the queue stream `stream` and returns its id: `fields` its field list
+-- (`p`, `dc`, `k`, `kh` as it has them), `pr` its priority (nil or 0: none). An entry of another
+-- priority gets the field `pr` and marks the queue (`~new`), so that the next gated read orders
+-- the new entries by priority (read.lua); an entry of priority 0 is appended exactly as before.
+local function caps_add(C, stream, fields, pr)
+  pr = tonumber(pr) or 0
+  if pr ~= 0 then
+    fields[#fields + 1] = 'pr'
+    fields[#fields + 1] = tostring(pr)
+    redis.call('HSET', C.readyp, '~new', '1')
+  end
+  return redis.call('XADD', stream, '*', unpack(fields))
+end
+
+-- The priority of an entry's field list (field `pr`; 0 without one).
+local function caps_priority(fields)
+  for i = 1, #fields, 2 do
+    if fields[i] == 'pr' then return tonumber(fields[i + 1]) or 0 end
+  end
+  return 0
 end
 
 -- The head of key k's waiting line (its member) or nil.
@@ -31,7 +59,8 @@ local function caps_release(C, stream, id)
     redis.call('ZREM', C.wait, head)
     redis.call('HDEL', C.waitp, head)
     local sep = string.find(v, ':', 1, true)
-    local nid = redis.call('XADD', stream, '*', 'p', string.sub(v, sep + 1), 'dc', string.sub(v, 1, sep - 1), 'k', k, 'kh', '1')
+    local dc, pr = string.match(string.sub(v, 1, sep - 1), '^([^/]*)/?(.*)$')
+    local nid = caps_add(C, stream, {'p', string.sub(v, sep + 1), 'dc', dc, 'k', k, 'kh', '1'}, pr)
     redis.call('HSET', C.ids, nid, k)
   elseif redis.call('HINCRBY', C.held, k, -1) <= 0 then
     redis.call('HDEL', C.held, k)

@@ -3,9 +3,9 @@
 -- or the name of a scheduled entry (schedule.lua), score = due ms, server time), KEYS[4] delayed
 -- payload hash (<id or name> -> payload, <id>:dc -> prior
 -- deliveries), KEYS[5] liveness hash (consumer -> ms of its last heartbeat, server time),
--- KEYS[6] fence hash (id -> fence of its latest delivery, see below), KEYS[7..12] as caps.lua
+-- KEYS[6] fence hash (id -> fence of its latest delivery, see below), KEYS[7..14] as caps.lua
 -- (prepended): entries dead-lettered or found deleted free their concurrency slots; a delayed
--- entry's key (`<id>:k`) goes back on it when promoted
+-- entry's key and priority (`<id>:k`, `<id>:pr`) go back on it when promoted
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
 -- ARGV[5] count (0 = promote, and tell whether reclaimable entries exist), ARGV[6] max
 -- deliveries (0 = unlimited), ARGV[7] max entries to promote, ARGV[8] outage gap (ms),
@@ -35,6 +35,7 @@
 -- Returns {{{id, payload or false, deliveries, fence}, …}, dead-lettered, deleted, promoted,
 -- more (0/1), ms until the next delayed entry is due (-1: none)}.
 local stream, dead, zdelayed, hdelayed, live, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local C = caps_keys(7)
 local group, me, parked = ARGV[1], ARGV[2], ARGV[3]
 local claim_ms, count, maxd = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local t = redis.call('TIME')
@@ -50,23 +51,25 @@ if #due > 0 then
   local fields = {}
   for _, id in ipairs(due) do
     local payload = redis.call('HGET', hdelayed, id)
-    local prior, key = '0', false
+    local prior, key, pr = '0', false, false
     -- A named (scheduled) member (schedule.lua) holds a ':'; it has no prior deliveries.
     if string.find(id, ':', 1, true) then
       named = named + 1
-      key = redis.call('HGET', hdelayed, id .. ':k')
-      fields[#fields + 1] = id .. ':k'
     else
       prior = redis.call('HGET', hdelayed, id .. ':dc') or '0'
-      key = redis.call('HGET', hdelayed, id .. ':k')
       fields[#fields + 1] = id .. ':dc'
-      fields[#fields + 1] = id .. ':k'
     end
-    if payload and key then
-      redis.call('XADD', stream, '*', 'p', payload, 'dc', prior, 'k', key)
-      promoted = promoted + 1
-    elseif payload then
-      redis.call('XADD', stream, '*', 'p', payload, 'dc', prior)
+    key = redis.call('HGET', hdelayed, id .. ':k')
+    pr = redis.call('HGET', hdelayed, id .. ':pr')
+    fields[#fields + 1] = id .. ':k'
+    fields[#fields + 1] = id .. ':pr'
+    if payload then
+      local f = {'p', payload, 'dc', prior}
+      if key then
+        f[5] = 'k'
+        f[6] = key
+      end
+      caps_add(C, stream, f, pr)
       promoted = promoted + 1
     end
     fields[#fields + 1] = id
@@ -128,7 +131,6 @@ for _, owner in ipairs(owners) do
 end
 
 local out, ndead, ndeleted = {}, 0, 0
-local C = caps_keys(7)
 if count == 0 then
   return {out, 0, 0, promoted, (#ids > 0 or more) and 1 or 0, next_due}
 end

@@ -3,8 +3,8 @@
 -- (a consumer blocked in XREADGROUP is served by the XADD). The delivery that did not run is not
 -- counted: the copy carries the deliveries made before it (`dc`). Atomic per call.
 -- An entry holding a concurrency slot of its key (caps.lua, prepended) hands it to its copy
--- (marked `kh`), so no entry of the key overtakes it.
--- KEYS[1] queue stream, KEYS[2] fence hash (reclaim.lua), KEYS[3..8] as caps.lua; ARGV[1] group, ARGV[2] consumer,
+-- (marked `kh`), so no entry of the key overtakes it. The copy keeps the entry's priority.
+-- KEYS[1] queue stream, KEYS[2] fence hash (reclaim.lua), KEYS[3..10] as caps.lua; ARGV[1] group, ARGV[2] consumer,
 -- ARGV[3..] pairs (id, fence of the delivery or '' for any this consumer owns)
 -- Returns how many were requeued (ids no longer owned by this consumer, or by a later delivery
 -- of it, are left alone). The old entries' fences are removed.
@@ -25,14 +25,19 @@ for i = 3, #ARGV, 2 do
       end
       local holds = key and redis.call('HGET', C.ids, id)
       if payload then
+        local copy = {'p', payload, 'dc', prior + p[1][4] - 1}
+        if key then
+          copy[5] = 'k'
+          copy[6] = key
+        end
         if holds then
-          local nid = redis.call('XADD', stream, '*', 'p', payload, 'dc', prior + p[1][4] - 1, 'k', key, 'kh', '1')
+          copy[7] = 'kh'
+          copy[8] = '1'
+        end
+        local nid = caps_add(C, stream, copy, caps_priority(fields))
+        if holds then
           redis.call('HDEL', C.ids, id)
           redis.call('HSET', C.ids, nid, key)
-        elseif key then
-          redis.call('XADD', stream, '*', 'p', payload, 'dc', prior + p[1][4] - 1, 'k', key)
-        else
-          redis.call('XADD', stream, '*', 'p', payload, 'dc', prior + p[1][4] - 1)
         end
       elseif holds then
         caps_release(C, stream, id)

@@ -1,8 +1,8 @@
 -- Retry after a delay, if this consumer still owns the entry (or, for a released lease, the
 -- parked owner does).
 -- KEYS[1] queue stream, KEYS[2] delayed zset, KEYS[3] delayed payload hash, KEYS[4] fence hash
--- (reclaim.lua), KEYS[5..10] as caps.lua (prepended): the delayed set's path takes the entry out of
--- the pending list, so it frees its concurrency slots; its key goes with it (`<id>:k`) and it
+-- (reclaim.lua), KEYS[5..12] as caps.lua (prepended): the delayed set's path takes the entry out of
+-- the pending list, so it frees its concurrency slots; its key and priority go with it (`<id>:k`, `<id>:pr`) and it
 -- passes the gate again when due
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] id, ARGV[5] claim timeout
 -- (ms), ARGV[6] delay (ms), ARGV[7] '1' for a released lease, ARGV[8] the delivery's fence or ''
@@ -26,17 +26,19 @@ if delay < claim_ms then
 end
 local e = redis.call('XRANGE', stream, id, id)
 if e[1] then
-  local fields, payload, prior, key = e[1][2], nil, 0, nil
+  local fields, payload, prior, key, pr = e[1][2], nil, 0, nil, nil
   for i = 1, #fields, 2 do
     if fields[i] == 'p' then payload = fields[i + 1]
     elseif fields[i] == 'dc' then prior = tonumber(fields[i + 1]) or 0
-    elseif fields[i] == 'k' then key = fields[i + 1] end
+    elseif fields[i] == 'k' then key = fields[i + 1]
+    elseif fields[i] == 'pr' then pr = fields[i + 1] end
   end
   if payload then
     local t = redis.call('TIME')
     redis.call('ZADD', KEYS[2], t[1] * 1000 + math.floor(t[2] / 1000) + delay, id)
     redis.call('HSET', KEYS[3], id, payload, id .. ':dc', prior + p[1][4] - 1)
     if key then redis.call('HSET', KEYS[3], id .. ':k', key) end
+    if pr then redis.call('HSET', KEYS[3], id .. ':pr', pr) end
   end
 end
 redis.call('XACK', stream, group, id)

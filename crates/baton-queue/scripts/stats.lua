@@ -1,8 +1,9 @@
 -- Queue statistics in one round trip.
 -- KEYS[1] queue stream, KEYS[2] dead-letter stream, KEYS[3] delayed zset, KEYS[4] liveness hash
 -- (consumers.lua), KEYS[5] pause flag (pause.lua), KEYS[6] back-off (backoff.lua), KEYS[7] the
--- key waiting line (caps.lua); ARGV[1] group, ARGV[2] the parked owner (not a consumer: not
--- counted)
+-- priorities' ready set (caps.lua; its entries are new entries of the queue, out of the stream),
+-- KEYS[8] the key waiting line (caps.lua); ARGV[1] group, ARGV[2] the parked owner (not a
+-- consumer: not counted)
 -- Returns {length, pending, live consumers, lag, delayed, dead letters, dead consumers, paused
 -- since (ms, 0: not paused), back-off left (ms, 0: none), entries waiting for a key slot}: a
 -- consumer is live while its last heartbeat is younger than its claim timeout (its record
@@ -41,7 +42,11 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     end
   end
 end
+-- New entries waiting in the priorities' ready set count as the queue's and as never delivered.
+local ready = redis.call('ZCARD', KEYS[7])
+len = len + ready
+lag = lag + ready
 local paused = tonumber(redis.call('GET', KEYS[5]) or '0') or 0
 local backoff = math.max(redis.call('PTTL', KEYS[6]), 0)
 return {len, pending, consumers, lag, redis.call('ZCARD', KEYS[3]), redis.call('XLEN', KEYS[2]), dead, paused, backoff,
-  redis.call('ZCARD', KEYS[7])}
+  redis.call('ZCARD', KEYS[8])}

@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 /// (Redis docs, "Streams: entry IDs"). Ordered by time of offer, then by sequence.
 ///
 /// A message redelivered through [`Decision::RetryAfter`] with a delay longer than the claim
-/// timeout is re-offered under a new id (its delivery count is carried over).
+/// timeout is re-offered under a new id (its delivery count is carried over). While a queue holds
+/// new entries of a priority other than 0 ([`OfferOptions::priority`]), its new entries, of any
+/// priority, are delivered under a later id than the one their offer returned (on Redis: the
+/// gated read appends them again in priority order; the memory backend does the same).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MessageId {
     pub ms: u64,
@@ -111,14 +114,17 @@ impl Decision {
 /// Queue statistics, all exact counts at the time of the call.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueStats {
-    /// Entries in the queue's stream (pending ones included; acked ones are deleted).
+    /// Entries in the queue's stream (pending ones included; acked ones are deleted), and new
+    /// entries waiting to be taken by priority (the ready set, see
+    /// [`OfferOptions::priority`]).
     pub length: u64,
     /// Entries delivered and not yet acknowledged (the group's pending entries list).
     pub pending: u64,
     /// Live consumers: group members whose last heartbeat is younger than their claim timeout
     /// (the reserved `~parked` owner is not counted).
     pub consumers: u64,
-    /// Entries never delivered to the group yet (Redis `XINFO GROUPS` lag).
+    /// Entries never delivered to the group yet (Redis `XINFO GROUPS` lag, plus the entries of
+    /// the priorities' ready set).
     pub lag: u64,
     /// Entries waiting in the delayed set (from `RetryAfter` longer than the claim timeout).
     pub delayed: u64,
@@ -285,6 +291,32 @@ pub struct OfferOptions {
     /// at most that many entries of one key at once, in offer order. 1 to 256 bytes, no control
     /// characters ([`validate_concurrency_key`]). `None`: not limited per key.
     pub concurrency_key: Option<String>,
+    /// The entry's priority, [`MIN_PRIORITY`] to [`MAX_PRIORITY`] ([`validate_priority`]),
+    /// default 0. Higher runs first: a consumer's gated read takes new entries by priority, then
+    /// in offer order (FIFO among equal priorities). Strict, with no aging: while entries of a
+    /// higher priority keep arriving, no new entry of a lower one is taken — a flood of
+    /// high-priority work starves lower priorities until it drains. Priorities order new
+    /// entries only: reclaims and redeliveries of started work are not reordered. The priority
+    /// is kept through scheduling ([`MessageStream::offer_at_with`](crate::MessageStream::offer_at_with)),
+    /// a long [`Decision::RetryAfter`], a concurrency key's waiting line and requeues; a dead
+    /// letter replayed comes back with priority 0.
+    pub priority: i8,
+}
+
+/// Lowest priority of an entry: -10.
+pub const MIN_PRIORITY: i8 = -10;
+/// Highest priority of an entry: 10.
+pub const MAX_PRIORITY: i8 = 10;
+
+/// A priority is [`MIN_PRIORITY`] to [`MAX_PRIORITY`] (-10 to 10); otherwise
+/// [`QueueError::InvalidSettings`] says so.
+pub fn validate_priority(priority: i8) -> Result<(), QueueError> {
+    if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&priority) {
+        return Err(QueueError::InvalidSettings(format!(
+            "priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY} (got {priority})"
+        )));
+    }
+    Ok(())
 }
 
 /// Longest concurrency key, in bytes: 256.
@@ -317,5 +349,5 @@ pub struct RedisAckTarget {
     pub fences: String,
     /// The queue's concurrency-cap keys ([`crate::keys::caps`]): a script that acks must also
     /// free the entry's slots with [`crate::keys::CAPS_LUA`]'s `caps_release` and `caps_wake`.
-    pub caps: [String; 6],
+    pub caps: [String; crate::keys::CAPS_KEYS],
 }

@@ -146,8 +146,15 @@ pub(crate) struct Beat {
 #[async_trait]
 pub(crate) trait QueueBackend: Send + Sync + 'static {
     /// Appends payloads at the tail, in order, in one round trip; returns their ids.
-    /// `key`: the concurrency key of every entry (field `k` on Redis), if any.
-    async fn offer(&self, queue: &str, payloads: &[Bytes], key: Option<&str>) -> Result<Vec<MessageId>, QueueError>;
+    /// `key`: the concurrency key of every entry (field `k` on Redis), if any; `priority` their
+    /// priority ([`crate::OfferOptions::priority`], validated; field `pr` on Redis when not 0).
+    async fn offer(
+        &self,
+        queue: &str,
+        payloads: &[Bytes],
+        key: Option<&str>,
+        priority: i8,
+    ) -> Result<Vec<MessageId>, QueueError>;
     /// Creates the consumer group if missing, registers the consumer and writes its first
     /// liveness record. Called on the consumer's lease thread: connections it opens live there.
     async fn open_consumer(&self, spec: ConsumerSpec) -> Result<Arc<dyn ConsumerBackend>, QueueError>;
@@ -174,7 +181,7 @@ pub(crate) trait QueueBackend: Send + Sync + 'static {
 /// An operation on a queue's scheduled entries (named members of its delayed set).
 pub(crate) enum ScheduleOp<'a> {
     /// Adds (or replaces) entry `name`, due at `due_ms` (ms since the epoch).
-    Add { name: &'a str, due_ms: u64, payload: &'a [u8], key: Option<&'a str> },
+    Add { name: &'a str, due_ms: u64, payload: &'a [u8], key: Option<&'a str>, priority: i8 },
     /// Sets the due time of entry `name` if it still waits.
     Move { name: &'a str, due_ms: u64 },
     /// Removes entry `name` if it still waits.

@@ -148,11 +148,27 @@ pub fn key_waiting_entries(prefix: &str, queue: &str) -> String {
     format!("{prefix}:q:{{{queue}}}:keys:wait:p")
 }
 
-/// The concurrency caps' keys of a queue in the order its scripts take them (`scripts/caps.lua`'s
-/// `caps_keys`): [`control`], [`slot_waiters`], [`key_held`], [`key_holders`], [`key_waiting`],
-/// [`key_waiting_entries`]. A script of other code that takes entries out of the pending list
-/// (see [`crate::Lease::redis_target`]) passes them and runs [`CAPS_LUA`]'s functions.
-pub fn caps(prefix: &str, queue: &str) -> [String; 6] {
+/// The priority ready set (a sorted set), `<prefix>:q:{<queue>}:ready`: new entries waiting to
+/// be taken once the queue holds entries of a priority other than 0 (see `scripts/read.lua`),
+/// score `-priority`, member the entry's arrival id as `<16-digit ms>-<16-digit seq>` (so equal
+/// priorities are taken in arrival order).
+pub fn ready(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:ready")
+}
+
+/// The entries of the [`ready`] set (a hash, member → the entry's stream fields packed with
+/// MessagePack; field `~new`: present while the stream may hold unread entries of a priority
+/// other than 0), `<prefix>:q:{<queue>}:ready:p`.
+pub fn ready_entries(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:ready:p")
+}
+
+/// The concurrency caps' and priorities' keys of a queue in the order its scripts take them
+/// (`scripts/caps.lua`'s `caps_keys`): [`control`], [`slot_waiters`], [`key_held`],
+/// [`key_holders`], [`key_waiting`], [`key_waiting_entries`], [`ready`], [`ready_entries`]. A
+/// script of other code that takes entries out of the pending list (see
+/// [`crate::Lease::redis_target`]) or adds entries passes them and runs [`CAPS_LUA`]'s functions.
+pub fn caps(prefix: &str, queue: &str) -> [String; CAPS_KEYS] {
     [
         control(prefix, queue),
         slot_waiters(prefix, queue),
@@ -160,13 +176,24 @@ pub fn caps(prefix: &str, queue: &str) -> [String; 6] {
         key_holders(prefix, queue),
         key_waiting(prefix, queue),
         key_waiting_entries(prefix, queue),
+        ready(prefix, queue),
+        ready_entries(prefix, queue),
     ]
 }
 
+/// How many keys [`caps`] returns: 8.
+pub const CAPS_KEYS: usize = 8;
+
+/// The stream field of an entry's priority (absent: 0), see
+/// [`OfferOptions::priority`](crate::OfferOptions::priority).
+pub const PRIORITY_FIELD: &str = "pr";
+
 /// The Lua functions (`scripts/caps.lua`) that every script removing entries from a queue's
-/// pending list prepends: `caps_keys(n)` (the six [`caps`] keys at `KEYS[n..n+5]`),
-/// `caps_release(C, stream, id)` for each entry taken out (frees or hands on its key slot) and
-/// `caps_wake(C)` once (wakes reads waiting for a `max_concurrency` slot).
+/// pending list prepends: `caps_keys(n)` (the eight [`caps`] keys at `KEYS[n..n+7]`),
+/// `caps_release(C, stream, id)` for each entry taken out (frees or hands on its key slot),
+/// `caps_wake(C)` once (wakes reads waiting for a `max_concurrency` slot) and
+/// `caps_add(C, stream, fields, priority)` to append an entry (an entry of a priority other than
+/// 0 marks the queue so that the gated read orders new entries by priority).
 pub const CAPS_LUA: &str = include_str!("../scripts/caps.lua");
 
 /// The field of a stream entry holding its concurrency key: `k`.

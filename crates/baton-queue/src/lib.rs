@@ -184,14 +184,17 @@ impl MessageStream {
     /// Appends one message to `queue`; returns its id.
     pub async fn offer(&self, queue: &str, payload: impl Into<Bytes>) -> Result<MessageId, QueueError> {
         validate_queue_name(queue)?;
-        let ids = self.backend.offer(queue, &[payload.into()], None).await?;
+        let ids = self.backend.offer(queue, &[payload.into()], None, 0).await?;
         Ok(ids[0])
     }
 
-    /// Appends one message to `queue` with `options` (its concurrency key); returns its id.
+    /// Appends one message to `queue` with `options` (its concurrency key and priority); returns
+    /// its id. An entry of a priority other than 0 is taken before every new entry of a lower
+    /// priority ([`OfferOptions::priority`]); it may be delivered under a later id than the one
+    /// returned (the gated read re-appends new entries in priority order).
     ///
     /// Errors: [`QueueError::InvalidQueueName`], [`QueueError::InvalidSettings`] for a bad
-    /// concurrency key ([`validate_concurrency_key`]).
+    /// concurrency key ([`validate_concurrency_key`]) or priority ([`validate_priority`]).
     pub async fn offer_with(
         &self,
         queue: &str,
@@ -202,7 +205,9 @@ impl MessageStream {
         if let Some(k) = &options.concurrency_key {
             validate_concurrency_key(k)?;
         }
-        let ids = self.backend.offer(queue, &[payload.into()], options.concurrency_key.as_deref()).await?;
+        validate_priority(options.priority)?;
+        let ids =
+            self.backend.offer(queue, &[payload.into()], options.concurrency_key.as_deref(), options.priority).await?;
         Ok(ids[0])
     }
 
@@ -212,7 +217,7 @@ impl MessageStream {
         if payloads.is_empty() {
             return Ok(Vec::new());
         }
-        self.backend.offer(queue, &payloads, None).await
+        self.backend.offer(queue, &payloads, None, 0).await
     }
 
     /// Appends `value` serialized as JSON.
@@ -327,11 +332,11 @@ impl MessageStream {
         self.offer_at_with(queue, name, payload, due, OfferOptions::default()).await
     }
 
-    /// [`MessageStream::offer_at`] with `options` (the entry's concurrency key, which it keeps
-    /// while it waits and carries into the stream when due).
+    /// [`MessageStream::offer_at`] with `options` (the entry's concurrency key and priority,
+    /// which it keeps while it waits and carries into the stream when due).
     ///
     /// Errors: those of [`MessageStream::offer_at`], [`QueueError::InvalidSettings`] for a bad
-    /// concurrency key ([`validate_concurrency_key`]).
+    /// concurrency key ([`validate_concurrency_key`]) or priority ([`validate_priority`]).
     pub async fn offer_at_with(
         &self,
         queue: &str,
@@ -345,12 +350,14 @@ impl MessageStream {
         if let Some(k) = &options.concurrency_key {
             validate_concurrency_key(k)?;
         }
+        validate_priority(options.priority)?;
         let payload = payload.into();
         let op = backend::ScheduleOp::Add {
             name,
             due_ms: epoch_ms(due),
             payload: &payload,
             key: options.concurrency_key.as_deref(),
+            priority: options.priority,
         };
         Ok(matches!(self.backend.schedule(queue, op).await?, backend::ScheduleReply::Done(true)))
     }

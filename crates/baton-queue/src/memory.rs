@@ -36,6 +36,8 @@ struct Entry {
     /// Its concurrency key, if any (boxed: most entries have none, and the log's entries stay
     /// small).
     key: Option<Box<EntryKey>>,
+    /// Its priority ([`crate::OfferOptions::priority`]).
+    priority: i8,
 }
 
 struct EntryKey {
@@ -46,11 +48,17 @@ struct EntryKey {
 
 impl Entry {
     fn new(payload: Bytes, prior: u32) -> Self {
-        Entry { payload, prior, key: None }
+        Entry { payload, prior, key: None, priority: 0 }
     }
 
     fn keyed(payload: Bytes, prior: u32, key: Option<Arc<str>>) -> Self {
-        Entry { payload, prior, key: key.map(|key| Box::new(EntryKey { key, holds: false })) }
+        Entry { payload, prior, key: key.map(|key| Box::new(EntryKey { key, holds: false })), priority: 0 }
+    }
+
+    /// The same entry, of priority `priority`.
+    fn with_priority(mut self, priority: i8) -> Self {
+        self.priority = priority;
+        self
     }
 
     /// The same entry, holding a slot of its key (or not).
@@ -122,6 +130,12 @@ struct QState {
     slot_waiting: bool,
     /// Waiters must be woken (a slot freed, an entry promoted) once the lock is released.
     wake: bool,
+    /// The priorities' ready set (as `read.lua`'s): new entries taken out of the log, by
+    /// (-priority, arrival id), while the queue holds new entries of a priority other than 0.
+    ready: BTreeMap<(i8, MessageId), Entry>,
+    /// An entry of a priority other than 0 was appended to the log since the last gated read
+    /// (`~new` on Redis): the next read orders new entries by priority.
+    prio_new: bool,
 }
 
 fn now_ms() -> u64 {
@@ -142,6 +156,9 @@ impl QState {
     }
 
     fn append_entry(&mut self, e: Entry) -> MessageId {
+        if e.priority != 0 {
+            self.prio_new = true;
+        }
         let id = next_id(&mut self.last_id);
         self.entries.insert(id, e);
         id
@@ -230,12 +247,21 @@ impl MemoryQueueBackend {
 
 #[async_trait]
 impl QueueBackend for MemoryQueueBackend {
-    async fn offer(&self, queue: &str, payloads: &[Bytes], key: Option<&str>) -> Result<Vec<MessageId>, QueueError> {
+    async fn offer(
+        &self,
+        queue: &str,
+        payloads: &[Bytes],
+        key: Option<&str>,
+        priority: i8,
+    ) -> Result<Vec<MessageId>, QueueError> {
         let q = self.queue(queue);
         let key: Option<Arc<str>> = key.map(Into::into);
         let ids = {
             let mut st = q.state.lock().unwrap();
-            payloads.iter().map(|p| st.append_entry(Entry::keyed(p.clone(), 0, key.clone()))).collect()
+            payloads
+                .iter()
+                .map(|p| st.append_entry(Entry::keyed(p.clone(), 0, key.clone()).with_priority(priority)))
+                .collect()
         };
         q.notify.notify_waiters();
         Ok(ids)
@@ -246,9 +272,10 @@ impl QueueBackend for MemoryQueueBackend {
         let mut st = q.state.lock().unwrap();
         let st = &mut *st;
         Ok(match op {
-            ScheduleOp::Add { name, due_ms, payload, key } => {
+            ScheduleOp::Add { name, due_ms, payload, key, priority } => {
                 let old = st.scheduled.remove(name);
-                let entry = Entry::keyed(Bytes::copy_from_slice(payload), 0, key.map(Into::into));
+                let entry =
+                    Entry::keyed(Bytes::copy_from_slice(payload), 0, key.map(Into::into)).with_priority(priority);
                 let key = match old {
                     Some((k, _)) => {
                         st.delayed.remove(&k);
@@ -304,11 +331,11 @@ impl QueueBackend for MemoryQueueBackend {
         let now = Instant::now();
         let live = st.consumers.values().filter(|l| !l.silent_for(now, l.claim)).count() as u64;
         Ok(QueueStats {
-            length: st.entries.len() as u64,
+            length: (st.entries.len() + st.ready.len()) as u64,
             pending: st.pending.len() as u64,
             consumers: live,
             dead_consumers: st.consumers.len() as u64 - live,
-            lag: st.entries.range(next_after(st.last_delivered)..).count() as u64,
+            lag: (st.entries.range(next_after(st.last_delivered)..).count() + st.ready.len()) as u64,
             delayed: st.delayed.len() as u64,
             dead_letters: st.dead.len() as u64,
             paused: st.paused_since.is_some(),
@@ -465,7 +492,11 @@ impl MemConsumer {
             count = count.min(k);
             rate = Some((tat, t));
         }
-        let (picked, more) = Self::pick(st, count, self.spec.concurrency_per_key);
+        let (picked, more) = if st.ready.is_empty() && !st.prio_new {
+            Self::pick(st, count, self.spec.concurrency_per_key)
+        } else {
+            Self::pick_by_priority(st, count, self.spec.concurrency_per_key)
+        };
         // The rate limit's tat moves on by the entries taken.
         if let Some((tat, t)) = rate.filter(|_| !picked.is_empty()) {
             st.rate_tat = Some(tat + t * picked.len() as u32);
@@ -510,6 +541,37 @@ impl MemConsumer {
             picked.push((id, e.payload.clone(), e.prior + 1));
         }
         let more = picked.is_empty() && st.entries.range(next_after(st.last_delivered)..).next().is_some();
+        (picked, more)
+    }
+
+    /// [`MemConsumer::pick`] by priority, as `read.lua` does: every unread entry of the log moves
+    /// to the ready set (by -priority, arrival id); then the best ones are appended to the log
+    /// again (a new id each; an entry holding its key slot keeps it) and picked as usual.
+    fn pick_by_priority(st: &mut QState, count: usize, cap: Option<u32>) -> (Vec<(MessageId, Bytes, u32)>, bool) {
+        let unread: Vec<MessageId> = st.entries.range(next_after(st.last_delivered)..).map(|(id, _)| *id).collect();
+        for id in unread {
+            let e = st.entries.remove(&id).expect("listed");
+            st.key_ids.remove(&id);
+            st.ready.insert((-e.priority, id), e);
+        }
+        let mut picked = Vec::with_capacity(count);
+        for _ in 0..16 {
+            for _ in picked.len()..count {
+                let Some((_, e)) = st.ready.pop_first() else { break };
+                let holder = e.key.as_ref().filter(|k| k.holds).map(|k| k.key.clone());
+                let nid = st.append_entry(e);
+                if let Some(k) = holder {
+                    st.key_ids.insert(nid, k);
+                }
+            }
+            let (more, _) = Self::pick(st, count - picked.len(), cap);
+            picked.extend(more);
+            if picked.len() >= count || st.ready.is_empty() {
+                break;
+            }
+        }
+        st.prio_new = false;
+        let more = picked.is_empty() && !st.ready.is_empty();
         (picked, more)
     }
 

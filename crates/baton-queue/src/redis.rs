@@ -5,10 +5,10 @@
 //!
 //! | key                      | type   | holds                                                  |
 //! |--------------------------|--------|--------------------------------------------------------|
-//! | `p:q:{q}`                | stream | the entries, field `p` = payload, `dc` = prior deliveries, `k` = concurrency key, `kh` = holds its key slot already |
+//! | `p:q:{q}`                | stream | the entries, field `p` = payload, `dc` = prior deliveries, `k` = concurrency key, `kh` = holds its key slot already, `pr` = priority (absent: 0) |
 //! | `p:q:{q}:dead`           | stream | dead letters: `id`, `p`, `dc`, `reason`, `at`          |
 //! | `p:q:{q}:delayed`        | zset   | original id → due time (ms) of a long `RetryAfter`     |
-//! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries    |
+//! | `p:q:{q}:delayed:p`      | hash   | original id → payload, `<id>:dc` → prior deliveries, `<id>:k` / `<id>:pr` → key, priority |
 //! | `p:q:{q}:consumers`      | hash   | consumer → `<ms of its last heartbeat>:<its claim timeout ms>` (server time; `0:…` stopped with entries); `~clock`, `~hold`: the queue's outage stamps |
 //! | `p:q:{q}:fences`         | hash   | entry id → fence of its latest delivery, for entries a reclaim delivered again (none: 0) |
 //! | `p:q:{q}:paused`         | string | present while paused: ms (Redis time) since when   |
@@ -17,13 +17,15 @@
 //! | `p:q:{q}:keys:held`      | hash   | concurrency key → entries holding one of its slots     |
 //! | `p:q:{q}:keys:ids`       | hash   | entry id → concurrency key of each slot holder         |
 //! | `p:q:{q}:keys:wait`      | zset   | the keys' waiting lines, `<key>\0<seq>`, score 0        |
-//! | `p:q:{q}:keys:wait:p`    | hash   | waiting member → `<prior deliveries>:<payload>`        |
+//! | `p:q:{q}:keys:wait:p`    | hash   | waiting member → `<prior deliveries>[/<priority>]:<payload>` |
+//! | `p:q:{q}:ready`          | zset   | the priorities' ready set: new entries by `-priority`, member the arrival id padded (`read.lua`) |
+//! | `p:q:{q}:ready:p`        | hash   | ready member → the entry's fields (cmsgpack); `~new` while unread entries of a priority other than 0 may be in the stream |
 //! | `p:q:{q}:rate`           | string | the rate limit's GCRA theoretical arrival time (µs, Redis time); expires once past |
 //! | `p:q:{q}:backoff`        | string | present while the queue backs off (`RateLimited`); its TTL is the back-off left |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
-//! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`, `read`, `pause`; every
+//! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`, `read`, `pause`, `offer` (entries of a priority other than 0); every
 //! time they compare is Redis's own (`TIME`).
 //!
 //! **The gated read.** New entries are taken only by `read.lua`: it checks the queue's gates (the
@@ -48,7 +50,9 @@
 //! many ms the gate opens (back-off: the key's TTL; rate limit: GCRA over the theoretical arrival
 //! time kept in the queue's slot, in Redis time, moved on only by the entries actually taken), and
 //! the consumer sleeps that long (within its wait) before reading again: nothing to watch, no
-//! polling. Later gates (priorities, per-key rate limits) belong in `read.lua` too. Every
+//! polling. Priorities are decided there too: while the queue holds new entries of a priority
+//! other than 0 the read takes them through the ready set (`read.lua`, `docs/architecture.md`,
+//! "Priorities"). Later gates (per-key rate limits) belong in `read.lua` too. Every
 //! connection of a consumer is opened on its lease thread and closed when that thread ends.
 
 use std::sync::Arc;
@@ -91,6 +95,8 @@ static SCHEDULE: LuaScript = LuaScript::new("schedule", include_str!("../scripts
 static CONSUMERS: LuaScript = LuaScript::new("consumers", include_str!("../scripts/consumers.lua"));
 static READ: LuaScript =
     LuaScript::new("read", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/read.lua")));
+static OFFER: LuaScript =
+    LuaScript::new("offer", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/offer.lua")));
 static PAUSE: LuaScript = LuaScript::new("pause", include_str!("../scripts/pause.lua"));
 static BACKOFF: LuaScript = LuaScript::new("backoff", include_str!("../scripts/backoff.lua"));
 
@@ -124,13 +130,14 @@ struct Keys {
     control: String,
     rate: String,
     backoff: String,
-    /// The concurrency caps' keys, in the order of `caps.lua`'s `caps_keys`: control stream, slot
-    /// waiter flag, key hold counts, key holders, key waiting line, waiting entries.
-    caps: [String; 6],
+    /// The concurrency caps' and priorities' keys, in the order of `caps.lua`'s `caps_keys`:
+    /// control stream, slot waiter flag, key hold counts, key holders, key waiting line, waiting
+    /// entries, ready set, ready entries.
+    caps: [String; crate::keys::CAPS_KEYS],
 }
 
 impl Keys {
-    /// `head` followed by the six concurrency-cap keys: the KEYS of a script that takes entries
+    /// `head` followed by the eight concurrency-cap and priority keys: the KEYS of a script that takes entries
     /// out of the pending list with `caps.lua` prepended (its `caps_keys(#head + 1)`).
     fn with_caps<'a>(&'a self, head: &[&'a str]) -> Vec<&'a str> {
         head.iter().copied().chain(self.caps.iter().map(String::as_str)).collect()
@@ -241,8 +248,28 @@ impl RedisQueueBackend {
 
 #[async_trait]
 impl QueueBackend for RedisQueueBackend {
-    async fn offer(&self, queue: &str, payloads: &[Bytes], key: Option<&str>) -> Result<Vec<MessageId>, QueueError> {
+    async fn offer(
+        &self,
+        queue: &str,
+        payloads: &[Bytes],
+        key: Option<&str>,
+        priority: i8,
+    ) -> Result<Vec<MessageId>, QueueError> {
         let keys = self.keys(queue);
+        if priority != 0 {
+            // An entry of another priority marks the queue for the gated read (offer.lua).
+            let ks = keys.with_caps(&[&keys.stream]);
+            let mut cmd = OFFER.evalsha_cmd(ks.len());
+            for k in ks {
+                cmd.arg(k);
+            }
+            cmd.arg(priority).arg(key.unwrap_or(""));
+            for p in payloads {
+                cmd.arg(p.as_ref());
+            }
+            let ids: Vec<String> = OFFER.query(&mut self.conn.clone(), &cmd).await?;
+            return ids.iter().map(|s| parse_id(s)).collect();
+        }
         let mut pipe = redis::pipe();
         for p in payloads {
             let xadd = pipe.cmd("XADD").arg(&keys.stream).arg("*").arg(PAYLOAD_FIELD).arg(p.as_ref());
@@ -259,8 +286,8 @@ impl QueueBackend for RedisQueueBackend {
         let mut cmd = SCHEDULE.evalsha_cmd(2);
         cmd.arg(&keys.delayed).arg(&keys.delayed_payloads);
         match op {
-            ScheduleOp::Add { name, due_ms, payload, key } => {
-                cmd.arg("add").arg(name).arg(due_ms).arg(payload).arg(key.unwrap_or(""))
+            ScheduleOp::Add { name, due_ms, payload, key, priority } => {
+                cmd.arg("add").arg(name).arg(due_ms).arg(payload).arg(key.unwrap_or("")).arg(priority)
             }
             ScheduleOp::Move { name, due_ms } => cmd.arg("move").arg(name).arg(due_ms),
             ScheduleOp::Remove { name } => cmd.arg("remove").arg(name),
@@ -318,7 +345,16 @@ impl QueueBackend for RedisQueueBackend {
         let v: Vec<u64> = STATS
             .run(
                 &mut self.conn.clone(),
-                &[&keys.stream, &keys.dead, &keys.delayed, &keys.liveness, &keys.paused, &keys.backoff, &keys.caps[4]],
+                &[
+                    &keys.stream,
+                    &keys.dead,
+                    &keys.delayed,
+                    &keys.liveness,
+                    &keys.paused,
+                    &keys.backoff,
+                    &keys.caps[6],
+                    &keys.caps[4],
+                ],
                 &[&self.opts.group, &PARKED],
             )
             .await?;
@@ -476,6 +512,9 @@ struct Gated {
     entries: Vec<RawDelivery>,
     /// A timed gate is shut (back-off or rate limit): it opens by itself after this long.
     wait: Option<(Duration, Throttle)>,
+    /// Nothing was taken, but new entries are left to look at (`read.lua`'s `{4, ''}`): read
+    /// again at once.
+    again: bool,
 }
 
 /// `read.lua`'s rate limit arguments: the emission interval and burst tolerance in µs (with
@@ -550,7 +589,7 @@ impl RedisConsumer {
 
     /// The gated read's `EVALSHA` (`read.lua`, module docs).
     fn read_cmd(&self, count: usize) -> redis::Cmd {
-        let mut cmd = READ.evalsha_cmd(10);
+        let mut cmd = READ.evalsha_cmd(4 + keys::CAPS_KEYS);
         cmd.arg(&self.keys.stream).arg(&self.keys.paused);
         for k in &self.keys.caps {
             cmd.arg(k);
@@ -587,7 +626,7 @@ impl RedisConsumer {
             Some(list) => self.parse_read(Value::Array(vec![Value::Array(vec![Value::Nil, std::mem::take(list)])]))?,
             None => Vec::new(),
         };
-        Ok(Gated { paused, after, entries, wait })
+        Ok(Gated { paused, after, entries, wait, again: code == 4 })
     }
 
     /// One gated read, not waiting, on the shared connection.
@@ -676,6 +715,10 @@ impl ConsumerBackend for RedisConsumer {
             if !got.entries.is_empty() || left < Duration::from_millis(1) {
                 return Ok(got.entries);
             }
+            if got.again {
+                g = self.gated_read(count).await;
+                continue;
+            }
             if let Some((wait, _)) = got.wait {
                 // A timed gate: it opens by itself; sleep until then (within this wait) and read
                 // again. Nothing is taken meanwhile.
@@ -705,7 +748,7 @@ impl ConsumerBackend for RedisConsumer {
     async fn reclaim(&self, count: usize, exclude: &[MessageId]) -> Result<Reclaimed, QueueError> {
         let max = self.spec.max_deliveries.unwrap_or(0);
         let claim_ms = self.spec.claim_timeout.as_millis() as u64;
-        let mut cmd = RECLAIM.evalsha_cmd(12);
+        let mut cmd = RECLAIM.evalsha_cmd(6 + keys::CAPS_KEYS);
         cmd.arg(&self.keys.stream)
             .arg(&self.keys.dead)
             .arg(&self.keys.delayed)
@@ -770,7 +813,8 @@ impl ConsumerBackend for RedisConsumer {
     }
 
     async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError> {
-        let mut cmd = SETTLE.evalsha_cmd_with_capacity(8, 14 + 3 * items.len(), 256 + 40 * items.len());
+        let mut cmd =
+            SETTLE.evalsha_cmd_with_capacity(2 + keys::CAPS_KEYS, 14 + 3 * items.len(), 256 + 40 * items.len());
         cmd.arg(&self.keys.stream).arg(&self.keys.fences);
         for k in &self.keys.caps {
             cmd.arg(k);
@@ -942,7 +986,7 @@ impl ConsumerBackend for RedisConsumer {
 
     async fn requeue(&self, ids: &[MessageId], fences: &[u64]) -> Result<u64, QueueError> {
         debug_assert!(fences.is_empty() || fences.len() == ids.len());
-        let mut cmd = REQUEUE.evalsha_cmd(8);
+        let mut cmd = REQUEUE.evalsha_cmd(2 + keys::CAPS_KEYS);
         cmd.arg(&self.keys.stream).arg(&self.keys.fences);
         for k in &self.keys.caps {
             cmd.arg(k);

@@ -33,7 +33,7 @@ async fn three(b: &TestBackend) -> Vec<MessageStream> {
 }
 
 fn keyed(k: &str) -> OfferOptions {
-    OfferOptions { concurrency_key: Some(k.to_string()) }
+    OfferOptions { concurrency_key: Some(k.to_string()), ..Default::default() }
 }
 
 /// Running handlers, now and at most.

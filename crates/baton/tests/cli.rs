@@ -982,6 +982,17 @@ fn queues_schedules() {
 }
 
 #[test]
+fn commands_submit_with_priority() {
+    let s = Serve::start();
+    let out = s.run(&["commands", "submit", "default", "echo", "7", "--id", "p1", "--priority", "-3", "--json"]).ok();
+    assert_eq!(out.json()["priority"], -3, "{out:?}");
+    let shown = s.run(&["commands", "status", "p1"]).ok();
+    assert!(shown.stdout.lines().any(|l| l.starts_with("priority") && l.trim_end().ends_with("-3")), "{shown:?}");
+    let out = s.run(&["commands", "submit", "default", "echo", "--priority", "11"]).code(2);
+    assert!(out.stderr.contains("11 is not in -10..=10"), "{out:?}");
+}
+
+#[test]
 fn commands_scheduled_submit_reschedule_list() {
     let s = Serve::start();
     let out = s.run(&["commands", "submit", "default", "echo", "7", "--id", "s1", "--delay", "1h", "--json"]).ok();

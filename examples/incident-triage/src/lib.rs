@@ -15,6 +15,8 @@
 //!   dies, and the command service fails the command;
 //! * **one current run per engineer**: a pointer claimed with `SET NX`, released by
 //!   compare-and-delete, taken over once its run ended ([`pointer`](mod@pointer)).
+//!   (Not `concurrency_key`: that queues a second start instead of refusing it, and holds
+//!   its slot on one queue only, released when `execute` hands off; the README says more.)
 //!
 //! Run it: `cargo run -p incident-triage -- --listen 127.0.0.1:7710` (memory) or add
 //! `--redis redis://127.0.0.1:6379` (several processes may share one Redis, each with its own

@@ -142,6 +142,7 @@ class BatonClient:
         output: Union[bool, Dict[str, Any], None] = None,
         run_at: Union[datetime, str, None] = None,
         delay: Optional[Duration] = None,
+        priority: Optional[int] = None,
     ) -> CommandState:
         """Submit a command: ``POST /v1/queues/{queue}/commands``.
 
@@ -165,6 +166,10 @@ class BatonClient:
             delay: schedule it this long from now (seconds, or a string like ``"10m"``); not
                 with ``run_at``. A resubmit with a ``delay`` matches any scheduled command of
                 the id.
+            priority: an integer from -10 to 10 (default 0 when ``None``): the queue's workers
+                take the waiting command of the highest priority first, in submit order among
+                equal ones (strict: a flood of higher priorities holds lower ones back until it
+                drains). Out of range: ``BadRequestError`` ``invalid_body``.
 
         Returns:
             The state, with ``created`` ``True`` (``202``: new) or ``False`` (``200``: the
@@ -195,6 +200,8 @@ class BatonClient:
             payload["run_at"] = run_at
         if delay is not None:
             payload["delay"] = format_duration(delay)
+        if priority is not None:
+            payload["priority"] = priority
         query = None
         timeout = None
         if wait is not None:

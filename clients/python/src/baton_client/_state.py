@@ -163,6 +163,7 @@ class CommandState:
             ``None``.
         run_at: a scheduled command's due time (submitted with ``run_at`` or ``delay``), a
             timezone-aware UTC datetime, else ``None``.
+        priority: the priority it was submitted with (0 when the state shows none).
         raw: the whole JSON object as parsed, including fields this SDK does not model.
         created: for :meth:`BatonClient.submit` only: ``True`` when the submit created the
             command (``202``), ``False`` when the same id, type and params were already
@@ -190,6 +191,7 @@ class CommandState:
     details: Any = None
     output: Optional[OutputLink] = None
     run_at: Optional[datetime] = None
+    priority: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -227,6 +229,7 @@ class CommandState:
             details=data.get("details"),
             output=OutputLink.from_json(data.get("output")),
             run_at=_parse_time(data.get("run_at")),
+            priority=int(data.get("priority") or 0),
         )
 
 

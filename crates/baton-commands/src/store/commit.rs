@@ -93,7 +93,8 @@ impl Batch for Transition {
                         + 112
                 })
                 .sum::<usize>();
-        let mut cmd = TRANSITIONS.evalsha_cmd_with_capacity(17 + n, 6 + 17 + n * 17, bytes + 256);
+        let mut cmd =
+            TRANSITIONS.evalsha_cmd_with_capacity(11 + baton_queue::keys::CAPS_KEYS + n, 6 + 17 + n * 17, bytes + 256);
         for k in &keys.index {
             cmd.arg(k);
         }
@@ -153,6 +154,8 @@ pub(crate) struct Submit {
     pub due_ms: Option<u64>,
     /// The entry's concurrency key (`baton_queue::keys::KEY_FIELD`), if any.
     pub concurrency_key: Option<String>,
+    /// The entry's priority (`baton_queue::keys::PRIORITY_FIELD` when not 0).
+    pub priority: i8,
 }
 
 impl Batch for Submit {
@@ -169,13 +172,15 @@ impl Batch for Submit {
                 .map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + s.event.len() + 112)
                 .sum::<usize>();
         let per = if lookups { 2 } else { 1 };
-        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(6 + per * n, 16 + n * 14, bytes + 260 * n);
+        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(7 + per * n, 16 + n * 15, bytes + 264 * n);
         cmd.arg(&keys.index[0])
             .arg(&keys.index[1])
             .arg(&keys.stream)
             .arg(&keys.feed)
             .arg(&keys.delayed)
-            .arg(&keys.delayed_payloads);
+            .arg(&keys.delayed_payloads)
+            // The queue's ready entries hash (`baton_queue::keys::ready_entries`): its `~new` mark.
+            .arg(&keys.caps[7]);
         for s in batch {
             cmd.arg(&s.state_key);
             if let (true, Some(l)) = (lookups, &s.lookup_key) {
@@ -203,7 +208,7 @@ impl Batch for Submit {
                 Some(ms) => cmd.arg(ms).arg(s.ttl_ms).arg(s.lookup_ttl_ms),
                 None => cmd.arg("").arg("").arg(""),
             };
-            cmd.arg(s.concurrency_key.as_deref().unwrap_or(""));
+            cmd.arg(s.concurrency_key.as_deref().unwrap_or("")).arg(s.priority);
         }
         cmd
     }
@@ -220,7 +225,7 @@ pub(crate) struct BatchKeys {
     /// Its fence hash (`baton_queue::keys::fences`).
     pub fences: String,
     /// Its concurrency-cap keys (`baton_queue::keys::caps`).
-    pub caps: [String; 6],
+    pub caps: [String; baton_queue::keys::CAPS_KEYS],
     /// Its delayed set and their payloads (`baton_queue::keys::delayed`, `delayed_payloads`):
     /// where scheduled commands wait.
     pub delayed: String,

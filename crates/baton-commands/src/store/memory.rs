@@ -102,18 +102,17 @@ fn now<T>(f: impl std::future::Future<Output = Result<T, baton_queue::QueueError
 /// Offers on the memory queue without yielding: its `offer` never waits (it takes the queue's
 /// lock and returns), so it completes in one poll, under our lock: state and message together.
 fn offer_now(stream: &baton_queue::MessageStream, queue: &str, payload: Vec<u8>) -> Result<(), CommandError> {
-    offer_now_keyed(stream, queue, payload, None)
+    offer_now_keyed(stream, queue, payload, baton_queue::OfferOptions::default())
 }
 
-/// [`offer_now`] with the entry's concurrency key.
+/// [`offer_now`] with the entry's concurrency key and priority.
 fn offer_now_keyed(
     stream: &baton_queue::MessageStream,
     queue: &str,
     payload: Vec<u8>,
-    key: Option<&str>,
+    opts: baton_queue::OfferOptions,
 ) -> Result<(), CommandError> {
     use futures::FutureExt;
-    let opts = baton_queue::OfferOptions { concurrency_key: key.map(Into::into) };
     match stream.offer_with(queue, payload, opts).now_or_never() {
         Some(r) => r.map(|_| ()).map_err(CommandError::from),
         None => Err(CommandError::InvalidSettings("memory queue offer did not complete at once".into())),
@@ -195,14 +194,15 @@ impl StateBackend for MemoryStateBackend {
                         + state.scheduled_delay(),
                 },
             );
+            let opts =
+                baton_queue::OfferOptions { concurrency_key: state.concurrency_key.clone(), priority: state.priority };
             match state.run_at.filter(|_| !state.scheduled_delay().is_zero()) {
                 // Scheduled: waits in the queue's delayed set, as on Redis.
                 Some(at) => {
                     let name = crate::model::schedule_name(&state.id);
-                    let opts = baton_queue::OfferOptions { concurrency_key: state.concurrency_key.clone() };
                     now(self.stream.offer_at_with(&state.queue, &name, msg.to_bytes(), at.0, opts))?;
                 }
-                None => offer_now_keyed(&self.stream, &state.queue, msg.to_bytes(), state.concurrency_key.as_deref())?,
+                None => offer_now_keyed(&self.stream, &state.queue, msg.to_bytes(), opts)?,
             }
             if let Some(e) = event {
                 g.feeds.entry(state.queue.clone()).or_default().append(&state.id, e);

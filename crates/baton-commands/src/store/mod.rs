@@ -353,6 +353,14 @@ impl CommandStore {
                 ))
             })?;
         }
+        if baton_queue::validate_priority(command.priority).is_err() {
+            return Err(CommandError::InvalidPriority(format!(
+                "use an integer from {} to {} (got {})",
+                baton_queue::MIN_PRIORITY,
+                baton_queue::MAX_PRIORITY,
+                command.priority
+            )));
+        }
         let token = new_token();
         let state = CommandState {
             id: command.id.clone(),
@@ -376,6 +384,7 @@ impl CommandStore {
             output,
             run_at: command.run_at,
             concurrency_key: command.concurrency_key.clone(),
+            priority: command.priority,
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,

@@ -59,6 +59,11 @@ pub enum CommandsOp {
         /// one key run at most that many at once, in submit order.
         #[arg(long)]
         concurrency_key: Option<String>,
+        /// Its priority, -10 to 10 (default 0): taken before every waiting command of a lower
+        /// priority on its queue, in submit order among equal ones (strict: a flood of higher
+        /// priorities holds lower ones back until it drains).
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i8).range(-10..=10))]
+        priority: Option<i8>,
     },
     /// Move the due time of a scheduled command still waiting for it (refused with exit code 4
     /// once it has been enqueued, started or ended).
@@ -186,6 +191,7 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
             run_at,
             delay,
             concurrency_key,
+            priority,
         } => {
             // The params are sent as their text, byte for byte (the server keeps them so).
             let params: &RawValue = match params.as_deref() {
@@ -219,6 +225,7 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
                 run_at,
                 delay,
                 concurrency_key,
+                priority,
             };
             let body = serde_json::to_string(&body).expect("serializable");
             let url = format!("/v1/queues/{}/commands", encode_segment(&queue));
@@ -492,6 +499,8 @@ struct SubmitBody<'a> {
     delay: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     concurrency_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    priority: Option<i8>,
 }
 
 /// Sends, requires a 2xx, and returns the JSON body as text and as a value.
@@ -516,6 +525,7 @@ fn print_state(s: &Value, text: &str) {
         "created_at",
         "run_at",
         "concurrency_key",
+        "priority",
         "started_at",
         "modified_at",
         "completed_at",

@@ -3,7 +3,7 @@
 //!
 //! | Route | Success | Errors |
 //! |---|---|---|
-//! | `POST /v1/queues/{queue}/commands` body `{"id"?: string, "type": string, "params"?: any, "output"?: true \| {"path"?, "content_type"?, "silence_timeout"?}, "run_at"?: RFC 3339, "delay"?: "30s" \| ms, "concurrency_key"?: string}` | `202` + state (new), `200` + state (same id, body, output and due time) | `400` bad JSON / body shape / id / type / params / output / run_at / delay (both given) / concurrency_key (not a string of 1 – 256 bytes), `403` an output stream the token may not write, `404` unknown queue, `409` same id with another body or output, `413` body over `max_command_body` |
+//! | `POST /v1/queues/{queue}/commands` body `{"id"?: string, "type": string, "params"?: any, "output"?: true \| {"path"?, "content_type"?, "silence_timeout"?}, "run_at"?: RFC 3339, "delay"?: "30s" \| ms, "concurrency_key"?: string, "priority"?: integer -10..=10}` | `202` + state (new), `200` + state (same id, body, output and due time) | `400` bad JSON / body shape / id / type / params / output / run_at / delay (both given) / concurrency_key (not a string of 1 – 256 bytes), `403` an output stream the token may not write, `404` unknown queue, `409` same id with another body or output, `413` body over `max_command_body` |
 //! | `GET /v1/commands/{id}?wait=30s` | `200` + state (after at most `wait`, earlier once terminal) | `400` bad id or wait, `404` unknown id, `503` all live-reader slots taken (a wait holds one) |
 //! | `POST /v1/commands/{id}/cancel` | `200` + state (`CANCELLED`) | `400` bad id, `404` unknown id, `409` already terminal (with `state`) |
 //! | `POST /v1/commands/{id}/schedule` body `{"run_at": RFC 3339}` or `{"delay": "30s" \| ms}` | `200` + state (new `run_at`) | `400` bad body, `404` unknown id, `409` not waiting for a due time (`not_scheduled`, with `state`) |
@@ -65,14 +65,13 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
     let Ok(mut m) = serde_json::from_slice::<BTreeMap<String, &RawValue>>(body) else {
         return Err(body_error(body));
     };
-    if let Some(k) = m
-        .keys()
-        .find(|k| !matches!(k.as_str(), "id" | "type" | "params" | "output" | "run_at" | "delay" | "concurrency_key"))
-    {
+    if let Some(k) = m.keys().find(|k| {
+        !matches!(k.as_str(), "id" | "type" | "params" | "output" | "run_at" | "delay" | "concurrency_key" | "priority")
+    }) {
         return Err(ApiError::invalid(
             "invalid_body",
             format!(
-                "unknown field {}; a command body has only id, type, params, output, run_at, delay and concurrency_key",
+                "unknown field {}; a command body has only id, type, params, output, run_at, delay, concurrency_key and priority",
                 echo(k)
             ),
         ));
@@ -130,6 +129,30 @@ pub fn parse_submit(body: &[u8]) -> Result<Command, ApiError> {
                 "invalid_body",
                 format!("\"concurrency_key\" must be a string (1 to 256 bytes); got {}", kind_of(&other)),
             ))
+        }
+    };
+    let command = match field(m.remove("priority"))? {
+        None | Some(Value::Null) => command,
+        Some(Value::Number(n))
+            if n.as_i64().is_some_and(|p| {
+                (baton_queue::MIN_PRIORITY as i64..=baton_queue::MAX_PRIORITY as i64).contains(&p)
+            }) =>
+        {
+            command.with_priority(n.as_i64().unwrap_or_default() as i8)
+        }
+        Some(other) => {
+            let got = match &other {
+                Value::Number(n) => n.to_string(),
+                v => kind_of(v).to_string(),
+            };
+            return Err(ApiError::invalid(
+                "invalid_body",
+                format!(
+                    "\"priority\" must be an integer from {} to {}; got {got}",
+                    baton_queue::MIN_PRIORITY,
+                    baton_queue::MAX_PRIORITY
+                ),
+            ));
         }
     };
     Ok(match output {
@@ -594,8 +617,26 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"type":"e","prams":1}"#).1,
-            "unknown field \"prams\"; a command body has only id, type, params, output, run_at, delay and concurrency_key"
+            "unknown field \"prams\"; a command body has only id, type, params, output, run_at, delay, concurrency_key and priority"
         );
+        let c = parse_submit(br#"{"type":"echo","priority":-10}"#).unwrap();
+        assert_eq!(c.priority(), -10);
+        assert_eq!(parse_submit(br#"{"type":"echo","priority":10}"#).unwrap().priority(), 10);
+        assert_eq!(parse_submit(br#"{"type":"echo","priority":null}"#).unwrap().priority(), 0);
+        assert_eq!(parse_submit(br#"{"type":"echo"}"#).unwrap().priority(), 0);
+        for (body, got) in [
+            (r#"{"type":"e","priority":11}"#, "11"),
+            (r#"{"type":"e","priority":-11}"#, "-11"),
+            (r#"{"type":"e","priority":1.5}"#, "1.5"),
+            (r#"{"type":"e","priority":300}"#, "300"),
+            (r#"{"type":"e","priority":"5"}"#, "a string"),
+            (r#"{"type":"e","priority":true}"#, "a boolean"),
+        ] {
+            assert_eq!(
+                err(body),
+                (StatusCode::BAD_REQUEST, format!("\"priority\" must be an integer from -10 to 10; got {got}"))
+            );
+        }
         let c = parse_submit(br#"{"type":"echo","concurrency_key":"tenant-7"}"#).unwrap();
         assert_eq!(c.concurrency_key(), Some("tenant-7"));
         assert_eq!(parse_submit(br#"{"type":"echo","concurrency_key":null}"#).unwrap().concurrency_key(), None);

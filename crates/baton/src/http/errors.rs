@@ -261,6 +261,7 @@ impl From<CommandError> for ApiError {
             }
             InvalidSchedule(_) => ApiError::invalid("invalid_body", msg),
             InvalidConcurrencyKey(_) => ApiError::invalid("invalid_body", msg),
+            InvalidPriority(_) => ApiError::invalid("invalid_body", msg),
             Queue(QueueError::InvalidQueueName(_)) => ApiError::invalid("invalid_queue", msg),
             Corrupt { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_state", msg),
             Output(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "output_unavailable", msg),

@@ -189,7 +189,8 @@ fn schemas() -> Value {
             "run_at": { "type": "string", "format": "date-time", "description": "Schedule the command: stored now (SUBMITTED, its `run_at` shown), its handler not called before this time (a time not in the future: at once; at most 366 days ahead). Its message waits in the queue's delayed set, never pending, and is enqueued within a few ms of the due time by a running consumer of the queue. Not with `delay`. Part of the request: a resubmit of the id with another `run_at` (or none) is a 409." },
             "delay": { "description": "Schedule the command this long from now (`30s`, `1m`, `500ms`, or a number of milliseconds); as `run_at`, not with it. A resubmit of a scheduled id with a `delay` matches whatever its due time.",
                 "oneOf": [ { "type": "string" }, { "type": "integer", "minimum": 0 } ] },
-            "concurrency_key": { "type": "string", "minLength": 1, "maxLength": 256, "description": "The command's concurrency key (1 to 256 bytes, no control characters): on a queue with `concurrency_per_key` (configuration), at most that many commands of one key run at once across every process, the others starting in submit order as those end. Stored and shown in the state. Not part of the idempotent body. A re-run or a hand-off enqueues the command without it." } } },
+            "concurrency_key": { "type": "string", "minLength": 1, "maxLength": 256, "description": "The command's concurrency key (1 to 256 bytes, no control characters): on a queue with `concurrency_per_key` (configuration), at most that many commands of one key run at once across every process, the others starting in submit order as those end. Stored and shown in the state. Not part of the idempotent body. A re-run or a hand-off enqueues the command without it." },
+            "priority": { "type": "integer", "minimum": -10, "maximum": 10, "default": 0, "description": "The command's priority, -10 to 10 (default 0): its message is taken before every waiting message of a lower priority on its queue, in submit order among equal ones. Strict, no aging: a flood of higher-priority commands holds lower ones back until it drains. Shown in the state (absent when 0); kept while scheduled and while waiting for its concurrency key. Not part of the idempotent body. A re-run or a hand-off enqueues the command with priority 0." } } },
         "ScheduleRequest": { "type": "object", "additionalProperties": false, "minProperties": 1, "maxProperties": 1,
             "description": "The new due time: `run_at` or `delay`, exactly one.",
             "properties": {
@@ -222,7 +223,8 @@ fn schemas() -> Value {
                 "execution": r("Execution"),
                 "output": r("OutputLink"),
                 "run_at": { "allOf": [ts()], "description": "A scheduled command's due time (submitted with `run_at` or `delay`, or rescheduled); it waits for it while SUBMITTED with `run_at` in the future. Stays after the command ran. Absent for a command submitted to run at once." },
-                "concurrency_key": { "type": "string", "description": "The concurrency key it was submitted with; absent without one." } } },
+                "concurrency_key": { "type": "string", "description": "The concurrency key it was submitted with; absent without one." },
+                "priority": { "type": "integer", "minimum": -10, "maximum": 10, "description": "The priority it was submitted with; absent when 0." } } },
         "Execution": { "type": "object", "required": ["worker", "call", "since", "deliveries", "deadline"], "additionalProperties": false,
             "description": "The in-process handler call working on the command now, written about a second after it started (shorter calls never show one) and removed by its outcome. Absent otherwise.",
             "properties": {
