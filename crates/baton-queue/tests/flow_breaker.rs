@@ -31,7 +31,7 @@ baton_testkit::on_every_backend!(
 );
 
 fn keyed(k: &str) -> OfferOptions {
-    OfferOptions { concurrency_key: Some(k.to_string()) }
+    OfferOptions { concurrency_key: Some(k.to_string()), ..Default::default() }
 }
 
 /// (held keys, holders, waiting entries) in Redis; memory: `None`.

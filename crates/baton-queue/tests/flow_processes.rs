@@ -259,7 +259,13 @@ async fn offer_all(s: &MessageStream, q: &str) {
     for i in 0..PER_KEY {
         for k in 0..KEYS {
             let key = format!("k{k}");
-            s.offer_with(q, format!("{key}/{i}"), OfferOptions { concurrency_key: Some(key.clone()) }).await.unwrap();
+            s.offer_with(
+                q,
+                format!("{key}/{i}"),
+                OfferOptions { concurrency_key: Some(key.clone()), ..Default::default() },
+            )
+            .await
+            .unwrap();
         }
     }
 }
