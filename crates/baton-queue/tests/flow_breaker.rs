@@ -28,6 +28,7 @@ baton_testkit::on_every_backend!(
     huge_retry_after_of_a_key_holder_frees_its_slot_and_keeps_the_consumer_working,
     huge_rate_limited_answer_keeps_the_consumer_working,
     a_key_holder_blocking_its_thread_keeps_its_slot_and_runs_once,
+    prioritized_keyed_entries_with_retries_and_dead_letters_leave_nothing_behind,
 );
 
 fn keyed(k: &str) -> OfferOptions {
@@ -587,6 +588,79 @@ async fn a_key_holder_blocking_its_thread_keeps_its_slot_and_runs_once(b: TestBa
         c.drain(Duration::from_secs(2)).await;
     }
     settled(&s1, &q).await;
+    if let Some(st) = cap_state(&b, &q).await {
+        assert_eq!(st, (0, 0, 0));
+    }
+}
+
+/// Keyed entries of mixed priorities (the ready set on Redis) through three consumers, with key
+/// holders answering a long `RetryAfter`, a short one, and dead letters, while a pause comes and
+/// goes: every entry ends (acked or dead-lettered) once, a key never runs two at once, and no
+/// slot, waiter or ready entry is left behind.
+async fn prioritized_keyed_entries_with_retries_and_dead_letters_leave_nothing_behind(b: TestBackend) {
+    let s1 = stream_for(&b).await;
+    let (s2, s3) = if b.redis_config().is_some() {
+        (stream_for(&b).await, stream_for(&b).await)
+    } else {
+        (s1.clone(), s1.clone())
+    };
+    let q = queue_name("fb-prio");
+    let runs = Arc::new(Runs::default());
+    let ended = Arc::new(Mutex::new(Vec::new()));
+    let mut cs = Vec::new();
+    for s in [&s1, &s2, &s3] {
+        let (runs, ended) = (runs.clone(), ended.clone());
+        let h = move |d: Delivery| {
+            let (runs, ended) = (runs.clone(), ended.clone());
+            async move {
+                let p = runs.enter(&d);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                runs.leave(&p);
+                let n: usize = p.split('/').nth(1).unwrap().parse().unwrap();
+                let first = runs.log().iter().filter(|(x, _)| *x == p).count() == 1;
+                let decision = match n % 7 {
+                    1 if first => Decision::RetryAfter(Duration::from_millis(1_200)),
+                    2 if first => Decision::RetryAfter(Duration::from_millis(150)),
+                    3 => Decision::DeadLetter("poison".into()),
+                    _ => Decision::Ack,
+                };
+                if matches!(decision, Decision::Ack | Decision::DeadLetter(_)) {
+                    ended.lock().unwrap().push(p);
+                }
+                decision
+            }
+        };
+        cs.push(s.consume(&q, h, opts().with_max_concurrency(Some(4))).await.unwrap());
+    }
+    let total = 42;
+    for n in 0..total {
+        let k = format!("k{}", n % 3);
+        let o = OfferOptions { concurrency_key: Some(k.clone()), priority: ((n * 5) % 7) as i8 - 3 };
+        s1.offer_with(&q, format!("{k}/{n}"), o).await.unwrap();
+        if n == 20 {
+            s1.pause(&q).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            s1.resume(&q).await.unwrap();
+        }
+    }
+    let done = eventually(Duration::from_secs(25), || {
+        let n = ended.lock().unwrap().len();
+        async move { (n >= total).then_some(()) }
+    })
+    .await;
+    assert!(done.is_some(), "{} of {total} ended: {:?}", ended.lock().unwrap().len(), runs.log());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut e = ended.lock().unwrap().clone();
+    e.sort();
+    e.dedup();
+    assert_eq!(e.len(), total, "each ended once");
+    assert_eq!(ended.lock().unwrap().len(), total, "none ended twice");
+    assert_eq!(runs.max_per_key.load(Ordering::SeqCst), 1);
+    for c in cs {
+        c.drain(Duration::from_secs(2)).await;
+    }
+    let st = s1.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.delayed, st.key_waiting, st.dead_letters), (0, 0, 0, 0, 6), "{st:?}");
     if let Some(st) = cap_state(&b, &q).await {
         assert_eq!(st, (0, 0, 0));
     }
