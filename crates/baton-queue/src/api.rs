@@ -53,6 +53,14 @@ impl<'de> Deserialize<'de> for MessageId {
     }
 }
 
+/// The longest delay a [`Decision::RetryAfter`] or [`Decision::RateLimited`] (and
+/// [`RemoteConsumer::retry_after`](crate::RemoteConsumer::retry_after) /
+/// [`RemoteConsumer::rate_limited`](crate::RemoteConsumer::rate_limited)) takes: 10 years
+/// (315,360,000 s). A longer one (say `Duration::MAX`, from a `Retry-After` parsed into a huge
+/// number) is taken as this one, which every backend can keep: Redis `SET … PX` and the delayed
+/// set's ms scores, the process's monotonic clock.
+pub const MAX_DELAY: Duration = Duration::from_secs(315_360_000);
+
 /// What a handler decided about a delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -65,7 +73,8 @@ pub enum Decision {
     Retry,
     /// Not done yet, by plan: deliver again after this delay, whatever the claim timeout. A
     /// scheduled re-poll, not a failure: it does not count toward `max_deliveries` (the next
-    /// [`Delivery::deliveries`](crate::Delivery::deliveries) is the same number). Below `claim_timeout` the entry stays leased
+    /// [`Delivery::deliveries`](crate::Delivery::deliveries) is the same number). At most
+    /// [`MAX_DELAY`] (a longer delay is taken as that). Below `claim_timeout` the entry stays leased
     /// by this consumer (renewed, no concurrency slot taken) and is redelivered here from a local
     /// timer, with no Redis call (if the consumer stops first it hands the entry back, due at the
     /// same time; if it dies, another consumer takes it after `claim_timeout`). From
@@ -84,10 +93,22 @@ pub enum Decision {
     /// through the backend and only ever extended: a shorter answer does not shorten it), and
     /// this entry is redelivered after the delay exactly as with [`Decision::RetryAfter`]. Not a
     /// failure: it does not count toward `max_deliveries` (the next
-    /// [`Delivery::deliveries`](crate::Delivery::deliveries) is the same number) nor as a retry
+    /// [`Delivery::deliveries`](crate::Delivery::deliveries) is the same number) nor as a retry. At
+    /// most [`MAX_DELAY`] (a longer delay is taken as that), for the back-off too
     /// ([`ConsumerCounters::rate_limited`], not `retried`). The back-off gates new entries only:
     /// handlers already running, reclaims of dead consumers' entries and due re-polls go on.
     RateLimited(Duration),
+}
+
+impl Decision {
+    /// The same decision with its delay at most [`MAX_DELAY`].
+    pub(crate) fn bounded(self) -> Self {
+        match self {
+            Decision::RetryAfter(d) => Decision::RetryAfter(d.min(MAX_DELAY)),
+            Decision::RateLimited(d) => Decision::RateLimited(d.min(MAX_DELAY)),
+            d => d,
+        }
+    }
 }
 
 /// Queue statistics, all exact counts at the time of the call.

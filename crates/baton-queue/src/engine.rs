@@ -546,7 +546,9 @@ async fn settler(sh: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<SettleReq>) {
             }
         }
         let mut batch = Vec::new();
-        for req in reqs {
+        for mut req in reqs {
+            // Every decision passes here: a delay longer than MAX_DELAY is taken as MAX_DELAY.
+            req.decision = req.decision.bounded();
             let ctx = match sh.begin_settle(req.id, req.seq) {
                 Ok(c) => c,
                 Err(e) => {

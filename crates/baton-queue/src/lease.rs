@@ -58,7 +58,9 @@ pub(crate) enum Phase {
     /// A settlement is being applied. Holds its concurrency slot until applied.
     Settling,
     /// A short `RetryAfter` kept here: redelivered from this process at `due`. Holds no
-    /// concurrency slot.
+    /// concurrency slot. Also an entry whose acquisition was answered a claim timeout or more
+    /// after it was asked for (due at once, started once a renewal confirms it, see
+    /// [`Shared::register_all`]).
     Waiting { due: Instant },
 }
 
@@ -342,14 +344,43 @@ impl Shared {
     /// Registers what one read or reclaim acquired and starts their handlers, under one lock, and
     /// ends the read's promise. Returns how many started; ids this process already holds are
     /// skipped (never delivered twice; the entry stays under the existing slot).
+    ///
+    /// `acquired_at` is when the request was sent. A reply parsed a claim timeout or more after
+    /// that (the process was stopped, or its runtime starved, while the reply waited; or Redis
+    /// assigned the entries to a read pipelined behind a blocking wait and the process could not
+    /// take the reply in time) may hold entries another consumer has taken over since, and even
+    /// finished: they are not started but kept as waiting leases due now, which
+    /// [`Shared::take_due`] starts only once a heartbeat confirms they are still this
+    /// consumer's (a lost or gone one is dropped by [`Shared::apply_beat`]).
     pub fn register_all(self: &Arc<Self>, items: Vec<(MessageId, Bytes, u32)>, acquired_at: Instant) -> usize {
         let mut started = 0;
+        let mut held_back = 0;
+        let late = acquired_at.elapsed() >= self.claim_timeout;
         let released = {
             let mut reg = self.lock();
             let items = if reg.aborted { Vec::new() } else { items };
             for (id, payload, deliveries) in items {
                 if reg.slots.contains_key(&id) {
                     tracing::error!(queue = %self.queue, message_id = %id, "entry acquired while this process holds it; not delivered twice");
+                    continue;
+                }
+                if late {
+                    let seq = reg.new_seq();
+                    let due = Instant::now();
+                    let slot = Slot {
+                        seq,
+                        phase: Phase::Waiting { due },
+                        payload,
+                        deliveries,
+                        started: acquired_at,
+                        renewed_at: acquired_at,
+                        stopped: None,
+                        lost: CancellationToken::new(),
+                        abort: None,
+                    };
+                    reg.slots.insert(id, slot);
+                    reg.dues.insert((due, id));
+                    held_back += 1;
                     continue;
                 }
                 // Started before its slot is inserted, under the same lock: its settlement (which
@@ -365,7 +396,17 @@ impl Shared {
             reg.promised = 0;
             released
         };
-        if released {
+        if held_back > 0 {
+            tracing::warn!(
+                queue = %self.queue,
+                count = held_back,
+                after = ?acquired_at.elapsed(),
+                claim_timeout = ?self.claim_timeout,
+                "entries acquired by a request answered a claim timeout or more after it was sent: held until a renewal confirms they are still this consumer's"
+            );
+            self.waiting_added.notify_one();
+        }
+        if released || held_back > 0 {
             self.notify();
         }
         started

@@ -195,7 +195,9 @@ impl RemoteConsumer {
     /// parked entries first (dead-lettering those past `max_deliveries`), then new ones, waiting
     /// up to `wait` for the first when none is ready. Writes the liveness record first (the
     /// worker is alive) unless this process wrote it less than `claim_timeout / 10` ago, without
-    /// renewing anything. Malformed entries are dead-lettered, never returned.
+    /// renewing anything. Malformed entries are dead-lettered, never returned. A claim answered a
+    /// claim timeout or more after it was asked (this process stopped meanwhile) returns only the
+    /// entries a renewal then finds still this consumer's: a peer may have taken the others over.
     pub async fn claim(&self, max: usize, wait: Duration) -> Result<Vec<RemoteDelivery>, QueueError> {
         self.claim_with(max, wait, true).await
     }
@@ -212,6 +214,7 @@ impl RemoteConsumer {
         reclaim: bool,
     ) -> Result<Vec<RemoteDelivery>, QueueError> {
         let max = max.max(1);
+        let asked = Instant::now();
         let recent = self.last_beat.lock().expect("lock").is_some_and(|t| t.elapsed() < self.claim_timeout / 10);
         if !recent {
             self.beat(&[], &[]).await?;
@@ -243,6 +246,22 @@ impl RemoteConsumer {
             if !raw.is_empty() || Instant::now() >= deadline {
                 break;
             }
+        }
+        // Answered a claim timeout or more after it was asked (this process was stopped, or
+        // starved, while Redis answered a read pipelined behind its wait): a peer may have taken
+        // the entries over since, and run them. Only those a renewal finds still this
+        // consumer's, of this delivery, are handed to the worker (as a lease thread holds such
+        // entries back until its heartbeat confirms them).
+        if !raw.is_empty() && asked.elapsed() >= self.claim_timeout {
+            let ids: Vec<MessageId> = raw.iter().map(|d| d.id).collect();
+            let fences: Vec<u64> = raw.iter().map(|d| d.fence).collect();
+            let beat = self.beat(&ids, &fences).await?;
+            let mut i = 0;
+            raw.retain(|d| {
+                let keep = !(beat.stale.contains(&i) || beat.lost.contains(&d.id) || beat.gone.contains(&d.id));
+                i += 1;
+                keep
+            });
         }
         for d in raw {
             match d.payload {
@@ -325,17 +344,20 @@ impl RemoteConsumer {
     }
 
     /// Delivers the message again after `delay`, not counted as a delivery
-    /// ([`Decision::RetryAfter`](crate::Decision::RetryAfter)). Errors: [`QueueError::LeaseLost`].
+    /// ([`Decision::RetryAfter`](crate::Decision::RetryAfter); at most
+    /// [`MAX_DELAY`](crate::MAX_DELAY)). Errors: [`QueueError::LeaseLost`].
     pub async fn retry_after(&self, id: MessageId, fence: u64, delay: Duration) -> Result<Settled, QueueError> {
+        let delay = delay.min(crate::MAX_DELAY);
         owned(id, self.backend.retry_after(id, delay, false, Some(fence)).await?)
     }
 
     /// The worker was rate limited downstream ([`Decision::RateLimited`](crate::Decision::RateLimited)):
     /// every consumer of the queue stops taking new entries for `delay` (the queue's back-off,
     /// only ever extended; set even when the delivery is no longer this worker's), and the
-    /// message is delivered again after `delay`, not counted as a delivery. Errors:
-    /// [`QueueError::LeaseLost`].
+    /// message is delivered again after `delay`, not counted as a delivery (`delay` at most
+    /// [`MAX_DELAY`](crate::MAX_DELAY)). Errors: [`QueueError::LeaseLost`].
     pub async fn rate_limited(&self, id: MessageId, fence: u64, delay: Duration) -> Result<Settled, QueueError> {
+        let delay = delay.min(crate::MAX_DELAY);
         self.backend.back_off(delay).await?;
         owned(id, self.backend.retry_after(id, delay, false, Some(fence)).await?)
     }

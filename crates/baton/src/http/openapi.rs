@@ -279,6 +279,7 @@ fn schemas() -> Value {
                 "consumers": { "type": "integer", "minimum": 0, "description": "Live consumers (heartbeat younger than their claim timeout)." },
                 "dead_consumers": { "type": "integer", "minimum": 0, "description": "Group members silent past their claim timeout, not reaped yet (their commands are taken over)." },
                 "lag": count(), "delayed": count(), "dead_letters": count(),
+                "key_waiting": { "type": "integer", "minimum": 0, "description": "Commands waiting out of the queue's stream for a slot of their concurrency_key (concurrency_per_key): in neither length nor pending; they start in submit order as their key's slots free." },
                 "backoff_ms": { "type": ["integer", "null"], "minimum": 0, "description": "The queue backs off (a handler or worker answered rate limited): no worker starts a new command for this many more ms; null when it does not." },
                 "rate_limit": { "oneOf": [{ "type": "null" }, { "type": "object", "required": ["limit", "per_ms", "burst"], "properties": {
                     "limit": { "type": "integer", "minimum": 1 }, "per_ms": { "type": "integer", "minimum": 1 }, "burst": { "type": "integer", "minimum": 1 } } }],
@@ -286,7 +287,6 @@ fn schemas() -> Value {
                 "rate_limit_per_key": { "oneOf": [{ "type": "null" }, { "type": "object", "required": ["limit", "per_ms", "burst"], "properties": {
                     "limit": { "type": "integer", "minimum": 1 }, "per_ms": { "type": "integer", "minimum": 1 }, "burst": { "type": "integer", "minimum": 1 } } }],
                     "description": "The queue's rate_limit_per_key as this server is configured: at most `limit` commands of one concurrency key started per `per_ms`, bursts of `burst`, each key its own bucket; null: none." },
-                "key_waiting": { "type": "integer", "minimum": 0, "description": "Commands waiting in their concurrency key's waiting line (concurrency_per_key): not started, not pending." },
                 "key_rate_delayed": { "type": "integer", "minimum": 0, "description": "Commands waiting in the delayed set for their concurrency key's rate (rate_limit_per_key); counted in `delayed` too." },
                 "keys": { "type": "array", "maxItems": 50, "description": "The busiest concurrency keys, at most 50, most active + waiting + rate_delayed first (then by key), among the keys holding a slot and those with commands delayed for their rate (on Redis up to 1,000 of each looked at); empty without per-key settings.",
                     "items": { "type": "object", "required": ["key", "active", "waiting", "rate_delayed"], "properties": {

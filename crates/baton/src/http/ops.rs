@@ -120,6 +120,7 @@ async fn sample_metrics(api: &CommandsApi) {
                     g("baton_queue_dead_consumers", s.dead_consumers);
                     g("baton_queue_lag", s.lag);
                     g("baton_queue_delayed", s.delayed);
+                    g("baton_queue_key_waiting", s.key_waiting);
                     g("baton_queue_dead_letter_entries", s.dead_letters);
                     g("baton_queue_paused", u64::from(s.paused));
                     g("baton_commands_scheduled", sc.scheduled);
