@@ -1,0 +1,263 @@
+//! Priorities under stress (breaker tests): key slot holders (`kh`) moving through the ready set
+//! leave no slot behind; delivery counts and dead letters of priority entries match priority 0;
+//! a backlog of more than one read's move with three consumers runs every entry exactly once;
+//! a consumer dying with priority entries taken hands them over. Every backend.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_queue::{keys, Decision, Delivery, MessageStream, OfferOptions};
+use baton_redis::redis;
+use baton_testkit::{eventually, TestBackend};
+use bytes::Bytes;
+use common::*;
+
+baton_testkit::on_every_backend!(
+    key_slot_holders_pass_the_ready_set_without_leaking_slots,
+    priority_entries_count_deliveries_like_priority_zero,
+    a_big_backlog_with_three_consumers_runs_each_entry_once,
+    a_dead_consumers_priority_entries_fail_over,
+);
+
+fn opts(p: i8, key: Option<&str>) -> OfferOptions {
+    OfferOptions { priority: p, concurrency_key: key.map(str::to_string) }
+}
+
+async fn three(b: &TestBackend) -> Vec<MessageStream> {
+    let first = stream_for(b).await;
+    if b.redis_config().is_none() {
+        return vec![first.clone(), first.clone(), first];
+    }
+    vec![first, stream_for(b).await, stream_for(b).await]
+}
+
+/// (held keys, holders, waiting entries, ready set, ready entries hash fields) in Redis.
+async fn leftovers(conn: &mut baton_redis::RedisConn, q: &str) -> (u64, u64, u64, u64, u64) {
+    let p = keys::DEFAULT_PREFIX;
+    let held: u64 = redis::cmd("HLEN").arg(keys::key_held(p, q)).query_async(conn).await.unwrap();
+    let ids: u64 = redis::cmd("HLEN").arg(keys::key_holders(p, q)).query_async(conn).await.unwrap();
+    let waiting: u64 = redis::cmd("ZCARD").arg(keys::key_waiting(p, q)).query_async(conn).await.unwrap();
+    let ready: u64 = redis::cmd("ZCARD").arg(keys::ready(p, q)).query_async(conn).await.unwrap();
+    let readyp: u64 = redis::cmd("HLEN").arg(keys::ready_entries(p, q)).query_async(conn).await.unwrap();
+    (held, ids, waiting, ready, readyp)
+}
+
+type Counts = Arc<Mutex<BTreeMap<String, usize>>>;
+
+async fn wait_total(counts: &Counts, n: usize, within: Duration) {
+    eventually(within, || {
+        let got: usize = counts.lock().unwrap().values().sum();
+        async move { (got >= n).then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|| panic!("{n} runs expected, got {:?}", counts.lock().unwrap().values().sum::<usize>()));
+}
+
+/// 12 entries of key k (one slot) of priorities -3, 0, 3 and 6 keyless ones, offered paused, then
+/// resumed with 4 handler slots: each runs exactly once, never two of k at once, and no slot,
+/// holder, waiter or ready entry is left.
+async fn key_slot_holders_pass_the_ready_set_without_leaking_slots(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("prio-kh");
+    s.pause(&q).await.unwrap();
+    let counts: Counts = Arc::default();
+    let running_k = Arc::new(AtomicUsize::new(0));
+    let violations = Arc::new(AtomicUsize::new(0));
+    let (c2, r2, v2) = (counts.clone(), running_k.clone(), violations.clone());
+    let h = move |d: Delivery| {
+        let (counts, running, violations) = (c2.clone(), r2.clone(), v2.clone());
+        async move {
+            let p = String::from_utf8_lossy(&d.payload).into_owned();
+            let keyed = p.starts_with('k');
+            if keyed && running.fetch_add(1, Ordering::SeqCst) != 0 {
+                violations.fetch_add(1, Ordering::SeqCst);
+            }
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            if keyed {
+                running.fetch_sub(1, Ordering::SeqCst);
+            }
+            *counts.lock().unwrap().entry(p).or_default() += 1;
+            Decision::Ack
+        }
+    };
+    let c = s.consume(&q, h, fast(5_000).with_concurrency(4).with_concurrency_per_key(Some(1))).await.unwrap();
+    for i in 0..12 {
+        s.offer_with(&q, format!("k{i}"), opts((i % 3) as i8 * 3 - 3, Some("k"))).await.unwrap();
+    }
+    for i in 0..6 {
+        s.offer_with(&q, format!("f{i}"), opts((i % 2) as i8 * 5, None)).await.unwrap();
+    }
+    s.resume(&q).await.unwrap();
+    wait_total(&counts, 18, Duration::from_secs(20)).await;
+    // More k entries while slots are being handed on, of both priorities.
+    for i in 12..20 {
+        s.offer_with(&q, format!("k{i}"), opts((i % 2) as i8 * 4, Some("k"))).await.unwrap();
+    }
+    wait_total(&counts, 26, Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let counts = counts.lock().unwrap().clone();
+    assert_eq!(counts.len(), 26, "{counts:?}");
+    assert!(counts.values().all(|n| *n == 1), "each exactly once: {counts:?}");
+    assert_eq!(violations.load(Ordering::SeqCst), 0, "two entries of k ran at once");
+    c.drain(Duration::from_secs(2)).await;
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.lag), (0, 0, 0), "{st:?}");
+    if let Some(mut conn) = conn_for(&b).await {
+        assert_eq!(leftovers(&mut conn, &q).await, (0, 0, 0, 0, 0), "nothing left behind");
+    }
+}
+
+/// An entry of priority 5 and one of priority 0 with max_deliveries 3, retried (counted), once
+/// retried after longer than the claim timeout (through the delayed set, then the ready set, its
+/// count carried): both see the same deliveries and end as dead letters with the same count.
+async fn priority_entries_count_deliveries_like_priority_zero(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("prio-dc");
+    let seen: Arc<Mutex<Vec<(String, u32)>>> = Arc::default();
+    let s2 = seen.clone();
+    let h = move |d: Delivery| {
+        let seen = s2.clone();
+        async move {
+            let p = String::from_utf8_lossy(&d.payload).into_owned();
+            let mut seen = seen.lock().unwrap();
+            let waited = seen.iter().any(|(n, dc)| *n == p && *dc == 2);
+            seen.push((p, d.deliveries));
+            // Delivery 2 waits once in the delayed set (then passes the ready set again).
+            if d.deliveries == 2 && !waited {
+                Decision::RetryAfter(Duration::from_millis(1_200))
+            } else {
+                Decision::Retry
+            }
+        }
+    };
+    let c = s.consume(&q, h, fast(1_000).with_max_deliveries(Some(3))).await.unwrap();
+    s.offer_with(&q, "p5", opts(5, None)).await.unwrap();
+    s.offer_with(&q, "p0", opts(0, None)).await.unwrap();
+    let (s3, q3) = (s.clone(), q.clone());
+    eventually(Duration::from_secs(25), || {
+        let (s, q) = (s3.clone(), q3.clone());
+        async move { (s.dead_letters(&q, 10).await.unwrap().len() == 2).then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|| panic!("both dead-lettered; seen {:?}", seen.lock().unwrap()));
+    c.drain(Duration::from_secs(2)).await;
+    let seen = seen.lock().unwrap().clone();
+    let of = |p: &str| seen.iter().filter(|(n, _)| n == p).map(|(_, d)| *d).collect::<Vec<u32>>();
+    assert_eq!(of("p5"), [1, 2, 2, 3], "{seen:?}");
+    assert_eq!(of("p0"), [1, 2, 2, 3], "{seen:?}");
+    let mut dead: Vec<(String, u32)> = s
+        .dead_letters(&q, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| (String::from_utf8_lossy(&d.payload).into_owned(), d.deliveries))
+        .collect();
+    dead.sort();
+    assert_eq!(dead, [("p0".to_string(), 3), ("p5".to_string(), 3)]);
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.lag, st.delayed), (0, 0, 0, 0), "{st:?}");
+}
+
+/// 600 entries of priority 0, then 3 of priority 7, then three consumers (8 slots each) while 40
+/// more of priority 3 arrive mid-run: every one of the 643 runs exactly once, the 3 of priority
+/// 7 among the first starts, and nothing is left.
+async fn a_big_backlog_with_three_consumers_runs_each_entry_once(b: TestBackend) {
+    let streams = three(&b).await;
+    let q = queue_name("prio-backlog");
+    let payloads: Vec<Bytes> = (0..600).map(|i| Bytes::from(format!("z{i}"))).collect();
+    for chunk in payloads.chunks(100) {
+        streams[0].offer_batch(&q, chunk.to_vec()).await.unwrap();
+    }
+    for i in 0..3 {
+        streams[0].offer_with(&q, format!("h{i}"), opts(7, None)).await.unwrap();
+    }
+    let counts: Counts = Arc::default();
+    let order: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut consumers = Vec::new();
+    for s in &streams {
+        let (c2, o2) = (counts.clone(), order.clone());
+        let h = move |d: Delivery| {
+            let (counts, order) = (c2.clone(), o2.clone());
+            async move {
+                let p = String::from_utf8_lossy(&d.payload).into_owned();
+                order.lock().unwrap().push(p.clone());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                *counts.lock().unwrap().entry(p).or_default() += 1;
+                Decision::Ack
+            }
+        };
+        consumers.push(s.consume(&q, h, fast(5_000).with_concurrency(8)).await.unwrap());
+    }
+    wait_total(&counts, 100, Duration::from_secs(20)).await;
+    for i in 0..40 {
+        streams[i % 3].offer_with(&q, format!("m{i}"), opts(3, None)).await.unwrap();
+    }
+    wait_total(&counts, 643, Duration::from_secs(25)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for c in consumers {
+        c.drain(Duration::from_secs(2)).await;
+    }
+    let counts = counts.lock().unwrap().clone();
+    assert_eq!(counts.len(), 643);
+    let dup: Vec<_> = counts.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(dup.is_empty(), "each exactly once: {dup:?}");
+    let order = order.lock().unwrap().clone();
+    let first: Vec<&String> = order.iter().take(24).collect();
+    for i in 0..3 {
+        assert!(first.contains(&&format!("h{i}")), "h{i} among the first starts: {first:?}");
+    }
+    let st = streams[0].stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.lag), (0, 0, 0), "{st:?}");
+    if let Some(mut conn) = conn_for(&b).await {
+        assert_eq!(leftovers(&mut conn, &q).await, (0, 0, 0, 0, 0), "nothing left behind");
+    }
+}
+
+/// A consumer takes 3 of 10 mixed-priority entries and dies (abort: as if killed); another one
+/// runs all 10 exactly once (the 3 after the claim timeout).
+async fn a_dead_consumers_priority_entries_fail_over(b: TestBackend) {
+    let streams = three(&b).await;
+    let q = queue_name("prio-dead");
+    streams[0].pause(&q).await.unwrap();
+    let (a, _started) = hanging_consumer(&streams[0], &q, fast(1_000).with_concurrency(3)).await;
+    for i in 0..10 {
+        streams[0].offer_with(&q, format!("e{i}"), opts((i % 4) as i8 - 1, None)).await.unwrap();
+    }
+    streams[0].resume(&q).await.unwrap();
+    let (s0, q0) = (streams[0].clone(), q.clone());
+    eventually(Duration::from_secs(5), || {
+        let (s, q) = (s0.clone(), q0.clone());
+        async move { (s.stats(&q).await.unwrap().pending == 3).then_some(()) }
+    })
+    .await
+    .expect("A took 3");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let st = streams[0].stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.lag), (10, 3, 7), "{st:?}");
+    a.abort();
+    let counts: Counts = Arc::default();
+    let c2 = counts.clone();
+    let h = move |d: Delivery| {
+        let counts = c2.clone();
+        async move {
+            *counts.lock().unwrap().entry(String::from_utf8_lossy(&d.payload).into_owned()).or_default() += 1;
+            Decision::Ack
+        }
+    };
+    let c = streams[1].consume(&q, h, fast(1_000).with_concurrency(2)).await.unwrap();
+    wait_total(&counts, 10, Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    c.drain(Duration::from_secs(2)).await;
+    let counts = counts.lock().unwrap().clone();
+    assert_eq!(counts.len(), 10, "{counts:?}");
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+    let st = streams[0].stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.lag), (0, 0, 0), "{st:?}");
+    if let Some(mut conn) = conn_for(&b).await {
+        assert_eq!(leftovers(&mut conn, &q).await, (0, 0, 0, 0, 0), "nothing left behind");
+    }
+}
