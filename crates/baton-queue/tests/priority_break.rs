@@ -21,6 +21,7 @@ baton_testkit::on_every_backend!(
     priority_entries_count_deliveries_like_priority_zero,
     a_big_backlog_with_three_consumers_runs_each_entry_once,
     a_dead_consumers_priority_entries_fail_over,
+    keys_and_priorities_run_in_one_order_on_every_backend,
 );
 
 fn opts(p: i8, key: Option<&str>) -> OfferOptions {
@@ -329,4 +330,47 @@ async fn redis_restarts_mid_run_lose_no_priority_entry() {
     assert!(again.len() <= 4, "at most the entries running at the two kills run again: {again:?}");
     let mut conn = baton_redis::RedisClient::new(server.lock().unwrap().config()).unwrap().shared().await.unwrap();
     assert_eq!(leftovers(&mut conn, &q).await, (0, 0, 0, 0, 0));
+}
+
+/// One handler slot, one slot per key: entries of key k and keyless ones of mixed priorities,
+/// offered paused, run in one exact order on every backend (by priority; a keyed entry whose key
+/// is busy waits in its key's line and keeps its priority when its slot comes).
+async fn keys_and_priorities_run_in_one_order_on_every_backend(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("prio-keys-order");
+    s.pause(&q).await.unwrap();
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let r2 = runs.clone();
+    let h = move |d: Delivery| {
+        let runs = r2.clone();
+        async move {
+            runs.lock().unwrap().push(String::from_utf8_lossy(&d.payload).into_owned());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Decision::Ack
+        }
+    };
+    let c = s.consume(&q, h, fast(5_000).with_concurrency(1).with_concurrency_per_key(Some(1))).await.unwrap();
+    let plan: [(&str, i8, Option<&str>); 8] = [
+        ("a", 0, Some("k")),
+        ("b", 5, Some("k")),
+        ("c", 9, Some("k")),
+        ("x", 1, None),
+        ("y", -2, Some("k")),
+        ("z", 9, None),
+        ("m", 5, Some("m")),
+        ("n", 0, Some("m")),
+    ];
+    for (name, p, k) in plan {
+        s.offer_with(&q, name, opts(p, k)).await.unwrap();
+    }
+    s.resume(&q).await.unwrap();
+    eventually(Duration::from_secs(20), || {
+        let n = runs.lock().unwrap().len();
+        async move { (n >= 8).then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|| panic!("8 runs; got {:?}", runs.lock().unwrap()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.drain(Duration::from_secs(2)).await;
+    assert_eq!(*runs.lock().unwrap(), ["c", "z", "b", "m", "x", "a", "n", "y"], "{}", b.name());
 }
