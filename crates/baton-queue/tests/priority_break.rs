@@ -22,6 +22,7 @@ baton_testkit::on_every_backend!(
     a_big_backlog_with_three_consumers_runs_each_entry_once,
     a_dead_consumers_priority_entries_fail_over,
     keys_and_priorities_run_in_one_order_on_every_backend,
+    rate_limit_and_max_concurrency_take_by_priority_exactly_once,
 );
 
 fn opts(p: i8, key: Option<&str>) -> OfferOptions {
@@ -373,4 +374,75 @@ async fn keys_and_priorities_run_in_one_order_on_every_backend(b: TestBackend) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     c.drain(Duration::from_secs(2)).await;
     assert_eq!(*runs.lock().unwrap(), ["c", "z", "b", "m", "x", "a", "n", "y"], "{}", b.name());
+}
+
+/// A rate limit of one entry per 40 ms (burst 1) and max_concurrency 2 over 4 handler slots: 14
+/// entries of mixed priorities, offered paused, start one by one in priority order (FIFO within),
+/// never more than 2 at once, each exactly once, while 6 more of priority 8 arrive mid-run and
+/// start before every waiting lower one.
+async fn rate_limit_and_max_concurrency_take_by_priority_exactly_once(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("prio-rate");
+    s.pause(&q).await.unwrap();
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (r2, n2, m2) = (runs.clone(), running.clone(), most.clone());
+    let h = move |d: Delivery| {
+        let (runs, running, most) = (r2.clone(), n2.clone(), m2.clone());
+        async move {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            runs.lock().unwrap().push(String::from_utf8_lossy(&d.payload).into_owned());
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            running.fetch_sub(1, Ordering::SeqCst);
+            Decision::Ack
+        }
+    };
+    let rate = baton_queue::RateLimit::new(1, Duration::from_millis(40)).with_burst(1);
+    let o = fast(5_000).with_concurrency(4).with_max_concurrency(Some(2)).with_rate_limit(Some(rate));
+    let c = s.consume(&q, h, o).await.unwrap();
+    let prios: [i8; 14] = [0, 3, -1, 3, 7, 0, -1, 7, 2, 0, 3, -5, 2, 7];
+    for (i, p) in prios.iter().enumerate() {
+        s.offer_with(&q, format!("{p}/{i}"), opts(*p, None)).await.unwrap();
+    }
+    s.resume(&q).await.unwrap();
+    eventually(Duration::from_secs(10), || {
+        let n = runs.lock().unwrap().len();
+        async move { (n >= 3).then_some(()) }
+    })
+    .await
+    .expect("3 started");
+    for i in 0..6 {
+        s.offer_with(&q, format!("8/x{i}"), opts(8, None)).await.unwrap();
+    }
+    eventually(Duration::from_secs(15), || {
+        let n = runs.lock().unwrap().len();
+        async move { (n >= 20).then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|| panic!("20 runs; got {:?}", runs.lock().unwrap()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.drain(Duration::from_secs(2)).await;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 20, "{runs:?}");
+    let mut sorted = runs.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 20, "each exactly once: {runs:?}");
+    assert!(most.load(Ordering::SeqCst) <= 2, "max_concurrency 2 held: {}", most.load(Ordering::SeqCst));
+    // Before the 8s arrived: the best three, in order.
+    assert_eq!(runs[..3], ["7/4", "7/7", "7/13"], "{runs:?}");
+    // The 8s start before every lower one still waiting, in offer order.
+    let x: Vec<usize> = (0..6).map(|i| runs.iter().position(|r| *r == format!("8/x{i}")).unwrap()).collect();
+    assert!(x.windows(2).all(|w| w[0] < w[1]), "{runs:?}");
+    // Everything after the first 8 (but the 8s) is in priority, then offer, order.
+    let rest: Vec<&String> = runs[x[0]..].iter().filter(|r| !r.starts_with("8/")).collect();
+    let mut want = rest.clone();
+    want.sort_by_key(|r| {
+        let (p, i) = r.split_once('/').unwrap();
+        (-p.parse::<i32>().unwrap(), i.parse::<u32>().unwrap())
+    });
+    assert_eq!(rest, want, "{runs:?}");
+    assert!(x[5] < x[0] + 8, "the 8s are not held back behind lower ones: {runs:?}");
 }
