@@ -23,6 +23,7 @@ baton_testkit::on_every_backend!(
     a_dead_consumers_priority_entries_fail_over,
     keys_and_priorities_run_in_one_order_on_every_backend,
     rate_limit_and_max_concurrency_take_by_priority_exactly_once,
+    binary_and_empty_payloads_pass_the_ready_set_unchanged,
 );
 
 fn opts(p: i8, key: Option<&str>) -> OfferOptions {
@@ -445,4 +446,42 @@ async fn rate_limit_and_max_concurrency_take_by_priority_exactly_once(b: TestBac
     });
     assert_eq!(rest, want, "{runs:?}");
     assert!(x[5] < x[0] + 8, "the 8s are not held back behind lower ones: {runs:?}");
+}
+
+/// Payloads of every byte value (NUL, invalid UTF-8), an empty one and a 1 MiB one pass the
+/// ready set (packed and unpacked) byte for byte, in priority order.
+async fn binary_and_empty_payloads_pass_the_ready_set_unchanged(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("prio-bytes");
+    s.pause(&q).await.unwrap();
+    let all: Vec<u8> = (0..=255u8).rev().chain(0..=255u8).collect();
+    let big: Vec<u8> = (0..1_048_576u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let plan: Vec<(Vec<u8>, i8)> = vec![(b"low".to_vec(), -1), (all.clone(), 4), (Vec::new(), 2), (big.clone(), 3), (b"0".to_vec(), 0)];
+    for (p, pr) in &plan {
+        s.offer_with(&q, Bytes::from(p.clone()), opts(*pr, None)).await.unwrap();
+    }
+    let got: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let g2 = got.clone();
+    let h = move |d: Delivery| {
+        let got = g2.clone();
+        async move {
+            got.lock().unwrap().push(d.payload.to_vec());
+            Decision::Ack
+        }
+    };
+    let c = s.consume(&q, h, fast(5_000).with_concurrency(1)).await.unwrap();
+    s.resume(&q).await.unwrap();
+    eventually(Duration::from_secs(15), || {
+        let n = got.lock().unwrap().len();
+        async move { (n >= 5).then_some(()) }
+    })
+    .await
+    .expect("5 runs");
+    c.drain(Duration::from_secs(2)).await;
+    let got = got.lock().unwrap().clone();
+    let want: Vec<Vec<u8>> = vec![all, big, Vec::new(), b"0".to_vec(), b"low".to_vec()];
+    assert_eq!(got.len(), 5);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(g == w, "run {i}: {} bytes, want {} bytes", g.len(), w.len());
+    }
 }
