@@ -24,6 +24,7 @@ baton_testkit::on_every_backend!(
     keys_and_priorities_run_in_one_order_on_every_backend,
     rate_limit_and_max_concurrency_take_by_priority_exactly_once,
     binary_and_empty_payloads_pass_the_ready_set_unchanged,
+    idle_consumers_wake_at_once_for_priority_offers,
 );
 
 fn opts(p: i8, key: Option<&str>) -> OfferOptions {
@@ -483,5 +484,65 @@ async fn binary_and_empty_payloads_pass_the_ready_set_unchanged(b: TestBackend) 
     assert_eq!(got.len(), 5);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!(g == w, "run {i}: {} bytes, want {} bytes", g.len(), w.len());
+    }
+}
+
+/// Three idle consumers (one slot each, long claim timeout: no tick near) blocked waiting: each
+/// of three priority offers in a row starts at once on an idle one (its doorbell rings), not at a
+/// poll; then, with all three busy, the next offers wait in the ready set and start as the slots
+/// free one by one, by priority.
+async fn idle_consumers_wake_at_once_for_priority_offers(b: TestBackend) {
+    let streams = three(&b).await;
+    let q = queue_name("prio-bell");
+    type Starts = Arc<Mutex<Vec<(String, std::time::Instant)>>>;
+    let starts: Starts = Arc::default();
+    let mut consumers = Vec::new();
+    for s in &streams {
+        let st = starts.clone();
+        let h = move |d: Delivery| {
+            let st = st.clone();
+            async move {
+                let p = String::from_utf8_lossy(&d.payload).into_owned();
+                st.lock().unwrap().push((p.clone(), std::time::Instant::now()));
+                // The three first ones end 400 ms apart.
+                let ms = match p.as_str() {
+                    "a2" => 1_200,
+                    "a5" => 1_600,
+                    "a1" => 2_000,
+                    _ => 100,
+                };
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Decision::Ack
+            }
+        };
+        consumers.push(s.consume(&q, h, fast(30_000).with_concurrency(1)).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for (i, p) in [2i8, 5, 1].into_iter().enumerate() {
+        let t0 = std::time::Instant::now();
+        streams[i].offer_with(&q, format!("a{p}"), opts(p, None)).await.unwrap();
+        let st = starts.clone();
+        let at = eventually(Duration::from_secs(5), || {
+            let st = st.clone();
+            async move { st.lock().unwrap().get(i).map(|(_, at)| *at) }
+        })
+        .await
+        .unwrap_or_else(|| panic!("a{p} started"));
+        let took = at.duration_since(t0);
+        assert!(took < Duration::from_millis(700), "a{p} started {took:?} after its offer on an idle consumer");
+    }
+    for (i, p) in [0i8, 7, -1].into_iter().enumerate() {
+        streams[i].offer_with(&q, format!("b{p}"), opts(p, None)).await.unwrap();
+    }
+    eventually(Duration::from_secs(10), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n >= 6).then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|| panic!("6 starts; got {:?}", starts.lock().unwrap()));
+    let got: Vec<String> = starts.lock().unwrap().iter().map(|(p, _)| p.clone()).collect();
+    assert_eq!(got, ["a2", "a5", "a1", "b7", "b0", "b-1"]);
+    for c in consumers {
+        c.drain(Duration::from_secs(3)).await;
     }
 }
