@@ -272,16 +272,13 @@ async fn a_dead_consumers_priority_entries_fail_over(b: TestBackend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarts_mid_run_lose_no_priority_entry() {
     baton_testkit::require_redis();
-    let server = Arc::new(Mutex::new(baton_testkit::RedisServer::start_with(baton_testkit::ServerOptions {
-        appendonly: true,
-    })));
+    let server =
+        Arc::new(Mutex::new(baton_testkit::RedisServer::start_with(baton_testkit::ServerOptions { appendonly: true })));
     let cfg = server.lock().unwrap().config();
-    let s = MessageStream::redis(
-        baton_redis::RedisClient::new(cfg).unwrap(),
-        baton_queue::RedisQueueOptions::default(),
-    )
-    .await
-    .unwrap();
+    let s =
+        MessageStream::redis(baton_redis::RedisClient::new(cfg).unwrap(), baton_queue::RedisQueueOptions::default())
+            .await
+            .unwrap();
     let q = queue_name("prio-restart");
     s.pause(&q).await.unwrap();
     for i in 0..300 {
@@ -331,7 +328,8 @@ async fn redis_restarts_mid_run_lose_no_priority_entry() {
     assert!(st.is_some(), "queue empty after the run: {:?}", s.stats(&q).await);
     let again: Vec<_> = counts.lock().unwrap().iter().filter(|(_, n)| **n > 1).map(|(p, n)| (p.clone(), *n)).collect();
     assert!(again.len() <= 4, "at most the entries running at the two kills run again: {again:?}");
-    let mut conn = baton_redis::RedisClient::new(server.lock().unwrap().config()).unwrap().shared().await.unwrap();
+    let cfg = server.lock().unwrap().config();
+    let mut conn = baton_redis::RedisClient::new(cfg).unwrap().shared().await.unwrap();
     assert_eq!(leftovers(&mut conn, &q).await, (0, 0, 0, 0, 0));
 }
 
@@ -457,7 +455,8 @@ async fn binary_and_empty_payloads_pass_the_ready_set_unchanged(b: TestBackend) 
     s.pause(&q).await.unwrap();
     let all: Vec<u8> = (0..=255u8).rev().chain(0..=255u8).collect();
     let big: Vec<u8> = (0..1_048_576u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
-    let plan: Vec<(Vec<u8>, i8)> = vec![(b"low".to_vec(), -1), (all.clone(), 4), (Vec::new(), 2), (big.clone(), 3), (b"0".to_vec(), 0)];
+    let plan: Vec<(Vec<u8>, i8)> =
+        vec![(b"low".to_vec(), -1), (all.clone(), 4), (Vec::new(), 2), (big.clone(), 3), (b"0".to_vec(), 0)];
     for (p, pr) in &plan {
         s.offer_with(&q, Bytes::from(p.clone()), opts(*pr, None)).await.unwrap();
     }

@@ -534,12 +534,14 @@ async fn sigkill_in_priority_mode_across_three_processes_loses_nothing(cfg: Redi
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let ev2 = events(&mut conn, &q).await;
     assert_eq!(ends(&ev2), 60, "no entry ran twice to its end: {ev:?}");
-    let mut ids: Vec<&str> = ev2.iter().filter(|e| e.starts_with("end:")).map(|e| e.rsplit(':').next().unwrap()).collect();
+    let mut ids: Vec<&str> =
+        ev2.iter().filter(|e| e.starts_with("end:")).map(|e| e.rsplit(':').next().unwrap()).collect();
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 60, "60 distinct entries ended");
     let st = s.stats(&q).await.unwrap();
     assert_eq!((st.length, st.pending, st.lag), (0, 0, 0), "{st:?}");
-    let ready: u64 = redis::cmd("ZCARD").arg(keys::ready(keys::DEFAULT_PREFIX, &q)).query_async(&mut conn).await.unwrap();
+    let ready: u64 =
+        redis::cmd("ZCARD").arg(keys::ready(keys::DEFAULT_PREFIX, &q)).query_async(&mut conn).await.unwrap();
     assert_eq!(ready, 0);
 }
