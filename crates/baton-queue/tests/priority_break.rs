@@ -25,6 +25,7 @@ baton_testkit::on_every_backend!(
     rate_limit_and_max_concurrency_take_by_priority_exactly_once,
     binary_and_empty_payloads_pass_the_ready_set_unchanged,
     idle_consumers_wake_at_once_for_priority_offers,
+    a_pause_with_entries_in_the_ready_set_takes_nothing_until_resumed,
 );
 
 fn opts(p: i8, key: Option<&str>) -> OfferOptions {
@@ -544,4 +545,67 @@ async fn idle_consumers_wake_at_once_for_priority_offers(b: TestBackend) {
     for c in consumers {
         c.drain(Duration::from_secs(3)).await;
     }
+}
+
+/// One slot; 10 entries of mixed priorities; paused after 3 have started (the other 7 wait in
+/// the ready set): nothing more starts while paused, stats count the 7 as length and lag; after
+/// the resume the 7 (and 2 offered while paused) run in priority order.
+async fn a_pause_with_entries_in_the_ready_set_takes_nothing_until_resumed(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("prio-pause");
+    s.pause(&q).await.unwrap();
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let r2 = runs.clone();
+    let h = move |d: Delivery| {
+        let runs = r2.clone();
+        async move {
+            runs.lock().unwrap().push(String::from_utf8_lossy(&d.payload).into_owned());
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            Decision::Ack
+        }
+    };
+    let c = s.consume(&q, h, fast(5_000).with_concurrency(1)).await.unwrap();
+    let prios: [i8; 10] = [0, 4, -2, 4, 9, 1, 0, -2, 6, 1];
+    for (i, p) in prios.iter().enumerate() {
+        s.offer_with(&q, format!("{p}/{i}"), opts(*p, None)).await.unwrap();
+    }
+    s.resume(&q).await.unwrap();
+    eventually(Duration::from_secs(10), || {
+        let n = runs.lock().unwrap().len();
+        async move { (n >= 3).then_some(()) }
+    })
+    .await
+    .expect("3 started");
+    s.pause(&q).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let during = runs.lock().unwrap().len();
+    assert!(during <= 4, "at most the one taken before the pause started: {:?}", runs.lock().unwrap());
+    s.offer_with(&q, "5/x", opts(5, None)).await.unwrap();
+    s.offer(&q, "0/y").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(runs.lock().unwrap().len(), during, "nothing starts while paused");
+    let st = s.stats(&q).await.unwrap();
+    let left = 12 - during as u64;
+    assert_eq!((st.length, st.lag, st.pending), (left, left, 0), "{st:?}");
+    s.resume(&q).await.unwrap();
+    eventually(Duration::from_secs(10), || {
+        let n = runs.lock().unwrap().len();
+        async move { (n >= 12).then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|| panic!("12 runs; got {:?}", runs.lock().unwrap()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.drain(Duration::from_secs(2)).await;
+    let runs = runs.lock().unwrap().clone();
+    let before: Vec<&str> = runs[..during].iter().map(String::as_str).collect();
+    assert_eq!(before, ["9/4", "6/8", "4/1", "4/3"][..during], "{runs:?}");
+    let mut want: Vec<String> = runs[during..].to_vec();
+    want.sort_by_key(|r| {
+        let (p, i) = r.split_once('/').unwrap();
+        (-p.parse::<i32>().unwrap(), i.parse::<u32>().unwrap_or(100 + i.len() as u32 + (i == "y") as u32))
+    });
+    assert_eq!(runs[during..], want[..], "{runs:?}");
+    assert_eq!(runs.len(), 12);
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.lag, st.pending), (0, 0, 0), "{st:?}");
 }
