@@ -26,6 +26,7 @@ baton_testkit::on_every_backend!(
     binary_and_empty_payloads_pass_the_ready_set_unchanged,
     idle_consumers_wake_at_once_for_priority_offers,
     a_pause_with_entries_in_the_ready_set_takes_nothing_until_resumed,
+    mixed_decisions_keys_and_caps_across_three_consumers_settle_each_entry_once,
 );
 
 fn opts(p: i8, key: Option<&str>) -> OfferOptions {
@@ -608,4 +609,100 @@ async fn a_pause_with_entries_in_the_ready_set_takes_nothing_until_resumed(b: Te
     assert_eq!(runs.len(), 12);
     let st = s.stats(&q).await.unwrap();
     assert_eq!((st.length, st.lag, st.pending), (0, 0, 0), "{st:?}");
+}
+
+/// Three consumers (max_concurrency 3, one slot per key, 3 handler slots each) over 80 entries of
+/// 4 keys and none, priorities -3..=3, while handlers answer Retry (first delivery of 15, 45 and
+/// 75: each holds key a's slot until reclaimed), a long RetryAfter (once for every 7th),
+/// DeadLetter (every 11th) or Ack: each entry is acked or dead-lettered exactly once, never two
+/// of one key or more than 3 run at once, and no slot, holder, waiter or ready entry is left.
+async fn mixed_decisions_keys_and_caps_across_three_consumers_settle_each_entry_once(b: TestBackend) {
+    let streams = three(&b).await;
+    let q = queue_name("prio-mixed");
+    let acked: Counts = Arc::default();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let per_key: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+    let violations = Arc::new(AtomicUsize::new(0));
+    let waited: Arc<Mutex<std::collections::BTreeSet<u32>>> = Arc::default();
+    let mut consumers = Vec::new();
+    for s in &streams {
+        let (a2, r2, m2, k2, v2) = (acked.clone(), running.clone(), most.clone(), per_key.clone(), violations.clone());
+        let w2 = waited.clone();
+        let h = move |d: Delivery| {
+            let (acked, running, most, per_key, violations) =
+                (a2.clone(), r2.clone(), m2.clone(), k2.clone(), v2.clone());
+            let waited = w2.clone();
+            async move {
+                let p = String::from_utf8_lossy(&d.payload).into_owned();
+                let (i, key) = p.split_once('/').unwrap();
+                let i: u32 = i.parse().unwrap();
+                let key = key.to_string();
+                most.fetch_max(running.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                if key != "-" {
+                    let mut pk = per_key.lock().unwrap();
+                    let n = pk.entry(key.clone()).or_default();
+                    *n += 1;
+                    if *n > 1 {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5 + (i as u64 * 7) % 20)).await;
+                if key != "-" {
+                    *per_key.lock().unwrap().get_mut(&key).unwrap() -= 1;
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
+                if i % 11 == 0 {
+                    *acked.lock().unwrap().entry(p).or_default() += 1;
+                    return Decision::DeadLetter("poison".into());
+                }
+                if d.deliveries == 1 && i % 30 == 15 {
+                    return Decision::Retry;
+                }
+                // RetryAfter does not count as a delivery: once per entry.
+                if i % 7 == 0 && waited.lock().unwrap().insert(i) {
+                    return Decision::RetryAfter(Duration::from_millis(1_200));
+                }
+                *acked.lock().unwrap().entry(p).or_default() += 1;
+                Decision::Ack
+            }
+        };
+        let o = fast(1_000).with_concurrency(3).with_max_concurrency(Some(3)).with_concurrency_per_key(Some(1));
+        consumers.push(s.consume(&q, h, o).await.unwrap());
+    }
+    let keys = ["a", "b", "c", "d", "-"];
+    for i in 0..80u32 {
+        let key = keys[(i % 5) as usize];
+        let k = (key != "-").then_some(key);
+        streams[(i % 3) as usize].offer_with(&q, format!("{i}/{key}"), opts((i % 7) as i8 - 3, k)).await.unwrap();
+    }
+    let a2 = acked.clone();
+    eventually(Duration::from_secs(25), || {
+        let n: usize = a2.lock().unwrap().values().sum();
+        async move { (n >= 80).then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|| {
+        let got = acked.lock().unwrap();
+        let missing: Vec<u32> =
+            (0..80).filter(|i| !got.keys().any(|k| k.split('/').next() == Some(&i.to_string()))).collect();
+        panic!("80 settled; missing {missing:?}")
+    });
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for c in consumers {
+        c.drain(Duration::from_secs(2)).await;
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert_eq!(acked.len(), 80, "{acked:?}");
+    let twice: Vec<_> = acked.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "settled more than once: {twice:?}");
+    assert_eq!(violations.load(Ordering::SeqCst), 0, "two of one key at once");
+    assert!(most.load(Ordering::SeqCst) <= 3, "max_concurrency 3: {}", most.load(Ordering::SeqCst));
+    let dead = streams[0].dead_letters(&q, 100).await.unwrap();
+    assert_eq!(dead.len(), 8, "0, 11, …, 77");
+    let st = streams[0].stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.lag, st.delayed), (0, 0, 0, 0), "{st:?}");
+    if let Some(mut conn) = conn_for(&b).await {
+        assert_eq!(leftovers(&mut conn, &q).await, (0, 0, 0, 0, 0), "nothing left behind");
+    }
 }
