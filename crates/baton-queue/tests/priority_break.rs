@@ -652,7 +652,7 @@ async fn mixed_decisions_keys_and_caps_across_three_consumers_settle_each_entry_
                     *per_key.lock().unwrap().get_mut(&key).unwrap() -= 1;
                 }
                 running.fetch_sub(1, Ordering::SeqCst);
-                if i % 11 == 0 {
+                if i.is_multiple_of(11) {
                     *acked.lock().unwrap().entry(p).or_default() += 1;
                     return Decision::DeadLetter("poison".into());
                 }
@@ -660,7 +660,7 @@ async fn mixed_decisions_keys_and_caps_across_three_consumers_settle_each_entry_
                     return Decision::Retry;
                 }
                 // RetryAfter does not count as a delivery: once per entry.
-                if i % 7 == 0 && waited.lock().unwrap().insert(i) {
+                if i.is_multiple_of(7) && waited.lock().unwrap().insert(i) {
                     return Decision::RetryAfter(Duration::from_millis(1_200));
                 }
                 *acked.lock().unwrap().entry(p).or_default() += 1;
