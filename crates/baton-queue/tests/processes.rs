@@ -136,7 +136,8 @@ macro_rules! on_redis {
 on_redis!(
     long_handler_in_two_processes_runs_once,
     sigkilled_consumer_fails_over_to_other_process,
-    paused_queue_across_three_processes
+    paused_queue_across_three_processes,
+    sigkill_in_priority_mode_across_three_processes_loses_nothing
 );
 
 /// Three worker processes; the queue is paused while one runs a job, then that process is
@@ -492,4 +493,55 @@ async fn deleted_pending_entries_are_cleaned() {
     .await
     .expect("cleaned by the reclaim tick");
     assert_eq!(*calls.lock().unwrap(), 1, "never delivered again");
+}
+
+/// Three worker processes take 60 entries of mixed priorities (through the ready set); the one
+/// that started first is SIGKILLed right after its read: every entry ends exactly once (the
+/// victim's in another process after the claim timeout), and nothing is left in the stream, the
+/// pending list or the ready set.
+async fn sigkill_in_priority_mode_across_three_processes_loses_nothing(cfg: RedisConfig) {
+    let q = queue_name("procs-prio");
+    let mut workers: Vec<Worker> = (0..3).map(|_| spawn_worker(&cfg, &q, 300)).collect();
+    let client = RedisClient::new(cfg).unwrap();
+    let s = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
+    let mut conn = client.shared().await.unwrap();
+    assert!(s.pause(&q).await.unwrap());
+    for i in 0..60 {
+        let o = baton_queue::OfferOptions { priority: (i % 5) as i8 - 2, ..Default::default() };
+        s.offer_with(&q, format!("e{i}"), o).await.unwrap();
+    }
+    assert!(s.resume(&q).await.unwrap());
+    let first = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { events(&mut conn, &q).await.into_iter().next() }
+    })
+    .await
+    .expect("a worker started");
+    let pid: u32 = first.split(':').nth(1).unwrap().parse().unwrap();
+    let idx = workers.iter().position(|w| w.pid == pid).expect("known worker");
+    let mut victim = workers.remove(idx);
+    victim.child.kill().unwrap(); // SIGKILL
+    victim.child.wait().unwrap();
+    let ends = |ev: &[String]| ev.iter().filter(|e| e.starts_with("end:")).count();
+    let ev = eventually(Duration::from_secs(20), || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { Some(events(&mut conn, &q).await).filter(|e| ends(e) >= 60) }
+    })
+    .await
+    .unwrap_or_else(|| panic!("60 ends expected"));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let ev2 = events(&mut conn, &q).await;
+    assert_eq!(ends(&ev2), 60, "no entry ran twice to its end: {ev:?}");
+    let mut ids: Vec<&str> =
+        ev2.iter().filter(|e| e.starts_with("end:")).map(|e| e.rsplit(':').next().unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 60, "60 distinct entries ended");
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.lag), (0, 0, 0), "{st:?}");
+    let ready: u64 =
+        redis::cmd("ZCARD").arg(keys::ready(keys::DEFAULT_PREFIX, &q)).query_async(&mut conn).await.unwrap();
+    assert_eq!(ready, 0);
 }
