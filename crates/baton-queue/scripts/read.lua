@@ -14,9 +14,10 @@
 -- tolerance (µs); appended for the per-key rate limit: KEYS[13] delayed zset, KEYS[14] delayed
 -- payload hash (reclaim.lua), KEYS[15] per-key rate state (hash key -> `<tat µs>:<delayed
 -- entries not read back yet>:<due µs of the key's latest delayed entry>`; field `\0n`: the sum
--- of those counts, no key has a control character), KEYS[16] its cleanup zset (key -> ms after
--- which its field may be stale), ARGV[9] the per-key rate limit's emission interval (µs; '' for
--- none), ARGV[10] its burst tolerance (µs)
+-- of those counts, no key has a control character; field `\0s`: the last line sequence), KEYS[16]
+-- its cleanup zset (key -> ms after which its field may be stale), KEYS[17] the keys' rate lines
+-- (zset, score 0, member `<key>\0<16-digit seq>\0<entry id>`), ARGV[9] the per-key rate limit's
+-- emission interval (µs; '' for none), ARGV[10] its burst tolerance (µs)
 -- The gates, in order: pause, back-off, max_concurrency, rate limit, then per key
 -- (concurrency_per_key, then the per-key rate limit); the gates decide how many entries are
 -- taken, the priorities (below) which ones.
@@ -30,14 +31,18 @@
 -- (promoted from the line by a freed slot, caps.lua) already holds its slot.
 -- rate_limit_per_key, after concurrency_per_key (so that an entry is charged when it may start,
 -- not while it waits in its key's line: a key's starts keep its rate): GCRA per key (state in
--- KEYS[15]). An entry with a key that does not conform, or whose key has delayed entries not
--- read back yet (so that it never overtakes them), is moved out of the stream (XACK + XDEL) into
--- the delayed set, due when its key's bucket admits it, keeping the key slot it got (its holder
--- id, in keys:ids, stays its id, now its delayed member) and its priority (`<id>:pr`): that time
--- is reserved (the key's tat moves on) and due times of one key strictly increase (µs in the
--- score's fraction), so reclaim.lua promotes them in order. Promoted back it carries `kr`
--- (charged already; and `kh` when it holds a slot): it is not charged again. Up to 8 stale
--- fields of KEYS[15] (tat past, nothing delayed) are removed per read.
+-- KEYS[15]), charged when an entry is taken, so that it spaces starts. An entry with a key that
+-- does not conform is moved out of the stream (XACK + XDEL) into the delayed set: the first one
+-- (the key's head) due when its key's bucket admits it, the ones behind it parked (score PARK,
+-- never due) in the key's rate line (KEYS[17]), in offer order. Promoted back, the head carries
+-- `kr`: when it is taken it is charged (the key's tat moves on) and the next of the line becomes
+-- the head, due when the bucket admits it again; a head that still does not conform (its start
+-- came late, and another entry of its key started since) goes back to the delayed set as the head.
+-- So a key's entries start in offer order and never faster than its rate, however long they sat
+-- in the stream before being read. Each keeps its key slot (its holder id, in keys:ids, stays its
+-- id: its delayed member) and its priority (`<id>:pr`). Without a per-key rate limit, a read
+-- releases the parked entries (due at once; a limit removed from the settings strands nothing).
+-- Up to 8 stale fields of KEYS[15] (tat past, nothing delayed) are removed per read.
 -- Returns {1, control id} when a gate is shut (paused, or max_concurrency reached): wait on the
 -- control stream after that id; {2, ms} when backing off, {3, ms} when over the rate limit: the
 -- gate opens by itself in ms (a timed wait, nothing to watch); {0, ''} when nothing is new: wait
@@ -114,6 +119,19 @@ if krate_t then
     end
   end
 end
+-- Without a per-key rate limit, entries parked in the keys' rate lines are released (due now),
+-- up to 256 per read; with the lines gone, so are the keys' rate states.
+if not krate_t and redis.call('EXISTS', KEYS[17]) == 1 then
+  local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local line = redis.call('ZRANGE', KEYS[17], 0, 255)
+  for _, h in ipairs(line) do
+    local id = string.match(h, '^[^%z]*%z%d+%z(.*)$')
+    if id then redis.call('ZADD', KEYS[13], 'XX', ms, id) end
+  end
+  redis.call('ZREM', KEYS[17], unpack(line))
+  if redis.call('EXISTS', KEYS[17]) == 0 then redis.call('DEL', KEYS[15], KEYS[16]) end
+end
 -- The per-key rate state of key k: tat (µs), delayed entries not read back, latest due (µs).
 local function kstate(k)
   local v = redis.call('HGET', KEYS[15], k)
@@ -132,6 +150,42 @@ local function reply(r)
     r[4] = kdue
   end
   return r
+end
+-- Moves entry e of key k out of the stream into the delayed set (keeping its key slot, `kh`, and
+-- its priority): due at `due` (µs), or parked in the key's rate line when `due` is nil.
+local PARK = 9000000000000000
+local function krate_delay(e, k, kh, payload, dc, pr, due)
+  if due then
+    redis.call('ZADD', KEYS[13], string.format('%.3f', due / 1000), e[1])
+    local ms = math.ceil((due - know) / 1000)
+    if kdue < 0 or ms < kdue then kdue = ms end
+  else
+    local seq = redis.call('HINCRBY', KEYS[15], '\0s', 1)
+    redis.call('ZADD', KEYS[17], 0, k .. '\0' .. string.format('%016d', seq) .. '\0' .. e[1])
+    redis.call('ZADD', KEYS[13], PARK, e[1])
+  end
+  redis.call('HSET', KEYS[14], e[1], payload, e[1] .. ':dc', dc, e[1] .. ':k', k, e[1] .. ':kr', kh and 'h' or '1')
+  if pr then redis.call('HSET', KEYS[14], e[1] .. ':pr', pr) end
+  redis.call('XACK', KEYS[1], ARGV[1], e[1])
+  redis.call('XDEL', KEYS[1], e[1])
+end
+-- The next entry of key k's rate line becomes its head, due at `due` (µs). Returns whether one
+-- did, and how many line entries were found gone from the delayed set (skipped).
+local function krate_next(k, due)
+  local gone = 0
+  for _ = 1, 16 do
+    local h = redis.call('ZRANGEBYLEX', KEYS[17], '[' .. k .. '\0', '(' .. k .. '\1', 'LIMIT', 0, 1)[1]
+    if not h then return false, gone end
+    redis.call('ZREM', KEYS[17], h)
+    local id = string.sub(h, #k + 19)
+    if redis.call('ZADD', KEYS[13], 'XX', 'CH', string.format('%.3f', due / 1000), id) == 1 then
+      local ms = math.ceil((due - know) / 1000)
+      if kdue < 0 or ms < kdue then kdue = ms end
+      return true, gone
+    end
+    gone = gone + 1
+  end
+  return false, gone
 end
 -- The read (and per key) ------------------------------------------------------------------------
 -- take(n): reads up to n unread entries of the stream ('>') and keeps those that pass the per-key
@@ -154,14 +208,6 @@ local function take(n, out)
       elseif f[i] == 'pr' then pr = f[i + 1] end
     end
     local go = true
-    if k and kr then
-      -- Charged when it was delayed: one delayed entry of the key fewer.
-      local ktat, n, last = kstate(k)
-      if n > 0 then
-        kput(k, ktat, n - 1, last)
-        redis.call('HINCRBY', KEYS[15], '\0n', -1)
-      end
-    end
     -- concurrency_per_key first: a slot of its key, or the end of the key's waiting line.
     if k and not kh and perkey > 0 then
       if tonumber(redis.call('HGET', C.held, k) or '0') < perkey and not caps_head(C, k) then
@@ -181,25 +227,35 @@ local function take(n, out)
       end
     end
     -- Then the key's rate.
-    if go and k and krate_t and not kr then
-      local ktat, n, last = kstate(k)
+    if go and k and krate_t then
+      local ktat, n, hdue = kstate(k)
+      -- The head, read back: one of the key's waiting entries fewer for now (unless the key's
+      -- state was lost: nothing to take back then).
+      local back = 0
+      if kr and n > 0 then n, back = n - 1, 1 end
       local base = math.max(ktat, know)
-      if n == 0 and base - ktau <= know then
-        kput(k, base + krate_t, 0, last)
+      if base - ktau <= know and (kr or n == 0) then
+        -- Starts: charged; the next of the key's line (if any) becomes its head.
+        ktat = base + krate_t
+        local gone = 0
+        if n > 0 then
+          local due, found = math.max(ktat - ktau, know), false
+          found, gone = krate_next(k, due)
+          if found then hdue = due else gone = n end
+        end
+        kput(k, ktat, n - gone, hdue)
+        if gone + back > 0 then redis.call('HINCRBY', KEYS[15], '\0n', -(gone + back)) end
       else
-        -- Over its key's rate (or behind delayed entries of its key): delayed, its time
-        -- reserved, keeping its key slot if it holds one (its holder id is its delayed member).
-        local due = math.max(base - ktau, know)
-        if n > 0 then due = math.max(due, last + 1) end
-        kput(k, base + krate_t, n + 1, due)
-        redis.call('HINCRBY', KEYS[15], '\0n', 1)
-        redis.call('ZADD', KEYS[13], string.format('%.3f', due / 1000), e[1])
-        redis.call('HSET', KEYS[14], e[1], payload, e[1] .. ':dc', dc, e[1] .. ':k', k, e[1] .. ':kr', kh and 'h' or '1')
-        if pr then redis.call('HSET', KEYS[14], e[1] .. ':pr', pr) end
-        redis.call('XACK', KEYS[1], ARGV[1], e[1])
-        redis.call('XDEL', KEYS[1], e[1])
-        local ms = math.ceil((due - know) / 1000)
-        if kdue < 0 or ms < kdue then kdue = ms end
+        if kr or n == 0 then
+          -- The key's head: due when the key's bucket admits it.
+          hdue = math.max(base - ktau, know)
+          krate_delay(e, k, kh, payload, dc, pr, hdue)
+        else
+          -- Behind the key's head: parked in the key's line.
+          krate_delay(e, k, kh, payload, dc, pr, nil)
+        end
+        if back == 0 then redis.call('HINCRBY', KEYS[15], '\0n', 1) end
+        kput(k, ktat, n + 1, hdue)
         go = false
       end
     end

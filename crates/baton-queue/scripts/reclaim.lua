@@ -6,8 +6,9 @@
 -- KEYS[6] fence hash (id -> fence of its latest delivery, see below), KEYS[7..14] as caps.lua
 -- (prepended): entries dead-lettered or found deleted free their concurrency slots; a delayed
 -- entry's key and priority (`<id>:k`, `<id>:pr`) go back on it when promoted, and its mark
--- `<id>:kr` (delayed by the per-key rate limit, read.lua: charged already; `h`: holding a slot of
--- its key, under its id in keys:ids, which moves to the new entry) as the fields `kr` (and `kh`)
+-- `<id>:kr` (delayed by the per-key rate limit, read.lua: its key's head, charged when taken;
+-- `h`: holding a slot of its key, under its id in keys:ids, which moves to the new entry) as the
+-- fields `kr` (and `kh`)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] the parked owner, ARGV[4] claim timeout (ms),
 -- ARGV[5] count (0 = promote, and tell whether reclaimable entries exist), ARGV[6] max
 -- deliveries (0 = unlimited), ARGV[7] max entries to promote, ARGV[8] outage gap (ms),
@@ -74,7 +75,7 @@ if #due > 0 then
         f[5] = 'k'
         f[6] = key
       end
-      -- Delayed for its key's rate: charged already; holding its key slot (if it still does), the
+      -- Delayed for its key's rate: its head; holding its key slot (if it still does), the
       -- holder id moves to its new entry.
       local holds = key and kr == 'h' and redis.call('HDEL', C.ids, id) == 1
       if key and kr then
@@ -96,7 +97,8 @@ if #due > 0 then
   if named > 0 then redis.call('HINCRBY', hdelayed, '~scheduled', -named) end
 end
 local next_due = -1
-local first = redis.call('ZRANGE', zdelayed, 0, 0, 'WITHSCORES')
+-- Entries parked in a key's rate line (read.lua: score 9e15, never due) are not waited for.
+local first = redis.call('ZRANGEBYSCORE', zdelayed, '-inf', '(9000000000000000', 'WITHSCORES', 'LIMIT', 0, 1)
 if first[2] then next_due = math.max(0, tonumber(first[2]) - now) end
 
 if now < hold then return {{}, 0, 0, promoted, 0, next_due} end

@@ -220,9 +220,10 @@ fn note_reclaimed(sh: &Shared, r: &crate::backend::Reclaimed) {
         // otherwise at least MIN_PROMOTE_GAP apart.
         let backlog = r.promoted > 0 && r.next_due.is_some_and(|d| d.is_zero());
         let gap = if backlog { Duration::ZERO } else { MIN_PROMOTE_GAP };
+        // Added to the times learnt meanwhile (a read that ran while this call was in flight may
+        // have scheduled a key's next rate head, which this reply predates).
         let next = r.next_due.map(|d| std::time::Instant::now() + d.max(gap));
-        let earlier = next.is_some_and(|n| st.next_promote.is_none_or(|t| n < t));
-        st.next_promote = next;
+        let earlier = next.is_some_and(|n| st.next_promote.add(n));
         drop(st);
         // A due time learnt here (an entry scheduled by another process) wakes the redeliverer,
         // which may be sleeping until a later one: it promotes on time, not at the next tick.
@@ -306,10 +307,7 @@ async fn acquire(sh: &Arc<Shared>, options: &ConsumerOptions, stop: &Cancellatio
             // at their due time.
             if let Some(due) = sh.backend.take_promote_hint() {
                 let mut st = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner());
-                let earlier = st.next_promote.is_none_or(|t| due < t);
-                if earlier {
-                    st.next_promote = Some(due);
-                }
+                let earlier = st.next_promote.add(due);
                 drop(st);
                 if earlier {
                     sh.waiting_added.notify_one();
@@ -421,13 +419,16 @@ async fn redeliverer(sh: Arc<Shared>, stop: CancellationToken) {
             sh.counters.delivered.fetch_add(due as u64, Ordering::Relaxed);
             continue;
         }
-        let promote = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).next_promote.map(Instant::from_std);
+        let promote =
+            sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).next_promote.first().map(Instant::from_std);
         if promote.is_some_and(|t| t <= now) {
+            // The times due now are taken before the call: a time learnt while it is in flight
+            // stays.
+            sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).next_promote.take_due(now.into_std());
             match sh.backend.reclaim(0, &[]).await {
                 Ok(r) => note_reclaimed(&sh, &r),
                 Err(e) => {
                     tracing::warn!(queue = %sh.queue, error = %e, "promoting delayed entries failed; the next tick retries");
-                    sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).next_promote = None;
                 }
             }
             continue;
@@ -704,7 +705,7 @@ async fn settle_one(sh: &Arc<Shared>, req: SettleReq, released: bool) {
                         // In the delayed set now: promote it at its due time.
                         let due = std::time::Instant::now() + *d;
                         let mut st = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner());
-                        st.next_promote = Some(st.next_promote.map_or(due, |t| t.min(due)));
+                        st.next_promote.add(due);
                         drop(st);
                         sh.changed.notify_waiters();
                     }

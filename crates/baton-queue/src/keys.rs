@@ -22,8 +22,9 @@
 //! | `p:q:{q}:keys:wait`  | [`key_waiting`]        | zset   | each key's waiting line: members `<key>\0<16-digit seq>`, score 0 |
 //! | `p:q:{q}:keys:wait:p`| [`key_waiting_entries`]| hash   | member → `<prior deliveries>:<payload>`; `~seq` the last seq |
 //! | `p:q:{q}:rate`       | [`rate`]               | string | the rate limit's state: its theoretical arrival time (µs, Redis time) |
-//! | `p:q:{q}:krate`      | [`key_rate`]           | hash   | the per-key rate limit's state: key → `<tat µs>:<delayed entries>:<latest due µs>` |
+//! | `p:q:{q}:krate`      | [`key_rate`]           | hash   | the per-key rate limit's state: key → `<tat µs>:<entries waiting for the rate>:<head's due µs>` |
 //! | `p:q:{q}:krate:exp`  | [`key_rate_expiry`]    | zset   | key → ms after which its `krate` field may be stale (cleanup) |
+//! | `p:q:{q}:krate:line` | [`key_rate_line`]      | zset   | each key's rate line: members `<key>\0<16-digit seq>\0<entry id>`, score 0 |
 //! | `p:q:{q}:backoff`    | [`backoff`]            | string | present while the queue backs off (a handler answered `RateLimited`); expires when it ends |
 //!
 //! What each key holds in detail: the `redis` module of this crate and `docs/architecture.md`
@@ -112,10 +113,12 @@ pub fn rate(prefix: &str, queue: &str) -> String {
 
 /// The per-key rate limit's state (a hash), `<prefix>:q:{<queue>}:krate`: concurrency key →
 /// `<tat>:<n>:<due>`, the key's GCRA theoretical arrival time (µs since the Unix epoch, Redis's
-/// clock), how many of its entries wait in the delayed set (or were promoted and not read yet)
-/// for the rate, and the due time (µs) of the latest of them. Written by the gated read when a
+/// clock; it moves on as the key's entries are taken), how many of its entries wait for the rate
+/// (its head, in the delayed set or promoted and not read yet, and those parked behind it in its
+/// [`key_rate_line`]), and the head's due time (µs). Field `\0n`: the sum of the counts; `\0s`:
+/// the last line sequence. Written by the gated read when a
 /// [`ConsumerOptions::rate_limit_per_key`](crate::ConsumerOptions::rate_limit_per_key) is set; a
-/// field whose tat has passed with nothing delayed is removed by a later read ([`key_rate_expiry`]).
+/// field whose tat has passed with nothing waiting is removed by a later read ([`key_rate_expiry`]).
 pub fn key_rate(prefix: &str, queue: &str) -> String {
     format!("{prefix}:q:{{{queue}}}:krate")
 }
@@ -125,6 +128,14 @@ pub fn key_rate(prefix: &str, queue: &str) -> String {
 /// due members and removes the stale fields.
 pub fn key_rate_expiry(prefix: &str, queue: &str) -> String {
     format!("{prefix}:q:{{{queue}}}:krate:exp")
+}
+
+/// The keys' rate lines (a sorted set, all scores 0, members `<key>\0<16-digit sequence>\0<entry
+/// id>`), `<prefix>:q:{<queue>}:krate:line`: the entries of each key waiting behind its head for
+/// the per-key rate limit, in offer order. Each is parked in the [`delayed`] set (score 9·10¹⁵,
+/// never due, payload in [`delayed_payloads`]) until it becomes its key's head.
+pub fn key_rate_line(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:q:{{{queue}}}:krate:line")
 }
 
 /// The queue's back-off (a string), `<prefix>:q:{<queue>}:backoff`: present while no consumer
@@ -247,6 +258,7 @@ mod tests {
         assert_eq!(backoff("p", "q"), "p:q:{q}:backoff");
         assert_eq!(key_rate("p", "q"), "p:q:{q}:krate");
         assert_eq!(key_rate_expiry("p", "q"), "p:q:{q}:krate:exp");
+        assert_eq!(key_rate_line("p", "q"), "p:q:{q}:krate:line");
         // One hash tag for all of a queue's keys: one Cluster slot.
         let slot = baton_redis::key_slot(stream("p", "orders").as_bytes());
         for k in [
@@ -261,6 +273,7 @@ mod tests {
             backoff("p", "orders"),
             key_rate("p", "orders"),
             key_rate_expiry("p", "orders"),
+            key_rate_line("p", "orders"),
             slot_waiters("p", "orders"),
             key_held("p", "orders"),
             key_holders("p", "orders"),

@@ -223,8 +223,42 @@ pub(crate) struct Shared {
 pub(crate) struct ReclaimState {
     /// Reclaimable entries exist that no free slot could take: the next free slot reclaims.
     pub reclaim_first: bool,
-    /// When the earliest delayed entry of the queue is due.
-    pub next_promote: Option<Instant>,
+    /// When delayed entries of the queue are due (learnt from reclaim replies, reads and
+    /// `RetryAfter`s).
+    pub next_promote: PromoteTimes,
+}
+
+/// The times at which the redeliverer promotes delayed entries: a small ordered set, so that a
+/// due time learnt from a read is never lost to a reclaim reply that predates it (each time costs
+/// at most one promotion call). At most [`PromoteTimes::MAX`] are kept (the latest dropped: the
+/// poll tick's reclaim promotes anything due regardless).
+#[derive(Default)]
+pub(crate) struct PromoteTimes(std::collections::BTreeSet<Instant>);
+
+impl PromoteTimes {
+    pub const MAX: usize = 64;
+
+    /// Adds `t`; returns whether it is now the earliest.
+    pub fn add(&mut self, t: Instant) -> bool {
+        let earliest = self.0.first().is_none_or(|f| t < *f);
+        self.0.insert(t);
+        if self.0.len() > Self::MAX {
+            self.0.pop_last();
+        }
+        earliest
+    }
+
+    /// The earliest time.
+    pub fn first(&self) -> Option<Instant> {
+        self.0.first().copied()
+    }
+
+    /// Removes the times at or before `now`.
+    pub fn take_due(&mut self, now: Instant) {
+        while self.0.first().is_some_and(|t| *t <= now) {
+            self.0.pop_first();
+        }
+    }
 }
 
 impl Shared {

@@ -44,8 +44,8 @@ struct EntryKey {
     key: Arc<str>,
     /// Promoted from its key's waiting line (or requeued) holding a slot of its key already.
     holds: bool,
-    /// Delayed by the per-key rate limit (its admission reserved) and not read back yet: not
-    /// charged again (Redis: the field `kr`).
+    /// Delayed by the per-key rate limit as its key's head and not read back yet: when read, it
+    /// is charged and the next of its key's line becomes the head (Redis: the field `kr`).
     rated: bool,
 }
 
@@ -159,12 +159,14 @@ struct QState {
     prio_new: bool,
 }
 
-/// One key's per-key rate limit state: its GCRA theoretical arrival time, its entries delayed for
-/// the rate and not read back yet, and the due time of the latest of them.
+/// One key's per-key rate limit state (as `read.lua`'s): its GCRA theoretical arrival time
+/// (moved on as its entries are taken), its entries waiting for the rate (its head, in the
+/// delayed set or promoted and not read yet, and its line), and its line: the entries behind the
+/// head, in offer order, out of the delayed set until each becomes the head.
 struct KeyRate {
     tat: Instant,
     delayed: u32,
-    last_due: Instant,
+    line: VecDeque<(MessageId, Entry)>,
 }
 
 fn now_ms() -> u64 {
@@ -365,7 +367,7 @@ impl QueueBackend for MemoryQueueBackend {
             consumers: live,
             dead_consumers: st.consumers.len() as u64 - live,
             lag: (st.entries.range(next_after(st.last_delivered)..).count() + st.ready.len()) as u64,
-            delayed: st.delayed.len() as u64,
+            delayed: (st.delayed.len() + st.key_rate.values().map(|r| r.line.len()).sum::<usize>()) as u64,
             dead_letters: st.dead.len() as u64,
             paused: st.paused_since.is_some(),
             paused_since_ms: st.paused_since,
@@ -573,9 +575,9 @@ impl MemConsumer {
 
     /// The entries a gated read takes (up to `count`, in order), past the per-key cap `cap` and
     /// then the per-key rate limit `rate`, as read.lua: an entry whose key is at its cap, or has
-    /// waiters, moves to the end of the key's waiting line; an entry over its key's rate (or
-    /// behind delayed entries of its key) moves to the delayed set (keeping its key slot), due
-    /// when its key's bucket admits it (reserved). `more` as in [`MemConsumer::take_new`]; the last element: when the
+    /// waiters, moves to the end of the key's waiting line; an entry over its key's rate moves
+    /// to the delayed set as its key's head (keeping its key slot), due when its key's bucket
+    /// admits it, or, behind the key's head, to the end of the key's rate line. `more` as in [`MemConsumer::take_new`]; the last element: when the
     /// earliest entry moved to the delayed set is due.
     #[allow(clippy::type_complexity)]
     fn pick(
@@ -585,6 +587,16 @@ impl MemConsumer {
         rate: Option<crate::RateLimit>,
     ) -> (Vec<(MessageId, Bytes, u32)>, bool, Option<Instant>) {
         let start = next_after(st.last_delivered);
+        if rate.is_none() && !st.key_rate.is_empty() {
+            // No per-key rate limit (any more): the entries parked in the keys' lines are due now,
+            // as read.lua releases them.
+            let now = Instant::now();
+            for (_, r) in std::mem::take(&mut st.key_rate) {
+                for (id, e) in r.line {
+                    st.delayed.insert((now, id), e);
+                }
+            }
+        }
         if cap.is_none() && rate.is_none() {
             // No per-key gate: the entries in order, as they are.
             let picked: Vec<(MessageId, Bytes, u32)> =
@@ -614,10 +626,6 @@ impl MemConsumer {
             };
             let (k, mut holds, rated) = (ek.key.clone(), ek.holds, ek.rated);
             if rated {
-                // Charged when it was delayed: one delayed entry of the key fewer.
-                if let Some(r) = st.key_rate.get_mut(&k) {
-                    r.delayed = r.delayed.saturating_sub(1);
-                }
                 if let Some(ek) = st.entries.get_mut(&id).and_then(|e| e.key.as_mut()) {
                     ek.rated = false;
                 }
@@ -635,31 +643,46 @@ impl MemConsumer {
                     continue;
                 }
             }
-            // Then the key's rate.
-            if let Some(r) = rate.as_ref().filter(|_| !rated) {
+            // Then the key's rate: charged when taken, so that it spaces starts.
+            if let Some(r) = rate.as_ref() {
                 let (t, tau) = (r.interval(), r.tolerance());
-                let kr = st.key_rate.entry(k.clone()).or_insert(KeyRate { tat: now, delayed: 0, last_due: now });
+                let kr =
+                    st.key_rate.entry(k.clone()).or_insert(KeyRate { tat: now, delayed: 0, line: VecDeque::new() });
+                if rated {
+                    // The key's head, read back.
+                    kr.delayed = kr.delayed.saturating_sub(1);
+                }
                 let base = kr.tat.max(now);
-                if kr.delayed == 0 && base <= now + tau {
+                if base <= now + tau && (rated || kr.delayed == 0) {
+                    // Starts; the next of the key's line (if any) becomes its head.
                     kr.tat = base + t;
-                } else {
-                    // Over its key's rate (or behind delayed entries of its key): delayed, its
-                    // admission reserved, keeping its key slot if it holds one (under its id);
-                    // a key's due times never go back.
-                    let mut due = base.checked_sub(tau).unwrap_or(now).max(now);
                     if kr.delayed > 0 {
-                        due = due.max(kr.last_due);
+                        match kr.line.pop_front() {
+                            Some((lid, le)) => {
+                                let due = kr.tat.checked_sub(tau).unwrap_or(now).max(now);
+                                st.delayed.insert((due, lid), le);
+                                first_due = Some(first_due.map_or(due, |d| d.min(due)));
+                            }
+                            None => kr.delayed = 0,
+                        }
                     }
-                    kr.tat = base + t;
-                    kr.delayed += 1;
-                    kr.last_due = due;
+                } else {
+                    // Over its key's rate, or behind its key's head: out of the log, keeping its
+                    // key slot if it holds one (under its id).
                     let mut e = st.entries.remove(&id).expect("listed");
                     if let Some(ek) = e.key.as_mut() {
                         ek.rated = true;
                         ek.holds = holds;
                     }
-                    st.delayed.insert((due, id), e);
-                    first_due = Some(first_due.map_or(due, |d| d.min(due)));
+                    if rated || kr.delayed == 0 {
+                        // The key's head: due when the key's bucket admits it.
+                        let due = base.checked_sub(tau).unwrap_or(now).max(now);
+                        st.delayed.insert((due, id), e);
+                        first_due = Some(first_due.map_or(due, |d| d.min(due)));
+                    } else {
+                        kr.line.push_back((id, e));
+                    }
+                    kr.delayed += 1;
                     continue;
                 }
             }

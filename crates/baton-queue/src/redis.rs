@@ -61,24 +61,26 @@
 //! read, after `concurrency_per_key` (an entry is charged when it may start, not while it waits
 //! in its key's line), and not a timed gate: one key over its rate must not hold back the others
 //! (no head-of-line blocking). Each key has a GCRA bucket (`krate`: its theoretical arrival time,
-//! Redis time). An entry of a key that does not conform is taken out of the stream (`XACK` +
-//! `XDEL`, never pending while it waits) into the delayed set (the one of long `RetryAfter`s and
-//! scheduled entries), due when its key's bucket admits it, keeping the key slot it got (its
-//! holder id stays its id, a delayed member, which the caps backstop knows); that admission is
-//! reserved at once (the key's tat moves on), so a later entry of the key reserves a later time,
-//! and while a key has delayed entries its new entries are delayed behind them (its due times
-//! strictly increase, to the µs, in the zset score's fraction): a key's entries start in offer
-//! order. `reclaim.lua` promotes it at its due time with the mark `kr` (charged already; and `kh`
-//! with its slot, the holder id moving to the new entry), so the read takes it at once. The read
-//! tells the consumer when the earliest entry it delayed is due, and the consumer's promoter (a
-//! remote worker: its next claim) promotes it then (any consumer's reclaim tick would too). The
-//! rate spaces admissions: entries promoted while every consumer's slots are busy start when read,
-//! so after such a spell a key's entries that have come due may start close together. The queue-wide rate limit
-//! counts entries taken, so a delayed entry counts when it is taken after its promotion.
-//! Stale `krate` fields (tat past, nothing delayed) are removed by later reads, a few per read
-//! (`krate:exp`, no per-field expiry on Redis 7.0). A promoted entry removed from the stream by
-//! other code before it was read leaves its key's delayed count one too high: later entries of
-//! the key then always go through the delayed set (still at the key's rate).
+//! Redis time), charged when one of its entries is taken, so the rate spaces starts. An entry of
+//! a key that does not conform is taken out of the stream (`XACK` + `XDEL`, never pending while it
+//! waits) into the delayed set (the one of long `RetryAfter`s and scheduled entries): the first as
+//! the key's head, due when its key's bucket admits it; the ones behind it parked there (a score
+//! that is never due) and listed in the key's rate line (`krate:line`), in offer order. Each keeps
+//! the key slot it got (its holder id stays its id, a delayed member, which the caps backstop
+//! knows). `reclaim.lua` promotes the head at its due time with the mark `kr` (and `kh` with its
+//! slot, the holder id moving to the new entry). When the read takes it, it is charged and the
+//! next of the line becomes the head, due when the bucket admits it again; a head whose start came
+//! so late that it no longer conforms (it sat in the stream while every slot was busy) goes back
+//! as the head. So a key's entries start in offer order and never faster than its rate. The read
+//! tells the consumer when a head it scheduled is due, and the consumer's promoter (a remote
+//! worker: its next claim) promotes it then (any consumer's reclaim tick would too). The
+//! queue-wide rate limit counts entries taken, so a delayed entry counts when it is taken after
+//! its promotion. Stale `krate` fields (tat past, nothing waiting) are removed by later reads, a
+//! few per read (`krate:exp`, no per-field expiry on Redis 7.0). A read of a consumer without a
+//! per-key rate limit releases the parked entries (due at once), so removing the setting strands
+//! nothing. A head lost to something other than the queue's scripts (its delayed member or
+//! promoted entry removed by hand, or a write lost in a failover) leaves its key's line parked:
+//! later entries of the key wait behind it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -158,6 +160,7 @@ struct Keys {
     /// The per-key rate limit's state and its cleanup zset.
     key_rate: String,
     key_rate_expiry: String,
+    key_rate_line: String,
     /// The concurrency caps' and priorities' keys, in the order of `caps.lua`'s `caps_keys`:
     /// control stream, slot waiter flag, key hold counts, key holders, key waiting line, waiting
     /// entries, ready set, ready entries.
@@ -185,6 +188,7 @@ impl Keys {
             backoff: keys::backoff(prefix, queue),
             key_rate: keys::key_rate(prefix, queue),
             key_rate_expiry: keys::key_rate_expiry(prefix, queue),
+            key_rate_line: keys::key_rate_line(prefix, queue),
             caps: keys::caps(prefix, queue),
         }
     }
@@ -651,7 +655,7 @@ impl RedisConsumer {
 
     /// The gated read's `EVALSHA` (`read.lua`, module docs).
     fn read_cmd(&self, count: usize) -> redis::Cmd {
-        let mut cmd = READ.evalsha_cmd(8 + keys::CAPS_KEYS);
+        let mut cmd = READ.evalsha_cmd(9 + keys::CAPS_KEYS);
         cmd.arg(&self.keys.stream).arg(&self.keys.paused);
         for k in &self.keys.caps {
             cmd.arg(k);
@@ -662,6 +666,7 @@ impl RedisConsumer {
             .arg(&self.keys.delayed_payloads)
             .arg(&self.keys.key_rate)
             .arg(&self.keys.key_rate_expiry)
+            .arg(&self.keys.key_rate_line)
             .arg(&self.group)
             .arg(&self.spec.consumer)
             .arg(count.max(1))

@@ -114,7 +114,7 @@ pub struct RemoteConsumer {
     last_beat: Arc<Mutex<Option<Instant>>>,
     /// When the earliest entry this worker's claims delayed for its key's rate is due (shared by
     /// the clones): a claim then promotes it.
-    promote_at: Arc<Mutex<Option<Instant>>>,
+    promote_at: Arc<Mutex<crate::lease::PromoteTimes>>,
 }
 
 fn owned(id: MessageId, o: Owned) -> Result<Settled, QueueError> {
@@ -186,8 +186,7 @@ impl RemoteConsumer {
     /// Keeps the earliest due time of the entries the last read delayed.
     fn note_promote_hint(&self) {
         if let Some(due) = self.backend.take_promote_hint() {
-            let mut at = self.promote_at.lock().expect("lock");
-            *at = Some(at.map_or(due, |t| t.min(due)));
+            self.promote_at.lock().expect("lock").add(due);
         }
     }
 
@@ -229,11 +228,14 @@ impl RemoteConsumer {
         loop {
             self.note_promote_hint();
             let now = Instant::now();
-            let due = *self.promote_at.lock().expect("lock");
+            let due = self.promote_at.lock().expect("lock").first();
             if due.is_some_and(|d| d <= now) {
+                // Taken before the call: a time learnt meanwhile (by a concurrent claim) stays.
+                self.promote_at.lock().expect("lock").take_due(now);
                 let r = self.backend.reclaim(0, &[]).await?;
-                *self.promote_at.lock().expect("lock") =
-                    r.next_due.map(|n| Instant::now() + n.max(Duration::from_millis(10)));
+                if let Some(n) = r.next_due {
+                    self.promote_at.lock().expect("lock").add(Instant::now() + n.max(Duration::from_millis(10)));
+                }
                 continue;
             }
             if raw.len() >= max {

@@ -59,12 +59,12 @@ pub struct ConsumerOptions {
     /// one key are taken at most at this rate by all of the queue's consumers together, each key
     /// with a bucket of its own (GCRA, as [`RateLimit`]). An entry over its key's rate does not
     /// hold back other keys' entries and is never pending while it waits: it moves to the queue's
-    /// delayed set, due at the time its key's bucket admits it (that time is reserved for it),
-    /// and is promoted then; a key's entries start in offer order. Checked after
-    /// [`ConsumerOptions::concurrency_per_key`]: an entry waiting for a slot of its key is not
-    /// charged, and one that got a slot but not its rate keeps the slot while it waits. The rate
-    /// spaces admissions: entries whose time came while every consumer was busy start when read.
-    /// Entries without a key are not limited by it. `None` (default): no limit. Every consumer
+    /// delayed set (the first as the key's head, due when its key's bucket admits it; later ones
+    /// parked behind it, in offer order), and is promoted when due; a key's entries start in
+    /// offer order. Charged when taken, so it spaces starts, even after a spell in which every
+    /// consumer was busy. Checked after [`ConsumerOptions::concurrency_per_key`]: an entry
+    /// waiting for a slot of its key is not charged, and one that got a slot but not its rate
+    /// keeps the slot while it waits. Entries without a key are not limited by it. `None` (default): no limit. Every consumer
     /// of a queue should be given the same limit.
     pub rate_limit_per_key: Option<RateLimit>,
 }

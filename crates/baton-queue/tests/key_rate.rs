@@ -26,6 +26,8 @@ baton_testkit::on_every_backend!(
     stats_count_each_keys_active_waiting_and_rate_delayed_entries,
     a_remote_workers_claims_keep_each_keys_rate,
     an_entry_delayed_for_its_keys_rate_keeps_its_priority,
+    entries_that_came_due_while_every_slot_was_busy_start_at_the_keys_rate,
+    a_removed_per_key_rate_limit_strands_no_parked_entry,
 );
 
 fn keyed(k: &str) -> OfferOptions {
@@ -136,7 +138,7 @@ async fn each_key_is_spaced_by_its_rate_and_other_keys_are_not_held_back(b: Test
     let st = s.stats(&q).await.unwrap();
     assert_eq!((st.length, st.pending, st.delayed, st.key_rate_delayed), (0, 0, 0, 0), "{st:?}");
     // Redis: the keys' rate states are removed by later reads once their tat has passed (only the
-    // total's field, 0, stays).
+    // total's field, 0, and the line's sequence stay).
     if let Some(conn) = conn_for(&b).await {
         let krate = keys::key_rate(keys::DEFAULT_PREFIX, &q);
         let exp = keys::key_rate_expiry(keys::DEFAULT_PREFIX, &q);
@@ -144,8 +146,10 @@ async fn each_key_is_spaced_by_its_rate_and_other_keys_are_not_held_back(b: Test
             let mut conn = conn.clone();
             let (krate, exp) = (krate.clone(), exp.clone());
             async move {
-                let fields: HashMap<String, String> =
+                let mut fields: HashMap<String, String> =
                     redis::cmd("HGETALL").arg(&krate).query_async(&mut conn).await.unwrap();
+                // The line's sequence counter stays (it only ever grows).
+                fields.remove("\0s");
                 let n: u64 = redis::cmd("ZCARD").arg(&exp).query_async(&mut conn).await.unwrap();
                 (fields.len() == 1 && n == 0).then_some(fields)
             }
@@ -601,5 +605,104 @@ async fn an_entry_delayed_for_its_keys_rate_keeps_its_priority(b: TestBackend) {
     // k1 comes back about 500 ms in, with about 3 of the n entries still waiting: it goes first.
     assert!(at("k1") < at("n9"), "k1 kept its priority: {order:?}");
     assert!(at("k1") > at("n2"), "k1 waited for its key's rate: {order:?}");
+    c.drain(Duration::from_secs(2)).await;
+}
+
+/// The rate spaces starts, not admissions: a key's entries delayed for its rate that come due
+/// while every slot of the consumer is busy start one interval apart once a slot frees, not
+/// together (before the key's line, all five that had come due started within a few ms).
+async fn entries_that_came_due_while_every_slot_was_busy_start_at_the_keys_rate(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krate-busy");
+    let starts: Starts = Arc::default();
+    let h = {
+        let starts = starts.clone();
+        move |d: Delivery| {
+            let starts = starts.clone();
+            async move {
+                let p = String::from_utf8_lossy(&d.payload).into_owned();
+                starts.lock().unwrap().push((p.clone(), Instant::now()));
+                if p.starts_with("slow") {
+                    tokio::time::sleep(Duration::from_millis(1200)).await;
+                }
+                Decision::Ack
+            }
+        }
+    };
+    // 10 per second per key, burst 1; two slots. k0 starts, k1..k5 wait for the key's rate (k1 is
+    // due 100 ms later); the two slow entries then hold both slots for 1.2 s, while k1..k5 would
+    // all have come due.
+    let rate = RateLimit::new(10, Duration::from_secs(1)).with_burst(1);
+    let c = s.consume(&q, h, opts(rate).with_concurrency(2)).await.unwrap();
+    for i in 0..6 {
+        s.offer_with(&q, format!("k{i}"), keyed("k")).await.unwrap();
+    }
+    s.offer(&q, "slow0").await.unwrap();
+    s.offer(&q, "slow1").await.unwrap();
+    eventually(Duration::from_secs(10), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n >= 8).then_some(()) }
+    })
+    .await
+    .expect("all 8 ran");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(starts.lock().unwrap().len(), 8, "each entry runs once");
+    let slow = of(&starts, "slow");
+    let k = of(&starts, "k");
+    assert_spaced("k", &k, 6, Duration::from_millis(100), Duration::from_millis(15));
+    // k1 started only after a slow entry finished (the slots were busy): the scenario happened.
+    assert!(k[1].1 >= slow[0].1 + Duration::from_millis(1100), "k1 at {:?} after slow0", k[1].1 - slow[0].1);
+    c.drain(Duration::from_secs(2)).await;
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.delayed, st.key_rate_delayed), (0, 0, 0, 0), "{st:?}");
+}
+
+/// A key's entries parked behind its head wait for nothing but their turn: when the per-key rate
+/// limit is removed from the consumers' settings, the next read releases them (each runs once).
+async fn a_removed_per_key_rate_limit_strands_no_parked_entry(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krate-removed");
+    let starts: Starts = Arc::default();
+    // 1 per 10 s per key: k0 starts, k1 is the key's head (due in 10 s), k2..k4 are parked.
+    let rate = RateLimit::new(1, Duration::from_secs(10)).with_burst(1);
+    let c = s.consume(&q, recorder(&starts, Duration::ZERO), opts(rate)).await.unwrap();
+    for i in 0..5 {
+        s.offer_with(&q, format!("k{i}"), keyed("k")).await.unwrap();
+    }
+    eventually(Duration::from_secs(5), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("k0 started");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.delayed, st.key_rate_delayed), (0, 0, 4, 4), "{st:?}");
+    c.drain(Duration::from_secs(2)).await;
+    // The same queue without a per-key rate limit: the parked entries are released at once and
+    // the head (due in about 10 s) when due; k1 to k4 all run, each once.
+    let c = s
+        .consume(&q, recorder(&starts, Duration::ZERO), fast(10_000).with_poll_interval(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(4), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n == 4).then_some(()) }
+    })
+    .await
+    .expect("the three parked entries ran without waiting for the head's due time");
+    let mut got: Vec<String> = starts.lock().unwrap().iter().map(|(p, _)| p.clone()).collect();
+    got.sort();
+    assert_eq!(got, ["k0", "k2", "k3", "k4"]);
+    eventually(Duration::from_secs(15), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n == 5).then_some(()) }
+    })
+    .await
+    .expect("the head ran at its due time");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(starts.lock().unwrap().len(), 5, "each entry runs once");
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.delayed, st.key_rate_delayed), (0, 0, 0, 0), "{st:?}");
     c.drain(Duration::from_secs(2)).await;
 }
