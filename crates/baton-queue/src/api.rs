@@ -61,6 +61,13 @@ impl<'de> Deserialize<'de> for MessageId {
 /// set's ms scores, the process's monotonic clock.
 pub const MAX_DELAY: Duration = Duration::from_secs(315_360_000);
 
+/// The longest [`ConsumerOptions::claim_timeout`](crate::ConsumerOptions::claim_timeout) (and
+/// [`RemoteOptions::claim_timeout`](crate::RemoteOptions::claim_timeout)): 1 day. The claim
+/// timeout is the failover window of a dead consumer, not a bound on a handler's run (a live
+/// consumer's leases are renewed whatever its handlers do); a longer one (say `Duration::MAX`)
+/// would overflow the process's clock arithmetic.
+pub const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(86_400);
+
 /// What a handler decided about a delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {

@@ -141,6 +141,12 @@ impl RemoteConsumer {
         if opts.claim_timeout < Duration::from_secs(1) {
             return Err(QueueError::InvalidSettings("claim_timeout must be at least 1s".into()));
         }
+        if opts.claim_timeout > crate::MAX_CLAIM_TIMEOUT {
+            return Err(QueueError::InvalidSettings(format!(
+                "claim_timeout must be at most 1 day (got {:?})",
+                opts.claim_timeout
+            )));
+        }
         if let Some(r) = &opts.rate_limit {
             r.validate()?;
         }

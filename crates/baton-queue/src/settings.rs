@@ -13,7 +13,7 @@ pub struct ConsumerOptions {
     /// The failover window: an entry whose consumer has not renewed it (nor written its liveness
     /// record) for this long — a dead, stopped or partitioned consumer — is taken over by another
     /// one. A live consumer renews every `heartbeat_interval`, whatever its handlers do. Default
-    /// 30 s; at least 100 ms.
+    /// 30 s; at least 100 ms, at most [`MAX_CLAIM_TIMEOUT`](crate::MAX_CLAIM_TIMEOUT) (1 day).
     pub claim_timeout: Duration,
     /// How often running handlers' leases are renewed. Default `claim_timeout / 3`; must be at
     /// most `claim_timeout / 2` so one late tick does not lose a lease.
@@ -240,6 +240,9 @@ impl ConsumerOptions {
         if self.claim_timeout < Duration::from_millis(100) {
             return bad(format!("claim_timeout must be at least 100ms (got {:?})", self.claim_timeout));
         }
+        if self.claim_timeout > crate::MAX_CLAIM_TIMEOUT {
+            return bad(format!("claim_timeout must be at most 1 day (got {:?})", self.claim_timeout));
+        }
         let hb = self.heartbeat();
         if hb.is_zero() {
             return bad("heartbeat_interval must be above zero".into());
@@ -335,6 +338,11 @@ mod tests {
         let cases: Vec<(ConsumerOptions, &str)> = vec![
             (ConsumerOptions::new().with_concurrency(0), "concurrency must be at least 1"),
             (ConsumerOptions::new().with_claim_timeout(Duration::ZERO), "claim_timeout must be at least 100ms"),
+            (ConsumerOptions::new().with_claim_timeout(Duration::MAX), "claim_timeout must be at most 1 day"),
+            (
+                ConsumerOptions::new().with_claim_timeout(Duration::from_secs(86_401)),
+                "claim_timeout must be at most 1 day (got 86401s)",
+            ),
             (
                 ConsumerOptions::new().with_heartbeat_interval(Duration::from_secs(20)),
                 "must be at most half of claim_timeout",

@@ -63,6 +63,11 @@ async fn claim_renew_settle(b: TestBackend) {
     let ct = Duration::from_secs(1);
     let a = s.remote_consumer(&q, "worker-a", opts(ct)).await.unwrap();
     assert!(matches!(s.remote_consumer(&q, "~parked", opts(ct)).await, Err(QueueError::InvalidSettings(_))));
+    // A claim timeout above a day (say Duration::MAX) is refused, not left to overflow clocks.
+    match s.remote_consumer(&q, "worker-x", opts(Duration::MAX)).await {
+        Err(QueueError::InvalidSettings(m)) => assert!(m.starts_with("claim_timeout must be at most 1 day"), "{m}"),
+        other => panic!("expected InvalidSettings, got {:?}", other.map(|_| ())),
+    }
     // Long-poll: a claim waiting on an empty queue returns as soon as a message arrives.
     let waiter = tokio::spawn({
         let a = a.clone();
