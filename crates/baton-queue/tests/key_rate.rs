@@ -6,8 +6,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -477,33 +475,8 @@ fn key_rate_child_worker() {
     });
 }
 
-struct Worker(Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_worker(url: &str, queue: &str) -> Worker {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "key_rate_child_worker", "--include-ignored", "--nocapture", "--test-threads=1"])
-        .env("BATON_KRATE_CHILD", "1")
-        .env("BATON_QUEUE", queue)
-        .env("BATON_REDIS_URL", url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut child = cmd.spawn().expect("spawn worker");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    loop {
-        let line = lines.next().expect("worker exited before READY").unwrap();
-        if line.contains("READY ") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    Worker(child)
+fn spawn_worker(url: &str, queue: &str) -> ChildWorker {
+    spawn_child_worker("key_rate_child_worker", &[("BATON_KRATE_CHILD", "1"), ("BATON_QUEUE", queue), ("BATON_REDIS_URL", url)])
 }
 
 /// Three consumer processes share each key's bucket: 5 keys × 12 entries at 10 per second per
@@ -516,7 +489,7 @@ async fn three_processes_share_each_keys_rate() {
     let client = RedisClient::new(server.config()).unwrap();
     let s = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
     let q = queue_name("krate-3p");
-    let workers: Vec<Worker> = (0..3).map(|_| spawn_worker(&server.url(), &q)).collect();
+    let workers: Vec<ChildWorker> = (0..3).map(|_| spawn_worker(&server.url(), &q)).collect();
     for i in 0..12 {
         for k in 0..5 {
             s.offer_with(&q, format!("k{k}-{i}"), keyed(&format!("k{k}"))).await.unwrap();

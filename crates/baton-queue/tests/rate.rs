@@ -6,8 +6,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -350,33 +348,8 @@ fn rate_child_worker() {
     });
 }
 
-struct Worker(Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_worker(url: &str, queue: &str) -> Worker {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "rate_child_worker", "--include-ignored", "--nocapture", "--test-threads=1"])
-        .env("BATON_RATE_CHILD", "1")
-        .env("BATON_QUEUE", queue)
-        .env("BATON_REDIS_URL", url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut child = cmd.spawn().expect("spawn worker");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    loop {
-        let line = lines.next().expect("worker exited before READY").unwrap();
-        if line.contains("READY ") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    Worker(child)
+fn spawn_worker(url: &str, queue: &str) -> ChildWorker {
+    spawn_child_worker("rate_child_worker", &[("BATON_RATE_CHILD", "1"), ("BATON_QUEUE", queue), ("BATON_REDIS_URL", url)])
 }
 
 /// The measurement: 1,000/s configured, three consumer processes, ~30 s: the rate of
@@ -391,7 +364,7 @@ async fn thousand_per_second_across_three_processes_for_30s() {
     offer_n(&s, &q, 36_000).await;
     let mut conn = client.shared().await.unwrap();
     let key = started_key(&q);
-    let workers: Vec<Worker> = (0..3).map(|_| spawn_worker(&server.url(), &q)).collect();
+    let workers: Vec<ChildWorker> = (0..3).map(|_| spawn_worker(&server.url(), &q)).collect();
     let count = |mut conn: baton_redis::RedisConn, key: String| async move {
         let n: Option<u64> = redis::cmd("GET").arg(&key).query_async(&mut conn).await.unwrap();
         n.unwrap_or(0)

@@ -178,3 +178,36 @@ pub async fn hanging_consumer(s: &MessageStream, queue: &str, opts: ConsumerOpti
         .unwrap();
     (c, started)
 }
+
+/// A child process running one ignored test of the current test binary as a worker (killed and
+/// reaped when dropped).
+pub struct ChildWorker(pub std::process::Child);
+
+impl Drop for ChildWorker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts this test binary again running only the ignored test `test` (its worker entry point)
+/// with the environment `envs`, and waits until it prints `READY` (its consumer started).
+pub fn spawn_child_worker(test: &str, envs: &[(&str, &str)]) -> ChildWorker {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"])
+        .envs(envs.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = cmd.spawn().expect("spawn worker");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("worker exited before READY").unwrap();
+        if line.contains("READY ") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    ChildWorker(child)
+}
