@@ -177,17 +177,21 @@ if #ids > 0 then
   end
   for _, e in ipairs(claimed) do
     local id, fields = e[1], e[2]
-    local payload, prior = false, 0
+    local payload, prior, extra = false, 0, {}
     for i = 1, #fields, 2 do
       if fields[i] == 'p' then payload = fields[i + 1]
-      elseif fields[i] == 'dc' then prior = tonumber(fields[i + 1]) or 0 end
+      elseif fields[i] == 'dc' then prior = tonumber(fields[i + 1]) or 0
+      elseif fields[i] == 'k' or fields[i] == 'pr' then
+        extra[#extra + 1] = fields[i]
+        extra[#extra + 1] = fields[i + 1]
+      end
     end
     local info = redis.call('XPENDING', stream, group, id, id, 1)
     local total = prior + ((info[1] and info[1][4]) or 1)
     if payload == false or (maxd > 0 and total > maxd) then
       local reason = 'max deliveries exceeded'
       if payload == false then reason = 'malformed entry: no payload field' end
-      redis.call('XADD', dead, '*', 'id', id, 'p', payload or '', 'dc', total - 1, 'reason', reason, 'at', now)
+      redis.call('XADD', dead, '*', 'id', id, 'p', payload or '', 'dc', total - 1, 'reason', reason, 'at', now, unpack(extra))
       redis.call('XACK', stream, group, id)
       redis.call('XDEL', stream, id)
       redis.call('HDEL', fences, id)

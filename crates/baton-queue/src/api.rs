@@ -236,6 +236,14 @@ pub struct DeadLetter {
     pub reason: String,
     /// When it was dead-lettered, ms since the Unix epoch.
     pub dead_lettered_at_ms: u64,
+    /// Its concurrency key ([`OfferOptions::concurrency_key`]), if it had one: a replay offers
+    /// it with the same key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+    /// Its priority ([`OfferOptions::priority`], 0 if it had none): a replay offers it with the
+    /// same priority.
+    #[serde(default)]
+    pub priority: i8,
 }
 
 mod payload_serde {
@@ -335,8 +343,8 @@ pub struct OfferOptions {
     /// high-priority work starves lower priorities until it drains. Priorities order new
     /// entries only: reclaims and redeliveries of started work are not reordered. The priority
     /// is kept through scheduling ([`MessageStream::offer_at_with`](crate::MessageStream::offer_at_with)),
-    /// a long [`Decision::RetryAfter`], a concurrency key's waiting line and requeues; a dead
-    /// letter replayed comes back with priority 0.
+    /// a long [`Decision::RetryAfter`], a concurrency key's waiting line, requeues and dead
+    /// letters (a replay offers the entry with its priority and concurrency key).
     pub priority: i8,
 }
 

@@ -50,10 +50,6 @@ struct EntryKey {
 }
 
 impl Entry {
-    fn new(payload: Bytes, prior: u32) -> Self {
-        Entry { payload, prior, key: None, priority: 0 }
-    }
-
     fn keyed(payload: Bytes, prior: u32, key: Option<Arc<str>>) -> Self {
         Entry {
             payload,
@@ -182,10 +178,6 @@ fn next_id(last: &mut MessageId) -> MessageId {
 }
 
 impl QState {
-    fn append(&mut self, payload: Bytes, prior: u32) -> MessageId {
-        self.append_entry(Entry::new(payload, prior))
-    }
-
     fn append_entry(&mut self, e: Entry) -> MessageId {
         if e.priority != 0 {
             self.prio_new = true;
@@ -248,19 +240,28 @@ impl QState {
         self.entries.remove(id)
     }
 
-    fn bury(&mut self, id: MessageId, payload: Bytes, deliveries: u32, reason: &str) {
+    /// Entry `e` (id `id`) to the dead letters, with its key and priority.
+    fn bury(&mut self, id: MessageId, e: Entry, deliveries: u32, reason: &str) {
         let dead_id = next_id(&mut self.last_dead_id);
         self.dead.insert(
             dead_id,
             DeadLetter {
                 id: dead_id,
                 original_id: id,
-                payload,
+                payload: e.payload,
                 deliveries,
                 reason: reason.to_string(),
                 dead_lettered_at_ms: now_ms(),
+                concurrency_key: e.key.map(|k| k.key.to_string()),
+                priority: e.priority,
             },
         );
+    }
+
+    /// A dead letter offered again (a new id at the tail), with its key and priority.
+    fn replay(&mut self, d: DeadLetter) -> MessageId {
+        let e = Entry::keyed(d.payload, 0, d.concurrency_key.map(Arc::from)).with_priority(d.priority);
+        self.append_entry(e)
     }
 }
 
@@ -442,7 +443,7 @@ impl QueueBackend for MemoryQueueBackend {
         let new_id = {
             let mut st = q.state.lock().unwrap();
             let d = st.dead.remove(&id).ok_or(QueueError::DeadLetterNotFound(id))?;
-            st.append(d.payload, 0)
+            st.replay(d)
         };
         q.notify.notify_waiters();
         Ok(new_id)
@@ -455,7 +456,7 @@ impl QueueBackend for MemoryQueueBackend {
             let ids: Vec<MessageId> = st.dead.keys().take(limit).copied().collect();
             for id in &ids {
                 let d = st.dead.remove(id).expect("listed");
-                st.append(d.payload, 0);
+                st.replay(d);
             }
             ids.len() as u64
         };
@@ -870,7 +871,7 @@ impl ConsumerBackend for MemConsumer {
                 let total = deliveries_in_pel + entry.prior;
                 if self.spec.max_deliveries.is_some_and(|m| total > m) {
                     let e = st.remove(&id).expect("present");
-                    st.bury(id, e.payload, total - 1, "max deliveries exceeded");
+                    st.bury(id, e, total - 1, "max deliveries exceeded");
                     out.dead_lettered += 1;
                     continue;
                 }
@@ -975,7 +976,7 @@ impl ConsumerBackend for MemConsumer {
         let o = st.owner(&id, self.me(), released, fence);
         if o == Owned::Done {
             let e = st.remove(&id).expect("owned entries exist");
-            st.bury(id, e.payload, deliveries, reason);
+            st.bury(id, e, deliveries, reason);
             self.wake(&mut st);
         }
         Ok(o)

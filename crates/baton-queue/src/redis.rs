@@ -115,7 +115,8 @@ static DEAD_LETTER: LuaScript = LuaScript::new(
     "dead_letter",
     concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/dead_letter.lua")),
 );
-static REPLAY: LuaScript = LuaScript::new("replay", include_str!("../scripts/replay.lua"));
+static REPLAY: LuaScript =
+    LuaScript::new("replay", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/replay.lua")));
 static REAP: LuaScript = LuaScript::new("reap", include_str!("../scripts/reap.lua"));
 static STATS: LuaScript = LuaScript::new("stats", include_str!("../scripts/stats.lua"));
 static SCHEDULE: LuaScript = LuaScript::new("schedule", include_str!("../scripts/schedule.lua"));
@@ -517,6 +518,8 @@ impl QueueBackend for RedisQueueBackend {
                 deliveries: 0,
                 reason: String::new(),
                 dead_lettered_at_ms: 0,
+                concurrency_key: None,
+                priority: 0,
             };
             for (k, v) in fields(&parts[1]) {
                 match k.as_str() {
@@ -525,6 +528,8 @@ impl QueueBackend for RedisQueueBackend {
                     "dc" => d.deliveries = as_u64(&v) as u32,
                     "reason" => d.reason = as_string(&v).unwrap_or_default(),
                     "at" => d.dead_lettered_at_ms = as_u64(&v),
+                    keys::KEY_FIELD => d.concurrency_key = as_string(&v),
+                    keys::PRIORITY_FIELD => d.priority = as_string(&v).and_then(|p| p.parse().ok()).unwrap_or(0),
                     _ => {}
                 }
             }
@@ -535,8 +540,9 @@ impl QueueBackend for RedisQueueBackend {
 
     async fn replay_dead_letter(&self, queue: &str, id: MessageId) -> Result<MessageId, QueueError> {
         let keys = self.keys(queue);
-        let r: Option<String> =
-            REPLAY.run(&mut self.conn.clone(), &[&keys.stream, &keys.dead], &[&"one", &id.to_string()]).await?;
+        let r: Option<String> = REPLAY
+            .run(&mut self.conn.clone(), &keys.with_caps(&[&keys.stream, &keys.dead]), &[&"one", &id.to_string()])
+            .await?;
         match r {
             Some(s) => parse_id(&s),
             None => Err(QueueError::DeadLetterNotFound(id)),
@@ -545,7 +551,7 @@ impl QueueBackend for RedisQueueBackend {
 
     async fn replay_dead_letters(&self, queue: &str, limit: usize) -> Result<u64, QueueError> {
         let keys = self.keys(queue);
-        Ok(REPLAY.run(&mut self.conn.clone(), &[&keys.stream, &keys.dead], &[&"all", &limit]).await?)
+        Ok(REPLAY.run(&mut self.conn.clone(), &keys.with_caps(&[&keys.stream, &keys.dead]), &[&"all", &limit]).await?)
     }
 
     async fn purge_dead_letters(&self, queue: &str) -> Result<u64, QueueError> {

@@ -476,7 +476,10 @@ fn key_rate_child_worker() {
 }
 
 fn spawn_worker(url: &str, queue: &str) -> ChildWorker {
-    spawn_child_worker("key_rate_child_worker", &[("BATON_KRATE_CHILD", "1"), ("BATON_QUEUE", queue), ("BATON_REDIS_URL", url)])
+    spawn_child_worker(
+        "key_rate_child_worker",
+        &[("BATON_KRATE_CHILD", "1"), ("BATON_QUEUE", queue), ("BATON_REDIS_URL", url)],
+    )
 }
 
 /// Three consumer processes share each key's bucket: 5 keys × 12 entries at 10 per second per

@@ -23,6 +23,7 @@ baton_testkit::on_every_backend!(
     a_long_retry_after_keeps_its_priority,
     priorities_out_of_range_are_refused,
     more_new_entries_than_one_read_moves,
+    a_replayed_dead_letter_keeps_its_priority_and_concurrency_key,
 );
 
 fn prio(p: i8) -> OfferOptions {
@@ -313,4 +314,93 @@ async fn more_new_entries_than_one_read_moves(b: TestBackend) {
     let want: Vec<String> = std::iter::once("p9".to_string()).chain((0..600).map(|i| format!("z{i}"))).collect();
     assert_eq!(taken, want);
     c.drain(Duration::from_secs(2)).await;
+}
+
+/// A dead letter keeps its entry's concurrency key and priority (listed with it), and a replay
+/// offers it with both: replayed behind two entries of priority 0 it runs first, and while
+/// another entry of its key runs (`concurrency_per_key = 1`) it waits for it. (Before, a replay
+/// came back at priority 0 without its key: last, and beside its key's running entry.)
+async fn a_replayed_dead_letter_keeps_its_priority_and_concurrency_key(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("prio-replay");
+    type Log = Arc<Mutex<Vec<(String, std::time::Instant, std::time::Instant)>>>;
+    let log: Log = Arc::default();
+    let h = {
+        let log = log.clone();
+        move |d: Delivery| {
+            let log = log.clone();
+            async move {
+                let p = String::from_utf8_lossy(&d.payload).into_owned();
+                let start = std::time::Instant::now();
+                let first = !log.lock().unwrap().iter().any(|(x, _, _)| *x == p);
+                if p == "k/b" {
+                    tokio::time::sleep(Duration::from_millis(800)).await;
+                }
+                log.lock().unwrap().push((p.clone(), start, std::time::Instant::now()));
+                if first && (p == "k/a" || p == "p/x") {
+                    Decision::DeadLetter("poison".into())
+                } else {
+                    Decision::Ack
+                }
+            }
+        }
+    };
+    let c = s.consume(&q, h, fast(10_000).with_concurrency(2).with_concurrency_per_key(Some(1))).await.unwrap();
+    s.offer_with(&q, "k/a", OfferOptions { concurrency_key: Some("k".into()), priority: 3 }).await.unwrap();
+    s.offer_with(&q, "p/x", prio(4)).await.unwrap();
+    let dead = eventually(Duration::from_secs(10), || {
+        let s = s.clone();
+        let q = q.clone();
+        async move {
+            let d = s.dead_letters(&q, 10).await.unwrap();
+            (d.len() == 2).then_some(d)
+        }
+    })
+    .await
+    .expect("both dead-lettered");
+    let mut kept: Vec<(String, Option<String>, i8)> = dead
+        .iter()
+        .map(|d| (String::from_utf8_lossy(&d.payload).into_owned(), d.concurrency_key.clone(), d.priority))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, [("k/a".to_string(), Some("k".to_string()), 3), ("p/x".to_string(), None, 4)]);
+    let id_of = |p: &str| dead.iter().find(|d| d.payload == p.as_bytes()).unwrap().id;
+    // The key: k/b holds k's one slot for 800 ms; k/a replayed meanwhile waits for it.
+    s.offer_with(&q, "k/b", OfferOptions { concurrency_key: Some("k".into()), priority: 0 }).await.unwrap();
+    eventually(Duration::from_secs(5), || {
+        let n = log.lock().unwrap().len();
+        async move { (n >= 2).then_some(()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.replay_dead_letter(&q, id_of("k/a")).await.unwrap();
+    eventually(Duration::from_secs(10), || {
+        let n = log.lock().unwrap().iter().filter(|(p, _, _)| p == "k/a").count();
+        async move { (n == 2).then_some(()) }
+    })
+    .await
+    .expect("k/a ran again");
+    let at = |p: &str| log.lock().unwrap().iter().rev().find(|(x, _, _)| x == p).map(|(_, s, e)| (*s, *e)).unwrap();
+    let (kb_start, kb_end) = at("k/b");
+    let (ka_start, _) = at("k/a");
+    assert!(ka_start >= kb_end, "k/a started {:?} before k/b ended", kb_end.saturating_duration_since(ka_start));
+    assert!(ka_start >= kb_start + Duration::from_millis(700));
+    // The priority: replayed into a paused queue behind two entries of priority 0.
+    s.pause(&q).await.unwrap();
+    s.offer(&q, "n/0").await.unwrap();
+    s.offer(&q, "n/1").await.unwrap();
+    s.replay_dead_letter(&q, id_of("p/x")).await.unwrap();
+    s.resume(&q).await.unwrap();
+    eventually(Duration::from_secs(10), || {
+        let n = log.lock().unwrap().len();
+        async move { (n >= 7).then_some(()) }
+    })
+    .await
+    .expect("all ran");
+    let order: Vec<String> = log.lock().unwrap().iter().skip(4).map(|(p, _, _)| p.clone()).collect();
+    // Two slots: the first read takes p/x and n/0 (either may record first), n/1 comes last.
+    assert_eq!(order.last().map(String::as_str), Some("n/1"), "{order:?}");
+    c.drain(Duration::from_secs(2)).await;
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.dead_letters), (0, 0, 0), "{st:?}");
 }

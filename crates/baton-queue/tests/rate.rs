@@ -349,7 +349,10 @@ fn rate_child_worker() {
 }
 
 fn spawn_worker(url: &str, queue: &str) -> ChildWorker {
-    spawn_child_worker("rate_child_worker", &[("BATON_RATE_CHILD", "1"), ("BATON_QUEUE", queue), ("BATON_REDIS_URL", url)])
+    spawn_child_worker(
+        "rate_child_worker",
+        &[("BATON_RATE_CHILD", "1"), ("BATON_QUEUE", queue), ("BATON_REDIS_URL", url)],
+    )
 }
 
 /// The measurement: 1,000/s configured, three consumer processes, ~30 s: the rate of

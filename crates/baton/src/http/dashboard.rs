@@ -11,7 +11,7 @@
 //!              "length", "pending", "consumers", "lag", "delayed", "dead_letters",
 //!              "commands": {"submitted", …, "total"}, "handlers": […], "workers"}],
 //!  "commands": [state…],        // newest first over the readable queues (or `queue`), `status` only, at most `limit` (default 50, ≤ 500)
-//!  "dead_letters": [{"queue", "id", "original_id", "payload", "command_id", "deliveries", "reason", "dead_lettered_at"}]}
+//!  "dead_letters": [{"queue", "id", "original_id", "payload", "command_id", "deliveries", "reason", "dead_lettered_at", "concurrency_key", "priority"}]}
 //! ```
 //!
 //! Only queues the caller may read are included (a token passed as `?access_token=`, which

@@ -362,11 +362,13 @@ fn schemas() -> Value {
                 "expires_at": { "type": ["string", "null"], "format": "date-time", "description": "When it disappears if nothing changes (TTL, expiry, run limits)." },
                 "forked_from": { "type": ["string", "null"], "description": "The source stream of a fork." } } },
         "DeadLetter": { "type": "object",
-            "required": ["id", "original_id", "payload", "command_id", "deliveries", "reason", "dead_lettered_at"],
+            "required": ["id", "original_id", "payload", "command_id", "deliveries", "reason", "dead_lettered_at", "concurrency_key", "priority"],
             "properties": {
                 "id": { "type": "string" }, "original_id": { "type": "string" }, "payload": { "type": "string" },
                 "command_id": { "type": ["string", "null"] }, "deliveries": count(), "reason": { "type": "string" },
-                "dead_lettered_at": ts() } },
+                "dead_lettered_at": ts(),
+                "concurrency_key": { "type": ["string", "null"], "description": "The message's concurrency key; a replay keeps it." },
+                "priority": { "type": "integer", "minimum": -10, "maximum": 10, "description": "The message's priority; a replay keeps it." } } },
     });
     // Two literals: one is past `json!`'s recursion limit.
     if let (Some(a), Value::Object(b)) = (all.as_object_mut(), rest) {

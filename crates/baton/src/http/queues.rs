@@ -26,7 +26,8 @@
 //! the earliest of those times, RFC 3339 with ms, or null);
 //! `workers` says whether this process runs the queue's workers. A dead letter: `{"id",
 //! "original_id", "payload" (text), "command_id" (string or null), "deliveries", "reason",
-//! "dead_lettered_at" (RFC 3339)}`.
+//! "dead_lettered_at" (RFC 3339), "concurrency_key" (string or null), "priority"}` — a replay
+//! offers it again with its concurrency key and priority.
 
 use axum::extract::{Request, State};
 use axum::response::Response;
@@ -270,5 +271,7 @@ pub fn dead_letter_json(d: &DeadLetter) -> Value {
         "deliveries": d.deliveries,
         "reason": d.reason,
         "dead_lettered_at": baton_commands::Timestamp::from_millis(d.dead_lettered_at_ms).to_string(),
+        "concurrency_key": d.concurrency_key,
+        "priority": d.priority,
     })
 }
