@@ -381,7 +381,7 @@ impl QueueBackend for RedisQueueBackend {
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
         let keys = self.keys(queue);
         let v: Value = STATS
-            .run(
+            .run_read(
                 &mut self.conn.clone(),
                 &[
                     &keys.stream,
@@ -452,7 +452,11 @@ impl QueueBackend for RedisQueueBackend {
     async fn consumers(&self, queue: &str, max_leases: usize) -> Result<Vec<crate::ConsumerInfo>, QueueError> {
         let keys = self.keys(queue);
         let v: Value = CONSUMERS
-            .run(&mut self.conn.clone(), &[&keys.stream, &keys.liveness], &[&self.opts.group, &PARKED, &max_leases])
+            .run_read(
+                &mut self.conn.clone(),
+                &[&keys.stream, &keys.liveness],
+                &[&self.opts.group, &PARKED, &max_leases],
+            )
             .await?;
         let Value::Array(parts) = &v else { return Err(unexpected("consumers", &v)) };
         let bad = || unexpected("consumers", &v);

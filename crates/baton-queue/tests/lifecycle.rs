@@ -254,3 +254,24 @@ async fn drain_reports_in_flight_work_and_leaves_it_to_a_peer(b: TestBackend) {
     .expect("peer took it");
     assert_eq!((id, n), (ids[0], 2));
 }
+
+/// The admin reads (`stats`, `consumers`) answer the first call after a Redis restart: the shared
+/// connection finds the old socket dead only when it uses it, and a read that only looks is sent
+/// once more on the new one (before, the first call failed with "broken pipe").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_reads_answer_the_first_call_after_a_redis_restart() {
+    baton_testkit::require_redis();
+    let mut server = baton_testkit::RedisServer::start();
+    let client = baton_redis::RedisClient::new(server.config()).unwrap();
+    let s = baton_queue::MessageStream::redis(client, baton_queue::RedisQueueOptions::default()).await.unwrap();
+    let q = queue_name("restart-stats");
+    s.offer(&q, "a").await.unwrap();
+    assert_eq!(s.stats(&q).await.unwrap().length, 1);
+    assert!(s.consumers(&q, 10).await.unwrap().is_empty());
+    server.restart();
+    let st = s.stats(&q).await.expect("stats answers the first call after the restart");
+    // This server keeps nothing on disk: the restart emptied it.
+    assert_eq!(st.length, 0, "{st:?}");
+    server.restart();
+    assert!(s.consumers(&q, 10).await.expect("consumers answers the first call after the restart").is_empty());
+}

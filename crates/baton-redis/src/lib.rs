@@ -337,6 +337,25 @@ impl LuaScript {
     }
 }
 
+impl LuaScript {
+    /// [`LuaScript::run`] for a script that only reads: when the connection turns out to be
+    /// dead (a dropped connection, e.g. after a Redis restart: the shared connection notices it
+    /// only when it sends), the call is sent once more on the reconnected connection. Safe only
+    /// for scripts that write nothing (they may have run before the connection dropped);
+    /// anything else is returned as is.
+    pub async fn run_read<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut RedisConn,
+        keys: &[&str],
+        args: &[&dyn ArgLike],
+    ) -> redis::RedisResult<T> {
+        match self.run(conn, keys, args).await {
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => self.run(conn, keys, args).await,
+            r => r,
+        }
+    }
+}
+
 /// Something that can be passed as one ARGV element to [`LuaScript::run`].
 pub trait ArgLike: Sync {
     /// Writes the value into `cmd` (as `Cmd::arg` does).
