@@ -47,16 +47,14 @@ baton_testkit::on_every_backend!(
 async fn owner_checked_transitions(b: TestBackend) {
     let Some(config) = b.redis_config() else { return }; // Redis scripts
     let mut conn = baton_redis::RedisClient::new(config).unwrap().shared().await.unwrap();
-    let one = redis::Script::new(concat!(
-        include_str!("../scripts/lib.lua"),
-        include_str!("../../baton-queue/scripts/caps.lua"),
-        include_str!("../scripts/transition.lua")
-    ));
-    let many = redis::Script::new(concat!(
-        include_str!("../scripts/lib.lua"),
-        include_str!("../../baton-queue/scripts/caps.lua"),
-        include_str!("../scripts/transitions.lua")
-    ));
+    let one = redis::Script::new(
+        &[include_str!("../scripts/lib.lua"), baton_queue::keys::CAPS_LUA, include_str!("../scripts/transition.lua")]
+            .concat(),
+    );
+    let many = redis::Script::new(
+        &[include_str!("../scripts/lib.lua"), baton_queue::keys::CAPS_LUA, include_str!("../scripts/transitions.lua")]
+            .concat(),
+    );
     let q = queue_name("owned");
     let base = format!("t:cmd:{{{q}}}");
     let idx = |s: &str| format!("{base}:s:{s}");
@@ -227,11 +225,10 @@ async fn owner_checked_transitions(b: TestBackend) {
 async fn two_transitions_of_one_command_in_one_batch(b: TestBackend) {
     let Some(config) = b.redis_config() else { return }; // a Redis script
     let mut conn = baton_redis::RedisClient::new(config).unwrap().shared().await.unwrap();
-    let script = redis::Script::new(concat!(
-        include_str!("../scripts/lib.lua"),
-        include_str!("../../baton-queue/scripts/caps.lua"),
-        include_str!("../scripts/transitions.lua")
-    ));
+    let script = redis::Script::new(
+        &[include_str!("../scripts/lib.lua"), baton_queue::keys::CAPS_LUA, include_str!("../scripts/transitions.lua")]
+            .concat(),
+    );
     let q = queue_name("twice");
     let base = format!("t:cmd:{{{q}}}");
     let idx = |s: &str| format!("{base}:s:{s}");

@@ -252,14 +252,28 @@ impl ConnectionLike for RedisConn {
 /// See the crate docs for an example.
 pub struct LuaScript {
     name: &'static str,
-    source: &'static str,
+    parts: Parts,
     script: std::sync::OnceLock<redis::Script>,
+}
+
+/// A script's text: one piece, or pieces run as one script in this order (e.g. another crate's
+/// shared functions, given as its public constant, then the script itself).
+enum Parts {
+    One(&'static str),
+    Many(&'static [&'static str]),
 }
 
 impl LuaScript {
     /// `name` is used in error messages; `source` is the script text.
     pub const fn new(name: &'static str, source: &'static str) -> Self {
-        Self { name, source, script: std::sync::OnceLock::new() }
+        Self { name, parts: Parts::One(source), script: std::sync::OnceLock::new() }
+    }
+
+    /// A script whose text is `parts` joined in order: shared Lua functions first (such as
+    /// `baton_queue::keys::CAPS_LUA`, without reaching into another crate's files), then the
+    /// script. `name` is used in error messages.
+    pub const fn from_parts(name: &'static str, parts: &'static [&'static str]) -> Self {
+        Self { name, parts: Parts::Many(parts), script: std::sync::OnceLock::new() }
     }
 
     /// The script's name as given to [`LuaScript::new`].
@@ -269,7 +283,10 @@ impl LuaScript {
 
     /// The `redis::Script` (computes the SHA1 once).
     pub fn script(&self) -> &redis::Script {
-        self.script.get_or_init(|| redis::Script::new(self.source))
+        self.script.get_or_init(|| match self.parts {
+            Parts::One(source) => redis::Script::new(source),
+            Parts::Many(parts) => redis::Script::new(&parts.concat()),
+        })
     }
 
     /// Starts `EVALSHA <sha1> <numkeys>` for this script. The caller then writes exactly

@@ -15,13 +15,13 @@ use baton_redis::group_commit::{self, Committer, GroupCommitOptions};
 use baton_redis::redis::{self, RedisError, Value};
 use baton_redis::{LuaScript, RedisConn};
 
-static TRANSITIONS: LuaScript = LuaScript::new(
+static TRANSITIONS: LuaScript = LuaScript::from_parts(
     "transitions",
-    concat!(
+    &[
         include_str!("../../scripts/lib.lua"),
-        include_str!("../../../baton-queue/scripts/caps.lua"),
-        include_str!("../../scripts/transitions.lua")
-    ),
+        baton_queue::keys::CAPS_LUA,
+        include_str!("../../scripts/transitions.lua"),
+    ],
 );
 static SUBMITS: LuaScript = LuaScript::new(
     "submits",

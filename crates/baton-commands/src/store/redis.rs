@@ -21,13 +21,9 @@ use crate::feed::{CommandEvent, EventFrom, EventOffset, EventPage};
 use crate::model::{CommandMsg, Cursor};
 use crate::{CommandError, CommandState, CommandStatus, StatusCounts};
 
-static TRANSITION: LuaScript = LuaScript::new(
+static TRANSITION: LuaScript = LuaScript::from_parts(
     "transition",
-    concat!(
-        include_str!("../../scripts/lib.lua"),
-        include_str!("../../../baton-queue/scripts/caps.lua"),
-        include_str!("../../scripts/transition.lua")
-    ),
+    &[include_str!("../../scripts/lib.lua"), baton_queue::keys::CAPS_LUA, include_str!("../../scripts/transition.lua")],
 );
 static LOOKUP_TAKEOVER: LuaScript =
     LuaScript::new("lookup_takeover", include_str!("../../scripts/lookup_takeover.lua"));
