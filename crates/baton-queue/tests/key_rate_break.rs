@@ -22,6 +22,7 @@ baton_testkit::on_every_backend!(
     concurrent_remote_claims_keep_each_keys_order_and_rate,
     a_faster_rate_after_a_restart_strands_nothing,
     a_slower_rate_after_a_restart_spaces_at_the_new_rate,
+    a_head_read_while_its_consumer_closes_keeps_its_place_in_the_line,
 );
 
 fn keyed(k: &str) -> OfferOptions {
@@ -551,4 +552,72 @@ async fn a_redis_restart_mid_line_strands_nothing() {
     }
     assert_nothing_left(&s, &q).await;
     c.drain(Duration::from_secs(2)).await;
+}
+
+/// Attack 3b: a consumer closed without a drain budget while its read is blocked; the key's head
+/// comes due (promoted by another consumer's tick), the blocked read takes it and, stopping,
+/// requeues it at the stream's tail. The head was charged when read and the next of the line
+/// became the head; the requeued copy must still start before the rest of its key's line.
+async fn a_head_read_while_its_consumer_closes_keeps_its_place_in_the_line(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krb-requeue");
+    let (starts, acks): (Starts, Acks) = Default::default();
+    let mk = || {
+        let (starts, acks) = (starts.clone(), acks.clone());
+        move |d: Delivery| {
+            let (starts, acks) = (starts.clone(), acks.clone());
+            async move {
+                let p = record(&starts, &d);
+                if p == "blocker" {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                }
+                ack(&acks, &p)
+            }
+        }
+    };
+    let rate = RateLimit::new(2, Duration::from_secs(1)).with_burst(1);
+    // B: one slot, busy with the blocker; its poll ticks (200 ms) promote due delayed entries.
+    let cb = s
+        .consume(
+            &q,
+            mk(),
+            fast(1_000)
+                .with_concurrency(1)
+                .with_poll_interval(Duration::from_millis(200))
+                .with_rate_limit_per_key(Some(rate)),
+        )
+        .await
+        .unwrap();
+    s.offer(&q, "blocker").await.unwrap();
+    eventually(Duration::from_secs(5), || {
+        let n = starts.lock().unwrap().len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("the blocker started");
+    // A: k0 starts, k1 is the head (due in 500 ms), k2 and k3 are parked; A's read then blocks.
+    let ca = s.consume(&q, mk(), opts(rate)).await.unwrap();
+    for i in 0..4 {
+        s.offer_with(&q, format!("k{i}"), keyed("k")).await.unwrap();
+    }
+    eventually(Duration::from_secs(5), || {
+        let n = firsts(&starts, "k0").len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await
+    .expect("k0 started");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Closed (no budget): its blocked read returns when k1 is promoted, with k1, requeued.
+    let t = Instant::now();
+    ca.close().await;
+    let closed_after = t.elapsed();
+    let st = s.stats(&q).await.unwrap();
+    wait_acks(&acks, 5, Duration::from_secs(8)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_each_acked_once(&acks, 5);
+    let got = firsts(&starts, "k");
+    let order: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(order, names("k", 4), "k's entries in offer order (closed after {closed_after:?}, then {st:?})");
+    cb.drain(Duration::from_secs(2)).await;
+    assert_nothing_left(&s, &q).await;
 }
