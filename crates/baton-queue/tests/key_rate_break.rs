@@ -23,6 +23,7 @@ baton_testkit::on_every_backend!(
     a_faster_rate_after_a_restart_strands_nothing,
     a_slower_rate_after_a_restart_spaces_at_the_new_rate,
     a_head_read_while_its_consumer_closes_keeps_its_place_in_the_line,
+    a_head_handed_back_by_a_remote_worker_keeps_its_place_in_the_line,
 );
 
 fn keyed(k: &str) -> OfferOptions {
@@ -619,5 +620,42 @@ async fn a_head_read_while_its_consumer_closes_keeps_its_place_in_the_line(b: Te
     let order: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
     assert_eq!(order, names("k", 4), "k's entries in offer order (closed after {closed_after:?}, then {st:?})");
     cb.drain(Duration::from_secs(2)).await;
+    assert_nothing_left(&s, &q).await;
+}
+
+/// Attack 6b: the same through `RemoteConsumer::hand_back` (a claim whose answer did not reach
+/// the worker): the key's head, claimed (charged; the next of the line became the head) and
+/// handed back, must still be claimed before the rest of its key's line.
+async fn a_head_handed_back_by_a_remote_worker_keeps_its_place_in_the_line(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krb-handback");
+    let ro = RemoteOptions {
+        claim_timeout: Duration::from_secs(30),
+        max_deliveries: None,
+        rate_limit_per_key: Some(RateLimit::new(5, Duration::from_secs(1)).with_burst(1)),
+        ..Default::default()
+    };
+    let w = s.remote_consumer(&q, "w", ro).await.unwrap();
+    for i in 0..4 {
+        s.offer_with(&q, format!("k{i}"), keyed("k")).await.unwrap();
+    }
+    let mut order = Vec::new();
+    let mut handed_back = false;
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while order.len() < 4 && Instant::now() < deadline {
+        for d in w.claim(10, Duration::from_millis(500)).await.unwrap() {
+            let p = String::from_utf8_lossy(&d.payload).into_owned();
+            if p == "k1" && !handed_back {
+                // The answer "did not reach the worker": back at once.
+                handed_back = true;
+                assert_eq!(w.hand_back(&[(d.id, d.fence)]).await.unwrap(), 1);
+                continue;
+            }
+            w.ack(d.id, d.fence).await.unwrap();
+            order.push(p);
+        }
+    }
+    let st = s.stats(&q).await.unwrap();
+    assert_eq!(order, names("k", 4), "k's entries in offer order ({st:?})");
     assert_nothing_left(&s, &q).await;
 }
