@@ -24,6 +24,8 @@ baton_testkit::on_every_backend!(
     a_slower_rate_after_a_restart_spaces_at_the_new_rate,
     a_head_read_while_its_consumer_closes_keeps_its_place_in_the_line,
     a_head_handed_back_by_a_remote_worker_keeps_its_place_in_the_line,
+    consumers_with_and_without_the_limit_side_by_side_strand_nothing,
+    a_head_run_without_the_limit_leaves_no_phantom_that_strands_later_entries,
 );
 
 fn keyed(k: &str) -> OfferOptions {
@@ -657,5 +659,113 @@ async fn a_head_handed_back_by_a_remote_worker_keeps_its_place_in_the_line(b: Te
     }
     let st = s.stats(&q).await.unwrap();
     assert_eq!(order, names("k", 4), "k's entries in offer order ({st:?})");
+    assert_nothing_left(&s, &q).await;
+}
+
+/// Attack 7c: a rolling change of settings: a consumer with the per-key rate limit and one
+/// without it, side by side while entries keep coming (the one without releases the parked
+/// entries, the other parks new ones): each entry runs once and nothing is stranded, the stats'
+/// counts included.
+async fn consumers_with_and_without_the_limit_side_by_side_strand_nothing(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krb-mixed");
+    let (starts, acks): (Starts, Acks) = Default::default();
+    let mk = || {
+        let (starts, acks) = (starts.clone(), acks.clone());
+        move |d: Delivery| {
+            let (starts, acks) = (starts.clone(), acks.clone());
+            async move {
+                let p = record(&starts, &d);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                ack(&acks, &p)
+            }
+        }
+    };
+    let rate = RateLimit::new(5, Duration::from_secs(1)).with_burst(1);
+    let with = s.consume(&q, mk(), opts(rate).with_poll_interval(Duration::from_millis(300))).await.unwrap();
+    for i in 0..10 {
+        for k in ["a", "b"] {
+            s.offer_with(&q, format!("{k}{i}"), keyed(k)).await.unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let without = s
+        .consume(&q, mk(), fast(10_000).with_poll_interval(Duration::from_millis(300)).with_concurrency(2))
+        .await
+        .unwrap();
+    for i in 10..20 {
+        for k in ["a", "b"] {
+            s.offer_with(&q, format!("{k}{i}"), keyed(k)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    wait_acks(&acks, 40, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_each_acked_once(&acks, 40);
+    without.drain(Duration::from_secs(2)).await;
+    // Later entries with only the limited consumer left: still at the key's rate, nothing left.
+    for i in 20..23 {
+        s.offer_with(&q, format!("a{i}"), keyed("a")).await.unwrap();
+    }
+    wait_acks(&acks, 43, Duration::from_secs(5)).await;
+    let late: Vec<(String, Instant)> =
+        firsts(&starts, "a").into_iter().filter(|(p, _)| p[1..].parse::<u32>().unwrap() >= 20).collect();
+    assert_order_and_gaps("a", &late, &names("a", 23)[20..], Duration::from_millis(200), Duration::from_millis(15));
+    with.drain(Duration::from_secs(2)).await;
+    assert_nothing_left(&s, &q).await;
+    let st = s.stats(&q).await.unwrap();
+    assert!(st.keys.iter().all(|k| k.rate_delayed == 0), "{st:?}");
+}
+
+/// Attack 7d: the limit removed while a key has a head in the delayed set and nothing parked
+/// behind it (no line): the head runs (promoted when due) under a consumer without the limit.
+/// Its key's count must not stay behind: once the limit is back, the key's new entries must not
+/// be parked behind a head that is gone (never promoted: stranded).
+async fn a_head_run_without_the_limit_leaves_no_phantom_that_strands_later_entries(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krb-phantom");
+    let (starts, acks): (Starts, Acks) = Default::default();
+    let mk = || {
+        let (starts, acks) = (starts.clone(), acks.clone());
+        move |d: Delivery| {
+            let p = record(&starts, &d);
+            std::future::ready(ack(&acks, &p))
+        }
+    };
+    let rate = RateLimit::new(2, Duration::from_secs(1)).with_burst(1);
+    let short = |o: ConsumerOptions| o.with_poll_interval(Duration::from_millis(200));
+    // k0 starts, k1 is the head (due in 500 ms), nothing parked.
+    let c = s.consume(&q, mk(), short(opts(rate))).await.unwrap();
+    s.offer_with(&q, "k0", keyed("k")).await.unwrap();
+    s.offer_with(&q, "k1", keyed("k")).await.unwrap();
+    wait_acks(&acks, 1, Duration::from_secs(5)).await;
+    c.drain(Duration::from_secs(2)).await;
+    // Without the limit: k1 runs when due.
+    let c = s.consume(&q, mk(), short(fast(10_000))).await.unwrap();
+    wait_acks(&acks, 2, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.drain(Duration::from_secs(2)).await;
+    let st = s.stats(&q).await.unwrap();
+    // The limit back: k2 and k3 run (k3 500 ms after k2).
+    let c = s.consume(&q, mk(), short(opts(rate))).await.unwrap();
+    s.offer_with(&q, "k2", keyed("k")).await.unwrap();
+    s.offer_with(&q, "k3", keyed("k")).await.unwrap();
+    let done = eventually(Duration::from_secs(4), || {
+        let n = acks.lock().unwrap().len();
+        async move { (n >= 4).then_some(()) }
+    })
+    .await;
+    let st2 = s.stats(&q).await.unwrap();
+    assert!(done.is_some(), "k2 and k3 stranded: {:?}; after k1 ran without the limit: {st:?}", st2);
+    assert_eq!(st.key_rate_delayed, 0, "nothing delayed after k1 ran: {st:?}");
+    assert_each_acked_once(&acks, 4);
+    assert_order_and_gaps(
+        "k",
+        &firsts(&starts, "k")[2..],
+        &names("k", 4)[2..],
+        Duration::from_millis(500),
+        Duration::from_millis(15),
+    );
+    c.drain(Duration::from_secs(2)).await;
     assert_nothing_left(&s, &q).await;
 }
