@@ -26,6 +26,7 @@ baton_testkit::on_every_backend!(
     a_head_handed_back_by_a_remote_worker_keeps_its_place_in_the_line,
     consumers_with_and_without_the_limit_side_by_side_strand_nothing,
     a_head_run_without_the_limit_leaves_no_phantom_that_strands_later_entries,
+    consumers_with_different_rates_side_by_side_run_each_entry_once_in_order,
 );
 
 fn keyed(k: &str) -> OfferOptions {
@@ -767,5 +768,46 @@ async fn a_head_run_without_the_limit_leaves_no_phantom_that_strands_later_entri
         Duration::from_millis(15),
     );
     c.drain(Duration::from_secs(2)).await;
+    assert_nothing_left(&s, &q).await;
+}
+
+/// Attack 7e: a rolling change of the rate's value: consumers at 10 and at 4 per second per key
+/// side by side. Each entry runs once, each key's in offer order, at least the faster rate's
+/// interval apart, nothing stranded.
+async fn consumers_with_different_rates_side_by_side_run_each_entry_once_in_order(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("krb-two-rates");
+    let (starts, acks): (Starts, Acks) = Default::default();
+    let mk = || {
+        let (starts, acks) = (starts.clone(), acks.clone());
+        move |d: Delivery| {
+            let p = record(&starts, &d);
+            std::future::ready(ack(&acks, &p))
+        }
+    };
+    let fast_rate = RateLimit::new(10, Duration::from_secs(1)).with_burst(1);
+    let slow_rate = RateLimit::new(4, Duration::from_secs(1)).with_burst(1);
+    let short = |o: ConsumerOptions| o.with_poll_interval(Duration::from_millis(300));
+    let c1 = s.consume(&q, mk(), short(opts(fast_rate))).await.unwrap();
+    let c2 = s.consume(&q, mk(), short(opts(slow_rate))).await.unwrap();
+    for i in 0..8 {
+        for k in ["a", "b"] {
+            s.offer_with(&q, format!("{k}{i}"), keyed(k)).await.unwrap();
+        }
+    }
+    wait_acks(&acks, 16, Duration::from_secs(8)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_each_acked_once(&acks, 16);
+    for k in ["a", "b"] {
+        assert_order_and_gaps(
+            k,
+            &firsts(&starts, k),
+            &names(k, 8),
+            Duration::from_millis(100),
+            Duration::from_millis(15),
+        );
+    }
+    c1.drain(Duration::from_secs(2)).await;
+    c2.drain(Duration::from_secs(2)).await;
     assert_nothing_left(&s, &q).await;
 }
