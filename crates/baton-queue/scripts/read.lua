@@ -120,16 +120,21 @@ if krate_t then
   end
 end
 -- Without a per-key rate limit, entries parked in the keys' rate lines are released (due now),
--- up to 256 per read; with the lines gone, so are the keys' rate states.
-if not krate_t and redis.call('EXISTS', KEYS[17]) == 1 then
-  local t = redis.call('TIME')
-  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- up to 256 per read; with the lines gone, so are the keys' rate states (as in memory), also
+-- when no line is left but a key's head still counts as delayed: that head is read back by
+-- consumers that do not count it, so its count would stay and park the key's later entries
+-- (once the limit is back) behind a head that is gone.
+if not krate_t and (redis.call('EXISTS', KEYS[17]) == 1 or redis.call('EXISTS', KEYS[15]) == 1) then
   local line = redis.call('ZRANGE', KEYS[17], 0, 255)
-  for _, h in ipairs(line) do
-    local id = string.match(h, '^[^%z]*%z%d+%z(.*)$')
-    if id then redis.call('ZADD', KEYS[13], 'XX', ms, id) end
+  if #line > 0 then
+    local t = redis.call('TIME')
+    local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    for _, h in ipairs(line) do
+      local id = string.match(h, '^[^%z]*%z%d+%z(.*)$')
+      if id then redis.call('ZADD', KEYS[13], 'XX', ms, id) end
+    end
+    redis.call('ZREM', KEYS[17], unpack(line))
   end
-  redis.call('ZREM', KEYS[17], unpack(line))
   if redis.call('EXISTS', KEYS[17]) == 0 then redis.call('DEL', KEYS[15], KEYS[16]) end
 end
 -- The per-key rate state of key k: tat (µs), delayed entries not read back, latest due (µs).

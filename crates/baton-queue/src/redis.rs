@@ -77,8 +77,8 @@
 //! queue-wide rate limit counts entries taken, so a delayed entry counts when it is taken after
 //! its promotion. Stale `krate` fields (tat past, nothing waiting) are removed by later reads, a
 //! few per read (`krate:exp`, no per-field expiry on Redis 7.0). A read of a consumer without a
-//! per-key rate limit releases the parked entries (due at once), so removing the setting strands
-//! nothing. A head lost to something other than the queue's scripts (its delayed member or
+//! per-key rate limit releases the parked entries (due at once) and drops the keys' rate states
+//! (a head it reads back is not counted off), so removing the setting strands nothing. A head lost to something other than the queue's scripts (its delayed member or
 //! promoted entry removed by hand, or a write lost in a failover) leaves its key's line parked:
 //! later entries of the key wait behind it.
 
