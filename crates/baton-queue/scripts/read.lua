@@ -203,11 +203,12 @@ local function take(n, out)
     return #r[1][2]
   end
   for _, e in ipairs(r[1][2]) do
-    local f, k, kh, kr, payload, dc, pr = e[2], nil, false, false, '', '0', nil
+    local f, k, kh, kr, kc, payload, dc, pr = e[2], nil, false, false, false, '', '0', nil
     for i = 1, #f, 2 do
       if f[i] == 'k' then k = f[i + 1]
       elseif f[i] == 'kh' then kh = true
       elseif f[i] == 'kr' then kr = true
+      elseif f[i] == 'kc' then kc = true
       elseif f[i] == 'p' then payload = f[i + 1]
       elseif f[i] == 'dc' then dc = f[i + 1]
       elseif f[i] == 'pr' then pr = f[i + 1] end
@@ -231,8 +232,8 @@ local function take(n, out)
         go = false
       end
     end
-    -- Then the key's rate.
-    if go and k and krate_t then
+    -- Then the key's rate (not for a requeued copy, `kc`: charged when first taken).
+    if go and k and krate_t and not kc then
       local ktat, n, hdue = kstate(k)
       -- The head, read back: one of the key's waiting entries fewer for now (unless the key's
       -- state was lost: nothing to take back then).

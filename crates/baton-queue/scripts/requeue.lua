@@ -3,7 +3,10 @@
 -- (a consumer blocked in XREADGROUP is served by the XADD). The delivery that did not run is not
 -- counted: the copy carries the deliveries made before it (`dc`). Atomic per call.
 -- An entry holding a concurrency slot of its key (caps.lua, prepended) hands it to its copy
--- (marked `kh`), so no entry of the key overtakes it. The copy keeps the entry's priority.
+-- (marked `kh`), so no entry of the key overtakes it. The copy keeps the entry's priority. A copy
+-- of an entry with a key is marked `kc`: the read that took it charged its key's rate limit
+-- (read.lua), and, the key's next entry having become its head then, the copy must not go behind
+-- the key's rate line nor be charged twice: the next read takes it past the per-key rate gate.
 -- KEYS[1] queue stream, KEYS[2] fence hash (reclaim.lua), KEYS[3..10] as caps.lua; ARGV[1] group, ARGV[2] consumer,
 -- ARGV[3..] pairs (id, fence of the delivery or '' for any this consumer owns)
 -- Returns how many were requeued (ids no longer owned by this consumer, or by a later delivery
@@ -30,9 +33,13 @@ for i = 3, #ARGV, 2 do
           copy[5] = 'k'
           copy[6] = key
         end
+        if key then
+          copy[#copy + 1] = 'kc'
+          copy[#copy + 1] = '1'
+        end
         if holds then
-          copy[7] = 'kh'
-          copy[8] = '1'
+          copy[#copy + 1] = 'kh'
+          copy[#copy + 1] = '1'
         end
         local nid = caps_add(C, stream, copy, caps_priority(fields))
         if holds then

@@ -47,6 +47,9 @@ struct EntryKey {
     /// Delayed by the per-key rate limit as its key's head and not read back yet: when read, it
     /// is charged and the next of its key's line becomes the head (Redis: the field `kr`).
     rated: bool,
+    /// A requeued copy: charged for its key's rate when first taken, so the next read takes it
+    /// past the per-key rate gate (Redis: the field `kc`).
+    charged: bool,
 }
 
 impl Entry {
@@ -54,7 +57,7 @@ impl Entry {
         Entry {
             payload,
             prior,
-            key: key.map(|key| Box::new(EntryKey { key, holds: false, rated: false })),
+            key: key.map(|key| Box::new(EntryKey { key, holds: false, rated: false, charged: false })),
             priority: 0,
         }
     }
@@ -70,6 +73,16 @@ impl Entry {
     fn unrated(mut self) -> Self {
         if let Some(k) = &mut self.key {
             k.rated = false;
+            k.charged = false;
+        }
+        self
+    }
+
+    /// The same entry marked as charged for its key's rate already (a requeued copy).
+    fn charged(mut self) -> Self {
+        if let Some(k) = &mut self.key {
+            k.rated = false;
+            k.charged = true;
         }
         self
     }
@@ -625,10 +638,11 @@ impl MemConsumer {
                 picked.push((id, e.payload.clone(), e.prior + 1));
                 continue;
             };
-            let (k, mut holds, rated) = (ek.key.clone(), ek.holds, ek.rated);
-            if rated {
+            let (k, mut holds, rated, charged) = (ek.key.clone(), ek.holds, ek.rated, ek.charged);
+            if rated || charged {
                 if let Some(ek) = st.entries.get_mut(&id).and_then(|e| e.key.as_mut()) {
                     ek.rated = false;
+                    ek.charged = false;
                 }
             }
             // concurrency_per_key first: a slot of its key, or the end of the key's waiting line.
@@ -644,8 +658,9 @@ impl MemConsumer {
                     continue;
                 }
             }
-            // Then the key's rate: charged when taken, so that it spaces starts.
-            if let Some(r) = rate.as_ref() {
+            // Then the key's rate: charged when taken, so that it spaces starts (a requeued copy
+            // was charged when first taken).
+            if let Some(r) = rate.as_ref().filter(|_| !charged) {
                 let (t, tau) = (r.interval(), r.tolerance());
                 let kr =
                     st.key_rate.entry(k.clone()).or_insert(KeyRate { tat: now, delayed: 0, line: VecDeque::new() });
@@ -1056,7 +1071,7 @@ impl ConsumerBackend for MemConsumer {
                 match st.take_out(id) {
                     Some(e) => {
                         let prior = e.prior + deliveries.saturating_sub(1);
-                        let nid = st.append_entry(Entry { prior, ..e }.holding(holder.is_some()));
+                        let nid = st.append_entry(Entry { prior, ..e }.holding(holder.is_some()).charged());
                         if let Some(k) = holder {
                             st.key_ids.insert(nid, k);
                         }
