@@ -124,7 +124,11 @@ end
 -- when no line is left but a key's head still counts as delayed: that head is read back by
 -- consumers that do not count it, so its count would stay and park the key's later entries
 -- (once the limit is back) behind a head that is gone.
-if not krate_t and (redis.call('EXISTS', KEYS[17]) == 1 or redis.call('EXISTS', KEYS[15]) == 1) then
+-- One EXISTS covers the keys that are seldom there (the priorities' ready set and, without a
+-- per-key rate limit, the keys' rate lines and states), so an unthrottled read pays one call.
+local seldom
+if krate_t then seldom = redis.call('EXISTS', C.ready) else seldom = redis.call('EXISTS', C.ready, KEYS[17], KEYS[15]) end
+if not krate_t and seldom > 0 and (redis.call('EXISTS', KEYS[17]) == 1 or redis.call('EXISTS', KEYS[15]) == 1) then
   local line = redis.call('ZRANGE', KEYS[17], 0, 255)
   if #line > 0 then
     local t = redis.call('TIME')
@@ -313,7 +317,7 @@ local function from_ready(n)
   end
 end
 local out = {}
-if redis.call('EXISTS', C.ready) == 1 or redis.call('HEXISTS', C.readyp, '~new') == 1 then
+if (seldom > 0 and redis.call('EXISTS', C.ready) == 1) or redis.call('HEXISTS', C.readyp, '~new') == 1 then
   if not to_ready() then return reply({4, ''}) end
   redis.call('HDEL', C.readyp, '~new')
   -- Bounded: entries that all go to waiting lines leave the rest for the next read ({4, ''}).
