@@ -17,6 +17,10 @@ local function caps_keys(n)
     wait = KEYS[n + 4], waitp = KEYS[n + 5], ready = KEYS[n + 6], readyp = KEYS[n + 7]}
 end
 
+-- The delayed-set score of an entry parked in its key's rate line (read.lua): never due (about
+-- 285,000 years from the Unix epoch in ms), so reclaim.lua neither promotes nor waits for it.
+local CAPS_PARK = 9000000000000000
+
 -- Appends an entry to the queue stream `stream` and returns its id: `fields` its field list
 -- (`p`, `dc`, `k`, `kh` as it has them), `pr` its priority (nil or 0: none). An entry of another
 -- priority gets the field `pr` and marks the queue (`~new`), so that the next gated read orders

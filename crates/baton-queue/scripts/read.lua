@@ -33,7 +33,7 @@
 -- not while it waits in its key's line: a key's starts keep its rate): GCRA per key (state in
 -- KEYS[15]), charged when an entry is taken, so that it spaces starts. An entry with a key that
 -- does not conform is moved out of the stream (XACK + XDEL) into the delayed set: the first one
--- (the key's head) due when its key's bucket admits it, the ones behind it parked (score PARK,
+-- (the key's head) due when its key's bucket admits it, the ones behind it parked (score CAPS_PARK,
 -- never due) in the key's rate line (KEYS[17]), in offer order. Promoted back, the head carries
 -- `kr`: when it is taken it is charged (the key's tat moves on) and the next of the line becomes
 -- the head, due when the bucket admits it again; a head that still does not conform (its start
@@ -119,13 +119,13 @@ if krate_t then
     end
   end
 end
+-- One EXISTS covers the keys that are seldom there (the priorities' ready set and, without a
+-- per-key rate limit, the keys' rate lines and states), so an unthrottled read pays one call.
 -- Without a per-key rate limit, entries parked in the keys' rate lines are released (due now),
 -- up to 256 per read; with the lines gone, so are the keys' rate states (as in memory), also
 -- when no line is left but a key's head still counts as delayed: that head is read back by
 -- consumers that do not count it, so its count would stay and park the key's later entries
 -- (once the limit is back) behind a head that is gone.
--- One EXISTS covers the keys that are seldom there (the priorities' ready set and, without a
--- per-key rate limit, the keys' rate lines and states), so an unthrottled read pays one call.
 local seldom
 if krate_t then seldom = redis.call('EXISTS', C.ready) else seldom = redis.call('EXISTS', C.ready, KEYS[17], KEYS[15]) end
 if not krate_t and seldom > 0 and (redis.call('EXISTS', KEYS[17]) == 1 or redis.call('EXISTS', KEYS[15]) == 1) then
@@ -141,15 +141,16 @@ if not krate_t and seldom > 0 and (redis.call('EXISTS', KEYS[17]) == 1 or redis.
   end
   if redis.call('EXISTS', KEYS[17]) == 0 then redis.call('DEL', KEYS[15], KEYS[16]) end
 end
--- The per-key rate state of key k: tat (µs), delayed entries not read back, latest due (µs).
+-- The per-key rate state of key k: tat (µs), entries waiting for the rate (head and line), the
+-- head's due time (µs).
 local function kstate(k)
   local v = redis.call('HGET', KEYS[15], k)
   if not v then return 0, 0, 0 end
   local a, b, c = string.match(v, '^([^:]+):(%d+):([^:]+)$')
   return tonumber(a) or 0, tonumber(b) or 0, tonumber(c) or 0
 end
-local function kput(k, ktat, n, last)
-  redis.call('HSET', KEYS[15], k, string.format('%.3f:%d:%.3f', ktat, n, last))
+local function kput(k, ktat, n, hdue)
+  redis.call('HSET', KEYS[15], k, string.format('%.3f:%d:%.3f', ktat, n, hdue))
   redis.call('ZADD', KEYS[16], math.floor(math.max(ktat, know or 0) / 1000) + 1, k)
 end
 -- A reply of code 0 or 4, with the promotion hint when the per-key rate limit is set.
@@ -162,7 +163,6 @@ local function reply(r)
 end
 -- Moves entry e of key k out of the stream into the delayed set (keeping its key slot, `kh`, and
 -- its priority): due at `due` (µs), or parked in the key's rate line when `due` is nil.
-local PARK = 9000000000000000
 local function krate_delay(e, k, kh, payload, dc, pr, due)
   if due then
     redis.call('ZADD', KEYS[13], string.format('%.3f', due / 1000), e[1])
@@ -171,7 +171,7 @@ local function krate_delay(e, k, kh, payload, dc, pr, due)
   else
     local seq = redis.call('HINCRBY', KEYS[15], '\0s', 1)
     redis.call('ZADD', KEYS[17], 0, k .. '\0' .. string.format('%016d', seq) .. '\0' .. e[1])
-    redis.call('ZADD', KEYS[13], PARK, e[1])
+    redis.call('ZADD', KEYS[13], string.format('%d', CAPS_PARK), e[1])
   end
   redis.call('HSET', KEYS[14], e[1], payload, e[1] .. ':dc', dc, e[1] .. ':k', k, e[1] .. ':kr', kh and 'h' or '1')
   if pr then redis.call('HSET', KEYS[14], e[1] .. ':pr', pr) end

@@ -97,8 +97,8 @@ if #due > 0 then
   if named > 0 then redis.call('HINCRBY', hdelayed, '~scheduled', -named) end
 end
 local next_due = -1
--- Entries parked in a key's rate line (read.lua: score 9e15, never due) are not waited for.
-local first = redis.call('ZRANGEBYSCORE', zdelayed, '-inf', '(9000000000000000', 'WITHSCORES', 'LIMIT', 0, 1)
+-- Entries parked in a key's rate line (read.lua: score CAPS_PARK, never due) are not waited for.
+local first = redis.call('ZRANGEBYSCORE', zdelayed, '-inf', string.format('(%d', CAPS_PARK), 'WITHSCORES', 'LIMIT', 0, 1)
 if first[2] then next_due = math.max(0, tonumber(first[2]) - now) end
 
 if now < hold then return {{}, 0, 0, promoted, 0, next_due} end
