@@ -37,8 +37,9 @@
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), baton_commands::CommandError> {
-//! let client = RedisClient::new(RedisConfig::Standalone("redis://127.0.0.1:6379".into()))?;
-//! // A Cluster: RedisConfig::Cluster(vec!["redis://127.0.0.1:7000".into(), …]), any seed nodes.
+//! let client = RedisClient::new(RedisConfig::standalone("redis://127.0.0.1:6379"))?;
+//! // A Cluster: RedisConfig::cluster(["redis://127.0.0.1:7000", …]), any seed nodes;
+//! // Sentinel: RedisConfig::sentinel(["redis://127.0.0.1:26379"], "mymaster").
 //! let store = CommandStore::redis(client, RedisCommandStoreOptions::default()).await?;
 //! # let _ = store;
 //! # Ok(())

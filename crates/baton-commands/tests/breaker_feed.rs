@@ -118,7 +118,7 @@ async fn a_lost_reply_of_a_retry_scheduled_write_is_applied_once() {
     let server = RedisServer::start();
     let proxy = TcpProxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
     let store = CommandStore::redis(
-        RedisClient::new(RedisConfig::Standalone(format!("redis://{}", proxy.addr()))).unwrap(),
+        RedisClient::new(RedisConfig::standalone(format!("redis://{}", proxy.addr()))).unwrap(),
         RedisCommandStoreOptions::default(),
     )
     .await
@@ -361,7 +361,7 @@ async fn a_lost_reply_of_a_started_write_appends_one_started_event() {
     let server = RedisServer::start();
     let proxy = TcpProxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
     let store = CommandStore::redis(
-        RedisClient::new(RedisConfig::Standalone(format!("redis://{}", proxy.addr()))).unwrap(),
+        RedisClient::new(RedisConfig::standalone(format!("redis://{}", proxy.addr()))).unwrap(),
         RedisCommandStoreOptions::default(),
     )
     .await

@@ -267,7 +267,7 @@ async fn a_lost_reply_of_a_terminal_write_enqueues_one_message() {
     let server = RedisServer::start();
     let proxy = TcpProxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
     let store = CommandStore::redis(
-        RedisClient::new(RedisConfig::Standalone(format!("redis://{}", proxy.addr()))).unwrap(),
+        RedisClient::new(RedisConfig::standalone(format!("redis://{}", proxy.addr()))).unwrap(),
         RedisCommandStoreOptions::default(),
     )
     .await

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use baton_commands::{Command, CommandResult, CommandService, CommandStatus, CommandStore, QueueSettings};
 use baton_redis::redis;
-use baton_redis::{RedisClient, RedisConfig};
+use baton_redis::{RedisClient, RedisConfig, RedisServers};
 use baton_testkit::{require_redis, RedisCluster, RedisServer, TestBackend};
 use common::*;
 use serde_json::json;
@@ -77,17 +77,18 @@ fn log_key(id: &str) -> String {
 }
 
 fn config_env(cfg: &RedisConfig) -> String {
-    match cfg {
-        RedisConfig::Standalone(u) => format!("standalone|{u}"),
-        RedisConfig::Cluster(us) => format!("cluster|{}", us.join(",")),
+    match &cfg.servers {
+        RedisServers::Standalone(u) => format!("standalone|{u}"),
+        RedisServers::Cluster(us) => format!("cluster|{}", us.join(",")),
+        RedisServers::Sentinel { .. } => unreachable!("these tests run standalone and Cluster"),
     }
 }
 
 fn config_from_env(s: &str) -> RedisConfig {
     let (kind, rest) = s.split_once('|').unwrap();
     match kind {
-        "standalone" => RedisConfig::Standalone(rest.to_string()),
-        _ => RedisConfig::Cluster(rest.split(',').map(String::from).collect()),
+        "standalone" => RedisConfig::standalone(rest.to_string()),
+        _ => RedisConfig::cluster(rest.split(',')),
     }
 }
 

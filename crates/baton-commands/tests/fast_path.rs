@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use baton_commands::{Command, CommandResult, CommandService, CommandStatus};
 use baton_redis::redis;
-use baton_redis::RedisConfig;
 use baton_testkit::TestBackend;
 use common::*;
 use futures::StreamExt;
@@ -515,8 +514,7 @@ async fn terminal_write_acks_atomically(b: TestBackend) {
 async fn only_terminal_writes_are_announced(b: TestBackend) {
     let url = match b.redis_config() {
         None => return, // memory has no channel
-        Some(RedisConfig::Standalone(u)) => u,
-        Some(RedisConfig::Cluster(us)) => us[0].clone(),
+        Some(cfg) => cfg.urls()[0].clone(),
     };
     let store = store_for(&b).await;
     let q = queue_name("announce");
@@ -557,8 +555,8 @@ async fn only_terminal_writes_are_announced(b: TestBackend) {
 /// A connection to the backend's server when it is Redis standalone (one node's statistics).
 async fn standalone_conn(b: &TestBackend) -> Option<baton_redis::RedisConn> {
     match b.redis_config() {
-        Some(RedisConfig::Standalone(url)) => {
-            Some(baton_redis::RedisClient::new(RedisConfig::Standalone(url)).unwrap().shared().await.unwrap())
+        Some(cfg) if b.name() == "standalone" => {
+            Some(baton_redis::RedisClient::new(cfg).unwrap().shared().await.unwrap())
         }
         _ => None,
     }

@@ -96,7 +96,7 @@
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), baton_queue::QueueError> {
-//! let client = RedisClient::new(RedisConfig::Standalone("redis://127.0.0.1:6379".into()))?;
+//! let client = RedisClient::new(RedisConfig::standalone("redis://127.0.0.1:6379"))?;
 //! let queue = MessageStream::redis(client, RedisQueueOptions::default()).await?;
 //! queue.offer("emails", "hello").await?;
 //! # Ok(())

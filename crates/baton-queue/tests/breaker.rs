@@ -97,7 +97,7 @@ async fn ack_in_flight_across_partition_after_peer_acked_is_refused() {
     let target: std::net::SocketAddr = format!("127.0.0.1:{}", server.port()).parse().unwrap();
     let proxy = TcpProxy::start(target).await;
     let queue = queue_name("brk-part-ack");
-    let via_proxy = redis_stream(RedisConfig::Standalone(format!("redis://{}", proxy.addr()))).await;
+    let via_proxy = redis_stream(RedisConfig::standalone(format!("redis://{}", proxy.addr()))).await;
     let direct = redis_stream(server.config()).await;
     let id = direct.offer(&queue, "x").await.unwrap();
     let (h, mut leases) = lease_sink();
@@ -240,7 +240,7 @@ async fn waiting_lease_not_redelivered_after_it_may_have_expired() {
     let target: std::net::SocketAddr = format!("127.0.0.1:{}", server.port()).parse().unwrap();
     let proxy = TcpProxy::start(target).await;
     let queue = queue_name("brk-waiting");
-    let via_proxy = redis_stream(RedisConfig::Standalone(format!("redis://{}", proxy.addr()))).await;
+    let via_proxy = redis_stream(RedisConfig::standalone(format!("redis://{}", proxy.addr()))).await;
     let direct = redis_stream(server.config()).await;
     direct.offer(&queue, "x").await.unwrap();
     // (who, start, lost at start)

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use baton_queue::{
     keys, ConsumerOptions, Decision, Delivery, MessageStream, OfferOptions, RedisQueueOptions, RemoteOptions,
 };
-use baton_redis::{redis, RedisClient, RedisConfig, RedisConn};
+use baton_redis::{redis, RedisClient, RedisConfig, RedisConn, RedisServers};
 use baton_testkit::{require_redis, RedisCluster, RedisServer};
 use common::*;
 
@@ -37,8 +37,8 @@ fn flow_child_worker() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let cfg = match std::env::var("BATON_REDIS_CLUSTER") {
-            Ok(urls) => RedisConfig::Cluster(urls.split(',').map(String::from).collect()),
-            Err(_) => RedisConfig::Standalone(std::env::var("BATON_REDIS_URL").unwrap()),
+            Ok(urls) => RedisConfig::cluster(urls.split(',')),
+            Err(_) => RedisConfig::standalone(std::env::var("BATON_REDIS_URL").unwrap()),
         };
         let env = |k: &str| std::env::var(k).unwrap().parse::<u64>().unwrap();
         let queue = std::env::var("BATON_QUEUE").unwrap();
@@ -181,9 +181,10 @@ fn spawn_worker_with(
         .env("BATON_POLL_MS", poll_ms.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    match cfg {
-        RedisConfig::Standalone(url) => cmd.env("BATON_REDIS_URL", url),
-        RedisConfig::Cluster(urls) => cmd.env("BATON_REDIS_CLUSTER", urls.join(",")),
+    match &cfg.servers {
+        RedisServers::Standalone(url) => cmd.env("BATON_REDIS_URL", url),
+        RedisServers::Cluster(urls) => cmd.env("BATON_REDIS_CLUSTER", urls.join(",")),
+        RedisServers::Sentinel { .. } => unreachable!("these tests run standalone and Cluster"),
     };
     let mut child = cmd.spawn().expect("spawn worker");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();

@@ -443,7 +443,7 @@ fn key_rate_child_worker() {
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let cfg = RedisConfig::Standalone(std::env::var("BATON_REDIS_URL").unwrap());
+        let cfg = RedisConfig::standalone(std::env::var("BATON_REDIS_URL").unwrap());
         let queue = std::env::var("BATON_QUEUE").unwrap();
         let client = RedisClient::new(cfg).unwrap();
         let s = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();

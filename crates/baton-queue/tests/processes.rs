@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_queue::{keys, ConsumerOptions, Decision, Delivery, MessageStream, QueueError, RedisQueueOptions};
-use baton_redis::{redis, RedisClient, RedisConfig, RedisConn};
+use baton_redis::{redis, RedisClient, RedisConfig, RedisConn, RedisServers};
 use baton_testkit::{require_redis, RedisCluster, RedisServer, ServerOptions, TcpProxy};
 use common::*;
 
@@ -28,8 +28,8 @@ fn child_worker() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let cfg = match std::env::var("BATON_REDIS_CLUSTER") {
-            Ok(urls) => RedisConfig::Cluster(urls.split(',').map(String::from).collect()),
-            Err(_) => RedisConfig::Standalone(std::env::var("BATON_REDIS_URL").unwrap()),
+            Ok(urls) => RedisConfig::cluster(urls.split(',')),
+            Err(_) => RedisConfig::standalone(std::env::var("BATON_REDIS_URL").unwrap()),
         };
         let queue = std::env::var("BATON_QUEUE").unwrap();
         let sleep_ms: u64 = std::env::var("BATON_SLEEP_MS").unwrap().parse().unwrap();
@@ -91,9 +91,10 @@ fn spawn_worker(cfg: &RedisConfig, queue: &str, sleep_ms: u64) -> Worker {
         .env("BATON_SLEEP_MS", sleep_ms.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    match cfg {
-        RedisConfig::Standalone(url) => cmd.env("BATON_REDIS_URL", url),
-        RedisConfig::Cluster(urls) => cmd.env("BATON_REDIS_CLUSTER", urls.join(",")),
+    match &cfg.servers {
+        RedisServers::Standalone(url) => cmd.env("BATON_REDIS_URL", url),
+        RedisServers::Cluster(urls) => cmd.env("BATON_REDIS_CLUSTER", urls.join(",")),
+        RedisServers::Sentinel { .. } => unreachable!("these tests run standalone and Cluster"),
     };
     let mut child = cmd.spawn().expect("spawn worker");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -380,7 +381,7 @@ async fn partitioned_owner_can_neither_renew_nor_ack() {
     let server = RedisServer::start();
     let target = format!("127.0.0.1:{}", server.port()).parse().unwrap();
     let proxy = TcpProxy::start(target).await;
-    let via_proxy = RedisConfig::Standalone(format!("redis://{}", proxy.addr()));
+    let via_proxy = RedisConfig::standalone(format!("redis://{}", proxy.addr()));
     let sa = MessageStream::redis(RedisClient::new(via_proxy).unwrap(), RedisQueueOptions::default()).await.unwrap();
     let sb =
         MessageStream::redis(RedisClient::new(server.config()).unwrap(), RedisQueueOptions::default()).await.unwrap();

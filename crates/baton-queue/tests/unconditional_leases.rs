@@ -19,7 +19,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_queue::{ConsumerCounters, ConsumerOptions, Decision, Delivery, MessageId, MessageStream, RedisQueueOptions};
-use baton_redis::{redis, RedisClient, RedisConfig, RedisConn};
+use baton_redis::{redis, RedisClient, RedisConfig, RedisConn, RedisServers};
 use baton_testkit::{require_redis, RedisServer, TestBackend};
 use bytes::Bytes;
 use common::*;
@@ -94,8 +94,8 @@ fn lease_child_worker() {
 
 fn child_config() -> RedisConfig {
     match std::env::var("BATON_REDIS_CLUSTER") {
-        Ok(urls) => RedisConfig::Cluster(urls.split(',').map(String::from).collect()),
-        Err(_) => RedisConfig::Standalone(env("BATON_REDIS_URL")),
+        Ok(urls) => RedisConfig::cluster(urls.split(',')),
+        Err(_) => RedisConfig::standalone(env("BATON_REDIS_URL")),
     }
 }
 
@@ -277,9 +277,10 @@ fn spawn_worker(mode: &str, cfg: &RedisConfig, queue: &str, vars: &[(&str, Strin
     for (k, v) in vars {
         cmd.env(k, v);
     }
-    match cfg {
-        RedisConfig::Standalone(url) => cmd.env("BATON_REDIS_URL", url),
-        RedisConfig::Cluster(urls) => cmd.env("BATON_REDIS_CLUSTER", urls.join(",")),
+    match &cfg.servers {
+        RedisServers::Standalone(url) => cmd.env("BATON_REDIS_URL", url),
+        RedisServers::Cluster(urls) => cmd.env("BATON_REDIS_CLUSTER", urls.join(",")),
+        RedisServers::Sentinel { .. } => unreachable!("these tests run standalone and Cluster"),
     };
     let mut child = cmd.spawn().expect("spawn worker");
     let out = child.stdout.take().unwrap();

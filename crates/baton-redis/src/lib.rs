@@ -34,7 +34,7 @@
 //! static INCR_BY: LuaScript = LuaScript::new("incr_by", "return redis.call('INCRBY', KEYS[1], ARGV[1])");
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = RedisClient::new(RedisConfig::Standalone("redis://127.0.0.1:6379".into()))?;
+//! let client = RedisClient::new(RedisConfig::standalone("redis://127.0.0.1:6379"))?;
 //! let mut conn = client.shared().await?;
 //! let _: () = redis::cmd("SET").arg("{app}:n").arg(1).query_async(&mut conn).await?;
 //! // Small calls: keys and arguments as slices.
@@ -49,15 +49,18 @@
 //! # }
 //! ```
 
+mod config;
 pub mod group_commit;
 mod scan;
+pub mod sentinel;
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+use redis::{ClientTlsConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Value};
 
 pub use redis;
 pub use scan::KeyScan;
@@ -72,17 +75,34 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 /// Errors from connecting to Redis.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    /// The URL could not be parsed (`redis://[user:pass@]host:port[/db]` expected).
+    /// The URL could not be parsed (`redis://[user:pass@]host:port[/db]` or `rediss://…`).
     #[error("invalid Redis URL {url:?}: {source}")]
     InvalidUrl {
+        /// The URL, its password replaced by `***`.
         url: String,
         #[source]
         source: redis::RedisError,
     },
-    /// A cluster configuration with no node URL.
+    /// A cluster configuration with no node URL, or a Sentinel one with no sentinel.
     #[error("a Redis Cluster configuration needs at least one node URL")]
     NoClusterNodes,
-    /// The server could not be reached or refused the connection.
+    /// A Sentinel configuration without sentinel URLs or without a master name.
+    #[error("a Redis Sentinel configuration needs at least one sentinel URL and the master's name")]
+    IncompleteSentinel,
+    /// The TLS files could not be used: unreadable, not PEM, a certificate without its key, or
+    /// TLS files given for `redis://` (not `rediss://`) URLs.
+    #[error("TLS configuration: {0}")]
+    TlsConfig(String),
+    /// The TLS handshake failed: the server's certificate is not trusted or does not name the
+    /// host, or the server wants a client certificate. `hint` says what to check.
+    #[error("TLS handshake with {target} failed: {source}; {hint}")]
+    Tls {
+        target: String,
+        #[source]
+        source: redis::RedisError,
+        hint: String,
+    },
+    /// The server could not be reached or refused the connection (or the login).
     #[error("cannot connect to {target}: {source}")]
     Unreachable {
         /// What could not be reached, e.g. `Redis at redis://127.0.0.1:6379` or
@@ -93,70 +113,117 @@ pub enum ConnectError {
     },
 }
 
-/// Where Redis is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RedisConfig {
-    /// One standalone server, e.g. `redis://127.0.0.1:6379`.
-    Standalone(String),
-    /// Seed nodes of a Redis Cluster, e.g. `["redis://127.0.0.1:7000", …]`; the client discovers
-    /// the rest of the topology from any of them.
-    Cluster(Vec<String>),
-}
-
-impl std::fmt::Display for RedisConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RedisConfig::Standalone(url) => write!(f, "Redis {url}"),
-            RedisConfig::Cluster(urls) => write!(f, "Redis Cluster {}", urls.join(",")),
-        }
-    }
-}
+pub use config::{read_secret_file, redact_url, RedisConfig, RedisServers, TlsFiles};
+pub use sentinel::SentinelConn;
 
 #[derive(Clone)]
 enum ClientKind {
     Standalone(redis::Client),
     Cluster { client: Box<ClusterClient>, blocking: Box<ClusterClient> },
+    Sentinel(std::sync::Arc<sentinel::Resolver>),
 }
 
-/// A handle on a Redis deployment (standalone or Cluster). Cheap to clone.
+/// A handle on a Redis deployment (standalone, Cluster or Sentinel). Cheap to clone.
 #[derive(Clone)]
 pub struct RedisClient {
     kind: ClientKind,
     config: RedisConfig,
+    /// The certificates read from the TLS files (`None` without TLS).
+    certs: Option<TlsCertificates>,
 }
 
 impl RedisClient {
-    /// Validates the configuration and builds a client. Does not connect yet.
+    /// Validates the configuration, reads the TLS files and builds a client. Does not connect yet.
     ///
-    /// Errors: [`ConnectError::InvalidUrl`], [`ConnectError::NoClusterNodes`].
+    /// Errors: [`ConnectError::InvalidUrl`], [`ConnectError::NoClusterNodes`],
+    /// [`ConnectError::IncompleteSentinel`], [`ConnectError::TlsConfig`].
     pub fn new(config: RedisConfig) -> Result<Self, ConnectError> {
-        let kind = match &config {
-            RedisConfig::Standalone(url) => ClientKind::Standalone(
-                redis::Client::open(url.as_str())
-                    .map_err(|source| ConnectError::InvalidUrl { url: url.clone(), source })?,
-            ),
-            RedisConfig::Cluster(urls) => {
+        let urls = config.urls();
+        let tls = config.uses_tls();
+        if tls && urls.iter().any(|u| !u.starts_with("rediss://")) {
+            return Err(ConnectError::TlsConfig(
+                "mix of rediss:// and redis:// URLs; use rediss:// for every node or for none".into(),
+            ));
+        }
+        let files = &config.tls;
+        if !tls && (files.ca.is_some() || files.client_cert.is_some() || files.client_key.is_some()) {
+            return Err(ConnectError::TlsConfig(
+                "a CA or client certificate is set but the URLs use redis://; use rediss:// URLs for TLS".into(),
+            ));
+        }
+        let certs = if tls { Some(read_certificates(files)?) } else { None };
+        let invalid = |url: &str| {
+            let url = redact_url(url);
+            move |source| ConnectError::InvalidUrl { url, source }
+        };
+        let kind = match &config.servers {
+            RedisServers::Standalone(url) => ClientKind::Standalone(node_client(url, &config, &certs)?),
+            RedisServers::Cluster(urls) => {
                 if urls.is_empty() {
                     return Err(ConnectError::NoClusterNodes);
                 }
                 for url in urls {
-                    redis::Client::open(url.as_str())
-                        .map_err(|source| ConnectError::InvalidUrl { url: url.clone(), source })?;
+                    node_client(url, &config, &certs)?;
                 }
                 let build = |timeout: Option<Duration>| {
                     let mut b = ClusterClient::builder(urls.clone()).connection_timeout(CONNECTION_TIMEOUT);
                     if let Some(t) = timeout {
                         b = b.response_timeout(t);
                     }
-                    b.build().map_err(|source| ConnectError::InvalidUrl { url: urls.join(","), source })
+                    if let Some(u) = &config.username {
+                        b = b.username(u);
+                    }
+                    if let Some(p) = &config.password {
+                        b = b.password(p);
+                    }
+                    if let Some(c) = &certs {
+                        b = b.certs(c.clone());
+                    }
+                    b.build().map_err(invalid(&urls.join(",")))
                 };
                 ClientKind::Cluster {
                     client: Box::new(build(Some(DEFAULT_RESPONSE_TIMEOUT))?),
                     blocking: Box::new(build(None)?),
                 }
             }
+            RedisServers::Sentinel { sentinels, master } => {
+                if sentinels.is_empty() || master.is_empty() {
+                    return Err(ConnectError::IncompleteSentinel);
+                }
+                let mut addrs: Vec<redis::ConnectionAddr> = Vec::new();
+                let mut sentinel_user = None;
+                let mut sentinel_password = None;
+                for url in sentinels {
+                    let info = url.as_str().into_connection_info().map_err(invalid(url))?;
+                    sentinel_user = sentinel_user.or(info.redis_settings().username().map(str::to_string));
+                    sentinel_password = sentinel_password.or(info.redis_settings().password().map(str::to_string));
+                    addrs.push(info.addr().clone());
+                }
+                let mut b = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
+                    .map_err(invalid(&sentinels.join(",")))?;
+                if let Some(u) = sentinel_user {
+                    b = b.set_client_to_sentinel_username(u);
+                }
+                if let Some(p) = sentinel_password {
+                    b = b.set_client_to_sentinel_password(p);
+                }
+                if let Some(u) = &config.username {
+                    b = b.set_client_to_redis_username(u);
+                }
+                if let Some(p) = &config.password {
+                    b = b.set_client_to_redis_password(p);
+                }
+                if let Some(c) = &certs {
+                    b = b
+                        .set_client_to_sentinel_certificates(c.clone())
+                        .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                        .set_client_to_redis_certificates(c.clone());
+                }
+                let client = b.build().map_err(invalid(&sentinels.join(",")))?;
+                ClientKind::Sentinel(std::sync::Arc::new(sentinel::Resolver::new(client)))
+            }
         };
-        Ok(Self { kind, config })
+        Ok(Self { kind, config, certs })
     }
 
     /// The configuration this client was built from.
@@ -172,25 +239,70 @@ impl RedisClient {
     /// A shared, auto-reconnecting, multiplexed connection with a response timeout of
     /// [`DEFAULT_RESPONSE_TIMEOUT`]. Never use it for BLOCK commands.
     ///
-    /// Errors: [`ConnectError::Unreachable`] when the first connection fails.
+    /// Errors: [`ConnectError::Unreachable`] or [`ConnectError::Tls`] when the first connection
+    /// fails.
     pub async fn shared(&self) -> Result<RedisConn, ConnectError> {
         self.connect(Some(DEFAULT_RESPONSE_TIMEOUT)).await
     }
 
     /// A connection of its own with no response timeout, for BLOCK commands. It reconnects by
-    /// itself after a Redis restart; callers bound each wait themselves.
+    /// itself after a Redis restart (and, with Sentinel, after a failover); callers bound each
+    /// wait themselves.
     ///
-    /// Errors: [`ConnectError::Unreachable`] when the first connection fails.
+    /// Errors: [`ConnectError::Unreachable`] or [`ConnectError::Tls`] when the first connection
+    /// fails.
     pub async fn dedicated(&self) -> Result<RedisConn, ConnectError> {
         self.connect(None).await
     }
 
+    /// `what` in error messages: `Redis at <url>`, `Redis Cluster at <urls>` or
+    /// `the master "<name>" of Redis Sentinel <urls>`, passwords redacted.
+    fn target(&self) -> String {
+        let join = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(",");
+        match &self.config.servers {
+            RedisServers::Standalone(url) => format!("Redis at {}", redact_url(url)),
+            RedisServers::Cluster(urls) => format!("Redis Cluster at {}", join(urls)),
+            RedisServers::Sentinel { sentinels, master } => {
+                format!("the master {master:?} of Redis Sentinel {}", join(sentinels))
+            }
+        }
+    }
+
+    /// Turns a failed first connection into [`ConnectError::Tls`] (a TLS failure, with what to
+    /// check) or [`ConnectError::Unreachable`].
+    fn connect_error(&self, source: redis::RedisError) -> ConnectError {
+        let target = self.target();
+        if self.certs.is_none() {
+            return ConnectError::Unreachable { target, source };
+        }
+        let text = source.to_string();
+        let lower = text.to_ascii_lowercase();
+        let hint =
+            if lower.contains("unknownissuer") || lower.contains("unknown issuer") || lower.contains("badsignature") {
+                match &self.config.tls.ca {
+                    Some(ca) => format!("the server's certificate is not signed by the CA in {}", ca.display()),
+                    None => "the server's certificate is not signed by a CA the system trusts; give the CA's \
+                         certificate (baton: --redis-ca FILE or BATON_REDIS_CA)"
+                        .to_string(),
+                }
+            } else if lower.contains("notvalidforname") || lower.contains("not valid for name") {
+                "the server's certificate does not name the host in the URL (connect by a name or IP address \
+             in its subjectAltName)"
+                    .to_string()
+            } else if lower.contains("expired") || lower.contains("notyetvalid") {
+                "the server's certificate is outside its validity period".to_string()
+            } else if lower.contains("certificaterequired") || lower.contains("certificate required") {
+                "the server requires a client certificate (baton: --redis-client-cert and --redis-client-key)"
+                    .to_string()
+            } else if lower.contains("certificate") || lower.contains("handshake") || lower.contains("tls") {
+                "check the CA and client certificate files".to_string()
+            } else {
+                return ConnectError::Unreachable { target, source };
+            };
+        ConnectError::Tls { target, source, hint }
+    }
+
     async fn connect(&self, response_timeout: Option<Duration>) -> Result<RedisConn, ConnectError> {
-        let target = match &self.config {
-            RedisConfig::Standalone(url) => format!("Redis at {url}"),
-            RedisConfig::Cluster(urls) => format!("Redis Cluster at {}", urls.join(",")),
-        };
-        let unreachable = |source| ConnectError::Unreachable { target: target.clone(), source };
         match &self.kind {
             ClientKind::Standalone(client) => {
                 let cfg = ConnectionManagerConfig::new()
@@ -198,24 +310,165 @@ impl RedisClient {
                     .set_response_timeout(response_timeout)
                     .set_number_of_retries(3)
                     .set_max_delay(Duration::from_secs(1));
-                let mgr = ConnectionManager::new_with_config(client.clone(), cfg).await.map_err(unreachable)?;
+                let mgr =
+                    ConnectionManager::new_with_config(client.clone(), cfg).await.map_err(|e| self.connect_error(e))?;
                 Ok(RedisConn::Standalone(mgr))
             }
             ClientKind::Cluster { client, blocking } => {
                 let c = if response_timeout.is_some() { client } else { blocking };
-                let conn = c.get_async_connection().await.map_err(unreachable)?;
+                let conn = c.get_async_connection().await.map_err(|e| self.connect_error(e))?;
                 Ok(RedisConn::Cluster(conn))
             }
+            ClientKind::Sentinel(resolver) => {
+                let cfg = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(CONNECTION_TIMEOUT))
+                    .set_response_timeout(response_timeout);
+                let conn = SentinelConn::connect(resolver.clone(), cfg).await.map_err(|e| self.connect_error(e))?;
+                Ok(RedisConn::Sentinel(conn))
+            }
+        }
+    }
+
+    /// A `redis::Client` for one node at `host:port`, with the scheme, credentials and TLS
+    /// material of this configuration: for connections a [`RedisConn`] does not cover, such as
+    /// pub/sub or a blocking read on the Cluster node that owns a key. An empty `host` keeps
+    /// the first URL's host (a Cluster node that does not know its own address).
+    ///
+    /// Errors: the redis crate's, for a host it cannot parse.
+    pub fn node_client(&self, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+        let seed = &self.config.urls()[0];
+        let url = node_url(seed, host, port);
+        node_client(&url, &self.config, &self.certs).map_err(|e| match e {
+            ConnectError::InvalidUrl { source, .. } => source,
+            other => redis::RedisError::from(std::io::Error::other(other.to_string())),
+        })
+    }
+
+    /// A `redis::Client` for the node to subscribe on: the server (standalone), the
+    /// `attempt`-th seed node round robin (Cluster: a plain `PUBLISH` reaches every node), or
+    /// the current master (Sentinel: asked of the sentinels).
+    ///
+    /// Errors: the redis crate's; with Sentinel, no sentinel answering within
+    /// [`sentinel::RESOLVE_TIMEOUT`].
+    pub async fn pubsub_client(&self, attempt: usize) -> redis::RedisResult<redis::Client> {
+        match &self.kind {
+            ClientKind::Standalone(client) => Ok(client.clone()),
+            ClientKind::Cluster { .. } => {
+                let urls = self.config.urls();
+                let url = &urls[attempt % urls.len()];
+                node_client(url, &self.config, &self.certs).map_err(|e| match e {
+                    ConnectError::InvalidUrl { source, .. } => source,
+                    other => redis::RedisError::from(std::io::Error::other(other.to_string())),
+                })
+            }
+            ClientKind::Sentinel(resolver) => resolver.master().await,
         }
     }
 }
 
-/// One connection to Redis: standalone (`ConnectionManager`) or Cluster (`ClusterConnection`).
-/// Both reconnect after a server restart. Implements `redis::aio::ConnectionLike`.
+/// Reads the TLS files into the redis crate's certificates, checking what can be checked
+/// before connecting.
+fn read_certificates(files: &TlsFiles) -> Result<TlsCertificates, ConnectError> {
+    let read = |path: &std::path::Path, what: &str, marker: &str| -> Result<Vec<u8>, ConnectError> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| ConnectError::TlsConfig(format!("cannot read the {what} file {}: {e}", path.display())))?;
+        if !String::from_utf8_lossy(&bytes).contains(marker) {
+            return Err(ConnectError::TlsConfig(format!(
+                "{} holds no PEM {what} (expected a \"-----BEGIN {marker}\" block)",
+                path.display()
+            )));
+        }
+        Ok(bytes)
+    };
+    let root_cert = match &files.ca {
+        Some(path) => Some(read(path, "CA certificate", "CERTIFICATE-----")?),
+        None => None,
+    };
+    let client_tls = match (&files.client_cert, &files.client_key) {
+        (Some(cert), Some(key)) => Some(ClientTlsConfig {
+            client_cert: read(cert, "client certificate", "CERTIFICATE-----")?,
+            client_key: read(key, "private key", "PRIVATE KEY-----")?,
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(ConnectError::TlsConfig(
+                "a client certificate needs both the certificate and its private key".into(),
+            ))
+        }
+    };
+    let certs = TlsCertificates { client_tls, root_cert };
+    // Parse now (the redis crate parses on connect): bad PEM is a configuration error.
+    redis::Client::build_with_tls("rediss://localhost", certs.clone())
+        .map_err(|e| ConnectError::TlsConfig(e.to_string()))?;
+    Ok(certs)
+}
+
+/// A client for `url` with the configuration's credentials and TLS material.
+fn node_client(
+    url: &str,
+    config: &RedisConfig,
+    certs: &Option<TlsCertificates>,
+) -> Result<redis::Client, ConnectError> {
+    let invalid = |source| ConnectError::InvalidUrl { url: redact_url(url), source };
+    let info = url.into_connection_info().map_err(invalid)?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(u) = &config.username {
+        settings = settings.set_username(u);
+    }
+    if let Some(p) = &config.password {
+        settings = settings.set_password(p);
+    }
+    let info = info.set_redis_settings(settings);
+    match certs {
+        Some(c) => redis::Client::build_with_tls(info, c.clone()).map_err(invalid),
+        None => redis::Client::open(info).map_err(invalid),
+    }
+}
+
+/// `seed` (`redis[s]://[user:pass@]host:port[/db]`) with its host and port replaced (scheme and
+/// credentials kept, the database dropped: Cluster nodes have only database 0). An empty `host`
+/// or `?` (a Cluster node that does not know its own address) keeps the seed's host.
+pub fn node_url(seed: &str, host: &str, port: u16) -> String {
+    let (scheme, rest) = seed.split_once("://").unwrap_or(("redis", seed));
+    let authority = rest.split('/').next().unwrap_or("");
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let host = if host.is_empty() || host == "?" {
+        match hostport.rsplit_once(':') {
+            Some((h, _)) => h.to_string(),
+            None => hostport.to_string(),
+        }
+    } else if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    };
+    format!("{scheme}://{userinfo}{host}:{port}")
+}
+
+#[cfg(test)]
+mod node_url_tests {
+    use super::node_url;
+
+    #[test]
+    fn node_urls() {
+        assert_eq!(node_url("redis://127.0.0.1:7000", "127.0.0.1", 7001), "redis://127.0.0.1:7001");
+        assert_eq!(node_url("redis://u:p@h:1/0", "", 7002), "redis://u:p@h:7002");
+        assert_eq!(node_url("rediss://u:p@h:1", "?", 7003), "rediss://u:p@h:7003");
+        assert_eq!(node_url("rediss://h:1", "::1", 7004), "rediss://[::1]:7004");
+    }
+}
+
+/// One connection to Redis: standalone (`ConnectionManager`), Cluster (`ClusterConnection`) or
+/// the master of a Sentinel deployment ([`SentinelConn`]). All reconnect after a server restart
+/// (Cluster and Sentinel: also after a failover). Implements `redis::aio::ConnectionLike`.
 #[derive(Clone)]
 pub enum RedisConn {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConn),
 }
 
 impl ConnectionLike for RedisConn {
@@ -223,6 +476,7 @@ impl ConnectionLike for RedisConn {
         match self {
             RedisConn::Standalone(c) => c.req_packed_command(cmd),
             RedisConn::Cluster(c) => c.req_packed_command(cmd),
+            RedisConn::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -235,6 +489,7 @@ impl ConnectionLike for RedisConn {
         match self {
             RedisConn::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -242,6 +497,7 @@ impl ConnectionLike for RedisConn {
         match self {
             RedisConn::Standalone(c) => c.get_db(),
             RedisConn::Cluster(c) => c.get_db(),
+            RedisConn::Sentinel(c) => c.get_db(),
         }
     }
 }

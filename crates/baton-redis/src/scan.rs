@@ -94,7 +94,9 @@ impl KeyScan {
     async fn first_page(&mut self) -> RedisResult<Vec<Vec<u8>>> {
         let cmd = self.cmd(0);
         let replies: Vec<(Target, Value)> = match &mut self.conn {
-            RedisConn::Standalone(c) => vec![(Target::Server, cmd.query_async::<Value>(c).await?)],
+            RedisConn::Standalone(_) | RedisConn::Sentinel(_) => {
+                vec![(Target::Server, cmd.query_async::<Value>(&mut self.conn).await?)]
+            }
             RedisConn::Cluster(c) => {
                 // No response policy: the reply is a map of node address → that node's reply.
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));

@@ -25,7 +25,7 @@ async fn lost_reply_on_append_writes_once() {
     let proxy = TcpProxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
     let settings = StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() };
     let store =
-        StreamStore::redis(RedisConfig::Standalone(format!("redis://{}", proxy.addr())), settings).await.unwrap();
+        StreamStore::redis(RedisConfig::standalone(format!("redis://{}", proxy.addr())), settings).await.unwrap();
     let direct = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
     let p = StreamPath::new("t/lost-reply").unwrap();
     let ct = Some("text/plain".to_string());

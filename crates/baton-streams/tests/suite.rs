@@ -45,11 +45,7 @@ pub fn text(c: &ReadChunk) -> String {
 
 /// Node ports of a Redis backend.
 pub fn ports(backend: &TestBackend) -> Vec<u16> {
-    let urls = match backend.redis_config() {
-        Some(baton_redis::RedisConfig::Standalone(u)) => vec![u],
-        Some(baton_redis::RedisConfig::Cluster(us)) => us,
-        None => vec![],
-    };
+    let urls = backend.redis_config().map(|c| c.urls().to_vec()).unwrap_or_default();
     urls.iter().map(|u| u.rsplit(':').next().unwrap().trim_end_matches('/').parse().unwrap()).collect()
 }
 

@@ -443,9 +443,9 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// `RedisConfig::Standalone(self.url())`.
+    /// `RedisConfig::standalone(self.url())`.
     pub fn config(&self) -> RedisConfig {
-        RedisConfig::Standalone(self.url())
+        RedisConfig::standalone(self.url())
     }
 
     /// The server's data directory (`--dir`).
@@ -686,9 +686,9 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
-    /// `RedisConfig::Cluster(self.urls())`.
+    /// `RedisConfig::cluster(self.urls())`.
     pub fn config(&self) -> RedisConfig {
-        RedisConfig::Cluster(self.urls())
+        RedisConfig::cluster(self.urls())
     }
 
     /// The nodes, e.g. to kill, pause or restart one.

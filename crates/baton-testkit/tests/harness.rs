@@ -29,7 +29,7 @@ fn standalone_start_ping_kill_and_drop() {
     require_redis();
     let mut server = RedisServer::start();
     assert_eq!(server.url(), format!("redis://127.0.0.1:{}", server.port()));
-    assert_eq!(server.config(), baton_redis::RedisConfig::Standalone(server.url()));
+    assert_eq!(server.config(), baton_redis::RedisConfig::standalone(server.url()));
     assert_eq!(server.cli(&["PING"]), "PONG");
     assert_eq!(server.cli(&["CONFIG", "GET", "appendonly"]), "appendonly\nno");
     assert_eq!(server.cli(&["CONFIG", "GET", "bind"]), "bind\n127.0.0.1");
@@ -151,7 +151,9 @@ async fn cluster_start_and_cross_slot_keys() {
 
     let backend = TestBackend::Cluster(cluster);
     assert_eq!(backend.name(), "cluster");
-    assert!(matches!(backend.redis_config(), Some(baton_redis::RedisConfig::Cluster(urls)) if urls.len() == 3));
+    assert!(
+        matches!(backend.redis_config().map(|c| c.servers), Some(baton_redis::RedisServers::Cluster(urls)) if urls.len() == 3)
+    );
 }
 
 /// Clusters started one after another (the later ones formed in the background meanwhile) are

@@ -98,7 +98,7 @@ async fn api_server_and_worker_processes_share_redis() {
 
     let mut cfg = ServeArgs {
         config: Some(config.clone()),
-        redis: Some(redis.url()),
+        redis: baton::settings::RedisArgs { redis: Some(redis.url()), ..Default::default() },
         listen: Some("127.0.0.1:0".parse().unwrap()),
         no_workers: true,
         ..Default::default()
@@ -216,7 +216,7 @@ say = "echo"
     .unwrap();
     let cfg = ServeArgs {
         config: Some(config),
-        redis: Some(redis.url()),
+        redis: baton::settings::RedisArgs { redis: Some(redis.url()), ..Default::default() },
         listen: Some("127.0.0.1:0".parse().unwrap()),
         ..Default::default()
     }

@@ -184,7 +184,7 @@ impl Triage {
         let (commands, streams, pointers) = match &cfg.redis {
             None => (CommandStore::memory(), StreamStore::memory(settings), Pointers::memory(pointer_ttl)),
             Some(url) => {
-                let config = RedisConfig::Standalone(url.clone());
+                let config = RedisConfig::standalone(url.clone());
                 let client = RedisClient::new(config.clone())?;
                 let opts = RedisCommandStoreOptions {
                     key_prefix: cfg.key_prefix.clone(),

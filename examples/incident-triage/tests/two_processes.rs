@@ -85,8 +85,8 @@ async fn sigkill_of_the_producing_process() {
     }
     // The test reads Redis directly too, as a third party.
     let streams =
-        StreamStore::redis(RedisConfig::Standalone(server.url()), StreamStoreSettings::default()).await.unwrap();
-    let client = RedisClient::new(RedisConfig::Standalone(server.url())).unwrap();
+        StreamStore::redis(RedisConfig::standalone(server.url()), StreamStoreSettings::default()).await.unwrap();
+    let client = RedisClient::new(RedisConfig::standalone(server.url())).unwrap();
     let commands = CommandStore::redis(client, RedisCommandStoreOptions::default()).await.unwrap();
 
     let body = json!({"engineer": "gus", "source": {"kind": "path", "path": log}});

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use baton_redis::redis::{self, Value};
-use baton_redis::{LuaScript, RedisClient, RedisConfig, RedisConn};
+use baton_redis::{LuaScript, RedisClient, RedisConn};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
@@ -260,7 +260,7 @@ impl RedisStateBackend {
         let reads = super::batch::ReadBatcher::new(conn.clone());
         let (transitions, submits) = (GroupCommit::new(conn.clone()), GroupCommit::new(conn.clone()));
         let origin: Arc<str> = uuid::Uuid::now_v7().simple().to_string().into();
-        let pubsub = PubSubHandle::start(client.config().clone(), hub.clone(), origin.clone());
+        let pubsub = PubSubHandle::start(client.clone(), hub.clone(), origin.clone());
         Ok(Self {
             conn,
             cluster: client.is_cluster(),
@@ -939,9 +939,9 @@ struct PubSubHandle {
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(2);
 
 impl PubSubHandle {
-    fn start(config: RedisConfig, hub: Arc<Hub>, origin: Arc<str>) -> Self {
+    fn start(client: RedisClient, hub: Arc<Hub>, origin: Arc<str>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(pubsub_task(config, hub, origin, rx));
+        tokio::spawn(pubsub_task(client, hub, origin, rx));
         Self { tx, subscribed: Mutex::new(HashSet::new()) }
     }
 
@@ -963,23 +963,22 @@ impl PubSubHandle {
 /// PUBLISH reaches every node), resubscribes after reconnecting, and forwards events to the hub.
 /// Ends when the store is dropped.
 async fn pubsub_task(
-    config: RedisConfig,
+    client: RedisClient,
     hub: Arc<Hub>,
     origin: Arc<str>,
     mut rx: mpsc::UnboundedReceiver<(String, oneshot::Sender<()>)>,
 ) {
-    let urls = match config {
-        RedisConfig::Standalone(u) => vec![u],
-        RedisConfig::Cluster(us) => us,
-    };
     let mut channels: HashSet<String> = HashSet::new();
     let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
     let mut attempt = 0usize;
     let suffix = ":events";
     loop {
-        let url = &urls[attempt % urls.len()];
+        let target = client.pubsub_client(attempt);
         attempt += 1;
-        let ps = match redis::Client::open(url.as_str()) {
+        let ps = match tokio::time::timeout(Duration::from_secs(6), target)
+            .await
+            .unwrap_or_else(|_| Err(redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))))
+        {
             Ok(c) => match tokio::time::timeout(Duration::from_secs(2), c.get_async_pubsub()).await {
                 Ok(Ok(ps)) => Some(ps),
                 _ => None,
@@ -1050,7 +1049,7 @@ async fn pubsub_task(
                 },
             }
         }
-        tracing::warn!(url = %url, "command events subscription lost; reconnecting");
+        tracing::warn!(redis = %client.config(), "command events subscription lost; reconnecting");
     }
 }
 

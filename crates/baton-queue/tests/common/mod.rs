@@ -105,10 +105,7 @@ pub async fn consumer_names(conn: &mut RedisConn, queue: &str) -> Vec<String> {
 pub fn redis_ports(b: &TestBackend) -> Vec<u16> {
     b.redis_config()
         .map(|cfg| {
-            let urls = match cfg {
-                baton_redis::RedisConfig::Standalone(u) => vec![u],
-                baton_redis::RedisConfig::Cluster(us) => us,
-            };
+            let urls = cfg.urls().to_vec();
             urls.iter().map(|u| u.rsplit(':').next().unwrap().trim_end_matches('/').parse().unwrap()).collect()
         })
         .unwrap_or_default()

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use baton_redis::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use baton_redis::redis::{self, Value};
-use baton_redis::{RedisConfig, RedisConn, CONNECTION_TIMEOUT};
+use baton_redis::{RedisConn, CONNECTION_TIMEOUT};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -482,17 +482,15 @@ impl Drop for Unwatch {
 /// a cluster connection (which would open a socket to every master): the tail loop's only other
 /// traffic goes over the store's shared connection.
 async fn blocking_conn(s: &RedisStreamBackend, key: &str) -> Result<RedisConn> {
-    let urls = match s.client().config() {
-        RedisConfig::Standalone(_) => return Ok(s.client().dedicated().await?),
-        RedisConfig::Cluster(urls) => urls.clone(),
-    };
+    if !s.client().is_cluster() {
+        return Ok(s.client().dedicated().await?);
+    }
     let slot = baton_redis::key_slot(key.as_bytes());
     let mut shared = s.conn.clone();
     let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut shared).await?;
     let (host, port) =
         slot_owner(&slots, slot).ok_or_else(|| StreamError::Backend(format!("no node owns slot {slot}")))?;
-    let url = node_url(&urls[0], &host, port);
-    let client = redis::Client::open(url.as_str()).map_err(|e| StreamError::Backend(e.to_string()))?;
+    let client = s.client().node_client(&host, port).map_err(|e| StreamError::Backend(e.to_string()))?;
     let cfg = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(CONNECTION_TIMEOUT))
         .set_response_timeout(None)
@@ -520,27 +518,6 @@ fn slot_owner(v: &Value, slot: u16) -> Option<(String, u16)> {
         }
     }
     None
-}
-
-/// `seed` (`redis://[user:pass@]host:port[/db]`) with its host and port replaced (credentials
-/// kept). An empty `host` (a node that does not know its address) keeps the seed's host.
-fn node_url(seed: &str, host: &str, port: u16) -> String {
-    let (scheme, rest) = seed.split_once("://").unwrap_or(("redis", seed));
-    let authority = rest.split('/').next().unwrap_or("");
-    let (userinfo, hostport) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
-    let seed_host = match hostport.rsplit_once(':') {
-        Some((h, _)) => h,
-        None => hostport,
-    };
-    let host = if host.is_empty() || host == "?" { seed_host } else { host };
-    let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
-    match userinfo {
-        Some(u) => format!("{scheme}://{u}@{host}:{port}"),
-        None => format!("{scheme}://{host}:{port}"),
-    }
 }
 
 #[cfg(test)]
@@ -579,11 +556,5 @@ mod tests {
         // Let the loop handle the last wake-up.
         tokio::time::sleep(WRITE_WAIT * 2).await;
         assert_eq!(backend.hub.write_waits_timed_out.load(Ordering::Relaxed), 0);
-    }
-
-    #[test]
-    fn node_urls() {
-        assert_eq!(node_url("redis://127.0.0.1:7000", "127.0.0.1", 7001), "redis://127.0.0.1:7001");
-        assert_eq!(node_url("redis://u:p@h:1/0", "", 7002), "redis://u:p@h:7002");
     }
 }

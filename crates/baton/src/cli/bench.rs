@@ -63,12 +63,9 @@ pub enum Workload {
 pub struct BenchArgs {
     /// What to run.
     pub workload: Workload,
-    /// Redis standalone URL [default: the in-memory backend].
-    #[arg(long, conflicts_with = "redis_cluster")]
-    pub redis: Option<String>,
-    /// Redis Cluster seed node URLs, comma separated.
-    #[arg(long, value_delimiter = ',')]
-    pub redis_cluster: Option<Vec<String>>,
+    /// Where Redis is and how to log in, as for `baton serve` [default: the in-memory backend].
+    #[command(flatten)]
+    pub redis: crate::settings::RedisArgs,
     /// Operations per level [default: queue 20000, commands 5000, streams 20000 appends and 2000 round trips, workers 5000 per round and side].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
@@ -127,12 +124,8 @@ fn percentile(v: &[Duration], p: f64) -> Duration {
     v[rank - 1]
 }
 
-fn redis_config(args: &BenchArgs) -> Option<RedisConfig> {
-    match (&args.redis, &args.redis_cluster) {
-        (Some(u), _) => Some(RedisConfig::Standalone(u.clone())),
-        (None, Some(urls)) => Some(RedisConfig::Cluster(urls.clone())),
-        _ => None,
-    }
+fn redis_config(args: &BenchArgs) -> Result<Option<RedisConfig>, CliError> {
+    args.redis.clone().resolve(Default::default()).map_err(CliError::usage)
 }
 
 fn describe(rc: &Option<RedisConfig>) -> String {
@@ -162,12 +155,7 @@ fn progress(quiet: bool, len: u64, label: String) -> ProgressBar {
 }
 
 pub async fn run(args: BenchArgs) -> Result<u8, CliError> {
-    let rc = redis_config(&args);
-    if let Some(RedisConfig::Cluster(urls)) = &rc {
-        if urls.is_empty() {
-            return Err(CliError::usage("--redis-cluster needs at least one node URL"));
-        }
-    }
+    let rc = redis_config(&args)?;
     let backend = describe(&rc);
     if !args.json {
         eprintln!("baton bench {} on {backend}", format!("{:?}", args.workload).to_lowercase());
@@ -711,7 +699,7 @@ async fn http_drain(
 async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec<Row>, CliError> {
     if rc.is_none() {
         return Err(CliError::usage(
-            "bench workers needs --redis or --redis-cluster: the Redis that the --server `baton serve` uses",
+            "bench workers needs --redis, --redis-cluster or --redis-sentinel: the Redis that the --server `baton serve` uses",
         ));
     }
     let levels = args.concurrency.clone().unwrap_or_else(|| vec![64]);

@@ -11,6 +11,7 @@
 //! [`tokens`].
 
 pub mod queues;
+pub mod redis;
 pub mod tokens;
 pub mod values;
 
@@ -22,6 +23,7 @@ use std::time::Duration;
 use baton_redis::RedisConfig;
 use baton_streams::RunLimits;
 use clap::Args;
+pub use redis::{RedisArgs, RedisFile};
 use serde::Deserialize;
 
 pub use queues::{default_queues, describe_queues, HandlerConfig, QueueConfig, WebhookConfig};
@@ -41,13 +43,9 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:7700].
     #[arg(long, env = "BATON_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Redis standalone URL, e.g. redis://127.0.0.1:6379. Without it (and without
-    /// --redis-cluster) streams live in memory.
-    #[arg(long, env = "BATON_REDIS", conflicts_with = "redis_cluster")]
-    pub redis: Option<String>,
-    /// Redis Cluster seed node URLs, comma separated.
-    #[arg(long, env = "BATON_REDIS_CLUSTER", value_delimiter = ',')]
-    pub redis_cluster: Option<Vec<String>>,
+    /// Where Redis is and how to log in.
+    #[command(flatten)]
+    pub redis: RedisArgs,
     /// How long a long-poll read waits for data before answering 204 [default: 30s].
     #[arg(long, env = "BATON_LONG_POLL_TIMEOUT", value_parser = parse_duration)]
     pub long_poll_timeout: Option<Duration>,
@@ -135,12 +133,9 @@ pub struct WorkerArgs {
     /// TOML configuration file: its [queues.*] tables (and redis / redis_cluster) are used.
     #[arg(long, env = "BATON_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Redis standalone URL.
-    #[arg(long, env = "BATON_REDIS", conflicts_with = "redis_cluster")]
-    pub redis: Option<String>,
-    /// Redis Cluster seed node URLs, comma separated.
-    #[arg(long, env = "BATON_REDIS_CLUSTER", value_delimiter = ',')]
-    pub redis_cluster: Option<Vec<String>>,
+    /// Where Redis is and how to log in.
+    #[command(flatten)]
+    pub redis: RedisArgs,
     /// Only these configured queues, comma separated [default: all].
     #[arg(long, value_delimiter = ',')]
     pub queues: Option<Vec<String>>,
@@ -172,6 +167,13 @@ struct FileConfig {
     listen: Option<String>,
     redis: Option<String>,
     redis_cluster: Option<StringOrList>,
+    redis_sentinel: Option<StringOrList>,
+    redis_sentinel_master: Option<String>,
+    redis_ca: Option<PathBuf>,
+    redis_client_cert: Option<PathBuf>,
+    redis_client_key: Option<PathBuf>,
+    redis_username: Option<String>,
+    redis_password_file: Option<PathBuf>,
     long_poll_timeout: Option<String>,
     sse_cycle: Option<String>,
     sse_heartbeat: Option<String>,
@@ -390,20 +392,20 @@ impl ServeArgs {
             (None, Some(s)) => s.parse().map_err(|e| format!("config key listen: {s:?}: {e}"))?,
             (None, None) => d.listen,
         };
-        let redis = self.redis.or(file.redis);
-        let cluster = self.redis_cluster.or(file.redis_cluster.map(StringOrList::into_vec));
-        let backend = match (redis, cluster) {
-            (Some(_), Some(_)) => return Err("give either --redis or --redis-cluster, not both".into()),
-            (Some(url), None) => Storage::Redis(RedisConfig::Standalone(url)),
-            (None, Some(urls)) => {
-                let urls: Vec<String> =
-                    urls.into_iter().map(|u| u.trim().to_string()).filter(|u| !u.is_empty()).collect();
-                if urls.is_empty() {
-                    return Err("--redis-cluster needs at least one node URL".into());
-                }
-                Storage::Redis(RedisConfig::Cluster(urls))
-            }
-            (None, None) => Storage::Memory,
+        let redis_file = RedisFile {
+            redis: file.redis,
+            redis_cluster: file.redis_cluster.map(StringOrList::into_vec),
+            redis_sentinel: file.redis_sentinel.map(StringOrList::into_vec),
+            redis_sentinel_master: file.redis_sentinel_master,
+            redis_ca: file.redis_ca,
+            redis_client_cert: file.redis_client_cert,
+            redis_client_key: file.redis_client_key,
+            redis_username: file.redis_username,
+            redis_password_file: file.redis_password_file,
+        };
+        let backend = match self.redis.resolve(redis_file)? {
+            Some(config) => Storage::Redis(config),
+            None => Storage::Memory,
         };
         let size = |flag: Option<usize>, file: Option<SizeValue>, key: &str, def: usize| -> Result<usize, String> {
             match (flag, file) {
@@ -549,7 +551,6 @@ impl WorkerArgs {
         let serve = ServeArgs {
             config: self.config,
             redis: self.redis,
-            redis_cluster: self.redis_cluster,
             shutdown_grace: self.shutdown_grace,
             header_timeout: self.header_timeout,
             idle_timeout: self.idle_timeout,
@@ -559,7 +560,8 @@ impl WorkerArgs {
         }
         .resolve()?;
         if serve.backend == Storage::Memory {
-            return Err("it needs --redis or --redis-cluster (or redis / redis_cluster in the config file); \
+            return Err("it needs --redis, --redis-cluster or --redis-sentinel (or redis / redis_cluster / \
+                        redis_sentinel in the config file); \
                         with the in-memory backend the workers run inside baton serve"
                 .into());
         }
@@ -661,7 +663,7 @@ mod tests {
         assert_eq!(cfg.long_poll_timeout, Duration::from_secs(2));
         assert_eq!(cfg.max_body, 1 << 20);
         assert_eq!(cfg.sse_cycle, Duration::from_secs(60));
-        assert_eq!(cfg.backend, Storage::Redis(RedisConfig::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])));
+        assert_eq!(cfg.backend, Storage::Redis(RedisConfig::cluster(["redis://a:1", "redis://b:2"])));
         std::fs::write(&path, "header_timeout = \"5s\"\nmax_connections = 100\nredis = \"redis://a:1\"\n").unwrap();
         let cfg =
             ServeArgs { config: Some(path.clone()), idle_timeout: Some(Duration::from_secs(9)), ..Default::default() }
