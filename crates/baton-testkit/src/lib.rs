@@ -4,6 +4,11 @@
 //!   directory; it can be killed, restarted on the same port and data directory, paused and resumed.
 //! * [`RedisCluster`]: a throwaway 3-master Redis Cluster (no replicas); the next one is formed in
 //!   the background while one is used (forming one waits about 2 s).
+//!   [`RedisCluster::start_with_replicas`] forms one with replicas, for failover tests.
+//! * [`RedisServer::start_tls`] (with [`TestCerts`]: a CA, server and client certificates made
+//!   with `openssl`), [`RedisServer::start_with_requirepass`] and [`RedisServer::add_acl_user`]:
+//!   servers for TLS and authentication tests.
+//! * [`RedisSentinelSet`]: a master, its replicas and sentinels, for Sentinel failover tests.
 //! * [`TestBackend`]: the backend a shared conformance suite runs against.
 //! * [`TcpProxy`]: a local TCP proxy that can cut every live connection, to test dropped
 //!   connections for real.
@@ -41,10 +46,14 @@ use baton_redis::RedisConfig;
 
 pub mod exact_json;
 mod proxy;
+mod sentinel;
 mod suite;
+mod tls;
 
 pub use proxy::TcpProxy;
+pub use sentinel::RedisSentinelSet;
 pub use suite::eventually;
+pub use tls::TestCerts;
 
 const INSTALL_HINT: &str =
     "install the Debian packages `redis-server` and `redis-tools` (apt-get update && apt-get install -y redis-server redis-tools)";
@@ -265,16 +274,32 @@ fn read_reply(r: &mut impl BufRead) -> io::Result<Result<String, String>> {
 
 /// Sends one command to 127.0.0.1:`port` and returns its reply (`Err(message)` for an error reply).
 fn raw_command(port: u16, args: &[&str]) -> io::Result<Result<String, String>> {
+    raw_command_as(port, None, args)
+}
+
+/// [`raw_command`], first authenticating as the default user with `password` when given (an
+/// `AUTH` error reply is returned as the reply).
+fn raw_command_as(port: u16, password: Option<&str>, args: &[&str]) -> io::Result<Result<String, String>> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     stream.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let mut req = format!("*{}\r\n", args.len());
-    for a in args {
-        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    let encode = |args: &[&str]| {
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        req
+    };
+    let mut reader = BufReader::new(&stream);
+    if let Some(password) = password {
+        (&stream).write_all(encode(&["AUTH", password]).as_bytes())?;
+        if let Err(e) = read_reply(&mut reader)? {
+            return Ok(Err(e));
+        }
     }
-    (&stream).write_all(req.as_bytes())?;
-    read_reply(&mut BufReader::new(&stream))
+    (&stream).write_all(encode(args).as_bytes())?;
+    read_reply(&mut reader)
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -292,11 +317,31 @@ pub struct ServerOptions {
 /// and its directory removed on drop.
 pub struct RedisServer {
     port: u16,
-    /// Arguments after `--port N` (everything but the port).
+    /// Arguments after `--port N` (everything but the port and the TLS port).
     args: Vec<String>,
+    /// A config file passed first (`redis-server FILE --port N …`), e.g. a sentinel's.
+    conf: Option<PathBuf>,
+    /// `--tls-port N`, when the server also serves TLS.
+    tls_port: Option<u16>,
+    /// The default user's password (`--requirepass`): the harness's own commands AUTH with it.
+    password: Option<String>,
+    /// The certificates a TLS server uses, kept so that a restart still finds them.
+    _certs: Option<TestCerts>,
     child: Option<Child>,
     log: PathBuf,
     dir: TempDir,
+}
+
+/// What a server is started with beyond its arguments (see [`RedisServer::start_spec`]).
+#[derive(Default)]
+struct LaunchSpec {
+    /// Serve TLS too, on a port picked beside the plain one.
+    tls: bool,
+    /// `--requirepass`; the harness AUTHs with it.
+    password: Option<String>,
+    /// A config file to write into the server's directory (as `NAME`, `CONTENTS`) and pass first.
+    conf: Option<(&'static str, String)>,
+    certs: Option<TestCerts>,
 }
 
 enum StartError {
@@ -323,12 +368,100 @@ impl RedisServer {
         Self::start_args("baton-redis", args, false)
     }
 
+    /// A standalone server (as [`RedisServer::start_with`]) whose default user needs `password`
+    /// (`--requirepass`). The harness's own commands ([`RedisServer::cli`], readiness checks,
+    /// [`RedisServer::add_acl_user`]) authenticate with it.
+    pub fn start_with_requirepass(opts: ServerOptions, password: &str) -> RedisServer {
+        let mut args: Vec<String> = vec!["--save".into(), String::new()];
+        if opts.appendonly {
+            args.extend(["--appendonly", "yes", "--appendfsync", "always"].map(String::from));
+        } else {
+            args.extend(["--appendonly", "no"].map(String::from));
+        }
+        args.extend(["--requirepass".to_string(), password.to_string()]);
+        let spec = LaunchSpec { password: Some(password.to_string()), ..LaunchSpec::default() };
+        Self::start_spec("baton-redis", args, false, spec)
+    }
+
+    /// A standalone server (no persistence) that serves TLS on [`RedisServer::tls_port`] with
+    /// `certs`' server certificate and key, trusting `certs`' CA for client certificates
+    /// (`--tls-auth-clients yes` when `require_client_cert`, else `no`). The plain port
+    /// ([`RedisServer::port`], 127.0.0.1) stays open for the harness's own commands (readiness,
+    /// [`RedisServer::cli`]); a test connects to the TLS port. [`RedisServer::restart`] keeps both
+    /// ports and the TLS settings.
+    pub fn start_tls(certs: &TestCerts, require_client_cert: bool) -> RedisServer {
+        let path = |p: PathBuf| p.display().to_string();
+        let args = vec![
+            "--save".to_string(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+            "--tls-cert-file".into(),
+            path(certs.server_cert()),
+            "--tls-key-file".into(),
+            path(certs.server_key()),
+            "--tls-ca-cert-file".into(),
+            path(certs.ca_cert()),
+            "--tls-auth-clients".into(),
+            if require_client_cert { "yes" } else { "no" }.into(),
+        ];
+        let spec = LaunchSpec { tls: true, certs: Some(certs.clone()), ..LaunchSpec::default() };
+        Self::start_spec("baton-redis-tls", args, false, spec)
+    }
+
+    /// Creates (or resets) ACL user `user` with `password`, all keys, all channels and all
+    /// commands: `ACL SETUSER user on >password ~* &* +@all`. Panics on failure.
+    pub fn add_acl_user(&self, user: &str, password: &str) {
+        let pass = format!(">{password}");
+        match raw_command_as(
+            self.port,
+            self.password.as_deref(),
+            &["ACL", "SETUSER", user, "on", &pass, "~*", "&*", "+@all"],
+        ) {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!("ACL SETUSER {user} on 127.0.0.1:{} failed: {e}", self.port),
+            Err(e) => panic!("ACL SETUSER {user} on 127.0.0.1:{} failed: {e}", self.port),
+        }
+    }
+
+    /// The TLS port on 127.0.0.1; `None` unless started with [`RedisServer::start_tls`].
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` (the server certificate has IP SAN 127.0.0.1). Panics unless
+    /// started with [`RedisServer::start_tls`].
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.tls_port.expect("tls_url: not a TLS server (start_tls)"))
+    }
+
+    /// `rediss://localhost:TLS_PORT` (the server certificate has DNS SAN localhost). Panics unless
+    /// started with [`RedisServer::start_tls`].
+    pub fn tls_url_localhost(&self) -> String {
+        format!("rediss://localhost:{}", self.tls_port.expect("tls_url_localhost: not a TLS server (start_tls)"))
+    }
+
+    /// The default user's password, when started with [`RedisServer::start_with_requirepass`].
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
     /// Starts a server with `extra` arguments on a fresh port, retrying on another port when the
     /// chosen one is taken meanwhile.
     fn start_args(prefix: &str, extra: Vec<String>, cluster_bus: bool) -> RedisServer {
+        Self::start_spec(prefix, extra, cluster_bus, LaunchSpec::default())
+    }
+
+    /// [`RedisServer::start_args`] with a TLS port, a password or a config file as `spec` says.
+    fn start_spec(prefix: &str, extra: Vec<String>, cluster_bus: bool, spec: LaunchSpec) -> RedisServer {
         require_redis();
         let dir = TempDir::new(prefix);
         let log = dir.path().join("redis.log");
+        let conf = spec.conf.map(|(name, contents)| {
+            let path = dir.path().join(name);
+            fs::write(&path, contents).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+            path
+        });
         let mut args = vec![
             "--bind".to_string(),
             "127.0.0.1".into(),
@@ -343,10 +476,28 @@ impl RedisServer {
             "local".into(),
         ];
         args.extend(extra);
-        let mut server = RedisServer { port: 0, args, child: None, log, dir };
+        let mut server = RedisServer {
+            port: 0,
+            args,
+            conf,
+            tls_port: None,
+            password: spec.password,
+            _certs: spec.certs,
+            child: None,
+            log,
+            dir,
+        };
         let mut last = String::new();
         for _ in 0..PORT_ATTEMPTS {
             server.port = pick_server_port(cluster_bus);
+            if spec.tls {
+                server.tls_port = Some(loop {
+                    let p = pick_server_port(false);
+                    if p != server.port && (!cluster_bus || p != server.port + 10000) {
+                        break p;
+                    }
+                });
+            }
             match server.launch() {
                 Ok(()) => return server,
                 Err(StartError::PortInUse(msg)) => last = msg,
@@ -369,9 +520,14 @@ impl RedisServer {
         let log_start = log_out.metadata().map(|m| m.len()).unwrap_or(0);
 
         let mut command = Command::new("redis-server");
+        if let Some(conf) = &self.conf {
+            command.arg(conf);
+        }
+        command.arg("--port").arg(self.port.to_string());
+        if let Some(tls_port) = self.tls_port {
+            command.arg("--tls-port").arg(tls_port.to_string());
+        }
         command
-            .arg("--port")
-            .arg(self.port.to_string())
             .args(self.args.iter().map(OsStr::new))
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
@@ -394,7 +550,7 @@ impl RedisServer {
                 );
                 return Err(if tail.contains("in use") { StartError::PortInUse(msg) } else { StartError::Other(msg) });
             }
-            match raw_command(self.port, &["INFO", "server"]) {
+            match raw_command_as(self.port, self.password.as_deref(), &["INFO", "server"]) {
                 Ok(Ok(info)) => {
                     let answering = info
                         .lines()
@@ -481,6 +637,11 @@ impl RedisServer {
         }
     }
 
+    /// Whether the process was started and not killed since (it may still have died by itself).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
     pub fn pause(&self) {
         if let Some(child) = &self.child {
@@ -498,8 +659,12 @@ impl RedisServer {
     /// Runs `redis-cli -h 127.0.0.1 -p PORT -e ARGS…` and returns its stdout, trimmed. Panics when
     /// redis-cli fails, including on an error reply.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-e"])
+        let mut command = Command::new("redis-cli");
+        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-e"]);
+        if let Some(password) = &self.password {
+            command.args(["--no-auth-warning", "-a", password]);
+        }
+        let out = command
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -527,6 +692,7 @@ impl fmt::Debug for RedisServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisServer")
             .field("port", &self.port)
+            .field("tls_port", &self.tls_port)
             .field("pid", &self.child.as_ref().map(|c| c.id()))
             .field("dir", &self.dir.path())
             .finish()
@@ -566,9 +732,12 @@ extern "C" fn drop_spare_cluster() {
     }
 }
 
-/// A 3-master Redis Cluster (no replicas) on 127.0.0.1, every slot assigned. Killed on drop.
+/// A 3-master Redis Cluster on 127.0.0.1, every slot assigned: no replicas ([`RedisCluster::start`])
+/// or N per master ([`RedisCluster::start_with_replicas`]). Killed on drop.
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// For each master killed with [`RedisCluster::kill_master`]: its port and a slot it served.
+    killed_slots: Vec<(u16, u16)>,
 }
 
 impl RedisCluster {
@@ -607,22 +776,38 @@ impl RedisCluster {
     /// Starts three cluster-enabled servers, joins them with `redis-cli --cluster create`, and
     /// waits (up to 30 s) until every node reports `cluster_state:ok` and 16384 slots ok.
     fn form() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::form_with(0, 5000)
+    }
+
+    /// A new cluster of 3 masters, each with `replicas_per_master` replicas (`3 × (1 +
+    /// replicas_per_master)` nodes, formed with `redis-cli --cluster create … --cluster-replicas
+    /// N`), and `cluster-node-timeout` 1000 ms so that a replica takes over a killed master within
+    /// a few seconds. Waits (up to 30 s) until every node reports `cluster_state:ok` with 16384
+    /// slots ok and every replica reports `master_link_status:up`. Formed for its caller (no spare).
+    /// Kill a master with [`RedisCluster::kill_master`] and wait for its replica with
+    /// [`RedisCluster::wait_for_failover`].
+    pub fn start_with_replicas(replicas_per_master: usize) -> RedisCluster {
+        let cluster = Self::form_with(replicas_per_master, 1000);
+        cluster.wait_replicas_in_sync(3 * replicas_per_master, CLUSTER_TIMEOUT);
+        cluster
+    }
+
+    /// Starts `3 × (1 + replicas)` cluster-enabled servers with `cluster-node-timeout`
+    /// `node_timeout_ms`, joins them with `redis-cli --cluster create`, and waits (up to 30 s)
+    /// until every node reports `cluster_state:ok` and 16384 slots ok.
+    fn form_with(replicas: usize, node_timeout_ms: u64) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
-                let args = [
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "5000",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ]
-                .map(String::from)
-                .to_vec();
+                let mut args =
+                    ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout"]
+                        .map(String::from)
+                        .to_vec();
+                args.push(node_timeout_ms.to_string());
+                args.extend(["--save", "", "--appendonly", "no"].map(String::from));
+                if replicas > 0 {
+                    // A master starts a full sync at once (not after the default 5 s wait).
+                    args.extend(["--repl-diskless-sync-delay", "0"].map(String::from));
+                }
                 RedisServer::start_args("baton-redis-cluster", args, true)
             })
             .collect();
@@ -632,7 +817,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("cannot run redis-cli ({INSTALL_HINT}): {e}"));
@@ -646,9 +831,125 @@ impl RedisCluster {
             );
         }
 
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster { nodes, killed_slots: Vec::new() };
         cluster.wait_ok(CLUSTER_TIMEOUT);
         cluster
+    }
+
+    /// Polls `INFO replication` on every running node until `replicas` of them are replicas with
+    /// `master_link_status:up`; panics with the last output after `timeout`.
+    fn wait_replicas_in_sync(&self, replicas: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut in_sync = 0;
+            let mut last = String::new();
+            for node in self.nodes.iter().filter(|n| n.is_running()) {
+                let info = match raw_command(node.port(), &["INFO", "replication"]) {
+                    Ok(Ok(info)) => info,
+                    Ok(Err(e)) => e,
+                    Err(e) => e.to_string(),
+                };
+                if info.lines().any(|l| l.trim() == "role:slave") {
+                    if info.lines().any(|l| l.trim() == "master_link_status:up") {
+                        in_sync += 1;
+                    } else {
+                        last = format!("node 127.0.0.1:{}:\n{info}", node.port());
+                    }
+                }
+            }
+            if in_sync >= replicas {
+                return;
+            }
+            if Instant::now() >= deadline {
+                panic!("{in_sync} of {replicas} cluster replicas in sync after {timeout:?}; last INFO replication from {last}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The `CLUSTER NODES` lines of a running node, as (port, flags, slot ranges) of each node.
+    fn cluster_nodes(&self) -> Result<Vec<NodeLine>, String> {
+        let mut last = String::from("no node is running");
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            match raw_command(node.port(), &["CLUSTER", "NODES"]) {
+                Ok(Ok(text)) => return Ok(parse_cluster_nodes(&text)),
+                Ok(Err(e)) => last = e,
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(last)
+    }
+
+    /// Kills (SIGKILL) the master on 127.0.0.1:`port`, first noting a slot it serves, so that
+    /// [`RedisCluster::wait_for_failover`] can tell which node takes it over. Panics when no
+    /// running node of this cluster has that port or it serves no slot.
+    pub fn kill_master(&mut self, port: u16) {
+        let nodes = self.cluster_nodes().unwrap_or_else(|e| panic!("kill_master: CLUSTER NODES failed: {e}"));
+        let slot = nodes
+            .iter()
+            .find(|n| n.port == port && n.has_flag("master"))
+            .and_then(|n| n.slots.first().map(|r| r.0))
+            .unwrap_or_else(|| panic!("kill_master: 127.0.0.1:{port} is not a master serving slots: {nodes:?}"));
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("kill_master: no node on port {port}"));
+        node.kill();
+        self.killed_slots.retain(|(p, _)| *p != port);
+        self.killed_slots.push((port, slot));
+    }
+
+    /// Waits until the slots of the master on `old_master_port` (killed with
+    /// [`RedisCluster::kill_master`]) are served by another node that says `role:master`, and
+    /// every running node reports `cluster_state:ok` with 16384 slots ok. Returns the new
+    /// master's port. Panics after `timeout`, or when `old_master_port` was not killed with
+    /// `kill_master`.
+    pub fn wait_for_failover(&self, old_master_port: u16, timeout: Duration) -> u16 {
+        let slot = self
+            .killed_slots
+            .iter()
+            .find(|(p, _)| *p == old_master_port)
+            .map(|(_, s)| *s)
+            .unwrap_or_else(|| panic!("wait_for_failover: port {old_master_port} was not killed with kill_master"));
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut last = String::new();
+            let owner = match self.cluster_nodes() {
+                Ok(nodes) => nodes
+                    .iter()
+                    .find(|n| {
+                        n.has_flag("master")
+                            && !n.has_flag("fail")
+                            && !n.has_flag("fail?")
+                            && n.slots.iter().any(|&(a, b)| a <= slot && slot <= b)
+                    })
+                    .map(|n| n.port),
+                Err(e) => {
+                    last = e;
+                    None
+                }
+            };
+            if let Some(new_port) = owner.filter(|&p| p != old_master_port) {
+                let is_master = matches!(raw_command(new_port, &["INFO", "replication"]),
+                    Ok(Ok(info)) if info.lines().any(|l| l.trim() == "role:master"));
+                let all_ok = self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+                    matches!(raw_command(n.port(), &["CLUSTER", "INFO"]), Ok(Ok(info))
+                        if info.lines().any(|l| l.trim() == "cluster_state:ok")
+                            && info.lines().any(|l| l.trim() == "cluster_slots_ok:16384"))
+                });
+                if is_master && all_ok {
+                    return new_port;
+                }
+                last = format!("slot {slot} served by {new_port} (role:master {is_master}, all nodes ok {all_ok})");
+            } else if last.is_empty() {
+                last = format!("slot {slot} still served by {owner:?}");
+            }
+            if Instant::now() >= deadline {
+                panic!("no failover of 127.0.0.1:{old_master_port} after {timeout:?}: {last}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Polls `CLUSTER INFO` on every node until all say `cluster_state:ok` and
@@ -701,6 +1002,44 @@ impl fmt::Debug for RedisCluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisCluster").field("nodes", &self.nodes).finish()
     }
+}
+
+/// One line of `CLUSTER NODES`: the node's port, its flags (`myself,master`, `slave`,
+/// `master,fail`, …) and the slot ranges it serves (inclusive).
+#[derive(Debug)]
+struct NodeLine {
+    port: u16,
+    flags: String,
+    slots: Vec<(u16, u16)>,
+}
+
+impl NodeLine {
+    fn has_flag(&self, flag: &str) -> bool {
+        self.flags.split(',').any(|f| f == flag)
+    }
+}
+
+/// Parses `CLUSTER NODES` text into (port, flags, slot ranges) per node; importing/migrating
+/// entries (`[…]`) are skipped.
+fn parse_cluster_nodes(text: &str) -> Vec<NodeLine> {
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let addr = f.get(1)?.split('@').next()?;
+            let port = addr.rsplit_once(':')?.1.parse().ok()?;
+            let flags = f.get(2)?.to_string();
+            let slots = f
+                .iter()
+                .skip(8)
+                .filter(|s| !s.starts_with('['))
+                .filter_map(|s| match s.split_once('-') {
+                    Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                    None => s.parse().ok().map(|a| (a, a)),
+                })
+                .collect();
+            Some(NodeLine { port, flags, slots })
+        })
+        .collect()
 }
 
 // The nodes are RedisServers: dropping the Vec kills each of them and removes their directories.
