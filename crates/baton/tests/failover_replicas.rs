@@ -372,27 +372,42 @@ async fn recovery<T: Clone>(kill: Instant, acks: &Mutex<Vec<Ack<T>>>, errors: &E
     }
 }
 
-/// Sentinel only: the replica replicates through a [`TcpProxy`], cut [`FORCED_LAG`] before the
-/// kill, so that the writes acknowledged meanwhile exist on the master alone and are lost for
-/// sure (the failover's worst case, made deterministic).
-async fn replicate_through_proxy(topo: &mut Topology) -> TcpProxy {
+/// Sentinel only: every replica replicates through its own [`TcpProxy`]; the proxies are cut
+/// [`FORCED_LAG`] before the kill, so that the writes acknowledged meanwhile exist on the master
+/// alone and are lost for sure (the failover's worst case, made deterministic).
+async fn replicate_through_proxies(topo: &mut Topology) -> Vec<TcpProxy> {
     let Topology::Sentinel(s) = topo else { panic!("forced lag: Sentinel only") };
     let master = s.master_port();
-    let proxy = TcpProxy::start(([127, 0, 0, 1], master).into()).await;
-    let replica = s.nodes().iter().find(|n| n.port() != master).expect("a replica");
-    replica.cli(&["REPLICAOF", "127.0.0.1", &proxy.addr().port().to_string()]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !replica.cli(&["INFO", "replication"]).lines().any(|l| l.trim() == "master_link_status:up") {
-        assert!(Instant::now() < deadline, "the replica did not sync through the proxy");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut proxies = Vec::new();
+    for replica in s.nodes().iter().filter(|n| n.port() != master) {
+        let proxy = TcpProxy::start(([127, 0, 0, 1], master).into()).await;
+        replica.cli(&["REPLICAOF", "127.0.0.1", &proxy.addr().port().to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replica.cli(&["INFO", "replication"]).lines().any(|l| l.trim() == "master_link_status:up") {
+            assert!(Instant::now() < deadline, "the replica did not sync through the proxy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        proxies.push(proxy);
     }
-    proxy
+    proxies
 }
 
-async fn one_run(mut topo: Topology, forced_lag: bool) -> Measured {
+/// How a run is set up.
+#[derive(Clone, Copy, Debug)]
+struct Mode {
+    /// Cut the replicas off [`FORCED_LAG`] before the kill (Sentinel only).
+    forced_lag: bool,
+    /// Baton waits for one replica to confirm each write (`RedisConfig::with_durability(1, …)`).
+    wait_one_replica: bool,
+}
+
+async fn one_run(mut topo: Topology, mode: Mode) -> Measured {
     let mut m = Measured::default();
-    let cfg = topo.config();
-    let proxy = if forced_lag { Some(replicate_through_proxy(&mut topo).await) } else { None };
+    let mut cfg = topo.config();
+    if mode.wait_one_replica {
+        cfg = cfg.with_durability(1, Duration::from_millis(500));
+    }
+    let proxies = if mode.forced_lag { replicate_through_proxies(&mut topo).await } else { Vec::new() };
 
     // Everything Baton writes here lives on one master: the one serving the command queue's slot.
     let owners = topo.slot_owners();
@@ -483,9 +498,11 @@ async fn one_run(mut topo: Topology, forced_lag: bool) -> Measured {
     tokio::time::sleep(WARM_UP.saturating_sub(t0.elapsed())).await;
 
     // --- SIGKILL the master (with forced lag: after cutting its replica off).
-    if let Some(proxy) = &proxy {
+    for proxy in &proxies {
         proxy.set_refuse(true);
         proxy.drop_connections();
+    }
+    if mode.forced_lag {
         tokio::time::sleep(FORCED_LAG).await;
     }
     let kill = Instant::now();
@@ -667,6 +684,10 @@ async fn one_run(mut topo: Topology, forced_lag: bool) -> Measured {
             a.what
         );
     }
+    if mode.wait_one_replica {
+        let lost = (m.submits_lost, m.transitions_lost, m.appends_lost);
+        assert_eq!(lost, (0, 0, 0), "WAIT 1: an acknowledged write was lost (submits, transitions, appends)");
+    }
     assert!(m.submits_lost <= m.submits_in_window);
     assert!(m.appends_lost <= m.appends_in_window);
     assert_eq!(m.cmd_stuck, 0, "acknowledged commands still not terminal 30 s after the load: {pending:?}");
@@ -678,30 +699,47 @@ async fn one_run(mut topo: Topology, forced_lag: bool) -> Measured {
     m
 }
 
-async fn measure(name: &str, forced_lag: bool, start: impl Fn() -> Topology) {
+async fn measure(name: &str, mode: Mode, start: impl Fn() -> Topology) {
     require_redis();
     let mut rows = Vec::new();
     for _ in 0..runs() {
         let topo = start();
         assert!(name.starts_with(topo.name()));
-        rows.push(one_run(topo, forced_lag).await);
+        rows.push(one_run(topo, mode).await);
         print_table(name, &rows);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sentinel_master_killed_under_load() {
-    measure("sentinel", false, || Topology::Sentinel(RedisSentinelSet::start(1, 3))).await;
+    measure("sentinel", Mode { forced_lag: false, wait_one_replica: false }, || {
+        Topology::Sentinel(RedisSentinelSet::start(1, 3))
+    })
+    .await;
 }
 
 /// The replica is cut off [`FORCED_LAG`] before the master dies: the loss is certain, and what
 /// was not lost must still end correctly (lost completions re-run, producers resume).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sentinel_master_killed_with_replica_behind() {
-    measure("sentinel (replica 300 ms behind)", true, || Topology::Sentinel(RedisSentinelSet::start(1, 3))).await;
+    let mode = Mode { forced_lag: true, wait_one_replica: false };
+    measure("sentinel (replica 300 ms behind)", mode, || Topology::Sentinel(RedisSentinelSet::start(1, 3))).await;
+}
+
+/// As above with Baton waiting for one replica per write (`WAIT 1`, 500 ms): nothing written
+/// while the replicas are cut off is acknowledged, so nothing acknowledged is lost. Two replicas,
+/// so that the promoted one still has a replica to confirm writes after the failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_master_killed_with_replicas_behind_and_wait_1() {
+    let mode = Mode { forced_lag: true, wait_one_replica: true };
+    let name = "sentinel (2 replicas 300 ms behind, WAIT 1)";
+    measure(name, mode, || Topology::Sentinel(RedisSentinelSet::start(2, 3))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_master_killed_under_load() {
-    measure("cluster", false, || Topology::Cluster(RedisCluster::start_with_replicas(1))).await;
+    measure("cluster", Mode { forced_lag: false, wait_one_replica: false }, || {
+        Topology::Cluster(RedisCluster::start_with_replicas(1))
+    })
+    .await;
 }
