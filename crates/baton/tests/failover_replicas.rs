@@ -12,8 +12,14 @@
 //! Redis replication is asynchronous: a write a master acknowledged just before it died can be
 //! missing on the replica that takes over. That loss is *measured* and printed (a table per run,
 //! on stderr), not asserted zero; it is asserted to come only from the last
-//! [`LOSS_WINDOW`] before the kill. `BATON_FAILOVER_RUNS=N` repeats each topology N times
-//! (default 1); run with `--nocapture` to see the tables.
+//! [`LOSS_WINDOW`] before the kill. On localhost a replica is rarely more than a few ms behind,
+//! so the plain runs lose nothing; the `*_replica_behind` runs make the loss certain (the
+//! replicas are cut off, or frozen and flooded, [`FORCED_LAG`] before the kill) to check that
+//! what survives still ends correctly, and the `*_wait_1` run checks that with
+//! `RedisConfig::with_durability(1, …)` nothing acknowledged is lost.
+//!
+//! `BATON_FAILOVER_RUNS=N` repeats each test N times (default 1, about 30 s for the file);
+//! run with `--nocapture` to see the tables.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
