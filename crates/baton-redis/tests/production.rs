@@ -505,8 +505,7 @@ async fn sentinel_follows_a_manual_failover() {
     let old = set.master_port();
 
     let started = Instant::now();
-    let name = set.master_name().to_string();
-    assert_eq!(set.sentinels()[0].cli(&["SENTINEL", "FAILOVER", &name]), "OK");
+    sentinel_failover(&mut set).await;
     // The old master stays a master (and takes writes, lost later) until the sentinels convert
     // it to a replica, about 8 s after the failover: the connection must move to the new master
     // as soon as the sentinels switch (their +switch-master event), not when the old one is
@@ -563,6 +562,25 @@ async fn sentinel_unreachable_sentinels() {
     }
 }
 
+/// `SENTINEL FAILOVER <master>` on the first sentinel, again while it answers `NOGOODSLAVE` (its
+/// view of the replica a moment old, under load) for up to 5 s.
+async fn sentinel_failover(set: &mut RedisSentinelSet) {
+    let name = set.master_name().to_string();
+    let url = set.sentinels()[0].url();
+    let mut conn = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match redis::cmd("SENTINEL").arg("FAILOVER").arg(&name).query_async::<String>(&mut conn).await {
+            Ok(ok) => return assert_eq!(ok, "OK"),
+            Err(e) if e.code() == Some("NOGOODSLAVE") && Instant::now() < deadline => {
+                eprintln!("SENTINEL FAILOVER: {e}; again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("SENTINEL FAILOVER {name}: {e}"),
+        }
+    }
+}
+
 /// The port a node of `set` listens on for the harness (plain) given the port the sentinels name
 /// (TLS).
 fn plain_port(set: &mut RedisSentinelSet, port: u16) -> u16 {
@@ -590,8 +608,7 @@ async fn tls_sentinel() {
     assert_eq!(cmd::<i64>(&mut shared, &["WAIT", "1", "2000"]).await.unwrap(), 1);
 
     // A manual failover: the announced master, reached over TLS.
-    let name = set.master_name().to_string();
-    assert_eq!(set.sentinels()[0].cli(&["SENTINEL", "FAILOVER", &name]), "OK");
+    sentinel_failover(&mut set).await;
     let second = set.wait_for_failover(first, Duration::from_secs(15));
     let (n, _) = until_ok("TLS Sentinel, after SENTINEL FAILOVER", Duration::from_secs(10), || {
         let mut c = shared.clone();
