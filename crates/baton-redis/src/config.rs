@@ -28,6 +28,49 @@ pub struct RedisConfig {
     /// Password for the data nodes (not the sentinels), overriding one in the URLs; read from a
     /// file or an environment variable so that it is not on a command line.
     pub password: Option<String>,
+    /// Opt-in durability of acknowledged writes (`None`: a write is acknowledged once the master
+    /// has applied it, Redis's default). See [`Durability`].
+    pub durability: Option<Durability>,
+}
+
+/// How many replicas must hold a write before Baton acknowledges it: the writes that say so
+/// (command submits and state transitions, stream creates, appends and closes) are followed on
+/// the same connection by `WAIT replicas timeout`, in the same round trip. When fewer replicas
+/// confirm within `timeout`, the call fails with an error saying so: the write **was applied on
+/// the master** and may or may not survive a failover (retrying is safe where the write is
+/// idempotent: a submit with its command id, an append with producer headers).
+///
+/// What it guarantees: an acknowledged write is on the master and on at least `replicas`
+/// replicas, so a failover that promotes one of those replicas keeps it. Redis may still
+/// promote a replica that does not have it (Sentinel and Cluster pick the most up-to-date
+/// reachable replica, which has it whenever `replicas` ≥ the number of replicas), and `WAIT`
+/// says nothing about disk (the `appendfsync` setting of each node does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Durability {
+    /// Replicas that must confirm (≥ 1).
+    pub replicas: u32,
+    /// How long to wait for them (1 ms ..= [`Durability::MAX_TIMEOUT`]).
+    pub timeout: std::time::Duration,
+}
+
+impl Durability {
+    /// Longest `timeout`: 4 s, below the shared connections' response timeout (5 s).
+    pub const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
+
+    /// Checks the bounds above. Errors: a message naming the bad value.
+    pub fn check(&self) -> Result<(), String> {
+        if self.replicas == 0 {
+            return Err("the number of replicas to wait for must be at least 1".into());
+        }
+        if self.timeout.is_zero() || self.timeout > Self::MAX_TIMEOUT {
+            return Err(format!(
+                "the replica wait timeout must be from 1ms to {:?}; got {:?}",
+                Self::MAX_TIMEOUT,
+                self.timeout
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Which Redis servers hold Baton's data.
@@ -80,7 +123,7 @@ impl RedisConfig {
     }
 
     fn of(servers: RedisServers) -> Self {
-        Self { servers, tls: TlsFiles::default(), username: None, password: None }
+        Self { servers, tls: TlsFiles::default(), username: None, password: None, durability: None }
     }
 
     /// Verify servers against the CA certificate(s) in `path` (PEM) instead of the system roots.
@@ -105,6 +148,13 @@ impl RedisConfig {
     /// Log in to the data nodes with `password`.
     pub fn with_password(mut self, password: impl Into<String>) -> Self {
         self.password = Some(password.into());
+        self
+    }
+
+    /// Acknowledge writes only once `replicas` replicas hold them, waiting at most `timeout`
+    /// ([`Durability`]).
+    pub fn with_durability(mut self, replicas: u32, timeout: std::time::Duration) -> Self {
+        self.durability = Some(Durability { replicas, timeout });
         self
     }
 
@@ -141,6 +191,9 @@ impl std::fmt::Display for RedisConfig {
                 None => write!(f, " (TLS, system roots)")?,
             }
         }
+        if let Some(d) = &self.durability {
+            write!(f, " (writes wait for {} replica(s), at most {:?})", d.replicas, d.timeout)?;
+        }
         Ok(())
     }
 }
@@ -157,6 +210,7 @@ impl std::fmt::Debug for RedisConfig {
         d.field("tls", &self.tls)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("durability", &self.durability)
             .finish()
     }
 }

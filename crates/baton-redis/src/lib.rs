@@ -93,6 +93,9 @@ pub enum ConnectError {
     /// TLS files given for `redis://` (not `rediss://`) URLs.
     #[error("TLS configuration: {0}")]
     TlsConfig(String),
+    /// A [`Durability`] out of bounds.
+    #[error("Redis durability: {0}")]
+    Durability(String),
     /// The TLS handshake failed: the server's certificate is not trusted or does not name the
     /// host, or the server wants a client certificate. `hint` says what to check.
     #[error("TLS handshake with {target} failed: {source}; {hint}")]
@@ -113,7 +116,7 @@ pub enum ConnectError {
     },
 }
 
-pub use config::{read_secret_file, redact_url, RedisConfig, RedisServers, TlsFiles};
+pub use config::{read_secret_file, redact_url, Durability, RedisConfig, RedisServers, TlsFiles};
 pub use sentinel::SentinelConn;
 
 #[derive(Clone)]
@@ -155,6 +158,9 @@ impl RedisClient {
             install_crypto_provider();
         }
         let certs = if tls { Some(read_certificates(files)?) } else { None };
+        if let Some(d) = &config.durability {
+            d.check().map_err(ConnectError::Durability)?;
+        }
         let invalid = |url: &str| {
             let url = redact_url(url);
             move |source| ConnectError::InvalidUrl { url, source }
@@ -256,6 +262,12 @@ impl RedisClient {
     /// The configuration this client was built from.
     pub fn config(&self) -> &RedisConfig {
         &self.config
+    }
+
+    /// The opt-in durability of acknowledged writes ([`RedisConfig::durability`]), for
+    /// [`LuaScript::query_durable`].
+    pub fn durability(&self) -> Option<Durability> {
+        self.config.durability
     }
 
     /// True for a Redis Cluster deployment.
@@ -658,6 +670,78 @@ impl LuaScript {
         }
     }
 
+    /// [`LuaScript::query`] for a write that must reach `durability.replicas` replicas before it
+    /// is acknowledged: `cmd` and `WAIT replicas timeout_ms` go together in one pipeline (one
+    /// round trip, on the connection, and in Cluster the node, that runs `cmd`). Without
+    /// `durability` it is [`LuaScript::query`].
+    ///
+    /// Errors: as [`LuaScript::query`]; and when fewer replicas confirm in time, an error of
+    /// kind `Client` saying the write was applied on the master but is not known to be on
+    /// enough replicas ([`is_not_replicated`]).
+    pub async fn query_durable<T, C>(
+        &self,
+        conn: &mut C,
+        cmd: &Cmd,
+        durability: Option<Durability>,
+    ) -> redis::RedisResult<T>
+    where
+        T: redis::FromRedisValue,
+        C: ConnectionLike,
+    {
+        let Some(d) = durability else { return self.query(conn, cmd).await };
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone());
+        pipe.cmd("WAIT").arg(d.replicas).arg(d.timeout.as_millis() as u64);
+        let mut loaded = false;
+        loop {
+            let mut replies = conn.req_packed_commands(&pipe, 0, 2).await?;
+            let (reply, waited) = match (replies.pop(), replies.pop()) {
+                (Some(waited), Some(reply)) => (reply, waited),
+                _ => {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "a write and its WAIT: expected two replies",
+                    )))
+                }
+            };
+            let reply = match reply {
+                Value::ServerError(e) => {
+                    let e: redis::RedisError = e.into();
+                    if !loaded && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+                        self.script().load_async(conn).await?;
+                        loaded = true;
+                        continue;
+                    }
+                    return Err(e);
+                }
+                v => v,
+            };
+            let confirmed = match waited {
+                Value::Int(n) => n,
+                Value::ServerError(e) => return Err(e.into()),
+                other => {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "WAIT: unexpected reply",
+                        format!("{other:?}"),
+                    )))
+                }
+            };
+            if confirmed < d.replicas as i64 {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    NOT_REPLICATED,
+                    format!(
+                        "{} of {} replica(s) confirmed within {:?}; the write was applied on the master and may be \
+                         lost if it fails over now (retrying is safe for idempotent writes)",
+                        confirmed, d.replicas, d.timeout
+                    ),
+                )));
+            }
+            return Ok(redis::from_redis_value(reply)?);
+        }
+    }
+
     /// Runs the script with `keys` and `args` on `conn` and converts the reply: an
     /// [`LuaScript::evalsha_cmd`] holding `keys` then `args`, sent with [`LuaScript::query`].
     pub async fn run<T: redis::FromRedisValue>(
@@ -727,6 +811,13 @@ mod lua_script_tests {
         sized.arg("dummy");
         assert_eq!(sized.get_packed_command(), cmd.get_packed_command());
     }
+}
+
+const NOT_REPLICATED: &str = "write not confirmed by enough replicas";
+
+/// True for the error of [`LuaScript::query_durable`] when too few replicas confirmed a write.
+pub fn is_not_replicated(err: &redis::RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Client && err.to_string().contains(NOT_REPLICATED)
 }
 
 /// True when a Redis error is the `NOGROUP` error (the stream key or its consumer group is

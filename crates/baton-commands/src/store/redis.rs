@@ -258,7 +258,9 @@ impl RedisStateBackend {
         }
         let conn = client.shared().await?;
         let reads = super::batch::ReadBatcher::new(conn.clone());
-        let (transitions, submits) = (GroupCommit::new(conn.clone()), GroupCommit::new(conn.clone()));
+        let durability = client.durability();
+        let (transitions, submits) =
+            (GroupCommit::new(conn.clone(), durability), GroupCommit::new(conn.clone(), durability));
         let origin: Arc<str> = uuid::Uuid::now_v7().simple().to_string().into();
         let pubsub = PubSubHandle::start(client.clone(), hub.clone(), origin.clone());
         Ok(Self {
@@ -666,7 +668,7 @@ impl StateBackend for RedisStateBackend {
                 .arg(hook)
                 .arg(minute_field)
                 .arg(&minute_start);
-            TRANSITION.query(&mut conn, &cmd).await?
+            TRANSITION.query_durable(&mut conn, &cmd, self.client.durability()).await?
         };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
         match parts.first().and_then(string).as_deref() {

@@ -160,8 +160,35 @@ impl RedisStreamBackend {
         Ok(script.query(&mut self.conn.clone(), cmd).await?)
     }
 
+    /// [`Self::eval`] of a write acknowledged to the client (appends, closes, creates): with the
+    /// client's opt-in [`baton_redis::Durability`], it waits for that many replicas
+    /// ([`LuaScript::query_durable`]).
+    pub(crate) async fn eval_durable(&self, script: &LuaScript, cmd: &baton_redis::redis::Cmd) -> Result<Value> {
+        Ok(script.query_durable(&mut self.conn.clone(), cmd, self.client().durability()).await?)
+    }
+
     /// Runs `script` with the stream's two keys and `args`; its reply must be a non-empty array.
     pub(crate) async fn call(&self, script: &LuaScript, path: &StreamPath, args: Vec<Vec<u8>>) -> Result<Vec<Value>> {
+        self.call_with(script, path, args, false).await
+    }
+
+    /// [`Self::call`] of a write acknowledged to the client ([`Self::eval_durable`]).
+    pub(crate) async fn call_durable(
+        &self,
+        script: &LuaScript,
+        path: &StreamPath,
+        args: Vec<Vec<u8>>,
+    ) -> Result<Vec<Value>> {
+        self.call_with(script, path, args, true).await
+    }
+
+    async fn call_with(
+        &self,
+        script: &LuaScript,
+        path: &StreamPath,
+        args: Vec<Vec<u8>>,
+        durable: bool,
+    ) -> Result<Vec<Value>> {
         let (ks, km) = keys(path);
         // Sized up front: `EVALSHA <sha1> 2`, the keys, the arguments.
         let bytes = 7 + 40 + 1 + ks.len() + km.len() + args.iter().map(Vec::len).sum::<usize>();
@@ -170,7 +197,8 @@ impl RedisStreamBackend {
         for a in &args {
             cmd.arg(a.as_slice());
         }
-        match self.eval(script, &cmd).await? {
+        let reply = if durable { self.eval_durable(script, &cmd).await? } else { self.eval(script, &cmd).await? };
+        match reply {
             Value::Array(items) if !items.is_empty() => Ok(items),
             other => Err(StreamError::Backend(format!("{}: unexpected reply {other:?}", script.name()))),
         }
@@ -269,12 +297,12 @@ impl StreamBackend for RedisStreamBackend {
         let (r, registered) = match early {
             Some(at) => {
                 let (r, g) = tokio::join!(
-                    self.call(&CREATE, path, args),
+                    self.call_durable(&CREATE, path, args),
                     self.register_deadline(path, &spec.incarnation, Some(at), None)
                 );
                 (r?, Some(g))
             }
-            None => (self.call(&CREATE, path, args).await?, None),
+            None => (self.call_durable(&CREATE, path, args).await?, None),
         };
         check(path, &r, Offset::ZERO, 0)?;
         let info = parse_info(path, &r[1])?;

@@ -174,6 +174,8 @@ struct FileConfig {
     redis_client_key: Option<PathBuf>,
     redis_username: Option<String>,
     redis_password_file: Option<PathBuf>,
+    redis_wait_replicas: Option<u32>,
+    redis_wait_timeout: Option<String>,
     long_poll_timeout: Option<String>,
     sse_cycle: Option<String>,
     sse_heartbeat: Option<String>,
@@ -402,6 +404,8 @@ impl ServeArgs {
             redis_client_key: file.redis_client_key,
             redis_username: file.redis_username,
             redis_password_file: file.redis_password_file,
+            redis_wait_replicas: file.redis_wait_replicas,
+            redis_wait_timeout: file.redis_wait_timeout,
         };
         let backend = match self.redis.resolve(redis_file)? {
             Some(config) => Storage::Redis(config),

@@ -46,11 +46,20 @@ pub struct RedisArgs {
     /// The Redis password for the data nodes (environment only).
     #[arg(long = "redis-password", env = "BATON_REDIS_PASSWORD", hide = true, hide_env_values = true)]
     pub redis_password: Option<String>,
+    /// Acknowledge command submits and transitions and stream creates, appends and closes only
+    /// once this many replicas hold them (Redis `WAIT`); fewer in time is an error (503) [default:
+    /// 0, the master alone].
+    #[arg(long, env = "BATON_REDIS_WAIT_REPLICAS")]
+    pub redis_wait_replicas: Option<u32>,
+    /// With --redis-wait-replicas: how long to wait for the replicas, at most 4s [default: 1s].
+    #[arg(long, env = "BATON_REDIS_WAIT_TIMEOUT", value_parser = super::parse_duration)]
+    pub redis_wait_timeout: Option<std::time::Duration>,
 }
 
 /// The same keys in the TOML file (`redis`, `redis_cluster`, `redis_sentinel`,
 /// `redis_sentinel_master`, `redis_ca`, `redis_client_cert`, `redis_client_key`,
-/// `redis_username`, `redis_password_file`; a password itself is never read from the file).
+/// `redis_username`, `redis_password_file`, `redis_wait_replicas`, `redis_wait_timeout`; a
+/// password itself is never read from the file).
 #[derive(Debug, Default)]
 pub struct RedisFile {
     pub redis: Option<String>,
@@ -62,7 +71,13 @@ pub struct RedisFile {
     pub redis_client_key: Option<PathBuf>,
     pub redis_username: Option<String>,
     pub redis_password_file: Option<PathBuf>,
+    pub redis_wait_replicas: Option<u32>,
+    /// As written in the file (`"1s"`).
+    pub redis_wait_timeout: Option<String>,
 }
+
+/// Default of `--redis-wait-timeout`: 1 s.
+pub const DEFAULT_WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl RedisArgs {
     /// The configuration the flags (over the file's keys) name, or `None` for the in-memory
@@ -134,6 +149,25 @@ impl RedisArgs {
         }
         if let Some(p) = password {
             config = config.with_password(p);
+        }
+        let wait_timeout = match (self.redis_wait_timeout, file.redis_wait_timeout) {
+            (Some(d), _) => Some(d),
+            (None, Some(text)) => {
+                Some(super::parse_duration(&text).map_err(|e| format!("config key redis_wait_timeout: {e}"))?)
+            }
+            (None, None) => None,
+        };
+        match (self.redis_wait_replicas.or(file.redis_wait_replicas), wait_timeout) {
+            (None | Some(0), None) => {}
+            (None | Some(0), Some(_)) => {
+                return Err("--redis-wait-timeout needs --redis-wait-replicas N (N ≥ 1)".into())
+            }
+            (Some(n), timeout) => {
+                config = config.with_durability(n, timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT));
+                if let Some(d) = &config.durability {
+                    d.check().map_err(|e| format!("--redis-wait-replicas / --redis-wait-timeout: {e}"))?;
+                }
+            }
         }
         if (config.tls != Default::default()) && !config.uses_tls() {
             return Err("--redis-ca and --redis-client-cert are for TLS: use rediss:// URLs".into());
