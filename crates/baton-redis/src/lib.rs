@@ -154,6 +154,9 @@ impl RedisClient {
                 "a CA or client certificate is set but the URLs use redis://; use rediss:// URLs for TLS".into(),
             ));
         }
+        if tls {
+            install_crypto_provider();
+        }
         let certs = if tls { Some(read_certificates(files)?) } else { None };
         if let Some(d) = &config.durability {
             d.check().map_err(ConnectError::Durability)?;
@@ -226,7 +229,31 @@ impl RedisClient {
                         .set_client_to_redis_certificates(c.clone());
                 }
                 let client = b.build().map_err(invalid(&sentinels.join(",")))?;
-                ClientKind::Sentinel(std::sync::Arc::new(sentinel::Resolver::new(client)))
+                // The sentinels themselves (their URLs carry their own credentials), for the
+                // +switch-master subscription.
+                let sentinel_clients = sentinels
+                    .iter()
+                    .map(|url| match &certs {
+                        Some(c) => redis::Client::build_with_tls(url.as_str(), c.clone()),
+                        None => redis::Client::open(url.as_str()),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(invalid(&sentinels.join(",")))?;
+                let scheme = if tls { "rediss" } else { "redis" };
+                let (node_config, node_certs) = (config.clone(), certs.clone());
+                let node = move |host: &str, port: u16| {
+                    let url = node_url(&format!("{scheme}://localhost:1"), host, port);
+                    node_client(&url, &node_config, &node_certs).map_err(|e| match e {
+                        ConnectError::InvalidUrl { source, .. } => source,
+                        other => redis::RedisError::from(std::io::Error::other(other.to_string())),
+                    })
+                };
+                ClientKind::Sentinel(std::sync::Arc::new(sentinel::Resolver::new(
+                    client,
+                    master.clone(),
+                    sentinel_clients,
+                    Box::new(node),
+                )))
             }
         };
         Ok(Self { kind, config, certs })
@@ -252,7 +279,7 @@ impl RedisClient {
     /// [`DEFAULT_RESPONSE_TIMEOUT`]. Never use it for BLOCK commands.
     ///
     /// Errors: [`ConnectError::Unreachable`] or [`ConnectError::Tls`] when the first connection
-    /// fails.
+    /// fails or refuses a first command (`NOAUTH`: the server wants a password).
     pub async fn shared(&self) -> Result<RedisConn, ConnectError> {
         self.connect(Some(DEFAULT_RESPONSE_TIMEOUT)).await
     }
@@ -262,7 +289,7 @@ impl RedisClient {
     /// wait themselves.
     ///
     /// Errors: [`ConnectError::Unreachable`] or [`ConnectError::Tls`] when the first connection
-    /// fails.
+    /// fails or refuses a first command (`NOAUTH`: the server wants a password).
     pub async fn dedicated(&self) -> Result<RedisConn, ConnectError> {
         self.connect(None).await
     }
@@ -322,9 +349,13 @@ impl RedisClient {
                     .set_response_timeout(response_timeout)
                     .set_number_of_retries(3)
                     .set_max_delay(Duration::from_secs(1));
-                let mgr = ConnectionManager::new_with_config((**client).clone(), cfg)
+                let mut mgr = ConnectionManager::new_with_config((**client).clone(), cfg)
                     .await
                     .map_err(|e| self.connect_error(e))?;
+                // The connection opens without a password on a server that wants one (only
+                // commands get NOAUTH): a PING makes a wrong setup fail here, at startup.
+                // (Cluster and Sentinel connections already ran CLUSTER SLOTS / ROLE.)
+                redis::cmd("PING").query_async::<()>(&mut mgr).await.map_err(|e| self.connect_error(e))?;
                 Ok(RedisConn::Standalone(mgr))
             }
             ClientKind::Cluster { client, blocking } => {
@@ -379,6 +410,16 @@ impl RedisClient {
     }
 }
 
+/// Makes ring the process's rustls crypto provider unless one is installed already. rustls picks
+/// one by itself only when exactly one provider feature is built in; when another crate of the
+/// binary enables a second one (aws-lc-rs), every TLS connection would panic without this.
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err: another thread installed one meanwhile, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// Reads the TLS files into the redis crate's certificates, checking what can be checked
 /// before connecting.
 fn read_certificates(files: &TlsFiles) -> Result<TlsCertificates, ConnectError> {
@@ -393,26 +434,51 @@ fn read_certificates(files: &TlsFiles) -> Result<TlsCertificates, ConnectError> 
         }
         Ok(bytes)
     };
+    // Each file is parsed on its own (the redis crate parses on connect, and its messages name
+    // no file): bad PEM is a configuration error that says which file.
+    let parse = |certs: TlsCertificates| redis::Client::build_with_tls("rediss://localhost", certs).map(|_| ());
     let root_cert = match &files.ca {
-        Some(path) => Some(read(path, "CA certificate", "CERTIFICATE-----")?),
+        Some(path) => {
+            let pem = read(path, "CA certificate", "CERTIFICATE-----")?;
+            parse(TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) }).map_err(|e| {
+                ConnectError::TlsConfig(format!("the CA certificate file {} cannot be parsed: {e}", path.display()))
+            })?;
+            Some(pem)
+        }
         None => None,
     };
     let client_tls = match (&files.client_cert, &files.client_key) {
-        (Some(cert), Some(key)) => Some(ClientTlsConfig {
-            client_cert: read(cert, "client certificate", "CERTIFICATE-----")?,
-            client_key: read(key, "private key", "PRIVATE KEY-----")?,
-        }),
+        (Some(cert), Some(key)) => {
+            let tls = ClientTlsConfig {
+                client_cert: read(cert, "client certificate", "CERTIFICATE-----")?,
+                client_key: read(key, "private key", "PRIVATE KEY-----")?,
+            };
+            parse(TlsCertificates { client_tls: Some(tls.clone()), root_cert: None }).map_err(|e| {
+                // The redis crate's message says which of the two it could not use.
+                let (what, path) = if e.to_string().contains("private key") {
+                    ("private key file", key)
+                } else {
+                    ("client certificate file", cert)
+                };
+                ConnectError::TlsConfig(format!("the {what} {} cannot be parsed: {e}", path.display()))
+            })?;
+            Some(tls)
+        }
         (None, None) => None,
-        _ => {
-            return Err(ConnectError::TlsConfig(
-                "a client certificate needs both the certificate and its private key".into(),
-            ))
+        (Some(cert), None) => {
+            return Err(ConnectError::TlsConfig(format!(
+                "the client certificate {} is given without its private key file",
+                cert.display()
+            )))
+        }
+        (None, Some(key)) => {
+            return Err(ConnectError::TlsConfig(format!(
+                "the private key {} is given without its client certificate file",
+                key.display()
+            )))
         }
     };
     let certs = TlsCertificates { client_tls, root_cert };
-    // Parse now (the redis crate parses on connect): bad PEM is a configuration error.
-    redis::Client::build_with_tls("rediss://localhost", certs.clone())
-        .map_err(|e| ConnectError::TlsConfig(e.to_string()))?;
     Ok(certs)
 }
 

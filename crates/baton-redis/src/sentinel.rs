@@ -10,11 +10,17 @@
 //! * a call abandoned by its caller before the reply came (e.g. a blocking read bounded by the
 //!   caller's own timeout): the node did not answer in time.
 //!
+//! * the sentinels announcing a new master (`+switch-master`, which a task of the client
+//!   follows on one sentinel at a time): after a manual failover (`SENTINEL FAILOVER`) the old
+//!   master stays a master, taking writes that are lost when the sentinels turn it into a
+//!   replica about 8 s later; the next call goes to the announced master instead.
+//!
 //! The call that sees the failure returns its error (the caller decides whether to retry: a
 //! write may or may not have been applied); the next call goes to the new master. Sentinel's
 //! own reconfiguration also closes the old master's clients (`CLIENT KILL TYPE normal`), which
 //! this notices as a dropped connection.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,18 +31,77 @@ use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, Redis
 /// Longest time asking the sentinels for the master and connecting to it may take: 5 s.
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Builds a client for the data node at `host:port` (scheme, credentials and TLS of the
+/// configuration).
+pub(crate) type NodeClientFn = dyn Fn(&str, u16) -> RedisResult<redis::Client> + Send + Sync;
+
 /// The sentinels, asked for the current master. Shared by every connection of one client.
 pub(crate) struct Resolver {
     client: tokio::sync::Mutex<SentinelClient>,
+    /// The master's name (`sentinel monitor <name> …`).
+    master: String,
+    /// One client per sentinel, for the `+switch-master` subscription.
+    sentinels: Vec<redis::Client>,
+    node_client: Box<NodeClientFn>,
+    switches: Arc<Switches>,
+    /// The task following `+switch-master` (started by the first connection, in its runtime).
+    watcher: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// What the sentinels announced: how many switches of the master so far, and the last address.
+#[derive(Default)]
+struct Switches {
+    count: AtomicU64,
+    /// The master the last `+switch-master` named, until a connection has used it.
+    announced: Mutex<Option<(String, u16)>>,
 }
 
 impl Resolver {
-    pub(crate) fn new(client: SentinelClient) -> Self {
-        Self { client: tokio::sync::Mutex::new(client) }
+    pub(crate) fn new(
+        client: SentinelClient,
+        master: String,
+        sentinels: Vec<redis::Client>,
+        node_client: Box<NodeClientFn>,
+    ) -> Self {
+        Self {
+            client: tokio::sync::Mutex::new(client),
+            master,
+            sentinels,
+            node_client,
+            switches: Arc::new(Switches::default()),
+            watcher: Mutex::new(None),
+        }
     }
 
-    /// A client for the current master (checked with `ROLE` by the redis crate).
+    /// How many `+switch-master` events for this master were seen so far.
+    fn switches(&self) -> u64 {
+        self.switches.count.load(Ordering::SeqCst)
+    }
+
+    /// Starts the `+switch-master` task in the current Tokio runtime unless one is running.
+    pub(crate) fn watch(&self) {
+        let mut watcher = self.watcher.lock().unwrap_or_else(|p| p.into_inner());
+        if watcher.as_ref().is_some_and(|w| !w.is_finished()) || self.sentinels.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let task = follow_switches(self.sentinels.clone(), self.master.clone(), self.switches.clone());
+        *watcher = Some(runtime.spawn(task).abort_handle());
+    }
+
+    /// A client for the current master: the one the sentinels last announced (`+switch-master`)
+    /// if it answers `ROLE` as a master, else the one the sentinels name now (checked with
+    /// `ROLE` by the redis crate).
     pub(crate) async fn master(&self) -> RedisResult<redis::Client> {
+        let announced = self.switches.announced.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((host, port)) = announced {
+            match self.announced_master(&host, port).await {
+                Ok(client) => return Ok(client),
+                Err(e) => {
+                    tracing::info!(%host, port, "the announced Sentinel master is not usable ({e}); asking the sentinels")
+                }
+            }
+        }
         // Boxed as a trait object: the redis crate's Sentinel futures nest deeply, and every
         // async caller up to `main` would otherwise need a higher `recursion_limit`.
         let ask: std::pin::Pin<Box<dyn std::future::Future<Output = RedisResult<redis::Client>> + Send + '_>> =
@@ -45,6 +110,87 @@ impl Resolver {
             Ok(r) => r,
             Err(_) => Err(timed_out("asking the sentinels for the master")),
         }
+    }
+
+    /// A client for `host:port` if that node says it is a master (`ROLE`).
+    async fn announced_master(&self, host: &str, port: u16) -> RedisResult<redis::Client> {
+        let client = (self.node_client)(host, port)?;
+        let check = async {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
+            match role.first() {
+                Some(Value::BulkString(r)) if r == b"master" => Ok(()),
+                other => Err(RedisError::from(std::io::Error::other(format!("ROLE is {other:?}")))),
+            }
+        };
+        match tokio::time::timeout(RESOLVE_TIMEOUT, check).await {
+            Ok(r) => r.map(|()| client),
+            Err(_) => Err(timed_out("checking the announced master")),
+        }
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        if let Some(w) = self.watcher.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            w.abort();
+        }
+    }
+}
+
+/// Pause before subscribing again after a sentinel was lost: 500 ms.
+const RESUBSCRIBE_DELAY: Duration = Duration::from_millis(500);
+/// How often the subscription is checked with a PING (a sentinel that hangs sends nothing): 5 s.
+const SUBSCRIPTION_PING: Duration = Duration::from_secs(5);
+
+/// Subscribes to `+switch-master` on the sentinels, one at a time (the next one when the
+/// current one is lost or does not answer a PING within 2 s), and notes every switch of
+/// `master` in `switches`. Runs until aborted.
+async fn follow_switches(sentinels: Vec<redis::Client>, master: String, switches: Arc<Switches>) {
+    use futures::StreamExt;
+    for i in 0.. {
+        let sentinel = &sentinels[i % sentinels.len()];
+        let subscribed = tokio::time::timeout(RESOLVE_TIMEOUT, async {
+            let mut pubsub = sentinel.get_async_pubsub().await?;
+            pubsub.subscribe("+switch-master").await?;
+            RedisResult::Ok(pubsub.split())
+        })
+        .await;
+        let (mut sink, mut stream) = match subscribed {
+            Ok(Ok(parts)) => parts,
+            Ok(Err(e)) => {
+                tracing::debug!(sentinel = i % sentinels.len(), "cannot subscribe to +switch-master: {e}");
+                tokio::time::sleep(RESUBSCRIBE_DELAY).await;
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let mut ping = tokio::time::interval(SUBSCRIPTION_PING);
+        ping.tick().await;
+        loop {
+            tokio::select! {
+                msg = stream.next() => {
+                    let Some(msg) = msg else { break };
+                    // "<name> <old ip> <old port> <new ip> <new port>"
+                    let payload: String = msg.get_payload().unwrap_or_default();
+                    let f: Vec<&str> = payload.split(' ').collect();
+                    if f.len() == 5 && f[0] == master {
+                        if let Ok(port) = f[4].parse::<u16>() {
+                            *switches.announced.lock().unwrap_or_else(|p| p.into_inner()) = Some((f[3].to_string(), port));
+                            switches.count.fetch_add(1, Ordering::SeqCst);
+                            tracing::info!(master = %master, "the sentinels switched the master to {}:{port}", f[3]);
+                        }
+                    }
+                }
+                _ = ping.tick() => {
+                    let pong = tokio::time::timeout(Duration::from_secs(2), sink.ping::<Value>()).await;
+                    if !matches!(pong, Ok(Ok(_))) {
+                        break;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(RESUBSCRIBE_DELAY).await;
     }
 }
 
@@ -62,8 +208,9 @@ pub struct SentinelConn {
 }
 
 struct State {
-    /// The connection in use and its generation (bumped on every new connection).
-    current: Mutex<(u64, Option<MultiplexedConnection>)>,
+    /// The connection in use, its generation (bumped on every new connection) and the
+    /// resolver's switch count when it was made (a newer count drops it).
+    current: Mutex<(u64, Option<MultiplexedConnection>, u64)>,
     /// Held while connecting, so that callers who find no connection make one between them.
     connecting: tokio::sync::Mutex<()>,
 }
@@ -74,14 +221,18 @@ impl SentinelConn {
         let conn = Self {
             resolver,
             config,
-            state: Arc::new(State { current: Mutex::new((0, None)), connecting: tokio::sync::Mutex::new(()) }),
+            state: Arc::new(State { current: Mutex::new((0, None, 0)), connecting: tokio::sync::Mutex::new(()) }),
         };
+        conn.resolver.watch();
         conn.get().await?;
         Ok(conn)
     }
 
     fn current(&self) -> Option<(u64, MultiplexedConnection)> {
-        let cur = self.state.current.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cur = self.state.current.lock().unwrap_or_else(|p| p.into_inner());
+        if cur.2 != self.resolver.switches() && cur.1.take().is_some() {
+            tracing::info!("the sentinels switched the master; reconnecting");
+        }
         cur.1.clone().map(|c| (cur.0, c))
     }
 
@@ -93,6 +244,7 @@ impl SentinelConn {
         if let Some(c) = self.current() {
             return Ok(c);
         }
+        let switches = self.resolver.switches();
         let client = self.resolver.master().await?;
         let conn = match tokio::time::timeout(
             RESOLVE_TIMEOUT,
@@ -106,6 +258,7 @@ impl SentinelConn {
         let mut cur = self.state.current.lock().unwrap_or_else(|p| p.into_inner());
         cur.0 += 1;
         cur.1 = Some(conn.clone());
+        cur.2 = switches;
         tracing::debug!(generation = cur.0, "connected to the Sentinel master");
         Ok((cur.0, conn))
     }

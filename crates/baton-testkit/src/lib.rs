@@ -4,7 +4,8 @@
 //!   directory; it can be killed, restarted on the same port and data directory, paused and resumed.
 //! * [`RedisCluster`]: a throwaway 3-master Redis Cluster (no replicas); the next one is formed in
 //!   the background while one is used (forming one waits about 2 s).
-//!   [`RedisCluster::start_with_replicas`] forms one with replicas, for failover tests.
+//!   [`RedisCluster::start_with_replicas`] forms one with replicas, for failover tests;
+//!   [`RedisCluster::start_tls`] one whose nodes serve TLS too.
 //! * [`RedisServer::start_tls`] (with [`TestCerts`]: a CA, server and client certificates made
 //!   with `openssl`), [`RedisServer::start_with_requirepass`] and [`RedisServer::add_acl_user`]:
 //!   servers for TLS and authentication tests.
@@ -390,21 +391,8 @@ impl RedisServer {
     /// [`RedisServer::cli`]); a test connects to the TLS port. [`RedisServer::restart`] keeps both
     /// ports and the TLS settings.
     pub fn start_tls(certs: &TestCerts, require_client_cert: bool) -> RedisServer {
-        let path = |p: PathBuf| p.display().to_string();
-        let args = vec![
-            "--save".to_string(),
-            String::new(),
-            "--appendonly".into(),
-            "no".into(),
-            "--tls-cert-file".into(),
-            path(certs.server_cert()),
-            "--tls-key-file".into(),
-            path(certs.server_key()),
-            "--tls-ca-cert-file".into(),
-            path(certs.ca_cert()),
-            "--tls-auth-clients".into(),
-            if require_client_cert { "yes" } else { "no" }.into(),
-        ];
+        let mut args = vec!["--save".to_string(), String::new(), "--appendonly".into(), "no".into()];
+        args.extend(tls_server_args(certs, require_client_cert));
         let spec = LaunchSpec { tls: true, certs: Some(certs.clone()), ..LaunchSpec::default() };
         Self::start_spec("baton-redis-tls", args, false, spec)
     }
@@ -491,9 +479,12 @@ impl RedisServer {
         for _ in 0..PORT_ATTEMPTS {
             server.port = pick_server_port(cluster_bus);
             if spec.tls {
+                // A cluster node with `tls-cluster yes` runs its bus on TLS_PORT + 10000: leave
+                // room for that too.
                 server.tls_port = Some(loop {
-                    let p = pick_server_port(false);
-                    if p != server.port && (!cluster_bus || p != server.port + 10000) {
+                    let p = pick_server_port(cluster_bus);
+                    let apart = |a: u16, b: u16| a != b && (!cluster_bus || (a != b + 10000 && b != a + 10000));
+                    if apart(p, server.port) {
                         break p;
                     }
                 });
@@ -699,6 +690,22 @@ impl fmt::Debug for RedisServer {
     }
 }
 
+/// `--tls-cert-file`, `--tls-key-file`, `--tls-ca-cert-file` of `certs` (server certificate and
+/// key, CA) and `--tls-auth-clients yes|no`.
+fn tls_server_args(certs: &TestCerts, require_client_cert: bool) -> Vec<String> {
+    let path = |p: PathBuf| p.display().to_string();
+    vec![
+        "--tls-cert-file".into(),
+        path(certs.server_cert()),
+        "--tls-key-file".into(),
+        path(certs.server_key()),
+        "--tls-ca-cert-file".into(),
+        path(certs.ca_cert()),
+        "--tls-auth-clients".into(),
+        if require_client_cert { "yes" } else { "no" }.into(),
+    ]
+}
+
 // ------------------------------------------------------------------------------------------------
 // RedisCluster
 // ------------------------------------------------------------------------------------------------
@@ -776,7 +783,20 @@ impl RedisCluster {
     /// Starts three cluster-enabled servers, joins them with `redis-cli --cluster create`, and
     /// waits (up to 30 s) until every node reports `cluster_state:ok` and 16384 slots ok.
     fn form() -> RedisCluster {
-        Self::form_with(0, 5000)
+        Self::form_with(0, 5000, None)
+    }
+
+    /// A new 3-master cluster (no replicas, formed for its caller alone, no spare) whose nodes
+    /// also serve TLS with `certs` (server certificate for `localhost` and 127.0.0.1, clients not
+    /// asked for a certificate): `--tls-port`, `--tls-cluster yes` (the cluster bus, on
+    /// TLS_PORT + 10000, is TLS; nodes connect to it with `certs`' client certificate, which the
+    /// bus requires) and `--tls-replication yes`. The plain ports stay open for
+    /// `redis-cli --cluster create` and the harness's own commands. Redis 7 announces each node's
+    /// TLS port to TLS clients (`CLUSTER SLOTS`, `CLUSTER NODES`, `MOVED`) and its plain port to
+    /// plain ones. Connect with [`RedisCluster::tls_urls`] and `certs`' CA. Waits as
+    /// [`RedisCluster::start`] does.
+    pub fn start_tls(certs: &TestCerts) -> RedisCluster {
+        Self::form_with(0, 5000, Some(certs))
     }
 
     /// A new cluster of 3 masters, each with `replicas_per_master` replicas (`3 × (1 +
@@ -787,7 +807,7 @@ impl RedisCluster {
     /// Kill a master with [`RedisCluster::kill_master`] and wait for its replica with
     /// [`RedisCluster::wait_for_failover`].
     pub fn start_with_replicas(replicas_per_master: usize) -> RedisCluster {
-        let cluster = Self::form_with(replicas_per_master, 1000);
+        let cluster = Self::form_with(replicas_per_master, 1000, None);
         cluster.wait_replicas_in_sync(3 * replicas_per_master, CLUSTER_TIMEOUT);
         cluster
     }
@@ -795,7 +815,8 @@ impl RedisCluster {
     /// Starts `3 × (1 + replicas)` cluster-enabled servers with `cluster-node-timeout`
     /// `node_timeout_ms`, joins them with `redis-cli --cluster create`, and waits (up to 30 s)
     /// until every node reports `cluster_state:ok` and 16384 slots ok.
-    fn form_with(replicas: usize, node_timeout_ms: u64) -> RedisCluster {
+    /// With `tls`, the nodes serve TLS too (see [`RedisCluster::start_tls`]).
+    fn form_with(replicas: usize, node_timeout_ms: u64, tls: Option<&TestCerts>) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 let mut args =
@@ -808,7 +829,24 @@ impl RedisCluster {
                     // A master starts a full sync at once (not after the default 5 s wait).
                     args.extend(["--repl-diskless-sync-delay", "0"].map(String::from));
                 }
-                RedisServer::start_args("baton-redis-cluster", args, true)
+                match tls {
+                    None => RedisServer::start_args("baton-redis-cluster", args, true),
+                    Some(certs) => {
+                        args.extend(tls_server_args(certs, false));
+                        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+                        // The cluster bus always asks the connecting node for a certificate, and
+                        // the server certificate is for serverAuth only: nodes connect to each
+                        // other with the client certificate.
+                        args.extend([
+                            "--tls-client-cert-file".to_string(),
+                            certs.client_cert().display().to_string(),
+                            "--tls-client-key-file".into(),
+                            certs.client_key().display().to_string(),
+                        ]);
+                        let spec = LaunchSpec { tls: true, certs: Some(certs.clone()), ..LaunchSpec::default() };
+                        RedisServer::start_spec("baton-redis-cluster-tls", args, true, spec)
+                    }
+                }
             })
             .collect();
 
@@ -980,6 +1018,12 @@ impl RedisCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` of every node. Panics unless started with
+    /// [`RedisCluster::start_tls`].
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::tls_url).collect()
     }
 
     /// `redis://127.0.0.1:PORT` of every node.

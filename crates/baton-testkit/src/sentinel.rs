@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::{raw_command, LaunchSpec, RedisServer};
+use crate::{raw_command, tls_server_args, LaunchSpec, RedisServer, TestCerts};
 
 /// The name the sentinels monitor the master under.
 const MASTER_NAME: &str = "baton-master";
@@ -30,17 +30,55 @@ impl RedisSentinelSet {
     /// or disconnected) and the `sentinels - 1` other sentinels. Panics on failure, with the last
     /// state seen. `sentinels` must be at least 1.
     pub fn start(replicas: usize, sentinels: usize) -> RedisSentinelSet {
+        Self::start_with(replicas, sentinels, None)
+    }
+
+    /// [`RedisSentinelSet::start`], every process also serving TLS with `certs` (server
+    /// certificate for 127.0.0.1 and `localhost`, clients not asked for a certificate): the data
+    /// nodes replicate over TLS (`tls-replication yes`, replicas of the master's TLS port) and the
+    /// sentinels reach the data nodes and each other over TLS (`tls-replication yes`), so they
+    /// name the nodes by their TLS ports ([`RedisSentinelSet::master_port`] is a TLS port). The
+    /// plain ports stay open for the harness. Connect with
+    /// [`RedisSentinelSet::sentinel_tls_urls`] and `certs`' CA.
+    pub fn start_tls(certs: &TestCerts, replicas: usize, sentinels: usize) -> RedisSentinelSet {
+        Self::start_with(replicas, sentinels, Some(certs))
+    }
+
+    fn start_with(replicas: usize, sentinels: usize, tls: Option<&TestCerts>) -> RedisSentinelSet {
         assert!(sentinels >= 1, "RedisSentinelSet::start: at least one sentinel");
+        let tls_args = |certs: &TestCerts| {
+            let mut args = tls_server_args(certs, false);
+            args.extend([
+                "--tls-replication".to_string(),
+                "yes".into(),
+                "--tls-client-cert-file".into(),
+                certs.client_cert().display().to_string(),
+                "--tls-client-key-file".into(),
+                certs.client_key().display().to_string(),
+            ]);
+            args
+        };
+        let start = |prefix: &str, args: Vec<String>, conf: Option<(&'static str, String)>| {
+            let spec = LaunchSpec { conf, tls: tls.is_some(), certs: tls.cloned(), ..LaunchSpec::default() };
+            RedisServer::start_spec(prefix, args, false, spec)
+        };
         // A master starts a full sync at once (not after the default 5 s wait for more replicas).
-        let data_args =
-            || ["--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0"].map(String::from).to_vec();
-        let master = RedisServer::start_args("baton-redis-sentinel-data", data_args(), false);
-        let master_port = master.port();
+        let data_args = || {
+            let mut args =
+                ["--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0"].map(String::from).to_vec();
+            if let Some(certs) = tls {
+                args.extend(tls_args(certs));
+            }
+            args
+        };
+        let master = start("baton-redis-sentinel-data", data_args(), None);
+        // The port replicas and sentinels reach the master on.
+        let master_port = master.tls_port().unwrap_or(master.port());
         let mut nodes = vec![master];
         for _ in 0..replicas {
             let mut args = data_args();
             args.extend(["--replicaof".to_string(), "127.0.0.1".into(), master_port.to_string()]);
-            nodes.push(RedisServer::start_args("baton-redis-sentinel-data", args, false));
+            nodes.push(start("baton-redis-sentinel-data", args, None));
         }
         let mut set = RedisSentinelSet { nodes, sentinels: Vec::new() };
         set.wait_replicas_in_sync(replicas);
@@ -53,13 +91,11 @@ impl RedisSentinelSet {
              sentinel failover-timeout {MASTER_NAME} 5000\n"
         );
         for _ in 0..sentinels {
-            let spec = LaunchSpec { conf: Some(("sentinel.conf", conf.clone())), ..LaunchSpec::default() };
-            set.sentinels.push(RedisServer::start_spec(
-                "baton-redis-sentinel",
-                vec!["--sentinel".to_string()],
-                false,
-                spec,
-            ));
+            let mut args = vec!["--sentinel".to_string()];
+            if let Some(certs) = tls {
+                args.extend(tls_args(certs));
+            }
+            set.sentinels.push(start("baton-redis-sentinel", args, Some(("sentinel.conf", conf.clone()))));
         }
         set.wait_sentinels_ready(replicas, sentinels - 1);
         set
@@ -117,8 +153,15 @@ impl RedisSentinelSet {
         self.sentinels.iter().map(RedisServer::url).collect()
     }
 
+    /// `rediss://127.0.0.1:TLS_PORT` of every sentinel. Panics unless started with
+    /// [`RedisSentinelSet::start_tls`].
+    pub fn sentinel_tls_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(RedisServer::tls_url).collect()
+    }
+
     /// The current master's port, as the first running sentinel that answers says
-    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`). Panics when none answers.
+    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`): with [`RedisSentinelSet::start_tls`], its TLS port.
+    /// Panics when none answers.
     pub fn master_port(&self) -> u16 {
         let mut last = String::from("no sentinel is running");
         for s in self.sentinels.iter().filter(|s| s.is_running()) {
@@ -136,11 +179,12 @@ impl RedisSentinelSet {
         &mut self.nodes
     }
 
-    /// The data server on `port`, if it is one of this set's. Panics otherwise.
+    /// The data server on `port` (its plain or TLS port), if it is one of this set's. Panics
+    /// otherwise.
     pub fn node_by_port(&mut self, port: u16) -> &mut RedisServer {
         self.nodes
             .iter_mut()
-            .find(|n| n.port() == port)
+            .find(|n| n.port() == port || n.tls_port() == Some(port))
             .unwrap_or_else(|| panic!("node_by_port: no data node on port {port}"))
     }
 
@@ -159,7 +203,9 @@ impl RedisSentinelSet {
                 self.sentinels.iter().filter(|s| s.is_running()).map(|s| master_addr(s.port())).collect();
             let last = match answers.first() {
                 Some(Ok(port)) if *port != old_port && answers.iter().all(|a| a.as_ref() == Ok(port)) => {
-                    match raw_command(*port, &["INFO", "replication"]) {
+                    // The harness talks to the node's plain port.
+                    let plain = self.nodes.iter().find(|n| n.tls_port() == Some(*port)).map_or(*port, |n| n.port());
+                    match raw_command(plain, &["INFO", "replication"]) {
                         Ok(Ok(info)) if info.lines().any(|l| l.trim() == "role:master") => return *port,
                         other => format!("sentinels name {port}, whose INFO replication is {other:?}"),
                     }
