@@ -69,6 +69,11 @@ pub use scan::KeyScan;
 /// reply within it fails with an I/O timeout error (and the connection manager reconnects).
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Retries of a Cluster call (redirections, a node being failed over): 40.
+const CLUSTER_RETRIES: u32 = 40;
+/// Least and most wait between retries of a Cluster call, ms.
+const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (100, 500);
+
 /// Time allowed to open one TCP connection to a Redis node: 2 s.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -175,7 +180,16 @@ impl RedisClient {
                     node_client(url, &config, &certs)?;
                 }
                 let build = |timeout: Option<Duration>| {
-                    let mut b = ClusterClient::builder(urls.clone()).connection_timeout(CONNECTION_TIMEOUT);
+                    // Retries after a failover every 100–500 ms (the crate's default waits
+                    // 1.28 s and more between them, which measured up to 1.3 s of extra
+                    // recovery after a replica's promotion); 40 retries outlast a failover of
+                    // the default cluster-node-timeout (15 s), and the response timeout bounds
+                    // each call anyway.
+                    let mut b = ClusterClient::builder(urls.clone())
+                        .connection_timeout(CONNECTION_TIMEOUT)
+                        .retries(CLUSTER_RETRIES)
+                        .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
+                        .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1);
                     if let Some(t) = timeout {
                         b = b.response_timeout(t);
                     }
@@ -268,6 +282,21 @@ impl RedisClient {
     /// [`LuaScript::query_durable`].
     pub fn durability(&self) -> Option<Durability> {
         self.config.durability
+    }
+
+    /// The connections for writes that wait for replicas, when the configuration asks for
+    /// [`Durability`] (`None` otherwise). See [`DurableWriter`].
+    ///
+    /// Errors: as [`RedisClient::shared`].
+    pub async fn durable_writer(&self) -> Result<Option<DurableWriter>, ConnectError> {
+        let Some(durability) = self.config.durability else { return Ok(None) };
+        let mut conns: Vec<RedisConn> = Vec::with_capacity(DurableWriter::CONNECTIONS);
+        // A write may queue behind other writes' WAITs on its connection: room for two.
+        let response_timeout = DEFAULT_RESPONSE_TIMEOUT + 2 * durability.timeout;
+        for _ in 0..DurableWriter::CONNECTIONS {
+            conns.push(self.connect(Some(response_timeout)).await?);
+        }
+        Ok(Some(DurableWriter { conns: conns.into(), durability }))
     }
 
     /// True for a Redis Cluster deployment.
@@ -537,6 +566,42 @@ mod node_url_tests {
         assert_eq!(node_url("redis://u:p@h:1/0", "", 7002), "redis://u:p@h:7002");
         assert_eq!(node_url("rediss://u:p@h:1", "?", 7003), "rediss://u:p@h:7003");
         assert_eq!(node_url("rediss://h:1", "::1", 7004), "rediss://[::1]:7004");
+    }
+}
+
+/// Connections of their own for writes acknowledged only once replicas hold them
+/// ([`Durability`]). `WAIT` blocks the connection it is sent on until the replicas confirm (up
+/// to its timeout): on the shared connection it would hold up every other command of the
+/// process behind it. These [`DurableWriter::CONNECTIONS`] connections carry only such writes,
+/// each followed by its `WAIT` in one pipeline; the writes of one key (a queue, a stream) always
+/// use the same connection. Cheap to clone.
+#[derive(Clone)]
+pub struct DurableWriter {
+    conns: std::sync::Arc<[RedisConn]>,
+    durability: Durability,
+}
+
+impl DurableWriter {
+    /// Connections per client: 8 (at most this many writes wait for replicas at once; the
+    /// group commits put many writes of one key in each).
+    pub const CONNECTIONS: usize = 8;
+
+    /// The durability the writes wait for.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Sends `cmd`, an `EVALSHA` of `script` writing under `key`, on `key`'s connection and waits
+    /// for the replicas ([`LuaScript::query_durable`]). Errors: as that function.
+    pub async fn query<T: redis::FromRedisValue>(
+        &self,
+        script: &LuaScript,
+        key: &str,
+        cmd: &Cmd,
+    ) -> redis::RedisResult<T> {
+        let i = key.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % self.conns.len();
+        let mut conn = self.conns[i].clone();
+        script.query_durable(&mut conn, cmd, Some(self.durability)).await
     }
 }
 

@@ -107,6 +107,17 @@ impl Resolver {
         let ask: std::pin::Pin<Box<dyn std::future::Future<Output = RedisResult<redis::Client>> + Send + '_>> =
             Box::pin(async { self.client.lock().await.async_get_client().await });
         match tokio::time::timeout(RESOLVE_TIMEOUT, ask).await {
+            // The crate's words ("master with given name not found") read as a wrong name;
+            // during a failover the sentinels name a master that does not answer as one.
+            Ok(Err(e)) if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => Err(RedisError::from((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "no reachable master",
+                format!(
+                    "the sentinels name no reachable master {:?} (a failover in progress, or a wrong master \
+                     name): {e}",
+                    self.master
+                ),
+            ))),
             Ok(r) => r,
             Err(_) => Err(timed_out("asking the sentinels for the master")),
         }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use baton_redis::group_commit::{self, Committer, GroupCommitOptions};
 use baton_redis::redis::{self, RedisError, Value};
-use baton_redis::{Durability, LuaScript, RedisConn};
+use baton_redis::{DurableWriter, LuaScript, RedisConn};
 
 static TRANSITIONS: LuaScript = LuaScript::from_parts(
     "transitions",
@@ -245,21 +245,21 @@ type Reply = Result<Value, (redis::ErrorKind, String)>;
 /// See the module docs: [`baton_redis::group_commit`] per home queue, sent from a spawned task.
 pub(crate) struct GroupCommit<T: Batch> {
     conn: RedisConn,
-    /// Replicas each batch waits for before its items are acknowledged (`WAIT`), if any.
-    durability: Option<Durability>,
+    /// With opt-in durability: the connections whose batches wait for replicas (`WAIT`).
+    durable: Option<DurableWriter>,
     calls: group_commit::GroupCommit<String, T, Reply>,
 }
 
 impl<T: Batch> GroupCommit<T> {
-    pub fn new(conn: RedisConn, durability: Option<Durability>) -> Self {
+    pub fn new(conn: RedisConn, durable: Option<DurableWriter>) -> Self {
         let options = GroupCommitOptions { max_items: T::MAX, ..GroupCommitOptions::default() };
-        Self { conn, durability, calls: group_commit::GroupCommit::new(options) }
+        Self { conn, durable, calls: group_commit::GroupCommit::new(options) }
     }
 
     /// Runs `item` (a write of home queue `keys.queue`) in the next call for that queue.
     /// Returns the script's reply for it. Errors: the Redis error of the call that carried it.
     pub async fn run(&self, keys: &BatchKeys, item: T) -> Result<Value, RedisError> {
-        let sender = || ScriptCall { conn: self.conn.clone(), keys: keys.clone(), durability: self.durability };
+        let sender = || ScriptCall { conn: self.conn.clone(), keys: keys.clone(), durable: self.durable.clone() };
         match self.calls.submit(&keys.queue, item, sender).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err((kind, detail))) => Err(RedisError::from((kind, "batched write failed", detail))),
@@ -272,7 +272,7 @@ impl<T: Batch> GroupCommit<T> {
 struct ScriptCall {
     conn: RedisConn,
     keys: BatchKeys,
-    durability: Option<Durability>,
+    durable: Option<DurableWriter>,
 }
 
 impl<T: Batch> Committer<String, T, Reply> for ScriptCall {
@@ -280,7 +280,10 @@ impl<T: Batch> Committer<String, T, Reply> for ScriptCall {
         let n = items.len();
         let cmd = T::command(&self.keys, &items);
         drop(items);
-        let r: redis::RedisResult<Value> = T::script().query_durable(&mut self.conn, &cmd, self.durability).await;
+        let r: redis::RedisResult<Value> = match &self.durable {
+            Some(w) => w.query(T::script(), &self.keys.queue, &cmd).await,
+            None => T::script().query(&mut self.conn, &cmd).await,
+        };
         match r {
             Ok(Value::Array(replies)) if replies.len() == n => replies.into_iter().map(Ok).collect(),
             Ok(other) => {

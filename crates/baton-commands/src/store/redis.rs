@@ -169,6 +169,8 @@ pub(crate) struct RedisStateBackend {
     /// Transitions and submits, group-committed per home queue (see `commit.rs`).
     transitions: GroupCommit<Transition>,
     submits: GroupCommit<Submit>,
+    /// With opt-in durability: the connections of writes that wait for replicas.
+    durable: Option<baton_redis::DurableWriter>,
     client: RedisClient,
     hub: Arc<Hub>,
     /// Queues whose feed a tail watcher follows now (see [`StateBackend::feed_watch`]).
@@ -258,9 +260,9 @@ impl RedisStateBackend {
         }
         let conn = client.shared().await?;
         let reads = super::batch::ReadBatcher::new(conn.clone());
-        let durability = client.durability();
+        let durable = client.durable_writer().await?;
         let (transitions, submits) =
-            (GroupCommit::new(conn.clone(), durability), GroupCommit::new(conn.clone(), durability));
+            (GroupCommit::new(conn.clone(), durable.clone()), GroupCommit::new(conn.clone(), durable.clone()));
         let origin: Arc<str> = uuid::Uuid::now_v7().simple().to_string().into();
         let pubsub = PubSubHandle::start(client.clone(), hub.clone(), origin.clone());
         Ok(Self {
@@ -276,6 +278,7 @@ impl RedisStateBackend {
             group: options.group,
             transitions,
             submits,
+            durable,
             client,
             hub,
             tails: Arc::default(),
@@ -668,7 +671,10 @@ impl StateBackend for RedisStateBackend {
                 .arg(hook)
                 .arg(minute_field)
                 .arg(&minute_start);
-            TRANSITION.query_durable(&mut conn, &cmd, self.client.durability()).await?
+            match &self.durable {
+                Some(w) => w.query(&TRANSITION, &k.batch.queue, &cmd).await?,
+                None => TRANSITION.query(&mut conn, &cmd).await?,
+            }
         };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
         match parts.first().and_then(string).as_deref() {

@@ -121,6 +121,8 @@ const LIST_CHECKS: usize = 64;
 pub(crate) struct RedisStreamBackend {
     client: RedisClient,
     conn: RedisConn,
+    /// With opt-in durability: the connections of writes that wait for replicas.
+    durable: Option<baton_redis::DurableWriter>,
     settings: Arc<StreamStoreSettings>,
     hub: tail::TailHub,
     writer: writer::Writer,
@@ -140,10 +142,12 @@ impl RedisStreamBackend {
     pub(crate) async fn connect(config: RedisConfig, settings: Arc<StreamStoreSettings>) -> Result<Arc<Self>> {
         let client = RedisClient::new(config)?;
         let conn = client.shared().await?;
+        let durable = client.durable_writer().await?;
         let every = settings.sweep_interval;
         let store = Arc::new_cyclic(|weak| Self {
             client,
             conn,
+            durable,
             settings,
             hub: tail::TailHub::new(weak.clone()),
             writer: writer::Writer::default(),
@@ -163,8 +167,16 @@ impl RedisStreamBackend {
     /// [`Self::eval`] of a write acknowledged to the client (appends, closes, creates): with the
     /// client's opt-in [`baton_redis::Durability`], it waits for that many replicas
     /// ([`LuaScript::query_durable`]).
-    pub(crate) async fn eval_durable(&self, script: &LuaScript, cmd: &baton_redis::redis::Cmd) -> Result<Value> {
-        Ok(script.query_durable(&mut self.conn.clone(), cmd, self.client().durability()).await?)
+    pub(crate) async fn eval_durable(
+        &self,
+        script: &LuaScript,
+        path: &StreamPath,
+        cmd: &baton_redis::redis::Cmd,
+    ) -> Result<Value> {
+        match &self.durable {
+            Some(w) => Ok(w.query(script, path.as_str(), cmd).await?),
+            None => self.eval(script, cmd).await,
+        }
     }
 
     /// Runs `script` with the stream's two keys and `args`; its reply must be a non-empty array.
@@ -197,7 +209,8 @@ impl RedisStreamBackend {
         for a in &args {
             cmd.arg(a.as_slice());
         }
-        let reply = if durable { self.eval_durable(script, &cmd).await? } else { self.eval(script, &cmd).await? };
+        let reply =
+            if durable { self.eval_durable(script, path, &cmd).await? } else { self.eval(script, &cmd).await? };
         match reply {
             Value::Array(items) if !items.is_empty() => Ok(items),
             other => Err(StreamError::Backend(format!("{}: unexpected reply {other:?}", script.name()))),

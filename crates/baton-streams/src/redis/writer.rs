@@ -78,7 +78,7 @@ impl RedisStreamBackend {
             _ => general_args(&mut cmd, &batch),
         }
         let started = self.hub.before_write(path);
-        match self.eval_durable(&WRITE, &cmd).await {
+        match self.eval_durable(&WRITE, path, &cmd).await {
             // The fast path's reply: "<incarnation> <previous tail> <new entry id>" of a lone
             // accepted request.
             Ok(Value::BulkString(b)) if batch.len() == 1 => {
