@@ -573,8 +573,8 @@ mod node_url_tests {
 /// ([`Durability`]). `WAIT` blocks the connection it is sent on until the replicas confirm (up
 /// to its timeout): on the shared connection it would hold up every other command of the
 /// process behind it. These [`DurableWriter::CONNECTIONS`] connections carry only such writes,
-/// each followed by its `WAIT` in one pipeline; the writes of one key (a queue, a stream) always
-/// use the same connection. Cheap to clone.
+/// each followed by its `WAIT` in one pipeline; the writes of one script under one key (a
+/// queue's submits, a stream's appends) always use the same connection. Cheap to clone.
 #[derive(Clone)]
 pub struct DurableWriter {
     conns: std::sync::Arc<[RedisConn]>,
@@ -599,7 +599,16 @@ impl DurableWriter {
         key: &str,
         cmd: &Cmd,
     ) -> redis::RedisResult<T> {
-        let i = key.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % self.conns.len();
+        // One connection per script and key: a key's writes of one kind keep their order, and
+        // different kinds (a queue's submits and its transitions) do not wait behind each
+        // other's WAIT.
+        let i = script
+            .name()
+            .bytes()
+            .chain([0])
+            .chain(key.bytes())
+            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize))
+            % self.conns.len();
         let mut conn = self.conns[i].clone();
         script.query_durable(&mut conn, cmd, Some(self.durability)).await
     }
