@@ -596,11 +596,17 @@ impl Inner {
             }
         }
         for p in paths {
-            if let Ok(Some(t)) = self.tail(&p).await {
-                if let Err(err) = self.tell(&e.id, &p, &t).await {
-                    if err != SubscriptionError::NotFound {
-                        tracing::warn!(subscription = %e.id, stream = %p, error = %err, "reconcile failed");
-                    }
+            let r = match self.tail(&p).await {
+                Ok(Some(t)) => self.tell(&e.id, &p, &t).await,
+                Ok(None) => Ok(()),
+                Err(err) => Err(err),
+            };
+            match r {
+                Ok(()) | Err(SubscriptionError::NotFound) => {}
+                Err(err) => {
+                    tracing::warn!(subscription = %e.id, stream = %p, error = %err, "reconcile failed; retrying");
+                    self.missed.lock().expect("lock").insert((e.id.clone(), p));
+                    self.missed_added.notify_one();
                 }
             }
         }
