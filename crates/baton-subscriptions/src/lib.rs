@@ -33,7 +33,9 @@
 //! **Learning of appends.** The service installs itself as the
 //! [`StreamStore`](baton_streams::StreamStore)'s observer: every create, append and close made
 //! through a store with subscriptions is matched (in memory) against the registry of
-//! subscriptions, and matching subscriptions are told before the write returns. Other
+//! subscriptions, and matching subscriptions are told before the write returns; a subscription
+//! that cannot be told (its backend failing, e.g. a Redis failover) is told again in the
+//! background, with the stream's tail then, until the backend answers. Other
 //! processes' subscriptions are found by polling the registry version
 //! ([`SubscriptionsConfig::registry_poll`]); a newly seen subscription, and every subscription
 //! when a process starts, is reconciled by comparing each of its streams with its tail, so an

@@ -5,7 +5,7 @@
 //! holds a lease on it, and if it dies another process's consumer takes the message over after
 //! the queue's claim timeout.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
@@ -26,6 +26,9 @@ use crate::webhook_url;
 
 /// How many subscriptions an append's notification updates at once.
 const APPEND_FANOUT: usize = 32;
+
+/// First and longest wait between two retries of the notifications that failed.
+const MISSED_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
 /// How many streams a glob subscription links when it is created (or reconciled), at most.
 pub const MAX_GLOB_STREAMS: usize = 10_000;
@@ -86,6 +89,12 @@ struct Inner {
     http: reqwest::Client,
     consumer: tokio::sync::Mutex<Option<Consumer>>,
     stop: CancellationToken,
+    /// Appends a subscription could not be told of (the backend failed, e.g. its Redis master
+    /// failing over while the stream's master took the append): (subscription id, stream path),
+    /// retried by `retry_missed` with the stream's tail at the time of the retry.
+    missed: std::sync::Mutex<HashSet<(String, String)>>,
+    /// Wakes `retry_missed` when `missed` gains an entry.
+    missed_added: Arc<tokio::sync::Notify>,
 }
 
 /// Durable Streams subscriptions (webhook and pull-wake) over a [`StreamStore`]. Cheap to clone.
@@ -132,8 +141,11 @@ impl Subscriptions {
             http,
             consumer: tokio::sync::Mutex::new(None),
             stop: CancellationToken::new(),
+            missed: Default::default(),
+            missed_added: Arc::new(tokio::sync::Notify::new()),
         });
         streams.set_observer(Arc::new(Hook(Arc::downgrade(&inner))));
+        tokio::spawn(retry_missed(Arc::downgrade(&inner), inner.missed_added.clone()));
         if shared {
             tokio::spawn(poll_registry(Arc::downgrade(&inner)));
             // Appends made while no process was watching (or lost with a process between its
@@ -512,20 +524,51 @@ impl Inner {
         // thousand subscriptions took a thousand sequential compare-and-sets, ~0.6 s).
         futures::stream::iter(ids)
             .for_each_concurrent(APPEND_FANOUT, |id| async move {
-                let r = self
-                    .update(&id, |rec, now| match machine::appended(rec, path, tail, now) {
-                        Some(change) => Ok(((), true, change)),
-                        None => Ok(((), false, Change::default())),
-                    })
-                    .await;
-                match r {
+                match self.tell(&id, path, tail).await {
                     Ok(()) | Err(SubscriptionError::NotFound) => {}
                     Err(e) => {
-                        tracing::warn!(subscription = %id, stream = %path, error = %e, "subscription not told of an append")
+                        // The append is committed: the subscription must still learn of it.
+                        tracing::warn!(subscription = %id, stream = %path, error = %e, "subscription not told of an append yet; retrying");
+                        self.missed.lock().expect("lock").insert((id, path.to_string()));
+                        self.missed_added.notify_one();
                     }
                 }
             })
             .await;
+    }
+
+    /// Tells subscription `id` that stream `path`'s tail is now `tail` (links it when its glob
+    /// matches, wakes it when entries are pending). Errors: `NotFound`, `Unavailable`.
+    async fn tell(&self, id: &str, path: &str, tail: &str) -> Result<()> {
+        self.update(id, |rec, now| match machine::appended(rec, path, tail, now) {
+            Some(change) => Ok(((), true, change)),
+            None => Ok(((), false, Change::default())),
+        })
+        .await
+    }
+
+    /// One retry of every notification in `missed`, with each stream's current tail (which
+    /// covers the append that was missed). Those that fail again are kept. Returns whether
+    /// any is left.
+    async fn retry_missed_once(&self) -> bool {
+        let batch: Vec<(String, String)> = self.missed.lock().expect("lock").drain().collect();
+        for (id, path) in batch {
+            let r = match self.tail(&path).await {
+                Ok(Some(t)) => self.tell(&id, &path, &t).await,
+                // Deleted since: nothing left to wake for.
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(()) | Err(SubscriptionError::NotFound) => {
+                    tracing::info!(subscription = %id, stream = %path, "subscription told of an append after a retry")
+                }
+                Err(_) => {
+                    self.missed.lock().expect("lock").insert((id, path));
+                }
+            }
+        }
+        !self.missed.lock().expect("lock").is_empty()
     }
 
     async fn deleted(&self, path: &str) {
@@ -553,18 +596,17 @@ impl Inner {
             }
         }
         for p in paths {
-            if let Ok(Some(t)) = self.tail(&p).await {
-                let id = e.id.clone();
-                let r = self
-                    .update(&id, |rec, now| match machine::appended(rec, &p, &t, now) {
-                        Some(change) => Ok(((), true, change)),
-                        None => Ok(((), false, Change::default())),
-                    })
-                    .await;
-                if let Err(err) = r {
-                    if err != SubscriptionError::NotFound {
-                        tracing::warn!(subscription = %e.id, stream = %p, error = %err, "reconcile failed");
-                    }
+            let r = match self.tail(&p).await {
+                Ok(Some(t)) => self.tell(&e.id, &p, &t).await,
+                Ok(None) => Ok(()),
+                Err(err) => Err(err),
+            };
+            match r {
+                Ok(()) | Err(SubscriptionError::NotFound) => {}
+                Err(err) => {
+                    tracing::warn!(subscription = %e.id, stream = %p, error = %err, "reconcile failed; retrying");
+                    self.missed.lock().expect("lock").insert((e.id.clone(), p));
+                    self.missed_added.notify_one();
                 }
             }
         }
@@ -746,6 +788,42 @@ impl baton_queue::Handler for Driver {
             return Decision::DeadLetter("not a subscription delivery message".into());
         };
         inner.drive(&msg, &d.lease).await
+    }
+}
+
+/// Retries the notifications of appends that failed ([`Inner::retry_missed_once`]), 100 ms
+/// after the first failure, then doubling up to 2 s while the backend still fails; idle while
+/// none is missed. Ends when the service is closed or dropped.
+async fn retry_missed(weak: Weak<Inner>, added: Arc<tokio::sync::Notify>) {
+    loop {
+        let stop = match weak.upgrade() {
+            Some(i) => i.stop.clone(),
+            None => return,
+        };
+        // Woken by a notification that failed (a permit is kept if none was waiting); every
+        // second anyway, to end once the service is dropped.
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = added.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        let mut wait = MISSED_RETRY.0;
+        loop {
+            match weak.upgrade() {
+                Some(i) if !i.missed.lock().expect("lock").is_empty() => {}
+                Some(_) => break,
+                None => return,
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            if !inner.retry_missed_once().await {
+                break;
+            }
+            wait = (wait * 2).min(MISSED_RETRY.1);
+        }
     }
 }
 

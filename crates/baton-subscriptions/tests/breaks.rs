@@ -217,3 +217,42 @@ async fn a_wake_stream_must_exist_and_be_json() {
     assert!(e.to_string().contains("not application/json"), "{e}");
     subs.close(Duration::from_secs(1)).await;
 }
+
+/// An append acknowledged while the subscriptions' Redis cannot be reached (its master failing
+/// over; on a Cluster, the streams' master is another one and keeps taking appends) must still
+/// wake the subscriptions it matches once that Redis is back, even when nothing is appended
+/// after it: the notification that failed is retried, not dropped with a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_made_while_the_subscriptions_redis_is_down_still_wakes() {
+    let streams_redis = RedisServer::start();
+    let subs_redis = RedisServer::start();
+    let proxy = baton_testkit::TcpProxy::start(([127, 0, 0, 1], subs_redis.port()).into()).await;
+    let streams = StreamStore::redis(streams_redis.config(), StreamStoreSettings::default()).await.unwrap();
+    let client =
+        baton_redis::RedisClient::new(baton_redis::RedisConfig::standalone(format!("redis://{}", proxy.addr())))
+            .unwrap();
+    let subs = Subscriptions::redis(client, streams.clone(), cfg()).await.unwrap();
+    subs.start_delivery().await.unwrap();
+    let json_stream = CreateOptions { content_type: Some("application/json".into()), ..Default::default() };
+    streams.create(&StreamPath::new("w/pool").unwrap(), json_stream).await.unwrap();
+    subs.create("p", &json!({"type": "pull-wake", "pattern": "events/*", "wake_stream": "w/pool"})).await.unwrap();
+    let events = StreamPath::new("events/a").unwrap();
+    streams.create(&events, CreateOptions::default()).await.unwrap();
+
+    // The subscriptions' Redis goes away; the append still succeeds (another Redis).
+    proxy.set_refuse(true);
+    proxy.drop_connections();
+    let req = AppendRequest { data: "while down".into(), ..Default::default() };
+    let a = tokio::time::timeout(Duration::from_secs(20), streams.append(&events, req)).await.unwrap().unwrap();
+    let tail = a.tail.token(&a.incarnation);
+    proxy.set_refuse(false);
+
+    let c = eventually(Duration::from_secs(10), || async { subs.claim("p", &json!({"worker": "w"})).await.ok() })
+        .await
+        .expect("the append made while the subscriptions' Redis was down wakes the subscription once it is back");
+    assert_eq!(
+        (c["streams"][0]["path"].as_str(), c["streams"][0]["tail_offset"].as_str()),
+        (Some("events/a"), Some(tail.as_str()))
+    );
+    subs.close(Duration::from_secs(1)).await;
+}
