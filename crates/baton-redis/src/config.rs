@@ -217,27 +217,34 @@ impl std::fmt::Debug for RedisConfig {
 
 /// `url` with the password of its user info (`scheme://user:password@host`) replaced by `***`;
 /// anything else unchanged.
+///
+/// The user info is everything before the URL's last `@` (a Redis URL's `/db` and `?…` hold
+/// none), so a password written unencoded with `/`, `?`, `#` or `@` in it is hidden too.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
+    match rest.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
             None => url.to_string(),
         },
         None => url.to_string(),
     }
 }
 
-/// Reads a secret from `path`: the file's contents without a trailing line break (`\n` or `\r\n`).
+/// Reads a secret from `path`: the file's one line without its trailing line breaks (any
+/// number of `\n` / `\r\n`, e.g. a blank line an editor added). Spaces are kept (they may be
+/// part of the secret).
 ///
-/// Errors: the I/O error, with the path in the message; an empty file is an error too.
+/// Errors (the path in the message, never the secret): the I/O error; an empty file; a line
+/// break inside the secret (a file of several lines).
 pub fn read_secret_file(path: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let secret = text.strip_suffix('\n').map(|s| s.strip_suffix('\r').unwrap_or(s)).unwrap_or(&text);
+    let secret = text.trim_end_matches(['\n', '\r']);
     if secret.is_empty() {
         return Err(format!("{} is empty", path.display()));
+    }
+    if secret.contains(['\n', '\r']) {
+        return Err(format!("{} must hold one line (the secret alone); it has several", path.display()));
     }
     Ok(secret.to_string())
 }

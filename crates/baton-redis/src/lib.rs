@@ -81,7 +81,11 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     /// The URL could not be parsed (`redis://[user:pass@]host:port[/db]` or `rediss://…`).
-    #[error("invalid Redis URL {url:?}: {source}")]
+    #[error(
+        "invalid Redis URL {url:?} (the form is redis://[user[:password]@]host:port[/db], or rediss:// for \
+         TLS; percent-encode any of / ? # @ % in a password, or give the password apart from the URL): \
+         {source}"
+    )]
     InvalidUrl {
         /// The URL, its password replaced by `***`.
         url: String,
@@ -378,9 +382,8 @@ impl RedisClient {
                     .set_response_timeout(response_timeout)
                     .set_number_of_retries(3)
                     .set_max_delay(Duration::from_secs(1));
-                let mut mgr = ConnectionManager::new_with_config((**client).clone(), cfg)
-                    .await
-                    .map_err(|e| self.connect_error(e))?;
+                let mut mgr =
+                    StandaloneConn::connect((**client).clone(), cfg).await.map_err(|e| self.connect_error(e))?;
                 // The connection opens without a password on a server that wants one (only
                 // commands get NOAUTH): a PING makes a wrong setup fail here, at startup.
                 // (Cluster and Sentinel connections already ran CLUSTER SLOTS / ROLE.)
@@ -614,12 +617,94 @@ impl DurableWriter {
     }
 }
 
-/// One connection to Redis: standalone (`ConnectionManager`), Cluster (`ClusterConnection`) or
+/// A connection to a standalone server: the redis crate's `ConnectionManager` (which reconnects
+/// after I/O errors), replaced by a fresh one when its reconnect was refused at login
+/// (`WRONGPASS`, e.g. while a password is being rotated on the server): the manager itself
+/// keeps returning that failed reconnect forever, even once the login works again. With the
+/// new manager the next call connects afresh. Clones share the connection.
+#[derive(Clone)]
+pub struct StandaloneConn {
+    inner: std::sync::Arc<StandaloneInner>,
+}
+
+struct StandaloneInner {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// The manager in use and its generation (bumped on every replacement).
+    current: std::sync::Mutex<(u64, ConnectionManager)>,
+}
+
+impl StandaloneConn {
+    /// Connects to the server of `client` now (a `ConnectionManager` with `config`).
+    ///
+    /// Errors: the redis crate's, when the first connection fails.
+    pub async fn connect(client: redis::Client, config: ConnectionManagerConfig) -> redis::RedisResult<Self> {
+        let mgr = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
+        Ok(Self {
+            inner: std::sync::Arc::new(StandaloneInner { client, config, current: std::sync::Mutex::new((0, mgr)) }),
+        })
+    }
+
+    fn current(&self) -> (u64, ConnectionManager) {
+        let cur = self.inner.current.lock().unwrap_or_else(|p| p.into_inner());
+        (cur.0, cur.1.clone())
+    }
+
+    /// After an error on manager `generation`: a refused login replaces it (once per generation).
+    fn settle<T>(&self, generation: u64, r: &redis::RedisResult<T>) {
+        let Err(e) = r else { return };
+        if !(e.kind() == redis::ErrorKind::AuthenticationFailed || e.code() == Some("WRONGPASS")) {
+            return;
+        }
+        let mut cur = self.inner.current.lock().unwrap_or_else(|p| p.into_inner());
+        if cur.0 != generation {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(self.inner.client.clone(), self.inner.config.clone()) {
+            Ok(mgr) => {
+                *cur = (generation + 1, mgr);
+                tracing::info!("Redis refused the login ({e}); the next call connects again");
+            }
+            Err(e2) => tracing::warn!("cannot make a new Redis connection manager: {e2}"),
+        }
+    }
+}
+
+impl ConnectionLike for StandaloneConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let (generation, mut mgr) = self.current();
+            let r = mgr.req_packed_command(cmd).await;
+            self.settle(generation, &r);
+            r
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let (generation, mut mgr) = self.current();
+            let r = mgr.req_packed_commands(pipeline, offset, count).await;
+            self.settle(generation, &r);
+            r
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.current().1.get_db()
+    }
+}
+
+/// One connection to Redis: standalone ([`StandaloneConn`]), Cluster (`ClusterConnection`) or
 /// the master of a Sentinel deployment ([`SentinelConn`]). All reconnect after a server restart
 /// (Cluster and Sentinel: also after a failover). Implements `redis::aio::ConnectionLike`.
 #[derive(Clone)]
 pub enum RedisConn {
-    Standalone(ConnectionManager),
+    Standalone(StandaloneConn),
     Cluster(ClusterConnection),
     Sentinel(SentinelConn),
 }

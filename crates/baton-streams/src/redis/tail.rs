@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use baton_redis::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use baton_redis::redis::aio::ConnectionManagerConfig;
 use baton_redis::redis::{self, Value};
 use baton_redis::{RedisConn, CONNECTION_TIMEOUT};
 use tokio::sync::Notify;
@@ -495,7 +495,7 @@ async fn blocking_conn(s: &RedisStreamBackend, key: &str) -> Result<RedisConn> {
         .set_connection_timeout(Some(CONNECTION_TIMEOUT))
         .set_response_timeout(None)
         .set_number_of_retries(1);
-    Ok(RedisConn::Standalone(ConnectionManager::new_with_config(client, cfg).await?))
+    Ok(RedisConn::Standalone(baton_redis::StandaloneConn::connect(client, cfg).await?))
 }
 
 /// Host and port of the master serving `slot` in a `CLUSTER SLOTS` reply.
