@@ -374,8 +374,26 @@ impl StreamStore {
         self.write(path, req, None).await
     }
 
-    /// [`StreamStore::append`], with a [`WriteSpec::fence`] when given.
+    /// [`StreamStore::append`], with a [`WriteSpec::fence`] when given, in a
+    /// `baton.stream.append` span (target `baton::trace`: exported only when the program
+    /// exports spans, next to free otherwise).
     async fn write(
+        &self,
+        path: &StreamPath,
+        req: AppendRequest,
+        fence: Option<(String, Option<u64>)>,
+    ) -> Result<Appended> {
+        let span = tracing::info_span!(
+            target: "baton::trace",
+            "baton.stream.append",
+            baton.stream = %path.as_str(),
+            baton.append.bytes = req.data.len(),
+            baton.append.close = req.close.is_some(),
+        );
+        tracing::Instrument::instrument(self.write_inner(path, req, fence), span).await
+    }
+
+    async fn write_inner(
         &self,
         path: &StreamPath,
         req: AppendRequest,

@@ -319,7 +319,26 @@ impl CommandStore {
     /// [`CommandStore::submit`], also telling whether this call stored the command (`true`) or
     /// found it already stored with the same body (`false`), e.g. to answer 202 or 200 over HTTP.
     /// Errors: those of [`CommandStore::submit`].
+    ///
+    /// Runs in a `baton.submit` span ([`crate::trace`]; a child of the current span, or else of
+    /// the command's trace context). The state keeps the submit span's context when spans are
+    /// exported, else the command's own ([`Command::with_trace_context`]).
     pub async fn submit_created(&self, queue: &str, command: Command) -> Result<(CommandState, bool), CommandError> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            target: crate::trace::SPAN_TARGET,
+            "baton.submit",
+            baton.queue = %queue,
+            baton.command.id = %command.id,
+            baton.command.type = %command.command_type,
+        );
+        if !span.is_disabled() && crate::trace::current().is_none() {
+            crate::trace::set_parent(&span, command.trace.as_ref());
+        }
+        self.submit_inner(queue, command).instrument(span).await
+    }
+
+    async fn submit_inner(&self, queue: &str, command: Command) -> Result<(CommandState, bool), CommandError> {
         validate_queue(queue)?;
         validate_id(&command.id)?;
         validate_type(&command.command_type)?;
@@ -385,6 +404,7 @@ impl CommandStore {
             run_at: command.run_at,
             concurrency_key: command.concurrency_key.clone(),
             priority: command.priority,
+            trace: crate::trace::current().or_else(|| command.trace.clone()),
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,
@@ -1229,6 +1249,26 @@ impl CommandStore {
     /// it to the home queue's feed in the same step, unless that feed is off. On success the
     /// hub hears of it; `Err(latest)` on a conflict.
     pub(crate) async fn write_for(
+        &self,
+        old: CommandStatus,
+        new: CommandState,
+        enqueue: Option<(&str, &CommandMsg)>,
+        delivery: Option<&DeliveryRef>,
+        event: Option<(EventKind, Option<u64>)>,
+    ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
+        let span = tracing::info_span!(
+            target: crate::trace::SPAN_TARGET,
+            "baton.transition",
+            baton.queue = %new.queue,
+            baton.command.id = %new.id,
+            baton.status.from = %old,
+            baton.status.to = %new.status,
+            baton.version = new.version,
+        );
+        tracing::Instrument::instrument(self.write_for_inner(old, new, enqueue, delivery, event), span).await
+    }
+
+    async fn write_for_inner(
         &self,
         old: CommandStatus,
         new: CommandState,

@@ -91,6 +91,12 @@ fn forbidden(message: String) -> Response {
 /// The layer (module docs).
 pub async fn layer(State(guard): State<Guard>, req: Request, next: Next) -> Response {
     let (mut parts, body) = req.into_parts();
+    // Only present when spans are exported: the request's span learns its route here.
+    if let Some(span) = parts.extensions.get::<super::edge::RequestSpan>() {
+        if let Some(route) = parts.extensions.get::<axum::extract::MatchedPath>() {
+            span.route(&parts.method, route.as_str());
+        }
+    }
     let (mut query_token, cleaned) = take_query_token(&parts.uri);
     if let Some(u) = cleaned {
         parts.uri = u;
