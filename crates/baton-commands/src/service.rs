@@ -493,6 +493,13 @@ async fn call_handler(
         Ok(Err(e)) => Outcome::Error(error_text(&e)),
         Err(p) => Outcome::Error(format!("handler panicked: {}", panic_text(&*p))),
     };
+    tracing::debug!(
+        queue = %ctx.queue,
+        command = %msg.id,
+        call = if is_execute { "execute" } else { "check_status" },
+        returned = matches!(outcome, Outcome::Result(_)),
+        "handler call ended"
+    );
     drop(_running);
     // The report writer ends after its write in flight (if any), so that the outcome is written
     // on the latest state, with the last report.

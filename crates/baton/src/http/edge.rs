@@ -74,7 +74,8 @@ pub(crate) fn status_label(s: StatusCode) -> metrics::SharedString {
 
 /// The span of one request (`http.request`, target `baton::trace`), in the request's extensions
 /// when spans are exported, so that the auth layer (a route layer, which knows the matched route)
-/// can name it.
+/// can name it before it enters it. A request no route matches (404) or refused here (431) keeps
+/// the name `<METHOD>`.
 #[derive(Clone)]
 pub struct RequestSpan(pub tracing::Span);
 
@@ -114,7 +115,9 @@ pub async fn layer(State(edge): State<Arc<Edge>>, mut req: Request, next: Next) 
         )
         .into_response()
     } else {
-        tracing::Instrument::instrument(next.run(req), span.clone()).await
+        // Entered by the auth layer once the route is known (a span's name is fixed when it is
+        // first entered).
+        next.run(req).await
     };
     if !span.is_disabled() {
         span.record("http.response.status_code", res.status().as_u16());
