@@ -6,7 +6,8 @@ use baton::settings::{ServeConfig, WorkerConfig};
 use baton::telemetry::{self, LogFormat};
 use clap::Parser;
 
-/// What this process runs, its settings resolved.
+/// What this process runs, its settings resolved (one per process: its size does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Run {
     Serve(ServeConfig),
     Worker(WorkerConfig),

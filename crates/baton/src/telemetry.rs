@@ -89,14 +89,13 @@ pub fn init(format: LogFormat, otlp: Option<&OtlpConfig>) -> Result<Telemetry, S
     let resource = opentelemetry_sdk::Resource::builder().with_service_name(otlp.service_name.clone()).build();
     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
     let tracer = provider.tracer("baton");
-    let spans: Boxed =
-        tracing_opentelemetry::layer().with_tracer(tracer).with_filter(filter_fn(|m| is_trace_span(m))).boxed();
+    let spans: Boxed = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(filter_fn(is_trace_span)).boxed();
     let logs: Boxed = match format {
         // The JSON layer sees the spans too (never printing them): it finds the current span's
         // ids for `trace_id` / `span_id`.
         LogFormat::Json => fmt_json()
             .event_format(WithTraceIds(json_format()))
-            .with_filter(env_filter().or(filter_fn(|m| is_trace_span(m))))
+            .with_filter(env_filter().or(filter_fn(is_trace_span)))
             .boxed(),
         LogFormat::Text { ansi } => {
             fmt_text(ansi).with_filter(env_filter().and(filter_fn(|m| !is_trace_span(m)))).boxed()
@@ -107,7 +106,9 @@ pub fn init(format: LogFormat, otlp: Option<&OtlpConfig>) -> Result<Telemetry, S
     Ok(Telemetry { provider: Some(provider) })
 }
 
-fn fmt_text<S>(ansi: bool) -> tracing_subscriber::fmt::Layer<S, format::DefaultFields, format::Format, fn() -> std::io::Stderr>
+fn fmt_text<S>(
+    ansi: bool,
+) -> tracing_subscriber::fmt::Layer<S, format::DefaultFields, format::Format, fn() -> std::io::Stderr>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {

@@ -33,12 +33,15 @@ struct Got {
     service: String,
 }
 
+/// `(command id, traceparent header)` of each webhook request.
+type Hooks = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
 #[derive(Clone, Default)]
 struct Receiver {
     spans: Arc<Mutex<Vec<Got>>>,
     posts: Arc<Mutex<usize>>,
     /// The `traceparent` headers the webhook got, by command id.
-    hooks: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    hooks: Hooks,
 }
 
 fn hex(b: &[u8]) -> String {
@@ -83,7 +86,11 @@ async fn traces(State(r): State<Receiver>, body: Bytes) -> &'static str {
     ""
 }
 
-async fn hook(State(r): State<Receiver>, headers: HeaderMap, Json(body): Json<serde_json::Value>) -> Json<serde_json::Value> {
+async fn hook(
+    State(r): State<Receiver>,
+    headers: HeaderMap,
+    Json(body): Json<serde_json::Value>,
+) -> Json<serde_json::Value> {
     let id = body["id"].as_str().unwrap_or_default().to_string();
     let tp = headers.get("traceparent").map(|v| v.to_str().unwrap().to_string());
     r.hooks.lock().unwrap().push((id, tp));
@@ -129,7 +136,12 @@ fn serve(dir: &std::path::Path, receiver_port: u16, otlp: bool) -> Serve {
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&stderr).unwrap());
     if otlp {
-        cmd.args(["--otlp-endpoint", &format!("http://127.0.0.1:{receiver_port}"), "--otlp-service-name", "baton-test"]);
+        cmd.args([
+            "--otlp-endpoint",
+            &format!("http://127.0.0.1:{receiver_port}"),
+            "--otlp-service-name",
+            "baton-test",
+        ]);
     }
     let mut child = cmd.spawn().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());

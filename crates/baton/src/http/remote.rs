@@ -163,7 +163,11 @@ struct Lease<'a> {
 /// The trace context handed to the worker of a claim: a `baton.dispatch` span (child of the
 /// command's trace context, ended at once: the worker's own spans continue it) when spans are
 /// exported, else the command's own.
-fn claim_trace(queue: &str, worker: &str, c: &baton_commands::RemoteClaim) -> Option<baton_commands::trace::TraceContext> {
+fn claim_trace(
+    queue: &str,
+    worker: &str,
+    c: &baton_commands::RemoteClaim,
+) -> Option<baton_commands::trace::TraceContext> {
     let stored = c.command.trace.as_ref();
     if !baton_commands::trace::propagation_installed() {
         return stored.cloned();

@@ -165,7 +165,8 @@ pub struct WorkerArgs {
     /// Accept completion webhook URLs (`[queues.<name>.webhook]`) on loopback hosts
     /// (`localhost`, 127/8, `::1`), over `http` too; for local development and tests.
     #[arg(long, env = "BATON_ALLOW_LOOPBACK_WEBHOOKS")]
-    pub allow_loopback_webhooks: bool,    /// Export trace spans over OTLP/HTTP (protobuf) to this collector, e.g.
+    pub allow_loopback_webhooks: bool,
+    /// Export trace spans over OTLP/HTTP (protobuf) to this collector, e.g.
     /// `http://127.0.0.1:4318` (spans are POSTed to `<url>/v1/traces`); off when unset
     /// (docs/operations.md, "Tracing").
     #[arg(long, env = "BATON_OTLP_ENDPOINT")]
@@ -706,7 +707,10 @@ mod tests {
             ..Default::default()
         };
         let otlp = args.resolve().unwrap().otlp.unwrap();
-        assert_eq!((otlp.traces_url.as_str(), otlp.service_name.as_str()), ("https://otel.example.com/v1/traces", "edge"));
+        assert_eq!(
+            (otlp.traces_url.as_str(), otlp.service_name.as_str()),
+            ("https://otel.example.com/v1/traces", "edge")
+        );
         let args = ServeArgs { otlp_endpoint: Some("127.0.0.1:4318".into()), ..Default::default() };
         assert!(args.resolve().unwrap_err().starts_with("--otlp-endpoint (otlp_endpoint) must be"));
     }
