@@ -107,13 +107,14 @@ async fn start_receiver() -> (Receiver, u16) {
     (r, port)
 }
 
-struct Serve {
+struct Proc {
     child: Child,
     base: String,
     stderr: std::path::PathBuf,
 }
 
-fn serve(dir: &std::path::Path, receiver_port: u16, otlp: bool) -> Serve {
+/// Writes the queue config (`jobs`: `echo`, and `hook` = the `http` handler to the receiver).
+fn config(dir: &std::path::Path, receiver_port: u16) -> String {
     let cfg = dir.join("baton.toml");
     std::fs::write(
         &cfg,
@@ -122,10 +123,16 @@ fn serve(dir: &std::path::Path, receiver_port: u16, otlp: bool) -> Serve {
         ),
     )
     .unwrap();
+    cfg.to_str().unwrap().to_string()
+}
+
+/// Starts `baton <args>` with JSON logs into `<dir>/<label>.log`, exporting to the receiver as
+/// `service` when given; waits for its first stdout line, which must contain `ready`.
+fn spawn(dir: &std::path::Path, label: &str, args: &[&str], otlp: Option<(u16, &str)>, ready: &str) -> Proc {
     let port = baton_testkit::free_port();
-    let stderr = dir.join(if otlp { "stderr-otlp.log" } else { "stderr-off.log" });
+    let stderr = dir.join(format!("{label}.log"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton"));
-    cmd.args(["serve", "--config", cfg.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
+    cmd.args(args)
         .args(["--log-format", "json"])
         .env("BATON_LOG", "info,baton_commands=debug")
         .env_remove("BATON_REDIS")
@@ -135,22 +142,26 @@ fn serve(dir: &std::path::Path, receiver_port: u16, otlp: bool) -> Serve {
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&stderr).unwrap());
-    if otlp {
-        cmd.args([
-            "--otlp-endpoint",
-            &format!("http://127.0.0.1:{receiver_port}"),
-            "--otlp-service-name",
-            "baton-test",
-        ]);
+    if args[0] == "serve" {
+        cmd.args(["--listen", &format!("127.0.0.1:{port}")]);
+    }
+    if let Some((receiver_port, service)) = otlp {
+        cmd.args(["--otlp-endpoint", &format!("http://127.0.0.1:{receiver_port}"), "--otlp-service-name", service]);
     }
     let mut child = cmd.spawn().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     out.read_line(&mut first).unwrap();
-    assert!(first.contains("listening on"), "{first}");
+    assert!(first.contains(ready), "{first}");
     // Keep reading stdout so the process never blocks on a full pipe.
     std::thread::spawn(move || for _ in out.lines() {});
-    Serve { child, base: format!("http://127.0.0.1:{port}"), stderr }
+    Proc { child, base: format!("http://127.0.0.1:{port}"), stderr }
+}
+
+fn serve(dir: &std::path::Path, receiver_port: u16, otlp: bool) -> Proc {
+    let cfg = config(dir, receiver_port);
+    let label = if otlp { "serve-otlp" } else { "serve-off" };
+    spawn(dir, label, &["serve", "--config", &cfg], otlp.then_some((receiver_port, "baton-test")), "listening on")
 }
 
 /// Submits `type` with the caller's `traceparent` and waits for the command to end.
@@ -169,7 +180,7 @@ async fn submit(base: &str, id: &str, command_type: &str) {
     assert_eq!(st["status"], "SUCCEEDED", "{st}");
 }
 
-async fn stop(mut s: Serve) {
+async fn stop(mut s: Proc) {
     let killed = Command::new("kill").args(["-TERM", &s.child.id().to_string()]).status().unwrap();
     assert!(killed.success());
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -178,7 +189,7 @@ async fn stop(mut s: Serve) {
             assert!(status.success(), "exit status {status}");
             return;
         }
-        assert!(Instant::now() < deadline, "baton serve did not exit after SIGTERM");
+        assert!(Instant::now() < deadline, "baton did not exit after SIGTERM");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -202,6 +213,19 @@ async fn spans_are_exported_and_continue_the_submits_trace() {
     let s = serve(&dir, rport, true);
     submit(&s.base, "on-echo", "echo").await;
     submit(&s.base, "on-hook", "hook").await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/stream/traced/s1", s.base);
+    let created = http.put(&url).header("content-type", "text/plain").send().await.unwrap();
+    assert!(created.status().is_success(), "{}", created.status());
+    let appended = http
+        .post(&url)
+        .header("content-type", "text/plain")
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert!(appended.status().is_success(), "{}", appended.status());
     let stderr = s.stderr.clone();
     stop(s).await;
     assert!(*r.posts.lock().unwrap() > 0, "no span was exported (flushed at shutdown)");
@@ -239,6 +263,13 @@ async fn spans_are_exported_and_continue_the_submits_trace() {
             .unwrap_or_else(|| panic!("no transition to SUCCEEDED of {id}: {names:?}"));
         assert_eq!(done.parent, dispatch.span_id, "the outcome's write is inside dispatch");
     }
+    let append = ours
+        .iter()
+        .find(|s| s.name == "baton.stream.append")
+        .unwrap_or_else(|| panic!("no baton.stream.append span: {names:?}"));
+    assert_eq!(append.attrs["baton.stream"], "traced/s1");
+    let request = ours.iter().find(|s| s.span_id == append.parent).expect("the append's request span");
+    assert!(request.name.starts_with("POST /v1/stream/"), "{request:?}");
     // The webhook continues the trace under the `http` handler's execute span.
     let hooks = r.hooks.lock().unwrap().clone();
     let execute = find("baton.execute", "on-hook");
@@ -252,5 +283,52 @@ async fn spans_are_exported_and_continue_the_submits_trace() {
         .collect();
     assert!(!traced.is_empty(), "no JSON log line with the trace id:\n{logs}");
     assert!(traced.iter().all(|v| v["span_id"].as_str().is_some_and(|s| s.len() == 16)), "{traced:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `baton serve --no-workers` and a `baton worker` on one Redis: the worker's `baton.dispatch`
+/// (another process) is a child of the API's `baton.submit`, through the stored trace context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trace_crosses_the_queue_to_a_worker_process() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("baton-otlp-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (r, rport) = start_receiver().await;
+    let cfg = config(&dir, rport);
+    let url = redis.url();
+    let api = spawn(
+        &dir,
+        "api",
+        &["serve", "--config", &cfg, "--redis", &url, "--no-workers"],
+        Some((rport, "baton-api")),
+        "listening on",
+    );
+    let worker = spawn(
+        &dir,
+        "worker",
+        &["worker", "--config", &cfg, "--redis", &url],
+        Some((rport, "baton-worker")),
+        "working queues",
+    );
+    submit(&api.base, "cross-echo", "echo").await;
+    stop(worker).await;
+    stop(api).await;
+    let spans = r.spans.lock().unwrap().clone();
+    let of = |name: &str| -> Got {
+        spans
+            .iter()
+            .find(|s| {
+                s.name == name
+                    && s.trace_id == TRACE_ID
+                    && s.attrs.get("baton.command.id").map(String::as_str) == Some("cross-echo")
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} span: {spans:?}"))
+    };
+    let (submit, dispatch, execute) = (of("baton.submit"), of("baton.dispatch"), of("baton.execute"));
+    assert_eq!((submit.service.as_str(), dispatch.service.as_str()), ("baton-api", "baton-worker"));
+    assert_eq!(dispatch.parent, submit.span_id, "dispatch (worker process) is a child of submit (API process)");
+    assert_eq!(execute.parent, dispatch.span_id);
     let _ = std::fs::remove_dir_all(&dir);
 }
