@@ -4,9 +4,9 @@
 //! The spans are those of target [`SPAN_TARGET`] (`baton::trace`): `http.request` (every
 //! request), `baton.submit`, `baton.dispatch`, `baton.execute` / `baton.check_status`,
 //! `baton.transition`, `baton.handoff` and `baton.stream.append` ([`baton_commands::trace`]).
-//! The log layer never takes them, so without `--otlp-endpoint` no layer is interested in
-//! them: no OpenTelemetry layer is installed, and each span macro is one cached "disabled"
-//! check.
+//! Without `--otlp-endpoint` the subscriber is the log layer under one global filter (`BATON_LOG`
+//! plus `baton::trace=off`): no OpenTelemetry layer is installed, nothing is interested in those
+//! spans, and each span macro is one cached "disabled" check.
 //!
 //! With an endpoint: an OpenTelemetry layer (tracing-opentelemetry) exports those spans through a
 //! batch span processor (its own thread, OTLP/HTTP protobuf POSTs to `<endpoint>/v1/traces`),
@@ -25,7 +25,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::{Event, Subscriber};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
+use tracing_subscriber::filter::{EnvFilter, FilterExt, FilterFn, LevelFilter};
 use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields, Writer};
 use tracing_subscriber::fmt::FmtContext;
 use tracing_subscriber::layer::SubscriberExt;
@@ -63,21 +63,33 @@ fn is_trace_span(m: &tracing::Metadata<'_>) -> bool {
     m.is_span() && m.target() == SPAN_TARGET
 }
 
+/// Only the exported spans (all at `INFO`: the hint keeps the level short-cut of the log filter).
+fn trace_spans() -> FilterFn<fn(&tracing::Metadata<'_>) -> bool> {
+    FilterFn::new(is_trace_span as fn(&tracing::Metadata<'_>) -> bool).with_max_level_hint(LevelFilter::INFO)
+}
+
+/// Everything but the exported spans.
+fn not_trace_spans() -> FilterFn<fn(&tracing::Metadata<'_>) -> bool> {
+    FilterFn::new((|m| !is_trace_span(m)) as fn(&tracing::Metadata<'_>) -> bool).with_max_level_hint(LevelFilter::TRACE)
+}
+
 /// Installs the global subscriber: the log layer in `format` filtered by `BATON_LOG`, and with
 /// `otlp` the span export. Call once, first thing (before any span or log line). Errors: the
 /// exporter cannot be built (e.g. an endpoint URL the HTTP client refuses); nothing is installed
 /// then.
 pub fn init(format: LogFormat, otlp: Option<&OtlpConfig>) -> Result<Telemetry, String> {
     let Some(otlp) = otlp else {
-        // No OpenTelemetry layer at all; the log layer never takes the `baton::trace` spans, so
-        // nothing is interested in them.
-        let logs: Boxed = match format {
-            LogFormat::Json => fmt_json().with_filter(env_filter().and(filter_fn(|m| !is_trace_span(m)))).boxed(),
+        // No OpenTelemetry layer at all: the log subscriber as it always was (one global
+        // filter, so its level hint still short-circuits disabled levels), told to take no
+        // `baton::trace` span, so nothing is interested in them.
+        let filter = env_filter().add_directive(format!("{SPAN_TARGET}=off").parse().expect("a directive"));
+        let stderr = std::io::stderr;
+        match format {
+            LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(stderr).init(),
             LogFormat::Text { ansi } => {
-                fmt_text(ansi).with_filter(env_filter().and(filter_fn(|m| !is_trace_span(m)))).boxed()
+                tracing_subscriber::fmt().with_ansi(ansi).with_env_filter(filter).with_writer(stderr).init()
             }
-        };
-        tracing_subscriber::registry().with(vec![logs]).init();
+        }
         return Ok(Telemetry { provider: None });
     };
     let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -89,17 +101,14 @@ pub fn init(format: LogFormat, otlp: Option<&OtlpConfig>) -> Result<Telemetry, S
     let resource = opentelemetry_sdk::Resource::builder().with_service_name(otlp.service_name.clone()).build();
     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
     let tracer = provider.tracer("baton");
-    let spans: Boxed = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(filter_fn(is_trace_span)).boxed();
+    let spans: Boxed = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(trace_spans()).boxed();
     let logs: Boxed = match format {
         // The JSON layer sees the spans too (never printing them): it finds the current span's
         // ids for `trace_id` / `span_id`.
-        LogFormat::Json => fmt_json()
-            .event_format(WithTraceIds(json_format()))
-            .with_filter(env_filter().or(filter_fn(is_trace_span)))
-            .boxed(),
-        LogFormat::Text { ansi } => {
-            fmt_text(ansi).with_filter(env_filter().and(filter_fn(|m| !is_trace_span(m)))).boxed()
+        LogFormat::Json => {
+            fmt_json().event_format(WithTraceIds(json_format())).with_filter(env_filter().or(trace_spans())).boxed()
         }
+        LogFormat::Text { ansi } => fmt_text(ansi).with_filter(env_filter().and(not_trace_spans())).boxed(),
     };
     tracing_subscriber::registry().with(vec![spans, logs]).init();
     baton_commands::trace::set_propagation(Propagation { set_parent, current });

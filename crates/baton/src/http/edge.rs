@@ -101,6 +101,7 @@ pub async fn layer(State(edge): State<Arc<Edge>>, mut req: Request, next: Next) 
         url.path = %req.uri().path(),
         http.route = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
     if !span.is_disabled() {
         let cx = super::headers::trace_context(req.headers());
@@ -121,6 +122,9 @@ pub async fn layer(State(edge): State<Arc<Edge>>, mut req: Request, next: Next) 
     };
     if !span.is_disabled() {
         span.record("http.response.status_code", res.status().as_u16());
+        if res.status().is_server_error() {
+            span.record("otel.status_code", "ERROR");
+        }
     }
     let h = res.headers_mut();
     h.insert(NOSNIFF.0, NOSNIFF.1);
