@@ -398,7 +398,7 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
         baton.deliveries = deliveries,
         baton.worker = %lease.consumer(),
     );
-    crate::trace::set_parent(&span, st.trace.as_ref());
+    crate::trace::set_parent(&span, st.trace.as_deref());
     tracing::Instrument::instrument(call_handler(ctx, msg, lease, deliveries, st, is_execute), span).await
 }
 
@@ -968,7 +968,12 @@ impl Holder<'_> {
 }
 
 /// After a hand-off's state write: enqueue on the target (unless done atomically), then ack.
-async fn handoff_tail(ctx: &Ctx, target: &str, m: &CommandMsg, atomic: bool) -> Result<Decision, CommandError> {
+fn handoff_tail<'a>(
+    ctx: &'a Ctx,
+    target: &'a str,
+    m: &'a CommandMsg,
+    atomic: bool,
+) -> impl std::future::Future<Output = Result<Decision, CommandError>> + 'a {
     let span = tracing::info_span!(
         target: crate::trace::SPAN_TARGET,
         "baton.handoff",
@@ -976,7 +981,7 @@ async fn handoff_tail(ctx: &Ctx, target: &str, m: &CommandMsg, atomic: bool) -> 
         baton.command.id = %m.id,
         baton.handoff.target = %target,
     );
-    tracing::Instrument::instrument(handoff_enqueue(ctx, target, m, atomic), span).await
+    tracing::Instrument::instrument(handoff_enqueue(ctx, target, m, atomic), span)
 }
 
 async fn handoff_enqueue(ctx: &Ctx, target: &str, m: &CommandMsg, atomic: bool) -> Result<Decision, CommandError> {

@@ -377,12 +377,12 @@ impl StreamStore {
     /// [`StreamStore::append`], with a [`WriteSpec::fence`] when given, in a
     /// `baton.stream.append` span (target `baton::trace`: exported only when the program
     /// exports spans, next to free otherwise).
-    async fn write(
-        &self,
-        path: &StreamPath,
+    fn write<'a>(
+        &'a self,
+        path: &'a StreamPath,
         req: AppendRequest,
         fence: Option<(String, Option<u64>)>,
-    ) -> Result<Appended> {
+    ) -> impl std::future::Future<Output = Result<Appended>> + 'a {
         let span = tracing::info_span!(
             target: "baton::trace",
             "baton.stream.append",
@@ -390,7 +390,7 @@ impl StreamStore {
             baton.append.bytes = req.data.len(),
             baton.append.close = req.close.is_some(),
         );
-        tracing::Instrument::instrument(self.write_inner(path, req, fence), span).await
+        tracing::Instrument::instrument(self.write_inner(path, req, fence), span)
     }
 
     async fn write_inner(

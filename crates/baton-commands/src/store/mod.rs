@@ -323,7 +323,14 @@ impl CommandStore {
     /// Runs in a `baton.submit` span ([`crate::trace`]; a child of the current span, or else of
     /// the command's trace context). The state keeps the submit span's context when spans are
     /// exported, else the command's own ([`Command::with_trace_context`]).
-    pub async fn submit_created(&self, queue: &str, command: Command) -> Result<(CommandState, bool), CommandError> {
+    ///
+    /// (A plain function returning the future, not an `async fn`: the span wraps the submit's
+    /// future without a generator of its own, so nothing grows when spans are off.)
+    pub fn submit_created<'a>(
+        &'a self,
+        queue: &'a str,
+        command: Command,
+    ) -> impl std::future::Future<Output = Result<(CommandState, bool), CommandError>> + 'a {
         use tracing::Instrument;
         let span = tracing::info_span!(
             target: crate::trace::SPAN_TARGET,
@@ -333,9 +340,9 @@ impl CommandStore {
             baton.command.type = %command.command_type,
         );
         if !span.is_disabled() && crate::trace::current().is_none() {
-            crate::trace::set_parent(&span, command.trace.as_ref());
+            crate::trace::set_parent(&span, command.trace.as_deref());
         }
-        self.submit_inner(queue, command).instrument(span).await
+        self.submit_inner(queue, command).instrument(span)
     }
 
     async fn submit_inner(&self, queue: &str, command: Command) -> Result<(CommandState, bool), CommandError> {
@@ -404,7 +411,7 @@ impl CommandStore {
             run_at: command.run_at,
             concurrency_key: command.concurrency_key.clone(),
             priority: command.priority,
-            trace: crate::trace::current().or_else(|| command.trace.clone()),
+            trace: crate::trace::current().map(Box::new).or_else(|| command.trace.clone()),
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,
@@ -1248,14 +1255,17 @@ impl CommandStore {
     /// `event` (its kind, and for `retry_scheduled` the delay in ms), a successful write appends
     /// it to the home queue's feed in the same step, unless that feed is off. On success the
     /// hub hears of it; `Err(latest)` on a conflict.
-    pub(crate) async fn write_for(
-        &self,
+    pub(crate) fn write_for<'a>(
+        &'a self,
         old: CommandStatus,
         new: CommandState,
-        enqueue: Option<(&str, &CommandMsg)>,
-        delivery: Option<&DeliveryRef>,
+        enqueue: Option<(&'a str, &'a CommandMsg)>,
+        delivery: Option<&'a DeliveryRef>,
         event: Option<(EventKind, Option<u64>)>,
-    ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
+    ) -> impl std::future::Future<Output = Result<(Result<CommandState, Option<CommandState>>, bool), CommandError>> + 'a
+    {
+        // Not an `async fn`: the span wraps the write's future without a generator of its own
+        // (no copy of `new` in one), so nothing grows when spans are off.
         let span = tracing::info_span!(
             target: crate::trace::SPAN_TARGET,
             "baton.transition",
@@ -1265,7 +1275,7 @@ impl CommandStore {
             baton.status.to = %new.status,
             baton.version = new.version,
         );
-        tracing::Instrument::instrument(self.write_for_inner(old, new, enqueue, delivery, event), span).await
+        tracing::Instrument::instrument(self.write_for_inner(old, new, enqueue, delivery, event), span)
     }
 
     async fn write_for_inner(

@@ -168,7 +168,7 @@ fn claim_trace(
     worker: &str,
     c: &baton_commands::RemoteClaim,
 ) -> Option<baton_commands::trace::TraceContext> {
-    let stored = c.command.trace.as_ref();
+    let stored = c.command.trace.as_deref();
     if !baton_commands::trace::propagation_installed() {
         return stored.cloned();
     }
