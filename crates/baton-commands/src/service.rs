@@ -386,7 +386,7 @@ pub(crate) async fn prepare(ctx: &Ctx, msg: &CommandMsg) -> Result<Prepared, Com
 async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -> Result<Decision, CommandError> {
     let (st, is_execute) = match prepare(ctx, msg).await? {
         Prepared::Settle(d) => return Ok(d),
-        Prepared::Call { st, is_execute } => (*st, is_execute),
+        Prepared::Call { st, is_execute } => (st, is_execute),
     };
     // A child of the submit's span (the state's trace context), in whichever process this runs.
     let span = tracing::info_span!(
@@ -409,9 +409,12 @@ async fn call_handler(
     msg: &CommandMsg,
     lease: &Lease,
     deliveries: u32,
-    st: CommandState,
+    st: Box<CommandState>,
     is_execute: bool,
 ) -> Result<Decision, CommandError> {
+    // Boxed into this call: a state held by value would take its room in this future for the
+    // whole call (an argument's place is never reused).
+    let st = *st;
     let backend = &ctx.store.inner.backend;
     let Some(handler) = ctx.handlers.get(&st.command_type).cloned() else {
         let err = format!("no handler for command type {:?} on queue {:?}", st.command_type, ctx.queue);
