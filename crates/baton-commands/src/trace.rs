@@ -84,8 +84,8 @@ pub struct Propagation {
     /// Makes the span a child of the context (called right after the span is created, before
     /// anything runs in it).
     pub set_parent: fn(&tracing::Span, &TraceContext),
-    /// The context of the current span, `None` when there is none (or it is not sampled).
-    pub current: fn() -> Option<TraceContext>,
+    /// The context of a span (whether entered or not), `None` when it has none.
+    pub context_of: fn(&tracing::Span) -> Option<TraceContext>,
 }
 
 static PROPAGATION: OnceLock<Propagation> = OnceLock::new();
@@ -111,7 +111,15 @@ pub fn set_parent(span: &tracing::Span, cx: Option<&TraceContext>) {
 
 /// The current span's context when a propagation is installed, else `None`.
 pub fn current() -> Option<TraceContext> {
-    PROPAGATION.get().and_then(|p| (p.current)())
+    PROPAGATION.get().and_then(|p| (p.context_of)(&tracing::Span::current()))
+}
+
+/// `span`'s context when a propagation is installed and the span is enabled, else `None`.
+pub fn context_of(span: &tracing::Span) -> Option<TraceContext> {
+    match PROPAGATION.get() {
+        Some(p) if !span.is_disabled() => (p.context_of)(span),
+        _ => None,
+    }
 }
 
 /// The context to send downstream from inside a command's handler: the current span's when span

@@ -111,7 +111,7 @@ pub fn init(format: LogFormat, otlp: Option<&OtlpConfig>) -> Result<Telemetry, S
         LogFormat::Text { ansi } => fmt_text(ansi).with_filter(env_filter().and(not_trace_spans())).boxed(),
     };
     tracing_subscriber::registry().with(vec![spans, logs]).init();
-    baton_commands::trace::set_propagation(Propagation { set_parent, current });
+    baton_commands::trace::set_propagation(Propagation { set_parent, context_of });
     Ok(Telemetry { provider: Some(provider) })
 }
 
@@ -189,8 +189,8 @@ fn set_parent(span: &tracing::Span, cx: &TraceContext) {
     }
 }
 
-fn current() -> Option<TraceContext> {
-    let cx = tracing::Span::current().context();
+fn context_of(span: &tracing::Span) -> Option<TraceContext> {
+    let cx = span.context();
     if !cx.span().span_context().is_valid() {
         return None;
     }

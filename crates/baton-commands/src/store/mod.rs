@@ -324,14 +324,9 @@ impl CommandStore {
     /// the command's trace context). The state keeps the submit span's context when spans are
     /// exported, else the command's own ([`Command::with_trace_context`]).
     ///
-    /// (A plain function returning the future, not an `async fn`: the span wraps the submit's
-    /// future without a generator of its own, so nothing grows when spans are off.)
-    pub fn submit_created<'a>(
-        &'a self,
-        queue: &'a str,
-        command: Command,
-    ) -> impl std::future::Future<Output = Result<(CommandState, bool), CommandError>> + 'a {
-        use tracing::Instrument;
+    /// (The span is not entered: it has no spans of ours below it, and it is held, not wrapped
+    /// around the future, so nothing is copied or grows when spans are off.)
+    pub async fn submit_created(&self, queue: &str, command: Command) -> Result<(CommandState, bool), CommandError> {
         let span = tracing::info_span!(
             target: crate::trace::SPAN_TARGET,
             "baton.submit",
@@ -342,10 +337,6 @@ impl CommandStore {
         if !span.is_disabled() && crate::trace::current().is_none() {
             crate::trace::set_parent(&span, command.trace.as_deref());
         }
-        self.submit_inner(queue, command).instrument(span)
-    }
-
-    async fn submit_inner(&self, queue: &str, command: Command) -> Result<(CommandState, bool), CommandError> {
         validate_queue(queue)?;
         validate_id(&command.id)?;
         validate_type(&command.command_type)?;
@@ -411,7 +402,7 @@ impl CommandStore {
             run_at: command.run_at,
             concurrency_key: command.concurrency_key.clone(),
             priority: command.priority,
-            trace: crate::trace::current().map(Box::new).or_else(|| command.trace.clone()),
+            trace: crate::trace::context_of(&span).map(Box::new).or_else(|| command.trace.clone()),
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,
@@ -1255,18 +1246,17 @@ impl CommandStore {
     /// `event` (its kind, and for `retry_scheduled` the delay in ms), a successful write appends
     /// it to the home queue's feed in the same step, unless that feed is off. On success the
     /// hub hears of it; `Err(latest)` on a conflict.
-    pub(crate) fn write_for<'a>(
-        &'a self,
+    pub(crate) async fn write_for(
+        &self,
         old: CommandStatus,
         new: CommandState,
-        enqueue: Option<(&'a str, &'a CommandMsg)>,
-        delivery: Option<&'a DeliveryRef>,
+        enqueue: Option<(&str, &CommandMsg)>,
+        delivery: Option<&DeliveryRef>,
         event: Option<(EventKind, Option<u64>)>,
-    ) -> impl std::future::Future<Output = Result<(Result<CommandState, Option<CommandState>>, bool), CommandError>> + 'a
-    {
-        // Not an `async fn`: the span wraps the write's future without a generator of its own
-        // (no copy of `new` in one), so nothing grows when spans are off.
-        let span = tracing::info_span!(
+    ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
+        // Held, not entered (no spans of ours below it): nothing is copied or grows when spans
+        // are off. It ends when this returns.
+        let _span = tracing::info_span!(
             target: crate::trace::SPAN_TARGET,
             "baton.transition",
             baton.queue = %new.queue,
@@ -1275,17 +1265,6 @@ impl CommandStore {
             baton.status.to = %new.status,
             baton.version = new.version,
         );
-        tracing::Instrument::instrument(self.write_for_inner(old, new, enqueue, delivery, event), span)
-    }
-
-    async fn write_for_inner(
-        &self,
-        old: CommandStatus,
-        new: CommandState,
-        enqueue: Option<(&str, &CommandMsg)>,
-        delivery: Option<&DeliveryRef>,
-        event: Option<(EventKind, Option<u64>)>,
-    ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
         let append = self.feed_append(event, &new);
         let home = append.as_ref().map(|_| new.queue.clone());
         let hook = self.hook_delivery(&new);
