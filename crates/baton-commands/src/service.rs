@@ -971,23 +971,15 @@ impl Holder<'_> {
 }
 
 /// After a hand-off's state write: enqueue on the target (unless done atomically), then ack.
-fn handoff_tail<'a>(
-    ctx: &'a Ctx,
-    target: &'a str,
-    m: &'a CommandMsg,
-    atomic: bool,
-) -> impl std::future::Future<Output = Result<Decision, CommandError>> + 'a {
-    let span = tracing::info_span!(
+async fn handoff_tail(ctx: &Ctx, target: &str, m: &CommandMsg, atomic: bool) -> Result<Decision, CommandError> {
+    // Held, not entered (no spans of ours below it); it ends when this returns.
+    let _span = tracing::info_span!(
         target: crate::trace::SPAN_TARGET,
         "baton.handoff",
         baton.queue = %ctx.queue,
         baton.command.id = %m.id,
         baton.handoff.target = %target,
     );
-    tracing::Instrument::instrument(handoff_enqueue(ctx, target, m, atomic), span)
-}
-
-async fn handoff_enqueue(ctx: &Ctx, target: &str, m: &CommandMsg, atomic: bool) -> Result<Decision, CommandError> {
     let fp = &ctx.settings.fail_points;
     if fp.crash_after_handoff_state {
         return Ok(Decision::Retry);

@@ -10,7 +10,7 @@
 //! A command keeps the W3C trace context it was submitted under ([`TraceContext`],
 //! [`crate::Command::with_trace_context`], stored with its state as `trace`), so that
 //! `baton.dispatch` in any process is a child of the submit's span: the program installs a
-//! [`Propagation`] that turns a [`TraceContext`] into a span's parent and the current span into
+//! [`Propagation`] that turns a [`TraceContext`] into a span's parent and a span into
 //! a [`TraceContext`]. This crate does not depend on OpenTelemetry.
 
 use std::sync::OnceLock;
