@@ -324,6 +324,7 @@ mod remote;
 pub mod schedules;
 mod service;
 mod store;
+pub mod trace;
 
 use std::time::Duration;
 

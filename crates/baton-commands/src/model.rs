@@ -56,6 +56,9 @@ pub struct Command {
     /// [`Command::with_priority`].
     #[serde(skip)]
     pub(crate) priority: i8,
+    /// [`Command::with_trace_context`].
+    #[serde(skip)]
+    pub(crate) trace: Option<Box<crate::trace::TraceContext>>,
 }
 
 /// The time `delay` from now, as [`Command::with_delay`] schedules it: a delay too large for the
@@ -90,7 +93,23 @@ impl Command {
             run_at_from_delay: false,
             concurrency_key: None,
             priority: 0,
+            trace: None,
         }
+    }
+
+    /// The W3C trace context the command is submitted under (e.g. the submit request's
+    /// `traceparent`): stored with its state ([`CommandState::trace`]) so that its handler
+    /// calls, in any process, are traced as children of it ([`crate::trace`]), and handed to
+    /// its handlers ([`Command::trace_context`]). Not part of the idempotent body.
+    pub fn with_trace_context(mut self, trace: crate::trace::TraceContext) -> Self {
+        self.trace = Some(Box::new(trace));
+        self
+    }
+
+    /// The command's trace context ([`Command::with_trace_context`]; on a handler's delivery,
+    /// the stored one), if any.
+    pub fn trace_context(&self) -> Option<&crate::trace::TraceContext> {
+        self.trace.as_deref()
     }
 
     /// The command's concurrency key: on a queue whose workers run with `concurrency_per_key`
@@ -542,6 +561,12 @@ pub struct CommandState {
     /// form when 0.
     #[serde(default)]
     pub priority: i8,
+    /// The W3C trace context it was submitted under ([`Command::with_trace_context`]; with span
+    /// export on, the `baton.submit` span's); stored as `trace`, absent without one, and not in
+    /// the public form.
+    /// (Boxed: a state without one, the common case, stays one pointer larger.)
+    #[serde(default)]
+    pub trace: Option<Box<crate::trace::TraceContext>>,
     /// Redis: SHA-1 (hex) of the canonical submitted body, kept in the stored header (not in
     /// the JSON) for idempotent resubmits; carried here so a write can rebuild the header.
     #[serde(skip)]
@@ -734,6 +759,8 @@ pub(crate) struct StoredState<'a> {
     concurrency_key: &'a Option<String>,
     #[serde(skip_serializing_if = "is_zero_i8")]
     priority: i8,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace: &'a Option<Box<crate::trace::TraceContext>>,
     #[serde(rename = "_token")]
     token: &'a str,
     #[serde(rename = "_prev_token", skip_serializing_if = "Option::is_none")]
@@ -767,6 +794,7 @@ impl<'a> From<&'a CommandState> for StoredState<'a> {
             run_at: &st.run_at,
             concurrency_key: &st.concurrency_key,
             priority: st.priority,
+            trace: &st.trace,
             token: &st.token,
             prev_token: st.prev_token.as_deref(),
             lookup_expires_ms: st.lookup_expires_ms,
@@ -813,6 +841,7 @@ impl CommandState {
     pub fn command(&self) -> Command {
         let mut c = Command::with_id(self.id.clone(), self.command_type.clone(), self.params.clone());
         c.details = self.details.clone();
+        c.trace = self.trace.clone();
         c
     }
 }

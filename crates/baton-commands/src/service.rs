@@ -384,11 +384,38 @@ pub(crate) async fn prepare(ctx: &Ctx, msg: &CommandMsg) -> Result<Prepared, Com
 }
 
 async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -> Result<Decision, CommandError> {
-    let backend = &ctx.store.inner.backend;
     let (st, is_execute) = match prepare(ctx, msg).await? {
         Prepared::Settle(d) => return Ok(d),
-        Prepared::Call { st, is_execute } => (*st, is_execute),
+        Prepared::Call { st, is_execute } => (st, is_execute),
     };
+    // A child of the submit's span (the state's trace context), in whichever process this runs.
+    let span = tracing::info_span!(
+        target: crate::trace::SPAN_TARGET,
+        "baton.dispatch",
+        baton.queue = %ctx.queue,
+        baton.command.id = %st.id,
+        baton.command.type = %st.command_type,
+        baton.deliveries = deliveries,
+        baton.worker = %lease.consumer(),
+    );
+    crate::trace::set_parent(&span, st.trace.as_deref());
+    tracing::Instrument::instrument(call_handler(ctx, msg, lease, deliveries, st, is_execute), span).await
+}
+
+/// Step 3 of the module docs for a prepared delivery: the handler call and the write of its
+/// outcome (inside `baton.dispatch`).
+async fn call_handler(
+    ctx: &Arc<Ctx>,
+    msg: &CommandMsg,
+    lease: &Lease,
+    deliveries: u32,
+    st: Box<CommandState>,
+    is_execute: bool,
+) -> Result<Decision, CommandError> {
+    // Boxed into this call: a state held by value would take its room in this future for the
+    // whole call (an argument's place is never reused).
+    let st = *st;
+    let backend = &ctx.store.inner.backend;
     let Some(handler) = ctx.handlers.get(&st.command_type).cloned() else {
         let err = format!("no handler for command type {:?} on queue {:?}", st.command_type, ctx.queue);
         let failed = Outcome::Result(CommandResult::Failed(err));
@@ -423,13 +450,21 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
     let stop = tokio_util::sync::CancellationToken::new();
     // Also when this future is dropped mid-call: the writer never outlives the call.
     let _stop_on_drop = stop.clone().drop_guard();
-    let call = async {
-        if is_execute {
-            handler.execute(command).await
-        } else {
-            handler.check_status(command, check_state.expect("a check_status call")).await
-        }
+    let call_span = if is_execute {
+        tracing::info_span!(target: crate::trace::SPAN_TARGET, "baton.execute", baton.command.id = %msg.id, baton.command.type = %command.command_type)
+    } else {
+        tracing::info_span!(target: crate::trace::SPAN_TARGET, "baton.check_status", baton.command.id = %msg.id, baton.command.type = %command.command_type)
     };
+    let call = tracing::Instrument::instrument(
+        async {
+            if is_execute {
+                handler.execute(command).await
+            } else {
+                handler.check_status(command, check_state.expect("a check_status call")).await
+            }
+        },
+        call_span,
+    );
     let call = std::panic::AssertUnwindSafe(call).catch_unwind();
     tokio::pin!(call);
     // Most calls end within the first interval: they never start a writer (one timer each).
@@ -461,6 +496,13 @@ async fn run(ctx: &Arc<Ctx>, msg: &CommandMsg, lease: &Lease, deliveries: u32) -
         Ok(Err(e)) => Outcome::Error(error_text(&e)),
         Err(p) => Outcome::Error(format!("handler panicked: {}", panic_text(&*p))),
     };
+    tracing::debug!(
+        queue = %ctx.queue,
+        command = %msg.id,
+        call = if is_execute { "execute" } else { "check_status" },
+        returned = matches!(outcome, Outcome::Result(_)),
+        "handler call ended"
+    );
     drop(_running);
     // The report writer ends after its write in flight (if any), so that the outcome is written
     // on the latest state, with the last report.
@@ -930,6 +972,14 @@ impl Holder<'_> {
 
 /// After a hand-off's state write: enqueue on the target (unless done atomically), then ack.
 async fn handoff_tail(ctx: &Ctx, target: &str, m: &CommandMsg, atomic: bool) -> Result<Decision, CommandError> {
+    // Held, not entered (no spans of ours below it); it ends when this returns.
+    let _span = tracing::info_span!(
+        target: crate::trace::SPAN_TARGET,
+        "baton.handoff",
+        baton.queue = %ctx.queue,
+        baton.command.id = %m.id,
+        baton.handoff.target = %target,
+    );
     let fp = &ctx.settings.fail_points;
     if fp.crash_after_handoff_state {
         return Ok(Decision::Retry);

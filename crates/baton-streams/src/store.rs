@@ -374,13 +374,24 @@ impl StreamStore {
         self.write(path, req, None).await
     }
 
-    /// [`StreamStore::append`], with a [`WriteSpec::fence`] when given.
+    /// [`StreamStore::append`], with a [`WriteSpec::fence`] when given, in a
+    /// `baton.stream.append` span (target `baton::trace`: exported only when the program
+    /// exports spans, next to free otherwise).
     async fn write(
         &self,
         path: &StreamPath,
         req: AppendRequest,
         fence: Option<(String, Option<u64>)>,
     ) -> Result<Appended> {
+        // Held, not entered (no spans of ours below it): nothing is copied or grows when spans
+        // are off. It ends when this returns.
+        let _span = tracing::info_span!(
+            target: "baton::trace",
+            "baton.stream.append",
+            baton.stream = %path.as_str(),
+            baton.append.bytes = req.data.len(),
+            baton.append.close = req.close.is_some(),
+        );
         if let Some(p) = &req.producer {
             if p.id.is_empty() {
                 return Err(StreamError::invalid("Producer-Id must not be empty"));

@@ -25,6 +25,7 @@
 //! |---|---|
 //! | [`shutdown`] | waiting for SIGTERM / ctrl-c |
 //! | [`settings`] | flags, environment, TOML: what they resolve to (queues, tokens) |
+//! | [`telemetry`] | the `tracing` subscriber: log lines, and the opt-in OTLP span export |
 //! | [`auth`] | who may do what: tokens, the caller, what a route needs |
 //! | [`webhooks`] | the delivery of the queues' completion webhooks (signed POSTs from their delivery queues) |
 //! | [`workers`] | the command services of the configured queues, and their webhook deliveries |
@@ -38,5 +39,6 @@ pub mod http;
 pub mod server;
 pub mod settings;
 pub mod shutdown;
+pub mod telemetry;
 pub mod webhooks;
 pub mod workers;

@@ -1,35 +1,76 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use baton::cli::{Cli, Command};
+use baton::cli::{Cli, ClientCommand, Command};
+use baton::settings::{ServeConfig, WorkerConfig};
+use baton::telemetry::{self, LogFormat};
 use clap::Parser;
+
+/// What this process runs, its settings resolved (one per process: its size does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Run {
+    Serve(ServeConfig),
+    Worker(WorkerConfig),
+    Client(ClientCommand),
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = || tracing_subscriber::EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| "info".into());
-    if cli.log_format.as_deref() == Some("json") {
-        tracing_subscriber::fmt().json().with_env_filter(filter()).with_writer(std::io::stderr).init();
+    let format = if cli.log_format.as_deref() == Some("json") {
+        LogFormat::Json
     } else {
         // Colours only on a terminal (and never with NO_COLOR): no escape codes in log files.
-        let ansi = baton::cli::colour(std::io::stderr().is_terminal());
-        tracing_subscriber::fmt().with_ansi(ansi).with_env_filter(filter()).with_writer(std::io::stderr).init();
-    }
-    match cli.command {
-        Command::Serve(args) => match baton::cli::serve(args).await {
+        LogFormat::Text { ansi: baton::cli::colour(std::io::stderr().is_terminal()) }
+    };
+    // Settings first: the subscriber needs `--otlp-endpoint`. Resolving logs nothing.
+    let run = match cli.command {
+        Command::Serve(args) => match args.resolve() {
+            Ok(cfg) => Run::Serve(cfg),
+            Err(e) => {
+                eprintln!("baton serve: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        Command::Worker(args) => match args.resolve() {
+            Ok(cfg) => Run::Worker(cfg),
+            Err(e) => {
+                eprintln!("baton worker: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        Command::Client(cmd) => Run::Client(cmd),
+    };
+    let otlp = match &run {
+        Run::Serve(cfg) => cfg.otlp.as_ref(),
+        Run::Worker(cfg) => cfg.otlp.as_ref(),
+        Run::Client(_) => None,
+    };
+    let telemetry = match telemetry::init(format, otlp) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("baton: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match run {
+        Run::Serve(cfg) => match baton::cli::serve_resolved(cfg).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("baton serve: {e}");
                 ExitCode::FAILURE
             }
         },
-        Command::Client(cmd) => baton::cli::run(cmd).await,
-        Command::Worker(args) => match baton::cli::worker(args).await {
+        Run::Client(cmd) => baton::cli::run(cmd).await,
+        Run::Worker(cfg) => match baton::cli::worker_resolved(cfg).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("baton worker: {e}");
                 ExitCode::FAILURE
             }
         },
-    }
+    };
+    // Spans still batched are exported before the process ends.
+    telemetry.shutdown().await;
+    code
 }

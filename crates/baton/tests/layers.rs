@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The crate's layers, bottom first (the table of lib.rs's docs).
-const CRATE: &[&str] = &["shutdown", "settings", "auth", "webhooks", "workers", "http", "server", "cli"];
+const CRATE: &[&str] = &["shutdown", "settings", "telemetry", "auth", "webhooks", "workers", "http", "server", "cli"];
 
 /// The files of each module made of files, bottom first (`mod.rs` is above them all).
 const INSIDE: &[(&str, &[&str])] = &[

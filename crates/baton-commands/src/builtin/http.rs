@@ -1,5 +1,7 @@
 //! `http`: a webhook handler. `execute` POSTs the command to a configured URL and the JSON reply
-//! decides the outcome; `check_status` polls the reply's status URL.
+//! decides the outcome; `check_status` polls the reply's status URL. Every request carries the
+//! W3C `traceparent` (and `tracestate`) of the call when the command has a trace context
+//! ([`crate::trace`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -273,6 +275,18 @@ impl HttpHandler {
 
     /// Sends `req`, reads a 2xx JSON reply and maps it to a result (see the type's docs).
     async fn call(&self, command: &Command, req: RequestBuilder, what: &str) -> Result<CommandResult, HandlerError> {
+        // W3C trace context: the handler call's span when spans are exported, else the
+        // command's own as submitted (`crate::trace::outgoing`); no header without either.
+        let req = match crate::trace::outgoing(command.trace_context()) {
+            Some(cx) => {
+                let req = req.header("traceparent", cx.traceparent);
+                match cx.tracestate {
+                    Some(ts) => req.header("tracestate", ts),
+                    None => req,
+                }
+            }
+            None => req,
+        };
         let work = async {
             let mut resp = req.send().await.map_err(|e| self.request_error(what, e))?;
             let status = resp.status();

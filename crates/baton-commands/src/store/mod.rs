@@ -319,7 +319,24 @@ impl CommandStore {
     /// [`CommandStore::submit`], also telling whether this call stored the command (`true`) or
     /// found it already stored with the same body (`false`), e.g. to answer 202 or 200 over HTTP.
     /// Errors: those of [`CommandStore::submit`].
+    ///
+    /// Runs in a `baton.submit` span ([`crate::trace`]; a child of the current span, or else of
+    /// the command's trace context). The state keeps the submit span's context when spans are
+    /// exported, else the command's own ([`Command::with_trace_context`]).
+    ///
+    /// (The span is not entered: it has no spans of ours below it, and it is held, not wrapped
+    /// around the future, so nothing is copied or grows when spans are off.)
     pub async fn submit_created(&self, queue: &str, command: Command) -> Result<(CommandState, bool), CommandError> {
+        let span = tracing::info_span!(
+            target: crate::trace::SPAN_TARGET,
+            "baton.submit",
+            baton.queue = %queue,
+            baton.command.id = %command.id,
+            baton.command.type = %command.command_type,
+        );
+        if !span.is_disabled() && crate::trace::current().is_none() {
+            crate::trace::set_parent(&span, command.trace.as_deref());
+        }
         validate_queue(queue)?;
         validate_id(&command.id)?;
         validate_type(&command.command_type)?;
@@ -385,6 +402,7 @@ impl CommandStore {
             run_at: command.run_at,
             concurrency_key: command.concurrency_key.clone(),
             priority: command.priority,
+            trace: crate::trace::context_of(&span).map(Box::new).or_else(|| command.trace.clone()),
             token: token.clone(),
             prev_token: None,
             lookup_expires_ms: 0,
@@ -1236,6 +1254,17 @@ impl CommandStore {
         delivery: Option<&DeliveryRef>,
         event: Option<(EventKind, Option<u64>)>,
     ) -> Result<(Result<CommandState, Option<CommandState>>, bool), CommandError> {
+        // Held, not entered (no spans of ours below it): nothing is copied or grows when spans
+        // are off. It ends when this returns.
+        let _span = tracing::info_span!(
+            target: crate::trace::SPAN_TARGET,
+            "baton.transition",
+            baton.queue = %new.queue,
+            baton.command.id = %new.id,
+            baton.status.from = %old,
+            baton.status.to = %new.status,
+            baton.version = new.version,
+        );
         let append = self.feed_append(event, &new);
         let home = append.as_ref().map(|_| new.queue.clone());
         let hook = self.hook_delivery(&new);

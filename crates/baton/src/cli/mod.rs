@@ -64,7 +64,12 @@ pub enum Command {
 
 /// `baton serve`: runs until ctrl-c or SIGTERM, then shuts down gracefully.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
-    let cfg = args.resolve()?;
+    serve_resolved(args.resolve()?).await
+}
+
+/// [`serve`] with its settings resolved already (`main` resolves them first: the log and trace
+/// setup needs `--otlp-endpoint`).
+pub async fn serve_resolved(cfg: crate::settings::ServeConfig) -> Result<(), String> {
     let backend = cfg.backend.clone();
     // Before the workers start: a signal during startup shuts down (drains) once started.
     let mut signal = ShutdownSignal::listen()?;
@@ -92,7 +97,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
 /// The signal handlers are installed before anything starts: a signal during startup is kept
 /// and shuts the worker down once started.
 pub async fn worker(args: WorkerArgs) -> Result<(), String> {
-    let cfg = args.resolve()?;
+    worker_resolved(args.resolve()?).await
+}
+
+/// [`worker`] with its settings resolved already.
+pub async fn worker_resolved(cfg: crate::settings::WorkerConfig) -> Result<(), String> {
     let mut signal = ShutdownSignal::listen()?;
     let worker = Worker::start(&cfg).await?;
     let default_note = if cfg.queues_defaulted { " (the built-in default: no [queues] configured)" } else { "" };

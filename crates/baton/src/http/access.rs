@@ -89,7 +89,23 @@ fn forbidden(message: String) -> Response {
 }
 
 /// The layer (module docs).
+///
+/// When spans are exported, the request's span (made by the edge layer, not entered yet) learns
+/// its route here and the rest of the request runs in it.
 pub async fn layer(State(guard): State<Guard>, req: Request, next: Next) -> Response {
+    let span = req.extensions().get::<super::edge::RequestSpan>().cloned();
+    match span {
+        None => checked(guard, req, next).await,
+        Some(span) => {
+            if let Some(route) = req.extensions().get::<axum::extract::MatchedPath>() {
+                span.route(req.method(), route.as_str());
+            }
+            tracing::Instrument::instrument(checked(guard, req, next), span.0).await
+        }
+    }
+}
+
+async fn checked(guard: Guard, req: Request, next: Next) -> Response {
     let (mut parts, body) = req.into_parts();
     let (mut query_token, cleaned) = take_query_token(&parts.uri);
     if let Some(u) = cleaned {

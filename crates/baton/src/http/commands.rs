@@ -307,8 +307,12 @@ pub async fn submit(
     let entry = api.queue(&queue)?;
     let (parts, body) = req.into_parts();
     let body = read_body(body, &parts.headers, &body_limit(api.max_body())).await?;
-    let command = parse_submit(&body)?;
+    let mut command = parse_submit(&body)?;
     validate_id(&command.id)?;
+    // The caller's W3C trace context goes with the command (docs/operations.md, "Tracing").
+    if let Some(cx) = super::headers::trace_context(&parts.headers) {
+        command = command.with_trace_context(cx);
+    }
     if !entry.handlers.is_empty() {
         let Some(h) = entry.handlers.get(&command.command_type) else {
             let types: Vec<&str> = entry.handlers.keys().map(String::as_str).collect();

@@ -72,9 +72,42 @@ pub(crate) fn status_label(s: StatusCode) -> metrics::SharedString {
     code.into()
 }
 
-pub async fn layer(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Response {
+/// The span of one request (`http.request`, target `baton::trace`), in the request's extensions
+/// when spans are exported, so that the auth layer (a route layer, which knows the matched route)
+/// can name it before it enters it. A request no route matches (404) or refused here (431) keeps
+/// the name `<METHOD>`.
+#[derive(Clone)]
+pub struct RequestSpan(pub tracing::Span);
+
+impl RequestSpan {
+    /// Records the route template (`/v1/queues/{queue}/commands`) as `http.route` and names the
+    /// span `<METHOD> <route>`.
+    pub fn route(&self, method: &axum::http::Method, route: &str) {
+        self.0.record("http.route", route);
+        self.0.record("otel.name", format!("{method} {route}"));
+    }
+}
+
+pub async fn layer(State(edge): State<Arc<Edge>>, mut req: Request, next: Next) -> Response {
     let header_bytes: usize = req.headers().iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
     let method = method_label(req.method());
+    // Disabled (and free) unless spans are exported (`--otlp-endpoint`).
+    let span = tracing::info_span!(
+        target: baton_commands::trace::SPAN_TARGET,
+        "http.request",
+        otel.name = %req.method(),
+        otel.kind = "server",
+        http.request.method = %req.method(),
+        url.path = %req.uri().path(),
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    if !span.is_disabled() {
+        let cx = super::headers::trace_context(req.headers());
+        baton_commands::trace::set_parent(&span, cx.as_ref());
+        req.extensions_mut().insert(RequestSpan(span.clone()));
+    }
     let mut res = if header_bytes > edge.max_header_bytes {
         ApiError::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -83,8 +116,16 @@ pub async fn layer(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> R
         )
         .into_response()
     } else {
+        // Entered by the auth layer once the route is known (a span's name is fixed when it is
+        // first entered).
         next.run(req).await
     };
+    if !span.is_disabled() {
+        span.record("http.response.status_code", res.status().as_u16());
+        if res.status().is_server_error() {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
     let h = res.headers_mut();
     h.insert(NOSNIFF.0, NOSNIFF.1);
     h.insert(CORP.0, CORP.1);

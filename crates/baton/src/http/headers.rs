@@ -338,6 +338,15 @@ pub fn fork_offset(value: &str) -> Result<Offset, ApiError> {
     }
 }
 
+/// The W3C trace context of a request: its `traceparent` (and `tracestate`) headers, when the
+/// `traceparent` is well formed ([`baton_commands::trace::TraceContext::parse`]); `None`
+/// otherwise (a malformed one is ignored, as the W3C recommends).
+pub fn trace_context(headers: &axum::http::HeaderMap) -> Option<baton_commands::trace::TraceContext> {
+    let tp = headers.get("traceparent")?.to_str().ok()?;
+    let ts = headers.get("tracestate").and_then(|v| v.to_str().ok());
+    baton_commands::trace::TraceContext::parse(tp, ts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@
 //!
 //! | Route | Body | Success | Errors |
 //! |---|---|---|---|
-//! | `POST /v1/queues/{queue}/workers/{worker}/claim` | `{"max"?: 1..=100 (1), "wait"?: duration ("0s"), cut to the long-poll timeout}` | `200 {"leases": [{"lease", "call": "execute"\|"check_status", "command": state, "deliveries", "lease_timeout_ms", "output"?: {"stream", "url", "content_type", "producer_id"?, "producer_epoch"?}}]}` (empty when nothing came within `wait`, or the server shuts down) | `400` body / worker name, `404` queue, `503` all live-reader slots taken (a `wait` holds one) |
+//! | `POST /v1/queues/{queue}/workers/{worker}/claim` | `{"max"?: 1..=100 (1), "wait"?: duration ("0s"), cut to the long-poll timeout}` | `200 {"leases": [{"lease", "call": "execute"\|"check_status", "command": state, "deliveries", "lease_timeout_ms", "output"?: {"stream", "url", "content_type", "producer_id"?, "producer_epoch"?}, "traceparent"?, "tracestate"?}]}` (empty when nothing came within `wait`, or the server shuts down) | `400` body / worker name, `404` queue, `503` all live-reader slots taken (a `wait` holds one) |
 //! | `POST /v1/queues/{queue}/workers/{worker}/renew` | `{"leases": [lease or {"lease", "progress"?: {"fraction"?: 0..=1, "message"?: string ≤ 1 KiB}, "details"?: any JSON ≤ 64 KiB}…]}` (at most 1000; a report is written into the command's state while the lease is held) | `200 {"leases": [{"lease", "state": "held"\|"lost"\|"gone", "cancelled": bool}]}`, in the request's order | `400`, `404` |
 //! | `POST /v1/queues/{queue}/workers/{worker}/settle` | `{"lease", "outcome", "result"?, "error"?, "next_check"?, "queue"?}`, or `{"settlements": [that…]}` (1..=1000) | `200 {"applied": bool, "command": state\|null}`; many: `200 {"settlements": [{"lease", "applied", "command"} \| {"lease", "error", "message"}]}` | `400` body (naming the item) / lease token / hand-off target, `404`, `409 lease_lost` (one settlement) |
 //!
@@ -151,6 +151,40 @@ struct Lease<'a> {
     lease_timeout_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     output: Option<LeaseOutput>,
+    /// The W3C trace context the worker continues (docs/operations.md, "Tracing"): with span
+    /// export on, this claim's `baton.dispatch` span's; else the command's as submitted. Absent
+    /// when the command has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tracestate: Option<String>,
+}
+
+/// The trace context handed to the worker of a claim: a `baton.dispatch` span (child of the
+/// command's trace context, ended at once: the worker's own spans continue it) when spans are
+/// exported, else the command's own.
+fn claim_trace(
+    queue: &str,
+    worker: &str,
+    c: &baton_commands::RemoteClaim,
+) -> Option<baton_commands::trace::TraceContext> {
+    let stored = c.command.trace.as_deref();
+    if !baton_commands::trace::propagation_installed() {
+        return stored.cloned();
+    }
+    let span = tracing::info_span!(
+        target: baton_commands::trace::SPAN_TARGET,
+        "baton.dispatch",
+        baton.queue = %queue,
+        baton.command.id = %c.command.id,
+        baton.command.type = %c.command.command_type,
+        baton.deliveries = c.deliveries,
+        baton.worker = %worker,
+        baton.remote = true,
+    );
+    baton_commands::trace::set_parent(&span, stored);
+    let _in = span.enter();
+    baton_commands::trace::outgoing(stored)
 }
 
 /// A claimed command's output stream, for its worker to append to: the link, and the producer
@@ -249,7 +283,8 @@ pub async fn claim(
     let timeout_ms = remote.claim_timeout().as_millis() as u64;
     let leases: Vec<Lease> = claims
         .iter()
-        .map(|c| Lease {
+        .map(|c| (c, claim_trace(&queue, &worker, c)))
+        .map(|(c, cx)| Lease {
             lease: &c.lease,
             call: match c.call {
                 RemoteCall::Execute => "execute",
@@ -259,6 +294,8 @@ pub async fn claim(
             deliveries: c.deliveries,
             lease_timeout_ms: timeout_ms,
             output: lease_output(c),
+            traceparent: cx.as_ref().map(|cx| cx.traceparent.clone()),
+            tracestate: cx.and_then(|cx| cx.tracestate),
         })
         .collect();
     if !leases.is_empty() {

@@ -121,6 +121,14 @@ pub struct ServeArgs {
     /// the delivery over [default: 10s].
     #[arg(long, env = "BATON_SUBSCRIPTION_CLAIM_TIMEOUT", value_parser = parse_duration)]
     pub subscription_claim_timeout: Option<Duration>,
+    /// Export trace spans over OTLP/HTTP (protobuf) to this collector, e.g.
+    /// `http://127.0.0.1:4318` (spans are POSTed to `<url>/v1/traces`); off when unset
+    /// (docs/operations.md, "Tracing").
+    #[arg(long, env = "BATON_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// With --otlp-endpoint: the `service.name` of the exported spans [default: baton].
+    #[arg(long, env = "BATON_OTLP_SERVICE_NAME")]
+    pub otlp_service_name: Option<String>,
     /// A bearer token with every operation on every stream and queue (environment only; more
     /// tokens with scopes in the TOML file's [[tokens]]).
     #[arg(long = "admin-token", env = "BATON_ADMIN_TOKEN", hide = true, hide_env_values = true)]
@@ -158,6 +166,14 @@ pub struct WorkerArgs {
     /// (`localhost`, 127/8, `::1`), over `http` too; for local development and tests.
     #[arg(long, env = "BATON_ALLOW_LOOPBACK_WEBHOOKS")]
     pub allow_loopback_webhooks: bool,
+    /// Export trace spans over OTLP/HTTP (protobuf) to this collector, e.g.
+    /// `http://127.0.0.1:4318` (spans are POSTed to `<url>/v1/traces`); off when unset
+    /// (docs/operations.md, "Tracing").
+    #[arg(long, env = "BATON_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// With --otlp-endpoint: the `service.name` of the exported spans [default: baton].
+    #[arg(long, env = "BATON_OTLP_SERVICE_NAME")]
+    pub otlp_service_name: Option<String>,
 }
 
 /// The same keys in a TOML file.
@@ -197,6 +213,8 @@ struct FileConfig {
     public_url: Option<String>,
     allow_loopback_webhooks: Option<bool>,
     subscription_claim_timeout: Option<String>,
+    otlp_endpoint: Option<String>,
+    otlp_service_name: Option<String>,
     queues: Option<BTreeMap<String, QueueFile>>,
     tokens: Option<Vec<TokenFile>>,
 }
@@ -329,6 +347,44 @@ pub struct ServeConfig {
     pub allow_loopback_webhooks: bool,
     /// Claim timeout of the subscription delivery queue.
     pub subscription_claim_timeout: Duration,
+    /// Where trace spans are exported, if anywhere (`--otlp-endpoint`).
+    pub otlp: Option<OtlpConfig>,
+}
+
+/// Where and as what trace spans are exported over OTLP/HTTP (`--otlp-endpoint`,
+/// `--otlp-service-name`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OtlpConfig {
+    /// The full URL spans are POSTed to: the endpoint without a trailing `/`, plus `/v1/traces`.
+    pub traces_url: String,
+    /// The `service.name` resource attribute (default `baton`).
+    pub service_name: String,
+}
+
+/// The OTLP settings from a flag (or its variable) over the file's key; `None` when no endpoint
+/// is set. Errors: an endpoint that is not an absolute `http(s)` URL with a host, or an empty
+/// service name; the message names the flag and the key.
+fn otlp_config(
+    endpoint: Option<String>,
+    service_name: Option<String>,
+    file: &FileConfig,
+) -> Result<Option<OtlpConfig>, String> {
+    let Some(ep) = endpoint.or_else(|| file.otlp_endpoint.clone()) else { return Ok(None) };
+    let ep = ep.trim();
+    let ok = url::Url::parse(ep)
+        .is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host_str().is_some_and(|h| !h.is_empty()));
+    if !ok {
+        return Err(format!(
+            "--otlp-endpoint (otlp_endpoint) must be an absolute http(s) URL such as http://127.0.0.1:4318 (got {ep:?})"
+        ));
+    }
+    let service_name = service_name.or_else(|| file.otlp_service_name.clone()).unwrap_or_else(|| "baton".into());
+    if service_name.trim().is_empty() {
+        return Err("--otlp-service-name (otlp_service_name) must not be empty".into());
+    }
+    let base = ep.trim_end_matches('/');
+    let traces_url = if base.ends_with("/v1/traces") { base.to_string() } else { format!("{base}/v1/traces") };
+    Ok(Some(OtlpConfig { traces_url, service_name: service_name.trim().to_string() }))
 }
 
 impl Default for ServeConfig {
@@ -355,6 +411,7 @@ impl Default for ServeConfig {
             public_url: None,
             allow_loopback_webhooks: false,
             subscription_claim_timeout: Duration::from_secs(10),
+            otlp: None,
         }
     }
 }
@@ -371,6 +428,7 @@ impl ServeArgs {
             None => FileConfig::default(),
         };
         let d = ServeConfig::default();
+        let otlp = otlp_config(self.otlp_endpoint, self.otlp_service_name, &file)?;
         let dur =
             |flag: Option<Duration>, file: Option<String>, key: &str, def: Duration| -> Result<Duration, String> {
                 match (flag, file) {
@@ -493,6 +551,7 @@ impl ServeArgs {
                 "subscription_claim_timeout",
                 d.subscription_claim_timeout,
             )?,
+            otlp,
         };
         if cfg.subscription_claim_timeout.is_zero() {
             return Err("subscription_claim_timeout must be greater than zero".into());
@@ -541,6 +600,8 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// Accept loopback completion webhook URLs.
     pub allow_loopback_webhooks: bool,
+    /// Where trace spans are exported, if anywhere (`--otlp-endpoint`).
+    pub otlp: Option<OtlpConfig>,
     /// The completion webhook of every configured queue that has one, `--queues` or not: this
     /// process's terminal writes of their commands (a hand-off to a queue worked here ends a
     /// command homed in another) enqueue their deliveries.
@@ -560,6 +621,8 @@ impl WorkerArgs {
             idle_timeout: self.idle_timeout,
             max_connections: self.max_connections,
             allow_loopback_webhooks: self.allow_loopback_webhooks,
+            otlp_endpoint: self.otlp_endpoint,
+            otlp_service_name: self.otlp_service_name,
             ..Default::default()
         }
         .resolve()?;
@@ -591,6 +654,7 @@ impl WorkerArgs {
             connections: serve.connections,
             shutdown_grace: serve.shutdown_grace,
             allow_loopback_webhooks: serve.allow_loopback_webhooks,
+            otlp: serve.otlp,
             webhooks,
         })
     }
@@ -629,6 +693,26 @@ mod tests {
         }
         let args = ServeArgs { public_url: Some("https://baton.example.com/".into()), ..Default::default() };
         assert_eq!(args.resolve().unwrap().public_url.as_deref(), Some("https://baton.example.com"));
+    }
+
+    #[test]
+    fn otlp_endpoint_is_checked_and_gets_the_traces_path() {
+        assert_eq!(ServeArgs::default().resolve().unwrap().otlp, None, "off by default");
+        let args = ServeArgs { otlp_endpoint: Some("http://127.0.0.1:4318/".into()), ..Default::default() };
+        let want = OtlpConfig { traces_url: "http://127.0.0.1:4318/v1/traces".into(), service_name: "baton".into() };
+        assert_eq!(args.resolve().unwrap().otlp, Some(want));
+        let args = ServeArgs {
+            otlp_endpoint: Some("https://otel.example.com/v1/traces".into()),
+            otlp_service_name: Some("edge".into()),
+            ..Default::default()
+        };
+        let otlp = args.resolve().unwrap().otlp.unwrap();
+        assert_eq!(
+            (otlp.traces_url.as_str(), otlp.service_name.as_str()),
+            ("https://otel.example.com/v1/traces", "edge")
+        );
+        let args = ServeArgs { otlp_endpoint: Some("127.0.0.1:4318".into()), ..Default::default() };
+        assert!(args.resolve().unwrap_err().starts_with("--otlp-endpoint (otlp_endpoint) must be"));
     }
 
     #[test]
