@@ -15,7 +15,7 @@ const CRATE: &[&str] = &["shutdown", "settings", "telemetry", "auth", "webhooks"
 
 /// The files of each module made of files, bottom first (`mod.rs` is above them all).
 const INSIDE: &[(&str, &[&str])] = &[
-    ("settings", &["values", "tokens", "queues"]),
+    ("settings", &["values", "redis", "tokens", "queues"]),
     (
         "http",
         &[

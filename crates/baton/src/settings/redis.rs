@@ -52,7 +52,7 @@ pub struct RedisArgs {
     #[arg(long, env = "BATON_REDIS_WAIT_REPLICAS")]
     pub redis_wait_replicas: Option<u32>,
     /// With --redis-wait-replicas: how long to wait for the replicas, at most 4s [default: 1s].
-    #[arg(long, env = "BATON_REDIS_WAIT_TIMEOUT", value_parser = super::parse_duration)]
+    #[arg(long, env = "BATON_REDIS_WAIT_TIMEOUT", value_parser = super::values::parse_duration)]
     pub redis_wait_timeout: Option<std::time::Duration>,
 }
 
@@ -153,7 +153,7 @@ impl RedisArgs {
         let wait_timeout = match (self.redis_wait_timeout, file.redis_wait_timeout) {
             (Some(d), _) => Some(d),
             (None, Some(text)) => {
-                Some(super::parse_duration(&text).map_err(|e| format!("config key redis_wait_timeout: {e}"))?)
+                Some(super::values::parse_duration(&text).map_err(|e| format!("config key redis_wait_timeout: {e}"))?)
             }
             (None, None) => None,
         };
