@@ -11,7 +11,7 @@ use clap::Args;
 /// the servers (none: the in-memory backend); the rest say how to reach them.
 #[derive(Args, Debug, Default, Clone)]
 pub struct RedisArgs {
-    /// Redis standalone URL: redis://[user[:password]@]host:port[/db], or rediss:// for TLS.
+    /// Redis standalone URL, e.g. redis://user:password@host:6379/0 (user, password and database optional), or rediss:// for TLS.
     /// Without it (and without --redis-cluster or --redis-sentinel) everything lives in memory.
     #[arg(long, env = "BATON_REDIS", conflicts_with_all = ["redis_cluster", "redis_sentinel"])]
     pub redis: Option<String>,
