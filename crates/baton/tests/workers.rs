@@ -338,12 +338,13 @@ fn worker_refuses_the_memory_backend_and_unknown_queues() {
         .arg("worker")
         .env_remove("BATON_REDIS")
         .env_remove("BATON_REDIS_CLUSTER")
+        .env_remove("BATON_REDIS_SENTINEL")
         .env_remove("BATON_CONFIG")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("baton worker: it needs --redis or --redis-cluster"), "{err}");
+    assert!(err.contains("baton worker: it needs --redis, --redis-cluster or --redis-sentinel"), "{err}");
     let out = Command::new(env!("CARGO_BIN_EXE_baton"))
         .args(["worker", "--redis", "redis://127.0.0.1:1", "--queues", "nope"])
         .env_remove("BATON_CONFIG")

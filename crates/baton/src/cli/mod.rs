@@ -77,7 +77,7 @@ pub async fn serve_resolved(cfg: crate::settings::ServeConfig) -> Result<(), Str
     let base = server.base_url();
     match backend {
         Storage::Memory => println!(
-            "baton serve: listening on {base} with the IN-MEMORY backend (no --redis or --redis-cluster given; data is lost on exit)"
+            "baton serve: listening on {base} with the IN-MEMORY backend (no --redis, --redis-cluster or --redis-sentinel given; data is lost on exit)"
         ),
         other => println!("baton serve: listening on {base} with {}", other.describe()),
     }
