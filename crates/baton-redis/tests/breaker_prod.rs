@@ -243,13 +243,7 @@ fn redacted_urls_hide_passwords_with_url_delimiters() {
 fn master_and_replica() -> (baton_testkit::RedisServer, baton_testkit::RedisServer) {
     let master = baton_testkit::RedisServer::start();
     let replica = baton_testkit::RedisServer::start();
-    master.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
-    replica.cli(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !replica.cli(&["INFO", "replication"]).contains("master_link_status:up") {
-        assert!(Instant::now() < deadline, "the replica did not sync");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    replica.replicate_from(&master);
     (master, replica)
 }
 

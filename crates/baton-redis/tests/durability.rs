@@ -15,13 +15,7 @@ static SET_AND_COUNT: LuaScript =
 fn master_and_replica() -> (RedisServer, RedisServer) {
     let master = RedisServer::start();
     let replica = RedisServer::start();
-    master.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
-    replica.cli(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !replica.cli(&["INFO", "replication"]).contains("master_link_status:up") {
-        assert!(Instant::now() < deadline, "the replica did not sync");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    replica.replicate_from(&master);
     (master, replica)
 }
 

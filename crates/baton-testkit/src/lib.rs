@@ -274,6 +274,28 @@ fn read_reply(r: &mut impl BufRead) -> io::Result<Result<String, String>> {
 }
 
 /// Sends one command to 127.0.0.1:`port` and returns its reply (`Err(message)` for an error reply).
+/// How many replicas the master on `port` counts as `state=online` in `INFO replication` (the
+/// replicas `WAIT` can count); 0 when it does not answer.
+fn online_replicas(port: u16) -> usize {
+    match raw_command(port, &["INFO", "replication"]) {
+        Ok(Ok(info)) => info.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count(),
+        _ => 0,
+    }
+}
+
+/// Waits until the master on 127.0.0.1:`port` counts at least `replicas` replicas online (see
+/// [`RedisServer::replicate_from`]); panics with its `INFO replication` after `timeout`.
+pub fn wait_replicas_online(port: u16, replicas: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while online_replicas(port) < replicas {
+        if Instant::now() >= deadline {
+            let info = raw_command(port, &["INFO", "replication"]);
+            panic!("master 127.0.0.1:{port}: fewer than {replicas} replicas online after {timeout:?}: {info:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn raw_command(port: u16, args: &[&str]) -> io::Result<Result<String, String>> {
     raw_command_as(port, None, args)
 }
@@ -645,6 +667,22 @@ impl RedisServer {
         if let Some(child) = &self.child {
             signal(child.id(), libc::SIGCONT);
         }
+    }
+
+    /// Makes this server a replica of `master` (`REPLICAOF`) and waits (up to 20 s) until the
+    /// replica reports `master_link_status:up` **and** the master counts it `state=online`
+    /// ([`wait_replicas_online`]): only then does `WAIT` count it (after a diskless sync the
+    /// master puts a replica online at its first `REPLCONF ACK`, up to a second after the link is
+    /// up). Makes the master's diskless sync start at once (`repl-diskless-sync-delay 0`).
+    pub fn replicate_from(&self, master: &RedisServer) {
+        master.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+        self.cli(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.cli(&["INFO", "replication"]).lines().any(|l| l.trim() == "master_link_status:up") {
+            assert!(Instant::now() < deadline, "replica {} did not sync with {}", self.port, master.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        wait_replicas_online(master.port, 1, Duration::from_secs(20));
     }
 
     /// Runs `redis-cli -h 127.0.0.1 -p PORT -e ARGS…` and returns its stdout, trimmed. Panics when

@@ -113,6 +113,8 @@ impl RedisSentinelSet {
                 }
             }
             if in_sync == replicas {
+                // And the master counts them online (what WAIT counts).
+                crate::wait_replicas_online(self.nodes[0].port(), replicas, FORM_TIMEOUT);
                 return;
             }
             if Instant::now() >= deadline {

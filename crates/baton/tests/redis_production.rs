@@ -129,13 +129,7 @@ fn serve_refuses_to_start_with_a_message_naming_the_fix() {
 async fn writes_wait_for_replicas_when_asked_and_fail_clearly_without_them() {
     let master = RedisServer::start();
     let replica = RedisServer::start();
-    master.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
-    replica.cli(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !replica.cli(&["INFO", "replication"]).contains("master_link_status:up") {
-        assert!(Instant::now() < deadline, "the replica did not sync");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    replica.replicate_from(&master);
     let server = serve(RedisArgs {
         redis: Some(master.url()),
         redis_wait_replicas: Some(1),
