@@ -34,9 +34,13 @@ async fn a_durable_write_is_on_the_replica_when_acknowledged_and_an_error_when_i
     assert_eq!(d, Some(baton_redis::Durability { replicas: 1, timeout: Duration::from_millis(300) }));
     let mut conn = client.shared().await.unwrap();
 
-    // The first call loads the script (NOSCRIPT inside the pipeline) and still waits.
+    // The first call loads the script (NOSCRIPT inside the pipeline) and still waits. A longer
+    // timeout for the writes that must succeed: a loaded CI machine can hold a replica's ack
+    // back for a while.
+    let patient = Some(baton_redis::Durability { replicas: 1, timeout: Duration::from_secs(4) });
     for i in 1..=20i64 {
-        let n: i64 = SET_AND_COUNT.query_durable(&mut conn, &cmd("{d}:k", "{d}:n", &format!("v{i}")), d).await.unwrap();
+        let n: i64 =
+            SET_AND_COUNT.query_durable(&mut conn, &cmd("{d}:k", "{d}:n", &format!("v{i}")), patient).await.unwrap();
         assert_eq!(n, i);
         // Acknowledged means the replica has it, read right away.
         assert_eq!(replica.cli(&["GET", "{d}:n"]).trim(), i.to_string());

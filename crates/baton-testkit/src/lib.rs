@@ -274,23 +274,40 @@ fn read_reply(r: &mut impl BufRead) -> io::Result<Result<String, String>> {
 }
 
 /// Sends one command to 127.0.0.1:`port` and returns its reply (`Err(message)` for an error reply).
-/// How many replicas the master on `port` counts as `state=online` in `INFO replication` (the
-/// replicas `WAIT` can count); 0 when it does not answer.
-fn online_replicas(port: u16) -> usize {
-    match raw_command(port, &["INFO", "replication"]) {
-        Ok(Ok(info)) => info.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count(),
-        _ => 0,
+/// Writes a key on the master on `port` and sends `WAIT replicas wait_ms` on the same
+/// connection: the number of replicas that confirmed the write.
+fn write_and_wait(port: u16, replicas: usize, wait_ms: u64) -> io::Result<Result<usize, String>> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2) + Duration::from_millis(wait_ms)))?;
+    let (n, ms) = (replicas.to_string(), wait_ms.to_string());
+    let req = format!(
+        "*3\r\n$3\r\nSET\r\n$22\r\nbaton-testkit:replicas\r\n$1\r\n1\r\n*3\r\n$4\r\nWAIT\r\n${}\r\n{n}\r\n${}\r\n{ms}\r\n",
+        n.len(),
+        ms.len()
+    );
+    (&stream).write_all(req.as_bytes())?;
+    let mut reader = BufReader::new(&stream);
+    if let Err(e) = read_reply(&mut reader)? {
+        return Ok(Err(e));
     }
+    Ok(read_reply(&mut reader)?.map(|n| n.parse().unwrap_or(0)))
 }
 
-/// Waits until the master on 127.0.0.1:`port` counts at least `replicas` replicas online (see
-/// [`RedisServer::replicate_from`]); panics with its `INFO replication` after `timeout`.
+/// Waits until the master on 127.0.0.1:`port` has at least `replicas` replicas that confirm a
+/// write with `WAIT` (see [`RedisServer::replicate_from`]); panics with the last answer after
+/// `timeout`. It writes the key `baton-testkit:replicas`.
 pub fn wait_replicas_online(port: u16, replicas: usize, timeout: Duration) {
     let deadline = Instant::now() + timeout;
-    while online_replicas(port) < replicas {
+    loop {
+        let last = write_and_wait(port, replicas, 200);
+        if matches!(&last, Ok(Ok(n)) if *n >= replicas) {
+            return;
+        }
         if Instant::now() >= deadline {
-            let info = raw_command(port, &["INFO", "replication"]);
-            panic!("master 127.0.0.1:{port}: fewer than {replicas} replicas online after {timeout:?}: {info:?}");
+            panic!(
+                "master 127.0.0.1:{port}: fewer than {replicas} replicas confirm writes after {timeout:?}: {last:?}"
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -670,10 +687,11 @@ impl RedisServer {
     }
 
     /// Makes this server a replica of `master` (`REPLICAOF`) and waits (up to 20 s) until the
-    /// replica reports `master_link_status:up` **and** the master counts it `state=online`
-    /// ([`wait_replicas_online`]): only then does `WAIT` count it (after a diskless sync the
-    /// master puts a replica online at its first `REPLCONF ACK`, up to a second after the link is
-    /// up). Makes the master's diskless sync start at once (`repl-diskless-sync-delay 0`).
+    /// replica reports `master_link_status:up` **and** confirms a write to `WAIT`
+    /// ([`wait_replicas_online`]): after a diskless sync the master streams commands to a replica
+    /// only from its first `REPLCONF ACK`, up to a second after the link is up (while `INFO`
+    /// already says `state=online`). Makes the master's diskless sync start at once
+    /// (`repl-diskless-sync-delay 0`).
     pub fn replicate_from(&self, master: &RedisServer) {
         master.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         self.cli(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
