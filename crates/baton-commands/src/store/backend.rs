@@ -100,6 +100,15 @@ pub(crate) enum SubmitOutcome {
     OtherQueue,
 }
 
+/// One submit of a [`StateBackend::submit_many`]: the arguments of [`StateBackend::submit`].
+#[derive(Clone, Copy)]
+pub(crate) struct SubmitItem<'a> {
+    pub state: &'a CommandState,
+    pub body: &'a str,
+    pub msg: &'a CommandMsg,
+    pub event: Option<&'a FeedAppend>,
+}
+
 /// What a reschedule found.
 pub(crate) enum Rescheduled {
     /// Written and moved; the state as stored.
@@ -134,6 +143,15 @@ pub(crate) trait StateBackend: Send + Sync + 'static {
         msg: &CommandMsg,
         event: Option<&FeedAppend>,
     ) -> Result<SubmitOutcome, CommandError>;
+    /// [`StateBackend::submit`] of each item, decided in order as alone; one outcome per item.
+    /// Default: one submit after the other. Redis: together (see `CommandStore::submit_many`).
+    async fn submit_many(&self, items: &[SubmitItem<'_>]) -> Vec<Result<SubmitOutcome, CommandError>> {
+        let mut out = Vec::with_capacity(items.len());
+        for it in items {
+            out.push(self.submit(it.state, it.body, it.msg, it.event).await);
+        }
+        out
+    }
     /// The state of `id` in `home`'s storage.
     async fn load(&self, home: &str, id: &str) -> Result<Option<CommandState>, CommandError>;
     /// Version and status of `id`'s state, its document decoded only when asked for (waiters

@@ -23,10 +23,23 @@ use crate::{
 };
 
 pub(crate) use self::backend::{
-    Cas, DeliveryRef, FeedAppend, Hub, Peeked, Rescheduled, StateBackend, SubmitOutcome, Unsub,
+    Cas, DeliveryRef, FeedAppend, Hub, Peeked, Rescheduled, StateBackend, SubmitItem, SubmitOutcome, Unsub,
 };
 pub use self::backend::{CommandStoreSettings, Lifetimes};
 pub use self::redis::RedisCommandStoreOptions;
+
+/// A submit checked and built, ready for the backend's write (see `CommandStore::submit_many`).
+struct PreparedSubmit {
+    /// The `baton.submit` span, held (not entered) until the submit's end.
+    span: tracing::Span,
+    command: Command,
+    state: CommandState,
+    body: String,
+    msg: CommandMsg,
+    /// This submit created the command's output stream.
+    made: bool,
+    event: Option<FeedAppend>,
+}
 
 /// A service's id and the handlers it runs.
 type ServiceHandlers = (u64, Arc<Handlers>);
@@ -327,6 +340,60 @@ impl CommandStore {
     /// (The span is not entered: it has no spans of ours below it, and it is held, not wrapped
     /// around the future, so nothing is copied or grows when spans are off.)
     pub async fn submit_created(&self, queue: &str, command: Command) -> Result<(CommandState, bool), CommandError> {
+        let p = self.prepare_submit(queue, command).await?;
+        let outcome = self.inner.backend.submit(&p.state, &p.body, &p.msg, p.event.as_ref()).await;
+        self.finish_submit(p, outcome).await
+    }
+
+    /// Submits `commands` to `queue` together: each is decided exactly as
+    /// [`CommandStore::submit_created`] would decide it alone (validation, idempotency on id,
+    /// conflicts), and the reply holds one outcome per command, in order. Two commands of one
+    /// call with the same id are decided in order: the second finds the first (the same body:
+    /// `Ok((state, false))`; another: [`CommandError::Conflict`]).
+    ///
+    /// On Redis the commands of one call go to Redis together: one script call for up to 128
+    /// of them (more are sent in calls of 128), plus, on Cluster, one id-lookup write each
+    /// (their own hash slots). Commands with an output stream create it first, each on its own.
+    /// The memory backend decides them one after the other.
+    ///
+    /// An empty `commands` returns an empty vector. Errors are per command: those of
+    /// [`CommandStore::submit`].
+    pub async fn submit_many(
+        &self,
+        queue: &str,
+        commands: Vec<Command>,
+    ) -> Vec<Result<(CommandState, bool), CommandError>> {
+        let prepared = futures::future::join_all(commands.into_iter().map(|c| self.prepare_submit(queue, c))).await;
+        let items: Vec<SubmitItem<'_>> = prepared
+            .iter()
+            .filter_map(|p| p.as_ref().ok())
+            .map(|p| SubmitItem { state: &p.state, body: &p.body, msg: &p.msg, event: p.event.as_ref() })
+            .collect();
+        let mut outcomes = self.inner.backend.submit_many(&items).await.into_iter();
+        drop(items);
+        let finishing = prepared.into_iter().map(|p| {
+            let outcome = p.as_ref().ok().map(|p| {
+                outcomes.next().unwrap_or_else(|| {
+                    Err(CommandError::Corrupt {
+                        id: p.state.id.clone(),
+                        reason: "the backend's batch submit returned fewer outcomes than commands".into(),
+                    })
+                })
+            });
+            async move {
+                match (p, outcome) {
+                    (Ok(p), Some(outcome)) => self.finish_submit(p, outcome).await,
+                    (Err(e), _) => Err(e),
+                    (Ok(_), None) => unreachable!("an outcome is taken for every prepared command"),
+                }
+            }
+        });
+        futures::future::join_all(finishing).await
+    }
+
+    /// Checks `command`, builds its first state and creates its output stream (if it has one):
+    /// everything of a submit before the backend's write.
+    async fn prepare_submit(&self, queue: &str, command: Command) -> Result<PreparedSubmit, CommandError> {
         let span = tracing::info_span!(
             target: crate::trace::SPAN_TARGET,
             "baton.submit",
@@ -410,13 +477,6 @@ impl CommandStore {
             attempt_start: Default::default(),
         };
         let msg = CommandMsg { id: command.id.clone(), home: queue.to_string(), token };
-        let remember = |s: &CommandState| {
-            let mut h = self.inner.homes.lock().unwrap();
-            if h.len() >= HOME_CACHE_MAX {
-                h.clear();
-            }
-            h.insert(s.id.clone(), s.queue.clone());
-        };
         // The output stream exists before the message that delivers the command is enqueued:
         // a handler (or a reader) never finds it missing.
         let made = match &state.output {
@@ -424,7 +484,26 @@ impl CommandStore {
             None => false,
         };
         let event = self.feed_append(Some((EventKind::Submitted, None)), &state);
-        let outcome = self.inner.backend.submit(&state, &body, &msg, event.as_ref()).await?;
+        Ok(PreparedSubmit { span, command, state, body, msg, made, event })
+    }
+
+    /// A submit's end, after the backend's write: answers from `outcome`, dropping an output
+    /// stream made for a command this call did not store.
+    async fn finish_submit(
+        &self,
+        p: PreparedSubmit,
+        outcome: Result<SubmitOutcome, CommandError>,
+    ) -> Result<(CommandState, bool), CommandError> {
+        let PreparedSubmit { span: _span, command, state, made, event, .. } = p;
+        let queue = state.queue.as_str();
+        let remember = |s: &CommandState| {
+            let mut h = self.inner.homes.lock().unwrap();
+            if h.len() >= HOME_CACHE_MAX {
+                h.clear();
+            }
+            h.insert(s.id.clone(), s.queue.clone());
+        };
+        let outcome = outcome?;
         // Not stored by this call: a stream this call made for it is nobody's, unless the stored
         // command links it (the command's own, when it had gone).
         let drop_made = |stored: Option<&CommandState>| {
