@@ -157,6 +157,50 @@ where
         rx.await.map_err(|_| Abandoned)
     }
 
+    /// Commits `items` for `key` together: they are queued at once, in order, so no other
+    /// item of the key comes between them, and go in as few calls as the batch limits allow
+    /// (one for up to [`GroupCommitOptions::max_items`] items of total weight within
+    /// [`GroupCommitOptions::max_weight`]), behind a call already in flight. Calls are sent from
+    /// a spawned task (also with [`GroupCommitOptions::lead_sends`]). Returns one reply per item,
+    /// in order; `committer` as in [`GroupCommit::submit`]. An empty `items` returns at once.
+    pub async fn submit_many<C, F>(&self, key: &K, items: Vec<I>, committer: F) -> Vec<Result<R, Abandoned>>
+    where
+        C: Committer<K, I, R>,
+        F: FnOnce() -> C,
+    {
+        if items.is_empty() {
+            return Vec::new();
+        }
+        let mut rxs = Vec::with_capacity(items.len());
+        let waiters = items.into_iter().map(|item| {
+            let (tx, rx) = oneshot::channel();
+            rxs.push(rx);
+            (item, tx)
+        });
+        let idle = {
+            let mut queues = lock(&self.queues);
+            match queues.get_mut(key) {
+                Some(q) => {
+                    q.extend(waiters);
+                    false
+                }
+                None => {
+                    queues.insert(key.clone(), waiters.collect());
+                    true
+                }
+            }
+        };
+        if idle {
+            let run = Run { queues: self.queues.clone(), key: key.clone(), options: self.options, done: false };
+            tokio::spawn(run.flush(committer(), None, true));
+        }
+        let mut out = Vec::with_capacity(rxs.len());
+        for rx in rxs {
+            out.push(rx.await.map_err(|_| Abandoned));
+        }
+        out
+    }
+
     /// A call for `key` is in flight (or items of it are queued).
     pub fn is_busy(&self, key: &K) -> bool {
         lock(&self.queues).contains_key(key)
@@ -370,6 +414,51 @@ mod tests {
             assert_eq!(out, (1..=8).map(|i| Ok(i * 2)).collect::<Vec<_>>());
             assert_eq!(*probe.calls.lock().unwrap(), vec![vec![1], vec![2, 3, 4], vec![5, 6, 7], vec![8]]);
             assert_eq!(probe.max_in_flight.load(Ordering::SeqCst), 1);
+            assert!(!g.is_busy(&"k"));
+        }
+    }
+
+    #[tokio::test]
+    async fn submit_many_queues_its_items_together_behind_the_call_in_flight() {
+        for lead_sends in [false, true] {
+            // Idle key: 5 items in one call; then 7 items with max 3 behind a held call.
+            let probe = Probe::default();
+            let g = gc(3, usize::MAX, lead_sends);
+            assert_eq!(g.submit_many(&"k", vec![], || probe.clone()).await, vec![]);
+            let g5 = gc(5, usize::MAX, lead_sends);
+            let out = g5.submit_many(&"k", vec![1, 2, 3, 4, 5], || probe.clone()).await;
+            assert_eq!(out, [2, 4, 6, 8, 10].map(Ok).to_vec());
+            assert_eq!(*probe.calls.lock().unwrap(), vec![vec![1, 2, 3, 4, 5]]);
+            assert!(!g5.is_busy(&"k"));
+
+            let probe = Probe { gate: Some(Arc::new(tokio::sync::Semaphore::new(0))), ..Default::default() };
+            let first = {
+                let (g, p) = (g.clone(), probe.clone());
+                tokio::spawn(async move { g.submit(&"k", 100, || p).await })
+            };
+            while probe.in_flight.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let many = {
+                let (g, p) = (g.clone(), probe.clone());
+                tokio::spawn(async move { g.submit_many(&"k", (1..=7).collect(), || p).await })
+            };
+            while lock(&g.queues).get(&"k").map_or(0, |q| q.len()) < 7 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // An item submitted after the batch goes after all of it.
+            let last = {
+                let (g, p) = (g.clone(), probe.clone());
+                tokio::spawn(async move { g.submit(&"k", 50, || p).await })
+            };
+            while lock(&g.queues).get(&"k").map_or(0, |q| q.len()) < 8 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            probe.gate.as_ref().unwrap().add_permits(100);
+            assert_eq!(first.await.unwrap(), Ok(200));
+            assert_eq!(many.await.unwrap(), (1..=7).map(|i| Ok(i * 2)).collect::<Vec<_>>());
+            assert_eq!(last.await.unwrap(), Ok(100));
+            assert_eq!(*probe.calls.lock().unwrap(), vec![vec![100], vec![1, 2, 3], vec![4, 5, 6], vec![7, 50]]);
             assert!(!g.is_busy(&"k"));
         }
     }

@@ -260,11 +260,25 @@ impl<T: Batch> GroupCommit<T> {
     /// Returns the script's reply for it. Errors: the Redis error of the call that carried it.
     pub async fn run(&self, keys: &BatchKeys, item: T) -> Result<Value, RedisError> {
         let sender = || ScriptCall { conn: self.conn.clone(), keys: keys.clone(), durable: self.durable.clone() };
-        match self.calls.submit(&keys.queue, item, sender).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err((kind, detail))) => Err(RedisError::from((kind, "batched write failed", detail))),
-            Err(group_commit::Abandoned) => Err(RedisError::from((redis::ErrorKind::Io, "batched write dropped"))),
-        }
+        reply(self.calls.submit(&keys.queue, item, sender).await)
+    }
+}
+
+impl<T: Batch> GroupCommit<T> {
+    /// Runs `items` (writes of home queue `keys.queue`) together: one call for up to
+    /// [`Batch::MAX`] of them (behind a call in flight), no other write between them. Returns
+    /// the script's reply for each, in order.
+    pub async fn run_many(&self, keys: &BatchKeys, items: Vec<T>) -> Vec<Result<Value, RedisError>> {
+        let sender = || ScriptCall { conn: self.conn.clone(), keys: keys.clone(), durable: self.durable.clone() };
+        self.calls.submit_many(&keys.queue, items, sender).await.into_iter().map(reply).collect()
+    }
+}
+
+fn reply(r: Result<Reply, group_commit::Abandoned>) -> Result<Value, RedisError> {
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err((kind, detail))) => Err(RedisError::from((kind, "batched write failed", detail))),
+        Err(group_commit::Abandoned) => Err(RedisError::from((redis::ErrorKind::Io, "batched write dropped"))),
     }
 }
 

@@ -14,7 +14,8 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
 use super::backend::{
-    status_slot, Cas, CommandStoreSettings, FeedAppend, Hub, Peeked, Rescheduled, StateBackend, SubmitOutcome,
+    status_slot, Cas, CommandStoreSettings, FeedAppend, Hub, Peeked, Rescheduled, StateBackend, SubmitItem,
+    SubmitOutcome,
 };
 use super::commit::{BatchKeys, GroupCommit, Submit, Transition};
 use crate::feed::{CommandEvent, EventFrom, EventOffset, EventPage};
@@ -345,6 +346,230 @@ impl RedisStateBackend {
         Ok(())
     }
 
+    /// Submits `items`, all homed in `home`, together (see `CommandStore::submit_many`): on
+    /// Cluster each id's lookup first (its own slot, all at once), then one `submits.lua` call
+    /// for up to 128 of them through the group commit; each reply decided as alone. A submit
+    /// that finds a stale lookup of another queue goes again with leave to take it over (at
+    /// most 3 rounds).
+    async fn submit_home(&self, home: &str, items: &[SubmitItem<'_>]) -> Vec<Result<SubmitOutcome, CommandError>> {
+        let n = items.len();
+        let k = self.keys(home);
+        let min_lifetime_ms = self.min_lifetime_ms(home);
+        let mut preps: Vec<Prepared> = items
+            .iter()
+            .map(|it| {
+                let state = it.state;
+                // A scheduled command's state lives its delay longer (it waits that long first).
+                let ttl = self.settings.ttl_for(home, state.status) + state.scheduled_delay();
+                let lookup_ttl = ttl + LOOKUP_MARGIN;
+                let mut st = state.clone();
+                st.lookup_expires_ms = now_ms() + lookup_ttl.as_millis() as u64;
+                st.body_sha.0 = sha1_smol::Sha1::from(it.body).digest().to_string();
+                let value = stored(&st, &st.stored_json());
+                let (event, feed_max): (Arc<str>, u64) = match it.event {
+                    Some(e) => (e.json.as_str().into(), e.max_len),
+                    None => ("".into(), 0),
+                };
+                Prepared {
+                    state_key: k.state(&state.id),
+                    lookup: self.lookup_key(&state.id),
+                    // Shared, so that a retried submit does not copy them again.
+                    value: value.into(),
+                    msg: it.msg.to_bytes().into(),
+                    event,
+                    feed_max,
+                    ttl,
+                    lookup_ttl,
+                    st: Some(st),
+                }
+            })
+            .collect();
+        let mut out: Vec<Option<Result<SubmitOutcome, CommandError>>> = (0..n).map(|_| None).collect();
+        if self.cluster {
+            // Lookup keys first (their own slots); a crash before the script leaves one without
+            // a state, which reads as "not found" and is taken over by a later submit.
+            let looked = futures::future::join_all(preps.iter().map(|p| {
+                let st = p.st.as_ref().expect("not decided yet");
+                self.claim_lookup(&p.lookup, home, &st.id, p.lookup_ttl)
+            }))
+            .await;
+            for (slot, r) in out.iter_mut().zip(looked) {
+                match r {
+                    Ok(true) => {}
+                    Ok(false) => *slot = Some(Ok(SubmitOutcome::OtherQueue)),
+                    Err(e) => *slot = Some(Err(e)),
+                }
+            }
+        }
+        let before = k.submits.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        if before.div_ceil(PRUNE_EVERY) < (before + n as u64).div_ceil(PRUNE_EVERY) {
+            // Every PRUNE_EVERY-th submit of the queue, in the background: no submit waits for it.
+            let (mut conn, k) = (self.conn.clone(), k.clone());
+            tokio::spawn(async move {
+                let keys: Vec<&str> = k.batch.index.iter().map(|s| s.as_str()).collect();
+                if let Err(e) = PRUNE.run::<i64>(&mut conn, &keys, &[&PRUNE_MAX]).await {
+                    tracing::debug!(error = %e, "pruning the command indexes failed; the next prune retries");
+                }
+            });
+        }
+        let mut takeover: Vec<String> = vec![String::new(); n];
+        for _ in 0..3 {
+            let pending: Vec<usize> = (0..n).filter(|&i| out[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let item = |i: usize| {
+                let p = &preps[i];
+                let st = p.st.as_ref().expect("not decided yet");
+                Submit {
+                    state_key: p.state_key.clone(),
+                    lookup_key: (!self.cluster).then(|| p.lookup.clone()),
+                    value: p.value.clone(),
+                    body_sha: st.body_sha.0.clone(),
+                    created_ms: st.created_at.millis(),
+                    msg: p.msg.clone(),
+                    id: st.id.clone(),
+                    takeover: takeover[i].clone(),
+                    ttl_ms: p.ttl.as_millis() as u64,
+                    lookup_ttl_ms: p.lookup_ttl.as_millis() as u64,
+                    min_lifetime_ms,
+                    event: p.event.clone(),
+                    feed_max: p.feed_max,
+                    due_ms: st.run_at.map(|t| t.millis()),
+                    concurrency_key: st.concurrency_key.clone(),
+                    priority: st.priority,
+                }
+            };
+            let mut replies = self.run_submits(&k.batch, pending.iter().map(|&i| item(i)).collect()).await;
+            // A submit is idempotent (same id and body: the stored state), so one cut by a
+            // dropped connection (e.g. the first call after a Redis restart) is sent once more;
+            // if the first attempt did run, the second finds its state.
+            let cut: Vec<usize> = (0..pending.len())
+                .filter(|&j| matches!(&replies[j], Err(e) if e.is_io_error() || e.is_connection_dropped()))
+                .collect();
+            if !cut.is_empty() {
+                tracing::debug!(queue = %home, submits = cut.len(), "submits failed on a dropped connection; retrying once");
+                let again = self.run_submits(&k.batch, cut.iter().map(|&j| item(pending[j])).collect()).await;
+                for (j, r) in cut.into_iter().zip(again) {
+                    replies[j] = r;
+                }
+            }
+            for (i, r) in pending.into_iter().zip(replies) {
+                let decided = match r {
+                    Ok(v) => self.submit_reply(preps[i].st.as_ref().expect("not decided yet"), &v).await,
+                    Err(e) => Ok(Decided::Outcome(Err(e.into()))),
+                };
+                match decided {
+                    Ok(Decided::Created) => {
+                        out[i] = Some(Ok(SubmitOutcome::Created(preps[i].st.take().expect("not decided yet"))))
+                    }
+                    Ok(Decided::Outcome(r)) => out[i] = Some(r),
+                    Ok(Decided::TakeOver(home)) => takeover[i] = home,
+                    Err(e) => out[i] = Some(Err(e)),
+                }
+            }
+        }
+        out.into_iter().map(|r| r.unwrap_or(Ok(SubmitOutcome::OtherQueue))).collect()
+    }
+
+    /// What `submits.lua` answered for the submit of `st`.
+    async fn submit_reply(&self, st: &CommandState, v: &Value) -> Result<Decided, CommandError> {
+        let Value::Array(parts) = v else { return Err(unexpected("submit", v)) };
+        Ok(match parts.first().and_then(string).as_deref() {
+            Some("created") => Decided::Created,
+            Some("existing") => {
+                let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("submit", v))?;
+                Decided::Outcome(Ok(SubmitOutcome::Existing(parse_stored(&st.id, raw)?)))
+            }
+            Some("conflict") => {
+                // A state stored by a version before the exact-params store carries the hash
+                // of its canonical body: same meaning by that rule is the same command.
+                let prior = parts.get(1).and_then(bytes);
+                let legacy = crate::json::legacy_canonical_body(&st.command_type, &st.params)
+                    .map(|b| sha1_smol::Sha1::from(b).digest().to_string());
+                match (prior, legacy) {
+                    (Some(raw), Some(sha)) if body_sha_of(raw) == sha => {
+                        Decided::Outcome(Ok(SubmitOutcome::Existing(parse_stored(&st.id, raw)?)))
+                    }
+                    _ => Decided::Outcome(Ok(SubmitOutcome::Conflict)),
+                }
+            }
+            Some("other_queue") => {
+                // Standalone: the lookup names another queue; a real conflict only if the
+                // command still exists there (else the lookup outlived an expired state).
+                // The script writes state and lookup together, so a lookup without its state
+                // is never a submit in flight here. Retried with leave to take over that
+                // queue's lookup, in the script, in the same step as the create: of submits
+                // racing for it one wins, the others then see its queue (and its state).
+                let home = parts.get(1).and_then(string).unwrap_or_default();
+                if self.load(&home, &st.id).await?.is_some() {
+                    Decided::Outcome(Ok(SubmitOutcome::OtherQueue))
+                } else {
+                    Decided::TakeOver(home)
+                }
+            }
+            _ => return Err(unexpected("submit", v)),
+        })
+    }
+
+    /// Cluster: points the lookup of `id` at `queue` before its state is written (`SET NX
+    /// GET`). `Ok(false)`: it names another queue where the command exists (or appears within
+    /// [`CLAIM_GRACE`], a submit there in flight), or it could not be taken over in 3 tries.
+    async fn claim_lookup(
+        &self,
+        lookup: &str,
+        queue: &str,
+        id: &str,
+        lookup_ttl: Duration,
+    ) -> Result<bool, CommandError> {
+        let mut conn = self.conn.clone();
+        for _ in 0..3 {
+            let prior: Option<String> = redis::cmd("SET")
+                .arg(lookup)
+                .arg(queue)
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(lookup_ttl.as_millis() as u64)
+                .query_async(&mut conn)
+                .await?;
+            match prior {
+                None => return Ok(true),
+                Some(home) if home == queue => {
+                    let _: () = redis::cmd("PEXPIRE")
+                        .arg(lookup)
+                        .arg(lookup_ttl.as_millis() as u64)
+                        .arg("GT")
+                        .query_async(&mut conn)
+                        .await?;
+                    return Ok(true);
+                }
+                Some(home) => {
+                    // Another queue's lookup without its state may be a submit of that queue
+                    // still in flight (its script runs after its lookup write): give it
+                    // `CLAIM_GRACE` to appear before calling the lookup stale.
+                    if self.appears(&home, id, CLAIM_GRACE).await? {
+                        return Ok(false);
+                    }
+                    if self.take_over(lookup, &home, queue, lookup_ttl).await? {
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// `items` through the submits' group commit: one call for up to 128 (a lone one as
+    /// [`GroupCommit::run`]).
+    async fn run_submits(&self, keys: &BatchKeys, mut items: Vec<Submit>) -> Vec<Result<Value, redis::RedisError>> {
+        if items.len() == 1 {
+            let one = items.pop().expect("one item");
+            return vec![self.submits.run(keys, one).await];
+        }
+        self.submits.run_many(keys, items).await
+    }
+
     /// Whether the state of `id` exists on `home`, or appears there within `grace` (polled).
     async fn appears(&self, home: &str, id: &str, grace: Duration) -> Result<bool, CommandError> {
         let until = tokio::time::Instant::now() + grace;
@@ -366,6 +591,29 @@ impl RedisStateBackend {
             .await?;
         Ok(took == 1)
     }
+}
+
+/// One submit of a batch, built once for every round it is sent in.
+struct Prepared {
+    state_key: String,
+    lookup: String,
+    value: Arc<[u8]>,
+    msg: Arc<[u8]>,
+    event: Arc<str>,
+    feed_max: u64,
+    ttl: Duration,
+    lookup_ttl: Duration,
+    /// The state as stored when created (taken by the outcome).
+    st: Option<CommandState>,
+}
+
+/// How a submit's reply decides it.
+enum Decided {
+    /// Stored by this call.
+    Created,
+    Outcome(Result<SubmitOutcome, CommandError>),
+    /// Standalone: another queue's lookup without its state; send again with leave to take it over.
+    TakeOver(String),
 }
 
 #[async_trait]
@@ -395,144 +643,38 @@ impl StateBackend for RedisStateBackend {
         msg: &CommandMsg,
         event: Option<&FeedAppend>,
     ) -> Result<SubmitOutcome, CommandError> {
-        let k = self.keys(&state.queue);
-        let lookup = self.lookup_key(&state.id);
-        // A scheduled command's state lives its delay longer (it waits that long first).
-        let ttl = self.settings.ttl_for(&state.queue, state.status) + state.scheduled_delay();
-        let lookup_ttl = ttl + LOOKUP_MARGIN;
-        let mut st = state.clone();
-        st.lookup_expires_ms = now_ms() + lookup_ttl.as_millis() as u64;
-        st.body_sha.0 = sha1_smol::Sha1::from(body).digest().to_string();
-        let mut conn = self.conn.clone();
-        if self.cluster {
-            // Lookup key first (its own slot); a crash before the script leaves it without a
-            // state, which reads as "not found" and is taken over by a later submit.
-            let mut attempts = 0;
-            loop {
-                attempts += 1;
-                let prior: Option<String> = redis::cmd("SET")
-                    .arg(&lookup)
-                    .arg(&state.queue)
-                    .arg("NX")
-                    .arg("GET")
-                    .arg("PX")
-                    .arg(lookup_ttl.as_millis() as u64)
-                    .query_async(&mut conn)
-                    .await?;
-                match prior {
-                    None => break,
-                    Some(home) if home == state.queue => {
-                        let _: () = redis::cmd("PEXPIRE")
-                            .arg(&lookup)
-                            .arg(lookup_ttl.as_millis() as u64)
-                            .arg("GT")
-                            .query_async(&mut conn)
-                            .await?;
-                        break;
-                    }
-                    Some(home) => {
-                        // Another queue's lookup without its state may be a submit of that queue
-                        // still in flight (its script runs after its lookup write): give it
-                        // `CLAIM_GRACE` to appear before calling the lookup stale.
-                        if self.appears(&home, &state.id, CLAIM_GRACE).await? {
-                            return Ok(SubmitOutcome::OtherQueue);
-                        }
-                        if self.take_over(&lookup, &home, &state.queue, lookup_ttl).await? {
-                            break;
-                        }
-                        if attempts >= 3 {
-                            return Ok(SubmitOutcome::OtherQueue);
-                        }
-                    }
-                }
+        let item = SubmitItem { state, body, msg, event };
+        let mut out = self.submit_home(&state.queue, std::slice::from_ref(&item)).await;
+        out.pop()
+            .unwrap_or_else(|| Err(CommandError::Corrupt { id: state.id.clone(), reason: "no submit outcome".into() }))
+    }
+
+    async fn submit_many(&self, items: &[SubmitItem<'_>]) -> Vec<Result<SubmitOutcome, CommandError>> {
+        let mut homes: Vec<&str> = items.iter().map(|it| it.state.queue.as_str()).collect();
+        homes.sort_unstable();
+        homes.dedup();
+        if homes.len() <= 1 {
+            return match homes.first() {
+                Some(home) => self.submit_home(home, items).await,
+                None => Vec::new(),
+            };
+        }
+        let mut out: Vec<Option<Result<SubmitOutcome, CommandError>>> = (0..items.len()).map(|_| None).collect();
+        for home in homes {
+            let at: Vec<usize> = (0..items.len()).filter(|&i| items[i].state.queue == home).collect();
+            let mine: Vec<SubmitItem<'_>> = at.iter().map(|&i| items[i]).collect();
+            for (i, r) in at.into_iter().zip(self.submit_home(home, &mine).await) {
+                out[i] = Some(r);
             }
         }
-        let value = stored(&st, &st.stored_json());
-        let state_key = k.state(&state.id);
-        // Shared, so that a retried submit does not copy them again.
-        let (value, msg): (Arc<[u8]>, Arc<[u8]>) = (value.into(), msg.to_bytes().into());
-        let (feed_event, feed_max): (Arc<str>, u64) = match event {
-            Some(e) => (e.json.as_str().into(), e.max_len),
-            None => ("".into(), 0),
-        };
-        if k.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed).is_multiple_of(PRUNE_EVERY) {
-            // In the background: this submit does not wait for it.
-            let (mut conn, k) = (conn.clone(), k.clone());
-            tokio::spawn(async move {
-                let keys: Vec<&str> = k.batch.index.iter().map(|s| s.as_str()).collect();
-                if let Err(e) = PRUNE.run::<i64>(&mut conn, &keys, &[&PRUNE_MAX]).await {
-                    tracing::debug!(error = %e, "pruning the command indexes failed; the next prune retries");
-                }
-            });
-        }
-        let mut takeover = String::new();
-        for _ in 0..3 {
-            let item = || Submit {
-                state_key: state_key.clone(),
-                lookup_key: (!self.cluster).then(|| lookup.clone()),
-                value: value.clone(),
-                body_sha: st.body_sha.0.clone(),
-                created_ms: state.created_at.millis(),
-                msg: msg.clone(),
-                id: state.id.clone(),
-                takeover: takeover.clone(),
-                ttl_ms: ttl.as_millis() as u64,
-                lookup_ttl_ms: lookup_ttl.as_millis() as u64,
-                min_lifetime_ms: self.min_lifetime_ms(&state.queue),
-                event: feed_event.clone(),
-                feed_max,
-                due_ms: state.run_at.map(|t| t.millis()),
-                concurrency_key: state.concurrency_key.clone(),
-                priority: state.priority,
-            };
-            // A submit is idempotent (same id and body: the stored state), so it is sent once
-            // more after a dropped connection (e.g. the first command after a Redis restart);
-            // if the first attempt did run, the second finds its state.
-            let v: Value = match self.submits.run(&k.batch, item()).await {
-                Err(e) if e.is_io_error() || e.is_connection_dropped() => {
-                    tracing::debug!(queue = %state.queue, command = %state.id, error = %e, "submit failed on a dropped connection; retrying once");
-                    self.submits.run(&k.batch, item()).await?
-                }
-                r => r?,
-            };
-            let Value::Array(parts) = &v else { return Err(unexpected("submit", &v)) };
-            return match parts.first().and_then(string).as_deref() {
-                Some("created") => Ok(SubmitOutcome::Created(st)),
-                Some("existing") => {
-                    let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("submit", &v))?;
-                    Ok(SubmitOutcome::Existing(parse_stored(&state.id, raw)?))
-                }
-                Some("conflict") => {
-                    // A state stored by a version before the exact-params store carries the hash
-                    // of its canonical body: same meaning by that rule is the same command.
-                    let prior = parts.get(1).and_then(bytes);
-                    let legacy = crate::json::legacy_canonical_body(&state.command_type, &state.params)
-                        .map(|b| sha1_smol::Sha1::from(b).digest().to_string());
-                    match (prior, legacy) {
-                        (Some(raw), Some(sha)) if body_sha_of(raw) == sha => {
-                            Ok(SubmitOutcome::Existing(parse_stored(&state.id, raw)?))
-                        }
-                        _ => Ok(SubmitOutcome::Conflict),
-                    }
-                }
-                Some("other_queue") => {
-                    // Standalone: the lookup names another queue; a real conflict only if the
-                    // command still exists there (else the lookup outlived an expired state).
-                    // The script writes state and lookup together, so a lookup without its state
-                    // is never a submit in flight here. Retried with leave to take over that
-                    // queue's lookup, in the script, in the same step as the create: of submits
-                    // racing for it one wins, the others then see its queue (and its state).
-                    let home = parts.get(1).and_then(string).unwrap_or_default();
-                    if self.load(&home, &state.id).await?.is_some() {
-                        return Ok(SubmitOutcome::OtherQueue);
-                    }
-                    takeover = home;
-                    continue;
-                }
-                _ => Err(unexpected("submit", &v)),
-            };
-        }
-        Ok(SubmitOutcome::OtherQueue)
+        out.into_iter()
+            .zip(items)
+            .map(|(r, it)| {
+                r.unwrap_or_else(|| {
+                    Err(CommandError::Corrupt { id: it.state.id.clone(), reason: "no submit outcome".into() })
+                })
+            })
+            .collect()
     }
 
     async fn load(&self, home: &str, id: &str) -> Result<Option<CommandState>, CommandError> {
