@@ -457,13 +457,13 @@ impl RedisStateBackend {
             for (i, r) in pending.into_iter().zip(replies) {
                 let decided = match r {
                     Ok(v) => self.submit_reply(preps[i].st.as_ref().expect("not decided yet"), &v).await,
-                    Err(e) => Ok(Decided::Outcome(Err(e.into()))),
+                    Err(e) => Ok(Decided::Outcome(Box::new(Err(e.into())))),
                 };
                 match decided {
                     Ok(Decided::Created) => {
                         out[i] = Some(Ok(SubmitOutcome::Created(preps[i].st.take().expect("not decided yet"))))
                     }
-                    Ok(Decided::Outcome(r)) => out[i] = Some(r),
+                    Ok(Decided::Outcome(r)) => out[i] = Some(*r),
                     Ok(Decided::TakeOver(home)) => takeover[i] = home,
                     Err(e) => out[i] = Some(Err(e)),
                 }
@@ -479,7 +479,7 @@ impl RedisStateBackend {
             Some("created") => Decided::Created,
             Some("existing") => {
                 let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("submit", v))?;
-                Decided::Outcome(Ok(SubmitOutcome::Existing(parse_stored(&st.id, raw)?)))
+                Decided::Outcome(Box::new(Ok(SubmitOutcome::Existing(parse_stored(&st.id, raw)?))))
             }
             Some("conflict") => {
                 // A state stored by a version before the exact-params store carries the hash
@@ -489,9 +489,9 @@ impl RedisStateBackend {
                     .map(|b| sha1_smol::Sha1::from(b).digest().to_string());
                 match (prior, legacy) {
                     (Some(raw), Some(sha)) if body_sha_of(raw) == sha => {
-                        Decided::Outcome(Ok(SubmitOutcome::Existing(parse_stored(&st.id, raw)?)))
+                        Decided::Outcome(Box::new(Ok(SubmitOutcome::Existing(parse_stored(&st.id, raw)?))))
                     }
-                    _ => Decided::Outcome(Ok(SubmitOutcome::Conflict)),
+                    _ => Decided::Outcome(Box::new(Ok(SubmitOutcome::Conflict))),
                 }
             }
             Some("other_queue") => {
@@ -503,7 +503,7 @@ impl RedisStateBackend {
                 // racing for it one wins, the others then see its queue (and its state).
                 let home = parts.get(1).and_then(string).unwrap_or_default();
                 if self.load(&home, &st.id).await?.is_some() {
-                    Decided::Outcome(Ok(SubmitOutcome::OtherQueue))
+                    Decided::Outcome(Box::new(Ok(SubmitOutcome::OtherQueue)))
                 } else {
                     Decided::TakeOver(home)
                 }
@@ -611,7 +611,7 @@ struct Prepared {
 enum Decided {
     /// Stored by this call.
     Created,
-    Outcome(Result<SubmitOutcome, CommandError>),
+    Outcome(Box<Result<SubmitOutcome, CommandError>>),
     /// Standalone: another queue's lookup without its state; send again with leave to take it over.
     TakeOver(String),
 }
