@@ -266,3 +266,65 @@ async fn one_script_call_per_batch_on_redis() {
     assert_eq!(ours, 1, "EVALSHA calls naming the batch's ids ({all} EVALSHA in all while it ran)");
     srv.stop().await;
 }
+
+/// With tokens: no token is the whole request's 401, a token without write on the queue its 403
+/// (as the submit); an item whose output stream the token may not write gets its own 403, the
+/// others are stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_as_the_submit() {
+    use baton::settings::TokenConfig;
+    const WRITER: &str = "writer-secret-0123456789abcdef";
+    const READER: &str = "reader-secret-0123456789abcdef";
+    let srv = serve(TestBackend::Memory, |c| {
+        c.tokens = vec![
+            TokenConfig::new("writer", WRITER, &["read", "write"], &["mine/"], &["default"]).unwrap(),
+            TokenConfig::new("reader", READER, &["read"], &["*"], &["default"]).unwrap(),
+        ]
+    })
+    .await;
+    let send = |token: Option<&'static str>, body: Value| {
+        let mut rb = client()
+            .post(format!("{}{BATCH}", srv.base))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        async move {
+            let res = rb.send().await.unwrap();
+            let s = res.status();
+            (s, serde_json::from_str::<Value>(&res.text().await.unwrap()).unwrap())
+        }
+    };
+    let one = json!({"commands": [{"type": "echo"}]});
+    let (s, e) = send(None, one.clone()).await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    let (s, e) = send(Some(READER), one).await;
+    assert_eq!((s, e["error"].as_str()), (StatusCode::FORBIDDEN, Some("forbidden")));
+
+    let items = json!([
+        {"id": "out-1", "type": "echo", "output": {"path": "mine/out-1"}},
+        {"id": "out-2", "type": "echo", "output": true},
+    ]);
+    let (s, report) = send(Some(WRITER), json!({ "commands": items })).await;
+    assert_eq!(s, StatusCode::OK, "{report}");
+    assert_eq!(
+        (report["results"][0]["status"].as_u64(), report["results"][0]["state"]["output"]["stream"].as_str()),
+        (Some(202), Some("mine/out-1"))
+    );
+    // commands/out-2 is not under mine/: refused as the submit alone refuses it.
+    let res = client()
+        .post(format!("{}{SUBMIT}", srv.base))
+        .bearer_auth(WRITER)
+        .header("content-type", "application/json")
+        .body(items[1].to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let mut alone: Value = serde_json::from_str(&res.text().await.unwrap()).unwrap();
+    alone.as_object_mut().unwrap().insert("status".into(), json!(403));
+    assert_eq!(report["results"][1], alone);
+    assert_eq!(report["results"][1]["error"], "forbidden");
+    srv.stop().await;
+}
