@@ -65,10 +65,12 @@ pub enum CommandsOp {
         #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i8).range(-10..=10))]
         priority: Option<i8>,
     },
-    /// Submit many commands to a queue: FILE holds one submit body per line (JSON Lines, as
-    /// `POST /v1/queues/{queue}/commands` takes it, e.g. {"type": "echo", "params": {"n": 1}};
-    /// `-` reads stdin), sent in requests of at most 1000. Prints one line per item; exits with
-    /// the code of the first item refused (as `commands submit` of it alone would), else 0.
+    /// Submit many commands to a queue from a JSON Lines file (one submit body per line).
+    ///
+    /// FILE holds one submit body per line (as `POST /v1/queues/{queue}/commands` takes it, e.g.
+    /// {"type": "echo", "params": {"n": 1}}; `-` reads stdin), sent in requests of at most 1000.
+    /// Prints one line per item; exits with the code of the first item refused (as `commands
+    /// submit` of it alone would), else 0.
     SubmitBatch {
         /// Queue name, e.g. default.
         queue: String,
