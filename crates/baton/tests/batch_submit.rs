@@ -179,6 +179,10 @@ async fn whole_request_errors() {
         ),
         (r#"{"commands": []}"#.to_string(), format!("\"commands\" is empty; give 1 to 1000 submit bodies; {shape}")),
         (
+            r#"{"comm\u0061nds": []}"#.to_string(),
+            format!("\"commands\" is empty; give 1 to 1000 submit bodies; {shape}"),
+        ),
+        (
             r#"{"commands": [{"type": "echo"}], "wait": "1s"}"#.to_string(),
             format!("unknown field \"wait\"; a batch body has only \"commands\"; {shape}"),
         ),

@@ -394,7 +394,7 @@ const BATCH_SHAPE: &str = "{\"commands\": [{\"type\": \"echo\", \"params\": {…
 /// [`MAX_BATCH`] of them). Errors (the whole request): `invalid_json`, `invalid_body`.
 fn parse_batch(body: &[u8]) -> Result<Vec<&RawValue>, ApiError> {
     let bad = |why: String| ApiError::invalid("invalid_body", format!("{why}; send {BATCH_SHAPE}"));
-    let Ok(m) = serde_json::from_slice::<BTreeMap<&str, &RawValue>>(body) else {
+    let Ok(m) = serde_json::from_slice::<BTreeMap<String, &RawValue>>(body) else {
         return Err(match serde_json::from_slice::<Value>(body) {
             Err(e) => {
                 ApiError::invalid("invalid_json", format!("request body is not valid JSON ({e}); send {BATCH_SHAPE}"))
@@ -402,7 +402,7 @@ fn parse_batch(body: &[u8]) -> Result<Vec<&RawValue>, ApiError> {
             Ok(v) => bad(format!("request body must be a JSON object; got {}", kind_of(&v))),
         });
     };
-    if let Some(k) = m.keys().find(|k| **k != "commands") {
+    if let Some(k) = m.keys().find(|k| k.as_str() != "commands") {
         return Err(bad(format!("unknown field {}; a batch body has only \"commands\"", echo(k))));
     }
     let Some(commands) = m.get("commands") else {
