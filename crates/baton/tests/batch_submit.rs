@@ -332,3 +332,31 @@ async fn access_as_the_submit() {
     assert_eq!(report["results"][1]["error"], "forbidden");
     srv.stop().await;
 }
+
+/// `baton_commands_submitted_total` counts the items a batch created (not those found, nor
+/// those refused), as the submit counts its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_submit_counter_counts_created_items() {
+    let srv = start(TestBackend::Memory, |c| {
+        c.queues = vec![baton::settings::QueueConfig::with_builtins("batched", &["echo"])];
+    })
+    .await;
+    let item = |i: u32| json!({"id": format!("m-{i}"), "type": "echo", "params": {"n": i}});
+    let (s, report) = post(
+        &srv,
+        "/v1/queues/batched/commands/batch",
+        json!({"commands": [item(0), item(1), item(0), {"type": "nope"}, item(2)]}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let statuses: Vec<u64> =
+        report["results"].as_array().unwrap().iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, [202, 202, 200, 400, 202]);
+    let text = client().get(format!("{}/metrics", srv.base)).send().await.unwrap().text().await.unwrap();
+    assert!(
+        text.lines().any(|l| l == "baton_commands_submitted_total{queue=\"batched\"} 3"),
+        "{}",
+        text.lines().filter(|l| l.contains("submitted_total")).collect::<Vec<_>>().join("\n")
+    );
+    srv.stop().await;
+}
