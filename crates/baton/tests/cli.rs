@@ -214,6 +214,60 @@ fn commands_submit_status_wait_cancel_list() {
 /// as the server sent it, `status --json` prints pretty JSON with every number, string escape and
 /// key order as submitted, `status` the params text.
 #[test]
+fn commands_submit_batch() {
+    let s = Serve::start();
+    // Scheduled an hour ahead, so their states stay SUBMITTED.
+    let lines = [
+        r#"{"id": "b1", "type": "echo", "params": {"n": 1}, "delay": "1h"}"#,
+        "",
+        r#"{"id": "b1", "type": "echo", "params": {"n": 1}, "delay": "1h"}"#,
+        r#"{"type": "nope"}"#,
+        r#"{"id": "b1", "type": "echo", "params": {"n": 2}, "delay": "1h"}"#,
+    ];
+    let out = s.run_stdin(&["commands", "submit-batch", "default", "--file", "-"], Some(&lines.join("\n"))).code(2);
+    assert_eq!(
+        out.stdout,
+        "line 1: submitted b1 (SUBMITTED)\n\
+         line 3: b1 was already submitted (SUBMITTED)\n\
+         line 4: refused 400 unknown_type: queue \"default\" has no handler for type \"nope\"; use one of echo, fail, sleep\n\
+         line 5: refused 409 conflict: command b1 already exists with a different type or params; resubmit the same body, or use a new id\n"
+    );
+    assert_eq!(out.stderr, "1 submitted, 1 already submitted, 2 refused (queue default)\n");
+    // The first refusal gives the exit code: a conflict first is 4.
+    let out = s.run_stdin(&["commands", "submit-batch", "default", "--file", "-"], Some(lines[4])).code(4);
+    assert!(out.stdout.starts_with("line 1: refused 409 conflict: "), "{out:?}");
+
+    // 1,500 lines from a file: two requests (1,000 and 500), every one created, in order; --json
+    // prints each result as the server wrote it.
+    let dir = std::env::temp_dir().join(format!("baton-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("commands.jsonl");
+    let body: Vec<String> = (0..1500)
+        .map(|i| format!(r#"{{"id": "f{i}", "type": "echo", "params": {{"n": {i}}}, "delay": "1h"}}"#))
+        .collect();
+    std::fs::write(&file, body.join("\n") + "\n").unwrap();
+    let out = s.run(&["commands", "submit-batch", "default", "--file", file.to_str().unwrap(), "--json"]).ok();
+    let results: Vec<Value> = out.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(results.len(), 1500);
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!((r["status"].as_u64(), r["state"]["id"].as_str()), (Some(202), Some(format!("f{i}").as_str())));
+        assert_eq!(r["state"]["params"], json!({"n": i}));
+    }
+    let out = s.run(&["commands", "status", "f1499", "--json"]).ok();
+    assert_eq!(out.json()["params"], json!({"n": 1499}));
+
+    // A line that is not JSON: nothing sent (exit 2).
+    std::fs::write(&file, "{\"id\": \"g1\", \"type\": \"echo\"}\nnot json\n").unwrap();
+    let out = s.run(&["commands", "submit-batch", "default", "--file", file.to_str().unwrap()]).code(2);
+    assert!(out.stderr.contains("line 2 of "), "{out:?}");
+    s.run(&["commands", "status", "g1"]).code(3);
+    // An unknown queue: the request's own error (exit 3).
+    let out = s.run_stdin(&["commands", "submit-batch", "nope", "--file", "-"], Some(lines[0])).code(3);
+    assert!(out.stderr.contains("unknown_queue"), "{out:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn commands_params_and_results_come_back_exactly() {
     let s = Serve::start();
     let sample = baton_testkit::exact_json::sample(2_000, 9);

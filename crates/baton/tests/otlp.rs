@@ -332,3 +332,40 @@ async fn the_trace_crosses_the_queue_to_a_worker_process() {
     assert_eq!(execute.parent, dispatch.span_id);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `POST /v1/queues/{queue}/commands/batch`: the request's `traceparent` goes with every item, as
+/// with a submit alone (export off: it reaches each webhook call unchanged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_carries_the_traceparent_to_every_item() {
+    let dir = std::env::temp_dir().join(format!("baton-otlp-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (r, rport) = start_receiver().await;
+    let s = serve(&dir, rport, false);
+    let http = reqwest::Client::new();
+    let res = http
+        .post(format!("{}/v1/queues/jobs/commands/batch", s.base))
+        .header("content-type", "application/json")
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .body(
+            serde_json::json!({"commands": [
+                {"id": "batch-1", "type": "hook", "params": {"n": 1}},
+                {"id": "batch-2", "type": "hook", "params": {"n": 2}},
+            ]})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    for id in ["batch-1", "batch-2"] {
+        let res = http.get(format!("{}/v1/commands/{id}?wait=10s", s.base)).send().await.unwrap();
+        let st: serde_json::Value = serde_json::from_slice(&res.bytes().await.unwrap()).unwrap();
+        assert_eq!(st["status"], "SUCCEEDED", "{st}");
+    }
+    stop(s).await;
+    let mut hooks = r.hooks.lock().unwrap().clone();
+    hooks.sort();
+    let tp = Some(format!("00-{TRACE_ID}-{CALLER_SPAN}-01"));
+    assert_eq!(hooks, [("batch-1".to_string(), tp.clone()), ("batch-2".to_string(), tp)]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

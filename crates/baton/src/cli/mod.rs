@@ -127,7 +127,7 @@ pub async fn worker_resolved(cfg: crate::settings::WorkerConfig) -> Result<(), S
 pub enum ClientCommand {
     /// Durable streams on a server: create, append, read, tail, close, delete.
     Streams(StreamsCmd),
-    /// Commands on a server: submit, status, wait, watch, cancel, list.
+    /// Commands on a server: submit (one, or a batch from a file), status, wait, watch, cancel, list.
     Commands(CommandsCmd),
     /// Queues on a server: list, pending, dead (letters), replay, events.
     Queues(QueuesCmd),
