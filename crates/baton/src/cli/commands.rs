@@ -1,4 +1,4 @@
-//! `baton commands submit|status|wait|watch|output|cancel|retry|bulk|list`: the command API from the
+//! `baton commands submit|submit-batch|status|wait|watch|output|cancel|retry|bulk|list`: the command API from the
 //! command line, and the event feed reader `baton queues events` shares with `watch`
 //! ([`read_events`]). `output` reads a command's output stream with the `streams` reader and tail.
 
@@ -64,6 +64,17 @@ pub enum CommandsOp {
         /// priorities holds lower ones back until it drains).
         #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i8).range(-10..=10))]
         priority: Option<i8>,
+    },
+    /// Submit many commands to a queue: FILE holds one submit body per line (JSON Lines, as
+    /// `POST /v1/queues/{queue}/commands` takes it, e.g. {"type": "echo", "params": {"n": 1}};
+    /// `-` reads stdin), sent in requests of at most 1000. Prints one line per item; exits with
+    /// the code of the first item refused (as `commands submit` of it alone would), else 0.
+    SubmitBatch {
+        /// Queue name, e.g. default.
+        queue: String,
+        /// The JSON Lines file (`-`: stdin); blank lines are skipped.
+        #[arg(long)]
+        file: String,
     },
     /// Move the due time of a scheduled command still waiting for it (refused with exit code 4
     /// once it has been enqueued, started or ended).
@@ -261,6 +272,7 @@ pub async fn run(cl: &Client, op: CommandsOp) -> Result<u8, CliError> {
                 }
             }
         }
+        CommandsOp::SubmitBatch { queue, file } => submit_batch(cl, &queue, &file).await,
         CommandsOp::Status { id } => {
             let (text, state) = json_text_ok(cl, cl.request(Method::GET, &command_path(&id))).await?;
             if cl.json {
@@ -504,6 +516,96 @@ struct SubmitBody<'a> {
 }
 
 /// Sends, requires a 2xx, and returns the JSON body as text and as a value.
+/// The most commands of one batch request (the server's limit).
+const BATCH_MAX: usize = 1000;
+
+/// `commands submit-batch`: the lines of `file` (each a submit body, kept byte for byte) sent
+/// to `POST /v1/queues/{queue}/commands/batch` in requests of at most [`BATCH_MAX`]; one line
+/// printed per item (with --json: its result as the server wrote it).
+async fn submit_batch(cl: &Client, queue: &str, file: &str) -> Result<u8, CliError> {
+    let text = if file == "-" {
+        let mut t = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut t)
+            .map_err(|e| CliError::usage(format!("cannot read stdin: {e}")))?;
+        t
+    } else {
+        std::fs::read_to_string(file).map_err(|e| CliError::usage(format!("cannot read {file:?}: {e}")))?
+    };
+    // (line number, body); every line is checked to be JSON before anything is sent.
+    let mut items: Vec<(usize, &str)> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Err(e) = serde_json::from_str::<&RawValue>(line) {
+            return Err(CliError::usage(format!(
+                "line {} of {file} is not JSON ({e}); write one submit body per line, e.g. {{\"type\": \"echo\", \"params\": {{\"n\": 1}}}}",
+                i + 1
+            )));
+        }
+        items.push((i + 1, line));
+    }
+    if items.is_empty() {
+        return Err(CliError::usage(format!("{file} holds no command (one submit body per line)")));
+    }
+    let url = format!("/v1/queues/{}/commands/batch", encode_segment(queue));
+    let (mut created, mut stored, mut failed) = (0usize, 0usize, 0usize);
+    let mut code = exit::OK;
+    for chunk in items.chunks(BATCH_MAX) {
+        let bodies: Vec<&str> = chunk.iter().map(|(_, b)| *b).collect();
+        let body = format!("{{\"commands\":[{}]}}", bodies.join(","));
+        let rb = cl.request(Method::POST, &url).header("content-type", "application/json").body(body);
+        let (text, _) = json_text_ok(cl, rb).await?;
+        #[derive(serde::Deserialize)]
+        struct Report<'a> {
+            #[serde(borrow)]
+            results: Vec<&'a RawValue>,
+        }
+        let report: Report = serde_json::from_str(&text)
+            .map_err(|e| CliError::server(format!("the server's batch reply has no results ({e})")))?;
+        if report.results.len() != chunk.len() {
+            return Err(CliError::server(format!(
+                "the server answered {} results for {} commands",
+                report.results.len(),
+                chunk.len()
+            )));
+        }
+        for ((line, _), raw) in chunk.iter().zip(report.results) {
+            let r: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+            let status = r.get("status").and_then(Value::as_u64).unwrap_or(0);
+            let state = r.get("state");
+            match status {
+                202 => created += 1,
+                200 => stored += 1,
+                _ => {
+                    failed += 1;
+                    if code == exit::OK {
+                        let s = reqwest::StatusCode::from_u16(status as u16)
+                            .unwrap_or(reqwest::StatusCode::INTERNAL_SERVER_ERROR);
+                        code = super::client::code_for(s);
+                    }
+                }
+            }
+            if cl.json {
+                println!("{}", raw.get());
+                continue;
+            }
+            let id = cell(state.and_then(|s| s.get("id")));
+            let st = cell(state.and_then(|s| s.get("status")));
+            match status {
+                202 => println!("line {line}: submitted {id} ({st})"),
+                200 => println!("line {line}: {id} was already submitted ({st})"),
+                _ => println!("line {line}: refused {status} {}: {}", cell(r.get("error")), cell(r.get("message"))),
+            }
+        }
+    }
+    if !cl.json {
+        eprintln!("{created} submitted, {stored} already submitted, {failed} refused (queue {queue})");
+    }
+    Ok(code)
+}
+
 async fn json_text_ok(cl: &Client, rb: reqwest::RequestBuilder) -> Result<(String, Value), CliError> {
     read_json_text(cl.send_ok(rb).await?).await
 }

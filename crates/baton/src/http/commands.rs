@@ -22,8 +22,9 @@
 use std::time::Duration;
 
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use std::collections::BTreeMap;
 
 use baton_commands::{
@@ -37,7 +38,7 @@ use super::json::{kind_of, serialized_response};
 use super::plumbing::{
     limit_param, principal, read_body, status_param, BodyLimit, IdParam, ListQueryParams, Query, QueueName, WaitQuery,
 };
-use super::state::AppState;
+use super::state::{AppState, QueueEntry};
 use crate::settings::Op;
 
 /// Longest `?wait=` of `GET /v1/commands/{id}`.
@@ -307,33 +308,9 @@ pub async fn submit(
     let entry = api.queue(&queue)?;
     let (parts, body) = req.into_parts();
     let body = read_body(body, &parts.headers, &body_limit(api.max_body())).await?;
-    let mut command = parse_submit(&body)?;
-    validate_id(&command.id)?;
-    // The caller's W3C trace context goes with the command (docs/operations.md, "Tracing").
-    if let Some(cx) = super::headers::trace_context(&parts.headers) {
-        command = command.with_trace_context(cx);
-    }
-    if !entry.handlers.is_empty() {
-        let Some(h) = entry.handlers.get(&command.command_type) else {
-            let types: Vec<&str> = entry.handlers.keys().map(String::as_str).collect();
-            return Err(ApiError::invalid(
-                "unknown_type",
-                format!(
-                    "queue {queue:?} has no handler for type {}; use one of {}",
-                    echo(&command.command_type),
-                    types.join(", ")
-                ),
-            ));
-        };
-        h.validate(&command.params).map_err(|e| ApiError::invalid("invalid_params", format!("invalid params: {e}")))?;
-    }
+    let command = check_submit(entry, &queue, &parts, &body)?;
     // A held request is a live reader (bounded by --max-live-readers like GET …?wait=): its
     // slot is taken before anything is stored, so a refusal stores nothing.
-    if let Some(spec) = command.output_spec() {
-        // The command creates its output stream: the caller must be allowed to write it.
-        let who = principal(&parts.extensions)?;
-        who.check_stream(Op::Write, &spec.stream_for(&command.id)).map_err(ApiError::forbidden)?;
-    }
     let permit = wait.map(|_| st.live_permit()).transpose()?;
     let (mut state, created) = api.store().submit_created(&queue, command).await?;
     if let (Some(d), Some(_permit)) = (wait, permit) {
@@ -354,6 +331,172 @@ pub async fn submit(
         res.headers_mut().insert(header::LOCATION, loc);
     }
     Ok(res)
+}
+
+/// The checks of one submit body before anything is stored, the same for a submit alone and
+/// for each item of a batch: its shape ([`parse_submit`]), its id, a type the queue has a
+/// handler for (`400 unknown_type`) with params that handler accepts (`400 invalid_params`),
+/// and write access to the output stream it asks for (`403`). The request's W3C trace context
+/// goes with the command (docs/operations.md, "Tracing").
+fn check_submit(entry: &QueueEntry, queue: &str, parts: &Parts, body: &[u8]) -> Result<Command, ApiError> {
+    let mut command = parse_submit(body)?;
+    validate_id(&command.id)?;
+    if let Some(cx) = super::headers::trace_context(&parts.headers) {
+        command = command.with_trace_context(cx);
+    }
+    if !entry.handlers.is_empty() {
+        let Some(h) = entry.handlers.get(&command.command_type) else {
+            let types: Vec<&str> = entry.handlers.keys().map(String::as_str).collect();
+            return Err(ApiError::invalid(
+                "unknown_type",
+                format!(
+                    "queue {queue:?} has no handler for type {}; use one of {}",
+                    echo(&command.command_type),
+                    types.join(", ")
+                ),
+            ));
+        };
+        h.validate(&command.params).map_err(|e| ApiError::invalid("invalid_params", format!("invalid params: {e}")))?;
+    }
+    if let Some(spec) = command.output_spec() {
+        // The command creates its output stream: the caller must be allowed to write it.
+        let who = principal(&parts.extensions)?;
+        who.check_stream(Op::Write, &spec.stream_for(&command.id)).map_err(ApiError::forbidden)?;
+    }
+    Ok(command)
+}
+
+/// The most commands of one `POST /v1/queues/{queue}/commands/batch`.
+pub const MAX_BATCH: usize = 1000;
+
+/// The largest batch body, in bytes: 16 MiB, or `max_command_body` when that is larger (so one
+/// command of the largest size always fits). Each item is also held to `max_command_body`, as
+/// a submit alone (`413 body_too_large` for that item).
+pub const MAX_BATCH_BODY: usize = 16 << 20;
+
+/// The body rules of a batch: [`MAX_BATCH_BODY`].
+fn batch_body_limit(max_command_body: usize) -> BodyLimit {
+    BodyLimit {
+        limit: MAX_BATCH_BODY.max(max_command_body),
+        too_large: |n, limit| {
+            format!(
+                "request body is {n} bytes; a batch takes at most {limit} bytes; send the commands in smaller batches"
+            )
+        },
+        unreadable: "invalid_body",
+    }
+}
+
+const BATCH_SHAPE: &str = "{\"commands\": [{\"type\": \"echo\", \"params\": {…}}, …]}";
+
+/// The items of a batch body `{"commands": [item, …]}`, each as its JSON text (1 to
+/// [`MAX_BATCH`] of them). Errors (the whole request): `invalid_json`, `invalid_body`.
+fn parse_batch(body: &[u8]) -> Result<Vec<&RawValue>, ApiError> {
+    let bad = |why: String| ApiError::invalid("invalid_body", format!("{why}; send {BATCH_SHAPE}"));
+    let Ok(m) = serde_json::from_slice::<BTreeMap<&str, &RawValue>>(body) else {
+        return Err(match serde_json::from_slice::<Value>(body) {
+            Err(e) => {
+                ApiError::invalid("invalid_json", format!("request body is not valid JSON ({e}); send {BATCH_SHAPE}"))
+            }
+            Ok(v) => bad(format!("request body must be a JSON object; got {}", kind_of(&v))),
+        });
+    };
+    if let Some(k) = m.keys().find(|k| **k != "commands") {
+        return Err(bad(format!("unknown field {}; a batch body has only \"commands\"", echo(k))));
+    }
+    let Some(commands) = m.get("commands") else {
+        return Err(bad("missing field \"commands\"".to_string()));
+    };
+    let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(commands.get()) else {
+        let v: Value = serde_json::from_str(commands.get()).unwrap_or(Value::Null);
+        return Err(bad(format!("\"commands\" must be an array of submit bodies; got {}", kind_of(&v))));
+    };
+    if items.is_empty() {
+        return Err(bad(format!("\"commands\" is empty; give 1 to {MAX_BATCH} submit bodies")));
+    }
+    if items.len() > MAX_BATCH {
+        return Err(bad(format!(
+            "\"commands\" has {} items; a batch takes at most {MAX_BATCH}: send the rest in another request",
+            items.len()
+        )));
+    }
+    Ok(items)
+}
+
+/// `POST /v1/queues/{queue}/commands/batch` body `{"commands": [submit body, …]}`: each item
+/// submitted as `POST /v1/queues/{queue}/commands` would submit it alone (same checks, same
+/// outcome), all of them with one [`CommandStore::submit_many`]. The answer (`200`) is
+/// `{"results": [item, …]}` in the order of the items: `{"status": 202 (created) or 200 (stored
+/// already, same body), "state": state}`, or the error the item would get alone as
+/// `{"status", "error", "message", …}` ([`ApiError::item_json`]). No `?wait=`.
+pub async fn batch(
+    State(st): State<AppState>,
+    QueueName(queue): QueueName,
+    _: Query,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let api = &st.commands;
+    let entry = api.queue(&queue)?;
+    let (parts, body) = req.into_parts();
+    let body = read_body(body, &parts.headers, &batch_body_limit(api.max_body())).await?;
+    let items = parse_batch(&body)?;
+    let one = body_limit(api.max_body());
+    // Each item checked as a submit alone; those that pass are stored together.
+    let checked: Vec<Result<Command, ApiError>> = items
+        .iter()
+        .map(|raw| {
+            let text = raw.get().as_bytes();
+            if text.len() > one.limit {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    (one.too_large)(&text.len().to_string(), one.limit),
+                ));
+            }
+            check_submit(entry, &queue, &parts, text)
+        })
+        .collect();
+    let mut commands = Vec::with_capacity(checked.len());
+    let mut results: Vec<Option<Result<(CommandState, bool), ApiError>>> = Vec::with_capacity(checked.len());
+    for c in checked {
+        match c {
+            Ok(c) => {
+                commands.push(c);
+                results.push(None);
+            }
+            Err(e) => results.push(Some(Err(e))),
+        }
+    }
+    let mut stored = api.store().submit_many(&queue, commands).await.into_iter();
+    let mut text = String::from("{\"results\":[");
+    let mut created_n = 0u64;
+    for (i, r) in results.into_iter().enumerate() {
+        let r = r.unwrap_or_else(|| match stored.next() {
+            Some(outcome) => outcome.map_err(ApiError::from),
+            None => Err(CommandError::Corrupt {
+                id: String::new(),
+                reason: "the batch submit returned fewer outcomes than commands".into(),
+            }
+            .into()),
+        });
+        if i > 0 {
+            text.push(',');
+        }
+        match r {
+            Ok((state, created)) => {
+                created_n += u64::from(created);
+                let status = if created { 202 } else { 200 };
+                let state = serde_json::to_string(&state).unwrap_or_else(|_| "null".into());
+                text.push_str(&format!("{{\"status\":{status},\"state\":{state}}}"));
+            }
+            Err(e) => text.push_str(&e.item_json()),
+        }
+    }
+    text.push_str("]}");
+    if created_n > 0 {
+        metrics::counter!("baton_commands_submitted_total", "queue" => queue.clone()).increment(created_n);
+    }
+    Ok(([(header::CONTENT_TYPE, "application/json")], text).into_response())
 }
 
 fn urlencode(s: &str) -> String {

@@ -14,9 +14,8 @@ use baton_commands::CommandError;
 use baton_queue::QueueError;
 use baton_streams::StreamError;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::json::json_response;
 use super::names as h;
 
 /// The most characters of a request's value that an error message repeats.
@@ -123,14 +122,13 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        if self.status.is_server_error() {
-            tracing::warn!(status = %self.status, code = self.code, message = %self.message, "request failed");
-        } else {
-            tracing::debug!(status = %self.status, code = self.code, message = %self.message, "request refused");
-        }
-        let mut message = self.message;
+impl ApiError {
+    /// The body's JSON text: `{"error": code, "message": text}` (the message cut past
+    /// [`MESSAGE_MAX`]) then the extra fields in order, each as its JSON text; with `status`,
+    /// `"status": <the HTTP status>` comes first. The item of a batch answer
+    /// ([`ApiError::item_json`]) is this object with its status.
+    fn body_text(&self, status: bool) -> String {
+        let mut message = self.message.clone();
         if message.len() > MESSAGE_MAX {
             let mut at = MESSAGE_MAX;
             while !message.is_char_boundary(at) {
@@ -139,24 +137,39 @@ impl IntoResponse for ApiError {
             message.truncate(at);
             message.push('…');
         }
-        let mut body = Map::new();
-        body.insert("error".into(), Value::from(self.code));
-        body.insert("message".into(), Value::from(message));
-        let res = if self.extra.is_empty() {
-            json_response(Value::Object(body))
+        let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+        let mut text = String::from("{");
+        if status {
+            text.push_str(&format!("\"status\":{},", self.status.as_u16()));
+        }
+        text.push_str(&format!("\"error\":{},\"message\":{}", quote(self.code), quote(&message)));
+        for (name, raw) in &self.extra {
+            text.push(',');
+            text.push_str(&quote(name));
+            text.push(':');
+            text.push_str(raw.get());
+        }
+        text.push('}');
+        text
+    }
+
+    /// This error as one item of a batch answer (`POST /v1/queues/{queue}/commands/batch`):
+    /// `{"status": <the status it would answer alone>, "error": code, "message": text, …extra
+    /// fields}`, as JSON text. Its headers are not carried.
+    pub fn item_json(&self) -> String {
+        self.body_text(true)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = %self.status, code = self.code, message = %self.message, "request failed");
         } else {
-            // {"error", "message", then the extra fields in order, each as its JSON text}.
-            let mut text = serde_json::to_string(&Value::Object(body)).unwrap_or_else(|_| "{}".into());
-            text.pop();
-            for (name, raw) in &self.extra {
-                text.push(',');
-                text.push_str(&serde_json::to_string(name).unwrap_or_else(|_| "\"\"".into()));
-                text.push(':');
-                text.push_str(raw.get());
-            }
-            text.push('}');
-            ([(header::CONTENT_TYPE, "application/json")], text).into_response()
-        };
+            tracing::debug!(status = %self.status, code = self.code, message = %self.message, "request refused");
+        }
+        let text = self.body_text(false);
+        let res = ([(header::CONTENT_TYPE, "application/json")], text).into_response();
         let mut res = (self.status, res).into_response();
         res.headers_mut().extend(self.headers);
         res

@@ -264,6 +264,18 @@ fn schemas() -> Value {
         "BulkReport": { "type": "object", "required": ["looked_at", "eligible", "applied", "refused", "next_cursor"], "properties": {
             "looked_at": count(), "eligible": count(), "applied": count(), "refused": count(),
             "next_cursor": { "type": ["string", "null"] } } },
+        "BatchSubmitRequest": { "type": "object", "required": ["commands"], "additionalProperties": false, "properties": {
+            "commands": { "type": "array", "minItems": 1, "maxItems": 1000, "items": r("SubmitRequest"),
+                          "description": "1 to 1000 submit bodies, each as `POST /v1/queues/{queue}/commands` takes it (and held to `max_command_body`)." } } },
+        "BatchSubmitReport": { "type": "object", "required": ["results"], "additionalProperties": false, "properties": {
+            "results": { "type": "array", "description": "One per item, in the order of the items.", "items": { "oneOf": [
+                { "type": "object", "required": ["status", "state"], "additionalProperties": false, "properties": {
+                    "status": { "type": "integer", "enum": [200, 202], "description": "202: created by this request; 200: stored already with the same body." },
+                    "state": r("CommandState") } },
+                { "type": "object", "required": ["status", "error", "message"], "properties": {
+                    "status": { "type": "integer", "minimum": 400, "maximum": 599, "description": "The status a submit of this item alone would answer." },
+                    "error": { "type": "string", "description": "Its code, as a submit alone (`invalid_body`, `unknown_type`, `conflict`, …)." },
+                    "message": { "type": "string" } } } ] } } } },
         "CommandPage": { "type": "object", "required": ["items", "next_cursor"], "properties": {
             "items": { "type": "array", "items": r("CommandState") },
             "next_cursor": { "type": ["string", "null"] } } },

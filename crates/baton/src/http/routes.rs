@@ -915,6 +915,35 @@ fn command_routes(d: &Docs) -> Vec<Route> {
             ),
             post(commands::cancel),
         ),
+        Route::json("/v1/queues/{queue}/commands/batch", Access::Queue(Write)).on(
+            Method::POST,
+            Access::Queue(Write),
+            with_body(
+                op(
+                    "Submit up to 1000 commands in one request",
+                    "commands",
+                    json!([d.queue()]),
+                    protected(map(vec![
+                        (
+                            "200",
+                            json_resp(
+                                "One result per item, in the order of the items: each the status and body a submit of that item alone would answer (`202` created, `200` stored already with the same body: `state`; else `error`, `message`). No `?wait=`.",
+                                r("BatchSubmitReport"),
+                            ),
+                        ),
+                        ("400", err_resp("Malformed JSON (`invalid_json`), or a body that is not `{\"commands\": [1 to 1000 items]}` (`invalid_body`). A bad item is refused in its own result.")),
+                        ("404", err_resp("Unknown queue.")),
+                        ("413", err_resp("Body over 16 MiB (or over max_command_body when that is larger).")),
+                        ("415", err_resp("`unsupported_media_type`: the Content-Type is not JSON; send `application/json` (a `+json` type, or no Content-Type, is read as JSON too).")),
+                    ])),
+                ),
+                json!({ "required": true, "content": { "application/json": { "schema": r("BatchSubmitRequest"),
+                    "examples": { "two": { "value": { "commands": [
+                        { "type": "echo", "params": { "n": 1 } },
+                        { "id": "nap-1", "type": "sleep", "params": { "ms": 100 } } ] } } } } } }),
+            ),
+            post(commands::batch).route_layer(middleware::from_fn(plumbing::require_json)),
+        ),
         Route::json("/v1/queues/{queue}/commands/bulk", Access::Queue(Write)).on(
             Method::POST,
             Access::Queue(Write),
