@@ -79,9 +79,10 @@ def test_submit_many_mixed_batch_in_order_then_run(batch_server: BatonServer) ->
                     {"type": "resize", "params": {"n": 4}, "id": "b-4"},  # no such type here: 400
                     {"type": "echo", "params": {"n": 5}, "id": "b-5", "priority": 3},  # new
                     {"type": "echo", "params": {"n": "pre"}, "id": "b-pre"},  # stored before: 200
+                    {"type": "echo", "id": "b-7", "priority": 11},  # out of range: 400
                 ],
             )
-            assert len(out) == 7
+            assert len(out) == 8
 
             first = out[0]
             assert isinstance(first, CommandState)
@@ -116,9 +117,15 @@ def test_submit_many_mixed_batch_in_order_then_run(batch_server: BatonServer) ->
             assert isinstance(stored, CommandState)
             assert (stored.created, stored.id, stored.created_at) == (False, "b-pre", pre.created_at)
 
+            bad = out[7]
+            assert isinstance(bad, BadRequestError), bad
+            assert (bad.status, bad.code) == (400, "invalid_body")
+            assert bad.message == '"priority" must be an integer from -10 to 10; got 11'
+
             # The refused items stored nothing; the stored ones kept their first params.
-            with pytest.raises(NotFoundError):
-                await c.get("b-4")
+            for refused in ("b-4", "b-7"):
+                with pytest.raises(NotFoundError):
+                    await c.get(refused)
             assert (await c.get("b-0")).params == {"n": 0}
 
             created = {"b-pre": {"n": "pre"}, "b-0": {"n": 0}, anon.id: {"n": 1}, "b-5": {"n": 5}}

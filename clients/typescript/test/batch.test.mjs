@@ -44,6 +44,7 @@ forEachBackend("BatonClient.submitMany", { config: CONFIG }, (ctx) => {
     const baton = client();
     const [a, b, pre] = [uid("b-a"), uid("b-b"), uid("b-pre")];
     const unknownId = uid("b-unknown");
+    const badId = uid("b-bad");
     const before = await baton.submitDetailed("batch", "echo", { n: "pre" }, { id: pre });
     assert.equal(before.created, true);
 
@@ -55,8 +56,9 @@ forEachBackend("BatonClient.submitMany", { config: CONFIG }, (ctx) => {
       { type: "resize", params: { n: 4 }, id: unknownId }, // no such type on this queue: 400
       { type: "echo", params: { n: 5 }, id: b, priority: 3 }, // new
       { type: "echo", params: { n: "pre" }, id: pre }, // stored before: 200
+      { type: "echo", id: badId, priority: 11 }, // out of range: 400
     ]);
-    assert.equal(out.length, 7);
+    assert.equal(out.length, 8);
 
     assert.ok(!(out[0] instanceof BatonError), String(out[0]));
     assert.equal(out[0].created, true);
@@ -71,7 +73,7 @@ forEachBackend("BatonClient.submitMany", { config: CONFIG }, (ctx) => {
     assert.equal(out[1].created, true);
     assert.deepEqual(out[1].state.params, { n: 1 });
     const anon = out[1].state.id;
-    assert.ok(typeof anon === "string" && anon.length > 0 && ![a, b, pre, unknownId].includes(anon), anon);
+    assert.ok(typeof anon === "string" && anon.length > 0 && ![a, b, pre, unknownId, badId].includes(anon), anon);
 
     assert.ok(!(out[2] instanceof BatonError), String(out[2]));
     assert.equal(out[2].created, false);
@@ -99,8 +101,15 @@ forEachBackend("BatonClient.submitMany", { config: CONFIG }, (ctx) => {
     assert.equal(out[6].state.id, pre);
     assert.equal(out[6].state.created_at, before.state.created_at);
 
-    // The refused item stored nothing; the stored id kept its first params.
-    await assert.rejects(baton.get(unknownId), (err) => err instanceof BatonError && err.code === "not_found");
+    assert.ok(out[7] instanceof BatonError, `expected a BatonError, got ${JSON.stringify(out[7])}`);
+    assert.equal(out[7].status, 400);
+    assert.equal(out[7].code, "invalid_body");
+    assert.equal(out[7].message, '"priority" must be an integer from -10 to 10; got 11');
+
+    // The refused items stored nothing; the stored id kept its first params.
+    for (const refused of [unknownId, badId]) {
+      await assert.rejects(baton.get(refused), (err) => err instanceof BatonError && err.code === "not_found");
+    }
     assert.deepEqual((await baton.get(a)).params, { n: 0 });
 
     const { errors } = pool.start({ queue: "batch", handler: { echo: (job) => ({ echo: job.params }) } });
