@@ -56,6 +56,28 @@ export interface SubmitOptions {
   signal?: AbortSignal;
 }
 
+/**
+ * One command of {@link BatonClient.submitMany}: its `type`, `params` (any JSON value, or
+ * {@link RawJson}; omitted: none) and the options of {@link BatonClient.submit} but `signal`
+ * (`id`, `output`, `runAt`, `delay`, `priority`: same meaning, same defaults).
+ */
+export interface SubmitItem extends Omit<SubmitOptions, "signal"> {
+  type: string;
+  params?: unknown;
+}
+
+/**
+ * One outcome of {@link BatonClient.submitMany}: `{created, state}` for a stored command (`202`
+ * new, `200` already there), or the item's {@link BatonError} (`status`, `code`, `message`).
+ */
+export type SubmitManyOutcome = SubmitResult | BatonError;
+
+/**
+ * The most commands the server takes in one batch request; {@link BatonClient.submitMany} sends
+ * a longer list as several requests of at most this many.
+ */
+export const MAX_BATCH = 1000;
+
 /** Options of {@link BatonClient.wait}. */
 export interface WaitOptions {
   /** How long to wait in total, in milliseconds (default: no limit). */
@@ -70,18 +92,6 @@ function enc(part: string): string {
   return encodeURIComponent(part);
 }
 
-/**
- * The commands API of `baton serve`: submit, get, wait, cancel.
- *
- * Every method rejects with a {@link BatonError} on an error answer (`status`, `code`,
- * `message`) or when no answer came (`status` 0, `code` `"network_error"`).
- *
- * ```ts
- * const baton = new BatonClient({ url: "http://127.0.0.1:7700" });
- * const { id } = await baton.submit("jobs", "resize", { image: "a.png" });
- * const state = await baton.wait(id, { timeoutMs: 60_000 });
- * ```
- */
 /** The `run_at` / `delay` fields of a body (`,"run_at":…`), or "" for neither. */
 function dueFields(runAt: Date | string | undefined, delay: number | string | undefined, required: boolean): string {
   if (runAt !== undefined && delay !== undefined) throw new TypeError("give runAt or delay, not both");
@@ -99,6 +109,86 @@ function dueFields(runAt: Date | string | undefined, delay: number | string | un
   return "";
 }
 
+/** The JSON body of one submit (also one item of a batch). */
+function commandBody(type: string, params: unknown, options: Omit<SubmitOptions, "signal">): string {
+  let body = `{"type":${JSON.stringify(type)}`;
+  if (options.id !== undefined) body += `,"id":${JSON.stringify(options.id)}`;
+  if (params !== undefined) body += `,"params":${jsonText(params)}`;
+  if (options.output !== undefined) body += `,"output":${JSON.stringify(options.output)}`;
+  body += dueFields(options.runAt, options.delay, false);
+  if (options.priority !== undefined) body += `,"priority":${JSON.stringify(options.priority)}`;
+  return body + "}";
+}
+
+const ITEM_KEYS = ["type", "params", "id", "output", "runAt", "delay", "priority"];
+
+/** The JSON text of `items[index]` of a batch, or a TypeError naming the index. */
+function itemBody(item: SubmitItem, index: number): string {
+  if (item === null || typeof item !== "object" || Array.isArray(item)) {
+    throw new TypeError(`submitMany: items[${index}] must be an object like {type: "resize", params: {...}}`);
+  }
+  const unknown = Object.keys(item).filter((k) => !ITEM_KEYS.includes(k));
+  if (unknown.length > 0) {
+    throw new TypeError(
+      `submitMany: items[${index}] has unknown key(s) ${unknown.join(", ")}; an item has only ${ITEM_KEYS.join(", ")}`,
+    );
+  }
+  if (typeof item.type !== "string") {
+    throw new TypeError(`submitMany: items[${index}] needs a string type, got ${describeBody(item.type)}`);
+  }
+  try {
+    return commandBody(item.type, item.params, item);
+  } catch (err) {
+    const message = err instanceof Error ? err.message : String(err);
+    throw new TypeError(`submitMany: items[${index}]: ${message}`, { cause: err });
+  }
+}
+
+/** One element of a batch answer's `results`: `{created, state}` or the item's error. */
+function batchOutcome(httpStatus: number, index: number, result: unknown): SubmitManyOutcome {
+  const r = (result !== null && typeof result === "object" ? result : {}) as {
+    status?: unknown;
+    state?: unknown;
+    error?: unknown;
+    message?: unknown;
+  };
+  const state = r.state !== null && typeof r.state === "object" ? (r.state as CommandState) : undefined;
+  if ((r.status === 200 || r.status === 202) && state !== undefined) return { created: r.status === 202, state };
+  if (typeof r.status === "number" && r.status >= 400 && typeof r.error === "string") {
+    const message = typeof r.message === "string" ? r.message : r.error;
+    return new BatonError(r.status, r.error, message, { body: result, state });
+  }
+  throw new BatonError(
+    httpStatus,
+    "invalid_response",
+    `results[${index}] of the batch answer is neither {status: 200|202, state} nor {status: >=400, error, message}: ${describeBody(result)}`,
+    { body: result },
+  );
+}
+
+/** A value in a message: its JSON, cut to 200 characters. */
+function describeBody(value: unknown): string {
+  let text: string;
+  try {
+    text = JSON.stringify(value) ?? String(value);
+  } catch {
+    text = String(value);
+  }
+  return text.length > 200 ? `${text.slice(0, 200)}…` : text;
+}
+
+/**
+ * The commands API of `baton serve`: submit (one or many), get, wait, cancel.
+ *
+ * Every method rejects with a {@link BatonError} on an error answer (`status`, `code`,
+ * `message`) or when no answer came (`status` 0, `code` `"network_error"`).
+ *
+ * ```ts
+ * const baton = new BatonClient({ url: "http://127.0.0.1:7700" });
+ * const { id } = await baton.submit("jobs", "resize", { image: "a.png" });
+ * const state = await baton.wait(id, { timeoutMs: 60_000 });
+ * ```
+ */
 export class BatonClient {
   readonly #endpoint: Endpoint;
   readonly #maxWaitChunkMs: number;
@@ -130,18 +220,58 @@ export class BatonClient {
 
   /** {@link BatonClient.submit}, also telling whether the command is new (`202`) or was already there (`200`). */
   async submitDetailed(queue: string, type: string, params?: unknown, options: SubmitOptions = {}): Promise<SubmitResult> {
-    let body = `{"type":${JSON.stringify(type)}`;
-    if (options.id !== undefined) body += `,"id":${JSON.stringify(options.id)}`;
-    if (params !== undefined) body += `,"params":${jsonText(params)}`;
-    if (options.output !== undefined) body += `,"output":${JSON.stringify(options.output)}`;
-    body += dueFields(options.runAt, options.delay, false);
-    if (options.priority !== undefined) body += `,"priority":${JSON.stringify(options.priority)}`;
-    body += "}";
+    const body = commandBody(type, params, options);
     const res = await requestJson(this.#endpoint, "POST", `/v1/queues/${enc(queue)}/commands`, {
       body,
       signal: options.signal,
     });
     return { created: res.status === 202, state: res.body as CommandState };
+  }
+
+  /**
+   * Submits several commands to `queue` at once (`POST /v1/queues/{queue}/commands/batch`).
+   * Each item is decided on its own, as {@link BatonClient.submitDetailed} of it would be (same
+   * rules, idempotence and errors): one item's error does not stop the others.
+   *
+   * More than {@link MAX_BATCH} (1000) items are sent as several requests of at most 1000, one
+   * after the other, and their outcomes joined in order. An empty list sends nothing.
+   *
+   * @returns one outcome per item, in the order of `items`: `{created, state}` as
+   *   {@link BatonClient.submitDetailed} answers, or the {@link BatonError} that it would have
+   *   thrown for that item (e.g. `409 conflict`, `400 unknown_type`), returned and not thrown
+   *   (its `body` is the item's error object). Tell them apart with `instanceof BatonError`.
+   * @throws {TypeError} an item that is not an object with a string `type`, has an unknown key,
+   *   both `runAt` and `delay`, or params not representable as JSON (naming its index; nothing is
+   *   sent).
+   * @throws {BatonError} for the request itself: `404 unknown_queue`, `400 invalid_json` /
+   *   `invalid_body`, `413` (the items' JSON is over the server's limit), `401`/`403`, `503`, no
+   *   answer (status 0). With more than 1000 items, the requests before the failed one were
+   *   stored (their outcomes are lost; resubmitting items with an `id` is idempotent).
+   */
+  async submitMany(
+    queue: string,
+    items: readonly SubmitItem[],
+    options: { signal?: AbortSignal } = {},
+  ): Promise<SubmitManyOutcome[]> {
+    if (!Array.isArray(items)) throw new TypeError("submitMany: items must be an array of {type, params?, id?, ...}");
+    const bodies = items.map((item, i) => itemBody(item, i));
+    const outcomes: SubmitManyOutcome[] = [];
+    for (let at = 0; at < bodies.length; at += MAX_BATCH) {
+      const chunk = bodies.slice(at, at + MAX_BATCH);
+      const res = await requestJson(this.#endpoint, "POST", `/v1/queues/${enc(queue)}/commands/batch`, {
+        body: `{"commands":[${chunk.join(",")}]}`,
+        signal: options.signal,
+      });
+      const results = (res.body as { results?: unknown } | null)?.results;
+      if (!Array.isArray(results) || results.length !== chunk.length) {
+        const got = Array.isArray(results) ? `${results.length} results` : `no results list: ${describeBody(res.body)}`;
+        throw new BatonError(res.status, "invalid_response", `the batch answer has ${got} for ${chunk.length} commands`, {
+          body: res.body,
+        });
+      }
+      results.forEach((r, i) => outcomes.push(batchOutcome(res.status, at + i, r)));
+    }
+    return outcomes;
   }
 
   /**

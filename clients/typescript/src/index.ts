@@ -4,7 +4,16 @@
  *
  * @packageDocumentation
  */
-export { BatonClient, type BatonClientOptions, type SubmitOptions, type SubmitResult, type WaitOptions } from "./client.js";
+export {
+  BatonClient,
+  MAX_BATCH,
+  type BatonClientOptions,
+  type SubmitItem,
+  type SubmitManyOutcome,
+  type SubmitOptions,
+  type SubmitResult,
+  type WaitOptions,
+} from "./client.js";
 export { BatonError } from "./errors.js";
 export { Failed, HandOff, JobAborted, Release, Running, type AbortKind } from "./outcomes.js";
 export {

@@ -1,11 +1,11 @@
 """Python SDK of Baton: an asyncio client of the command API and a remote worker.
 
-- :class:`BatonClient`: submit, get, wait for and cancel commands.
+- :class:`BatonClient`: submit (one or many), get, wait for and cancel commands.
 - :class:`Worker`: claim a queue's commands over HTTP and run a handler for each, with
   leases renewed from a process of its own (see the README).
 """
 
-from ._client import MAX_WAIT, BatonClient
+from ._client import MAX_BATCH, MAX_WAIT, BatonClient, SubmitItem
 from ._errors import (
     AuthError,
     BadRequestError,
@@ -41,6 +41,7 @@ __all__ = [
     "JobOutput",
     "Lease",
     "LeaseLostError",
+    "MAX_BATCH",
     "MAX_WAIT",
     "NotFoundError",
     "OutputLink",
@@ -48,6 +49,7 @@ __all__ = [
     "RawJSON",
     "Release",
     "Running",
+    "SubmitItem",
     "UnavailableError",
     "Worker",
     "__version__",

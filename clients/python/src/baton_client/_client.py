@@ -5,23 +5,136 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, TypedDict, Union
 
 import httpx
 
-from ._errors import UnavailableError
+from ._errors import BatonError, UnavailableError, error_from_response
 from ._http import JSON_HEADERS, base_headers, connection_error, decode, dumps, error_of, seg
 from ._state import CommandState, Duration, duration_seconds, format_duration
 
-__all__ = ["BatonClient", "MAX_WAIT"]
+__all__ = ["BatonClient", "MAX_BATCH", "MAX_WAIT", "SubmitItem"]
 
 #: The longest ``?wait=`` the server takes in one request, in seconds (5 minutes).
 MAX_WAIT = 300.0
+
+#: The most commands the server takes in one batch request; :meth:`BatonClient.submit_many`
+#: sends a longer list as several requests of at most this many.
+MAX_BATCH = 1000
 
 # Extra time on top of a server-side wait before the HTTP request itself times out, seconds.
 _WAIT_MARGIN = 30.0
 
 _UNSET: Any = object()
+
+
+class _SubmitItemType(TypedDict):
+    type: str
+
+
+class SubmitItem(_SubmitItemType, total=False):
+    """One command of :meth:`BatonClient.submit_many`: a dict with ``type`` and any of the
+    other arguments of :meth:`BatonClient.submit` but ``wait`` (same meaning, same defaults)::
+
+        {"type": "resize", "params": {"image": "a.png"}, "id": "job-1", "priority": 5}
+    """
+
+    params: Any
+    id: Optional[str]
+    output: Union[bool, Dict[str, Any], None]
+    run_at: Union[datetime, str, None]
+    delay: Optional[Duration]
+    priority: Optional[int]
+
+
+_ITEM_KEYS = ("type", "params", "id", "output", "run_at", "delay", "priority")
+
+
+def _command_body(
+    type: str,
+    params: Any,
+    id: Optional[str],
+    output: Union[bool, Dict[str, Any], None],
+    run_at: Union[datetime, str, None],
+    delay: Optional[Duration],
+    priority: Optional[int],
+) -> Dict[str, Any]:
+    """The JSON body of one submit (also one item of a batch); ``None`` arguments are left out.
+
+    Raises:
+        ValueError: both ``run_at`` and ``delay``; a naive ``run_at``; a bad ``delay``.
+    """
+    payload: Dict[str, Any] = {"type": type}
+    if id is not None:
+        payload["id"] = id
+    if params is not None:
+        payload["params"] = params
+    if output is not None:
+        payload["output"] = output
+    if run_at is not None and delay is not None:
+        raise ValueError("give run_at or delay, not both")
+    if run_at is not None:
+        if isinstance(run_at, datetime):
+            if run_at.tzinfo is None:
+                raise ValueError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+            run_at = run_at.isoformat()
+        payload["run_at"] = run_at
+    if delay is not None:
+        payload["delay"] = format_duration(delay)
+    if priority is not None:
+        payload["priority"] = priority
+    return payload
+
+
+def _item_body(index: int, item: Any) -> bytes:
+    """The JSON text of ``items[index]`` of a batch (see :class:`SubmitItem`).
+
+    Raises:
+        TypeError: not a mapping, or no string ``type``.
+        ValueError: an unknown key, or an option refused as by :meth:`BatonClient.submit`.
+        TypeError / ValueError: ``params`` or ``output`` not JSON-serializable.
+    """
+    if not isinstance(item, Mapping):
+        raise TypeError(f"items[{index}] must be a dict like {{'type': 'resize', 'params': {{...}}}}, not {item!r}")
+    unknown = sorted(str(k) for k in item if k not in _ITEM_KEYS)
+    if unknown:
+        raise ValueError(
+            f"items[{index}] has unknown key(s) {', '.join(unknown)}; an item has only {', '.join(_ITEM_KEYS)}"
+        )
+    if not isinstance(item.get("type"), str):
+        raise TypeError(f"items[{index}] needs a string 'type', got {item.get('type')!r}")
+    try:
+        return dumps(
+            _command_body(
+                item["type"],
+                item.get("params"),
+                item.get("id"),
+                item.get("output"),
+                item.get("run_at"),
+                item.get("delay"),
+                item.get("priority"),
+            )
+        )
+    except (TypeError, ValueError) as exc:
+        kind = TypeError if isinstance(exc, TypeError) else ValueError
+        raise kind(f"items[{index}]: {exc}") from exc
+
+
+def _batch_outcome(response: httpx.Response, index: int, result: Any) -> Union[CommandState, BatonError]:
+    """One element of a batch answer's ``results``: the state (``created`` from its ``status``)
+    or the item's error (the exception :meth:`BatonClient.submit` would raise, not raised)."""
+    status = result.get("status") if isinstance(result, dict) else None
+    if isinstance(status, int) and not isinstance(status, bool):
+        if status in (200, 202) and isinstance(result.get("state"), dict):
+            return CommandState.from_json(result["state"], created=status == 202)
+        if status >= 400:
+            return error_from_response(status, result, None)
+    raise BatonError(
+        response.status_code,
+        "invalid_response",
+        f"results[{index}] of the batch answer is neither {{status: 200|202, state}} nor "
+        f"{{status: >=400, error, message}}: {str(result)[:200]}",
+    )
 
 
 class BatonClient:
@@ -183,25 +296,7 @@ class BatonClient:
             UnavailableError: the backend or the live-reader slots (with ``wait``).
             TypeError / ValueError: ``params`` is not JSON-serializable.
         """
-        payload: Dict[str, Any] = {"type": type}
-        if id is not None:
-            payload["id"] = id
-        if params is not None:
-            payload["params"] = params
-        if output is not None:
-            payload["output"] = output
-        if run_at is not None and delay is not None:
-            raise ValueError("give run_at or delay, not both")
-        if run_at is not None:
-            if isinstance(run_at, datetime):
-                if run_at.tzinfo is None:
-                    raise ValueError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
-                run_at = run_at.isoformat()
-            payload["run_at"] = run_at
-        if delay is not None:
-            payload["delay"] = format_duration(delay)
-        if priority is not None:
-            payload["priority"] = priority
+        payload = _command_body(type, params, id, output, run_at, delay, priority)
         query = None
         timeout = None
         if wait is not None:
@@ -212,6 +307,62 @@ class BatonClient:
         )
         data = decode(response)
         return CommandState.from_json(data, created=response.status_code == 202)
+
+    async def submit_many(
+        self, queue: str, items: Sequence[SubmitItem]
+    ) -> List[Union[CommandState, BatonError]]:
+        """Submit several commands at once: ``POST /v1/queues/{queue}/commands/batch``.
+
+        Each item is decided on its own, as a :meth:`submit` of it would be (the same rules,
+        idempotence and errors), and one item's error does not stop the others.
+
+        More than :data:`MAX_BATCH` (1000) items are sent as several requests of at most 1000,
+        one after the other, and their results joined in order. An empty list sends nothing.
+
+        Args:
+            queue: a configured queue.
+            items: dicts (:class:`SubmitItem`) with ``type`` and optionally ``params``, ``id``,
+                ``output``, ``run_at``, ``delay``, ``priority``, as the arguments of
+                :meth:`submit`; ``None`` values are left out.
+
+        Returns:
+            One outcome per item, in the order of ``items``: a :class:`CommandState` whose
+            ``created`` is ``True`` (new) or ``False`` (the same command was already
+            submitted, its stored state), or the :class:`BatonError` (subclass by status, e.g.
+            ``ConflictError`` ``conflict``, ``BadRequestError`` ``unknown_type``) that
+            :meth:`submit` would have raised for that item, returned and not raised; its
+            ``body`` is the item's error object.
+
+        Raises:
+            NotFoundError: ``unknown_queue`` (nothing stored).
+            BadRequestError: the request itself: ``invalid_json``, ``invalid_body``,
+                ``body_too_large`` (413: the items' JSON is over the server's limit).
+            AuthError / UnavailableError / BatonConnectionError: as for :meth:`submit`. With
+                more than 1000 items, the requests before the failed one were stored (their
+                outcomes are lost with the exception; resubmitting items with an ``id`` is
+                idempotent).
+            TypeError / ValueError: an item that is not a dict with a string ``type``, has an
+                unknown key, an option :meth:`submit` refuses, or params that are not
+                JSON-serializable (naming the item's index; nothing is sent).
+        """
+        bodies = [_item_body(i, item) for i, item in enumerate(items)]
+        chunks = [bodies[at : at + MAX_BATCH] for at in range(0, len(bodies), MAX_BATCH)]
+        outcomes: List[Union[CommandState, BatonError]] = []
+        for n, chunk in enumerate(chunks):
+            sent = len(chunk)
+            payload = b'{"commands":[' + b",".join(chunk) + b"]}"
+            response = await self._request("POST", f"/v1/queues/{seg(queue)}/commands/batch", body=payload)
+            data = decode(response)
+            results = data.get("results") if isinstance(data, dict) else None
+            if not isinstance(results, list) or len(results) != sent:
+                got = f"{len(results)} results" if isinstance(results, list) else f"no results list: {str(data)[:200]}"
+                raise BatonError(
+                    response.status_code,
+                    "invalid_response",
+                    f"the batch answer has {got} for {sent} commands",
+                )
+            outcomes.extend(_batch_outcome(response, n * MAX_BATCH + i, r) for i, r in enumerate(results))
+        return outcomes
 
     async def reschedule(
         self, id: str, *, run_at: Union[datetime, str, None] = None, delay: Optional[Duration] = None
