@@ -233,7 +233,6 @@ async fn whole_request_errors() {
 /// (about 20 a second with no service of the queue running: the server's own upkeep), so the
 /// count is of the calls that name the batch's ids, from the slow log (every command logged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the Redis store's submit_many is not on main yet: it submits one after the other (measured: 100 EVALSHA naming the batch's ids); run with --ignored once it is"]
 async fn one_script_call_per_batch_on_redis() {
     baton_testkit::require_redis();
     let srv = serve(TestBackend::Standalone(baton_testkit::RedisServer::start()), |c| c.run_workers = false).await;
