@@ -236,7 +236,7 @@ async fn connection(
     shutdown: CancellationToken,
 ) {
     metrics::gauge!("baton_http_connections").increment(1.0);
-    let watch = Arc::new(Watch::new());
+    let watch = Arc::new(Watch::new(Unsent::of(&stream)));
     let io = TokioIo::new(Watched { io: stream, watch: watch.clone() });
     let svc = {
         let watch = watch.clone();
@@ -277,6 +277,14 @@ async fn connection(
             _ = watch.idle.notified() => {}
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                 if let Some(reason) = watch.expired(&limits) {
+                    // The rest of a response may wait in the kernel's send queue: a client that
+                    // keeps reading drains it without any new write here (Linux wakes a writer
+                    // only once a third of a large send buffer has drained, which takes longer
+                    // than the idle timeout for a slow reader). Draining counts as progress.
+                    if reason == "idle" && watch.unsent.drained() {
+                        watch.mark(IDLE);
+                        continue;
+                    }
                     metrics::counter!("baton_http_connections_timed_out_total", "reason" => reason).increment(1);
                     break;
                 }
@@ -288,6 +296,67 @@ async fn connection(
         }
     }
     metrics::gauge!("baton_http_connections").decrement(1.0);
+}
+
+/// The bytes a connection's socket has not yet had acknowledged by the client (Linux:
+/// `SIOCOUTQ`), to tell a slow reader from a stalled one when the idle timeout passes.
+struct Unsent {
+    #[cfg(target_os = "linux")]
+    fd: std::os::fd::RawFd,
+    /// At the last write or look (`u64::MAX`: unknown).
+    last: AtomicU64,
+}
+
+impl Unsent {
+    fn of(stream: &TcpStream) -> Unsent {
+        #[cfg(target_os = "linux")]
+        let u = Unsent { fd: std::os::fd::AsRawFd::as_raw_fd(stream), last: AtomicU64::new(u64::MAX) };
+        #[cfg(not(target_os = "linux"))]
+        let u = {
+            let _ = stream;
+            Unsent { last: AtomicU64::new(u64::MAX) }
+        };
+        u
+    }
+
+    /// No socket (its queue is never known).
+    #[cfg(test)]
+    fn none() -> Unsent {
+        Unsent {
+            #[cfg(target_os = "linux")]
+            fd: -1,
+            last: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Notes the queue after a write.
+    fn note(&self) {
+        self.last.store(self.queued().unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// The send queue holds bytes and fewer than after the last write or look (the client read
+    /// some since). Always `false` where the queue cannot be read (then the idle time counts
+    /// from the last write alone).
+    fn drained(&self) -> bool {
+        let Some(now) = self.queued() else { return false };
+        let before = self.last.swap(now, Relaxed);
+        now > 0 && now < before
+    }
+
+    #[cfg(target_os = "linux")]
+    fn queued(&self) -> Option<u64> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: `fd` is the connection's socket, open while its `Watch` is in use (the stream
+        // is owned by the hyper connection of the same task, which outlives every look);
+        // SIOCOUTQ (= TIOCOUTQ) writes one int.
+        let r = unsafe { libc::ioctl(self.fd, libc::TIOCOUTQ, &mut n) };
+        (r == 0 && n >= 0).then_some(n as u64)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn queued(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Waiting for the first request's head (since the connection started).
@@ -307,16 +376,19 @@ struct Watch {
     in_flight: AtomicUsize,
     /// Woken when the last request in flight ends (the deadline comes back).
     idle: Notify,
+    /// The socket's send queue: draining is progress too.
+    unsent: Unsent,
 }
 
 impl Watch {
-    fn new() -> Watch {
+    fn new(unsent: Unsent) -> Watch {
         Watch {
             start: Instant::now(),
             phase: AtomicU8::new(FRESH),
             since_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
+            unsent,
         }
     }
 
@@ -339,6 +411,7 @@ impl Watch {
     fn wrote(&self) {
         if self.phase.load(Relaxed) == IDLE {
             self.mark(IDLE);
+            self.unsent.note();
         }
     }
 
@@ -536,7 +609,7 @@ mod tests {
         };
         let limits = Limits::new(&conns, 16 << 10);
         assert_eq!(limits.hyper_max_headers, 409);
-        let w = Arc::new(Watch::new());
+        let w = Arc::new(Watch::new(Unsent::none()));
         assert_eq!(w.deadline(&limits), Some(w.start + Duration::from_millis(20)), "fresh: header timeout");
         let busy = Busy::begin(&w);
         std::thread::sleep(Duration::from_millis(30));
