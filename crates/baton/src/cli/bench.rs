@@ -98,8 +98,8 @@ pub struct BenchArgs {
     pub rounds: u64,
     /// `commands`: open loop instead of closed: at each concurrency, `--count` no-op commands are
     /// first submitted in batches of `--batch` (`CommandStore::submit_many`, one batch in flight,
-    /// no command service running: they wait in the queue; row `add`, latency per batch call),
-    /// then a command service with `concurrency` no-op handlers drains them (row `drain`:
+    /// no command service running: they wait in the queue; row `commands add`, latency per
+    /// call), then a command service with `concurrency` no-op handlers drains them (row `commands drain`:
     /// commands per second from the service's start until the queue counts exactly `--count`
     /// `SUCCEEDED`), as BullMQ's `addBulk` + `Worker` benchmark does (scripts/bench-bullmq.sh).
     #[arg(long)]
