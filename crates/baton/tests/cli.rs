@@ -879,6 +879,84 @@ fn bench_runs_each_workload_in_memory() {
     Out::from(Command::new(BIN).args(["bench", "queue", "--concurrency", "0"]).output().unwrap()).code(2);
 }
 
+/// `bench commands --open-loop`: an `add` row (latency per `submit_many` call) and a `drain` row
+/// (no latency) per concurrency; on Redis each `commands` row counts Redis calls per command,
+/// in memory none.
+#[test]
+fn bench_commands_open_loop() {
+    baton_testkit::require_redis();
+    let redis = baton_testkit::RedisServer::start();
+    let url = redis.url();
+    for backend in [None, Some(url.as_str())] {
+        let mut args = vec!["bench", "commands", "--open-loop", "--count", "250", "--batch", "100"];
+        args.extend(["--concurrency", "8,16", "--quiet", "--json"]);
+        if let Some(u) = backend {
+            args.extend(["--redis", u]);
+        }
+        let out = Out::from(Command::new(BIN).args(&args).env("BATON_LOG", "warn").output().unwrap()).ok();
+        let v = out.json();
+        let rows: Vec<(&str, u64, u64, &str)> = v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let name = r["name"].as_str().unwrap();
+                (name, r["concurrency"].as_u64().unwrap(), r["ops"].as_u64().unwrap(), r["latency"].as_str().unwrap())
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("commands add", 8, 250, "submit_many call"),
+                ("commands drain", 8, 250, "–"),
+                ("commands add", 16, 250, "submit_many call"),
+                ("commands drain", 16, 250, "–"),
+            ],
+            "{v}"
+        );
+        for r in v["results"].as_array().unwrap() {
+            let (ops, secs, rate) =
+                (r["ops"].as_f64().unwrap(), r["seconds"].as_f64().unwrap(), r["ops_per_sec"].as_f64().unwrap());
+            assert!(secs > 0.0 && (rate - ops / secs).abs() <= 1e-6 * rate, "{r}");
+            let (p50, max) = (r["p50_ms"].as_f64().unwrap(), r["max_ms"].as_f64().unwrap());
+            if r["name"] == "commands add" {
+                // 3 calls: 100, 100 and 50 commands.
+                assert!(p50 > 0.0 && p50 <= max && max <= secs * 1e3, "{r}");
+            } else {
+                assert_eq!((p50, max), (0.0, 0.0), "{r}");
+            }
+            let calls = &r["redis_calls_per_op"];
+            match backend {
+                None => assert!(calls.is_null(), "{r}"),
+                // Every command is stored with a script call; INFO itself is left out.
+                Some(_) => {
+                    assert!(calls["evalsha"].as_f64().unwrap() > 0.0, "{r}");
+                    assert!(calls.get("info").is_none(), "{r}");
+                }
+            }
+        }
+    }
+    // The text table, and the calls under it.
+    let out = Out::from(
+        Command::new(BIN)
+            .args(["bench", "commands", "--open-loop", "--count", "50", "--concurrency", "4", "--quiet"])
+            .args(["--redis", &url])
+            .env("BATON_LOG", "warn")
+            .output()
+            .unwrap(),
+    )
+    .ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 7, "{out:?}");
+    assert!(lines[2].starts_with("commands add "), "{out:?}");
+    let drain: Vec<&str> = lines[3].split_whitespace().collect();
+    assert_eq!((drain[..4].join(" ").as_str(), &drain[6..]), ("commands drain 4 50", &["–"; 4][..]), "{out:?}");
+    assert_eq!(lines[4], "Redis calls per operation (INFO commandstats, all clients of that Redis):");
+    assert!(lines[5].starts_with("  commands add c=4: ") && lines[5].contains("; total "), "{out:?}");
+    assert!(lines[6].starts_with("  commands drain c=4: ") && lines[6].contains("; total "), "{out:?}");
+    Out::from(Command::new(BIN).args(["bench", "commands", "--open-loop", "--batch", "0"]).output().unwrap()).code(2);
+}
+
 /// `commands submit --output…`, `status` showing the link, `output` reading it and `output
 /// --follow` following it until the command's cancel ends it.
 fn command_output(s: Serve) {

@@ -8,6 +8,12 @@
 //!   per second, measured until every message is acknowledged (queue length back to 0).
 //! - `commands`: at each concurrency (64, 256), that many clients each submit a command (a no-op
 //!   `echo`) and wait for `SUCCEEDED`, then submit the next. Latency: submit → `SUCCEEDED` seen.
+//!   With `--open-loop` (BullMQ's benchmark shape): `--count` no-op commands are submitted in
+//!   batches of `--batch` (`CommandStore::submit_many`, one call in flight, no service running;
+//!   row `commands add`, latency per call), then a command service with `concurrency` handlers
+//!   drains them (row `commands drain`: from the service's start until the queue counts exactly
+//!   `--count` `SUCCEEDED`). On standalone Redis and Sentinel each `commands` row also counts the
+//!   Redis calls per command (`INFO commandstats` deltas, all clients of that Redis).
 //! - `streams`: append throughput (64 writers, each appending to its own stream; latency per
 //!   append) and append → read latency (one writer, one live subscriber; the next append starts
 //!   when the subscriber received the previous one).
@@ -33,7 +39,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton_commands::{builtin, Command, CommandService, CommandStore, QueueSettings};
+use baton_commands::{
+    builtin, Command, CommandHandler, CommandResult, CommandService, CommandStore, HandlerError, QueueSettings,
+};
 use baton_queue::{ConsumerOptions, Decision, MessageStream};
 use baton_redis::RedisConfig;
 use baton_streams::{AppendRequest, CreateOptions, ReadFrom, StreamPath, StreamStore, StreamStoreSettings};
@@ -88,10 +96,27 @@ pub struct BenchArgs {
     /// `workers`: interleaved rounds of in-process then HTTP.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub rounds: u64,
+    /// `commands`: open loop instead of closed: at each concurrency, `--count` no-op commands are
+    /// first submitted in batches of `--batch` (`CommandStore::submit_many`, one batch in flight,
+    /// no command service running: they wait in the queue; row `commands add`, latency per
+    /// call), then a command service with `concurrency` no-op handlers drains them (row `commands drain`:
+    /// commands per second from the service's start until the queue counts exactly `--count`
+    /// `SUCCEEDED`), as BullMQ's `addBulk` + `Worker` benchmark does (scripts/bench-bullmq.sh).
+    #[arg(long)]
+    pub open_loop: bool,
+    /// `commands --open-loop`: commands per `submit_many` call.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub batch: u64,
     /// No progress bar (also when stderr is not a terminal).
     #[arg(long)]
     pub quiet: bool,
-    /// Print the results as JSON.
+    /// Print the results as JSON: `{"workload", "backend", "results": [...]}`, one result per
+    /// row: `name` (e.g. `commands`, `commands add`, `commands drain`), `concurrency`, `ops`,
+    /// `seconds` (wall time of the row), `ops_per_sec` (`ops / seconds`), `latency` (what the
+    /// percentiles time, `–` for none), `p50_ms`, `p99_ms`, `max_ms` (0 when none), and
+    /// `redis_calls_per_op` (`commands` on standalone Redis or Sentinel: Redis calls per
+    /// operation during the row by command name, from `INFO commandstats` of all clients of
+    /// that Redis, `INFO` itself left out; else `null`).
     #[arg(long)]
     pub json: bool,
 }
@@ -104,6 +129,8 @@ struct Row {
     elapsed: Duration,
     latencies: Vec<Duration>,
     latency_of: &'static str,
+    /// Redis calls per operation during the row, by command name (most first), when counted.
+    redis_calls: Option<Vec<(String, f64)>>,
 }
 
 impl Row {
@@ -176,6 +203,9 @@ pub async fn run(args: BenchArgs) -> Result<u8, CliError> {
                     "latency": r.latency_of,
                     "p50_ms": r.pct(0.50).as_secs_f64() * 1e3, "p99_ms": r.pct(0.99).as_secs_f64() * 1e3,
                     "max_ms": r.latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+                    "redis_calls_per_op": r.redis_calls.as_ref().map(|calls| {
+                        calls.iter().map(|(name, n)| (name.clone(), json!(n))).collect::<serde_json::Map<_, _>>()
+                    }),
                 })
             })
             .collect();
@@ -193,21 +223,48 @@ pub async fn run(args: BenchArgs) -> Result<u8, CliError> {
                 r.ops.to_string(),
                 format!("{:.2}", r.elapsed.as_secs_f64()),
                 format!("{:.0}", r.throughput()),
-                fmt_ms(r.pct(0.50)),
-                fmt_ms(r.pct(0.99)),
-                fmt_ms(r.latencies.last().copied().unwrap_or_default()),
+                fmt_latency(r, r.pct(0.50)),
+                fmt_latency(r, r.pct(0.99)),
+                fmt_latency(r, r.latencies.last().copied().unwrap_or_default()),
                 r.latency_of.to_string(),
             ]);
         }
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         println!("backend: {backend}; {}", count(&cpus.to_string(), "CPU", "CPUs"));
         t.print();
+        let counted: Vec<&Row> = rows.iter().filter(|r| r.redis_calls.is_some()).collect();
+        if !counted.is_empty() {
+            println!("Redis calls per operation (INFO commandstats, all clients of that Redis):");
+            for r in counted {
+                let calls = r.redis_calls.as_deref().unwrap_or_default();
+                println!("  {} c={}: {}", r.name, r.concurrency, fmt_calls(calls));
+            }
+        }
     }
     Ok(exit::OK)
 }
 
+/// `name n.nn, …, total n.nn`, or `none` when nothing was called.
+fn fmt_calls(calls: &[(String, f64)]) -> String {
+    if calls.is_empty() {
+        return "none".into();
+    }
+    let total: f64 = calls.iter().map(|(_, n)| n).sum();
+    let each: Vec<String> = calls.iter().map(|(name, n)| format!("{name} {n:.2}")).collect();
+    format!("{}; total {total:.2}", each.join(", "))
+}
+
 fn fmt_ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+/// `d` in ms, or `–` for a row that times no operation.
+fn fmt_latency(r: &Row, d: Duration) -> String {
+    if r.latencies.is_empty() {
+        "–".into()
+    } else {
+        fmt_ms(d)
+    }
 }
 
 fn failed(what: &str, e: impl std::fmt::Display) -> CliError {
@@ -303,6 +360,7 @@ async fn bench_queue(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec<R
             elapsed,
             latencies: lat,
             latency_of: "offer → handler",
+            redis_calls: None,
         });
     }
     Ok(rows)
@@ -311,13 +369,11 @@ async fn bench_queue(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec<R
 async fn bench_commands(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec<Row>, CliError> {
     let levels = args.concurrency.clone().unwrap_or_else(|| vec![64, 256]);
     let count = args.count.unwrap_or(5_000);
-    let store = match rc {
-        None => CommandStore::memory(),
-        Some(c) => {
-            let client = baton_redis::RedisClient::new(c.clone()).map_err(|e| failed("connect", e))?;
-            CommandStore::redis(client, Default::default()).await.map_err(|e| failed("connect", e))?
-        }
-    };
+    let store = command_store(rc).await?;
+    let calls = CallCounter::new(rc).await?;
+    if args.open_loop {
+        return bench_commands_open(args, &store, calls.as_ref(), &levels, count).await;
+    }
     let id = run_id();
     let mut rows = Vec::new();
     for c in levels {
@@ -332,6 +388,7 @@ async fn bench_commands(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Ve
             .map_err(|e| failed("start the command service", e))?;
         let pb = progress(args.quiet, count, format!("commands c={c}"));
         let next = Arc::new(AtomicU64::new(0));
+        let calls0 = snapshot(calls.as_ref()).await?;
         let start = Instant::now();
         let mut tasks = Vec::new();
         for _ in 0..c {
@@ -362,6 +419,7 @@ async fn bench_commands(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Ve
             lat.extend(t.await.map_err(|e| failed("client", e))?.map_err(|e| failed("commands", e))?);
         }
         let elapsed = start.elapsed();
+        let redis_calls = calls_since(calls.as_ref(), calls0, count).await?;
         pb.finish_and_clear();
         service.drain(Duration::from_secs(5)).await;
         lat.sort();
@@ -372,9 +430,212 @@ async fn bench_commands(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Ve
             elapsed,
             latencies: lat,
             latency_of: "submit → SUCCEEDED",
+            redis_calls,
         });
     }
     Ok(rows)
+}
+
+/// A no-op handler that counts the commands it ran and wakes the bench at the last one.
+struct CountingNoop {
+    ran: Arc<AtomicU64>,
+    target: u64,
+    all_ran: Arc<tokio::sync::Notify>,
+    pb: ProgressBar,
+}
+
+#[async_trait::async_trait]
+impl CommandHandler for CountingNoop {
+    async fn execute(&self, _command: Command) -> Result<CommandResult, HandlerError> {
+        if self.ran.fetch_add(1, Ordering::Relaxed) + 1 == self.target {
+            self.all_ran.notify_one();
+        }
+        self.pb.inc(1);
+        Ok(CommandResult::succeeded(Value::Null))
+    }
+}
+
+/// `commands --open-loop`: at each concurrency, `count` no-op commands submitted in batches of
+/// `--batch` with no service running (row `commands add`), then drained by a command service
+/// with `c` handlers (row `commands drain`, from its start until exactly `count` `SUCCEEDED`).
+async fn bench_commands_open(
+    args: &BenchArgs,
+    store: &CommandStore,
+    calls: Option<&CallCounter>,
+    levels: &[u64],
+    count: u64,
+) -> Result<Vec<Row>, CliError> {
+    let id = run_id();
+    let mut rows = Vec::new();
+    for &c in levels {
+        let queue = format!("{id}-open-c{c}");
+        // Add: one `submit_many` call in flight, `--batch` commands each.
+        let pb = progress(args.quiet, count, format!("add c={c} batch={}", args.batch));
+        let mut lat = Vec::with_capacity(count.div_ceil(args.batch) as usize);
+        let calls0 = snapshot(calls).await?;
+        let start = Instant::now();
+        let mut n = 0;
+        while n < count {
+            let batch: Vec<Command> = (n..count.min(n + args.batch))
+                .map(|i| Command::with_id(format!("{queue}-{i}"), "noop", Value::Null))
+                .collect();
+            let len = batch.len() as u64;
+            let t = Instant::now();
+            for (i, outcome) in store.submit_many(&queue, batch).await.into_iter().enumerate() {
+                match outcome {
+                    Ok((_, true)) => {}
+                    Ok((state, false)) => {
+                        return Err(failed("submit_many", format!("command {} was already stored", state.id)))
+                    }
+                    Err(e) => return Err(failed("submit_many", format!("command {queue}-{}: {e}", n + i as u64))),
+                }
+            }
+            lat.push(t.elapsed());
+            pb.inc(len);
+            n += len;
+        }
+        let elapsed = start.elapsed();
+        let redis_calls = calls_since(calls, calls0, count).await?;
+        pb.finish_and_clear();
+        lat.sort();
+        rows.push(Row {
+            name: "commands add".into(),
+            concurrency: c,
+            ops: count,
+            elapsed,
+            latencies: lat,
+            latency_of: "submit_many call",
+            redis_calls,
+        });
+
+        // Drain: a service with `c` no-op handlers, timed from its start until the queue counts
+        // every command SUCCEEDED (the handlers' count first, so the polling stays short).
+        let pb = progress(args.quiet, count, format!("drain c={c}"));
+        let ran = Arc::new(AtomicU64::new(0));
+        let all_ran = Arc::new(tokio::sync::Notify::new());
+        let noop = CountingNoop { ran: ran.clone(), target: count, all_ran: all_ran.clone(), pb: pb.clone() };
+        let calls0 = snapshot(calls).await?;
+        let start = Instant::now();
+        let service = CommandService::builder(store.clone(), queue.clone())
+            .settings(QueueSettings { concurrency: c as usize, ..QueueSettings::default() })
+            .handler("noop", noop)
+            .start()
+            .await
+            .map_err(|e| failed("start the command service", e))?;
+        let mut last = (0, Instant::now());
+        while ran.load(Ordering::Relaxed) < count {
+            let _ = tokio::time::timeout(Duration::from_millis(100), all_ran.notified()).await;
+            let now = ran.load(Ordering::Relaxed);
+            if now != last.0 {
+                last = (now, Instant::now());
+            } else if last.1.elapsed() > Duration::from_secs(30) {
+                return Err(failed("drain", format!("{queue}: {now} of {count} handled and no progress for 30 s")));
+            }
+        }
+        until_succeeded(store, &queue, count, &pb).await?;
+        let elapsed = start.elapsed();
+        let redis_calls = calls_since(calls, calls0, count).await?;
+        pb.finish_and_clear();
+        service.drain(Duration::from_secs(5)).await;
+        let counts = store.counts(&queue).await.map_err(|e| failed("counts", e))?;
+        if counts.succeeded != count || counts.submitted + counts.running + counts.failed + counts.cancelled != 0 {
+            return Err(failed(
+                "drain",
+                format!("{queue}: expected exactly {count} SUCCEEDED and nothing else, counted {counts:?}"),
+            ));
+        }
+        rows.push(Row {
+            name: "commands drain".into(),
+            concurrency: c,
+            ops: count,
+            elapsed,
+            latencies: Vec::new(),
+            latency_of: "–",
+            redis_calls,
+        });
+    }
+    Ok(rows)
+}
+
+/// Counts Redis calls by command name with `INFO commandstats`, on standalone Redis or a
+/// Sentinel deployment's master. Not in memory, nor on a Cluster (each node counts its own).
+struct CallCounter {
+    conn: baton_redis::RedisConn,
+}
+
+impl CallCounter {
+    /// `None` in memory, on a Cluster, or when Redis refuses `INFO` (said on stderr).
+    async fn new(rc: &Option<RedisConfig>) -> Result<Option<Self>, CliError> {
+        let Some(c) = rc else { return Ok(None) };
+        let client = baton_redis::RedisClient::new(c.clone()).map_err(|e| failed("connect", e))?;
+        if client.is_cluster() {
+            return Ok(None);
+        }
+        let counter = CallCounter { conn: client.shared().await.map_err(|e| failed("connect", e))? };
+        match counter.snapshot().await {
+            Ok(_) => Ok(Some(counter)),
+            Err(e) => {
+                eprintln!("baton bench: Redis calls are not counted ({})", e.message);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Calls so far by command name.
+    async fn snapshot(&self) -> Result<Vec<(String, u64)>, CliError> {
+        let info: String = baton_redis::redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| failed("INFO commandstats", e))?;
+        Ok(parse_commandstats(&info))
+    }
+}
+
+async fn snapshot(calls: Option<&CallCounter>) -> Result<Vec<(String, u64)>, CliError> {
+    match calls {
+        Some(c) => c.snapshot().await,
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Calls per operation since `before` (`ops` operations), or `None` when not counted.
+async fn calls_since(
+    calls: Option<&CallCounter>,
+    before: Vec<(String, u64)>,
+    ops: u64,
+) -> Result<Option<Vec<(String, f64)>>, CliError> {
+    match calls {
+        Some(c) => Ok(Some(calls_per_op(&before, &c.snapshot().await?, ops))),
+        None => Ok(None),
+    }
+}
+
+/// `(command, calls)` of the `cmdstat_<command>:calls=<n>,…` lines of `INFO commandstats`.
+fn parse_commandstats(info: &str) -> Vec<(String, u64)> {
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+/// Calls per operation from `before` to `after` by command, most first (ties by name), leaving
+/// out `info` (the counting itself) and commands under 0.005 calls per operation.
+fn calls_per_op(before: &[(String, u64)], after: &[(String, u64)], ops: u64) -> Vec<(String, f64)> {
+    let mut per: Vec<(String, f64)> = after
+        .iter()
+        .filter(|(name, _)| name != "info")
+        .filter_map(|(name, n)| {
+            let n0 = before.iter().find(|(b, _)| b == name).map_or(0, |(_, n0)| *n0);
+            let d = n.saturating_sub(n0) as f64 / ops.max(1) as f64;
+            (d >= 0.005).then(|| (name.clone(), d))
+        })
+        .collect();
+    per.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    per
 }
 
 async fn bench_streams(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec<Row>, CliError> {
@@ -444,6 +705,7 @@ async fn bench_streams(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
             elapsed,
             latencies: lat,
             latency_of: "append call",
+            redis_calls: None,
         });
     }
     // Append → live read: one writer, one subscriber, one record in flight.
@@ -494,6 +756,7 @@ async fn bench_streams(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
         elapsed,
         latencies: lat,
         latency_of: "append → subscriber",
+        redis_calls: None,
     });
     Ok(rows)
 }
@@ -693,6 +956,7 @@ async fn http_drain(
         elapsed,
         latencies: lat,
         latency_of: "claim → settled",
+        redis_calls: None,
     })
 }
 
@@ -754,6 +1018,7 @@ async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
                 elapsed,
                 latencies: Vec::new(),
                 latency_of: "–",
+                redis_calls: None,
             });
 
             // B and C: HTTP workers of the server, on its queue; settling each command in a
@@ -770,6 +1035,40 @@ async fn bench_workers(args: &BenchArgs, rc: &Option<RedisConfig>) -> Result<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commandstats_lines_parse_to_calls() {
+        let info = "# Commandstats\r\ncmdstat_evalsha:calls=2000,usec=5000,usec_per_call=2.50,rejected_calls=0,failed_calls=0\r\n\
+                    cmdstat_client|setinfo:calls=2,usec=1,usec_per_call=0.50,rejected_calls=0,failed_calls=0\r\n\
+                    cmdstat_info:calls=7,usec=70,usec_per_call=10.00,rejected_calls=0,failed_calls=0\r\n";
+        assert_eq!(
+            parse_commandstats(info),
+            vec![("evalsha".to_string(), 2000), ("client|setinfo".to_string(), 2), ("info".to_string(), 7)]
+        );
+        assert_eq!(parse_commandstats("# Commandstats\r\n"), Vec::<(String, u64)>::new());
+    }
+
+    #[test]
+    fn calls_per_op_are_deltas_over_ops_most_first() {
+        let before = vec![("evalsha".to_string(), 100), ("info".to_string(), 5), ("xadd".to_string(), 10)];
+        let after = vec![
+            ("evalsha".to_string(), 2100),
+            ("info".to_string(), 9),
+            ("xadd".to_string(), 1010),
+            ("publish".to_string(), 1000),
+            ("ping".to_string(), 4),
+        ];
+        // 1000 ops: evalsha 2.0, then xadd and publish 1.0 (by name), ping 0.004 left out.
+        assert_eq!(
+            calls_per_op(&before, &after, 1000),
+            vec![("evalsha".to_string(), 2.0), ("publish".to_string(), 1.0), ("xadd".to_string(), 1.0)]
+        );
+        assert_eq!(
+            fmt_calls(&calls_per_op(&before, &after, 1000)),
+            "evalsha 2.00, publish 1.00, xadd 1.00; total 4.00"
+        );
+        assert_eq!(fmt_calls(&[]), "none");
+    }
 
     #[test]
     fn percentiles_nearest_rank() {
