@@ -26,7 +26,8 @@ from baton_client import BatonClient, Worker
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 # The queues every test server has. claim_timeout 1s keeps takeovers fast; retries are quick;
-# "slow" leaves a loaded machine more room where a test needs renewals to keep up.
+# "slow" leaves a loaded machine more room where a test needs renewals to keep up; "keyed" runs at
+# most one command of a concurrency key at once.
 CONFIG = """
 [queues.jobs]
 claim_timeout = "1s"
@@ -39,6 +40,11 @@ check_status_interval = "200ms"
 
 [queues.slow]
 claim_timeout = "2s"
+
+[queues.keyed]
+claim_timeout = "2s"
+check_status_interval = "200ms"
+concurrency_per_key = 1
 """
 
 CLAIM_TIMEOUT = 1.0

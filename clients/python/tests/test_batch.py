@@ -171,6 +171,41 @@ def test_submit_many_splits_over_1000_items(server: BatonServer) -> None:
     run(main(), timeout=120)
 
 
+def test_submit_many_with_concurrency_keys(server: BatonServer) -> None:
+    async def main() -> None:
+        async with client(server) as c:
+            out = await c.submit_many(
+                "jobs",
+                [
+                    {"type": "t", "id": "bk-1", "concurrency_key": "tenant-a"},
+                    {"type": "t", "id": "bk-2", "concurrency_key": ""},  # 400 in place
+                    {"type": "t", "id": "bk-3"},
+                    {"type": "t", "id": "bk-4", "concurrency_key": "k" * 257},  # 400 in place
+                    {"type": "t", "id": "bk-5", "concurrency_key": "tenant-a", "priority": 2},
+                ],
+            )
+            assert len(out) == 5
+            first, empty, plain, too_long, fifth = out
+            assert isinstance(first, CommandState) and isinstance(plain, CommandState)
+            assert isinstance(fifth, CommandState)
+            assert (first.created, first.id, first.concurrency_key) == (True, "bk-1", "tenant-a")
+            assert first.raw["concurrency_key"] == "tenant-a"
+            assert (plain.id, plain.concurrency_key) == ("bk-3", None) and "concurrency_key" not in plain.raw
+            assert (fifth.id, fifth.concurrency_key, fifth.priority) == ("bk-5", "tenant-a", 2)
+            for bad, got_bytes in ((empty, 0), (too_long, 257)):
+                assert isinstance(bad, BadRequestError), bad
+                assert (bad.status, bad.code) == (400, "invalid_body")
+                assert bad.message == (
+                    f'"concurrency_key" must be 1 to 256 bytes without control characters; got {got_bytes} bytes'
+                )
+            assert (await c.get("bk-5")).concurrency_key == "tenant-a"
+            for missing in ("bk-2", "bk-4"):
+                with pytest.raises(NotFoundError):
+                    await c.get(missing)
+
+    run(main())
+
+
 def test_submit_many_empty_and_refused_items_send_nothing(memory_server: BatonServer) -> None:
     seen = Requests()
 
@@ -182,7 +217,8 @@ def test_submit_many_empty_and_refused_items_send_nothing(memory_server: BatonSe
             with pytest.raises(ValueError) as typo:
                 await c.submit_many("jobs", [{"type": "t"}, {"type": "t", "prams": {}}])
             assert str(typo.value) == (
-                "items[1] has unknown key(s) prams; an item has only type, params, id, output, run_at, delay, priority"
+                "items[1] has unknown key(s) prams; an item has only type, params, id, output, run_at, delay, "
+                "concurrency_key, priority"
             )
             with pytest.raises(ValueError) as both:
                 await c.submit_many("jobs", [{"type": "t", "run_at": "2030-01-01T00:00:00Z", "delay": 5}])

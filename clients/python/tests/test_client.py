@@ -73,6 +73,31 @@ def test_submit_with_priority(server: BatonServer) -> None:
     run(main())
 
 
+def test_submit_with_concurrency_key(server: BatonServer) -> None:
+    async def main() -> None:
+        async with client(server) as c:
+            keyed = await c.submit("jobs", "resize", {"image": "k.png"}, id="ck-1", concurrency_key="tenant-7")
+            assert (keyed.created, keyed.concurrency_key, keyed.raw["concurrency_key"]) == (True, "tenant-7", "tenant-7")
+            got = await c.get("ck-1")
+            assert got.concurrency_key == "tenant-7"
+            # 256 bytes of UTF-8 (128 two-byte characters) is the longest key.
+            longest = await c.submit("jobs", "resize", id="ck-2", concurrency_key="é" * 128)
+            assert longest.concurrency_key == "é" * 128
+            plain = await c.submit("jobs", "resize", {"image": "q.png"})
+            assert plain.concurrency_key is None and "concurrency_key" not in plain.raw
+            for key, got_bytes in (("", 0), ("k" * 257, 257), ("é" * 129, 258)):
+                with pytest.raises(BadRequestError) as info:
+                    await c.submit("jobs", "resize", id="ck-bad", concurrency_key=key)
+                assert (info.value.status, info.value.code) == (400, "invalid_body")
+                assert info.value.message == (
+                    f'"concurrency_key" must be 1 to 256 bytes without control characters; got {got_bytes} bytes'
+                )
+            with pytest.raises(NotFoundError):
+                await c.get("ck-bad")
+
+    run(main())
+
+
 def test_get(server: BatonServer) -> None:
     async def main() -> None:
         async with client(server) as c:

@@ -262,6 +262,37 @@ def test_settlements_ready_together_go_in_one_request(
     run(main())
 
 
+def test_concurrency_key_runs_one_at_a_time_on_a_keyed_queue(server: BatonServer) -> None:
+    """Queue ``keyed`` has ``concurrency_per_key = 1``: of two commands of one key the second
+    starts only after the first ended, while a command of another key runs beside the first
+    (the worker takes 3 at once)."""
+    spans: Dict[str, List[float]] = {}
+
+    async def handler(job: Job) -> Any:
+        spans[job.id] = [time.monotonic()]
+        await asyncio.sleep(0.6)
+        spans[job.id].append(time.monotonic())
+        return job.id
+
+    async def main() -> None:
+        async with client(server) as c:
+            for cid, key in (("ka-1", "tenant-a"), ("ka-2", "tenant-a"), ("kb-1", "tenant-b")):
+                state = await c.submit("keyed", "t", id=cid, concurrency_key=key)
+                assert state.concurrency_key == key
+            async with running(make_worker(server, handler, queue="keyed", concurrency=3)):
+                states = [await c.wait(cid, timeout=20) for cid in ("ka-1", "ka-2", "kb-1")]
+            assert [(s.id, s.status, s.concurrency_key) for s in states] == [
+                ("ka-1", CommandStatus.SUCCEEDED, "tenant-a"),
+                ("ka-2", CommandStatus.SUCCEEDED, "tenant-a"),
+                ("kb-1", CommandStatus.SUCCEEDED, "tenant-b"),
+            ]
+            (a1_start, a1_end), (a2_start, _), (b1_start, _) = spans["ka-1"], spans["ka-2"], spans["kb-1"]
+            assert a2_start >= a1_end, f"ka-2 started {a1_end - a2_start:.3f}s before ka-1 ended: {spans}"
+            assert b1_start < a1_end, f"kb-1 waited for tenant-a: {spans}"
+
+    run(main())
+
+
 def test_claim_wait_above_the_servers_long_poll_timeout_is_cut_to_it(tmp_path: Path) -> None:
     """``claim_wait`` 20 s against ``--long-poll-timeout 1s``: the server cuts each claim's wait
     to 1 s (it used to refuse it with 400); the worker claims and runs commands as usual."""

@@ -48,6 +48,15 @@ export interface SubmitOptions {
   /** Schedules it this many milliseconds from now (or a string like `"10m"`); not with `runAt`. */
   delay?: number | string;
   /**
+   * Its concurrency key, sent as `concurrency_key`: a string of 1 to 256 bytes without control
+   * characters, stored in the state (`state.concurrency_key`). On a queue configured with
+   * `concurrency_per_key = N`, at most N commands of one key run at once (across every worker),
+   * the others waiting and starting in submit order as those end; elsewhere it is only stored.
+   * Not part of the idempotent body (a resubmit of the id returns the stored command whatever
+   * key it asks). Empty, over 256 bytes or with a control character: `400 invalid_body`.
+   */
+  concurrencyKey?: string;
+  /**
    * Its priority, an integer from -10 to 10 (default 0): the queue's workers take the waiting
    * command of the highest priority first, in submit order among equal ones (strict: a flood of
    * higher priorities holds lower ones back until it drains).
@@ -59,7 +68,7 @@ export interface SubmitOptions {
 /**
  * One command of {@link BatonClient.submitMany}: its `type`, `params` (any JSON value, or
  * {@link RawJson}; omitted: none) and the options of {@link BatonClient.submit} but `signal`
- * (`id`, `output`, `runAt`, `delay`, `priority`: same meaning, same defaults).
+ * (`id`, `output`, `runAt`, `delay`, `concurrencyKey`, `priority`: same meaning, same defaults).
  */
 export interface SubmitItem extends Omit<SubmitOptions, "signal"> {
   type: string;
@@ -116,11 +125,12 @@ function commandBody(type: string, params: unknown, options: Omit<SubmitOptions,
   if (params !== undefined) body += `,"params":${jsonText(params)}`;
   if (options.output !== undefined) body += `,"output":${JSON.stringify(options.output)}`;
   body += dueFields(options.runAt, options.delay, false);
+  if (options.concurrencyKey !== undefined) body += `,"concurrency_key":${JSON.stringify(options.concurrencyKey)}`;
   if (options.priority !== undefined) body += `,"priority":${JSON.stringify(options.priority)}`;
   return body + "}";
 }
 
-const ITEM_KEYS = ["type", "params", "id", "output", "runAt", "delay", "priority"];
+const ITEM_KEYS = ["type", "params", "id", "output", "runAt", "delay", "concurrencyKey", "priority"];
 
 /** The JSON text of `items[index]` of a batch, or a TypeError naming the index. */
 function itemBody(item: SubmitItem, index: number): string {
@@ -211,7 +221,8 @@ export class BatonClient {
    *
    * @param params any JSON value (or {@link RawJson} for exact text); omitted: no params.
    * @throws {BatonError} `404 unknown_queue`; `400 unknown_type` (a queue with handlers and none
-   *   for `type`), `invalid_params`, `invalid_id`; `409 conflict` (the id exists with another
+   *   for `type`), `invalid_params`, `invalid_id`, `invalid_body` (e.g. a bad `priority` or
+   *   `concurrencyKey`); `409 conflict` (the id exists with another
    *   type, params or queue); `413 body_too_large`; `503` (backend unavailable).
    */
   async submit(queue: string, type: string, params?: unknown, options: SubmitOptions = {}): Promise<CommandState> {

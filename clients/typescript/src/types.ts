@@ -80,6 +80,8 @@ export interface CommandState {
   run_at?: string;
   /** The priority it was submitted with (-10 to 10); absent when 0. */
   priority?: number;
+  /** The concurrency key it was submitted with (`concurrencyKey`); absent without one. */
+  concurrency_key?: string;
 }
 
 /** A command's output stream as its state links it (`state.output`). */

@@ -162,13 +162,41 @@ forEachBackend("BatonClient.submitMany", { config: CONFIG }, (ctx) => {
     );
   });
 
+  test("items with a concurrencyKey: stored and shown; an empty or 257-byte key is 400 in place", async () => {
+    const baton = client();
+    const [k1, k2, k3, k4, k5] = ["bk-1", "bk-2", "bk-3", "bk-4", "bk-5"].map((p) => uid(p));
+    const out = await baton.submitMany("jobs", [
+      { type: "t", id: k1, concurrencyKey: "tenant-a" },
+      { type: "t", id: k2, concurrencyKey: "" }, // 400 in place
+      { type: "t", id: k3 },
+      { type: "t", id: k4, concurrencyKey: "k".repeat(257) }, // 400 in place
+      { type: "t", id: k5, concurrencyKey: "tenant-a", priority: 2 },
+    ]);
+    assert.equal(out.length, 5);
+    for (const i of [0, 2, 4]) assert.ok(!(out[i] instanceof BatonError), `${i}: ${out[i]}`);
+    assert.deepEqual([out[0].created, out[0].state.id, out[0].state.concurrency_key], [true, k1, "tenant-a"]);
+    assert.equal(out[2].state.id, k3);
+    assert.equal("concurrency_key" in out[2].state, false);
+    assert.deepEqual([out[4].state.id, out[4].state.concurrency_key, out[4].state.priority], [k5, "tenant-a", 2]);
+    for (const [i, n] of [[1, 0], [3, 257]]) {
+      assert.ok(out[i] instanceof BatonError, `${i}: ${JSON.stringify(out[i])}`);
+      assert.deepEqual([out[i].status, out[i].code], [400, "invalid_body"]);
+      assert.equal(out[i].message, `"concurrency_key" must be 1 to 256 bytes without control characters; got ${n} bytes`);
+    }
+    assert.equal((await baton.get(k5)).concurrency_key, "tenant-a");
+    for (const id of [k2, k4]) {
+      await assert.rejects(baton.get(id), (e) => e instanceof BatonError && e.code === "not_found");
+    }
+  });
+
   test("an empty list answers [] without a request; a refused item throws before any request", async () => {
     const baton = client();
     const sizes = await countingBatches(async () => {
       assert.deepEqual(await baton.submitMany("jobs", []), []);
       await assert.rejects(baton.submitMany("jobs", [{ type: "t" }, { type: "t", prams: {} }]), {
         name: "TypeError",
-        message: "submitMany: items[1] has unknown key(s) prams; an item has only type, params, id, output, runAt, delay, priority",
+        message:
+          "submitMany: items[1] has unknown key(s) prams; an item has only type, params, id, output, runAt, delay, concurrencyKey, priority",
       });
       await assert.rejects(baton.submitMany("jobs", [{ type: "t", runAt: new Date(), delay: 5 }]), {
         name: "TypeError",

@@ -69,6 +69,26 @@ forEachBackend("BatonClient", { config: CONFIG }, (ctx) => {
     assert.equal(err.message, '"priority" must be an integer from -10 to 10; got 11');
   });
 
+  test("submit with a concurrencyKey: sent as concurrency_key, shown in the state; a bad key is 400", async () => {
+    const baton = client();
+    const id = uid("ck");
+    const keyed = await baton.submitDetailed("jobs", "resize", { image: "k.png" }, { id, concurrencyKey: "tenant-7" });
+    assert.equal(keyed.created, true);
+    assert.equal(keyed.state.concurrency_key, "tenant-7");
+    assert.equal((await baton.get(id)).concurrency_key, "tenant-7");
+    // 256 bytes of UTF-8 (128 two-byte characters) is the longest key.
+    const longest = await baton.submit("jobs", "resize", undefined, { concurrencyKey: "é".repeat(128) });
+    assert.equal(longest.concurrency_key, "é".repeat(128));
+    const plain = await baton.submit("jobs", "resize", { image: "q.png" });
+    assert.equal("concurrency_key" in plain, false);
+    const badId = uid("ck-bad");
+    for (const [key, n] of [["", 0], ["k".repeat(257), 257], ["é".repeat(129), 258]]) {
+      const err = await rejectsWith(baton.submit("jobs", "resize", {}, { id: badId, concurrencyKey: key }), 400, "invalid_body");
+      assert.equal(err.message, `"concurrency_key" must be 1 to 256 bytes without control characters; got ${n} bytes`);
+    }
+    await rejectsWith(baton.get(badId), 404, "not_found");
+  });
+
   test("get: the stored state; params sent as RawJson come back with the same values", async () => {
     const baton = client();
     const id = uid("get");

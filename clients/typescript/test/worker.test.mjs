@@ -29,7 +29,13 @@ check_status_interval = "5s"
 retry = { max_attempts = 3, initial_backoff = "50ms", backoff_factor = 1.0, max_backoff = "50ms" }
 `,
   )
-  .join("\n");
+  .join("\n")
+  .concat(`
+[queues.keyed]
+claim_timeout = "2s"
+check_status_interval = "200ms"
+concurrency_per_key = 1
+`);
 
 /** Raw GET of a command: the exact text of the answer. */
 async function rawState(url, id) {
@@ -325,6 +331,37 @@ forEachBackend("Worker", { config: CONFIG }, (ctx) => {
     assert.equal(max, k);
     assert.equal(counts.size, n);
     for (const id of ids) assert.equal(counts.get(id), 1, id);
+  });
+
+  test("concurrency_per_key = 1: one key's commands do not overlap, another key's runs beside them", async () => {
+    const baton = client();
+    const spans = new Map();
+    startWorker({
+      queue: "keyed",
+      concurrency: 3,
+      handler: async (job) => {
+        const span = [performance.now()];
+        spans.set(job.id, span);
+        await sleep(600);
+        span.push(performance.now());
+        return job.id;
+      },
+    });
+    const [keyA, keyB] = [uid("tenant-a"), uid("tenant-b")];
+    const [a1, a2, b1] = [uid("ka-1"), uid("ka-2"), uid("kb-1")];
+    for (const [id, key] of [[a1, keyA], [a2, keyA], [b1, keyB]]) {
+      const state = await baton.submit("keyed", "t", undefined, { id, concurrencyKey: key });
+      assert.equal(state.concurrency_key, key);
+    }
+    const states = [];
+    for (const id of [a1, a2, b1]) states.push(await baton.wait(id, { timeoutMs: 20_000 }));
+    assert.deepEqual(
+      states.map((s) => [s.id, s.status, s.concurrency_key]),
+      [[a1, "SUCCEEDED", keyA], [a2, "SUCCEEDED", keyA], [b1, "SUCCEEDED", keyB]],
+    );
+    const [[a1Start, a1End], [a2Start], [b1Start]] = [spans.get(a1), spans.get(a2), spans.get(b1)];
+    assert.ok(a2Start >= a1End, `${a2} started ${(a1End - a2Start).toFixed(0)} ms before ${a1} ended`);
+    assert.ok(b1Start < a1End, `${b1} waited for ${keyA}: ${JSON.stringify([...spans])}`);
   });
 
   test("stop(): claims no more, lets the running handler finish, run() resolves", async () => {

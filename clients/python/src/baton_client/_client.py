@@ -37,6 +37,7 @@ class SubmitItem(_SubmitItemType, total=False):
     other arguments of :meth:`BatonClient.submit` but ``wait`` (same meaning, same defaults)::
 
         {"type": "resize", "params": {"image": "a.png"}, "id": "job-1", "priority": 5}
+        {"type": "resize", "params": {"image": "b.png"}, "concurrency_key": "tenant-7"}
     """
 
     params: Any
@@ -44,10 +45,11 @@ class SubmitItem(_SubmitItemType, total=False):
     output: Union[bool, Dict[str, Any], None]
     run_at: Union[datetime, str, None]
     delay: Optional[Duration]
+    concurrency_key: Optional[str]
     priority: Optional[int]
 
 
-_ITEM_KEYS = ("type", "params", "id", "output", "run_at", "delay", "priority")
+_ITEM_KEYS = ("type", "params", "id", "output", "run_at", "delay", "concurrency_key", "priority")
 
 
 def _command_body(
@@ -57,6 +59,7 @@ def _command_body(
     output: Union[bool, Dict[str, Any], None],
     run_at: Union[datetime, str, None],
     delay: Optional[Duration],
+    concurrency_key: Optional[str],
     priority: Optional[int],
 ) -> Dict[str, Any]:
     """The JSON body of one submit (also one item of a batch); ``None`` arguments are left out.
@@ -81,6 +84,8 @@ def _command_body(
         payload["run_at"] = run_at
     if delay is not None:
         payload["delay"] = format_duration(delay)
+    if concurrency_key is not None:
+        payload["concurrency_key"] = concurrency_key
     if priority is not None:
         payload["priority"] = priority
     return payload
@@ -112,6 +117,7 @@ def _item_body(index: int, item: Any) -> bytes:
                 item.get("output"),
                 item.get("run_at"),
                 item.get("delay"),
+                item.get("concurrency_key"),
                 item.get("priority"),
             )
         )
@@ -255,6 +261,7 @@ class BatonClient:
         output: Union[bool, Dict[str, Any], None] = None,
         run_at: Union[datetime, str, None] = None,
         delay: Optional[Duration] = None,
+        concurrency_key: Optional[str] = None,
         priority: Optional[int] = None,
     ) -> CommandState:
         """Submit a command: ``POST /v1/queues/{queue}/commands``.
@@ -279,6 +286,14 @@ class BatonClient:
             delay: schedule it this long from now (seconds, or a string like ``"10m"``); not
                 with ``run_at``. A resubmit with a ``delay`` matches any scheduled command of
                 the id.
+            concurrency_key: a string of 1 to 256 bytes without control characters, stored in
+                the state (``state.concurrency_key``); ``None`` sends none. On a queue
+                configured with ``concurrency_per_key = N``, at most N commands of one key run
+                at once (across every worker), the others waiting and starting in submit order
+                as those end; elsewhere it is only stored. Not part of the idempotent body (a
+                resubmit of the id returns the stored command whatever key it asks). Empty,
+                over 256 bytes or with a control character: ``BadRequestError``
+                ``invalid_body``.
             priority: an integer from -10 to 10 (default 0 when ``None``): the queue's workers
                 take the waiting command of the highest priority first, in submit order among
                 equal ones (strict: a flood of higher priorities holds lower ones back until it
@@ -291,12 +306,12 @@ class BatonClient:
         Raises:
             NotFoundError: ``unknown_queue``.
             ConflictError: ``conflict``: the id exists with another type, params or queue.
-            BadRequestError: ``invalid_body``, ``invalid_id``, ``unknown_type``,
-                ``invalid_params``, ``body_too_large`` (413), …
+            BadRequestError: ``invalid_body`` (also a bad ``priority`` or
+                ``concurrency_key``), ``invalid_id``, ``unknown_type``, ``invalid_params``, ``body_too_large`` (413), …
             UnavailableError: the backend or the live-reader slots (with ``wait``).
             TypeError / ValueError: ``params`` is not JSON-serializable.
         """
-        payload = _command_body(type, params, id, output, run_at, delay, priority)
+        payload = _command_body(type, params, id, output, run_at, delay, concurrency_key, priority)
         query = None
         timeout = None
         if wait is not None:
@@ -322,7 +337,7 @@ class BatonClient:
         Args:
             queue: a configured queue.
             items: dicts (:class:`SubmitItem`) with ``type`` and optionally ``params``, ``id``,
-                ``output``, ``run_at``, ``delay``, ``priority``, as the arguments of
+                ``output``, ``run_at``, ``delay``, ``concurrency_key``, ``priority``, as the arguments of
                 :meth:`submit`; ``None`` values are left out.
 
         Returns:

@@ -164,6 +164,7 @@ class CommandState:
         run_at: a scheduled command's due time (submitted with ``run_at`` or ``delay``), a
             timezone-aware UTC datetime, else ``None``.
         priority: the priority it was submitted with (0 when the state shows none).
+        concurrency_key: the concurrency key it was submitted with, else ``None``.
         raw: the whole JSON object as parsed, including fields this SDK does not model.
         created: for :meth:`BatonClient.submit` only: ``True`` when the submit created the
             command (``202``), ``False`` when the same id, type and params were already
@@ -192,6 +193,7 @@ class CommandState:
     output: Optional[OutputLink] = None
     run_at: Optional[datetime] = None
     priority: int = 0
+    concurrency_key: Optional[str] = None
 
     @property
     def terminal(self) -> bool:
@@ -230,6 +232,7 @@ class CommandState:
             output=OutputLink.from_json(data.get("output")),
             run_at=_parse_time(data.get("run_at")),
             priority=int(data.get("priority") or 0),
+            concurrency_key=data.get("concurrency_key") if isinstance(data.get("concurrency_key"), str) else None,
         )
 
 
