@@ -1,0 +1,261 @@
+//! Attacks on the batch submit (`CommandStore::submit_many`): duplicates across the 128-item
+//! call boundary, mixed kinds of commands, racing stores, submits and cancels, cut
+//! connections mid-batch, stale lookups of other queues. Each checks that every command is
+//! decided as alone and that nothing is lost or stored twice (state, counts, listing, stream).
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use baton_commands::{Command, CommandError, CommandStatus, CommandStore, CommandStoreSettings, ListQuery, OutputSpec};
+use baton_redis::redis;
+use baton_streams::{StreamStore, StreamStoreSettings};
+use baton_testkit::TestBackend;
+use common::*;
+use serde_json::json;
+
+baton_testkit::on_every_backend!(
+    duplicates_across_the_128_boundary_are_decided_in_order,
+    mixed_kinds_are_each_stored_as_alone_and_resubmit_changes_nothing,
+    two_stores_racing_overlapping_batches_create_each_id_once,
+    a_batch_racing_single_submits_and_cancels,
+    a_batch_takes_over_stale_lookups_of_another_queue,
+);
+
+/// Every id listed in `q` (all pages).
+async fn listed(store: &CommandStore, q: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page =
+            store.list(q, ListQuery { limit: 1000, cursor: cursor.clone(), ..Default::default() }).await.unwrap();
+        out.extend(page.items.iter().map(|c| c.id.clone()));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    out
+}
+
+async fn duplicates_across_the_128_boundary_are_decided_in_order(b: TestBackend) {
+    let store = store_for(&b).await;
+    let q = queue_name("edge");
+    let id = |s: &str| format!("{s}-{q}");
+    store.submit(&q, Command::with_id(id("old"), "t", json!({"v": "old"}))).await.unwrap();
+    let mut batch: Vec<Command> =
+        (0..300).map(|i| Command::with_id(id(&format!("p{i}")), "t", json!({"i": i}))).collect();
+    // Index 127 (last of the first call): body A; 128 (first of the second): A again; 129: B.
+    batch[127] = Command::with_id(id("dup"), "t", json!({"v": "A"}));
+    batch[128] = Command::with_id(id("dup"), "t", json!({"v": "A"}));
+    batch[129] = Command::with_id(id("dup"), "t", json!({"v": "B"}));
+    // A conflict with a stored command at 255/256 (the next boundary), and its twin alike.
+    batch[255] = Command::with_id(id("old"), "t", json!({"v": "new"}));
+    batch[256] = Command::with_id(id("old"), "t", json!({"v": "old"}));
+    let out = store.submit_many(&q, batch).await;
+    assert_eq!(out.len(), 300);
+    let created = |i: usize| out[i].as_ref().map(|(_, c)| *c).map_err(|e| e.to_string());
+    assert_eq!(created(127), Ok(true));
+    assert_eq!(created(128), Ok(false));
+    assert!(matches!(&out[129], Err(CommandError::Conflict { what: "type or params", .. })), "{:?}", out[129]);
+    assert!(matches!(&out[255], Err(CommandError::Conflict { what: "type or params", .. })), "{:?}", out[255]);
+    assert_eq!(created(256), Ok(false));
+    for i in (0..300).filter(|i| ![127, 128, 129, 255, 256].contains(i)) {
+        assert_eq!(created(i), Ok(true), "item {i}");
+    }
+    assert_eq!(store.get(&id("dup")).await.unwrap().unwrap().params, json!({"v": "A"}));
+    // 295 plain + dup + old.
+    assert_eq!(store.counts(&q).await.unwrap().submitted, 297);
+    assert_eq!(store.messages().stats(&q).await.unwrap().length, 297);
+    let l = listed(&store, &q).await;
+    assert_eq!((l.len(), l.iter().collect::<HashSet<_>>().len()), (297, 297));
+}
+
+async fn mixed_kinds_are_each_stored_as_alone_and_resubmit_changes_nothing(b: TestBackend) {
+    let store = store_for(&b).await;
+    let streams = match b.redis_config() {
+        None => StreamStore::memory(StreamStoreSettings::default()),
+        Some(cfg) => StreamStore::redis(cfg, StreamStoreSettings::default()).await.unwrap(),
+    };
+    store.set_outputs(streams.clone()).unwrap();
+    let q = queue_name("mixed");
+    let later = SystemTime::now() + Duration::from_secs(3600);
+    let make = |i: usize| -> Command {
+        let c = Command::with_id(format!("m{i}-{q}"), "t", json!({"i": i}));
+        match i % 6 {
+            0 => c,
+            1 => c.with_output(OutputSpec::default()),
+            2 => c.with_run_at(later),
+            3 => c.with_priority(5),
+            4 => c.with_concurrency_key(format!("k{}", i % 3)),
+            _ => c.with_priority(-3).with_concurrency_key("kk").with_output(OutputSpec::default()),
+        }
+    };
+    let n = 300;
+    let out = store.submit_many(&q, (0..n).map(make).collect()).await;
+    for (i, r) in out.iter().enumerate() {
+        let (st, created) = r.as_ref().unwrap_or_else(|e| panic!("item {i}: {e}"));
+        assert!(*created, "item {i}");
+        assert_eq!(st.id, format!("m{i}-{q}"));
+        assert_eq!(st.output.is_some(), i % 6 == 1 || i % 6 == 5, "item {i}");
+        assert_eq!(st.run_at.is_some(), i % 6 == 2, "item {i}");
+        // As stored: read back.
+        let got = store.get(&st.id).await.unwrap().unwrap();
+        assert_eq!(
+            (got.priority, got.concurrency_key.clone(), got.run_at, got.version),
+            (st.priority, st.concurrency_key.clone(), st.run_at, 1)
+        );
+        if let Some(link) = &got.output {
+            assert!(streams.head(&link.path()).await.is_ok(), "item {i}: its output stream exists");
+        }
+    }
+    let scheduled = (0..n).filter(|i| i % 6 == 2).count() as u64;
+    let counts = store.counts(&q).await.unwrap();
+    assert_eq!(counts.submitted, n as u64, "{counts:?}");
+    let stats = store.messages().stats(&q).await.unwrap();
+    assert_eq!(stats.length, n as u64 - scheduled, "{stats:?}");
+    assert_eq!(listed(&store, &q).await.len(), n);
+    // The same batch again (a delay-free retry): every item its stored state, nothing new.
+    let again = store.submit_many(&q, (0..n).map(make).collect()).await;
+    for (i, r) in again.iter().enumerate() {
+        let (st, created) = r.as_ref().unwrap_or_else(|e| panic!("again item {i}: {e}"));
+        assert!(!created, "again item {i}");
+        assert_eq!(st.created_at, out[i].as_ref().unwrap().0.created_at, "again item {i}");
+    }
+    assert_eq!(store.counts(&q).await.unwrap().submitted, n as u64);
+    assert_eq!(store.messages().stats(&q).await.unwrap().length, n as u64 - scheduled);
+    // A changed output on a stored id: the conflict a submit alone gets.
+    let other = store
+        .submit_many(
+            &q,
+            vec![
+                Command::with_id(format!("m0-{q}"), "t", json!({"i": 0})).with_output(OutputSpec::default()),
+                Command::with_id(format!("m2-{q}"), "t", json!({"i": 2})),
+            ],
+        )
+        .await;
+    assert!(matches!(&other[0], Err(CommandError::Conflict { what: "output", .. })), "{:?}", other[0]);
+    assert!(matches!(&other[1], Err(CommandError::Conflict { what: "run_at", .. })), "{:?}", other[1]);
+}
+
+async fn two_stores_racing_overlapping_batches_create_each_id_once(b: TestBackend) {
+    let a = store_for(&b).await;
+    let c = other_store(&b, &a).await;
+    let q = queue_name("race2");
+    for round in 0..3 {
+        // a: ids 0..600 body {"i"}; c: ids 300..900, the same body for even ids, another for odd.
+        let ids = |r: std::ops::Range<usize>, other: bool| -> Vec<Command> {
+            r.map(|i| {
+                let body = if other && i % 2 == 1 { json!({"i": i, "c": true}) } else { json!({ "i": i }) };
+                Command::with_id(format!("r{round}-{i}-{q}"), "t", body)
+            })
+            .collect()
+        };
+        let (ra, rc) = tokio::join!(a.submit_many(&q, ids(0..600, false)), c.submit_many(&q, ids(300..900, true)));
+        let mut made = vec![0u32; 900];
+        for (i, r) in ra.iter().enumerate() {
+            match r {
+                Ok((_, true)) => made[i] += 1,
+                Ok((_, false)) => {}
+                Err(CommandError::Conflict { .. }) => assert!(i >= 300 && i % 2 == 1, "a {i}: {r:?}"),
+                Err(e) => panic!("a {i}: {e}"),
+            }
+        }
+        for (j, r) in rc.iter().enumerate() {
+            let i = j + 300;
+            match r {
+                Ok((_, true)) => made[i] += 1,
+                Ok((_, false)) => assert!(i < 600, "c {i}"),
+                Err(CommandError::Conflict { .. }) => assert!(i < 600 && i % 2 == 1, "c {i}: {r:?}"),
+                Err(e) => panic!("c {i}: {e}"),
+            }
+        }
+        let bad: Vec<usize> = (0..900).filter(|&i| made[i] != 1).collect();
+        assert!(bad.is_empty(), "round {round}: ids not created exactly once: {bad:?}");
+    }
+    assert_eq!(a.counts(&q).await.unwrap().submitted, 2700);
+    assert_eq!(a.messages().stats(&q).await.unwrap().length, 2700);
+}
+
+async fn a_batch_racing_single_submits_and_cancels(b: TestBackend) {
+    let a = store_for(&b).await;
+    let c = other_store(&b, &a).await;
+    let q = queue_name("rsc");
+    let n = 400;
+    let cmd = |i: usize| Command::with_id(format!("x{i}-{q}"), "t", json!({ "i": i }));
+    let batch = a.submit_many(&q, (0..n).map(cmd).collect());
+    let singles = async {
+        let mut futs = Vec::new();
+        for i in 0..n {
+            let (c, q) = (c.clone(), q.clone());
+            futs.push(async move {
+                let s = c.submit_created(&q, cmd(i)).await;
+                let x = if i % 2 == 0 { Some(c.cancel(&format!("x{i}-{q}")).await) } else { None };
+                (s, x)
+            });
+        }
+        futures::future::join_all(futs).await
+    };
+    let (rb, rs) = tokio::join!(batch, singles);
+    for i in 0..n {
+        let by_batch = rb[i].as_ref().unwrap_or_else(|e| panic!("batch {i}: {e}")).1;
+        let by_single = rs[i].0.as_ref().unwrap_or_else(|e| panic!("single {i}: {e}")).1;
+        assert!(by_batch ^ by_single, "{i}: created by batch {by_batch}, by single {by_single}");
+        if let Some(x) = &rs[i].1 {
+            let st = x.as_ref().unwrap_or_else(|e| panic!("cancel {i}: {e}"));
+            assert_eq!(st.status, CommandStatus::Cancelled, "{i}");
+        }
+    }
+    let counts = a.counts(&q).await.unwrap();
+    assert_eq!((counts.submitted, counts.cancelled), (n as u64 / 2, n as u64 / 2), "{counts:?}");
+    assert_eq!(listed(&a, &q).await.len(), n);
+}
+
+async fn a_batch_takes_over_stale_lookups_of_another_queue(b: TestBackend) {
+    if b.redis_config().is_none() {
+        return;
+    }
+    let settings = CommandStoreSettings {
+        state_ttl: Duration::from_secs(1),
+        retention: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let a = store_with(&b, settings.clone()).await;
+    let c = store_with(&b, settings.clone()).await;
+    let run = uuid::Uuid::now_v7().simple().to_string();
+    let (q0, q1, q2) = (format!("t0-{run}"), format!("t1-{run}"), format!("t2-{run}"));
+    let k = 200;
+    let old: Vec<Command> = (0..k).map(|i| Command::with_id(format!("z{i}-{run}"), "t", json!({ "i": i }))).collect();
+    assert!(a.submit_many(&q0, old.clone()).await.iter().all(|r| matches!(r, Ok((_, true)))));
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert!(a.get(&format!("z0-{run}")).await.unwrap().is_none(), "state should have expired");
+    // Two batches of the same ids to two other queues, from two stores, plus duplicates.
+    let mut twice = old.clone();
+    twice.extend(old.iter().take(50).cloned());
+    let (r1, r2) = tokio::join!(a.submit_many(&q1, twice.clone()), c.submit_many(&q2, twice));
+    let mut made = vec![Vec::new(); k];
+    for (q, rs) in [(&q1, &r1), (&q2, &r2)] {
+        for (j, r) in rs.iter().enumerate() {
+            match r {
+                Ok((_, true)) => made[j % k].push(q.clone()),
+                Ok((st, false)) => assert_eq!(&st.queue, q, "{j}"),
+                Err(CommandError::Conflict { what: "queue", .. }) => {}
+                Err(e) => panic!("{q} {j}: {e}"),
+            }
+        }
+    }
+    let bad: Vec<usize> = (0..k).filter(|&i| made[i].len() != 1).collect();
+    assert!(bad.is_empty(), "{} ids not created exactly once: {bad:?}", bad.len());
+    let total = a.messages().stats(&q1).await.unwrap().length + a.messages().stats(&q2).await.unwrap().length;
+    assert_eq!(total, k as u64);
+}
+
+#[allow(dead_code)]
+async fn raw(b: &TestBackend) -> redis::aio::MultiplexedConnection {
+    let url = match b {
+        TestBackend::Standalone(s) => s.url(),
+        _ => unreachable!(),
+    };
+    redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap()
+}
