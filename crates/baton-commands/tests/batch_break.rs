@@ -259,3 +259,168 @@ async fn raw(b: &TestBackend) -> redis::aio::MultiplexedConnection {
     };
     redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap()
 }
+
+/// The batch of `cut_*` tests: 1000 commands; at each 128-call boundary an id given twice,
+/// body A before the boundary, body B after it (A must win: the batch decides in order).
+fn cut_batch(run: &str) -> Vec<Command> {
+    let mut batch: Vec<Command> =
+        (0..1000).map(|i| Command::with_id(format!("k{i}-{run}"), "t", json!({ "i": i }))).collect();
+    for j in 0..7 {
+        let id = format!("d{j}-{run}");
+        batch[j * 128 + 100] = Command::with_id(id.clone(), "t", json!({"v": "A"}));
+        batch[j * 128 + 130] = Command::with_id(id, "t", json!({"v": "B"}));
+    }
+    batch
+}
+
+/// Item `i` of [`cut_batch`] is a B copy (a conflict with its A copy).
+fn is_b(i: usize) -> bool {
+    i >= 130 && (i - 130) % 128 == 0 && (i - 130) / 128 < 7
+}
+
+/// After a batch cut by connection kills or a restart: resubmitting it (until no item fails
+/// on the connection) ends with every id stored once, in the stream once, and each runs once.
+/// The copies of an id are decided in order: in one batch, a B copy is never created while its
+/// A copy gets the conflict (A is decided first: created, found, or failed on the connection).
+async fn resubmit_until_whole(
+    store: &CommandStore,
+    q: &str,
+    run: &str,
+    first: Vec<Result<(baton_commands::CommandState, bool), CommandError>>,
+) {
+    let batch = cut_batch(run);
+    let mut created: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    let mut note = |out: &[Result<(baton_commands::CommandState, bool), CommandError>]| -> usize {
+        let mut failed = 0;
+        for (i, r) in out.iter().enumerate() {
+            match r {
+                Ok((_, true)) => *created.entry(batch[i].id.clone()).or_default() += 1,
+                Ok((_, false)) => {}
+                Err(CommandError::Conflict { .. }) if is_b(i) || is_b(i + 30) => {}
+                Err(e) => {
+                    if failed < 3 {
+                        eprintln!("item {i}: {e:?}");
+                    }
+                    failed += 1
+                }
+            }
+            if is_b(i) {
+                let a = &out[i - 30];
+                assert!(
+                    !(matches!(r, Ok((_, true))) && matches!(a, Err(CommandError::Conflict { .. }))),
+                    "item {i}: the later copy B was created and the earlier copy A got the conflict"
+                );
+            }
+        }
+        failed
+    };
+    let mut failed = note(&first);
+    let mut rounds = 0;
+    while failed > 0 {
+        rounds += 1;
+        assert!(rounds < 20, "the batch keeps failing: {failed} items");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let again = store.submit_many(q, cut_batch(run)).await;
+        failed = note(&again);
+    }
+    assert_eq!(created.len(), 993);
+    let many: Vec<_> = created.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(many.is_empty(), "ids created more than once: {many:?}");
+    let counts = store.counts(q).await.unwrap();
+    assert_eq!(counts.submitted, 993, "{counts:?}");
+    assert_eq!(store.messages().stats(q).await.unwrap().length, 993);
+    let l = listed(store, q).await;
+    assert_eq!((l.len(), l.iter().collect::<HashSet<_>>().len()), (993, 993));
+    // Each runs once.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<String, u32>::new()));
+    let s2 = seen.clone();
+    let svc = baton_commands::CommandService::builder(store.clone(), q)
+        .settings(fast())
+        .handler(
+            "t",
+            on_execute(move |c: Command| {
+                let s2 = s2.clone();
+                async move {
+                    *s2.lock().unwrap().entry(c.id.clone()).or_default() += 1;
+                    Ok(baton_commands::CommandResult::succeeded(json!({})))
+                }
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    while store.counts(q).await.unwrap().succeeded < 993 {
+        assert!(tokio::time::Instant::now() < until, "not all ran: {:?}", store.counts(q).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    svc.close().await;
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 993);
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "ran more than once: {twice:?}");
+}
+
+/// `CLIENT KILL` of the store's connections, again and again, while a batch of 1000 is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_client_kill_mid_batch_then_resubmit() {
+    baton_testkit::require_redis();
+    let b = TestBackend::Standalone(baton_testkit::RedisServer::start());
+    let store = store_for(&b).await;
+    let run = uuid::Uuid::now_v7().simple().to_string();
+    let q = format!("ck-{run}");
+    let mut killer = raw(&b).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let kills = tokio::spawn(async move {
+        let mut n = 0u32;
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            let k: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("normal")
+                .arg("SKIPME")
+                .arg("yes")
+                .query_async(&mut killer)
+                .await;
+            n += k.unwrap_or(0) as u32;
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        n
+    });
+    let first = store.submit_many(&q, cut_batch(&run)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let n = kills.await.unwrap();
+    let failed = first.iter().filter(|r| matches!(r, Err(e) if !matches!(e, CommandError::Conflict { .. }))).count();
+    eprintln!("{n} connections killed; {failed} items failed in the first batch");
+    resubmit_until_whole(&store, &q, &run, first).await;
+}
+
+/// A SIGKILL and restart of Redis (AOF, fsync always) while a batch of 1000 is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_redis_restart_mid_batch_then_resubmit() {
+    baton_testkit::require_redis();
+    let server =
+        baton_testkit::RedisServer::start_with(baton_testkit::ServerOptions { appendonly: true, ..Default::default() });
+    let b = TestBackend::Standalone(server);
+    let store = store_for(&b).await;
+    let TestBackend::Standalone(mut server) = b else { unreachable!() };
+    let run = uuid::Uuid::now_v7().simple().to_string();
+    let q = format!("rr-{run}");
+    let restart = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(3));
+        let killed = std::time::Instant::now();
+        server.restart();
+        (server, killed)
+    });
+    let t0 = std::time::Instant::now();
+    let first = store.submit_many(&q, cut_batch(&run)).await;
+    let done = std::time::Instant::now();
+    let (_server, killed) = restart.await.unwrap();
+    eprintln!("first batch took {:?}; Redis killed after {:?}", done - t0, killed - t0);
+    assert!(killed < done, "Redis was killed after the batch ended: not a test of a cut batch");
+    let failed = first.iter().filter(|r| matches!(r, Err(e) if !matches!(e, CommandError::Conflict { .. }))).count();
+    eprintln!("{failed} items failed in the first batch");
+    resubmit_until_whole(&store, &q, &run, first).await;
+}

@@ -486,12 +486,50 @@ impl RedisStateBackend {
             .collect()
     }
 
+    /// Sends the submits `at` of `preps` (their lookups claimed on Cluster), as
+    /// [`Self::send_wave`]: the first copy of each id first, then (when one id is given more than
+    /// once) the second copies once the first are decided, and so on. Copies of an id in one
+    /// wave could be in two script calls, and a call cut by a dropped connection is sent again
+    /// after the calls behind it: a later copy could then be stored before an earlier one
+    /// (body B before body A of the same id: A would get the conflict).
+    async fn send(
+        &self,
+        home: &str,
+        k: &QKeys,
+        preps: &[Prepared],
+        at: &[usize],
+        min_lifetime_ms: u64,
+    ) -> Vec<Result<Option<SubmitOutcome>, CommandError>> {
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let rank: Vec<usize> = at
+            .iter()
+            .map(|&i| {
+                let r = seen.entry(preps[i].st.id.as_str()).or_default();
+                *r += 1;
+                *r - 1
+            })
+            .collect();
+        let waves = rank.iter().copied().max().map_or(0, |m| m + 1);
+        if waves <= 1 {
+            return self.send_wave(home, k, preps, at, min_lifetime_ms).await;
+        }
+        let mut out: Vec<Option<Result<Option<SubmitOutcome>, CommandError>>> = at.iter().map(|_| None).collect();
+        for w in 0..waves {
+            let js: Vec<usize> = (0..at.len()).filter(|&j| rank[j] == w).collect();
+            let wave: Vec<usize> = js.iter().map(|&j| at[j]).collect();
+            for (j, r) in js.into_iter().zip(self.send_wave(home, k, preps, &wave, min_lifetime_ms).await) {
+                out[j] = Some(r);
+            }
+        }
+        out.into_iter().map(|r| r.unwrap_or(Ok(Some(SubmitOutcome::OtherQueue)))).collect()
+    }
+
     /// Sends the submits `at` of `preps` (their lookups claimed on Cluster): one `submits.lua`
     /// call for up to 128 through the group commit, in order; a call cut by a dropped
     /// connection is sent once more (a submit is idempotent), and (standalone) a submit that
     /// found a stale lookup of another queue goes again with leave to take it over (at most 3
     /// rounds). Per submit: `Ok(None)` created by this call, else its outcome.
-    async fn send(
+    async fn send_wave(
         &self,
         home: &str,
         k: &QKeys,
@@ -566,7 +604,14 @@ impl RedisStateBackend {
             Some("created") => Decided::Created,
             Some("existing") => {
                 let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("submit", v))?;
-                Decided::Outcome(Box::new(Ok(SubmitOutcome::Existing(parse_stored(&st.id, raw)?))))
+                let stored = parse_stored(&st.id, raw)?;
+                // Our own token: this submit's first attempt stored it (its reply was cut by a
+                // dropped connection, and this is the retry): created by this call.
+                if stored.token == st.token {
+                    Decided::Outcome(Box::new(Ok(SubmitOutcome::Created(stored))))
+                } else {
+                    Decided::Outcome(Box::new(Ok(SubmitOutcome::Existing(stored))))
+                }
             }
             Some("conflict") => {
                 // A state stored by a version before the exact-params store carries the hash
