@@ -251,15 +251,6 @@ async fn a_batch_takes_over_stale_lookups_of_another_queue(b: TestBackend) {
     assert_eq!(total, k as u64);
 }
 
-#[allow(dead_code)]
-async fn raw(b: &TestBackend) -> redis::aio::MultiplexedConnection {
-    let url = match b {
-        TestBackend::Standalone(s) => s.url(),
-        _ => unreachable!(),
-    };
-    redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap()
-}
-
 /// The batch of `cut_*` tests: 1000 commands; at each 128-call boundary an id given twice,
 /// body A before the boundary, body B after it (A must win: the batch decides in order).
 fn cut_batch(run: &str) -> Vec<Command> {
@@ -275,7 +266,7 @@ fn cut_batch(run: &str) -> Vec<Command> {
 
 /// Item `i` of [`cut_batch`] is a B copy (a conflict with its A copy).
 fn is_b(i: usize) -> bool {
-    i >= 130 && (i - 130) % 128 == 0 && (i - 130) / 128 < 7
+    i >= 130 && (i - 130).is_multiple_of(128) && (i - 130) / 128 < 7
 }
 
 /// After a batch cut by connection kills or a restart: resubmitting it (until no item fails
@@ -318,7 +309,7 @@ async fn resubmit_until_whole(
     let mut rounds = 0;
     while failed > 0 {
         rounds += 1;
-        assert!(rounds < 20, "the batch keeps failing: {failed} items");
+        assert!(rounds < 10, "the batch keeps failing: {failed} items");
         tokio::time::sleep(Duration::from_millis(100)).await;
         let again = store.submit_many(q, cut_batch(run)).await;
         failed = note(&again);
@@ -366,25 +357,54 @@ async fn resubmit_until_whole(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_client_kill_mid_batch_then_resubmit() {
     baton_testkit::require_redis();
-    let b = TestBackend::Standalone(baton_testkit::RedisServer::start());
+    cut_client_kill(TestBackend::Standalone(baton_testkit::RedisServer::start())).await;
+}
+
+/// The same on Cluster (every node's normal clients killed, every 3 ms while the batch runs).
+///
+/// Fails: after such a storm (hundreds of connections killed) the store's shared Cluster
+/// connection (`RedisClient::shared`, the redis crate's `ClusterConnection`) never recovers:
+/// every later call of that store (batch, single submit, get) fails with `timed out` after the
+/// 5 s response timeout, for a minute and more, while a fresh store on the same cluster answers
+/// in 2 ms. A single kill round recovers. Not the batch's mechanism: the connection layer
+/// (baton-redis) would have to replace a Cluster connection whose calls keep timing out, as it
+/// replaces a standalone one whose reconnect was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the store's Cluster connection never recovers from a CLIENT KILL storm (baton-redis, see the doc)"]
+async fn cut_client_kill_mid_batch_then_resubmit_cluster() {
+    baton_testkit::require_redis();
+    cut_client_kill(TestBackend::Cluster(baton_testkit::RedisCluster::start())).await;
+}
+
+async fn cut_client_kill(b: TestBackend) {
     let store = store_for(&b).await;
     let run = uuid::Uuid::now_v7().simple().to_string();
     let q = format!("ck-{run}");
-    let mut killer = raw(&b).await;
+    let urls = match &b {
+        TestBackend::Standalone(s) => vec![s.url()],
+        TestBackend::Cluster(c) => c.urls(),
+        TestBackend::Memory => unreachable!(),
+    };
+    let mut killers = Vec::new();
+    for url in urls {
+        killers.push(redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap());
+    }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();
     let kills = tokio::spawn(async move {
         let mut n = 0u32;
         while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-            let k: redis::RedisResult<i64> = redis::cmd("CLIENT")
-                .arg("KILL")
-                .arg("TYPE")
-                .arg("normal")
-                .arg("SKIPME")
-                .arg("yes")
-                .query_async(&mut killer)
-                .await;
-            n += k.unwrap_or(0) as u32;
+            for killer in killers.iter_mut() {
+                let k: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("TYPE")
+                    .arg("normal")
+                    .arg("SKIPME")
+                    .arg("yes")
+                    .query_async(killer)
+                    .await;
+                n += k.unwrap_or(0) as u32;
+            }
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
         n
@@ -401,8 +421,7 @@ async fn cut_client_kill_mid_batch_then_resubmit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_redis_restart_mid_batch_then_resubmit() {
     baton_testkit::require_redis();
-    let server =
-        baton_testkit::RedisServer::start_with(baton_testkit::ServerOptions { appendonly: true, ..Default::default() });
+    let server = baton_testkit::RedisServer::start_with(baton_testkit::ServerOptions { appendonly: true });
     let b = TestBackend::Standalone(server);
     let store = store_for(&b).await;
     let TestBackend::Standalone(mut server) = b else { unreachable!() };
