@@ -21,6 +21,7 @@ baton_testkit::on_every_backend!(
     two_stores_racing_overlapping_batches_create_each_id_once,
     a_batch_racing_single_submits_and_cancels,
     a_batch_takes_over_stale_lookups_of_another_queue,
+    racing_batches_with_output_streams,
 );
 
 /// Every id listed in `q` (all pages).
@@ -442,4 +443,59 @@ async fn cut_redis_restart_mid_batch_then_resubmit() {
     let failed = first.iter().filter(|r| matches!(r, Err(e) if !matches!(e, CommandError::Conflict { .. }))).count();
     eprintln!("{failed} items failed in the first batch");
     resubmit_until_whole(&store, &q, &run, first).await;
+}
+
+/// Two stores (Redis: two processes' worth) race batches of the same ids with output streams,
+/// each id twice in each batch; store c asks another content type for odd ids. Each id is
+/// created once, and its stored output stream exists with the stored content type (no loser
+/// deleted the winner's stream).
+async fn racing_batches_with_output_streams(b: TestBackend) {
+    let a = store_for(&b).await;
+    let c = other_store(&b, &a).await;
+    let streams = |_: ()| async {
+        match b.redis_config() {
+            None => StreamStore::memory(StreamStoreSettings::default()),
+            Some(cfg) => StreamStore::redis(cfg, StreamStoreSettings::default()).await.unwrap(),
+        }
+    };
+    let sa = streams(()).await;
+    a.set_outputs(sa.clone()).unwrap();
+    if !matches!(b, TestBackend::Memory) {
+        c.set_outputs(streams(()).await).unwrap();
+    }
+    let q = queue_name("outrace");
+    let n = 100;
+    let batch = |other: bool| -> Vec<Command> {
+        let mut v = Vec::new();
+        for i in 0..n {
+            let spec = OutputSpec {
+                content_type: Some(if other && i % 2 == 1 { "text/plain".into() } else { "application/json".into() }),
+                ..Default::default()
+            };
+            let cmd = Command::with_id(format!("o{i}-{q}"), "t", json!({ "i": i })).with_output(spec);
+            v.push(cmd.clone());
+            v.push(cmd);
+        }
+        v
+    };
+    let (ra, rc) = tokio::join!(a.submit_many(&q, batch(false)), c.submit_many(&q, batch(true)));
+    let mut made = vec![0; n];
+    for (who, rs) in [("a", &ra), ("c", &rc)] {
+        for (j, r) in rs.iter().enumerate() {
+            match r {
+                Ok((_, true)) => made[j / 2] += 1,
+                Ok((_, false)) => {}
+                Err(CommandError::Conflict { .. }) => assert_eq!(j / 2 % 2, 1, "{who} {j}: {r:?}"),
+                Err(e) => panic!("{who} {j}: {e}"),
+            }
+        }
+    }
+    let bad: Vec<usize> = (0..n).filter(|&i| made[i] != 1).collect();
+    assert!(bad.is_empty(), "ids not created exactly once: {bad:?}");
+    for i in 0..n {
+        let st = a.get(&format!("o{i}-{q}")).await.unwrap().unwrap();
+        let link = st.output.clone().unwrap();
+        let info = sa.head(&link.path()).await.unwrap_or_else(|e| panic!("o{i}: its output stream is gone: {e}"));
+        assert_eq!(info.content_type, link.content_type, "o{i}");
+    }
 }
