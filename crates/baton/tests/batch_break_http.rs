@@ -251,11 +251,22 @@ async fn serve_killed_mid_batch_then_resubmitted() {
     let body = json!({ "commands": items }).to_string();
     let (mut child, base, _out) = spawn(false);
     let path = "/v1/queues/jobs/commands/batch";
+    let mut raw =
+        baton_redis::redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let dbsize = |raw: &mut baton_redis::redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        async move { baton_redis::redis::cmd("DBSIZE").query_async::<u64>(&mut raw).await.unwrap() }
+    };
+    let base_keys = dbsize(&mut raw).await;
     let send = {
         let (base, body) = (base.clone(), body.clone());
         tokio::spawn(async move { client().post(format!("{base}{path}")).body(body).send().await })
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Killed once the batch has started storing (states and lookups appear), not before.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while dbsize(&mut raw).await < base_keys + 20 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
     child.kill().unwrap();
     child.wait().unwrap();
     let first = send.await.unwrap();
@@ -263,6 +274,8 @@ async fn serve_killed_mid_batch_then_resubmitted() {
     let (mut child, base, _out2) = spawn(true);
     let (s, report) = post_raw(&base, path, body).await;
     assert_eq!(s, StatusCode::OK, "{report}");
+    let before = report["results"].as_array().unwrap().iter().filter(|r| r["status"] == 200).count();
+    eprintln!("{before} of 1000 stored before the kill");
     for (i, r) in report["results"].as_array().unwrap().iter().enumerate() {
         let st = r["status"].as_u64().unwrap();
         assert!(st == 200 || st == 202, "item {i}: {r}");
