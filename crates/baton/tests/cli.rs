@@ -267,6 +267,22 @@ fn commands_submit_batch() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `submit-batch` reads each result without decoding the state's params: params the server
+/// stores exactly but a `serde_json::Value` cannot hold (a number beyond f64, arrays nested
+/// the full 127 deep) are created, not reported as refused with status 0 (and exit 1).
+#[test]
+fn commands_submit_batch_with_params_beyond_a_value() {
+    let s = Serve::start();
+    let deep = format!("{}{}", "[".repeat(127), "]".repeat(127));
+    let lines = [
+        r#"{"id": "v1", "type": "echo", "params": {"x": 1e400}, "delay": "1h"}"#.to_string(),
+        format!(r#"{{"id": "v2", "type": "echo", "params": {deep}, "delay": "1h"}}"#),
+    ];
+    let out = s.run_stdin(&["commands", "submit-batch", "default", "--file", "-"], Some(&lines.join("\n"))).ok();
+    assert_eq!(out.stdout, "line 1: submitted v1 (SUBMITTED)\nline 2: submitted v2 (SUBMITTED)\n", "{out:?}");
+    assert_eq!(out.stderr, "2 submitted, 0 already submitted, 0 refused (queue default)\n");
+}
+
 #[test]
 fn commands_params_and_results_come_back_exactly() {
     let s = Serve::start();

@@ -353,7 +353,10 @@ impl CommandStore {
     ///
     /// On Redis the commands of one call go to Redis together: one script call for up to 128
     /// of them (more are sent in calls of 128), plus, on Cluster, one id-lookup write each
-    /// (their own hash slots). Commands with an output stream create it first, each on its own.
+    /// (their own hash slots). A second copy of an id goes in a call after the first copy is
+    /// decided (so that a call retried after a dropped connection cannot store a later copy
+    /// first); on Cluster an id whose lookup names another queue goes on its own once its
+    /// lookup is claimed. Commands with an output stream create it first, each on its own.
     /// The memory backend decides them one after the other.
     ///
     /// An empty `commands` returns an empty vector. Errors are per command: those of

@@ -351,11 +351,18 @@ impl RedisStateBackend {
     /// for up to 128 of them through the group commit; each reply decided as alone. A submit
     /// that finds a stale lookup of another queue goes again with leave to take it over (at
     /// most 3 rounds).
+    ///
+    /// Cluster: a submit whose lookup names another queue (which may be a submit there in
+    /// flight: [`CLAIM_GRACE`]) is sent on its own as soon as its lookup is claimed, not with
+    /// the batch: a claimed lookup without its state reads as stale to another store after
+    /// `CLAIM_GRACE`, so its script must follow the claim at once, as a submit alone does,
+    /// not wait for the slowest claim of the batch (the two queues would then both create
+    /// the id). Every copy of such an id in the batch goes with it, in order.
     async fn submit_home(&self, home: &str, items: &[SubmitItem<'_>]) -> Vec<Result<SubmitOutcome, CommandError>> {
         let n = items.len();
         let k = self.keys(home);
         let min_lifetime_ms = self.min_lifetime_ms(home);
-        let mut preps: Vec<Prepared> = items
+        let preps: Vec<Prepared> = items
             .iter()
             .map(|it| {
                 let state = it.state;
@@ -380,27 +387,10 @@ impl RedisStateBackend {
                     feed_max,
                     ttl,
                     lookup_ttl,
-                    st: Some(st),
+                    st,
                 }
             })
             .collect();
-        let mut out: Vec<Option<Result<SubmitOutcome, CommandError>>> = (0..n).map(|_| None).collect();
-        if self.cluster {
-            // Lookup keys first (their own slots); a crash before the script leaves one without
-            // a state, which reads as "not found" and is taken over by a later submit.
-            let looked = futures::future::join_all(preps.iter().map(|p| {
-                let st = p.st.as_ref().expect("not decided yet");
-                self.claim_lookup(&p.lookup, home, &st.id, p.lookup_ttl)
-            }))
-            .await;
-            for (slot, r) in out.iter_mut().zip(looked) {
-                match r {
-                    Ok(true) => {}
-                    Ok(false) => *slot = Some(Ok(SubmitOutcome::OtherQueue)),
-                    Err(e) => *slot = Some(Err(e)),
-                }
-            }
-        }
         let before = k.submits.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         if before.div_ceil(PRUNE_EVERY) < (before + n as u64).div_ceil(PRUNE_EVERY) {
             // Every PRUNE_EVERY-th submit of the queue, in the background: no submit waits for it.
@@ -412,15 +402,152 @@ impl RedisStateBackend {
                 }
             });
         }
+        let mut out: Vec<Option<Result<Option<SubmitOutcome>, CommandError>>> = (0..n).map(|_| None).collect();
+        if !self.cluster {
+            let all: Vec<usize> = (0..n).collect();
+            for (i, r) in all.iter().zip(self.send(home, &k, &preps, &all, min_lifetime_ms).await) {
+                out[*i] = Some(r);
+            }
+        } else {
+            // Lookup keys first (their own slots); a crash before the script leaves one without
+            // a state, which reads as "not found" and is taken over by a later submit.
+            let first =
+                futures::future::join_all(preps.iter().map(|p| self.claim_at_once(&p.lookup, home, p.lookup_ttl)))
+                    .await;
+            let mut slow: Vec<(&str, Vec<usize>)> = Vec::new();
+            for (i, r) in first.into_iter().enumerate() {
+                let id = preps[i].st.id.as_str();
+                match r {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        if !slow.iter().any(|(s, _)| *s == id) {
+                            slow.push((id, Vec::new()));
+                        }
+                    }
+                    Err(e) => out[i] = Some(Err(e)),
+                }
+            }
+            for i in 0..n {
+                if let Some((_, at)) = slow.iter_mut().find(|(s, _)| *s == preps[i].st.id) {
+                    out[i] = None;
+                    at.push(i);
+                }
+            }
+            let fast: Vec<usize> =
+                (0..n).filter(|&i| out[i].is_none() && !slow.iter().any(|(_, at)| at.contains(&i))).collect();
+            let slow_runs = slow.iter().map(|(_, at)| {
+                let (k, preps) = (&k, &preps);
+                async move {
+                    let p = &preps[at[0]];
+                    match self.claim_lookup(&p.lookup, home, &p.st.id, p.lookup_ttl).await {
+                        Ok(true) => self.send(home, k, preps, at, min_lifetime_ms).await,
+                        Ok(false) => at.iter().map(|_| Ok(Some(SubmitOutcome::OtherQueue))).collect(),
+                        Err(e) => {
+                            // The first copy gets the error; the others the same, rebuilt.
+                            let text = e.to_string();
+                            let mut first = Some(e);
+                            at.iter()
+                                .map(|_| {
+                                    Err(first.take().unwrap_or_else(|| {
+                                        CommandError::Redis(redis::RedisError::from((
+                                            redis::ErrorKind::Io,
+                                            "claiming the id lookup failed",
+                                            text.clone(),
+                                        )))
+                                    }))
+                                })
+                                .collect()
+                        }
+                    }
+                }
+            });
+            let (fast_out, slow_out) = futures::future::join(
+                self.send(home, &k, &preps, &fast, min_lifetime_ms),
+                futures::future::join_all(slow_runs),
+            )
+            .await;
+            for (i, r) in fast.iter().zip(fast_out) {
+                out[*i] = Some(r);
+            }
+            for ((_, at), rs) in slow.iter().zip(slow_out) {
+                for (i, r) in at.iter().zip(rs) {
+                    out[*i] = Some(r);
+                }
+            }
+        }
+        out.into_iter()
+            .zip(preps)
+            .map(|(r, p)| match r {
+                Some(Ok(None)) => Ok(SubmitOutcome::Created(p.st)),
+                Some(Ok(Some(o))) => Ok(o),
+                Some(Err(e)) => Err(e),
+                None => Ok(SubmitOutcome::OtherQueue),
+            })
+            .collect()
+    }
+
+    /// Sends the submits `at` of `preps` (their lookups claimed on Cluster), as
+    /// [`Self::send_wave`]: the first copy of each id first, then (when one id is given more than
+    /// once) the second copies once the first are decided, and so on. Copies of an id in one
+    /// wave could be in two script calls, and a call cut by a dropped connection is sent again
+    /// after the calls behind it: a later copy could then be stored before an earlier one
+    /// (body B before body A of the same id: A would get the conflict).
+    async fn send(
+        &self,
+        home: &str,
+        k: &QKeys,
+        preps: &[Prepared],
+        at: &[usize],
+        min_lifetime_ms: u64,
+    ) -> Vec<Result<Option<SubmitOutcome>, CommandError>> {
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let rank: Vec<usize> = at
+            .iter()
+            .map(|&i| {
+                let r = seen.entry(preps[i].st.id.as_str()).or_default();
+                *r += 1;
+                *r - 1
+            })
+            .collect();
+        let waves = rank.iter().copied().max().map_or(0, |m| m + 1);
+        if waves <= 1 {
+            return self.send_wave(home, k, preps, at, min_lifetime_ms).await;
+        }
+        let mut out: Vec<Option<Result<Option<SubmitOutcome>, CommandError>>> = at.iter().map(|_| None).collect();
+        for w in 0..waves {
+            let js: Vec<usize> = (0..at.len()).filter(|&j| rank[j] == w).collect();
+            let wave: Vec<usize> = js.iter().map(|&j| at[j]).collect();
+            for (j, r) in js.into_iter().zip(self.send_wave(home, k, preps, &wave, min_lifetime_ms).await) {
+                out[j] = Some(r);
+            }
+        }
+        out.into_iter().map(|r| r.unwrap_or(Ok(Some(SubmitOutcome::OtherQueue)))).collect()
+    }
+
+    /// Sends the submits `at` of `preps` (their lookups claimed on Cluster): one `submits.lua`
+    /// call for up to 128 through the group commit, in order; a call cut by a dropped
+    /// connection is sent once more (a submit is idempotent), and (standalone) a submit that
+    /// found a stale lookup of another queue goes again with leave to take it over (at most 3
+    /// rounds). Per submit: `Ok(None)` created by this call, else its outcome.
+    async fn send_wave(
+        &self,
+        home: &str,
+        k: &QKeys,
+        preps: &[Prepared],
+        at: &[usize],
+        min_lifetime_ms: u64,
+    ) -> Vec<Result<Option<SubmitOutcome>, CommandError>> {
+        let n = at.len();
+        let mut out: Vec<Option<Result<Option<SubmitOutcome>, CommandError>>> = (0..n).map(|_| None).collect();
         let mut takeover: Vec<String> = vec![String::new(); n];
         for _ in 0..3 {
-            let pending: Vec<usize> = (0..n).filter(|&i| out[i].is_none()).collect();
+            let pending: Vec<usize> = (0..n).filter(|&j| out[j].is_none()).collect();
             if pending.is_empty() {
                 break;
             }
-            let item = |i: usize| {
-                let p = &preps[i];
-                let st = p.st.as_ref().expect("not decided yet");
+            let item = |j: usize| {
+                let p = &preps[at[j]];
+                let st = &p.st;
                 Submit {
                     state_key: p.state_key.clone(),
                     lookup_key: (!self.cluster).then(|| p.lookup.clone()),
@@ -429,7 +556,7 @@ impl RedisStateBackend {
                     created_ms: st.created_at.millis(),
                     msg: p.msg.clone(),
                     id: st.id.clone(),
-                    takeover: takeover[i].clone(),
+                    takeover: takeover[j].clone(),
                     ttl_ms: p.ttl.as_millis() as u64,
                     lookup_ttl_ms: p.lookup_ttl.as_millis() as u64,
                     min_lifetime_ms,
@@ -440,36 +567,34 @@ impl RedisStateBackend {
                     priority: st.priority,
                 }
             };
-            let mut replies = self.run_submits(&k.batch, pending.iter().map(|&i| item(i)).collect()).await;
+            let mut replies = self.run_submits(&k.batch, pending.iter().map(|&j| item(j)).collect()).await;
             // A submit is idempotent (same id and body: the stored state), so one cut by a
             // dropped connection (e.g. the first call after a Redis restart) is sent once more;
             // if the first attempt did run, the second finds its state.
             let cut: Vec<usize> = (0..pending.len())
-                .filter(|&j| matches!(&replies[j], Err(e) if e.is_io_error() || e.is_connection_dropped()))
+                .filter(|&c| matches!(&replies[c], Err(e) if e.is_io_error() || e.is_connection_dropped()))
                 .collect();
             if !cut.is_empty() {
                 tracing::debug!(queue = %home, submits = cut.len(), "submits failed on a dropped connection; retrying once");
-                let again = self.run_submits(&k.batch, cut.iter().map(|&j| item(pending[j])).collect()).await;
-                for (j, r) in cut.into_iter().zip(again) {
-                    replies[j] = r;
+                let again = self.run_submits(&k.batch, cut.iter().map(|&c| item(pending[c])).collect()).await;
+                for (c, r) in cut.into_iter().zip(again) {
+                    replies[c] = r;
                 }
             }
-            for (i, r) in pending.into_iter().zip(replies) {
+            for (j, r) in pending.into_iter().zip(replies) {
                 let decided = match r {
-                    Ok(v) => self.submit_reply(preps[i].st.as_ref().expect("not decided yet"), &v).await,
+                    Ok(v) => self.submit_reply(&preps[at[j]].st, &v).await,
                     Err(e) => Ok(Decided::Outcome(Box::new(Err(e.into())))),
                 };
                 match decided {
-                    Ok(Decided::Created) => {
-                        out[i] = Some(Ok(SubmitOutcome::Created(preps[i].st.take().expect("not decided yet"))))
-                    }
-                    Ok(Decided::Outcome(r)) => out[i] = Some(*r),
-                    Ok(Decided::TakeOver(home)) => takeover[i] = home,
-                    Err(e) => out[i] = Some(Err(e)),
+                    Ok(Decided::Created) => out[j] = Some(Ok(None)),
+                    Ok(Decided::Outcome(r)) => out[j] = Some((*r).map(Some)),
+                    Ok(Decided::TakeOver(home)) => takeover[j] = home,
+                    Err(e) => out[j] = Some(Err(e)),
                 }
             }
         }
-        out.into_iter().map(|r| r.unwrap_or(Ok(SubmitOutcome::OtherQueue))).collect()
+        out.into_iter().map(|r| r.unwrap_or(Ok(Some(SubmitOutcome::OtherQueue)))).collect()
     }
 
     /// What `submits.lua` answered for the submit of `st`.
@@ -479,7 +604,14 @@ impl RedisStateBackend {
             Some("created") => Decided::Created,
             Some("existing") => {
                 let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("submit", v))?;
-                Decided::Outcome(Box::new(Ok(SubmitOutcome::Existing(parse_stored(&st.id, raw)?))))
+                let stored = parse_stored(&st.id, raw)?;
+                // Our own token: this submit's first attempt stored it (its reply was cut by a
+                // dropped connection, and this is the retry): created by this call.
+                if stored.token == st.token {
+                    Decided::Outcome(Box::new(Ok(SubmitOutcome::Created(stored))))
+                } else {
+                    Decided::Outcome(Box::new(Ok(SubmitOutcome::Existing(stored))))
+                }
             }
             Some("conflict") => {
                 // A state stored by a version before the exact-params store carries the hash
@@ -510,6 +642,35 @@ impl RedisStateBackend {
             }
             _ => return Err(unexpected("submit", v)),
         })
+    }
+
+    /// Cluster: one try of [`Self::claim_lookup`] that never waits: `Ok(true)` when the lookup
+    /// was free or named `queue` already (now `queue`'s, its lifetime extended), `Ok(false)` when
+    /// it names another queue (left as it is, for [`Self::claim_lookup`]).
+    async fn claim_at_once(&self, lookup: &str, queue: &str, lookup_ttl: Duration) -> Result<bool, CommandError> {
+        let mut conn = self.conn.clone();
+        let prior: Option<String> = redis::cmd("SET")
+            .arg(lookup)
+            .arg(queue)
+            .arg("NX")
+            .arg("GET")
+            .arg("PX")
+            .arg(lookup_ttl.as_millis() as u64)
+            .query_async(&mut conn)
+            .await?;
+        match prior {
+            None => Ok(true),
+            Some(home) if home == queue => {
+                let _: () = redis::cmd("PEXPIRE")
+                    .arg(lookup)
+                    .arg(lookup_ttl.as_millis() as u64)
+                    .arg("GT")
+                    .query_async(&mut conn)
+                    .await?;
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+        }
     }
 
     /// Cluster: points the lookup of `id` at `queue` before its state is written (`SET NX
@@ -603,8 +764,8 @@ struct Prepared {
     feed_max: u64,
     ttl: Duration,
     lookup_ttl: Duration,
-    /// The state as stored when created (taken by the outcome).
-    st: Option<CommandState>,
+    /// The state as stored when created (the outcome's when created).
+    st: CommandState,
 }
 
 /// How a submit's reply decides it.

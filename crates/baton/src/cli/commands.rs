@@ -558,11 +558,29 @@ async fn submit_batch(cl: &Client, queue: &str, file: &str) -> Result<u8, CliErr
         let bodies: Vec<&str> = chunk.iter().map(|(_, b)| *b).collect();
         let body = format!("{{\"commands\":[{}]}}", bodies.join(","));
         let rb = cl.request(Method::POST, &url).header("content-type", "application/json").body(body);
-        let (text, _) = json_text_ok(cl, rb).await?;
+        // Read as text, each result through `Item`: a state's params are kept exactly by the
+        // server and may be beyond a `Value` (a number past f64, nesting 127 deep inside the
+        // reply's own 3 levels); they are skipped here, never decoded.
+        let res = cl.send_ok(rb).await?;
+        let text = res.text().await.map_err(|e| CliError::server(format!("reading the reply failed: {e}")))?;
         #[derive(serde::Deserialize)]
         struct Report<'a> {
             #[serde(borrow)]
             results: Vec<&'a RawValue>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        #[serde(default)]
+        struct Item {
+            status: u64,
+            state: Option<Head>,
+            error: Option<Value>,
+            message: Option<Value>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        #[serde(default)]
+        struct Head {
+            id: Option<Value>,
+            status: Option<Value>,
         }
         let report: Report = serde_json::from_str(&text)
             .map_err(|e| CliError::server(format!("the server's batch reply has no results ({e})")))?;
@@ -574,9 +592,8 @@ async fn submit_batch(cl: &Client, queue: &str, file: &str) -> Result<u8, CliErr
             )));
         }
         for ((line, _), raw) in chunk.iter().zip(report.results) {
-            let r: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
-            let status = r.get("status").and_then(Value::as_u64).unwrap_or(0);
-            let state = r.get("state");
+            let r: Item = serde_json::from_str(raw.get()).unwrap_or_default();
+            let status = r.status;
             match status {
                 202 => created += 1,
                 200 => stored += 1,
@@ -593,12 +610,12 @@ async fn submit_batch(cl: &Client, queue: &str, file: &str) -> Result<u8, CliErr
                 println!("{}", raw.get());
                 continue;
             }
-            let id = cell(state.and_then(|s| s.get("id")));
-            let st = cell(state.and_then(|s| s.get("status")));
+            let id = cell(r.state.as_ref().and_then(|s| s.id.as_ref()));
+            let st = cell(r.state.as_ref().and_then(|s| s.status.as_ref()));
             match status {
                 202 => println!("line {line}: submitted {id} ({st})"),
                 200 => println!("line {line}: {id} was already submitted ({st})"),
-                _ => println!("line {line}: refused {status} {}: {}", cell(r.get("error")), cell(r.get("message"))),
+                _ => println!("line {line}: refused {status} {}: {}", cell(r.error.as_ref()), cell(r.message.as_ref())),
             }
         }
     }
