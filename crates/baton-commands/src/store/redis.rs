@@ -500,6 +500,9 @@ impl RedisStateBackend {
         at: &[usize],
         min_lifetime_ms: u64,
     ) -> Vec<Result<Option<SubmitOutcome>, CommandError>> {
+        if at.len() <= 1 {
+            return self.send_wave(home, k, preps, at, min_lifetime_ms).await;
+        }
         let mut seen: HashMap<&str, usize> = HashMap::new();
         let rank: Vec<usize> = at
             .iter()
