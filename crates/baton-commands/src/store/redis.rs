@@ -418,8 +418,8 @@ impl RedisStateBackend {
             for (i, r) in first.into_iter().enumerate() {
                 let id = preps[i].st.id.as_str();
                 match r {
-                    Ok(true) => {}
-                    Ok(false) => {
+                    Ok(None) => {}
+                    Ok(Some(_)) => {
                         if !slow.iter().any(|(s, _)| *s == id) {
                             slow.push((id, Vec::new()));
                         }
@@ -647,10 +647,16 @@ impl RedisStateBackend {
         })
     }
 
-    /// Cluster: one try of [`Self::claim_lookup`] that never waits: `Ok(true)` when the lookup
-    /// was free or named `queue` already (now `queue`'s, its lifetime extended), `Ok(false)` when
-    /// it names another queue (left as it is, for [`Self::claim_lookup`]).
-    async fn claim_at_once(&self, lookup: &str, queue: &str, lookup_ttl: Duration) -> Result<bool, CommandError> {
+    /// Cluster: one try of [`Self::claim_lookup`] that never waits: `Ok(None)` when the lookup
+    /// was free or named `queue` already (now `queue`'s, its lifetime extended),
+    /// `Ok(Some(other))` when it names another queue (left as it is, for
+    /// [`Self::claim_lookup`]).
+    async fn claim_at_once(
+        &self,
+        lookup: &str,
+        queue: &str,
+        lookup_ttl: Duration,
+    ) -> Result<Option<String>, CommandError> {
         let mut conn = self.conn.clone();
         let prior: Option<String> = redis::cmd("SET")
             .arg(lookup)
@@ -662,7 +668,7 @@ impl RedisStateBackend {
             .query_async(&mut conn)
             .await?;
         match prior {
-            None => Ok(true),
+            None => Ok(None),
             Some(home) if home == queue => {
                 let _: () = redis::cmd("PEXPIRE")
                     .arg(lookup)
@@ -670,9 +676,9 @@ impl RedisStateBackend {
                     .arg("GT")
                     .query_async(&mut conn)
                     .await?;
-                Ok(true)
+                Ok(None)
             }
-            Some(_) => Ok(false),
+            Some(other) => Ok(Some(other)),
         }
     }
 
@@ -686,39 +692,16 @@ impl RedisStateBackend {
         id: &str,
         lookup_ttl: Duration,
     ) -> Result<bool, CommandError> {
-        let mut conn = self.conn.clone();
         for _ in 0..3 {
-            let prior: Option<String> = redis::cmd("SET")
-                .arg(lookup)
-                .arg(queue)
-                .arg("NX")
-                .arg("GET")
-                .arg("PX")
-                .arg(lookup_ttl.as_millis() as u64)
-                .query_async(&mut conn)
-                .await?;
-            match prior {
-                None => return Ok(true),
-                Some(home) if home == queue => {
-                    let _: () = redis::cmd("PEXPIRE")
-                        .arg(lookup)
-                        .arg(lookup_ttl.as_millis() as u64)
-                        .arg("GT")
-                        .query_async(&mut conn)
-                        .await?;
-                    return Ok(true);
-                }
-                Some(home) => {
-                    // Another queue's lookup without its state may be a submit of that queue
-                    // still in flight (its script runs after its lookup write): give it
-                    // `CLAIM_GRACE` to appear before calling the lookup stale.
-                    if self.appears(&home, id, CLAIM_GRACE).await? {
-                        return Ok(false);
-                    }
-                    if self.take_over(lookup, &home, queue, lookup_ttl).await? {
-                        return Ok(true);
-                    }
-                }
+            let Some(home) = self.claim_at_once(lookup, queue, lookup_ttl).await? else { return Ok(true) };
+            // Another queue's lookup without its state may be a submit of that queue still in
+            // flight (its script runs after its lookup write): give it `CLAIM_GRACE` to appear
+            // before calling the lookup stale.
+            if self.appears(&home, id, CLAIM_GRACE).await? {
+                return Ok(false);
+            }
+            if self.take_over(lookup, &home, queue, lookup_ttl).await? {
+                return Ok(true);
             }
         }
         Ok(false)
