@@ -25,31 +25,9 @@ async fn serve(backend: TestBackend, tweak: impl FnOnce(&mut baton::settings::Se
     .await
 }
 
-async fn post_raw(base: &str, path: &str, body: String) -> (StatusCode, Value) {
-    let res = client()
-        .post(format!("{base}{path}"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = res.status();
-    let text = res.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-}
-
 /// What `item` (raw JSON text) gets as a submit alone, as a batch result.
 async fn alone_raw(srv: &TestServer, item: &str) -> Value {
-    let (s, body) = post_raw(&srv.base, SUBMIT, item.to_string()).await;
-    let mut r = serde_json::Map::new();
-    r.insert("status".into(), json!(s.as_u16()));
-    match body {
-        Value::Object(m) if s.as_u16() >= 400 => r.extend(m),
-        state => {
-            r.insert("state".into(), state);
-        }
-    }
-    Value::Object(r)
+    submitted_alone(&srv.base, SUBMIT, item).await
 }
 
 /// `commands` of every wrong kind: the whole request is refused, saying what it got.

@@ -23,32 +23,9 @@ async fn serve(backend: TestBackend, tweak: impl FnOnce(&mut baton::settings::Se
     .await
 }
 
-/// `POST` of a raw body: the status and the body as JSON.
-async fn post_raw(srv: &TestServer, path: &str, body: String) -> (StatusCode, Value) {
-    let res = client()
-        .post(format!("{}{path}", srv.base))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = res.status();
-    let text = res.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-}
-
 /// The result a submit of `item` alone gets, as a batch result: `{"status", …its body}`.
 async fn alone(srv: &TestServer, item: &Value) -> Value {
-    let (s, body) = post(srv, SUBMIT, item.clone()).await;
-    let mut r = serde_json::Map::new();
-    r.insert("status".into(), json!(s.as_u16()));
-    match body {
-        Value::Object(m) if s.as_u16() >= 400 => r.extend(m),
-        state => {
-            r.insert("state".into(), state);
-        }
-    }
-    Value::Object(r)
+    submitted_alone(&srv.base, SUBMIT, &item.to_string()).await
 }
 
 /// New, same id and body (200, same state), same id with other params (409), a bad item (400),
@@ -167,7 +144,7 @@ on_memory_and_standalone!(mixed_batch, order_and_runs);
 async fn whole_request_errors() {
     let srv = serve(TestBackend::Memory, |c| c.max_command_body = 1000).await;
     let shape = "send {\"commands\": [{\"type\": \"echo\", \"params\": {…}}, …]}";
-    let (s, e) = post_raw(&srv, BATCH, "{".into()).await;
+    let (s, e) = post_raw(&srv.base, BATCH, "{".into()).await;
     assert_eq!((s, e["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_json")));
     assert!(e["message"].as_str().unwrap().starts_with("request body is not valid JSON (EOF"), "{e}");
     for (body, message) in [
@@ -193,7 +170,7 @@ async fn whole_request_errors() {
             ),
         ),
     ] {
-        let (s, e) = post_raw(&srv, BATCH, body).await;
+        let (s, e) = post_raw(&srv.base, BATCH, body).await;
         assert_eq!((s, e), (StatusCode::BAD_REQUEST, json!({"error": "invalid_body", "message": message})));
     }
     let (s, e) = post(&srv, "/v1/queues/nope/commands/batch", json!({"commands": [{"type": "echo"}]})).await;
@@ -203,7 +180,7 @@ async fn whole_request_errors() {
 
     // Over 16 MiB: 413 as any body over its limit.
     let big = format!(r#"{{"commands": [{{"type": "echo", "params": "{}"}}]}}"#, "x".repeat(17 << 20));
-    let (s, e) = post_raw(&srv, BATCH, big).await;
+    let (s, e) = post_raw(&srv.base, BATCH, big).await;
     assert_eq!((s, e["error"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("body_too_large")));
     // An item over max_command_body: its own 413, as alone; the others go on.
     let item = json!({"type": "echo", "params": "y".repeat(1200)});

@@ -232,3 +232,33 @@ pub async fn sigterm_while_starting(args: &[&str], redis_port: u16) -> (std::pro
     });
     tokio::time::timeout(Duration::from_secs(30), done).await.expect("exits").unwrap()
 }
+
+/// `POST <base><path>` of a raw body (JSON content type): the status and the body as JSON (a
+/// body that is not JSON as a JSON string).
+pub async fn post_raw(base: &str, path: &str, body: String) -> (reqwest::StatusCode, serde_json::Value) {
+    let res = client()
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    let text = res.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+}
+
+/// What the submit body `item` (raw JSON text) gets when `POST`ed alone to `submit_path`, in the
+/// shape of a batch result: `{"status", "state"}` or `{"status", …the error body}`.
+pub async fn submitted_alone(base: &str, submit_path: &str, item: &str) -> serde_json::Value {
+    let (s, body) = post_raw(base, submit_path, item.to_string()).await;
+    let mut r = serde_json::Map::new();
+    r.insert("status".into(), serde_json::json!(s.as_u16()));
+    match body {
+        serde_json::Value::Object(m) if s.as_u16() >= 400 => r.extend(m),
+        state => {
+            r.insert("state".into(), state);
+        }
+    }
+    serde_json::Value::Object(r)
+}
