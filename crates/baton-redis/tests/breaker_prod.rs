@@ -490,11 +490,7 @@ async fn master_restarted_mid_wait() {
     assert!(baton_redis::is_transient(&err), "{err}");
     assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
     replica.resume();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !replica.cli(&["INFO", "replication"]).contains("master_link_status:up") {
-        assert!(Instant::now() < deadline, "the replica did not sync again");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    replica.wait_replica_link_up(Duration::from_secs(20));
     let start = Instant::now();
     let n: i64 = loop {
         match dw.query::<i64>(&PUSH, "r", &push("r", "c")).await {

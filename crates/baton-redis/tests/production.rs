@@ -620,11 +620,7 @@ async fn tls_sentinel() {
     assert_eq!(where_am_i(&mut shared).await, (second_plain, "master".to_string()));
 
     // The new master killed: the sentinels, asked over TLS, name the first one again.
-    let demoted = Instant::now() + Duration::from_secs(15);
-    while !set.node_by_port(first).cli(&["INFO", "replication"]).contains("master_link_status:up") {
-        assert!(Instant::now() < demoted, "127.0.0.1:{first} never became a replica in sync");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    set.node_by_port(first).wait_replica_link_up(Duration::from_secs(15));
     assert_eq!(cmd::<i64>(&mut shared, &["WAIT", "1", "2000"]).await.unwrap(), 1);
     set.node_by_port(second).kill();
     let (n, t) = until_ok("TLS Sentinel, after SIGKILL", Duration::from_secs(15), || {

@@ -695,12 +695,30 @@ impl RedisServer {
     pub fn replicate_from(&self, master: &RedisServer) {
         master.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         self.cli(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.cli(&["INFO", "replication"]).lines().any(|l| l.trim() == "master_link_status:up") {
-            assert!(Instant::now() < deadline, "replica {} did not sync with {}", self.port, master.port);
+        self.wait_replica_link_up(Duration::from_secs(20));
+        wait_replicas_online(master.port, 1, Duration::from_secs(20));
+    }
+
+    /// Polls `INFO replication` every 20 ms until this server is a replica reporting
+    /// `master_link_status:up`; panics with the last reply after `timeout`. A refused or reset
+    /// connection counts as "not yet": a server that turns into a replica closes its clients'
+    /// connections (a demoted master does, mid-poll).
+    pub fn wait_replica_link_up(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let last = match raw_command_as(self.port, self.password.as_deref(), &["INFO", "replication"]) {
+                Ok(Ok(info)) if info.lines().any(|l| l.trim() == "master_link_status:up") => return,
+                Ok(Ok(info)) => info,
+                Ok(Err(e)) => e,
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                Instant::now() < deadline,
+                "127.0.0.1:{} is not a replica in sync after {timeout:?}; last INFO replication: {last}",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        wait_replicas_online(master.port, 1, Duration::from_secs(20));
     }
 
     /// Runs `redis-cli -h 127.0.0.1 -p PORT -e ARGS…` and returns its stdout, trimmed. Panics when

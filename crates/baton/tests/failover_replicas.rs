@@ -410,11 +410,7 @@ async fn replicate_through_proxies(topo: &mut Topology) -> Vec<TcpProxy> {
     for replica in s.nodes().iter().filter(|n| n.port() != master) {
         let proxy = TcpProxy::start(([127, 0, 0, 1], master).into()).await;
         replica.cli(&["REPLICAOF", "127.0.0.1", &proxy.addr().port().to_string()]);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !replica.cli(&["INFO", "replication"]).lines().any(|l| l.trim() == "master_link_status:up") {
-            assert!(Instant::now() < deadline, "the replica did not sync through the proxy");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        tokio::task::block_in_place(|| replica.wait_replica_link_up(Duration::from_secs(10)));
         proxies.push(proxy);
     }
     proxies
