@@ -369,15 +369,10 @@ async fn cut_client_kill_mid_batch_then_resubmit() {
 
 /// The same on Cluster (every node's normal clients killed, every 3 ms while the batch runs).
 ///
-/// Fails: after such a storm (hundreds of connections killed) the store's shared Cluster
-/// connection (`RedisClient::shared`, the redis crate's `ClusterConnection`) never recovers:
-/// every later call of that store (batch, single submit, get) fails with `timed out` after the
-/// 5 s response timeout, for a minute and more, while a fresh store on the same cluster answers
-/// in 2 ms. A single kill round recovers. Not the batch's mechanism: the connection layer
-/// (baton-redis) would have to replace a Cluster connection whose calls keep timing out, as it
-/// replaces a standalone one whose reconnect was refused.
+/// Such a storm (hundreds of connections killed) can wedge the redis crate's `ClusterConnection`
+/// for good (every later call timing out); the store's shared connection (`baton_redis::ClusterConn`)
+/// then replaces it, and the resubmits go through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the store's Cluster connection never recovers from a CLIENT KILL storm (baton-redis, see the doc)"]
 async fn cut_client_kill_mid_batch_then_resubmit_cluster() {
     baton_testkit::require_redis();
     cut_client_kill(TestBackend::Cluster(baton_testkit::RedisCluster::start())).await;

@@ -4,8 +4,9 @@
 //!   seed nodes of a Redis Cluster.
 //! * [`RedisClient`] hands out connections to it:
 //!   - [`RedisClient::shared`]: a multiplexed connection that reconnects by itself after a Redis
-//!     restart (`ConnectionManager` standalone, `ClusterConnection` in Cluster), with a response
-//!     timeout of [`DEFAULT_RESPONSE_TIMEOUT`]. Cheap to clone; use it for every non-blocking command.
+//!     restart ([`StandaloneConn`] standalone, [`ClusterConn`] in Cluster, [`SentinelConn`] with
+//!     Sentinel), with a response timeout of [`DEFAULT_RESPONSE_TIMEOUT`]. Cheap to clone; use it
+//!     for every non-blocking command.
 //!   - [`RedisClient::dedicated`]: a connection of its own with **no** response timeout, for
 //!     commands that `BLOCK` (XREADGROUP … BLOCK, XREAD … BLOCK). The redis crate's default 500 ms
 //!     response timeout would otherwise cut every block longer than that. Callers bound their own
@@ -49,6 +50,7 @@
 //! # }
 //! ```
 
+mod cluster;
 mod config;
 pub mod group_commit;
 mod scan;
@@ -58,10 +60,10 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{ClientTlsConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Value};
 
+pub use cluster::ClusterConn;
 pub use redis;
 pub use scan::KeyScan;
 
@@ -392,7 +394,7 @@ impl RedisClient {
             }
             ClientKind::Cluster { client, blocking } => {
                 let c = if response_timeout.is_some() { client } else { blocking };
-                let conn = c.get_async_connection().await.map_err(|e| self.connect_error(e))?;
+                let conn = ClusterConn::connect((**c).clone()).await.map_err(|e| self.connect_error(e))?;
                 Ok(RedisConn::Cluster(conn))
             }
             ClientKind::Sentinel(resolver) => {
@@ -699,13 +701,13 @@ impl ConnectionLike for StandaloneConn {
     }
 }
 
-/// One connection to Redis: standalone ([`StandaloneConn`]), Cluster (`ClusterConnection`) or
-/// the master of a Sentinel deployment ([`SentinelConn`]). All reconnect after a server restart
+/// One connection to Redis: standalone ([`StandaloneConn`]), Cluster ([`ClusterConn`]) or the
+/// master of a Sentinel deployment ([`SentinelConn`]). All reconnect after a server restart
 /// (Cluster and Sentinel: also after a failover). Implements `redis::aio::ConnectionLike`.
 #[derive(Clone)]
 pub enum RedisConn {
     Standalone(StandaloneConn),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConn),
     Sentinel(SentinelConn),
 }
 

@@ -1,0 +1,222 @@
+//! [`ClusterConn`]: the redis crate's Cluster connection, replaced when it is wedged.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::RoutingInfo;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use tokio::sync::Notify;
+
+/// Longest a call waits for a replacement under way before it is sent on the current
+/// connection: 2 s ([`crate::CONNECTION_TIMEOUT`]; a replacement on a healthy cluster takes
+/// milliseconds).
+const REPLACEMENT_WAIT: Duration = crate::CONNECTION_TIMEOUT;
+
+/// The low bit of `Shared::state`: a replacement is under way.
+const REPLACING: u64 = 1;
+
+/// A connection to a Redis Cluster: the redis crate's `ClusterConnection` (which reconnects to
+/// nodes and refreshes the slot map by itself), replaced by a fresh one when it is wedged.
+///
+/// Why: in redis 1.8 the `ClusterConnection`'s task can deadlock for good. Its slot refresh (or
+/// reconnect to the seed nodes) waits for the write lock of its map of node connections while it
+/// stops polling the calls in flight and the node reconnects; one of those may hold that lock's
+/// permits without being polled again (tokio hands permits to a queued waiter on release, and an
+/// acquire whose task ran out of its cooperative budget keeps the permits it took and yields), so
+/// the refresh never gets the lock. From then on no call is even sent: every call fails with the
+/// response timeout, for ever, while a new connection works. A storm of `CLIENT KILL`s on the
+/// nodes (hundreds of node connections dropped while calls are in flight) gets it there within
+/// seconds.
+///
+/// Detection: a call that fails with a timeout while *no* call on the connection got any answer
+/// (a reply, a server error or a connection error) since it started means the connection's task
+/// delivered nothing for a whole response timeout; so does an error saying that task is gone.
+/// Then a fresh `ClusterConnection` is made in the background (one at a time) and, once it has
+/// connected and read the slot map, it replaces the wedged one for every clone: each clone picks
+/// it up on its next call. Calls started while the replacement is being made wait for it (at
+/// most [`crate::CONNECTION_TIMEOUT`]); calls already waiting on the wedged connection still end
+/// with their timeout. If the fresh connection cannot be made (the cluster is down), the current
+/// one stays. So a wedged connection answers again about one response timeout after it wedged.
+///
+/// Hot path: one atomic load of the generation per call (the mutex is taken only by a clone whose
+/// generation is behind), one more load and one atomic add. Clones share the connection.
+#[derive(Clone)]
+pub struct ClusterConn {
+    shared: Arc<Shared>,
+    /// This clone's copy of the connection of generation `generation`.
+    conn: ClusterConnection,
+    generation: u64,
+}
+
+struct Shared {
+    /// Makes the replacements (same nodes, credentials, TLS, timeouts and retries).
+    client: ClusterClient,
+    /// The generation of `current` shifted left by one, and [`REPLACING`]: read on every call,
+    /// written (after `current`) when a replacement starts and ends.
+    state: AtomicU64,
+    /// The connection in use and its generation (bumped on every replacement).
+    current: Mutex<(u64, ClusterConnection)>,
+    /// Woken when a replacement ends (made or not).
+    replacement_ended: Notify,
+    /// Calls answered (a reply, a server error or a connection error: anything but a timeout)
+    /// since the start; only ever compared with itself.
+    answered: AtomicU64,
+    /// Replacements made so far.
+    replaced: AtomicU64,
+}
+
+impl ClusterConn {
+    /// Connects to the cluster of `client` now (its seed nodes, then the slot map).
+    ///
+    /// Errors: the redis crate's, when no seed node can be reached or none gives the slot map.
+    pub async fn connect(client: ClusterClient) -> RedisResult<Self> {
+        let conn = client.get_async_connection().await?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                client,
+                state: AtomicU64::new(0),
+                current: Mutex::new((0, conn.clone())),
+                replacement_ended: Notify::new(),
+                answered: AtomicU64::new(0),
+                replaced: AtomicU64::new(0),
+            }),
+            conn,
+            generation: 0,
+        })
+    }
+
+    /// How many times the connection was replaced because it was wedged (shared by all clones).
+    pub fn replacements(&self) -> u64 {
+        self.shared.replaced.load(Ordering::Relaxed)
+    }
+
+    /// [`ClusterConnection::route_command`]: `cmd` sent where `routing` says (e.g. one node by
+    /// address, or every master), with the same wedge detection as every other call.
+    pub async fn route_command(&mut self, cmd: Cmd, routing: RoutingInfo) -> RedisResult<Value> {
+        let start = self.begin().await;
+        let r = self.conn.route_command(cmd, routing).await;
+        self.end(start, &r);
+        r
+    }
+
+    /// Waits for a replacement under way (at most [`REPLACEMENT_WAIT`]) and catches up with the
+    /// current generation; returns the `answered` count at the call's start.
+    async fn begin(&mut self) -> u64 {
+        let s = &*self.shared;
+        let mut state = s.state.load(Ordering::Acquire);
+        if state & REPLACING != 0 {
+            let ended = s.replacement_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if s.state.load(Ordering::Acquire) & REPLACING != 0 {
+                let _ = tokio::time::timeout(REPLACEMENT_WAIT, ended).await;
+            }
+            state = s.state.load(Ordering::Acquire);
+        }
+        if state >> 1 != self.generation {
+            let cur = s.current.lock().unwrap_or_else(|p| p.into_inner());
+            (self.generation, self.conn) = (cur.0, cur.1.clone());
+        }
+        s.answered.load(Ordering::Relaxed)
+    }
+
+    /// Counts an answer, or, on a sign of a wedged connection, starts its replacement.
+    fn end<T>(&self, answered_at_start: u64, r: &RedisResult<T>) {
+        let s = &*self.shared;
+        match r {
+            Err(e) if e.is_timeout() => {
+                if s.answered.load(Ordering::Relaxed) == answered_at_start {
+                    self.replace(e);
+                }
+            }
+            // The connection's task is gone (`ClusterConnection::route_command`'s errors when it
+            // cannot hand a call to it or get the answer back).
+            Err(e) if e.to_string().contains("redis_cluster: Unable to") => self.replace(e),
+            _ => {
+                s.answered.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Makes a fresh connection in the background and installs it as the next generation, unless
+    /// a replacement is under way or this clone's generation was replaced already.
+    fn replace(&self, why: &redis::RedisError) {
+        let generation = self.generation;
+        let idle = generation << 1;
+        if self.shared.state.compare_exchange(idle, idle | REPLACING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return;
+        }
+        tracing::warn!(
+            generation,
+            "the Redis Cluster connection looks wedged (a call failed with \"{why}\" while no call got an \
+             answer); connecting afresh"
+        );
+        let ending = Ending { shared: self.shared.clone(), generation, made: None };
+        tokio::spawn(async move {
+            let mut ending = ending;
+            match ending.shared.client.get_async_connection().await {
+                Ok(conn) => ending.made = Some(conn),
+                Err(e) => {
+                    tracing::warn!("cannot connect afresh to the Redis Cluster ({e}); the current connection stays")
+                }
+            }
+            // `ending` dropped: installs the connection (if made) and wakes the waiting calls.
+        });
+    }
+}
+
+/// Ends a replacement when dropped (also if its task is dropped or panics): installs the new
+/// connection, if one was made, as the next generation, clears [`REPLACING`], wakes the waiters.
+struct Ending {
+    shared: Arc<Shared>,
+    generation: u64,
+    made: Option<ClusterConnection>,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        let s = &*self.shared;
+        let mut next = self.generation;
+        if let Some(conn) = self.made.take() {
+            next += 1;
+            *s.current.lock().unwrap_or_else(|p| p.into_inner()) = (next, conn);
+            s.replaced.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(generation = next, "replaced the wedged Redis Cluster connection");
+        }
+        s.state.store(next << 1, Ordering::Release);
+        s.replacement_ended.notify_waiters();
+    }
+}
+
+impl ConnectionLike for ClusterConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let start = self.begin().await;
+            let r = self.conn.req_packed_command(cmd).await;
+            self.end(start, &r);
+            r
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let start = self.begin().await;
+            let r = self.conn.req_packed_commands(pipeline, offset, count).await;
+            self.end(start, &r);
+            r
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
