@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::RoutingInfo;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::Notify;
 
@@ -15,6 +15,10 @@ use tokio::sync::Notify;
 /// connection: 2 s ([`crate::CONNECTION_TIMEOUT`]; a replacement on a healthy cluster takes
 /// milliseconds).
 const REPLACEMENT_WAIT: Duration = crate::CONNECTION_TIMEOUT;
+
+/// Longest a fresh connection may take to answer a `PING` on every master before it may replace
+/// the current one: 2 s ([`crate::CONNECTION_TIMEOUT`]; milliseconds on a healthy cluster).
+const REPLACEMENT_CHECK: Duration = crate::CONNECTION_TIMEOUT;
 
 /// The low bit of `Shared::state`: a replacement is under way.
 const REPLACING: u64 = 1;
@@ -36,11 +40,16 @@ const REPLACING: u64 = 1;
 /// (a reply, a server error or a connection error) since it started means the connection's task
 /// delivered nothing for a whole response timeout; so does an error saying that task is gone.
 /// Then a fresh `ClusterConnection` is made in the background (one at a time) and, once it has
-/// connected and read the slot map, it replaces the wedged one for every clone: each clone picks
+/// connected, read the slot map and answered a `PING` on every master (by address, within
+/// [`crate::CONNECTION_TIMEOUT`]), it replaces the wedged one for every clone: each clone picks
 /// it up on its next call. Calls started while the replacement is being made wait for it (at
 /// most [`crate::CONNECTION_TIMEOUT`]); calls already waiting on the wedged connection still end
-/// with their timeout. If the fresh connection cannot be made (the cluster is down), the current
-/// one stays. So a wedged connection answers again about one response timeout after it wedged.
+/// with their timeout. If the fresh connection cannot be made (the cluster is down) or a master
+/// does not answer it (e.g. a node frozen: a lone caller's calls to it look like a wedge), the
+/// current one stays: a connection made while a node does not answer lacks that node and, in
+/// redis 1.8, fails its slots for one more response timeout after the node is back (a wedge
+/// during a failover is thus replaced once the failover is over). So a wedged connection answers
+/// again about one response timeout after it wedged.
 ///
 /// Hot path: one atomic load of the generation per call (the mutex is taken only by a clone whose
 /// generation is behind), one more load and one atomic add. Clones share the connection.
@@ -159,13 +168,70 @@ impl ClusterConn {
         tokio::spawn(async move {
             let mut ending = ending;
             match ending.shared.client.get_async_connection().await {
-                Ok(conn) => ending.made = Some(conn),
+                Ok(conn) => match answers_on_every_master(&conn).await {
+                    Ok(()) => ending.made = Some(conn),
+                    Err(e) => tracing::warn!(
+                        "the fresh Redis Cluster connection does not answer on every master ({e}); the current \
+                         connection stays"
+                    ),
+                },
                 Err(e) => {
                     tracing::warn!("cannot connect afresh to the Redis Cluster ({e}); the current connection stays")
                 }
             }
             // `ending` dropped: installs the connection (if made) and wakes the waiting calls.
         });
+    }
+}
+
+/// `PING` on every master of a fresh connection, by address (the masters of its `CLUSTER
+/// SLOTS`), within [`REPLACEMENT_CHECK`] in all. A fresh connection made while a node does not
+/// answer (e.g. frozen) has no connection to that node, and in redis 1.8 it then fails the calls
+/// on that node's slots for one more response timeout after the node answers again (measured:
+/// 5 s), while the current connection answers at once; so it must not replace the current one.
+/// (A `PING` routed to all masters would not tell: the crate skips the masters it has no
+/// connection to.) A master whose address `CLUSTER SLOTS` does not give (`?` or empty host) is
+/// not checked.
+///
+/// Errors: a node's or a connection error (e.g. "Requested connection not found" for a master
+/// the fresh connection has no connection to), an unexpected `CLUSTER SLOTS` reply, or a timeout.
+async fn answers_on_every_master(conn: &ClusterConnection) -> RedisResult<()> {
+    let check = async {
+        let slots = conn
+            .clone()
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await?;
+        let mut masters: Vec<(String, u16)> = Vec::new();
+        for range in redis::from_redis_value::<Vec<Vec<Value>>>(slots)? {
+            let Some(master) = range.into_iter().nth(2) else { continue };
+            let mut node = redis::from_redis_value::<Vec<Value>>(master)?.into_iter();
+            let (Some(host), Some(port)) = (node.next(), node.next()) else { continue };
+            let (host, port) = (redis::from_redis_value::<String>(host)?, redis::from_redis_value::<u16>(port)?);
+            if !host.is_empty() && host != "?" && !masters.contains(&(host.clone(), port)) {
+                masters.push((host, port));
+            }
+        }
+        let pings = masters.into_iter().map(|(host, port)| {
+            let mut conn = conn.clone();
+            async move {
+                conn.route_command(
+                    redis::cmd("PING"),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port }),
+                )
+                .await
+            }
+        });
+        for r in futures::future::join_all(pings).await {
+            r?;
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(REPLACEMENT_CHECK, check).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "PING on every master timed out").into()),
     }
 }
 
