@@ -265,8 +265,9 @@ async fn a_master_frozen_for_8s_is_no_wedge_and_the_others_keep_answering() {
 
 /// One caller alone, on a key of a master frozen for 12 s: its call times out with no answer on
 /// the connection, which then looks wedged; a fresh connection made while that master is frozen
-/// must not replace it (it has no connection to the frozen master). After SIGCONT the first call
-/// answers at once (as on the redis crate's own connection).
+/// must not replace it (it has no connection to the frozen master and answers on no more masters
+/// than the current one). After SIGCONT the first call answers at once (as on the redis crate's
+/// own connection).
 /// Before the fix, the fresh connection replaced the current one and failed the first call after
 /// SIGCONT with a response timeout (measured: answered 5.05 s after SIGCONT, 2 replacements).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
