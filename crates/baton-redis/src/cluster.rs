@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::RoutingInfo;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::Notify;
 
@@ -15,6 +15,10 @@ use tokio::sync::Notify;
 /// connection: 2 s ([`crate::CONNECTION_TIMEOUT`]; a replacement on a healthy cluster takes
 /// milliseconds).
 const REPLACEMENT_WAIT: Duration = crate::CONNECTION_TIMEOUT;
+
+/// Longest the `CLUSTER SLOTS` and each `PING` of the check of a fresh connection may take
+/// ([`better_than`]): 2 s ([`crate::CONNECTION_TIMEOUT`]; milliseconds on a healthy cluster).
+const REPLACEMENT_CHECK: Duration = crate::CONNECTION_TIMEOUT;
 
 /// The low bit of `Shared::state`: a replacement is under way.
 const REPLACING: u64 = 1;
@@ -36,11 +40,16 @@ const REPLACING: u64 = 1;
 /// (a reply, a server error or a connection error) since it started means the connection's task
 /// delivered nothing for a whole response timeout; so does an error saying that task is gone.
 /// Then a fresh `ClusterConnection` is made in the background (one at a time) and, once it has
-/// connected and read the slot map, it replaces the wedged one for every clone: each clone picks
-/// it up on its next call. Calls started while the replacement is being made wait for it (at
+/// connected, read the slot map and answered a `PING` on every master, or on more masters than
+/// the current one (by address, within [`crate::CONNECTION_TIMEOUT`]), it replaces the wedged
+/// one for every clone: each clone picks it up on its next call. Calls started while the replacement is being made wait for it (at
 /// most [`crate::CONNECTION_TIMEOUT`]); calls already waiting on the wedged connection still end
-/// with their timeout. If the fresh connection cannot be made (the cluster is down), the current
-/// one stays. So a wedged connection answers again about one response timeout after it wedged.
+/// with their timeout. If the fresh connection cannot be made (the cluster is down) or is no
+/// better (e.g. a node frozen: a lone caller's calls to it look like a wedge, while the current
+/// connection answers on the other masters), the current one stays: a connection made while a
+/// node does not answer lacks that node and, in redis 1.8, fails its slots for one more response
+/// timeout after the node is back. So a wedged connection answers again about one response
+/// timeout after it wedged.
 ///
 /// Hot path: one atomic load of the generation per call (the mutex is taken only by a clone whose
 /// generation is behind), one more load and one atomic add. Clones share the connection.
@@ -159,7 +168,16 @@ impl ClusterConn {
         tokio::spawn(async move {
             let mut ending = ending;
             match ending.shared.client.get_async_connection().await {
-                Ok(conn) => ending.made = Some(conn),
+                Ok(conn) => {
+                    let current = ending.shared.current.lock().unwrap_or_else(|p| p.into_inner()).1.clone();
+                    match better_than(&conn, &current).await {
+                        (true, _) => ending.made = Some(conn),
+                        (false, why) => tracing::warn!(
+                            "the fresh Redis Cluster connection is no better than the current one ({why}); the \
+                             current connection stays"
+                        ),
+                    }
+                }
                 Err(e) => {
                     tracing::warn!("cannot connect afresh to the Redis Cluster ({e}); the current connection stays")
                 }
@@ -167,6 +185,67 @@ impl ClusterConn {
             // `ending` dropped: installs the connection (if made) and wakes the waiting calls.
         });
     }
+}
+
+/// The masters (host, port) of `conn`'s `CLUSTER SLOTS` (asked of a random node). A master whose
+/// address is not given (`?` or empty host) is left out.
+///
+/// Errors: the call's, or an unexpected `CLUSTER SLOTS` reply.
+async fn masters_of(conn: &ClusterConnection) -> RedisResult<Vec<(String, u16)>> {
+    let slots = conn
+        .clone()
+        .route_command(
+            redis::cmd("CLUSTER").arg("SLOTS").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await?;
+    let mut masters: Vec<(String, u16)> = Vec::new();
+    for range in redis::from_redis_value::<Vec<Vec<Value>>>(slots)? {
+        let Some(master) = range.into_iter().nth(2) else { continue };
+        let mut node = redis::from_redis_value::<Vec<Value>>(master)?.into_iter();
+        let (Some(host), Some(port)) = (node.next(), node.next()) else { continue };
+        let (host, port) = (redis::from_redis_value::<String>(host)?, redis::from_redis_value::<u16>(port)?);
+        if !host.is_empty() && host != "?" && !masters.contains(&(host.clone(), port)) {
+            masters.push((host, port));
+        }
+    }
+    Ok(masters)
+}
+
+/// How many of `masters` answer a `PING` sent to each by address on `conn` within
+/// [`REPLACEMENT_CHECK`]. A master `conn` has no connection to does not answer ("Requested
+/// connection not found"); nor does any on a wedged connection.
+async fn answering(conn: &ClusterConnection, masters: &[(String, u16)]) -> usize {
+    let pings = masters.iter().map(|(host, port)| {
+        let mut conn = conn.clone();
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host: host.clone(), port: *port });
+        async move { tokio::time::timeout(REPLACEMENT_CHECK, conn.route_command(redis::cmd("PING"), routing)).await }
+    });
+    futures::future::join_all(pings).await.into_iter().filter(|r| matches!(r, Ok(Ok(_)))).count()
+}
+
+/// Whether the fresh connection `fresh` is better than `current`: it answers on every master
+/// of its `CLUSTER SLOTS`, or on more of them than `current` does. A fresh connection made while
+/// a node does not answer (e.g. frozen) has no connection to that node, and in redis 1.8 it then
+/// fails the calls on that node's slots for one more response timeout after the node answers
+/// again (measured: 5 s), while the current connection answers at once: when the current one
+/// answers on every other master (a lone caller's calls to a frozen master looked like a wedge)
+/// it must stay. A wedged one answers on none, so any fresh one that answers somewhere replaces
+/// it (also while a master is down). (A `PING` routed to all masters would not tell: the crate
+/// skips the masters it has no connection to.) Takes milliseconds on a healthy cluster; up to
+/// 3 × [`REPLACEMENT_CHECK`] when a master does not answer (`current` is asked only then).
+async fn better_than(fresh: &ClusterConnection, current: &ClusterConnection) -> (bool, String) {
+    let masters = match tokio::time::timeout(REPLACEMENT_CHECK, masters_of(fresh)).await {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => return (false, format!("CLUSTER SLOTS failed: {e}")),
+        Err(_) => return (false, "CLUSTER SLOTS timed out".into()),
+    };
+    let (n, f) = (masters.len(), answering(fresh, &masters).await);
+    if f == n {
+        return (true, format!("all {n} masters answer it"));
+    }
+    let c = answering(current, &masters).await;
+    (f > c, format!("{f} of {n} masters answer it, {c} the current one"))
 }
 
 /// Ends a replacement when dropped (also if its task is dropped or panics): installs the new
