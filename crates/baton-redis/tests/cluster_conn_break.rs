@@ -131,6 +131,27 @@ fn writer(
     })
 }
 
+/// A [`writer`] per key, each tallied apart: the tallies and the tasks, in the keys' order.
+fn writers(
+    conn: &RedisConn,
+    keys: &[String],
+    stop: &Arc<AtomicBool>,
+    watch: &Arc<AtomicBool>,
+) -> (Vec<Arc<Tally>>, Vec<tokio::task::JoinHandle<()>>) {
+    let tallies: Vec<Arc<Tally>> = keys.iter().map(|_| Arc::new(Tally::default())).collect();
+    let tasks = keys
+        .iter()
+        .zip(&tallies)
+        .map(|(k, t)| writer(conn, k.clone(), stop.clone(), watch.clone(), t.clone()))
+        .collect();
+    (tallies, tasks)
+}
+
+/// `n` keys on each master of `masters`, named `<prefix><port>:…`.
+fn keys_on_every_master(masters: &[(u16, Vec<(u16, u16)>)], prefix: &str, n: usize) -> Vec<String> {
+    masters.iter().flat_map(|(port, _)| keys_on(masters, *port, &format!("{prefix}{port}:"), n)).collect()
+}
+
 /// `GET key` on `conn`, retried until it answers (panics after `limit`).
 async fn get_within(conn: &RedisConn, key: &str, limit: Duration) -> u64 {
     let start = Instant::now();
@@ -196,16 +217,8 @@ async fn a_master_frozen_for_8s_is_no_wedge_and_the_others_keep_answering() {
     let ms = masters(&cluster.nodes()[0]);
     let frozen = cluster.nodes()[0].port();
     let (stop, watch) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-    let mut keys = Vec::new();
-    for (port, _) in &ms {
-        keys.extend(keys_on(&ms, *port, &format!("f{port}:"), 4));
-    }
-    let tallies: Vec<Arc<Tally>> = keys.iter().map(|_| Arc::new(Tally::default())).collect();
-    let writers: Vec<_> = keys
-        .iter()
-        .zip(&tallies)
-        .map(|(k, t)| writer(&conn, k.clone(), stop.clone(), watch.clone(), t.clone()))
-        .collect();
+    let keys = keys_on_every_master(&ms, "f", 4);
+    let (tallies, writers) = writers(&conn, &keys, &stop, &watch);
     tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.nodes()[0].pause();
     eprintln!("froze {frozen} at {:?}", epoch().elapsed());
@@ -328,16 +341,8 @@ async fn client_pause_write_on_every_node_then_unpause() {
     let conn = RedisClient::new(cluster.config()).unwrap().shared().await.unwrap();
     let ms = masters(&cluster.nodes()[0]);
     let (stop, watch) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-    let mut keys = Vec::new();
-    for (port, _) in &ms {
-        keys.extend(keys_on(&ms, *port, &format!("p{port}:"), 4));
-    }
-    let tallies: Vec<Arc<Tally>> = keys.iter().map(|_| Arc::new(Tally::default())).collect();
-    let writers: Vec<_> = keys
-        .iter()
-        .zip(&tallies)
-        .map(|(k, t)| writer(&conn, k.clone(), stop.clone(), watch.clone(), t.clone()))
-        .collect();
+    let keys = keys_on_every_master(&ms, "p", 4);
+    let (tallies, writers) = writers(&conn, &keys, &stop, &watch);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let baseline = normal_clients(&cluster.nodes()[1]);
     for n in cluster.nodes().iter() {
@@ -396,12 +401,7 @@ async fn three_hundred_clones_through_a_whole_cluster_freeze() {
     let conn = RedisClient::new(cluster.config()).unwrap().shared().await.unwrap();
     let (stop, watch) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
     let keys: Vec<String> = (0..300).map(|i| format!("many:{i}")).collect();
-    let tallies: Vec<Arc<Tally>> = keys.iter().map(|_| Arc::new(Tally::default())).collect();
-    let writers: Vec<_> = keys
-        .iter()
-        .zip(&tallies)
-        .map(|(k, t)| writer(&conn, k.clone(), stop.clone(), watch.clone(), t.clone()))
-        .collect();
+    let (tallies, writers) = writers(&conn, &keys, &stop, &watch);
     tokio::time::sleep(Duration::from_millis(300)).await;
     for n in cluster.nodes().iter() {
         n.pause();
@@ -526,17 +526,9 @@ async fn a_failover_during_a_client_kill_storm() {
             n
         })
     };
-    let mut keys = Vec::new();
-    for (port, _) in &ms {
-        keys.extend(keys_on(&ms, *port, &format!("fo{port}:"), 4));
-    }
-    let tallies: Vec<Arc<Tally>> = keys.iter().map(|_| Arc::new(Tally::default())).collect();
+    let keys = keys_on_every_master(&ms, "fo", 4);
     let watch = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = keys
-        .iter()
-        .zip(&tallies)
-        .map(|(k, t)| writer(&conn, k.clone(), stop.clone(), watch.clone(), t.clone()))
-        .collect();
+    let (tallies, writers) = writers(&conn, &keys, &stop, &watch);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let killed_at = Instant::now();
     cluster.kill_master(victim);
@@ -616,13 +608,8 @@ async fn an_incr_answered_ok_under_a_client_kill_storm_is_applied_once() {
         })
     };
     let keys: Vec<String> = (0..12).map(|i| format!("storm:{i}")).collect();
-    let tallies: Vec<Arc<Tally>> = keys.iter().map(|_| Arc::new(Tally::default())).collect();
     let watch = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = keys
-        .iter()
-        .zip(&tallies)
-        .map(|(k, t)| writer(&conn, k.clone(), stop.clone(), watch.clone(), t.clone()))
-        .collect();
+    let (tallies, writers) = writers(&conn, &keys, &stop, &watch);
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     storm.await.unwrap();
