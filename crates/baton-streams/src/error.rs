@@ -108,6 +108,19 @@ impl StreamError {
     pub(crate) fn conflict(reason: impl Into<String>) -> Self {
         StreamError::Conflict { reason: reason.into() }
     }
+
+    /// The refusal of an append whose content type is not the stream's (§5.2: `409`): names the
+    /// stream's type, the one the append was sent with (`sent`: normalized, `None` when it had
+    /// none) and what to send instead.
+    pub(crate) fn content_type_differs(stream_ct: &str, sent: Option<&str>) -> Self {
+        let sent = match sent {
+            Some(ct) => format!("this append was sent as {ct}"),
+            None => "this append has no content type".to_string(),
+        };
+        StreamError::conflict(format!(
+            "content type differs from the stream's ({stream_ct}): {sent}; send it with Content-Type: {stream_ct}"
+        ))
+    }
 }
 
 impl From<baton_redis::redis::RedisError> for StreamError {

@@ -442,7 +442,7 @@ impl StreamBackend for MemoryStreamBackend {
                     None => st.ctn == "application/json",
                 };
                 if mismatch {
-                    return Err(StreamError::conflict(format!("content type differs from the stream's ({})", st.ct)));
+                    return Err(StreamError::content_type_differs(&st.ct, spec.ctn.as_deref()));
                 }
             }
             let mut count = 0;

@@ -103,7 +103,8 @@ pub fn check_url(raw: &str, allow_loopback: bool) -> Result<url::Url> {
     match url.scheme() {
         "https" => {}
         "http" if loopback && allow_loopback => {}
-        "http" => problems.push("webhook.url must use https (http is accepted only for loopback hosts)".into()),
+        "http" => problems
+            .push("webhook.url must use https (http only for loopback hosts, with --allow-loopback-webhooks)".into()),
         _ => problems.push("webhook.url must use https".into()),
     }
     if loopback && !allow_loopback {
@@ -202,12 +203,12 @@ mod tests {
         let msg = |u: &str, allow: bool| check_url(u, allow).unwrap_err().to_string();
         assert_eq!(
             msg("http://10.1.2.3", false),
-            "webhook.url must use https (http is accepted only for loopback hosts); \
+            "webhook.url must use https (http only for loopback hosts, with --allow-loopback-webhooks); \
              webhook.url must not target 10.1.2.3: private addresses are refused"
         );
         assert_eq!(
             msg("http://10.1.2.3", true),
-            "webhook.url must use https (http is accepted only for loopback hosts); \
+            "webhook.url must use https (http only for loopback hosts, with --allow-loopback-webhooks); \
              webhook.url must not target 10.1.2.3: private addresses are refused"
         );
         assert_eq!(
@@ -216,11 +217,11 @@ mod tests {
         );
         assert_eq!(
             msg("http://example.com", false),
-            "webhook.url must use https (http is accepted only for loopback hosts)"
+            "webhook.url must use https (http only for loopback hosts, with --allow-loopback-webhooks)"
         );
         assert_eq!(
             msg("http://127.0.0.1:1/", false),
-            "webhook.url must use https (http is accepted only for loopback hosts); webhook.url must not target \
+            "webhook.url must use https (http only for loopback hosts, with --allow-loopback-webhooks); webhook.url must not target \
              loopback hosts (start baton with --allow-loopback-webhooks for local development)"
         );
         assert_eq!(

@@ -252,6 +252,8 @@ fn parse_write(path: &StreamPath, spec: &WriteSpec, r: &[Value]) -> Result<Appen
             StreamError::StreamSeqRegression { last, .. } => {
                 StreamError::StreamSeqRegression { last, received: spec.stream_seq.clone().unwrap_or_default() }
             }
+            // `check`'s message knows only the stream's type (`["ct", <stream's type>]`).
+            _ if is(&r[0], "ct") => StreamError::content_type_differs(&text(&r[1]), spec.ctn.as_deref()),
             e => e,
         })?;
     }

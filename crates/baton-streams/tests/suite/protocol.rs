@@ -78,8 +78,15 @@ pub async fn append_and_read_bytes(b: &TestBackend) {
     assert_eq!(text(&rest), "chunk2chunk3");
     let now = s.read(&p, ReadFrom::Now).await.unwrap();
     assert_eq!((now.records.len(), now.next_offset, now.up_to_date), (0, offsets[2], true));
-    // Content type mismatch and empty bodies.
-    assert!(matches!(s.append(&p, body("application/json", "{}")).await, Err(StreamError::Conflict { .. })));
+    // Content type mismatch (the refusal names both types and what to send) and empty bodies.
+    assert_eq!(
+        s.append(&p, body("Application/JSON; charset=utf-8", "{}")).await,
+        Err(StreamError::Conflict {
+            reason: "content type differs from the stream's (text/plain): this append was sent as application/json; \
+                     send it with Content-Type: text/plain"
+                .into()
+        })
+    );
     assert!(matches!(s.append(&p, body("text/plain", "")).await, Err(StreamError::InvalidRequest { .. })));
     // Binary integrity.
     let bin = path("bin");
@@ -116,7 +123,15 @@ pub async fn json_mode(b: &TestBackend) {
     assert!(matches!(s.append(&p, body(ct, "{oops")).await, Err(StreamError::InvalidJson { .. })));
     // A JSON stream refuses a body without a content type (it would be stored unvalidated).
     let raw = AppendRequest { data: Bytes::from("{}"), ..Default::default() };
-    assert!(matches!(s.append(&p, raw).await, Err(StreamError::Conflict { .. })));
+    assert_eq!(
+        s.append(&p, raw).await,
+        Err(StreamError::Conflict {
+            reason: format!(
+                "content type differs from the stream's ({ct}): this append has no content type; send it with \
+                 Content-Type: {ct}"
+            )
+        })
+    );
     let now = s.read(&p, ReadFrom::Now).await.unwrap();
     assert_eq!(text(&now), "[]");
 }

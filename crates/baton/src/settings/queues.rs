@@ -954,7 +954,7 @@ mod tests {
         assert_eq!(err(&format!("{u}timeout = \"0s\"")), "queues.q.webhook.timeout: must be more than 0 (default 10s)");
         assert_eq!(
             err("url = \"http://10.0.0.1/\""),
-            "queues.q.webhook.url: webhook.url must use https (http is accepted only for loopback hosts); webhook.url \
+            "queues.q.webhook.url: webhook.url must use https (http only for loopback hosts, with --allow-loopback-webhooks); webhook.url \
              must not target 10.0.0.1: private addresses are refused"
         );
         assert!(err(&format!("{u}secret = 1")).contains("unknown field `secret`"));
