@@ -180,7 +180,13 @@ pub fn stream_path(raw: &str) -> Result<StreamPath, ApiError> {
     if segments.first().is_some_and(|s| s == "__ds") {
         return Err(ApiError::bad_request("the path prefix __ds is reserved for Durable Streams control APIs"));
     }
-    StreamPath::new(segments.join("/")).map_err(|e| ApiError::bad_request(format!("invalid stream path: {e}")))
+    StreamPath::new(segments.join("/")).map_err(|e| {
+        let why = match e {
+            baton_streams::StreamError::InvalidRequest { reason } => reason,
+            e => e.to_string(),
+        };
+        ApiError::bad_request(format!("invalid stream path: {why}"))
+    })
 }
 
 fn percent_decode(s: &str) -> Option<String> {
