@@ -1,0 +1,139 @@
+//! Appends on Redis Cluster while every node's client connections are killed again and again
+//! (`CLIENT KILL TYPE normal` every 5 ms for 4 s, 16 appenders on one stream): the redis crate's
+//! Cluster connection re-sends a command whose connection was killed after it ran, so a write
+//! may be applied twice while its caller is answered once.
+//!
+//! * With a producer stamp the stream keeps each append once (the producer's sequence check
+//!   answers the re-sent copy as a duplicate): every append answered OK is in the stream exactly
+//!   once.
+//! * Without one, an append answered OK can be in the stream twice (measured: 975 of 30,940);
+//!   kept `#[ignore]`d until the write scripts guard against re-sent copies.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_redis::redis;
+use baton_streams::*;
+use bytes::Bytes;
+
+/// Per append (its unique body): whether it was answered OK; and how many times each body is
+/// in the stream afterwards.
+async fn appends_under_a_kill_storm(
+    cluster: &baton_testkit::RedisCluster,
+    stamped: bool,
+) -> (HashMap<String, bool>, HashMap<String, usize>) {
+    let settings = StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() };
+    let store = StreamStore::redis(cluster.config(), settings).await.unwrap();
+    let ct = Some("text/plain".to_string());
+    let p = StreamPath::new("t/replays").unwrap();
+    store.create(&p, CreateOptions { content_type: ct.clone(), ..Default::default() }).await.unwrap();
+    let mut killers = Vec::new();
+    for url in cluster.urls() {
+        killers.push(redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let storm = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                for k in killers.iter_mut() {
+                    let _: redis::RedisResult<i64> =
+                        redis::cmd("CLIENT").arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"]).query_async(k).await;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let answers: Arc<Mutex<HashMap<String, bool>>> = Arc::default();
+    let mut appenders = Vec::new();
+    for w in 0..16 {
+        let (store, p, ct, stop, answers) = (store.clone(), p.clone(), ct.clone(), stop.clone(), answers.clone());
+        appenders.push(tokio::spawn(async move {
+            let mut seq = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let data = format!("w{w}-{seq}");
+                let producer = stamped.then(|| ProducerStamp { id: format!("w{w}"), epoch: 0, seq });
+                seq += 1;
+                let req = AppendRequest {
+                    data: Bytes::from(format!("{data}\n")),
+                    content_type: ct.clone(),
+                    producer,
+                    ..Default::default()
+                };
+                let ok = store.append(&p, req).await.is_ok();
+                answers.lock().unwrap().insert(data, ok);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    storm.await.unwrap();
+    for a in appenders {
+        a.await.unwrap();
+    }
+    // Re-sent copies still in flight land meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut body = String::new();
+    let mut from = ReadFrom::Start;
+    loop {
+        let chunk = store.read(&p, from).await.unwrap();
+        body.push_str(&String::from_utf8_lossy(&chunk.body()));
+        if chunk.up_to_date {
+            break;
+        }
+        from = ReadFrom::At(chunk.next_offset);
+    }
+    let mut written: HashMap<String, usize> = HashMap::new();
+    for line in body.lines() {
+        *written.entry(line.to_string()).or_default() += 1;
+    }
+    let answers = answers.lock().unwrap().clone();
+    (answers, written)
+}
+
+/// The appends answered OK that are not in the stream exactly once: (body, times written).
+fn not_once(answers: &HashMap<String, bool>, written: &HashMap<String, usize>) -> Vec<(String, usize)> {
+    let mut out: Vec<(String, usize)> = answers
+        .iter()
+        .filter(|(_, ok)| **ok)
+        .map(|(data, _)| (data.clone(), written.get(data).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n != 1)
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stamped_appends_answered_ok_are_written_once() {
+    baton_testkit::require_redis();
+    let cluster = baton_testkit::RedisCluster::start();
+    let (answers, written) = appends_under_a_kill_storm(&cluster, true).await;
+    let oks = answers.values().filter(|ok| **ok).count();
+    assert!(oks > 100, "only {oks} appends answered OK");
+    let wrong = not_once(&answers, &written);
+    assert!(
+        wrong.is_empty(),
+        "{} of {oks} OK appends not written once: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: the redis crate re-sends a Cluster command whose connection was killed after it ran; an append \
+            without a producer answered OK is then written twice (975 of 30,940 measured)"]
+async fn unstamped_appends_answered_ok_are_written_once() {
+    baton_testkit::require_redis();
+    let cluster = baton_testkit::RedisCluster::start();
+    let (answers, written) = appends_under_a_kill_storm(&cluster, false).await;
+    let oks = answers.values().filter(|ok| **ok).count();
+    let wrong = not_once(&answers, &written);
+    assert!(
+        wrong.is_empty(),
+        "{} of {oks} OK appends not written once: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+}
