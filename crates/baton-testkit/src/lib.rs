@@ -61,6 +61,10 @@ const INSTALL_HINT: &str =
 
 /// Time allowed for a started `redis-server` to answer PING.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed for `redis-cli --cluster create` (it takes 1–2 s; it waits for the nodes to agree
+/// without a limit of its own).
+const CLUSTER_CREATE_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Time allowed for a new cluster to report `cluster_state:ok` on every node.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Attempts at starting a server on a fresh port when the chosen one turns out to be taken.
@@ -925,15 +929,52 @@ impl RedisCluster {
             .collect();
 
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
-        let out = Command::new("redis-cli")
+        let mut child = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap_or_else(|e| panic!("cannot run redis-cli ({INSTALL_HINT}): {e}"));
-        if !out.status.success() {
+        // redis-cli waits without a limit for the nodes to agree on the configuration: a
+        // `CLUSTER MEET` lost under load left one node alone and a test process hanging for ever
+        // (seen once in CI). The slots are assigned by then.
+        let deadline = Instant::now() + CLUSTER_CREATE_TIMEOUT;
+        let finished = loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break true,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = child.kill();
+                    break false;
+                }
+            }
+        };
+        let out = child.wait_with_output().unwrap_or_else(|e| panic!("redis-cli --cluster create: {e}"));
+        if !finished {
+            assert_eq!(
+                replicas,
+                0,
+                "redis-cli --cluster create {} did not finish within {CLUSTER_CREATE_TIMEOUT:?}:\n{}",
+                addrs.join(" "),
+                String::from_utf8_lossy(&out.stdout)
+            );
+            eprintln!(
+                "redis-cli --cluster create {} did not finish within {CLUSTER_CREATE_TIMEOUT:?}; introducing \
+                 the nodes to each other",
+                addrs.join(" ")
+            );
+            for a in &nodes {
+                for b in &nodes {
+                    if a.port() != b.port() {
+                        let _ = raw_command(a.port(), &["CLUSTER", "MEET", "127.0.0.1", &b.port().to_string()]);
+                    }
+                }
+            }
+        } else if !out.status.success() {
             panic!(
                 "redis-cli --cluster create {} failed ({}):\n{}\n{}",
                 addrs.join(" "),
