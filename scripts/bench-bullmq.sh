@@ -17,7 +17,9 @@
 # the release `baton`, then runs ROUNDS interleaved rounds — BullMQ (scripts/bullmq-bench/
 # bench.mjs), FLUSHALL, Baton (`baton bench commands --open-loop`), FLUSHALL — printing each
 # measurement as a JSON line, then the medians side by side with the ratio Baton / BullMQ and
-# the Redis calls per job (INFO commandstats; commands that scripts run count too).
+# the Redis calls per job (INFO commandstats; commands that scripts run count too) and the CPU
+# per job of redis-server (INFO cpu) and of each side's own process (its rusage), add and drain
+# together: on one machine the two share the cores, so CPU per job bounds the rate.
 set -euo pipefail
 
 cd "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,15 +79,45 @@ log "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on :$R
 
 RESULTS="$OUT/results.jsonl"
 : >"$RESULTS"
+# redis-server's CPU seconds so far (user + system).
+redis_cpu() { redis-cli -p "$REDIS_PORT" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|system|sys):/ { s += $2 } END { printf "%.6f", s }'; }
+# Runs a command with its stdout passed on, and writes its CPU seconds (user + system, its
+# children included) to the file named first.
+cpu_run() {
+  python3 -c '
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[2:]).returncode
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+open(sys.argv[1], "w").write(f"{u.ru_utime + u.ru_stime:.6f}")
+sys.exit(r)
+' "$@"
+}
+# Appends the CPU figures of the run that ended to the JSON line on stdin.
+with_cpu() {
+  python3 -c '
+import json, sys
+row = json.loads(sys.stdin.read())
+n = row["count"]
+row["redis_cpu_us_per_job"] = round((float(sys.argv[2]) - float(sys.argv[1])) * 1e6 / n, 2)
+row["client_cpu_us_per_job"] = round(float(open(sys.argv[3]).read()) * 1e6 / n, 2)
+print(json.dumps(row))
+' "$@"
+}
 for r in $(seq 1 "$ROUNDS"); do
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
   log "round $r/$ROUNDS: BullMQ"
-  (cd "$NODE_DIR" && node bench.mjs --port "$REDIS_PORT" --count "$N" --concurrency "$C" --batch "$BATCH") |
-    tee -a "$RESULTS"
+  before="$(redis_cpu)"
+  line="$(cd "$NODE_DIR" && cpu_run "$OUT/client.cpu" node bench.mjs --port "$REDIS_PORT" --count "$N" \
+    --concurrency "$C" --batch "$BATCH")"
+  after="$(redis_cpu)"
+  printf '%s\n' "$line" | with_cpu "$before" "$after" "$OUT/client.cpu" | tee -a "$RESULTS"
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
   log "round $r/$ROUNDS: Baton"
-  "$BATON" bench commands --open-loop --redis "redis://127.0.0.1:$REDIS_PORT" --count "$N" --concurrency "$C" \
-    --batch "$BATCH" --quiet --json 2>>"$OUT/baton.log" |
+  before="$(redis_cpu)"
+  json="$(cpu_run "$OUT/client.cpu" "$BATON" bench commands --open-loop --redis "redis://127.0.0.1:$REDIS_PORT" \
+    --count "$N" --concurrency "$C" --batch "$BATCH" --quiet --json 2>>"$OUT/baton.log")"
+  after="$(redis_cpu)"
+  printf '%s\n' "$json" |
     python3 -c '
 import json, sys
 rows = {row["name"]: row for row in json.load(sys.stdin)["results"]}
@@ -96,7 +128,7 @@ print(json.dumps({"side": "baton", "count": add["ops"], "concurrency": drain["co
                   "drain_seconds": drain["seconds"], "drain_per_second": drain["ops_per_sec"],
                   "add_calls_per_job": {k: round(v, 3) for k, v in (add["redis_calls_per_op"] or {}).items()},
                   "drain_calls_per_job": {k: round(v, 3) for k, v in (drain["redis_calls_per_op"] or {}).items()}}))
-' "$BATCH" | tee -a "$RESULTS"
+' "$BATCH" | with_cpu "$before" "$after" "$OUT/client.cpu" | tee -a "$RESULTS"
 done
 
 python3 - "$RESULTS" <<'EOF'
@@ -110,6 +142,10 @@ for key, label in (("add_per_second", "add (jobs/s)"), ("drain_per_second", "pro
     m = {s: statistics.median(r[key] for r in side[s]) for s in side}
     print(f"{label:<22} {m['bullmq']:>10.0f} {m['baton']:>10.0f} {m['baton'] / m['bullmq']:>13.2f}"
           f"   [BullMQ {', '.join(f'{r[key]:.0f}' for r in side['bullmq'])}; Baton {', '.join(f'{r[key]:.0f}' for r in side['baton'])}]")
+print("\nCPU per job, add and drain together (µs; median):")
+for key, label in (("redis_cpu_us_per_job", "redis-server"), ("client_cpu_us_per_job", "client process")):
+    m = {s: statistics.median(r[key] for r in side[s]) for s in side}
+    print(f"  {label:<20} BullMQ {m['bullmq']:>7.1f}   Baton {m['baton']:>7.1f}   Baton/BullMQ {m['baton'] / m['bullmq']:.2f}")
 print("\nRedis calls per job (INFO commandstats, last round; commands run by scripts count too):")
 for s, label in (("bullmq", "BullMQ"), ("baton", "Baton")):
     last = side[s][-1]
