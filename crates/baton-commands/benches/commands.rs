@@ -22,8 +22,8 @@
 
 /// mimalloc, for applications that embed the library with it: glibc malloc was about 30% of
 /// this bench's CPU (memory backend: 89-100k commands/s with glibc, 120-158k with mimalloc). The
-/// `baton` binary keeps glibc: mimalloc's tails hurt stream fan-out (1,000 readers: p99 4-55 ms
-/// against 2-5 ms).
+/// `baton` binary uses jemalloc instead: mimalloc's tails hurt stream fan-out (1,000 readers:
+/// p99 4-55 ms against 2-5 ms), jemalloc's do not (docs/benchmarks.md, issue 19).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -8,7 +8,7 @@
 //! Environment: `BATON_BENCH_N` scales the message counts (default 1.0); `BATON_BENCH_ONLY=memory` stops
 //! after the memory runs.
 
-/// mimalloc, as in the command bench (see there for why the `baton` binary keeps glibc).
+/// mimalloc, as in the command bench (see there for why the `baton` binary uses jemalloc).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -3,6 +3,10 @@
 //! `CARGO_TARGET_DIR=target/streams cargo bench -p baton-streams --bench streams`
 //! (`BATON_BENCH_LATENCY_ONLY=1` stops after the latency rows, e.g. to profile them).
 
+/// The `baton` binary's allocator (see its `main.rs`), so that fan-out tails are those it ships.
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
