@@ -1,7 +1,8 @@
-//! Breaker: a reschedule to an earlier time, with the queue's default settings (the consumer
-//! asleep until the due time it learnt), starts the command within one reclaim poll of its new
-//! due time (the poll is where a consumer learns a due time another write set: 1 s by default),
-//! not at the old due time.
+//! Breaker: a reschedule to an earlier time (the consumer asleep until the due time it learnt)
+//! starts the command on time when this process rescheduled it (its consumers are told at
+//! once), and within one reclaim poll of its new due time when another process did (the poll
+//! is where a consumer learns a due time another process set: 1 s by default); never at the old
+//! due time. The same for a command submitted with a short delay.
 
 mod common;
 
@@ -13,13 +14,49 @@ use baton_testkit::{RedisServer, TestBackend};
 use common::*;
 use serde_json::json;
 
-async fn earlier_reschedule_runs_on_time(b: TestBackend, other: bool) {
-    let store: CommandStore = store_for(&b).await;
-    let q = queue_name("brk");
+/// Settings for `other`: a reschedule by this process must wake the consumer, so the reclaim
+/// poll (which would find the due time too) is pushed 20 s out; by another process it is the
+/// poll that finds it (the default, 1 s).
+fn sched_settings(other: bool) -> QueueSettings {
+    if other {
+        QueueSettings::default()
+    } else {
+        QueueSettings { poll_interval: Some(Duration::from_secs(20)), ..QueueSettings::default() }
+    }
+}
+
+/// How late a start may be: this process's writes wake the consumer (the bound is slack for a
+/// loaded machine, far below the 20 s poll); another process's wait for the poll (1 s after the
+/// consumer started, about 400 ms after the due time) plus that slack.
+fn sched_bound(other: bool) -> Duration {
+    if other {
+        let poll = QueueSettings::default().poll_interval.unwrap_or(Duration::from_secs(1));
+        poll + Duration::from_millis(500)
+    } else {
+        Duration::from_millis(1000)
+    }
+}
+
+/// Waits (up to 5 s) for the first run and returns how long after `at` it started.
+async fn first_run_after(b: &TestBackend, runs: &Arc<Mutex<Vec<SystemTime>>>, at: SystemTime) -> Duration {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while runs.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = runs.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "{}: not run within 5 s of its due time", b.name());
+    got[0].duration_since(at).unwrap_or_default()
+}
+
+async fn recording_service(
+    store: &CommandStore,
+    q: &str,
+    other: bool,
+) -> (CommandService, Arc<Mutex<Vec<SystemTime>>>) {
     let runs: Arc<Mutex<Vec<SystemTime>>> = Arc::default();
     let r = runs.clone();
-    let _svc = CommandService::builder(store.clone(), &q)
-        .settings(QueueSettings::default())
+    let svc = CommandService::builder(store.clone(), q)
+        .settings(sched_settings(other))
         .handler(
             "job",
             on_execute(move |_c: Command| {
@@ -33,24 +70,45 @@ async fn earlier_reschedule_runs_on_time(b: TestBackend, other: bool) {
         .start()
         .await
         .unwrap();
+    (svc, runs)
+}
+
+async fn earlier_reschedule_runs_on_time(b: TestBackend, other: bool) {
+    let store: CommandStore = store_for(&b).await;
+    let q = queue_name("brk");
+    let (_svc, runs) = recording_service(&store, &q, other).await;
     let a = store.submit(&q, Command::new("job", json!(1)).with_delay(Duration::from_secs(3600))).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await; // the consumer learns the 1 h due time
     let at = SystemTime::now() + Duration::from_millis(300);
     // `other`: by another process's store (no local hint to this process's consumer).
     let by = if other { store_for(&b).await } else { store.clone() };
     by.reschedule(&a.id, at).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while runs.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let got = runs.lock().unwrap().clone();
-    assert_eq!(got.len(), 1, "{}: not run within 15 s of its new due time", b.name());
-    // The consumer polls 1 s after it started, about 400 ms after `at`; what the bound allows
-    // beyond that poll is scheduling slack on a loaded machine (a run of CI was 500.6 ms late),
-    // and the old due time is an hour away.
-    let poll = QueueSettings::default().poll_interval.unwrap_or(Duration::from_secs(1));
-    let late = got[0].duration_since(at).unwrap_or_default();
-    assert!(late < poll + Duration::from_millis(500), "{}: started {late:?} after its new due time", b.name());
+    let late = first_run_after(&b, &runs, at).await;
+    assert!(late < sched_bound(other), "{}: started {late:?} after its new due time", b.name());
+}
+
+/// A command submitted by this process with a 300 ms delay, its consumer polling every 20 s,
+/// starts on time.
+async fn short_delay_runs_on_time(b: TestBackend) {
+    let store: CommandStore = store_for(&b).await;
+    let q = queue_name("brkd");
+    let (_svc, runs) = recording_service(&store, &q, false).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // past the consumer's first poll
+    let at = SystemTime::now() + Duration::from_millis(300);
+    store.submit(&q, Command::new("job", json!(1)).with_run_at(at)).await.unwrap();
+    let late = first_run_after(&b, &runs, at).await;
+    assert!(late < sched_bound(false), "{}: started {late:?} after its due time", b.name());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_delay_memory() {
+    short_delay_runs_on_time(TestBackend::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_delay_standalone() {
+    baton_testkit::require_redis();
+    short_delay_runs_on_time(TestBackend::Standalone(RedisServer::start())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -73,6 +73,11 @@ impl Consumer {
         Ok(Consumer { shared, control })
     }
 
+    /// The state its tasks share (for [`crate::MessageStream::due_hint`]).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// The consumer's name in the group: `<prefix>-<uuid v7>`, unique per incarnation.
     pub fn name(&self) -> &str {
         &self.shared.consumer

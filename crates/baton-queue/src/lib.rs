@@ -168,19 +168,46 @@ use backend::QueueBackend;
 #[derive(Clone)]
 pub struct MessageStream {
     backend: Arc<dyn QueueBackend>,
+    /// The consumers started by this instance and its clones, per queue: told at once of a due
+    /// time set through it ([`MessageStream::due_hint`]).
+    local: Arc<LocalConsumers>,
+}
+
+/// Consumers of this process per queue (weak: a stopped consumer is dropped at the next look).
+#[derive(Default)]
+struct LocalConsumers(std::sync::Mutex<std::collections::HashMap<String, Vec<std::sync::Weak<lease::Shared>>>>);
+
+impl LocalConsumers {
+    fn add(&self, queue: &str, shared: &Arc<lease::Shared>) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let list = m.entry(queue.to_string()).or_default();
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(shared));
+    }
+
+    fn live(&self, queue: &str) -> Vec<Arc<lease::Shared>> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(list) = m.get_mut(queue) else { return Vec::new() };
+        list.retain(|w| w.strong_count() > 0);
+        let live: Vec<_> = list.iter().filter_map(std::sync::Weak::upgrade).collect();
+        if list.is_empty() {
+            m.remove(queue);
+        }
+        live
+    }
 }
 
 impl MessageStream {
     /// The in-memory backend: queues live in this process only.
     pub fn memory() -> Self {
-        Self { backend: Arc::new(memory::MemoryQueueBackend::default()) }
+        Self { backend: Arc::new(memory::MemoryQueueBackend::default()), local: Arc::default() }
     }
 
     /// The Redis backend (standalone or Cluster, as `client` says). Connects now.
     ///
     /// Errors: [`QueueError::Connect`] when Redis is unreachable, [`QueueError::InvalidSettings`].
     pub async fn redis(client: baton_redis::RedisClient, options: RedisQueueOptions) -> Result<Self, QueueError> {
-        Ok(Self { backend: Arc::new(redis::RedisQueueBackend::connect(client, options).await?) })
+        Ok(Self { backend: Arc::new(redis::RedisQueueBackend::connect(client, options).await?), local: Arc::default() })
     }
 
     /// Appends one message to `queue`; returns its id.
@@ -237,7 +264,31 @@ impl MessageStream {
         handler: H,
         options: ConsumerOptions,
     ) -> Result<Consumer, QueueError> {
-        Consumer::start(self.backend.clone(), queue, Arc::new(handler), options).await
+        let consumer = Consumer::start(self.backend.clone(), queue, Arc::new(handler), options).await?;
+        self.local.add(queue, consumer.shared());
+        Ok(consumer)
+    }
+
+    /// Tells this process's consumers of `queue` (those started through this instance or a
+    /// clone of it) that a scheduled entry is due at `due`, so that they promote it then. A
+    /// consumer otherwise learns due times at its reclaim poll (every `poll_interval`), which
+    /// for a due time set after the last poll and before the next one means up to one
+    /// `poll_interval` late; consumers of other processes still learn it there.
+    /// [`MessageStream::offer_at`] and [`MessageStream::reschedule`] call this themselves; a
+    /// write that schedules an entry by other means (a script of its own, e.g. a scheduled
+    /// command's submit) calls it after the write.
+    pub fn due_hint(&self, queue: &str, due: std::time::SystemTime) {
+        let consumers = self.local.live(queue);
+        if consumers.is_empty() {
+            return;
+        }
+        let at = std::time::Instant::now() + due.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+        for sh in consumers {
+            let earlier = sh.reclaim_state.lock().unwrap_or_else(|p| p.into_inner()).next_promote.add(at);
+            if earlier {
+                sh.waiting_added.notify_one();
+            }
+        }
     }
 
     /// A consumer of `queue` named `name` whose worker runs elsewhere and drives it by request
@@ -361,7 +412,10 @@ impl MessageStream {
             key: options.concurrency_key.as_deref(),
             priority: options.priority,
         };
-        Ok(matches!(self.backend.schedule(queue, op).await?, backend::ScheduleReply::Done(true)))
+        let reply = self.backend.schedule(queue, op).await?;
+        // New or replaced, the entry waits for `due` now.
+        self.due_hint(queue, due);
+        Ok(matches!(reply, backend::ScheduleReply::Done(true)))
     }
 
     /// Sets the due time of `queue`'s scheduled entry `name` ([`MessageStream::offer_at`]);
@@ -371,7 +425,11 @@ impl MessageStream {
         validate_queue_name(queue)?;
         validate_schedule_name(name)?;
         let op = backend::ScheduleOp::Move { name, due_ms: epoch_ms(due) };
-        Ok(matches!(self.backend.schedule(queue, op).await?, backend::ScheduleReply::Done(true)))
+        let moved = matches!(self.backend.schedule(queue, op).await?, backend::ScheduleReply::Done(true));
+        if moved {
+            self.due_hint(queue, due);
+        }
+        Ok(moved)
     }
 
     /// Removes `queue`'s scheduled entry `name` ([`MessageStream::offer_at`]) unpromoted;

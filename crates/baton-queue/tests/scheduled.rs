@@ -1,7 +1,9 @@
 //! Scheduled entries (`MessageStream::offer_at`): named members of the delayed set, promoted by
 //! a running consumer when due (never before, never pending meanwhile), moved, removed,
 //! counted; a backlog of due entries larger than one promotion call is promoted call after
-//! call. On memory, Redis standalone and Redis Cluster.
+//! call; an entry scheduled or moved earlier through the stream whose consumer runs in this
+//! process is promoted on time, not at the consumer's next poll. On memory, Redis standalone and
+//! Redis Cluster.
 
 mod common;
 
@@ -13,7 +15,52 @@ use baton_testkit::TestBackend;
 use bytes::Bytes;
 use common::*;
 
-baton_testkit::on_every_backend!(scheduled_entries, due_backlog_is_promoted_at_once);
+baton_testkit::on_every_backend!(scheduled_entries, due_backlog_is_promoted_at_once, local_due_times_wake_the_consumer);
+
+/// A consumer polling every 20 s (so that its poll cannot be what finds them): an entry
+/// scheduled through the same stream 300 ms ahead, and one moved from an hour ahead to 300 ms
+/// ahead, are both delivered within a second of their due time.
+async fn local_due_times_wake_the_consumer(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("schedw");
+    let got = Arc::new(Mutex::new(Vec::<(Bytes, SystemTime)>::new()));
+    let g = got.clone();
+    let opts = fast(30_000).with_poll_interval(Duration::from_secs(20));
+    let _c = s
+        .consume(
+            &q,
+            move |d: Delivery| {
+                let g = g.clone();
+                async move {
+                    g.lock().unwrap().push((d.payload.clone(), SystemTime::now()));
+                    Decision::Ack
+                }
+            },
+            opts,
+        )
+        .await
+        .unwrap();
+    assert!(s.offer_at(&q, "c:later", "L", SystemTime::now() + Duration::from_secs(3600)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await; // past the consumer's first poll
+    let due_a = SystemTime::now() + Duration::from_millis(300);
+    assert!(s.offer_at(&q, "c:soon", "S", due_a).await.unwrap());
+    let due_b = SystemTime::now() + Duration::from_millis(600);
+    assert!(s.reschedule(&q, "c:later", due_b).await.unwrap());
+    let done = eventually(Duration::from_secs(5), || {
+        let g = got.clone();
+        async move {
+            let seen = g.lock().unwrap().clone();
+            (seen.len() >= 2).then_some(seen)
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("{}: not both delivered within 5 s", b.name()));
+    assert_eq!(done.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(), [Bytes::from("S"), Bytes::from("L")]);
+    for ((_, at), due) in done.iter().zip([due_a, due_b]) {
+        let late = at.duration_since(due).unwrap_or_default();
+        assert!(late < Duration::from_secs(1), "{}: delivered {late:?} after its due time", b.name());
+    }
+}
 
 async fn scheduled_entries(b: TestBackend) {
     let s = stream_for(&b).await;

@@ -522,6 +522,10 @@ impl CommandStore {
                 if event.is_some() {
                     self.inner.hub.feed_appended(queue);
                 }
+                // A scheduled command: this process's consumers of its queue promote it on time.
+                if let Some(at) = s.run_at {
+                    self.inner.stream.due_hint(queue, at.0);
+                }
                 Ok((s, true))
             }
             SubmitOutcome::Existing(s) => {
@@ -795,6 +799,7 @@ impl CommandStore {
                     if append.is_some() {
                         self.inner.hub.feed_appended(&stored.queue);
                     }
+                    self.inner.stream.due_hint(&stored.queue, at.0);
                     self.inner.hub.local(&stored);
                     return Ok(stored);
                 }
