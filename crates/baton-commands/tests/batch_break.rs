@@ -387,33 +387,9 @@ async fn cut_client_kill(b: TestBackend) {
         TestBackend::Cluster(c) => c.urls(),
         TestBackend::Memory => unreachable!(),
     };
-    let mut killers = Vec::new();
-    for url in urls {
-        killers.push(redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap());
-    }
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let kills = tokio::spawn(async move {
-        let mut n = 0u32;
-        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-            for killer in killers.iter_mut() {
-                let k: redis::RedisResult<i64> = redis::cmd("CLIENT")
-                    .arg("KILL")
-                    .arg("TYPE")
-                    .arg("normal")
-                    .arg("SKIPME")
-                    .arg("yes")
-                    .query_async(killer)
-                    .await;
-                n += k.unwrap_or(0) as u32;
-            }
-            tokio::time::sleep(Duration::from_millis(3)).await;
-        }
-        n
-    });
+    let kills = baton_testkit::KillStorm::start(urls, Duration::from_millis(3)).await;
     let first = store.submit_many(&q, cut_batch(&run)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let n = kills.await.unwrap();
+    let n = kills.stop().await;
     let failed = first.iter().filter(|r| matches!(r, Err(e) if !matches!(e, CommandError::Conflict { .. }))).count();
     eprintln!("{n} connections killed; {failed} items failed in the first batch");
     resubmit_until_whole(&store, &q, &run, first).await;

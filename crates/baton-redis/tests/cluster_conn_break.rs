@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_redis::{key_slot, redis, ClusterConn, RedisClient, RedisConn, CONNECTION_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT};
-use baton_testkit::{require_redis, RedisCluster, RedisServer};
+use baton_testkit::{require_redis, KillStorm, RedisCluster, RedisServer};
 
 /// Longest a call may take through a replacement: the wait for the replacement
 /// ([`CONNECTION_TIMEOUT`]) plus the response timeout, plus 2 s of slack for a loaded 2-core CI.
@@ -506,26 +506,8 @@ async fn a_failover_during_a_client_kill_storm() {
     let conn = RedisClient::new(cluster.config()).unwrap().shared().await.unwrap();
     let ms = masters(&cluster.nodes()[0]);
     let victim = ms[0].0;
-    let mut killers = Vec::new();
-    for url in cluster.urls() {
-        killers.push(redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap());
-    }
+    let storm = KillStorm::start(cluster.urls(), Duration::from_millis(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let storm = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut n = 0i64;
-            while !stop.load(Ordering::Relaxed) {
-                for k in killers.iter_mut() {
-                    let r: redis::RedisResult<i64> =
-                        redis::cmd("CLIENT").arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"]).query_async(k).await;
-                    n += r.unwrap_or(0);
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            n
-        })
-    };
     let keys = keys_on_every_master(&ms, "fo", 4);
     let watch = Arc::new(AtomicBool::new(false));
     let (tallies, writers) = writers(&conn, &keys, &stop, &watch);
@@ -537,7 +519,7 @@ async fn a_failover_during_a_client_kill_storm() {
     let failed_over = killed_at.elapsed();
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
-    let killed = storm.await.unwrap();
+    let killed = storm.stop().await;
     let calm = Instant::now();
     for w in writers {
         tokio::time::timeout(call_bound(), w).await.expect("a writer hangs").unwrap();
@@ -590,29 +572,14 @@ async fn an_incr_answered_ok_under_a_client_kill_storm_is_applied_once() {
     epoch();
     let cluster = RedisCluster::start();
     let conn = RedisClient::new(cluster.config()).unwrap().shared().await.unwrap();
-    let mut killers = Vec::new();
-    for url in cluster.urls() {
-        killers.push(redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap());
-    }
+    let storm = KillStorm::start(cluster.urls(), Duration::from_millis(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let storm = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                for k in killers.iter_mut() {
-                    let _: redis::RedisResult<i64> =
-                        redis::cmd("CLIENT").arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"]).query_async(k).await;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
     let keys: Vec<String> = (0..12).map(|i| format!("storm:{i}")).collect();
     let watch = Arc::new(AtomicBool::new(false));
     let (tallies, writers) = writers(&conn, &keys, &stop, &watch);
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
-    storm.await.unwrap();
+    storm.stop().await;
     for w in writers {
         tokio::time::timeout(call_bound(), w).await.expect("a writer hangs").unwrap();
     }

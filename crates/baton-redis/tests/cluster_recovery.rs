@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_redis::{redis, RedisClient, RedisConn, DEFAULT_RESPONSE_TIMEOUT};
-use baton_testkit::{require_redis, RedisCluster};
+use baton_testkit::{require_redis, KillStorm, RedisCluster};
 
 /// Concurrent writers on the shared connection while the storm lasts.
 const WRITERS: usize = 64;
@@ -32,32 +32,8 @@ async fn shared_cluster_connection_answers_again_after_a_client_kill_storm() {
     let cluster = RedisCluster::start();
     let client = RedisClient::new(cluster.config()).unwrap();
     let conn = client.shared().await.unwrap();
-    let mut killers = Vec::new();
-    for url in cluster.urls() {
-        killers.push(redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap());
-    }
+    let storm = KillStorm::start(cluster.urls(), Duration::from_millis(3)).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let killed = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut n = 0i64;
-            while !stop.load(Ordering::Relaxed) {
-                for k in killers.iter_mut() {
-                    let r: redis::RedisResult<i64> = redis::cmd("CLIENT")
-                        .arg("KILL")
-                        .arg("TYPE")
-                        .arg("normal")
-                        .arg("SKIPME")
-                        .arg("yes")
-                        .query_async(k)
-                        .await;
-                    n += r.unwrap_or(0);
-                }
-                tokio::time::sleep(Duration::from_millis(3)).await;
-            }
-            n
-        })
-    };
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
@@ -77,7 +53,7 @@ async fn shared_cluster_connection_answers_again_after_a_client_kill_storm() {
     tokio::time::sleep(STORM).await;
     stop.store(true, Ordering::Relaxed);
     let calm = Instant::now();
-    let killed = killed.await.unwrap();
+    let killed = storm.stop().await;
     eprintln!(
         "{killed} connections killed; {} SETs succeeded and {} failed during the storm",
         ok.load(Ordering::Relaxed),

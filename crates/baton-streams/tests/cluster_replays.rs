@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton_redis::redis;
 use baton_streams::*;
 use bytes::Bytes;
 
@@ -29,23 +28,8 @@ async fn appends_under_a_kill_storm(
     let ct = Some("text/plain".to_string());
     let p = StreamPath::new("t/replays").unwrap();
     store.create(&p, CreateOptions { content_type: ct.clone(), ..Default::default() }).await.unwrap();
-    let mut killers = Vec::new();
-    for url in cluster.urls() {
-        killers.push(redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap());
-    }
+    let storm = baton_testkit::KillStorm::start(cluster.urls(), Duration::from_millis(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let storm = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                for k in killers.iter_mut() {
-                    let _: redis::RedisResult<i64> =
-                        redis::cmd("CLIENT").arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"]).query_async(k).await;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
     let answers: Arc<Mutex<HashMap<String, bool>>> = Arc::default();
     let mut appenders = Vec::new();
     for w in 0..16 {
@@ -69,7 +53,7 @@ async fn appends_under_a_kill_storm(
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
     stop.store(true, Ordering::Relaxed);
-    storm.await.unwrap();
+    storm.stop().await;
     for a in appenders {
         a.await.unwrap();
     }

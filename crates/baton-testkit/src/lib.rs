@@ -13,6 +13,8 @@
 //! * [`TestBackend`]: the backend a shared conformance suite runs against.
 //! * [`TcpProxy`]: a local TCP proxy that can cut every live connection, to test dropped
 //!   connections for real.
+//! * [`KillStorm`]: `CLIENT KILL TYPE normal` on every node of a server or cluster every few
+//!   milliseconds until stopped, to break client connections again and again.
 //! * [`exact_json`]: JSON texts a lossy round trip would change (params and results that must
 //!   come back byte for byte).
 //!
@@ -46,11 +48,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use baton_redis::RedisConfig;
 
 pub mod exact_json;
+mod kill_storm;
 mod proxy;
 mod sentinel;
 mod suite;
 mod tls;
 
+pub use kill_storm::KillStorm;
 pub use proxy::TcpProxy;
 pub use sentinel::RedisSentinelSet;
 pub use suite::eventually;

@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use baton_redis::redis::{self, AsyncCommands};
 use baton_redis::RedisClient;
-use baton_testkit::{free_port, require_redis, RedisCluster, RedisServer, ServerOptions, TcpProxy, TestBackend};
+use baton_testkit::{
+    free_port, require_redis, KillStorm, RedisCluster, RedisServer, ServerOptions, TcpProxy, TestBackend,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn pid_alive(pid: u32) -> bool {
@@ -255,6 +257,31 @@ async fn proxy_forwards_drops_and_refuses() {
     // Dropping the proxy cuts what is left.
     drop(proxy);
     assert_closed(&mut raw3, "a connection through a dropped proxy").await;
+}
+
+/// A kill storm breaks every normal connection open when it starts, counts them, and kills
+/// nothing once stopped.
+#[tokio::test]
+async fn kill_storm_kills_normal_connections_until_stopped() {
+    require_redis();
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    let storm = KillStorm::start(vec![server.url()], Duration::from_millis(3)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let killed = storm.stop().await;
+    assert!(killed >= 3, "{killed} connections killed");
+    for conn in &mut conns {
+        let r: redis::RedisResult<String> = redis::cmd("PING").query_async(conn).await;
+        assert!(r.is_err(), "a connection survived the storm: {r:?}");
+    }
+    let mut after = client.get_multiplexed_async_connection().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let pong: String = redis::cmd("PING").query_async(&mut after).await.unwrap();
+    assert_eq!(pong, "PONG");
 }
 
 /// Helper for `servers_die_with_a_killed_test_process`: does nothing unless run by it.
