@@ -17,18 +17,20 @@ use common::*;
 
 baton_testkit::on_every_backend!(scheduled_entries, due_backlog_is_promoted_at_once, local_due_times_wake_the_consumer);
 
-/// A consumer polling every 20 s (so that its poll cannot be what finds them): an entry
-/// scheduled through the same stream 300 ms ahead, and one moved from an hour ahead to 300 ms
-/// ahead, are both delivered within a second of their due time.
-async fn local_due_times_wake_the_consumer(b: TestBackend) {
-    let s = stream_for(&b).await;
-    let q = queue_name("schedw");
-    let got = Arc::new(Mutex::new(Vec::<(Bytes, SystemTime)>::new()));
+/// What a recording consumer got: each payload and when its handler started.
+type Seen = Arc<Mutex<Vec<(Bytes, SystemTime)>>>;
+
+/// A consumer of `q` that records what it gets (and acks it).
+async fn recording_consumer(
+    s: &baton_queue::MessageStream,
+    q: &str,
+    opts: baton_queue::ConsumerOptions,
+) -> (baton_queue::Consumer, Seen) {
+    let got: Seen = Arc::default();
     let g = got.clone();
-    let opts = fast(30_000).with_poll_interval(Duration::from_secs(20));
-    let _c = s
+    let c = s
         .consume(
-            &q,
+            q,
             move |d: Delivery| {
                 let g = g.clone();
                 async move {
@@ -40,21 +42,35 @@ async fn local_due_times_wake_the_consumer(b: TestBackend) {
         )
         .await
         .unwrap();
+    (c, got)
+}
+
+/// What was recorded once `n` entries were (within 5 s), else `None`.
+async fn eventually_seen(got: &Seen, n: usize) -> Option<Vec<(Bytes, SystemTime)>> {
+    eventually(Duration::from_secs(5), || {
+        let g = got.clone();
+        async move {
+            let seen = g.lock().unwrap().clone();
+            (seen.len() >= n).then_some(seen)
+        }
+    })
+    .await
+}
+
+/// A consumer polling every 20 s (so that its poll cannot be what finds them): an entry
+/// scheduled through the same stream 300 ms ahead, and one moved from an hour ahead to 300 ms
+/// ahead, are both delivered within a second of their due time.
+async fn local_due_times_wake_the_consumer(b: TestBackend) {
+    let s = stream_for(&b).await;
+    let q = queue_name("schedw");
+    let (_c, got) = recording_consumer(&s, &q, fast(30_000).with_poll_interval(Duration::from_secs(20))).await;
     assert!(s.offer_at(&q, "c:later", "L", SystemTime::now() + Duration::from_secs(3600)).await.unwrap());
     tokio::time::sleep(Duration::from_millis(300)).await; // past the consumer's first poll
     let due_a = SystemTime::now() + Duration::from_millis(300);
     assert!(s.offer_at(&q, "c:soon", "S", due_a).await.unwrap());
     let due_b = SystemTime::now() + Duration::from_millis(600);
     assert!(s.reschedule(&q, "c:later", due_b).await.unwrap());
-    let done = eventually(Duration::from_secs(5), || {
-        let g = got.clone();
-        async move {
-            let seen = g.lock().unwrap().clone();
-            (seen.len() >= 2).then_some(seen)
-        }
-    })
-    .await
-    .unwrap_or_else(|| panic!("{}: not both delivered within 5 s", b.name()));
+    let done = eventually_seen(&got, 2).await.unwrap_or_else(|| panic!("{}: not both delivered within 5 s", b.name()));
     assert_eq!(done.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(), [Bytes::from("S"), Bytes::from("L")]);
     for ((_, at), due) in done.iter().zip([due_a, due_b]) {
         let late = at.duration_since(due).unwrap_or_default();
@@ -83,31 +99,8 @@ async fn scheduled_entries(b: TestBackend) {
     let st = s.stats(&q).await.unwrap();
     assert_eq!((st.length, st.pending, st.delayed), (0, 0, 2), "{}: {st:?}", b.name());
 
-    let got = Arc::new(Mutex::new(Vec::<(Bytes, SystemTime)>::new()));
-    let g = got.clone();
-    let _c = s
-        .consume(
-            &q,
-            move |d: Delivery| {
-                let g = g.clone();
-                async move {
-                    g.lock().unwrap().push((d.payload.clone(), SystemTime::now()));
-                    Decision::Ack
-                }
-            },
-            fast(1_000),
-        )
-        .await
-        .unwrap();
-    let done = eventually(Duration::from_secs(5), || {
-        let g = got.clone();
-        async move {
-            let seen = g.lock().unwrap().clone();
-            (seen.len() >= 2).then_some(seen)
-        }
-    })
-    .await
-    .expect("both delivered");
+    let (_c, got) = recording_consumer(&s, &q, fast(1_000)).await;
+    let done = eventually_seen(&got, 2).await.expect("both delivered");
     assert_eq!(done.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(), [Bytes::from("B"), Bytes::from("A")]);
     for ((_, at), due) in done.iter().zip([500u64, 800]) {
         let due = now + Duration::from_millis(due);
