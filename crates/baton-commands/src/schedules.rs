@@ -856,6 +856,7 @@ mod tests {
 
     /// A `missed_after` of more ms than an i64 holds (1e16 s: humantime takes it) means nothing
     /// is ever late: an on-time due time fires (it was recorded missed: the ms wrapped negative).
+    /// (CI once saw `[Fired, Skipped]` here: the sleep spanned two due times.)
     #[tokio::test]
     async fn a_huge_missed_after_never_makes_a_fire_late() {
         let store = CommandStore::memory();
@@ -866,8 +867,11 @@ mod tests {
         let l = seen.clone();
         let obs: FireObserver = Arc::new(move |e: &FireEvent| l.lock().unwrap().push(e.result));
         store.schedule_tick("q", &s, Some(&obs)).await.unwrap();
+        // 1.1 s holds one or two whole seconds (two when the first tick ran late in its
+        // second): the first due time fires; a second finds that command still queued (no
+        // consumer here) and is skipped by the default overlap rule. None is missed.
         let seen = seen.lock().unwrap().clone();
-        assert!(!seen.is_empty() && seen.iter().all(|&r| r == FireResult::Fired), "{seen:?}");
+        assert!(seen == [FireResult::Fired] || seen == [FireResult::Fired, FireResult::Skipped], "{seen:?}");
     }
 
     /// A queue and name whose command ids would not be ids: refused before any decision.
