@@ -28,6 +28,9 @@
 //! [`group_commit`] is the one mechanism for "one call in flight per key, the rest go in the
 //! next call" (command submits and transitions, stream writes).
 //!
+//! [`resend`] guards a script call against the Cluster client's re-sent copies (a write that
+//! must not apply twice).
+//!
 //! ```no_run
 //! use baton_redis::{redis, LuaScript, RedisClient, RedisConfig};
 //!
@@ -53,6 +56,7 @@
 mod cluster;
 mod config;
 pub mod group_commit;
+pub mod resend;
 mod scan;
 pub mod sentinel;
 
@@ -811,7 +815,9 @@ impl LuaScript {
     /// failover) it loads the script (`SCRIPT LOAD`) on `conn` and sends `cmd` once more; any
     /// other error, including one from the load or the retry, is returned as is.
     ///
-    /// The script runs at most once per call: a `NOSCRIPT` reply means it did not run.
+    /// The script runs at most once per call here: a `NOSCRIPT` reply means it did not run. (On
+    /// Cluster the redis crate itself may send a call again after a dropped connection; a
+    /// script that must not apply twice is guarded, [`resend`].)
     pub async fn query<T, C>(&self, conn: &mut C, cmd: &Cmd) -> redis::RedisResult<T>
     where
         T: redis::FromRedisValue,

@@ -80,6 +80,10 @@
 //!   access (sliding TTL), `ca` created, `end`/`fin`/`ea`/`cb` end reason, final id, end time,
 //!   closing producer tuple, `sq` last `Stream-Seq`, `p:<producer id>` = `epoch:last seq:count:last
 //!   offset`, `refs` fork count, `del` soft-deleted, `fsrc`/`foff`/`fsub` fork origin.
+//! * On Cluster only, `baton:s:{<path>}:resend:<writer>`: one writing process's re-send guard of
+//!   the stream's `write.lua` calls (`baton_redis::resend`: the Cluster client may send a call
+//!   again after its connection dropped; the guard answers that copy with the first one's reply
+//!   instead of appending twice), expiring 300 s after that process's last write to the stream.
 //! * Shared by all streams: 16 sorted sets `baton:s:deadlines:{0}` … `baton:s:deadlines:{15}`
 //!   (each its own hash tag, so spread over the Cluster; never one global tag) for the silence
 //!   sweeper, below.

@@ -41,6 +41,18 @@ static WRITE: LuaScript = LuaScript::new(
         include_str!("../../scripts/write.lua")
     ),
 );
+/// [`WRITE`] under a re-send guard ([`baton_redis::resend`]): what Cluster deployments send, so
+/// that an append re-sent by the Cluster client after a dropped connection is not written twice.
+static WRITE_GUARDED: LuaScript = LuaScript::from_parts(
+    "streams.write",
+    &[
+        baton_redis::resend::RESEND_HEAD,
+        include_str!("../../scripts/write_fast.lua"),
+        include_str!("../../scripts/common.lua"),
+        include_str!("../../scripts/write.lua"),
+        baton_redis::resend::RESEND_TAIL,
+    ],
+);
 static READ: LuaScript = script!("streams.read", "read.lua");
 static DELETE: LuaScript = script!("streams.delete", "delete.lua");
 static REFS: LuaScript = script!("streams.refs", "refs.lua");
@@ -126,6 +138,9 @@ pub(crate) struct RedisStreamBackend {
     settings: Arc<StreamStoreSettings>,
     hub: tail::TailHub,
     writer: writer::Writer,
+    /// On Cluster: the guard of this process's `write.lua` calls ([`WRITE_GUARDED`]; the group
+    /// commit keeps one call per stream in flight, as the guard needs).
+    resend: Option<baton_redis::resend::ResendGuard>,
     blocker: blocker::Blocker,
     me: Weak<RedisStreamBackend>,
 }
@@ -144,6 +159,7 @@ impl RedisStreamBackend {
         let conn = client.shared().await?;
         let durable = client.durable_writer().await?;
         let every = settings.sweep_interval;
+        let resend = client.is_cluster().then(baton_redis::resend::ResendGuard::new);
         let store = Arc::new_cyclic(|weak| Self {
             client,
             conn,
@@ -151,6 +167,7 @@ impl RedisStreamBackend {
             settings,
             hub: tail::TailHub::new(weak.clone()),
             writer: writer::Writer::default(),
+            resend,
             blocker: blocker::Blocker::default(),
             me: weak.clone(),
         });

@@ -17,7 +17,7 @@ use baton_redis::group_commit::{self, Committer, GroupCommitOptions};
 use baton_redis::redis::{self, Value};
 
 use super::reply::*;
-use super::{keys, RedisStreamBackend, WRITE};
+use super::{keys, RedisStreamBackend, WRITE, WRITE_GUARDED};
 use crate::backend::WriteSpec;
 use crate::end::{EndReason, EndState};
 use crate::error::{Result, StreamError};
@@ -69,16 +69,26 @@ impl RedisStreamBackend {
     async fn send_batch(&self, path: &StreamPath, batch: Vec<WriteSpec>) -> Vec<Result<Appended>> {
         let (ks, km) = keys(path);
         // Sized up front: no regrowth while the arguments are written.
-        let args = 5 + batch.len() * 10;
-        let bytes = 64 + 2 * ks.len() + batch.iter().map(|spec| body_len(spec) + 64).sum::<usize>();
-        let mut cmd = WRITE.evalsha_cmd_with_capacity(2, args, bytes);
+        let args = 8 + batch.len() * 10;
+        let bytes = 128 + 3 * ks.len() + batch.iter().map(|spec| body_len(spec) + 64).sum::<usize>();
+        let (script, guard) = match &self.resend {
+            Some(g) => (&WRITE_GUARDED, Some((g, g.key(&ks)))),
+            None => (&WRITE, None),
+        };
+        let mut cmd = script.evalsha_cmd_with_capacity(2 + usize::from(guard.is_some()), args, bytes);
         cmd.arg(ks).arg(km);
+        if let Some((_, key)) = &guard {
+            cmd.arg(key.as_str());
+        }
         match batch.as_slice() {
             [spec] if is_fast(spec) => fast_args(&mut cmd, spec),
             _ => general_args(&mut cmd, &batch),
         }
+        if let Some((g, _)) = guard {
+            g.push_args(&mut cmd);
+        }
         let started = self.hub.before_write(path);
-        match self.eval_durable(&WRITE, path, &cmd).await {
+        match self.eval_durable(script, path, &cmd).await {
             // The fast path's reply: "<incarnation> <previous tail> <new entry id>" of a lone
             // accepted request.
             Ok(Value::BulkString(b)) if batch.len() == 1 => {

@@ -1,0 +1,96 @@
+//! Re-send guard for script calls that must not apply twice on Redis Cluster.
+//!
+//! The redis crate's Cluster connection sends a command again when its connection dropped after
+//! the command was sent (it cannot tell whether the command ran), up to its retries
+//! ([`CLUSTER_RESEND_WINDOW`] at most). For an idempotent call that is harmless; for a write
+//! such as an append without a producer stamp the second copy applies again while the caller is
+//! answered once. A guarded script closes that: it is the script's text between
+//! [`RESEND_HEAD`] and [`RESEND_TAIL`] (`scripts/resend_head.lua`, `scripts/resend_tail.lua`),
+//! and each call carries one more key, this writer's guard key for the script's hash tag
+//! ([`ResendGuard::key`]), and two more arguments, a token and the guard's lifetime
+//! ([`ResendGuard::push_args`]). The script keeps its reply under the key with the token; a copy
+//! that finds its own token there gets that reply and writes nothing.
+//!
+//! Rule of use: at most one guarded call in flight per guard and key (e.g. under a
+//! [`crate::group_commit`], which keeps one call per key in flight), so a re-sent copy always
+//! finds its own call's token, never a later one. Standalone and Sentinel connections do not
+//! re-send (a dropped call fails), so callers guard only on Cluster
+//! ([`crate::RedisClient::is_cluster`]).
+//!
+//! Cost per call on Cluster: one `GET`, one `SET` of the packed reply (`cmsgpack`), one key per
+//! writing process and hash tag for [`CLUSTER_RESEND_WINDOW`] after its last call.
+//!
+//! ```
+//! use baton_redis::resend::{ResendGuard, RESEND_HEAD, RESEND_TAIL};
+//! use baton_redis::LuaScript;
+//!
+//! // The script's own text, guarded: KEYS and ARGV inside it are those it is sent unguarded.
+//! static PUSH: LuaScript = LuaScript::from_parts(
+//!     "push",
+//!     &[RESEND_HEAD, "return redis.call('RPUSH', KEYS[1], ARGV[1])", RESEND_TAIL],
+//! );
+//!
+//! let guard = ResendGuard::new();
+//! let mut cmd = PUSH.evalsha_cmd(2);
+//! cmd.arg("{jobs}:list").arg(guard.key("{jobs}"));
+//! cmd.arg("payload");
+//! guard.push_args(&mut cmd);
+//! assert!(guard.key("{jobs}").starts_with("{jobs}:resend:"));
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::Cmd;
+
+/// Lua joined before a guarded script's text (see the module docs).
+pub const RESEND_HEAD: &str = include_str!("../scripts/resend_head.lua");
+/// Lua joined after a guarded script's text (see the module docs).
+pub const RESEND_TAIL: &str = include_str!("../scripts/resend_tail.lua");
+
+/// The longest a Cluster call can be re-sent after its first copy ran: each of the client's
+/// retries waits at most its longest back-off, a connection timeout and a response timeout
+/// (40 × (0.5 + 2 + 5) s = 300 s). A guard key lives this long after its last call.
+pub const CLUSTER_RESEND_WINDOW: Duration = Duration::from_millis(
+    crate::CLUSTER_RETRIES as u64
+        * (crate::CLUSTER_RETRY_WAIT_MS.1
+            + crate::CONNECTION_TIMEOUT.as_millis() as u64
+            + crate::DEFAULT_RESPONSE_TIMEOUT.as_millis() as u64),
+);
+
+/// One writer's guard: a random id (its keys) and its call tokens.
+#[derive(Debug)]
+pub struct ResendGuard {
+    id: String,
+    next: AtomicU64,
+}
+
+impl Default for ResendGuard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ResendGuard {
+    /// A guard with a fresh random id (a UUID v7), so no two writers share a key.
+    pub fn new() -> Self {
+        Self { id: uuid::Uuid::now_v7().simple().to_string(), next: AtomicU64::new(1) }
+    }
+
+    /// This writer's guard key next to the keys it guards: `<prefix>:resend:<id>`. `prefix` must
+    /// carry the hash tag of the script's other keys (e.g. `baton:s:{path}`).
+    pub fn key(&self, prefix: &str) -> String {
+        let mut k = String::with_capacity(prefix.len() + 8 + self.id.len());
+        k.push_str(prefix);
+        k.push_str(":resend:");
+        k.push_str(&self.id);
+        k
+    }
+
+    /// Writes the call's two trailing arguments: a new token, then the guard key's lifetime in
+    /// ms ([`CLUSTER_RESEND_WINDOW`]). Call once per call, after all the script's own arguments.
+    pub fn push_args(&self, cmd: &mut Cmd) {
+        let token = self.next.fetch_add(1, Ordering::Relaxed);
+        cmd.arg(token).arg(CLUSTER_RESEND_WINDOW.as_millis() as u64);
+    }
+}

@@ -1,0 +1,70 @@
+//! The re-send guard (`baton_redis::resend`) on a real server: a call sent twice with the same
+//! token applies once and both copies get the first copy's reply (arrays, integers, bulk and
+//! status replies survive the packing); a new token applies again; another writer's guard does
+//! not answer for this one; the guard key lives `CLUSTER_RESEND_WINDOW`; and the guarded script
+//! sees its KEYS and ARGV exactly as unguarded (the guard's key and arguments are taken off).
+
+use baton_redis::resend::{ResendGuard, CLUSTER_RESEND_WINDOW, RESEND_HEAD, RESEND_TAIL};
+use baton_redis::{redis, LuaScript, RedisClient, RedisConn};
+use baton_testkit::{require_redis, RedisServer};
+
+/// Appends ARGV[1] to a list; replies with what it saw and did, in several reply types.
+static PUSH: LuaScript = LuaScript::from_parts(
+    "resend_push",
+    &[
+        RESEND_HEAD,
+        "local n = redis.call('RPUSH', KEYS[1], ARGV[1])
+         return {n, ARGV[1], #KEYS, #ARGV, {ok = 'OK'}, {'nested', n * 10}}",
+        RESEND_TAIL,
+    ],
+);
+
+fn push_cmd(guard: &ResendGuard, item: &str) -> redis::Cmd {
+    let mut cmd = PUSH.evalsha_cmd(2);
+    cmd.arg("{r}:list").arg(guard.key("{r}"));
+    cmd.arg(item);
+    guard.push_args(&mut cmd);
+    cmd
+}
+
+async fn list(conn: &mut RedisConn) -> Vec<String> {
+    redis::cmd("LRANGE").arg("{r}:list").arg(0).arg(-1).query_async(conn).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_copy_with_the_same_token_applies_once_and_gets_the_first_reply() {
+    require_redis();
+    let server = RedisServer::start();
+    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let guard = ResendGuard::new();
+
+    let first = push_cmd(&guard, "a");
+    let r1: redis::Value = PUSH.query(&mut conn, &first).await.unwrap();
+    let want = redis::Value::Array(vec![
+        redis::Value::Int(1),
+        redis::Value::BulkString(b"a".to_vec()),
+        redis::Value::Int(1),
+        redis::Value::Int(1),
+        redis::Value::Okay,
+        redis::Value::Array(vec![redis::Value::BulkString(b"nested".to_vec()), redis::Value::Int(10)]),
+    ]);
+    assert_eq!(r1, want, "the script saw one key and one argument");
+    // The same command again: what the Cluster client sends after a dropped connection.
+    let r2: redis::Value = PUSH.query(&mut conn, &first).await.unwrap();
+    assert_eq!(r2, want, "a re-sent copy gets the first copy's reply");
+    assert_eq!(list(&mut conn).await, ["a"], "and does not apply again");
+
+    // The next call (a new token) applies.
+    let r3: redis::Value = PUSH.query(&mut conn, &push_cmd(&guard, "b")).await.unwrap();
+    assert!(matches!(&r3, redis::Value::Array(v) if v[0] == redis::Value::Int(2)), "{r3:?}");
+    // Another writer's first call is not answered by this writer's guard.
+    let other = ResendGuard::new();
+    let _: redis::Value = PUSH.query(&mut conn, &push_cmd(&other, "c")).await.unwrap();
+    assert_eq!(list(&mut conn).await, ["a", "b", "c"]);
+
+    // The guard key lives the resend window (300 s), no longer.
+    let ttl: i64 = redis::cmd("PTTL").arg(guard.key("{r}")).query_async(&mut conn).await.unwrap();
+    let window = CLUSTER_RESEND_WINDOW.as_millis() as i64;
+    assert_eq!(window, 300_000);
+    assert!(ttl > window - 5_000 && ttl <= window, "{ttl}");
+}
