@@ -5,5 +5,5 @@ end
 -- raise no errors of their own, but a Redis command failing mid-script (e.g. out of memory) may
 -- leave the writes made before it, as any script would.
 local resend_reply = resend_body()
-redis.call('SET', resend_key, resend_token .. cmsgpack.pack(resend_reply), 'PX', resend_ms)
+redis.call('SET', resend_key, resend_token .. '\n' .. cmsgpack.pack(resend_reply), 'PX', resend_ms)
 return resend_reply

@@ -9,11 +9,14 @@
 //! and each call carries one more key, this writer's guard key for the script's hash tag
 //! ([`ResendGuard::key`]), and two more arguments, a token and the guard's lifetime
 //! ([`ResendGuard::push_args`]). The script keeps its reply under the key with the token; a copy
-//! that finds its own token there gets that reply and writes nothing.
+//! that finds its own token there gets that reply and writes nothing, and a late copy of an
+//! earlier call (one the client gave up on, answering its caller with an error, before the
+//! writer's next call ran) finds a greater token and writes nothing either (error reply
+//! `BATON_STALE_RESEND`).
 //!
 //! Rule of use: at most one guarded call in flight per guard and key (e.g. under a
-//! [`crate::group_commit`], which keeps one call per key in flight), so a re-sent copy always
-//! finds its own call's token, never a later one. Standalone and Sentinel connections do not
+//! [`crate::group_commit`], which keeps one call per key in flight), so that the key always
+//! holds the token of the writer's latest call that ran. Standalone and Sentinel connections do not
 //! re-send (a dropped call fails), so callers guard only on Cluster
 //! ([`crate::RedisClient::is_cluster`]).
 //!

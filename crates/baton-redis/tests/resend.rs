@@ -1,8 +1,9 @@
 //! The re-send guard (`baton_redis::resend`) on a real server: a call sent twice with the same
 //! token applies once and both copies get the first copy's reply (arrays, integers, bulk and
 //! status replies survive the packing); a new token applies again; another writer's guard does
-//! not answer for this one; the guard key lives `CLUSTER_RESEND_WINDOW`; and the guarded script
-//! sees its KEYS and ARGV exactly as unguarded (the guard's key and arguments are taken off).
+//! not answer for this one; a late copy of an earlier call (its writer moved on) applies nothing;
+//! the guard key lives `CLUSTER_RESEND_WINDOW`; and the guarded script sees its KEYS and ARGV
+//! exactly as unguarded (the guard's key and arguments are taken off).
 
 use baton_redis::resend::{ResendGuard, CLUSTER_RESEND_WINDOW, RESEND_HEAD, RESEND_TAIL};
 use baton_redis::{redis, LuaScript, RedisClient, RedisConn};
@@ -67,4 +68,23 @@ async fn a_copy_with_the_same_token_applies_once_and_gets_the_first_reply() {
     let window = CLUSTER_RESEND_WINDOW.as_millis() as i64;
     assert_eq!(window, 300_000);
     assert!(ttl > window - 5_000 && ttl <= window, "{ttl}");
+}
+
+#[tokio::test]
+async fn a_late_copy_of_an_earlier_call_applies_nothing() {
+    require_redis();
+    let server = RedisServer::start();
+    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let guard = ResendGuard::new();
+    let (early, late) = (push_cmd(&guard, "early"), push_cmd(&guard, "late"));
+    // The earlier call's first copy never ran (given up); the writer's next call ran.
+    let _: redis::Value = PUSH.query(&mut conn, &late).await.unwrap();
+    // A copy of the earlier call arrives after it: refused, nothing written.
+    let e = PUSH.query::<redis::Value, _>(&mut conn, &early).await.unwrap_err();
+    assert!(e.to_string().contains("BATON_STALE_RESEND"), "{e}");
+    assert_eq!(list(&mut conn).await, ["late"]);
+    // The later call's own copy is still answered as before.
+    let again: redis::Value = PUSH.query(&mut conn, &late).await.unwrap();
+    assert!(matches!(&again, redis::Value::Array(v) if v[0] == redis::Value::Int(1)), "{again:?}");
+    assert_eq!(list(&mut conn).await, ["late"]);
 }
