@@ -242,7 +242,9 @@ enum Answer {
 /// Measured: a terminal settle is written and its delivery acked in one script run; the re-sent
 /// copy's owner check (`transition.lua`: the delivery must still be pending to the worker) then
 /// answers `lost`, and `write_retrying` takes a `LeaseLost` for its own write only after a retry
-/// of its own, so the worker is told its lease was lost and nothing written.
+/// of its own, so the worker is told its lease was lost and nothing written. (Not told apart
+/// here from the other path to the same answer: a separate ack of the settle, re-sent, finding
+/// the delivery gone.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "fails: a re-sent terminal settle (already applied and acked) fails its owner check and the worker is \
             answered LeaseLost (nothing written) although its result was written: 78, 36, 79 of 3,000 settles, all on \
