@@ -24,11 +24,12 @@
 //! | `p:q:{q}:backoff`        | string | present while the queue backs off (`RateLimited`); its TTL is the back-off left |
 //! | `p:q:{q}:krate`          | hash   | per-key rate limit: key → `<tat µs>:<delayed entries>:<latest due µs>` |
 //! | `p:q:{q}:krate:exp`      | zset   | key → ms after which its `krate` field may be stale (a read removes up to 8) |
+//! | `p:q:{q}:resend:<writer>` | string | Cluster only: one process's re-send guard of its `offer_batch` calls ([`ClusterOffers`]) |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
-//! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`, `read`, `pause`, `offer` (entries of a priority other than 0); every
-//! time they compare is Redis's own (`TIME`).
+//! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`, `read`, `pause`, `offer` (entries of a priority other than 0),
+//! `offer_batch` (every offer on Cluster: [`ClusterOffers`]); every time they compare is Redis's own (`TIME`).
 //!
 //! **The gated read.** New entries are taken only by `read.lua`: it checks the queue's gates (the
 //! pause flag) and takes up to `count` entries with a non-blocking `XREADGROUP … COUNT n` in one
@@ -86,7 +87,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use baton_redis::group_commit::{Committer, GroupCommit, GroupCommitOptions};
 use baton_redis::redis::{self, Value};
+use baton_redis::resend::ResendGuard;
 use baton_redis::{is_nogroup, LuaScript, RedisClient, RedisConn};
 use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
@@ -125,6 +128,17 @@ static READ: LuaScript =
     LuaScript::new("read", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/read.lua")));
 static OFFER: LuaScript =
     LuaScript::new("offer", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/offer.lua")));
+/// The offers of one queue's group commit in one call, under a re-send guard
+/// ([`baton_redis::resend`]): what Cluster deployments send for every offer ([`ClusterOffers`]).
+static OFFER_BATCH: LuaScript = LuaScript::from_parts(
+    "offer_batch",
+    &[
+        baton_redis::resend::RESEND_HEAD,
+        include_str!("../scripts/caps.lua"),
+        include_str!("../scripts/offer_batch.lua"),
+        baton_redis::resend::RESEND_TAIL,
+    ],
+);
 static PAUSE: LuaScript = LuaScript::new("pause", include_str!("../scripts/pause.lua"));
 static BACKOFF: LuaScript = LuaScript::new("backoff", include_str!("../scripts/backoff.lua"));
 
@@ -199,6 +213,89 @@ pub(crate) struct RedisQueueBackend {
     client: RedisClient,
     conn: RedisConn,
     opts: RedisQueueOptions,
+    /// On Cluster: the offers' group commit and re-send guard ([`ClusterOffers`]).
+    offers: Option<ClusterOffers>,
+}
+
+/// Offers on Redis Cluster. The redis crate's Cluster connection sends a command again when its
+/// connection dropped after it was sent, so an offer's `XADD` (or `offer.lua`) could append its
+/// entries twice while its caller is answered once. On Cluster every offer therefore goes through
+/// a group commit keyed by queue ([`baton_redis::group_commit`]: one call per queue in flight from
+/// this process, the offers queued meanwhile going together in the next call) and each call is
+/// one `offer_batch.lua` under this process's re-send guard ([`baton_redis::resend`], whose rule
+/// of one guarded call in flight per guard and key the group commit keeps): a re-sent copy is
+/// answered with the first copy's ids and appends nothing. Standalone and Sentinel connections
+/// do not re-send, and offer as before (a pipelined `XADD`, or `offer.lua`).
+struct ClusterOffers {
+    commit: GroupCommit<String, OfferItem, OfferReply>,
+    guard: Arc<ResendGuard>,
+}
+
+/// Offers per `offer_batch.lua` call at most.
+const OFFER_BATCH_ITEMS: usize = 128;
+/// Payload bytes per `offer_batch.lua` call at most (a bigger single offer still goes alone).
+const OFFER_BATCH_BYTES: usize = 4 << 20;
+
+/// One offer of a batch: its payloads, concurrency key and priority.
+struct OfferItem {
+    payloads: Vec<Bytes>,
+    key: Option<String>,
+    priority: i8,
+}
+
+type OfferReply = Result<Vec<MessageId>, QueueError>;
+
+/// Sends one queue's batches of offers: one guarded `offer_batch.lua` call each.
+struct OfferCall {
+    conn: RedisConn,
+    prefix: String,
+    guard: Arc<ResendGuard>,
+}
+
+impl Committer<String, OfferItem, OfferReply> for OfferCall {
+    async fn commit(&mut self, queue: &String, batch: Vec<OfferItem>) -> Vec<OfferReply> {
+        let keys = Keys::new(&self.prefix, queue);
+        let ks = keys.with_caps(&[&keys.stream]);
+        let guard_key = self.guard.key(&keys.stream);
+        let payloads: usize = batch.iter().map(|o| o.payloads.len()).sum();
+        let args = 3 + ks.len() + 1 + 1 + batch.len() * 3 + payloads + 2;
+        let bytes = 128
+            + ks.iter().map(|k| k.len()).sum::<usize>()
+            + guard_key.len()
+            + batch.iter().map(|o| 16 + o.key.as_ref().map_or(0, String::len) + weight(o)).sum::<usize>();
+        let mut cmd = OFFER_BATCH.evalsha_cmd_with_capacity(ks.len() + 1, args, bytes);
+        for k in &ks {
+            cmd.arg(*k);
+        }
+        cmd.arg(guard_key.as_str());
+        cmd.arg(batch.len());
+        for o in &batch {
+            cmd.arg(o.priority).arg(o.key.as_deref().unwrap_or("")).arg(o.payloads.len());
+            for p in &o.payloads {
+                cmd.arg(p.as_ref());
+            }
+        }
+        self.guard.push_args(&mut cmd);
+        let ids: Vec<String> = match OFFER_BATCH.query(&mut self.conn, &cmd).await {
+            Ok(ids) => ids,
+            Err(e) => return batch.iter().map(|_| Err(QueueError::Redis(e.clone()))).collect(),
+        };
+        if ids.len() != payloads {
+            let v = Value::Array(ids.into_iter().map(|s| Value::BulkString(s.into_bytes())).collect());
+            return batch.iter().map(|_| Err(unexpected("offer_batch", &v))).collect();
+        }
+        let mut ids = ids.iter();
+        batch.iter().map(|o| ids.by_ref().take(o.payloads.len()).map(|s| parse_id(s)).collect()).collect()
+    }
+
+    fn weight(&self, item: &OfferItem) -> usize {
+        weight(item)
+    }
+}
+
+/// An offer's payload bytes, against [`OFFER_BATCH_BYTES`].
+fn weight(item: &OfferItem) -> usize {
+    item.payloads.iter().map(Bytes::len).sum()
 }
 
 fn parse_id(s: &str) -> Result<MessageId, QueueError> {
@@ -273,7 +370,15 @@ impl RedisQueueBackend {
             ));
         }
         let conn = client.shared().await?;
-        Ok(Self { client, conn, opts })
+        let offers = client.is_cluster().then(|| ClusterOffers {
+            commit: GroupCommit::new(GroupCommitOptions {
+                max_items: OFFER_BATCH_ITEMS,
+                max_weight: OFFER_BATCH_BYTES,
+                lead_sends: true,
+            }),
+            guard: Arc::new(ResendGuard::new()),
+        });
+        Ok(Self { client, conn, opts, offers })
     }
 
     fn keys(&self, queue: &str) -> Keys {
@@ -290,6 +395,21 @@ impl QueueBackend for RedisQueueBackend {
         key: Option<&str>,
         priority: i8,
     ) -> Result<Vec<MessageId>, QueueError> {
+        if let Some(offers) = &self.offers {
+            if payloads.is_empty() {
+                return Ok(Vec::new());
+            }
+            let item = OfferItem { payloads: payloads.to_vec(), key: key.map(str::to_string), priority };
+            let call = || OfferCall {
+                conn: self.conn.clone(),
+                prefix: self.opts.key_prefix.clone(),
+                guard: offers.guard.clone(),
+            };
+            let queue = queue.to_string();
+            return offers.commit.submit(&queue, item, call).await.unwrap_or_else(|_| {
+                Err(QueueError::Unavailable("the offer's call ended without a reply (abandoned)".into()))
+            });
+        }
         let keys = self.keys(queue);
         if priority != 0 {
             // An entry of another priority marks the queue for the gated read (offer.lua).
