@@ -7,12 +7,16 @@
 //! queue's hash slot (see the crate docs), so a batch is valid on Redis Cluster.
 //!
 //! The mechanism is [`baton_redis::group_commit`]; the calls are sent from a spawned task, so a
-//! caller that stops waiting never strands the writes queued behind it.
+//! caller that stops waiting never strands the writes queued behind it. On Redis Cluster each
+//! call is guarded against the client's re-sent copies ([`baton_redis::resend`]: one guard per
+//! kind, whose one call in flight per queue is what the guard needs): a transition applied and
+//! then re-sent would otherwise answer its own write as a conflict.
 
 use std::sync::Arc;
 
 use baton_redis::group_commit::{self, Committer, GroupCommitOptions};
 use baton_redis::redis::{self, RedisError, Value};
+use baton_redis::resend::{ResendGuard, RESEND_HEAD, RESEND_TAIL};
 use baton_redis::{DurableWriter, LuaScript, RedisConn};
 
 static TRANSITIONS: LuaScript = LuaScript::from_parts(
@@ -27,15 +31,32 @@ static SUBMITS: LuaScript = LuaScript::new(
     "submits",
     concat!(include_str!("../../scripts/lib.lua"), include_str!("../../scripts/submits.lua")),
 );
+/// [`TRANSITIONS`] and [`SUBMITS`] under a re-send guard: what Cluster deployments send.
+static TRANSITIONS_GUARDED: LuaScript = LuaScript::from_parts(
+    "transitions",
+    &[
+        RESEND_HEAD,
+        include_str!("../../scripts/lib.lua"),
+        baton_queue::keys::CAPS_LUA,
+        include_str!("../../scripts/transitions.lua"),
+        RESEND_TAIL,
+    ],
+);
+static SUBMITS_GUARDED: LuaScript = LuaScript::from_parts(
+    "submits",
+    &[RESEND_HEAD, include_str!("../../scripts/lib.lua"), include_str!("../../scripts/submits.lua"), RESEND_TAIL],
+);
 
 /// A kind of batched write: how a batch becomes one script call.
 pub(crate) trait Batch: Sized + Send + 'static {
     /// Writes per call at most.
     const MAX: usize;
-    fn script() -> &'static LuaScript;
+    /// The script, unguarded (`false`) or under a re-send guard (`true`, Cluster).
+    fn script(guarded: bool) -> &'static LuaScript;
     /// The `EVALSHA` command for `items` (all of one home queue, whose keys are `keys`), started
-    /// with [`LuaScript::evalsha_cmd_with_capacity`] on [`Batch::script`].
-    fn command(keys: &BatchKeys, items: &[Self]) -> redis::Cmd;
+    /// with [`LuaScript::evalsha_cmd_with_capacity`] on [`Batch::script`]; with `guard`, of the
+    /// guarded script, with the guard's key and arguments ([`baton_redis::resend`]).
+    fn command(keys: &BatchKeys, items: &[Self], guard: Option<&ResendGuard>) -> redis::Cmd;
 }
 
 /// One compare-and-set (the arguments of `transitions.lua`, see there).
@@ -73,10 +94,14 @@ pub(crate) struct Transition {
 
 impl Batch for Transition {
     const MAX: usize = 128;
-    fn script() -> &'static LuaScript {
-        &TRANSITIONS
+    fn script(guarded: bool) -> &'static LuaScript {
+        if guarded {
+            &TRANSITIONS_GUARDED
+        } else {
+            &TRANSITIONS
+        }
     }
-    fn command(keys: &BatchKeys, batch: &[Self]) -> redis::Cmd {
+    fn command(keys: &BatchKeys, batch: &[Self], guard: Option<&ResendGuard>) -> redis::Cmd {
         let n = batch.len();
         let bytes = 256
             + batch
@@ -93,8 +118,12 @@ impl Batch for Transition {
                         + 112
                 })
                 .sum::<usize>();
-        let mut cmd =
-            TRANSITIONS.evalsha_cmd_with_capacity(11 + baton_queue::keys::CAPS_KEYS + n, 6 + 17 + n * 17, bytes + 256);
+        let g = usize::from(guard.is_some());
+        let mut cmd = Self::script(guard.is_some()).evalsha_cmd_with_capacity(
+            11 + baton_queue::keys::CAPS_KEYS + n + g,
+            6 + 17 + n * 17 + 3 * g,
+            bytes + 384,
+        );
         for k in &keys.index {
             cmd.arg(k);
         }
@@ -104,6 +133,9 @@ impl Batch for Transition {
         }
         for k in &keys.caps {
             cmd.arg(k);
+        }
+        if let Some(g) = guard {
+            cmd.arg(g.key(&keys.base));
         }
         cmd.arg(n).arg(&keys.channel).arg(&keys.group);
         for t in batch {
@@ -123,6 +155,9 @@ impl Batch for Transition {
                 .arg(&t.hook)
                 .arg(t.minute_field)
                 .arg(&t.minute_start);
+        }
+        if let Some(g) = guard {
+            g.push_args(&mut cmd);
         }
         cmd
     }
@@ -160,10 +195,14 @@ pub(crate) struct Submit {
 
 impl Batch for Submit {
     const MAX: usize = 128;
-    fn script() -> &'static LuaScript {
-        &SUBMITS
+    fn script(guarded: bool) -> &'static LuaScript {
+        if guarded {
+            &SUBMITS_GUARDED
+        } else {
+            &SUBMITS
+        }
     }
-    fn command(keys: &BatchKeys, batch: &[Self]) -> redis::Cmd {
+    fn command(keys: &BatchKeys, batch: &[Self], guard: Option<&ResendGuard>) -> redis::Cmd {
         let n = batch.len();
         let lookups = batch.iter().all(|s| s.lookup_key.is_some());
         let bytes = 256
@@ -172,7 +211,12 @@ impl Batch for Submit {
                 .map(|s| 2 * s.state_key.len() + s.value.len() + s.msg.len() + 2 * s.id.len() + s.event.len() + 112)
                 .sum::<usize>();
         let per = if lookups { 2 } else { 1 };
-        let mut cmd = SUBMITS.evalsha_cmd_with_capacity(7 + per * n, 16 + n * 15, bytes + 264 * n);
+        let g = usize::from(guard.is_some());
+        let mut cmd = Self::script(guard.is_some()).evalsha_cmd_with_capacity(
+            7 + per * n + g,
+            16 + n * 15 + 3 * g,
+            bytes + 264 * n + 128,
+        );
         cmd.arg(&keys.index[0])
             .arg(&keys.index[1])
             .arg(&keys.stream)
@@ -186,6 +230,9 @@ impl Batch for Submit {
             if let (true, Some(l)) = (lookups, &s.lookup_key) {
                 cmd.arg(l);
             }
+        }
+        if let Some(g) = guard {
+            cmd.arg(g.key(&keys.base));
         }
         // Lifetimes are the store's: the same for every submit of a batch.
         let first = &batch[0];
@@ -210,6 +257,9 @@ impl Batch for Submit {
             };
             cmd.arg(s.concurrency_key.as_deref().unwrap_or("")).arg(s.priority);
         }
+        if let Some(g) = guard {
+            g.push_args(&mut cmd);
+        }
         cmd
     }
 }
@@ -218,6 +268,8 @@ impl Batch for Submit {
 #[derive(Clone)]
 pub(crate) struct BatchKeys {
     pub queue: String,
+    /// `<prefix>:cmd:{<queue>}`: the prefix of the home queue's keys (its hash tag).
+    pub base: String,
     /// The expiry zset, then the five status indexes.
     pub index: [String; 6],
     /// The home queue's stream.
@@ -247,20 +299,32 @@ pub(crate) struct GroupCommit<T: Batch> {
     conn: RedisConn,
     /// With opt-in durability: the connections whose batches wait for replicas (`WAIT`).
     durable: Option<DurableWriter>,
+    /// On Cluster: the guard of this kind's calls (see the module docs).
+    guard: Option<Arc<ResendGuard>>,
     calls: group_commit::GroupCommit<String, T, Reply>,
 }
 
 impl<T: Batch> GroupCommit<T> {
-    pub fn new(conn: RedisConn, durable: Option<DurableWriter>) -> Self {
+    /// `cluster`: guard every call against the Cluster client's re-sent copies.
+    pub fn new(conn: RedisConn, durable: Option<DurableWriter>, cluster: bool) -> Self {
         let options = GroupCommitOptions { max_items: T::MAX, ..GroupCommitOptions::default() };
-        Self { conn, durable, calls: group_commit::GroupCommit::new(options) }
+        let guard = cluster.then(|| Arc::new(ResendGuard::new()));
+        Self { conn, durable, guard, calls: group_commit::GroupCommit::new(options) }
+    }
+
+    fn sender(&self, keys: &BatchKeys) -> ScriptCall {
+        ScriptCall {
+            conn: self.conn.clone(),
+            keys: keys.clone(),
+            durable: self.durable.clone(),
+            guard: self.guard.clone(),
+        }
     }
 
     /// Runs `item` (a write of home queue `keys.queue`) in the next call for that queue.
     /// Returns the script's reply for it. Errors: the Redis error of the call that carried it.
     pub async fn run(&self, keys: &BatchKeys, item: T) -> Result<Value, RedisError> {
-        let sender = || ScriptCall { conn: self.conn.clone(), keys: keys.clone(), durable: self.durable.clone() };
-        reply(self.calls.submit(&keys.queue, item, sender).await)
+        reply(self.calls.submit(&keys.queue, item, || self.sender(keys)).await)
     }
 }
 
@@ -269,8 +333,7 @@ impl<T: Batch> GroupCommit<T> {
     /// [`Batch::MAX`] of them (behind a call in flight), no other write between them. Returns
     /// the script's reply for each, in order.
     pub async fn run_many(&self, keys: &BatchKeys, items: Vec<T>) -> Vec<Result<Value, RedisError>> {
-        let sender = || ScriptCall { conn: self.conn.clone(), keys: keys.clone(), durable: self.durable.clone() };
-        self.calls.submit_many(&keys.queue, items, sender).await.into_iter().map(reply).collect()
+        self.calls.submit_many(&keys.queue, items, || self.sender(keys)).await.into_iter().map(reply).collect()
     }
 }
 
@@ -287,21 +350,23 @@ struct ScriptCall {
     conn: RedisConn,
     keys: BatchKeys,
     durable: Option<DurableWriter>,
+    guard: Option<Arc<ResendGuard>>,
 }
 
 impl<T: Batch> Committer<String, T, Reply> for ScriptCall {
     async fn commit(&mut self, _queue: &String, items: Vec<T>) -> Vec<Reply> {
         let n = items.len();
-        let cmd = T::command(&self.keys, &items);
+        let cmd = T::command(&self.keys, &items, self.guard.as_deref());
         drop(items);
+        let script = T::script(self.guard.is_some());
         let r: redis::RedisResult<Value> = match &self.durable {
-            Some(w) => w.query(T::script(), &self.keys.queue, &cmd).await,
-            None => T::script().query(&mut self.conn, &cmd).await,
+            Some(w) => w.query(script, &self.keys.queue, &cmd).await,
+            None => script.query(&mut self.conn, &cmd).await,
         };
         match r {
             Ok(Value::Array(replies)) if replies.len() == n => replies.into_iter().map(Ok).collect(),
             Ok(other) => {
-                let detail = format!("{}: unexpected reply {other:?}", T::script().name());
+                let detail = format!("{}: unexpected reply {other:?}", script.name());
                 vec![Err((redis::ErrorKind::Parse, detail)); n]
             }
             Err(e) => vec![Err((e.kind(), e.to_string())); n],

@@ -119,6 +119,7 @@ impl QKeys {
         ];
         let batch = BatchKeys {
             queue: queue.to_string(),
+            base: base.clone(),
             index,
             stream: baton_queue::keys::stream(prefix, queue),
             fences: baton_queue::keys::fences(prefix, queue),
@@ -262,8 +263,11 @@ impl RedisStateBackend {
         let conn = client.shared().await?;
         let reads = super::batch::ReadBatcher::new(conn.clone());
         let durable = client.durable_writer().await?;
-        let (transitions, submits) =
-            (GroupCommit::new(conn.clone(), durable.clone()), GroupCommit::new(conn.clone(), durable.clone()));
+        let cluster = client.is_cluster();
+        let (transitions, submits) = (
+            GroupCommit::new(conn.clone(), durable.clone(), cluster),
+            GroupCommit::new(conn.clone(), durable.clone(), cluster),
+        );
         let origin: Arc<str> = uuid::Uuid::now_v7().simple().to_string().into();
         let pubsub = PubSubHandle::start(client.clone(), hub.clone(), origin.clone());
         Ok(Self {
