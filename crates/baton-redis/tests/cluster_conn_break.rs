@@ -586,7 +586,10 @@ async fn an_incr_answered_ok_under_a_client_kill_storm_is_applied_once() {
     check_counters(&conn, &keys, &tallies, 2 * DEFAULT_RESPONSE_TIMEOUT).await;
 }
 
-/// 24 connections of their own (each a `ClusterConn`), each with a writer, through a 3 s
+/// Connections of [`every_connection_answers_after_a_client_kill_storm`].
+const N_CONNS: usize = 64;
+
+/// [`N_CONNS`] connections of their own (each a `ClusterConn`), each with a writer, through a 3 s
 /// `CLIENT KILL` storm: afterwards every one answers again within the response timeout plus a
 /// replacement. Found with the command service's consumer on Cluster: the redis crate (1.8) can
 /// lose every node connection in a slot refresh (the ones it re-makes are killed while it checks
@@ -601,7 +604,7 @@ async fn every_connection_answers_after_a_client_kill_storm() {
     let cluster = RedisCluster::start();
     let client = RedisClient::new(cluster.config()).unwrap();
     let mut conns = Vec::new();
-    for _ in 0..24 {
+    for _ in 0..N_CONNS {
         conns.push(client.shared().await.unwrap());
     }
     let storm = KillStorm::start(cluster.urls(), Duration::from_millis(5)).await;
@@ -649,6 +652,6 @@ async fn every_connection_answers_after_a_client_kill_storm() {
         "{killed} connections killed; all checked {:?} after the storm; replaced {replaced} time(s); not answering: {dead:?}",
         calm.elapsed()
     );
-    assert!(dead.is_empty(), "{} of 24 connections still fail {limit:?} after the storm: {dead:?}", dead.len());
-    check_no_ok_lost(&conns[0], &(0..24).map(|i| format!("each:{i}")).collect::<Vec<_>>(), &tallies, limit).await;
+    assert!(dead.is_empty(), "{} of {N_CONNS} connections still fail {limit:?} after the storm: {dead:?}", dead.len());
+    check_no_ok_lost(&conns[0], &(0..N_CONNS).map(|i| format!("each:{i}")).collect::<Vec<_>>(), &tallies, limit).await;
 }
