@@ -39,6 +39,12 @@ const REPLACING: u64 = 1;
 /// Detection: a call that fails with a timeout while *no* call on the connection got any answer
 /// (a reply, a server error or a connection error) since it started means the connection's task
 /// delivered nothing for a whole response timeout; so does an error saying that task is gone.
+/// A call failed with "No connections found" while no call got an answer since it started is
+/// taken the same way: the connection has lost every node connection and, in redis 1.8, may never
+/// make one again (see [`no_connections`]). Such a failure is immediate, so the test is weaker
+/// than for a timeout; a replacement of a connection that would have recovered by itself costs
+/// one background connect and at most [`crate::CONNECTION_TIMEOUT`] of waiting for the calls
+/// started meanwhile.
 /// Then a fresh `ClusterConnection` is made in the background (one at a time) and, once it has
 /// connected, read the slot map and answered a `PING` on every master, or on more masters than
 /// the current one (by address, within [`crate::CONNECTION_TIMEOUT`]), it replaces the wedged
@@ -137,7 +143,8 @@ impl ClusterConn {
     fn end<T>(&self, answered_at_start: u64, r: &RedisResult<T>) {
         let s = &*self.shared;
         match r {
-            Err(e) if e.is_timeout() => {
+            // A timeout, or "No connections found" (see [`no_connections`]): not an answer.
+            Err(e) if e.is_timeout() || no_connections(e) => {
                 if s.answered.load(Ordering::Relaxed) == answered_at_start {
                     self.replace(e);
                 }
@@ -185,6 +192,19 @@ impl ClusterConn {
             // `ending` dropped: installs the connection (if made) and wakes the waiting calls.
         });
     }
+}
+
+/// Whether `e` says the connection has no node connection left at all ("No connections found",
+/// `ClusterConnectionNotFound`; not "Requested connection not found", a call routed to one node by
+/// address). In redis 1.8 that state can last for good: a slot refresh drops every node
+/// connection it cannot check (a `CLIENT KILL` storm kills the re-made ones while they are being
+/// checked), and when the refresh then fails the crate's recovery retries only the refresh, which
+/// with no connection left fails at once, again and again; the reconnect to the seed nodes that
+/// these errors ask for is never started while that recovery runs. Every call then fails at once
+/// with this error (measured: 40 s after the storm, until the process ended), while a fresh
+/// connection works.
+fn no_connections(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::ClusterConnectionNotFound && e.to_string().contains("No connections found")
 }
 
 /// The masters (host, port) of `conn`'s `CLUSTER SLOTS` (asked of a random node). A master whose

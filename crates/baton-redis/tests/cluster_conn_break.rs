@@ -585,3 +585,73 @@ async fn an_incr_answered_ok_under_a_client_kill_storm_is_applied_once() {
     }
     check_counters(&conn, &keys, &tallies, 2 * DEFAULT_RESPONSE_TIMEOUT).await;
 }
+
+/// Connections of [`every_connection_answers_after_a_client_kill_storm`].
+const N_CONNS: usize = 64;
+
+/// [`N_CONNS`] connections of their own (each a `ClusterConn`), each with a writer, through a 3 s
+/// `CLIENT KILL` storm: afterwards every one answers again within the response timeout plus a
+/// replacement. Found with the command service's consumer on Cluster: the redis crate (1.8) can
+/// lose every node connection in a slot refresh (the ones it re-makes are killed while it checks
+/// them, and it keeps only those that pass), and from then on its recovery retries that refresh
+/// for good, which with no connection left can only fail: every call fails at once with
+/// "No connections found" (`ClusterConnectionNotFound`), and the refresh that would reconnect to
+/// the seed nodes is never started. Such a connection is replaced like a wedged one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_answers_after_a_client_kill_storm() {
+    require_redis();
+    epoch();
+    let cluster = RedisCluster::start();
+    let client = RedisClient::new(cluster.config()).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..N_CONNS {
+        conns.push(client.shared().await.unwrap());
+    }
+    let storm = KillStorm::start(cluster.urls(), Duration::from_millis(5)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    let mut tallies = Vec::new();
+    for (i, c) in conns.iter().enumerate() {
+        let (t, w) = writers(c, &[format!("each:{i}")], &stop, &watch);
+        tallies.extend(t);
+        tasks.extend(w);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let killed = storm.stop().await;
+    let calm = Instant::now();
+    for w in tasks {
+        tokio::time::timeout(call_bound(), w).await.expect("a writer hangs").unwrap();
+    }
+    // Every connection answers, each within a response timeout plus a replacement.
+    let limit = call_bound();
+    let mut dead = Vec::new();
+    for (i, c) in conns.iter().enumerate() {
+        let start = Instant::now();
+        let mut c = c.clone();
+        let mut last = None;
+        let answered = loop {
+            let r: redis::RedisResult<Option<u64>> =
+                redis::cmd("GET").arg(format!("each:{i}")).query_async(&mut c).await;
+            match r {
+                Ok(_) => break true,
+                Err(e) => last = Some(e.to_string()),
+            }
+            if start.elapsed() > limit {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if !answered {
+            dead.push((i, last));
+        }
+    }
+    let replaced: u64 = conns.iter().map(|c| cluster_conn(c).replacements()).sum();
+    eprintln!(
+        "{killed} connections killed; all checked {:?} after the storm; replaced {replaced} time(s); not answering: {dead:?}",
+        calm.elapsed()
+    );
+    assert!(dead.is_empty(), "{} of {N_CONNS} connections still fail {limit:?} after the storm: {dead:?}", dead.len());
+    check_no_ok_lost(&conns[0], &(0..N_CONNS).map(|i| format!("each:{i}")).collect::<Vec<_>>(), &tallies, limit).await;
+}
