@@ -41,7 +41,7 @@ const REPLACING: u64 = 1;
 /// delivered nothing for a whole response timeout; so does an error saying that task is gone.
 /// A call failed with "No connections found" while no call got an answer since it started is
 /// taken the same way: the connection has lost every node connection and, in redis 1.8, may never
-/// make one again (see [`no_connections`]). Such a failure is immediate, so the test is weaker
+/// make one again (see `no_connections` below). Such a failure is immediate, so the test is weaker
 /// than for a timeout; a replacement of a connection that would have recovered by itself costs
 /// one background connect and at most [`crate::CONNECTION_TIMEOUT`] of waiting for the calls
 /// started meanwhile.
