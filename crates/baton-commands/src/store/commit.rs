@@ -51,8 +51,18 @@ static SUBMITS_GUARDED: LuaScript = LuaScript::from_parts(
 pub(crate) trait Batch: Sized + Send + 'static {
     /// Writes per call at most.
     const MAX: usize;
-    /// The script, unguarded (`false`) or under a re-send guard (`true`, Cluster).
-    fn script(guarded: bool) -> &'static LuaScript;
+    /// The script, unguarded (what standalone and Sentinel deployments send).
+    const SCRIPT: &'static LuaScript;
+    /// The same script under a re-send guard ([`baton_redis::resend`]: what Cluster sends).
+    const GUARDED: &'static LuaScript;
+    /// [`Batch::GUARDED`] when `guarded`, else [`Batch::SCRIPT`].
+    fn script(guarded: bool) -> &'static LuaScript {
+        if guarded {
+            Self::GUARDED
+        } else {
+            Self::SCRIPT
+        }
+    }
     /// The `EVALSHA` command for `items` (all of one home queue, whose keys are `keys`), started
     /// with [`LuaScript::evalsha_cmd_with_capacity`] on [`Batch::script`]; with `guard`, of the
     /// guarded script, with the guard's key and arguments ([`baton_redis::resend`]).
@@ -94,13 +104,8 @@ pub(crate) struct Transition {
 
 impl Batch for Transition {
     const MAX: usize = 128;
-    fn script(guarded: bool) -> &'static LuaScript {
-        if guarded {
-            &TRANSITIONS_GUARDED
-        } else {
-            &TRANSITIONS
-        }
-    }
+    const SCRIPT: &'static LuaScript = &TRANSITIONS;
+    const GUARDED: &'static LuaScript = &TRANSITIONS_GUARDED;
     fn command(keys: &BatchKeys, batch: &[Self], guard: Option<&ResendGuard>) -> redis::Cmd {
         let n = batch.len();
         let bytes = 256
@@ -195,13 +200,8 @@ pub(crate) struct Submit {
 
 impl Batch for Submit {
     const MAX: usize = 128;
-    fn script(guarded: bool) -> &'static LuaScript {
-        if guarded {
-            &SUBMITS_GUARDED
-        } else {
-            &SUBMITS
-        }
-    }
+    const SCRIPT: &'static LuaScript = &SUBMITS;
+    const GUARDED: &'static LuaScript = &SUBMITS_GUARDED;
     fn command(keys: &BatchKeys, batch: &[Self], guard: Option<&ResendGuard>) -> redis::Cmd {
         let n = batch.len();
         let lookups = batch.iter().all(|s| s.lookup_key.is_some());

@@ -554,12 +554,13 @@ impl ServeArgs {
             otlp,
         };
         if cfg.subscription_claim_timeout.is_zero() {
-            return Err("subscription_claim_timeout must be greater than zero".into());
-        }
-        if cfg.sse_heartbeat.is_zero() || cfg.sse_cycle.is_zero() {
-            return Err("sse_heartbeat and sse_cycle must be greater than zero".into());
+            return Err(
+                "--subscription-claim-timeout (subscription_claim_timeout) must be greater than zero, e.g. 10s".into(),
+            );
         }
         for (zero, name) in [
+            (cfg.sse_heartbeat.is_zero(), "--sse-heartbeat (sse_heartbeat)"),
+            (cfg.sse_cycle.is_zero(), "--sse-cycle (sse_cycle)"),
             (cfg.connections.header_timeout.is_zero(), "--header-timeout (header_timeout)"),
             (cfg.connections.idle_timeout.is_zero(), "--idle-timeout (idle_timeout)"),
         ] {
@@ -569,7 +570,8 @@ impl ServeArgs {
         }
         if cfg.connections.max_connections == Some(0) {
             return Err(
-                "max_connections must be at least 1 (leave it out to derive it from the descriptor limit)".into()
+                "--max-connections (max_connections) must be at least 1 (leave it out to derive it from the descriptor limit)"
+                    .into()
             );
         }
         if cfg.default_limits.silence_timeout.is_some_and(|d| d.is_zero()) {
@@ -768,7 +770,10 @@ mod tests {
         assert_eq!(worker.resolve().unwrap().connections, want, "baton worker --listen reads the same keys");
         std::fs::write(&path, "max_connections = 0\n").unwrap();
         let err = ServeArgs { config: Some(path.clone()), ..Default::default() }.resolve().unwrap_err();
-        assert!(err.contains("max_connections must be at least 1"), "{err}");
+        assert_eq!(
+            err,
+            "--max-connections (max_connections) must be at least 1 (leave it out to derive it from the descriptor limit)"
+        );
         std::fs::write(&path, "bogus_key = 1\n").unwrap();
         let err = ServeArgs { config: Some(path.clone()), ..Default::default() }.resolve().unwrap_err();
         assert!(err.contains("bogus_key"), "{err}");
