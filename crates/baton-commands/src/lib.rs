@@ -261,7 +261,7 @@
 //! | `p:cmd:{q}:feed`           | stream | the queue's event feed: `i <id> e <event JSON>` per transition, `XADD MAXLEN ~` (see [`FeedSettings`]) |
 //! | `p:hook:q:{q}`             | stream | completion hook deliveries of `q` (only with a hook, [`CommandStore::set_hook`]): a work queue under the prefix [`hook_prefix`] (its other keys: [`baton_queue::keys`]), one entry `p <body>` per terminal transition, XADDed by the transition's script |
 //! | `p:cmd:{q}:minutes`        | hash   | per-minute aggregates, a ring of 120 minutes (see [`minutes`]): counts and duration buckets written by the transition scripts, depth and oldest age sampled once a minute |
-//! | `p:cmd:{q}:resend:<writer>` | string | Cluster only: a store's re-send guard of its batched submits or transitions of `q` ([`baton_redis::resend`]: the Cluster client may send a call again after a dropped connection; the copy gets the first one's reply), expiring 300 s after the writer's last call |
+//! | `p:cmd:{q}:resend:<writer>` | string | Cluster only: a store's re-send guard of its batched submits or transitions of `q`, or one of its pool's guards lent to single calls (a transition with an enqueue or an ack on another queue's stream, a reschedule, a schedule record's compare-and-set; as many as such calls were in flight at once) ([`baton_redis::resend`]: the Cluster client may send a call again after a dropped connection; the copy gets the first one's reply), expiring 300 s after the writer's last call |
 //! | channel `p:cmd:{q}:events` | pubsub | `<id> <STATUS> <version> <origin>` per terminal write          |
 //!
 //! **Why the queue's slot.** Submit is then ONE script (state + indexes + `XADD` to the queue's

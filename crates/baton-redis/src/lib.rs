@@ -994,12 +994,16 @@ pub fn is_nogroup(err: &redis::RedisError) -> bool {
 }
 
 /// True when a Redis error means "try again soon": connection dropped or refused, timeout,
-/// Cluster resharding (`TRYAGAIN`, `CLUSTERDOWN`), or the server still loading its data.
+/// Cluster resharding (`TRYAGAIN`, `CLUSTERDOWN`), the server still loading its data, or a
+/// Cluster connection that has no connection to the slot's node for now (the redis crate's
+/// `ClusterConnectionNotFound`, "No connections found": it reconnects, and a connection that
+/// stays so is replaced, see `ClusterConn`).
 pub fn is_transient(err: &redis::RedisError) -> bool {
     err.is_io_error()
         || err.is_timeout()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
+        || err.kind() == redis::ErrorKind::ClusterConnectionNotFound
         || matches!(err.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN"))
 }
 
@@ -1022,6 +1026,22 @@ pub fn key_slot(key: &[u8]) -> u16 {
         }
     }
     crc % 16384
+}
+
+#[cfg(test)]
+mod is_transient_tests {
+    use super::is_transient;
+    use redis::{ErrorKind, RedisError};
+
+    #[test]
+    fn a_cluster_connection_not_found_is_transient() {
+        // What the redis crate's Cluster connection answers when it holds no connection to the
+        // slot's node (`cluster_handling/async_connection`).
+        let e = RedisError::from((ErrorKind::ClusterConnectionNotFound, "No connections found"));
+        assert!(is_transient(&e), "{e}");
+        assert!(is_transient(&RedisError::from((ErrorKind::Io, "dropped"))));
+        assert!(!is_transient(&RedisError::from((ErrorKind::Client, "bad call"))));
+    }
 }
 
 #[cfg(test)]

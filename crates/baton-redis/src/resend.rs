@@ -23,6 +23,25 @@
 //! Cost per call on Cluster: one `GET`, one `SET` of the packed reply (`cmsgpack`), one key per
 //! writing process and hash tag for [`CLUSTER_RESEND_WINDOW`] after its last call.
 //!
+//! Calls that are not serialized by a group commit (any number in flight at once, e.g. a rare
+//! single write) take a guard from a [`ResendPool`] for the call: [`ResendPool::acquire`] lends
+//! an idle guard (or makes one when none is idle), and the guard goes back when the
+//! [`PooledGuard`] is dropped, after the call was answered or given up. So a guard carries one
+//! call at a time (the rule above), and the guard keys stay bounded by the peak number of such
+//! calls in flight at once × hash tags (never a key per call). A call the caller gave up on
+//! (its future dropped) returns its guard at once; a late copy of it then finds the next
+//! borrower's greater token and applies nothing (`BATON_STALE_RESEND`; nobody waits for that
+//! reply).
+//!
+//! Replies: the kept reply is the script's Lua value packed and unpacked with `cmsgpack`, so a
+//! copy's reply is what the first copy's would be for integers, strings (binary), booleans,
+//! `nil`, nested arrays and `{ok = ...}` / `{err = ...}` tables. A Lua number with a fraction
+//! comes back the same number (Redis truncates both to an integer reply).
+//!
+//! A `BATON_STALE_RESEND` error reply reaches a caller only for a call it no longer waits for
+//! (see above); where it is mapped it is a Redis error like any script error
+//! ([`is_stale_resend`] tells it).
+//!
 //! ```
 //! use baton_redis::resend::{ResendGuard, RESEND_HEAD, RESEND_TAIL};
 //! use baton_redis::LuaScript;
@@ -41,7 +60,9 @@
 //! assert!(guard.key("{jobs}").starts_with("{jobs}:resend:"));
 //! ```
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::Cmd;
@@ -95,5 +116,92 @@ impl ResendGuard {
     pub fn push_args(&self, cmd: &mut Cmd) {
         let token = self.next.fetch_add(1, Ordering::Relaxed);
         cmd.arg(token).arg(CLUSTER_RESEND_WINDOW.as_millis() as u64);
+    }
+}
+
+/// True for the error reply of a late copy of an earlier call (`BATON_STALE_RESEND`, see the
+/// module docs): that copy applied nothing.
+pub fn is_stale_resend(err: &redis::RedisError) -> bool {
+    err.code() == Some("BATON_STALE_RESEND") || err.to_string().contains("BATON_STALE_RESEND")
+}
+
+/// Guards lent one call at a time, for guarded calls that are not serialized otherwise (see the
+/// module docs). Holds the idle guards (as many as were ever lent at once); made empty.
+///
+/// ```
+/// use baton_redis::resend::{ResendPool, RESEND_HEAD, RESEND_TAIL};
+/// use baton_redis::LuaScript;
+///
+/// static PUSH: LuaScript = LuaScript::from_parts(
+///     "push",
+///     &[RESEND_HEAD, "return redis.call('RPUSH', KEYS[1], ARGV[1])", RESEND_TAIL],
+/// );
+///
+/// let pool = ResendPool::new();
+/// let (first_key, second_key);
+/// {
+///     // Held for the call: from building its command until its reply (or giving up).
+///     let guard = pool.acquire();
+///     let mut cmd = PUSH.evalsha_cmd(2);
+///     cmd.arg("{jobs}:list").arg(guard.key("{jobs}"));
+///     cmd.arg("payload");
+///     guard.push_args(&mut cmd);
+///     // ... PUSH.query(&mut conn, &cmd).await ...
+///     first_key = guard.key("{jobs}");
+///     // A call in flight meanwhile gets another guard.
+///     second_key = pool.acquire().key("{jobs}");
+/// }
+/// assert_ne!(first_key, second_key);
+/// assert_eq!(pool.idle(), 2);
+/// // A guard back in the pool is lent again (the most recently returned first).
+/// let again = pool.acquire();
+/// assert!([first_key, second_key].contains(&again.key("{jobs}")));
+/// assert_eq!(pool.idle(), 1);
+/// ```
+#[derive(Debug, Default)]
+pub struct ResendPool {
+    idle: Mutex<Vec<ResendGuard>>,
+}
+
+impl ResendPool {
+    /// An empty pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Lends an idle guard, the one returned last (so few guard keys are in use), or a new one
+    /// ([`ResendGuard::new`]) when none is idle. It returns to the pool when the
+    /// [`PooledGuard`] is dropped.
+    pub fn acquire(&self) -> PooledGuard<'_> {
+        let guard = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+        PooledGuard { pool: self, guard: Some(guard) }
+    }
+
+    /// Guards idle in the pool now.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// A guard lent by a [`ResendPool`] to one call (derefs to [`ResendGuard`]); back to the pool
+/// on drop.
+#[derive(Debug)]
+pub struct PooledGuard<'a> {
+    pool: &'a ResendPool,
+    guard: Option<ResendGuard>,
+}
+
+impl Deref for PooledGuard<'_> {
+    type Target = ResendGuard;
+    fn deref(&self) -> &ResendGuard {
+        self.guard.as_ref().expect("a pooled guard is held until dropped")
+    }
+}
+
+impl Drop for PooledGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(g) = self.guard.take() {
+            self.pool.idle.lock().unwrap_or_else(|e| e.into_inner()).push(g);
+        }
     }
 }

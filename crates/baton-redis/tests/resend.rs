@@ -2,10 +2,11 @@
 //! token applies once and both copies get the first copy's reply (arrays, integers, bulk and
 //! status replies survive the packing); a new token applies again; another writer's guard does
 //! not answer for this one; a late copy of an earlier call (its writer moved on) applies nothing;
-//! the guard key lives `CLUSTER_RESEND_WINDOW`; and the guarded script sees its KEYS and ARGV
-//! exactly as unguarded (the guard's key and arguments are taken off).
+//! the guard key lives `CLUSTER_RESEND_WINDOW`; the guarded script sees its KEYS and ARGV
+//! exactly as unguarded (the guard's key and arguments are taken off); and a `ResendPool` lends a
+//! guard to one call at a time (a `nil` inside an array reply survives the packing too).
 
-use baton_redis::resend::{ResendGuard, CLUSTER_RESEND_WINDOW, RESEND_HEAD, RESEND_TAIL};
+use baton_redis::resend::{ResendGuard, ResendPool, CLUSTER_RESEND_WINDOW, RESEND_HEAD, RESEND_TAIL};
 use baton_redis::{redis, LuaScript, RedisClient, RedisConn};
 use baton_testkit::{require_redis, RedisServer};
 
@@ -87,4 +88,72 @@ async fn a_late_copy_of_an_earlier_call_applies_nothing() {
     let again: redis::Value = PUSH.query(&mut conn, &late).await.unwrap();
     assert!(matches!(&again, redis::Value::Array(v) if v[0] == redis::Value::Int(1)), "{again:?}");
     assert_eq!(list(&mut conn).await, ["late"]);
+}
+
+/// Sets KEYS[1] to ARGV[2] when it holds ARGV[1] ('' = absent), as the store's compare-and-sets
+/// do; replies `{'ok', 1}` or `{'conflict', <current or false>, 0}` (a `nil` inside an array).
+static CAS: LuaScript = LuaScript::from_parts(
+    "resend_cas",
+    &[
+        RESEND_HEAD,
+        "local cur = redis.call('GET', KEYS[1])
+         if (cur or '') ~= ARGV[1] then return { 'conflict', cur, 0 } end
+         redis.call('SET', KEYS[1], ARGV[2])
+         return { 'ok', 1 }",
+        RESEND_TAIL,
+    ],
+);
+
+fn cas_cmd(guard: &ResendGuard, expected: &str, new: &str) -> redis::Cmd {
+    let mut cmd = CAS.evalsha_cmd(2);
+    cmd.arg("{r}:cas").arg(guard.key("{r}"));
+    cmd.arg(expected).arg(new);
+    guard.push_args(&mut cmd);
+    cmd
+}
+
+/// A guard from a `ResendPool`: a call and its re-sent copy get the first copy's reply (a `nil`
+/// inside an array included); calls in flight at once hold different guards; a guard returned
+/// to the pool is lent again, and a late copy of its earlier call then applies nothing.
+#[tokio::test]
+async fn a_pooled_guard_carries_one_call_at_a_time() {
+    require_redis();
+    let server = RedisServer::start();
+    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let pool = ResendPool::new();
+    let value = |s: &str| redis::Value::BulkString(s.as_bytes().to_vec());
+
+    let early;
+    {
+        let guard = pool.acquire();
+        let first = cas_cmd(&guard, "", "a");
+        let ok = redis::Value::Array(vec![value("ok"), redis::Value::Int(1)]);
+        assert_eq!(CAS.query::<redis::Value, _>(&mut conn, &first).await.unwrap(), ok);
+        assert_eq!(CAS.query::<redis::Value, _>(&mut conn, &first).await.unwrap(), ok, "a re-sent copy");
+        // A call in flight meanwhile holds another guard: its conflict reply, nil included,
+        // survives the packing.
+        let other = pool.acquire();
+        assert_ne!(other.key("{r}"), guard.key("{r}"));
+        let stale = cas_cmd(&other, "", "b");
+        let conflict = redis::Value::Array(vec![value("conflict"), value("a"), redis::Value::Int(0)]);
+        assert_eq!(CAS.query::<redis::Value, _>(&mut conn, &stale).await.unwrap(), conflict);
+        assert_eq!(CAS.query::<redis::Value, _>(&mut conn, &stale).await.unwrap(), conflict, "a re-sent copy");
+        let absent = cas_cmd(&other, "x", "y");
+        redis::cmd("DEL").arg("{r}:cas").query_async::<()>(&mut conn).await.unwrap();
+        let nil = redis::Value::Array(vec![value("conflict"), redis::Value::Nil, redis::Value::Int(0)]);
+        assert_eq!(CAS.query::<redis::Value, _>(&mut conn, &absent).await.unwrap(), nil);
+        assert_eq!(CAS.query::<redis::Value, _>(&mut conn, &absent).await.unwrap(), nil, "a re-sent copy");
+        // This call is given up before its first copy ran (its guard goes back with `guard`).
+        early = cas_cmd(&guard, "", "early");
+    }
+    assert_eq!(pool.idle(), 2);
+    // The guard returned last is lent to the next call, whose token is greater.
+    let guard = pool.acquire();
+    let later = cas_cmd(&guard, "", "later");
+    assert_eq!(later.args_iter().count(), early.args_iter().count());
+    let _: redis::Value = CAS.query(&mut conn, &later).await.unwrap();
+    let e = CAS.query::<redis::Value, _>(&mut conn, &early).await.unwrap_err();
+    assert!(baton_redis::resend::is_stale_resend(&e), "{e}");
+    let v: Option<String> = redis::cmd("GET").arg("{r}:cas").query_async(&mut conn).await.unwrap();
+    assert_eq!(v.as_deref(), Some("later"), "the late copy applied nothing");
 }

@@ -1,7 +1,10 @@
 //! Redis state store (standalone or Cluster). Key layout and slot choice: see the crate docs.
 //! Scripts (in `scripts/`, each prefixed with `lib.lua`): `submits` and `transitions`
 //! (group-committed, see `commit.rs`), `transition` (hand-offs and acks on another queue's
-//! stream), `list`, `counts`, `prune`.
+//! stream), `list`, `counts`, `prune`. On Cluster the state writes are guarded against the
+//! client's re-sent copies (`baton_redis::resend`): the group-committed ones by their committer's guard,
+//! the single ones (`transition`, `reschedule`, `schedule_cas`) by a guard lent per call from
+//! [`RedisStateBackend::resend`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -9,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use baton_redis::redis::{self, Value};
+use baton_redis::resend::{ResendPool, RESEND_HEAD, RESEND_TAIL};
 use baton_redis::{LuaScript, RedisClient, RedisConn};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
@@ -26,6 +30,25 @@ static TRANSITION: LuaScript = LuaScript::from_parts(
     "transition",
     &[include_str!("../../scripts/lib.lua"), baton_queue::keys::CAPS_LUA, include_str!("../../scripts/transition.lua")],
 );
+/// [`TRANSITION`], [`RESCHEDULE`] and [`SCHEDULE_CAS`] under a re-send guard
+/// ([`baton_redis::resend`], a guard from [`RedisStateBackend::resend`] per call): what Cluster
+/// deployments send.
+static TRANSITION_GUARDED: LuaScript = LuaScript::from_parts(
+    "transition",
+    &[
+        RESEND_HEAD,
+        include_str!("../../scripts/lib.lua"),
+        baton_queue::keys::CAPS_LUA,
+        include_str!("../../scripts/transition.lua"),
+        RESEND_TAIL,
+    ],
+);
+static RESCHEDULE_GUARDED: LuaScript = LuaScript::from_parts(
+    "reschedule",
+    &[RESEND_HEAD, include_str!("../../scripts/lib.lua"), include_str!("../../scripts/reschedule.lua"), RESEND_TAIL],
+);
+static SCHEDULE_CAS_GUARDED: LuaScript =
+    LuaScript::from_parts("schedule_cas", &[RESEND_HEAD, include_str!("../../scripts/schedule_cas.lua"), RESEND_TAIL]);
 static LOOKUP_TAKEOVER: LuaScript =
     LuaScript::new("lookup_takeover", include_str!("../../scripts/lookup_takeover.lua"));
 static LIST: LuaScript =
@@ -173,6 +196,10 @@ pub(crate) struct RedisStateBackend {
     submits: GroupCommit<Submit>,
     /// With opt-in durability: the connections of writes that wait for replicas.
     durable: Option<baton_redis::DurableWriter>,
+    /// On Cluster: the re-send guards of the single (not group-committed) writes, one lent per
+    /// call: transitions with an enqueue or an ack on another queue's stream, reschedules and
+    /// schedule compare-and-sets (`baton_redis::resend`).
+    resend: Option<ResendPool>,
     client: RedisClient,
     hub: Arc<Hub>,
     /// Queues whose feed a tail watcher follows now (see [`StateBackend::feed_watch`]).
@@ -284,6 +311,7 @@ impl RedisStateBackend {
             transitions,
             submits,
             durable,
+            resend: cluster.then(ResendPool::new),
             client,
             hub,
             tails: Arc::default(),
@@ -783,7 +811,18 @@ impl StateBackend for RedisStateBackend {
         new: &str,
     ) -> Result<bool, CommandError> {
         let key = self.schedule_key(queue, name);
-        let written: i64 = SCHEDULE_CAS.run(&mut self.conn.clone(), &[&key], &[&expected.unwrap_or(""), &new]).await?;
+        let written: i64 = match &self.resend {
+            Some(pool) => {
+                // The guard key next to the record: `<prefix>:cmd:{<queue>}:resend:<id>`.
+                let guard = pool.acquire();
+                let mut cmd = SCHEDULE_CAS_GUARDED.evalsha_cmd(2);
+                cmd.arg(&key).arg(guard.key(&format!("{}:cmd:{{{queue}}}", self.prefix)));
+                cmd.arg(expected.unwrap_or("")).arg(new);
+                guard.push_args(&mut cmd);
+                SCHEDULE_CAS_GUARDED.query(&mut self.conn.clone(), &cmd).await?
+            }
+            None => SCHEDULE_CAS.run(&mut self.conn.clone(), &[&key], &[&expected.unwrap_or(""), &new]).await?,
+        };
         Ok(written == 1)
     }
 
@@ -942,9 +981,15 @@ impl StateBackend for RedisStateBackend {
                 }
                 None => ("", ""),
             };
-            let mut cmd = TRANSITION.evalsha_cmd(keys.len());
+            // On Cluster a guard lent for this call (held until its reply), its key last.
+            let guard = self.resend.as_ref().map(ResendPool::acquire);
+            let script = if guard.is_some() { &TRANSITION_GUARDED } else { &TRANSITION };
+            let mut cmd = script.evalsha_cmd(keys.len() + usize::from(guard.is_some()));
             for key in &keys {
                 cmd.arg(*key);
+            }
+            if let Some(g) = &guard {
+                cmd.arg(g.key(&k.batch.base));
             }
             cmd.arg(&expected)
                 .arg(&value)
@@ -964,9 +1009,12 @@ impl StateBackend for RedisStateBackend {
                 .arg(hook)
                 .arg(minute_field)
                 .arg(&minute_start);
+            if let Some(g) = &guard {
+                g.push_args(&mut cmd);
+            }
             match &self.durable {
-                Some(w) => w.query(&TRANSITION, &k.batch.queue, &cmd).await?,
-                None => TRANSITION.query(&mut conn, &cmd).await?,
+                Some(w) => w.query(script, &k.batch.queue, &cmd).await?,
+                None => script.query(&mut conn, &cmd).await?,
             }
         };
         let Value::Array(parts) = &v else { return Err(unexpected("transition", &v)) };
@@ -999,19 +1047,26 @@ impl StateBackend for RedisStateBackend {
         let state_key = k.state(&st.id);
         let (feed_event, feed_max) = event.map_or(("", 0), |e| (e.json.as_str(), e.max_len));
         let due = st.run_at.map(|t| t.millis()).unwrap_or(0);
-        let mut cmd = RESCHEDULE.evalsha_cmd(4);
-        cmd.arg(k.exp())
-            .arg(&state_key)
-            .arg(&k.batch.delayed)
-            .arg(&k.batch.feed)
-            .arg(format!("{} {} ", st.version - 1, CommandStatus::Submitted.as_str()))
+        // On Cluster a guard lent for this call (held until its reply), its key last.
+        let guard = self.resend.as_ref().map(ResendPool::acquire);
+        let script = if guard.is_some() { &RESCHEDULE_GUARDED } else { &RESCHEDULE };
+        let mut cmd = script.evalsha_cmd(4 + usize::from(guard.is_some()));
+        cmd.arg(k.exp()).arg(&state_key).arg(&k.batch.delayed).arg(&k.batch.feed);
+        if let Some(g) = &guard {
+            cmd.arg(g.key(&k.batch.base));
+        }
+        cmd.arg(format!("{} {} ", st.version - 1, CommandStatus::Submitted.as_str()))
             .arg(&value)
             .arg(ttl.as_millis() as u64)
             .arg(&st.id)
             .arg(due)
             .arg(feed_event)
             .arg(feed_max);
-        let v: Value = RESCHEDULE.query(&mut conn, &cmd).await?;
+        if let Some(g) = &guard {
+            g.push_args(&mut cmd);
+        }
+        let v: Value = script.query(&mut conn, &cmd).await?;
+        drop(guard);
         let Value::Array(parts) = &v else { return Err(unexpected("reschedule", &v)) };
         let current = || -> Result<CommandState, CommandError> {
             let raw = parts.get(1).and_then(bytes).ok_or_else(|| unexpected("reschedule", &v))?;
