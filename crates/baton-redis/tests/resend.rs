@@ -4,7 +4,8 @@
 //! not answer for this one; a late copy of an earlier call (its writer moved on) applies nothing;
 //! the guard key lives `CLUSTER_RESEND_WINDOW`; the guarded script sees its KEYS and ARGV
 //! exactly as unguarded (the guard's key and arguments are taken off); and a `ResendPool` lends a
-//! guard to one call at a time (a `nil` inside an array reply survives the packing too).
+//! guard to one call at a time (a `nil` inside an array reply survives the packing too); a kept
+//! reply is byte-exact (every byte value, UTF-8, msgpack length edges, status and error replies).
 
 use baton_redis::resend::{ResendGuard, ResendPool, CLUSTER_RESEND_WINDOW, RESEND_HEAD, RESEND_TAIL};
 use baton_redis::{redis, LuaScript, RedisClient, RedisConn};
@@ -156,4 +157,74 @@ async fn a_pooled_guard_carries_one_call_at_a_time() {
     assert!(baton_redis::resend::is_stale_resend(&e), "{e}");
     let v: Option<String> = redis::cmd("GET").arg("{r}:cas").query_async(&mut conn).await.unwrap();
     assert_eq!(v.as_deref(), Some("later"), "the late copy applied nothing");
+}
+
+/// A guarded script's reply kept by the guard and given to a re-sent copy (the same call sent
+/// again) is byte-exact: conflict-shaped replies with every byte value, multi-byte UTF-8, sizes
+/// at the msgpack length boundaries (31/32, 255/256, 65535/65536 bytes), an empty string,
+/// integers at the 32/53-bit edges, `false` in an array, nested arrays, `{ok=...}` and `{err=...}`.
+#[tokio::test]
+async fn a_kept_reply_is_byte_exact() {
+    static ECHO: LuaScript = LuaScript::from_parts(
+        "resend_echo",
+        &[
+            RESEND_HEAD,
+            "redis.call('INCR', KEYS[1])
+             if ARGV[1] == 'ok' then return redis.status_reply(ARGV[2]) end
+             if ARGV[1] == 'err' then return redis.error_reply(ARGV[2]) end
+             return { 'conflict', ARGV[2], { ARGV[2], '', { tonumber(ARGV[3]), -tonumber(ARGV[3]) } }, false, 7 }",
+            RESEND_TAIL,
+        ],
+    );
+    require_redis();
+    let server = RedisServer::start();
+    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let pool = ResendPool::new();
+    let all_bytes: Vec<u8> = (0..=255u8).collect();
+    let unicode = "é✓𝄞\n\"\\".as_bytes().to_vec();
+    let mut payloads: Vec<Vec<u8>> = vec![Vec::new(), all_bytes.clone(), unicode.clone()];
+    for n in [31usize, 32, 255, 256, 65535, 65536, 1 << 20] {
+        payloads.push(all_bytes.iter().chain(unicode.iter()).copied().cycle().take(n).collect());
+    }
+    let numbers = ["0", "1", "2147483647", "2147483648", "4294967296", "9007199254740992", "3"];
+    let mut calls = 0;
+    for (i, p) in payloads.iter().enumerate() {
+        for mode in ["conflict", "ok", "err"] {
+            // Status and error replies are one line.
+            let one_line: Vec<u8> = p.iter().copied().filter(|c| *c != b'\r' && *c != b'\n').collect();
+            let p = if mode == "conflict" { p } else { &one_line };
+            calls += 1;
+            let guard = pool.acquire();
+            let mut cmd = ECHO.evalsha_cmd(2);
+            cmd.arg("{echo}:n").arg(guard.key("{echo}"));
+            cmd.arg(mode).arg(p.as_slice()).arg(numbers[i % numbers.len()]);
+            guard.push_args(&mut cmd);
+            let first: redis::RedisResult<redis::Value> = ECHO.query(&mut conn, &cmd).await;
+            let copy: redis::RedisResult<redis::Value> = ECHO.query(&mut conn, &cmd).await;
+            match (&first, &copy) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "payload {i} ({} bytes), {mode}", p.len()),
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "payload {i}, {mode}"),
+                _ => panic!("payload {i}, {mode}: {first:?} then {copy:?}"),
+            }
+            if mode == "conflict" {
+                let n: i64 = numbers[i % numbers.len()].parse().unwrap();
+                let b = |v: &[u8]| redis::Value::BulkString(v.to_vec());
+                let want = redis::Value::Array(vec![
+                    b(b"conflict"),
+                    b(p),
+                    redis::Value::Array(vec![
+                        b(p),
+                        b(b""),
+                        redis::Value::Array(vec![redis::Value::Int(n), redis::Value::Int(-n)]),
+                    ]),
+                    redis::Value::Nil,
+                    redis::Value::Int(7),
+                ]);
+                assert_eq!(first.unwrap(), want, "payload {i}");
+            }
+        }
+    }
+    // Each call applied once (the copies applied nothing).
+    let n: i64 = redis::cmd("GET").arg("{echo}:n").query_async(&mut conn).await.unwrap();
+    assert_eq!(n, calls, "each call applied once");
 }
