@@ -21,7 +21,10 @@
 //! ([`crate::RedisClient::is_cluster`]).
 //!
 //! Cost per call on Cluster: one `GET`, one `SET` of the packed reply (`cmsgpack`), one key per
-//! writing process and hash tag for [`CLUSTER_RESEND_WINDOW`] after its last call.
+//! writing process and hash tag for [`CLUSTER_RESEND_WINDOW`] after its last call. A script that
+//! already reads and writes a hash of its keys can keep the guard there instead, at the cost of
+//! one more field in each ([`ResendGuard::field`], [`ResendGuard::next_token`]; the stream
+//! writes of `baton_streams` do).
 //!
 //! Calls that are not serialized by a group commit (any number in flight at once, e.g. a rare
 //! single write) take a guard from a [`ResendPool`] for the call: [`ResendPool::acquire`] lends
@@ -82,11 +85,16 @@ pub const CLUSTER_RESEND_WINDOW: Duration = Duration::from_millis(
             + crate::DEFAULT_RESPONSE_TIMEOUT.as_millis() as u64),
 );
 
+/// A call token per second of its time ([`ResendGuard::next_token`]): a token / 2^20 is the
+/// Unix time in seconds of its call (or later, after more than 2^20 calls in one second).
+pub const TOKEN_SECOND: u64 = 1 << 20;
+
 /// One writer's guard: a random id (its keys) and its call tokens.
 #[derive(Debug)]
 pub struct ResendGuard {
     id: String,
-    next: AtomicU64,
+    field: String,
+    last: AtomicU64,
 }
 
 impl Default for ResendGuard {
@@ -98,7 +106,31 @@ impl Default for ResendGuard {
 impl ResendGuard {
     /// A guard with a fresh random id (a UUID v7), so no two writers share a key.
     pub fn new() -> Self {
-        Self { id: uuid::Uuid::now_v7().simple().to_string(), next: AtomicU64::new(1) }
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        Self { field: format!("r:{id}"), id, last: AtomicU64::new(0) }
+    }
+
+    /// This writer's field in a hash that holds the guard itself instead of a key of its own:
+    /// `r:<id>` (e.g. the stream write's guard in the stream's metadata hash, see
+    /// `baton_streams`).
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// A new call token: greater than every earlier token of this guard, and at least the Unix
+    /// time in seconds × 2^20 ([`TOKEN_SECOND`]) when it is taken, so a stored token tells how
+    /// long ago its call was made (by this process's clock). Below 2^53 until the year 2242, so
+    /// exact in Lua.
+    pub fn next_token(&self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            .saturating_mul(TOKEN_SECOND);
+        let prev = self
+            .last
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| Some(now.max(last + 1)))
+            .expect("always Some");
+        now.max(prev + 1)
     }
 
     /// This writer's guard key next to the keys it guards: `<prefix>:resend:<id>`. `prefix` must
@@ -114,8 +146,7 @@ impl ResendGuard {
     /// Writes the call's two trailing arguments: a new token, then the guard key's lifetime in
     /// ms ([`CLUSTER_RESEND_WINDOW`]). Call once per call, after all the script's own arguments.
     pub fn push_args(&self, cmd: &mut Cmd) {
-        let token = self.next.fetch_add(1, Ordering::Relaxed);
-        cmd.arg(token).arg(CLUSTER_RESEND_WINDOW.as_millis() as u64);
+        cmd.arg(self.next_token()).arg(CLUSTER_RESEND_WINDOW.as_millis() as u64);
     }
 }
 

@@ -28,14 +28,56 @@ do
     b = b + 8 + 2 * tonumber(ARGV[b + 7])
   end
 end
+-- With the re-send guard (write_guard.lua), its field comes last.
+if RG then extra[#extra + 1] = RG end
 local v = redis.call('HMGET', KM, 'inc', 'ctn', 'tail', 'cnt', 'lw', 'sil', 'ml', 'mlw', 'ttl', 'ta', 'dl', 'sq',
   'end', 'del', unpack(extra))
+if RG then extra[#extra] = nil end
 local out = {}
 if not v[1] or v[14] then
   local st = 'nf'
   if v[1] then st = 'gone' end
   for i = 1, R do out[i] = {st} end
   return out
+end
+if RG then
+  local rg = v[15 + #extra]
+  if rg then
+    local nl = string.find(rg, '\n', 1, true)
+    local last, token = tonumber(string.sub(rg, 1, nl - 1)), tonumber(RT)
+    if last == token then
+      -- A re-sent copy: the first copy's reply, with the incarnation (write_guard.lua).
+      local kind, body = string.sub(rg, nl + 1, nl + 1), string.sub(rg, nl + 2)
+      if kind == 'f' then return v[1] .. ' ' .. body end
+      if kind == 'k' then
+        body = redis.call('GET', KEYS[3])
+        if not body then
+          return redis.error_reply('BATON_STALE_RESEND a copy re-sent after its reply expired: not applied')
+        end
+      end
+      local r = cmsgpack.unpack(body)
+      r[#r][1] = v[1]
+      return r
+    elseif last > token then
+      return redis.error_reply('BATON_STALE_RESEND a late copy of an earlier call: not applied')
+    end
+  elseif redis.call('HLEN', KM) > 48 then
+    -- This writer's first call on the stream, and the hash is large: the fields of writers
+    -- idle for twice the re-send window are dropped (a token / 2^20 is the Unix time in
+    -- seconds of its call, by the writer's clock; the margin allows for clock skew).
+    local t = redis.call('TIME')
+    local cutoff = tonumber(t[1]) - 2 * tonumber(RW) / 1000
+    local all = redis.call('HGETALL', KM)
+    local drop = {}
+    for i = 1, #all, 2 do
+      if string.sub(all[i], 1, 2) == 'r:' then
+        local tok = tonumber(string.match(all[i + 1], '^%d+'))
+        if tok and math.floor(tok / 1048576) < cutoff then drop[#drop + 1] = all[i] end
+        if #drop == 1000 then redis.call('HDEL', KM, unpack(drop)); drop = {} end
+      end
+    end
+    if #drop > 0 then redis.call('HDEL', KM, unpack(drop)) end
+  end
 end
 local prev_tail = v[3] or ''
 local m = {inc = v[1], ctn = v[2], tail = v[3], cnt = v[4], lw = v[5], sil = v[6], ml = v[7], mlw = v[8],
@@ -215,6 +257,21 @@ for i = 1, R do
   out[i] = one(b)
   b = b + 8 + 2 * n
 end
+out[R + 1] = {m.inc, prev_tail}
+-- The guard's value for this reply (write_guard.lua): kind 'm', or 'k' when too long for a
+-- listpack value; the incarnation is blanked (a re-sent copy takes it from the hash).
+local function guard_value()
+  local last = out[R + 1]
+  last[1] = ''
+  local packed = cmsgpack.pack(out)
+  last[1] = m.inc
+  local g = RT .. '\nm' .. packed
+  if #g > 64 then
+    redis.call('SET', KEYS[3], packed, 'PX', RW)
+    g = RT .. '\nk'
+  end
+  return g
+end
 if wrote then
   m.cnt = s(cnt_n)
   local h = {'lw', m.lw, 'tail', m.tail, 'cnt', m.cnt}
@@ -225,9 +282,11 @@ if wrote then
     table.insert(h, 'p:' .. pid)
     table.insert(h, s(p.epoch) .. ':' .. s(p.last) .. ':' .. (m.mlw and s(p.count) or '') .. ':' .. p.off)
   end
+  if RG then table.insert(h, RG); table.insert(h, guard_value()) end
   redis.call('HSET', KM, unpack(h))
+elseif RG then
+  redis.call('HSET', KM, RG, guard_value())
 end
 -- The expiry only moves with a sliding TTL or an end; a first write creates the stream key.
 if ended_here or (wrote and (m.ttl or fresh)) then apply_expiry(m) end
-out[R + 1] = {m.inc, prev_tail}
 return out

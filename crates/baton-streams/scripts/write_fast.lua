@@ -31,14 +31,25 @@ local nargs = #ARGV
 if nargs < 9 then
   local stamped = nargs == 7
   local v
+  -- With the re-send guard (RG: write_guard.lua), its field comes last.
   if not stamped then
-    v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end', 'tail')
+    if RG then
+      v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end', 'tail', RG)
+    else
+      v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end', 'tail')
+    end
+  elseif RG then
+    v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end', 'tail', ARGV[5], RG)
   else
     v = redis.call('HMGET', KEYS[2], 'inc', 'ctn', 'cnt', 'lw', 'sil', 'ml', 'ttl', 'end', 'tail', ARGV[5])
   end
   local inc, ctn = ARGV[1], ARGV[2]
+  -- Guarded, only a call whose token is greater than the stored one is taken here: a re-sent or
+  -- late copy, or a writer's first call on the stream, goes to write.lua.
+  local rg = v[#v]
   local cnt = v[1] and not v[8] and not v[7] and (inc == '' or inc == v[1])
     and ((ctn ~= '' and ctn == v[2]) or (ctn == '' and v[2] ~= 'application/json'))
+    and (not RG or (rg and string.match(rg, '^%d+') + 0 < RT + 0))
     and (v[3] or '0') + 0
   -- max_len counts messages: the record's JSON messages, else 1.
   local units = 1
@@ -84,7 +95,16 @@ if nargs < 9 then
       if v[5] and now - v[4] > v[5] + 0 then
         redis.call('XDEL', KEYS[1], id)
       else
-        if state then
+        if RG then
+          -- The guard's value: the reply without its incarnation (kind 'f', write_guard.lua).
+          local g = RT .. '\nf' .. (v[9] or '') .. ' ' .. id
+          if state then
+            redis.call('HSET', KEYS[2], 'lw', now, 'tail', id, 'cnt', string.format('%d', cnt + units),
+              ARGV[5], state .. id, RG, g)
+          else
+            redis.call('HSET', KEYS[2], 'lw', now, 'tail', id, 'cnt', string.format('%d', cnt + units), RG, g)
+          end
+        elseif state then
           redis.call('HSET', KEYS[2], 'lw', now, 'tail', id, 'cnt', string.format('%d', cnt + units),
             ARGV[5], state .. id)
         else

@@ -79,11 +79,19 @@
 //!   `first` trimmed-through id, `cnt` messages (what `max_len` counts), `lw` last write or keepalive, `ta` last
 //!   access (sliding TTL), `ca` created, `end`/`fin`/`ea`/`cb` end reason, final id, end time,
 //!   closing producer tuple, `sq` last `Stream-Seq`, `p:<producer id>` = `epoch:last seq:count:last
-//!   offset`, `refs` fork count, `del` soft-deleted, `fsrc`/`foff`/`fsub` fork origin.
-//! * On Cluster only, `baton:s:{<path>}:resend:<writer>`: one writing process's re-send guard of
-//!   the stream's `write.lua` calls (`baton_redis::resend`: the Cluster client may send a call
-//!   again after its connection dropped; the guard answers that copy with the first one's reply
-//!   instead of appending twice), expiring 300 s after that process's last write to the stream.
+//!   offset`, `refs` fork count, `del` soft-deleted, `fsrc`/`foff`/`fsub` fork origin; on Cluster
+//!   only, `r:<writer>` = `<call token>\n<kind><reply>`: one writing process's re-send guard of
+//!   the stream's `write.lua` calls (`scripts/write_guard.lua`: the Cluster client may send a
+//!   call again after its connection dropped; the guard answers that copy with the first one's
+//!   reply instead of appending twice). It is read and written by the `HMGET` and `HSET` each
+//!   write makes anyway; kind `f` is a fast-path reply (`<previous tail> <new id>`), `m` a packed
+//!   (`cmsgpack`) general-path reply, `k` one too long for a listpack value (over 64 bytes: a
+//!   batch), kept in the writer's overflow key below. One field per writing process; a writer's
+//!   first write to a stream whose hash has over 48 fields drops those idle for 600 s (twice the
+//!   re-send window, by the token's time).
+//! * On Cluster only, `baton:s:{<path>}:resend:<writer>`: a writer's overflow key, the packed
+//!   reply of its latest call whose reply was too long for the `r:<writer>` field (only then
+//!   written), expiring 300 s after that call.
 //! * Shared by all streams: 16 sorted sets `baton:s:deadlines:{0}` … `baton:s:deadlines:{15}`
 //!   (each its own hash tag, so spread over the Cluster; never one global tag) for the silence
 //!   sweeper, below.
@@ -97,7 +105,8 @@
 //! claim), `write.lua` (a batch of appends, append-and-closes, closes, finishes, cancels: group
 //! commit, below), `read.lua` (read, head,
 //! fork snapshot; ends silent runs as `producer_lost`), `keepalive.lua`, `delete.lua`,
-//! `refs.lua` (fork reference counts), `trim.lua`, `write_fast.lua` (prepended to `write.lua`).
+//! `refs.lua` (fork reference counts), `trim.lua`, `write_fast.lua` (prepended to `write.lua`),
+//! `write_guard.lua` (prepended to both on Cluster: the re-send guard) or `write_guard_off.lua`.
 //! A fork is the only multi-step operation
 //! (source snapshot, fork create, source reference: three calls on two hash slots; data is copied
 //! on fork so fork reads stay one call). `sweep.lua` claims due members of one deadline shard.

@@ -36,22 +36,23 @@ static CREATE: LuaScript = script!("streams.create", "create.lua");
 static WRITE: LuaScript = LuaScript::new(
     "streams.write",
     concat!(
+        include_str!("../../scripts/write_guard_off.lua"),
         include_str!("../../scripts/write_fast.lua"),
         include_str!("../../scripts/common.lua"),
         include_str!("../../scripts/write.lua")
     ),
 );
-/// [`WRITE`] under a re-send guard ([`baton_redis::resend`]): what Cluster deployments send, so
-/// that an append re-sent by the Cluster client after a dropped connection is not written twice.
-static WRITE_GUARDED: LuaScript = LuaScript::from_parts(
+/// [`WRITE`] under a re-send guard (`scripts/write_guard.lua`, the guard kept in the stream's
+/// metadata hash): what Cluster deployments send, so that an append re-sent by the Cluster client
+/// after a dropped connection is not written twice and gets the first copy's reply.
+static WRITE_GUARDED: LuaScript = LuaScript::new(
     "streams.write",
-    &[
-        baton_redis::resend::RESEND_HEAD,
+    concat!(
+        include_str!("../../scripts/write_guard.lua"),
         include_str!("../../scripts/write_fast.lua"),
         include_str!("../../scripts/common.lua"),
-        include_str!("../../scripts/write.lua"),
-        baton_redis::resend::RESEND_TAIL,
-    ],
+        include_str!("../../scripts/write.lua")
+    ),
 );
 static READ: LuaScript = script!("streams.read", "read.lua");
 static DELETE: LuaScript = script!("streams.delete", "delete.lua");

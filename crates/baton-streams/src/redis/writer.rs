@@ -10,6 +10,12 @@
 //! goes away mid-call, the call is finished in a spawned task so the other queued writers still
 //! get their replies. Follow-up batches are sent from a spawned task, never by a caller that
 //! already has its reply.
+//!
+//! On Cluster each call is guarded against the client's re-sends (`scripts/write_guard.lua`):
+//! one more key, the writer's overflow key, and three more arguments, its field `r:<writer>` in
+//! the stream's metadata hash, a token and the overflow key's lifetime
+//! ([`baton_redis::resend::ResendGuard`]); the one call in flight per stream is what the guard
+//! needs.
 
 use std::sync::Arc;
 
@@ -85,6 +91,7 @@ impl RedisStreamBackend {
             _ => general_args(&mut cmd, &batch),
         }
         if let Some((g, _)) = guard {
+            cmd.arg(g.field());
             g.push_args(&mut cmd);
         }
         let started = self.hub.before_write(path);
