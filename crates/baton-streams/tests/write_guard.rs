@@ -29,11 +29,11 @@ const KM: &str = "baton:s:{guard}:m";
 /// One guarded call with `args` (the script's own layout), the guard's field and `token`.
 async fn call(conn: &mut RedisConn, guard: &ResendGuard, args: &[&str], token: u64) -> redis::RedisResult<Value> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(GUARDED).arg(3).arg(KS).arg(KM).arg(guard.key(KS));
+    cmd.arg(GUARDED).arg(2).arg(KS).arg(KM);
     for a in args {
         cmd.arg(*a);
     }
-    cmd.arg(guard.field()).arg(token).arg(CLUSTER_RESEND_WINDOW.as_millis() as u64);
+    cmd.arg(guard.field()).arg(token);
     cmd.query_async(conn).await
 }
 
@@ -144,6 +144,8 @@ async fn a_resent_copy_gets_the_first_reply_and_writes_once() {
     let Value::Array(items) = &r4 else { panic!("{r4:?}") };
     assert_eq!(items.len(), 4);
     assert_eq!(field(&mut conn, &g).await, format!("{t4}\nk").into_bytes());
+    let ttl: i64 = redis::cmd("PTTL").arg(g.key(KS)).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 299_000 && ttl <= 300_000, "{ttl}");
     assert_eq!(bodies(&mut conn).await, ["0", "a", "b", "c", "d", "e", "f"]);
     assert_eq!(encoding(&mut conn).await, "listpack");
 
@@ -161,6 +163,12 @@ async fn a_resent_copy_gets_the_first_reply_and_writes_once() {
     assert!(matches!(&items[0], Value::Array(r) if r[0] == Value::BulkString(b"gap".to_vec())), "{r5:?}");
     assert_eq!(bodies(&mut conn).await, ["0", "a", "b", "c", "d", "e", "f", "g"]);
     assert_eq!(encoding(&mut conn).await, "listpack");
+}
+
+#[test]
+fn the_scripts_window_is_the_clients() {
+    let line = format!("local RW = {}\n", CLUSTER_RESEND_WINDOW.as_millis());
+    assert!(GUARDED.contains(&line), "write_guard.lua should say {line:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

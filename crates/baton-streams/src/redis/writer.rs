@@ -12,8 +12,7 @@
 //! already has its reply.
 //!
 //! On Cluster each call is guarded against the client's re-sends (`scripts/write_guard.lua`):
-//! one more key, the writer's overflow key, and three more arguments, its field `r:<writer>` in
-//! the stream's metadata hash, a token and the overflow key's lifetime
+//! two more arguments, the writer's field `r:<writer>` in the stream's metadata hash and a token
 //! ([`baton_redis::resend::ResendGuard`]); the one call in flight per stream is what the guard
 //! needs.
 
@@ -77,22 +76,15 @@ impl RedisStreamBackend {
         // Sized up front: no regrowth while the arguments are written.
         let args = 8 + batch.len() * 10;
         let bytes = 128 + 3 * ks.len() + batch.iter().map(|spec| body_len(spec) + 64).sum::<usize>();
-        let (script, guard) = match &self.resend {
-            Some(g) => (&WRITE_GUARDED, Some((g, g.key(&ks)))),
-            None => (&WRITE, None),
-        };
-        let mut cmd = script.evalsha_cmd_with_capacity(2 + usize::from(guard.is_some()), args, bytes);
+        let script = if self.resend.is_some() { &WRITE_GUARDED } else { &WRITE };
+        let mut cmd = script.evalsha_cmd_with_capacity(2, args, bytes);
         cmd.arg(ks).arg(km);
-        if let Some((_, key)) = &guard {
-            cmd.arg(key.as_str());
-        }
         match batch.as_slice() {
             [spec] if is_fast(spec) => fast_args(&mut cmd, spec),
             _ => general_args(&mut cmd, &batch),
         }
-        if let Some((g, _)) = guard {
-            cmd.arg(g.field());
-            g.push_args(&mut cmd);
+        if let Some(g) = &self.resend {
+            cmd.arg(g.field()).arg(g.next_token());
         }
         let started = self.hub.before_write(path);
         match self.eval_durable(script, path, &cmd).await {
