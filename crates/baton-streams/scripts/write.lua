@@ -50,7 +50,7 @@ if RG then
       local kind, body = string.sub(rg, nl + 1, nl + 1), string.sub(rg, nl + 2)
       if kind == 'f' then return v[1] .. ' ' .. body end
       if kind == 'k' then
-        body = redis.call('GET', KEYS[1] .. ':resend:' .. string.sub(RG, 3))
+        body = redis.call('GET', KEYS[3])
         if not body then
           return redis.error_reply('BATON_STALE_RESEND a copy re-sent after its reply expired: not applied')
         end
@@ -267,7 +267,7 @@ local function guard_value()
   last[1] = m.inc
   local g = RT .. '\nm' .. packed
   if #g > 64 then
-    redis.call('SET', KEYS[1] .. ':resend:' .. string.sub(RG, 3), packed, 'PX', RW)
+    redis.call('SET', KEYS[3], packed, 'PX', RW)
     g = RT .. '\nk'
   end
   return g

@@ -12,17 +12,17 @@
 --             hash from a listpack into a hashtable, so a long reply (a batch) goes there.
 -- The incarnation comes back from the hash itself: a field lives and dies with its stream's hash
 -- (a deleted or re-created stream has a new hash, with no fields of the old one).
--- The caller added two last ARGV: the field and the call's token (ResendGuard::next_token: grows
--- with every call of this writer; one call per writer and stream in flight). They are taken off
--- ARGV here, so the scripts below see their usual layout. The overflow key, KS .. ':resend:' ..
--- <writer id> (ResendGuard::key), is not declared in KEYS: it shares the stream's hash tag (so
--- its slot), and is touched only for a long reply, while one more key (or argument) would cost
--- every call; it lives RW ms (CLUSTER_RESEND_WINDOW, checked by a test). A stored token equal to
--- this call's means a re-sent copy (answered from the field, nothing changed); a greater one a
--- late copy of an earlier call whose caller has had an error (nothing changed, error
--- BATON_STALE_RESEND). write_fast.lua leaves both, and a writer's first call on a stream (no
--- field yet), to write.lua, which answers them and stores the reply of every outcome on a live
--- stream (a stream that does not exist or is deleted changes nothing and stores nothing).
+-- The caller added KEYS[3], the writer's overflow key (KS .. ':resend:' .. <writer id>,
+-- ResendGuard::key: the stream's hash tag, so its slot), touched only for a long reply, and two
+-- last ARGV: the field and the call's token (ResendGuard::next_token: grows with every call of
+-- this writer; one call per writer and stream in flight). The ARGV are taken off here, so the
+-- scripts below see their usual layout (KEYS[1] and KEYS[2] as unguarded). The overflow key
+-- lives RW ms (CLUSTER_RESEND_WINDOW, checked by a test). A stored token equal to this call's
+-- means a re-sent copy (answered from the field, nothing changed); a greater one a late copy of
+-- an earlier call whose caller has had an error (nothing changed, error BATON_STALE_RESEND).
+-- write_fast.lua leaves both, and a writer's first call on a stream (no field yet), to
+-- write.lua, which answers them and stores the reply of every outcome on a live stream (a
+-- stream that does not exist or is deleted changes nothing and stores nothing).
 local RW = 300000
 local RG, RT
 do

@@ -29,7 +29,7 @@ const KM: &str = "baton:s:{guard}:m";
 /// One guarded call with `args` (the script's own layout), the guard's field and `token`.
 async fn call(conn: &mut RedisConn, guard: &ResendGuard, args: &[&str], token: u64) -> redis::RedisResult<Value> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(GUARDED).arg(2).arg(KS).arg(KM);
+    cmd.arg(GUARDED).arg(3).arg(KS).arg(KM).arg(guard.key(KS));
     for a in args {
         cmd.arg(*a);
     }

@@ -12,7 +12,9 @@
 //! already has its reply.
 //!
 //! On Cluster each call is guarded against the client's re-sends (`scripts/write_guard.lua`):
-//! two more arguments, the writer's field `r:<writer>` in the stream's metadata hash and a token
+//! one more key, the writer's overflow key `baton:s:{path}:resend:<writer>` (written only for a
+//! reply too long for the hash), and two more arguments, the writer's field `r:<writer>` in the
+//! stream's metadata hash and a token
 //! ([`baton_redis::resend::ResendGuard`]); the one call in flight per stream is what the guard
 //! needs.
 
@@ -77,8 +79,13 @@ impl RedisStreamBackend {
         let args = 8 + batch.len() * 10;
         let bytes = 128 + 3 * ks.len() + batch.iter().map(|spec| body_len(spec) + 64).sum::<usize>();
         let script = if self.resend.is_some() { &WRITE_GUARDED } else { &WRITE };
-        let mut cmd = script.evalsha_cmd_with_capacity(2, args, bytes);
+        let mut cmd = script.evalsha_cmd_with_capacity(2 + usize::from(self.resend.is_some()), args, bytes);
+        // Every key a script touches is in KEYS (Cluster): the guard's overflow key too.
+        let overflow = self.resend.as_ref().map(|g| g.key(&ks));
         cmd.arg(ks).arg(km);
+        if let Some(k) = &overflow {
+            cmd.arg(k.as_str());
+        }
         match batch.as_slice() {
             [spec] if is_fast(spec) => fast_args(&mut cmd, spec),
             _ => general_args(&mut cmd, &batch),
