@@ -64,7 +64,8 @@ if RG then
   elseif redis.call('HLEN', KM) > 48 then
     -- This writer's first call on the stream, and the hash is large: the fields of writers
     -- idle for twice the re-send window are dropped (a token / 2^20 is the Unix time in
-    -- seconds of its call, by the writer's clock; the margin allows for clock skew).
+    -- seconds of its call, by the writer's clock; the margin allows up to 300 s of skew between
+    -- a writer's clock and the server's: a writer further behind may lose its field early).
     local t = redis.call('TIME')
     local cutoff = tonumber(t[1]) - 2 * RW / 1000
     local all = redis.call('HGETALL', KM)

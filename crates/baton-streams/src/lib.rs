@@ -88,7 +88,11 @@
 //!   (`cmsgpack`) general-path reply, `k` one too long for a listpack value (over 64 bytes: a
 //!   batch), kept in the writer's overflow key below. One field per writing process; a writer's
 //!   first write to a stream whose hash has over 48 fields drops those idle for 600 s (twice the
-//!   re-send window, by the token's time).
+//!   re-send window, by the token's time: a writer whose clock is more than 300 s behind the
+//!   server's may lose its field while a re-sent copy can still arrive). The fields live and die
+//!   with the hash: a copy re-sent after the stream was deleted is answered as a write to a
+//!   missing stream, and one re-sent after it was deleted and created again is written to the
+//!   new stream (both need the delete within the client's re-send of the call).
 //! * On Cluster only, `baton:s:{<path>}:resend:<writer>`: a writer's overflow key, the packed
 //!   reply of its latest call whose reply was too long for the `r:<writer>` field (only then
 //!   written), expiring 300 s after that call.
