@@ -117,6 +117,12 @@ const PRUNE_EVERY: u64 = 64;
 /// with states expiring as fast as they are submitted).
 const PRUNE_MAX: u64 = 300;
 
+/// The prefix of every key of `queue`'s command records that lives in the queue's hash slot:
+/// `<prefix>:cmd:{<queue>}` (state keys `:id:<id>`, indexes, cron schedules, re-send guards).
+fn queue_base(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:cmd:{{{queue}}}")
+}
+
 /// Keys of one home queue.
 struct QKeys {
     /// The index keys (exp, then the 5 status zsets, see `scripts/lib.lua`), the queue's stream
@@ -131,7 +137,7 @@ struct QKeys {
 
 impl QKeys {
     fn new(prefix: &str, group: &str, queue: &str) -> Self {
-        let base = format!("{prefix}:cmd:{{{queue}}}");
+        let base = queue_base(prefix, queue);
         let index = [
             format!("{base}:exp"),
             format!("{base}:s:SUBMITTED"),
@@ -341,7 +347,7 @@ impl RedisStateBackend {
     /// The record of `queue`'s cron schedule `name`: in the queue's hash slot, apart from its
     /// state keys (`:id:`) and indexes.
     fn schedule_key(&self, queue: &str, name: &str) -> String {
-        format!("{}:cmd:{{{queue}}}:sched:{name}", self.prefix)
+        format!("{}:sched:{name}", queue_base(&self.prefix, queue))
     }
 
     fn lookup_key(&self, id: &str) -> String {
@@ -816,7 +822,7 @@ impl StateBackend for RedisStateBackend {
                 // The guard key next to the record: `<prefix>:cmd:{<queue>}:resend:<id>`.
                 let guard = pool.acquire();
                 let mut cmd = SCHEDULE_CAS_GUARDED.evalsha_cmd(2);
-                cmd.arg(&key).arg(guard.key(&format!("{}:cmd:{{{queue}}}", self.prefix)));
+                cmd.arg(&key).arg(guard.key(&queue_base(&self.prefix, queue)));
                 cmd.arg(expected.unwrap_or("")).arg(new);
                 guard.push_args(&mut cmd);
                 SCHEDULE_CAS_GUARDED.query(&mut self.conn.clone(), &cmd).await?
