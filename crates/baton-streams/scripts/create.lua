@@ -1,4 +1,5 @@
 -- create (PROTOCOL.md 5.1, 4.2; run open). Idempotent: same config => 'exists'.
+-- KEYS[3]: the stream's tombstone (bury.lua), read and deleted by a create of a new stream.
 -- ARGV: 1 inc, 2 ct, 3 ctn, 4 ttl_ms, 5 exp_ms, 6 closed, 7 sil, 8 mr, 9 dttl, 10 ml, 11 mlw,
 --       12 fsrc, 13 foff, 14 fsub, 15 base id, 16 claim producer id, 17 n, then n x (id|'*', data, msgs)
 local now = now_ms()
@@ -109,6 +110,14 @@ if claim ~= '' then
 end
 for _, x in ipairs(rest) do table.insert(h, x) end
 redis.call('HSET', KM, unpack(h))
+-- A stream deleted here within the re-send window left its re-send guard in its tombstone
+-- (KEYS[3], bury.lua): carried into the new hash (after the fields above), so that a copy of a
+-- call to the deleted stream re-sent now is answered as the first copy was, not written here.
+local carried = redis.call('HGETALL', KEYS[3])
+if #carried > 0 then
+  for i = 1, #carried, 1000 do redis.call('HSET', KM, unpack(carried, i, math.min(i + 999, #carried))) end
+  redis.call('DEL', KEYS[3])
+end
 if ARGV[6] == '1' then do_end(m, now, 'finished', nil) end
 apply_expiry(m)
 return {'created', info(m), e}

@@ -10,8 +10,12 @@
 --   kind 'k': the same packed reply, kept in the writer's overflow key (below) instead:
 --             a value longer than 64 bytes (Redis's hash-max-listpack-value) would turn the
 --             hash from a listpack into a hashtable, so a long reply (a batch) goes there.
--- The incarnation comes back from the hash itself: a field lives and dies with its stream's hash
--- (a deleted or re-created stream has a new hash, with no fields of the old one).
+-- The incarnation comes back from the hash itself. A field lives and dies with its stream's hash,
+-- except that a delete keeps the fields of recent calls in the stream's tombstone for RW ms
+-- (bury.lua) and a create within that time carries them into the new hash, marked by an
+-- upper-cased kind ('F', 'M', 'K') and with the old incarnation in 'r~<writer id>': a copy of a
+-- call to the deleted stream re-sent after the create gets the first copy's reply, with that
+-- incarnation (one HGET, only for such a copy), and writes nothing to the new stream.
 -- The caller added KEYS[3], the writer's overflow key (KS .. ':resend:' .. <writer id>,
 -- ResendGuard::key: the stream's hash tag, so its slot), touched only for a long reply, and two
 -- last ARGV: the field and the call's token (ResendGuard::next_token: grows with every call of

@@ -90,9 +90,20 @@
 //!   first write to a stream whose hash has over 48 fields drops those idle for 600 s (twice the
 //!   re-send window, by the token's time: a writer whose clock is more than 300 s behind the
 //!   server's may lose its field while a re-sent copy can still arrive). The fields live and die
-//!   with the hash: a copy re-sent after the stream was deleted is answered as a write to a
-//!   missing stream, and one re-sent after it was deleted and created again is written to the
-//!   new stream (both need the delete within the client's re-send of the call).
+//!   with the hash, save for a delete's tombstone (below): a copy re-sent after the stream was
+//!   deleted is answered as a write to a missing stream (404; the write went with the stream),
+//!   and one re-sent after it was deleted and created again gets the first copy's reply, with
+//!   the old incarnation, and writes nothing to the new stream. A carried field's kind is
+//!   upper-cased (`F`, `M`, `K`) and `r~<writer>` holds the incarnation its call ran on.
+//! * On Cluster only, `baton:s:{<path>}:gone`: a deleted stream's tombstone (`scripts/bury.lua`,
+//!   joined to `delete.lua` and to `refs.lua`, which deletes a soft-deleted stream when its last
+//!   fork goes): a hash of the `r:` fields of calls made within 600 s (the clean-up's age, by
+//!   the token's time) and their `r~` fields, expiring after the re-send window (300 s, the
+//!   longest a copy arrives after its call ran). A create of a new stream within that time
+//!   carries its fields into the new hash and deletes it. The write scripts never read it, so
+//!   writes pay nothing for it; `create.lua`, `delete.lua` and `refs.lua` take it as `KEYS[3]`.
+//!   Left open: a stream that expires (no script runs) leaves no tombstone, so a copy re-sent
+//!   after it expired and was created again is still written to the new stream.
 //! * On Cluster only, `baton:s:{<path>}:resend:<writer>`: a writer's overflow key, the packed
 //!   reply of its latest call whose reply was too long for the `r:<writer>` field (only then
 //!   written), expiring 300 s after that call.
@@ -109,7 +120,8 @@
 //! claim), `write.lua` (a batch of appends, append-and-closes, closes, finishes, cancels: group
 //! commit, below), `read.lua` (read, head,
 //! fork snapshot; ends silent runs as `producer_lost`), `keepalive.lua`, `delete.lua`,
-//! `refs.lua` (fork reference counts), `trim.lua`, `write_fast.lua` (prepended to `write.lua`),
+//! `refs.lua` (fork reference counts), `bury.lua` (prepended to both: the re-send guard's
+//! tombstone), `trim.lua`, `write_fast.lua` (prepended to `write.lua`),
 //! `write_guard.lua` (prepended to both on Cluster: the re-send guard) or `write_guard_off.lua`.
 //! A fork is the only multi-step operation
 //! (source snapshot, fork create, source reference: three calls on two hash slots; data is copied

@@ -10,6 +10,8 @@
 //!   the stream's metadata hash) answers the re-sent copy with the first copy's reply: every
 //!   append answered OK is in the stream exactly once. (Before the guard: 975 of 30,940 appends
 //!   answered OK were written twice.)
+//! * A delete keeps the guard's fields in the stream's tombstone and a create carries them over
+//!   (`scripts/bury.lua`; the tombstone is in the scripts' KEYS, in the stream's slot).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,4 +118,37 @@ async fn stamped_appends_answered_ok_are_written_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unstamped_appends_answered_ok_are_written_once() {
     assert_answered_ok_written_once(false).await;
+}
+
+/// On Cluster, a delete keeps the guard's fields of the stream in its tombstone
+/// `baton:s:{path}:gone` and a create carries them over (`scripts/bury.lua`): the scripts declare
+/// the tombstone in KEYS, in the stream's slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_keeps_the_guard_in_a_tombstone_that_a_create_carries_over() {
+    use baton_redis::redis;
+    baton_testkit::require_redis();
+    let cluster = baton_testkit::RedisCluster::start();
+    let settings = StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() };
+    let store = StreamStore::redis(cluster.config(), settings).await.unwrap();
+    let mut conn = baton_redis::RedisClient::new(cluster.config()).unwrap().shared().await.unwrap();
+    let ct = Some("text/plain".to_string());
+    let p = StreamPath::new("t/gone").unwrap();
+    let create = || CreateOptions { content_type: ct.clone(), ..Default::default() };
+    store.create(&p, create()).await.unwrap();
+    let req = || AppendRequest { data: Bytes::from("x"), content_type: ct.clone(), ..Default::default() };
+    store.append(&p, req()).await.unwrap();
+    store.delete(&p).await.unwrap();
+    let (kt, km) = ("baton:s:{t/gone}:gone", "baton:s:{t/gone}:m");
+    let kept: Vec<String> = redis::cmd("HKEYS").arg(kt).query_async(&mut conn).await.unwrap();
+    assert_eq!(kept.len(), 2, "this process's r: field and its r~ field: {kept:?}");
+    store.create(&p, create()).await.unwrap();
+    let exists: bool = redis::cmd("EXISTS").arg(kt).query_async(&mut conn).await.unwrap();
+    assert!(!exists);
+    for f in &kept {
+        let v: Option<Vec<u8>> = redis::cmd("HGET").arg(km).arg(f).query_async(&mut conn).await.unwrap();
+        assert!(v.is_some(), "{f} carried");
+    }
+    // This process's next append is written to the new stream.
+    store.append(&p, req()).await.unwrap();
+    assert_eq!(store.read(&p, ReadFrom::Start).await.unwrap().records.len(), 1);
 }

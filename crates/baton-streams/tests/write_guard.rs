@@ -7,7 +7,8 @@
 //!   copy's reply and writes nothing.
 //! * A late copy of an earlier call (a smaller token) writes nothing and gets `BATON_STALE_RESEND`.
 //! * The hash stays a listpack; a writer's first call on a large hash drops the fields of writers
-//!   idle for twice the re-send window; a deleted and re-created stream has no fields of the old.
+//!   idle for twice the re-send window; a deleted and re-created stream carries the old one's
+//!   fields of calls within that age, marked, with the old incarnation (`scripts/bury.lua`).
 
 use baton_redis::redis::{self, Value};
 use baton_redis::resend::{ResendGuard, CLUSTER_RESEND_WINDOW, TOKEN_SECOND};
@@ -198,10 +199,24 @@ async fn idle_writers_fields_are_dropped_and_a_new_stream_has_none() {
     assert!(kept.iter().all(|f| !f.starts_with("r:w") || f[3..].parse::<u64>().unwrap() >= 40));
     assert_eq!(bodies(&mut conn).await, ["0", "a"]);
 
-    // Deleted and created again: none of the old stream's guard fields answers the new one.
+    // Deleted and created again: the fields of calls within the window (20 writers and this
+    // one) are carried over, marked (upper-cased kind), each with the old incarnation in its
+    // `r~` field (scripts/bury.lua); a writer idle for 20 minutes is not (here: 20 minutes idle,
+    // set in the meantime, as a clean-up left none).
+    let old_inc: String = redis::cmd("HGET").arg(KM).arg("inc").query_async(&mut conn).await.unwrap();
+    let stale = (now - 1200) * TOKEN_SECOND;
+    let _: () =
+        redis::cmd("HSET").arg(KM).arg("r:idle").arg(format!("{stale}\nm")).query_async(&mut conn).await.unwrap();
     let p = StreamPath::new("guard").unwrap();
     store.delete(&p).await.unwrap();
     store.create(&p, CreateOptions { content_type: Some("text/plain".into()), ..Default::default() }).await.unwrap();
-    let kept: Vec<String> = redis::cmd("HKEYS").arg(KM).query_async(&mut conn).await.unwrap();
-    assert!(kept.iter().all(|f| !f.starts_with("r:")), "{kept:?}");
+    let h: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL").arg(KM).query_async(&mut conn).await.unwrap();
+    let guard: Vec<_> = h.iter().filter(|(f, _)| f.starts_with("r:")).collect();
+    assert_eq!(guard.len(), 21, "{guard:?}");
+    let kind = |v: &[u8]| v[v.iter().position(|c| *c == b'\n').unwrap() + 1];
+    assert!(guard.iter().all(|(f, v)| f != "r:idle" && kind(v) == b'M'), "{guard:?}");
+    let incs: Vec<_> = h.iter().filter(|(f, _)| f.starts_with("r~")).collect();
+    assert_eq!(incs.len(), 21);
+    assert!(incs.iter().all(|(_, v)| *v == old_inc.as_bytes()));
+    assert_eq!(encoding(&mut conn).await, "listpack");
 }

@@ -9,11 +9,16 @@
 //!   entries, both expiries, the hash's encoding, which stays a listpack).
 //! * 70 writers on one stream (every first call cleans up): each call re-sent after all the
 //!   others is answered as the first and written once; the hash stays a listpack.
-//! * Known gap (ignored): a copy re-sent across a delete and re-create of the stream is written
-//!   to the new stream.
+//! * A copy re-sent across a delete and re-create of the stream (once or twice; every kind of
+//!   kept reply) gets the first reply, with the old incarnation, and is not written to the new
+//!   stream: the delete keeps the guard's fields in the stream's tombstone `baton:s:{path}:gone`
+//!   (`scripts/bury.lua`, for the re-send window) and the create carries them over. A delete
+//!   with no create leaves only the tombstone, which expires; the carried fields answer no other
+//!   writer.
 use baton_redis::redis::{self, Value};
 use baton_redis::resend::ResendGuard;
 use baton_redis::{RedisClient, RedisConn};
+use baton_streams::{CreateOptions, ForkFrom, RunLimits, StreamPath, StreamStore, StreamStoreSettings};
 use baton_testkit::RedisServer;
 
 const GUARDED: &str = concat!(
@@ -455,27 +460,231 @@ async fn xlen(conn: &mut RedisConn) -> usize {
     entries.iter().filter(|(_, f)| f.iter().any(|(k, _)| k == "d")).count()
 }
 
-/// Known gap (not fixed: no small fix): the guard's state dies with the stream's hash, so a copy
-/// re-sent after the stream was deleted and created again (a request without an incarnation, as
-/// a plain append) is written to the new stream, which the writer never wrote to. The former
-/// guard key (`baton:s:{path}:resend:<writer>`, not deleted with the stream) answered such a
-/// copy with the first copy's reply. Fails on 2f00f9f: the new stream has 1 record.
+/// A store on the same server: deletes and creates go through the backend's callers of
+/// `delete.lua` and `create.lua` (their third key, the tombstone).
+async fn store(server: &RedisServer) -> StreamStore {
+    let settings = StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() };
+    StreamStore::redis(server.config(), settings).await.unwrap()
+}
+
+fn path() -> StreamPath {
+    StreamPath::new("brk").unwrap()
+}
+
+async fn recreate(store: &StreamStore) {
+    store.delete(&path()).await.unwrap(); // delete.lua
+    let ct = Some("text/plain".to_string());
+    store.create(&path(), CreateOptions { content_type: ct, ..Default::default() }).await.unwrap();
+    // create.lua
+}
+
+/// The incarnation in a write's reply: a fast-path string's first word, or the first item of a
+/// general reply's last array.
+fn reply_inc(r: &Value) -> Vec<u8> {
+    match r {
+        Value::BulkString(b) => b.split(|c| *c == b' ').next().unwrap().to_vec(),
+        Value::Array(items) => match items.last() {
+            Some(Value::Array(ip)) => match &ip[0] {
+                Value::BulkString(b) => b.clone(),
+                o => panic!("{o:?}"),
+            },
+            o => panic!("{o:?}"),
+        },
+        o => panic!("{o:?}"),
+    }
+}
+
+async fn hget(conn: &mut RedisConn, key: &str, field: &str) -> Option<Vec<u8>> {
+    redis::cmd("HGET").arg(key).arg(field).query_async(conn).await.unwrap()
+}
+
+/// The guard's state died with the stream's hash, so a copy re-sent after the stream was deleted
+/// and created again (a request without an incarnation, as a plain append) was written to the
+/// new stream, which the writer never wrote to (failed on 84c32d5: the new stream had 1 record).
+/// The delete keeps the fields in the stream's tombstone and the create carries them over
+/// (`scripts/bury.lua`): the copy gets the first copy's reply, the old incarnation's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap of the hash-kept guard: a copy re-sent across a delete and re-create is applied to the new stream"]
 async fn a_copy_resent_across_delete_and_create_is_not_written_to_the_new_stream() {
     baton_testkit::require_redis();
     let server = RedisServer::start();
     let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let store = store(&server).await;
     let tp = "text/plain";
     fresh(&mut conn, "inc1", tp, &[], 1).await;
     let g = ResendGuard::new();
     let t = g.next_token();
     let args = fast("", tp, b"once", None, None);
-    call(&mut conn, &g, &args, t).await.unwrap();
-    let _: () = redis::cmd("DEL").arg(KS).arg(KM).query_async(&mut conn).await.unwrap(); // delete.lua
-    fresh(&mut conn, "inc2", tp, &[], 0).await;
-    let _again = call(&mut conn, &g, &args, t).await;
+    let first = call(&mut conn, &g, &args, t).await.unwrap();
+    recreate(&store).await;
+    let again = call(&mut conn, &g, &args, t).await;
     assert_eq!(xlen(&mut conn).await, 0, "the re-sent copy was written to the new stream");
+    assert_eq!(again.unwrap(), first, "the copy's reply");
+}
+
+/// Every kind of kept reply (`m` a first call, `f` a fast-path one, `k` a batch in the overflow
+/// key), carried across two deletes and creates in a row: each copy gets its first reply (with
+/// the incarnation its call ran on) and writes nothing; each writer's next call is written to the
+/// new stream as usual; the hash stays a listpack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_reply_is_answered_across_two_deletes_and_creates() {
+    baton_testkit::require_redis();
+    let server = RedisServer::start();
+    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let store = store(&server).await;
+    let tp = "text/plain";
+    fresh(&mut conn, "inc1", tp, &[], 1).await;
+    let (gm, gf, gk) = (ResendGuard::new(), ResendGuard::new(), ResendGuard::new());
+    let warm = call(&mut conn, &gf, &fast("", tp, b"warm", None, None), gf.next_token()).await;
+    assert!(matches!(warm, Ok(Value::Array(_))), "{warm:?}");
+    let one = fast("", tp, b"x", None, None);
+    let many = batch(vec![
+        req("", tp, "", ("P", "0", "0"), "", &[(b"c", "0")]),
+        req("", tp, "", ("P", "0", "1"), "", &[(b"d", "0"), (b"e", "0")]),
+        req("", tp, "", ("", "", ""), "", &[(b"f", "0")]),
+    ]);
+    let mut sent = Vec::new();
+    for (g, args, kind) in [(&gm, &one, b'm'), (&gf, &one, b'f'), (&gk, &many, b'k')] {
+        let t = g.next_token();
+        let first = call(&mut conn, g, args, t).await.unwrap();
+        let field = hget(&mut conn, KM, g.field()).await.unwrap();
+        assert_eq!(field[field.iter().position(|c| *c == b'\n').unwrap() + 1], kind);
+        sent.push((g, args, t, first));
+    }
+    assert!(matches!(&sent[1].3, Value::BulkString(_)), "{:?}", sent[1].3);
+    for (_, _, _, first) in &sent {
+        assert_eq!(reply_inc(first), b"inc1");
+    }
+    recreate(&store).await;
+    recreate(&store).await;
+    let inc3 = hget(&mut conn, KM, "inc").await.unwrap();
+    assert_ne!(inc3, b"inc1");
+    for (g, args, t, first) in &sent {
+        assert_eq!(&call(&mut conn, g, args, *t).await.unwrap(), first);
+        let carried = hget(&mut conn, KM, &format!("r~{}", &g.field()[2..])).await;
+        assert_eq!(carried.as_deref(), Some(&b"inc1"[..]));
+    }
+    assert_eq!(xlen(&mut conn).await, 0, "a copy was written to the new stream");
+    assert_eq!(state(&mut conn).await.4, Value::BulkString(b"listpack".to_vec()));
+    // Their next calls: written to the new stream, with its incarnation.
+    for (g, _, _, _) in &sent {
+        let r = call(&mut conn, g, &fast("", tp, b"next", None, None), g.next_token()).await.unwrap();
+        assert_eq!(reply_inc(&r), inc3, "{r:?}");
+    }
+    assert_eq!(xlen(&mut conn).await, 3);
+}
+
+/// A hard delete with no create after it leaves only the tombstone `baton:s:{path}:gone`: the
+/// fields of calls within the window (marked carried, with their incarnation), none of idle
+/// writers, expiring after the re-send window (the window is the client's, as in
+/// `write_guard.lua`). A copy re-sent meanwhile answers as a write to a missing stream and
+/// creates nothing. A stream with no guard field (standalone, Sentinel) leaves no tombstone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_without_create_leaves_only_a_tombstone_that_expires() {
+    const BURY: &str = include_str!("../scripts/bury.lua");
+    let window = baton_redis::resend::CLUSTER_RESEND_WINDOW.as_millis() as i64;
+    assert!(BURY.contains(&format!("local RW = {window}\n")), "bury.lua should keep {window} ms");
+    baton_testkit::require_redis();
+    let server = RedisServer::start();
+    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let store = store(&server).await;
+    let tp = "text/plain";
+    let idle = (now_ms() / 1000 - 1200) * baton_redis::resend::TOKEN_SECOND;
+    fresh(&mut conn, "inc1", tp, &[("r:idle", format!("{idle}\nm"))], 1).await;
+    let g = ResendGuard::new();
+    let t = g.next_token();
+    let args = fast("", tp, b"once", None, None);
+    call(&mut conn, &g, &args, t).await.unwrap();
+    let field = hget(&mut conn, KM, g.field()).await.unwrap();
+    store.delete(&path()).await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    assert_eq!(keys, ["baton:s:{brk}:gone"]);
+    let mut kept: Vec<(String, Vec<u8>)> =
+        redis::cmd("HGETALL").arg("baton:s:{brk}:gone").query_async(&mut conn).await.unwrap();
+    kept.sort();
+    let mut carried = field.clone();
+    let nl = carried.iter().position(|c| *c == b'\n').unwrap();
+    carried[nl + 1] = b'M';
+    let w = &g.field()[2..];
+    assert_eq!(kept, [(format!("r:{w}"), carried), (format!("r~{w}"), b"inc1".to_vec())]);
+    let ttl: i64 = redis::cmd("PTTL").arg("baton:s:{brk}:gone").query_async(&mut conn).await.unwrap();
+    assert!(ttl > 0 && ttl <= window, "{ttl}");
+    let again = call(&mut conn, &g, &args, t).await.unwrap();
+    assert_eq!(again, Value::Array(vec![Value::Array(vec![Value::BulkString(b"nf".to_vec())])]));
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    assert_eq!(keys, ["baton:s:{brk}:gone"]);
+    // Expiry, quickly: the tombstone is a plain key with a TTL.
+    let _: () = redis::cmd("PEXPIRE").arg("baton:s:{brk}:gone").arg(1).query_async(&mut conn).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+
+    // No guard field, no tombstone.
+    fresh(&mut conn, "inc2", tp, &[], 1).await;
+    store.delete(&path()).await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+}
+
+/// A soft-deleted stream (a fork references it) keeps its hash, so a copy re-sent meanwhile
+/// answers `gone`; when its last fork is deleted, `refs.lua` collects it and keeps its guard in the
+/// tombstone as `delete.lua` does, and a create carries it over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soft_deleted_stream_collected_by_its_last_fork_leaves_a_tombstone() {
+    baton_testkit::require_redis();
+    let server = RedisServer::start();
+    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let store = store(&server).await;
+    let tp = "text/plain";
+    let ct = Some(tp.to_string());
+    store.create(&path(), CreateOptions { content_type: ct.clone(), ..Default::default() }).await.unwrap();
+    let g = ResendGuard::new();
+    let t = g.next_token();
+    let args = fast("", tp, b"once", None, None);
+    let first = call(&mut conn, &g, &args, t).await.unwrap();
+    let fork = StreamPath::new("brk-fork").unwrap();
+    let from = ForkFrom { source: path(), offset: None, sub_offset: 0 };
+    store.create(&fork, CreateOptions { content_type: ct, fork: Some(from), ..Default::default() }).await.unwrap();
+    store.delete(&path()).await.unwrap(); // soft
+    let exists: bool = redis::cmd("EXISTS").arg("baton:s:{brk}:gone").query_async(&mut conn).await.unwrap();
+    assert!(!exists, "a soft delete keeps the hash");
+    store.delete(&fork).await.unwrap(); // collects brk (refs.lua)
+    let kept: Vec<String> = redis::cmd("HKEYS").arg("baton:s:{brk}:gone").query_async(&mut conn).await.unwrap();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let ct = Some(tp.to_string());
+    store.create(&path(), CreateOptions { content_type: ct, ..Default::default() }).await.unwrap();
+    assert_eq!(call(&mut conn, &g, &args, t).await.unwrap(), first);
+    assert_eq!(xlen(&mut conn).await, 0);
+}
+
+/// The fields a re-created stream carries answer only their own writers' copies: another
+/// writer's first call (no field of its own) is written and answered as usual, and so is its
+/// re-sent copy; the create took the tombstone away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn carried_fields_do_not_answer_an_unrelated_writers_first_call() {
+    baton_testkit::require_redis();
+    let server = RedisServer::start();
+    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let store = store(&server).await;
+    let tp = "text/plain";
+    fresh(&mut conn, "inc1", tp, &[], 1).await;
+    let g = ResendGuard::new();
+    call(&mut conn, &g, &fast("", tp, b"old", None, None), g.next_token()).await.unwrap();
+    recreate(&store).await;
+    let exists: bool = redis::cmd("EXISTS").arg("baton:s:{brk}:gone").query_async(&mut conn).await.unwrap();
+    assert!(!exists, "the create leaves the tombstone");
+    assert!(hget(&mut conn, KM, g.field()).await.is_some(), "carried");
+    let inc = hget(&mut conn, KM, "inc").await.unwrap();
+    let other = ResendGuard::new();
+    let t = other.next_token();
+    let args = fast("", tp, b"new", None, None);
+    let first = call(&mut conn, &other, &args, t).await.unwrap();
+    let Value::Array(items) = &first else { panic!("{first:?}") };
+    assert!(matches!(&items[0], Value::Array(r) if r[0] == Value::BulkString(b"ok".to_vec())), "{first:?}");
+    assert_eq!(reply_inc(&first), inc);
+    assert_eq!(xlen(&mut conn).await, 1);
+    assert_eq!(call(&mut conn, &other, &args, t).await.unwrap(), first);
+    assert_eq!(xlen(&mut conn).await, 1);
+    assert_eq!(hget(&mut conn, KM, &format!("r~{}", &other.field()[2..])).await, None);
 }
 
 /// 70 writers on one stream (over 48 fields: every first call cleans up), each call re-sent

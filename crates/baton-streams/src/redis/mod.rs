@@ -32,6 +32,23 @@ macro_rules! script {
     };
 }
 
+/// [`script!`] with `bury.lua` (the re-send guard's tombstone) between the prelude and the
+/// script: the scripts that delete a stream's hash.
+macro_rules! burying_script {
+    ($name:literal, $file:literal) => {
+        LuaScript::new(
+            $name,
+            concat!(
+                include_str!("../../scripts/common.lua"),
+                include_str!("../../scripts/bury.lua"),
+                include_str!(concat!("../../scripts/", $file))
+            ),
+        )
+    };
+}
+
+/// Creates a stream; a third key, its tombstone ([`tombstone_key`]), whose re-send guard fields
+/// a new stream takes over.
 static CREATE: LuaScript = script!("streams.create", "create.lua");
 static WRITE: LuaScript = LuaScript::new(
     "streams.write",
@@ -55,8 +72,12 @@ static WRITE_GUARDED: LuaScript = LuaScript::new(
     ),
 );
 static READ: LuaScript = script!("streams.read", "read.lua");
-static DELETE: LuaScript = script!("streams.delete", "delete.lua");
-static REFS: LuaScript = script!("streams.refs", "refs.lua");
+/// Deletes a stream; a third key, its tombstone ([`tombstone_key`]), where a hard delete keeps
+/// the re-send guard fields.
+static DELETE: LuaScript = burying_script!("streams.delete", "delete.lua");
+/// Counts fork references; a third key, the tombstone, as [`DELETE`] (collecting a soft-deleted
+/// stream deletes its hash).
+static REFS: LuaScript = burying_script!("streams.refs", "refs.lua");
 static KEEPALIVE: LuaScript = script!("streams.keepalive", "keepalive.lua");
 static TRIM: LuaScript = script!("streams.trim", "trim.lua");
 
@@ -70,6 +91,16 @@ pub(crate) fn keys(path: &StreamPath) -> (String, String) {
     km.push_str(&ks);
     km.push_str(":m");
     (ks, km)
+}
+
+/// `baton:s:{<path>}:gone` for the stream key `ks` ([`keys`]): the tombstone of a deleted
+/// stream's re-send guard (`scripts/bury.lua`), in the stream's slot. Only [`CREATE`], [`DELETE`]
+/// and [`REFS`] take it (their `KEYS[3]`); the write scripts never do.
+pub(crate) fn tombstone_key(ks: &str) -> String {
+    let mut k = String::with_capacity(ks.len() + 5);
+    k.push_str(ks);
+    k.push_str(":gone");
+    k
 }
 
 /// Appends `path` with `%`, `{`, `}` percent-encoded (`%25`, `%7B`, `%7D`): the hash tag of its keys.
@@ -87,7 +118,8 @@ fn escape_into(out: &mut String, path: &str) {
 /// The `SCAN … MATCH` pattern of the metadata keys of the streams whose path starts with `prefix`
 /// (`""` for all): `baton:s:{<prefix>*}:m`, the prefix escaped as in [`keys`] and then its glob
 /// metacharacters `*?[]\` escaped with `\`. It matches no other key of the layout: a data key
-/// does not end in `}:m` (`}` inside a tag is always `%7D`), the deadline shards are
+/// does not end in `}:m` (`}` inside a tag is always `%7D`), nor does a tombstone
+/// ([`tombstone_key`]) or an overflow key, the deadline shards are
 /// `baton:s:deadlines:{N}`.
 pub(crate) fn meta_pattern(prefix: &str) -> String {
     let mut tag = String::with_capacity(prefix.len() + 8);
@@ -199,31 +231,56 @@ impl RedisStreamBackend {
 
     /// Runs `script` with the stream's two keys and `args`; its reply must be a non-empty array.
     pub(crate) async fn call(&self, script: &LuaScript, path: &StreamPath, args: Vec<Vec<u8>>) -> Result<Vec<Value>> {
-        self.call_with(script, path, args, false).await
+        self.call_keys(script, path, args, false, false).await
     }
 
-    /// [`Self::call`] of a write acknowledged to the client ([`Self::eval_durable`]).
-    pub(crate) async fn call_durable(
+    /// [`Self::call`] with a third key, the stream's tombstone ([`tombstone_key`]): [`CREATE`],
+    /// [`DELETE`], [`REFS`].
+    pub(crate) async fn call_burying(
         &self,
         script: &LuaScript,
         path: &StreamPath,
         args: Vec<Vec<u8>>,
     ) -> Result<Vec<Value>> {
-        self.call_with(script, path, args, true).await
+        self.call_keys(script, path, args, false, true).await
     }
 
-    async fn call_with(
+    /// [`Self::call_burying`] of a write acknowledged to the client ([`Self::eval_durable`]):
+    /// [`CREATE`].
+    pub(crate) async fn call_durable_burying(
+        &self,
+        script: &LuaScript,
+        path: &StreamPath,
+        args: Vec<Vec<u8>>,
+    ) -> Result<Vec<Value>> {
+        self.call_keys(script, path, args, true, true).await
+    }
+
+    async fn call_keys(
         &self,
         script: &LuaScript,
         path: &StreamPath,
         args: Vec<Vec<u8>>,
         durable: bool,
+        tombstone: bool,
     ) -> Result<Vec<Value>> {
         let (ks, km) = keys(path);
-        // Sized up front: `EVALSHA <sha1> 2`, the keys, the arguments.
-        let bytes = 7 + 40 + 1 + ks.len() + km.len() + args.iter().map(Vec::len).sum::<usize>();
-        let mut cmd = script.evalsha_cmd_with_capacity(2, 5 + args.len(), bytes);
+        // Every key a script touches is in KEYS (Cluster): the tombstone too, where it is used.
+        let kt = tombstone.then(|| tombstone_key(&ks));
+        // Sized up front: `EVALSHA <sha1> <numkeys>`, the keys, the arguments.
+        let bytes = 7
+            + 40
+            + 1
+            + ks.len()
+            + km.len()
+            + kt.as_ref().map_or(0, String::len)
+            + args.iter().map(Vec::len).sum::<usize>();
+        let n = 2 + usize::from(tombstone);
+        let mut cmd = script.evalsha_cmd_with_capacity(n, 3 + n + args.len(), bytes);
         cmd.arg(ks).arg(km);
+        if let Some(kt) = kt {
+            cmd.arg(kt);
+        }
         for a in &args {
             cmd.arg(a.as_slice());
         }
@@ -328,12 +385,12 @@ impl StreamBackend for RedisStreamBackend {
         let (r, registered) = match early {
             Some(at) => {
                 let (r, g) = tokio::join!(
-                    self.call_durable(&CREATE, path, args),
+                    self.call_durable_burying(&CREATE, path, args),
                     self.register_deadline(path, &spec.incarnation, Some(at), None)
                 );
                 (r?, Some(g))
             }
-            None => (self.call_durable(&CREATE, path, args).await?, None),
+            None => (self.call_durable_burying(&CREATE, path, args).await?, None),
         };
         check(path, &r, Offset::ZERO, 0)?;
         let info = parse_info(path, &r[1])?;
@@ -385,7 +442,7 @@ impl StreamBackend for RedisStreamBackend {
     }
 
     async fn delete(&self, path: &StreamPath) -> Result<Deleted> {
-        let r = self.call(&DELETE, path, vec![]).await?;
+        let r = self.call_burying(&DELETE, path, vec![]).await?;
         check(path, &r, Offset::ZERO, 0)?;
         Ok(match text(&r[0]).as_str() {
             "soft" => Deleted::Soft,
@@ -450,7 +507,7 @@ impl StreamBackend for RedisStreamBackend {
     }
 
     async fn refs(&self, path: &StreamPath, add: bool) -> Result<Option<StreamPath>> {
-        let r = self.call(&REFS, path, vec![if add { b"+".to_vec() } else { b"-".to_vec() }]).await?;
+        let r = self.call_burying(&REFS, path, vec![if add { b"+".to_vec() } else { b"-".to_vec() }]).await?;
         Ok(if text(&r[0]) == "collected" { source_path(&r[1]) } else { None })
     }
 
