@@ -24,12 +24,13 @@
 //! | `p:q:{q}:backoff`        | string | present while the queue backs off (`RateLimited`); its TTL is the back-off left |
 //! | `p:q:{q}:krate`          | hash   | per-key rate limit: key → `<tat µs>:<delayed entries>:<latest due µs>` |
 //! | `p:q:{q}:krate:exp`      | zset   | key → ms after which its `krate` field may be stale (a read removes up to 8) |
-//! | `p:q:{q}:resend:<writer>` | string | Cluster only: one process's re-send guard of its `offer_batch` calls ([`ClusterOffers`]) |
+//! | `p:q:{q}:resend:<writer>` | string | Cluster only: one process's re-send guard of its `offer_batch` calls ([`ClusterOffers`]), or one guard of a consumer's pool for its `settle` calls ([`SETTLE_GUARDED`]: as many guards as its settle calls were in flight at once) |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
 //! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`, `read`, `pause`, `offer` (entries of a priority other than 0),
 //! `offer_batch` (every offer on Cluster: [`ClusterOffers`]); every time they compare is Redis's own (`TIME`).
+//! On Cluster `settle` runs under a re-send guard lent per call ([`SETTLE_GUARDED`]).
 //!
 //! **The gated read.** New entries are taken only by `read.lua`: it checks the queue's gates (the
 //! pause flag) and takes up to `count` entries with a non-blocking `XREADGROUP … COUNT n` in one
@@ -89,7 +90,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use baton_redis::group_commit::{Committer, GroupCommit, GroupCommitOptions};
 use baton_redis::redis::{self, Value};
-use baton_redis::resend::ResendGuard;
+use baton_redis::resend::{ResendGuard, ResendPool, RESEND_HEAD, RESEND_TAIL};
 use baton_redis::{is_nogroup, LuaScript, RedisClient, RedisConn};
 use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
@@ -104,6 +105,18 @@ use crate::{DeadLetter, MessageId, QueueError, QueueStats};
 static JOIN: LuaScript = LuaScript::new("join", include_str!("../scripts/join.lua"));
 static SETTLE: LuaScript =
     LuaScript::new("settle", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/settle.lua")));
+/// [`SETTLE`] under a re-send guard ([`baton_redis::resend`]): what Cluster deployments send. The
+/// redis crate's Cluster connection sends a call again when its connection dropped after it was
+/// sent; a second copy of a settle that ran would find its entries no longer pending and answer
+/// 0 ("not pending", `Owned::Gone`) for each although the first copy acked them. Calls are not
+/// serialized (the engine keeps up to four in flight, a remote worker's acks any number), so each
+/// call borrows a guard from its consumer's [`ResendPool`] (`RedisConsumer::resend`) until its
+/// reply; its key is `p:q:{q}:resend:<guard id>`, in the queue's slot. A re-sent copy is answered
+/// with the first copy's reply and changes nothing.
+static SETTLE_GUARDED: LuaScript = LuaScript::from_parts(
+    "settle",
+    &[RESEND_HEAD, include_str!("../scripts/caps.lua"), include_str!("../scripts/settle.lua"), RESEND_TAIL],
+);
 static HEARTBEAT: LuaScript = LuaScript::new("heartbeat", include_str!("../scripts/heartbeat.lua"));
 static REQUEUE: LuaScript =
     LuaScript::new("requeue", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/requeue.lua")));
@@ -132,12 +145,7 @@ static OFFER: LuaScript =
 /// ([`baton_redis::resend`]): what Cluster deployments send for every offer ([`ClusterOffers`]).
 static OFFER_BATCH: LuaScript = LuaScript::from_parts(
     "offer_batch",
-    &[
-        baton_redis::resend::RESEND_HEAD,
-        include_str!("../scripts/caps.lua"),
-        include_str!("../scripts/offer_batch.lua"),
-        baton_redis::resend::RESEND_TAIL,
-    ],
+    &[RESEND_HEAD, include_str!("../scripts/caps.lua"), include_str!("../scripts/offer_batch.lua"), RESEND_TAIL],
 );
 static PAUSE: LuaScript = LuaScript::new("pause", include_str!("../scripts/pause.lua"));
 static BACKOFF: LuaScript = LuaScript::new("backoff", include_str!("../scripts/backoff.lua"));
@@ -495,6 +503,7 @@ impl QueueBackend for RedisQueueBackend {
             rate: rate_args(spec_rate),
             key_rate: rate_args(spec_key_rate),
             promote_hint: std::sync::Mutex::new(None),
+            resend: self.client.is_cluster().then(ResendPool::new),
         }))
     }
 
@@ -738,6 +747,9 @@ struct RedisConsumer {
     /// The earliest due time of the entries this consumer's reads delayed for the per-key rate
     /// limit, not handed to the engine yet ([`ConsumerBackend::take_promote_hint`]).
     promote_hint: std::sync::Mutex<Option<std::time::Instant>>,
+    /// On Cluster: the re-send guards of this consumer's settle calls, one lent per call
+    /// ([`SETTLE_GUARDED`]).
+    resend: Option<ResendPool>,
 }
 
 impl RedisConsumer {
@@ -1031,11 +1043,20 @@ impl ConsumerBackend for RedisConsumer {
     }
 
     async fn settle(&self, items: &[Settle]) -> Result<Vec<Owned>, QueueError> {
-        let mut cmd =
-            SETTLE.evalsha_cmd_with_capacity(2 + keys::CAPS_KEYS, 14 + 3 * items.len(), 256 + 40 * items.len());
+        // On Cluster a guard lent for this call (held until its reply), its key last.
+        let guard = self.resend.as_ref().map(ResendPool::acquire);
+        let (script, extra) = if guard.is_some() { (&SETTLE_GUARDED, 1) } else { (&SETTLE, 0) };
+        let mut cmd = script.evalsha_cmd_with_capacity(
+            2 + keys::CAPS_KEYS + extra,
+            14 + 3 * extra + 3 * items.len(),
+            256 + 128 * extra + 40 * items.len(),
+        );
         cmd.arg(&self.keys.stream).arg(&self.keys.fences);
         for k in &self.keys.caps {
             cmd.arg(k);
+        }
+        if let Some(g) = &guard {
+            cmd.arg(g.key(&self.keys.stream));
         }
         cmd.arg(&self.group).arg(&self.spec.consumer).arg(PARKED);
         for s in items {
@@ -1047,7 +1068,12 @@ impl ConsumerBackend for RedisConsumer {
             };
             cmd.arg(op).arg(s.id.to_string()).arg(fence_arg(s.fence));
         }
-        match SETTLE.query::<Vec<i64>, _>(&mut self.conn.clone(), &cmd).await {
+        if let Some(g) = &guard {
+            g.push_args(&mut cmd);
+        }
+        let r = script.query::<Vec<i64>, _>(&mut self.conn.clone(), &cmd).await;
+        drop(guard);
+        match r {
             Ok(v) => Ok(v.into_iter().map(owned).collect()),
             // The group is gone (Redis restarted without persistence): nothing is pending.
             Err(e) if is_nogroup(&e) => Ok(vec![Owned::Gone; items.len()]),
