@@ -50,8 +50,9 @@ if RG then
       local kind, body = string.sub(rg, nl + 1, nl + 1), string.sub(rg, nl + 2)
       local inc = v[1]
       if kind ~= string.lower(kind) then
-        -- Carried from a stream deleted here (bury.lua, create.lua): its call ran on that one.
-        inc = redis.call('HGET', KM, 'r~' .. string.sub(RG, 3)) or ''
+        -- Carried from the stream deleted here last (bury.lua, create.lua): its call ran on that
+        -- one, whose incarnation the one field 'r~' holds.
+        inc = redis.call('HGET', KM, 'r~') or ''
         kind = string.lower(kind)
       end
       if kind == 'f' then return inc .. ' ' .. body end
@@ -71,8 +72,7 @@ if RG then
     -- This writer's first call on the stream, and the hash is large: the fields of writers
     -- idle for twice the re-send window are dropped (a token / 2^20 is the Unix time in
     -- seconds of its call, by the writer's clock; the margin allows up to 300 s of skew between
-    -- a writer's clock and the server's: a writer further behind may lose its field early), with
-    -- their 'r~' fields (the incarnation of a carried field, bury.lua) if any.
+    -- a writer's clock and the server's: a writer further behind may lose its field early).
     local t = redis.call('TIME')
     local cutoff = tonumber(t[1]) - 2 * RW / 1000
     local all = redis.call('HGETALL', KM)
@@ -80,11 +80,8 @@ if RG then
     for i = 1, #all, 2 do
       if string.sub(all[i], 1, 2) == 'r:' then
         local tok = tonumber(string.match(all[i + 1], '^%d+'))
-        if tok and math.floor(tok / 1048576) < cutoff then
-          drop[#drop + 1] = all[i]
-          drop[#drop + 1] = 'r~' .. string.sub(all[i], 3)
-        end
-        if #drop >= 1000 then redis.call('HDEL', KM, unpack(drop)); drop = {} end
+        if tok and math.floor(tok / 1048576) < cutoff then drop[#drop + 1] = all[i] end
+        if #drop == 1000 then redis.call('HDEL', KM, unpack(drop)); drop = {} end
       end
     end
     if #drop > 0 then redis.call('HDEL', KM, unpack(drop)) end

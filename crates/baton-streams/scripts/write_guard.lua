@@ -13,9 +13,12 @@
 -- The incarnation comes back from the hash itself. A field lives and dies with its stream's hash,
 -- except that a delete keeps the fields of recent calls in the stream's tombstone for RW ms
 -- (bury.lua) and a create within that time carries them into the new hash, marked by an
--- upper-cased kind ('F', 'M', 'K') and with the old incarnation in 'r~<writer id>': a copy of a
--- call to the deleted stream re-sent after the create gets the first copy's reply, with that
--- incarnation (one HGET, only for such a copy), and writes nothing to the new stream.
+-- upper-cased kind ('F', 'M', 'K'), with the deleted stream's incarnation in the one field 'r~'
+-- (shared by all fields carried by that delete): a copy of a call to the deleted stream re-sent
+-- after the create gets the first copy's reply, with that incarnation (one HGET, only for such a
+-- copy), and writes nothing to the new stream. A field is carried across one delete only (the
+-- next delete drops it, bury.lua): a copy re-sent across two deletes and creates within its
+-- re-send window is written to the newest stream.
 -- The caller added KEYS[3], the writer's overflow key (KS .. ':resend:' .. <writer id>,
 -- ResendGuard::key: the stream's hash tag, so its slot), touched only for a long reply, and two
 -- last ARGV: the field and the call's token (ResendGuard::next_token: grows with every call of

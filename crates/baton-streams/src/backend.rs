@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::end::EndReason;
+use crate::end::{EndReason, EndState};
 use crate::error::Result;
 use crate::limits::RunLimits;
 use crate::offset::{Offset, ReadFrom};
@@ -52,6 +52,31 @@ pub(crate) struct WriteSpec {
     /// answers `Closed`). Never with `producer`. Its records are part of the end: `max_len`
     /// does not count them.
     pub fence: Option<(String, Option<u64>)>,
+}
+
+impl WriteSpec {
+    /// A close without a producer stamp that is close-only or fenced
+    /// ([`crate::StreamStore::close`], [`crate::StreamStore::end_fenced`]): on a stream that had
+    /// ended already it is answered with that end ([`found_end`]), not `Closed`. The backend
+    /// answers so, as only it knows the incarnation of the stream it found ended (a later read
+    /// may find a stream created again since).
+    pub(crate) fn answers_found_end(&self) -> bool {
+        self.producer.is_none() && self.close.is_some() && (self.records.is_empty() || self.fence.is_some())
+    }
+}
+
+/// The answer to a close that found the stream of `incarnation` ended with `end`
+/// ([`WriteSpec::answers_found_end`]): nothing written, `ended_now == false`.
+pub(crate) fn found_end(end: EndState, incarnation: String) -> Appended {
+    Appended {
+        tail: end.final_offset,
+        duplicate: false,
+        producer: None,
+        producer_offset: None,
+        end: Some(end),
+        ended_now: false,
+        incarnation,
+    }
 }
 
 /// Source state for a fork.

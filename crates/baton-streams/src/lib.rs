@@ -94,12 +94,16 @@
 //!   deleted is answered as a write to a missing stream (404; the write went with the stream),
 //!   and one re-sent after it was deleted and created again gets the first copy's reply, with
 //!   the old incarnation, and writes nothing to the new stream. A carried field's kind is
-//!   upper-cased (`F`, `M`, `K`) and `r~<writer>` holds the incarnation its call ran on.
+//!   upper-cased (`F`, `M`, `K`), and one field `r~` holds the incarnation of the deleted
+//!   stream, on which all the fields carried by that delete ran (one field per hash, not one per
+//!   writer: the hash stays a listpack). A field is carried across one delete only: the next
+//!   delete drops it, so a copy re-sent across two deletes and creates within its re-send window
+//!   is written to the newest stream.
 //! * On Cluster only, `baton:s:{<path>}:gone`: a deleted stream's tombstone (`scripts/bury.lua`,
 //!   joined to `delete.lua` and to `refs.lua`, which deletes a soft-deleted stream when its last
 //!   fork goes): a hash of the `r:` fields of calls made within 600 s (the clean-up's age, by
-//!   the token's time) and their `r~` fields, expiring after the re-send window (300 s, the
-//!   longest a copy arrives after its call ran). A create of a new stream within that time
+//!   the token's time; fields carried already are dropped) and `r~`, expiring after the
+//!   re-send window (300 s, the longest a copy arrives after its call ran). A create of a new stream within that time
 //!   carries its fields into the new hash and deletes it. The write scripts never read it, so
 //!   writes pay nothing for it; `create.lua`, `delete.lua` and `refs.lua` take it as `KEYS[3]`.
 //!   Left open: a stream that expires (no script runs) leaves no tombstone, so a copy re-sent

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{CreateSpec, Deleted, PathFilter, Smallest, Snapshot, StreamBackend, WriteSpec};
+use crate::backend::{found_end, CreateSpec, Deleted, PathFilter, Smallest, Snapshot, StreamBackend, WriteSpec};
 use crate::end::{EndReason, EndState};
 use crate::error::{Result, StreamError};
 use crate::limits::{LimitScope, RunLimits};
@@ -427,6 +427,9 @@ impl StreamBackend for MemoryStreamBackend {
                         ended_now: false,
                         incarnation: st.inc.clone(),
                     });
+                }
+                if spec.answers_found_end() {
+                    return Ok(found_end(*end, st.inc.clone()));
                 }
                 return Err(StreamError::Closed { end: *end });
             }

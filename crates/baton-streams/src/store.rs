@@ -411,7 +411,6 @@ impl StreamStore {
             None => (None, if req.data.is_empty() { vec![] } else { vec![(req.data.clone(), 0)] }),
         };
         let close_only = records.is_empty();
-        let spec_fenced = fence.is_some();
         let spec = WriteSpec {
             incarnation: req.incarnation.clone(),
             ctn,
@@ -421,31 +420,15 @@ impl StreamStore {
             records,
             fence,
         };
-        match self.backend.write(path, spec).await {
-            Ok(a) => {
-                // Observed: a write that wrote something (records, or the end it set).
-                if !a.duplicate && (!close_only || a.ended_now) {
-                    self.observe_append(path, a.tail, &a.incarnation).await;
-                }
-                Ok(a)
-            }
-            Err(StreamError::Closed { end })
-                if (close_only || spec_fenced) && req.producer.is_none() && req.close.is_some() =>
-            {
-                // The incarnation (for offset tokens): one metadata read on this rare path.
-                let incarnation = self.head(path).await.map(|i| i.incarnation).unwrap_or_default();
-                Ok(Appended {
-                    tail: end.final_offset,
-                    duplicate: false,
-                    producer: None,
-                    producer_offset: None,
-                    end: Some(end),
-                    ended_now: false,
-                    incarnation,
-                })
-            }
-            Err(e) => Err(e),
+        // A close-only or fenced close that finds the stream ended is answered with that end,
+        // with the incarnation of the stream the backend found ended, and writes nothing.
+        let found_end = spec.answers_found_end();
+        let a = self.backend.write(path, spec).await?;
+        // Observed: a write that wrote something (records, or the end it set).
+        if !a.duplicate && (a.ended_now || !(close_only || found_end)) {
+            self.observe_append(path, a.tail, &a.incarnation).await;
         }
+        Ok(a)
     }
 
     /// Ends a stream with `reason` (close-only, §5.3; run `finish`/`cancel`). Idempotent: on an

@@ -140,7 +140,7 @@ async fn a_delete_keeps_the_guard_in_a_tombstone_that_a_create_carries_over() {
     store.delete(&p).await.unwrap();
     let (kt, km) = ("baton:s:{t/gone}:gone", "baton:s:{t/gone}:m");
     let kept: Vec<String> = redis::cmd("HKEYS").arg(kt).query_async(&mut conn).await.unwrap();
-    assert_eq!(kept.len(), 2, "this process's r: field and its r~ field: {kept:?}");
+    assert_eq!(kept.len(), 2, "this process's r: field and r~ (the deleted stream's incarnation): {kept:?}");
     store.create(&p, create()).await.unwrap();
     let exists: bool = redis::cmd("EXISTS").arg(kt).query_async(&mut conn).await.unwrap();
     assert!(!exists);

@@ -522,9 +522,13 @@ async fn a_copy_resent_across_delete_and_create_is_not_written_to_the_new_stream
 }
 
 /// Every kind of kept reply (`m` a first call, `f` a fast-path one, `k` a batch in the overflow
-/// key), carried across two deletes and creates in a row: each copy gets its first reply (with
-/// the incarnation its call ran on) and writes nothing; each writer's next call is written to the
-/// new stream as usual; the hash stays a listpack.
+/// key), across two deletes and creates in a row: the fields of calls made on the middle stream
+/// are carried once, so each such copy gets its first reply (with the middle stream's
+/// incarnation, from the one field `r~`) and writes nothing. The fields of calls made on the
+/// first stream were carried twice: the second delete dropped them (`scripts/bury.lua`, a
+/// documented limit), so those copies are written to the newest stream, answered with its
+/// incarnation. Each writer's next call is written to the newest stream as usual; the hash stays
+/// a listpack.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_of_reply_is_answered_across_two_deletes_and_creates() {
     baton_testkit::require_redis();
@@ -533,50 +537,87 @@ async fn every_kind_of_reply_is_answered_across_two_deletes_and_creates() {
     let store = store(&server).await;
     let tp = "text/plain";
     fresh(&mut conn, "inc1", tp, &[], 1).await;
-    let (gm, gf, gk) = (ResendGuard::new(), ResendGuard::new(), ResendGuard::new());
-    let warm = call(&mut conn, &gf, &fast("", tp, b"warm", None, None), gf.next_token()).await;
-    assert!(matches!(warm, Ok(Value::Array(_))), "{warm:?}");
     let one = fast("", tp, b"x", None, None);
     let many = batch(vec![
         req("", tp, "", ("P", "0", "0"), "", &[(b"c", "0")]),
         req("", tp, "", ("P", "0", "1"), "", &[(b"d", "0"), (b"e", "0")]),
         req("", tp, "", ("", "", ""), "", &[(b"f", "0")]),
     ]);
-    let mut sent = Vec::new();
-    for (g, args, kind) in [(&gm, &one, b'm'), (&gf, &one, b'f'), (&gk, &many, b'k')] {
-        let t = g.next_token();
-        let first = call(&mut conn, g, args, t).await.unwrap();
-        let field = hget(&mut conn, KM, g.field()).await.unwrap();
-        assert_eq!(field[field.iter().position(|c| *c == b'\n').unwrap() + 1], kind);
-        sent.push((g, args, t, first));
+    // One call of each kind by three writers on the stream now, its incarnation `inc`.
+    async fn calls<'a>(
+        conn: &mut RedisConn,
+        gs: &'a [ResendGuard; 3],
+        one: &'a [Vec<u8>],
+        many: &'a [Vec<u8>],
+        inc: &[u8],
+    ) -> Vec<(&'a ResendGuard, &'a [Vec<u8>], u64, Value)> {
+        let tp = "text/plain";
+        let warm = call(conn, &gs[1], &fast("", tp, b"warm", None, None), gs[1].next_token()).await;
+        assert!(matches!(warm, Ok(Value::Array(_))), "{warm:?}");
+        let mut sent = Vec::new();
+        for (g, args, kind) in [(&gs[0], one, b'm'), (&gs[1], one, b'f'), (&gs[2], many, b'k')] {
+            let t = g.next_token();
+            let first = call(conn, g, args, t).await.unwrap();
+            let field = hget(conn, KM, g.field()).await.unwrap();
+            assert_eq!(field[field.iter().position(|c| *c == b'\n').unwrap() + 1], kind);
+            assert_eq!(reply_inc(&first), inc);
+            sent.push((g, args, t, first));
+        }
+        assert!(matches!(&sent[1].3, Value::BulkString(_)), "{:?}", sent[1].3);
+        sent
     }
-    assert!(matches!(&sent[1].3, Value::BulkString(_)), "{:?}", sent[1].3);
-    for (_, _, _, first) in &sent {
-        assert_eq!(reply_inc(first), b"inc1");
-    }
+    let old = [ResendGuard::new(), ResendGuard::new(), ResendGuard::new()];
+    let mid = [ResendGuard::new(), ResendGuard::new(), ResendGuard::new()];
+    let sent1 = calls(&mut conn, &old, &one, &many, b"inc1").await;
     recreate(&store).await;
+    let inc2 = hget(&mut conn, KM, "inc").await.unwrap();
+    assert_ne!(inc2, b"inc1");
+    assert_eq!(hget(&mut conn, KM, "r~").await.as_deref(), Some(&b"inc1"[..]));
+    let sent2 = calls(&mut conn, &mid, &one, &many, &inc2).await;
+    assert_eq!(xlen(&mut conn).await, 7, "on the middle stream: warm, x, x, and the batch's 4");
     recreate(&store).await;
     let inc3 = hget(&mut conn, KM, "inc").await.unwrap();
-    assert_ne!(inc3, b"inc1");
-    for (g, args, t, first) in &sent {
-        assert_eq!(&call(&mut conn, g, args, *t).await.unwrap(), first);
-        let carried = hget(&mut conn, KM, &format!("r~{}", &g.field()[2..])).await;
-        assert_eq!(carried.as_deref(), Some(&b"inc1"[..]));
+    assert_ne!(inc3, inc2);
+    assert_eq!(xlen(&mut conn).await, 0);
+    // One `r~` field, the middle stream's incarnation; the first stream's writers have no field.
+    assert_eq!(hget(&mut conn, KM, "r~").await, Some(inc2.clone()));
+    for (g, _, _, _) in &sent1 {
+        assert_eq!(hget(&mut conn, KM, g.field()).await, None, "carried twice: dropped");
     }
-    assert_eq!(xlen(&mut conn).await, 0, "a copy was written to the new stream");
+    let h: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL").arg(KM).query_async(&mut conn).await.unwrap();
+    let guard: Vec<&String> = h.iter().map(|(f, _)| f).filter(|f| f.starts_with("r:") || *f == "r~").collect();
+    assert_eq!(guard.len(), 4, "the middle stream's three writers' fields and r~: {guard:?}");
+    // The middle stream's copies: their first replies, nothing written.
+    for (g, args, t, first) in &sent2 {
+        assert_eq!(&call(&mut conn, g, args, *t).await.unwrap(), first);
+    }
+    assert_eq!(xlen(&mut conn).await, 0, "a carried copy was written to the new stream");
     assert_eq!(state(&mut conn).await.4, Value::BulkString(b"listpack".to_vec()));
-    // Their next calls: written to the new stream, with its incarnation.
-    for (g, _, _, _) in &sent {
+    // The first stream's copies (re-sent across two deletes and creates): written to the newest
+    // stream (x, x, and the batch's c, d, e, f), answered as first calls there.
+    for (g, args, t, first) in &sent1 {
+        let r = call(&mut conn, g, args, *t).await.unwrap();
+        assert_ne!(&r, first);
+        assert_eq!(reply_inc(&r), inc3, "{r:?}");
+        let Value::Array(items) = &r else { panic!("{r:?}") };
+        for item in &items[..items.len() - 1] {
+            assert!(matches!(item, Value::Array(a) if a[0] == Value::BulkString(b"ok".to_vec())), "{r:?}");
+        }
+    }
+    assert_eq!(xlen(&mut conn).await, 6);
+    // Every writer's next call: written to the newest stream, with its incarnation.
+    for (g, _, _, _) in sent1.iter().chain(&sent2) {
         let r = call(&mut conn, g, &fast("", tp, b"next", None, None), g.next_token()).await.unwrap();
         assert_eq!(reply_inc(&r), inc3, "{r:?}");
     }
-    assert_eq!(xlen(&mut conn).await, 3);
+    assert_eq!(xlen(&mut conn).await, 12);
+    assert_eq!(state(&mut conn).await.4, Value::BulkString(b"listpack".to_vec()));
 }
 
 /// A hard delete with no create after it leaves only the tombstone `baton:s:{path}:gone`: the
-/// fields of calls within the window (marked carried, with their incarnation), none of idle
-/// writers, expiring after the re-send window (the window is the client's, as in
-/// `write_guard.lua`). A copy re-sent meanwhile answers as a write to a missing stream and
+/// fields of calls within the window (marked carried) and one `r~`, the deleted stream's
+/// incarnation, none of idle writers, expiring after the re-send window (the window is the
+/// client's, as in `write_guard.lua`). A copy re-sent meanwhile answers as a write to a missing stream and
 /// creates nothing. A stream with no guard field (standalone, Sentinel) leaves no tombstone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_without_create_leaves_only_a_tombstone_that_expires() {
@@ -605,7 +646,7 @@ async fn a_delete_without_create_leaves_only_a_tombstone_that_expires() {
     let nl = carried.iter().position(|c| *c == b'\n').unwrap();
     carried[nl + 1] = b'M';
     let w = &g.field()[2..];
-    assert_eq!(kept, [(format!("r:{w}"), carried), (format!("r~{w}"), b"inc1".to_vec())]);
+    assert_eq!(kept, [(format!("r:{w}"), carried), ("r~".to_string(), b"inc1".to_vec())]);
     let ttl: i64 = redis::cmd("PTTL").arg("baton:s:{brk}:gone").query_async(&mut conn).await.unwrap();
     assert!(ttl > 0 && ttl <= window, "{ttl}");
     let again = call(&mut conn, &g, &args, t).await.unwrap();
@@ -684,7 +725,10 @@ async fn carried_fields_do_not_answer_an_unrelated_writers_first_call() {
     assert_eq!(xlen(&mut conn).await, 1);
     assert_eq!(call(&mut conn, &other, &args, t).await.unwrap(), first);
     assert_eq!(xlen(&mut conn).await, 1);
-    assert_eq!(hget(&mut conn, KM, &format!("r~{}", &other.field()[2..])).await, None);
+    // The one `r~` field: the deleted stream's incarnation, unchanged by the other writer's calls.
+    assert_eq!(hget(&mut conn, KM, "r~").await.as_deref(), Some(&b"inc1"[..]));
+    let h: Vec<String> = redis::cmd("HKEYS").arg(KM).query_async(&mut conn).await.unwrap();
+    assert_eq!(h.iter().filter(|f| f.starts_with("r~")).count(), 1, "{h:?}");
 }
 
 /// 70 writers on one stream (over 48 fields: every first call cleans up), each call re-sent

@@ -25,7 +25,7 @@ use baton_redis::redis::{self, Value};
 
 use super::reply::*;
 use super::{keys, RedisStreamBackend, WRITE, WRITE_GUARDED};
-use crate::backend::WriteSpec;
+use crate::backend::{found_end, WriteSpec};
 use crate::end::{EndReason, EndState};
 use crate::error::{Result, StreamError};
 use crate::offset::Offset;
@@ -264,14 +264,23 @@ fn parse_write(path: &StreamPath, spec: &WriteSpec, r: &[Value]) -> Result<Appen
     let p = spec.producer.as_ref();
     let dup = is(&r[0], "dup");
     if !dup && !is(&r[0], "ok") {
-        check(path, r, Offset::ZERO, p.map_or(0, |p| p.epoch)).map_err(|e| match e {
-            StreamError::StreamSeqRegression { last, .. } => {
-                StreamError::StreamSeqRegression { last, received: spec.stream_seq.clone().unwrap_or_default() }
+        match check(path, r, Offset::ZERO, p.map_or(0, |p| p.epoch)) {
+            // The incarnation the script found ended is filled in by the caller (the call's last
+            // array; a carried re-send answer's names the stream its first copy ran on).
+            Err(StreamError::Closed { end }) if spec.answers_found_end() => return Ok(found_end(end, String::new())),
+            Err(StreamError::StreamSeqRegression { last, .. }) => {
+                return Err(StreamError::StreamSeqRegression {
+                    last,
+                    received: spec.stream_seq.clone().unwrap_or_default(),
+                })
             }
             // `check`'s message knows only the stream's type (`["ct", <stream's type>]`).
-            _ if is(&r[0], "ct") => StreamError::content_type_differs(&text(&r[1]), spec.ctn.as_deref()),
-            e => e,
-        })?;
+            Err(_) if is(&r[0], "ct") => {
+                return Err(StreamError::content_type_differs(&text(&r[1]), spec.ctn.as_deref()))
+            }
+            Err(e) => return Err(e),
+            Ok(()) => {}
+        }
     }
     if !dup && r.len() == 2 {
         // Short form: accepted, did not end the stream (the incarnation is filled in by the caller).
