@@ -28,96 +28,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod guard_common;
+
 use baton_redis::redis::{self, Value};
 use baton_redis::resend::ResendGuard;
-use baton_redis::{RedisClient, RedisConn};
+use baton_redis::RedisConn;
 use baton_streams::*;
-use baton_testkit::RedisServer;
 use bytes::Bytes;
-
-const GUARDED: &str = concat!(
-    include_str!("../scripts/write_guard.lua"),
-    include_str!("../scripts/write_fast.lua"),
-    include_str!("../scripts/common.lua"),
-    include_str!("../scripts/write.lua")
-);
+use guard_common::{call, encoding, fast, hget, opts, recreate, reply_inc, server, store, xlen};
 
 const KS: &str = "baton:s:{tb}";
 const KM: &str = "baton:s:{tb}:m";
 const KT: &str = "baton:s:{tb}:gone";
 const TP: &str = "text/plain";
 
-/// One guarded write.lua call as the Cluster client sends it (same token = a re-sent copy).
-async fn call(conn: &mut RedisConn, g: &ResendGuard, args: &[Vec<u8>], token: u64) -> redis::RedisResult<Value> {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(GUARDED).arg(3).arg(KS).arg(KM).arg(g.key(KS));
-    for a in args {
-        cmd.arg(a.as_slice());
-    }
-    cmd.arg(g.field()).arg(token);
-    cmd.query_async(conn).await
-}
-
-fn b(s: &str) -> Vec<u8> {
-    s.as_bytes().to_vec()
-}
-
-/// The fast layout of one append (optionally producer-stamped: `(id, prefix, state)`).
-fn fast(ctn: &str, data: &[u8], p: Option<(&str, &str, &str)>) -> Vec<Vec<u8>> {
-    let mut a = vec![b(""), b(ctn), data.to_vec()];
-    if let Some((pid, pre, st)) = p {
-        a.push(b(""));
-        a.push(b(&format!("p:{pid}")));
-        a.push(b(pre));
-        a.push(b(st));
-    }
-    a
-}
-
 fn path() -> StreamPath {
     StreamPath::new("tb").unwrap()
 }
 
-async fn store(server: &RedisServer) -> StreamStore {
-    let settings = StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() };
-    StreamStore::redis(server.config(), settings).await.unwrap()
-}
-
-fn opts(ct: &str) -> CreateOptions {
-    CreateOptions { content_type: Some(ct.to_string()), ..Default::default() }
-}
-
-/// Entries with data (not the hidden end entry).
-async fn xlen(conn: &mut RedisConn) -> usize {
-    let entries: Vec<(String, Vec<(String, String)>)> =
-        redis::cmd("XRANGE").arg(KS).arg("-").arg("+").query_async(conn).await.unwrap();
-    entries.iter().filter(|(_, f)| f.iter().any(|(k, _)| k == "d")).count()
-}
-
-async fn hget(conn: &mut RedisConn, key: &str, field: &str) -> Option<Vec<u8>> {
-    redis::cmd("HGET").arg(key).arg(field).query_async(conn).await.unwrap()
-}
-
-async fn encoding(conn: &mut RedisConn) -> String {
-    redis::cmd("OBJECT").arg("ENCODING").arg(KM).query_async(conn).await.unwrap()
-}
-
 async fn hlen(conn: &mut RedisConn) -> usize {
     redis::cmd("HLEN").arg(KM).query_async(conn).await.unwrap()
-}
-
-fn reply_inc(r: &Value) -> Vec<u8> {
-    match r {
-        Value::BulkString(b) => b.split(|c| *c == b' ').next().unwrap().to_vec(),
-        Value::Array(items) => match items.last() {
-            Some(Value::Array(ip)) => match &ip[0] {
-                Value::BulkString(b) => b.clone(),
-                o => panic!("{o:?}"),
-            },
-            o => panic!("{o:?}"),
-        },
-        o => panic!("{o:?}"),
-    }
 }
 
 /// 70 writers on one stream (as in write_guard_break.rs; the clean-up drops nothing): the hash is a
@@ -128,9 +58,7 @@ fn reply_inc(r: &Value) -> Vec<u8> {
 /// carried fields and one `r~`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn carrying_many_writers_keeps_the_hash_a_listpack() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, mut conn) = server().await;
     // Redis's documented default (this build's default is 512; the hashes were sized for 128:
     // write_guard.lua, "hash-max-listpack-value", and write_guard_break.rs's 70-writer test).
     let _: () =
@@ -139,14 +67,13 @@ async fn carrying_many_writers_keeps_the_hash_a_listpack() {
     store.create(&path(), opts(TP)).await.unwrap();
     let writers: Vec<ResendGuard> = (0..70).map(|_| ResendGuard::new()).collect();
     for (i, g) in writers.iter().enumerate() {
-        let r = call(&mut conn, g, &fast(TP, format!("w{i}").as_bytes(), None), g.next_token()).await;
+        let r = call(&mut conn, KS, g, &fast("", TP, format!("w{i}").as_bytes(), None, None), g.next_token()).await;
         assert!(r.is_ok(), "{r:?}");
     }
-    let before = (hlen(&mut conn).await, encoding(&mut conn).await);
+    let before = (hlen(&mut conn).await, encoding(&mut conn, KM).await);
     assert_eq!(before.1, "listpack", "precondition: the old stream's hash is a listpack ({} fields)", before.0);
-    store.delete(&path()).await.unwrap();
-    store.create(&path(), opts(TP)).await.unwrap();
-    let after = (hlen(&mut conn).await, encoding(&mut conn).await);
+    recreate(&store, &path()).await;
+    let after = (hlen(&mut conn).await, encoding(&mut conn, KM).await);
     assert_eq!(
         after.1, "listpack",
         "old hash {} fields (listpack); the re-created stream's hash has {} fields",
@@ -159,16 +86,13 @@ async fn carrying_many_writers_keeps_the_hash_a_listpack() {
 /// hash has one `r~` field at most.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_r_tilde_fields_outlive_the_carried_field() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, mut conn) = server().await;
     let store = store(&server).await;
     store.create(&path(), opts(TP)).await.unwrap();
     let g = ResendGuard::new();
-    call(&mut conn, &g, &fast(TP, b"old", None), g.next_token()).await.unwrap();
-    store.delete(&path()).await.unwrap();
-    store.create(&path(), opts(TP)).await.unwrap();
-    let r = call(&mut conn, &g, &fast(TP, b"new", None), g.next_token()).await.unwrap();
+    call(&mut conn, KS, &g, &fast("", TP, b"old", None, None), g.next_token()).await.unwrap();
+    recreate(&store, &path()).await;
+    let r = call(&mut conn, KS, &g, &fast("", TP, b"new", None, None), g.next_token()).await.unwrap();
     let inc = hget(&mut conn, KM, "inc").await.unwrap();
     assert_eq!(reply_inc(&r), inc);
     let field = hget(&mut conn, KM, g.field()).await.unwrap();
@@ -185,74 +109,67 @@ async fn stale_r_tilde_fields_outlive_the_carried_field() {
 /// refused as stale, not written (content type changed across the re-create, too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_copy_after_a_new_call_on_the_new_stream_is_stale() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, mut conn) = server().await;
     let store = store(&server).await;
     store.create(&path(), opts(TP)).await.unwrap();
     let g = ResendGuard::new();
     let t1 = g.next_token();
-    let old = fast(TP, b"old", None);
-    let first = call(&mut conn, &g, &old, t1).await.unwrap();
+    let old = fast("", TP, b"old", None, None);
+    let first = call(&mut conn, KS, &g, &old, t1).await.unwrap();
     store.delete(&path()).await.unwrap();
     store.create(&path(), opts("application/octet-stream")).await.unwrap();
     // The copy before any new call: the first reply, nothing written.
-    assert_eq!(call(&mut conn, &g, &old, t1).await.unwrap(), first);
-    assert_eq!(xlen(&mut conn).await, 0);
-    let new = fast("", b"new", None);
-    let r = call(&mut conn, &g, &new, g.next_token()).await.unwrap();
+    assert_eq!(call(&mut conn, KS, &g, &old, t1).await.unwrap(), first);
+    assert_eq!(xlen(&mut conn, KS).await, 0);
+    let new = fast("", "", b"new", None, None);
+    let r = call(&mut conn, KS, &g, &new, g.next_token()).await.unwrap();
     assert_ne!(reply_inc(&r), reply_inc(&first), "{r:?}");
-    let late = call(&mut conn, &g, &old, t1).await;
+    let late = call(&mut conn, KS, &g, &old, t1).await;
     assert!(matches!(&late, Err(e) if e.to_string().contains("BATON_STALE_RESEND")), "{late:?}");
-    assert_eq!(xlen(&mut conn).await, 1);
+    assert_eq!(xlen(&mut conn, KS).await, 1);
 }
 
 /// Stamped producer appends across a delete and re-create: the copy gets its first reply and is
 /// not written; the producer starts again at seq 0 on the new stream (no state carried).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stamped_copy_across_recreate() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, mut conn) = server().await;
     let store = store(&server).await;
     store.create(&path(), opts(TP)).await.unwrap();
     let g = ResendGuard::new();
     // seq 0 then seq 1 (the second one can take the fast path).
-    let a0 = fast(TP, b"p0", Some(("P", "0:-1:", "0:0::")));
-    call(&mut conn, &g, &a0, g.next_token()).await.unwrap();
-    let a1 = fast(TP, b"p1", Some(("P", "0:0:", "0:1::")));
+    let a0 = fast("", TP, b"p0", None, Some(("P", "0:-1:", "0:0::")));
+    call(&mut conn, KS, &g, &a0, g.next_token()).await.unwrap();
+    let a1 = fast("", TP, b"p1", None, Some(("P", "0:0:", "0:1::")));
     let t1 = g.next_token();
-    let first = call(&mut conn, &g, &a1, t1).await.unwrap();
-    assert_eq!(xlen(&mut conn).await, 2);
-    store.delete(&path()).await.unwrap();
-    store.create(&path(), opts(TP)).await.unwrap();
-    assert_eq!(call(&mut conn, &g, &a1, t1).await.unwrap(), first);
-    assert_eq!(xlen(&mut conn).await, 0);
+    let first = call(&mut conn, KS, &g, &a1, t1).await.unwrap();
+    assert_eq!(xlen(&mut conn, KS).await, 2);
+    recreate(&store, &path()).await;
+    assert_eq!(call(&mut conn, KS, &g, &a1, t1).await.unwrap(), first);
+    assert_eq!(xlen(&mut conn, KS).await, 0);
     assert_eq!(hget(&mut conn, KM, "p:P").await, None, "producer state not carried");
-    let r = call(&mut conn, &g, &a0, g.next_token()).await.unwrap();
+    let r = call(&mut conn, KS, &g, &a0, g.next_token()).await.unwrap();
     let Value::Array(items) = &r else { panic!("{r:?}") };
     assert!(matches!(&items[0], Value::Array(x) if x[0] == Value::BulkString(b"ok".to_vec())), "{r:?}");
-    assert_eq!(xlen(&mut conn).await, 1);
+    assert_eq!(xlen(&mut conn, KS).await, 1);
 }
 
 /// Closed-at-create, then a fork create at the path: each carries the tombstone; an idempotent
 /// create ('exists') leaves a tombstone alone; the listing never shows the tombstone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_fork_and_exists_creates_across_recreate() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, mut conn) = server().await;
     let store = store(&server).await;
     store.create(&path(), opts(TP)).await.unwrap();
     let g = ResendGuard::new();
     let t = g.next_token();
-    let args = fast(TP, b"once", None);
-    let first = call(&mut conn, &g, &args, t).await.unwrap();
+    let args = fast("", TP, b"once", None, None);
+    let first = call(&mut conn, KS, &g, &args, t).await.unwrap();
     store.delete(&path()).await.unwrap();
     assert!(store.list("", 100).await.unwrap().is_empty(), "a tombstone listed as a stream");
     assert!(matches!(store.head(&path()).await, Err(StreamError::NotFound { .. })));
     store.create(&path(), CreateOptions { closed: true, ..opts(TP) }).await.unwrap();
-    assert_eq!(call(&mut conn, &g, &args, t).await.unwrap(), first, "closed-at-create");
+    assert_eq!(call(&mut conn, KS, &g, &args, t).await.unwrap(), first, "closed-at-create");
     // exists: same config; the tombstone (made by hand) is not consumed.
     let _: () = redis::cmd("HSET").arg(KT).arg("r:zz").arg("1\nFx").query_async(&mut conn).await.unwrap();
     let c = store.create(&path(), CreateOptions { closed: true, ..opts(TP) }).await.unwrap();
@@ -262,14 +179,14 @@ async fn closed_fork_and_exists_creates_across_recreate() {
     // A call on the closed stream (refused, its reply kept): the next delete carries its field.
     // (The field of `first` is carried across one delete only: bury.lua drops a carried field.)
     let t2 = g.next_token();
-    let closed = call(&mut conn, &g, &args, t2).await.unwrap();
+    let closed = call(&mut conn, KS, &g, &args, t2).await.unwrap();
     // A fork at the path (source: another stream).
     let src = StreamPath::new("tb-src").unwrap();
     store.create(&src, CreateOptions { initial: Some(Bytes::from("s")), ..opts(TP) }).await.unwrap();
     store.delete(&path()).await.unwrap();
     let from = ForkFrom { source: src.clone(), offset: None, sub_offset: 0 };
     store.create(&path(), CreateOptions { fork: Some(from), ..opts(TP) }).await.unwrap();
-    assert_eq!(call(&mut conn, &g, &args, t2).await.unwrap(), closed, "fork create");
+    assert_eq!(call(&mut conn, KS, &g, &args, t2).await.unwrap(), closed, "fork create");
     let chunk = store.read(&path(), ReadFrom::Start).await.unwrap();
     assert_eq!(&chunk.body()[..], b"s", "the fork holds its source's data only");
     let info = store.head(&path()).await.unwrap();

@@ -10,38 +10,23 @@
 //!   idle for twice the re-send window; a deleted and re-created stream carries the old one's
 //!   fields of calls within that age, marked, with the old incarnation (`scripts/bury.lua`).
 
+mod guard_common;
+
 use baton_redis::redis::{self, Value};
 use baton_redis::resend::{ResendGuard, CLUSTER_RESEND_WINDOW, TOKEN_SECOND};
-use baton_redis::{RedisClient, RedisConn};
+use baton_redis::RedisConn;
 use baton_streams::*;
 use baton_testkit::RedisServer;
 use bytes::Bytes;
-
-const GUARDED: &str = concat!(
-    include_str!("../scripts/write_guard.lua"),
-    include_str!("../scripts/write_fast.lua"),
-    include_str!("../scripts/common.lua"),
-    include_str!("../scripts/write.lua")
-);
+use guard_common::{call, encoding, recreate, server, store, GUARDED};
 
 const KS: &str = "baton:s:{guard}";
 const KM: &str = "baton:s:{guard}:m";
 
-/// One guarded call with `args` (the script's own layout), the guard's field and `token`.
-async fn call(conn: &mut RedisConn, guard: &ResendGuard, args: &[&str], token: u64) -> redis::RedisResult<Value> {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(GUARDED).arg(3).arg(KS).arg(KM).arg(guard.key(KS));
-    for a in args {
-        cmd.arg(*a);
-    }
-    cmd.arg(guard.field()).arg(token);
-    cmd.query_async(conn).await
-}
-
 /// The same call twice: both replies, which must be equal.
 async fn twice(conn: &mut RedisConn, guard: &ResendGuard, args: &[&str], token: u64) -> Value {
-    let first = call(conn, guard, args, token).await.unwrap();
-    let again = call(conn, guard, args, token).await.unwrap();
+    let first = call(conn, KS, guard, args, token).await.unwrap();
+    let again = call(conn, KS, guard, args, token).await.unwrap();
     assert_eq!(again, first, "a re-sent copy's reply");
     first
 }
@@ -58,16 +43,9 @@ async fn field(conn: &mut RedisConn, guard: &ResendGuard) -> Vec<u8> {
     redis::cmd("HGET").arg(KM).arg(guard.field()).query_async(conn).await.unwrap()
 }
 
-async fn encoding(conn: &mut RedisConn) -> String {
-    redis::cmd("OBJECT").arg("ENCODING").arg(KM).query_async(conn).await.unwrap()
-}
-
 async fn setup() -> (RedisServer, StreamStore, RedisConn) {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let settings = StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() };
-    let store = StreamStore::redis(server.config(), settings).await.unwrap();
-    let conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, conn) = server().await;
+    let store = store(&server).await;
     let p = StreamPath::new("guard").unwrap();
     let ct = Some("text/plain".to_string());
     store.create(&p, CreateOptions { content_type: ct.clone(), ..Default::default() }).await.unwrap();
@@ -125,10 +103,10 @@ async fn a_resent_copy_gets_the_first_reply_and_writes_once() {
     assert_eq!(bodies(&mut conn).await, ["0", "a", "b"]);
 
     // 3. A late copy of call 1 (a smaller token) writes nothing.
-    let stale = call(&mut conn, &g, &["", "text/plain", "late"], t1).await.unwrap_err();
+    let stale = call(&mut conn, KS, &g, &["", "text/plain", "late"], t1).await.unwrap_err();
     assert_eq!(stale.code(), Some("BATON_STALE_RESEND"), "{stale:?}");
     let stale =
-        call(&mut conn, &g, &["1"].iter().copied().chain(general(&["late"], ("", "", ""))).collect::<Vec<_>>(), t1)
+        call(&mut conn, KS, &g, &["1"].iter().copied().chain(general(&["late"], ("", "", ""))).collect::<Vec<_>>(), t1)
             .await
             .unwrap_err();
     assert_eq!(stale.code(), Some("BATON_STALE_RESEND"), "{stale:?}");
@@ -148,22 +126,23 @@ async fn a_resent_copy_gets_the_first_reply_and_writes_once() {
     let ttl: i64 = redis::cmd("PTTL").arg(g.key(KS)).query_async(&mut conn).await.unwrap();
     assert!(ttl > 299_000 && ttl <= 300_000, "{ttl}");
     assert_eq!(bodies(&mut conn).await, ["0", "a", "b", "c", "d", "e", "f"]);
-    assert_eq!(encoding(&mut conn).await, "listpack");
+    assert_eq!(encoding(&mut conn, KM).await, "listpack");
 
     // 5. A rejected request (a producer sequence gap), stamped, on the fast layout: the general
     //    path answers; a re-sent copy gets the same rejection even after the gap is filled.
     let t5 = g.next_token();
     let gap = ["", "text/plain", "h", "", "p:P", "0:2:", "0:3::"];
-    let r5 = call(&mut conn, &g, &gap, t5).await.unwrap();
+    let r5 = call(&mut conn, KS, &g, &gap, t5).await.unwrap();
     let fill = g.next_token();
-    let filled = call(&mut conn, &ResendGuard::new(), &["", "text/plain", "g", "", "p:P", "0:1:", "0:2::"], fill).await;
+    let filled =
+        call(&mut conn, KS, &ResendGuard::new(), &["", "text/plain", "g", "", "p:P", "0:1:", "0:2::"], fill).await;
     assert!(filled.is_ok(), "{filled:?}");
-    let again = call(&mut conn, &g, &gap, t5).await.unwrap();
+    let again = call(&mut conn, KS, &g, &gap, t5).await.unwrap();
     assert_eq!(again, r5);
     let Value::Array(items) = &r5 else { panic!("{r5:?}") };
     assert!(matches!(&items[0], Value::Array(r) if r[0] == Value::BulkString(b"gap".to_vec())), "{r5:?}");
     assert_eq!(bodies(&mut conn).await, ["0", "a", "b", "c", "d", "e", "f", "g"]);
-    assert_eq!(encoding(&mut conn).await, "listpack");
+    assert_eq!(encoding(&mut conn, KM).await, "listpack");
 }
 
 #[test]
@@ -191,7 +170,7 @@ async fn idle_writers_fields_are_dropped_and_a_new_stream_has_none() {
     let before: usize = redis::cmd("HLEN").arg(KM).query_async(&mut conn).await.unwrap();
     // A writer's first call drops the 40 idle fields and adds its own.
     let g = ResendGuard::new();
-    call(&mut conn, &g, &["", "text/plain", "a"], g.next_token()).await.unwrap();
+    call(&mut conn, KS, &g, &["", "text/plain", "a"], g.next_token()).await.unwrap();
     let after: usize = redis::cmd("HLEN").arg(KM).query_async(&mut conn).await.unwrap();
     assert_eq!(after, before - 40 + 1);
     let kept: Vec<String> = redis::cmd("HKEYS").arg(KM).query_async(&mut conn).await.unwrap();
@@ -208,8 +187,7 @@ async fn idle_writers_fields_are_dropped_and_a_new_stream_has_none() {
     let _: () =
         redis::cmd("HSET").arg(KM).arg("r:idle").arg(format!("{stale}\nm")).query_async(&mut conn).await.unwrap();
     let p = StreamPath::new("guard").unwrap();
-    store.delete(&p).await.unwrap();
-    store.create(&p, CreateOptions { content_type: Some("text/plain".into()), ..Default::default() }).await.unwrap();
+    recreate(&store, &p).await;
     let h: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL").arg(KM).query_async(&mut conn).await.unwrap();
     let guard: Vec<_> = h.iter().filter(|(f, _)| f.starts_with("r:")).collect();
     assert_eq!(guard.len(), 21, "{guard:?}");
@@ -217,5 +195,5 @@ async fn idle_writers_fields_are_dropped_and_a_new_stream_has_none() {
     assert!(guard.iter().all(|(f, v)| f != "r:idle" && kind(v) == b'M'), "{guard:?}");
     let incs: Vec<_> = h.iter().filter(|(f, _)| f.starts_with("r~")).collect();
     assert_eq!(incs, [&("r~".to_string(), old_inc.into_bytes())]);
-    assert_eq!(encoding(&mut conn).await, "listpack");
+    assert_eq!(encoding(&mut conn, KM).await, "listpack");
 }

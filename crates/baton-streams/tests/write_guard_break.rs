@@ -15,31 +15,16 @@
 //!   (`scripts/bury.lua`, for the re-send window) and the create carries them over. A delete
 //!   with no create leaves only the tombstone, which expires; the carried fields answer no other
 //!   writer.
+mod guard_common;
+
 use baton_redis::redis::{self, Value};
 use baton_redis::resend::ResendGuard;
-use baton_redis::{RedisClient, RedisConn};
-use baton_streams::{CreateOptions, ForkFrom, RunLimits, StreamPath, StreamStore, StreamStoreSettings};
-use baton_testkit::RedisServer;
-
-const GUARDED: &str = concat!(
-    include_str!("../scripts/write_guard.lua"),
-    include_str!("../scripts/write_fast.lua"),
-    include_str!("../scripts/common.lua"),
-    include_str!("../scripts/write.lua")
-);
+use baton_redis::RedisConn;
+use baton_streams::{CreateOptions, ForkFrom, StreamPath};
+use guard_common::{b, call, fast, hget, recreate, reply_inc, server, store, xlen};
 
 const KS: &str = "baton:s:{brk}";
 const KM: &str = "baton:s:{brk}:m";
-
-async fn call(conn: &mut RedisConn, g: &ResendGuard, args: &[Vec<u8>], token: u64) -> redis::RedisResult<Value> {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(GUARDED).arg(3).arg(KS).arg(KM).arg(g.key(KS));
-    for a in args {
-        cmd.arg(a.as_slice());
-    }
-    cmd.arg(g.field()).arg(token);
-    cmd.query_async(conn).await
-}
 
 /// Everything a call may change: the hash, the entries, both expiries, the hash's encoding.
 async fn state(conn: &mut RedisConn) -> (Vec<(Vec<u8>, Vec<u8>)>, Value, i64, i64, Value) {
@@ -74,10 +59,6 @@ async fn fresh(conn: &mut RedisConn, inc: &str, ctn: &str, extra: &[(&str, Strin
         cmd.arg(*k).arg(v);
     }
     let _: () = cmd.query_async(conn).await.unwrap();
-}
-
-fn b(s: &str) -> Vec<u8> {
-    s.as_bytes().to_vec()
 }
 
 /// One request of the general layout.
@@ -118,6 +99,7 @@ async fn run(conn: &mut RedisConn, c: &Case) {
             // A rejected call (content type) writes only the guard field.
             let w = call(
                 conn,
+                KS,
                 &g,
                 &[b("1")]
                     .into_iter()
@@ -139,10 +121,10 @@ async fn run(conn: &mut RedisConn, c: &Case) {
             }
         }
         let t = g.next_token();
-        let first = call(conn, &g, &c.args, t).await;
+        let first = call(conn, KS, &g, &c.args, t).await;
         let before = state(conn).await;
         for _ in 0..2 {
-            let again = call(conn, &g, &c.args, t).await;
+            let again = call(conn, KS, &g, &c.args, t).await;
             assert_eq!(again, first, "{} (warm {warm}): a re-sent copy's reply", c.name);
             let after = state(conn).await;
             assert_eq!(after, before, "{} (warm {warm}): a re-sent copy changed the state", c.name);
@@ -153,27 +135,9 @@ async fn run(conn: &mut RedisConn, c: &Case) {
     }
 }
 
-fn fast(inc: &str, ctn: &str, data: &[u8], msgs: Option<&str>, p: Option<(&str, &str, &str)>) -> Vec<Vec<u8>> {
-    let mut a = vec![b(inc), b(ctn), data.to_vec()];
-    if let Some(m) = msgs {
-        a.push(b(m));
-    }
-    if let Some((pid, pre, st)) = p {
-        if msgs.is_none() {
-            a.push(b(""));
-        }
-        a.push(b(&format!("p:{pid}")));
-        a.push(b(pre));
-        a.push(b(st));
-    }
-    a
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resent_copy_of_every_outcome_gets_the_same_reply_and_changes_nothing() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (_server, mut conn) = server().await;
     let tp = "text/plain";
     let js = "application/json";
     let inc = "0190aaaa-bbbb";
@@ -454,48 +418,8 @@ async fn a_resent_copy_of_every_outcome_gets_the_same_reply_and_changes_nothing(
     }
 }
 
-async fn xlen(conn: &mut RedisConn) -> usize {
-    let entries: Vec<(String, Vec<(String, String)>)> =
-        redis::cmd("XRANGE").arg(KS).arg("-").arg("+").query_async(conn).await.unwrap();
-    entries.iter().filter(|(_, f)| f.iter().any(|(k, _)| k == "d")).count()
-}
-
-/// A store on the same server: deletes and creates go through the backend's callers of
-/// `delete.lua` and `create.lua` (their third key, the tombstone).
-async fn store(server: &RedisServer) -> StreamStore {
-    let settings = StreamStoreSettings { default_limits: RunLimits::unlimited(), ..StreamStoreSettings::default() };
-    StreamStore::redis(server.config(), settings).await.unwrap()
-}
-
 fn path() -> StreamPath {
     StreamPath::new("brk").unwrap()
-}
-
-async fn recreate(store: &StreamStore) {
-    store.delete(&path()).await.unwrap(); // delete.lua
-    let ct = Some("text/plain".to_string());
-    store.create(&path(), CreateOptions { content_type: ct, ..Default::default() }).await.unwrap();
-    // create.lua
-}
-
-/// The incarnation in a write's reply: a fast-path string's first word, or the first item of a
-/// general reply's last array.
-fn reply_inc(r: &Value) -> Vec<u8> {
-    match r {
-        Value::BulkString(b) => b.split(|c| *c == b' ').next().unwrap().to_vec(),
-        Value::Array(items) => match items.last() {
-            Some(Value::Array(ip)) => match &ip[0] {
-                Value::BulkString(b) => b.clone(),
-                o => panic!("{o:?}"),
-            },
-            o => panic!("{o:?}"),
-        },
-        o => panic!("{o:?}"),
-    }
-}
-
-async fn hget(conn: &mut RedisConn, key: &str, field: &str) -> Option<Vec<u8>> {
-    redis::cmd("HGET").arg(key).arg(field).query_async(conn).await.unwrap()
 }
 
 /// The guard's state died with the stream's hash, so a copy re-sent after the stream was deleted
@@ -505,19 +429,17 @@ async fn hget(conn: &mut RedisConn, key: &str, field: &str) -> Option<Vec<u8>> {
 /// (`scripts/bury.lua`): the copy gets the first copy's reply, the old incarnation's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_resent_across_delete_and_create_is_not_written_to_the_new_stream() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, mut conn) = server().await;
     let store = store(&server).await;
     let tp = "text/plain";
     fresh(&mut conn, "inc1", tp, &[], 1).await;
     let g = ResendGuard::new();
     let t = g.next_token();
     let args = fast("", tp, b"once", None, None);
-    let first = call(&mut conn, &g, &args, t).await.unwrap();
-    recreate(&store).await;
-    let again = call(&mut conn, &g, &args, t).await;
-    assert_eq!(xlen(&mut conn).await, 0, "the re-sent copy was written to the new stream");
+    let first = call(&mut conn, KS, &g, &args, t).await.unwrap();
+    recreate(&store, &path()).await;
+    let again = call(&mut conn, KS, &g, &args, t).await;
+    assert_eq!(xlen(&mut conn, KS).await, 0, "the re-sent copy was written to the new stream");
     assert_eq!(again.unwrap(), first, "the copy's reply");
 }
 
@@ -531,9 +453,7 @@ async fn a_copy_resent_across_delete_and_create_is_not_written_to_the_new_stream
 /// a listpack.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_of_reply_is_answered_across_two_deletes_and_creates() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, mut conn) = server().await;
     let store = store(&server).await;
     let tp = "text/plain";
     fresh(&mut conn, "inc1", tp, &[], 1).await;
@@ -552,12 +472,12 @@ async fn every_kind_of_reply_is_answered_across_two_deletes_and_creates() {
         inc: &[u8],
     ) -> Vec<(&'a ResendGuard, &'a [Vec<u8>], u64, Value)> {
         let tp = "text/plain";
-        let warm = call(conn, &gs[1], &fast("", tp, b"warm", None, None), gs[1].next_token()).await;
+        let warm = call(conn, KS, &gs[1], &fast("", tp, b"warm", None, None), gs[1].next_token()).await;
         assert!(matches!(warm, Ok(Value::Array(_))), "{warm:?}");
         let mut sent = Vec::new();
         for (g, args, kind) in [(&gs[0], one, b'm'), (&gs[1], one, b'f'), (&gs[2], many, b'k')] {
             let t = g.next_token();
-            let first = call(conn, g, args, t).await.unwrap();
+            let first = call(conn, KS, g, args, t).await.unwrap();
             let field = hget(conn, KM, g.field()).await.unwrap();
             assert_eq!(field[field.iter().position(|c| *c == b'\n').unwrap() + 1], kind);
             assert_eq!(reply_inc(&first), inc);
@@ -569,16 +489,16 @@ async fn every_kind_of_reply_is_answered_across_two_deletes_and_creates() {
     let old = [ResendGuard::new(), ResendGuard::new(), ResendGuard::new()];
     let mid = [ResendGuard::new(), ResendGuard::new(), ResendGuard::new()];
     let sent1 = calls(&mut conn, &old, &one, &many, b"inc1").await;
-    recreate(&store).await;
+    recreate(&store, &path()).await;
     let inc2 = hget(&mut conn, KM, "inc").await.unwrap();
     assert_ne!(inc2, b"inc1");
     assert_eq!(hget(&mut conn, KM, "r~").await.as_deref(), Some(&b"inc1"[..]));
     let sent2 = calls(&mut conn, &mid, &one, &many, &inc2).await;
-    assert_eq!(xlen(&mut conn).await, 7, "on the middle stream: warm, x, x, and the batch's 4");
-    recreate(&store).await;
+    assert_eq!(xlen(&mut conn, KS).await, 7, "on the middle stream: warm, x, x, and the batch's 4");
+    recreate(&store, &path()).await;
     let inc3 = hget(&mut conn, KM, "inc").await.unwrap();
     assert_ne!(inc3, inc2);
-    assert_eq!(xlen(&mut conn).await, 0);
+    assert_eq!(xlen(&mut conn, KS).await, 0);
     // One `r~` field, the middle stream's incarnation; the first stream's writers have no field.
     assert_eq!(hget(&mut conn, KM, "r~").await, Some(inc2.clone()));
     for (g, _, _, _) in &sent1 {
@@ -589,14 +509,14 @@ async fn every_kind_of_reply_is_answered_across_two_deletes_and_creates() {
     assert_eq!(guard.len(), 4, "the middle stream's three writers' fields and r~: {guard:?}");
     // The middle stream's copies: their first replies, nothing written.
     for (g, args, t, first) in &sent2 {
-        assert_eq!(&call(&mut conn, g, args, *t).await.unwrap(), first);
+        assert_eq!(&call(&mut conn, KS, g, args, *t).await.unwrap(), first);
     }
-    assert_eq!(xlen(&mut conn).await, 0, "a carried copy was written to the new stream");
+    assert_eq!(xlen(&mut conn, KS).await, 0, "a carried copy was written to the new stream");
     assert_eq!(state(&mut conn).await.4, Value::BulkString(b"listpack".to_vec()));
     // The first stream's copies (re-sent across two deletes and creates): written to the newest
     // stream (x, x, and the batch's c, d, e, f), answered as first calls there.
     for (g, args, t, first) in &sent1 {
-        let r = call(&mut conn, g, args, *t).await.unwrap();
+        let r = call(&mut conn, KS, g, args, *t).await.unwrap();
         assert_ne!(&r, first);
         assert_eq!(reply_inc(&r), inc3, "{r:?}");
         let Value::Array(items) = &r else { panic!("{r:?}") };
@@ -604,13 +524,13 @@ async fn every_kind_of_reply_is_answered_across_two_deletes_and_creates() {
             assert!(matches!(item, Value::Array(a) if a[0] == Value::BulkString(b"ok".to_vec())), "{r:?}");
         }
     }
-    assert_eq!(xlen(&mut conn).await, 6);
+    assert_eq!(xlen(&mut conn, KS).await, 6);
     // Every writer's next call: written to the newest stream, with its incarnation.
     for (g, _, _, _) in sent1.iter().chain(&sent2) {
-        let r = call(&mut conn, g, &fast("", tp, b"next", None, None), g.next_token()).await.unwrap();
+        let r = call(&mut conn, KS, g, &fast("", tp, b"next", None, None), g.next_token()).await.unwrap();
         assert_eq!(reply_inc(&r), inc3, "{r:?}");
     }
-    assert_eq!(xlen(&mut conn).await, 12);
+    assert_eq!(xlen(&mut conn, KS).await, 12);
     assert_eq!(state(&mut conn).await.4, Value::BulkString(b"listpack".to_vec()));
 }
 
@@ -624,9 +544,7 @@ async fn a_delete_without_create_leaves_only_a_tombstone_that_expires() {
     const BURY: &str = include_str!("../scripts/bury.lua");
     let window = baton_redis::resend::CLUSTER_RESEND_WINDOW.as_millis() as i64;
     assert!(BURY.contains(&format!("local RW = {window}\n")), "bury.lua should keep {window} ms");
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, mut conn) = server().await;
     let store = store(&server).await;
     let tp = "text/plain";
     let idle = (now_ms() / 1000 - 1200) * baton_redis::resend::TOKEN_SECOND;
@@ -634,7 +552,7 @@ async fn a_delete_without_create_leaves_only_a_tombstone_that_expires() {
     let g = ResendGuard::new();
     let t = g.next_token();
     let args = fast("", tp, b"once", None, None);
-    call(&mut conn, &g, &args, t).await.unwrap();
+    call(&mut conn, KS, &g, &args, t).await.unwrap();
     let field = hget(&mut conn, KM, g.field()).await.unwrap();
     store.delete(&path()).await.unwrap();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
@@ -649,7 +567,7 @@ async fn a_delete_without_create_leaves_only_a_tombstone_that_expires() {
     assert_eq!(kept, [(format!("r:{w}"), carried), ("r~".to_string(), b"inc1".to_vec())]);
     let ttl: i64 = redis::cmd("PTTL").arg("baton:s:{brk}:gone").query_async(&mut conn).await.unwrap();
     assert!(ttl > 0 && ttl <= window, "{ttl}");
-    let again = call(&mut conn, &g, &args, t).await.unwrap();
+    let again = call(&mut conn, KS, &g, &args, t).await.unwrap();
     assert_eq!(again, Value::Array(vec![Value::Array(vec![Value::BulkString(b"nf".to_vec())])]));
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
     assert_eq!(keys, ["baton:s:{brk}:gone"]);
@@ -671,9 +589,7 @@ async fn a_delete_without_create_leaves_only_a_tombstone_that_expires() {
 /// tombstone as `delete.lua` does, and a create carries it over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_soft_deleted_stream_collected_by_its_last_fork_leaves_a_tombstone() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, mut conn) = server().await;
     let store = store(&server).await;
     let tp = "text/plain";
     let ct = Some(tp.to_string());
@@ -681,7 +597,7 @@ async fn a_soft_deleted_stream_collected_by_its_last_fork_leaves_a_tombstone() {
     let g = ResendGuard::new();
     let t = g.next_token();
     let args = fast("", tp, b"once", None, None);
-    let first = call(&mut conn, &g, &args, t).await.unwrap();
+    let first = call(&mut conn, KS, &g, &args, t).await.unwrap();
     let fork = StreamPath::new("brk-fork").unwrap();
     let from = ForkFrom { source: path(), offset: None, sub_offset: 0 };
     store.create(&fork, CreateOptions { content_type: ct, fork: Some(from), ..Default::default() }).await.unwrap();
@@ -693,8 +609,8 @@ async fn a_soft_deleted_stream_collected_by_its_last_fork_leaves_a_tombstone() {
     assert_eq!(kept.len(), 2, "{kept:?}");
     let ct = Some(tp.to_string());
     store.create(&path(), CreateOptions { content_type: ct, ..Default::default() }).await.unwrap();
-    assert_eq!(call(&mut conn, &g, &args, t).await.unwrap(), first);
-    assert_eq!(xlen(&mut conn).await, 0);
+    assert_eq!(call(&mut conn, KS, &g, &args, t).await.unwrap(), first);
+    assert_eq!(xlen(&mut conn, KS).await, 0);
 }
 
 /// The fields a re-created stream carries answer only their own writers' copies: another
@@ -702,15 +618,13 @@ async fn a_soft_deleted_stream_collected_by_its_last_fork_leaves_a_tombstone() {
 /// re-sent copy; the create took the tombstone away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn carried_fields_do_not_answer_an_unrelated_writers_first_call() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (server, mut conn) = server().await;
     let store = store(&server).await;
     let tp = "text/plain";
     fresh(&mut conn, "inc1", tp, &[], 1).await;
     let g = ResendGuard::new();
-    call(&mut conn, &g, &fast("", tp, b"old", None, None), g.next_token()).await.unwrap();
-    recreate(&store).await;
+    call(&mut conn, KS, &g, &fast("", tp, b"old", None, None), g.next_token()).await.unwrap();
+    recreate(&store, &path()).await;
     let exists: bool = redis::cmd("EXISTS").arg("baton:s:{brk}:gone").query_async(&mut conn).await.unwrap();
     assert!(!exists, "the create leaves the tombstone");
     assert!(hget(&mut conn, KM, g.field()).await.is_some(), "carried");
@@ -718,13 +632,13 @@ async fn carried_fields_do_not_answer_an_unrelated_writers_first_call() {
     let other = ResendGuard::new();
     let t = other.next_token();
     let args = fast("", tp, b"new", None, None);
-    let first = call(&mut conn, &other, &args, t).await.unwrap();
+    let first = call(&mut conn, KS, &other, &args, t).await.unwrap();
     let Value::Array(items) = &first else { panic!("{first:?}") };
     assert!(matches!(&items[0], Value::Array(r) if r[0] == Value::BulkString(b"ok".to_vec())), "{first:?}");
     assert_eq!(reply_inc(&first), inc);
-    assert_eq!(xlen(&mut conn).await, 1);
-    assert_eq!(call(&mut conn, &other, &args, t).await.unwrap(), first);
-    assert_eq!(xlen(&mut conn).await, 1);
+    assert_eq!(xlen(&mut conn, KS).await, 1);
+    assert_eq!(call(&mut conn, KS, &other, &args, t).await.unwrap(), first);
+    assert_eq!(xlen(&mut conn, KS).await, 1);
     // The one `r~` field: the deleted stream's incarnation, unchanged by the other writer's calls.
     assert_eq!(hget(&mut conn, KM, "r~").await.as_deref(), Some(&b"inc1"[..]));
     let h: Vec<String> = redis::cmd("HKEYS").arg(KM).query_async(&mut conn).await.unwrap();
@@ -735,9 +649,7 @@ async fn carried_fields_do_not_answer_an_unrelated_writers_first_call() {
 /// after every other writer's call: no field of a live writer is dropped, each call written once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_writers_resends_after_cleanups() {
-    baton_testkit::require_redis();
-    let server = RedisServer::start();
-    let mut conn = RedisClient::new(server.config()).unwrap().shared().await.unwrap();
+    let (_server, mut conn) = server().await;
     let tp = "text/plain";
     fresh(&mut conn, "inc1", tp, &[], 1).await;
     let writers: Vec<ResendGuard> = (0..70).map(|_| ResendGuard::new()).collect();
@@ -754,15 +666,15 @@ async fn many_writers_resends_after_cleanups() {
                 fast("", tp, body.as_bytes(), None, None)
             };
             let t = g.next_token();
-            let first = call(&mut conn, g, &args, t).await.unwrap();
+            let first = call(&mut conn, KS, g, &args, t).await.unwrap();
             sent.push((g, args, t, first));
         }
         for (g, args, t, first) in &sent {
-            assert_eq!(&call(&mut conn, g, args, *t).await.unwrap(), first);
+            assert_eq!(&call(&mut conn, KS, g, args, *t).await.unwrap(), first);
         }
     }
     let hlen: usize = redis::cmd("HLEN").arg(KM).query_async(&mut conn).await.unwrap();
-    assert_eq!(xlen(&mut conn).await, 1 + 3 * (70 + 24));
+    assert_eq!(xlen(&mut conn, KS).await, 1 + 3 * (70 + 24));
     // 70 guard fields, each at most 64 bytes: still a listpack (128 entries at most).
     assert_eq!(hlen, 78);
     assert_eq!(state(&mut conn).await.4, Value::BulkString(b"listpack".to_vec()));
