@@ -259,7 +259,7 @@ impl OutputWriter {
     /// Appends one event (see [`Producer::append`]). Errors: those of [`Producer::append`].
     pub async fn append(&self, data: impl Into<Bytes>) -> Result<Offset, StreamError> {
         let r = self.producer.append(data).await;
-        if let Err(StreamError::Closed { end }) = &r {
+        if let Err(StreamError::Closed { end, .. }) = &r {
             if end.reason != EndReason::Finished {
                 self.cancel.cancel();
             }

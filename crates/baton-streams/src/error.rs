@@ -69,9 +69,11 @@ pub enum StreamError {
     #[error("producer sequence gap: expected {expected}, received {received}")]
     SequenceGap { expected: u64, received: u64 },
     /// 409 with `Stream-Closed: true`: the stream has ended; nothing more can be written.
-    /// Carries the final offset and the end reason. [§4.1, §5.2]
+    /// Carries the final offset and the end reason, and the incarnation of the ended stream the
+    /// backend found (so `end.final_offset.token(&incarnation)` is that stream's offset token,
+    /// even when the path was deleted and re-created since; empty: unknown). [§4.1, §5.2]
     #[error("stream is closed ({}) at offset {}", end.reason, end.final_offset)]
-    Closed { end: EndState },
+    Closed { end: EndState, incarnation: String },
     /// 413: `max_len` would be passed (messages per stream or per writer: JSON values of an
     /// `application/json` stream, appends of any other). [Baton run semantics]
     #[error("max_len reached: at most {limit} messages per {scope}; continue in a new stream")]

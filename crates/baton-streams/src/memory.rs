@@ -301,7 +301,7 @@ impl StreamBackend for MemoryStreamBackend {
             }
             if spec.claim.is_some() {
                 if let Some((end, _, _)) = st.end {
-                    return Err(StreamError::Closed { end });
+                    return Err(StreamError::Closed { end, incarnation: st.inc.clone() });
                 }
             }
             let (ttl, exp) = expiry_fields(spec.expiry);
@@ -431,7 +431,7 @@ impl StreamBackend for MemoryStreamBackend {
                 if spec.answers_found_end() {
                     return Ok(found_end(*end, st.inc.clone()));
                 }
-                return Err(StreamError::Closed { end: *end });
+                return Err(StreamError::Closed { end: *end, incarnation: st.inc.clone() });
             }
             if let Some((id, epoch)) = &spec.fence {
                 let current = st.producers.get(id).map(|p| p.epoch);
@@ -672,7 +672,7 @@ impl StreamBackend for MemoryStreamBackend {
                 }
             }
             if let Some((end, _, _)) = st.end {
-                return Err(StreamError::Closed { end });
+                return Err(StreamError::Closed { end, incarnation: st.inc.clone() });
             }
             st.lw = now;
             st.ta = now;

@@ -233,7 +233,7 @@ impl Producer {
                 end: a.end.ok_or_else(|| StreamError::Backend("close without an end".into()))?,
                 ended_now: a.ended_now,
             }),
-            Err(StreamError::Closed { end }) => Ok(Ended { end, ended_now: false }),
+            Err(StreamError::Closed { end, .. }) => Ok(Ended { end, ended_now: false }),
             Err(e) => Err(e),
         }
     }

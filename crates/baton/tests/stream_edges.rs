@@ -266,6 +266,67 @@ async fn long_poll_on_a_deleted_stream(srv: &TestServer) {
     assert!(v["error"].as_str().unwrap().contains("not found"), "{text}");
 }
 
+/// A write refused by an ended stream (409) names its final offset as a token of that stream's
+/// incarnation, also while the path is deleted and re-created (closed again) meanwhile: the
+/// token is always one a re-created stream's PUT answered, never the final offset of one stream
+/// paired with the incarnation of the next (nor a bare offset).
+async fn closed_answer_names_the_ended_stream_across_re_creates(srv: &TestServer) {
+    let c = client();
+    let url = srv.url(&unique("closed-recreated"));
+    let put = || c.put(&url).header("content-type", "text/plain").header("stream-closed", "true").body("x").send();
+    let r = put().await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let first = header(&r, "stream-next-offset").unwrap().to_string();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..3)
+        .map(|i| {
+            let (c, url, stop) = (c.clone(), url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = if i == 2 {
+                        c.post(&url).header("baton-keepalive", "true").send().await.unwrap()
+                    } else {
+                        c.post(&url).header("content-type", "text/plain").body("late").send().await.unwrap()
+                    };
+                    match r.status() {
+                        StatusCode::CONFLICT => {
+                            let token = header(&r, "stream-next-offset").unwrap().to_string();
+                            let (_, err) = error_of(r).await;
+                            assert_eq!(err["error"], "stream_closed", "{err}");
+                            assert!(err["message"].as_str().unwrap().contains(&token), "{token}: {err}");
+                            seen.push(token);
+                        }
+                        StatusCode::NOT_FOUND => {}
+                        other => panic!("unexpected {other}"),
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    // Delete and re-create (closed) for a while; each stream's final offset token is its PUT's.
+    let mut tokens = std::collections::HashSet::from([first]);
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        assert_eq!(c.delete(&url).send().await.unwrap().status(), StatusCode::NO_CONTENT);
+        let r = put().await.unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+        tokens.insert(header(&r, "stream-next-offset").unwrap().to_string());
+        // The next stream's final offset differs from this one's (offsets are ms-based).
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut refused = 0;
+    for w in writers {
+        for token in w.await.unwrap() {
+            assert!(tokens.contains(&token), "409 token {token} is no stream's final offset token");
+            refused += 1;
+        }
+    }
+    assert!(refused > 100, "only {refused} writes refused");
+}
+
 /// Each case on memory and on Redis standalone (one server each).
 macro_rules! on_backends {
     ($($case:ident),* $(,)?) => {
@@ -296,4 +357,5 @@ on_backends!(
     zero_max_run_is_refused,
     offsets_of_a_deleted_stream_are_gone,
     long_poll_on_a_deleted_stream,
+    closed_answer_names_the_ended_stream_across_re_creates,
 );

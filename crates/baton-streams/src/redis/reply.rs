@@ -141,7 +141,7 @@ pub(super) fn check(path: &StreamPath, r: &[Value], requested: Offset, epoch: u6
         "closed" => {
             let info = parse_info(path, &r[1])?;
             match info.end {
-                Some(end) => StreamError::Closed { end },
+                Some(end) => StreamError::Closed { end, incarnation: info.incarnation },
                 None => StreamError::Backend("closed reply without an end".into()),
             }
         }

@@ -267,7 +267,9 @@ fn parse_write(path: &StreamPath, spec: &WriteSpec, r: &[Value]) -> Result<Appen
         match check(path, r, Offset::ZERO, p.map_or(0, |p| p.epoch)) {
             // The incarnation the script found ended is filled in by the caller (the call's last
             // array; a carried re-send answer's names the stream its first copy ran on).
-            Err(StreamError::Closed { end }) if spec.answers_found_end() => return Ok(found_end(end, String::new())),
+            Err(StreamError::Closed { end, .. }) if spec.answers_found_end() => {
+                return Ok(found_end(end, String::new()))
+            }
             Err(StreamError::StreamSeqRegression { last, .. }) => {
                 return Err(StreamError::StreamSeqRegression {
                     last,

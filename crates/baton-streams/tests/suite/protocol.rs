@@ -211,10 +211,15 @@ pub async fn close_semantics(b: &TestBackend) {
     let retry = AppendRequest { data: Bytes::from("other"), ..closing };
     let r = s.append(&p, retry).await.unwrap();
     assert!(r.duplicate && r.end == Some(end));
-    // Another tuple, or a plain append: closed (409) with the final offset.
-    assert_eq!(s.append(&p, stamped(ct, "late", "P", 0, 2)).await, Err(StreamError::Closed { end }));
-    assert_eq!(s.append(&p, body(ct, "late")).await, Err(StreamError::Closed { end }));
-    assert_eq!(s.append(&p, stamped(ct, "x", "Q", 0, 0)).await, Err(StreamError::Closed { end }));
+    // Another tuple, a plain append, or a keepalive: closed (409) with the final offset and the
+    // incarnation of the ended stream the backend found (the HTTP layer's token of that offset).
+    let incarnation = closed.incarnation.clone();
+    assert!(!incarnation.is_empty());
+    let refused = StreamError::Closed { end, incarnation };
+    assert_eq!(s.append(&p, stamped(ct, "late", "P", 0, 2)).await, Err(refused.clone()));
+    assert_eq!(s.append(&p, body(ct, "late")).await, Err(refused.clone()));
+    assert_eq!(s.append(&p, stamped(ct, "x", "Q", 0, 0)).await, Err(refused.clone()));
+    assert_eq!(s.keepalive(&p).await.err(), Some(refused));
     // Close-only is idempotent and reports the existing end.
     let again = s.close(&p, EndReason::Cancelled).await.unwrap();
     assert_eq!((again.end, again.ended_now), (Some(end), false));

@@ -102,7 +102,8 @@ pub async fn zombie_cancel_and_recreate_fencing(b: &TestBackend) {
     let cancelled = s.end(&p, EndReason::Cancelled).await.unwrap();
     let end = EndState { reason: EndReason::Cancelled, final_offset: tail };
     assert_eq!(cancelled, Ended { end, ended_now: true });
-    assert_eq!(new.append("c").await, Err(StreamError::Closed { end }));
+    let inc = s.head(&p).await.unwrap().incarnation;
+    assert_eq!(new.append("c").await, Err(StreamError::Closed { end, incarnation: inc }));
     assert_eq!(new.finish().await.unwrap(), Ended { end, ended_now: false });
     assert_eq!(text(&s.read(&p, ReadFrom::Start).await.unwrap()), "ab");
     // Opening an ended run is refused.
@@ -157,7 +158,8 @@ pub async fn an_end_fenced_to_a_producer_epoch(b: &TestBackend) {
     let tail = s.head(&p).await.unwrap().tail;
     assert_eq!(ended, Ended { end: EndState { reason: EndReason::Finished, final_offset: tail }, ended_now: true });
     assert_eq!(text(&s.read(&p, ReadFrom::Start).await.unwrap()), "aberror: stale");
-    assert_eq!(second.append("c").await, Err(StreamError::Closed { end: ended.end }));
+    let inc = s.head(&p).await.unwrap().incarnation;
+    assert_eq!(second.append("c").await, Err(StreamError::Closed { end: ended.end, incarnation: inc }));
     // Ended: every later end is told that end (fenced or not), nothing written.
     for e in [None, Some(0), Some(1)] {
         let again = s.end_fenced(&p, EndReason::Cancelled, entry(), "W", e).await.unwrap();
@@ -197,7 +199,8 @@ pub async fn keepalive_and_silence(b: &TestBackend) {
     let end = EndState { reason: EndReason::ProducerLost, final_offset: tail };
     assert_eq!(eof.end, Some(end));
     assert!(waited <= Duration::from_millis(1400), "ended after {waited:?}");
-    assert_eq!(producer.append("late").await, Err(StreamError::Closed { end }));
+    let inc = s.head(&p).await.unwrap().incarnation;
+    assert_eq!(producer.append("late").await, Err(StreamError::Closed { end, incarnation: inc }));
     assert_eq!(producer.finish().await.unwrap(), Ended { end, ended_now: false });
 }
 
@@ -303,7 +306,10 @@ pub async fn sweeper_ends_unread_silent_runs(b: &TestBackend) {
     assert!(after > sil && after <= sil + sweep.as_millis() as u64 + 1000, "ended {after} ms after the last write");
     let kept_info = s.head(&kept).await.unwrap();
     assert_eq!((kept_info.end, kept_info.ended_at), (None, None));
-    assert_eq!(a.append("late").await, Err(StreamError::Closed { end: info.end.unwrap() }));
+    assert_eq!(
+        a.append("late").await,
+        Err(StreamError::Closed { end: info.end.unwrap(), incarnation: info.incarnation.clone() })
+    );
     if let Some(mut c) = raw(b).await {
         // The deadline shards hold the kept run only (the ended one was removed when swept).
         let mut members = Vec::new();
@@ -331,7 +337,8 @@ pub async fn append_after_silence_is_refused(b: &TestBackend) {
     let tail = producer.append("a").await.unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
     let end = EndState { reason: EndReason::ProducerLost, final_offset: tail };
-    assert_eq!(producer.append("late").await, Err(StreamError::Closed { end }));
+    let inc = s.head(&p).await.unwrap().incarnation;
+    assert_eq!(producer.append("late").await, Err(StreamError::Closed { end, incarnation: inc }));
     let info = s.head(&p).await.unwrap();
     assert_eq!((info.end, info.tail, info.len), (Some(end), tail, 1));
     assert_eq!(text(&s.read(&p, ReadFrom::Start).await.unwrap()), "a");
@@ -377,8 +384,9 @@ pub async fn pipelined_appends_in_order(b: &TestBackend) {
         last = a.tail;
     }
     let end = EndState { reason: EndReason::Finished, final_offset: last };
+    let inc = s.head(&p).await.unwrap().incarnation;
     for r in &results[CLOSE_AT as usize + 1..] {
-        assert_eq!(r, &Err(StreamError::Closed { end }));
+        assert_eq!(r, &Err(StreamError::Closed { end, incarnation: inc.clone() }));
     }
     let body = text(&s.read(&p, ReadFrom::Start).await.unwrap());
     assert_eq!(body, (0..=CLOSE_AT).map(|i| format!("{i},")).collect::<String>());

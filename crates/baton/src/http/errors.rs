@@ -210,16 +210,24 @@ impl From<StreamError> for ApiError {
             Fenced { .. } => ("producer_fenced", format!("{e}; a newer producer epoch owns this producer id")),
             EpochMustStartAtZero { .. } => ("epoch_must_start_at_zero", e.to_string()),
             SequenceGap { .. } => ("sequence_gap", format!("{e}; resend the missing sequences first")),
-            Closed { .. } => ("stream_closed", format!("{e}; a closed stream accepts no more appends")),
+            // The message names the final offset as the token the header carries.
+            Closed { end, incarnation } => (
+                "stream_closed",
+                format!("{e}; a closed stream accepts no more appends").replacen(
+                    &end.final_offset.to_string(),
+                    &end.final_offset.token(incarnation),
+                    1,
+                ),
+            ),
             TooLong { .. } => ("max_len", e.to_string()),
             Backend(_) => ("backend_unavailable", format!("{e}; retry later")),
         };
         let mut err = ApiError::new(status, code, message);
         match e {
-            Closed { end } => {
+            Closed { end, incarnation } => {
                 err = err
                     .with_header(h::stream_closed(), "true")
-                    .with_header(h::stream_next_offset(), end.final_offset)
+                    .with_header(h::stream_next_offset(), end.final_offset.token(&incarnation))
                     .with_header(h::baton_end_reason(), end.reason);
             }
             Fenced { current_epoch, .. } => err = err.with_header(h::producer_epoch(), current_epoch),

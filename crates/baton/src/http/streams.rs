@@ -5,11 +5,9 @@
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use baton_streams::{
-    AppendRequest, CreateOptions, Expiry, ForkFrom, ReadChunk, ReadFrom, StreamError, StreamInfo, StreamPath,
-};
+use baton_streams::{AppendRequest, CreateOptions, Expiry, ForkFrom, ReadChunk, ReadFrom, StreamInfo, StreamPath};
 
 use super::errors::{echo, ApiError};
 use super::headers::{self as h, set, set_static, Live, ReadQuery};
@@ -213,10 +211,7 @@ async fn append(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     let data = read_body(body, hm, &body_limit(st)).await?;
     if keepalive && data.is_empty() && !closed {
-        let info = match st.store.keepalive(&path).await {
-            Ok(info) => info,
-            Err(e) => return Err(closed_error(st, &path, e).await),
-        };
+        let info = st.store.keepalive(&path).await?;
         let mut res = StatusCode::NO_CONTENT.into_response();
         set(res.headers_mut(), h::stream_next_offset(), info.tail.token(&info.incarnation));
         return Ok(res);
@@ -237,10 +232,7 @@ async fn append(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
     let has_data = !data.is_empty();
     let req =
         AppendRequest { data, content_type: ct, stream_seq, producer: producer.clone(), close, incarnation: None };
-    let a = match st.store.append(&path, req).await {
-        Ok(a) => a,
-        Err(e) => return Err(closed_error(st, &path, e).await),
-    };
+    let a = st.store.append(&path, req).await?;
     let status = if producer.is_some() && has_data && !a.duplicate { StatusCode::OK } else { StatusCode::NO_CONTENT };
     let mut res = status.into_response();
     let out = res.headers_mut();
@@ -258,23 +250,6 @@ async fn append(st: &AppState, parts: &Parts, path: StreamPath, body: Body) -> R
         metrics::counter!("baton_stream_appends_total").increment(1);
     }
     Ok(res)
-}
-
-/// The error of a write; a `409` of an ended stream carries its final offset as a token of the
-/// stream's incarnation (one metadata read on that path; the bare offset when it fails).
-async fn closed_error(st: &AppState, path: &StreamPath, e: StreamError) -> ApiError {
-    let StreamError::Closed { end } = &e else { return e.into() };
-    let final_offset = end.final_offset;
-    let mut err = ApiError::from(e);
-    if let Ok(info) = st.store.head(path).await {
-        let token = final_offset.token(&info.incarnation);
-        // The message names the same token as the header.
-        err.message = err.message.replacen(&final_offset.to_string(), &token, 1);
-        if let Ok(v) = HeaderValue::from_str(&token) {
-            err.headers.insert(h::stream_next_offset(), v);
-        }
-    }
-    err
 }
 
 fn info_headers(out: &mut HeaderMap, info: &StreamInfo) {
