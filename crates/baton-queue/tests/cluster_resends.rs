@@ -188,9 +188,22 @@ struct Acks {
     errors: HashMap<String, usize>,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acks_of_held_messages_are_answered_done() {
-    baton_testkit::require_redis();
+/// How each claimed delivery is settled under the storm.
+#[derive(Clone, Copy)]
+enum Settle {
+    Ack,
+    /// `retry_after`, alternating a delay shorter than the claim timeout (the entry is handed to
+    /// the parked owner: a re-sent copy would answer "another consumer owns it", `LeaseLost`)
+    /// and a longer one (moved to the delayed set: a re-sent copy would answer "not pending",
+    /// `Gone`).
+    RetryAfter,
+    DeadLetter,
+}
+
+/// One remote consumer with a 10 min claim timeout (nothing is ever reclaimed or parked behind
+/// its back, so every delivery it claims stays its own until it settles it) claims and settles
+/// each delivery with `how`, 8 workers at once, for 4 s under the kill storm.
+async fn settles_under_a_kill_storm(how: Settle) -> (Acks, u64) {
     let cluster = baton_testkit::RedisCluster::start();
     let client = RedisClient::new(cluster.config()).unwrap();
     let stream = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
@@ -208,12 +221,21 @@ async fn acks_of_held_messages_are_answered_done() {
     for _ in 0..8 {
         let (consumer, stop, acks) = (consumer.clone(), stop.clone(), acks.clone());
         workers.push(tokio::spawn(async move {
+            let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 // A claim that fails (its reply lost) leaves its entries pending under this
-                // consumer, unacked: they are not counted.
+                // consumer, unsettled: they are not counted.
                 let Ok(claimed) = consumer.claim_with(4, Duration::from_millis(100), false).await else { continue };
                 for d in claimed {
-                    let r = consumer.ack(d.id, d.fence).await;
+                    n += 1;
+                    let r = match how {
+                        Settle::Ack => consumer.ack(d.id, d.fence).await,
+                        Settle::RetryAfter => {
+                            let delay = if n % 2 == 0 { Duration::from_secs(1) } else { Duration::from_secs(1200) };
+                            consumer.retry_after(d.id, d.fence, delay).await
+                        }
+                        Settle::DeadLetter => consumer.dead_letter(d.id, d.fence, d.deliveries, "storm").await,
+                    };
                     let mut a = acks.lock().unwrap();
                     match r {
                         Ok(Settled::Done) => a.done += 1,
@@ -231,12 +253,35 @@ async fn acks_of_held_messages_are_answered_done() {
     for w in workers {
         w.await.unwrap();
     }
-    let a = acks.lock().unwrap();
+    let a = std::mem::take(&mut *acks.lock().unwrap());
+    (a, killed)
+}
+
+/// Every settle of a held delivery must be answered `Settled::Done`.
+fn check_settles(what: &str, (a, killed): (Acks, u64)) {
     let summary = format!(
-        "acks answered Done: {}, Gone: {}, LeaseLost: {}; errors: {:?}; {killed} connections killed",
+        "{what} answered Done: {}, Gone: {}, LeaseLost: {}; errors: {:?}; {killed} connections killed",
         a.done, a.gone, a.lost, a.errors
     );
     eprintln!("{summary}");
-    assert!(a.done > 100, "only {} acks answered Done: {summary}", a.done);
-    assert_eq!(a.gone + a.lost, 0, "acks of held messages not answered Done: {summary}");
+    assert!(a.done > 100, "only {} {what} answered Done: {summary}", a.done);
+    assert_eq!(a.gone + a.lost, 0, "{what} of held messages not answered Done: {summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_of_held_messages_are_answered_done() {
+    baton_testkit::require_redis();
+    check_settles("acks", settles_under_a_kill_storm(Settle::Ack).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_of_held_messages_are_answered_done() {
+    baton_testkit::require_redis();
+    check_settles("retries", settles_under_a_kill_storm(Settle::RetryAfter).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_of_held_messages_are_answered_done() {
+    baton_testkit::require_redis();
+    check_settles("dead-letters", settles_under_a_kill_storm(Settle::DeadLetter).await);
 }
