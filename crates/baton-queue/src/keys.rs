@@ -26,7 +26,7 @@
 //! | `p:q:{q}:krate:exp`  | [`key_rate_expiry`]    | zset   | key → ms after which its `krate` field may be stale (cleanup) |
 //! | `p:q:{q}:krate:line` | [`key_rate_line`]      | zset   | each key's rate line: members `<key>\0<16-digit seq>\0<entry id>`, score 0 |
 //! | `p:q:{q}:backoff`    | [`backoff`]            | string | present while the queue backs off (a handler answered `RateLimited`); expires when it ends |
-//! | `p:q:{q}:resend:<writer>` | `baton_redis::resend::ResendGuard::key` of [`stream`] | string | Cluster only: one offering process's re-send guard (an offer re-sent by the Cluster client is answered, not appended twice), or one guard of a consumer's pool for its settle calls (a re-sent ack is answered as its first copy was, not "not pending") |
+//! | `p:q:{q}:resend:<writer>` | `baton_redis::resend::ResendGuard::key` of [`stream`] | string | Cluster only: one offering process's re-send guard (an offer re-sent by the Cluster client is answered, not appended twice), or one guard of a consumer's pool for its settle, retry-after and dead-letter calls (a re-sent ack, retry or dead-letter is answered as its first copy was, not "not pending") |
 //!
 //! What each key holds in detail: the `redis` module of this crate and `docs/architecture.md`
 //! ("Redis keys"). The prefix and the group are [`RedisQueueOptions`](crate::RedisQueueOptions)

@@ -24,13 +24,14 @@
 //! | `p:q:{q}:backoff`        | string | present while the queue backs off (`RateLimited`); its TTL is the back-off left |
 //! | `p:q:{q}:krate`          | hash   | per-key rate limit: key → `<tat µs>:<delayed entries>:<latest due µs>` |
 //! | `p:q:{q}:krate:exp`      | zset   | key → ms after which its `krate` field may be stale (a read removes up to 8) |
-//! | `p:q:{q}:resend:<writer>` | string | Cluster only: one process's re-send guard of its `offer_batch` calls ([`ClusterOffers`]), or one guard of a consumer's pool for its `settle` calls ([`SETTLE_GUARDED`]: as many guards as its settle calls were in flight at once) |
+//! | `p:q:{q}:resend:<writer>` | string | Cluster only: one process's re-send guard of its `offer_batch` calls ([`ClusterOffers`]), or one guard of a consumer's pool for its `settle`, `retry_after` and `dead_letter` calls ([`SETTLE_GUARDED`], [`RETRY_AFTER_GUARDED`], [`DEAD_LETTER_GUARDED`]: as many guards as such calls were in flight at once) |
 //!
 //! Pending entries nobody holds belong to the group's reserved consumer `~parked` (see the
 //! `backend` module). Scripts (in `scripts/`): `join`, `heartbeat`, `settle`, `reclaim`,
 //! `retry_after`, `dead_letter`, `requeue`, `replay`, `reap`, `leave`, `stats`, `read`, `pause`, `offer` (entries of a priority other than 0),
 //! `offer_batch` (every offer on Cluster: [`ClusterOffers`]); every time they compare is Redis's own (`TIME`).
-//! On Cluster `settle` runs under a re-send guard lent per call ([`SETTLE_GUARDED`]).
+//! On Cluster `settle`, `retry_after` and `dead_letter` run under a re-send guard lent per call
+//! ([`SETTLE_GUARDED`], [`RETRY_AFTER_GUARDED`], [`DEAD_LETTER_GUARDED`]).
 //!
 //! **The gated read.** New entries are taken only by `read.lua`: it checks the queue's gates (the
 //! pause flag) and takes up to `count` entries with a non-blocking `XREADGROUP … COUNT n` in one
@@ -127,9 +128,25 @@ static RETRY_AFTER: LuaScript = LuaScript::new(
     "retry_after",
     concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/retry_after.lua")),
 );
+/// [`RETRY_AFTER`] under a re-send guard lent per call, as [`SETTLE_GUARDED`]: what Cluster
+/// deployments send. A second copy of a retry that ran would find the entry handed to the parked
+/// owner (a short delay: answers -1, `LeaseLost`) or moved to the delayed set (a long one:
+/// answers 0, `Settled::Gone`); the guard answers it 1, as the first copy was.
+static RETRY_AFTER_GUARDED: LuaScript = LuaScript::from_parts(
+    "retry_after",
+    &[RESEND_HEAD, include_str!("../scripts/caps.lua"), include_str!("../scripts/retry_after.lua"), RESEND_TAIL],
+);
 static DEAD_LETTER: LuaScript = LuaScript::new(
     "dead_letter",
     concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/dead_letter.lua")),
+);
+/// [`DEAD_LETTER`] under a re-send guard lent per call, as [`SETTLE_GUARDED`]: what Cluster
+/// deployments send. A second copy of a dead-letter that ran would find the entry no longer
+/// pending (answers 0, `Settled::Gone`; it writes no second dead letter either way); the guard
+/// answers it 1, as the first copy was.
+static DEAD_LETTER_GUARDED: LuaScript = LuaScript::from_parts(
+    "dead_letter",
+    &[RESEND_HEAD, include_str!("../scripts/caps.lua"), include_str!("../scripts/dead_letter.lua"), RESEND_TAIL],
 );
 static REPLAY: LuaScript =
     LuaScript::new("replay", concat!(include_str!("../scripts/caps.lua"), include_str!("../scripts/replay.lua")));
@@ -747,12 +764,42 @@ struct RedisConsumer {
     /// The earliest due time of the entries this consumer's reads delayed for the per-key rate
     /// limit, not handed to the engine yet ([`ConsumerBackend::take_promote_hint`]).
     promote_hint: std::sync::Mutex<Option<std::time::Instant>>,
-    /// On Cluster: the re-send guards of this consumer's settle calls, one lent per call
-    /// ([`SETTLE_GUARDED`]).
+    /// On Cluster: the re-send guards of this consumer's settle, retry_after and dead_letter
+    /// calls, one lent per call ([`SETTLE_GUARDED`], [`RedisConsumer::run_guarded`]).
     resend: Option<ResendPool>,
 }
 
 impl RedisConsumer {
+    /// Runs `plain` with `keys` and `args` on the consumer's shared connection: on standalone and
+    /// Sentinel exactly [`LuaScript::run`]; on Cluster `guarded` instead (`plain` between
+    /// [`RESEND_HEAD`] and [`RESEND_TAIL`]) under a guard lent from [`RedisConsumer::resend`] for
+    /// the call (until its reply), its key (`p:q:{q}:resend:<guard id>`) last in KEYS and its
+    /// token and lifetime last in ARGV, so that a copy the Cluster client re-sends is answered
+    /// with the first copy's reply. For the single-entry writes (`retry_after`, `dead_letter`);
+    /// `settle` builds its command itself (sized to its batch) with the same guard.
+    async fn run_guarded<T: redis::FromRedisValue>(
+        &self,
+        plain: &LuaScript,
+        guarded: &LuaScript,
+        keys: &[&str],
+        args: &[&dyn baton_redis::ArgLike],
+    ) -> redis::RedisResult<T> {
+        let Some(pool) = &self.resend else { return plain.run(&mut self.conn.clone(), keys, args).await };
+        let guard = pool.acquire();
+        let mut cmd = guarded.evalsha_cmd(keys.len() + 1);
+        for k in keys {
+            cmd.arg(*k);
+        }
+        cmd.arg(guard.key(&self.keys.stream));
+        for a in args {
+            baton_redis::ArgLike::push(*a, &mut cmd);
+        }
+        guard.push_args(&mut cmd);
+        let r = guarded.query(&mut self.conn.clone(), &cmd).await;
+        drop(guard);
+        r
+    }
+
     /// No stamp of the queue's clock for this long means an outage (see `reclaim.lua`): the claim
     /// timeout less one heartbeat interval, the longest a live consumer's lease can go unrenewed
     /// without being at risk; never below the heartbeat interval (the normal gap between stamps).
@@ -1098,9 +1145,10 @@ impl ConsumerBackend for RedisConsumer {
         released: bool,
         fence: Option<u64>,
     ) -> Result<Owned, QueueError> {
-        let r: redis::RedisResult<i64> = RETRY_AFTER
-            .run(
-                &mut self.conn.clone(),
+        let r: redis::RedisResult<i64> = self
+            .run_guarded(
+                &RETRY_AFTER,
+                &RETRY_AFTER_GUARDED,
                 &self.keys.with_caps(&[
                     &self.keys.stream,
                     &self.keys.delayed,
@@ -1134,9 +1182,10 @@ impl ConsumerBackend for RedisConsumer {
         released: bool,
         fence: Option<u64>,
     ) -> Result<Owned, QueueError> {
-        let r: redis::RedisResult<i64> = DEAD_LETTER
-            .run(
-                &mut self.conn.clone(),
+        let r: redis::RedisResult<i64> = self
+            .run_guarded(
+                &DEAD_LETTER,
+                &DEAD_LETTER_GUARDED,
                 &self.keys.with_caps(&[&self.keys.stream, &self.keys.dead, &self.keys.fences]),
                 &[
                     &self.group,
