@@ -46,6 +46,8 @@
 //! 13,128, 18,400, 18,320 and 10,217, all `Done`; 0 to 7 errors per run (`redis: timed out`).
 
 mod common;
+#[path = "cluster_resends/guard_break.rs"]
+mod guard_break;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -4,6 +4,9 @@
 //! what a waiting reader gets when its stream is deleted. The backend-level ones run on memory and
 //! Redis standalone.
 
+#[path = "stream_edges/closed_break.rs"]
+mod closed_break;
+use closed_break::closed_tokens_of_ended_streams;
 mod common;
 
 use std::time::Duration;
@@ -327,25 +330,34 @@ async fn closed_answer_names_the_ended_stream_across_re_creates(srv: &TestServer
     assert!(refused > 100, "only {refused} writes refused");
 }
 
-/// Each case on memory and on Redis standalone (one server each).
+/// One test of `case` on `backend` (one server each).
+macro_rules! on_backend {
+    ($backend:literal, $case:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            if $backend != "memory" {
+                baton_testkit::require_redis();
+            }
+            let srv = crate::start(crate::backend($backend), |_| {}).await;
+            crate::$case(&srv).await;
+            srv.stop().await;
+        }
+    };
+}
+
+/// Each case on memory and on Redis standalone; the cases after `cluster:` on Redis Cluster too.
 macro_rules! on_backends {
-    ($($case:ident),* $(,)?) => {
+    ($($case:ident),* $(,)?; cluster: $($ccase:ident),* $(,)?) => {
         mod memory {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                let srv = crate::start(crate::backend("memory"), |_| {}).await;
-                crate::$case(&srv).await;
-                srv.stop().await;
-            })*
+            $(on_backend!("memory", $case);)*
+            $(on_backend!("memory", $ccase);)*
         }
         mod standalone {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                baton_testkit::require_redis();
-                let srv = crate::start(crate::backend("standalone"), |_| {}).await;
-                crate::$case(&srv).await;
-                srv.stop().await;
-            })*
+            $(on_backend!("standalone", $case);)*
+            $(on_backend!("standalone", $ccase);)*
+        }
+        mod cluster {
+            $(on_backend!("cluster", $ccase);)*
         }
     };
 }
@@ -357,5 +369,6 @@ on_backends!(
     zero_max_run_is_refused,
     offsets_of_a_deleted_stream_are_gone,
     long_poll_on_a_deleted_stream,
-    closed_answer_names_the_ended_stream_across_re_creates,
+    closed_answer_names_the_ended_stream_across_re_creates;
+    cluster: closed_tokens_of_ended_streams,
 );

@@ -6,16 +6,14 @@
 //! still be re-sent) never make a later call on the same guard answer wrongly nor write twice.
 //! On standalone the plain scripts run: no guard key is ever written.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::queue_name;
 use baton_queue::{keys, MessageId, MessageStream, QueueError, RedisQueueOptions, RemoteOptions, Settled};
 use baton_redis::{redis, RedisClient};
-use common::queue_name;
 
 #[derive(Clone, Copy)]
 enum How {

@@ -6,11 +6,9 @@
 //! and, once the path is re-created, is told its offset belongs to another incarnation (410).
 //! On memory, Redis standalone and Redis Cluster.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -66,7 +64,7 @@ async fn check_ended(c: &reqwest::Client, url: &str, body: &str) -> String {
     tail
 }
 
-async fn closed_tokens_of_ended_streams(srv: &TestServer) {
+pub(crate) async fn closed_tokens_of_ended_streams(srv: &TestServer) {
     let c = client();
     let put = |url: String, h: &'static str, v: &'static str| {
         c.put(url).header("content-type", "text/plain").header(h, v).body("a").send()
@@ -107,35 +105,6 @@ async fn closed_tokens_of_ended_streams(srv: &TestServer) {
     assert_eq!(c.delete(&src).send().await.unwrap().status(), StatusCode::NO_CONTENT);
     assert_eq!(refused(&c, &fork, false).await, fork_token);
 }
-
-macro_rules! on_backends {
-    ($($case:ident),* $(,)?) => {
-        $(mod $case {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() {
-                let srv = crate::start(crate::backend("memory"), |_| {}).await;
-                crate::$case(&srv).await;
-                srv.stop().await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn standalone() {
-                baton_testkit::require_redis();
-                let srv = crate::start(crate::backend("standalone"), |_| {}).await;
-                crate::$case(&srv).await;
-                srv.stop().await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn cluster() {
-                baton_testkit::require_redis();
-                let srv = crate::start(crate::backend("cluster"), |_| {}).await;
-                crate::$case(&srv).await;
-                srv.stop().await;
-            }
-        })*
-    };
-}
-
-on_backends!(closed_tokens_of_ended_streams);
 
 /// Redis Cluster with every node's client connections killed every 5 ms (the Cluster client
 /// re-sends writes, whose re-sent copies are answered from the re-send guard): a path deleted and
