@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton_queue::{keys, MessageStream, OfferOptions, RedisQueueOptions, RemoteOptions, Settled};
+use baton_queue::{keys, MessageStream, OfferOptions, RedisQueueOptions, RemoteConsumer, RemoteOptions, Settled};
 use baton_redis::{redis, RedisClient};
 use common::queue_name;
 
@@ -214,20 +214,39 @@ enum Settle {
     DeadLetter,
 }
 
+/// A queue on a fresh 3-master Cluster with `chunks × per` messages (offered in batches of `per`)
+/// and one remote consumer with a 10 min claim timeout and no delivery limit: nothing is ever
+/// reclaimed or parked behind its back, so every delivery it claims stays its own until settled.
+pub(crate) struct Held {
+    pub cluster: baton_testkit::RedisCluster,
+    pub client: RedisClient,
+    pub queue: String,
+    pub consumer: RemoteConsumer,
+}
+
+impl Held {
+    pub async fn start(queue: &str, consumer: &str, chunks: usize, per: usize) -> Held {
+        let cluster = baton_testkit::RedisCluster::start();
+        let client = RedisClient::new(cluster.config()).unwrap();
+        let stream = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
+        let q = queue_name(queue);
+        for chunk in 0..chunks {
+            let payloads = (0..per).map(|i| bytes::Bytes::from(format!("m{chunk}-{i}"))).collect();
+            stream.offer_batch(&q, payloads).await.unwrap();
+        }
+        let options =
+            RemoteOptions { claim_timeout: Duration::from_secs(600), max_deliveries: None, ..Default::default() };
+        let consumer = stream.remote_consumer(&q, consumer, options).await.unwrap();
+        Held { cluster, client, queue: q, consumer }
+    }
+}
+
 /// One remote consumer with a 10 min claim timeout (nothing is ever reclaimed or parked behind
 /// its back, so every delivery it claims stays its own until it settles it) claims and settles
 /// each delivery with `how`, 8 workers at once, for 4 s under the kill storm.
 async fn settles_under_a_kill_storm(how: Settle) -> (Acks, u64) {
-    let cluster = baton_testkit::RedisCluster::start();
-    let client = RedisClient::new(cluster.config()).unwrap();
-    let stream = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
-    let q = queue_name("settles");
-    for chunk in 0..60 {
-        let payloads = (0..500).map(|i| bytes::Bytes::from(format!("m{chunk}-{i}"))).collect();
-        stream.offer_batch(&q, payloads).await.unwrap();
-    }
-    let options = RemoteOptions { claim_timeout: Duration::from_secs(600), max_deliveries: None, ..Default::default() };
-    let consumer = stream.remote_consumer(&q, "acker", options).await.unwrap();
+    let held = Held::start("settles", "acker", 60, 500).await;
+    let (cluster, consumer) = (&held.cluster, held.consumer.clone());
     let storm = baton_testkit::KillStorm::start(cluster.urls(), Duration::from_millis(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let acks: Arc<Mutex<Acks>> = Arc::default();

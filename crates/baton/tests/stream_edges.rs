@@ -287,11 +287,7 @@ async fn closed_answer_names_the_ended_stream_across_re_creates(srv: &TestServer
             tokio::spawn(async move {
                 let mut seen = Vec::new();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let r = if i == 2 {
-                        c.post(&url).header("baton-keepalive", "true").send().await.unwrap()
-                    } else {
-                        c.post(&url).header("content-type", "text/plain").body("late").send().await.unwrap()
-                    };
+                    let r = crate::late_write(&c, &url, i == 2).await;
                     match r.status() {
                         StatusCode::CONFLICT => {
                             let token = header(&r, "stream-next-offset").unwrap().to_string();
@@ -328,6 +324,16 @@ async fn closed_answer_names_the_ended_stream_across_re_creates(srv: &TestServer
         }
     }
     assert!(refused > 100, "only {refused} writes refused");
+}
+
+/// A write to a stream that may have ended: a keepalive, or a one-line text append.
+pub(crate) async fn late_write(c: &reqwest::Client, url: &str, keepalive: bool) -> reqwest::Response {
+    let req = if keepalive {
+        c.post(url).header("baton-keepalive", "true")
+    } else {
+        c.post(url).header("content-type", "text/plain").body("late")
+    };
+    req.send().await.unwrap()
 }
 
 /// One test of `case` on `backend` (one server each).

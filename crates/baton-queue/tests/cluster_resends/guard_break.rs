@@ -45,16 +45,8 @@ fn answer(r: &Result<Settled, QueueError>) -> String {
 /// 1,000 messages, one remote consumer (10 min claim timeout: nothing is reclaimed behind its
 /// back), 6 workers settling every claimed delivery with `how` for 3 s under the storm.
 async fn storm(how: How) -> (Answers, RedisClient, String, baton_testkit::RedisCluster) {
-    let cluster = baton_testkit::RedisCluster::start();
-    let client = RedisClient::new(cluster.config()).unwrap();
-    let stream = MessageStream::redis(client.clone(), RedisQueueOptions::default()).await.unwrap();
-    let q = queue_name("guard-break");
-    for chunk in 0..4 {
-        let payloads = (0..250).map(|i| bytes::Bytes::from(format!("m{chunk}-{i}"))).collect();
-        stream.offer_batch(&q, payloads).await.unwrap();
-    }
-    let options = RemoteOptions { claim_timeout: Duration::from_secs(600), max_deliveries: None, ..Default::default() };
-    let consumer = stream.remote_consumer(&q, "breaker", options).await.unwrap();
+    let crate::Held { cluster, client, queue: q, consumer } =
+        crate::Held::start("guard-break", "breaker", 4, 250).await;
     let storm = baton_testkit::KillStorm::start(cluster.urls(), Duration::from_millis(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let answers: Arc<Mutex<Answers>> = Arc::default();

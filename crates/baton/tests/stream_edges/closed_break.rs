@@ -136,11 +136,7 @@ async fn cluster_closed_tokens_under_a_kill_storm() {
             tokio::spawn(async move {
                 let (mut seen, mut other) = (Vec::new(), 0);
                 while !stop.load(Ordering::Relaxed) {
-                    let r = if i == 2 {
-                        c.post(&url).header("baton-keepalive", "true").send().await.unwrap()
-                    } else {
-                        c.post(&url).header("content-type", "text/plain").body("late").send().await.unwrap()
-                    };
+                    let r = crate::late_write(&c, &url, i == 2).await;
                     match r.status() {
                         StatusCode::CONFLICT => {
                             let token = header(&r, "stream-next-offset").unwrap().to_string();
