@@ -3,7 +3,7 @@
 //! connections mid-batch, stale lookups of other queues. Each checks that every command is
 //! decided as alone and that nothing is lost or stored twice (state, counts, listing, stream).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};

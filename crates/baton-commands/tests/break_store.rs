@@ -1,7 +1,7 @@
 //! Adversarial tests of the Redis command state layout (one string per command with a header,
 //! merged per-status listing, background pruning, unowned acks, `submit_and_wait`).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Breaker tests for the feed / re-run / list-filter features.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;

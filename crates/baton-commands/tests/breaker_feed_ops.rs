@@ -1,6 +1,6 @@
 //! Breaker tests of the feed's long-polls against a real redis-server (connections, restarts).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! re-runs on another, as two processes would), and when a terminal write's reply is lost and
 //! the write is retried.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! is where a consumer learns a due time another process set: 1 s by default); never at the old
 //! due time. The same for a command submitted with a short delay.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

@@ -4,7 +4,7 @@
 //! connection, and the DNS test's resolver answers 127.0.0.1 *first*, so even a broken check
 //! could not send traffic off this machine).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

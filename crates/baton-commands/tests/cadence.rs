@@ -2,7 +2,7 @@
 //! every `check_status_interval`, whatever the claim timeout and the work queue's poll interval.
 //! Runs on memory, Redis standalone and a 3-master Redis Cluster (`on_every_backend!`).
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! two processes (two stores on Redis), scheduled ones included; on memory, Redis standalone and
 //! Redis Cluster.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

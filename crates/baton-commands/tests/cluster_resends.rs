@@ -35,7 +35,7 @@
 //! (`transition.lua` with an enqueue), reschedules (`reschedule.lua`) and cron decisions
 //! (`schedule_cas.lua`) are each answered as written and applied once.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

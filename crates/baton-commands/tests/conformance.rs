@@ -1,7 +1,7 @@
 //! The command-service conformance suite: every test runs on memory, Redis standalone and a
 //! 3-master Redis Cluster (see `on_every_backend!`).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! order, byte for byte; idempotent resubmits compare on meaning. And `started_at` is set for
 //! every command a handler ran.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! `child_instance`), killed with SIGKILL. Memory: two instances in this process (memory state
 //! cannot be shared across processes); the killed one is aborted like a dead process.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command as Proc, Stdio};
@@ -123,7 +123,7 @@ impl Drop for ChildGuard {
 
 fn spawn_child(cfg: &RedisConfig, queue: &str, name: &str) -> ChildGuard {
     let mut child = Proc::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_instance", "--nocapture", "--include-ignored"])
+        .args(["--exact", "failover::child_instance", "--nocapture", "--include-ignored"])
         .env("BATON_CMD_CHILD_REDIS", config_env(cfg))
         .env("BATON_CMD_CHILD_QUEUE", queue)
         .env("BATON_CMD_CHILD_NAME", name)

@@ -17,7 +17,7 @@
 //!   settle) writes nothing when another consumer owns it or nothing does (`transition.lua` and
 //!   `transitions.lua`), and writes (and acks) when it does.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

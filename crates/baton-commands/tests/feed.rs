@@ -2,7 +2,7 @@
 //! command, readable from any offset, waited for across processes, bounded, and off per queue.
 //! Every backend.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! with `check_status`. Each key's commands must run one at a time, a cancelled waiter never,
 //! and the line must move on. Memory, Redis standalone and Cluster.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

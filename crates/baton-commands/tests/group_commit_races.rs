@@ -3,7 +3,7 @@
 //! waiters in another process, Redis killed / paused / a Cluster master restarted mid-batch;
 //! counts, listings and states must agree afterwards and no caller may hang.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

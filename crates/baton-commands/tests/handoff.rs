@@ -1,7 +1,7 @@
 //! Hand-off between queues (issue 3): `lifecycle` (long claim timeout) → `monitor` (fast
 //! `check_status`), on memory, Redis standalone and Redis Cluster; plus crashes inside it.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! the same slot: the single-transition script) gets its message on its home queue's. On memory,
 //! Redis standalone and Cluster.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Starting and stopping command services: a stopped service gives back every Redis connection
 //! it opened, however it was stopped (`close`, `drain`, `abort`, or dropped).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! handler-duration buckets written with the transitions, two stores counting into one record,
 //! depth and oldest age sampled once a minute, the window's shape. Every backend.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Output streams owned by a command (crate docs, "Output streams"): created at submit, written
 //! by the handler, ended with the command, and their end deciding the command. Every backend.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

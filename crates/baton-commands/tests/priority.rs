@@ -3,7 +3,7 @@
 //! priority, then submit order; out of range is refused at submit. On memory, Redis standalone
 //! and Redis Cluster.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

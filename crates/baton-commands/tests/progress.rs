@@ -2,7 +2,7 @@
 //! (`Command::progress`, `Command::checkpoint`), written while the handler runs and resumed by
 //! the next delivery. Every backend.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! queue starts meanwhile), the call is made again after it, and it counts as neither an attempt
 //! nor an error. Memory, Redis standalone and Cluster.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! slot). A crash between the two leaves a lookup with no state; these tests recreate exactly
 //! that leftover and check that it reads as "not found" and that a retried submit recovers.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

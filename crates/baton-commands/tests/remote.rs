@@ -1,7 +1,7 @@
 //! Remote workers (`RemoteWorkers`): commands claimed, renewed and settled by request, under the
 //! dispatch rules of an in-process service. Every backend.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! not before, never pending (so never redelivered) while they wait, rescheduled, cancelled,
 //! counted, idempotent on resubmit; on memory, Redis standalone and Redis Cluster.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

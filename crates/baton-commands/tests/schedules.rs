@@ -3,7 +3,7 @@
 //! another process, missed-fire policies after a downtime, overlap policies with a handler that
 //! runs longer than the period. Every backend.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,7 @@
 //! per queue per batch of up to 128 on Redis (`INFO commandstats`), and every created command
 //! runs.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! cancels, 1 MB params in batches, many queues, a Redis restart mid-burst, a script-cache
 //! flush; counts, listings and queue lengths must agree.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

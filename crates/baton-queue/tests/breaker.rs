@@ -1,7 +1,7 @@
 //! Breaker tests: attempts to break the lease guarantee with real parts (redis-server processes,
 //! SIGSTOP/SIGCONT of Redis, TCP cuts through `TcpProxy`). Each test is bounded (< 60 s).
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,10 +13,8 @@ use common::*;
 use tokio::sync::mpsc;
 
 fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "baton_queue=warn".into()))
-        .try_init();
+    // The binary's one subscriber (warnings captured, shared with the other files).
+    captured_logs();
 }
 
 async fn redis_stream(cfg: RedisConfig) -> MessageStream {

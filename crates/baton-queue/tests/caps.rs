@@ -2,7 +2,7 @@
 //! `concurrency_per_key` (entries of one concurrency key holding a slot). Every backend (memory,
 //! Redis standalone, Redis Cluster); three consumers, each with its own connections.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -45,7 +45,7 @@
 //! it (5 runs each): retries 17,800, 15,544, 15,608, 19,384 and 14,099, dead-letters 14,976,
 //! 13,128, 18,400, 18,320 and 10,217, all `Done`; 0 to 7 errors per run (`redis: timed out`).
 
-mod common;
+use crate::common;
 #[path = "cluster_resends/guard_break.rs"]
 mod guard_break;
 

@@ -1,10 +1,10 @@
 //! The work-queue conformance suite: every test runs on memory, Redis standalone and a 3-master
 //! Redis Cluster (see `on_every_backend!`).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_queue::{json_handler, Decision, Delivery, QueueError};
@@ -357,58 +357,8 @@ async fn retry_after_below_and_above_claim_timeout(b: TestBackend) {
     assert_eq!(rounds.load(Ordering::SeqCst), 6);
 }
 
-fn metrics_snapshotter() -> &'static metrics_util::debugging::Snapshotter {
-    static S: OnceLock<metrics_util::debugging::Snapshotter> = OnceLock::new();
-    S.get_or_init(|| {
-        let rec = metrics_util::debugging::DebuggingRecorder::new();
-        let snap = rec.snapshotter();
-        rec.install().expect("install the debugging recorder once");
-        snap
-    })
-}
-
-/// A counter's total for one queue. Snapshots reset the debugging recorder's counters, and tests
-/// run concurrently, so every snapshot is folded into one shared tally.
-fn counter_total(snap: &metrics_util::debugging::Snapshotter, name: &str, queue: &str) -> u64 {
-    static TALLY: OnceLock<Mutex<std::collections::HashMap<(String, String), u64>>> = OnceLock::new();
-    let mut tally = TALLY.get_or_init(Default::default).lock().unwrap();
-    for (k, _, _, v) in snap.snapshot().into_vec() {
-        if let metrics_util::debugging::DebugValue::Counter(n) = v {
-            let q = k.key().labels().find(|l| l.key() == "queue").map(|l| l.value().to_string()).unwrap_or_default();
-            *tally.entry((k.key().name().to_string(), q)).or_default() += n;
-        }
-    }
-    tally.get(&(name.to_string(), queue.to_string())).copied().unwrap_or(0)
-}
-
-#[derive(Clone, Default)]
-struct LogBuf(Arc<Mutex<Vec<u8>>>);
-impl std::io::Write for LogBuf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn captured_logs() -> &'static LogBuf {
-    static L: OnceLock<LogBuf> = OnceLock::new();
-    L.get_or_init(|| {
-        let buf = LogBuf::default();
-        let w = buf.clone();
-        tracing_subscriber::fmt()
-            .with_writer(move || w.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .init();
-        buf
-    })
-}
-
 async fn max_processing_time_releases_the_lease(b: TestBackend) {
-    let snap = metrics_snapshotter();
+    metrics_recorder();
     let logs = captured_logs();
     let s = stream_for(&b).await;
     let q = queue_name("mpt");
@@ -474,7 +424,7 @@ async fn max_processing_time_releases_the_lease(b: TestBackend) {
     let ac = a.counters();
     assert_eq!(ac.acked, 0, "the first handler's late ack is refused");
     // Metric and warning recorded for this queue.
-    assert_eq!(counter_total(snap, "baton_queue_leases_expired_total", &q), 1);
+    assert_eq!(counter_total("baton_queue_leases_expired_total", &[("queue", &q)]), 1);
     let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
     assert!(
         text.lines().any(|l| l.contains("WARN") && l.contains("max_processing_time") && l.contains(&q)),

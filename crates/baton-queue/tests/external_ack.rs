@@ -2,7 +2,7 @@
 //! delivery lives, `Lease::mark_acked` settles the lease without a second ack (used by the command
 //! service to ack in the same script as its terminal state write). Every backend.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! `max_deliveries`, panics), a pause while entries wait for their key, and unschedule racing
 //! promotion. Every backend; each test checks at the end that no slot or waiter is left behind.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,7 +4,7 @@
 //! handlers that block their thread. Each key's entries must run one at a time and in order,
 //! every entry must end once, and no slot or waiter may be left behind.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
@@ -170,7 +170,7 @@ fn spawn_worker_with(
     if remote {
         cmd.env("BATON_REMOTE", "1");
     }
-    cmd.args(["--exact", "flow_child_worker", "--include-ignored", "--nocapture", "--test-threads=1"])
+    cmd.args(["--exact", "flow_processes::flow_child_worker", "--include-ignored", "--nocapture", "--test-threads=1"])
         .env("BATON_CHILD", "1")
         .env("BATON_QUEUE", queue)
         .env("BATON_SLEEP_MS", sleep_ms.to_string())

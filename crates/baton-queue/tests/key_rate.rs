@@ -3,7 +3,7 @@
 //! keys' entries) and comes back at the time reserved for it. Memory, Redis standalone and
 //! Cluster.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -477,7 +477,7 @@ fn key_rate_child_worker() {
 
 fn spawn_worker(url: &str, queue: &str) -> ChildWorker {
     spawn_child_worker(
-        "key_rate_child_worker",
+        "key_rate::key_rate_child_worker",
         &[("BATON_KRATE_CHILD", "1"), ("BATON_QUEUE", queue), ("BATON_REDIS_URL", url)],
     )
 }

@@ -3,7 +3,7 @@
 //! back, nothing is stranded — under retries, key caps, priorities, dead consumers, pauses,
 //! remote claims, rate changes and Redis restarts. Memory, Redis standalone and Cluster.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

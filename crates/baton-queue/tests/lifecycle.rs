@@ -1,7 +1,7 @@
 //! Work-queue conformance suite, part 2 (lifecycle): deferred leases, idle queues, bad input,
 //! consumer reaping and drain — on memory, Redis standalone and a 3-master Redis Cluster.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! Pause and resume (`MessageStream::pause`, `resume`): the gate of the read of new entries.
 //! Every backend (memory, Redis standalone, Redis Cluster).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! Breaker attacks on the gated read's wake-ups: with a poll interval far longer than the test
 //! (10 s) only a wake-up can start an entry, so a lost one shows as a stall.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -203,7 +203,7 @@ async fn an_offer_wakes_a_consumer_after_its_slot_moved() {
     use baton_redis::RedisClient;
     use baton_testkit::{require_redis, RedisCluster};
     require_redis();
-    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("baton_queue=warn").try_init();
+    captured_logs();
     let mut cluster = RedisCluster::start();
     let s =
         MessageStream::redis(RedisClient::new(cluster.config()).unwrap(), RedisQueueOptions::default()).await.unwrap();

@@ -3,7 +3,7 @@
 //! priority holds through scheduling, a key's waiting line and `max_concurrency`. Every backend
 //! (memory, Redis standalone, Redis Cluster).
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

@@ -3,7 +3,7 @@
 //! a backlog of more than one read's move with three consumers runs every entry exactly once;
 //! a consumer dying with priority entries taken hands them over. Every backend.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! test binary re-executed as a worker), killed with SIGKILL; Redis restarted; a connection cut
 //! by a TCP proxy.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -85,7 +85,7 @@ impl Drop for Worker {
 
 fn spawn_worker(cfg: &RedisConfig, queue: &str, sleep_ms: u64) -> Worker {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_worker", "--include-ignored", "--nocapture", "--test-threads=1"])
+    cmd.args(["--exact", "processes::child_worker", "--include-ignored", "--nocapture", "--test-threads=1"])
         .env("BATON_CHILD", "1")
         .env("BATON_QUEUE", queue)
         .env("BATON_SLEEP_MS", sleep_ms.to_string())

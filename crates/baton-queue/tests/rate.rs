@@ -3,11 +3,10 @@
 //! Memory, Redis standalone and Cluster; the long measurement (1,000/s across three processes
 //! for ~30 s) on standalone.
 
-mod common;
+use crate::common;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_queue::{ConsumerOptions, Decision, Delivery, MessageStream, RateLimit, RedisQueueOptions, RemoteOptions};
@@ -91,7 +90,7 @@ async fn offer_n(s: &MessageStream, q: &str, n: usize) {
 /// Exact GCRA arithmetic through the claims of a remote worker (which pass the same gate):
 /// a burst of 3 at once, then nothing until an interval has passed, then one.
 async fn claims_take_the_burst_then_one_per_interval(b: TestBackend) {
-    metrics_snapshotter();
+    metrics_recorder();
     let s = stream_for(&b).await;
     let q = queue_name("rate-claims");
     offer_n(&s, &q, 10).await;
@@ -118,32 +117,9 @@ async fn claims_take_the_burst_then_one_per_interval(b: TestBackend) {
     assert_eq!(throttled(&q, "backoff"), 0);
 }
 
-fn metrics_snapshotter() -> &'static metrics_util::debugging::Snapshotter {
-    static S: OnceLock<metrics_util::debugging::Snapshotter> = OnceLock::new();
-    S.get_or_init(|| {
-        let rec = metrics_util::debugging::DebuggingRecorder::new();
-        let snap = rec.snapshotter();
-        rec.install().expect("install the debugging recorder once");
-        snap
-    })
-}
-
-/// `baton_queue_throttled_total{queue, reason}` so far. Snapshots reset the debugging
-/// recorder's counters and tests run concurrently, so every snapshot is folded into one tally.
+/// `baton_queue_throttled_total{queue, reason}` so far.
 fn throttled(queue: &str, reason: &str) -> u64 {
-    static TALLY: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
-    let snap = metrics_snapshotter();
-    let mut tally = TALLY.get_or_init(Default::default).lock().unwrap();
-    for (k, _, _, v) in snap.snapshot().into_vec() {
-        if let metrics_util::debugging::DebugValue::Counter(n) = v {
-            if k.key().name() != "baton_queue_throttled_total" {
-                continue;
-            }
-            let label = |name: &str| k.key().labels().find(|l| l.key() == name).map(|l| l.value().to_string());
-            *tally.entry((label("queue").unwrap_or_default(), label("reason").unwrap_or_default())).or_default() += n;
-        }
-    }
-    tally.get(&(queue.to_string(), reason.to_string())).copied().unwrap_or(0)
+    counter_total("baton_queue_throttled_total", &[("queue", queue), ("reason", reason)])
 }
 
 /// Limit 50 per s with a burst of 1, three consumers, a backlog of 200: within 2 s of the first
@@ -259,7 +235,7 @@ async fn rate_limited_answer_backs_off_every_consumer(b: TestBackend) {
 /// A remote worker's `rate_limited` backs off every consumer of the queue (its own next claims
 /// and an in-process consumer's reads) and hands the entry back with its delivery count.
 async fn a_remote_workers_rate_limited_answer_backs_off_the_queue(b: TestBackend) {
-    metrics_snapshotter();
+    metrics_recorder();
     let s = stream_for(&b).await;
     let q = queue_name("rate-remote");
     offer_n(&s, &q, 3).await;
@@ -350,7 +326,7 @@ fn rate_child_worker() {
 
 fn spawn_worker(url: &str, queue: &str) -> ChildWorker {
     spawn_child_worker(
-        "rate_child_worker",
+        "rate::rate_child_worker",
         &[("BATON_RATE_CHILD", "1"), ("BATON_QUEUE", queue), ("BATON_REDIS_URL", url)],
     )
 }

@@ -1,7 +1,7 @@
 //! Remote consumers (`MessageStream::remote_consumer`): workers elsewhere that claim, renew and
 //! settle by request, under the same lease rules as in-process consumers. Every backend.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! process is promoted on time, not at the consumer's next poll. On memory, Redis standalone and
 //! Redis Cluster.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};

@@ -71,23 +71,23 @@ macro_rules! suite {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 let b = baton_testkit::TestBackend::Memory;
-                crate::$module::$case(&b).await
+                crate::suite::$module::$case(&b).await
             })*
         }
         mod standalone {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 baton_testkit::require_redis();
-                let b = baton_testkit::TestBackend::Standalone(crate::RedisServer::start());
-                crate::$module::$case(&b).await
+                let b = baton_testkit::TestBackend::Standalone(crate::suite::RedisServer::start());
+                crate::suite::$module::$case(&b).await
             })*
         }
         mod cluster {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 baton_testkit::require_redis();
-                let b = baton_testkit::TestBackend::Cluster(crate::RedisCluster::start());
-                crate::$module::$case(&b).await
+                let b = baton_testkit::TestBackend::Cluster(crate::suite::RedisCluster::start());
+                crate::suite::$module::$case(&b).await
             })*
         }
     };

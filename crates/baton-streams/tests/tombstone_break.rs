@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-mod guard_common;
+use crate::guard_common;
 
 use baton_redis::redis::{self, Value};
 use baton_redis::resend::ResendGuard;

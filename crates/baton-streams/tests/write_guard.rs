@@ -10,7 +10,7 @@
 //!   idle for twice the re-send window; a deleted and re-created stream carries the old one's
 //!   fields of calls within that age, marked, with the old incarnation (`scripts/bury.lua`).
 
-mod guard_common;
+use crate::guard_common;
 
 use baton_redis::redis::{self, Value};
 use baton_redis::resend::{ResendGuard, CLUSTER_RESEND_WINDOW, TOKEN_SECOND};

@@ -15,7 +15,7 @@
 //!   (`scripts/bury.lua`, for the re-send window) and the create carries them over. A delete
 //!   with no create leaves only the tombstone, which expires; the carried fields answer no other
 //!   writer.
-mod guard_common;
+use crate::guard_common;
 
 use baton_redis::redis::{self, Value};
 use baton_redis::resend::ResendGuard;

@@ -314,7 +314,7 @@ fn servers_die_with_a_killed_test_process() {
     // SAFETY: prctl with integer arguments.
     assert_eq!(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong) }, 0);
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["helper_hold_servers_until_killed", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .args(["harness::helper_hold_servers_until_killed", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("BATON_TESTKIT_HOLD_SERVERS", "1")
         .stdout(std::process::Stdio::piped())
         .spawn()

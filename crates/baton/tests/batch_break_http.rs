@@ -2,7 +2,7 @@
 //! item), a client that disconnects mid-request, and `baton serve` killed (SIGKILL) during a
 //! big batch; afterwards the same batch again must leave every command stored once, run once.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

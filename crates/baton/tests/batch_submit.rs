@@ -2,7 +2,7 @@
 //! (`POST /v1/queues/{queue}/commands`) would answer, in the order of the items; whole-request
 //! errors; every created command runs; on Redis, one script call for the whole batch.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

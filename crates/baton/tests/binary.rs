@@ -1,7 +1,7 @@
 //! The `baton` binary: configuration from environment and TOML, the start-up announcement, and a
 //! clean exit on SIGTERM while a live reader is connected.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -4,7 +4,7 @@
 //! changes nothing; filters select exactly; a token without `write` is refused; bad bodies are
 //! `400` naming what to fix, never a 5xx.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

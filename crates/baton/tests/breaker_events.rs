@@ -1,6 +1,6 @@
 //! Breaker tests of the command event feeds over HTTP.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

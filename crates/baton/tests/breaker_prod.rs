@@ -2,7 +2,7 @@
 //! `--redis*` flags and TOML keys (each error must say what to fix), and passwords that must
 //! never show in errors, logs or `/`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

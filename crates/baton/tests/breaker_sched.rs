@@ -1,7 +1,7 @@
 //! Breaker tests of scheduled commands over HTTP: RFC 3339 offsets, zone-less times, and delays
 //! too large to add to the clock.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! and never skip one that existed throughout while streams are created and deleted under the
 //! listing; a listing does not restart a sliding TTL; expired and soft-deleted streams are absent.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

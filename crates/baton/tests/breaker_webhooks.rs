@@ -7,7 +7,7 @@
 //! its Python snippet), the key set lost with Redis's data, `baton worker --queues` and a
 //! handler-less queue's webhook, non-ASCII command ids, and webhook durations at their limits.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! with `concurrency_per_key = 1` runs the commands of one key one after the other, other keys
 //! beside them; bad keys are refused naming the field; on every backend.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime};
 

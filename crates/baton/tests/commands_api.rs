@@ -1,7 +1,7 @@
 //! The command HTTP API of `baton serve`: submit, state, wait, cancel, listing, queue stats, dead
 //! letters and metrics, on every backend; bad input on the in-memory one.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

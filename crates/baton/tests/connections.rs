@@ -3,7 +3,7 @@
 //! `--idle-timeout` while live responses are never cut, connections over `--max-connections`
 //! are closed at once and counted, and a taken port is refused with a message naming `--listen`.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -2,7 +2,7 @@
 //! /v1/commands/{id}/events`): catch-up with paging, `offset=now`, errors, long-poll (woken and
 //! timed out), SSE frames and `Last-Event-ID`, and the `events` queue setting, on memory and Redis.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

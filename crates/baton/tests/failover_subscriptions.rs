@@ -24,7 +24,7 @@
 //! (it outlasted the 2 s claim timeout) and the delivery was taken over. No acknowledged append
 //! was left without a wake. About 15 s for the file.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

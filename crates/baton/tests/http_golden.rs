@@ -8,10 +8,10 @@
 //! and hash.
 //!
 //! A refactoring that changes no behaviour leaves both files as they are. After an intended
-//! change, rewrite them with `BATON_GOLDEN_UPDATE=1 cargo test -p baton --test http_golden` and
-//! review the diff.
+//! change, rewrite them with
+//! `BATON_GOLDEN_UPDATE=1 cargo test -p baton --test integration http_golden::` and review the diff.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

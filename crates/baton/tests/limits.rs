@@ -1,7 +1,7 @@
 //! Limits, bad input, CORS, security headers and graceful shutdown of `baton serve`
 //! (independent of the backend, so on the in-memory one).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

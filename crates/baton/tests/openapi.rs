@@ -3,7 +3,7 @@
 //! fallback, never 405), every route gets the auth its table entry declares, and the error
 //! bodies the server sends match the schemas the document gives them.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -2,7 +2,7 @@
 //! paused queue run by priority, then submit order, once it resumes; bad values are refused with
 //! 400 `invalid_body` naming the range; on every backend.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime};
 

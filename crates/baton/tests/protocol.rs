@@ -2,7 +2,7 @@
 //! every backend (in-memory, Redis standalone, Redis Cluster). One server per backend runs the
 //! whole scenario; every stream path is unique.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

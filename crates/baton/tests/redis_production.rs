@@ -3,7 +3,7 @@
 //! `--redis-wait-replicas`. Real `redis-server` processes; the server in process, and the binary
 //! for what a user sees at startup.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

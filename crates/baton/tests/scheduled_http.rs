@@ -2,7 +2,7 @@
 //! counts (`scheduled`, `next_due`), `?scheduled=` listing, `POST /v1/commands/{id}/schedule`,
 //! cancel while waiting, the `baton_commands_scheduled` gauge, and bad bodies; on every backend.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! while one process is SIGKILLed mid-way; the fires are counted in `/metrics`; the schedules
 //! and their last fire are served at `GET /v1/queues/{queue}/schedules`.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

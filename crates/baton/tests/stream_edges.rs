@@ -6,8 +6,8 @@
 
 #[path = "stream_edges/closed_break.rs"]
 mod closed_break;
+use crate::common;
 use closed_break::closed_tokens_of_ended_streams;
-mod common;
 
 use std::time::Duration;
 
@@ -287,7 +287,7 @@ async fn closed_answer_names_the_ended_stream_across_re_creates(srv: &TestServer
             tokio::spawn(async move {
                 let mut seen = Vec::new();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let r = crate::late_write(&c, &url, i == 2).await;
+                    let r = crate::stream_edges::late_write(&c, &url, i == 2).await;
                     match r.status() {
                         StatusCode::CONFLICT => {
                             let token = header(&r, "stream-next-offset").unwrap().to_string();
@@ -344,8 +344,8 @@ macro_rules! on_backend {
             if $backend != "memory" {
                 baton_testkit::require_redis();
             }
-            let srv = crate::start(crate::backend($backend), |_| {}).await;
-            crate::$case(&srv).await;
+            let srv = crate::stream_edges::start(crate::stream_edges::backend($backend), |_| {}).await;
+            crate::stream_edges::$case(&srv).await;
             srv.stop().await;
         }
     };

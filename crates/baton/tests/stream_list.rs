@@ -3,7 +3,7 @@
 //! gives it, length, end and its reason); only the streams a token may read (its stream
 //! prefixes), whatever the prefix asked; deleted streams absent.
 
-mod common;
+use crate::common;
 
 use baton::settings::TokenConfig;
 use baton_testkit::TestBackend;

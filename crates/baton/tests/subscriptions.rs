@@ -4,7 +4,7 @@
 //! (admin management, callbacks with the callback token only), and on Redis a delivery taken
 //! over by a second process after the first is killed, and never duplicated while it lives.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};

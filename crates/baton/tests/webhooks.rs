@@ -6,7 +6,7 @@
 //! taken over by another after the claim timeout, and never duplicated while its holder lives;
 //! and `baton serve` with the webhook set in its TOML file.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};

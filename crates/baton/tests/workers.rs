@@ -2,7 +2,7 @@
 //! processes sharing one Redis: the work is done by the workers, a killed worker's command is
 //! taken over by another, JSON logs, worker health and metrics.
 
-mod common;
+use crate::common;
 
 use baton_queue::keys;
 use std::io::Read;

@@ -45,8 +45,8 @@ fn answer(r: &Result<Settled, QueueError>) -> String {
 /// 1,000 messages, one remote consumer (10 min claim timeout: nothing is reclaimed behind its
 /// back), 6 workers settling every claimed delivery with `how` for 3 s under the storm.
 async fn storm(how: How) -> (Answers, RedisClient, String, baton_testkit::RedisCluster) {
-    let crate::Held { cluster, client, queue: q, consumer } =
-        crate::Held::start("guard-break", "breaker", 4, 250).await;
+    let super::Held { cluster, client, queue: q, consumer } =
+        super::Held::start("guard-break", "breaker", 4, 250).await;
     let storm = baton_testkit::KillStorm::start(cluster.urls(), Duration::from_millis(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let answers: Arc<Mutex<Answers>> = Arc::default();

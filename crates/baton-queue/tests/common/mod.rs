@@ -187,7 +187,8 @@ impl Drop for ChildWorker {
     }
 }
 
-/// Starts this test binary again running only the ignored test `test` (its worker entry point)
+/// Starts this test binary again running only the ignored test `test` (its worker entry point,
+/// named by its path in the binary: `<file>::<test>`)
 /// with the environment `envs`, and waits until it prints `READY` (its consumer started).
 pub fn spawn_child_worker(test: &str, envs: &[(&str, &str)]) -> ChildWorker {
     use std::io::{BufRead, BufReader};
@@ -207,4 +208,68 @@ pub fn spawn_child_worker(test: &str, envs: &[(&str, &str)]) -> ChildWorker {
     }
     std::thread::spawn(move || for _ in lines {});
     ChildWorker(child)
+}
+
+/// The process's metrics recorder (a debugging recorder, installed on first use: one per test
+/// binary, shared by every file). Call it before the code whose counters a test reads.
+pub fn metrics_recorder() -> &'static metrics_util::debugging::Snapshotter {
+    static S: std::sync::OnceLock<metrics_util::debugging::Snapshotter> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let rec = metrics_util::debugging::DebuggingRecorder::new();
+        let snap = rec.snapshotter();
+        rec.install().expect("install the debugging recorder once");
+        snap
+    })
+}
+
+/// A counter's total so far over the series whose labels include every pair of `labels`.
+/// Snapshots reset the debugging recorder's counters and tests run concurrently, so every
+/// snapshot is folded into one tally shared by all tests of the binary.
+pub fn counter_total(name: &str, labels: &[(&str, &str)]) -> u64 {
+    type Series = (String, Vec<(String, String)>);
+    static TALLY: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<Series, u64>>> =
+        std::sync::OnceLock::new();
+    let snap = metrics_recorder();
+    let mut tally = TALLY.get_or_init(Default::default).lock().unwrap();
+    for (k, _, _, v) in snap.snapshot().into_vec() {
+        if let metrics_util::debugging::DebugValue::Counter(n) = v {
+            let ls = k.key().labels().map(|l| (l.key().to_string(), l.value().to_string())).collect();
+            *tally.entry((k.key().name().to_string(), ls)).or_default() += n;
+        }
+    }
+    tally
+        .iter()
+        .filter(|((n, ls), _)| n == name && labels.iter().all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v)))
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+/// Warnings and errors logged by this process (every target), captured from the first call on:
+/// the process's one tracing subscriber, shared by every file of the test binary.
+#[derive(Clone, Default)]
+pub struct LogBuf(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs (once) the subscriber that captures warnings into [`LogBuf`] and returns the buffer.
+pub fn captured_logs() -> &'static LogBuf {
+    static L: std::sync::OnceLock<LogBuf> = std::sync::OnceLock::new();
+    L.get_or_init(|| {
+        let buf = LogBuf::default();
+        let w = buf.clone();
+        tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .init();
+        buf
+    })
 }

@@ -108,11 +108,12 @@ pub(crate) async fn closed_tokens_of_ended_streams(srv: &TestServer) {
 
 /// Redis Cluster with every node's client connections killed every 5 ms (the Cluster client
 /// re-sends writes, whose re-sent copies are answered from the re-send guard): a path deleted and
-/// re-created closed for 2 s while 3 writers append and keep alive. Every 409 names the final
-/// offset token of one of the streams that existed at the path (what its PUT or HEAD answered).
+/// re-created closed for 2 s (and until 10 re-creates and 100 refused writes, however loaded the
+/// machine; 60 s at most) while 3 writers append and keep alive. Every 409 names the final offset
+/// token of one of the streams that existed at the path (what its PUT or HEAD answered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_closed_tokens_under_a_kill_storm() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     baton_testkit::require_redis();
     let backend = backend("cluster");
@@ -130,13 +131,14 @@ async fn cluster_closed_tokens_under_a_kill_storm() {
     tokens.insert(header(&r, "stream-next-offset").unwrap().to_string());
     let storm = baton_testkit::KillStorm::start(urls, Duration::from_millis(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
+    let refusals = Arc::new(AtomicUsize::new(0));
     let writers: Vec<_> = (0..3)
         .map(|i| {
-            let (c, url, stop) = (c.clone(), url.clone(), stop.clone());
+            let (c, url, stop, refusals) = (c.clone(), url.clone(), stop.clone(), refusals.clone());
             tokio::spawn(async move {
                 let (mut seen, mut other) = (Vec::new(), 0);
                 while !stop.load(Ordering::Relaxed) {
-                    let r = crate::late_write(&c, &url, i == 2).await;
+                    let r = super::late_write(&c, &url, i == 2).await;
                     match r.status() {
                         StatusCode::CONFLICT => {
                             let token = header(&r, "stream-next-offset").unwrap().to_string();
@@ -145,6 +147,7 @@ async fn cluster_closed_tokens_under_a_kill_storm() {
                             assert_eq!(v["error"], "stream_closed", "{v}");
                             assert!(v["message"].as_str().unwrap().contains(&token), "{token}: {v}");
                             seen.push(token);
+                            refusals.fetch_add(1, Ordering::Relaxed);
                         }
                         StatusCode::NOT_FOUND => {}
                         s if s.is_server_error() => other += 1,
@@ -156,8 +159,12 @@ async fn cluster_closed_tokens_under_a_kill_storm() {
         })
         .collect();
     let started = std::time::Instant::now();
-    let mut failed = 0;
-    while started.elapsed() < Duration::from_secs(2) {
+    let (mut failed, mut recreates) = (0, 0);
+    let more = |recreates: usize| {
+        started.elapsed() < Duration::from_secs(2) || recreates < 10 || refusals.load(Ordering::Relaxed) < 100
+    };
+    while more(recreates) && started.elapsed() < Duration::from_secs(60) {
+        recreates += 1;
         let _ = c.delete(&url).send().await.unwrap();
         let r = put().await.unwrap();
         if r.status() == StatusCode::CREATED {
