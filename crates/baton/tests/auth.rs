@@ -1,7 +1,7 @@
 //! Bearer tokens: 401 without a valid token, 403 outside a token's operations or scopes, on
 //! streams and commands alike; `?access_token=` for EventSource; secrets never logged.
 
-use crate::common;
+mod common;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

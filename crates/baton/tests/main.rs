@@ -2,7 +2,6 @@
 //! for every file): each file under `tests/` is a module here. One file's tests:
 //! `cargo test -p baton --test integration <file>::`.
 
-mod auth;
 mod batch_break_http;
 mod batch_submit;
 mod binary;
