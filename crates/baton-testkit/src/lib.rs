@@ -588,18 +588,25 @@ impl RedisServer {
                 );
                 return Err(if tail.contains("in use") { StartError::PortInUse(msg) } else { StartError::Other(msg) });
             }
-            match raw_command_as(self.port, self.password.as_deref(), &["INFO", "server"]) {
+            // INFO is answered while the AOF or RDB file is still being loaded (data commands get
+            // LOADING then): ready means our process answers and `loading:0`.
+            match raw_command_as(self.port, self.password.as_deref(), &["INFO", "server", "persistence"]) {
                 Ok(Ok(info)) => {
                     let answering = info
                         .lines()
                         .find_map(|l| l.strip_prefix("process_id:"))
                         .and_then(|p| p.trim().parse::<u32>().ok());
-                    if answering == Some(pid) {
+                    let loading = info.lines().any(|l| l.trim() == "loading:1");
+                    if answering == Some(pid) && !loading {
                         self.child = Some(child);
                         return Ok(());
                     }
-                    // Another server holds the port; ours will exit shortly with "Address in use".
-                    last = format!("port {} answered by another redis-server (pid {answering:?})", self.port);
+                    if answering == Some(pid) {
+                        last = "loading its data".to_string();
+                    } else {
+                        // Another server holds the port; ours will exit shortly with "Address in use".
+                        last = format!("port {} answered by another redis-server (pid {answering:?})", self.port);
+                    }
                 }
                 // LOADING (AOF being replayed) and the like: not ready yet.
                 Ok(Err(e)) => last = e,
